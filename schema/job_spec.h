@@ -1,0 +1,131 @@
+#pragma once
+// The job file as plain structs: what schema/loader.cc produces and every other layer reads.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "schema/duration.h"
+
+namespace ddprun {
+
+/// A 1-based position in the job file; line 0 means "not written in the file" (a default).
+struct SourceLoc {
+  uint32_t line = 0;
+  uint32_t column = 0;
+  bool operator==(const SourceLoc&) const = default;
+};
+
+/// A value of [trainer], kept typed so it can be forwarded as PL_TRAINER_<KEY> in the
+/// Python-literal spelling Lightning's `literal_eval` reads back.
+struct TrainerValue {
+  std::variant<bool, int64_t, double, std::string, std::vector<int64_t>> value;
+  bool operator==(const TrainerValue&) const = default;
+};
+
+/// Which global ranks' output the console shows live.
+struct ConsoleFilter {
+  enum class Mode { kAll, kNone, kRanks };
+  Mode mode = Mode::kAll;
+  std::vector<int> ranks;  // sorted, unique; only for kRanks
+  bool Shows(int global_rank) const;
+  bool operator==(const ConsoleFilter&) const = default;
+};
+
+/// The kinds of fault the simulator can inject (DESIGN.md section 7).
+enum class FaultKind {
+  kNodeCrash,
+  kAgentHang,
+  kWorkerExit,
+  kWorkerHang,
+  kPartition,
+  kMasterPortBlocked,
+  kSlowJoiner,
+  kJobFileDiffers,
+  kDuplicateNodeRank,
+};
+
+/// One scheduled fault of [[simulate.faults]] or `--fault kind@time:key=value,...`.
+struct FaultSpec {
+  FaultKind kind = FaultKind::kNodeCrash;
+  Duration at{};                   // virtual time since the simulation started
+  int node = 0;                    // the node it hits
+  std::optional<int> local_rank;   // worker faults: which worker (default 0)
+  int exit_code = 1;               // worker-exit
+  std::optional<Duration> duration;  // partition / hang / port block: heals after this
+  std::optional<Duration> reboot_after;  // node-crash: the node comes back after this
+  std::vector<int> peers;          // partition: the nodes cut off from `node` (default: node 0)
+  bool operator==(const FaultSpec&) const = default;
+};
+
+struct JobSpec {
+  int version = 1;
+
+  struct Job {
+    std::string name;
+    std::vector<std::string> command;
+    std::string workdir = ".";                  // as written; relative to the job file
+    std::map<std::string, std::string> env;     // sorted by name
+  } job;
+
+  struct Cluster {
+    std::vector<std::string> nodes;  // empty when only nnodes is given
+    int nnodes = 0;                  // always set: len(nodes) or `nnodes`
+    std::string master_addr;         // default nodes[0], or 127.0.0.1 without nodes
+    uint16_t master_port = 29500;
+    int nproc_per_node = 0;          // default trainer.devices (count), else 1
+    std::optional<uint16_t> store_port;  // set: no relay, rank 0 binds this port
+  } cluster;
+
+  /// [trainer], in file order. `devices`, `num_nodes` etc. are also mirrored below, typed.
+  struct Trainer {
+    std::vector<std::pair<std::string, TrainerValue>> settings;
+    std::optional<int> devices;                 // count (len of a list of ids)
+    std::optional<std::vector<int64_t>> device_ids;
+    std::optional<int> num_nodes;
+    std::string accelerator;                    // "" when unset
+    std::string strategy;                       // "" when unset
+  } trainer;
+
+  struct Restart {
+    int max_restarts = 0;
+    Duration backoff = Seconds(10);
+  } restart;
+
+  struct Timeouts {
+    Duration rendezvous = Minutes(15);
+    Duration heartbeat = Seconds(2);
+    Duration stop_grace = Seconds(30);
+  } timeouts;
+
+  struct Logs {
+    std::string dir = "logs";  // as written; relative to the job file
+    ConsoleFilter console;
+  } logs;
+
+  /// [simulate]: only read by --simulate.
+  struct Simulate {
+    uint64_t seed = 1;
+    std::vector<FaultSpec> faults;
+    std::optional<Duration> node_mtbf;          // random node crashes, per node
+    std::optional<Duration> worker_mtbf;        // random worker exits, per worker
+    Duration train_time = Minutes(10);          // how long a round must train to finish
+    Duration checkpoint_every = Minutes(30);
+    Duration worker_startup = Seconds(20);
+    Duration max_time = Hours(24 * 60);         // the simulation gives up after this
+  } simulate;
+
+  /// The file it came from, as given on the command line ("" for in-memory sources).
+  std::string source_name;
+  /// Key path ("cluster.master_port", "job.command[1]") -> where the value was written.
+  std::map<std::string, SourceLoc> locations;
+
+  int WorldSize() const { return cluster.nnodes * cluster.nproc_per_node; }
+  /// Where `key_path` was written; {0,0} for defaults.
+  SourceLoc LocationOf(const std::string& key_path) const;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,46 @@
+#pragma once
+// The plan `ddprun check` prints: ranks, each worker's environment, equivalent torchrun commands.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "schema/job_spec.h"
+#include "schema/worker_env.h"
+
+namespace ddprun {
+
+struct RankPlan {
+  int global_rank = 0;
+  int node_rank = 0;
+  int local_rank = 0;
+  std::string host;                 // nodes[node_rank], or "node<k>" when only nnodes is given
+  std::optional<int64_t> device;    // CUDA device index for GPU jobs
+  EnvList env;                      // what ddprun adds (first round, empty inherited env)
+};
+
+struct NodePlan {
+  int node_rank = 0;
+  std::string host;
+  std::vector<RankPlan> ranks;
+  std::string torchrun_command;     // one shell line, the equivalent torchrun invocation
+  std::string ddprun_command;       // "ddprun job.toml" (with --node-rank when nodes are unnamed)
+};
+
+struct Plan {
+  std::vector<NodePlan> nodes;
+};
+
+/// Builds the plan for every node, or only `only_node` when set (must be in range).
+Plan MakePlan(const JobSpec& spec, std::optional<int> only_node);
+
+/// Human text: the rank table, per-node environment and commands.
+std::string RenderPlanText(const JobSpec& spec, const Plan& plan);
+
+/// The same plan as JSON (for tools), pretty-printed.
+std::string RenderPlanJson(const JobSpec& spec, const Plan& plan);
+
+/// JSON Schema (draft 2020-12) of the job file, for editors.
+std::string JobFileJsonSchema();
+
+}  // namespace ddprun

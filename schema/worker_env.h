@@ -1,0 +1,45 @@
+#pragma once
+// The worker contract (DESIGN.md section 6): the variables ddprun adds to each worker's
+// environment, named and valued as torchrun gives them to a worker in the same position.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "schema/job_spec.h"
+
+namespace ddprun {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+struct WorkerPosition {
+  int node_rank = 0;
+  int local_rank = 0;
+  int restart_count = 0;        // the round number: 0 for the first attempt
+  uint16_t master_port = 0;     // what this rank gets as MASTER_PORT
+  std::string error_file;       // TORCHELASTIC_ERROR_FILE
+};
+
+/// The variables ddprun sets for one worker, sorted by name: torchrun's set, job.env, and
+/// PL_TRAINER_*. `inherited` is the agent's own environment: variables that torchrun sets only
+/// "unless set" (OMP_NUM_THREADS, *NCCL_ASYNC_ERROR_HANDLING) are left out when present there.
+EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
+                          const std::map<std::string, std::string>& inherited);
+
+/// The names ddprun owns; job.env may not set them.
+bool IsOwnedEnvName(std::string_view name);
+
+/// TORCHELASTIC_RUN_ID: the job name and a fingerprint prefix, the same on every node.
+std::string RunId(const JobSpec& spec);
+
+/// PL_TRAINER_<KEY> value in the spelling Lightning's literal_eval reads back.
+std::string TrainerEnvValue(const TrainerValue& value);
+
+/// Paths under logs.dir, relative to it: "<job>/attempt-<k>/rank-<r>.log" and ".error.json".
+std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank);
+std::string RankErrorFilePath(const JobSpec& spec, int restart_count, int global_rank);
+
+}  // namespace ddprun

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs exactly what ddprun's build and tests need, from Debian's packages. Idempotent:
+# it only calls apt-get when something is missing. Boost 1.81 only (Process v2); never
+# libboost-dev, which is 1.74 and conflicts.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ clang
+  libtomlplusplus-dev libspdlog-dev libfmt-dev
+  libboost1.81-dev libboost-filesystem1.81-dev
+  libcli11-dev nlohmann-json3-dev libssl-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  iproute2 iptables nftables python3
+)
+if [[ "${DDPRUN_WITH_TORCH:-0}" == 1 ]]; then
+  packages+=(python3-torch)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
