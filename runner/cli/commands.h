@@ -1,0 +1,56 @@
+#pragma once
+// The subcommands of the `ddprun` executable. main.cc parses the command line (CLI11) into
+// these option structs and calls one function; each returns the process exit code
+// (DESIGN.md section 1: 0 ok, 1 job failed, 2 usage/job file, 3 rendezvous, 130/143, 70).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitJobFailed = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitRendezvous = 3;
+inline constexpr int kExitInternal = 70;
+inline constexpr int kExitSigint = 130;
+inline constexpr int kExitSigterm = 143;
+
+struct CheckOptions {
+  std::string job_path;
+  std::optional<int> node_rank;
+  bool json = false;
+  bool color = false;
+};
+
+struct RunOptions {
+  std::string job_path;
+  std::optional<int> node_rank;  // --node-rank; else DDPRUN_NODE_RANK, SLURM_NODEID, host match
+  bool verbose = false;
+};
+
+struct SimulateOptions {
+  std::string job_path;
+  std::optional<uint64_t> seed;          // overrides [simulate].seed
+  std::vector<std::string> faults;       // --fault kind@time:key=value,...
+  std::optional<int> nodes;              // --nodes N: override cluster size (scale runs)
+  std::string trace_path;                // --trace FILE (Chrome trace JSON)
+  std::string report_path;               // --report FILE.html
+  std::optional<int> swarm;              // --swarm N seeds
+  bool quiet = false;                    // summary only, no per-event lines
+};
+
+struct PreflightOptions {
+  std::string job_path;
+  std::optional<int> node_rank;
+};
+
+int CheckCommand(const CheckOptions& options);
+int SchemaCommand();
+int RunCommand(const RunOptions& options);
+int SimulateCommand(const SimulateOptions& options);
+int PreflightCommand(const PreflightOptions& options);
+
+}  // namespace ddprun::cli
