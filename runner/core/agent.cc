@@ -1,0 +1,446 @@
+#include "runner/core/agent.h"
+
+#include <algorithm>
+#include <cassert>
+#include <csignal>
+
+#include <fmt/format.h>
+
+#include "runner/core/failure.h"
+#include "schema/worker_env.h"
+
+namespace ddprun::core {
+namespace {
+
+constexpr Duration kFirstRetry = Millis(250);
+constexpr Duration kMaxRetry = Seconds(2);
+// Connect failures repeat every retry; the user needs to hear about them this often.
+constexpr Duration kConnectLogInterval = Seconds(10);
+// After SIGKILL, a worker that still has not been reaped (stuck in the kernel) is given up on.
+constexpr Duration kKillGiveUp = Seconds(10);
+
+}  // namespace
+
+Agent::Agent(const JobSpec& spec, Config config)
+    : spec_(spec), config_(std::move(config)), retry_delay_(kFirstRetry) {}
+
+void Agent::Start(TimePoint now, std::vector<AgentEffect>& out) {
+  rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
+  phase_ = Phase::kConnecting;
+  out.push_back(ConnectToMaster{});
+}
+
+int Agent::running_workers() const {
+  return static_cast<int>(
+      std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
+}
+
+std::string Agent::MasterEndpoint() const {
+  return fmt::format("{}:{}", spec_.cluster.master_addr, spec_.cluster.master_port);
+}
+
+void Agent::Log(LogLevel level, std::string text, std::vector<AgentEffect>& out) const {
+  out.push_back(LogLine{level, std::move(text)});
+}
+
+void Agent::Send(wire::Message message, std::vector<AgentEffect>& out) {
+  if (connected_) out.push_back(SendToMaster{std::move(message)});
+}
+
+void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
+  ExpireDeadlines(now, out);
+  if (phase_ == Phase::kExited) return;
+  if (std::holds_alternative<MasterConnected>(input)) {
+    connected_ = true;
+    last_heard_ = now;
+    next_heartbeat_ = now + spec_.timeouts.heartbeat;
+    retry_delay_ = kFirstRetry;
+    phase_ = Phase::kJoining;
+    Log(LogLevel::kInfo, fmt::format("connected to the coordinator at {}; joining as node {}",
+                                     MasterEndpoint(), config_.node_rank),
+        out);
+    Send(wire::Join{config_.node_rank, config_.host, spec_.cluster.nproc_per_node,
+                    config_.ddprun_version, config_.fingerprint, config_.canonical,
+                    config_.instance},
+         out);
+  } else if (const auto* failed = std::get_if<MasterConnectFailed>(&input)) {
+    OnConnectFailed(now, *failed, out);
+  } else if (const auto* message = std::get_if<MasterMessage>(&input)) {
+    if (!connected_) return;
+    last_heard_ = now;
+    OnMessage(now, message->message, out);
+  } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
+    if (!connected_) return;
+    connected_ = false;
+    joined_ = false;
+    if (pending_exit_) {
+      MaybeStopped(out);
+      return;
+    }
+    OnMasterLost(now, closed->reason.empty() ? "connection closed" : closed->reason, out);
+  } else if (const auto* exited = std::get_if<WorkerExited>(&input)) {
+    OnWorkerExited(now, *exited, out);
+  } else if (const auto* spawn_failed = std::get_if<WorkerSpawnFailed>(&input)) {
+    OnWorkerExited(now,
+                   WorkerExited{spawn_failed->round, spawn_failed->local_rank, 127, 0,
+                                "ddprun could not start the worker: " + spawn_failed->error, ""},
+                   out);
+  } else if (const auto* signal = std::get_if<SignalReceived>(&input)) {
+    OnSignal(now, signal->signal, out);
+  }
+}
+
+void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
+  if (phase_ == Phase::kExited) return;
+  if (kill_at_ && now >= *kill_at_) {
+    kill_at_.reset();
+    if (running_workers() > 0) {
+      Log(LogLevel::kWarn,
+          fmt::format("{} worker{} still running {} after SIGTERM; sending SIGKILL",
+                      running_workers(), running_workers() == 1 ? "" : "s",
+                      FormatDuration(spec_.timeouts.stop_grace)),
+          out);
+      out.push_back(SignalWorkers{round_, SIGKILL});
+      give_up_at_ = now + kKillGiveUp;
+    }
+  }
+  if (give_up_at_ && now >= *give_up_at_) {
+    give_up_at_.reset();
+    if (running_workers() > 0) {
+      Log(LogLevel::kError, "workers did not exit after SIGKILL (stuck in the kernel?); giving up on them", out);
+      for (Worker& w : workers_) {
+        if (w.running) {
+          w.running = false;
+          w.signal = SIGKILL;
+        }
+      }
+      MaybeStopped(out);
+      if (phase_ == Phase::kExited) return;
+    }
+  }
+  if (interrupt_deadline_ && now >= *interrupt_deadline_) {
+    interrupt_deadline_.reset();
+    Log(LogLevel::kWarn, "the coordinator did not end the job after the interrupt; exiting", out);
+    pending_exit_ = 128 + interrupted_by_;
+    MaybeStopped(out);
+    if (phase_ == Phase::kExited) return;
+  }
+  if (connected_) {
+    if (now >= next_heartbeat_) {
+      Send(wire::Heartbeat{}, out);
+      next_heartbeat_ = now + spec_.timeouts.heartbeat;
+    }
+    if (now - last_heard_ > 3 * spec_.timeouts.heartbeat) {
+      connected_ = false;
+      joined_ = false;
+      out.push_back(DisconnectFromMaster{});
+      if (pending_exit_) {
+        MaybeStopped(out);
+        return;
+      }
+      OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - last_heard_)), out);
+      if (phase_ == Phase::kExited) return;
+    }
+  }
+  if (phase_ == Phase::kRetryWait && now >= retry_at_ && !pending_exit_) {
+    phase_ = Phase::kConnecting;
+    out.push_back(ConnectToMaster{});
+  }
+  // The coordinator owns the rendezvous timeout once we joined; this is the backstop for an
+  // agent that cannot reach it at all, or whose coordinator went quiet.
+  const bool waiting_for_round = joined_ && phase_ == Phase::kWaiting && running_workers() == 0;
+  const TimePoint deadline =
+      joined_ ? rendezvous_deadline_ + 3 * spec_.timeouts.heartbeat + Seconds(10) : rendezvous_deadline_;
+  if ((!joined_ || waiting_for_round) && !pending_exit_ && round_ < 0 && now >= deadline) {
+    std::string why = last_connect_error_.empty() ? "no answer from the coordinator" : last_connect_error_;
+    out.push_back(PrintSummary{fmt::format(
+        "rendezvous failed: node {} could not join the coordinator at {} within "
+        "timeouts.rendezvous = {}\n  last error: {}",
+        config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous), why)});
+    Finish(now, 3, out);
+  } else if (!joined_ && !pending_exit_ && round_ >= 0 && now >= rendezvous_deadline_) {
+    out.push_back(PrintSummary{fmt::format(
+        "node {} lost the coordinator at {} and could not rejoin within timeouts.rendezvous = {}"
+        "\n  last error: {}",
+        config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous),
+        last_connect_error_.empty() ? "no answer" : last_connect_error_)});
+    Finish(now, 3, out);
+  }
+}
+
+std::optional<TimePoint> Agent::NextDeadline() const {
+  if (phase_ == Phase::kExited) return std::nullopt;
+  std::optional<TimePoint> next;
+  auto consider = [&](std::optional<TimePoint> t) {
+    if (t && (!next || *t < *next)) next = t;
+  };
+  consider(kill_at_);
+  consider(give_up_at_);
+  consider(interrupt_deadline_);
+  if (connected_) {
+    consider(next_heartbeat_);
+    consider(last_heard_ + 3 * spec_.timeouts.heartbeat + Duration(1));
+  }
+  if (phase_ == Phase::kRetryWait) consider(retry_at_);
+  if (!pending_exit_) {
+    consider(joined_ ? rendezvous_deadline_ + 3 * spec_.timeouts.heartbeat + Seconds(10)
+                     : rendezvous_deadline_);
+  }
+  return next;
+}
+
+std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const {
+  const std::string endpoint = MasterEndpoint();
+  const uint16_t port = spec_.cluster.master_port;
+  switch (failed.error) {
+    case ConnectError::kRefused:
+      return fmt::format("connection to {} refused: node 0's agent is not listening yet, or "
+                         "master_port is wrong, or a firewall rejects TCP port {}",
+                         endpoint, port);
+    case ConnectError::kTimedOut:
+      return fmt::format("connection to {} timed out: a firewall drops TCP port {} or the host is "
+                         "down; open TCP port {} on {} for the other nodes",
+                         endpoint, port, port, spec_.cluster.master_addr);
+    case ConnectError::kUnreachable:
+      return fmt::format("{} is unreachable ({}): check cluster.master_addr and the routes",
+                         spec_.cluster.master_addr, failed.detail);
+    case ConnectError::kNameNotResolved:
+      return fmt::format("cannot resolve the host name \"{}\" ({}): check cluster.master_addr, DNS "
+                         "or /etc/hosts",
+                         spec_.cluster.master_addr, failed.detail);
+    case ConnectError::kOther:
+      break;
+  }
+  return fmt::format("cannot connect to {}: {}", endpoint, failed.detail);
+}
+
+void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,
+                            std::vector<AgentEffect>& out) {
+  if (phase_ != Phase::kConnecting) return;
+  connected_ = false;
+  last_connect_error_ = ExplainConnectError(failed);
+  if (!last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
+    last_connect_log_ = now;
+    const Duration left = rendezvous_deadline_ - now;
+    Log(LogLevel::kWarn,
+        fmt::format("{}; retrying for {} more", last_connect_error_,
+                    HumanDuration(left > Duration(0) ? left : Duration(0))),
+        out);
+  }
+  phase_ = Phase::kRetryWait;
+  retry_at_ = now + retry_delay_;
+  retry_delay_ = std::min(retry_delay_ * 2, kMaxRetry);
+}
+
+void Agent::OnMasterLost(TimePoint now, const std::string& why, std::vector<AgentEffect>& out) {
+  rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
+  last_connect_log_.reset();
+  if (interrupted_by_ != 0) {
+    pending_exit_ = 128 + interrupted_by_;
+    StopWorkers(now, out);
+    MaybeStopped(out);
+    return;
+  }
+  Log(LogLevel::kWarn,
+      fmt::format("lost the coordinator at {} ({}); stopping this node's workers and rejoining "
+                  "for up to {}",
+                  MasterEndpoint(), why, FormatDuration(spec_.timeouts.rendezvous)),
+      out);
+  StopWorkers(now, out);
+  phase_ = Phase::kRetryWait;
+  retry_delay_ = kFirstRetry;
+  retry_at_ = now + retry_delay_;
+  MaybeStopped(out);
+}
+
+void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
+  if (std::holds_alternative<wire::JoinAck>(message)) {
+    joined_ = true;
+    if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;
+    Log(LogLevel::kInfo, fmt::format("node {} joined; waiting for the other nodes", config_.node_rank), out);
+  } else if (const auto* reject = std::get_if<wire::Reject>(&message)) {
+    out.push_back(PrintSummary{"the coordinator refused this node: " + reject->reason});
+    Finish(now, 3, out);
+  } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
+    std::vector<std::string> names;
+    for (int32_t n : progress->missing) {
+      const auto idx = static_cast<size_t>(n);
+      names.push_back(idx < spec_.cluster.nodes.size()
+                          ? fmt::format("node {} ({})", n, spec_.cluster.nodes[idx])
+                          : fmt::format("node {}", n));
+    }
+    const int missing = progress->total - progress->joined;
+    if (missing > static_cast<int>(names.size())) {
+      names.push_back(fmt::format("{} more", missing - static_cast<int>(names.size())));
+    }
+    Log(LogLevel::kInfo,
+        fmt::format("{}/{} nodes joined; waiting for {}; {} of {}", progress->joined,
+                    progress->total, fmt::join(names, ", "),
+                    HumanDuration(Millis(progress->elapsed_ms)),
+                    FormatDuration(Millis(progress->timeout_ms))),
+        out);
+  } else if (const auto* start = std::get_if<wire::StartRound>(&message)) {
+    StartWorkers(now, *start, out);
+  } else if (const auto* stop = std::get_if<wire::StopRound>(&message)) {
+    if (stop->round != round_) return;  // stale
+    Log(LogLevel::kError, fmt::format("round {} failed: {}", stop->round, stop->cause), out);
+    StopWorkers(now, out);
+    MaybeStopped(out);
+  } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {
+    job_end_received_ = true;
+    out.push_back(PrintSummary{end->summary});
+    pending_exit_ = end->exit_code;
+    StopWorkers(now, out);
+    MaybeStopped(out);
+  }
+}
+
+void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vector<AgentEffect>& out) {
+  if (running_workers() > 0) {
+    // The coordinator only starts a round after every node confirmed its workers stopped.
+    Log(LogLevel::kError,
+        fmt::format("round {} started while round {} still has workers; ignoring", start.round, round_),
+        out);
+    return;
+  }
+  if (start.round <= round_) return;  // stale or duplicate
+  round_ = start.round;
+  phase_ = Phase::kRunning;
+  stopping_ = false;
+  failure_reported_ = false;
+  done_reported_ = false;
+  stopped_count_ = 0;
+  kill_at_.reset();
+  give_up_at_.reset();
+  const int nproc = spec_.cluster.nproc_per_node;
+  workers_.assign(static_cast<size_t>(nproc), Worker{});
+  SpawnWorkers spawn;
+  spawn.round = round_;
+  for (int local = 0; local < nproc; ++local) {
+    WorkerPosition position;
+    position.node_rank = config_.node_rank;
+    position.local_rank = local;
+    position.restart_count = round_;
+    position.master_port = start.master_port;
+    const int global = config_.node_rank * nproc + local;
+    position.error_file = config_.logs_dir + "/" + RankErrorFilePath(spec_, round_, global);
+    WorkerLaunch launch;
+    launch.local_rank = local;
+    launch.global_rank = global;
+    launch.env = WorkerEnvironment(spec_, position, config_.inherited_env);
+    launch.log_path = RankLogPath(spec_, round_, global);
+    spawn.workers.push_back(std::move(launch));
+    workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0};
+  }
+  Log(LogLevel::kInfo,
+      fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), MASTER_PORT={}", round_,
+                  nproc, nproc == 1 ? "" : "s", config_.node_rank * nproc,
+                  config_.node_rank * nproc + nproc - 1, spec_.WorldSize(), start.master_port),
+      out);
+  (void)now;
+  out.push_back(std::move(spawn));
+}
+
+void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out) {
+  if (exited.round != round_ || exited.local_rank < 0 ||
+      exited.local_rank >= static_cast<int>(workers_.size())) {
+    return;  // stale: a worker of an earlier round
+  }
+  Worker& worker = workers_[static_cast<size_t>(exited.local_rank)];
+  if (!worker.running) return;
+  worker.running = false;
+  worker.exit_code = exited.exit_code;
+  worker.signal = exited.signal;
+  const bool failed = exited.exit_code != 0 || exited.signal != 0;
+  if (!stopping_ && !pending_exit_ && failed) {
+    Log(LogLevel::kError,
+        fmt::format("rank {} (local rank {}) {}", worker.global_rank, exited.local_rank,
+                    DescribeExit(exited.exit_code, exited.signal)),
+        out);
+    if (!failure_reported_) {
+      failure_reported_ = true;
+      Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
+                              exited.signal, exited.stderr_tail, exited.error_text},
+           out);
+    }
+    // Stop the rest of this node now rather than a round trip later; the coordinator stops
+    // the other nodes.
+    StopWorkers(now, out);
+  } else if (!stopping_ && !failed && running_workers() == 0 && !done_reported_ &&
+             std::all_of(workers_.begin(), workers_.end(),
+                         [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
+    done_reported_ = true;
+    Log(LogLevel::kInfo, fmt::format("round {}: all {} workers of node {} exited 0", round_,
+                                     workers_.size(), config_.node_rank),
+        out);
+    Send(wire::NodeDone{round_}, out);
+  }
+  MaybeStopped(out);
+}
+
+void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
+  if (interrupted_by_ != 0) {
+    Log(LogLevel::kWarn, fmt::format("second {}: killing workers now", SignalName(signal)), out);
+    if (running_workers() > 0) out.push_back(SignalWorkers{round_, SIGKILL});
+    return;
+  }
+  interrupted_by_ = signal;
+  Log(LogLevel::kWarn, fmt::format("received {}; stopping the job on every node", SignalName(signal)), out);
+  StopWorkers(now, out);
+  if (connected_ && joined_) {
+    Send(wire::Interrupted{signal}, out);
+    interrupt_deadline_ = now + spec_.timeouts.stop_grace + 3 * spec_.timeouts.heartbeat + Seconds(5);
+  } else {
+    pending_exit_ = 128 + signal;
+  }
+  MaybeStopped(out);
+}
+
+void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
+  if (stopping_) return;
+  const int running = running_workers();
+  stopping_ = true;
+  stopped_count_ = running;
+  if (running > 0) {
+    out.push_back(SignalWorkers{round_, SIGTERM});
+    kill_at_ = now + spec_.timeouts.stop_grace;
+  }
+}
+
+void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
+  if (phase_ == Phase::kExited || running_workers() > 0) return;
+  kill_at_.reset();
+  give_up_at_.reset();
+  if (pending_exit_) {
+    if (job_end_received_) Send(wire::JobEndAck{}, out);
+    exit_code_ = pending_exit_;
+    phase_ = Phase::kExited;
+    out.push_back(AgentExit{*pending_exit_});
+    return;
+  }
+  if (stopping_ && round_ >= 0) {
+    if (joined_) {
+      Send(wire::RoundStopped{round_, stopped_count_}, out);
+      if (stopped_count_ > 0) {
+        Log(LogLevel::kInfo, fmt::format("round {}: stopped {} worker{}", round_, stopped_count_,
+                                         stopped_count_ == 1 ? "" : "s"),
+            out);
+      }
+      phase_ = Phase::kWaiting;
+    }
+    stopping_ = false;
+  }
+}
+
+void Agent::Finish(TimePoint now, int code, std::vector<AgentEffect>& out) {
+  pending_exit_ = code;
+  if (connected_) {
+    connected_ = false;
+    out.push_back(DisconnectFromMaster{});
+  }
+  joined_ = false;
+  StopWorkers(now, out);  // a no-op when a stop is already under way or nothing runs
+  MaybeStopped(out);
+}
+
+}  // namespace ddprun::core

@@ -1,0 +1,100 @@
+#pragma once
+// The coordinator: node 0's agent runs it in the same process. It admits agents, runs rounds
+// with gang semantics, spends the job-wide restart budget and names the root cause.
+// Sans-IO: Handle(now, input, effects) and NextDeadline(); no clock, socket or process here.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runner/core/events.h"
+#include "runner/core/time.h"
+#include "schema/job_spec.h"
+
+namespace ddprun::core {
+
+class Coordinator {
+ public:
+  enum class Phase { kRendezvous, kStarting, kRunning, kStopping, kBackoff, kEnding, kDone };
+
+  /// `canonical` is CanonicalForm(spec); joins whose fingerprint differs are refused with the
+  /// field-level difference. `start` begins the rendezvous timeout.
+  Coordinator(const JobSpec& spec, std::string canonical, TimePoint start);
+
+  /// Feeds one input; appends the effects to `out`. Expired deadlines are handled first.
+  void Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
+
+  /// When Handle(now, Tick{}) must be called next; nullopt when done.
+  std::optional<TimePoint> NextDeadline() const;
+
+  Phase phase() const { return phase_; }
+  int round() const { return round_; }
+  int restarts_used() const { return restarts_used_; }
+  int joined_count() const;
+  /// Set once the job has ended: the exit code every agent was told.
+  std::optional<int> exit_code() const { return exit_code_; }
+
+ private:
+  struct Slot {
+    std::optional<ConnId> conn;
+    std::string host;
+    uint64_t instance = 0;
+    bool done = false;        // NodeDone for the current round
+    bool stopped = false;     // RoundStopped for the stopping round
+    int stopped_ranks = 0;
+    bool acked_end = false;
+  };
+  struct Conn {
+    std::string peer_addr;
+    int node_rank = -1;       // -1 until joined
+    TimePoint last_heard;
+  };
+  struct Failure {
+    int round = 0;
+    int node_rank = 0;
+    std::string what;         // one line: "rank 3 (node 1 "gpu-02", local rank 1) exited with code 1"
+    std::string detail;       // error file / stderr tail, indented
+    bool mentions_nccl = false;
+  };
+
+  void ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>& out);
+  void OnMessage(TimePoint now, ConnId conn, const wire::Message& message,
+                 std::vector<CoordinatorEffect>& out);
+  void OnJoin(TimePoint now, ConnId conn, const wire::Join& join, std::vector<CoordinatorEffect>& out);
+  void OnNodeLost(TimePoint now, int node_rank, const std::string& why,
+                  std::vector<CoordinatorEffect>& out);
+  void Drop(ConnId conn, std::vector<CoordinatorEffect>& out);
+  void MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out);
+  void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
+  void BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out);
+  void MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out);
+  void EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out);
+  void MaybeDone(std::vector<CoordinatorEffect>& out);
+  void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
+  void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
+  std::string NodeName(int node_rank) const;
+  std::string FailureSummary(const Failure& failure, int stopped_ranks) const;
+
+  const JobSpec& spec_;
+  std::string canonical_;
+  std::string fingerprint_;
+  Phase phase_ = Phase::kRendezvous;
+  int round_ = 0;
+  int restarts_used_ = 0;
+  std::vector<Slot> slots_;
+  std::map<ConnId, Conn> conns_;
+  TimePoint rendezvous_started_;
+  TimePoint rendezvous_deadline_;
+  TimePoint next_progress_;
+  TimePoint next_heartbeat_;
+  TimePoint next_liveness_check_;
+  TimePoint phase_deadline_;         // stopping: give up waiting; backoff: restart; ending: barrier
+  std::optional<Failure> failure_;   // first failure of the current round
+  std::optional<Failure> last_failure_;
+  std::optional<int> exit_code_;
+  bool done_emitted_ = false;
+};
+
+}  // namespace ddprun::core

@@ -1,0 +1,142 @@
+#pragma once
+// Inputs and effects of the two state machines. Drivers (runner/host under the real or the
+// simulated ports) turn port callbacks into inputs and execute effects; nothing else crosses.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runner/core/wire.h"
+#include "schema/worker_env.h"
+
+namespace ddprun::core {
+
+/// A connection, numbered by the transport; unique for the life of a host.
+using ConnId = uint64_t;
+
+enum class LogLevel { kDebug, kInfo, kWarn, kError };
+
+/// Why a connect failed, as the transport saw it; the agent turns it into advice.
+enum class ConnectError {
+  kRefused,       // RST: nobody listens on that port (yet), or a firewall rejects
+  kTimedOut,      // no answer: a firewall drops, or the host is down
+  kUnreachable,   // no route to the host or network
+  kNameNotResolved,
+  kOther,
+};
+
+struct LogLine {
+  LogLevel level = LogLevel::kInfo;
+  std::string text;
+};
+
+// ---- Coordinator ----------------------------------------------------------------------
+
+struct PeerAccepted {
+  ConnId conn = 0;
+  std::string peer_addr;
+};
+struct PeerMessage {
+  ConnId conn = 0;
+  wire::Message message;
+};
+struct PeerClosed {
+  ConnId conn = 0;
+  std::string reason;
+};
+/// The host's answer to ReserveStorePort.
+struct StorePortReady {
+  int round = 0;
+  uint16_t port = 0;
+};
+/// Nothing happened but time passed (a deadline).
+struct Tick {};
+
+using CoordinatorInput = std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, Tick>;
+
+struct SendTo {
+  ConnId conn = 0;
+  wire::Message message;
+};
+struct CloseConn {
+  ConnId conn = 0;
+};
+/// Find a free port for round `round`'s PyTorch store; answer with StorePortReady.
+struct ReserveStorePort {
+  int round = 0;
+};
+/// The job is over and every agent has acknowledged (or the exit barrier expired).
+struct CoordinatorDone {
+  int exit_code = 0;
+};
+
+using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone>;
+
+// ---- Agent ----------------------------------------------------------------------------
+
+struct MasterConnected {};
+struct MasterConnectFailed {
+  ConnectError error = ConnectError::kOther;
+  std::string detail;  // the system's words, e.g. "Connection refused"
+};
+struct MasterMessage {
+  wire::Message message;
+};
+struct MasterClosed {
+  std::string reason;
+};
+struct WorkerExited {
+  int round = 0;
+  int local_rank = 0;
+  int exit_code = 0;       // meaningful when signal == 0
+  int signal = 0;          // > 0: killed by this signal
+  std::string stderr_tail; // last lines of the worker's stderr
+  std::string error_text;  // readable TORCHELASTIC_ERROR_FILE contents, "" if none
+};
+struct WorkerSpawnFailed {
+  int round = 0;
+  int local_rank = 0;
+  std::string error;
+};
+struct SignalReceived {
+  int signal = 0;
+};
+
+using AgentInput = std::variant<MasterConnected, MasterConnectFailed, MasterMessage, MasterClosed,
+                                WorkerExited, WorkerSpawnFailed, SignalReceived, Tick>;
+
+struct ConnectToMaster {};
+struct SendToMaster {
+  wire::Message message;
+};
+struct DisconnectFromMaster {};
+
+struct WorkerLaunch {
+  int local_rank = 0;
+  int global_rank = 0;
+  EnvList env;              // what ddprun adds; the host merges it over the inherited env
+  std::string log_path;     // relative to logs.dir
+};
+struct SpawnWorkers {
+  int round = 0;
+  std::vector<WorkerLaunch> workers;
+};
+/// Send `signal` to the process group of every still-running worker of `round`.
+struct SignalWorkers {
+  int round = 0;
+  int signal = 0;
+};
+/// Print the job's final summary (or a round's root cause) for the user.
+struct PrintSummary {
+  std::string text;
+};
+/// The agent is finished; the process exits with `code` once the coordinator (if any) is done.
+struct AgentExit {
+  int code = 0;
+};
+
+using AgentEffect = std::variant<ConnectToMaster, SendToMaster, DisconnectFromMaster, SpawnWorkers,
+                                 SignalWorkers, LogLine, PrintSummary, AgentExit>;
+
+}  // namespace ddprun::core

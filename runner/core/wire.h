@@ -1,0 +1,153 @@
+#pragma once
+// The control protocol's messages and their frames (DESIGN.md section 4).
+//
+// Frame: "DDPR" magic, version (1 byte), type (1 byte), reserved (2 bytes), payload length
+// (4 bytes, little endian, at most kMaxPayload), payload. The decoder is total: any byte
+// sequence yields messages, "need more", or a protocol error that drops that peer only.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ddprun::wire {
+
+inline constexpr uint8_t kMagic[4] = {'D', 'D', 'P', 'R'};
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 12;
+inline constexpr uint32_t kMaxPayload = 1u << 20;
+/// Bounds inside a payload: no message needs more.
+inline constexpr uint32_t kMaxString = 256u * 1024;
+inline constexpr uint32_t kMaxListItems = 1u << 16;
+
+/// An agent asks to join. `instance` tells a rejoin of the same agent from a second agent
+/// that claims the same node rank.
+struct Join {
+  int32_t node_rank = 0;
+  std::string host;
+  int32_t nproc = 0;
+  std::string ddprun_version;
+  std::string fingerprint;
+  std::string canonical;  // CanonicalForm, for the field-level difference
+  uint64_t instance = 0;
+  bool operator==(const Join&) const = default;
+};
+
+/// The coordinator accepted the join.
+struct JoinAck {
+  int32_t nnodes = 0;
+  bool operator==(const JoinAck&) const = default;
+};
+
+/// The coordinator refused the join; the agent prints `reason` and exits 3.
+struct Reject {
+  std::string reason;
+  bool operator==(const Reject&) const = default;
+};
+
+/// Rendezvous progress, sent to joined agents while some are missing.
+struct Progress {
+  int32_t joined = 0;
+  int32_t total = 0;
+  std::vector<int32_t> missing;  // node ranks, at most kMaxListItems
+  int64_t elapsed_ms = 0;
+  int64_t timeout_ms = 0;
+  bool operator==(const Progress&) const = default;
+};
+
+/// Round `round` starts: spawn the workers. `master_port` is what worker rank 0's store uses.
+struct StartRound {
+  int32_t round = 0;
+  uint16_t master_port = 0;
+  bool operator==(const StartRound&) const = default;
+};
+
+/// A worker of `round` ended badly (or was lost). `signal` > 0 when killed by a signal.
+struct WorkerFailed {
+  int32_t round = 0;
+  int32_t global_rank = 0;
+  int32_t local_rank = 0;
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+  std::string stderr_tail;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE contents, "" when none was written
+  bool operator==(const WorkerFailed&) const = default;
+};
+
+/// Every worker of `round` on the sender's node exited 0.
+struct NodeDone {
+  int32_t round = 0;
+  bool operator==(const NodeDone&) const = default;
+};
+
+/// Stop every worker of `round`. `cause` is the job-wide root-cause summary.
+struct StopRound {
+  int32_t round = 0;
+  std::string cause;
+  bool operator==(const StopRound&) const = default;
+};
+
+/// The sender's workers of `round` have all exited; `stopped` of them were stopped by ddprun.
+struct RoundStopped {
+  int32_t round = 0;
+  int32_t stopped = 0;
+  bool operator==(const RoundStopped&) const = default;
+};
+
+/// An agent was interrupted (SIGINT/SIGTERM): end the job everywhere with 128+signal.
+struct Interrupted {
+  int32_t signal = 0;
+  bool operator==(const Interrupted&) const = default;
+};
+
+/// The job is over: every agent prints `summary` and exits `exit_code`.
+struct JobEnd {
+  int32_t exit_code = 0;
+  std::string summary;
+  bool operator==(const JobEnd&) const = default;
+};
+
+/// The agent got JobEnd and is about to exit: the coordinator's exit barrier.
+struct JobEndAck {
+  bool operator==(const JobEndAck&) const = default;
+};
+
+/// Liveness, both ways.
+struct Heartbeat {
+  bool operator==(const Heartbeat&) const = default;
+};
+
+using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone,
+                             StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat>;
+
+/// A short name for logs and traces ("join", "start-round", ...).
+const char* MessageName(const Message& message);
+
+/// Appends one frame holding `message` to `out`.
+void Encode(const Message& message, std::vector<uint8_t>& out);
+std::vector<uint8_t> Encode(const Message& message);
+
+/// Incremental, total frame decoder for one connection.
+class Decoder {
+ public:
+  enum class Status { kMessage, kNeedMore, kError };
+
+  /// Appends received bytes. Never fails; the buffer is bounded by one frame.
+  void Feed(std::span<const uint8_t> bytes);
+
+  /// Decodes the next message into `out`. After kError the decoder stays in error and
+  /// `error()` says why; the connection must be dropped.
+  Status Next(Message& out);
+
+  const std::string& error() const { return error_; }
+  /// True when the first bytes seen are not a ddprun frame (used to tell store clients apart).
+  bool LooksForeign() const;
+
+ private:
+  std::vector<uint8_t> buffer_;
+  size_t offset_ = 0;
+  std::string error_;
+};
+
+}  // namespace ddprun::wire

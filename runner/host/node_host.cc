@@ -1,0 +1,190 @@
+#include "runner/host/node_host.h"
+
+#include <cassert>
+
+#include <fmt/format.h>
+
+namespace ddprun::host {
+
+NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
+                   std::function<void(int)> on_exit)
+    : spec_(spec), ports_(ports), on_exit_(std::move(on_exit)), agent_(spec, config) {
+  assert(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
+  if (config.node_rank == 0) {
+    coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
+  }
+  ports_.transport->SetEvents(this);
+  ports_.launcher->SetEvents(this);
+}
+
+NodeHost::~NodeHost() {
+  ports_.timer->Disarm();
+  ports_.transport->SetEvents(nullptr);
+  ports_.launcher->SetEvents(nullptr);
+}
+
+std::string NodeHost::Start() {
+  if (coordinator_) {
+    std::string error = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
+    if (!error.empty()) return error;
+  }
+  agent_effects_.clear();
+  agent_.Start(ports_.clock->Now(), agent_effects_);
+  // RunAgent executes the start effects (left in agent_effects_) with those of a no-op input.
+  RunAgent(core::Tick{});
+  return "";
+}
+
+void NodeHost::OnTimer() {
+  RunAgent(core::Tick{});
+  if (coordinator_) RunCoordinator(core::Tick{});
+}
+
+void NodeHost::OnSignal(int signal) { RunAgent(core::SignalReceived{signal}); }
+
+void NodeHost::OnAccepted(ConnId conn, std::string peer_addr) {
+  decoders_.emplace(conn, wire::Decoder{});
+  if (coordinator_) RunCoordinator(core::PeerAccepted{conn, std::move(peer_addr)});
+}
+
+void NodeHost::OnConnected(ConnId conn) {
+  if (conn != master_conn_) return;
+  decoders_[conn] = wire::Decoder{};
+  RunAgent(core::MasterConnected{});
+}
+
+void NodeHost::OnConnectFailed(ConnId conn, core::ConnectError error, std::string detail) {
+  if (conn != master_conn_) return;
+  master_conn_.reset();
+  RunAgent(core::MasterConnectFailed{error, std::move(detail)});
+}
+
+void NodeHost::OnData(ConnId conn, std::span<const uint8_t> bytes) {
+  auto it = decoders_.find(conn);
+  if (it == decoders_.end()) return;
+  it->second.Feed(bytes);
+  const bool from_master = conn == master_conn_;
+  for (;;) {
+    wire::Message message;
+    // Look the decoder up again: handling a message may close this connection.
+    it = decoders_.find(conn);
+    if (it == decoders_.end()) return;
+    const auto status = it->second.Next(message);
+    if (status == wire::Decoder::Status::kNeedMore) return;
+    if (status == wire::Decoder::Status::kError) {
+      const std::string why = "protocol error: " + it->second.error();
+      ports_.console->Log(core::LogLevel::kWarn, from_master ? "agent" : "coordinator",
+                          fmt::format("dropping connection {}: {}", conn, why));
+      ports_.transport->Close(conn);
+      OnClosed(conn, why);
+      return;
+    }
+    if (from_master) {
+      RunAgent(core::MasterMessage{std::move(message)});
+    } else if (coordinator_) {
+      RunCoordinator(core::PeerMessage{conn, std::move(message)});
+    }
+  }
+}
+
+void NodeHost::OnClosed(ConnId conn, std::string reason) {
+  decoders_.erase(conn);
+  if (conn == master_conn_) {
+    master_conn_.reset();
+    RunAgent(core::MasterClosed{std::move(reason)});
+  } else if (coordinator_) {
+    RunCoordinator(core::PeerClosed{conn, std::move(reason)});
+  }
+}
+
+void NodeHost::OnWorkerExited(const core::WorkerExited& exited) { RunAgent(exited); }
+
+void NodeHost::OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) { RunAgent(failed); }
+
+void NodeHost::RunAgent(const core::AgentInput& input) {
+  if (finished_) return;
+  // Effects left by Start() are executed first (they were produced without an input).
+  std::vector<core::AgentEffect> effects;
+  effects.swap(agent_effects_);
+  agent_.Handle(ports_.clock->Now(), input, effects);
+  for (auto& effect : effects) {
+    if (std::holds_alternative<core::ConnectToMaster>(effect)) {
+      if (master_conn_) ports_.transport->Close(*master_conn_);
+      master_conn_ = ports_.transport->Connect(spec_.cluster.master_addr, spec_.cluster.master_port);
+    } else if (auto* send = std::get_if<core::SendToMaster>(&effect)) {
+      if (master_conn_) ports_.transport->Send(*master_conn_, wire::Encode(send->message));
+    } else if (std::holds_alternative<core::DisconnectFromMaster>(effect)) {
+      if (master_conn_) {
+        ports_.transport->Close(*master_conn_);
+        decoders_.erase(*master_conn_);
+        master_conn_.reset();
+      }
+    } else if (auto* spawn = std::get_if<core::SpawnWorkers>(&effect)) {
+      for (const auto& launch : spawn->workers) ports_.launcher->Spawn(spawn->round, launch);
+    } else if (auto* signal = std::get_if<core::SignalWorkers>(&effect)) {
+      ports_.launcher->SignalAll(signal->round, signal->signal);
+    } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
+      ports_.console->Log(log->level, "agent", log->text);
+    } else if (auto* summary = std::get_if<core::PrintSummary>(&effect)) {
+      ports_.console->Summary(summary->text);
+    } else if (auto* exit = std::get_if<core::AgentExit>(&effect)) {
+      agent_exit_ = exit->code;
+    }
+  }
+  MaybeFinish();
+  if (!finished_) Rearm();
+}
+
+void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
+  if (finished_ || !coordinator_) return;
+  std::vector<core::CoordinatorEffect> effects;
+  effects.swap(coordinator_effects_);
+  const TimePoint now = ports_.clock->Now();
+  coordinator_->Handle(now, input, effects);
+  for (size_t i = 0; i < effects.size(); ++i) {
+    auto& effect = effects[i];
+    if (auto* send = std::get_if<core::SendTo>(&effect)) {
+      ports_.transport->Send(send->conn, wire::Encode(send->message));
+    } else if (auto* close = std::get_if<core::CloseConn>(&effect)) {
+      ports_.transport->Close(close->conn);
+      decoders_.erase(close->conn);
+    } else if (auto* reserve = std::get_if<core::ReserveStorePort>(&effect)) {
+      const uint16_t port = ports_.transport->ReserveStorePort();
+      // The answer is an input like any other; its effects join this batch.
+      coordinator_->Handle(now, core::StorePortReady{reserve->round, port}, effects);
+    } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
+      ports_.console->Log(log->level, "coordinator", log->text);
+    } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
+      coordinator_done_ = true;
+    }
+  }
+  MaybeFinish();
+  if (!finished_) Rearm();
+}
+
+void NodeHost::Rearm() {
+  std::optional<TimePoint> next = agent_.NextDeadline();
+  if (coordinator_ && !coordinator_done_) {
+    auto c = coordinator_->NextDeadline();
+    if (c && (!next || *c < *next)) next = c;
+  }
+  if (next) {
+    ports_.timer->ArmAt(*next);
+  } else {
+    ports_.timer->Disarm();
+  }
+}
+
+void NodeHost::MaybeFinish() {
+  if (finished_ || !agent_exit_) return;
+  if (coordinator_ && !coordinator_done_) return;  // node 0 stays until the exit barrier passes
+  finished_ = true;
+  ports_.timer->Disarm();
+  if (master_conn_) {
+    ports_.transport->Close(*master_conn_);
+    master_conn_.reset();
+  }
+  on_exit_(*agent_exit_);
+}
+
+}  // namespace ddprun::host

@@ -1,0 +1,76 @@
+#pragma once
+// One node's agent (and, on node 0, the coordinator) wired to the ports. The same code runs
+// under the real driver and the simulator: it decodes frames, feeds the state machines and
+// executes their effects, and never branches on their internals.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runner/core/agent.h"
+#include "runner/core/coordinator.h"
+#include "runner/host/ports.h"
+
+namespace ddprun::host {
+
+struct Ports {
+  Clock* clock = nullptr;
+  Timer* timer = nullptr;
+  Transport* transport = nullptr;
+  ProcessLauncher* launcher = nullptr;
+  Console* console = nullptr;
+};
+
+class NodeHost final : public TransportEvents, public ProcessEvents {
+ public:
+  /// `on_exit` is called once, when this node is finished, with the process exit code.
+  NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
+           std::function<void(int)> on_exit);
+  ~NodeHost() override;
+
+  /// Node 0 listens on master_addr:master_port and starts the coordinator; then the agent
+  /// starts connecting. Returns "" or why node 0 cannot listen (the caller exits 3).
+  std::string Start();
+
+  /// The driver calls this when the armed time has come.
+  void OnTimer();
+  /// SIGINT or SIGTERM reached the process.
+  void OnSignal(int signal);
+
+  bool finished() const { return finished_; }
+  const core::Agent& agent() const { return agent_; }
+  const core::Coordinator* coordinator() const { return coordinator_.get(); }
+
+  // TransportEvents
+  void OnAccepted(ConnId conn, std::string peer_addr) override;
+  void OnConnected(ConnId conn) override;
+  void OnConnectFailed(ConnId conn, core::ConnectError error, std::string detail) override;
+  void OnData(ConnId conn, std::span<const uint8_t> bytes) override;
+  void OnClosed(ConnId conn, std::string reason) override;
+  // ProcessEvents
+  void OnWorkerExited(const core::WorkerExited& exited) override;
+  void OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) override;
+
+ private:
+  void RunAgent(const core::AgentInput& input);
+  void RunCoordinator(const core::CoordinatorInput& input);
+  void Rearm();
+  void MaybeFinish();
+
+  const JobSpec& spec_;
+  Ports ports_;
+  std::function<void(int)> on_exit_;
+  core::Agent agent_;
+  std::unique_ptr<core::Coordinator> coordinator_;
+  std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
+  std::map<ConnId, wire::Decoder> decoders_;
+  std::optional<int> agent_exit_;
+  bool coordinator_done_ = false;
+  bool finished_ = false;
+  std::vector<core::AgentEffect> agent_effects_;
+  std::vector<core::CoordinatorEffect> coordinator_effects_;
+};
+
+}  // namespace ddprun::host

@@ -1,0 +1,85 @@
+#pragma once
+// The ports: every nondeterministic edge of an agent. Each has exactly two implementations,
+// real ones in runner/io/ and simulated ones in sim/ (STYLE.md rule 3).
+//
+// Contract for every port: a call never invokes an event callback before it returns; results
+// arrive later, from the driver's event loop. That keeps the host free of reentrancy.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runner/core/events.h"
+#include "runner/core/time.h"
+
+namespace ddprun::host {
+
+using core::ConnId;
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual TimePoint Now() const = 0;
+};
+
+/// One timer per host; arming it again replaces the previous time.
+class Timer {
+ public:
+  virtual ~Timer() = default;
+  virtual void ArmAt(TimePoint when) = 0;
+  virtual void Disarm() = 0;
+};
+
+class TransportEvents {
+ public:
+  virtual ~TransportEvents() = default;
+  virtual void OnAccepted(ConnId conn, std::string peer_addr) = 0;
+  virtual void OnConnected(ConnId conn) = 0;
+  virtual void OnConnectFailed(ConnId conn, core::ConnectError error, std::string detail) = 0;
+  virtual void OnData(ConnId conn, std::span<const uint8_t> bytes) = 0;
+  virtual void OnClosed(ConnId conn, std::string reason) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual void SetEvents(TransportEvents* events) = 0;
+  /// Listens on addr:port (that address only). Returns "" or why it cannot, for the user.
+  virtual std::string Listen(const std::string& addr, uint16_t port) = 0;
+  /// Starts a connect; OnConnected or OnConnectFailed follows.
+  virtual ConnId Connect(const std::string& addr, uint16_t port) = 0;
+  virtual void Send(ConnId conn, std::vector<uint8_t> bytes) = 0;
+  /// Closes without an OnClosed for this side.
+  virtual void Close(ConnId conn) = 0;
+  /// A port that is free now on this host, for a round's PyTorch store; 0 if none.
+  virtual uint16_t ReserveStorePort() = 0;
+};
+
+class ProcessEvents {
+ public:
+  virtual ~ProcessEvents() = default;
+  /// Reported once per spawned worker, after its output has been drained.
+  virtual void OnWorkerExited(const core::WorkerExited& exited) = 0;
+  virtual void OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) = 0;
+};
+
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+  virtual void SetEvents(ProcessEvents* events) = 0;
+  virtual void Spawn(int round, const core::WorkerLaunch& launch) = 0;
+  /// Sends `signal` to the process group of each still-running worker of `round`.
+  virtual void SignalAll(int round, int signal) = 0;
+};
+
+/// Where an agent's words go: the terminal (real) or the simulator's event log.
+class Console {
+ public:
+  virtual ~Console() = default;
+  virtual void Log(core::LogLevel level, std::string_view source, std::string_view text) = 0;
+  virtual void Summary(std::string_view text) = 0;
+};
+
+}  // namespace ddprun::host
