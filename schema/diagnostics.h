@@ -18,6 +18,8 @@ struct Diagnostic {
   std::string key_path;    // "cluster.nproc_per_node"; "" for whole-file problems
   std::string message;     // one sentence, no trailing period
   std::string hint;        // "" or e.g. "did you mean `nproc_per_node`?"
+  std::string note;        // "" or a pointer to a related place, e.g. "first written here"
+  SourceLoc note_loc;      // where `note` points
   bool operator==(const Diagnostic&) const = default;
 };
 
@@ -26,6 +28,8 @@ struct Diagnostics {
 
   void Error(SourceLoc loc, std::string key_path, std::string message, std::string hint = {});
   void Warning(SourceLoc loc, std::string key_path, std::string message, std::string hint = {});
+  /// Attaches a note to the diagnostic added last (e.g. where a duplicate was first written).
+  void AddNote(SourceLoc loc, std::string note);
   bool HasErrors() const;
   int ErrorCount() const;
   int WarningCount() const;
@@ -35,5 +39,12 @@ struct Diagnostics {
 /// ("2 errors, 1 warning"). `source_text` supplies the quoted line and caret.
 std::string RenderDiagnostics(const Diagnostics& diagnostics, std::string_view source_name,
                               std::string_view source_text, bool color);
+
+/// "2 errors, 1 warning"; "" when there are none.
+std::string DiagnosticsSummary(const Diagnostics& diagnostics);
+
+/// The diagnostics in the order RenderDiagnostics prints them: whole-file ones first, then by
+/// line and column; stable for equal positions.
+std::vector<Diagnostic> SortedDiagnostics(const Diagnostics& diagnostics);
 
 }  // namespace ddprun

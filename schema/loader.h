@@ -23,4 +23,20 @@ LoadResult ParseJobText(std::string_view text, std::string_view source_name);
 /// Reads `path` (at most 1 MiB) and parses it; a missing or unreadable file is a diagnostic.
 LoadResult LoadJobFile(const std::string& path);
 
+/// The kebab-case name of a fault kind, as written in the job file ("node-crash").
+std::string_view FaultKindName(FaultKind kind);
+
+/// The fault kind named `name` ("worker-exit"), or nullopt.
+std::optional<FaultKind> ParseFaultKind(std::string_view name);
+
+/// Parses the command-line form `kind@time[:key=value,...]`, e.g. `node-crash@40m:node=1` or
+/// `worker-exit@90s:node=1,local_rank=0,exit_code=3`; peers are joined with `+`
+/// (`partition@5m:node=1,peers=0+2,duration=1m`). Checks syntax and the keys each kind takes,
+/// not the ranges of the job (see FaultFitsJob). On failure returns nullopt and sets *error
+/// to one sentence.
+std::optional<FaultSpec> ParseFaultFlag(std::string_view text, std::string* error);
+
+/// Whether `fault` addresses nodes, workers and peers that exist in `spec`; sets *error when not.
+bool FaultFitsJob(const FaultSpec& fault, const JobSpec& spec, std::string* error);
+
 }  // namespace ddprun

@@ -3,8 +3,10 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "schema/diagnostics.h"
 #include "schema/job_spec.h"
 #include "schema/worker_env.h"
 
@@ -39,6 +41,11 @@ std::string RenderPlanText(const JobSpec& spec, const Plan& plan);
 
 /// The same plan as JSON (for tools), pretty-printed.
 std::string RenderPlanJson(const JobSpec& spec, const Plan& plan);
+
+/// What `ddprun check --json` prints: {"valid": ..., "diagnostics": [...], "plan": {...}}.
+/// `spec` and `plan` are null when the file is invalid (then "plan" is null).
+std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view source_name,
+                            const JobSpec* spec, const Plan* plan);
 
 /// JSON Schema (draft 2020-12) of the job file, for editors.
 std::string JobFileJsonSchema();

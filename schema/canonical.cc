@@ -1,0 +1,147 @@
+#include "schema/canonical.h"
+
+#include <map>
+
+#include <fmt/format.h>
+#include <openssl/evp.h>
+
+namespace ddprun {
+namespace {
+
+// JSON string quoting, so a value with spaces, quotes or newlines stays on one line and two
+// different strings never print the same.
+std::string Quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    const auto byte = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (byte < 0x20 || byte == 0x7f) {
+          out += fmt::format("\\u{:04x}", byte);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string QuoteList(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += Quote(items[i]);
+  }
+  return out + "]";
+}
+
+// Typed spelling: `8` and `"8"` and `8.0` are different jobs to Lightning, so they differ here.
+std::string TrainerCanonical(const TrainerValue& value) {
+  struct Visitor {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return fmt::format("{}", i); }
+    std::string operator()(double d) const { return fmt::format("{}f", d); }
+    std::string operator()(const std::string& s) const { return Quote(s); }
+    std::string operator()(const std::vector<int64_t>& v) const {
+      return fmt::format("[{}]", fmt::join(v, ", "));
+    }
+  };
+  return std::visit(Visitor{}, value.value);
+}
+
+// "key = value" lines back into a map; lines without " = " are ignored.
+std::map<std::string, std::string> ParseCanonical(const std::string& canonical) {
+  std::map<std::string, std::string> fields;
+  size_t start = 0;
+  while (start < canonical.size()) {
+    size_t end = canonical.find('\n', start);
+    if (end == std::string::npos) end = canonical.size();
+    std::string_view line(canonical.data() + start, end - start);
+    size_t eq = line.find(" = ");
+    if (eq != std::string_view::npos) {
+      fields[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 3));
+    }
+    start = end + 1;
+  }
+  return fields;
+}
+
+}  // namespace
+
+std::string CanonicalForm(const JobSpec& spec) {
+  std::map<std::string, std::string> fields;
+  fields["version"] = fmt::format("{}", spec.version);
+  fields["job.name"] = Quote(spec.job.name);
+  fields["job.command"] = QuoteList(spec.job.command);
+  fields["job.workdir"] = Quote(spec.job.workdir);
+  for (const auto& [name, value] : spec.job.env) fields["job.env." + name] = Quote(value);
+  // Both spellings of the cluster size (a host list or a count) mean something different for
+  // rank assignment, so the list is kept when given; nnodes is always there.
+  if (!spec.cluster.nodes.empty()) fields["cluster.nodes"] = QuoteList(spec.cluster.nodes);
+  fields["cluster.nnodes"] = fmt::format("{}", spec.cluster.nnodes);
+  fields["cluster.master_addr"] = Quote(spec.cluster.master_addr);
+  fields["cluster.master_port"] = fmt::format("{}", spec.cluster.master_port);
+  fields["cluster.nproc_per_node"] = fmt::format("{}", spec.cluster.nproc_per_node);
+  if (spec.cluster.store_port) {
+    fields["cluster.store_port"] = fmt::format("{}", *spec.cluster.store_port);
+  }
+  for (const auto& [key, value] : spec.trainer.settings) {
+    fields["trainer." + key] = TrainerCanonical(value);
+  }
+  fields["restart.max_restarts"] = fmt::format("{}", spec.restart.max_restarts);
+  fields["restart.backoff"] = FormatDuration(spec.restart.backoff);
+  fields["timeouts.rendezvous"] = FormatDuration(spec.timeouts.rendezvous);
+  fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
+  fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);
+  fields["logs.dir"] = Quote(spec.logs.dir);
+
+  std::string out;
+  for (const auto& [key, value] : fields) out += fmt::format("{} = {}\n", key, value);
+  return out;
+}
+
+std::string FingerprintOfCanonical(const std::string& canonical) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  // EVP_Digest fails only when OpenSSL cannot allocate; an empty fingerprint then never
+  // matches a peer's, which is the safe outcome.
+  if (EVP_Digest(canonical.data(), canonical.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+    return {};
+  }
+  std::string hex;
+  hex.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
+
+std::string Fingerprint(const JobSpec& spec) { return FingerprintOfCanonical(CanonicalForm(spec)); }
+
+std::vector<FieldDifference> DiffCanonical(const std::string& ours, const std::string& theirs) {
+  const auto a = ParseCanonical(ours);
+  const auto b = ParseCanonical(theirs);
+  std::vector<FieldDifference> diffs;
+  auto ia = a.begin();
+  auto ib = b.begin();
+  constexpr std::string_view kNotSet = "(not set)";
+  while (ia != a.end() || ib != b.end()) {
+    if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
+      diffs.push_back({ia->first, ia->second, std::string(kNotSet)});
+      ++ia;
+    } else if (ia == a.end() || ib->first < ia->first) {
+      diffs.push_back({ib->first, std::string(kNotSet), ib->second});
+      ++ib;
+    } else {
+      if (ia->second != ib->second) diffs.push_back({ia->first, ia->second, ib->second});
+      ++ia;
+      ++ib;
+    }
+  }
+  return diffs;
+}
+
+}  // namespace ddprun
