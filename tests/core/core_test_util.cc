@@ -1,0 +1,68 @@
+// Readable listings of core effects, for test failure messages.
+
+#include "tests/core/core_test_util.h"
+
+#include <fmt/format.h>
+
+#include "runner/core/wire.h"
+
+namespace ddprun::core::test {
+namespace {
+
+std::string Level(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarn: return "warn";
+    case LogLevel::kError: return "error";
+  }
+  return "?";
+}
+
+struct CoordinatorNamer {
+  std::string operator()(const SendTo& e) const {
+    return fmt::format("send {} to conn {}", wire::MessageName(e.message), e.conn);
+  }
+  std::string operator()(const CloseConn& e) const { return fmt::format("close conn {}", e.conn); }
+  std::string operator()(const ReserveStorePort& e) const {
+    return fmt::format("reserve store port for round {}", e.round);
+  }
+  std::string operator()(const LogLine& e) const { return Level(e.level) + ": " + e.text; }
+  std::string operator()(const CoordinatorDone& e) const {
+    return fmt::format("coordinator done, exit {}", e.exit_code);
+  }
+};
+
+struct AgentNamer {
+  std::string operator()(const ConnectToMaster&) const { return "connect to master"; }
+  std::string operator()(const SendToMaster& e) const {
+    return fmt::format("send {}", wire::MessageName(e.message));
+  }
+  std::string operator()(const DisconnectFromMaster&) const { return "disconnect"; }
+  std::string operator()(const SpawnWorkers& e) const {
+    return fmt::format("spawn {} workers of round {}", e.workers.size(), e.round);
+  }
+  std::string operator()(const SignalWorkers& e) const {
+    return fmt::format("signal {} to round {}", e.signal, e.round);
+  }
+  std::string operator()(const LogLine& e) const { return Level(e.level) + ": " + e.text; }
+  std::string operator()(const PrintSummary& e) const { return "summary: " + e.text; }
+  std::string operator()(const AgentExit& e) const { return fmt::format("exit {}", e.code); }
+};
+
+template <typename Effect, typename Namer>
+std::string List(const std::vector<Effect>& effects, Namer namer) {
+  std::string text;
+  for (const Effect& e : effects) text += "  " + std::visit(namer, e) + "\n";
+  return text.empty() ? "  (no effects)\n" : text;
+}
+
+}  // namespace
+
+std::string Describe(const std::vector<CoordinatorEffect>& effects) {
+  return List(effects, CoordinatorNamer{});
+}
+
+std::string Describe(const std::vector<AgentEffect>& effects) { return List(effects, AgentNamer{}); }
+
+}  // namespace ddprun::core::test
