@@ -32,7 +32,6 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
       rendezvous_deadline_(start + spec.timeouts.rendezvous),
       next_progress_(start + kProgressInterval),
       next_heartbeat_(start + spec.timeouts.heartbeat),
-      next_liveness_check_(start + spec.timeouts.heartbeat),
       phase_deadline_(start) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (i < spec.cluster.nodes.size()) slots_[i].host = spec.cluster.nodes[i];
@@ -80,8 +79,9 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     Broadcast(wire::Heartbeat{}, out);
     next_heartbeat_ = now + heartbeat;
   }
-  if (now >= next_liveness_check_) {
-    next_liveness_check_ = now + heartbeat;
+  // Checked on every input, not on a heartbeat grid: a peer is lost the moment it has been
+  // silent for more than 3 heartbeats (the agent uses the same bound), not up to a beat later.
+  {
     std::vector<ConnId> silent;
     for (const auto& [id, conn] : conns_) {
       if (now - conn.last_heard > 3 * heartbeat) silent.push_back(id);
@@ -167,7 +167,10 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
 
 std::optional<TimePoint> Coordinator::NextDeadline() const {
   if (phase_ == Phase::kDone) return std::nullopt;
-  TimePoint next = std::min(next_heartbeat_, next_liveness_check_);
+  TimePoint next = next_heartbeat_;
+  for (const auto& [id, conn] : conns_) {
+    next = std::min(next, conn.last_heard + 3 * spec_.timeouts.heartbeat + Duration(1));
+  }
   switch (phase_) {
     case Phase::kRendezvous:
       next = std::min({next, rendezvous_deadline_, next_progress_});

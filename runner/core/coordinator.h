@@ -89,7 +89,6 @@ class Coordinator {
   TimePoint rendezvous_deadline_;
   TimePoint next_progress_;
   TimePoint next_heartbeat_;
-  TimePoint next_liveness_check_;
   TimePoint phase_deadline_;         // stopping: give up waiting; backoff: restart; ending: barrier
   std::optional<Failure> failure_;   // first failure of the current round
   std::optional<Failure> last_failure_;
