@@ -1,0 +1,587 @@
+// The coordinator state machine: admission, rounds, restarts, liveness, the root-cause summary
+// and the exit barrier, driven with inputs and virtual time.
+
+#include "runner/core/coordinator.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "schema/canonical.h"
+#include "tests/core/core_test_util.h"
+
+namespace ddprun::core {
+namespace {
+
+using namespace std::chrono_literals;
+using test::All;
+using test::At;
+using test::Edit;
+using test::FindLog;
+using test::kTwoNodeJob;
+using test::SpecFromToml;
+using Effects = std::vector<CoordinatorEffect>;
+
+constexpr Duration kNs = Duration(1);
+
+ConnId ConnOf(int node) { return 100 + static_cast<ConnId>(node); }
+
+/// Effects without the periodic heartbeats, which depend only on the clock.
+Effects Meaningful(const Effects& effects) {
+  Effects kept;
+  for (const CoordinatorEffect& e : effects) {
+    const auto* send = std::get_if<SendTo>(&e);
+    if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
+    kept.push_back(e);
+  }
+  return kept;
+}
+
+/// Every message of type M sent, with its connection.
+template <typename M>
+std::vector<std::pair<ConnId, M>> Sent(const Effects& effects) {
+  std::vector<std::pair<ConnId, M>> found;
+  for (const SendTo& send : All<SendTo>(effects)) {
+    if (const M* m = std::get_if<M>(&send.message)) found.emplace_back(send.conn, *m);
+  }
+  return found;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { UseJob(kTwoNodeJob); }
+
+  void UseJob(std::string_view toml) {
+    spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
+    canonical_ = CanonicalForm(*spec_);
+    coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
+  }
+
+  Effects Feed(Duration at, const CoordinatorInput& input) {
+    Effects out;
+    coordinator_->Handle(At(at), input, out);
+    // The driver sleeps until NextDeadline: one in the past would spin it forever.
+    if (auto next = coordinator_->NextDeadline()) {
+      EXPECT_GT(*next, At(at)) << "NextDeadline not in the future after handling at "
+                               << at.count() << "ns";
+    }
+    return out;
+  }
+  Effects Tick(Duration at) { return Feed(at, core::Tick{}); }
+  Effects Send(Duration at, ConnId conn, wire::Message message) {
+    return Feed(at, PeerMessage{conn, std::move(message)});
+  }
+  Effects Connect(Duration at, ConnId conn, std::string addr) {
+    return Feed(at, PeerAccepted{conn, std::move(addr)});
+  }
+
+  wire::Join JoinOf(int node, uint64_t instance = 0) const {
+    return wire::Join{node,
+                      fmt::format("gpu-0{}", node + 1),
+                      spec_->cluster.nproc_per_node,
+                      "0.1.0",
+                      FingerprintOfCanonical(canonical_),
+                      canonical_,
+                      instance == 0 ? 1000 + static_cast<uint64_t>(node) : instance};
+  }
+
+  Effects Join(Duration at, int node) {
+    Connect(at, ConnOf(node), fmt::format("10.0.0.{}", node + 1));
+    return Send(at, ConnOf(node), JoinOf(node));
+  }
+
+  /// Both nodes join at `at` and the host answers the store port reservation.
+  Effects StartFirstRound(Duration at, uint16_t port = 41000) {
+    Join(at, 0);
+    Effects reserve = Join(at, 1);
+    EXPECT_EQ(All<ReserveStorePort>(reserve).size(), 1u) << test::Describe(reserve);
+    return Feed(at, StorePortReady{0, port});
+  }
+
+  /// Every listed node sends a heartbeat at `at`; returns everything that happened.
+  Effects Beat(Duration at, std::vector<int> nodes = {0, 1}) {
+    Effects all;
+    for (int node : nodes) {
+      Effects e = Send(at, ConnOf(node), wire::Heartbeat{});
+      all.insert(all.end(), e.begin(), e.end());
+    }
+    return all;
+  }
+
+  /// Heartbeats from `nodes` every second in (from, to]; returns the meaningful effects.
+  Effects BeatUntil(Duration from, Duration to, std::vector<int> nodes = {0, 1}) {
+    Effects all;
+    for (Duration t = from + 1s; t <= to; t += 1s) {
+      Effects e = Meaningful(Beat(t, nodes));
+      all.insert(all.end(), e.begin(), e.end());
+    }
+    return all;
+  }
+
+  wire::WorkerFailed RankThreeFailed(int round, std::string stderr_tail = "RuntimeError: boom\n",
+                                     std::string error_file = "") const {
+    return wire::WorkerFailed{round, 3, 1, 1, 0, std::move(stderr_tail), std::move(error_file)};
+  }
+
+  std::unique_ptr<JobSpec> spec_;
+  std::string canonical_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(CoordinatorTest, JoinIsAcknowledgedAndLogged) {
+  const Effects e = Join(0s, 0);
+  ASSERT_EQ(Sent<wire::JoinAck>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::JoinAck>(e)[0], (std::pair<ConnId, wire::JoinAck>{100, wire::JoinAck{2}}));
+  EXPECT_EQ(FindLog(e, "joined"), "node 0 (gpu-01) joined from 10.0.0.1 (1/2)");
+  EXPECT_TRUE(All<ReserveStorePort>(e).empty());
+  EXPECT_EQ(coordinator_->joined_count(), 1);
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRendezvous);
+}
+
+TEST_F(CoordinatorTest, StartsTheRoundOnlyWhenEveryNodeJoined) {
+  EXPECT_TRUE(All<ReserveStorePort>(Join(0s, 1)).empty());
+  const Effects e = Join(1s, 0);
+  ASSERT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<ReserveStorePort>(e)[0].round, 0);
+  EXPECT_TRUE(Sent<wire::StartRound>(e).empty());
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStarting);
+
+  // An answer for another round is stale.
+  EXPECT_TRUE(Feed(1s, StorePortReady{3, 40000}).empty());
+
+  const Effects started = Feed(1s, StorePortReady{0, 41234});
+  const auto starts = Sent<wire::StartRound>(started);
+  ASSERT_EQ(starts.size(), 2u) << test::Describe(started);
+  EXPECT_EQ(starts[0], (std::pair<ConnId, wire::StartRound>{100, {0, 41234}}));
+  EXPECT_EQ(starts[1], (std::pair<ConnId, wire::StartRound>{101, {0, 41234}}));
+  EXPECT_EQ(FindLog(started, "round 0"), "round 0: all 2 nodes joined; starting 4 workers");
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRunning);
+}
+
+TEST_F(CoordinatorTest, FixedStorePortNeedsNoReservation) {
+  UseJob(Edit(kTwoNodeJob, "nproc_per_node = 2", "nproc_per_node = 2\nstore_port = 29400"));
+  Join(0s, 0);
+  const Effects e = Join(0s, 1);
+  EXPECT_TRUE(All<ReserveStorePort>(e).empty());
+  const auto starts = Sent<wire::StartRound>(e);
+  ASSERT_EQ(starts.size(), 2u) << test::Describe(e);
+  EXPECT_EQ(starts[0].second, (wire::StartRound{0, 29400}));
+  EXPECT_EQ(starts[1].second, (wire::StartRound{0, 29400}));
+}
+
+TEST_F(CoordinatorTest, OutOfRangeNodeRankIsRejectedWithText) {
+  Connect(0s, 7, "10.0.0.9");
+  wire::Join join = JoinOf(1);
+  join.node_rank = 2;
+  join.host = "gpu-03";
+  const Effects e = Send(0s, 7, join);
+  const std::string reason =
+      "node rank 2 (host gpu-03, from 10.0.0.9) is out of range: the job has 2 nodes (ranks 0..1)";
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0], (std::pair<ConnId, wire::Reject>{7, {reason}}));
+  EXPECT_EQ(FindLog(e, "refused"), "refused a node: " + reason);
+  EXPECT_EQ(All<CloseConn>(e).size(), 1u);
+  EXPECT_EQ(coordinator_->joined_count(), 0);
+
+  Connect(0s, 8, "10.0.0.8");
+  join.node_rank = -1;
+  EXPECT_NE(Sent<wire::Reject>(Send(0s, 8, join))[0].second.reason.find("node rank -1"),
+            std::string::npos);
+}
+
+TEST_F(CoordinatorTest, FingerprintMismatchNamesTheFieldThatDiffers) {
+  const JobSpec other = SpecFromToml(Edit(kTwoNodeJob, "nproc_per_node = 2", "nproc_per_node = 4"));
+  wire::Join join = JoinOf(1);
+  join.canonical = CanonicalForm(other);
+  join.fingerprint = Fingerprint(other);
+  Connect(0s, ConnOf(1), "10.0.0.2");
+  const Effects e = Send(0s, ConnOf(1), join);
+  const std::string reason =
+      "node 1 (host gpu-02) runs a different job file than node 0:\n"
+      "  cluster.nproc_per_node: node 1 has 4, node 0 has 2\n"
+      "hint: use the same job file on every node (ddprun check prints its fingerprint)";
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason, reason);
+  EXPECT_EQ(FindLog(e, "refused"), "refused a node: " + reason);
+  EXPECT_EQ(All<CloseConn>(e).size(), 1u);
+  EXPECT_EQ(coordinator_->joined_count(), 0);
+}
+
+TEST_F(CoordinatorTest, DuplicateNodeRankIsRejectedWhileTheFirstIsAlive) {
+  Join(0s, 1);
+  Connect(1s, 9, "10.0.0.9");
+  wire::Join impostor = JoinOf(1, /*instance=*/777);
+  impostor.host = "gpu-99";
+  const Effects e = Send(1s, 9, impostor);
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason,
+            "node rank 1 is claimed twice: by host gpu-02 (already joined) and by host gpu-99 "
+            "from 10.0.0.9\nhint: every node needs its own rank; check --node-rank, "
+            "DDPRUN_NODE_RANK or cluster.nodes");
+  ASSERT_EQ(All<CloseConn>(e).size(), 1u);
+  EXPECT_EQ(All<CloseConn>(e)[0].conn, 9u);
+  EXPECT_EQ(coordinator_->joined_count(), 1);
+  // The first node is still in: its heartbeat is accepted and nothing is closed.
+  EXPECT_TRUE(All<CloseConn>(Beat(2s, {1})).empty());
+}
+
+TEST_F(CoordinatorTest, SameInstanceReconnectingIsAccepted) {
+  Join(0s, 1);
+  Connect(1s, 201, "10.0.0.2");
+  const Effects e = Send(1s, 201, JoinOf(1));
+  ASSERT_EQ(All<CloseConn>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<CloseConn>(e)[0].conn, ConnOf(1));
+  ASSERT_EQ(Sent<wire::JoinAck>(e).size(), 1u);
+  EXPECT_EQ(Sent<wire::JoinAck>(e)[0].first, 201u);
+  EXPECT_EQ(coordinator_->joined_count(), 1);
+}
+
+TEST_F(CoordinatorTest, MessagesBeforeJoinDropThePeer) {
+  Connect(0s, 5, "10.0.0.5");
+  const Effects e = Send(0s, 5, wire::NodeDone{0});
+  EXPECT_EQ(FindLog(e, "dropping"), "dropping 10.0.0.5: sent node-done before joining");
+  ASSERT_EQ(All<CloseConn>(e).size(), 1u);
+  EXPECT_EQ(All<CloseConn>(e)[0].conn, 5u);
+}
+
+TEST_F(CoordinatorTest, ProgressEveryFiveSecondsNamesTheMissingNodes) {
+  Join(0s, 0);
+  EXPECT_TRUE(Sent<wire::Progress>(BeatUntil(0s, 4s, {0})).empty());
+  const Effects at5 = Meaningful(Beat(5s, {0}));
+  const auto progress = Sent<wire::Progress>(at5);
+  ASSERT_EQ(progress.size(), 1u) << test::Describe(at5);
+  EXPECT_EQ(progress[0].first, 100u);
+  EXPECT_EQ(progress[0].second, (wire::Progress{1, 2, {1}, 5000, 900'000}));
+  EXPECT_TRUE(Sent<wire::Progress>(Beat(9s + 999ms, {0})).empty());
+  const auto next = Sent<wire::Progress>(Beat(10s, {0}));
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].second.elapsed_ms, 10'000);
+}
+
+TEST_F(CoordinatorTest, RendezvousTimesOutExactlyAtItsDeadline) {
+  Join(0s, 0);
+  Effects before = BeatUntil(0s, 15min - 1s, {0});
+  before = Meaningful(Beat(15min - kNs, {0}));
+  EXPECT_TRUE(Sent<wire::JobEnd>(before).empty()) << test::Describe(before);
+  EXPECT_EQ(coordinator_->NextDeadline(), At(15min));
+
+  const Effects e = Tick(15min);
+  const auto end = Sent<wire::JobEnd>(e);
+  ASSERT_EQ(end.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(end[0].first, 100u);
+  EXPECT_EQ(end[0].second.exit_code, 3);
+  EXPECT_EQ(end[0].second.summary,
+            "rendezvous failed: 1/2 nodes joined within timeouts.rendezvous = 15m; never joined: "
+            "node 1 (gpu-02)\nhint: start `ddprun job.toml` on the missing nodes, and check that "
+            "they can reach gpu-01:50000 (the firewall must let TCP port 50000 through)");
+  EXPECT_EQ(coordinator_->exit_code(), 3);
+  EXPECT_TRUE(All<CoordinatorDone>(e).empty());
+
+  const Effects acked = Send(15min + 1ms, 100, wire::JobEndAck{});
+  ASSERT_EQ(All<CoordinatorDone>(acked).size(), 1u) << test::Describe(acked);
+  EXPECT_EQ(All<CoordinatorDone>(acked)[0].exit_code, 3);
+  EXPECT_EQ(coordinator_->NextDeadline(), std::nullopt);
+}
+
+TEST_F(CoordinatorTest, RendezvousTimeoutWithNobodyJoinedEndsAtOnce) {
+  const Effects e = Tick(15min);
+  EXPECT_EQ(coordinator_->exit_code(), 3);
+  ASSERT_EQ(All<CoordinatorDone>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<CoordinatorDone>(e)[0].exit_code, 3);
+}
+
+TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBackoff) {
+  StartFirstRound(0s);
+  const Effects failed = Send(1s, ConnOf(1), RankThreeFailed(0));
+  const std::string what = "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1";
+  EXPECT_EQ(FindLog(failed, "round 0 failed"),
+            "round 0 failed: " + what + "; stopping every worker on every node");
+  const auto stops = Sent<wire::StopRound>(failed);
+  ASSERT_EQ(stops.size(), 2u) << test::Describe(failed);
+  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, what}}));
+  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, what}}));
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping);
+
+  // A second failure of the same round is a consequence, not news.
+  EXPECT_TRUE(Meaningful(Send(1s, ConnOf(0), wire::WorkerFailed{0, 0, 0, 1, 0, "", ""})).empty());
+
+  EXPECT_TRUE(Meaningful(Send(2s, ConnOf(1), wire::RoundStopped{0, 1})).empty());
+  const Effects stopped = Send(3s, ConnOf(0), wire::RoundStopped{0, 2});
+  EXPECT_EQ(FindLog(stopped, "restart"),
+            "all workers stopped (3 stopped by ddprun); restart 1 of 1 in 10s");
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kBackoff);
+  EXPECT_EQ(coordinator_->restarts_used(), 1);
+  EXPECT_EQ(coordinator_->round(), 1);
+
+  BeatUntil(3s, 12s);
+  EXPECT_TRUE(All<ReserveStorePort>(Beat(13s - kNs)).empty());
+  const Effects restart = Tick(13s);
+  ASSERT_EQ(All<ReserveStorePort>(restart).size(), 1u) << test::Describe(restart);
+  EXPECT_EQ(All<ReserveStorePort>(restart)[0].round, 1);
+  const auto starts = Sent<wire::StartRound>(Feed(13s, StorePortReady{1, 41001}));
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[0].second, (wire::StartRound{1, 41001}));
+
+  // Late messages of round 0 change nothing.
+  EXPECT_TRUE(Meaningful(Send(14s, ConnOf(0), RankThreeFailed(0))).empty());
+  EXPECT_TRUE(Meaningful(Send(14s, ConnOf(0), wire::NodeDone{0})).empty());
+  EXPECT_TRUE(Meaningful(Send(14s, ConnOf(1), wire::RoundStopped{0, 1})).empty());
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRunning);
+  EXPECT_EQ(coordinator_->round(), 1);
+}
+
+TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  Send(2s, ConnOf(0), wire::RoundStopped{0, 2});
+  Send(2s, ConnOf(1), wire::RoundStopped{0, 1});
+  BeatUntil(2s, 12s);
+  Tick(12s);
+  Feed(12s, StorePortReady{1, 41001});
+  BeatUntil(12s, 19s);
+
+  const Effects failed = Send(20s, ConnOf(1),
+                              wire::WorkerFailed{1, 2, 0, 0, SIGSEGV, "", ""});
+  EXPECT_TRUE(Sent<wire::JobEnd>(failed).empty());
+  Send(21s, ConnOf(1), wire::RoundStopped{1, 1});
+  const Effects ended = Send(22s, ConnOf(0), wire::RoundStopped{1, 2});
+  const auto end = Sent<wire::JobEnd>(ended);
+  ASSERT_EQ(end.size(), 2u) << test::Describe(ended);
+  EXPECT_EQ(end[0].second, end[1].second);
+  EXPECT_EQ(end[0].second.exit_code, 1);
+  EXPECT_EQ(end[0].second.summary,
+            "job \"demo\" FAILED in round 1 after using all 1 restart\n"
+            "root cause (first failure anywhere in the job): rank 2 (node 1 (gpu-02), local rank 0) "
+            "was killed by signal 11 (SIGSEGV)\n"
+            "  (it wrote nothing to stderr)\n"
+            "ddprun then stopped 3 other running ranks on 2 nodes.\n"
+            "logs: logs/demo/attempt-1/");
+  EXPECT_EQ(coordinator_->exit_code(), 1);
+}
+
+class CoordinatorNoRestartTest : public CoordinatorTest {
+ protected:
+  void SetUp() override { UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0")); }
+
+  std::string SummaryAfter(wire::WorkerFailed failure) {
+    StartFirstRound(0s);
+    Send(1s, ConnOf(1), std::move(failure));
+    Send(2s, ConnOf(0), wire::RoundStopped{0, 2});
+    const auto end = Sent<wire::JobEnd>(Send(2s, ConnOf(1), wire::RoundStopped{0, 1}));
+    EXPECT_EQ(end.size(), 2u);
+    if (end.empty()) return {};
+    EXPECT_EQ(end[0].second.exit_code, 1);
+    return end[0].second.summary;
+  }
+};
+
+TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
+  EXPECT_EQ(SummaryAfter(RankThreeFailed(
+                0, "gpu-02:1:1 [1] NCCL WARN Net : Connection closed by remote peer\n"
+                   "RuntimeError: NCCL communicator was aborted\n")),
+            "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
+            "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
+            "1) exited with code 1\n"
+            "  last lines of its stderr:\n"
+            "    | gpu-02:1:1 [1] NCCL WARN Net : Connection closed by remote peer\n"
+            "    | RuntimeError: NCCL communicator was aborted\n"
+            "ddprun then stopped 3 other running ranks on 2 nodes.\n"
+            "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
+            "logs: logs/demo/attempt-0/");
+}
+
+TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHintWithoutNccl) {
+  EXPECT_EQ(SummaryAfter(RankThreeFailed(0, "Traceback (most recent call last):\nValueError: x\n",
+                                         "{\"message\": \"ValueError: x\"}")),
+            "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
+            "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
+            "1) exited with code 1\n"
+            "  error (from TORCHELASTIC_ERROR_FILE):\n"
+            "    | {\"message\": \"ValueError: x\"}\n"
+            "  last lines of its stderr:\n"
+            "    | Traceback (most recent call last):\n"
+            "    | ValueError: x\n"
+            "ddprun then stopped 3 other running ranks on 2 nodes.\n"
+            "logs: logs/demo/attempt-0/");
+}
+
+TEST_F(CoordinatorNoRestartTest, NcclInTheErrorFileAloneGivesTheHint) {
+  const std::string summary = SummaryAfter(RankThreeFailed(0, "", "NCCL error: unhandled system error"));
+  EXPECT_NE(summary.find("hint: the error mentions NCCL"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("last lines of its stderr"), std::string::npos) << summary;
+}
+
+TEST_F(CoordinatorTest, EveryNodeDoneEndsTheJobWithZeroAfterTheExitBarrier) {
+  StartFirstRound(0s);
+  EXPECT_TRUE(Meaningful(Send(5s, ConnOf(1), wire::NodeDone{0})).empty());
+  const Effects e = Send(6s, ConnOf(0), wire::NodeDone{0});
+  const auto end = Sent<wire::JobEnd>(e);
+  ASSERT_EQ(end.size(), 2u) << test::Describe(e);
+  EXPECT_EQ(end[0].second,
+            (wire::JobEnd{0, "job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 0 "
+                             "(0 restarts used)"}));
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kEnding);
+  EXPECT_TRUE(All<CoordinatorDone>(e).empty());
+  EXPECT_TRUE(All<CoordinatorDone>(Send(7s, ConnOf(1), wire::JobEndAck{})).empty());
+  const Effects done = Send(7s, ConnOf(0), wire::JobEndAck{});
+  ASSERT_EQ(All<CoordinatorDone>(done).size(), 1u);
+  EXPECT_EQ(All<CoordinatorDone>(done)[0].exit_code, 0);
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kDone);
+  EXPECT_TRUE(Tick(1h).empty());
+}
+
+TEST_F(CoordinatorTest, ExitBarrierEndsAtItsDeadlineWithoutEveryAck) {
+  StartFirstRound(0s);
+  Send(5s, ConnOf(1), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::JobEndAck{});
+  // stop_grace 30s + 3 heartbeats 6s + 5s.
+  const Effects before = BeatUntil(5s, 45s);
+  EXPECT_TRUE(All<CoordinatorDone>(before).empty()) << test::Describe(before);
+  EXPECT_TRUE(All<CoordinatorDone>(Beat(46s - kNs)).empty());
+  const Effects e = Tick(46s);
+  EXPECT_EQ(FindLog(e, "exit barrier"), "exit barrier expired before every node confirmed");
+  ASSERT_EQ(All<CoordinatorDone>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<CoordinatorDone>(e)[0].exit_code, 0);
+}
+
+TEST_F(CoordinatorTest, ExitBarrierCountsANodeThatLeftAsDone) {
+  StartFirstRound(0s);
+  Send(5s, ConnOf(1), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::JobEndAck{});
+  const Effects e = Feed(6s, PeerClosed{ConnOf(1), ""});
+  ASSERT_EQ(All<CoordinatorDone>(e).size(), 1u) << test::Describe(e);
+}
+
+TEST_F(CoordinatorTest, InterruptEndsTheJobWith128PlusTheSignal) {
+  StartFirstRound(0s);
+  const Effects e = Send(3s, ConnOf(1), wire::Interrupted{SIGINT});
+  const auto end = Sent<wire::JobEnd>(e);
+  ASSERT_EQ(end.size(), 2u) << test::Describe(e);
+  EXPECT_EQ(end[0].second,
+            (wire::JobEnd{130, "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every "
+                               "node stopped its workers"}));
+  EXPECT_EQ(coordinator_->exit_code(), 130);
+  // A second interrupt while ending does not change the outcome.
+  EXPECT_TRUE(Sent<wire::JobEnd>(Send(3s, ConnOf(0), wire::Interrupted{SIGTERM})).empty());
+}
+
+TEST_F(CoordinatorTest, JoinWhileEndingIsRefused) {
+  Join(0s, 0);
+  BeatUntil(0s, 15min, {0});  // the rendezvous timed out; node 0 has not acked yet
+  ASSERT_EQ(coordinator_->phase(), Coordinator::Phase::kEnding);
+  Connect(15min + 1s, ConnOf(1), "10.0.0.2");
+  const Effects e = Send(15min + 1s, ConnOf(1), JoinOf(1));
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason, "node 1 joined while the job is ending");
+}
+
+TEST_F(CoordinatorTest, ClosedConnectionDuringARoundLosesTheNode) {
+  StartFirstRound(0s);
+  const Effects e = Feed(4s, PeerClosed{ConnOf(1), "connection reset by peer"});
+  EXPECT_EQ(FindLog(e, "round 0 failed"),
+            "round 0 failed: node 1 (gpu-02) was lost: connection reset by peer; stopping every "
+            "worker on every node");
+  const auto stops = Sent<wire::StopRound>(e);
+  ASSERT_EQ(stops.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(stops[0].first, 100u);
+  EXPECT_EQ(coordinator_->joined_count(), 1);
+
+  const Effects stopped = Send(5s, ConnOf(0), wire::RoundStopped{0, 2});
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kBackoff);
+  // After the backoff the coordinator waits for the lost node again, with a fresh timeout.
+  BeatUntil(5s, 14s, {0});
+  Tick(15s);
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRendezvous);
+  Connect(16s, ConnOf(1), "10.0.0.2");
+  const Effects rejoined = Send(16s, ConnOf(1), JoinOf(1));
+  ASSERT_EQ(All<ReserveStorePort>(rejoined).size(), 1u) << test::Describe(rejoined);
+  EXPECT_EQ(All<ReserveStorePort>(rejoined)[0].round, 1);
+}
+
+TEST_F(CoordinatorTest, NodeLeavingDuringRendezvousIsOnlyAWarning) {
+  Join(0s, 0);
+  const Effects e = Feed(1s, PeerClosed{ConnOf(0), ""});
+  EXPECT_EQ(FindLog(e, "left"), "node 0 (gpu-01) left: connection closed");
+  EXPECT_EQ(coordinator_->joined_count(), 0);
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRendezvous);
+}
+
+TEST_F(CoordinatorTest, NodeSilentForThreeHeartbeatsIsLost) {
+  StartFirstRound(0s);
+  // Node 1 is last heard at 1.5 s; heartbeat = 2 s, so it is lost once silent for more than 6 s.
+  Beat(1500ms, {1});
+  Effects quiet = BeatUntil(0s, 7s, {0});
+  const Effects at_bound = Meaningful(Beat(7500ms, {0}));
+  quiet.insert(quiet.end(), at_bound.begin(), at_bound.end());
+  EXPECT_TRUE(Sent<wire::StopRound>(quiet).empty()) << test::Describe(quiet);
+  EXPECT_EQ(coordinator_->NextDeadline(), At(7500ms + kNs));
+
+  const Effects lost = Tick(7500ms + kNs);
+  EXPECT_EQ(FindLog(lost, "round 0 failed"),
+            "round 0 failed: node 1 (gpu-02) was lost: silent for 6.0s (3 heartbeats); stopping "
+            "every worker on every node");
+  ASSERT_EQ(All<CloseConn>(lost).size(), 1u) << test::Describe(lost);
+  EXPECT_EQ(All<CloseConn>(lost)[0].conn, ConnOf(1));
+  ASSERT_EQ(Sent<wire::StopRound>(lost).size(), 1u);
+  EXPECT_EQ(Sent<wire::StopRound>(lost)[0].first, ConnOf(0));
+}
+
+TEST_F(CoordinatorTest, SilentUnjoinedConnectionIsDropped) {
+  Connect(0s, 55, "10.0.0.55");
+  EXPECT_TRUE(All<CloseConn>(Tick(6s)).empty());
+  const Effects e = Tick(6s + kNs);
+  ASSERT_EQ(All<CloseConn>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<CloseConn>(e)[0].conn, 55u);
+}
+
+TEST_F(CoordinatorTest, NodeThatNeverConfirmsTheStopIsDroppedAtTheStopDeadline) {
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  Send(2s, ConnOf(1), wire::RoundStopped{0, 1});
+  // stop_grace 30s + 3 heartbeats 6s + 5s after the stop began at 1s.
+  const Effects waiting = BeatUntil(2s, 41s);
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping) << test::Describe(waiting);
+  EXPECT_TRUE(All<CloseConn>(Beat(42s - kNs)).empty());
+  const Effects e = Tick(42s);
+  EXPECT_EQ(FindLog(e, "did not confirm"),
+            "node 0 (gpu-01) did not confirm that its workers stopped; dropping it");
+  ASSERT_EQ(All<CloseConn>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<CloseConn>(e)[0].conn, ConnOf(0));
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kBackoff);
+}
+
+TEST_F(CoordinatorTest, HeartbeatsGoToEveryJoinedNodeEachInterval) {
+  Join(0s, 0);
+  EXPECT_EQ(coordinator_->NextDeadline(), At(2s));
+  const Effects e = Tick(2s);
+  ASSERT_EQ(Sent<wire::Heartbeat>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Heartbeat>(e)[0].first, 100u);
+  EXPECT_TRUE(Sent<wire::Heartbeat>(Beat(4s - kNs, {0})).empty());
+  EXPECT_EQ(Sent<wire::Heartbeat>(Beat(4s, {0})).size(), 1u);
+}
+
+TEST_F(CoordinatorTest, NextDeadlineIsTheEarliestPendingDeadline) {
+  // Rendezvous: heartbeat (2s) before progress (5s) before the timeout (15m).
+  EXPECT_EQ(coordinator_->NextDeadline(), At(2s));
+  Join(0s, 0);
+  for (Duration t = 1s; t <= 4s; t += 1s) Beat(t, {0});
+  EXPECT_EQ(coordinator_->NextDeadline(), At(5s));
+
+  // Backoff of 10 s that ends before the next heartbeat would be due.
+  UseJob(Edit(kTwoNodeJob, "backoff = \"10s\"", "backoff = \"500ms\""));
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  Send(1s, ConnOf(0), wire::RoundStopped{0, 2});
+  Send(1s, ConnOf(1), wire::RoundStopped{0, 1});
+  EXPECT_EQ(coordinator_->NextDeadline(), At(1500ms));
+}
+
+}  // namespace
+}  // namespace ddprun::core
