@@ -6,11 +6,6 @@
 
 namespace ddprun::cli {
 
-int RunCommand(const RunOptions&) {
-  std::fputs("ddprun run: not implemented yet\n", stderr);
-  return kExitInternal;
-}
-
 int SimulateCommand(const SimulateOptions&) {
   std::fputs("ddprun simulate: not implemented yet\n", stderr);
   return kExitInternal;

@@ -1,0 +1,53 @@
+#pragma once
+// The real Transport: TCP over Boost.Asio on the driver's one io_context.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "runner/host/ports.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::io {
+
+class AsioTransport final : public host::Transport {
+ public:
+  /// `connect_timeout` bounds one connect attempt (Asio has none of its own).
+  AsioTransport(boost::asio::io_context& io, Duration connect_timeout);
+  ~AsioTransport() override;
+
+  void SetEvents(host::TransportEvents* events) override;
+  std::string Listen(const std::string& addr, uint16_t port) override;
+  host::ConnId Connect(const std::string& addr, uint16_t port) override;
+  void Send(host::ConnId conn, std::vector<uint8_t> bytes) override;
+  void Close(host::ConnId conn) override;
+  uint16_t ReserveStorePort() override;
+
+  /// Closes the listener and every connection (no events).
+  void Shutdown();
+
+ private:
+  struct Connection;
+  struct Listener;
+  void StartRead(const std::shared_ptr<Connection>& conn);
+  void StartWrite(const std::shared_ptr<Connection>& conn);
+  void StartAccept();
+  void Fail(const std::shared_ptr<Connection>& conn, const std::string& reason);
+
+  boost::asio::io_context& io_;
+  Duration connect_timeout_;
+  host::TransportEvents* events_ = nullptr;
+  std::unique_ptr<Listener> listener_;
+  std::map<host::ConnId, std::shared_ptr<Connection>> conns_;
+  host::ConnId next_id_ = 1;
+};
+
+/// "pid 4242 (python3 -m http.server 50000)" for the process listening on TCP `port`, or ""
+/// when it cannot be found (another user's process without privileges, or a race).
+std::string FindPortOwner(uint16_t port);
+
+}  // namespace ddprun::io

@@ -1,0 +1,31 @@
+#pragma once
+// The real driver: one io_context on one thread, the real ports, one NodeHost.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "schema/job_spec.h"
+
+namespace ddprun::io {
+
+struct NodeRunOptions {
+  int node_rank = 0;
+  std::string host;            // this node's name, as the coordinator will print it
+  std::string job_dir;         // the job file's directory: workdir and logs.dir are relative to it
+  bool verbose = false;
+};
+
+/// Runs this node's agent (and on node 0 the coordinator) until the job ends; returns the
+/// process exit code (DESIGN.md section 1).
+int RunNode(const JobSpec& spec, const NodeRunOptions& options);
+
+/// This node's rank: `flag` > DDPRUN_NODE_RANK > SLURM_NODEID > this host's name or one of its
+/// addresses in cluster.nodes. On failure returns nullopt and sets `error` for the user.
+std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, std::string& error,
+                                  std::string& how);
+
+/// The host name of this machine ("" if unknown).
+std::string LocalHostName();
+
+}  // namespace ddprun::io
