@@ -145,20 +145,22 @@ std::string FaultKeysHint(const FaultKindInfo& info) {
   return fmt::format("a {} fault takes: {}", info.name, JoinKeys(keys));
 }
 
+// Optimal string alignment distance: like Levenshtein, plus a swap of two neighbours as one
+// edit, since "nmae" for "name" is the commonest typo.
 size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
       const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + cost});
-      diagonal = above;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
     }
   }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
 // The closest of `candidates` to `word`, when close enough to be a typo.
@@ -414,6 +416,8 @@ class Loader {
       } else if (auto home = SectionOf(name, prefix)) {
         hint = fmt::format("`{}` belongs in [{}]: did you mean `{}.{}`?", name, *home, *home,
                            name);
+      } else if (auto near = NearKeyElsewhere(name, prefix)) {
+        hint = fmt::format("did you mean `{}`?", *near);
       } else {
         hint = fmt::format("known keys{}: {}",
                            prefix.empty() ? std::string(" at the top level")
@@ -435,6 +439,16 @@ class Loader {
       if (std::find(section.keys.begin(), section.keys.end(), key) != section.keys.end()) {
         return section.name;
       }
+    }
+    return std::nullopt;
+  }
+
+  // A key of another section close to `key` ("nmae" -> "job.name"), for keys that are both
+  // misspelt and misplaced.
+  static std::optional<std::string> NearKeyElsewhere(std::string_view key, std::string_view here) {
+    for (const Section& section : kSections) {
+      if (section.name.empty() || section.name == here || section.name == "trainer") continue;
+      if (auto close = Closest(key, section.keys)) return Dotted(section.name, *close);
     }
     return std::nullopt;
   }
@@ -484,7 +498,8 @@ class Loader {
     if (!value) {
       std::string hint;
       if (node.is_integer() || node.is_floating_point() || node.is_boolean()) {
-        hint = fmt::format("quote it: {} = \"{}\"", LastKey(path), Show(node));
+        hint = path.ends_with("]") ? fmt::format("quote it: \"{}\"", Show(node))
+                                   : fmt::format("quote it: {} = \"{}\"", LastKey(path), Show(node));
       }
       TypeError(node, path, "a string", std::move(hint));
       return std::nullopt;
@@ -1341,6 +1356,7 @@ class Loader {
     for (auto&& [key, node] : table) {
       const std::string name(key.str());
       const std::string path = prefix + "." + name;
+      Record(path, node);
       if (name == "at" || name == "kind") continue;
       if (std::find(kFaultKeys.begin(), kFaultKeys.end(), name) == kFaultKeys.end()) continue;
       if (info && !FaultTakes(*info, name)) {

@@ -1,0 +1,142 @@
+// Canonical form, fingerprint and field-level difference of job specs.
+#include <gtest/gtest.h>
+
+#include "schema/canonical.h"
+#include "tests/schema/test_util.h"
+
+namespace ddprun {
+namespace {
+
+JobSpec Load(std::string_view text) {
+  auto r = testing::Parse(text);
+  EXPECT_TRUE(r.spec) << testing::Diags(r);
+  return r.spec.value_or(JobSpec{});
+}
+
+constexpr std::string_view kJob = R"(version = 1
+[job]
+name = "resnet"
+command = ["python", "train.py"]
+[cluster]
+nodes = ["a", "b"]
+master_port = 50000
+[trainer]
+devices = 8
+num_nodes = 2
+[timeouts]
+rendezvous = "60s"
+)";
+
+// The same job: keys reordered, comments, spacing, "1m" for "60s", defaults written out.
+constexpr std::string_view kSameJob = R"(# the same job
+version = 1
+[cluster]
+master_port   = 50000
+nodes = [ "a",
+          "b" ]           # two nodes
+master_addr = "a"
+nproc_per_node = 8
+[trainer]
+num_nodes = 2
+devices = 8
+[job]
+command = ["python", "train.py"]
+name = "resnet"
+[timeouts]
+rendezvous = "1m"
+heartbeat = "2000ms"
+[simulate]
+seed = 99
+[logs]
+console = [0]
+)";
+
+TEST(Canonical, FormIsSortedAndSpelledOneWay) {
+  EXPECT_EQ(CanonicalForm(Load(kJob)),
+            "cluster.master_addr = \"a\"\n"
+            "cluster.master_port = 50000\n"
+            "cluster.nnodes = 2\n"
+            "cluster.nodes = [\"a\", \"b\"]\n"
+            "cluster.nproc_per_node = 8\n"
+            "job.command = [\"python\", \"train.py\"]\n"
+            "job.name = \"resnet\"\n"
+            "job.workdir = \".\"\n"
+            "logs.dir = \"logs\"\n"
+            "restart.backoff = 10s\n"
+            "restart.max_restarts = 0\n"
+            "timeouts.heartbeat = 2s\n"
+            "timeouts.rendezvous = 1m\n"
+            "timeouts.stop_grace = 30s\n"
+            "trainer.devices = 8\n"
+            "trainer.num_nodes = 2\n"
+            "version = 1\n");
+}
+
+TEST(Canonical, SameJobSameFingerprint) {
+  const JobSpec a = Load(kJob);
+  const JobSpec b = Load(kSameJob);
+  EXPECT_EQ(CanonicalForm(a), CanonicalForm(b));
+  EXPECT_EQ(Fingerprint(a), Fingerprint(b));
+  EXPECT_EQ(Fingerprint(a).size(), 64u);
+  EXPECT_EQ(Fingerprint(a), FingerprintOfCanonical(CanonicalForm(a)));
+  EXPECT_TRUE(DiffCanonical(CanonicalForm(a), CanonicalForm(b)).empty());
+}
+
+TEST(Canonical, KnownSha256) {
+  EXPECT_EQ(FingerprintOfCanonical("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(Canonical, EveryChangeThatMattersDiffers) {
+  const std::string base(kJob);
+  const JobSpec a = Load(base);
+  auto changed = [&](std::string_view from, std::string_view to) {
+    std::string text = base;
+    text.replace(text.find(from), from.size(), to);
+    return Load(text);
+  };
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"name = \"resnet\"", "name = \"resnet2\""},
+      {"\"train.py\"]", "\"train.py\", \"--lr\", \"1\"]"},
+      {"nodes = [\"a\", \"b\"]", "nodes = [\"b\", \"a\"]"},
+      {"master_port = 50000", "master_port = 50001"},
+      {"devices = 8", "devices = [0, 1, 2, 3, 4, 5, 6, 7]\naccelerator = \"gpu\""},
+      {"rendezvous = \"60s\"", "rendezvous = \"61s\""},
+      {"[timeouts]", "[restart]\nmax_restarts = 1\n[timeouts]"},
+      {"[timeouts]", "[job.env]\nA = \"1\"\n[timeouts]"},
+  };
+  for (const auto& [from, to] : edits) {
+    const JobSpec b = changed(from, to);
+    EXPECT_NE(Fingerprint(a), Fingerprint(b)) << to;
+    EXPECT_FALSE(DiffCanonical(CanonicalForm(a), CanonicalForm(b)).empty()) << to;
+  }
+}
+
+TEST(Canonical, DiffNamesFieldsAndSides) {
+  const JobSpec a = Load(kJob);
+  std::string other(kJob);
+  other.replace(other.find("devices = 8"), 11, "devices = 4");
+  other += "[job.env]\nNCCL_DEBUG = \"INFO\"\n";
+  const JobSpec b = Load(other);
+  const auto diff = DiffCanonical(CanonicalForm(a), CanonicalForm(b));
+  ASSERT_EQ(diff.size(), 3u);
+  EXPECT_EQ(diff[0], (FieldDifference{"cluster.nproc_per_node", "8", "4"}));
+  EXPECT_EQ(diff[1], (FieldDifference{"job.env.NCCL_DEBUG", "(not set)", "\"INFO\""}));
+  EXPECT_EQ(diff[2], (FieldDifference{"trainer.devices", "8", "4"}));
+  const auto back = DiffCanonical(CanonicalForm(b), CanonicalForm(a));
+  EXPECT_EQ(back[1], (FieldDifference{"job.env.NCCL_DEBUG", "\"INFO\"", "(not set)"}));
+}
+
+TEST(Canonical, StringsAreQuotedSoSpacesAndNewlinesCannotCollide) {
+  JobSpec a;
+  a.job.command = {"a b"};
+  JobSpec b;
+  b.job.command = {"a", "b"};
+  EXPECT_NE(CanonicalForm(a), CanonicalForm(b));
+  JobSpec c;
+  c.job.name = "x\ny = 1";
+  EXPECT_EQ(CanonicalForm(c).find("\ny = 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddprun

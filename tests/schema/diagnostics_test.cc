@@ -1,0 +1,83 @@
+// Rendering of diagnostics: layout, caret, hint, note, sorting, count line, color.
+#include <gtest/gtest.h>
+
+#include "schema/diagnostics.h"
+#include "tests/schema/test_util.h"
+
+namespace ddprun {
+namespace {
+
+TEST(Diagnostics, RendersLikeACompiler) {
+  auto r = testing::Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 2\n"
+      "nproc_per_node = 4\n[trainer]\ndevices = 8\nnum_nodes = 2\n");
+  EXPECT_EQ(RenderDiagnostics(r.diagnostics, "job.toml", r.source_text, false),
+            "job.toml:7:18: error: cluster.nproc_per_node = 4 does not match trainer.devices = 8\n"
+            "    7 | nproc_per_node = 4\n"
+            "      |                  ^\n"
+            "   hint: set trainer.devices = 4 or cluster.nproc_per_node = 8\n"
+            "1 error, 0 warnings\n");
+}
+
+TEST(Diagnostics, SortsByPositionWithFileLevelFirstAndRendersNotes) {
+  Diagnostics d;
+  d.Warning({3, 2}, "b", "later");
+  d.Error({1, 5}, "a", "first", "fix it");
+  d.AddNote({2, 1}, "see here");
+  d.Error({}, "", "whole file");
+  const std::string text = "abcdefg\n\tx = 1\n  y\n";
+  EXPECT_EQ(RenderDiagnostics(d, "f.toml", text, false),
+            "f.toml: error: whole file\n"
+            "f.toml:1:5: error: first\n"
+            "    1 | abcdefg\n"
+            "      |     ^\n"
+            "   hint: fix it\n"
+            "f.toml:2:1: note: see here\n"
+            "    2 | \tx = 1\n"
+            "      | ^\n"
+            "f.toml:3:2: warning: later\n"
+            "    3 |   y\n"
+            "      |  ^\n"
+            "2 errors, 1 warning\n");
+  EXPECT_EQ(DiagnosticsSummary(d), "2 errors, 1 warning");
+  EXPECT_EQ(d.ErrorCount(), 2);
+  EXPECT_EQ(d.WarningCount(), 1);
+  EXPECT_TRUE(d.HasErrors());
+}
+
+TEST(Diagnostics, TabsAndMultibyteKeepTheCaretAligned) {
+  Diagnostics d;
+  d.Error({1, 4}, "", "m");
+  EXPECT_EQ(RenderDiagnostics(d, "f", "\té=x\n", false),
+            "f:1:4: error: m\n"
+            "    1 | \té=x\n"
+            "      | \t  ^\n"
+            "1 error, 0 warnings\n");
+}
+
+TEST(Diagnostics, NothingToSayIsEmpty) {
+  EXPECT_EQ(RenderDiagnostics(Diagnostics{}, "f", "", false), "");
+  EXPECT_EQ(DiagnosticsSummary(Diagnostics{}), "");
+}
+
+TEST(Diagnostics, ColorOnlyWhenAsked) {
+  Diagnostics d;
+  d.Error({1, 1}, "", "m", "h");
+  const std::string plain = RenderDiagnostics(d, "f", "x\n", false);
+  const std::string colored = RenderDiagnostics(d, "f", "x\n", true);
+  EXPECT_EQ(plain.find('\x1b'), std::string::npos);
+  EXPECT_NE(colored.find("\x1b[1;31merror:\x1b[0m"), std::string::npos);
+}
+
+TEST(Diagnostics, LineBeyondTheTextStillRenders) {
+  Diagnostics d;
+  d.Error({9, 3}, "", "eof");
+  EXPECT_EQ(RenderDiagnostics(d, "f", "a\n", false),
+            "f:9:3: error: eof\n"
+            "    9 | \n"
+            "      |   ^\n"
+            "1 error, 0 warnings\n");
+}
+
+}  // namespace
+}  // namespace ddprun

@@ -1,0 +1,153 @@
+// Worker environment against torchrun 1.13's (2 nodes x 2, static rendezvous), owned names,
+// run id, PL_TRAINER_* spellings and log paths.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "schema/worker_env.h"
+#include "tests/schema/test_util.h"
+
+namespace ddprun {
+namespace {
+
+// What torchrun 1.13 added to each worker's environment, 2 nodes x 2 procs,
+// --master_addr 127.0.0.1 --master_port 29820 (recorded in the torchrun reference run).
+struct TorchrunRank {
+  int group_rank, local_rank, rank;
+};
+constexpr TorchrunRank kTorchrunRanks[] = {{0, 0, 0}, {0, 1, 1}, {1, 0, 2}, {1, 1, 3}};
+
+std::map<std::string, std::string> TorchrunEnv(const TorchrunRank& r) {
+  return {
+      {"GROUP_RANK", std::to_string(r.group_rank)},
+      {"GROUP_WORLD_SIZE", "2"},
+      {"LOCAL_RANK", std::to_string(r.local_rank)},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "29820"},
+      {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"OMP_NUM_THREADS", "1"},
+      {"RANK", std::to_string(r.rank)},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", std::to_string(r.rank)},
+      {"ROLE_WORLD_SIZE", "4"},
+      {"TORCHELASTIC_ERROR_FILE", "<per rank>"},
+      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"TORCHELASTIC_RUN_ID", "<run id>"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {"WORLD_SIZE", "4"},
+  };
+}
+
+JobSpec TwoByTwo() {
+  auto r = testing::Parse(R"(version = 1
+[job]
+name = "envjob"
+command = ["python", "train.py"]
+[cluster]
+nnodes = 2
+master_addr = "127.0.0.1"
+master_port = 29820
+[trainer]
+accelerator = "cpu"
+devices = 2
+num_nodes = 2
+)");
+  EXPECT_TRUE(r.spec) << testing::Diags(r);
+  return r.spec.value_or(JobSpec{});
+}
+
+TEST(WorkerEnv, MatchesTorchrun113ForEveryRank) {
+  const JobSpec spec = TwoByTwo();
+  for (const TorchrunRank& expected : kTorchrunRanks) {
+    WorkerPosition pos;
+    pos.node_rank = expected.group_rank;
+    pos.local_rank = expected.local_rank;
+    pos.master_port = 29820;
+    pos.error_file = "logs/" + RankErrorFilePath(spec, 0, expected.rank);
+    const EnvList env = WorkerEnvironment(spec, pos, {});
+    std::map<std::string, std::string> ours(env.begin(), env.end());
+    for (const auto& [name, value] : TorchrunEnv(expected)) {
+      SCOPED_TRACE(name + " on rank " + std::to_string(expected.rank));
+      ASSERT_EQ(ours.count(name), 1u);
+      if (name == "TORCHELASTIC_ERROR_FILE") {
+        EXPECT_EQ(ours[name],
+                  "logs/envjob/attempt-0/rank-" + std::to_string(expected.rank) + ".error.json");
+      } else if (name == "TORCHELASTIC_RUN_ID") {
+        EXPECT_EQ(ours[name], RunId(spec));
+      } else if (name == "TORCHELASTIC_USE_AGENT_STORE") {
+        EXPECT_EQ(ours[name], "False");  // ddprun hosts no store (DESIGN.md section 5)
+      } else {
+        EXPECT_EQ(ours[name], value);
+      }
+      ours.erase(name);
+    }
+    // What ddprun adds beyond torchrun 1.13: the 2.x name of the NCCL variable, NODE_RANK and
+    // the Lightning defaults.
+    EXPECT_EQ(ours, (std::map<std::string, std::string>{
+                        {"NODE_RANK", std::to_string(expected.group_rank)},
+                        {"PL_TRAINER_ACCELERATOR", "cpu"},
+                        {"PL_TRAINER_DEVICES", "2"},
+                        {"PL_TRAINER_NUM_NODES", "2"},
+                        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+                    }));
+  }
+}
+
+TEST(WorkerEnv, SortedByName) {
+  const EnvList env = WorkerEnvironment(TwoByTwo(), {}, {});
+  EXPECT_TRUE(std::is_sorted(env.begin(), env.end()));
+}
+
+TEST(WorkerEnv, UnlessSetVariablesYieldToTheAgentEnvironment) {
+  const EnvList env = WorkerEnvironment(
+      TwoByTwo(), {}, {{"OMP_NUM_THREADS", "8"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  std::map<std::string, std::string> m(env.begin(), env.end());
+  EXPECT_EQ(m.count("OMP_NUM_THREADS"), 0u);
+  EXPECT_EQ(m.count("NCCL_ASYNC_ERROR_HANDLING"), 0u);
+  EXPECT_EQ(m.at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+}
+
+TEST(WorkerEnv, OneProcessPerNodeGetsNoOmpNumThreads) {
+  JobSpec spec = TwoByTwo();
+  spec.cluster.nproc_per_node = 1;
+  const EnvList env = WorkerEnvironment(spec, {}, {});
+  std::map<std::string, std::string> m(env.begin(), env.end());
+  EXPECT_EQ(m.count("OMP_NUM_THREADS"), 0u);
+}
+
+TEST(WorkerEnv, OwnedNames) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+                           "TORCHELASTIC_RUN_ID", "PL_TRAINER_DEVICES"}) {
+    EXPECT_TRUE(IsOwnedEnvName(name)) << name;
+  }
+  for (const char* name : {"NCCL_DEBUG", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PATH"}) {
+    EXPECT_FALSE(IsOwnedEnvName(name)) << name;
+  }
+}
+
+TEST(WorkerEnv, RunIdIsNameAndFingerprintPrefix) {
+  const JobSpec spec = TwoByTwo();
+  const std::string id = RunId(spec);
+  EXPECT_EQ(id.substr(0, 7), "envjob-");
+  EXPECT_EQ(id.size(), 7u + 8u);
+}
+
+TEST(WorkerEnv, TrainerValuesInLiteralEvalSpelling) {
+  EXPECT_EQ(TrainerEnvValue({true}), "True");
+  EXPECT_EQ(TrainerEnvValue({false}), "False");
+  EXPECT_EQ(TrainerEnvValue({int64_t{8}}), "8");
+  EXPECT_EQ(TrainerEnvValue({0.5}), "0.5");
+  EXPECT_EQ(TrainerEnvValue({std::string("bf16-mixed")}), "bf16-mixed");
+  EXPECT_EQ(TrainerEnvValue({std::vector<int64_t>{0, 1}}), "[0, 1]");
+}
+
+TEST(WorkerEnv, LogPaths) {
+  const JobSpec spec = TwoByTwo();
+  EXPECT_EQ(RankLogPath(spec, 2, 3), "envjob/attempt-2/rank-3.log");
+  EXPECT_EQ(RankErrorFilePath(spec, 0, 1), "envjob/attempt-0/rank-1.error.json");
+}
+
+}  // namespace
+}  // namespace ddprun
