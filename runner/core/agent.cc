@@ -181,10 +181,16 @@ std::optional<TimePoint> Agent::NextDeadline() const {
     consider(next_heartbeat_);
     consider(last_heard_ + 3 * spec_.timeouts.heartbeat + Duration(1));
   }
-  if (phase_ == Phase::kRetryWait) consider(retry_at_);
+  // Only deadlines ExpireDeadlines acts on: one it ignores would stay in the past and spin
+  // the driver. Retries stop once the agent is exiting; the rendezvous backstop applies until
+  // the first round (joined) or while not joined.
+  if (phase_ == Phase::kRetryWait && !pending_exit_) consider(retry_at_);
   if (!pending_exit_) {
-    consider(joined_ ? rendezvous_deadline_ + 3 * spec_.timeouts.heartbeat + Seconds(10)
-                     : rendezvous_deadline_);
+    if (!joined_) {
+      consider(rendezvous_deadline_);
+    } else if (round_ < 0) {
+      consider(rendezvous_deadline_ + 3 * spec_.timeouts.heartbeat + Seconds(10));
+    }
   }
   return next;
 }
