@@ -1,0 +1,518 @@
+// The agent state machine: connecting and its advice, joining, spawning workers with the
+// worker contract, stopping them, losing and regaining the coordinator, signals and exit.
+
+#include "runner/core/agent.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "schema/canonical.h"
+#include "tests/core/core_test_util.h"
+
+namespace ddprun::core {
+namespace {
+
+using namespace std::chrono_literals;
+using test::All;
+using test::At;
+using test::Edit;
+using test::FindLog;
+using test::kTwoNodeJob;
+using test::SpecFromToml;
+using Effects = std::vector<AgentEffect>;
+
+constexpr Duration kNs = Duration(1);
+
+/// Every message of type M the agent sent to the master.
+template <typename M>
+std::vector<M> Sent(const Effects& effects) {
+  std::vector<M> found;
+  for (const SendToMaster& send : All<SendToMaster>(effects)) {
+    if (const M* m = std::get_if<M>(&send.message)) found.push_back(*m);
+  }
+  return found;
+}
+
+/// Effects without the agent's own periodic heartbeats.
+Effects Meaningful(const Effects& effects) {
+  Effects kept;
+  for (const AgentEffect& e : effects) {
+    const auto* send = std::get_if<SendToMaster>(&e);
+    if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
+    kept.push_back(e);
+  }
+  return kept;
+}
+
+std::string EnvOf(const WorkerLaunch& launch, const std::string& name) {
+  for (const auto& [key, value] : launch.env) {
+    if (key == name) return value;
+  }
+  return "(unset)";
+}
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override { UseJob(kTwoNodeJob); }
+
+  void UseJob(std::string_view toml) {
+    spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
+    Agent::Config config;
+    config.node_rank = 1;
+    config.host = "gpu-02";
+    config.canonical = CanonicalForm(*spec_);
+    config.fingerprint = Fingerprint(*spec_);
+    config.instance = 4242;
+    config.ddprun_version = "0.1.0";
+    config.logs_dir = "/var/log/ddprun";
+    config.inherited_env = {{"PATH", "/usr/bin"}};
+    config_ = config;
+    agent_ = std::make_unique<Agent>(*spec_, std::move(config));
+  }
+
+  Effects Feed(Duration at, const AgentInput& input) {
+    Effects out;
+    agent_->Handle(At(at), input, out);
+    CheckDeadline(at);
+    return out;
+  }
+  void CheckDeadline(Duration at) {
+    // The driver sleeps until NextDeadline: one in the past would spin it forever.
+    if (auto next = agent_->NextDeadline()) {
+      EXPECT_GT(*next, At(at)) << "NextDeadline not in the future after handling at "
+                               << at.count() << "ns";
+    }
+  }
+  Effects Start(Duration at) {
+    Effects out;
+    agent_->Start(At(at), out);
+    CheckDeadline(at);
+    return out;
+  }
+  Effects Tick(Duration at) { return Feed(at, core::Tick{}); }
+  Effects Msg(Duration at, wire::Message m) { return Feed(at, MasterMessage{std::move(m)}); }
+  Effects Exit(Duration at, int local, int code, int signal = 0, std::string tail = "",
+               int round = 0) {
+    return Feed(at, WorkerExited{round, local, code, signal, std::move(tail), ""});
+  }
+
+  /// Heartbeats from the master every second in (from, to]; returns the meaningful effects.
+  Effects MasterBeatsUntil(Duration from, Duration to) {
+    Effects all;
+    for (Duration t = from + 1s; t <= to; t += 1s) {
+      Effects e = Meaningful(Msg(t, wire::Heartbeat{}));
+      all.insert(all.end(), e.begin(), e.end());
+    }
+    return all;
+  }
+
+  void Joined(Duration at) {
+    Start(at);
+    Feed(at, MasterConnected{});
+    Msg(at, wire::JoinAck{2});
+    ASSERT_EQ(agent_->phase(), Agent::Phase::kWaiting);
+  }
+
+  /// Joined and running round `round` with both workers.
+  SpawnWorkers Running(Duration at, int round = 0, uint16_t port = 41000) {
+    Joined(at);
+    const Effects e = Msg(at, wire::StartRound{round, port});
+    const auto spawns = All<SpawnWorkers>(e);
+    EXPECT_EQ(spawns.size(), 1u) << test::Describe(e);
+    return spawns.empty() ? SpawnWorkers{} : spawns[0];
+  }
+
+  /// Drives connect attempts that all fail with `error` until just before `until`.
+  void FailConnectsUntil(Duration until, ConnectError error = ConnectError::kRefused) {
+    while (auto next = agent_->NextDeadline()) {
+      const Duration at = next->time_since_epoch();
+      if (at >= until) break;
+      const Effects e = Tick(at);
+      if (!All<ConnectToMaster>(e).empty()) Feed(at, MasterConnectFailed{error, "Connection refused"});
+    }
+  }
+
+  std::unique_ptr<JobSpec> spec_;
+  Agent::Config config_;
+  std::unique_ptr<Agent> agent_;
+};
+
+const std::string kRefusedAdvice =
+    "connection to gpu-01:50000 refused: node 0's agent is not listening yet, or master_port is "
+    "wrong, or a firewall rejects TCP port 50000";
+
+TEST_F(AgentTest, StartConnectsToTheMaster) {
+  const Effects e = Start(0s);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_TRUE(std::holds_alternative<ConnectToMaster>(e[0]));
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kConnecting);
+  EXPECT_EQ(agent_->NextDeadline(), At(15min));
+}
+
+TEST_F(AgentTest, ConnectErrorsAreExplained) {
+  struct Case {
+    ConnectError error;
+    std::string detail;
+    std::string advice;
+  };
+  const std::vector<Case> cases = {
+      {ConnectError::kRefused, "Connection refused", kRefusedAdvice},
+      {ConnectError::kTimedOut, "Connection timed out",
+       "connection to gpu-01:50000 timed out: a firewall drops TCP port 50000 or the host is "
+       "down; open TCP port 50000 on gpu-01 for the other nodes"},
+      {ConnectError::kUnreachable, "No route to host",
+       "gpu-01 is unreachable (No route to host): check cluster.master_addr and the routes"},
+      {ConnectError::kNameNotResolved, "Name or service not known",
+       "cannot resolve the host name \"gpu-01\" (Name or service not known): check "
+       "cluster.master_addr, DNS or /etc/hosts"},
+      {ConnectError::kOther, "Too many open files",
+       "cannot connect to gpu-01:50000: Too many open files"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.detail);
+    UseJob(kTwoNodeJob);
+    Start(0s);
+    const Effects e = Feed(1s, MasterConnectFailed{c.error, c.detail});
+    EXPECT_EQ(test::LogTexts(e), std::vector<std::string>{c.advice + "; retrying for 14m59s more"});
+    EXPECT_EQ(agent_->phase(), Agent::Phase::kRetryWait);
+  }
+}
+
+TEST_F(AgentTest, ConnectRetriesBackOffFrom250msTo2sAndLogAtMostEvery10s) {
+  Start(0s);
+  EXPECT_EQ(test::LogTexts(Feed(0s, MasterConnectFailed{ConnectError::kRefused, ""})).size(), 1u);
+  const std::vector<Duration> expected_delays = {250ms, 500ms, 1s, 2s, 2s, 2s};
+  Duration now = 0s;
+  for (Duration delay : expected_delays) {
+    EXPECT_EQ(agent_->NextDeadline(), At(now + delay));
+    EXPECT_TRUE(All<ConnectToMaster>(Tick(now + delay - kNs)).empty());
+    now += delay;
+    const Effects retry = Tick(now);
+    ASSERT_EQ(All<ConnectToMaster>(retry).size(), 1u) << test::Describe(retry);
+    // 7.75 s in: still inside the 10 s quiet period.
+    EXPECT_TRUE(test::LogTexts(Feed(now, MasterConnectFailed{ConnectError::kRefused, ""})).empty());
+  }
+  ASSERT_EQ(now, 7750ms);
+  Tick(9750ms);
+  EXPECT_TRUE(test::LogTexts(Feed(9750ms, MasterConnectFailed{ConnectError::kRefused, ""})).empty());
+  Tick(11750ms);
+  const Effects logged = Feed(11750ms, MasterConnectFailed{ConnectError::kRefused, ""});
+  EXPECT_EQ(test::LogTexts(logged), std::vector<std::string>{kRefusedAdvice + "; retrying for 14m48s more"});
+}
+
+TEST_F(AgentTest, RendezvousTimeoutWithoutEverConnectingExitsThreeAtTheDeadline) {
+  Start(0s);
+  Feed(0s, MasterConnectFailed{ConnectError::kRefused, "Connection refused"});
+  FailConnectsUntil(15min);
+  EXPECT_EQ(agent_->NextDeadline(), At(15min));
+  EXPECT_TRUE(All<AgentExit>(Tick(15min - kNs)).empty());
+  const Effects e = Tick(15min);
+  ASSERT_EQ(All<PrintSummary>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<PrintSummary>(e)[0].text,
+            "rendezvous failed: node 1 could not join the coordinator at gpu-01:50000 within "
+            "timeouts.rendezvous = 15m\n  last error: " + kRefusedAdvice);
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+  EXPECT_EQ(agent_->exit_code(), 3);
+  EXPECT_EQ(agent_->NextDeadline(), std::nullopt);
+}
+
+TEST_F(AgentTest, ConnectedAgentJoinsWithItsFingerprintAndInstance) {
+  Start(0s);
+  const Effects e = Feed(1s, MasterConnected{});
+  EXPECT_EQ(FindLog(e, "connected"), "connected to the coordinator at gpu-01:50000; joining as node 1");
+  const auto joins = Sent<wire::Join>(e);
+  ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242}));
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kJoining);
+
+  const Effects acked = Msg(1s, wire::JoinAck{2});
+  EXPECT_EQ(test::LogTexts(acked), std::vector<std::string>{"node 1 joined; waiting for the other nodes"});
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting);
+}
+
+TEST_F(AgentTest, ProgressIsPrintedWithTheMissingHosts) {
+  Joined(0s);
+  const Effects e = Msg(1s, wire::Progress{1, 2, {0}, 41'000, 900'000});
+  EXPECT_EQ(test::LogTexts(e), std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01); 41s of 15m"});
+}
+
+TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
+  const SpawnWorkers spawn = Running(0s, 0, 41000);
+  EXPECT_EQ(spawn.round, 0);
+  ASSERT_EQ(spawn.workers.size(), 2u);
+  const WorkerLaunch& w0 = spawn.workers[0];
+  const WorkerLaunch& w1 = spawn.workers[1];
+  EXPECT_EQ(w0.local_rank, 0);
+  EXPECT_EQ(w0.global_rank, 2);
+  EXPECT_EQ(w1.global_rank, 3);
+  EXPECT_EQ(EnvOf(w0, "RANK"), "2");
+  EXPECT_EQ(EnvOf(w1, "RANK"), "3");
+  EXPECT_EQ(EnvOf(w1, "LOCAL_RANK"), "1");
+  EXPECT_EQ(EnvOf(w0, "WORLD_SIZE"), "4");
+  EXPECT_EQ(EnvOf(w0, "MASTER_PORT"), "41000");
+  EXPECT_EQ(EnvOf(w0, "MASTER_ADDR"), "gpu-01");
+  EXPECT_EQ(EnvOf(w0, "TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(EnvOf(w1, "TORCHELASTIC_ERROR_FILE"), "/var/log/ddprun/demo/attempt-0/rank-3.error.json");
+  EXPECT_EQ(w1.log_path, "demo/attempt-0/rank-3.log");
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kRunning);
+  EXPECT_EQ(agent_->running_workers(), 2);
+}
+
+TEST_F(AgentTest, LaterRoundsCountRestartsAndUseTheirOwnPort) {
+  Joined(0s);
+  const Effects e = Msg(1s, wire::StartRound{2, 41002});
+  EXPECT_EQ(FindLog(e, "round 2"), "round 2: starting 2 workers (ranks 2..3 of 4), MASTER_PORT=41002");
+  const auto spawn = All<SpawnWorkers>(e).at(0);
+  EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(EnvOf(spawn.workers[0], "MASTER_PORT"), "41002");
+  EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_ERROR_FILE"),
+            "/var/log/ddprun/demo/attempt-2/rank-2.error.json");
+  // A duplicate or older StartRound spawns nothing.
+  EXPECT_TRUE(All<SpawnWorkers>(Msg(2s, wire::StartRound{1, 41001})).empty());
+}
+
+TEST_F(AgentTest, WorkerFailureIsReportedOnceAndStopsTheRestAtOnce) {
+  Running(0s);
+  const Effects e = Exit(5s, 1, 1, 0, "RuntimeError: boom\n");
+  EXPECT_EQ(FindLog(e, "rank 3"), "rank 3 (local rank 1) exited with code 1");
+  EXPECT_EQ(Sent<wire::WorkerFailed>(e),
+            (std::vector<wire::WorkerFailed>{{0, 3, 1, 1, 0, "RuntimeError: boom\n", ""}}));
+  const auto signals = All<SignalWorkers>(e);
+  ASSERT_EQ(signals.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(signals[0].round, 0);
+  EXPECT_EQ(signals[0].signal, SIGTERM);
+
+  const Effects rest = Exit(6s, 0, 1);
+  EXPECT_TRUE(Sent<wire::WorkerFailed>(rest).empty());
+  EXPECT_EQ(Sent<wire::RoundStopped>(rest), (std::vector<wire::RoundStopped>{{0, 1}}));
+  EXPECT_EQ(FindLog(rest, "stopped"), "round 0: stopped 1 worker");
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting);
+}
+
+TEST_F(AgentTest, SpawnFailureIsAWorkerFailure) {
+  Running(0s);
+  const Effects e = Feed(1s, WorkerSpawnFailed{0, 0, "python: No such file or directory"});
+  EXPECT_EQ(Sent<wire::WorkerFailed>(e),
+            (std::vector<wire::WorkerFailed>{
+                {0, 2, 0, 127, 0, "ddprun could not start the worker: python: No such file or directory", ""}}));
+}
+
+TEST_F(AgentTest, SigkillFollowsStopGraceExactly) {
+  Running(0s);
+  MasterBeatsUntil(0s, 10s);
+  Exit(10s, 1, 1);
+  const Effects waiting = MasterBeatsUntil(10s, 39s);
+  EXPECT_TRUE(All<SignalWorkers>(waiting).empty()) << test::Describe(waiting);
+  EXPECT_EQ(agent_->NextDeadline(), At(40s));
+  EXPECT_TRUE(All<SignalWorkers>(Tick(40s - kNs)).empty());
+  const Effects e = Tick(40s);
+  EXPECT_EQ(FindLog(e, "SIGKILL"), "1 worker still running 30s after SIGTERM; sending SIGKILL");
+  const auto signals = All<SignalWorkers>(e);
+  ASSERT_EQ(signals.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(signals[0].signal, SIGKILL);
+  EXPECT_EQ(Sent<wire::RoundStopped>(Exit(41s, 0, 0, SIGKILL)), (std::vector<wire::RoundStopped>{{0, 1}}));
+}
+
+TEST_F(AgentTest, StopRoundStopsEveryWorkerAndConfirmsWithTheCount) {
+  Running(0s);
+  EXPECT_TRUE(Meaningful(Msg(1s, wire::StopRound{5, "stale"})).empty());
+  const Effects e = Msg(2s, wire::StopRound{0, "rank 0 (node 0 (gpu-01), local rank 0) exited with code 1"});
+  EXPECT_EQ(FindLog(e, "round 0 failed"),
+            "round 0 failed: rank 0 (node 0 (gpu-01), local rank 0) exited with code 1");
+  ASSERT_EQ(All<SignalWorkers>(e).size(), 1u);
+  EXPECT_EQ(All<SignalWorkers>(e)[0].signal, SIGTERM);
+  // Workers dying of the SIGTERM are not failures to report.
+  EXPECT_TRUE(Sent<wire::WorkerFailed>(Exit(3s, 0, 0, SIGTERM)).empty());
+  EXPECT_EQ(Sent<wire::RoundStopped>(Exit(3s, 1, 143)), (std::vector<wire::RoundStopped>{{0, 2}}));
+}
+
+TEST_F(AgentTest, StopRoundWithNothingRunningConfirmsAtOnce) {
+  Running(0s);
+  Exit(1s, 0, 0);
+  Exit(1s, 1, 0);
+  const Effects e = Msg(2s, wire::StopRound{0, "node 0 was lost"});
+  EXPECT_TRUE(All<SignalWorkers>(e).empty());
+  EXPECT_EQ(Sent<wire::RoundStopped>(e), (std::vector<wire::RoundStopped>{{0, 0}}));
+}
+
+TEST_F(AgentTest, StaleWorkerExitOfAnOlderRoundIsIgnored) {
+  Running(0s);
+  Exit(1s, 1, 1);
+  Exit(1s, 0, 0, SIGTERM);
+  MasterBeatsUntil(1s, 12s);
+  Msg(12s, wire::StartRound{1, 41001});
+  EXPECT_TRUE(Meaningful(Exit(13s, 0, 1, 0, "", /*round=*/0)).empty());
+  EXPECT_TRUE(Meaningful(Exit(13s, 7, 1, 0, "", /*round=*/1)).empty());
+  EXPECT_EQ(agent_->running_workers(), 2);
+}
+
+TEST_F(AgentTest, AllWorkersExitingZeroReportsNodeDone) {
+  Running(0s);
+  EXPECT_TRUE(Sent<wire::NodeDone>(Exit(5s, 1, 0)).empty());
+  const Effects e = Exit(6s, 0, 0);
+  EXPECT_EQ(Sent<wire::NodeDone>(e), (std::vector<wire::NodeDone>{{0}}));
+  EXPECT_EQ(FindLog(e, "exited 0"), "round 0: all 2 workers of node 1 exited 0");
+}
+
+TEST_F(AgentTest, JobEndPrintsAcksAndExitsOnlyAfterWorkersExited) {
+  Running(0s);
+  const Effects e = Msg(5s, wire::JobEnd{130, "job \"demo\" interrupted"});
+  ASSERT_EQ(All<PrintSummary>(e).size(), 1u);
+  EXPECT_EQ(All<PrintSummary>(e)[0].text, "job \"demo\" interrupted");
+  EXPECT_EQ(All<SignalWorkers>(e).size(), 1u);
+  EXPECT_TRUE(Sent<wire::JobEndAck>(e).empty());
+  EXPECT_TRUE(All<AgentExit>(e).empty());
+  EXPECT_TRUE(All<AgentExit>(Exit(6s, 0, 0, SIGTERM)).empty());
+  const Effects last = Meaningful(Exit(7s, 1, 0, SIGTERM));
+  ASSERT_EQ(last.size(), 2u) << test::Describe(last);
+  EXPECT_EQ(Sent<wire::JobEndAck>(last).size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<AgentExit>(last[1]));
+  EXPECT_EQ(std::get<AgentExit>(last[1]).code, 130);
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kExited);
+}
+
+TEST_F(AgentTest, JobEndWithNothingRunningExitsAtOnce) {
+  Running(0s);
+  Exit(1s, 0, 0);
+  Exit(1s, 1, 0);
+  const Effects e = Meaningful(Msg(2s, wire::JobEnd{0, "job \"demo\" succeeded"}));
+  ASSERT_EQ(e.size(), 3u) << test::Describe(e);
+  EXPECT_TRUE(std::holds_alternative<PrintSummary>(e[0]));
+  EXPECT_EQ(Sent<wire::JobEndAck>(e).size(), 1u);
+  EXPECT_EQ(std::get<AgentExit>(e[2]).code, 0);
+}
+
+TEST_F(AgentTest, ClosedCoordinatorStopsWorkersAndRejoins) {
+  Running(0s);
+  const Effects e = Feed(5s, MasterClosed{"connection reset by peer"});
+  EXPECT_EQ(FindLog(e, "lost the coordinator"),
+            "lost the coordinator at gpu-01:50000 (connection reset by peer); stopping this node's "
+            "workers and rejoining for up to 15m");
+  ASSERT_EQ(All<SignalWorkers>(e).size(), 1u);
+  EXPECT_EQ(All<SignalWorkers>(e)[0].signal, SIGTERM);
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kRetryWait);
+  EXPECT_EQ(agent_->NextDeadline(), At(5250ms));
+  EXPECT_EQ(All<ConnectToMaster>(Tick(5250ms)).size(), 1u);
+  // Nobody to confirm the stop to.
+  Exit(6s, 0, 0, SIGTERM);
+  EXPECT_TRUE(All<SendToMaster>(Exit(6s, 1, 0, SIGTERM)).empty());
+  const Effects rejoin = Feed(7s, MasterConnected{});
+  EXPECT_EQ(Sent<wire::Join>(rejoin).size(), 1u);
+  EXPECT_EQ(Sent<wire::Join>(rejoin)[0].instance, 4242u);
+  Msg(7s, wire::JoinAck{2});
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting);
+  MasterBeatsUntil(7s, 20s);
+  const auto spawn = All<SpawnWorkers>(Msg(20s, wire::StartRound{1, 41001}));
+  ASSERT_EQ(spawn.size(), 1u);
+  EXPECT_EQ(spawn[0].round, 1);
+}
+
+TEST_F(AgentTest, SilentCoordinatorIsLostAfterThreeHeartbeats) {
+  Running(0s);
+  Msg(1s, wire::Heartbeat{});
+  const Effects quiet = Tick(7s);
+  EXPECT_TRUE(All<DisconnectFromMaster>(quiet).empty()) << test::Describe(quiet);
+  EXPECT_EQ(agent_->NextDeadline(), At(7s + kNs));
+  const Effects e = Tick(7s + kNs);
+  ASSERT_EQ(All<DisconnectFromMaster>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(FindLog(e, "lost"),
+            "lost the coordinator at gpu-01:50000 (silent for 6.0s (3 heartbeats)); stopping this "
+            "node's workers and rejoining for up to 15m");
+  EXPECT_EQ(All<SignalWorkers>(e).size(), 1u);
+}
+
+TEST_F(AgentTest, GivesUpRejoiningAfterTheRendezvousTimeout) {
+  Running(0s);
+  Feed(5s, MasterClosed{""});
+  // The retry was due at 5.25 s, so the first input after it reconnects.
+  ASSERT_EQ(All<ConnectToMaster>(Exit(6s, 0, 0, SIGTERM)).size(), 1u);
+  Exit(6s, 1, 0, SIGTERM);
+  Feed(6s, MasterConnectFailed{ConnectError::kRefused, "Connection refused"});
+  FailConnectsUntil(15min + 5s);
+  EXPECT_TRUE(All<AgentExit>(Tick(15min + 5s - kNs)).empty());
+  const Effects e = Tick(15min + 5s);
+  ASSERT_EQ(All<PrintSummary>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<PrintSummary>(e)[0].text,
+            "node 1 lost the coordinator at gpu-01:50000 and could not rejoin within "
+            "timeouts.rendezvous = 15m\n  last error: " + kRefusedAdvice);
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+}
+
+TEST_F(AgentTest, SigintIsForwardedToTheJobAndASecondOneKills) {
+  Running(0s);
+  const Effects e = Feed(5s, SignalReceived{SIGINT});
+  EXPECT_EQ(FindLog(e, "received"), "received SIGINT; stopping the job on every node");
+  ASSERT_EQ(All<SignalWorkers>(e).size(), 1u);
+  EXPECT_EQ(All<SignalWorkers>(e)[0].signal, SIGTERM);
+  EXPECT_EQ(Sent<wire::Interrupted>(e), (std::vector<wire::Interrupted>{{SIGINT}}));
+
+  const Effects again = Feed(6s, SignalReceived{SIGINT});
+  EXPECT_EQ(FindLog(again, "second"), "second SIGINT: killing workers now");
+  ASSERT_EQ(All<SignalWorkers>(again).size(), 1u);
+  EXPECT_EQ(All<SignalWorkers>(again)[0].signal, SIGKILL);
+
+  Msg(6s, wire::JobEnd{130, "interrupted"});
+  Exit(7s, 0, 0, SIGKILL);
+  const Effects last = Exit(7s, 1, 0, SIGKILL);
+  EXPECT_EQ(Sent<wire::JobEndAck>(last).size(), 1u);
+  ASSERT_EQ(All<AgentExit>(last).size(), 1u);
+  EXPECT_EQ(All<AgentExit>(last)[0].code, 130);
+}
+
+TEST_F(AgentTest, SigtermBeforeJoiningExitsAtOnce) {
+  Start(0s);
+  const Effects e = Feed(1s, SignalReceived{SIGTERM});
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 143);
+}
+
+TEST_F(AgentTest, RejectExitsThreeWithTheReason) {
+  Start(0s);
+  Feed(0s, MasterConnected{});
+  const Effects e = Msg(0s, wire::Reject{"node 1 (host gpu-02) runs a different job file"});
+  ASSERT_EQ(All<PrintSummary>(e).size(), 1u);
+  EXPECT_EQ(All<PrintSummary>(e)[0].text,
+            "the coordinator refused this node: node 1 (host gpu-02) runs a different job file");
+  EXPECT_EQ(All<DisconnectFromMaster>(e).size(), 1u);
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+}
+
+TEST_F(AgentTest, SendsHeartbeatsEveryIntervalWhileConnected) {
+  Start(0s);
+  Feed(0s, MasterConnected{});
+  EXPECT_EQ(agent_->NextDeadline(), At(2s));
+  EXPECT_EQ(Sent<wire::Heartbeat>(Tick(2s)).size(), 1u);
+  EXPECT_TRUE(Sent<wire::Heartbeat>(Msg(4s - kNs, wire::JoinAck{2})).empty());
+  EXPECT_EQ(Sent<wire::Heartbeat>(Tick(4s)).size(), 1u);
+}
+
+TEST_F(AgentTest, LongRoundKeepsItsDeadlinesInTheFuture) {
+  // A round that trains past the rendezvous timeout: the rendezvous backstop no longer applies
+  // and must not be reported as a deadline (the fixture checks after every input).
+  Running(0s);
+  const Effects e = MasterBeatsUntil(0s, 20min);
+  EXPECT_TRUE(All<AgentExit>(e).empty()) << test::Describe(e);
+  EXPECT_EQ(agent_->running_workers(), 2);
+}
+
+TEST_F(AgentTest, InterruptedAgentThatLostTheCoordinatorHasNoStaleRetryDeadline) {
+  Running(0s);
+  Feed(5s, MasterClosed{""});
+  Feed(5s, SignalReceived{SIGINT});
+  // Workers are still stopping; no reconnect is due, so nothing may be in the past.
+  const Effects e = Tick(6s);
+  EXPECT_TRUE(All<ConnectToMaster>(e).empty()) << test::Describe(e);
+  EXPECT_EQ(agent_->NextDeadline(), At(35s));  // the SIGKILL after stop_grace
+}
+
+}  // namespace
+}  // namespace ddprun::core
