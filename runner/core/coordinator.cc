@@ -238,7 +238,9 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
              out);
     }
   } else if (const auto* stopped = std::get_if<wire::RoundStopped>(&message)) {
-    if (phase_ != Phase::kStopping || stopped->round != round_) return;
+    // The first confirmation counts: an agent whose own failure stopped its node confirms
+    // unasked, then confirms the StopRound that crossed it with 0 workers left to stop.
+    if (phase_ != Phase::kStopping || stopped->round != round_ || slot.stopped) return;
     slot.stopped = true;
     slot.stopped_ranks = stopped->stopped;
     MaybeFinishStop(now, out);
