@@ -335,6 +335,19 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
   EXPECT_EQ(coordinator_->round(), 1);
 }
 
+TEST_F(CoordinatorTest, SecondConfirmationOfTheSameRoundDoesNotChangeTheCount) {
+  UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  Send(1s, ConnOf(1), wire::RoundStopped{0, 1});  // node 1 stopped its other worker itself
+  Send(1s, ConnOf(1), wire::RoundStopped{0, 0});  // ... and answers the StopRound that crossed
+  const auto end = Sent<wire::JobEnd>(Send(2s, ConnOf(0), wire::RoundStopped{0, 2}));
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_NE(end[0].second.summary.find("ddprun then stopped 3 other running ranks on 2 nodes."),
+            std::string::npos)
+      << end[0].second.summary;
+}
+
 TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
   StartFirstRound(0s);
   Send(1s, ConnOf(1), RankThreeFailed(0));
