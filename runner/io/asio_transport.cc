@@ -176,7 +176,7 @@ host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
           if (events_) events_->OnConnected(conn->id);
           if (!conn->closed) {
             StartRead(conn);
-            if (!conn->queue.empty()) StartWrite(conn);
+            if (!conn->queue.empty() && !conn->writing) StartWrite(conn);
           }
         });
       });
