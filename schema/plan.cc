@@ -493,7 +493,6 @@ std::string JobFileJsonSchema() {
 
   Json schema;
   schema["$schema"] = "https://json-schema.org/draft/2020-12/schema";
-  schema["$id"] = "https://github.com/ddprun/ddprun/docs/job-file.schema.json";
   schema["title"] = "ddprun job file (version 1)";
   schema["description"] =
       "A multi-node PyTorch DDP job for ddprun. See docs/job-file.md for every rule.";
