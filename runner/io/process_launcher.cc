@@ -281,10 +281,17 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
   if (!(worker->eof[0] && worker->eof[1]) && !worker->drained_or_late) return;
   worker->reported = true;
   worker->drain_timer.cancel();
-  for (int s = 0; s < 2; ++s) {
-    if (!worker->partial[static_cast<size_t>(s)].empty()) {
-      OnOutput(*worker, s == 1, "\n", 1);
+  // A last line without a newline is complete now: show it (the file already has it).
+  for (size_t s = 0; s < 2; ++s) {
+    std::string& partial = worker->partial[s];
+    if (partial.empty()) continue;
+    if (s == 1) worker->tail.push_back(partial);
+    if (worker->show) {
+      const std::string line = worker->prefix + partial + "\n";
+      std::fwrite(line.data(), 1, line.size(), s == 1 ? stderr : stdout);
+      std::fflush(s == 1 ? stderr : stdout);
     }
+    partial.clear();
   }
   if (worker->log_fd >= 0) ::close(worker->log_fd);
   worker->log_fd = -1;

@@ -1,0 +1,147 @@
+#include "tests/e2e/harness.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <ctime>
+
+extern char** environ;
+
+namespace ddprun::e2e {
+
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+ScratchDir::ScratchDir() {
+  std::string templ = (std::filesystem::temp_directory_path() / "ddprun-e2e-XXXXXX").string();
+  if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = templ;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string ScratchDir::Write(const std::string& name, const std::string& text) const {
+  const auto full = std::filesystem::path(path_) / name;
+  std::filesystem::create_directories(full.parent_path());
+  std::ofstream(full) << text;
+  return full.string();
+}
+
+std::string ScratchDir::Read(const std::string& name) const {
+  std::ifstream in(std::filesystem::path(path_) / name);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool ScratchDir::Exists(const std::string& name) const {
+  return std::filesystem::exists(std::filesystem::path(path_) / name);
+}
+
+AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
+                           const std::map<std::string, std::string>& extra_env)
+    : output_path_(output_path) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    if (extra_env.count(name) == 0) env.push_back(entry);
+  }
+  for (const auto& [name, value] : extra_env) env.push_back(name + "=" + value);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    const int fd = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(DDPRUN_BINARY));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    ::execve(DDPRUN_BINARY, argv.data(), envp.data());
+    ::_exit(127);
+  }
+}
+
+AgentProcess::~AgentProcess() {
+  if (pid_ > 0 && !exit_code_) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+}
+
+std::optional<int> AgentProcess::Wait(std::chrono::milliseconds limit) {
+  if (exit_code_) return exit_code_;
+  const bool done = WaitFor(
+      [&] {
+        int status = 0;
+        const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+        if (r == pid_) {
+          exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          return true;
+        }
+        return false;
+      },
+      limit);
+  if (!done) return std::nullopt;
+  return exit_code_;
+}
+
+void AgentProcess::Signal(int signal) const { ::kill(pid_, signal); }
+
+std::string AgentProcess::Output() const {
+  std::ifstream in(output_path_);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool ProcessAlive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return false;
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::map<std::string, std::string> ParseEnvDump(const std::string& text) {
+  std::map<std::string, std::string> env;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+}  // namespace ddprun::e2e

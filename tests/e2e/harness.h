@@ -1,0 +1,74 @@
+#pragma once
+// Runs real `ddprun` agents as separate processes on 127.0.0.1 for end-to-end tests: a
+// scratch job directory, a free master port, agents with captured output, bounded waits.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::e2e {
+
+/// A free TCP port on 127.0.0.1 right now (bound to port 0, then released).
+uint16_t FreePort();
+
+/// A fresh directory under the system temp dir, removed by the destructor.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Write(const std::string& name, const std::string& text) const;
+  std::string Read(const std::string& name) const;
+  bool Exists(const std::string& name) const;
+
+ private:
+  std::string path_;
+};
+
+/// One `ddprun` process; output (stdout and stderr together) goes to a file.
+class AgentProcess {
+ public:
+  AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
+               const std::map<std::string, std::string>& extra_env = {});
+  ~AgentProcess();  // SIGKILLs the agent if it still runs
+  AgentProcess(const AgentProcess&) = delete;
+  AgentProcess& operator=(const AgentProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  /// Waits up to `limit` for the exit; returns the exit code (128+signal when killed),
+  /// or nullopt on timeout.
+  std::optional<int> Wait(std::chrono::milliseconds limit);
+  void Signal(int signal) const;
+  std::string Output() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+  std::string output_path_;
+};
+
+/// True while `pid` exists and is not a zombie.
+bool ProcessAlive(pid_t pid);
+
+/// Polls `predicate` every 20 ms for up to `limit`.
+template <typename Predicate>
+bool WaitFor(Predicate predicate, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (predicate()) return true;
+    struct timespec ts{0, 20'000'000};
+    nanosleep(&ts, nullptr);
+  }
+  return predicate();
+}
+
+/// Reads `KEY=VALUE` lines (as `env` prints them) into a map.
+std::map<std::string, std::string> ParseEnvDump(const std::string& text);
+
+}  // namespace ddprun::e2e
