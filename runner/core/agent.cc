@@ -88,6 +88,7 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
   } else if (const auto* signal = std::get_if<SignalReceived>(&input)) {
     OnSignal(now, signal->signal, out);
   }
+  MaybeReconnect(now, out);
 }
 
 void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
@@ -142,10 +143,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
       if (phase_ == Phase::kExited) return;
     }
   }
-  if (phase_ == Phase::kRetryWait && now >= retry_at_ && !pending_exit_) {
-    phase_ = Phase::kConnecting;
-    out.push_back(ConnectToMaster{});
-  }
+  MaybeReconnect(now, out);
   // The coordinator owns the rendezvous timeout once we joined; this is the backstop for an
   // agent that cannot reach it at all, or whose coordinator went quiet.
   const bool waiting_for_round = joined_ && phase_ == Phase::kWaiting && running_workers() == 0;
@@ -184,7 +182,7 @@ std::optional<TimePoint> Agent::NextDeadline() const {
   // Only deadlines ExpireDeadlines acts on: one it ignores would stay in the past and spin
   // the driver. Retries stop once the agent is exiting; the rendezvous backstop applies until
   // the first round (joined) or while not joined.
-  if (phase_ == Phase::kRetryWait && !pending_exit_) consider(retry_at_);
+  if (phase_ == Phase::kRetryWait && !pending_exit_ && running_workers() == 0) consider(retry_at_);
   if (!pending_exit_) {
     if (!joined_) {
       consider(rendezvous_deadline_);
@@ -218,6 +216,14 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
       break;
   }
   return fmt::format("cannot connect to {}: {}", endpoint, failed.detail);
+}
+
+void Agent::MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out) {
+  // A node rejoins only once its workers are gone: the coordinator counts on that.
+  if (phase_ == Phase::kRetryWait && now >= retry_at_ && !pending_exit_ && running_workers() == 0) {
+    phase_ = Phase::kConnecting;
+    out.push_back(ConnectToMaster{});
+  }
 }
 
 void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,

@@ -56,6 +56,7 @@ class Agent {
 
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
+  void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
   void OnMasterLost(TimePoint now, const std::string& why, std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);

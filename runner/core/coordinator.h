@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,7 @@ class Coordinator {
   int restarts_used_ = 0;
   std::vector<Slot> slots_;
   std::map<ConnId, Conn> conns_;
+  std::set<std::pair<TimePoint, ConnId>> by_last_heard_;  // conns_ ordered by silence
   TimePoint rendezvous_started_;
   TimePoint rendezvous_deadline_;
   TimePoint next_progress_;

@@ -398,11 +398,13 @@ TEST_F(AgentTest, ClosedCoordinatorStopsWorkersAndRejoins) {
   ASSERT_EQ(All<SignalWorkers>(e).size(), 1u);
   EXPECT_EQ(All<SignalWorkers>(e)[0].signal, SIGTERM);
   EXPECT_EQ(agent_->phase(), Agent::Phase::kRetryWait);
-  EXPECT_EQ(agent_->NextDeadline(), At(5250ms));
-  EXPECT_EQ(All<ConnectToMaster>(Tick(5250ms)).size(), 1u);
-  // Nobody to confirm the stop to.
-  Exit(6s, 0, 0, SIGTERM);
-  EXPECT_TRUE(All<SendToMaster>(Exit(6s, 1, 0, SIGTERM)).empty());
+  // It rejoins only once its workers are gone, so the coordinator can count on a joining
+  // node having nothing left to stop: the next deadline is the SIGKILL, not the retry.
+  EXPECT_EQ(agent_->NextDeadline(), At(5s + 30s));
+  EXPECT_TRUE(All<ConnectToMaster>(Exit(6s, 0, 0, SIGTERM)).empty());
+  const Effects last = Exit(6s, 1, 0, SIGTERM);
+  EXPECT_TRUE(All<SendToMaster>(last).empty()) << "nobody to confirm the stop to";
+  EXPECT_EQ(All<ConnectToMaster>(last).size(), 1u);
   const Effects rejoin = Feed(7s, MasterConnected{});
   EXPECT_EQ(Sent<wire::Join>(rejoin).size(), 1u);
   EXPECT_EQ(Sent<wire::Join>(rejoin)[0].instance, 4242u);
@@ -431,9 +433,9 @@ TEST_F(AgentTest, SilentCoordinatorIsLostAfterThreeHeartbeats) {
 TEST_F(AgentTest, GivesUpRejoiningAfterTheRendezvousTimeout) {
   Running(0s);
   Feed(5s, MasterClosed{""});
-  // The retry was due at 5.25 s, so the first input after it reconnects.
-  ASSERT_EQ(All<ConnectToMaster>(Exit(6s, 0, 0, SIGTERM)).size(), 1u);
-  Exit(6s, 1, 0, SIGTERM);
+  // The retry was due at 5.25 s, but a node rejoins only once its workers are gone.
+  ASSERT_TRUE(All<ConnectToMaster>(Exit(6s, 0, 0, SIGTERM)).empty());
+  ASSERT_EQ(All<ConnectToMaster>(Exit(6s, 1, 0, SIGTERM)).size(), 1u);
   Feed(6s, MasterConnectFailed{ConnectError::kRefused, "Connection refused"});
   FailConnectsUntil(15min + 5s);
   EXPECT_TRUE(All<AgentExit>(Tick(15min + 5s - kNs)).empty());
