@@ -6,11 +6,6 @@
 
 namespace ddprun::cli {
 
-int SimulateCommand(const SimulateOptions&) {
-  std::fputs("ddprun simulate: not implemented yet\n", stderr);
-  return kExitInternal;
-}
-
 int PreflightCommand(const PreflightOptions&) {
   std::fputs("ddprun preflight: not implemented yet\n", stderr);
   return kExitInternal;

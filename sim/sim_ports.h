@@ -1,0 +1,79 @@
+#pragma once
+// The simulated implementations of the host ports (runner/host/ports.h). Each is a thin handle
+// that forwards to the Cluster that owns the node; none calls an event back before it returns:
+// results are scheduled on the cluster's event queue (the ports' contract).
+
+#include <cstdint>
+
+#include "runner/host/ports.h"
+
+namespace ddprun::sim {
+
+using core::ConnId;
+
+class Cluster;
+
+/// Virtual time: the time of the event being processed.
+class SimClock final : public host::Clock {
+ public:
+  explicit SimClock(const Cluster* cluster) : cluster_(cluster) {}
+  TimePoint Now() const override;
+
+ private:
+  const Cluster* cluster_;
+};
+
+/// One node's timer: a single entry in the global queue, invalidated lazily by a generation.
+class SimTimer final : public host::Timer {
+ public:
+  SimTimer(Cluster* cluster, uint32_t node) : cluster_(cluster), node_(node) {}
+  void ArmAt(TimePoint when) override;
+  void Disarm() override;
+
+ private:
+  Cluster* cluster_;
+  uint32_t node_;
+};
+
+/// One node's network stack: connections to other nodes' listeners over the simulated network.
+class SimTransport final : public host::Transport {
+ public:
+  SimTransport(Cluster* cluster, uint32_t node) : cluster_(cluster), node_(node) {}
+  void SetEvents(host::TransportEvents* events) override;
+  std::string Listen(const std::string& addr, uint16_t port) override;
+  ConnId Connect(const std::string& addr, uint16_t port) override;
+  void Send(ConnId conn, std::vector<uint8_t> bytes) override;
+  void Close(ConnId conn) override;
+  uint16_t ReserveStorePort() override;
+
+ private:
+  Cluster* cluster_;
+  uint32_t node_;
+};
+
+/// One node's simulated worker processes.
+class SimLauncher final : public host::ProcessLauncher {
+ public:
+  SimLauncher(Cluster* cluster, uint32_t node) : cluster_(cluster), node_(node) {}
+  void SetEvents(host::ProcessEvents* events) override;
+  void Spawn(int round, const core::WorkerLaunch& launch) override;
+  void SignalAll(int round, int signal) override;
+
+ private:
+  Cluster* cluster_;
+  uint32_t node_;
+};
+
+/// One node's console: lines go to the simulation's event log, stamped with virtual time.
+class SimConsole final : public host::Console {
+ public:
+  SimConsole(Cluster* cluster, uint32_t node) : cluster_(cluster), node_(node) {}
+  void Log(core::LogLevel level, std::string_view source, std::string_view text) override;
+  void Summary(std::string_view text) override;
+
+ private:
+  Cluster* cluster_;
+  uint32_t node_;
+};
+
+}  // namespace ddprun::sim

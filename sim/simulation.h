@@ -1,0 +1,98 @@
+#pragma once
+// `ddprun --simulate`: the whole cluster of one job file in one process, over virtual time.
+// Every node runs the real host::NodeHost (and so the real core::Agent and, on node 0, the
+// real core::Coordinator) over simulated ports; faults come from the job file, the command
+// line or failure rates. Deterministic: one seed and job file give byte-identical output.
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "schema/job_spec.h"
+#include "sim/timeline.h"
+
+namespace ddprun::sim {
+
+/// The simulated network between nodes (TCP-like: reliable, in order per connection).
+struct NetworkOptions {
+  Duration latency_min = std::chrono::microseconds(50);   // one way
+  Duration latency_max = std::chrono::microseconds(400);
+  double loss = 0.001;                  // chance a packet needs one retransmission
+  Duration retransmit = Millis(200);    // the delay a lost packet adds (TCP's minimum RTO)
+  Duration connect_timeout = Seconds(10);  // what a dropped SYN costs the connecting side
+};
+
+struct SimOptions {
+  uint64_t seed = 1;
+  NetworkOptions network;
+  bool quiet = false;             // no per-event lines, only the summary
+  bool record_timeline = false;   // keep per-node phases (needed for --trace and --report)
+  int condense_above = 64;        // more nodes than this: only node 0's and faulted nodes' lines
+  /// For the repro line: the job file as the user named it, and the command-line faults and
+  /// --nodes that changed the spec (the job file's own faults are in the file).
+  std::string job_path = "job.toml";
+  std::vector<FaultSpec> flag_faults;
+  std::optional<int> nodes_override;
+};
+
+/// How one node ended.
+struct NodeOutcome {
+  enum class State { kExited, kDown, kHung, kUnfinished };
+  int node_rank = 0;
+  std::string host;
+  bool extra = false;             // a duplicate-node-rank agent, not one of the job's nodes
+  State state = State::kUnfinished;
+  int exit_code = 0;              // when kExited
+};
+
+struct SimStats {
+  uint64_t events = 0;
+  uint64_t messages = 0;                 // frames sent by all agents and the coordinator
+  uint64_t bytes = 0;
+  std::vector<uint64_t> messages_by_node;  // frames each job node sent (index = node rank)
+  uint64_t coordinator_messages = 0;     // of those, what node 0's coordinator sent
+  int64_t end_ns = 0;                    // virtual time the job ended (last agent exit)
+  std::optional<int64_t> first_training_ns;
+  int rounds_started = 0;
+  int restarts_used = 0;
+  int max_restarts = 0;
+  int interruptions = 0;                 // rounds that ended without success
+  int64_t training_ns = 0;               // time the gang was training (useful or later lost)
+  int64_t useful_ns = 0;                 // training progress kept at the end
+  int64_t lost_ns = 0;                   // progress since the last checkpoint, lost on failures
+  int64_t train_target_ns = 0;
+  int node_crashes = 0;
+  int worker_failures = 0;               // workers that exited non-zero or were killed by faults
+  int faults_injected = 0;
+  uint64_t peak_queue = 0;
+};
+
+struct SimResult {
+  int exit_code = 0;  // the job's outcome: node 0's exit code (70 when an invariant broke)
+  std::vector<NodeOutcome> nodes;
+  std::optional<std::string> violation;  // the first invariant or liveness violation
+  std::string repro;                     // one command line that reproduces this run
+  SimStats stats;
+};
+
+/// Runs one simulation of `spec` (whose [simulate] faults, with the command line's already
+/// merged in, are injected). Lines go to `out` (nullptr: nowhere), and the summary after them.
+SimResult RunSimulation(const JobSpec& spec, const SimOptions& options, std::ostream* out,
+                        Timeline* timeline = nullptr);
+
+/// The summary block printed after a run: outcome per node (grouped), time to the first
+/// training step, restarts, downtime, goodput, lost work.
+std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const SimResult& result);
+
+/// `kind@time:key=value,...`: the --fault spelling of `fault` (ParseFaultFlag reads it back).
+std::string FormatFaultFlag(const FaultSpec& fault);
+
+/// "ddprun --simulate job.toml --seed 7 --fault ..." for this run.
+std::string ReproCommand(const SimOptions& options);
+
+/// "[   40m06.012s]": a virtual time as the event lines show it.
+std::string FormatSimTime(int64_t ns);
+
+}  // namespace ddprun::sim

@@ -1,0 +1,101 @@
+#include "sim/swarm.h"
+
+#include <fmt/format.h>
+
+#include "schema/loader.h"
+#include "sim/prng.h"
+
+namespace ddprun::sim {
+
+std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
+  Prng rng(seed, 0x5a4d);  // its own stream: the run itself draws from the seed's other streams
+  const int nnodes = spec.cluster.nnodes;
+  const int nproc = spec.cluster.nproc_per_node;
+  // Faults land while the job can still be hit: rendezvous, startup and training.
+  const Duration window = spec.simulate.worker_startup + spec.simulate.train_time + Minutes(2);
+  std::vector<FaultSpec> faults;
+  const uint64_t count = 1 + rng.Below(4);
+  for (uint64_t i = 0; i < count; ++i) {
+    FaultSpec fault;
+    fault.at = Duration(rng.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
+    fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
+    const uint64_t pick = rng.Below(100);
+    auto short_duration = [&] {
+      return Duration(rng.Between(Seconds(1), Minutes(3)).count() / 1'000'000'000 * 1'000'000'000);
+    };
+    if (pick < 20) {
+      fault.kind = FaultKind::kNodeCrash;
+      if (rng.Below(10) < 9) {
+        fault.reboot_after = Duration(rng.Between(Seconds(20), Minutes(5)).count() / 1'000'000'000 * 1'000'000'000);
+      }
+    } else if (pick < 35) {
+      fault.kind = FaultKind::kWorkerExit;
+      fault.local_rank = static_cast<int>(rng.Below(static_cast<uint64_t>(nproc)));
+      fault.exit_code = 1 + static_cast<int>(rng.Below(255));
+    } else if (pick < 47) {
+      fault.kind = FaultKind::kWorkerHang;
+      fault.local_rank = static_cast<int>(rng.Below(static_cast<uint64_t>(nproc)));
+      if (rng.Below(2) == 0) fault.duration = short_duration();
+    } else if (pick < 62) {
+      fault.kind = FaultKind::kPartition;
+      fault.duration = short_duration();
+      if (nnodes > 2 && rng.Below(2) == 0) {
+        int peer = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
+        if (peer == fault.node) peer = (peer + 1) % nnodes;
+        fault.peers.push_back(peer);
+      }
+    } else if (pick < 75) {
+      fault.kind = FaultKind::kAgentHang;
+      fault.duration = short_duration();
+    } else if (pick < 84) {
+      fault.kind = FaultKind::kMasterPortBlocked;
+      fault.duration = short_duration();
+    } else if (pick < 92) {
+      fault.kind = FaultKind::kSlowJoiner;
+      fault.at = Duration(0);
+      fault.duration = short_duration();
+    } else if (pick < 96) {
+      fault.kind = FaultKind::kDuplicateNodeRank;
+    } else {
+      fault.kind = FaultKind::kJobFileDiffers;
+      fault.at = Duration(0);
+    }
+    if (fault.kind == FaultKind::kPartition && nnodes == 1) continue;
+    faults.push_back(fault);
+  }
+  return faults;
+}
+
+SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std::ostream& out) {
+  SwarmResult swarm;
+  for (int i = 0; i < count; ++i) {
+    SimOptions options = base;
+    options.seed = base.seed + static_cast<uint64_t>(i);
+    options.quiet = true;
+    JobSpec job = spec;
+    for (const FaultSpec& fault : DrawSwarmFaults(spec, options.seed)) {
+      job.simulate.faults.push_back(fault);
+      options.flag_faults.push_back(fault);
+    }
+    const SimResult result = RunSimulation(job, options, nullptr);
+    ++swarm.runs;
+    std::vector<std::string> kinds;
+    for (const FaultSpec& fault : options.flag_faults) kinds.emplace_back(FaultKindName(fault.kind));
+    if (result.violation) {
+      ++swarm.failures;
+      swarm.failed_seeds.push_back(options.seed);
+      out << fmt::format("seed {}: FAILED: {}\n  reproduce with: {}\n", options.seed, *result.violation,
+                         result.repro);
+    } else {
+      out << fmt::format("seed {}: ok: exit {}, {} round{}, {} restart{}; faults: {}\n", options.seed,
+                         result.exit_code, result.stats.rounds_started,
+                         result.stats.rounds_started == 1 ? "" : "s", result.stats.restarts_used,
+                         result.stats.restarts_used == 1 ? "" : "s", fmt::join(kinds, ", "));
+    }
+  }
+  out << fmt::format("swarm: {} seeds ({}..{}), {} failed\n", swarm.runs, base.seed,
+                     base.seed + static_cast<uint64_t>(count) - 1, swarm.failures);
+  return swarm;
+}
+
+}  // namespace ddprun::sim
