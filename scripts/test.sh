@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds ddprun with warnings as errors, and runs every test
+# (unit, sim, e2e), then the fuzz targets for a bounded time. This is what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh
+
+cmake --preset ci >/dev/null
+cmake --build --preset ci -j "$(nproc)"
+ctest --preset ci -j "$(nproc)"
+
+# libFuzzer targets (clang), each for a bounded time on its seed corpus.
+if command -v clang++ >/dev/null; then
+  cmake --preset fuzz >/dev/null
+  cmake --build --preset fuzz -j "$(nproc)" --target job_file_fuzz wire_fuzz
+  for target in build/fuzz/tests/fuzz/*_fuzz; do
+    name=$(basename "$target")
+    corpus="tests/fuzz/corpus/${name%_fuzz}"
+    work=$(mktemp -d)
+    cp -r "$corpus"/. "$work"/ 2>/dev/null || true
+    echo "fuzz: $name for ${DDPRUN_FUZZ_SECONDS:-20}s"
+    "$target" -max_total_time="${DDPRUN_FUZZ_SECONDS:-20}" -print_final_stats=1 "$work" 2>&1 | tail -3
+    rm -rf "$work"
+  done
+fi
