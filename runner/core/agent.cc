@@ -268,6 +268,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, std::vector<Agen
 void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
   if (std::holds_alternative<wire::JoinAck>(message)) {
     joined_ = true;
+    started_since_join_ = false;
     if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;
     Log(LogLevel::kInfo, fmt::format("node {} joined; waiting for the other nodes", config_.node_rank), out);
   } else if (const auto* reject = std::get_if<wire::Reject>(&message)) {
@@ -315,7 +316,10 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
         out);
     return;
   }
-  if (start.round <= round_) return;  // stale or duplicate
+  // Stale or duplicate; but the first round after a join is new even when its number is not
+  // (a coordinator that restarted counts from 0 again).
+  if (started_since_join_ && start.round <= round_) return;
+  started_since_join_ = true;
   round_ = start.round;
   phase_ = Phase::kRunning;
   stopping_ = false;

@@ -81,6 +81,10 @@ class Agent {
   int stopped_count_ = 0;           // workers that were running when the stop began
   bool failure_reported_ = false;   // this round's first local failure was sent
   bool done_reported_ = false;
+  // A StartRound since the last JoinAck. Found by the simulator: a rebooted coordinator numbers
+  // rounds from 0 again, so the first StartRound after a (re)join must be taken whatever its
+  // number; only repeats on the same join can be stale.
+  bool started_since_join_ = false;
   std::optional<TimePoint> kill_at_;
   std::optional<TimePoint> give_up_at_;
   TimePoint rendezvous_deadline_;
