@@ -337,8 +337,12 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     position.node_rank = config_.node_rank;
     position.local_rank = local;
     position.restart_count = round_;
-    position.master_port = start.master_port;
     const int global = config_.node_rank * nproc + local;
+    // The store relay (DESIGN.md section 5): rank 0 hosts the round's store on the port node 0
+    // picked; every other rank reaches it through master_port. With cluster.store_port, all
+    // ranks use that port directly.
+    position.master_port =
+        spec_.cluster.store_port || global == 0 ? start.master_port : spec_.cluster.master_port;
     position.error_file = config_.logs_dir + "/" + RankErrorFilePath(spec_, round_, global);
     WorkerLaunch launch;
     launch.local_rank = local;
@@ -349,7 +353,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0};
   }
   Log(LogLevel::kInfo,
-      fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), MASTER_PORT={}", round_,
+      fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), store port {}", round_,
                   nproc, nproc == 1 ? "" : "s", config_.node_rank * nproc,
                   config_.node_rank * nproc + nproc - 1, spec_.WorldSize(), start.master_port),
       out);

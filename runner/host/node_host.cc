@@ -150,12 +150,14 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       decoders_.erase(close->conn);
     } else if (auto* reserve = std::get_if<core::ReserveStorePort>(&effect)) {
       const uint16_t port = ports_.transport->ReserveStorePort();
+      ports_.transport->SetStoreRelay(port);
       // The answer is an input like any other; its effects join this batch.
       coordinator_->Handle(now, core::StorePortReady{reserve->round, port}, effects);
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "coordinator", log->text);
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
+      ports_.transport->SetStoreRelay(0);
     }
   }
   MaybeFinish();

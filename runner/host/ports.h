@@ -55,6 +55,11 @@ class Transport {
   virtual void Close(ConnId conn) = 0;
   /// A port that is free now on this host, for a round's PyTorch store; 0 if none.
   virtual uint16_t ReserveStorePort() = 0;
+  /// From now on, relay connections on the listening port that are not ddprun's (PyTorch store
+  /// clients) byte for byte to 127.0.0.1:port, and end the relayed connections of the previous
+  /// round; 0 refuses them. The simulator does not model store traffic, so its transport keeps
+  /// this default.
+  virtual void SetStoreRelay(uint16_t /*port*/) {}
 };
 
 class ProcessEvents {

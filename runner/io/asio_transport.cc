@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -26,8 +27,12 @@ namespace {
 
 // A peer that does not read is dropped rather than allowed to grow our memory.
 constexpr size_t kMaxQueuedBytes = 16u << 20;
+// An accepted connection must say who it is (agent or store client) within this time.
+constexpr auto kClassifyTimeout = std::chrono::seconds(30);
+// How long a store client waits, through the relay, for worker rank 0's store to listen.
+constexpr auto kRelayConnectLimit = std::chrono::seconds(120);
 
-core::ConnectError Classify(const error_code& ec) {
+core::ConnectError ClassifyConnectError(const error_code& ec) {
   if (ec == asio::error::connection_refused) return core::ConnectError::kRefused;
   if (ec == asio::error::timed_out || ec == asio::error::operation_aborted) {
     return core::ConnectError::kTimedOut;
@@ -53,6 +58,7 @@ struct AsioTransport::Connection {
   bool connected = false;
   bool timed_out = false;
   bool closed = false;
+  std::string peer;  // accepted connections: "addr:port"
 };
 
 struct AsioTransport::Listener {
@@ -68,6 +74,7 @@ AsioTransport::~AsioTransport() { Shutdown(); }
 void AsioTransport::SetEvents(host::TransportEvents* events) { events_ = events; }
 
 void AsioTransport::Shutdown() {
+  SetStoreRelay(0);
   if (listener_) {
     error_code ignored;
     listener_->acceptor.close(ignored);
@@ -128,11 +135,144 @@ void AsioTransport::StartAccept() {
       error_code ignored;
       conn->socket.set_option(tcp::no_delay(true), ignored);
       const auto remote = conn->socket.remote_endpoint(ignored);
-      conns_[conn->id] = conn;
-      if (events_) events_->OnAccepted(conn->id, fmt::format("{}:{}", remote.address().to_string(), remote.port()));
-      if (!conn->closed) StartRead(conn);
+      conn->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+      Classify(conn, 0);
     }
     StartAccept();
+  });
+}
+
+// The first bytes decide: the ddprun magic is an agent; anything else is a PyTorch store client
+// for the relay. Both kinds speak first, so waiting for 4 bytes is enough; a peer that says
+// nothing is dropped after kClassifyTimeout.
+void AsioTransport::Classify(const std::shared_ptr<Connection>& conn, size_t have) {
+  static constexpr uint8_t kMagic[4] = {'D', 'D', 'P', 'R'};
+  if (have > 0 && std::memcmp(conn->read_buffer.data(), kMagic, std::min<size_t>(have, 4)) != 0) {
+    conn->timer.cancel();
+    StartRelay(conn, have);
+    return;
+  }
+  if (have >= 4) {
+    conn->timer.cancel();
+    conns_[conn->id] = conn;
+    if (events_) events_->OnAccepted(conn->id, conn->peer);
+    if (events_ && !conn->closed) {
+      events_->OnData(conn->id, std::span<const uint8_t>(conn->read_buffer.data(), have));
+    }
+    if (!conn->closed) StartRead(conn);
+    return;
+  }
+  if (have == 0) {
+    conn->timer.expires_after(kClassifyTimeout);
+    conn->timer.async_wait([conn](error_code ec) {
+      if (ec || conn->closed) return;
+      conn->closed = true;
+      error_code ignored;
+      conn->socket.close(ignored);
+    });
+  }
+  conn->socket.async_read_some(
+      asio::buffer(conn->read_buffer.data() + have, conn->read_buffer.size() - have),
+      [this, conn, have](error_code ec, size_t n) {
+        if (conn->closed) return;
+        if (ec) {
+          conn->closed = true;
+          conn->timer.cancel();
+          return;
+        }
+        Classify(conn, have + n);
+      });
+}
+
+struct AsioTransport::Relay : std::enable_shared_from_this<Relay> {
+  Relay(asio::io_context& io, tcp::socket from) : client(std::move(from)), upstream(io), retry(io) {}
+  tcp::socket client;
+  tcp::socket upstream;
+  asio::steady_timer retry;
+  std::vector<uint8_t> pending;  // what the client sent before upstream was connected
+  std::array<uint8_t, 64 * 1024> down_buffer{};
+  std::array<uint8_t, 64 * 1024> up_buffer{};
+  bool closed = false;
+  void Close() {
+    if (closed) return;
+    closed = true;
+    error_code ignored;
+    retry.cancel();
+    client.close(ignored);
+    upstream.close(ignored);
+  }
+};
+
+void AsioTransport::SetStoreRelay(uint16_t port) {
+  relay_port_ = port;
+  // A new round has a new store: connections to the old one end with it.
+  for (auto& relay : relays_) relay->Close();
+  relays_.clear();
+}
+
+void AsioTransport::StartRelay(const std::shared_ptr<Connection>& conn, size_t have) {
+  conn->closed = true;  // the Connection object is done; the relay owns the socket now
+  if (relay_port_ == 0) {
+    error_code ignored;
+    conn->socket.close(ignored);
+    return;
+  }
+  auto relay = std::make_shared<Relay>(io_, std::move(conn->socket));
+  relay->pending.assign(conn->read_buffer.begin(), conn->read_buffer.begin() + static_cast<std::ptrdiff_t>(have));
+  relays_.push_back(relay);
+  ConnectUpstream(relay, relay_port_, std::chrono::steady_clock::now() + kRelayConnectLimit);
+}
+
+void AsioTransport::ConnectUpstream(const std::shared_ptr<Relay>& relay, uint16_t port,
+                                    std::chrono::steady_clock::time_point give_up) {
+  // Worker rank 0 may not listen yet: store clients start as fast as it does.
+  relay->upstream.async_connect(
+      tcp::endpoint(asio::ip::address_v4::loopback(), port), [this, relay, port, give_up](error_code ec) {
+        if (relay->closed) return;
+        if (ec) {
+          if (std::chrono::steady_clock::now() >= give_up) {
+            relay->Close();
+            return;
+          }
+          error_code ignored;
+          relay->upstream.close(ignored);
+          relay->retry.expires_after(std::chrono::milliseconds(50));
+          relay->retry.async_wait([this, relay, port, give_up](error_code tec) {
+            if (!tec && !relay->closed) ConnectUpstream(relay, port, give_up);
+          });
+          return;
+        }
+        error_code ignored;
+        relay->upstream.set_option(tcp::no_delay(true), ignored);
+        asio::async_write(relay->upstream, asio::buffer(relay->pending), [this, relay](error_code wec, size_t) {
+          if (wec || relay->closed) {
+            relay->Close();
+            return;
+          }
+          relay->pending.clear();
+          Pump(relay, true);
+          Pump(relay, false);
+        });
+      });
+}
+
+void AsioTransport::Pump(const std::shared_ptr<Relay>& relay, bool client_to_upstream) {
+  tcp::socket& from = client_to_upstream ? relay->client : relay->upstream;
+  tcp::socket& to = client_to_upstream ? relay->upstream : relay->client;
+  auto& buffer = client_to_upstream ? relay->up_buffer : relay->down_buffer;
+  from.async_read_some(asio::buffer(buffer), [this, relay, client_to_upstream, &to, &buffer](error_code ec, size_t n) {
+    if (relay->closed) return;
+    if (ec) {
+      relay->Close();
+      return;
+    }
+    asio::async_write(to, asio::buffer(buffer.data(), n), [this, relay, client_to_upstream](error_code wec, size_t) {
+      if (wec || relay->closed) {
+        relay->Close();
+        return;
+      }
+      Pump(relay, client_to_upstream);
+    });
   });
 }
 
@@ -164,7 +304,7 @@ host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
           if (cec) {
             conn->closed = true;
             conns_.erase(conn->id);
-            const auto kind = conn->timed_out ? core::ConnectError::kTimedOut : Classify(cec);
+            const auto kind = conn->timed_out ? core::ConnectError::kTimedOut : ClassifyConnectError(cec);
             if (events_) {
               events_->OnConnectFailed(conn->id, kind, conn->timed_out ? "no answer" : cec.message());
             }

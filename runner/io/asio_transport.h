@@ -1,7 +1,9 @@
 #pragma once
 // The real Transport: TCP over Boost.Asio on the driver's one io_context.
 
+#include <chrono>
 #include <cstdint>
+#include <vector>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +28,7 @@ class AsioTransport final : public host::Transport {
   void Send(host::ConnId conn, std::vector<uint8_t> bytes) override;
   void Close(host::ConnId conn) override;
   uint16_t ReserveStorePort() override;
+  void SetStoreRelay(uint16_t port) override;
 
   /// Closes the listener and every connection (no events).
   void Shutdown();
@@ -33,6 +36,12 @@ class AsioTransport final : public host::Transport {
  private:
   struct Connection;
   struct Listener;
+  struct Relay;
+  void Classify(const std::shared_ptr<Connection>& conn, size_t have);
+  void StartRelay(const std::shared_ptr<Connection>& conn, size_t have);
+  void ConnectUpstream(const std::shared_ptr<Relay>& relay, uint16_t port,
+                       std::chrono::steady_clock::time_point give_up);
+  void Pump(const std::shared_ptr<Relay>& relay, bool client_to_upstream);
   void StartRead(const std::shared_ptr<Connection>& conn);
   void StartWrite(const std::shared_ptr<Connection>& conn);
   void StartAccept();
@@ -44,6 +53,8 @@ class AsioTransport final : public host::Transport {
   std::unique_ptr<Listener> listener_;
   std::map<host::ConnId, std::shared_ptr<Connection>> conns_;
   host::ConnId next_id_ = 1;
+  uint16_t relay_port_ = 0;
+  std::vector<std::shared_ptr<Relay>> relays_;
 };
 
 /// "pid 4242 (python3 -m http.server 50000)" for the process listening on TCP `port`, or ""

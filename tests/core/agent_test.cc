@@ -256,7 +256,8 @@ TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
   EXPECT_EQ(EnvOf(w1, "RANK"), "3");
   EXPECT_EQ(EnvOf(w1, "LOCAL_RANK"), "1");
   EXPECT_EQ(EnvOf(w0, "WORLD_SIZE"), "4");
-  EXPECT_EQ(EnvOf(w0, "MASTER_PORT"), "41000");
+  // Not rank 0: the store is reached through the relay on master_port.
+  EXPECT_EQ(EnvOf(w0, "MASTER_PORT"), "50000");
   EXPECT_EQ(EnvOf(w0, "MASTER_ADDR"), "gpu-01");
   EXPECT_EQ(EnvOf(w0, "TORCHELASTIC_RESTART_COUNT"), "0");
   EXPECT_EQ(EnvOf(w1, "TORCHELASTIC_ERROR_FILE"), "/var/log/ddprun/demo/attempt-0/rank-3.error.json");
@@ -268,10 +269,10 @@ TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
 TEST_F(AgentTest, LaterRoundsCountRestartsAndUseTheirOwnPort) {
   Joined(0s);
   const Effects e = Msg(1s, wire::StartRound{2, 41002});
-  EXPECT_EQ(FindLog(e, "round 2"), "round 2: starting 2 workers (ranks 2..3 of 4), MASTER_PORT=41002");
+  EXPECT_EQ(FindLog(e, "round 2"), "round 2: starting 2 workers (ranks 2..3 of 4), store port 41002");
   const auto spawn = All<SpawnWorkers>(e).at(0);
   EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_RESTART_COUNT"), "2");
-  EXPECT_EQ(EnvOf(spawn.workers[0], "MASTER_PORT"), "41002");
+  EXPECT_EQ(EnvOf(spawn.workers[0], "MASTER_PORT"), "50000");
   EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_ERROR_FILE"),
             "/var/log/ddprun/demo/attempt-2/rank-2.error.json");
   // A duplicate or older StartRound spawns nothing.
