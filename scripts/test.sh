@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-deps.sh
+# The e2e tests run a real PyTorch DDP job; install torch unless told not to.
+DDPRUN_WITH_TORCH="${DDPRUN_WITH_TORCH:-1}" scripts/install-deps.sh
 
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j "$(nproc)"

@@ -296,7 +296,9 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     StartWorkers(now, *start, out);
   } else if (const auto* stop = std::get_if<wire::StopRound>(&message)) {
     if (stop->round != round_) return;  // stale
-    Log(LogLevel::kError, fmt::format("round {} failed: {}", stop->round, stop->cause), out);
+    std::string cause = stop->cause;
+    while (!cause.empty() && cause.back() == '\n') cause.pop_back();
+    Log(LogLevel::kError, fmt::format("round {} failed: {}", stop->round, cause), out);
     StopWorkers(now, out);
     MaybeStopped(out);
   } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {

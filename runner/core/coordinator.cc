@@ -410,7 +410,8 @@ void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<Coordina
     slot.stopped = false;
     slot.stopped_ranks = 0;
   }
-  Broadcast(wire::StopRound{round_, failure_->what}, out);
+  // Every node hears the root cause with its traceback, also when a restart follows.
+  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail}, out);
   MaybeFinishStop(now, out);
 }
 

@@ -303,8 +303,10 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
             "round 0 failed: " + what + "; stopping every worker on every node");
   const auto stops = Sent<wire::StopRound>(failed);
   ASSERT_EQ(stops.size(), 2u) << test::Describe(failed);
-  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, what}}));
-  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, what}}));
+  // Every node hears the root cause with the failing rank's stderr, also when a restart follows.
+  const std::string cause = what + "\n  last lines of its stderr:\n    | RuntimeError: boom\n";
+  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, cause}}));
+  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, cause}}));
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping);
 
   // A second failure of the same round is a consequence, not news.
