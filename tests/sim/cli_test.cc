@@ -1,0 +1,90 @@
+// `ddprun --simulate` end to end: the real binary on examples/laptop.toml.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result RunDdprun(const std::string& args) {
+  const std::string command = std::string(DDPRUN_BINARY) + " " + args + " 2>&1";
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return result;
+  std::array<char, 4096> buffer{};
+  size_t n = 0;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+const std::string kLaptop = std::string(DDPRUN_SOURCE_DIR) + "/examples/laptop.toml";
+
+TEST(CliTest, LaptopExampleRecoversFromANodeCrash) {
+  const Result run = RunDdprun("--simulate " + kLaptop);
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("] node 1: crashed (fault node-crash); reboots in 2m"));
+  EXPECT_THAT(run.output, HasSubstr("] coordinator: round 0 failed: node 1 (node-0001) was lost: silent for"));
+  EXPECT_THAT(run.output, HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
+  EXPECT_THAT(run.output, HasSubstr("restarts used: 1 of 3"));
+  EXPECT_THAT(run.output, HasSubstr("goodput:"));
+}
+
+TEST(CliTest, RunsTwiceIdentically) {
+  const Result a = RunDdprun("--simulate " + kLaptop + " --seed 99 --fault worker-exit@3m:node=0,exit_code=5");
+  const Result b = RunDdprun("--simulate " + kLaptop + " --seed 99 --fault worker-exit@3m:node=0,exit_code=5");
+  EXPECT_EQ(a.code, b.code);
+  EXPECT_EQ(a.output, b.output);
+}
+
+TEST(CliTest, BadFaultFlagIsAUsageError) {
+  const Result run = RunDdprun("--simulate " + kLaptop + " --fault node-crash@soon");
+  EXPECT_EQ(run.code, 2) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("is not a duration"));
+  const Result out_of_range = RunDdprun("--simulate " + kLaptop + " --fault node-crash@1m:node=9");
+  EXPECT_EQ(out_of_range.code, 2) << out_of_range.output;
+}
+
+TEST(CliTest, QuietPrintsOnlyTheSummary) {
+  const Result run = RunDdprun("--simulate " + kLaptop + " --quiet");
+  EXPECT_EQ(run.code, 0);
+  EXPECT_EQ(run.output.find("] node 1: crashed"), std::string::npos);
+  EXPECT_THAT(run.output, HasSubstr("simulation summary: job \"laptop\""));
+}
+
+TEST(CliTest, WritesTraceAndReport) {
+  const std::string dir = ::testing::TempDir();
+  const Result run = RunDdprun("--simulate " + kLaptop + " --quiet --trace " + dir + "/t.json --report " + dir +
+                               "/r.html");
+  EXPECT_EQ(run.code, 0) << run.output;
+  std::ifstream trace(dir + "/t.json");
+  std::stringstream text;
+  text << trace.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("\"traceEvents\""));
+  std::ifstream report(dir + "/r.html");
+  std::stringstream html;
+  html << report.rdbuf();
+  EXPECT_THAT(html.str(), HasSubstr("<svg"));
+}
+
+TEST(CliTest, SwarmReportsEverySeed) {
+  const Result run = RunDdprun("--simulate " + kLaptop + " --swarm 5 --seed 40");
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("swarm: 5 seeds (40..44), 0 failed"));
+}
+
+}  // namespace

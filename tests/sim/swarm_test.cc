@@ -1,0 +1,40 @@
+// Invariants and liveness hold across a bounded swarm of seeds with random fault mixes.
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "schema/loader.h"
+#include "sim/swarm.h"
+#include "tests/sim/sim_test_util.h"
+
+namespace ddprun::testing {
+namespace {
+
+TEST(SwarmTest, ThirtySeedsHoldEveryInvariant) {
+  LoadResult loaded = ParseJobText(SmallJob("", 3, 2, 3), "job.toml");
+  ASSERT_TRUE(loaded.spec);
+  sim::SimOptions options;
+  options.seed = 1000;
+  std::ostringstream out;
+  const sim::SwarmResult swarm = sim::RunSwarm(*loaded.spec, options, 30, out);
+  EXPECT_EQ(swarm.runs, 30);
+  EXPECT_EQ(swarm.failures, 0) << out.str();
+  EXPECT_THAT(out.str(), ::testing::HasSubstr("swarm: 30 seeds (1000..1029), 0 failed"));
+}
+
+TEST(SwarmTest, FaultMixIsAFunctionOfTheSeed) {
+  LoadResult loaded = ParseJobText(SmallJob(), "job.toml");
+  ASSERT_TRUE(loaded.spec);
+  EXPECT_EQ(sim::DrawSwarmFaults(*loaded.spec, 5), sim::DrawSwarmFaults(*loaded.spec, 5));
+  EXPECT_NE(sim::DrawSwarmFaults(*loaded.spec, 5), sim::DrawSwarmFaults(*loaded.spec, 6));
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    for (const FaultSpec& fault : sim::DrawSwarmFaults(*loaded.spec, seed)) {
+      std::string error;
+      EXPECT_TRUE(FaultFitsJob(fault, *loaded.spec, &error)) << error;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddprun::testing
