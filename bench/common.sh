@@ -48,7 +48,7 @@ free_port() {
 # Waits (at most QUIET_MAX_S) until the CPUs are at least QUIET_PCT% idle over 1 s; records
 # the idle share seen in $BENCH_OUT/quiet.log. Other work may share the machine.
 QUIET_PCT=${QUIET_PCT:-85}
-QUIET_MAX_S=${QUIET_MAX_S:-20}
+QUIET_MAX_S=${QUIET_MAX_S:-5}
 cpu_idle_pct() {
   local a b
   read -r -a a < <(grep '^cpu ' /proc/stat)
