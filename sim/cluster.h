@@ -4,7 +4,6 @@
 // Internal to sim/; users call RunSimulation (simulation.h).
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -74,7 +73,18 @@ class Cluster {
   };
   /// Packets travelling toward one side, delivered in order (TCP).
   struct Direction {
-    std::deque<Packet> queue;
+    // A FIFO as a vector and a read position: empty costs no allocation (a std::deque
+    // allocates a kilobyte up front, and there are two per connection).
+    std::vector<Packet> queue;
+    size_t head = 0;
+    bool Empty() const { return head == queue.size(); }
+    Packet& Front() { return queue[head]; }
+    void PopFront() {
+      if (++head == queue.size()) {
+        queue.clear();
+        head = 0;
+      }
+    }
     int64_t last_ready_ns = 0;
     bool pump_scheduled = false;
     bool blocked = false;   // held by a partition until it heals

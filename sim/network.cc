@@ -182,9 +182,9 @@ void Cluster::Pump(uint64_t c, int toward) {
   for (;;) {
     // Callbacks below may add connections: index again every time, never keep references.
     Direction& dir = conns_[c].toward[toward];
-    if (dir.queue.empty()) return;
-    if (dir.queue.front().ready_ns > now_ns_) {
-      SchedulePump(c, toward, dir.queue.front().ready_ns);
+    if (dir.Empty()) return;
+    if (dir.Front().ready_ns > now_ns_) {
+      SchedulePump(c, toward, dir.Front().ready_ns);
       return;
     }
     const Side to = conns_[c].side[toward];
@@ -193,8 +193,8 @@ void Cluster::Pump(uint64_t c, int toward) {
       dir.blocked = true;  // TCP retransmits until the partition heals
       return;
     }
-    Packet packet = std::move(dir.queue.front());
-    dir.queue.pop_front();
+    Packet packet = std::move(dir.Front());
+    dir.PopFront();
     Node& n = *nodes_[to.node];
     const bool alive = n.up && n.incarnation == to.incarnation;
     if (!alive || !to.open) {
@@ -220,7 +220,7 @@ void Cluster::Pump(uint64_t c, int toward) {
     // The receiver may now hang (it cannot: hangs start from fault events) or close; the
     // loop re-reads the state for every packet.
     if (nodes_[to.node]->hung_until_ns > now_ns_) {
-      if (!conns_[c].toward[toward].queue.empty()) SchedulePump(c, toward, nodes_[to.node]->hung_until_ns);
+      if (!conns_[c].toward[toward].Empty()) SchedulePump(c, toward, nodes_[to.node]->hung_until_ns);
       return;
     }
   }
@@ -233,7 +233,7 @@ void Cluster::HealPaths() {
       if (!dir.blocked) continue;
       if (Cut(conns_[c].side[0].node, conns_[c].side[1].node)) continue;
       dir.blocked = false;
-      if (!dir.queue.empty() && !dir.pump_scheduled) SchedulePump(c, toward, now_ns_ + Latency());
+      if (!dir.Empty() && !dir.pump_scheduled) SchedulePump(c, toward, now_ns_ + Latency());
     }
   }
 }

@@ -122,8 +122,8 @@ std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const 
   for (const auto& [what, ranks] : groups) text += fmt::format("                     {}: {}\n", RankRanges(ranks), what);
   for (const auto& line : extras) text += fmt::format("                     {}\n", line);
   const int64_t wall = s.end_ns;
-  text += fmt::format("  virtual time:      {} ({} events, {} messages)\n", HumanDuration(Duration(wall)),
-                      s.events, s.messages);
+  text += fmt::format("  virtual time:      {} ({} events, {} messages, at most {} events queued)\n",
+                      HumanDuration(Duration(wall)), s.events, s.messages, s.peak_queue);
   text += fmt::format("  first training:    {}\n",
                       s.first_training_ns ? "after " + HumanDuration(Duration(*s.first_training_ns))
                                           : std::string("never"));

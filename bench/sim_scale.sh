@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The simulator at scale: rendezvous + one worker failure + a restart + success, for
+# 16, 1,024 and 16,384 nodes x 8 GPUs (bench/sim_scale.toml); then the 54-day Llama-3-like run.
+# Prints one line per run: events, wall time, events/s, peak RSS. Results: docs/performance.md.
+#   bench/sim_scale.sh [BUILD_DIR]      (default build/release)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+build="${1:-$root/build/release}"
+if [[ ! -x "$build/bench/ddprun_sim_bench" ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build" --target ddprun_sim_bench
+fi
+for nodes in 16 1024 16384; do
+  "$build/bench/ddprun_sim_bench" "$here/sim_scale.toml" "$nodes"
+done
+"$build/bench/ddprun_sim_bench" "$root/examples/llama3-54d.toml" 2048
