@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "runner/core/auth.h"
 #include "runner/core/failure.h"
 #include "schema/worker_env.h"
 
@@ -59,10 +60,10 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     Log(LogLevel::kInfo, fmt::format("connected to the coordinator at {}; joining as node {}",
                                      MasterEndpoint(), config_.node_rank),
         out);
-    Send(wire::Join{config_.node_rank, config_.host, spec_.cluster.nproc_per_node,
-                    config_.ddprun_version, config_.fingerprint, config_.canonical,
-                    config_.instance},
-         out);
+    // The first bytes on the master port must be ours, so the relay can tell us from a store
+    // client: join at once; a coordinator with a secret answers with a Challenge.
+    challenged_ = false;
+    SendJoin("", out);
   } else if (const auto* failed = std::get_if<MasterConnectFailed>(&input)) {
     OnConnectFailed(now, *failed, out);
   } else if (const auto* message = std::get_if<MasterMessage>(&input)) {
@@ -128,7 +129,8 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   }
   if (connected_) {
     if (now >= next_heartbeat_) {
-      Send(wire::Heartbeat{}, out);
+      // Before the join is acknowledged a heartbeat would be a protocol error.
+      if (joined_) Send(wire::Heartbeat{}, out);
       next_heartbeat_ = now + spec_.timeouts.heartbeat;
     }
     if (now - last_heard_ > 3 * spec_.timeouts.heartbeat) {
@@ -218,6 +220,16 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
   return fmt::format("cannot connect to {}: {}", endpoint, failed.detail);
 }
 
+void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
+  wire::Join join{config_.node_rank, config_.host, spec_.cluster.nproc_per_node,
+                  config_.ddprun_version, config_.fingerprint, config_.canonical,
+                  config_.instance, ""};
+  if (!config_.secret.empty() && !nonce.empty()) {
+    join.proof = JoinProof(config_.secret, nonce, config_.node_rank, config_.fingerprint);
+  }
+  Send(std::move(join), out);
+}
+
 void Agent::MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out) {
   // A node rejoins only once its workers are gone: the coordinator counts on that.
   if (phase_ == Phase::kRetryWait && now >= retry_at_ && !pending_exit_ && running_workers() == 0) {
@@ -266,7 +278,27 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, std::vector<Agen
 }
 
 void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
-  if (std::holds_alternative<wire::JoinAck>(message)) {
+  if (const auto* challenge = std::get_if<wire::Challenge>(&message)) {
+    if (phase_ != Phase::kJoining || challenged_) return;
+    challenged_ = true;
+    if (config_.secret.empty()) {
+      out.push_back(PrintSummary{fmt::format(
+          "the coordinator at {} requires a shared secret and this node has none\n"
+          "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
+          MasterEndpoint())});
+      Finish(now, 3, out);
+      return;
+    }
+    SendJoin(challenge->nonce, out);
+  } else if (std::holds_alternative<wire::JoinAck>(message) && !config_.secret.empty() &&
+             !challenged_) {
+    // Our secret means nothing to a coordinator that accepts anyone: refuse to run open.
+    out.push_back(PrintSummary{fmt::format(
+        "the coordinator at {} did not ask for the shared secret: node 0 runs without one\n"
+        "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, or on none",
+        MasterEndpoint())});
+    Finish(now, 3, out);
+  } else if (std::holds_alternative<wire::JoinAck>(message)) {
     joined_ = true;
     started_since_join_ = false;
     if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;

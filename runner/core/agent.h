@@ -28,6 +28,7 @@ class Agent {
     std::string ddprun_version;
     std::string logs_dir;             // where per-rank logs and error files go
     std::map<std::string, std::string> inherited_env;  // the agent's own environment
+    std::string secret;               // "" = no shared secret (the channel is open)
   };
 
   Agent(const JobSpec& spec, Config config);
@@ -56,6 +57,7 @@ class Agent {
 
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
+  void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
   void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
   void OnMasterLost(TimePoint now, const std::string& why, std::vector<AgentEffect>& out);
@@ -98,6 +100,7 @@ class Agent {
   bool job_end_received_ = false;
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;
+  bool challenged_ = false;  // the coordinator sent a Challenge on this connection
   std::optional<int> exit_code_;
 };
 

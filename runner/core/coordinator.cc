@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "runner/core/auth.h"
 #include "runner/core/failure.h"
 #include "schema/canonical.h"
 
@@ -38,6 +39,11 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
   }
 }
 
+void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
+  secret_ = std::move(secret);
+  nonce_seed_ = nonce_seed;
+}
+
 int Coordinator::joined_count() const {
   return static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
                                         [](const Slot& s) { return s.conn.has_value(); }));
@@ -54,7 +60,7 @@ void Coordinator::Handle(TimePoint now, const CoordinatorInput& input,
   ExpireDeadlines(now, out);
   if (phase_ == Phase::kDone) return;
   if (const auto* accepted = std::get_if<PeerAccepted>(&input)) {
-    conns_[accepted->conn] = Conn{accepted->peer_addr, -1, now};
+    conns_[accepted->conn] = Conn{accepted->peer_addr, -1, now, ""};
     by_last_heard_.emplace(now, accepted->conn);
   } else if (const auto* message = std::get_if<PeerMessage>(&input)) {
     OnMessage(now, message->conn, message->message, out);
@@ -278,6 +284,27 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     Drop(conn_id, out);
   };
   const int nnodes = static_cast<int>(slots_.size());
+  // Authentication first: a peer without the secret learns nothing about the job. The first
+  // join on a connection is answered with a Challenge (the agent speaks first so the relay can
+  // tell it from a store client); the second must carry the proof for that nonce.
+  Conn& conn = conns_[conn_id];
+  if (!secret_.empty() && conn.nonce.empty()) {
+    conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);
+    out.push_back(SendTo{conn_id, wire::Challenge{conn.nonce}});
+    return;
+  }
+  if (!secret_.empty() &&
+      !ConstantTimeEqual(join.proof, JoinProof(secret_, conn.nonce, join.node_rank, join.fingerprint))) {
+    refuse(join.proof.empty()
+               ? fmt::format("a node from {} (claiming node rank {}) sent no proof of the shared "
+                             "secret\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same "
+                             "secret on every node",
+                             from, join.node_rank)
+               : fmt::format("a node from {} (claiming node rank {}) failed authentication: its "
+                             "shared secret differs from node 0's",
+                             from, join.node_rank));
+    return;
+  }
   if (join.node_rank < 0 || join.node_rank >= nnodes) {
     refuse(fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
                        "(ranks 0..{})",

@@ -24,6 +24,10 @@ class Coordinator {
   /// field-level difference. `start` begins the rendezvous timeout.
   Coordinator(const JobSpec& spec, std::string canonical, TimePoint start);
 
+  /// With a shared secret, every new connection gets a Challenge and a join must carry its
+  /// JoinProof. `nonce_seed` must be unpredictable (the driver's randomness).
+  void RequireSecret(std::string secret, uint64_t nonce_seed);
+
   /// Feeds one input; appends the effects to `out`. Expired deadlines are handled first.
   void Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
 
@@ -51,6 +55,7 @@ class Coordinator {
     std::string peer_addr;
     int node_rank = -1;       // -1 until joined
     TimePoint last_heard;
+    std::string nonce;        // the Challenge sent to it, with a secret
   };
   struct Failure {
     int round = 0;
@@ -96,6 +101,8 @@ class Coordinator {
   std::optional<Failure> last_failure_;
   std::optional<int> exit_code_;
   bool done_emitted_ = false;
+  std::string secret_;
+  uint64_t nonce_seed_ = 0;
 };
 
 }  // namespace ddprun::core

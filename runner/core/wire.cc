@@ -102,11 +102,11 @@ class Reader {
 // One function per message and direction keeps the two in sight of each other.
 void Put(Writer& w, const Join& m) {
   w.I32(m.node_rank); w.Str(m.host); w.I32(m.nproc); w.Str(m.ddprun_version);
-  w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance);
+  w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance); w.Str(m.proof);
 }
 void Get(Reader& r, Join& m) {
   m.node_rank = r.I32(); m.host = r.Str(); m.nproc = r.I32(); m.ddprun_version = r.Str();
-  m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64();
+  m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64(); m.proof = r.Str();
 }
 void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); }
 void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); }
@@ -143,6 +143,8 @@ void Put(Writer&, const JobEndAck&) {}
 void Get(Reader&, JobEndAck&) {}
 void Put(Writer&, const Heartbeat&) {}
 void Get(Reader&, Heartbeat&) {}
+void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); }
+void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); }
 
 template <size_t I = 0>
 bool DecodePayload(uint8_t type, Reader& r, Message& out) {
@@ -165,7 +167,7 @@ const char* MessageName(const Message& message) {
   static constexpr const char* kNames[] = {
       "join",       "join-ack", "reject",      "progress", "start-round",
       "worker-failed", "node-done", "stop-round", "round-stopped", "interrupted",
-      "job-end",    "job-end-ack", "heartbeat"};
+      "job-end",    "job-end-ack", "heartbeat", "challenge"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[message.index()];
 }

@@ -31,6 +31,7 @@ struct Join {
   std::string fingerprint;
   std::string canonical;  // CanonicalForm, for the field-level difference
   uint64_t instance = 0;
+  std::string proof;      // JoinProof over the coordinator's Challenge; "" without a secret
   bool operator==(const Join&) const = default;
 };
 
@@ -118,8 +119,15 @@ struct Heartbeat {
   bool operator==(const Heartbeat&) const = default;
 };
 
+/// A coordinator with a shared secret asks each new connection to prove it knows it.
+struct Challenge {
+  std::string nonce;
+  bool operator==(const Challenge&) const = default;
+};
+
 using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone,
-                             StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat>;
+                             StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat,
+                             Challenge>;
 
 /// A short name for logs and traces ("join", "start-round", ...).
 const char* MessageName(const Message& message);

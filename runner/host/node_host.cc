@@ -12,6 +12,8 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
   assert(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
   if (config.node_rank == 0) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
+    // The instance is the driver's randomness; it seeds the challenge nonces.
+    if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
   }
   ports_.transport->SetEvents(this);
   ports_.launcher->SetEvents(this);

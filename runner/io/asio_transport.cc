@@ -73,6 +73,12 @@ AsioTransport::~AsioTransport() { Shutdown(); }
 
 void AsioTransport::SetEvents(host::TransportEvents* events) { events_ = events; }
 
+void AsioTransport::SetAllowedPeers(std::vector<asio::ip::address> allowed,
+                                    std::function<void(const std::string&)> on_refused) {
+  allowed_ = std::move(allowed);
+  on_refused_ = std::move(on_refused);
+}
+
 void AsioTransport::Shutdown() {
   SetStoreRelay(0);
   if (listener_) {
@@ -136,7 +142,19 @@ void AsioTransport::StartAccept() {
       conn->socket.set_option(tcp::no_delay(true), ignored);
       const auto remote = conn->socket.remote_endpoint(ignored);
       conn->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
-      Classify(conn, 0);
+      // Listed nodes only: this also covers PyTorch's store, which has no authentication.
+      auto address = remote.address();
+      if (address.is_v6() && address.to_v6().is_v4_mapped()) {
+        address = address.to_v6().to_v4();
+      }
+      if (!allowed_.empty() && std::find(allowed_.begin(), allowed_.end(), address) == allowed_.end()) {
+        if (refused_reported_.insert(address.to_string()).second && on_refused_) {
+          on_refused_(address.to_string());
+        }
+        conn->socket.close(ignored);
+      } else {
+        Classify(conn, 0);
+      }
     }
     StartAccept();
   });

@@ -10,6 +10,11 @@
 
 #include "runner/host/ports.h"
 
+#include <functional>
+#include <set>
+
+#include <boost/asio/ip/address.hpp>
+
 namespace boost::asio {
 class io_context;
 }
@@ -29,6 +34,11 @@ class AsioTransport final : public host::Transport {
   void Close(host::ConnId conn) override;
   uint16_t ReserveStorePort() override;
   void SetStoreRelay(uint16_t port) override;
+
+  /// Only these peers may connect to the listener (empty: anyone). `on_refused` hears about
+  /// each refused peer address once.
+  void SetAllowedPeers(std::vector<boost::asio::ip::address> allowed,
+                       std::function<void(const std::string&)> on_refused);
 
   /// Closes the listener and every connection (no events).
   void Shutdown();
@@ -55,6 +65,9 @@ class AsioTransport final : public host::Transport {
   host::ConnId next_id_ = 1;
   uint16_t relay_port_ = 0;
   std::vector<std::shared_ptr<Relay>> relays_;
+  std::vector<boost::asio::ip::address> allowed_;
+  std::function<void(const std::string&)> on_refused_;
+  std::set<std::string> refused_reported_;
 };
 
 /// "pid 4242 (python3 -m http.server 50000)" for the process listening on TCP `port`, or ""

@@ -7,14 +7,19 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <cstring>
+#include <fstream>
 #include <functional>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
@@ -145,11 +150,60 @@ bool IsAddressLike(const std::string& text) {
 }
 
 uint64_t MakeInstance() {
+  // Unpredictable: it also seeds the coordinator's challenge nonces.
+  uint64_t value = 0;
+  if (::getrandom(&value, sizeof value, 0) == static_cast<ssize_t>(sizeof value)) return value;
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   return (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(now);
 }
 
+/// Addresses the listed nodes may connect from; empty (anyone) when nodes are not listed.
+std::vector<asio::ip::address> AllowedPeers(asio::io_context& io, const JobSpec& spec,
+                                            host::Console& console) {
+  std::vector<asio::ip::address> allowed;
+  if (spec.cluster.nodes.empty()) return allowed;
+  asio::ip::tcp::resolver resolver(io);
+  for (const std::string& node : spec.cluster.nodes) {
+    error_code ec;
+    auto results = resolver.resolve(node, "", ec);
+    if (ec) {
+      console.Log(core::LogLevel::kWarn, "coordinator",
+                  fmt::format("cannot resolve cluster.nodes entry \"{}\" ({}); connections from it "
+                              "will be refused",
+                              node, ec.message()));
+      continue;
+    }
+    for (const auto& entry : results) allowed.push_back(entry.endpoint().address());
+  }
+  // Node 0's own agent may reach master_addr over loopback.
+  allowed.push_back(asio::ip::address_v4::loopback());
+  allowed.push_back(asio::ip::address_v6::loopback());
+  return allowed;
+}
+
 }  // namespace
+
+std::optional<std::string> ReadSharedSecret(std::string& error, std::string& warning) {
+  if (const char* value = std::getenv("DDPRUN_SECRET"); value && *value) return std::string(value);
+  const char* path = std::getenv("DDPRUN_SECRET_FILE");
+  if (!path || !*path) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    error = fmt::format("cannot read DDPRUN_SECRET_FILE {}: {}", path, std::strerror(errno));
+    return std::nullopt;
+  }
+  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) {
+    error = fmt::format("DDPRUN_SECRET_FILE {} is empty", path);
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::stat(path, &st) == 0 && (st.st_mode & 077) != 0) {
+    warning = fmt::format("DDPRUN_SECRET_FILE {} is readable by other users (chmod 600 it)", path);
+  }
+  return secret;
+}
 
 std::string LocalHostName() {
   char name[256] = {};
@@ -224,6 +278,16 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   config.ddprun_version = DDPRUN_VERSION;
   config.logs_dir = std::filesystem::absolute(job_dir / spec.logs.dir).lexically_normal().string();
   config.inherited_env = CurrentEnvironment();
+  // Workers run user code: they do not need the job's secret.
+  config.inherited_env.erase("DDPRUN_SECRET");
+  config.inherited_env.erase("DDPRUN_SECRET_FILE");
+  std::string secret_error, secret_warning;
+  const auto secret = ReadSharedSecret(secret_error, secret_warning);
+  if (!secret) {
+    std::fprintf(stderr, "ddprun: error: %s\n", secret_error.c_str());
+    return 2;
+  }
+  config.secret = *secret;
 
   asio::io_context io;
   RealClock clock;
@@ -264,6 +328,16 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                           options.host, spec.cluster.nproc_per_node,
                           spec.cluster.nproc_per_node == 1 ? "" : "s", spec.cluster.master_addr,
                           spec.cluster.master_port, config.fingerprint.substr(0, 12)));
+  if (!secret_warning.empty()) console.Log(core::LogLevel::kWarn, "agent", secret_warning);
+  if (config.secret.empty() && options.node_rank == 0) {
+    console.Log(core::LogLevel::kWarn, "coordinator",
+                "no shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE): any host that can reach "
+                "the master port can join this job");
+  }
+  transport.SetAllowedPeers(AllowedPeers(io, spec, console), [&console](const std::string& peer) {
+    console.Log(core::LogLevel::kWarn, "coordinator",
+                fmt::format("refused a connection from {}: not one of cluster.nodes", peer));
+  });
   const std::string error = node.Start();
   if (!error.empty()) {
     console.Summary("ddprun cannot start node 0's coordinator: " + error);

@@ -16,6 +16,10 @@ struct NodeRunOptions {
   bool verbose = false;
 };
 
+/// The shared secret from DDPRUN_SECRET or the file named by DDPRUN_SECRET_FILE ("" when
+/// neither is set). On an unreadable or empty file returns nullopt and sets `error`.
+std::optional<std::string> ReadSharedSecret(std::string& error, std::string& warning);
+
 /// Runs this node's agent (and on node 0 the coordinator) until the job ends; returns the
 /// process exit code (DESIGN.md section 1).
 int RunNode(const JobSpec& spec, const NodeRunOptions& options);

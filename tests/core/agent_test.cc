@@ -2,6 +2,7 @@
 // worker contract, stopping them, losing and regaining the coordinator, signals and exit.
 
 #include "runner/core/agent.h"
+#include "runner/core/auth.h"
 
 #include <gtest/gtest.h>
 
@@ -229,7 +230,7 @@ TEST_F(AgentTest, ConnectedAgentJoinsWithItsFingerprintAndInstance) {
   EXPECT_EQ(FindLog(e, "connected"), "connected to the coordinator at gpu-01:50000; joining as node 1");
   const auto joins = Sent<wire::Join>(e);
   ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
-  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242}));
+  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, ""}));
   EXPECT_EQ(agent_->phase(), Agent::Phase::kJoining);
 
   const Effects acked = Msg(1s, wire::JoinAck{2});
@@ -493,9 +494,11 @@ TEST_F(AgentTest, SendsHeartbeatsEveryIntervalWhileConnected) {
   Start(0s);
   Feed(0s, MasterConnected{});
   EXPECT_EQ(agent_->NextDeadline(), At(2s));
-  EXPECT_EQ(Sent<wire::Heartbeat>(Tick(2s)).size(), 1u);
+  // Before the join is acknowledged a heartbeat would be a protocol error.
+  EXPECT_TRUE(Sent<wire::Heartbeat>(Tick(2s)).empty());
   EXPECT_TRUE(Sent<wire::Heartbeat>(Msg(4s - kNs, wire::JoinAck{2})).empty());
   EXPECT_EQ(Sent<wire::Heartbeat>(Tick(4s)).size(), 1u);
+  EXPECT_EQ(Sent<wire::Heartbeat>(Tick(6s)).size(), 1u);
 }
 
 TEST_F(AgentTest, LongRoundKeepsItsDeadlinesInTheFuture) {
@@ -515,6 +518,64 @@ TEST_F(AgentTest, InterruptedAgentThatLostTheCoordinatorHasNoStaleRetryDeadline)
   const Effects e = Tick(6s);
   EXPECT_TRUE(All<ConnectToMaster>(e).empty()) << test::Describe(e);
   EXPECT_EQ(agent_->NextDeadline(), At(35s));  // the SIGKILL after stop_grace
+}
+
+}  // namespace
+}  // namespace ddprun::core
+
+namespace ddprun::core {
+namespace {
+
+// With a shared secret the agent answers the coordinator's challenge, and refuses to join a
+// coordinator that never asks. Without one, a challenge ends it with advice.
+class SecretAgentTest : public AgentTest {
+ protected:
+  void SetUp() override {
+    spec_ = std::make_unique<JobSpec>(SpecFromToml(kTwoNodeJob));
+    Agent::Config config;
+    config.node_rank = 1;
+    config.host = "gpu-02";
+    config.canonical = CanonicalForm(*spec_);
+    config.fingerprint = Fingerprint(*spec_);
+    config.instance = 4242;
+    config.ddprun_version = "0.1.0";
+    config.secret = "s3cret";
+    config_ = config;
+    agent_ = std::make_unique<Agent>(*spec_, std::move(config));
+  }
+};
+
+TEST_F(SecretAgentTest, SpeaksFirstThenAnswersTheChallengeWithItsProof) {
+  Start(0s);
+  // The relay tells agents from store clients by their first bytes, so the agent joins at once.
+  const auto first = Sent<wire::Join>(Feed(1s, MasterConnected{}));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].proof, "");
+  const Effects e = Msg(1s, wire::Challenge{"abc"});
+  const auto joins = Sent<wire::Join>(e);
+  ASSERT_EQ(joins.size(), 1u);
+  EXPECT_EQ(joins[0].proof, JoinProof("s3cret", "abc", 1, config_.fingerprint));
+  EXPECT_TRUE(Sent<wire::Join>(Msg(2s, wire::Challenge{"again"})).empty()) << "one proof per connection";
+}
+
+TEST_F(SecretAgentTest, ACoordinatorThatNeverChallengesIsRefused) {
+  Start(0s);
+  Feed(1s, MasterConnected{});
+  const Effects e = Msg(1s, wire::JoinAck{2});
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+  EXPECT_NE(All<PrintSummary>(e).at(0).text.find("did not ask for the shared secret: node 0 runs without one"),
+            std::string::npos);
+}
+
+TEST_F(AgentTest, WithoutASecretAChallengeEndsTheAgentWithAdvice) {
+  Start(0s);
+  Feed(1s, MasterConnected{});
+  const Effects e = Msg(1s, wire::Challenge{"abc"});
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+  EXPECT_NE(All<PrintSummary>(e).at(0).text.find("requires a shared secret and this node has none"),
+            std::string::npos);
 }
 
 }  // namespace

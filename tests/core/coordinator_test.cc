@@ -1,6 +1,7 @@
 // The coordinator state machine: admission, rounds, restarts, liveness, the root-cause summary
 // and the exit barrier, driven with inputs and virtual time.
 
+#include "runner/core/auth.h"
 #include "runner/core/coordinator.h"
 
 #include <fmt/format.h>
@@ -87,7 +88,8 @@ class CoordinatorTest : public ::testing::Test {
                       "0.1.0",
                       FingerprintOfCanonical(canonical_),
                       canonical_,
-                      instance == 0 ? 1000 + static_cast<uint64_t>(node) : instance};
+                      instance == 0 ? 1000 + static_cast<uint64_t>(node) : instance,
+                      ""};
   }
 
   Effects Join(Duration at, int node) {
@@ -596,6 +598,73 @@ TEST_F(CoordinatorTest, NextDeadlineIsTheEarliestPendingDeadline) {
   Send(1s, ConnOf(0), wire::RoundStopped{0, 2});
   Send(1s, ConnOf(1), wire::RoundStopped{0, 1});
   EXPECT_EQ(coordinator_->NextDeadline(), At(1500ms));
+}
+
+}  // namespace
+}  // namespace ddprun::core
+
+namespace ddprun::core {
+namespace {
+
+// With a shared secret: every connection is challenged and only a correct proof joins.
+class SecretCoordinatorTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    coordinator_->RequireSecret("s3cret", 99);
+  }
+  /// Connects `conn` and sends a first, proof-less join; returns the nonce of the Challenge
+  /// it is answered with.
+  std::string Challenged(Duration at, ConnId conn) {
+    Connect(at, conn, "10.0.0.9");
+    const Effects e = Send(at, conn, JoinOf(1));
+    EXPECT_TRUE(Sent<wire::JoinAck>(e).empty());
+    const auto challenges = Sent<wire::Challenge>(e);
+    EXPECT_EQ(challenges.size(), 1u) << test::Describe(e);
+    return challenges.empty() ? "" : challenges[0].second.nonce;
+  }
+};
+
+TEST_F(SecretCoordinatorTest, ACorrectProofJoinsAndEveryConnectionGetsItsOwnNonce) {
+  const std::string nonce0 = Challenged(0s, ConnOf(0));
+  const std::string nonce1 = Challenged(0s, ConnOf(1));
+  EXPECT_EQ(nonce0.size(), 32u);
+  EXPECT_NE(nonce0, nonce1);
+  wire::Join join = JoinOf(0);
+  join.proof = JoinProof("s3cret", nonce0, 0, join.fingerprint);
+  const Effects e = Send(0s, ConnOf(0), join);
+  EXPECT_EQ(Sent<wire::JoinAck>(e).size(), 1u) << test::Describe(e);
+}
+
+TEST_F(SecretCoordinatorTest, AWrongOrMissingProofIsRefusedBeforeAnythingElse) {
+  const std::string nonce = Challenged(0s, ConnOf(1));
+  wire::Join wrong = JoinOf(1);
+  wrong.nproc = 99;  // also a different job: the peer must not learn about it
+  wrong.fingerprint = "not-the-same";
+  wrong.proof = JoinProof("guess", nonce, 1, wrong.fingerprint);
+  Effects e = Send(1s, ConnOf(1), wrong);
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason,
+            "a node from 10.0.0.9 (claiming node rank 1) failed authentication: its shared secret "
+            "differs from node 0's");
+  EXPECT_EQ(All<CloseConn>(e).size(), 1u);
+
+  Challenged(2s, 300);
+  e = Send(2s, 300, JoinOf(1));
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason,
+            "a node from 10.0.0.9 (claiming node rank 1) sent no proof of the shared secret\n"
+            "hint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same secret on every node");
+  EXPECT_EQ(coordinator_->joined_count(), 0);
+}
+
+TEST_F(SecretCoordinatorTest, AProofForAnotherNonceIsAReplayAndIsRefused) {
+  const std::string first = Challenged(0s, ConnOf(1));
+  Challenged(0s, 301);
+  wire::Join replay = JoinOf(1);
+  replay.proof = JoinProof("s3cret", first, 1, replay.fingerprint);
+  const Effects e = Send(0s, 301, replay);
+  EXPECT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
 }
 
 }  // namespace

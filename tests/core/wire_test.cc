@@ -18,7 +18,7 @@ using Bytes = std::vector<uint8_t>;
 std::vector<Message> Samples() {
   return {
       Join{3, "gpu-04.cluster", 8, "0.1.0", std::string(64, 'f'), "cluster.nnodes = 4\n",
-           0xfedcba9876543210ull},
+           0xfedcba9876543210ull, std::string(64, 'a')},
       JoinAck{4},
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8"},
       Progress{2, 4, {2, 3}, 41'000, 900'000},
@@ -31,6 +31,7 @@ std::vector<Message> Samples() {
       JobEnd{1, "job \"demo\" FAILED in round 1\n\xe2\x9c\x97 unicode kept"},
       JobEndAck{},
       Heartbeat{},
+      Challenge{"0123456789abcdef0123456789abcdef"},
   };
 }
 
@@ -119,11 +120,12 @@ TEST(WireTest, MessageNamesAreTheProtocolWords) {
   EXPECT_STREQ(MessageName(WorkerFailed{}), "worker-failed");
   EXPECT_STREQ(MessageName(JobEndAck{}), "job-end-ack");
   EXPECT_STREQ(MessageName(Heartbeat{}), "heartbeat");
+  EXPECT_STREQ(MessageName(Challenge{}), "challenge");
 }
 
 TEST(WireTest, ExtremeValuesRoundTrip) {
   const std::vector<Message> extremes = {
-      Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX},
+      Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, ""},
       Progress{0, 0, {}, INT64_MIN, INT64_MAX},
       WorkerFailed{INT32_MAX, -1, -2, INT32_MIN, INT32_MAX, "", ""},
       StartRound{0, 0},
@@ -238,7 +240,7 @@ TEST(WireTest, OversizedLengthIsAnErrorBeforeThePayloadArrives) {
 
 TEST(WireTest, UnknownTypeIsAnError) {
   EXPECT_EQ(ErrorOf(Frame(0, {})), "unknown message type 0");
-  EXPECT_EQ(ErrorOf(Frame(14, {})), "unknown message type 14");
+  EXPECT_EQ(ErrorOf(Frame(15, {})), "unknown message type 15");
   EXPECT_EQ(ErrorOf(Frame(255, {})), "unknown message type 255");
 }
 
@@ -276,12 +278,12 @@ TEST(WireTest, ShortPayloadIsMalformed) {
 
 TEST(WireTest, ErrorIsStickyAndLaterFramesAreNotDecoded) {
   Decoder decoder;
-  decoder.Feed(Frame(14, {}));
+  decoder.Feed(Frame(15, {}));
   Message m;
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
   decoder.Feed(Encode(Heartbeat{}));
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
-  EXPECT_EQ(decoder.error(), "unknown message type 14");
+  EXPECT_EQ(decoder.error(), "unknown message type 15");
 }
 
 TEST(WireTest, GoodFrameBeforeABadOneIsStillDelivered) {

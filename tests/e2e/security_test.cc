@@ -1,0 +1,138 @@
+// End-to-end tests of what may reach the master port: shared-secret joins, the node allowlist,
+// and hostile or broken clients, against real agents on 127.0.0.1.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/harness.h"
+
+namespace ddprun::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+std::string Job(uint16_t port, const std::string& script, const std::string& cluster_extra = "nnodes = 2\n") {
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = \"sec\"\ncommand = [\"sh\", \"-c\", \"" << script << "\"]\n"
+    << "[cluster]\n" << cluster_extra << "master_addr = \"127.0.0.1\"\nmaster_port = " << port << "\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
+    << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+  return t.str();
+}
+
+/// A raw TCP client on 127.0.0.1, optionally bound to another loopback source address.
+int ConnectRaw(uint16_t port, const char* source = nullptr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (source) {
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source, &local.sin_addr);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local);
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job = dir.Write("job.toml", Job(port, "sleep 0.5"));
+  dir.Write("secret", "correct horse\n");
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out",
+                     {{"DDPRUN_SECRET_FILE", dir.path() + "/secret"}});
+  AgentProcess wrong({job, "--node-rank", "1"}, dir.path() + "/wrong.out", {{"DDPRUN_SECRET", "guess"}});
+  EXPECT_EQ(wrong.Wait(20s), 3) << node0.Output() << wrong.Output();
+  EXPECT_THAT(wrong.Output(), HasSubstr("failed authentication: its shared secret differs from node 0's"));
+  AgentProcess none({job, "--node-rank", "1"}, dir.path() + "/none.out", {{"DDPRUN_SECRET", ""}});
+  EXPECT_EQ(none.Wait(20s), 3) << none.Output();
+  EXPECT_THAT(none.Output(), HasSubstr("requires a shared secret and this node has none"));
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "correct horse"}});
+  EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
+  EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
+  EXPECT_THAT(node0.Output(), ::testing::Not(HasSubstr("no shared secret")));
+}
+
+TEST(SecurityTest, WithoutASecretNode0WarnsOnceAndASecretAgentRefusesIt) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job = dir.Write("job.toml", Job(port, "true"));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", {{"DDPRUN_SECRET", ""}});
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
+  EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+  EXPECT_THAT(node1.Output(), HasSubstr("did not ask for the shared secret: node 0 runs without one"));
+  // Node 0 had accepted it (it cannot tell), so the round it started lost node 1.
+  EXPECT_EQ(node0.Wait(20s), 1) << node0.Output();
+  EXPECT_THAT(node0.Output(), HasSubstr("warning: no shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE)"));
+}
+
+TEST(SecurityTest, OnlyListedNodesMayConnect) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job =
+      dir.Write("job.toml", Job(port, "sleep 1", "nodes = [\"127.0.0.1\", \"127.0.0.3\"]\n"));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  ASSERT_TRUE(WaitFor([&] { return node0.Output().find("joined from") != std::string::npos; }, 10s))
+      << node0.Output();
+  // 127.0.0.2 is on this machine's loopback but not in cluster.nodes.
+  const int fd = ConnectRaw(port, "127.0.0.2");
+  ASSERT_GE(fd, 0);
+  char byte;
+  EXPECT_EQ(::recv(fd, &byte, 1, 0), 0) << "the connection must be closed at once";
+  ::close(fd);
+  EXPECT_TRUE(WaitFor([&] {
+    return node0.Output().find("refused a connection from 127.0.0.2: not one of cluster.nodes") != std::string::npos;
+  }, 5s)) << node0.Output();
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
+  EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
+  EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
+}
+
+TEST(SecurityTest, GarbageTruncatedOversizedAndSilentClientsAreDroppedAndTheJobGoesOn) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job = dir.Write("job.toml", Job(port, "sleep 2"));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  ASSERT_TRUE(WaitFor([&] { return node0.Output().find("joined from") != std::string::npos; }, 10s));
+  auto send_and_keep = [&](const std::string& bytes) {
+    const int fd = ConnectRaw(port);
+    EXPECT_GE(fd, 0);
+    if (!bytes.empty()) {
+      EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    }
+    return fd;
+  };
+  const std::string magic = "DDPR";
+  std::vector<int> fds;
+  fds.push_back(send_and_keep(magic + std::string("\x09\x01\0\0\0\0\0\0", 8)));           // bad version
+  fds.push_back(send_and_keep(magic + std::string("\x01\x01\0\0\xff\xff\xff\x7f", 8)));   // 2 GiB frame
+  fds.push_back(send_and_keep(magic + std::string("\x01\x63\0\0\0\0\0\0", 8)));           // unknown type
+  fds.push_back(send_and_keep(magic + std::string("\x01\x01\0\0\x40\0\0\0", 8) + "ab"));  // truncated
+  fds.push_back(send_and_keep(""));                                                      // silent
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
+  EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
+  EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("protocol error: unsupported protocol version 9"));
+  EXPECT_THAT(out, HasSubstr("protocol error: frame of 2147483647 bytes is over the limit"));
+  EXPECT_THAT(out, HasSubstr("protocol error: unknown message type 99"));
+  for (int fd : fds) ::close(fd);
+}
+
+}  // namespace
+}  // namespace ddprun::e2e
