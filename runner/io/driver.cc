@@ -225,7 +225,8 @@ std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, 
   };
   if (flag) return in_range(*flag, "--node-rank");
   for (const char* var : {"DDPRUN_NODE_RANK", "SLURM_NODEID"}) {
-    if (const char* value = std::getenv(var)) {
+    // An empty variable counts as unset, as shells and schedulers often leave them.
+    if (const char* value = std::getenv(var); value && *value) {
       if (auto rank = ParseRank(value)) return in_range(*rank, var);
       error = fmt::format("{}=\"{}\" is not a node rank (a non-negative integer)", var, value);
       return std::nullopt;

@@ -62,7 +62,8 @@ bool ScratchDir::Exists(const std::string& name) const {
 }
 
 AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
-                           const std::map<std::string, std::string>& extra_env)
+                           const std::map<std::string, std::string>& extra_env,
+                           const std::vector<std::string>& prefix)
     : output_path_(output_path) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -77,13 +78,18 @@ AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::stri
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     std::vector<char*> argv;
+    for (const auto& p : prefix) argv.push_back(const_cast<char*>(p.c_str()));
     argv.push_back(const_cast<char*>(DDPRUN_BINARY));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    ::execve(DDPRUN_BINARY, argv.data(), envp.data());
+    if (prefix.empty()) {
+      ::execve(DDPRUN_BINARY, argv.data(), envp.data());
+    } else {
+      ::execvpe(argv[0], argv.data(), envp.data());
+    }
     ::_exit(127);
   }
 }

@@ -34,8 +34,10 @@ class ScratchDir {
 /// One `ddprun` process; output (stdout and stderr together) goes to a file.
 class AgentProcess {
  public:
+  /// Runs `ddprun args...`, or `prefix... ddprun args...` (e.g. `ip netns exec A`).
   AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
-               const std::map<std::string, std::string>& extra_env = {});
+               const std::map<std::string, std::string>& extra_env = {},
+               const std::vector<std::string>& prefix = {});
   ~AgentProcess();  // SIGKILLs the agent if it still runs
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;

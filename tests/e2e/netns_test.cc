@@ -1,0 +1,122 @@
+// Two hosts on one machine: a 2-node job across two network namespaces with their own
+// addresses, and the master port blocked by a firewall rule (REJECT and DROP) in one of them.
+// Needs root, iproute2 and iptables; otherwise each test says it was skipped and why. All
+// traffic stays inside the namespaces the test creates.
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/harness.h"
+
+namespace ddprun::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+int Shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
+
+class NetnsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    if (Shell("command -v ip") != 0) GTEST_SKIP() << "iproute2 (ip) is not installed";
+    if (Shell("command -v iptables") != 0) GTEST_SKIP() << "iptables is not installed";
+    // Unique names and a /24 of our own per test process.
+    const int k = 1 + ::getpid() % 250;
+    suffix_ = std::to_string(::getpid());
+    a_ = "ddprun-a-" + suffix_;
+    b_ = "ddprun-b-" + suffix_;
+    addr_a_ = "10.213." + std::to_string(k) + ".1";
+    addr_b_ = "10.213." + std::to_string(k) + ".2";
+    if (Shell("ip netns add " + a_) != 0) GTEST_SKIP() << "cannot create network namespaces here";
+    created_ = true;
+    const std::string va = "dda" + suffix_, vb = "ddb" + suffix_;
+    const bool ok =
+        Shell("ip netns add " + b_) == 0 &&
+        Shell("ip link add " + va + " type veth peer name " + vb) == 0 &&
+        Shell("ip link set " + va + " netns " + a_) == 0 && Shell("ip link set " + vb + " netns " + b_) == 0 &&
+        Shell("ip -n " + a_ + " addr add " + addr_a_ + "/24 dev " + va) == 0 &&
+        Shell("ip -n " + b_ + " addr add " + addr_b_ + "/24 dev " + vb) == 0 &&
+        Shell("ip -n " + a_ + " link set " + va + " up") == 0 && Shell("ip -n " + b_ + " link set " + vb + " up") == 0 &&
+        Shell("ip -n " + a_ + " link set lo up") == 0 && Shell("ip -n " + b_ + " link set lo up") == 0;
+    if (!ok) GTEST_SKIP() << "cannot wire two namespaces with a veth pair here";
+  }
+  void TearDown() override {
+    agents_.clear();  // kills what still runs, inside the namespaces
+    if (created_) {
+      Shell("ip netns del " + a_);
+      Shell("ip netns del " + b_);
+    }
+  }
+  std::string WriteJob(const std::string& script, const std::string& rendezvous) {
+    std::ostringstream t;
+    t << "version = 1\n[job]\nname = \"netns\"\ncommand = [\"sh\", \"-c\", \"" << script << "\"]\n"
+      << "[cluster]\nnodes = [\"" << addr_a_ << "\", \"" << addr_b_ << "\"]\nmaster_port = " << kPort << "\n"
+      << "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 2\n"
+      << "[timeouts]\nrendezvous = \"" << rendezvous << "\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+    return dir_.Write("job.toml", t.str());
+  }
+  /// An agent inside namespace `ns`, finding its node rank from its own address.
+  AgentProcess& StartIn(const std::string& ns, const std::string& job) {
+    agents_.push_back(std::make_unique<AgentProcess>(
+        std::vector<std::string>{job}, dir_.path() + "/" + ns + ".out",
+        std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}},
+        std::vector<std::string>{"ip", "netns", "exec", ns}));
+    return *agents_.back();
+  }
+
+  static constexpr int kPort = 29517;
+  ScratchDir dir_;
+  std::string suffix_, a_, b_, addr_a_, addr_b_;
+  bool created_ = false;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
+};
+
+TEST_F(NetnsTest, TwoHostsRunTheJobAndFindTheirRanksFromTheirAddresses) {
+  const std::string job = WriteJob("echo $RANK $GROUP_RANK $MASTER_ADDR > out-$RANK", "20s");
+  AgentProcess& node0 = StartIn(a_, job);
+  AgentProcess& node1 = StartIn(b_, job);
+  EXPECT_EQ(node1.Wait(30s), 0) << node0.Output() << node1.Output();
+  EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
+  EXPECT_EQ(dir_.Read("out-0"), "0 0 " + addr_a_ + "\n");
+  EXPECT_EQ(dir_.Read("out-3"), "3 1 " + addr_a_ + "\n");
+  EXPECT_THAT(node1.Output(), HasSubstr("node 1 of 2 (" + addr_b_ + ")"));
+  EXPECT_THAT(node0.Output(), HasSubstr("node 1 (" + addr_b_ + ") joined from " + addr_b_));
+}
+
+TEST_F(NetnsTest, AMasterPortRejectedByAFirewallIsNamedAndTheJobExits3) {
+  ASSERT_EQ(Shell("ip netns exec " + a_ + " iptables -A INPUT -p tcp -s " + addr_b_ + " --dport " +
+                std::to_string(kPort) + " -j REJECT --reject-with tcp-reset"), 0);
+  const std::string job = WriteJob("true", "3s");
+  AgentProcess& node0 = StartIn(a_, job);
+  AgentProcess& node1 = StartIn(b_, job);
+  EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+  EXPECT_EQ(node0.Wait(20s), 3) << node0.Output();
+  EXPECT_THAT(node1.Output(), HasSubstr("connection to " + addr_a_ + ":" + std::to_string(kPort) +
+                                        " refused"));
+  EXPECT_THAT(node1.Output(), HasSubstr("a firewall rejects TCP port " + std::to_string(kPort)));
+  EXPECT_THAT(node0.Output(), HasSubstr("never joined: node 1 (" + addr_b_ + ")"));
+}
+
+TEST_F(NetnsTest, AMasterPortDroppedByAFirewallTimesOutWithAdviceAndTheJobExits3) {
+  ASSERT_EQ(Shell("ip netns exec " + a_ + " iptables -A INPUT -p tcp -s " + addr_b_ + " --dport " +
+                std::to_string(kPort) + " -j DROP"), 0);
+  const std::string job = WriteJob("true", "4s");
+  AgentProcess& node0 = StartIn(a_, job);
+  AgentProcess& node1 = StartIn(b_, job);
+  EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+  EXPECT_EQ(node0.Wait(20s), 3) << node0.Output();
+  EXPECT_THAT(node1.Output(), HasSubstr("connection to " + addr_a_ + ":" + std::to_string(kPort) +
+                                        " timed out: a firewall drops TCP port " + std::to_string(kPort)));
+  EXPECT_THAT(node1.Output(), HasSubstr("open TCP port " + std::to_string(kPort) + " on " + addr_a_));
+}
+
+}  // namespace
+}  // namespace ddprun::e2e
