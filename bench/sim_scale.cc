@@ -1,11 +1,12 @@
 // The simulator's scale benchmark: runs one job file quietly at a given node count and prints
 // events, wall time, events per second and peak RSS. Wall time is read here, in the benchmark,
-// never inside a simulation. Usage: ddprun_sim_bench JOB.toml NODES [SEED]
+// never inside a simulation. Usage: ddprun_sim_bench JOB.toml NODES [SEED [--verbose]]
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 
 #include <fmt/format.h>
@@ -31,9 +32,10 @@ int main(int argc, char** argv) {
   spec.trainer.num_nodes = nodes;
   ddprun::sim::SimOptions options;
   options.seed = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : spec.simulate.seed;
-  options.quiet = true;
+  const bool verbose = argc > 4 && std::string(argv[4]) == "--verbose";
+  options.quiet = !verbose;
   const auto start = std::chrono::steady_clock::now();
-  const ddprun::sim::SimResult result = ddprun::sim::RunSimulation(spec, options, nullptr);
+  const ddprun::sim::SimResult result = ddprun::sim::RunSimulation(spec, options, verbose ? &std::cout : nullptr);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -44,5 +46,6 @@ int main(int argc, char** argv) {
              result.stats.events, result.stats.messages,
              static_cast<double>(result.stats.messages) / nodes, result.stats.peak_queue, wall, events / wall,
              static_cast<double>(usage.ru_maxrss) / 1024.0);
+  if (result.violation) fmt::print("violation: {}\nreproduce with: {}\n", *result.violation, result.repro);
   return result.violation ? 70 : 0;
 }

@@ -204,7 +204,11 @@ void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
   queue_.PushCall(at, [this] {
     if (job_completed_ || unfinished_ == 0) return;
     const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(job_nodes_)));
-    const Duration reboot = fault_rng_.Between(kRandomRebootMin, kRandomRebootMax);
+    // A machine comes back only after its old connection was declared dead (3 heartbeats):
+    // a faster return is refused as a duplicate node rank (a known protocol limit).
+    const Duration floor = 3 * spec_.timeouts.heartbeat + Minutes(1);
+    const Duration reboot = std::chrono::duration_cast<std::chrono::seconds>(
+        fault_rng_.Between(std::max(kRandomRebootMin, floor), std::max(kRandomRebootMax, floor + Minutes(7))));
     if (nodes_[index]->up && !nodes_[index]->finished) {
       ++stats_.faults_injected;
       nodes_[index]->focus = true;
@@ -413,7 +417,7 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
   Node& n = *nodes_[index];
   ++stats_.node_crashes;
   PrintSim(index, fmt::format("crashed ({}){}", why,
-                              reboot_after ? "; reboots in " + FormatDuration(*reboot_after)
+                              reboot_after ? "; reboots in " + HumanDuration(*reboot_after)
                                            : "; stays down"));
   AddMark(index, MarkKind::kFault, "crash");
   // Its workers vanish with it: no exit codes, no notification.
