@@ -2,10 +2,10 @@
 # Launch: one node with 1 and 8 workers running `true`, from the launcher's start to its exit,
 # measured with hyperfine. ddprun against torchrun with its default monitor interval (5 s) and
 # with --monitor_interval 0.1. Context rows: the bare process costs on this machine.
-#   RUNS (ddprun, default 20), TR_RUNS (torchrun default interval, 3), TR_FAST_RUNS (MON=0.1, 5)
+#   RUNS (ddprun, default 20), TR_RUNS (torchrun default interval, 2), TR_FAST_RUNS (MON=0.1, 5)
 source "$(dirname "$0")/common.sh"
 RUNS=${RUNS:-20}
-TR_RUNS=${TR_RUNS:-3}
+TR_RUNS=${TR_RUNS:-2}
 TR_FAST_RUNS=${TR_FAST_RUNS:-5}
 S=launch
 dir=$(scratch launch)
@@ -15,7 +15,7 @@ wait_quiet "launch: context"
 for c in "true" "sh -c 'true & true & true & true & true & true & true & true & wait'" \
   "$PYTHON -c pass" "$PYTHON -c 'import torch'"; do
   n=$RUNS
-  [[ "$c" == *torch* ]] && n=3
+  [[ "$c" == *torch* ]] && n=2
   hf -N --runs "$n" --warmup 1 "$c"
   record_hyperfine "ctx" "$S" "context: \`$c\`" context "$HF_JSON" "hyperfine -N --runs $n --warmup 1 \"$c\""
 done

@@ -6,9 +6,9 @@
 # and `/usr/bin/time -f %M` (max RSS of the agent or any child it waited for) for 1 x 1 `true`.
 # The agent of the log-throughput benchmark (8 x 200 MB of output) is measured in logs.sh.
 # torchrun: --monitor_interval 0.1 (the interval does not change its memory, only its tail).
-#   RUNS (ddprun, default 3), TR_RUNS (torchrun, default 1)
+#   RUNS (ddprun, default 2), TR_RUNS (torchrun, default 1)
 source "$(dirname "$0")/common.sh"
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-2}
 TR_RUNS=${TR_RUNS:-1}
 S=memory
 export MODE=sleep SLEEP_S=1

@@ -4,10 +4,10 @@
 # mark, written by bench/w_mark.sh with $EPOCHREALTIME). Also reported from the launch of the
 # LAST agent. torchrun: static rendezvous (node 0 hosts the TCPStore), --monitor_interval 0.1
 # (the interval only matters after the workers start; it shortens each run's tail).
-#   RUNS (ddprun, default 5), TR_RUNS (torchrun, default 3)
+#   RUNS (ddprun, default 5), TR_RUNS (torchrun, default 2)
 source "$(dirname "$0")/common.sh"
 RUNS=${RUNS:-5}
-TR_RUNS=${TR_RUNS:-3}
+TR_RUNS=${TR_RUNS:-2}
 S=rendezvous
 
 # one_run IMPL N DIR : appends "from_first from_last" seconds to DIR/times

@@ -5,10 +5,10 @@
 # backoff = "0s"; torchrun --max_restarts 1 (no backoff setting; it restarts at its next
 # monitor tick, and only on the failing node: 2 workers, not 4). The run is stopped once
 # round 1 has started (or after ROUND1_WAIT_S).
-#   RUNS (ddprun, default 3), TR_RUNS (torchrun, default 2 per monitor interval)
+#   RUNS (ddprun, default 3), TR_RUNS (torchrun, default 1 per monitor interval)
 source "$(dirname "$0")/common.sh"
 RUNS=${RUNS:-3}
-TR_RUNS=${TR_RUNS:-2}
+TR_RUNS=${TR_RUNS:-1}
 ROUND1_WAIT_S=${ROUND1_WAIT_S:-20}
 S=restart
 export MODE=fail FAIL_RANK=3 FAIL_AFTER_S=1 SLEEP_S=30 FAIL_ROUNDS=0

@@ -27,7 +27,10 @@ if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
 fi
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDPRUN_TESTS=OFF >/dev/null
-  cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target ddprun
+  targets=(ddprun)
+  # bench/sim_scale.sh (the simulator rows) uses the same build directory when it exists.
+  [[ -x bench/sim_scale.sh ]] && targets+=(ddprun_sim_bench)
+  cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target "${targets[@]}"
 fi
 echo "[bench] setup took $((SECONDS - start)) s" >&2
 
@@ -56,8 +59,8 @@ done
 sim="-"
 if [[ -x bench/sim_scale.sh ]]; then
   echo "[bench] ---- sim_scale ----" >&2
-  timeout -k 5 300 bench/sim_scale.sh >"$BENCH_OUT/sim_scale.md" || echo "[bench] sim_scale.sh failed" >&2
-  sim="$BENCH_OUT/sim_scale.md"
+  timeout -k 5 300 bench/sim_scale.sh "$BUILD_DIR" >"$BENCH_OUT/sim_scale.txt" || echo "[bench] sim_scale.sh failed" >&2
+  sim="$BENCH_OUT/sim_scale.txt"
 fi
 
 echo "whole run (installs, build, benchmarks): $((SECONDS - start)) s; reproduce with \`bench/run.sh\`" >>"$BENCH_OUT/meta.txt"
