@@ -47,10 +47,20 @@ struct PreflightOptions {
   std::optional<int> node_rank;
 };
 
+/// The hidden `ddprun __preflight-worker`: what `preflight` runs as every rank.
+struct PreflightWorkerOptions {
+  std::string job_name;
+  int nnodes = 1;
+  int nproc_per_node = 1;
+  std::string accelerator;
+  std::vector<std::string> nodes;  // cluster.nodes, in order
+};
+
 int CheckCommand(const CheckOptions& options);
 int SchemaCommand();
 int RunCommand(const RunOptions& options);
 int SimulateCommand(const SimulateOptions& options);
 int PreflightCommand(const PreflightOptions& options);
+int PreflightWorkerCommand(const PreflightWorkerOptions& options);
 
 }  // namespace ddprun::cli

@@ -15,7 +15,8 @@
 namespace ddprun::cli {
 namespace {
 
-constexpr std::string_view kSubcommands[] = {"run", "simulate", "check", "preflight", "schema"};
+constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check", "preflight",
+                                             "schema", "__preflight-worker"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {
@@ -144,6 +145,16 @@ int Main(int argc, char** argv) {
       "  ddprun preflight job.toml                 on every node, like the job itself\n"
       "  ddprun preflight job.toml --node-rank 1");
 
+  // Hidden (no group): what `preflight` runs as every rank's command.
+  PreflightWorkerOptions worker;
+  CLI::App* worker_cmd = app.add_subcommand("__preflight-worker", "");
+  worker_cmd->group("");
+  worker_cmd->add_option("--job-name", worker.job_name);
+  worker_cmd->add_option("--nnodes", worker.nnodes)->check(CLI::PositiveNumber);
+  worker_cmd->add_option("--nproc-per-node", worker.nproc_per_node)->check(CLI::PositiveNumber);
+  worker_cmd->add_option("--accelerator", worker.accelerator);
+  worker_cmd->add_option("--node", worker.nodes);
+
   CLI::App* schema_cmd =
       app.add_subcommand("schema", "Print the JSON Schema of job files (for editors)");
   schema_cmd->footer(
@@ -188,6 +199,7 @@ int Main(int argc, char** argv) {
     if (*preflight_rank_opt) preflight.node_rank = preflight_node_rank;
     return PreflightCommand(preflight);
   }
+  if (worker_cmd->parsed()) return PreflightWorkerCommand(worker);
   if (schema_cmd->parsed()) return SchemaCommand();
   return kExitUsage;
 }

@@ -303,6 +303,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   launcher_options.console = spec.logs.console;
   launcher_options.inherited_env = config.inherited_env;
   launcher_options.guardian = &guardian;
+  launcher_options.raw_console_rank = options.raw_console_rank;
   RealProcessLauncher launcher(io, launcher_options);
   TerminalConsole console(options.node_rank, options.verbose);
 

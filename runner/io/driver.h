@@ -14,6 +14,9 @@ struct NodeRunOptions {
   std::string host;            // this node's name, as the coordinator will print it
   std::string job_dir;         // the job file's directory: workdir and logs.dir are relative to it
   bool verbose = false;
+  /// When set, the console shows only this global rank's output, without the `[n0 r0] `
+  /// prefix, whatever logs.console says (preflight's report); the log files keep everything.
+  std::optional<int> raw_console_rank;
 };
 
 /// The shared secret from DDPRUN_SECRET or the file named by DDPRUN_SECRET_FILE ("" when

@@ -123,8 +123,12 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   worker->round = round;
   worker->local_rank = launch.local_rank;
   worker->global_rank = launch.global_rank;
-  worker->show = options_.console.Shows(launch.global_rank);
-  worker->prefix = fmt::format("[n{} r{}] ", options_.node_rank, launch.global_rank);
+  if (options_.raw_console_rank) {
+    worker->show = launch.global_rank == *options_.raw_console_rank;
+  } else {
+    worker->show = options_.console.Shows(launch.global_rank);
+    worker->prefix = fmt::format("[n{} r{}] ", options_.node_rank, launch.global_rank);
+  }
 
   auto fail = [&](const std::string& why) {
     asio::post(io_, [this, round, local = launch.local_rank, why] {

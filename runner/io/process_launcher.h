@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     ConsoleFilter console;
     std::map<std::string, std::string> inherited_env;   // the agent's environment
     Guardian* guardian = nullptr;
+    /// Set: show only this global rank's output, unprefixed, instead of `console`.
+    std::optional<int> raw_console_rank;
   };
 
   RealProcessLauncher(boost::asio::io_context& io, Options options);

@@ -1,0 +1,74 @@
+// `ddprun preflight job.toml`: runs the job's shape (nodes, ranks, ports) with ddprun's own
+// preflight worker as every rank's command, so the checks get rendezvous, fingerprint checks,
+// the gang stop and per-rank logs from the real runner.
+
+#include <cstdio>
+#include <filesystem>
+
+#include "runner/cli/commands.h"
+#include "runner/io/driver.h"
+#include "runner/preflight/worker.h"
+#include "schema/loader.h"
+
+namespace ddprun::cli {
+namespace {
+
+/// The job as preflight runs it: same nodes, ranks and ports, the preflight worker as command.
+JobSpec PreflightSpec(const JobSpec& spec) {
+  JobSpec preflight = spec;
+  // "/proc/self/exe" rather than the resolved path: the agent forks and execs it, so it names
+  // this same ddprun binary on every node while keeping the job fingerprint equal on nodes
+  // that install ddprun in different places.
+  preflight.job.command = {"/proc/self/exe",   "__preflight-worker",
+                           "--job-name",       spec.job.name,
+                           "--nnodes",         std::to_string(spec.cluster.nnodes),
+                           "--nproc-per-node", std::to_string(spec.cluster.nproc_per_node),
+                           "--accelerator",    spec.trainer.accelerator};
+  for (const std::string& node : spec.cluster.nodes) {
+    preflight.job.command.push_back("--node");
+    preflight.job.command.push_back(node);
+  }
+  preflight.job.name = spec.job.name + "-preflight";
+  preflight.restart.max_restarts = 0;
+  return preflight;
+}
+
+}  // namespace
+
+int PreflightCommand(const PreflightOptions& options) {
+  LoadResult loaded = LoadJobFile(options.job_path);
+  if (!loaded.diagnostics.items.empty()) {
+    const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path,
+                                               loaded.source_text, false);
+    std::fwrite(text.data(), 1, text.size(), stderr);
+  }
+  if (!loaded.spec) return kExitUsage;
+  const JobSpec& spec = *loaded.spec;
+
+  std::string error, how;
+  const auto node_rank = io::DetectNodeRank(spec, options.node_rank, error, how);
+  if (!node_rank) {
+    std::fprintf(stderr, "ddprun: error: %s\n", error.c_str());
+    return kExitUsage;
+  }
+  io::NodeRunOptions run;
+  run.node_rank = *node_rank;
+  run.host = static_cast<size_t>(*node_rank) < spec.cluster.nodes.size()
+                 ? spec.cluster.nodes[static_cast<size_t>(*node_rank)]
+                 : io::LocalHostName();
+  run.job_dir = std::filesystem::path(options.job_path).parent_path().string();
+  run.raw_console_rank = 0;
+  return io::RunNode(PreflightSpec(spec), run);
+}
+
+int PreflightWorkerCommand(const PreflightWorkerOptions& options) {
+  preflight::WorkerOptions worker;
+  worker.expect.job_name = options.job_name;
+  worker.expect.nnodes = options.nnodes;
+  worker.expect.nproc_per_node = options.nproc_per_node;
+  worker.expect.accelerator = options.accelerator;
+  worker.expect.nodes = options.nodes;
+  return preflight::RunPreflightWorker(worker);
+}
+
+}  // namespace ddprun::cli

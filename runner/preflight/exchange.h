@@ -1,0 +1,99 @@
+#pragma once
+// A tiny length-prefixed record exchange over TCP for the preflight worker and the C++ DDP
+// example: worker rank 0 listens on MASTER_PORT (the wildcard, like PyTorch's store), every rank
+// connects to MASTER_ADDR:MASTER_PORT, through ddprun's store relay on the other nodes
+// (docs/running.md, "Ports and the store relay"). Records start with "PFL1", never with
+// ddprun's own magic, so the relay treats them as store traffic.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::preflight {
+
+using Clock = std::chrono::steady_clock;
+
+inline constexpr std::string_view kRecordMagic = "PFL1";
+inline constexpr size_t kRecordHeader = 9;                 // magic, type, 4-byte big-endian length
+inline constexpr size_t kMaxRecordPayload = 16u << 20;     // 16 MiB: a table of many thousand ranks
+
+/// One record: a type byte the caller defines and an opaque payload.
+struct Record {
+  char type = 0;
+  std::string payload;
+};
+
+/// The bytes of one record. Asserts payload.size() <= kMaxRecordPayload.
+std::string EncodeRecord(char type, std::string_view payload);
+
+/// Total decoder: any byte sequence yields records, "need more", or an error.
+class RecordDecoder {
+ public:
+  enum class Status { kRecord, kNeedMore, kError };
+  void Feed(const char* data, size_t size) { buffer_.append(data, size); }
+  /// Takes the next complete record out of the buffer into `out`; on kError sets `error`.
+  Status Next(Record& out, std::string& error);
+
+ private:
+  std::string buffer_;
+};
+
+/// A file descriptor closed by the destructor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { Reset(); }
+  Fd(Fd&& other) noexcept : fd_(other.Release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = other.Release();
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset();
+
+ private:
+  int fd_ = -1;
+};
+
+/// How a single connect attempt ended.
+enum class ConnectOutcome { kConnected, kRefused, kTimedOut, kUnreachable, kResolveFailed, kError };
+
+/// One TCP connect to host:port (name or address) that gives up after `timeout`.
+/// Returns the connected (blocking) socket, or an invalid Fd with `outcome` and `error` set.
+Fd ConnectOnce(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+               ConnectOutcome& outcome, std::string& error);
+
+/// Connects with retries (every 200 ms) until `deadline`: rank 0 may not listen yet.
+Fd ConnectWithRetries(const std::string& host, uint16_t port, Clock::time_point deadline,
+                      std::string& error);
+
+/// A listening TCP socket on the wildcard address (IPv6 dual-stack where available, else IPv4)
+/// at `port` (0: the kernel picks). Sets `bound_port`.
+Fd ListenWildcard(uint16_t port, uint16_t& bound_port, std::string& error);
+
+/// The local address of a connected socket, as text ("" on failure).
+std::string LocalAddressOf(int fd);
+
+/// Writes all of `data` before `deadline`.
+bool SendAll(int fd, std::string_view data, Clock::time_point deadline, std::string& error);
+
+/// Reads until one whole record is decoded or `deadline` passes (nullopt with `error`).
+std::optional<Record> ReadRecord(int fd, RecordDecoder& decoder, Clock::time_point deadline,
+                                 std::string& error);
+
+}  // namespace ddprun::preflight

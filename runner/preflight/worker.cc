@@ -1,0 +1,656 @@
+#include "runner/preflight/worker.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runner/preflight/cuda_loader.h"
+#include "runner/preflight/exchange.h"
+
+namespace ddprun::preflight {
+
+namespace {
+
+using nlohmann::json;
+
+// Record types of the exchange.
+constexpr char kHello = 'H';   // rank -> rank 0: RankInfo
+constexpr char kTable = 'T';   // rank 0 -> rank: every RankInfo and the all-reduce plan
+constexpr char kReport = 'R';  // rank -> rank 0: RankReport
+constexpr char kDone = 'D';    // rank 0 -> rank: finished (or {"abort": why})
+
+constexpr uint64_t kMaxAllReduceBytes = uint64_t{1} << 30;
+constexpr size_t kParallelProbes = 32;
+
+struct Env {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  int node_rank = 0;
+  std::string master_addr;
+  uint16_t master_port = 0;
+};
+
+std::optional<int> EnvInt(const char* name, std::string& error) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) {
+    error = fmt::format("{} is not set: run this through `ddprun preflight job.toml`", name);
+    return std::nullopt;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value < 0 || value > 1'000'000) {
+    error = fmt::format("{}=\"{}\" is not a non-negative integer", name, text);
+    return std::nullopt;
+  }
+  return static_cast<int>(value);
+}
+
+std::optional<Env> ReadEnv(std::string& error) {
+  Env env;
+  const auto rank = EnvInt("RANK", error);
+  const auto world = EnvInt("WORLD_SIZE", error);
+  const auto local = EnvInt("LOCAL_RANK", error);
+  const auto node = EnvInt("GROUP_RANK", error);
+  const auto port = EnvInt("MASTER_PORT", error);
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (!rank || !world || !local || !node || !port) return std::nullopt;
+  if (!addr || !*addr) {
+    error = "MASTER_ADDR is not set: run this through `ddprun preflight job.toml`";
+    return std::nullopt;
+  }
+  if (*world < 1 || *rank >= *world || *port < 1 || *port > 65535) {
+    error = fmt::format("inconsistent environment: RANK={} WORLD_SIZE={} MASTER_PORT={}", *rank,
+                        *world, *port);
+    return std::nullopt;
+  }
+  env.rank = *rank;
+  env.world = *world;
+  env.local_rank = *local;
+  env.node_rank = *node;
+  env.master_addr = addr;
+  env.master_port = static_cast<uint16_t>(*port);
+  return env;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "";
+  return name;
+}
+
+/// What this rank can see: GPUs, driver, CUDA runtime and NCCL versions.
+RankInfo ProbeLocal(const Env& env) {
+  RankInfo info;
+  info.rank = env.rank;
+  info.node_rank = env.node_rank;
+  info.local_rank = env.local_rank;
+  info.host = HostName();
+  info.driver = KernelDriverVersion();
+  const CudaRuntime& cuda = LoadCudaRuntime();
+  if (!cuda.Loaded()) {
+    info.gpu_error = cuda.error;
+  } else {
+    cuda.runtime_get_version(&info.runtime_version);
+    cuda.driver_get_version(&info.driver_cuda_version);
+    int count = 0;  // left untouched on error 35 (deps.md)
+    if (const int rc = cuda.get_device_count(&count); rc != kCudaSuccess) {
+      info.gpu_error = cuda.Describe(rc);
+      count = 0;
+    } else if (count == 0) {
+      info.gpu_error = "the CUDA runtime sees no device (check CUDA_VISIBLE_DEVICES)";
+    }
+    info.gpu_count = std::max(count, 0);
+    // cudaDeviceProp starts with `char name[256]` in every CUDA version; its total size grows,
+    // so give it far more room than it has ever needed.
+    std::vector<char> props(64 * 1024);
+    for (int device = 0; device < info.gpu_count; ++device) {
+      std::fill(props.begin(), props.end(), '\0');
+      std::string name = "unknown GPU";
+      if (cuda.get_device_properties && cuda.get_device_properties(props.data(), device) == kCudaSuccess) {
+        name.assign(props.data(), strnlen(props.data(), 256));
+      }
+      info.gpu_names.push_back(name);
+    }
+    if (env.local_rank < info.gpu_count && cuda.set_device(env.local_rank) == kCudaSuccess) {
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cuda.mem_get_info(&free_bytes, &total_bytes) == kCudaSuccess) info.free_memory = free_bytes;
+    }
+  }
+  const Nccl& nccl = LoadNccl();
+  if (!nccl.Loaded()) {
+    info.nccl_error = nccl.error;
+  } else if (const int rc = nccl.get_version(&info.nccl_version); rc != kNcclSuccess) {
+    info.nccl_error = nccl.Describe(rc);
+    info.nccl_version = 0;
+  }
+  return info;
+}
+
+// ---- the all-reduce plan ----
+
+struct Plan {
+  bool run_nccl = false;
+  NcclUniqueId id{};
+  std::vector<uint64_t> sizes;
+};
+
+std::string Hex(const char* data, size_t size) {
+  std::string out;
+  for (size_t i = 0; i < size; ++i) out += fmt::format("{:02x}", static_cast<uint8_t>(data[i]));
+  return out;
+}
+
+bool Unhex(const std::string& text, char* out, size_t size) {
+  if (text.size() != 2 * size) return false;
+  for (size_t i = 0; i < size; ++i) {
+    unsigned value = 0;
+    for (size_t k = 0; k < 2; ++k) {
+      const char c = text[2 * i + k];
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (digit < 0) return false;
+      value = value * 16 + static_cast<unsigned>(digit);
+    }
+    out[i] = static_cast<char>(value);
+  }
+  return true;
+}
+
+/// Sizes from 8 B up by x8, each at most a quarter of the least free GPU memory (two buffers
+/// and room for NCCL's own), and at most 1 GiB.
+std::vector<uint64_t> AllReduceSizes(const std::vector<RankInfo>& ranks) {
+  uint64_t least_free = kMaxAllReduceBytes * 4;
+  for (const RankInfo& info : ranks) least_free = std::min(least_free, info.free_memory);
+  const uint64_t limit = std::min(kMaxAllReduceBytes, least_free / 4);
+  std::vector<uint64_t> sizes;
+  for (uint64_t bytes = 8; bytes <= limit; bytes *= 8) sizes.push_back(bytes);
+  return sizes;
+}
+
+// ---- rank 0's exchange server ----
+
+class Server {
+ public:
+  Server(Fd listener, const Env& env, const WorkerOptions& options)
+      : listener_(std::move(listener)), env_(env), options_(options) {}
+
+  Findings Run() {
+    Findings findings;
+    const auto join_deadline = Clock::now() + options_.join_timeout;
+    Pump(join_deadline, [&] { return static_cast<int>(infos_.size()) == env_.world; });
+    for (const auto& [rank, info] : infos_) findings.ranks.push_back(info);
+    if (static_cast<int>(infos_.size()) < env_.world) {
+      std::vector<int> missing;
+      for (int rank = 0; rank < env_.world; ++rank) {
+        if (!infos_.count(rank)) missing.push_back(rank);
+      }
+      findings.exchange_error = fmt::format(
+          "rank{} {} never joined the preflight exchange within {} s (see their logs)",
+          missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), options_.join_timeout.count());
+      Broadcast(kDone, json{{"abort", findings.exchange_error}}.dump());
+      return findings;
+    }
+
+    Plan plan = MakePlan(findings.ranks);
+    findings.nccl_ran = plan.run_nccl;
+    json table{{"ranks", json::array()},
+               {"nccl", plan.run_nccl},
+               {"id", Hex(plan.id.internal, sizeof plan.id.internal)},
+               {"sizes", plan.sizes}};
+    for (const RankInfo& info : findings.ranks) table["ranks"].push_back(ToJson(info));
+    Broadcast(kTable, table.dump());
+
+    const auto run_deadline = Clock::now() + options_.run_timeout;
+    Pump(run_deadline, [&] { return static_cast<int>(reports_.size()) == env_.world; });
+    for (const auto& [rank, report] : reports_) findings.reports.push_back(report);
+    if (!plan_error_.empty()) {
+      RankReport& own = findings.reports.emplace_back();
+      own.rank = 0;
+      own.error = plan_error_;
+    }
+    Broadcast(kDone, "{}");
+    return findings;
+  }
+
+ private:
+  struct Peer {
+    Fd fd;
+    RecordDecoder decoder;
+    int rank = -1;
+  };
+
+  Plan MakePlan(const std::vector<RankInfo>& ranks) {
+    Plan plan;
+    for (const RankInfo& info : ranks) {
+      if (info.local_rank >= info.gpu_count || info.nccl_version == 0 ||
+          info.nccl_version != ranks.front().nccl_version) {
+        return plan;  // the verdict says why from the table
+      }
+    }
+    plan.sizes = AllReduceSizes(ranks);
+    if (plan.sizes.empty()) {
+      plan_error_ = "too little free GPU memory for the all-reduce test";
+      return plan;
+    }
+    const Nccl& nccl = LoadNccl();
+    if (!nccl.Loaded()) {
+      plan_error_ = nccl.error;
+      return plan;
+    }
+    if (const int rc = nccl.get_unique_id(&plan.id); rc != kNcclSuccess) {
+      plan_error_ = "ncclGetUniqueId failed: " + nccl.Describe(rc);
+      return plan;
+    }
+    plan.run_nccl = true;
+    return plan;
+  }
+
+  void Broadcast(char type, const std::string& payload) {
+    const std::string bytes = EncodeRecord(type, payload);
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    for (auto& peer : peers_) {
+      if (peer->rank < 0) continue;
+      std::string error;
+      if (!SendAll(peer->fd.get(), bytes, deadline, error)) {
+        std::fprintf(stderr, "preflight: cannot send to rank %d: %s\n", peer->rank, error.c_str());
+      }
+    }
+  }
+
+  /// Accepts and reads until `done()` or `deadline`.
+  template <typename Done>
+  void Pump(Clock::time_point deadline, Done done) {
+    const size_t max_peers = static_cast<size_t>(env_.world) * 2 + 16;
+    while (!done() && Clock::now() < deadline) {
+      std::vector<pollfd> fds;
+      fds.push_back({listener_.get(), POLLIN, 0});
+      for (auto& peer : peers_) fds.push_back({peer->fd.get(), POLLIN, 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const int ready = ::poll(fds.data(), fds.size(),
+                               static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000)));
+      if (ready <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (fd.valid() && peers_.size() < max_peers) {
+          auto peer = std::make_unique<Peer>();
+          peer->fd = std::move(fd);
+          peers_.push_back(std::move(peer));
+        }
+      }
+      std::vector<size_t> drop;
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        if (!ReadFrom(*peers_[i - 1])) drop.push_back(i - 1);
+      }
+      for (auto it = drop.rbegin(); it != drop.rend(); ++it) {
+        Peer& peer = *peers_[*it];
+        if (peer.rank >= 0 && !reports_.count(peer.rank)) {
+          RankReport lost;
+          lost.rank = peer.rank;
+          lost.error = "left the preflight exchange before reporting (see its log)";
+          reports_[peer.rank] = lost;
+        }
+        peers_.erase(peers_.begin() + static_cast<std::ptrdiff_t>(*it));
+      }
+    }
+  }
+
+  /// Reads what is there; false when the peer is gone or broke the protocol.
+  bool ReadFrom(Peer& peer) {
+    char buffer[64 * 1024];
+    const ssize_t n = ::recv(peer.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0) return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK;
+    peer.decoder.Feed(buffer, static_cast<size_t>(n));
+    for (;;) {
+      Record record;
+      std::string error;
+      const auto status = peer.decoder.Next(record, error);
+      if (status == RecordDecoder::Status::kNeedMore) return true;
+      if (status == RecordDecoder::Status::kError) {
+        std::fprintf(stderr, "preflight: dropped a connection: %s\n", error.c_str());
+        return false;
+      }
+      const json body = json::parse(record.payload, nullptr, /*allow_exceptions=*/false);
+      if (record.type == kHello && peer.rank < 0) {
+        auto info = RankInfoFromJson(body);
+        if (!info || info->rank >= env_.world || infos_.count(info->rank)) {
+          std::fprintf(stderr, "preflight: dropped a malformed or duplicate hello\n");
+          return false;
+        }
+        peer.rank = info->rank;
+        infos_[info->rank] = *info;
+      } else if (record.type == kReport && peer.rank >= 0) {
+        auto report = RankReportFromJson(body);
+        if (!report || report->rank != peer.rank) return false;
+        reports_[peer.rank] = *report;
+      } else {
+        return false;
+      }
+    }
+  }
+
+  Fd listener_;
+  Env env_;
+  const WorkerOptions& options_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::map<int, RankInfo> infos_;
+  std::map<int, RankReport> reports_;
+  std::string plan_error_;
+};
+
+// ---- every rank's client ----
+
+ReachResult ProbeNode(int from, int to, const std::string& address, uint16_t port,
+                      std::chrono::milliseconds timeout) {
+  ReachResult result;
+  result.from = from;
+  result.to = to;
+  if (port == 0) {
+    result.reach = Reach::kError;
+    result.detail = fmt::format("node {} advertised no test port (see its log)", to);
+    return result;
+  }
+  ConnectOutcome outcome{};
+  std::string error;
+  Fd fd = ConnectOnce(address, port, timeout, outcome, error);
+  switch (outcome) {
+    case ConnectOutcome::kConnected: result.reach = Reach::kReachable; break;
+    case ConnectOutcome::kRefused: result.reach = Reach::kRefused; break;
+    case ConnectOutcome::kTimedOut: result.reach = Reach::kTimedOut; break;
+    case ConnectOutcome::kUnreachable: result.reach = Reach::kUnreachable; break;
+    case ConnectOutcome::kResolveFailed:
+    case ConnectOutcome::kError: result.reach = Reach::kError; break;
+  }
+  result.detail = fd.valid() ? fmt::format("{}:{}", address, port) : error;
+  return result;
+}
+
+/// Local rank 0: one TCP connect to every other node's test port, a batch at a time.
+std::vector<ReachResult> ProbeOtherNodes(const Env& env, const WorkerOptions& options,
+                                         const std::vector<RankInfo>& ranks) {
+  struct Target {
+    int node;
+    std::string address;
+    uint16_t port;
+  };
+  std::vector<Target> targets;
+  for (const RankInfo& info : ranks) {
+    if (info.local_rank != 0 || info.node_rank == env.node_rank) continue;
+    const auto listed = static_cast<size_t>(info.node_rank);
+    const std::string address =
+        listed < options.expect.nodes.size() ? options.expect.nodes[listed] : info.address;
+    targets.push_back({info.node_rank, address, info.test_port});
+  }
+  std::vector<ReachResult> results;
+  for (size_t start = 0; start < targets.size(); start += kParallelProbes) {
+    std::vector<std::future<ReachResult>> batch;
+    for (size_t i = start; i < std::min(targets.size(), start + kParallelProbes); ++i) {
+      batch.push_back(std::async(std::launch::async, ProbeNode, env.node_rank, targets[i].node,
+                                 targets[i].address, targets[i].port, options.connect_timeout));
+    }
+    for (auto& result : batch) results.push_back(result.get());
+  }
+  return results;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// Every rank with a GPU: NCCL all-reduce (float, sum, out of place) at each size; returns ""
+/// or what failed. Only rank 0's rows are reported (the collective is the same everywhere).
+std::string RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vector<uint64_t>& sizes,
+                         std::vector<BandwidthRow>& rows) {
+  const CudaRuntime& cuda = LoadCudaRuntime();
+  const Nccl& nccl = LoadNccl();
+  if (!cuda.Loaded()) return cuda.error;
+  if (!nccl.Loaded()) return nccl.error;
+  if (sizes.empty()) return "no sizes to test";
+  if (int rc = cuda.set_device(env.local_rank); rc != kCudaSuccess) {
+    return fmt::format("cudaSetDevice({}): {}", env.local_rank, cuda.Describe(rc));
+  }
+  const uint64_t max_bytes = sizes.back();
+  void* send = nullptr;
+  void* recv = nullptr;
+  void* stream = nullptr;
+  void* comm = nullptr;
+  std::string error;
+  auto cleanup = [&] {
+    if (comm) nccl.comm_destroy(comm);
+    if (stream) cuda.stream_destroy(stream);
+    if (send) cuda.cuda_free(send);
+    if (recv) cuda.cuda_free(recv);
+  };
+  if (int rc = cuda.cuda_malloc(&send, max_bytes); rc != kCudaSuccess) {
+    error = fmt::format("cudaMalloc({} bytes): {}", max_bytes, cuda.Describe(rc));
+  } else if (rc = cuda.cuda_malloc(&recv, max_bytes); rc != kCudaSuccess) {
+    error = fmt::format("cudaMalloc({} bytes): {}", max_bytes, cuda.Describe(rc));
+  } else if (rc = cuda.stream_create(&stream); rc != kCudaSuccess) {
+    error = "cudaStreamCreate: " + cuda.Describe(rc);
+  }
+  if (error.empty()) {
+    // Every element 1.0f, so the sum over the world is exactly WORLD_SIZE.
+    const std::vector<float> ones(1u << 20, 1.0f);
+    const uint64_t chunk = ones.size() * sizeof(float);
+    for (uint64_t offset = 0; offset < max_bytes && error.empty(); offset += chunk) {
+      const uint64_t n = std::min(chunk, max_bytes - offset);
+      if (int rc = cuda.cuda_memcpy(static_cast<char*>(send) + offset, ones.data(), n,
+                                    kCudaMemcpyHostToDevice);
+          rc != kCudaSuccess) {
+        error = "cudaMemcpy: " + cuda.Describe(rc);
+      }
+    }
+  }
+  if (error.empty()) {
+    if (int rc = nccl.comm_init_rank(&comm, env.world, id, env.rank); rc != kNcclSuccess) {
+      comm = nullptr;
+      error = "ncclCommInitRank: " + nccl.Describe(rc) +
+              " (rerun with NCCL_DEBUG=INFO in job.env to see why)";
+    }
+  }
+  for (const uint64_t bytes : sizes) {
+    if (!error.empty()) break;
+    const uint64_t count = bytes / sizeof(float);
+    const int warmup = 5;
+    const int iterations = bytes >= (uint64_t{64} << 20) ? 5 : 20;
+    auto all_reduce = [&]() -> bool {
+      const int rc = nccl.all_reduce(send, recv, count, kNcclFloat32, kNcclSum, comm, stream);
+      if (rc != kNcclSuccess) {
+        error = fmt::format("ncclAllReduce({} bytes): {}", bytes, nccl.Describe(rc));
+        return false;
+      }
+      return true;
+    };
+    for (int i = 0; i < warmup && error.empty(); ++i) all_reduce();
+    if (error.empty()) {
+      if (int rc = cuda.stream_synchronize(stream); rc != kCudaSuccess) {
+        error = "cudaStreamSynchronize: " + cuda.Describe(rc);
+      }
+    }
+    if (!error.empty()) break;
+    float check[2] = {0, 0};
+    cuda.cuda_memcpy(check, recv, std::min<uint64_t>(sizeof check, bytes), kCudaMemcpyDeviceToHost);
+    if (check[0] != static_cast<float>(env.world)) {
+      error = fmt::format("all-reduce of {} bytes gave {} instead of {}", bytes, check[0], env.world);
+      break;
+    }
+    const auto start = Clock::now();
+    for (int i = 0; i < iterations && error.empty(); ++i) all_reduce();
+    if (error.empty()) {
+      if (int rc = cuda.stream_synchronize(stream); rc != kCudaSuccess) {
+        error = "cudaStreamSynchronize: " + cuda.Describe(rc);
+      }
+    }
+    if (!error.empty()) break;
+    const double seconds = Seconds(Clock::now() - start) / iterations;
+    BandwidthRow row;
+    row.bytes = bytes;
+    row.count = count;
+    row.time_us = seconds * 1e6;
+    row.algbw = seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
+    row.busbw = AllReduceBusBandwidth(row.algbw, env.world);
+    rows.push_back(row);
+  }
+  cleanup();
+  return error;
+}
+
+/// This rank's part: hello, table, checks, report, done. Returns the exit code.
+int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
+  std::string error;
+  const auto join_deadline = Clock::now() + options.join_timeout;
+  Fd fd = ConnectWithRetries(env.master_addr, env.master_port, join_deadline, error);
+  if (!fd.valid()) {
+    std::fprintf(stderr, "preflight: rank %d cannot reach worker rank 0 at %s:%u: %s\n", env.rank,
+                 env.master_addr.c_str(), env.master_port, error.c_str());
+    return 1;
+  }
+  // The address this node uses towards the master is the one other nodes will try.
+  info.address = LocalAddressOf(fd.get());
+  RecordDecoder decoder;
+  if (!SendAll(fd.get(), EncodeRecord(kHello, ToJson(info).dump()), join_deadline, error)) {
+    std::fprintf(stderr, "preflight: rank %d: sending to rank 0: %s\n", env.rank, error.c_str());
+    return 1;
+  }
+  auto table_record = ReadRecord(fd.get(), decoder, join_deadline + std::chrono::seconds(15), error);
+  if (!table_record) {
+    std::fprintf(stderr, "preflight: rank %d: waiting for the table: %s\n", env.rank, error.c_str());
+    return 1;
+  }
+  const json table = json::parse(table_record->payload, nullptr, false);
+  if (table_record->type == kDone) {
+    const std::string why = table.is_object() && table.contains("abort") && table["abort"].is_string()
+                                ? table["abort"].get<std::string>()
+                                : "no reason given";
+    std::fprintf(stderr, "preflight: rank 0 stopped the exchange: %s\n", why.c_str());
+    return 1;
+  }
+  std::vector<RankInfo> ranks;
+  Plan plan;
+  bool table_ok = table_record->type == kTable && table.is_object() && table.contains("ranks") &&
+                  table["ranks"].is_array() && table.contains("nccl") && table["nccl"].is_boolean() &&
+                  table.contains("id") && table["id"].is_string() && table.contains("sizes") &&
+                  table["sizes"].is_array();
+  if (table_ok) {
+    for (const json& item : table["ranks"]) {
+      auto rank_info = RankInfoFromJson(item);
+      if (!rank_info) table_ok = false;
+      if (rank_info) ranks.push_back(*rank_info);
+    }
+    plan.run_nccl = table["nccl"].get<bool>();
+    table_ok = table_ok && Unhex(table["id"].get<std::string>(), plan.id.internal, sizeof plan.id.internal);
+    for (const json& size : table["sizes"]) {
+      if (!size.is_number_unsigned() || size.get<uint64_t>() > kMaxAllReduceBytes) table_ok = false;
+      if (table_ok) plan.sizes.push_back(size.get<uint64_t>());
+    }
+  }
+  if (!table_ok) {
+    std::fprintf(stderr, "preflight: rank %d: malformed table from rank 0\n", env.rank);
+    return 1;
+  }
+
+  RankReport report;
+  report.rank = env.rank;
+  if (env.local_rank == 0) report.reach = ProbeOtherNodes(env, options, ranks);
+  if (plan.run_nccl) {
+    std::vector<BandwidthRow> rows;
+    report.error = RunAllReduce(env, plan.id, plan.sizes, rows);
+    if (env.rank == 0) report.bandwidth = std::move(rows);
+  }
+  const auto run_deadline = Clock::now() + options.run_timeout;
+  if (!SendAll(fd.get(), EncodeRecord(kReport, ToJson(report).dump()), run_deadline, error)) {
+    std::fprintf(stderr, "preflight: rank %d: sending the report: %s\n", env.rank, error.c_str());
+    return 1;
+  }
+  if (!report.error.empty()) std::fprintf(stderr, "preflight: rank %d: %s\n", env.rank, report.error.c_str());
+  // Stay (and keep the test port open) until rank 0 has every report.
+  auto done = ReadRecord(fd.get(), decoder, run_deadline + std::chrono::seconds(15), error);
+  if (!done) {
+    std::fprintf(stderr, "preflight: rank %d: waiting for rank 0 to finish: %s\n", env.rank,
+                 error.c_str());
+    return 1;
+  }
+  return report.error.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int RunPreflightWorker(const WorkerOptions& options) {
+  std::string error;
+  const auto env = ReadEnv(error);
+  if (!env) {
+    std::fprintf(stderr, "preflight: %s\n", error.c_str());
+    return 2;
+  }
+  RankInfo info = ProbeLocal(*env);
+
+  // Local rank 0 holds this node's test port open until the end.
+  Fd test_listener;
+  if (env->local_rank == 0) {
+    uint16_t port = 0;
+    test_listener = ListenWildcard(0, port, error);
+    if (!test_listener.valid()) {
+      std::fprintf(stderr, "preflight: cannot open a test port: %s\n", error.c_str());
+    }
+    const char* knob = std::getenv("DDPRUN_PREFLIGHT_TEST_CLOSED_PORT");
+    if (knob && std::string(knob) == "1") {
+      // Test only: advertise the port, but nobody listens there any more.
+      test_listener.Reset();
+      std::fprintf(stderr, "preflight: DDPRUN_PREFLIGHT_TEST_CLOSED_PORT=1: advertising closed port %u\n", port);
+    }
+    info.test_port = port;
+  }
+
+  if (env->rank != 0) return RunClient(*env, options, info);
+
+  // Rank 0: the exchange server on MASTER_PORT, and this rank's own client beside it.
+  uint16_t bound = 0;
+  Fd listener = ListenWildcard(env->master_port, bound, error);
+  if (!listener.valid()) {
+    std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n", error.c_str());
+    return 1;
+  }
+  std::fprintf(stdout, "preflight: %d rank%s joining on %s:%u...\n", env->world,
+               env->world == 1 ? "" : "s", env->master_addr.c_str(), env->master_port);
+  std::fflush(stdout);
+  Server server(std::move(listener), *env, options);
+  std::packaged_task<Findings()> serve([&server] { return server.Run(); });
+  auto findings_future = serve.get_future();
+  std::thread server_thread(std::move(serve));
+  std::packaged_task<int()> client([&] { return RunClient(*env, options, info); });
+  auto client_future = client.get_future();
+  std::thread client_thread(std::move(client));
+
+  const Findings findings = findings_future.get();
+  server_thread.join();
+  const Verdict verdict = BuildVerdict(options.expect, findings);
+  std::fputs("\n", stdout);
+  std::fwrite(verdict.text.data(), 1, verdict.text.size(), stdout);
+  std::fflush(stdout);
+  for (const std::string& problem : verdict.problems) {
+    std::fprintf(stderr, "preflight problem: %s\n", problem.c_str());
+  }
+  std::fflush(stderr);
+  const int code = verdict.problems.empty() ? 0 : 1;
+  if (client_future.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    // This rank's own client is stuck (in NCCL, say): the verdict is out, leave without it.
+    std::_Exit(code);
+  }
+  client_thread.join();
+  return code;
+}
+
+}  // namespace ddprun::preflight
