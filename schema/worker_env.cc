@@ -35,8 +35,10 @@ bool IsOwnedEnvName(std::string_view name) {
          name.starts_with("PL_TRAINER_");
 }
 
-std::string RunId(const JobSpec& spec) {
-  return fmt::format("{}-{}", spec.job.name, Fingerprint(spec).substr(0, 8));
+std::string RunId(const JobSpec& spec) { return RunId(spec, Fingerprint(spec)); }
+
+std::string RunId(const JobSpec& spec, std::string_view fingerprint) {
+  return fmt::format("{}-{}", spec.job.name, fingerprint.substr(0, 8));
 }
 
 std::string TrainerEnvValue(const TrainerValue& value) {
@@ -85,7 +87,7 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
   env["TORCHELASTIC_ERROR_FILE"] = position.error_file;
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.restart.max_restarts);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(position.restart_count);
-  env["TORCHELASTIC_RUN_ID"] = RunId(spec);
+  env["TORCHELASTIC_RUN_ID"] = position.run_id.empty() ? RunId(spec) : position.run_id;
   // ddprun hosts no store: worker rank 0 does (through the relay), so workers must not
   // connect as clients to an agent store.
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";

@@ -21,6 +21,7 @@ struct WorkerPosition {
   int restart_count = 0;        // the round number: 0 for the first attempt
   uint16_t master_port = 0;     // what this rank gets as MASTER_PORT
   std::string error_file;       // TORCHELASTIC_ERROR_FILE
+  std::string run_id;           // TORCHELASTIC_RUN_ID; "" computes RunId(spec) (costly per rank)
 };
 
 /// The variables ddprun sets for one worker, sorted by name: torchrun's set, job.env, and
@@ -34,6 +35,8 @@ bool IsOwnedEnvName(std::string_view name);
 
 /// TORCHELASTIC_RUN_ID: the job name and a fingerprint prefix, the same on every node.
 std::string RunId(const JobSpec& spec);
+/// The same from an already computed Fingerprint(spec).
+std::string RunId(const JobSpec& spec, std::string_view fingerprint);
 
 /// PL_TRAINER_<KEY> value in the spelling Lightning's literal_eval reads back.
 std::string TrainerEnvValue(const TrainerValue& value);

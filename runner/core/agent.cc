@@ -364,6 +364,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   give_up_at_.reset();
   const int nproc = spec_.cluster.nproc_per_node;
   workers_.assign(static_cast<size_t>(nproc), Worker{});
+  const std::string run_id = RunId(spec_, config_.fingerprint);
   SpawnWorkers spawn;
   spawn.round = round_;
   for (int local = 0; local < nproc; ++local) {
@@ -378,6 +379,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     position.master_port =
         spec_.cluster.store_port || global == 0 ? start.master_port : spec_.cluster.master_port;
     position.error_file = config_.logs_dir + "/" + RankErrorFilePath(spec_, round_, global);
+    position.run_id = run_id;
     WorkerLaunch launch;
     launch.local_rank = local;
     launch.global_rank = global;

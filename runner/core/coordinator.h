@@ -65,6 +65,8 @@ class Coordinator {
     bool mentions_nccl = false;
   };
 
+  void SetSlotConn(Slot& slot, std::optional<ConnId> conn);
+  void MarkStopped(Slot& slot, int stopped_ranks);
   void ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>& out);
   void OnMessage(TimePoint now, ConnId conn, const wire::Message& message,
                  std::vector<CoordinatorEffect>& out);
@@ -90,6 +92,10 @@ class Coordinator {
   int round_ = 0;
   int restarts_used_ = 0;
   std::vector<Slot> slots_;
+  int joined_ = 0;           // slots with a connection
+  int done_count_ = 0;       // slots done in the running round
+  int stopped_joined_ = 0;   // connected slots that confirmed the stop
+  int acked_joined_ = 0;     // connected slots that acknowledged JobEnd
   std::map<ConnId, Conn> conns_;
   std::set<std::pair<TimePoint, ConnId>> by_last_heard_;  // conns_ ordered by silence
   TimePoint rendezvous_started_;
