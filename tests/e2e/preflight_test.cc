@@ -1,0 +1,111 @@
+// End-to-end tests of `ddprun preflight`: two real agents on 127.0.0.1, no GPU on this machine.
+
+#include <unistd.h>
+
+#include <memory>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/harness.h"
+
+namespace ddprun::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+class PreflightTest : public ::testing::Test {
+ protected:
+  void WriteJob(const std::string& accelerator) {
+    std::ostringstream t;
+    t << "version = 1\n[job]\nname = \"pf\"\ncommand = [\"false\"]\n"
+      << "[cluster]\nnnodes = 2\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << FreePort() << "\n"
+      << "[trainer]\naccelerator = \"" << accelerator << "\"\ndevices = 2\nnum_nodes = 2\n"
+      << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+    dir_.Write("job.toml", t.str());
+  }
+  AgentProcess& Start(int node_rank, const std::map<std::string, std::string>& env = {}) {
+    const std::string out = dir_.path() + "/agent-" + std::to_string(node_rank) + ".out";
+    agents_.push_back(std::make_unique<AgentProcess>(
+        std::vector<std::string>{"preflight", dir_.path() + "/job.toml", "--node-rank",
+                                 std::to_string(node_rank)},
+        out, env));
+    return *agents_.back();
+  }
+  std::string Describe() const {
+    std::string text;
+    for (size_t i = 0; i < agents_.size(); ++i) {
+      text += "---- agent " + std::to_string(i) + " ----\n" + agents_[i]->Output();
+    }
+    return text;
+  }
+  static bool MachineHasGpu() { return ::access("/dev/nvidia0", F_OK) == 0; }
+
+  ScratchDir dir_;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
+};
+
+TEST_F(PreflightTest, CpuJobOnTwoNodesIsOk) {
+  if (MachineHasGpu()) GTEST_SKIP() << "this machine has a GPU: the no-GPU report would differ";
+  WriteJob("cpu");
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_EQ(node0.Wait(60s), 0) << Describe();
+  ASSERT_EQ(node1.Wait(60s), 0) << Describe();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("ddprun preflight: job \"pf\", 2 nodes x 2 ranks (world 4), accelerator cpu"));
+  EXPECT_THAT(out, HasSubstr("no GPU on node 0 ("));
+  EXPECT_THAT(out, HasSubstr("no GPU on node 1 ("));
+  EXPECT_THAT(out, HasSubstr("  n0       -            reachable   \n"));
+  EXPECT_THAT(out, HasSubstr("  n1       reachable    -           \n"));
+  EXPECT_THAT(out, HasSubstr("NCCL all-reduce: skipped (no GPU on nodes 0, 1)"));
+  EXPECT_THAT(out, HasSubstr("\npreflight: OK\n"));
+  // Only rank 0 speaks on the console, unprefixed; every rank still has its log file.
+  EXPECT_THAT(out, Not(HasSubstr("[n0 r")));
+  EXPECT_THAT(node1.Output(), Not(HasSubstr("preflight: OK")));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(dir_.Exists("logs/pf-preflight/attempt-0/rank-" + std::to_string(rank) + ".log"));
+  }
+  EXPECT_THAT(dir_.Read("logs/pf-preflight/attempt-0/rank-0.log"), HasSubstr("preflight: OK"));
+}
+
+TEST_F(PreflightTest, GpuJobWithoutGpusFailsNamingTheNodes) {
+  if (MachineHasGpu()) GTEST_SKIP() << "this machine has a GPU";
+  WriteJob("gpu");
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_EQ(node0.Wait(60s), 1) << Describe();
+  ASSERT_EQ(node1.Wait(60s), 1) << Describe();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("preflight: 2 problems\n  - no GPU on node 0 ("));
+  EXPECT_THAT(out, HasSubstr("  - no GPU on node 1 ("));
+  EXPECT_THAT(out, HasSubstr("trainer.accelerator = \"gpu\" needs 2 GPUs there"));
+  // The root-cause summary quotes rank 0's stderr on both nodes.
+  EXPECT_THAT(node1.Output(), HasSubstr("preflight problem: no GPU on node 1"));
+}
+
+TEST_F(PreflightTest, UnreachableTestPortIsReported) {
+  if (MachineHasGpu()) GTEST_SKIP() << "this machine has a GPU";
+  WriteJob("cpu");
+  AgentProcess& node0 = Start(0);
+  // Test-only knob: node 1 advertises a port nobody listens on.
+  AgentProcess& node1 = Start(1, {{"DDPRUN_PREFLIGHT_TEST_CLOSED_PORT", "1"}});
+  ASSERT_EQ(node0.Wait(60s), 1) << Describe();
+  node1.Wait(60s);
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("  n0       -            refused     \n"));
+  EXPECT_THAT(out, HasSubstr("  n1       reachable    -           \n"));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string h(host);
+  EXPECT_THAT(out, HasSubstr("preflight: 1 problem\n  - node 0 (" + h + ") cannot reach node 1 (" +
+                             h + ") over TCP (refused: 127.0.0.1:"));
+  EXPECT_THAT(out, HasSubstr("fix: open TCP ports on node 1 for node 0: NCCL's socket transport "
+                             "connects between all nodes"));
+}
+
+}  // namespace
+}  // namespace ddprun::e2e
