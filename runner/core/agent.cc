@@ -304,8 +304,21 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;
     Log(LogLevel::kInfo, fmt::format("node {} joined; waiting for the other nodes", config_.node_rank), out);
   } else if (const auto* reject = std::get_if<wire::Reject>(&message)) {
-    out.push_back(PrintSummary{"the coordinator refused this node: " + reject->reason});
-    Finish(now, 3, out);
+    if (!reject->retry || joined_) {
+      out.push_back(PrintSummary{"the coordinator refused this node: " + reject->reason});
+      Finish(now, 3, out);
+      return;
+    }
+    // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
+    last_connect_error_ = "the coordinator refused this node: " + reject->reason;
+    if (!last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
+      last_connect_log_ = now;
+      Log(LogLevel::kWarn, last_connect_error_ + "\nretrying until the rendezvous timeout", out);
+    }
+    connected_ = false;
+    out.push_back(DisconnectFromMaster{});
+    phase_ = Phase::kRetryWait;
+    retry_at_ = now + std::max(spec_.timeouts.heartbeat, kMaxRetry);
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
     std::vector<std::string> names;
     for (int32_t n : progress->missing) {

@@ -288,9 +288,9 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
 void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
                          std::vector<CoordinatorEffect>& out) {
   const std::string& from = conns_[conn_id].peer_addr;
-  auto refuse = [&](const std::string& reason) {
+  auto refuse = [&](const std::string& reason, bool retry = false) {
     out.push_back(LogLine{LogLevel::kError, "refused a node: " + reason});
-    out.push_back(SendTo{conn_id, wire::Reject{reason}});
+    out.push_back(SendTo{conn_id, wire::Reject{reason, retry}});
     Drop(conn_id, out);
   };
   const int nnodes = static_cast<int>(slots_.size());
@@ -343,10 +343,14 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
       Drop(*slot.conn, out);
       OnNodeLost(now, join.node_rank, "its connection dropped and it reconnected", out);
     } else {
+      // Retryable: a host that rebooted faster than its old connection was declared dead
+      // looks exactly like this, and its slot frees after 3 silent heartbeats. A real
+      // duplicate keeps being refused until its rendezvous timeout.
       refuse(fmt::format("node rank {} is claimed twice: by host {} (already joined) and by host "
                          "{} from {}\nhint: every node needs its own rank; check --node-rank, "
                          "DDPRUN_NODE_RANK or cluster.nodes",
-                         join.node_rank, slot.host, join.host, from));
+                         join.node_rank, slot.host, join.host, from),
+             /*retry=*/true);
       return;
     }
   }

@@ -110,8 +110,8 @@ void Get(Reader& r, Join& m) {
 }
 void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); }
 void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); }
-void Put(Writer& w, const Reject& m) { w.Str(m.reason); }
-void Get(Reader& r, Reject& m) { m.reason = r.Str(); }
+void Put(Writer& w, const Reject& m) { w.Str(m.reason); w.Bool(m.retry); }
+void Get(Reader& r, Reject& m) { m.reason = r.Str(); m.retry = r.Bool(); }
 void Put(Writer& w, const Progress& m) {
   w.I32(m.joined); w.I32(m.total); w.I32List(m.missing); w.I64(m.elapsed_ms); w.I64(m.timeout_ms);
 }

@@ -44,6 +44,7 @@ struct JoinAck {
 /// The coordinator refused the join; the agent prints `reason` and exits 3.
 struct Reject {
   std::string reason;
+  bool retry = false;  // the agent may try again (until its rendezvous timeout)
   bool operator==(const Reject&) const = default;
 };
 

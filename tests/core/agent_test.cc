@@ -478,10 +478,42 @@ TEST_F(AgentTest, SigtermBeforeJoiningExitsAtOnce) {
   EXPECT_EQ(All<AgentExit>(e)[0].code, 143);
 }
 
+TEST_F(AgentTest, ARetryableRejectIsRetriedUntilTheRendezvousTimeout) {
+  // A rebooted host whose old connection is not yet declared dead is refused as a duplicate
+  // for a few heartbeats; it must keep asking, and give up only at the rendezvous timeout.
+  Start(0s);
+  Feed(0s, MasterConnected{});
+  Effects e = Msg(0s, wire::Reject{"node rank 1 is claimed twice", true});
+  EXPECT_TRUE(All<AgentExit>(e).empty()) << test::Describe(e);
+  EXPECT_EQ(All<DisconnectFromMaster>(e).size(), 1u);
+  EXPECT_EQ(FindLog(e, "claimed twice"),
+            "the coordinator refused this node: node rank 1 is claimed twice\nretrying until the "
+            "rendezvous timeout");
+  EXPECT_EQ(agent_->NextDeadline(), At(2s));
+  EXPECT_EQ(All<ConnectToMaster>(Tick(2s)).size(), 1u);
+  Feed(2s, MasterConnected{});
+  Msg(2s, wire::JoinAck{2});
+  EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting) << "joined once the slot was free";
+}
+
+TEST_F(AgentTest, ARetryableRejectEndsAtTheRendezvousTimeoutWithTheReason) {
+  Start(0s);
+  for (Duration t = 0s; t < 15min; t += 2s) {
+    Feed(t, MasterConnected{});
+    Msg(t, wire::Reject{"node rank 1 is claimed twice", true});
+    if (t + 2s < 15min) Tick(t + 2s);
+  }
+  const Effects e = Tick(15min);
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+  EXPECT_NE(All<PrintSummary>(e).at(0).text.find("last error: the coordinator refused this node: node rank 1 is claimed twice"),
+            std::string::npos) << All<PrintSummary>(e).at(0).text;
+}
+
 TEST_F(AgentTest, RejectExitsThreeWithTheReason) {
   Start(0s);
   Feed(0s, MasterConnected{});
-  const Effects e = Msg(0s, wire::Reject{"node 1 (host gpu-02) runs a different job file"});
+  const Effects e = Msg(0s, wire::Reject{"node 1 (host gpu-02) runs a different job file", false});
   ASSERT_EQ(All<PrintSummary>(e).size(), 1u);
   EXPECT_EQ(All<PrintSummary>(e)[0].text,
             "the coordinator refused this node: node 1 (host gpu-02) runs a different job file");

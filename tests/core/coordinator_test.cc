@@ -225,6 +225,7 @@ TEST_F(CoordinatorTest, DuplicateNodeRankIsRejectedWhileTheFirstIsAlive) {
             "node rank 1 is claimed twice: by host gpu-02 (already joined) and by host gpu-99 "
             "from 10.0.0.9\nhint: every node needs its own rank; check --node-rank, "
             "DDPRUN_NODE_RANK or cluster.nodes");
+  EXPECT_TRUE(Sent<wire::Reject>(e)[0].second.retry) << "a rebooted host looks the same: it may ask again";
   ASSERT_EQ(All<CloseConn>(e).size(), 1u);
   EXPECT_EQ(All<CloseConn>(e)[0].conn, 9u);
   EXPECT_EQ(coordinator_->joined_count(), 1);
