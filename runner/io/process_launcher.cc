@@ -245,21 +245,27 @@ void RealProcessLauncher::OnOutput(Worker& worker, bool is_stderr, const char* d
     if (n <= 0) break;
     written += static_cast<size_t>(n);
   }
+  // Only stderr keeps lines (for the failure summary) and only shown ranks need them split,
+  // so a hidden rank's stdout costs nothing beyond the write above.
+  if (!worker.show && !is_stderr) return;
   std::string& partial = worker.partial[is_stderr ? 1 : 0];
-  std::string console;
-  size_t start = 0;
-  for (size_t i = 0; i < size; ++i) {
-    if (data[i] != '\n') continue;
-    std::string line = partial;
-    line.append(data + start, i - start);
-    partial.clear();
-    start = i + 1;
+  std::string& console = console_buffer_;
+  console.clear();
+  const char* end = data + size;
+  const char* start = data;
+  while (start < end) {
+    const auto* newline = static_cast<const char*>(std::memchr(start, '\n', static_cast<size_t>(end - start)));
+    if (!newline) break;
+    const std::string_view piece(start, static_cast<size_t>(newline - start));
     if (worker.show) {
       console += worker.prefix;
-      console += line;
+      console += partial;
+      console += piece;
       console += '\n';
     }
     if (is_stderr) {
+      std::string line = partial;
+      line += piece;
       worker.tail_bytes += line.size();
       worker.tail.push_back(std::move(line));
       while (worker.tail.size() > kTailLines || worker.tail_bytes > kTailBytes) {
@@ -267,8 +273,10 @@ void RealProcessLauncher::OnOutput(Worker& worker, bool is_stderr, const char* d
         worker.tail.pop_front();
       }
     }
+    partial.clear();
+    start = newline + 1;
   }
-  partial.append(data + start, size - start);
+  partial.append(start, static_cast<size_t>(end - start));
   if (partial.size() > 64 * 1024) {  // a line without end: show it in pieces
     if (worker.show) console += worker.prefix + partial + "\n";
     partial.clear();

@@ -54,6 +54,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   Options options_;
   host::ProcessEvents* events_ = nullptr;
   std::map<std::pair<int, int>, std::shared_ptr<Worker>> workers_;  // (round, local rank)
+  std::string console_buffer_;  // reused for every chunk of output
 };
 
 /// Turns a TORCHELASTIC_ERROR_FILE's JSON (torchelastic's nested or flat form) into readable
