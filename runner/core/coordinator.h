@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -96,7 +97,9 @@ class Coordinator {
   int done_count_ = 0;       // slots done in the running round
   int stopped_joined_ = 0;   // connected slots that confirmed the stop
   int acked_joined_ = 0;     // connected slots that acknowledged JobEnd
-  std::map<ConnId, Conn> conns_;
+  // Only looked up by id, never iterated (by_last_heard_ orders them), so a hash map keeps
+  // decisions deterministic and lookups O(1).
+  std::unordered_map<ConnId, Conn> conns_;
   std::set<std::pair<TimePoint, ConnId>> by_last_heard_;  // conns_ ordered by silence
   TimePoint rendezvous_started_;
   TimePoint rendezvous_deadline_;
