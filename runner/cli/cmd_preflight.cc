@@ -2,13 +2,10 @@
 // preflight worker as every rank's command, so the checks get rendezvous, fingerprint checks,
 // the gang stop and per-rank logs from the real runner.
 
-#include <cstdio>
-#include <filesystem>
-
 #include "runner/cli/commands.h"
+#include "runner/cli/node_job.h"
 #include "runner/io/driver.h"
 #include "runner/preflight/worker.h"
-#include "schema/loader.h"
 
 namespace ddprun::cli {
 namespace {
@@ -36,29 +33,10 @@ JobSpec PreflightSpec(const JobSpec& spec) {
 }  // namespace
 
 int PreflightCommand(const PreflightOptions& options) {
-  LoadResult loaded = LoadJobFile(options.job_path);
-  if (!loaded.diagnostics.items.empty()) {
-    const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path,
-                                               loaded.source_text, false);
-    std::fwrite(text.data(), 1, text.size(), stderr);
-  }
-  if (!loaded.spec) return kExitUsage;
-  const JobSpec& spec = *loaded.spec;
-
-  std::string error, how;
-  const auto node_rank = io::DetectNodeRank(spec, options.node_rank, error, how);
-  if (!node_rank) {
-    std::fprintf(stderr, "ddprun: error: %s\n", error.c_str());
-    return kExitUsage;
-  }
-  io::NodeRunOptions run;
-  run.node_rank = *node_rank;
-  run.host = static_cast<size_t>(*node_rank) < spec.cluster.nodes.size()
-                 ? spec.cluster.nodes[static_cast<size_t>(*node_rank)]
-                 : io::LocalHostName();
-  run.job_dir = std::filesystem::path(options.job_path).parent_path().string();
-  run.raw_console_rank = 0;
-  return io::RunNode(PreflightSpec(spec), run);
+  auto job = LoadNodeJob(options.job_path, options.node_rank);
+  if (!job) return kExitUsage;
+  job->run.raw_console_rank = 0;
+  return io::RunNode(PreflightSpec(job->spec), job->run);
 }
 
 int PreflightWorkerCommand(const PreflightWorkerOptions& options) {

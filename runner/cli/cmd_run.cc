@@ -3,38 +3,40 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <fmt/format.h>
-
 #include "runner/cli/commands.h"
-#include "runner/io/driver.h"
+#include "runner/cli/node_job.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {
 
-int RunCommand(const RunOptions& options) {
-  LoadResult loaded = LoadJobFile(options.job_path);
+std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<int> node_rank_flag) {
+  LoadResult loaded = LoadJobFile(job_path);
   if (!loaded.diagnostics.items.empty()) {
-    const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path,
-                                               loaded.source_text, false);
+    const std::string text = RenderDiagnostics(loaded.diagnostics, job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
-  if (!loaded.spec) return kExitUsage;
-  const JobSpec& spec = *loaded.spec;
+  if (!loaded.spec) return std::nullopt;
+  NodeJob job{std::move(*loaded.spec), {}};
 
   std::string error, how;
-  const auto node_rank = io::DetectNodeRank(spec, options.node_rank, error, how);
+  const auto node_rank = io::DetectNodeRank(job.spec, node_rank_flag, error, how);
   if (!node_rank) {
     std::fprintf(stderr, "ddprun: error: %s\n", error.c_str());
-    return kExitUsage;
+    return std::nullopt;
   }
-  io::NodeRunOptions run;
-  run.node_rank = *node_rank;
-  run.host = static_cast<size_t>(*node_rank) < spec.cluster.nodes.size()
-                 ? spec.cluster.nodes[static_cast<size_t>(*node_rank)]
-                 : io::LocalHostName();
-  run.job_dir = std::filesystem::path(options.job_path).parent_path().string();
-  run.verbose = options.verbose;
-  return io::RunNode(spec, run);
+  const auto& nodes = job.spec.cluster.nodes;
+  job.run.node_rank = *node_rank;
+  job.run.host = static_cast<size_t>(*node_rank) < nodes.size() ? nodes[static_cast<size_t>(*node_rank)]
+                                                                : io::LocalHostName();
+  job.run.job_dir = std::filesystem::path(job_path).parent_path().string();
+  return job;
+}
+
+int RunCommand(const RunOptions& options) {
+  auto job = LoadNodeJob(options.job_path, options.node_rank);
+  if (!job) return kExitUsage;
+  job->run.verbose = options.verbose;
+  return io::RunNode(job->spec, job->run);
 }
 
 }  // namespace ddprun::cli
