@@ -20,7 +20,16 @@ constexpr size_t kMaxMissingNamed = 16;
 
 int64_t ToMillis(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
-bool MentionsNccl(const std::string& text) { return text.find("NCCL") != std::string::npos; }
+// What NCCL and PyTorch's NCCL process group print when a collective fails; advice that merely
+// names NCCL (preflight's "NCCL's socket transport needs these ports") is not an NCCL error.
+bool MentionsNccl(const std::string& text) {
+  for (const char* marker : {"NCCL WARN", "NCCL error", "NCCL Error", "ProcessGroupNCCL",
+                             "NCCL communicator", "ncclInternalError", "ncclSystemError",
+                             "ncclUnhandledCudaError", "ncclRemoteError", "ncclInvalidUsage"}) {
+    if (text.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
 
 }  // namespace
 

@@ -434,6 +434,12 @@ TEST_F(CoordinatorNoRestartTest, NcclInTheErrorFileAloneGivesTheHint) {
   EXPECT_EQ(summary.find("last lines of its stderr"), std::string::npos) << summary;
 }
 
+TEST_F(CoordinatorNoRestartTest, AdviceThatOnlyNamesNcclGivesNoHint) {
+  const std::string summary = SummaryAfter(RankThreeFailed(
+      0, "fix: open TCP ports on node 1 for node 0: NCCL's socket transport connects between all nodes\n"));
+  EXPECT_EQ(summary.find("hint: the error mentions NCCL"), std::string::npos) << summary;
+}
+
 TEST_F(CoordinatorTest, EveryNodeDoneEndsTheJobWithZeroAfterTheExitBarrier) {
   StartFirstRound(0s);
   EXPECT_TRUE(Meaningful(Send(5s, ConnOf(1), wire::NodeDone{0})).empty());
