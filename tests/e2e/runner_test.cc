@@ -160,6 +160,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EnvironmentTest,
                            return std::to_string(param_info.param.first) + "x" + std::to_string(param_info.param.second);
                          });
 
+TEST_F(RunnerTest, WithAStorePortEveryRankUsesItAndNoRelayIsInvolved) {
+  const uint16_t store_port = FreePort();
+  JobOptions o;
+  o.script = "env > env-$RANK.txt";
+  port_ = FreePort();
+  WriteJob(o);
+  // store_port belongs in [cluster]; append it under the master_port line.
+  std::string text = dir_.Read("job.toml");
+  const std::string master_line = "master_port = " + std::to_string(port_) + "\n";
+  text.replace(text.find(master_line), master_line.size(),
+               master_line + "store_port = " + std::to_string(store_port) + "\n");
+  dir_.Write("job.toml", text);
+  Start(0);
+  Start(1);
+  for (auto& agent : agents_) ASSERT_EQ(agent->Wait(30s), 0) << Describe();
+  for (int rank = 0; rank < 4; ++rank) {
+    auto env = ParseEnvDump(dir_.Read("env-" + std::to_string(rank) + ".txt"));
+    EXPECT_EQ(env["MASTER_PORT"], std::to_string(store_port)) << "rank " << rank;
+  }
+}
+
 constexpr const char* kSleeper =
     "trap 'echo stopped > stopped-$RANK-$TORCHELASTIC_RESTART_COUNT; exit 143' TERM; "
     "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; sleep 30 & wait";
