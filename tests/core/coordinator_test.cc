@@ -244,6 +244,22 @@ TEST_F(CoordinatorTest, SameInstanceReconnectingIsAccepted) {
   EXPECT_EQ(coordinator_->joined_count(), 1);
 }
 
+TEST_F(CoordinatorTest, AReconnectDuringARoundEndsTheRoundAndCountsTheNodeAsStopped) {
+  // The agent stopped its workers when it lost us, so the running round cannot finish; the
+  // rejoined node has nothing left to stop, so only node 0 must confirm.
+  StartFirstRound(0s);
+  Connect(2s, 201, "10.0.0.2");
+  const Effects e = Send(2s, 201, JoinOf(1));
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping) << test::Describe(e);
+  EXPECT_EQ(FindLog(e, "round 0 failed"),
+            "round 0 failed: node 1 (gpu-02) was lost: its connection dropped and it reconnected; "
+            "stopping every worker on every node");
+  EXPECT_EQ(Sent<wire::JoinAck>(e).size(), 1u);
+  const Effects stopped = Send(3s, ConnOf(0), wire::RoundStopped{0, 2});
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kBackoff) << test::Describe(stopped);
+  EXPECT_EQ(coordinator_->restarts_used(), 1);
+}
+
 TEST_F(CoordinatorTest, MessagesBeforeJoinDropThePeer) {
   Connect(0s, 5, "10.0.0.5");
   const Effects e = Send(0s, 5, wire::NodeDone{0});
