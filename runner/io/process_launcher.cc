@@ -14,15 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/asio/connect_pipe.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/readable_pipe.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/writable_pipe.hpp>
-#include <boost/process/v2/environment.hpp>
 #include <boost/process/v2/process.hpp>
-#include <boost/process/v2/start_dir.hpp>
-#include <boost/process/v2/stdio.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -44,24 +39,64 @@ constexpr size_t kTailBytes = 8 * 1024;
 constexpr auto kDrainLimit = std::chrono::seconds(2);
 constexpr size_t kMaxErrorFile = 64 * 1024;
 
-/// Runs in the child between fork and exec.
-struct ChildSetup {
-  pid_t agent_pid;
-  template <typename Launcher>
-  error_code on_exec_setup(Launcher&, const bp::filesystem::path&, const char* const*&) {
-    // Its own process group, so a stop reaches everything the worker started.
-    if (::setpgid(0, 0) != 0) return error_code(errno, boost::system::system_category());
-    // If the agent dies (even by SIGKILL), the worker dies with it.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (::getppid() != agent_pid) ::_exit(137);  // the agent died before prctl took effect
-    // The agent ignores SIGPIPE; exec keeps ignored signals ignored, workers must not inherit it.
-    ::signal(SIGPIPE, SIG_DFL);
-    sigset_t all;
-    sigemptyset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    return {};
+/// Starts one worker with vfork+exec, so starting 8 workers does not copy the agent's page
+/// tables 8 times (Boost.Process v2's launcher forks and waits for each exec). Between vfork
+/// and exec the child shares our memory: it only makes system calls, no allocation. Returns 0
+/// and sets `pid`, or the errno of the failed step.
+int SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir, int out_fd,
+                       int err_fd, pid_t& pid) {
+  int status_pipe[2];  // the child reports a failed step's errno; exec closes it on success
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) return errno;
+  const int dev_null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (dev_null < 0) {
+    const int error = errno;
+    ::close(status_pipe[0]);
+    ::close(status_pipe[1]);
+    return error;
   }
-};
+  const pid_t agent = ::getpid();
+  const pid_t child = ::vfork();
+  if (child == 0) {
+    int error = 0;
+    // Its own process group, so a stop reaches everything the worker started; and it dies
+    // with the agent, even by SIGKILL.
+    if (::setpgid(0, 0) != 0) error = errno;
+    if (!error) ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (!error && ::getppid() != agent) ::_exit(137);  // the agent died before prctl
+    if (!error && (::dup2(dev_null, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0)) error = errno;
+    if (!error && ::chdir(workdir) != 0) error = errno;
+    if (!error) {
+      // The agent ignores SIGPIPE, and exec keeps ignored signals ignored.
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      ::sigaction(SIGPIPE, &dfl, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execve(argv[0], argv, envp);
+      error = errno;
+    }
+    [[maybe_unused]] const ssize_t n = ::write(status_pipe[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  const int fork_errno = child < 0 ? errno : 0;
+  ::close(status_pipe[1]);
+  ::close(dev_null);
+  int error = fork_errno;
+  if (child > 0) {
+    // vfork returns once the child has exec'd (the pipe closed: EOF) or exited (errno written).
+    int reported = 0;
+    if (::read(status_pipe[0], &reported, sizeof reported) == static_cast<ssize_t>(sizeof reported)) {
+      error = reported;
+      int status = 0;
+      ::waitpid(child, &status, 0);
+    } else {
+      pid = child;
+    }
+  }
+  ::close(status_pipe[0]);
+  return error;
+}
 
 bp::filesystem::path ResolveExecutable(const std::string& name, const std::string& workdir,
                                        const std::map<std::string, std::string>& env) {
@@ -170,27 +205,44 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   env_lines.reserve(env.size());
   for (const auto& [name, value] : env) env_lines.push_back(name + "=" + value);
 
-  asio::writable_pipe out_write(io_), err_write(io_);
+  // Everything the child needs is prepared here: between vfork and exec it may not allocate.
+  std::vector<std::string> argv_strings;
+  argv_strings.push_back(exe.string());
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& e : env_lines) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    fail(fmt::format("cannot create pipes: {}", std::strerror(errno)));
+    ::close(worker->log_fd);
+    return;
+  }
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    fail(fmt::format("cannot create pipes: {}", std::strerror(errno)));
+    ::close(worker->log_fd);
+    return;
+  }
+  const int start_errno = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
+                                             out_pipe[1], err_pipe[1], worker->pid);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
   error_code ec;
-  asio::connect_pipe(worker->out, out_write, ec);
-  if (!ec) asio::connect_pipe(worker->err, err_write, ec);
-  if (ec) {
-    fail("cannot create pipes: " + ec.message());
+  worker->out.assign(out_pipe[0], ec);
+  worker->err.assign(err_pipe[0], ec);
+  if (start_errno != 0) {
+    worker->out.close(ec);
+    worker->err.close(ec);
+    fail(fmt::format("cannot start {}: {}", exe.string(), std::strerror(start_errno)));
     ::close(worker->log_fd);
     return;
   }
-  auto process = bp::default_process_launcher()(
-      io_.get_executor(), ec, exe, args, bp::process_environment(env_lines),
-      bp::process_start_dir(options_.workdir), bp::process_stdio{nullptr, out_write, err_write},
-      ChildSetup{::getpid()});
-  out_write.close(ec);
-  err_write.close(ec);
-  if (ec && !process.is_open()) {
-    fail(fmt::format("cannot start {}: {}", exe.string(), ec.message()));
-    ::close(worker->log_fd);
-    return;
-  }
-  worker->pid = process.id();
+  bp::process process(io_.get_executor(), worker->pid);
   worker->process.emplace(std::move(process));
   if (options_.guardian) options_.guardian->Watch(worker->pid);
   workers_[{round, launch.local_rank}] = worker;
