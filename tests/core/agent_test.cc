@@ -62,7 +62,7 @@ class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override { UseJob(kTwoNodeJob); }
 
-  void UseJob(std::string_view toml) {
+  void UseJob(std::string_view toml, std::string secret = "") {
     spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
     Agent::Config config;
     config.node_rank = 1;
@@ -73,6 +73,7 @@ class AgentTest : public ::testing::Test {
     config.ddprun_version = "0.1.0";
     config.logs_dir = "/var/log/ddprun";
     config.inherited_env = {{"PATH", "/usr/bin"}};
+    config.secret = std::move(secret);
     config_ = config;
     agent_ = std::make_unique<Agent>(*spec_, std::move(config));
   }
@@ -552,29 +553,11 @@ TEST_F(AgentTest, InterruptedAgentThatLostTheCoordinatorHasNoStaleRetryDeadline)
   EXPECT_EQ(agent_->NextDeadline(), At(35s));  // the SIGKILL after stop_grace
 }
 
-}  // namespace
-}  // namespace ddprun::core
-
-namespace ddprun::core {
-namespace {
-
 // With a shared secret the agent answers the coordinator's challenge, and refuses to join a
 // coordinator that never asks. Without one, a challenge ends it with advice.
 class SecretAgentTest : public AgentTest {
  protected:
-  void SetUp() override {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(kTwoNodeJob));
-    Agent::Config config;
-    config.node_rank = 1;
-    config.host = "gpu-02";
-    config.canonical = CanonicalForm(*spec_);
-    config.fingerprint = Fingerprint(*spec_);
-    config.instance = 4242;
-    config.ddprun_version = "0.1.0";
-    config.secret = "s3cret";
-    config_ = config;
-    agent_ = std::make_unique<Agent>(*spec_, std::move(config));
-  }
+  void SetUp() override { UseJob(kTwoNodeJob, "s3cret"); }
 };
 
 TEST_F(SecretAgentTest, SpeaksFirstThenAnswersTheChallengeWithItsProof) {

@@ -623,12 +623,6 @@ TEST_F(CoordinatorTest, NextDeadlineIsTheEarliestPendingDeadline) {
   EXPECT_EQ(coordinator_->NextDeadline(), At(1500ms));
 }
 
-}  // namespace
-}  // namespace ddprun::core
-
-namespace ddprun::core {
-namespace {
-
 // With a shared secret: every connection is challenged and only a correct proof joins.
 class SecretCoordinatorTest : public CoordinatorTest {
  protected:
