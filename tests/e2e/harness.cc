@@ -128,6 +128,14 @@ std::string AgentProcess::Output() const {
   return s.str();
 }
 
+std::string DescribeAgents(const std::vector<std::unique_ptr<AgentProcess>>& agents) {
+  std::string text;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    text += "---- agent " + std::to_string(i) + " ----\n" + agents[i]->Output();
+  }
+  return text;
+}
+
 bool ProcessAlive(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   if (!stat) return false;

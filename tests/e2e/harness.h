@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +55,9 @@ class AgentProcess {
   std::optional<int> exit_code_;
   std::string output_path_;
 };
+
+/// Every agent's output, each under a "---- agent i ----" header, for failure messages.
+std::string DescribeAgents(const std::vector<std::unique_ptr<AgentProcess>>& agents);
 
 /// True while `pid` exists and is not a zombie.
 bool ProcessAlive(pid_t pid);

@@ -35,13 +35,7 @@ class PreflightTest : public ::testing::Test {
         out, env));
     return *agents_.back();
   }
-  std::string Describe() const {
-    std::string text;
-    for (size_t i = 0; i < agents_.size(); ++i) {
-      text += "---- agent " + std::to_string(i) + " ----\n" + agents_[i]->Output();
-    }
-    return text;
-  }
+  std::string Describe() const { return DescribeAgents(agents_); }
   static bool MachineHasGpu() { return ::access("/dev/nvidia0", F_OK) == 0; }
 
   ScratchDir dir_;

@@ -71,13 +71,7 @@ class RunnerTest : public ::testing::Test {
         out, env));
     return *agents_.back();
   }
-  std::string Describe() const {
-    std::string text;
-    for (size_t i = 0; i < agents_.size(); ++i) {
-      text += "---- agent " + std::to_string(i) + " ----\n" + agents_[i]->Output();
-    }
-    return text;
-  }
+  std::string Describe() const { return DescribeAgents(agents_); }
   /// Waits for a pid file to be written completely (a worker writes it while we poll).
   pid_t ReadPid(const std::string& name) const {
     std::string text;
