@@ -338,7 +338,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
                     FormatDuration(Millis(progress->timeout_ms))),
         out);
   } else if (const auto* start = std::get_if<wire::StartRound>(&message)) {
-    StartWorkers(now, *start, out);
+    StartWorkers(*start, out);
   } else if (const auto* stop = std::get_if<wire::StopRound>(&message)) {
     if (stop->round != round_) return;  // stale
     std::string cause = stop->cause;
@@ -355,7 +355,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
   }
 }
 
-void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vector<AgentEffect>& out) {
+void Agent::StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>& out) {
   if (running_workers() > 0) {
     // The coordinator only starts a round after every node confirmed its workers stopped.
     Log(LogLevel::kError,
@@ -406,7 +406,6 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
                   nproc, nproc == 1 ? "" : "s", config_.node_rank * nproc,
                   config_.node_rank * nproc + nproc - 1, spec_.WorldSize(), start.master_port),
       out);
-  (void)now;
   out.push_back(std::move(spawn));
 }
 

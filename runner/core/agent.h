@@ -63,7 +63,7 @@ class Agent {
   void OnMasterLost(TimePoint now, const std::string& why, std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);
   void OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out);
-  void StartWorkers(TimePoint now, const wire::StartRound& start, std::vector<AgentEffect>& out);
+  void StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>& out);
   void StopWorkers(TimePoint now, std::vector<AgentEffect>& out);
   void MaybeStopped(std::vector<AgentEffect>& out);
   void Finish(TimePoint now, int code, std::vector<AgentEffect>& out);
