@@ -95,10 +95,30 @@ struct JobSpec {
     Duration backoff = Seconds(10);
   } restart;
 
+  /// The protocol's time bounds are all derived here, so the agent, the coordinator, the
+  /// loader's consistency checks, the simulator's invariants and the docs use one definition.
   struct Timeouts {
     Duration rendezvous = Minutes(15);
     Duration heartbeat = Seconds(2);
     Duration stop_grace = Seconds(30);
+
+    /// How long a peer may stay silent before it is lost: more than 3 heartbeat intervals
+    /// without a message. A stall shorter than 2 intervals is always tolerated (the silence
+    /// it causes is the stall plus at most one interval since the peer's last beat).
+    Duration LossBound() const { return 3 * heartbeat; }
+    /// After SIGKILL a worker is normally gone at once; the agent gives up on one that is not
+    /// reaped after this (stuck in the kernel).
+    static constexpr Duration kKillAllowance = Seconds(10);
+    /// From SIGTERM to the last worker gone: stop_grace, SIGKILL, and the kill allowance.
+    Duration StopBound() const { return stop_grace + kKillAllowance; }
+    /// The lease of a node rank: once the coordinator stops hearing from a node, that node's
+    /// agent notices within the loss bound (plus one interval for a heartbeat in flight) and
+    /// has its workers stopped within the stop bound. After this, the previous holder of the
+    /// rank is certainly gone, so the rank may be given to another agent.
+    Duration LeaseBound() const { return LossBound() + heartbeat + StopBound(); }
+    /// The exit barrier: how long the coordinator waits for every agent to acknowledge the end
+    /// of the job, long enough for an agent that lost it to stop its workers and rejoin.
+    Duration ExitBarrier() const { return LeaseBound() + Seconds(5); }
   } timeouts;
 
   struct Logs {

@@ -17,8 +17,6 @@ constexpr Duration kFirstRetry = Millis(250);
 constexpr Duration kMaxRetry = Seconds(2);
 // Connect failures repeat every retry; the user needs to hear about them this often.
 constexpr Duration kConnectLogInterval = Seconds(10);
-// After SIGKILL, a worker that still has not been reaped (stuck in the kernel) is given up on.
-constexpr Duration kKillGiveUp = Seconds(10);
 
 }  // namespace
 
@@ -72,13 +70,14 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
     if (!connected_) return;
+    const bool was_joined = joined_;
     connected_ = false;
     joined_ = false;
     if (pending_exit_) {
       MaybeStopped(out);
       return;
     }
-    OnMasterLost(now, closed->reason.empty() ? "connection closed" : closed->reason, out);
+    OnMasterLost(now, closed->reason.empty() ? "connection closed" : closed->reason, was_joined, out);
   } else if (const auto* exited = std::get_if<WorkerExited>(&input)) {
     OnWorkerExited(now, *exited, out);
   } else if (const auto* spawn_failed = std::get_if<WorkerSpawnFailed>(&input)) {
@@ -103,7 +102,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
                       FormatDuration(spec_.timeouts.stop_grace)),
           out);
       out.push_back(SignalWorkers{round_, SIGKILL});
-      give_up_at_ = now + kKillGiveUp;
+      give_up_at_ = now + JobSpec::Timeouts::kKillAllowance;
     }
   }
   if (give_up_at_ && now >= *give_up_at_) {
@@ -133,7 +132,8 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
       if (joined_) Send(wire::Heartbeat{}, out);
       next_heartbeat_ = now + spec_.timeouts.heartbeat;
     }
-    if (now - last_heard_ > 3 * spec_.timeouts.heartbeat) {
+    if (now - last_heard_ > spec_.timeouts.LossBound()) {
+      const bool was_joined = joined_;
       connected_ = false;
       joined_ = false;
       out.push_back(DisconnectFromMaster{});
@@ -141,7 +141,8 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
         MaybeStopped(out);
         return;
       }
-      OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - last_heard_)), out);
+      OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - last_heard_)),
+                   was_joined, out);
       if (phase_ == Phase::kExited) return;
     }
   }
@@ -150,7 +151,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   // agent that cannot reach it at all, or whose coordinator went quiet.
   const bool waiting_for_round = joined_ && phase_ == Phase::kWaiting && running_workers() == 0;
   const TimePoint deadline =
-      joined_ ? rendezvous_deadline_ + 3 * spec_.timeouts.heartbeat + Seconds(10) : rendezvous_deadline_;
+      joined_ ? rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10) : rendezvous_deadline_;
   if ((!joined_ || waiting_for_round) && !pending_exit_ && round_ < 0 && now >= deadline) {
     std::string why = last_connect_error_.empty() ? "no answer from the coordinator" : last_connect_error_;
     out.push_back(PrintSummary{fmt::format(
@@ -179,7 +180,7 @@ std::optional<TimePoint> Agent::NextDeadline() const {
   consider(interrupt_deadline_);
   if (connected_) {
     consider(next_heartbeat_);
-    consider(last_heard_ + 3 * spec_.timeouts.heartbeat + Duration(1));
+    consider(last_heard_ + spec_.timeouts.LossBound() + Duration(1));
   }
   // Only deadlines ExpireDeadlines acts on: one it ignores would stay in the past and spin
   // the driver. Retries stop once the agent is exiting; the rendezvous backstop applies until
@@ -189,7 +190,7 @@ std::optional<TimePoint> Agent::NextDeadline() const {
     if (!joined_) {
       consider(rendezvous_deadline_);
     } else if (round_ < 0) {
-      consider(rendezvous_deadline_ + 3 * spec_.timeouts.heartbeat + Seconds(10));
+      consider(rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10));
     }
   }
   return next;
@@ -256,8 +257,13 @@ void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,
   retry_delay_ = std::min(retry_delay_ * 2, kMaxRetry);
 }
 
-void Agent::OnMasterLost(TimePoint now, const std::string& why, std::vector<AgentEffect>& out) {
-  rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
+void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
+                         std::vector<AgentEffect>& out) {
+  // timeouts.rendezvous bounds each wait for the coordinator, whatever the peer does. The wait
+  // starts when a joined agent loses the coordinator, and only a JoinAck ends it: losing a
+  // connection that never got that far (a listener that accepts and never answers, a
+  // coordinator that has finished) is part of the same wait, not a new one.
+  if (was_joined) rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
   last_connect_log_.reset();
   if (interrupted_by_ != 0) {
     pending_exit_ = 128 + interrupted_by_;
@@ -265,11 +271,19 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, std::vector<Agen
     MaybeStopped(out);
     return;
   }
-  Log(LogLevel::kWarn,
-      fmt::format("lost the coordinator at {} ({}); stopping this node's workers and rejoining "
-                  "for up to {}",
-                  MasterEndpoint(), why, FormatDuration(spec_.timeouts.rendezvous)),
-      out);
+  const Duration left = std::max(rendezvous_deadline_ - now, Duration(0));
+  if (was_joined) {
+    Log(LogLevel::kWarn,
+        fmt::format("lost the coordinator at {} ({}); stopping this node's workers and rejoining "
+                    "for up to {}",
+                    MasterEndpoint(), why, FormatDuration(spec_.timeouts.rendezvous)),
+        out);
+  } else {
+    Log(LogLevel::kWarn,
+        fmt::format("the coordinator at {} did not answer the join ({}); retrying for {} more",
+                    MasterEndpoint(), why, HumanDuration(left)),
+        out);
+  }
   StopWorkers(now, out);
   phase_ = Phase::kRetryWait;
   retry_delay_ = kFirstRetry;
@@ -457,7 +471,7 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
   StopWorkers(now, out);
   if (connected_ && joined_) {
     Send(wire::Interrupted{signal}, out);
-    interrupt_deadline_ = now + spec_.timeouts.stop_grace + 3 * spec_.timeouts.heartbeat + Seconds(5);
+    interrupt_deadline_ = now + spec_.timeouts.ExitBarrier();
   } else {
     pending_exit_ = 128 + signal;
   }

@@ -60,7 +60,8 @@ class Agent {
   void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
   void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
-  void OnMasterLost(TimePoint now, const std::string& why, std::vector<AgentEffect>& out);
+  void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
+                    std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);
   void OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out);
   void StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>& out);

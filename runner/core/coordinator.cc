@@ -46,6 +46,7 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (i < spec.cluster.nodes.size()) slots_[i].host = spec.cluster.nodes[i];
   }
+  last_input_ = start;
 }
 
 void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
@@ -56,12 +57,16 @@ void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
 int Coordinator::joined_count() const { return joined_; }
 
 // Counters instead of scans: at 16,384 nodes every message would otherwise cost O(nodes).
-void Coordinator::SetSlotConn(Slot& slot, std::optional<ConnId> conn) {
+void Coordinator::SetSlotConn(Slot& slot, std::optional<ConnId> conn, TimePoint now) {
   const int before = slot.conn ? 1 : 0;
   const int after = conn ? 1 : 0;
   joined_ += after - before;
   if (slot.stopped) stopped_joined_ += after - before;
-  if (slot.acked_end) acked_joined_ += after - before;
+  // Fencing: a node lost while its workers may run keeps its rank until its lease has run
+  // out; its own agent stops them within that time (DESIGN.md section 10).
+  const bool workers_may_run = phase_ == Phase::kStarting || phase_ == Phase::kRunning ||
+                               (phase_ == Phase::kStopping && !slot.stopped);
+  if (slot.conn && !conn && workers_may_run) slot.fenced_until = now + spec_.timeouts.LeaseBound();
   slot.conn = conn;
 }
 
@@ -74,7 +79,9 @@ std::string Coordinator::NodeName(int node_rank) const {
 void Coordinator::Handle(TimePoint now, const CoordinatorInput& input,
                          std::vector<CoordinatorEffect>& out) {
   ExpireDeadlines(now, out);
-  if (phase_ == Phase::kDone) return;
+  last_input_ = now;
+  // A finished coordinator still answers: an agent that lost it before the end (a pause, a
+  // partition) rejoins and must learn the verdict instead of waiting for an answer.
   if (const auto* accepted = std::get_if<PeerAccepted>(&input)) {
     conns_[accepted->conn] = Conn{accepted->peer_addr, -1, now, ""};
     by_last_heard_.emplace(now, accepted->conn);
@@ -87,7 +94,7 @@ void Coordinator::Handle(TimePoint now, const CoordinatorInput& input,
     by_last_heard_.erase({it->second.last_heard, it->first});
     conns_.erase(it);
     if (node_rank >= 0 && slots_[static_cast<size_t>(node_rank)].conn == closed->conn) {
-      SetSlotConn(slots_[static_cast<size_t>(node_rank)], std::nullopt);
+      SetSlotConn(slots_[static_cast<size_t>(node_rank)], std::nullopt, now);
       OnNodeLost(now, node_rank, closed->reason.empty() ? "connection closed" : closed->reason, out);
     }
   } else if (const auto* port = std::get_if<StorePortReady>(&input)) {
@@ -97,11 +104,13 @@ void Coordinator::Handle(TimePoint now, const CoordinatorInput& input,
 }
 
 void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>& out) {
-  if (phase_ == Phase::kDone) return;
-  const Duration heartbeat = spec_.timeouts.heartbeat;
-  if (now >= next_heartbeat_) {
+  const Duration loss_bound = spec_.timeouts.LossBound();
+  if (phase_ != Phase::kDone && now - last_input_ > loss_bound) {
+    OnStalled(now, now - last_input_, out);
+  }
+  if (phase_ != Phase::kDone && now >= next_heartbeat_) {
     Broadcast(wire::Heartbeat{}, out);
-    next_heartbeat_ = now + heartbeat;
+    next_heartbeat_ = now + spec_.timeouts.heartbeat;
   }
   // Checked on every input, not on a heartbeat grid: a peer is lost the moment it has been
   // silent for more than 3 heartbeats (the agent uses the same bound), not up to a beat later.
@@ -109,22 +118,23 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
   {
     std::vector<ConnId> silent;
     for (const auto& [last_heard, id] : by_last_heard_) {
-      if (now - last_heard <= 3 * heartbeat) break;
+      if (now - last_heard <= loss_bound) break;
       silent.push_back(id);
     }
     for (ConnId id : silent) {
       const int node_rank = conns_[id].node_rank;
       const Duration quiet = now - conns_[id].last_heard;
-      Drop(id, out);
-      if (node_rank >= 0) {
+      Drop(now, id, out);
+      if (node_rank >= 0 && phase_ != Phase::kDone) {
         OnNodeLost(now, node_rank, fmt::format("silent for {} (3 heartbeats)", HumanDuration(quiet)), out);
       }
-      if (phase_ == Phase::kDone) return;
     }
   }
   switch (phase_) {
     case Phase::kRendezvous:
-      if (now >= rendezvous_deadline_) {
+      if (round_gate_ && now >= *round_gate_) {
+        MaybeStartRound(now, out);
+      } else if (now >= rendezvous_deadline_ && joined_count() < static_cast<int>(slots_.size())) {
         std::vector<std::string> missing;
         for (size_t i = 0; i < slots_.size(); ++i) {
           if (!slots_[i].conn) missing.push_back(NodeName(static_cast<int>(i)));
@@ -159,7 +169,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
                                   fmt::format("{} did not confirm that its workers stopped; "
                                               "dropping it",
                                               NodeName(static_cast<int>(i)))});
-            Drop(*slot.conn, out);
+            Drop(now, *slot.conn, out);
           }
         }
         MaybeFinishStop(now, out);
@@ -192,14 +202,24 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
 }
 
 std::optional<TimePoint> Coordinator::NextDeadline() const {
-  if (phase_ == Phase::kDone) return std::nullopt;
+  if (phase_ == Phase::kDone) {
+    // Only connections from late agents remain; a silent one is dropped like any other.
+    if (by_last_heard_.empty()) return std::nullopt;
+    return by_last_heard_.begin()->first + spec_.timeouts.LossBound() + Duration(1);
+  }
   TimePoint next = next_heartbeat_;
   if (!by_last_heard_.empty()) {
-    next = std::min(next, by_last_heard_.begin()->first + 3 * spec_.timeouts.heartbeat + Duration(1));
+    next = std::min(next, by_last_heard_.begin()->first + spec_.timeouts.LossBound() + Duration(1));
   }
   switch (phase_) {
     case Phase::kRendezvous:
-      next = std::min({next, rendezvous_deadline_, next_progress_});
+      // With every node joined only the fence gate is left to wait for: a rendezvous
+      // deadline that ExpireDeadlines ignores would stay in the past and spin the driver.
+      if (round_gate_) {
+        next = std::min(next, *round_gate_);
+      } else {
+        next = std::min({next, rendezvous_deadline_, next_progress_});
+      }
       break;
     case Phase::kStopping:
     case Phase::kBackoff:
@@ -231,10 +251,11 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     out.push_back(LogLine{LogLevel::kWarn,
                           fmt::format("dropping {}: sent {} before joining", it->second.peer_addr,
                                       wire::MessageName(message))});
-    Drop(conn_id, out);
+    Drop(now, conn_id, out);
     return;
   }
   Slot& slot = slots_[static_cast<size_t>(node_rank)];
+  if (phase_ == Phase::kDone && !std::holds_alternative<wire::JobEndAck>(message)) return;
 
   if (const auto* failed = std::get_if<wire::WorkerFailed>(&message)) {
     if (phase_ != Phase::kRunning || failed->round != round_) return;  // stale or already stopping
@@ -279,17 +300,14 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
                        spec_.job.name, NodeName(node_rank), SignalName(interrupted->signal)),
            out);
   } else if (std::holds_alternative<wire::JobEndAck>(message)) {
-    if (!slot.acked_end) {
-      slot.acked_end = true;
-      ++acked_joined_;
-    }
+    SettleEnd(slot);
     MaybeDone(out);
   } else if (std::holds_alternative<wire::Heartbeat>(message)) {
     // last_heard is already updated
   } else {
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("dropping {}: unexpected {} from an agent",
                                                        NodeName(node_rank), wire::MessageName(message))});
-    Drop(conn_id, out);
+    Drop(now, conn_id, out);
     OnNodeLost(now, node_rank, "protocol error", out);
   }
 }
@@ -300,7 +318,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   auto refuse = [&](const std::string& reason, bool retry = false) {
     out.push_back(LogLine{LogLevel::kError, "refused a node: " + reason});
     out.push_back(SendTo{conn_id, wire::Reject{reason, retry}});
-    Drop(conn_id, out);
+    Drop(now, conn_id, out);
   };
   const int nnodes = static_cast<int>(slots_.size());
   // Authentication first: a peer without the secret learns nothing about the job. The first
@@ -345,11 +363,11 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     return;
   }
   Slot& slot = slots_[static_cast<size_t>(join.node_rank)];
-  if (slot.conn) {
+  if (slot.conn && phase_ != Phase::kDone) {
     if (slot.instance == join.instance) {
       // The same agent reconnecting before we noticed its old connection died. It stopped its
       // workers when it lost us, so a running round has lost this node.
-      Drop(*slot.conn, out);
+      Drop(now, *slot.conn, out);
       OnNodeLost(now, join.node_rank, "its connection dropped and it reconnected", out);
     } else {
       // Retryable: a host that rebooted faster than its old connection was declared dead
@@ -364,13 +382,29 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     }
   }
   if (phase_ == Phase::kEnding || phase_ == Phase::kDone) {
-    refuse(fmt::format("node {} joined while the job is ending", join.node_rank));
+    // An agent that lost us before the end (a pause, a partition) rejoins to hear the verdict;
+    // it exits with the job's code once it has acknowledged.
+    SetSlotConn(slot, conn_id, now);
+    conns_[conn_id].node_rank = join.node_rank;
+    out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; "
+                                                       "telling it the outcome",
+                                                       NodeName(join.node_rank))});
+    out.push_back(SendTo{conn_id, wire::JobEnd{*exit_code_, end_summary_}});
+    if (slot.end == EndState::kAway) slot.end = EndState::kTold;
     return;
   }
+  if (slot.instance != join.instance) {
+    // A different agent takes the rank (a rebooted host, or a second agent started for it):
+    // the previous holder's fence stands until its lease has run out.
+    slot.instance = join.instance;
+  } else if (slot.fenced_until) {
+    // The same agent rejoins: agents rejoin only once their workers are gone.
+    slot.fenced_until.reset();
+  }
   slot.host = join.host;
-  slot.instance = join.instance;
-  slot.done = slot.stopped = slot.acked_end = false;
-  SetSlotConn(slot, conn_id);
+  slot.done = slot.stopped = false;
+  slot.ever_joined = true;
+  SetSlotConn(slot, conn_id, now);
   conns_[conn_id].node_rank = join.node_rank;
   out.push_back(SendTo{conn_id, wire::JoinAck{nnodes}});
   out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} joined from {} ({}/{})",
@@ -384,10 +418,41 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   MaybeStartRound(now, out);
 }
 
+void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out) {
+  // Our own process did not run for longer than the loss bound (SIGSTOP, a VM pause, swap):
+  // every peer looks silent, but the silence is ours. Give each connection a fresh loss bound
+  // instead of blaming the nodes; the agents that lost us meanwhile close their connections
+  // and rejoin. A running round cannot survive it: the other nodes stopped their workers.
+  for (auto& [id, conn] : conns_) {
+    by_last_heard_.erase({conn.last_heard, id});
+    conn.last_heard = now;
+    by_last_heard_.emplace(now, id);
+  }
+  const std::string what =
+      fmt::format("node 0 ({}) stalled for {}: its agent and the coordinator did not run "
+                  "(the process was stopped or paused: SIGSTOP, a VM pause, swapping, a stuck "
+                  "file system), so every other node lost the coordinator",
+                  slots_.empty() || slots_[0].host.empty() ? "the master" : slots_[0].host,
+                  HumanDuration(stall));
+  if (phase_ == Phase::kStarting || phase_ == Phase::kRunning) {
+    Failure failure;
+    failure.round = round_;
+    failure.node_rank = 0;
+    failure.what = what;
+    failure.detail = "  the other nodes stop their workers when they lose the coordinator\n";
+    BeginStop(now, std::move(failure), out);
+  } else {
+    out.push_back(LogLine{LogLevel::kWarn, what});
+  }
+}
+
 void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& why,
                              std::vector<CoordinatorEffect>& out) {
   Slot& slot = slots_[static_cast<size_t>(node_rank)];
-  SetSlotConn(slot, std::nullopt);
+  SetSlotConn(slot, std::nullopt, now);
+  if (phase_ == Phase::kRendezvous && joined_count() < static_cast<int>(slots_.size())) {
+    round_gate_.reset();  // the round waits for the node again, not for the gate
+  }
   switch (phase_) {
     case Phase::kRendezvous:
     case Phase::kBackoff:
@@ -408,6 +473,8 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
       MaybeFinishStop(now, out);
       break;
     case Phase::kEnding:
+      // Told and gone: it heard the verdict (or died). One that never heard it is still away.
+      if (slot.end == EndState::kTold) SettleEnd(slot);
       MaybeDone(out);
       break;
     case Phase::kDone:
@@ -415,21 +482,52 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
   }
 }
 
-void Coordinator::Drop(ConnId conn_id, std::vector<CoordinatorEffect>& out) {
+void Coordinator::Drop(TimePoint now, ConnId conn_id, std::vector<CoordinatorEffect>& out) {
   auto it = conns_.find(conn_id);
   if (it == conns_.end()) return;
   const int node_rank = it->second.node_rank;
   if (node_rank >= 0 && slots_[static_cast<size_t>(node_rank)].conn == conn_id) {
-    SetSlotConn(slots_[static_cast<size_t>(node_rank)], std::nullopt);
+    SetSlotConn(slots_[static_cast<size_t>(node_rank)], std::nullopt, now);
   }
   by_last_heard_.erase({it->second.last_heard, conn_id});
   conns_.erase(it);
   out.push_back(CloseConn{conn_id});
 }
 
-void Coordinator::MaybeStartRound(TimePoint /*now*/, std::vector<CoordinatorEffect>& out) {
+void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out) {
   if (phase_ != Phase::kRendezvous) return;
   if (joined_count() != static_cast<int>(slots_.size())) return;
+  // Fencing: no round starts while the previous holder of a rank may still run its workers.
+  // Only checked once every node has joined, so the scan is once per round, not per join.
+  std::optional<TimePoint> gate;
+  std::vector<int> fenced;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const auto& until = slots_[i].fenced_until;
+    if (!until) continue;
+    if (*until <= now) {
+      slots_[i].fenced_until.reset();
+      continue;
+    }
+    fenced.push_back(static_cast<int>(i));
+    if (!gate || *until > *gate) gate = until;
+  }
+  if (gate) {
+    if (round_gate_ != gate) {
+      std::vector<std::string> names;
+      for (int n : fenced) names.push_back(NodeName(n));
+      out.push_back(LogLine{
+          LogLevel::kWarn,
+          fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {} was lost "
+                      "while its workers ran and a different agent now holds its rank, so the "
+                      "old workers may still run until their agent's lease ends (loss bound + "
+                      "stop_grace + SIGKILL)",
+                      round_, slots_.size(), HumanDuration(*gate - now),
+                      fmt::join(names, ", "))});
+    }
+    round_gate_ = gate;
+    return;
+  }
+  round_gate_.reset();
   phase_ = Phase::kStarting;
   if (spec_.cluster.store_port) {
     BeginRound(*spec_.cluster.store_port, out);
@@ -456,7 +554,7 @@ void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<Coordina
   failure_ = failure;
   last_failure_ = std::move(failure);
   phase_ = Phase::kStopping;
-  phase_deadline_ = now + spec_.timeouts.stop_grace + 3 * spec_.timeouts.heartbeat + Seconds(5);
+  phase_deadline_ = now + spec_.timeouts.ExitBarrier();
   for (Slot& slot : slots_) {
     slot.stopped = false;
     slot.stopped_ranks = 0;
@@ -516,16 +614,32 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
 void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
                          std::vector<CoordinatorEffect>& out) {
   exit_code_ = exit_code;
+  end_summary_ = std::move(summary);
   phase_ = Phase::kEnding;
-  phase_deadline_ = now + spec_.timeouts.stop_grace + 3 * spec_.timeouts.heartbeat + Seconds(5);
-  for (Slot& slot : slots_) slot.acked_end = false;
-  acked_joined_ = 0;
-  Broadcast(wire::JobEnd{exit_code, std::move(summary)}, out);
+  phase_deadline_ = now + spec_.timeouts.ExitBarrier();
+  // Who must hear the verdict before we exit: every connected node (it acknowledges, or its
+  // connection closes after we told it), and every node that joined once and is away now (lost
+  // to a pause or a partition, it stops its workers and rejoins to hear it). A node that never
+  // joined is not waited for.
+  awaiting_end_ = 0;
+  for (Slot& slot : slots_) {
+    slot.end = slot.conn ? EndState::kTold : slot.ever_joined ? EndState::kAway : EndState::kSettled;
+    if (slot.end != EndState::kSettled) ++awaiting_end_;
+  }
+  Broadcast(wire::JobEnd{exit_code, end_summary_}, out);
   MaybeDone(out);
 }
 
+void Coordinator::SettleEnd(Slot& slot) {
+  if (phase_ != Phase::kEnding || slot.end == EndState::kSettled) return;
+  slot.end = EndState::kSettled;
+  --awaiting_end_;
+}
+
 void Coordinator::MaybeDone(std::vector<CoordinatorEffect>& out) {
-  if (phase_ != Phase::kEnding || acked_joined_ < joined_) return;
+  // Every node, not only the connected ones: one that lost us (a pause, a partition) is
+  // stopping its workers and will rejoin to hear the verdict, within the exit barrier.
+  if (phase_ != Phase::kEnding || awaiting_end_ > 0) return;
   phase_ = Phase::kDone;
   if (!done_emitted_) {
     done_emitted_ = true;

@@ -43,6 +43,12 @@ class Coordinator {
   std::optional<int> exit_code() const { return exit_code_; }
 
  private:
+  /// Where a node stands with the verdict once the job is ending.
+  enum class EndState {
+    kSettled,  // acknowledged, closed after being told, or never joined: not waited for
+    kTold,     // JobEnd sent on its connection; waiting for the acknowledgement
+    kAway,     // joined once, not connected at the end: waiting for it to rejoin
+  };
   struct Slot {
     std::optional<ConnId> conn;
     std::string host;
@@ -50,7 +56,11 @@ class Coordinator {
     bool done = false;        // NodeDone for the current round
     bool stopped = false;     // RoundStopped for the stopping round
     int stopped_ranks = 0;
-    bool acked_end = false;
+    bool ever_joined = false;
+    EndState end = EndState::kSettled;
+    // Set when the node was lost while its workers might run: no round starts before this
+    // unless the same agent rejoins (it rejoins only once its workers are gone).
+    std::optional<TimePoint> fenced_until;
   };
   struct Conn {
     std::string peer_addr;
@@ -66,20 +76,22 @@ class Coordinator {
     bool mentions_nccl = false;
   };
 
-  void SetSlotConn(Slot& slot, std::optional<ConnId> conn);
+  void SetSlotConn(Slot& slot, std::optional<ConnId> conn, TimePoint now);
   void MarkStopped(Slot& slot, int stopped_ranks);
   void ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>& out);
   void OnMessage(TimePoint now, ConnId conn, const wire::Message& message,
                  std::vector<CoordinatorEffect>& out);
   void OnJoin(TimePoint now, ConnId conn, const wire::Join& join, std::vector<CoordinatorEffect>& out);
+  void OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out);
   void OnNodeLost(TimePoint now, int node_rank, const std::string& why,
                   std::vector<CoordinatorEffect>& out);
-  void Drop(ConnId conn, std::vector<CoordinatorEffect>& out);
+  void Drop(TimePoint now, ConnId conn, std::vector<CoordinatorEffect>& out);
   void MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out);
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
   void BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out);
   void MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out);
   void EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out);
+  void SettleEnd(Slot& slot);
   void MaybeDone(std::vector<CoordinatorEffect>& out);
   void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
@@ -96,7 +108,7 @@ class Coordinator {
   int joined_ = 0;           // slots with a connection
   int done_count_ = 0;       // slots done in the running round
   int stopped_joined_ = 0;   // connected slots that confirmed the stop
-  int acked_joined_ = 0;     // connected slots that acknowledged JobEnd
+  int awaiting_end_ = 0;     // slots not kSettled while ending
   // Only looked up by id, never iterated (by_last_heard_ orders them), so a hash map keeps
   // decisions deterministic and lookups O(1).
   std::unordered_map<ConnId, Conn> conns_;
@@ -109,6 +121,9 @@ class Coordinator {
   std::optional<Failure> failure_;   // first failure of the current round
   std::optional<Failure> last_failure_;
   std::optional<int> exit_code_;
+  std::string end_summary_;           // the JobEnd summary, for agents that rejoin after the end
+  std::optional<TimePoint> round_gate_;  // every node joined; the round waits for a fence
+  TimePoint last_input_;              // to tell our own stall from silent peers
   bool done_emitted_ = false;
   std::string secret_;
   uint64_t nonce_seed_ = 0;

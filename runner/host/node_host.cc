@@ -168,7 +168,8 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
 
 void NodeHost::Rearm() {
   std::optional<TimePoint> next = agent_.NextDeadline();
-  if (coordinator_ && !coordinator_done_) {
+  if (coordinator_) {
+    // Also after the job ended: the coordinator still answers agents that rejoin late.
     auto c = coordinator_->NextDeadline();
     if (c && (!next || *c < *next)) next = c;
   }
