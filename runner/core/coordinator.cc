@@ -155,7 +155,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
                            spec_.cluster.master_addr, spec_.cluster.master_port,
                            spec_.cluster.master_port),
                out);
-      } else if (now >= next_progress_) {
+      } else if (now >= next_progress_ && !round_gate_) {
         SendProgress(now, out);
         next_progress_ = now + kProgressInterval;
       }

@@ -1,0 +1,116 @@
+// End-to-end tests of the failures that do not exit (issue 10): a paused node 0 must still end
+// the job on every node with the right code, and a lost node's old workers must never overlap
+// the next round's holder of their ranks. Real agents on 127.0.0.1, paused with SIGSTOP.
+
+#include <signal.h>
+
+#include <memory>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/harness.h"
+
+namespace ddprun::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// heartbeat 250ms: the loss bound is 750ms, so a 2 s pause is a loss on every machine.
+std::string Job(uint16_t port, const std::string& script, int max_restarts) {
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = \"live\"\ncommand = [\"sh\", \"-c\", \"" << script << "\"]\n"
+    << "[cluster]\nnnodes = 2\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port << "\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 2\n"
+    << "[restart]\nmax_restarts = " << max_restarts << "\nbackoff = \"0s\"\n"
+    << "[timeouts]\nrendezvous = \"15s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+  return t.str();
+}
+
+class LivenessTest : public ::testing::Test {
+ protected:
+  AgentProcess& Start(int node_rank) {
+    const std::string out = dir_.path() + "/agent-" + std::to_string(agents_.size()) + ".out";
+    agents_.push_back(std::make_unique<AgentProcess>(
+        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(node_rank)},
+        out));
+    return *agents_.back();
+  }
+  bool OutputHas(const AgentProcess& agent, const std::string& text, std::chrono::milliseconds limit) {
+    return WaitFor([&] { return agent.Output().find(text) != std::string::npos; }, limit);
+  }
+  /// Pauses `agent` (only the agent process: its workers keep running) for `pause`.
+  static void Pause(const AgentProcess& agent, std::chrono::milliseconds pause) {
+    agent.Signal(SIGSTOP);
+    WaitFor([] { return false; }, pause);
+    agent.Signal(SIGCONT);
+  }
+  std::string Describe() const { return DescribeAgents(agents_); }
+
+  ScratchDir dir_;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
+};
+
+// The swarm's liveness bug on real agents: node 0's agent (which holds the coordinator) is
+// stopped for longer than the loss bound, twice, until the restart budget is spent. Every node
+// must end with the job's code (1) and the root cause must be node 0's stall, not a lie about
+// the others. Before the fix both agents looped "lost the coordinator ... joining" forever.
+TEST_F(LivenessTest, PausedCoordinatorTwiceWithTheBudgetSpentEndsTheJobOnEveryNode) {
+  const uint16_t port = FreePort();
+  dir_.Write("job.toml", Job(port, "sleep 20", /*max_restarts=*/1));
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_TRUE(OutputHas(node1, "round 0: starting", 10s)) << Describe();
+  Pause(node0, 2s);
+  ASSERT_TRUE(OutputHas(node1, "round 1: starting", 15s)) << Describe();
+  Pause(node0, 2s);
+  const auto code1 = node1.Wait(30s);
+  const auto code0 = node0.Wait(30s);
+  EXPECT_EQ(code0, 1) << Describe();
+  EXPECT_EQ(code1, 1) << Describe();
+  for (const auto* agent : {&node0, &node1}) {
+    EXPECT_THAT(agent->Output(), HasSubstr(") stalled for ")) << Describe();
+    EXPECT_THAT(agent->Output(), HasSubstr("job \"live\" FAILED in round 1 after using all 1 restart"))
+        << Describe();
+    EXPECT_THAT(agent->Output(), HasSubstr("root cause (first failure anywhere in the job): node 0 "))
+        << Describe();
+  }
+}
+
+// Fencing: node 1's agent is stopped while its workers ignore SIGTERM, and a second agent
+// claims node rank 1. The round after node 1 is lost must not start until node 1's old workers
+// are certainly gone: each new holder of rank 2 or 3 checks that the old one no longer runs.
+TEST_F(LivenessTest, LostNodesWorkersNeverOverlapTheNextRoundsHolderOfTheirRank) {
+  const uint16_t port = FreePort();
+  const std::string script =
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then trap '' TERM; echo $$ > old-$RANK.pid; "
+      "sleep 60 & wait; sleep 60; else old=$(cat old-$RANK.pid); "
+      "if kill -0 $old 2>/dev/null; then echo rank $RANK overlaps $old >> overlap.txt; fi; fi";
+  dir_.Write("job.toml", Job(port, script, /*max_restarts=*/1));
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_TRUE(OutputHas(node1, "round 0: starting", 10s)) << Describe();
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("old-2.pid") && dir_.Exists("old-3.pid"); }, 10s))
+      << Describe();
+  node1.Signal(SIGSTOP);
+  AgentProcess& second = Start(1);  // refused while node 1 holds the rank, then takes it
+  ASSERT_TRUE(OutputHas(node0, "round 0 failed: node 1 (", 10s)) << Describe();
+  // Node 1 stays paused until the second agent holds its rank, so without the fence round 1
+  // would start while node 1's old workers still run.
+  ASSERT_TRUE(OutputHas(node0, "round 1: all 2 nodes joined", 15s)) << Describe();
+  node1.Signal(SIGCONT);  // it notices the loss and stops its workers (SIGKILL after 2 s)
+  EXPECT_EQ(node0.Wait(40s), 0) << Describe();
+  EXPECT_EQ(second.Wait(10s), 0) << Describe();
+  EXPECT_FALSE(dir_.Exists("overlap.txt")) << dir_.Read("overlap.txt") << Describe();
+  EXPECT_THAT(node0.Output(), HasSubstr("round 1: all 2 nodes joined; waiting ")) << Describe();
+  EXPECT_THAT(node0.Output(), HasSubstr(") was lost while its workers ran and a different agent now "
+                                        "holds its rank"))
+      << Describe();
+  // The paused agent found its rank taken when it came back and said so; it ends by itself.
+  EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
+}
+
+}  // namespace
+}  // namespace ddprun::e2e
