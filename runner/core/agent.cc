@@ -59,8 +59,11 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
                                      MasterEndpoint(), config_.node_rank),
         out);
     // The first bytes on the master port must be ours, so the relay can tell us from a store
-    // client: join at once; a coordinator with a secret answers with a Challenge.
+    // client: join at once; a coordinator with a secret answers with a Challenge. With a
+    // secret this first join says nothing about the job until the coordinator has proved it
+    // knows the secret.
     challenged_ = false;
+    agent_nonce_ = Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32);
     SendJoin("", out);
   } else if (const auto* failed = std::get_if<MasterConnectFailed>(&input)) {
     OnConnectFailed(now, *failed, out);
@@ -222,10 +225,20 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
 }
 
 void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
-  wire::Join join{config_.node_rank, config_.host, spec_.cluster.nproc_per_node,
-                  config_.ddprun_version, config_.fingerprint, config_.canonical,
-                  config_.instance, ""};
-  if (!config_.secret.empty() && !nonce.empty()) {
+  wire::Join join;
+  join.node_rank = config_.node_rank;
+  join.ddprun_version = config_.ddprun_version;
+  if (!config_.secret.empty() && nonce.empty()) {
+    join.nonce = agent_nonce_;  // the hello: nothing about the job yet
+    Send(std::move(join), out);
+    return;
+  }
+  join.host = config_.host;
+  join.nproc = spec_.cluster.nproc_per_node;
+  join.fingerprint = config_.fingerprint;
+  join.canonical = config_.canonical;
+  join.instance = config_.instance;
+  if (!config_.secret.empty()) {
     join.proof = JoinProof(config_.secret, nonce, config_.node_rank, config_.fingerprint);
   }
   Send(std::move(join), out);
@@ -299,6 +312,18 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
       out.push_back(PrintSummary{fmt::format(
           "the coordinator at {} requires a shared secret and this node has none\n"
           "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
+          MasterEndpoint())});
+      Finish(now, 3, out);
+      return;
+    }
+    if (!ConstantTimeEqual(challenge->proof,
+                           CoordinatorProof(config_.secret, agent_nonce_, challenge->nonce))) {
+      out.push_back(PrintSummary{fmt::format(
+          "the process listening on {} did not prove that it knows this node's shared secret: "
+          "either the secrets of this node and node 0 differ, or the listener is not this job's "
+          "coordinator (another job, or an impostor); nothing about this job was sent to it\n"
+          "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, and check "
+          "that nothing else listens on master_port",
           MasterEndpoint())});
       Finish(now, 3, out);
       return;

@@ -102,6 +102,8 @@ class Agent {
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;
   bool challenged_ = false;  // the coordinator sent a Challenge on this connection
+  std::string agent_nonce_;  // this connection's nonce, with a secret
+  uint64_t connections_ = 0;
   std::optional<int> exit_code_;
 };
 

@@ -45,4 +45,10 @@ std::string JoinProof(std::string_view secret, std::string_view nonce, int node_
   return HmacSha256Hex(secret, fmt::format("ddprun-join-v1\n{}\n{}\n{}", nonce, node_rank, fingerprint));
 }
 
+std::string CoordinatorProof(std::string_view secret, std::string_view agent_nonce,
+                             std::string_view coordinator_nonce) {
+  return HmacSha256Hex(secret, fmt::format("ddprun-coordinator-v1\n{}\n{}", agent_nonce,
+                                           coordinator_nonce));
+}
+
 }  // namespace ddprun::core

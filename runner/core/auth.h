@@ -20,4 +20,10 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b);
 std::string JoinProof(std::string_view secret, std::string_view nonce, int node_rank,
                       std::string_view fingerprint);
 
+/// What the coordinator proves before an agent sends it anything about the job: it knows the
+/// secret, for the agent's nonce and its own. Domain-separated from JoinProof, so neither side's
+/// proof can be replayed as the other's.
+std::string CoordinatorProof(std::string_view secret, std::string_view agent_nonce,
+                             std::string_view coordinator_nonce);
+
 }  // namespace ddprun::core

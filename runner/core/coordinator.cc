@@ -325,9 +325,24 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   // join on a connection is answered with a Challenge (the agent speaks first so the relay can
   // tell it from a store client); the second must carry the proof for that nonce.
   Conn& conn = conns_[conn_id];
+  if (secret_.empty() && !join.nonce.empty()) {
+    // Said here and to the agent, before it is counted: nobody mistakes it for a lost node.
+    refuse(fmt::format("node {} (from {}) has a shared secret (DDPRUN_SECRET or "
+                       "DDPRUN_SECRET_FILE) and node 0 has none\nhint: set the same secret on "
+                       "every node, or on none",
+                       join.node_rank, from));
+    return;
+  }
   if (!secret_.empty() && conn.nonce.empty()) {
+    if (join.nonce.empty()) {
+      refuse(fmt::format("node {} (host {}, from {}) has no shared secret and node 0 requires "
+                         "one\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same secret "
+                         "on every node",
+                         join.node_rank, join.host, from));
+      return;
+    }
     conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);
-    out.push_back(SendTo{conn_id, wire::Challenge{conn.nonce}});
+    out.push_back(SendTo{conn_id, wire::Challenge{conn.nonce, CoordinatorProof(secret_, join.nonce, conn.nonce)}});
     return;
   }
   if (!secret_.empty() &&

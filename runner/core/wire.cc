@@ -102,11 +102,12 @@ class Reader {
 // One function per message and direction keeps the two in sight of each other.
 void Put(Writer& w, const Join& m) {
   w.I32(m.node_rank); w.Str(m.host); w.I32(m.nproc); w.Str(m.ddprun_version);
-  w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance); w.Str(m.proof);
+  w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance); w.Str(m.proof); w.Str(m.nonce);
 }
 void Get(Reader& r, Join& m) {
   m.node_rank = r.I32(); m.host = r.Str(); m.nproc = r.I32(); m.ddprun_version = r.Str();
   m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64(); m.proof = r.Str();
+  m.nonce = r.Str();
 }
 void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); }
 void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); }
@@ -143,8 +144,8 @@ void Put(Writer&, const JobEndAck&) {}
 void Get(Reader&, JobEndAck&) {}
 void Put(Writer&, const Heartbeat&) {}
 void Get(Reader&, Heartbeat&) {}
-void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); }
-void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); }
+void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); w.Str(m.proof); }
+void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); m.proof = r.Str(); }
 
 template <size_t I = 0>
 bool DecodePayload(uint8_t type, Reader& r, Message& out) {

@@ -32,6 +32,10 @@ struct Join {
   std::string canonical;  // CanonicalForm, for the field-level difference
   uint64_t instance = 0;
   std::string proof;      // JoinProof over the coordinator's Challenge; "" without a secret
+  /// With a secret, the agent's first Join is a hello: node_rank, version and this nonce, and
+  /// nothing about the job; the coordinator must prove it knows the secret for this nonce
+  /// before the agent sends the job (host, fingerprint, canonical form).
+  std::string nonce;
   bool operator==(const Join&) const = default;
 };
 
@@ -123,6 +127,7 @@ struct Heartbeat {
 /// A coordinator with a shared secret asks each new connection to prove it knows it.
 struct Challenge {
   std::string nonce;
+  std::string proof;  // CoordinatorProof over the agent's nonce; "" when the agent sent none
   bool operator==(const Challenge&) const = default;
 };
 

@@ -231,7 +231,7 @@ TEST_F(AgentTest, ConnectedAgentJoinsWithItsFingerprintAndInstance) {
   EXPECT_EQ(FindLog(e, "connected"), "connected to the coordinator at gpu-01:50000; joining as node 1");
   const auto joins = Sent<wire::Join>(e);
   ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
-  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, ""}));
+  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, "", ""}));
   EXPECT_EQ(agent_->phase(), Agent::Phase::kJoining);
 
   const Effects acked = Msg(1s, wire::JoinAck{2});
@@ -565,12 +565,40 @@ TEST_F(SecretAgentTest, SpeaksFirstThenAnswersTheChallengeWithItsProof) {
   // The relay tells agents from store clients by their first bytes, so the agent joins at once.
   const auto first = Sent<wire::Join>(Feed(1s, MasterConnected{}));
   ASSERT_EQ(first.size(), 1u);
+  // The hello says nothing about the job before the coordinator proved it knows the secret.
   EXPECT_EQ(first[0].proof, "");
-  const Effects e = Msg(1s, wire::Challenge{"abc"});
+  EXPECT_EQ(first[0].canonical, "");
+  EXPECT_EQ(first[0].fingerprint, "");
+  EXPECT_EQ(first[0].host, "");
+  EXPECT_EQ(first[0].node_rank, 1);
+  EXPECT_EQ(first[0].nonce.size(), 32u);
+  const Effects e =
+      Msg(1s, wire::Challenge{"abc", CoordinatorProof("s3cret", first[0].nonce, "abc")});
   const auto joins = Sent<wire::Join>(e);
-  ASSERT_EQ(joins.size(), 1u);
+  ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
   EXPECT_EQ(joins[0].proof, JoinProof("s3cret", "abc", 1, config_.fingerprint));
-  EXPECT_TRUE(Sent<wire::Join>(Msg(2s, wire::Challenge{"again"})).empty()) << "one proof per connection";
+  EXPECT_EQ(joins[0].canonical, config_.canonical);
+  EXPECT_TRUE(Sent<wire::Join>(Msg(2s, wire::Challenge{"again", ""})).empty()) << "one proof per connection";
+}
+
+// Issue 11: a fake listener on the master port captured job.env. Now it learns nothing: it
+// cannot prove the secret, and the agent ends with the reason.
+TEST_F(SecretAgentTest, AListenerThatCannotProveTheSecretLearnsNothingAboutTheJob) {
+  Start(0s);
+  const auto first = Sent<wire::Join>(Feed(1s, MasterConnected{}));
+  ASSERT_EQ(first.size(), 1u);
+  for (const std::string& proof : {std::string(""), CoordinatorProof("guess", first[0].nonce, "abc")}) {
+    SCOPED_TRACE(proof);
+    UseJob(kTwoNodeJob, "s3cret");
+    Start(0s);
+    Feed(1s, MasterConnected{});
+    const Effects e = Msg(1s, wire::Challenge{"abc", proof});
+    EXPECT_TRUE(Sent<wire::Join>(e).empty()) << test::Describe(e);
+    ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+    EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
+    EXPECT_NE(All<PrintSummary>(e).at(0).text.find("did not prove that it knows the shared secret"),
+              std::string::npos);
+  }
 }
 
 TEST_F(SecretAgentTest, ACoordinatorThatNeverChallengesIsRefused) {
@@ -586,7 +614,7 @@ TEST_F(SecretAgentTest, ACoordinatorThatNeverChallengesIsRefused) {
 TEST_F(AgentTest, WithoutASecretAChallengeEndsTheAgentWithAdvice) {
   Start(0s);
   Feed(1s, MasterConnected{});
-  const Effects e = Msg(1s, wire::Challenge{"abc"});
+  const Effects e = Msg(1s, wire::Challenge{"abc", ""});
   ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
   EXPECT_NE(All<PrintSummary>(e).at(0).text.find("requires a shared secret and this node has none"),

@@ -89,6 +89,7 @@ class CoordinatorTest : public ::testing::Test {
                       FingerprintOfCanonical(canonical_),
                       canonical_,
                       instance == 0 ? 1000 + static_cast<uint64_t>(node) : instance,
+                      "",
                       ""};
   }
 
@@ -719,17 +720,55 @@ class SecretCoordinatorTest : public CoordinatorTest {
     CoordinatorTest::SetUp();
     coordinator_->RequireSecret("s3cret", 99);
   }
-  /// Connects `conn` and sends a first, proof-less join; returns the nonce of the Challenge
-  /// it is answered with.
+  /// Connects `conn` and sends the hello (a join with the agent's nonce and nothing about the
+  /// job); returns the nonce of the Challenge it is answered with, after checking its proof.
   std::string Challenged(Duration at, ConnId conn) {
     Connect(at, conn, "10.0.0.9");
-    const Effects e = Send(at, conn, JoinOf(1));
+    wire::Join hello;
+    hello.node_rank = 1;
+    hello.nonce = "agent-nonce-" + std::to_string(conn);
+    const Effects e = Send(at, conn, hello);
     EXPECT_TRUE(Sent<wire::JoinAck>(e).empty());
     const auto challenges = Sent<wire::Challenge>(e);
     EXPECT_EQ(challenges.size(), 1u) << test::Describe(e);
-    return challenges.empty() ? "" : challenges[0].second.nonce;
+    if (challenges.empty()) return "";
+    EXPECT_EQ(challenges[0].second.proof,
+              CoordinatorProof("s3cret", hello.nonce, challenges[0].second.nonce));
+    return challenges[0].second.nonce;
   }
 };
+
+TEST_F(SecretCoordinatorTest, AnAgentWithoutTheSecretIsRefusedWithTheReasonOnBothSides) {
+  Connect(0s, ConnOf(1), "10.0.0.2");
+  const Effects e = Send(0s, ConnOf(1), JoinOf(1));  // a full join, no nonce: no secret
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  const std::string reason =
+      "node 1 (host gpu-02, from 10.0.0.2) has no shared secret and node 0 requires one\n"
+      "hint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same secret on every node";
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason, reason);
+  EXPECT_EQ(FindLog(e, "refused"), "refused a node: " + reason);
+  EXPECT_EQ(coordinator_->joined_count(), 0);
+}
+
+// Issue 11: a secret on node 1 only. Node 0 must say why and never count node 1 as joined,
+// instead of starting a round and then blaming a lost node.
+TEST_F(CoordinatorTest, AnAgentWithASecretIsRefusedByACoordinatorWithoutOne) {
+  Join(0s, 0);
+  Connect(0s, ConnOf(1), "10.0.0.2");
+  wire::Join hello;
+  hello.node_rank = 1;
+  hello.nonce = "n";
+  const Effects e = Send(0s, ConnOf(1), hello);
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  const std::string reason =
+      "node 1 (from 10.0.0.2) has a shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE) and "
+      "node 0 has none\nhint: set the same secret on every node, or on none";
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason, reason);
+  EXPECT_FALSE(Sent<wire::Reject>(e)[0].second.retry);
+  EXPECT_EQ(FindLog(e, "refused"), "refused a node: " + reason);
+  EXPECT_TRUE(All<ReserveStorePort>(e).empty());
+  EXPECT_EQ(coordinator_->joined_count(), 1);
+}
 
 TEST_F(SecretCoordinatorTest, ACorrectProofJoinsAndEveryConnectionGetsItsOwnNonce) {
   const std::string nonce0 = Challenged(0s, ConnOf(0));

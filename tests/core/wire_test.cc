@@ -18,7 +18,7 @@ using Bytes = std::vector<uint8_t>;
 std::vector<Message> Samples() {
   return {
       Join{3, "gpu-04.cluster", 8, "0.1.0", std::string(64, 'f'), "cluster.nnodes = 4\n",
-           0xfedcba9876543210ull, std::string(64, 'a')},
+           0xfedcba9876543210ull, std::string(64, 'a'), std::string(32, 'n')},
       JoinAck{4},
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8", false},
       Reject{"node rank 1 is claimed twice", true},
@@ -32,7 +32,7 @@ std::vector<Message> Samples() {
       JobEnd{1, "job \"demo\" FAILED in round 1\n\xe2\x9c\x97 unicode kept"},
       JobEndAck{},
       Heartbeat{},
-      Challenge{"0123456789abcdef0123456789abcdef"},
+      Challenge{"0123456789abcdef0123456789abcdef", std::string(64, 'p')},
   };
 }
 
@@ -126,7 +126,7 @@ TEST(WireTest, MessageNamesAreTheProtocolWords) {
 
 TEST(WireTest, ExtremeValuesRoundTrip) {
   const std::vector<Message> extremes = {
-      Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, ""},
+      Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, "", ""},
       Progress{0, 0, {}, INT64_MIN, INT64_MAX},
       WorkerFailed{INT32_MAX, -1, -2, INT32_MIN, INT32_MAX, "", ""},
       StartRound{0, 0},

@@ -2,6 +2,7 @@
 // and hostile or broken clients, against real agents on 127.0.0.1.
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "runner/core/wire.h"
 #include "tests/e2e/harness.h"
 
 namespace ddprun::e2e {
@@ -58,27 +60,87 @@ TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
                      {{"DDPRUN_SECRET_FILE", dir.path() + "/secret"}});
   AgentProcess wrong({job, "--node-rank", "1"}, dir.path() + "/wrong.out", {{"DDPRUN_SECRET", "guess"}});
   EXPECT_EQ(wrong.Wait(20s), 3) << node0.Output() << wrong.Output();
-  EXPECT_THAT(wrong.Output(), HasSubstr("failed authentication: its shared secret differs from node 0's"));
+  EXPECT_THAT(wrong.Output(), HasSubstr("did not prove that it knows this node's shared secret: "
+                                        "either the secrets of this node and node 0 differ"));
   AgentProcess none({job, "--node-rank", "1"}, dir.path() + "/none.out", {{"DDPRUN_SECRET", ""}});
   EXPECT_EQ(none.Wait(20s), 3) << none.Output();
-  EXPECT_THAT(none.Output(), HasSubstr("requires a shared secret and this node has none"));
+  EXPECT_THAT(none.Output(), HasSubstr("has no shared secret and node 0 requires one"));
+  EXPECT_THAT(node0.Output(), HasSubstr("has no shared secret and node 0 requires one"));
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "correct horse"}});
   EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
   EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
-  EXPECT_THAT(node0.Output(), ::testing::Not(HasSubstr("no shared secret")));
+  EXPECT_THAT(node0.Output(), ::testing::Not(HasSubstr("warning: no shared secret")));
 }
 
-TEST(SecurityTest, WithoutASecretNode0WarnsOnceAndASecretAgentRefusesIt) {
+// Issue 11: a secret on node 1 only. Node 0 used to start a round, then report "node 1 lost"
+// and burn a restart; now both sides say why at once and no round starts.
+TEST(SecurityTest, WithoutASecretNode0WarnsOnceAndRefusesASecretAgentWithTheReason) {
   ScratchDir dir;
   const uint16_t port = FreePort();
-  const std::string job = dir.Write("job.toml", Job(port, "true"));
+  const std::string job =
+      dir.Write("job.toml", Job(port, "true") + "[restart]\nmax_restarts = 1\n");
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", {{"DDPRUN_SECRET", ""}});
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
   EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
-  EXPECT_THAT(node1.Output(), HasSubstr("did not ask for the shared secret: node 0 runs without one"));
-  // Node 0 had accepted it (it cannot tell), so the round it started lost node 1.
-  EXPECT_EQ(node0.Wait(20s), 1) << node0.Output();
+  const std::string reason = "has a shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE) and node 0 has none";
+  EXPECT_THAT(node1.Output(), HasSubstr(reason));
+  EXPECT_TRUE(WaitFor([&] { return node0.Output().find(reason) != std::string::npos; }, 5s))
+      << node0.Output();
   EXPECT_THAT(node0.Output(), HasSubstr("warning: no shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE)"));
+  node0.Signal(SIGTERM);
+  EXPECT_EQ(node0.Wait(20s), 143) << node0.Output();
+  EXPECT_THAT(node0.Output(), ::testing::Not(HasSubstr("round 0")));
+  EXPECT_THAT(node0.Output(), ::testing::Not(HasSubstr("restart")));
+}
+
+// Issue 11: a fake listener on the master port captured a WANDB_API_KEY from job.env. With a
+// secret the agent now sends only a hello (node rank, version, nonce) until the listener proves
+// it knows the secret, and ends with the reason when it cannot.
+TEST(SecurityTest, AFakeListenerLearnsNothingAboutTheJob) {
+  ScratchDir dir;
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const uint16_t port = ntohs(addr.sin_port);
+  const std::string job = dir.Write(
+      "job.toml", Job(port, "true") + "[job.env]\nWANDB_API_KEY = \"sk-canary-1234\"\n");
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
+  const int conn = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
+  std::string received;
+  char buffer[4096];
+  timeval timeout{1, 0};
+  ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  // Read the agent's first frame (the 12-byte header says the payload length), then answer
+  // at once: the agent gives up on a silent listener after 3 heartbeats.
+  auto frame_complete = [&] {
+    if (received.size() < 12) return false;
+    const auto* b = reinterpret_cast<const unsigned char*>(received.data());
+    const size_t payload = b[8] | (b[9] << 8) | (b[10] << 16) | (static_cast<size_t>(b[11]) << 24);
+    return received.size() >= 12 + payload;
+  };
+  for (ssize_t n; !frame_complete() && (n = ::recv(conn, buffer, sizeof buffer, 0)) > 0;) {
+    received.append(buffer, static_cast<size_t>(n));
+  }
+  ASSERT_TRUE(frame_complete()) << received.size() << " bytes" << node1.Output();
+  // A challenge whose proof is wrong: the agent must give up without sending the job.
+  const auto challenge = wire::Encode(wire::Challenge{"0123456789abcdef", std::string(64, '0')});
+  ASSERT_EQ(::send(conn, challenge.data(), challenge.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(challenge.size()));
+  EXPECT_EQ(node1.Wait(10s), 3) << node1.Output();
+  for (ssize_t n; (n = ::recv(conn, buffer, sizeof buffer, 0)) > 0;) received.append(buffer, static_cast<size_t>(n));
+  ::close(conn);
+  ::close(listener);
+  EXPECT_FALSE(received.empty());
+  EXPECT_EQ(received.find("sk-canary-1234"), std::string::npos);
+  EXPECT_EQ(received.find("WANDB"), std::string::npos);
+  EXPECT_EQ(received.find("true"), std::string::npos) << "not even the command";
+  EXPECT_THAT(node1.Output(), HasSubstr("did not prove that it knows this node's shared secret"));
 }
 
 TEST(SecurityTest, OnlyListedNodesMayConnect) {
