@@ -341,7 +341,11 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     joined_ = true;
     started_since_join_ = false;
     if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;
-    Log(LogLevel::kInfo, fmt::format("node {} joined; waiting for the other nodes", config_.node_rank), out);
+    Log(LogLevel::kInfo,
+        spec_.cluster.nnodes == 1
+            ? fmt::format("node {} joined", config_.node_rank)
+            : fmt::format("node {} joined; waiting for the other nodes", config_.node_rank),
+        out);
   } else if (const auto* reject = std::get_if<wire::Reject>(&message)) {
     if (!reject->retry || joined_) {
       out.push_back(PrintSummary{"the coordinator refused this node: " + reject->reason});
@@ -381,6 +385,10 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
   } else if (const auto* stop = std::get_if<wire::StopRound>(&message)) {
     if (stop->round != round_) return;  // stale
     std::string cause = stop->cause;
+    if (stop->last) {
+      // The job's summary follows with the traceback; one copy of it is enough.
+      cause = cause.substr(0, cause.find('\n'));
+    }
     while (!cause.empty() && cause.back() == '\n') cause.pop_back();
     Log(LogLevel::kError, fmt::format("round {} failed: {}", stop->round, cause), out);
     StopWorkers(now, out);

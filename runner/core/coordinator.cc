@@ -31,6 +31,25 @@ bool MentionsNccl(const std::string& text) {
   return false;
 }
 
+// `stderr_tail` without the Python traceback that `error_text` (the error file's traceback)
+// already shows: from the last "Traceback (most recent call last):" through the error's last
+// line. Unchanged when the two do not share that traceback.
+std::string WithoutTraceback(const std::string& stderr_tail, const std::string& error_text) {
+  std::string last_line = error_text;
+  while (!last_line.empty() && (last_line.back() == '\n' || last_line.back() == ' ')) last_line.pop_back();
+  last_line = last_line.substr(last_line.rfind('\n') == std::string::npos ? 0 : last_line.rfind('\n') + 1);
+  if (last_line.empty()) return stderr_tail;
+  const size_t begin = stderr_tail.rfind("Traceback (most recent call last):");
+  if (begin == std::string::npos || (begin > 0 && stderr_tail[begin - 1] != '\n')) return stderr_tail;
+  const size_t end_line = stderr_tail.find(last_line, begin);
+  if (end_line == std::string::npos) return stderr_tail;
+  size_t end = stderr_tail.find('\n', end_line);
+  end = end == std::string::npos ? stderr_tail.size() : end + 1;
+  std::string rest = stderr_tail.substr(0, begin) + stderr_tail.substr(end);
+  if (rest.find_first_not_of(" \n") == std::string::npos) return "";
+  return rest;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint start)
@@ -268,8 +287,14 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     if (!failed->error_file.empty()) {
       failure.detail = "  error (from TORCHELASTIC_ERROR_FILE):\n" + Indent(failed->error_file, "    | ");
     }
-    if (!failed->stderr_tail.empty()) {
-      failure.detail += "  last lines of its stderr:\n" + Indent(failed->stderr_tail, "    | ");
+    // Python prints the traceback that the error file already holds to stderr too: show it once.
+    const std::string tail = WithoutTraceback(failed->stderr_tail, failed->error_file);
+    if (!tail.empty()) {
+      failure.detail += fmt::format("  last lines of its stderr{}:\n",
+                                    tail.size() < failed->stderr_tail.size()
+                                        ? " (without the traceback shown above)"
+                                        : "") +
+                        Indent(tail, "    | ");
     } else if (failed->error_file.empty()) {
       failure.detail = "  (it wrote nothing to stderr)\n";
     }
@@ -296,8 +321,10 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
   } else if (const auto* interrupted = std::get_if<wire::Interrupted>(&message)) {
     if (phase_ == Phase::kEnding) return;
     EndJob(now, 128 + interrupted->signal,
-           fmt::format("job \"{}\" interrupted: {} received {}; every node stopped its workers",
-                       spec_.job.name, NodeName(node_rank), SignalName(interrupted->signal)),
+           fmt::format("job \"{}\" interrupted: {} received {}; every node stops its workers "
+                       "(SIGTERM, SIGKILL after stop_grace = {}) before it exits",
+                       spec_.job.name, NodeName(node_rank), SignalName(interrupted->signal),
+                       FormatDuration(spec_.timeouts.stop_grace)),
            out);
   } else if (std::holds_alternative<wire::JobEndAck>(message)) {
     SettleEnd(slot);
@@ -557,8 +584,10 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
   for (Slot& slot : slots_) slot.done = false;
   done_count_ = 0;
   out.push_back(LogLine{LogLevel::kInfo,
-                        fmt::format("round {}: all {} nodes joined; starting {} workers", round_,
-                                    slots_.size(), spec_.WorldSize())});
+                        slots_.size() == 1
+                            ? fmt::format("round {}: starting {} workers", round_, spec_.WorldSize())
+                            : fmt::format("round {}: all {} nodes joined; starting {} workers",
+                                          round_, slots_.size(), spec_.WorldSize())});
   Broadcast(wire::StartRound{round_, store_port}, out);
 }
 
@@ -576,7 +605,8 @@ void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<Coordina
   }
   stopped_joined_ = 0;
   // Every node hears the root cause with its traceback, also when a restart follows.
-  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail}, out);
+  const bool last = restarts_used_ >= spec_.restart.max_restarts;
+  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last}, out);
   MaybeFinishStop(now, out);
 }
 
@@ -590,7 +620,11 @@ void Coordinator::MarkStopped(Slot& slot, int stopped_ranks) {
 void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out) {
   if (phase_ != Phase::kStopping || stopped_joined_ < joined_) return;
   int stopped_ranks = 0;
-  for (const Slot& slot : slots_) stopped_ranks += slot.stopped_ranks;
+  int stopped_nodes = 0;
+  for (const Slot& slot : slots_) {
+    stopped_ranks += slot.stopped_ranks;
+    if (slot.stopped_ranks > 0) ++stopped_nodes;
+  }
   const Failure& failure = *failure_;
   if (restarts_used_ < spec_.restart.max_restarts) {
     ++restarts_used_;
@@ -604,10 +638,11 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     phase_deadline_ = now + spec_.restart.backoff;
     return;
   }
-  EndJob(now, 1, FailureSummary(failure, stopped_ranks), out);
+  EndJob(now, 1, FailureSummary(failure, stopped_ranks, stopped_nodes), out);
 }
 
-std::string Coordinator::FailureSummary(const Failure& failure, int stopped_ranks) const {
+std::string Coordinator::FailureSummary(const Failure& failure, int stopped_ranks,
+                                        int stopped_nodes) const {
   std::string text = fmt::format("job \"{}\" FAILED in round {}", spec_.job.name, failure.round);
   if (spec_.restart.max_restarts > 0) {
     text += fmt::format(" after using all {} restart{}", spec_.restart.max_restarts,
@@ -618,7 +653,7 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   text += fmt::format("\nroot cause (first failure anywhere in the job): {}\n", failure.what);
   text += failure.detail;
   text += fmt::format("ddprun then stopped {} other running rank{} on {} node{}.\n", stopped_ranks,
-                      stopped_ranks == 1 ? "" : "s", slots_.size(), slots_.size() == 1 ? "" : "s");
+                      stopped_ranks == 1 ? "" : "s", stopped_nodes, stopped_nodes == 1 ? "" : "s");
   if (failure.mentions_nccl) {
     text += "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n";
   }

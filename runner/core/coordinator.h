@@ -96,7 +96,7 @@ class Coordinator {
   void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
   std::string NodeName(int node_rank) const;
-  std::string FailureSummary(const Failure& failure, int stopped_ranks) const;
+  std::string FailureSummary(const Failure& failure, int stopped_ranks, int stopped_nodes) const;
 
   const JobSpec& spec_;
   std::string canonical_;

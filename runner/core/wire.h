@@ -91,6 +91,9 @@ struct NodeDone {
 struct StopRound {
   int32_t round = 0;
   std::string cause;
+  /// No restart will follow (the budget is spent): the job's summary repeats the cause with
+  /// its traceback, so the agent logs only its first line.
+  bool last = false;
   bool operator==(const StopRound&) const = default;
 };
 

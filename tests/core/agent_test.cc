@@ -596,7 +596,7 @@ TEST_F(SecretAgentTest, AListenerThatCannotProveTheSecretLearnsNothingAboutTheJo
     EXPECT_TRUE(Sent<wire::Join>(e).empty()) << test::Describe(e);
     ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
     EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
-    EXPECT_NE(All<PrintSummary>(e).at(0).text.find("did not prove that it knows the shared secret"),
+    EXPECT_NE(All<PrintSummary>(e).at(0).text.find("did not prove that it knows this node's shared secret"),
               std::string::npos);
   }
 }

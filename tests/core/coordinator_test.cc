@@ -450,6 +450,51 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "logs: logs/demo/attempt-0/");
 }
 
+// Issue 12: the traceback was printed twice, from the error file and again from stderr.
+TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStderr) {
+  const std::string traceback =
+      "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+      "    main()\nValueError: bad lr\n";
+  EXPECT_EQ(SummaryAfter(RankThreeFailed(0, "loading data\n" + traceback, traceback)),
+            "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
+            "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
+            "1) exited with code 1\n"
+            "  error (from TORCHELASTIC_ERROR_FILE):\n"
+            "    | Traceback (most recent call last):\n"
+            "    |   File \"train.py\", line 3, in <module>\n"
+            "    |     main()\n"
+            "    | ValueError: bad lr\n"
+            "  last lines of its stderr (without the traceback shown above):\n"
+            "    | loading data\n"
+            "ddprun then stopped 3 other running ranks on 2 nodes.\n"
+            "logs: logs/demo/attempt-0/");
+  // Only the traceback on stderr: no stderr section at all.
+  UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
+  const std::string summary = SummaryAfter(RankThreeFailed(0, traceback, traceback));
+  EXPECT_EQ(summary.find("last lines of its stderr"), std::string::npos) << summary;
+}
+
+// Issue 11: "stopped 2 other running ranks on 2 nodes" when only one node had ranks to stop.
+TEST_F(CoordinatorNoRestartTest, TheSummaryCountsOnlyTheNodesThatHadRanksToStop) {
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  Send(2s, ConnOf(1), wire::RoundStopped{0, 1});
+  const auto end = Sent<wire::JobEnd>(Send(2s, ConnOf(0), wire::RoundStopped{0, 0}));
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_NE(end[0].second.summary.find("ddprun then stopped 1 other running rank on 1 node.\n"),
+            std::string::npos)
+      << end[0].second.summary;
+}
+
+// The last round's StopRound says so: the agents then log its first line only, since the job's
+// summary repeats the cause with its traceback.
+TEST_F(CoordinatorNoRestartTest, TheLastRoundsStopSaysNoRestartFollows) {
+  StartFirstRound(0s);
+  const auto stops = Sent<wire::StopRound>(Send(1s, ConnOf(1), RankThreeFailed(0)));
+  ASSERT_EQ(stops.size(), 2u);
+  EXPECT_TRUE(stops[0].second.last);
+}
+
 TEST_F(CoordinatorNoRestartTest, NcclInTheErrorFileAloneGivesTheHint) {
   const std::string summary = SummaryAfter(RankThreeFailed(0, "", "NCCL error: unhandled system error"));
   EXPECT_NE(summary.find("hint: the error mentions NCCL"), std::string::npos) << summary;
@@ -516,7 +561,8 @@ TEST_F(CoordinatorTest, InterruptEndsTheJobWith128PlusTheSignal) {
   ASSERT_EQ(end.size(), 2u) << test::Describe(e);
   EXPECT_EQ(end[0].second,
             (wire::JobEnd{130, "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every "
-                               "node stopped its workers"}));
+                               "node stops its workers (SIGTERM, SIGKILL after stop_grace = 30s) "
+                               "before it exits"}));
   EXPECT_EQ(coordinator_->exit_code(), 130);
   // A second interrupt while ending does not change the outcome.
   EXPECT_TRUE(Sent<wire::JobEnd>(Send(3s, ConnOf(0), wire::Interrupted{SIGTERM})).empty());

@@ -336,7 +336,8 @@ TEST(LoopbackTest, InterruptOnOneNodeEndsTheJobEverywhereWith130) {
   net.Advance(1min);
   net.Signal(1, SIGINT);
   const std::string summary =
-      "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every node stopped its workers";
+      "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every node stops its workers "
+                               "(SIGTERM, SIGKILL after stop_grace = 30s) before it exits";
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(net.node(n).summaries, std::vector<std::string>{summary});
     EXPECT_EQ(net.node(n).exit_code, 130);
