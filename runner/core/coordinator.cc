@@ -154,26 +154,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
       if (round_gate_ && now >= *round_gate_) {
         MaybeStartRound(now, out);
       } else if (now >= rendezvous_deadline_ && joined_count() < static_cast<int>(slots_.size())) {
-        std::vector<std::string> missing;
-        for (size_t i = 0; i < slots_.size(); ++i) {
-          if (!slots_[i].conn) missing.push_back(NodeName(static_cast<int>(i)));
-        }
-        const std::string names =
-            missing.size() <= kMaxMissingNamed
-                ? fmt::format("{}", fmt::join(missing, ", "))
-                : fmt::format("{} and {} more",
-                              fmt::join(missing.begin(), missing.begin() + kMaxMissingNamed, ", "),
-                              missing.size() - kMaxMissingNamed);
-        EndJob(now, 3,
-               fmt::format("rendezvous failed: {}/{} nodes joined within timeouts.rendezvous = {}; "
-                           "never joined: {}\n"
-                           "hint: start `ddprun {}` on the missing nodes, and check that they can "
-                           "reach {}:{} (the firewall must let TCP port {} through)",
-                           joined_count(), slots_.size(), FormatDuration(spec_.timeouts.rendezvous),
-                           names, spec_.source_name.empty() ? "job.toml" : spec_.source_name,
-                           spec_.cluster.master_addr, spec_.cluster.master_port,
-                           spec_.cluster.master_port),
-               out);
+        EndJob(now, 3, RendezvousFailure(), out);
       } else if (now >= next_progress_ && !round_gate_) {
         SendProgress(now, out);
         next_progress_ = now + kProgressInterval;
@@ -342,7 +323,11 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
 void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
                          std::vector<CoordinatorEffect>& out) {
   const std::string& from = conns_[conn_id].peer_addr;
-  auto refuse = [&](const std::string& reason, bool retry = false) {
+  // `why` is the short form kept for the rendezvous summary.
+  auto refuse = [&](const std::string& reason, bool retry = false, std::string why = "") {
+    if (!why.empty() && join.node_rank >= 0 && join.node_rank < static_cast<int>(slots_.size())) {
+      slots_[static_cast<size_t>(join.node_rank)].refused = std::move(why);
+    }
     out.push_back(LogLine{LogLevel::kError, "refused a node: " + reason});
     out.push_back(SendTo{conn_id, wire::Reject{reason, retry}});
     Drop(now, conn_id, out);
@@ -357,7 +342,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     refuse(fmt::format("node {} (from {}) has a shared secret (DDPRUN_SECRET or "
                        "DDPRUN_SECRET_FILE) and node 0 has none\nhint: set the same secret on "
                        "every node, or on none",
-                       join.node_rank, from));
+                       join.node_rank, from),
+           false, "it has a shared secret and node 0 has none");
     return;
   }
   if (!secret_.empty() && conn.nonce.empty()) {
@@ -365,7 +351,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
       refuse(fmt::format("node {} (host {}, from {}) has no shared secret and node 0 requires "
                          "one\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same secret "
                          "on every node",
-                         join.node_rank, join.host, from));
+                         join.node_rank, join.host, from),
+             false, "it has no shared secret and node 0 requires one");
       return;
     }
     conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);
@@ -401,7 +388,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     refuse(fmt::format("node {} (host {}) runs a different job file than node 0:{}\n"
                        "hint: use the same job file on every node (ddprun check prints its "
                        "fingerprint)",
-                       join.node_rank, join.host, lines));
+                       join.node_rank, join.host, lines),
+           false, "it runs a different job file");
     return;
   }
   Slot& slot = slots_[static_cast<size_t>(join.node_rank)];
@@ -446,6 +434,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   slot.host = join.host;
   slot.done = slot.stopped = false;
   slot.ever_joined = true;
+  slot.refused.clear();
   SetSlotConn(slot, conn_id, now);
   conns_[conn_id].node_rank = join.node_rank;
   out.push_back(SendTo{conn_id, wire::JoinAck{nnodes}});
@@ -492,6 +481,7 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
                              std::vector<CoordinatorEffect>& out) {
   Slot& slot = slots_[static_cast<size_t>(node_rank)];
   SetSlotConn(slot, std::nullopt, now);
+  slot.left = why;
   if (phase_ == Phase::kRendezvous && joined_count() < static_cast<int>(slots_.size())) {
     round_gate_.reset();  // the round waits for the node again, not for the gate
   }
@@ -639,6 +629,54 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     return;
   }
   EndJob(now, 1, FailureSummary(failure, stopped_ranks, stopped_nodes), out);
+}
+
+std::string Coordinator::RendezvousFailure() const {
+  // Say what happened to each missing node: it never came, it was refused (and why), or it
+  // joined and left. Only the first kMaxMissingNamed of each kind are named.
+  std::vector<std::string> never, refused, left;
+  size_t never_count = 0, refused_count = 0, left_count = 0;
+  auto add = [](std::vector<std::string>& names, size_t& count, std::string name) {
+    if (names.size() < kMaxMissingNamed) names.push_back(std::move(name));
+    ++count;
+  };
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    if (slot.conn) continue;
+    const std::string name = NodeName(static_cast<int>(i));
+    if (!slot.refused.empty()) {
+      add(refused, refused_count, fmt::format("{}: {}", name, slot.refused));
+    } else if (slot.ever_joined) {
+      add(left, left_count, fmt::format("{}: {}", name, slot.left));
+    } else {
+      add(never, never_count, name);
+    }
+  }
+  auto list = [](const std::vector<std::string>& names, size_t count, const char* separator = ", ") {
+    std::string text = fmt::format("{}", fmt::join(names, separator));
+    if (count > names.size()) text += fmt::format(" and {} more", count - names.size());
+    return text;
+  };
+  std::string text = fmt::format("rendezvous failed: {}/{} nodes joined within timeouts.rendezvous = {}",
+                                 joined_count(), slots_.size(), FormatDuration(spec_.timeouts.rendezvous));
+  if (!refused.empty()) text += "; refused: " + list(refused, refused_count, "; ");
+  if (!left.empty()) text += "; joined, then left: " + list(left, left_count, "; ");
+  if (!never.empty()) text += "; never joined: " + list(never, never_count);
+  const std::string file = spec_.source_name.empty() ? "job.toml" : spec_.source_name;
+  if (!never.empty()) {
+    // With `nnodes` (no host list) a node cannot find its rank by itself.
+    const std::string command = spec_.cluster.nodes.empty()
+                                    ? fmt::format("ddprun {} --node-rank N", file)
+                                    : fmt::format("ddprun {}", file);
+    text += fmt::format("\nhint: start `{}` on the missing nodes, and check that they can reach "
+                        "{}:{} (the firewall must let TCP port {} through)",
+                        command, spec_.cluster.master_addr, spec_.cluster.master_port,
+                        spec_.cluster.master_port);
+  }
+  if (!refused.empty()) {
+    text += "\nhint: the refused nodes printed the reason too; fix it and start them again";
+  }
+  return text;
 }
 
 std::string Coordinator::FailureSummary(const Failure& failure, int stopped_ranks,

@@ -57,6 +57,8 @@ class Coordinator {
     bool stopped = false;     // RoundStopped for the stopping round
     int stopped_ranks = 0;
     bool ever_joined = false;
+    std::string refused;      // why its last join was refused, for the rendezvous summary
+    std::string left;         // why it was lost after joining
     EndState end = EndState::kSettled;
     // Set when the node was lost while its workers might run: no round starts before this
     // unless the same agent rejoins (it rejoins only once its workers are gone).
@@ -96,6 +98,7 @@ class Coordinator {
   void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
   std::string NodeName(int node_rank) const;
+  std::string RendezvousFailure() const;
   std::string FailureSummary(const Failure& failure, int stopped_ranks, int stopped_nodes) const;
 
   const JobSpec& spec_;

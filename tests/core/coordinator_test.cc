@@ -313,6 +313,44 @@ TEST_F(CoordinatorTest, RendezvousTimesOutExactlyAtItsDeadline) {
   EXPECT_EQ(coordinator_->NextDeadline(), std::nullopt);
 }
 
+// Issue 12: after refusing a node, or losing one that had joined, the summary said "never
+// joined" and hinted to start it. It says what happened; with `nnodes` the hint has the flag.
+TEST_F(CoordinatorTest, RendezvousFailureSaysWhatHappenedToEachMissingNode) {
+  UseJob(Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]",
+              "nodes = [\"gpu-01\", \"gpu-02\", \"gpu-03\"]"));
+  Join(0s, 0);
+  Connect(1s, ConnOf(1), "10.0.0.2");
+  wire::Join other = JoinOf(1);
+  other.fingerprint = "different";
+  Send(1s, ConnOf(1), other);
+  Join(2s, 2);
+  Feed(3s, PeerClosed{ConnOf(2), "connection reset by peer"});
+  Effects e;
+  for (Duration t = 4s; t < 15min; t += 1s) Beat(t, {0});
+  e = Tick(15min);
+  const auto end = Sent<wire::JobEnd>(e);
+  ASSERT_EQ(end.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(end[0].second.summary,
+            "rendezvous failed: 1/3 nodes joined within timeouts.rendezvous = 15m; refused: node 1 "
+            "(gpu-02): it runs a different job file; joined, then left: node 2 (gpu-03): "
+            "connection reset by peer\n"
+            "hint: the refused nodes printed the reason too; fix it and start them again");
+}
+
+TEST_F(CoordinatorTest, WithNnodesTheHintToStartAMissingNodeNamesItsRank) {
+  UseJob(Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]",
+              "nnodes = 2\nmaster_addr = \"10.0.0.1\""));
+  Join(0s, 0);
+  for (Duration t = 1s; t < 15min; t += 1s) Beat(t, {0});
+  const auto end = Sent<wire::JobEnd>(Tick(15min));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].second.summary,
+            "rendezvous failed: 1/2 nodes joined within timeouts.rendezvous = 15m; never joined: "
+            "node 1\nhint: start `ddprun job.toml --node-rank N` on the missing nodes, "
+            "and check that they can reach 10.0.0.1:50000 (the firewall must let TCP port 50000 "
+            "through)");
+}
+
 TEST_F(CoordinatorTest, RendezvousTimeoutWithNobodyJoinedEndsAtOnce) {
   const Effects e = Tick(15min);
   EXPECT_EQ(coordinator_->exit_code(), 3);
