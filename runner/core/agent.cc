@@ -55,8 +55,10 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
     retry_delay_ = kFirstRetry;
     phase_ = Phase::kJoining;
-    Log(LogLevel::kInfo, fmt::format("connected to the coordinator at {}; joining as node {}",
-                                     MasterEndpoint(), config_.node_rank),
+    // While a refused join is retried, each new connection is the same story: said once.
+    Log(refused_retrying_ ? LogLevel::kDebug : LogLevel::kInfo,
+        fmt::format("connected to the coordinator at {}; joining as node {}", MasterEndpoint(),
+                    config_.node_rank),
         out);
     // The first bytes on the master port must be ours, so the relay can tell us from a store
     // client: join at once; a coordinator with a secret answers with a Challenge. With a
@@ -339,6 +341,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     Finish(now, 3, out);
   } else if (std::holds_alternative<wire::JoinAck>(message)) {
     joined_ = true;
+    refused_retrying_ = false;
     started_since_join_ = false;
     if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;
     Log(LogLevel::kInfo,
@@ -354,14 +357,20 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     }
     // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
     last_connect_error_ = "the coordinator refused this node: " + reject->reason;
-    if (!last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
+    const Duration retry = std::max(spec_.timeouts.heartbeat, kMaxRetry);
+    if (!refused_retrying_ || !last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
       last_connect_log_ = now;
-      Log(LogLevel::kWarn, last_connect_error_ + "\nretrying until the rendezvous timeout", out);
+      Log(LogLevel::kWarn,
+          fmt::format("{}\nretrying every {} for {} more (until timeouts.rendezvous)",
+                      last_connect_error_, HumanDuration(retry),
+                      HumanDuration(std::max(rendezvous_deadline_ - now, Duration(0)))),
+          out);
     }
+    refused_retrying_ = true;
     connected_ = false;
     out.push_back(DisconnectFromMaster{});
     phase_ = Phase::kRetryWait;
-    retry_at_ = now + std::max(spec_.timeouts.heartbeat, kMaxRetry);
+    retry_at_ = now + retry;
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
     std::vector<std::string> names;
     for (int32_t n : progress->missing) {

@@ -101,6 +101,7 @@ class Agent {
   bool job_end_received_ = false;
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;
+  bool refused_retrying_ = false;  // a join was refused for now; it is being retried
   bool challenged_ = false;  // the coordinator sent a Challenge on this connection
   std::string agent_nonce_;  // this connection's nonce, with a secret
   uint64_t connections_ = 0;

@@ -488,11 +488,17 @@ TEST_F(AgentTest, ARetryableRejectIsRetriedUntilTheRendezvousTimeout) {
   EXPECT_TRUE(All<AgentExit>(e).empty()) << test::Describe(e);
   EXPECT_EQ(All<DisconnectFromMaster>(e).size(), 1u);
   EXPECT_EQ(FindLog(e, "claimed twice"),
-            "the coordinator refused this node: node rank 1 is claimed twice\nretrying until the "
-            "rendezvous timeout");
+            "the coordinator refused this node: node rank 1 is claimed twice\nretrying every "
+            "2.0s for 15m00s more (until timeouts.rendezvous)");
   EXPECT_EQ(agent_->NextDeadline(), At(2s));
   EXPECT_EQ(All<ConnectToMaster>(Tick(2s)).size(), 1u);
-  Feed(2s, MasterConnected{});
+  // Issue 12: the retries do not repeat "connected ... joining" on the console.
+  const Effects again = Feed(2s, MasterConnected{});
+  for (const LogLine& line : All<LogLine>(again)) {
+    if (line.text.find("connected") != std::string::npos) {
+      EXPECT_EQ(line.level, LogLevel::kDebug);
+    }
+  }
   Msg(2s, wire::JoinAck{2});
   EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting) << "joined once the slot was free";
 }
