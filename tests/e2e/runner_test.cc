@@ -448,7 +448,9 @@ TEST_F(RunnerTest, AProcessAWorkerStartedInItsOwnSessionEndsWithTheJob) {
   JobOptions o;
   o.nnodes = 1;
   o.nproc = 1;
-  o.script = "setsid sleep 300 & echo $! > escapee";
+  // The child writes its pid once it is in its own session; the worker exits only then (else
+  // the worker's end could take the child with its group before it left).
+  o.script = "setsid sh -c 'echo $$ > escapee; exec sleep 300' & while [ ! -s escapee ]; do sleep 0.01; done";
   WriteJob(o);
   AgentProcess& node0 = Start(0);
   ASSERT_EQ(node0.Wait(30s), 0) << Describe();
@@ -461,7 +463,7 @@ TEST_F(RunnerTest, AProcessAWorkerStartedInItsOwnSessionEndsWithTheJob) {
 
 /// Workers that start a child in their group and one in a session of its own, then wait.
 constexpr const char* kParent =
-    "sleep 300 & echo $! > child-$RANK; setsid sleep 300 & echo $! > session-$RANK; "
+    "sleep 300 & echo $! > child-$RANK; setsid sh -c 'echo $$ > session-$RANK; exec sleep 300' & "
     "echo $$ > pid-$RANK; wait";
 
 // Issue 11 item 4 (b): `kill -9 %1` in bash SIGKILLs the agent's whole process group. The
