@@ -375,6 +375,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   io.run();
   guardian.StopSupervising();
   launcher.KillAll();
+  guardian.Release();
   transport.Shutdown();
   return exit_code;
 }

@@ -79,6 +79,8 @@ int64_t MonotonicMs() {
       auto it = std::find(groups.begin(), groups.end(), record.pgid);
       if (record.op == '+' && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
       if (record.op == '-' && it != groups.end()) groups.erase(it);
+      // The agent is exiting and has killed everything below it itself.
+      if (record.op == '.') ::_exit(0);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -160,7 +162,10 @@ bool Guardian::Start(std::string& error) {
 
 Guardian::~Guardian() {
   StopSupervising();
-  if (write_fd_ >= 0) ::close(write_fd_);
+  if (write_fd_ >= 0) {
+    if (released_) Write('.', 0);
+    ::close(write_fd_);
+  }
   if (pid_ > 0) {
     int status = 0;
     ::waitpid(pid_, &status, 0);
@@ -189,6 +194,8 @@ void Guardian::Watch(pid_t pgid) {
   if (watched_.size() < kMaxWatched) watched_.insert(pgid);
   Write('+', pgid);
 }
+
+void Guardian::Release() { released_ = true; }
 
 void Guardian::Forget(pid_t pgid) {
   watched_.erase(pgid);

@@ -46,6 +46,9 @@ class Guardian {
   void Watch(pid_t pgid);
   /// Forgets a worker that has exited and been reaped.
   void Forget(pid_t pgid);
+  /// The agent has killed everything below it and is exiting: the guardian may then end
+  /// without its own look at /proc (the agent's exit is that much faster).
+  void Release();
 
   /// From now on, notices the guardian's death on `io`, starts a new one (telling it the
   /// workers it must know) and reports it with `report`, a sentence for the console.
@@ -67,6 +70,7 @@ class Guardian {
   int write_fd_ = -1;
   pid_t pid_ = -1;
   std::set<pid_t> watched_;  // resent to a replacement guardian
+  bool released_ = false;
   std::unique_ptr<Supervision> supervision_;
 };
 

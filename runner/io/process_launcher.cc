@@ -247,7 +247,9 @@ struct RealProcessLauncher::Worker {
 RealProcessLauncher::RealProcessLauncher(asio::io_context& io, Options options)
     : io_(io), options_(std::move(options)), reap_timer_(std::make_unique<asio::steady_timer>(io)) {}
 
-RealProcessLauncher::~RealProcessLauncher() { KillAll(); }
+RealProcessLauncher::~RealProcessLauncher() {
+  if (!killed_all_) KillAll();
+}
 
 void RealProcessLauncher::SetEvents(host::ProcessEvents* events) { events_ = events; }
 
@@ -574,6 +576,7 @@ void RealProcessLauncher::KillAll() {
     if (!worker->exited && worker->pid > 0) ::kill(-worker->pid, SIGKILL);
   }
   SweepStrays();
+  killed_all_ = true;
 }
 
 std::string RealProcessLauncher::SummaryLines() const {

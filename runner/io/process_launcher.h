@@ -70,7 +70,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void SignalAll(int round, int signal) override;
 
   /// SIGKILLs every worker still running and everything below the agent but the guardian
-  /// (the agent is going away).
+  /// (the agent is going away; no Spawn after this).
   void KillAll();
 
   /// Lines for the end-of-job summary: this node's log folder and every log file that could
@@ -104,6 +104,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   std::vector<std::string> log_problems_;
   std::unique_ptr<boost::asio::steady_timer> reap_timer_;
   bool reap_armed_ = false;
+  bool killed_all_ = false;
 };
 
 /// Turns a TORCHELASTIC_ERROR_FILE's JSON (torchelastic's nested or flat form) into readable
