@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/io/guardian.h"
+#include "runner/io/log_files.h"
 #include "runner/io/output_splitter.h"
 #include "runner/io/process_tree.h"
 
@@ -128,45 +129,6 @@ std::string DescribeStartFailure(const StartResult& result, const std::string& e
   return fmt::format("cannot start a process: {}", std::strerror(result.error));
 }
 
-/// Why an open of `path` below logs.dir failed, for the user.
-std::string DescribeOpenFailure(int dir_fd, const std::string& name, const std::string& path, int error) {
-  struct stat st {};
-  if ((error == ELOOP || error == ENOTDIR || error == EEXIST) &&
-      ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
-    return fmt::format("{} is a symbolic link; ddprun follows no link below logs.dir (someone may "
-                       "have planted it to make ddprun write elsewhere)",
-                       path);
-  }
-  if (error == EEXIST) {
-    return fmt::format("{} exists already; ddprun writes only files it created in this run", path);
-  }
-  if (error == ENOTDIR) return fmt::format("{} is not a folder", path);
-  return fmt::format("cannot create {}: {}", path, std::strerror(error));
-}
-
-/// Opens the folder `name` in `dir_fd`, creating it if needed, without following a link.
-UniqueFd OpenOrMakeDir(int dir_fd, const std::string& name, const std::string& path, std::string& error) {
-  if (::mkdirat(dir_fd, name.c_str(), 0755) != 0 && errno != EEXIST) {
-    error = DescribeOpenFailure(dir_fd, name, path, errno);
-    return UniqueFd();
-  }
-  UniqueFd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) error = DescribeOpenFailure(dir_fd, name, path, errno);
-  return fd;
-}
-
-std::vector<std::string> PathComponents(const std::string& relative) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= relative.size()) {
-    size_t end = relative.find('/', start);
-    if (end == std::string::npos) end = relative.size();
-    if (end > start) parts.push_back(relative.substr(start, end - start));
-    start = end + 1;
-  }
-  return parts;
-}
-
 }  // namespace
 
 std::optional<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
@@ -257,75 +219,39 @@ bool RealProcessLauncher::OpenRunFolder(std::string& error) {
   // logs.dir is the user's choice and may be a link; create it as the user would.
   std::error_code fs_ec;
   std::filesystem::create_directories(options_.logs_root, fs_ec);
-  UniqueFd dir(::open(options_.logs_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir.valid()) {
+  UniqueFd root(::open(options_.logs_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) {
     error = fmt::format("cannot open logs.dir {}: {}", options_.logs_root, std::strerror(errno));
     return false;
   }
-  const std::vector<std::string> parts = PathComponents(options_.run_folder);
-  if (parts.empty()) {
-    error = "no run folder";
-    return false;
-  }
-  std::string path = options_.logs_root;
-  UniqueFd parent;
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    path += "/" + parts[i];
-    UniqueFd next = OpenOrMakeDir(dir.get(), parts[i], path, error);
-    if (!next.valid()) return false;
-    dir = std::move(next);
-  }
-  // The run's own folder is new: an existing one (or a link in its place) is refused, so no
-  // earlier run's file is ever written again.
-  const std::string& run = parts.back();
-  path += "/" + run;
-  if (::mkdirat(dir.get(), run.c_str(), 0755) != 0) {
-    error = DescribeOpenFailure(dir.get(), run, path, errno);
-    return false;
-  }
-  run_fd_ = UniqueFd(::openat(dir.get(), run.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!run_fd_.valid()) {
-    error = DescribeOpenFailure(dir.get(), run, path, errno);
-    return false;
-  }
+  // "<job>/<run>": the run's own folder must be new, so no earlier run's file is ever written
+  // again (and a link in its place is refused).
+  const std::string& folder = options_.run_folder;
+  const size_t slash = folder.rfind('/');
+  const std::string job = slash == std::string::npos ? "" : folder.substr(0, slash);
+  const std::string run = folder.substr(slash == std::string::npos ? 0 : slash + 1);
+  UniqueFd job_fd = OpenFolderBelow(root.get(), options_.logs_root, job, false, error);
+  if (!job_fd.valid()) return false;
+  const std::string job_path = job.empty() ? options_.logs_root : options_.logs_root + "/" + job;
+  run_fd_ = OpenFolderBelow(job_fd.get(), job_path, run, true, error);
+  if (!run_fd_.valid()) return false;
   // `latest` is replaced in one rename, so a reader sees the old run or the new one, never no
   // link; its target is relative, so it also works where logs.dir is mounted elsewhere.
   const std::string temp = ".latest-" + run;
-  const bool linked = ::symlinkat(run.c_str(), dir.get(), temp.c_str()) == 0 &&
-                      ::renameat(dir.get(), temp.c_str(), dir.get(), "latest") == 0;
+  const bool linked = ::symlinkat(run.c_str(), job_fd.get(), temp.c_str()) == 0 &&
+                      ::renameat(job_fd.get(), temp.c_str(), job_fd.get(), "latest") == 0;
   if (!linked) {
     const int link_errno = errno;
-    ::unlinkat(dir.get(), temp.c_str(), 0);
+    ::unlinkat(job_fd.get(), temp.c_str(), 0);
     if (options_.report) {
-      options_.report(fmt::format("cannot point {}/latest at this run: {}", path.substr(0, path.rfind('/')),
-                                  std::strerror(link_errno)));
+      options_.report(fmt::format("cannot point {}/latest at this run: {}", job_path, std::strerror(link_errno)));
     }
   }
   return true;
 }
 
 UniqueFd RealProcessLauncher::OpenLogFile(const std::string& relative, std::string& error) {
-  const std::vector<std::string> parts = PathComponents(relative);
-  std::string path = options_.logs_root + "/" + options_.run_folder;
-  if (parts.empty()) {
-    error = "no log file name";
-    return UniqueFd();
-  }
-  UniqueFd dir;
-  int dir_fd = run_fd_.get();
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    path += "/" + parts[i];
-    UniqueFd next = OpenOrMakeDir(dir_fd, parts[i], path, error);
-    if (!next.valid()) return UniqueFd();
-    dir = std::move(next);
-    dir_fd = dir.get();
-  }
-  path += "/" + parts.back();
-  // O_EXCL: never over an existing file (it also refuses a link in its place).
-  UniqueFd fd(::openat(dir_fd, parts.back().c_str(),
-                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) error = DescribeOpenFailure(dir_fd, parts.back(), path, errno);
-  return fd;
+  return CreateFileBelow(run_fd_.get(), options_.logs_root + "/" + options_.run_folder, relative, error);
 }
 
 void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
