@@ -160,7 +160,9 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       position.local_rank = local;
       position.restart_count = 0;
       position.master_port = WorkerMasterPort(spec);
-      position.error_file = spec.logs.dir + "/" + RankErrorFilePath(spec, 0, rank.global_rank);
+      // Each run picks its own folder when it starts; the plan shows where it goes.
+      position.error_file = spec.logs.dir + "/" + RunLogFolder(spec, "<run>") + "/" +
+                            RankErrorFilePath(spec, 0, rank.global_rank);
       rank.env = WorkerEnvironment(spec, position, {});
       node.ranks.push_back(std::move(rank));
     }
@@ -425,7 +427,8 @@ std::string JobFileJsonSchema() {
 
   Json log_props;
   log_props["dir"] = Describe({{"type", "string"}, {"default", "logs"}},
-                              "Per-rank logs go to <dir>/<job>/attempt-<k>/rank-<r>.log "
+                              "Per-rank logs go to <dir>/<job>/<run>/attempt-<k>/rank-<r>.log, a new "
+                              "<run> folder per run, <dir>/<job>/latest the newest "
                               "(relative to the job file).");
   log_props["console"] = Describe(
       {{"oneOf",

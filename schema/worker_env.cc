@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -55,12 +56,25 @@ std::string TrainerEnvValue(const TrainerValue& value) {
   return std::visit(Visitor{}, value.value);
 }
 
-std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank) {
-  return fmt::format("{}/attempt-{}/rank-{}.log", spec.job.name, restart_count, global_rank);
+std::string RunFolderName(int64_t unix_seconds, int node_rank, uint32_t random_id) {
+  const std::time_t t = static_cast<std::time_t>(unix_seconds);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  // Sorts by time in `ls`; the id (24 bits) tells apart two runs started in the same second.
+  return fmt::format("{:04}{:02}{:02}T{:02}{:02}{:02}Z-n{}-{:06x}", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, node_rank, random_id & 0xffffffu);
 }
 
-std::string RankErrorFilePath(const JobSpec& spec, int restart_count, int global_rank) {
-  return fmt::format("{}/attempt-{}/rank-{}.error.json", spec.job.name, restart_count, global_rank);
+std::string RunLogFolder(const JobSpec& spec, const std::string& run) {
+  return fmt::format("{}/{}", spec.job.name, run);
+}
+
+std::string RankLogPath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
+  return fmt::format("attempt-{}/rank-{}.log", restart_count, global_rank);
+}
+
+std::string RankErrorFilePath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
+  return fmt::format("attempt-{}/rank-{}.error.json", restart_count, global_rank);
 }
 
 EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,

@@ -41,7 +41,15 @@ std::string RunId(const JobSpec& spec, std::string_view fingerprint);
 /// PL_TRAINER_<KEY> value in the spelling Lightning's literal_eval reads back.
 std::string TrainerEnvValue(const TrainerValue& value);
 
-/// Paths under logs.dir, relative to it: "<job>/attempt-<k>/rank-<r>.log" and ".error.json".
+/// Each run of an agent writes its logs in a folder of its own under logs.dir,
+/// "<job>/<run>" (RunLogFolder), beside a link "<job>/latest" to the newest one.
+/// `run` is RunFolderName: the UTC start time, the node rank and a random id, e.g.
+/// "20261203T081500Z-n0-3fa2c1". Nodes do not agree on it (no message carries it): each names
+/// its own, so on a logs.dir shared by several nodes their folders never collide.
+std::string RunFolderName(int64_t unix_seconds, int node_rank, uint32_t random_id);
+std::string RunLogFolder(const JobSpec& spec, const std::string& run);
+
+/// Paths relative to the run's folder: "attempt-<k>/rank-<r>.log" and ".error.json".
 std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank);
 std::string RankErrorFilePath(const JobSpec& spec, int restart_count, int global_rank);
 

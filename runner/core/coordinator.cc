@@ -695,7 +695,8 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   if (failure.mentions_nccl) {
     text += "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n";
   }
-  text += fmt::format("logs: {}/{}/attempt-{}/", spec_.logs.dir, spec_.job.name, failure.round);
+  // Each node writes its own run folder (schema/worker_env.h); `latest` names it on every node.
+  text += fmt::format("logs: {}/{}/latest/attempt-{}/", spec_.logs.dir, spec_.job.name, failure.round);
   return text;
 }
 

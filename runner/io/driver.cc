@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #include "runner/io/guardian.h"
 #include "runner/io/process_launcher.h"
 #include "schema/canonical.h"
+#include "schema/worker_env.h"
 
 extern char** environ;
 
@@ -84,8 +86,12 @@ class TerminalConsole final : public host::Console {
   }
   void Summary(std::string_view text) override {
     const std::string rule(72, '=');
-    Print(fmt::format("{}\n{}\n{}\n", rule, text, rule));
+    // This node's own facts (its log folder, logs it could not write) follow the job's words.
+    std::string footer = footer_ ? footer_() : "";
+    if (!footer.empty() && footer.back() == '\n') footer.pop_back();
+    Print(fmt::format("{}\n{}\n{}{}{}\n", rule, text, footer, footer.empty() ? "" : "\n", rule));
   }
+  void SetSummaryFooter(std::function<std::string()> footer) { footer_ = std::move(footer); }
 
  private:
   static std::string Clock() {
@@ -102,6 +108,7 @@ class TerminalConsole final : public host::Console {
   }
   int node_rank_;
   bool verbose_;
+  std::function<std::string()> footer_;
 };
 
 std::map<std::string, std::string> CurrentEnvironment() {
@@ -265,6 +272,10 @@ std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, 
 }
 
 int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
+  // A child subreaper: whatever a worker starts and leaves behind (a double fork, `setsid
+  // cmd &`) is reparented to this agent instead of init, so the agent and its guardian can
+  // still find it below the agent and kill it (runner/io/guardian.h).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   // Fork the guardian before anything can start a thread (Asio's resolver does).
   Guardian guardian;
   std::signal(SIGPIPE, SIG_IGN);
@@ -277,7 +288,12 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   config.fingerprint = FingerprintOfCanonical(config.canonical);
   config.instance = MakeInstance();
   config.ddprun_version = DDPRUN_VERSION;
-  config.logs_dir = std::filesystem::absolute(job_dir / spec.logs.dir).lexically_normal().string();
+  // Every run of this agent writes into a new folder of its own (schema/worker_env.h).
+  const std::string logs_root = std::filesystem::absolute(job_dir / spec.logs.dir).lexically_normal().string();
+  const std::string run_folder = RunLogFolder(
+      spec, RunFolderName(static_cast<int64_t>(std::time(nullptr)), options.node_rank,
+                          static_cast<uint32_t>(config.instance)));
+  config.logs_dir = logs_root + "/" + run_folder;
   config.inherited_env = CurrentEnvironment();
   // Workers run user code: they do not need the job's secret.
   config.inherited_env.erase("DDPRUN_SECRET");
@@ -298,14 +314,19 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   RealProcessLauncher::Options launcher_options;
   launcher_options.command = spec.job.command;
   launcher_options.workdir = std::filesystem::absolute(job_dir / spec.job.workdir).lexically_normal().string();
-  launcher_options.logs_dir = config.logs_dir;
+  launcher_options.logs_root = logs_root;
+  launcher_options.run_folder = run_folder;
   launcher_options.node_rank = options.node_rank;
   launcher_options.console = spec.logs.console;
   launcher_options.inherited_env = config.inherited_env;
   launcher_options.guardian = &guardian;
   launcher_options.raw_console_rank = options.raw_console_rank;
-  RealProcessLauncher launcher(io, launcher_options);
   TerminalConsole console(options.node_rank, options.verbose);
+  launcher_options.report = [&console](const std::string& text) {
+    console.Log(core::LogLevel::kError, "agent", text);
+  };
+  RealProcessLauncher launcher(io, launcher_options);
+  console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
 
   int exit_code = 70;
   host::Ports ports{&clock, &timer, &transport, &launcher, &console};
@@ -330,6 +351,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                           options.host, spec.cluster.nproc_per_node,
                           spec.cluster.nproc_per_node == 1 ? "" : "s", spec.cluster.master_addr,
                           spec.cluster.master_port, config.fingerprint.substr(0, 12)));
+  console.Log(core::LogLevel::kInfo, "agent",
+              fmt::format("logs of this run: {}/ (also {}/{}/latest)", config.logs_dir, spec.logs.dir,
+                          spec.job.name));
   if (!secret_warning.empty()) console.Log(core::LogLevel::kWarn, "agent", secret_warning);
   if (config.secret.empty() && options.node_rank == 0) {
     console.Log(core::LogLevel::kWarn, "coordinator",
@@ -345,8 +369,13 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console.Summary("ddprun cannot start node 0's coordinator: " + error);
     return 3;
   }
+  guardian.Supervise(io, [&console](const std::string& text) {
+    console.Log(core::LogLevel::kWarn, "agent", text);
+  });
   io.run();
+  guardian.StopSupervising();
   launcher.KillAll();
+  guardian.Release();
   transport.Shutdown();
   return exit_code;
 }

@@ -1,58 +1,143 @@
 #include "runner/io/guardian.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstring>
-#include <set>
+#include <ctime>
+#include <vector>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <fmt/format.h>
+
+#include "runner/io/process_tree.h"
 
 namespace ddprun::io {
 namespace {
 
-// Fixed-size records so a read never sees half a command: op ('+' or '-') and a pgid.
+// Fixed-size records so a read never sees half a command: op ('+' or '-') and a pgid. A write
+// of this size to a pipe is atomic, so workers registering themselves never interleave.
 struct Record {
   char op;
   int32_t pgid;
 };
 
-[[noreturn]] void GuardianMain(int read_fd) {
-  // Signals aimed at the agent's terminal group must not stop the guardian early; it ends on
-  // EOF, which comes when every copy of the write end is closed: the agent exited or died.
+// A bound on what the guardian remembers; a job with more live workers than this is not one
+// ddprun runs (workers per node are GPUs per node).
+constexpr size_t kMaxWatched = 65536;
+
+int64_t MonotonicMs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
+}
+
+// Runs in the forked child: only system calls and plain allocation (glibc's fork leaves the
+// allocator usable even when the agent had other threads), no stdio, no locks.
+[[noreturn]] void GuardianMain(int read_fd, pid_t agent) {
+  // Its own session and process group: `kill -9 %1` (the agent's group), a terminal's Ctrl-C
+  // or hangup do not reach it. It ends on EOF, which comes when every copy of the write end is
+  // closed: the agent exited or died.
+  ::setsid();
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGHUP, SIG_IGN);
+  ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_NAME, "ddprun-guardian", 0, 0, 0);
-  std::set<int32_t> groups;
+  // It never prints: holding the agent's terminal or output pipe open would keep a `| tee`
+  // waiting after the agent died.
+  const int dev_null = ::open("/dev/null", O_RDWR);
+  if (dev_null >= 0) {
+    for (int fd = 0; fd <= 2; ++fd) ::dup2(dev_null, fd);
+    if (dev_null > 2) ::close(dev_null);
+  }
+  const pid_t self = ::getpid();
+  std::vector<pid_t> groups;          // registered workers: pid == pgid
+  std::vector<ProcessEntry> known;    // the agent's descendants at the last look
+  int64_t next_scan = 0;
   Record record{};
   for (;;) {
+    const int64_t now = MonotonicMs();
+    if (now >= next_scan) {
+      known = DescendantsOf(ReadProcessTable(), {agent}, self);
+      next_scan = now + kGuardianScanInterval.count();
+    }
+    pollfd pfd{read_fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, next_scan - now)));
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
     const ssize_t n = ::read(read_fd, &record, sizeof record);
     if (n == static_cast<ssize_t>(sizeof record)) {
-      if (record.op == '+') groups.insert(record.pgid);
-      if (record.op == '-') groups.erase(record.pgid);
+      auto it = std::find(groups.begin(), groups.end(), record.pgid);
+      if (record.op == '+' && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
+      if (record.op == '-' && it != groups.end()) groups.erase(it);
+      // The agent is exiting and has killed everything below it itself.
+      if (record.op == '.') ::_exit(0);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     break;  // EOF or error: the agent is gone
   }
-  for (int32_t pgid : groups) ::kill(-pgid, SIGKILL);
+  // The workers themselves (no parent-death signal while a guardian runs, so they are still
+  // there with their children below them), their groups, and whatever the last look saw.
+  KillTrees(
+      [&](const ProcessEntry& entry) {
+        for (pid_t group : groups) {
+          if (entry.pid == group || entry.pgid == group) return true;
+        }
+        for (const ProcessEntry& seen : known) {
+          if (seen.pid == entry.pid && seen.start_time == entry.start_time) return true;
+        }
+        return false;
+      },
+      self);
   ::_exit(0);
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFSIGNALED(status)) {
+    const char* abbrev = ::sigabbrev_np(WTERMSIG(status));
+    return abbrev ? fmt::format("killed by SIG{}", abbrev) : fmt::format("killed by signal {}", WTERMSIG(status));
+  }
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  return "ended";
 }
 
 }  // namespace
 
+struct Guardian::Supervision {
+  Supervision(boost::asio::io_context& io, std::function<void(const std::string&)> on_report)
+      : pidfd(io), report(std::move(on_report)) {}
+  boost::asio::posix::stream_descriptor pidfd;
+  std::function<void(const std::string&)> report;
+};
+
 Guardian::Guardian() {
+  std::string ignored;
+  Start(ignored);
+}
+
+bool Guardian::Start(std::string& error) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return;
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    error = fmt::format("cannot create a pipe: {}", std::strerror(errno));
+    return false;
+  }
+  const pid_t agent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
+    error = fmt::format("fork: {}", std::strerror(errno));
     ::close(fds[0]);
     ::close(fds[1]);
-    return;
+    return false;
   }
   if (pid == 0) {
     ::close(fds[1]);
@@ -67,19 +152,33 @@ Guardian::Guardian() {
         if (fd != fds[0]) ::close(fd);
       }
     }
-    GuardianMain(fds[0]);
+    GuardianMain(fds[0], agent);
   }
   ::close(fds[0]);
   write_fd_ = fds[1];
   pid_ = pid;
+  return true;
 }
 
 Guardian::~Guardian() {
-  if (write_fd_ >= 0) ::close(write_fd_);
+  StopSupervising();
+  if (write_fd_ >= 0) {
+    if (released_) Write('.', 0);
+    ::close(write_fd_);
+  }
   if (pid_ > 0) {
     int status = 0;
     ::waitpid(pid_, &status, 0);
   }
+}
+
+bool Guardian::RegisterFromChild(int fd, pid_t pid) {
+  const Record record{'+', static_cast<int32_t>(pid)};
+  ssize_t n;
+  do {
+    n = ::write(fd, &record, sizeof record);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(sizeof record);
 }
 
 void Guardian::Write(char op, pid_t pgid) {
@@ -91,7 +190,59 @@ void Guardian::Write(char op, pid_t pgid) {
   } while (n < 0 && errno == EINTR);
 }
 
-void Guardian::Watch(pid_t pgid) { Write('+', pgid); }
-void Guardian::Forget(pid_t pgid) { Write('-', pgid); }
+void Guardian::Watch(pid_t pgid) {
+  if (watched_.size() < kMaxWatched) watched_.insert(pgid);
+  Write('+', pgid);
+}
+
+void Guardian::Release() { released_ = true; }
+
+void Guardian::Forget(pid_t pgid) {
+  watched_.erase(pgid);
+  Write('-', pgid);
+}
+
+void Guardian::Supervise(boost::asio::io_context& io, std::function<void(const std::string&)> report) {
+  supervision_ = std::make_unique<Supervision>(io, std::move(report));
+  WatchDeath();
+}
+
+void Guardian::StopSupervising() { supervision_.reset(); }
+
+void Guardian::WatchDeath() {
+  if (!supervision_ || pid_ <= 0) return;
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  if (pidfd < 0) return;  // kernels before 5.3: the guardian is not watched
+  boost::system::error_code ec;
+  supervision_->pidfd.close(ec);
+  supervision_->pidfd.assign(pidfd, ec);
+  supervision_->pidfd.async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                                 [this](boost::system::error_code wait_ec) {
+                                   if (!wait_ec) OnDeath();
+                                 });
+}
+
+void Guardian::OnDeath() {
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) != pid_) return;
+  const pid_t old_pid = pid_;
+  ::close(write_fd_);
+  write_fd_ = -1;
+  pid_ = -1;
+  std::string error;
+  std::string text = fmt::format("the guardian process (pid {}) {}", old_pid, DescribeStatus(status));
+  if (Start(error)) {
+    for (pid_t pgid : watched_) Write('+', pgid);
+    text += fmt::format("; started a new one (pid {}), so processes the workers started still "
+                        "cannot outlive this agent",
+                        pid_);
+  } else {
+    text += fmt::format("; cannot start a new one ({}): if this agent dies now, processes its "
+                        "workers started may outlive it",
+                        error);
+  }
+  supervision_->report(text);
+  WatchDeath();
+}
 
 }  // namespace ddprun::io

@@ -2,26 +2,29 @@
 
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <csignal>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/readable_pipe.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/process/v2/process.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "runner/io/guardian.h"
+#include "runner/io/log_files.h"
+#include "runner/io/output_splitter.h"
+#include "runner/io/process_tree.h"
 
 namespace ddprun::io {
 
@@ -31,41 +34,53 @@ using boost::system::error_code;
 
 namespace {
 
-// What the root-cause summary quotes of a failed worker's stderr.
-constexpr size_t kTailLines = 20;
-constexpr size_t kTailBytes = 8 * 1024;
 // A worker's exit is reported once its pipes are drained; a grandchild that keeps them open
 // (a daemon it started) gets this long before the exit is reported anyway.
 constexpr auto kDrainLimit = std::chrono::seconds(2);
 constexpr size_t kMaxErrorFile = 64 * 1024;
+// How often orphans that ended below the agent are reaped while workers run.
+constexpr auto kReapInterval = std::chrono::seconds(1);
+
+/// The step of a worker's start that failed, reported by the child with its errno.
+enum class StartStep : int { kNone, kProcessGroup, kStdio, kWorkdir, kExec, kFork };
+
+struct StartResult {
+  StartStep step = StartStep::kNone;
+  int error = 0;
+};
 
 /// Starts one worker with vfork+exec, so starting 8 workers does not copy the agent's page
 /// tables 8 times (Boost.Process v2's launcher forks and waits for each exec). Between vfork
-/// and exec the child shares our memory: it only makes system calls, no allocation. Returns 0
-/// and sets `pid`, or the errno of the failed step.
-int SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir, int out_fd,
-                       int err_fd, pid_t& pid) {
-  int status_pipe[2];  // the child reports a failed step's errno; exec closes it on success
-  if (::pipe2(status_pipe, O_CLOEXEC) != 0) return errno;
-  const int dev_null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (dev_null < 0) {
-    const int error = errno;
-    ::close(status_pipe[0]);
-    ::close(status_pipe[1]);
-    return error;
-  }
+/// and exec the child shares our memory: it only makes system calls, no allocation. Sets `pid`
+/// on success.
+StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir,
+                               int out_fd, int err_fd, int guardian_fd, pid_t& pid) {
+  int status_pipe[2];  // the child reports a failed step; exec closes it on success
+  if (::pipe2(status_pipe, O_CLOEXEC) != 0) return {StartStep::kFork, errno};
+  UniqueFd status_read(status_pipe[0]), status_write(status_pipe[1]);
+  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!dev_null.valid()) return {StartStep::kStdio, errno};
   const pid_t agent = ::getpid();
   const pid_t child = ::vfork();
   if (child == 0) {
-    int error = 0;
-    // Its own process group, so a stop reaches everything the worker started; and it dies
-    // with the agent, even by SIGKILL.
-    if (::setpgid(0, 0) != 0) error = errno;
-    if (!error) ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (!error && ::getppid() != agent) ::_exit(137);  // the agent died before prctl
-    if (!error && (::dup2(dev_null, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0)) error = errno;
-    if (!error && ::chdir(workdir) != 0) error = errno;
-    if (!error) {
+    StartResult failed;
+    // Its own process group, so a stop reaches everything the worker started that stays in it.
+    if (::setpgid(0, 0) != 0) failed = {StartStep::kProcessGroup, errno};
+    // It dies with the agent, even by SIGKILL: the guardian kills it and everything below it.
+    // It registers itself before exec so that no instant passes in which the agent could die
+    // unseen. It gets no parent-death signal then: that would kill it before the guardian
+    // could find its children through it. Without a guardian, the signal is the fallback.
+    if (failed.step == StartStep::kNone &&
+        !(guardian_fd >= 0 && Guardian::RegisterFromChild(guardian_fd, ::getpid()))) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    }
+    if (failed.step == StartStep::kNone && ::getppid() != agent) ::_exit(137);  // the agent died
+    if (failed.step == StartStep::kNone &&
+        (::dup2(dev_null.get(), 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0)) {
+      failed = {StartStep::kStdio, errno};
+    }
+    if (failed.step == StartStep::kNone && ::chdir(workdir) != 0) failed = {StartStep::kWorkdir, errno};
+    if (failed.step == StartStep::kNone) {
       // The agent ignores SIGPIPE, and exec keeps ignored signals ignored.
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
@@ -74,54 +89,97 @@ int SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workd
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::execve(argv[0], argv, envp);
-      error = errno;
+      failed = {StartStep::kExec, errno};
     }
-    [[maybe_unused]] const ssize_t n = ::write(status_pipe[1], &error, sizeof error);
+    [[maybe_unused]] const ssize_t n = ::write(status_pipe[1], &failed, sizeof failed);
     ::_exit(127);
   }
-  const int fork_errno = child < 0 ? errno : 0;
-  ::close(status_pipe[1]);
-  ::close(dev_null);
-  int error = fork_errno;
-  if (child > 0) {
-    // vfork returns once the child has exec'd (the pipe closed: EOF) or exited (errno written).
-    int reported = 0;
-    if (::read(status_pipe[0], &reported, sizeof reported) == static_cast<ssize_t>(sizeof reported)) {
-      error = reported;
-      int status = 0;
-      ::waitpid(child, &status, 0);
-    } else {
-      pid = child;
-    }
+  if (child < 0) return {StartStep::kFork, errno};
+  status_write.Reset();
+  // vfork returns once the child has exec'd (the pipe closed: EOF) or exited (step written).
+  StartResult reported;
+  if (::read(status_read.get(), &reported, sizeof reported) == static_cast<ssize_t>(sizeof reported)) {
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    return reported;
   }
-  ::close(status_pipe[0]);
-  return error;
+  pid = child;
+  return {};
 }
 
-bp::filesystem::path ResolveExecutable(const std::string& name, const std::string& workdir,
-                                       const std::map<std::string, std::string>& env) {
-  if (name.find('/') != std::string::npos) {
-    std::filesystem::path p(name);
-    if (p.is_relative()) p = std::filesystem::path(workdir) / p;
-    return bp::filesystem::path(p.string());
+std::string DescribeStartFailure(const StartResult& result, const std::string& executable,
+                                 const std::string& workdir) {
+  switch (result.step) {
+    case StartStep::kWorkdir:
+      if (result.error == ENOENT) {
+        return fmt::format("the workdir {} does not exist (job.workdir, relative to the job file)", workdir);
+      }
+      if (result.error == ENOTDIR) return fmt::format("the workdir {} is not a folder (job.workdir)", workdir);
+      return fmt::format("cannot enter the workdir {}: {}", workdir, std::strerror(result.error));
+    case StartStep::kExec:
+      return fmt::format("cannot start {}: {}", executable, std::strerror(result.error));
+    case StartStep::kProcessGroup:
+      return fmt::format("cannot give the worker its own process group: {}", std::strerror(result.error));
+    case StartStep::kStdio:
+      return fmt::format("cannot connect the worker's output: {}", std::strerror(result.error));
+    case StartStep::kFork:
+    case StartStep::kNone:
+      break;
   }
-  auto path = env.find("PATH");
-  const std::string dirs = path != env.end() ? path->second : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::filesystem::path candidate = std::filesystem::path(dirs.substr(start, end - start)) / name;
-    if (::access(candidate.c_str(), X_OK) == 0) return bp::filesystem::path(candidate.string());
-    start = end + 1;
-  }
-  return {};
+  return fmt::format("cannot start a process: {}", std::strerror(result.error));
 }
 
 }  // namespace
 
+std::optional<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
+                                        const std::string& workdir,
+                                        const std::map<std::string, std::string>& inherited,
+                                        const EnvList& added,
+                                        const std::function<bool(const std::string&)>& is_executable,
+                                        std::string& error) {
+  if (command.empty()) {
+    error = "job.command is empty";
+    return std::nullopt;
+  }
+  std::map<std::string, std::string> env = inherited;
+  for (const auto& [name, value] : added) env[name] = value;
+  LaunchPlan plan;
+  const std::string& name = command[0];
+  if (name.find('/') != std::string::npos) {
+    std::filesystem::path p(name);
+    if (p.is_relative()) p = std::filesystem::path(workdir) / p;
+    plan.executable = p.string();
+  } else {
+    auto path = env.find("PATH");
+    const std::string dirs = path != env.end() ? path->second : "/usr/local/bin:/usr/bin:/bin";
+    size_t start = 0;
+    while (start <= dirs.size() && plan.executable.empty()) {
+      size_t end = dirs.find(':', start);
+      if (end == std::string::npos) end = dirs.size();
+      const std::string candidate = (std::filesystem::path(dirs.substr(start, end - start)) / name).string();
+      if (is_executable(candidate)) plan.executable = candidate;
+      start = end + 1;
+    }
+    if (plan.executable.empty()) {
+      error = fmt::format("command not found: \"{}\" is not on PATH", name);
+      return std::nullopt;
+    }
+  }
+  plan.argv.push_back(plan.executable);
+  plan.argv.insert(plan.argv.end(), command.begin() + 1, command.end());
+  plan.env.reserve(env.size());
+  for (const auto& [var, value] : env) plan.env.push_back(var + "=" + value);
+  return plan;
+}
+
 struct RealProcessLauncher::Worker {
-  explicit Worker(asio::io_context& io) : out(io), err(io), drain_timer(io) {}
+  Worker(asio::io_context& io, std::string prefix, bool shown)
+      : out(io),
+        err(io),
+        drain_timer(io),
+        progress_timer(io),
+        show(shown),
+        splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true)} {}
   int round = 0;
   int local_rank = 0;
   int global_rank = 0;
@@ -130,40 +188,81 @@ struct RealProcessLauncher::Worker {
   asio::readable_pipe out;
   asio::readable_pipe err;
   std::array<std::array<char, 64 * 1024>, 2> buffers{};
-  std::array<std::string, 2> partial;
   std::array<bool, 2> eof{false, false};
-  std::deque<std::string> tail;
-  size_t tail_bytes = 0;
-  int log_fd = -1;
+  asio::steady_timer drain_timer;
+  asio::steady_timer progress_timer;
+  std::optional<OutputSplitter::Clock::time_point> progress_armed;
   bool show = false;
+  std::array<OutputSplitter, 2> splitters;  // stdout, stderr
+  UniqueFd log_fd;
+  std::string log_path;       // absolute, for messages
+  uint64_t log_bytes = 0;     // written so far
+  bool log_failed = false;    // a write failed: the file stops at log_bytes
   bool exited = false;
   bool drained_or_late = false;
   bool reported = false;
   int exit_code = 0;
   int signal = 0;
-  asio::steady_timer drain_timer;
   std::string error_file;
-  std::string prefix;
 };
 
 RealProcessLauncher::RealProcessLauncher(asio::io_context& io, Options options)
-    : io_(io), options_(std::move(options)) {}
+    : io_(io), options_(std::move(options)), reap_timer_(std::make_unique<asio::steady_timer>(io)) {}
 
-RealProcessLauncher::~RealProcessLauncher() { KillAll(); }
+RealProcessLauncher::~RealProcessLauncher() {
+  if (!killed_all_) KillAll();
+}
 
 void RealProcessLauncher::SetEvents(host::ProcessEvents* events) { events_ = events; }
 
+bool RealProcessLauncher::OpenRunFolder(std::string& error) {
+  // logs.dir is the user's choice and may be a link; create it as the user would.
+  std::error_code fs_ec;
+  std::filesystem::create_directories(options_.logs_root, fs_ec);
+  UniqueFd root(::open(options_.logs_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) {
+    error = fmt::format("cannot open logs.dir {}: {}", options_.logs_root, std::strerror(errno));
+    return false;
+  }
+  // "<job>/<run>": the run's own folder must be new, so no earlier run's file is ever written
+  // again (and a link in its place is refused).
+  const std::string& folder = options_.run_folder;
+  const size_t slash = folder.rfind('/');
+  const std::string job = slash == std::string::npos ? "" : folder.substr(0, slash);
+  const std::string run = folder.substr(slash == std::string::npos ? 0 : slash + 1);
+  UniqueFd job_fd = OpenFolderBelow(root.get(), options_.logs_root, job, false, error);
+  if (!job_fd.valid()) return false;
+  const std::string job_path = job.empty() ? options_.logs_root : options_.logs_root + "/" + job;
+  run_fd_ = OpenFolderBelow(job_fd.get(), job_path, run, true, error);
+  if (!run_fd_.valid()) return false;
+  // `latest` is replaced in one rename, so a reader sees the old run or the new one, never no
+  // link; its target is relative, so it also works where logs.dir is mounted elsewhere.
+  const std::string temp = ".latest-" + run;
+  const bool linked = ::symlinkat(run.c_str(), job_fd.get(), temp.c_str()) == 0 &&
+                      ::renameat(job_fd.get(), temp.c_str(), job_fd.get(), "latest") == 0;
+  if (!linked) {
+    const int link_errno = errno;
+    ::unlinkat(job_fd.get(), temp.c_str(), 0);
+    if (options_.report) {
+      options_.report(fmt::format("cannot point {}/latest at this run: {}", job_path, std::strerror(link_errno)));
+    }
+  }
+  return true;
+}
+
+UniqueFd RealProcessLauncher::OpenLogFile(const std::string& relative, std::string& error) {
+  return CreateFileBelow(run_fd_.get(), options_.logs_root + "/" + options_.run_folder, relative, error);
+}
+
 void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
-  auto worker = std::make_shared<Worker>(io_);
+  const bool show = options_.raw_console_rank ? launch.global_rank == *options_.raw_console_rank
+                                              : options_.console.Shows(launch.global_rank);
+  const std::string prefix =
+      options_.raw_console_rank ? "" : fmt::format("[n{} r{}] ", options_.node_rank, launch.global_rank);
+  auto worker = std::make_shared<Worker>(io_, prefix, show);
   worker->round = round;
   worker->local_rank = launch.local_rank;
   worker->global_rank = launch.global_rank;
-  if (options_.raw_console_rank) {
-    worker->show = launch.global_rank == *options_.raw_console_rank;
-  } else {
-    worker->show = options_.console.Shows(launch.global_rank);
-    worker->prefix = fmt::format("[n{} r{}] ", options_.node_rank, launch.global_rank);
-  }
 
   auto fail = [&](const std::string& why) {
     asio::post(io_, [this, round, local = launch.local_rank, why] {
@@ -171,81 +270,62 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     });
   };
 
-  std::map<std::string, std::string> env = options_.inherited_env;
-  for (const auto& [name, value] : launch.env) env[name] = value;
-  worker->error_file = env["TORCHELASTIC_ERROR_FILE"];
-
-  std::error_code fs_ec;
-  const std::filesystem::path log_path = std::filesystem::path(options_.logs_dir) / launch.log_path;
-  std::filesystem::create_directories(log_path.parent_path(), fs_ec);
-  if (!worker->error_file.empty()) {
-    std::filesystem::create_directories(std::filesystem::path(worker->error_file).parent_path(), fs_ec);
-    // A leftover error file from an earlier run of the same job would be reported as this
-    // worker's error.
-    std::filesystem::remove(worker->error_file, fs_ec);
-  }
-  worker->log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (worker->log_fd < 0) {
-    fail(fmt::format("cannot open the log file {}: {}", log_path.string(), std::strerror(errno)));
+  std::string error;
+  if (!run_fd_.valid() && !OpenRunFolder(error)) {
+    fail(error);
     return;
   }
-
-  if (options_.command.empty()) {
-    fail("job.command is empty");
+  worker->log_path = options_.logs_root + "/" + options_.run_folder + "/" + launch.log_path;
+  worker->log_fd = OpenLogFile(launch.log_path, error);
+  if (!worker->log_fd.valid()) {
+    fail(error);
     return;
   }
-  const auto exe = ResolveExecutable(options_.command[0], options_.workdir, env);
-  if (exe.empty()) {
-    fail(fmt::format("command not found: \"{}\" is not on PATH", options_.command[0]));
-    ::close(worker->log_fd);
+  for (const auto& [name, value] : launch.env) {
+    if (name == "TORCHELASTIC_ERROR_FILE") worker->error_file = value;
+  }
+  auto plan = PrepareLaunch(options_.command, options_.workdir, options_.inherited_env, launch.env,
+                            [](const std::string& path) { return ::access(path.c_str(), X_OK) == 0; },
+                            error);
+  if (!plan) {
+    fail(error);
     return;
   }
-  std::vector<std::string> args(options_.command.begin() + 1, options_.command.end());
-  std::vector<std::string> env_lines;
-  env_lines.reserve(env.size());
-  for (const auto& [name, value] : env) env_lines.push_back(name + "=" + value);
-
   // Everything the child needs is prepared here: between vfork and exec it may not allocate.
-  std::vector<std::string> argv_strings;
-  argv_strings.push_back(exe.string());
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
-  for (auto& a : argv_strings) argv.push_back(a.data());
+  for (auto& a : plan->argv) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<char*> envp;
-  for (auto& e : env_lines) envp.push_back(e.data());
+  for (auto& e : plan->env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
-    fail(fmt::format("cannot create pipes: {}", std::strerror(errno)));
-    ::close(worker->log_fd);
+  std::array<UniqueFd, 2> read_ends, write_ends;
+  for (size_t s = 0; s < 2; ++s) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      fail(fmt::format("cannot create pipes: {}", std::strerror(errno)));
+      return;
+    }
+    read_ends[s].Reset(fds[0]);
+    write_ends[s].Reset(fds[1]);
+  }
+  const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
+  const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
+                                                 write_ends[0].get(), write_ends[1].get(), guardian_fd,
+                                                 worker->pid);
+  write_ends[0].Reset();
+  write_ends[1].Reset();
+  if (started.step != StartStep::kNone) {
+    fail(DescribeStartFailure(started, plan->executable, options_.workdir));
     return;
   }
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    ::close(out_pipe[0]);
-    ::close(out_pipe[1]);
-    fail(fmt::format("cannot create pipes: {}", std::strerror(errno)));
-    ::close(worker->log_fd);
-    return;
-  }
-  const int start_errno = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
-                                             out_pipe[1], err_pipe[1], worker->pid);
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
   error_code ec;
-  worker->out.assign(out_pipe[0], ec);
-  worker->err.assign(err_pipe[0], ec);
-  if (start_errno != 0) {
-    worker->out.close(ec);
-    worker->err.close(ec);
-    fail(fmt::format("cannot start {}: {}", exe.string(), std::strerror(start_errno)));
-    ::close(worker->log_fd);
-    return;
-  }
+  worker->out.assign(read_ends[0].Release(), ec);
+  worker->err.assign(read_ends[1].Release(), ec);
   bp::process process(io_.get_executor(), worker->pid);
   worker->process.emplace(std::move(process));
   if (options_.guardian) options_.guardian->Watch(worker->pid);
   workers_[{round, launch.local_rank}] = worker;
+  ArmReap();
 
   worker->process->async_wait([this, worker](error_code wait_ec, int) {
     worker->exited = true;
@@ -262,6 +342,9 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     // Whatever the worker left behind in its group (a daemon, a stuck child) goes with it.
     ::kill(-worker->pid, SIGKILL);
     if (options_.guardian) options_.guardian->Forget(worker->pid);
+    // What left the group (setsid) came back to the agent, a child subreaper, when its parent
+    // ended; once no worker runs, nothing below the agent but the guardian has a reason to.
+    if (!AnyWorkerRunning()) SweepStrays();
     worker->drain_timer.expires_after(kDrainLimit);
     worker->drain_timer.async_wait([this, worker](error_code timer_ec) {
       if (timer_ec) return;
@@ -278,7 +361,7 @@ void RealProcessLauncher::StartRead(const std::shared_ptr<Worker>& worker, bool 
   auto& pipe = is_stderr ? worker->err : worker->out;
   auto& buffer = worker->buffers[is_stderr ? 1 : 0];
   pipe.async_read_some(asio::buffer(buffer), [this, worker, is_stderr](error_code ec, size_t n) {
-    if (n > 0) OnOutput(*worker, is_stderr, worker->buffers[is_stderr ? 1 : 0].data(), n);
+    if (n > 0) OnOutput(worker, is_stderr, worker->buffers[is_stderr ? 1 : 0].data(), n);
     if (ec) {
       worker->eof[is_stderr ? 1 : 0] = true;
       MaybeReport(worker);
@@ -288,56 +371,84 @@ void RealProcessLauncher::StartRead(const std::shared_ptr<Worker>& worker, bool 
   });
 }
 
-void RealProcessLauncher::OnOutput(Worker& worker, bool is_stderr, const char* data, size_t size) {
-  // Every byte goes to the rank's file first: the file is the record, the console a view.
+void RealProcessLauncher::WriteLog(Worker& worker, const char* data, size_t size) {
+  if (!worker.log_fd.valid() || worker.log_failed) return;
   size_t written = 0;
   while (written < size) {
-    const ssize_t n = ::write(worker.log_fd, data + written, size - written);
+    const ssize_t n = ::write(worker.log_fd.get(), data + written, size - written);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n <= 0) {
+      // A full disk or an I/O error: say so once, and keep the file as it is rather than
+      // leave holes in it if space comes back.
+      const int error = n < 0 ? errno : EIO;
+      worker.log_failed = true;
+      worker.log_bytes += written;
+      const std::string what = fmt::format("rank {}: cannot write {}: {}; the file stops after {} bytes",
+                                            worker.global_rank, worker.log_path, std::strerror(error),
+                                            worker.log_bytes);
+      log_problems_.push_back(what);
+      if (options_.report) options_.report("log file incomplete: " + what);
+      return;
+    }
     written += static_cast<size_t>(n);
   }
+  worker.log_bytes += written;
+}
+
+void RealProcessLauncher::CloseLog(Worker& worker) {
+  if (!worker.log_fd.valid()) return;
+  // NFS may report a failed write only when the file is closed.
+  if (worker.log_fd.Reset() != 0 && !worker.log_failed) {
+    worker.log_failed = true;
+    const std::string what = fmt::format("rank {}: cannot write {}: {}", worker.global_rank,
+                                          worker.log_path, std::strerror(errno));
+    log_problems_.push_back(what);
+    if (options_.report) options_.report("log file incomplete: " + what);
+  }
+}
+
+void RealProcessLauncher::OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr,
+                                   const char* data, size_t size) {
+  // Every byte goes to the rank's file first: the file is the record, the console a view.
+  WriteLog(*worker, data, size);
   // Only stderr keeps lines (for the failure summary) and only shown ranks need them split,
   // so a hidden rank's stdout costs nothing beyond the write above.
-  if (!worker.show && !is_stderr) return;
-  std::string& partial = worker.partial[is_stderr ? 1 : 0];
+  if (!worker->show && !is_stderr) return;
   std::string& console = console_buffer_;
   console.clear();
-  const char* end = data + size;
-  const char* start = data;
-  while (start < end) {
-    const auto* newline = static_cast<const char*>(std::memchr(start, '\n', static_cast<size_t>(end - start)));
-    if (!newline) break;
-    const std::string_view piece(start, static_cast<size_t>(newline - start));
-    if (worker.show) {
-      console += worker.prefix;
-      console += partial;
-      console += piece;
-      console += '\n';
-    }
-    if (is_stderr) {
-      std::string line = partial;
-      line += piece;
-      worker.tail_bytes += line.size();
-      worker.tail.push_back(std::move(line));
-      while (worker.tail.size() > kTailLines || worker.tail_bytes > kTailBytes) {
-        worker.tail_bytes -= worker.tail.front().size();
-        worker.tail.pop_front();
-      }
-    }
-    partial.clear();
-    start = newline + 1;
-  }
-  partial.append(start, static_cast<size_t>(end - start));
-  if (partial.size() > 64 * 1024) {  // a line without end: show it in pieces
-    if (worker.show) console += worker.prefix + partial + "\n";
-    partial.clear();
-  }
+  worker->splitters[is_stderr ? 1 : 0].Feed(std::string_view(data, size),
+                                            OutputSplitter::Clock::now(), console);
   if (!console.empty()) {
     FILE* stream = is_stderr ? stderr : stdout;
     std::fwrite(console.data(), 1, console.size(), stream);
     std::fflush(stream);
   }
+  ArmProgress(worker);
+}
+
+void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
+  std::optional<OutputSplitter::Clock::time_point> next;
+  for (const auto& splitter : worker->splitters) {
+    auto deadline = splitter.ProgressDeadline();
+    if (deadline && (!next || *deadline < *next)) next = deadline;
+  }
+  if (!next || worker->progress_armed == next || worker->reported) return;
+  worker->progress_armed = next;
+  worker->progress_timer.expires_at(*next);
+  worker->progress_timer.async_wait([this, worker](error_code ec) {
+    if (ec) return;  // replaced or cancelled
+    worker->progress_armed.reset();
+    for (size_t s = 0; s < 2; ++s) {
+      std::string& console = console_buffer_;
+      console.clear();
+      worker->splitters[s].FlushProgress(OutputSplitter::Clock::now(), console);
+      if (!console.empty()) {
+        std::fwrite(console.data(), 1, console.size(), s == 1 ? stderr : stdout);
+        std::fflush(s == 1 ? stderr : stdout);
+      }
+    }
+    ArmProgress(worker);
+  });
 }
 
 void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
@@ -345,20 +456,18 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
   if (!(worker->eof[0] && worker->eof[1]) && !worker->drained_or_late) return;
   worker->reported = true;
   worker->drain_timer.cancel();
+  worker->progress_timer.cancel();
   // A last line without a newline is complete now: show it (the file already has it).
   for (size_t s = 0; s < 2; ++s) {
-    std::string& partial = worker->partial[s];
-    if (partial.empty()) continue;
-    if (s == 1) worker->tail.push_back(partial);
-    if (worker->show) {
-      const std::string line = worker->prefix + partial + "\n";
-      std::fwrite(line.data(), 1, line.size(), s == 1 ? stderr : stdout);
+    std::string& console = console_buffer_;
+    console.clear();
+    worker->splitters[s].Finish(console);
+    if (!console.empty()) {
+      std::fwrite(console.data(), 1, console.size(), s == 1 ? stderr : stdout);
       std::fflush(s == 1 ? stderr : stdout);
     }
-    partial.clear();
   }
-  if (worker->log_fd >= 0) ::close(worker->log_fd);
-  worker->log_fd = -1;
+  CloseLog(*worker);
   error_code ignored;
   worker->out.close(ignored);
   worker->err.close(ignored);
@@ -368,7 +477,7 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
   exited.local_rank = worker->local_rank;
   exited.exit_code = worker->exit_code;
   exited.signal = worker->signal;
-  for (const auto& line : worker->tail) exited.stderr_tail += line + "\n";
+  for (const auto& line : worker->splitters[1].tail()) exited.stderr_tail += line + "\n";
   if (!worker->error_file.empty()) {
     std::ifstream in(worker->error_file, std::ios::binary);
     if (in) {
@@ -391,6 +500,59 @@ void RealProcessLauncher::SignalAll(int round, int signal) {
 void RealProcessLauncher::KillAll() {
   for (auto& [key, worker] : workers_) {
     if (!worker->exited && worker->pid > 0) ::kill(-worker->pid, SIGKILL);
+  }
+  SweepStrays();
+  killed_all_ = true;
+}
+
+std::string RealProcessLauncher::SummaryLines() const {
+  std::string text;
+  if (run_fd_.valid()) text += fmt::format("logs on this node: {}/{}/\n", options_.logs_root, options_.run_folder);
+  for (const std::string& problem : log_problems_) text += "log file incomplete: " + problem + "\n";
+  return text;
+}
+
+bool RealProcessLauncher::AnyWorkerRunning() const {
+  for (const auto& [key, worker] : workers_) {
+    if (!worker->exited) return true;
+  }
+  return false;
+}
+
+void RealProcessLauncher::SweepStrays() {
+  const pid_t self = ::getpid();
+  const pid_t guardian = options_.guardian ? options_.guardian->pid() : 0;
+  // Workers not yet reported are zombies (already waited for by Boost.Process) or running;
+  // KillAll has just killed the running ones, and killing a zombie does nothing.
+  if (KillTrees([&](const ProcessEntry& entry) { return entry.ppid == self; }, guardian) == 0) return;
+  ReapStrays();
+  ArmReap();  // the killed ones become zombies a moment later
+}
+
+void RealProcessLauncher::ArmReap() {
+  if (reap_armed_) return;
+  reap_armed_ = true;
+  reap_timer_->expires_after(kReapInterval);
+  reap_timer_->async_wait([this](error_code ec) {
+    reap_armed_ = false;
+    if (ec) return;
+    ReapStrays();
+    if (!workers_.empty()) ArmReap();
+  });
+}
+
+void RealProcessLauncher::ReapStrays() {
+  // Orphans that came to the agent are its children: reap the dead ones, or they stay zombies
+  // for as long as the agent lives. Workers and the guardian are waited for by their owners.
+  const pid_t self = ::getpid();
+  const pid_t guardian = options_.guardian ? options_.guardian->pid() : 0;
+  for (const ProcessEntry& entry : ReadProcessTable()) {
+    if (entry.ppid != self || entry.pid == guardian || entry.state != 'Z') continue;
+    bool is_worker = false;
+    for (const auto& [key, worker] : workers_) is_worker = is_worker || worker->pid == entry.pid;
+    if (is_worker) continue;
+    int status = 0;
+    ::waitpid(entry.pid, &status, WNOHANG);
   }
 }
 

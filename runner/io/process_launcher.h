@@ -1,15 +1,20 @@
 #pragma once
-// The real ProcessLauncher: workers through Boost.Process v2, each in its own process group
-// with a parent-death signal, output through pipes into per-rank files and the console.
+// The real ProcessLauncher: workers started with vfork+exec, each in its own process group and
+// registered with the guardian before exec; output through pipes into per-rank files (opened
+// without following links, never over an existing file) and the console; Boost.Process v2 waits
+// for them. Everything a worker leaves behind below the agent is killed once no worker runs.
 
-#include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <boost/asio/steady_timer.hpp>
+
 #include "runner/host/ports.h"
+#include "runner/io/unique_fd.h"
 #include "schema/job_spec.h"
 
 namespace boost::asio {
@@ -20,18 +25,41 @@ namespace ddprun::io {
 
 class Guardian;
 
+/// What execve needs for one worker, computed before vfork (the child may not allocate).
+struct LaunchPlan {
+  std::string executable;         // absolute or relative to workdir
+  std::vector<std::string> argv;  // argv[0] is `executable`
+  std::vector<std::string> env;   // NAME=value
+};
+
+/// Resolves job.command[0] (a name on PATH, or a path relative to `workdir`) and merges the
+/// environments: `added` over `inherited`. `is_executable` answers for a candidate path (the
+/// real one calls access(X_OK)). Returns nullopt and sets `error` for the user.
+std::optional<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
+                                        const std::string& workdir,
+                                        const std::map<std::string, std::string>& inherited,
+                                        const EnvList& added,
+                                        const std::function<bool(const std::string&)>& is_executable,
+                                        std::string& error);
+
 class RealProcessLauncher final : public host::ProcessLauncher {
  public:
   struct Options {
     std::vector<std::string> command;                   // job.command
     std::string workdir;                                // absolute
-    std::string logs_dir;                               // absolute
+    /// logs.dir, absolute. It may be a link the user made; nothing below it is followed.
+    std::string logs_root;
+    /// This run's folder relative to logs_root: "<job>/<run>" (RunLogFolder). Created on the
+    /// first spawn; must not exist yet. WorkerLaunch::log_path is relative to it.
+    std::string run_folder;
     int node_rank = 0;
     ConsoleFilter console;
     std::map<std::string, std::string> inherited_env;   // the agent's environment
     Guardian* guardian = nullptr;
     /// Set: show only this global rank's output, unprefixed, instead of `console`.
     std::optional<int> raw_console_rank;
+    /// Says a problem with the logs on the console (an error line).
+    std::function<void(const std::string&)> report;
   };
 
   RealProcessLauncher(boost::asio::io_context& io, Options options);
@@ -41,20 +69,42 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void Spawn(int round, const core::WorkerLaunch& launch) override;
   void SignalAll(int round, int signal) override;
 
-  /// SIGKILLs every worker still running (the agent is going away).
+  /// SIGKILLs every worker still running and everything below the agent but the guardian
+  /// (the agent is going away; no Spawn after this).
   void KillAll();
+
+  /// Lines for the end-of-job summary: this node's log folder and every log file that could
+  /// not be written completely.
+  std::string SummaryLines() const;
 
  private:
   struct Worker;
+  bool OpenRunFolder(std::string& error);
+  UniqueFd OpenLogFile(const std::string& relative, std::string& error);
   void StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr);
-  void OnOutput(Worker& worker, bool is_stderr, const char* data, size_t size);
+  void OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr, const char* data, size_t size);
+  void WriteLog(Worker& worker, const char* data, size_t size);
+  void CloseLog(Worker& worker);
+  void ArmProgress(const std::shared_ptr<Worker>& worker);
   void MaybeReport(const std::shared_ptr<Worker>& worker);
+  bool AnyWorkerRunning() const;
+  /// SIGKILLs every process below the agent but the guardian, then reaps what it can.
+  void SweepStrays();
+  /// Reaps orphaned descendants that ended (they were reparented to the agent).
+  void ReapStrays();
+  /// Reaps again after kReapInterval, and then as long as workers run.
+  void ArmReap();
 
   boost::asio::io_context& io_;
   Options options_;
   host::ProcessEvents* events_ = nullptr;
   std::map<std::pair<int, int>, std::shared_ptr<Worker>> workers_;  // (round, local rank)
   std::string console_buffer_;  // reused for every chunk of output
+  UniqueFd run_fd_;             // this run's log folder, once created
+  std::vector<std::string> log_problems_;
+  std::unique_ptr<boost::asio::steady_timer> reap_timer_;
+  bool reap_armed_ = false;
+  bool killed_all_ = false;
 };
 
 /// Turns a TORCHELASTIC_ERROR_FILE's JSON (torchelastic's nested or flat form) into readable

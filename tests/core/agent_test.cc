@@ -262,8 +262,8 @@ TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
   EXPECT_EQ(EnvOf(w0, "MASTER_PORT"), "50000");
   EXPECT_EQ(EnvOf(w0, "MASTER_ADDR"), "gpu-01");
   EXPECT_EQ(EnvOf(w0, "TORCHELASTIC_RESTART_COUNT"), "0");
-  EXPECT_EQ(EnvOf(w1, "TORCHELASTIC_ERROR_FILE"), "/var/log/ddprun/demo/attempt-0/rank-3.error.json");
-  EXPECT_EQ(w1.log_path, "demo/attempt-0/rank-3.log");
+  EXPECT_EQ(EnvOf(w1, "TORCHELASTIC_ERROR_FILE"), "/var/log/ddprun/attempt-0/rank-3.error.json");
+  EXPECT_EQ(w1.log_path, "attempt-0/rank-3.log");
   EXPECT_EQ(agent_->phase(), Agent::Phase::kRunning);
   EXPECT_EQ(agent_->running_workers(), 2);
 }
@@ -276,7 +276,7 @@ TEST_F(AgentTest, LaterRoundsCountRestartsAndUseTheirOwnPort) {
   EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_RESTART_COUNT"), "2");
   EXPECT_EQ(EnvOf(spawn.workers[0], "MASTER_PORT"), "50000");
   EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_ERROR_FILE"),
-            "/var/log/ddprun/demo/attempt-2/rank-2.error.json");
+            "/var/log/ddprun/attempt-2/rank-2.error.json");
   // A duplicate or older StartRound spawns nothing.
   EXPECT_TRUE(All<SpawnWorkers>(Msg(2s, wire::StartRound{1, 41001})).empty());
 }

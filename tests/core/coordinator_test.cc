@@ -438,7 +438,7 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "was killed by signal 11 (SIGSEGV)\n"
             "  (it wrote nothing to stderr)\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/attempt-1/");
+            "logs: logs/demo/latest/attempt-1/");
   EXPECT_EQ(coordinator_->exit_code(), 1);
 }
 
@@ -470,7 +470,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
             "    | RuntimeError: NCCL communicator was aborted\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
-            "logs: logs/demo/attempt-0/");
+            "logs: logs/demo/latest/attempt-0/");
 }
 
 TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHintWithoutNccl) {
@@ -485,7 +485,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "    | Traceback (most recent call last):\n"
             "    | ValueError: x\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/attempt-0/");
+            "logs: logs/demo/latest/attempt-0/");
 }
 
 // Issue 12: the traceback was printed twice, from the error file and again from stderr.

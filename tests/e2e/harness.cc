@@ -63,7 +63,7 @@ bool ScratchDir::Exists(const std::string& name) const {
 
 AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
                            const std::map<std::string, std::string>& extra_env,
-                           const std::vector<std::string>& prefix)
+                           const std::vector<std::string>& prefix, bool own_process_group)
     : output_path_(output_path) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -74,6 +74,7 @@ AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::stri
   for (const auto& [name, value] : extra_env) env.push_back(name + "=" + value);
   pid_ = ::fork();
   if (pid_ == 0) {
+    if (own_process_group) ::setpgid(0, 0);
     const int fd = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -145,6 +146,26 @@ bool ProcessAlive(pid_t pid) {
   if (close == std::string::npos || close + 2 >= line.size()) return false;
   const char state = line[close + 2];
   return state != 'Z' && state != 'X';
+}
+
+std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& comm) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const auto open = line.find('('), close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 4 >= line.size()) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent || state == 'Z' || line.substr(open + 1, close - open - 1) != comm) continue;
+    out.push_back(std::stoi(name));
+  }
+  return out;
 }
 
 std::map<std::string, std::string> ParseEnvDump(const std::string& text) {

@@ -36,9 +36,11 @@ class ScratchDir {
 class AgentProcess {
  public:
   /// Runs `ddprun args...`, or `prefix... ddprun args...` (e.g. `ip netns exec A`).
+  /// With `own_process_group`, the agent leads a new process group (as a shell job would), so
+  /// a test can signal the whole group without signalling itself.
   AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
                const std::map<std::string, std::string>& extra_env = {},
-               const std::vector<std::string>& prefix = {});
+               const std::vector<std::string>& prefix = {}, bool own_process_group = false);
   ~AgentProcess();  // SIGKILLs the agent if it still runs
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;
@@ -61,6 +63,9 @@ std::string DescribeAgents(const std::vector<std::unique_ptr<AgentProcess>>& age
 
 /// True while `pid` exists and is not a zombie.
 bool ProcessAlive(pid_t pid);
+
+/// The live children of `parent` whose command name (/proc/<pid>/comm) is `comm`.
+std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& comm);
 
 /// Polls `predicate` every 20 ms for up to `limit`.
 template <typename Predicate>

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -60,10 +62,20 @@ TEST_F(PreflightTest, CpuJobOnTwoNodesIsOk) {
   // Only rank 0 speaks on the console, unprefixed; every rank still has its log file.
   EXPECT_THAT(out, Not(HasSubstr("[n0 r")));
   EXPECT_THAT(node1.Output(), Not(HasSubstr("preflight: OK")));
-  for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_TRUE(dir_.Exists("logs/pf-preflight/attempt-0/rank-" + std::to_string(rank) + ".log"));
+  // Each node writes its own run folder (logs/<job>/<time>-n<node>-<id>).
+  std::vector<std::string> logs;
+  std::string rank0_log;
+  for (const auto& run : std::filesystem::directory_iterator(dir_.path() + "/logs/pf-preflight")) {
+    if (run.is_symlink() || !run.is_directory()) continue;
+    const std::string name = run.path().filename().string();
+    if (name.find("-n0-") != std::string::npos) rank0_log = "logs/pf-preflight/" + name + "/attempt-0/rank-0.log";
+    for (const auto& file : std::filesystem::directory_iterator(run.path() / "attempt-0")) {
+      if (file.path().extension() == ".log") logs.push_back(file.path().filename().string());
+    }
   }
-  EXPECT_THAT(dir_.Read("logs/pf-preflight/attempt-0/rank-0.log"), HasSubstr("preflight: OK"));
+  std::sort(logs.begin(), logs.end());
+  EXPECT_EQ(logs, (std::vector<std::string>{"rank-0.log", "rank-1.log", "rank-2.log", "rank-3.log"}));
+  EXPECT_THAT(dir_.Read(rank0_log), HasSubstr("preflight: OK"));
 }
 
 TEST_F(PreflightTest, GpuJobWithoutGpusFailsNamingTheNodes) {

@@ -5,6 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -29,6 +32,7 @@ struct JobOptions {
   std::string command;  // the TOML array, when not `sh -c script`
   int max_restarts = 0;
   std::string rendezvous = "10s";
+  std::string workdir;  // job.workdir, when not the default
   std::string extra;  // appended TOML
 };
 
@@ -49,6 +53,7 @@ std::string JobToml(const JobOptions& o, uint16_t port) {
   std::ostringstream t;
   t << "version = 1\n[job]\nname = \"" << o.name << "\"\ncommand = "
     << (o.command.empty() ? "[\"sh\", \"-c\", " + ShellQuoteToml(o.script) + "]" : o.command) << "\n"
+    << (o.workdir.empty() ? "" : "workdir = " + ShellQuoteToml(o.workdir) + "\n")
     << "[cluster]\nnnodes = " << o.nnodes << "\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port
     << "\n[trainer]\naccelerator = \"cpu\"\ndevices = " << o.nproc << "\nnum_nodes = " << o.nnodes
     << "\n[restart]\nmax_restarts = " << o.max_restarts << "\nbackoff = \"0s\"\n"
@@ -64,12 +69,40 @@ class RunnerTest : public ::testing::Test {
     job_path_ = dir_.Write(file, JobToml(options, port_));
   }
   AgentProcess& Start(int node_rank, const std::string& job = "job.toml",
-                      const std::map<std::string, std::string>& env = {}) {
+                      const std::map<std::string, std::string>& env = {},
+                      bool own_process_group = false) {
     const std::string out = dir_.path() + "/agent-" + std::to_string(agents_.size()) + ".out";
     agents_.push_back(std::make_unique<AgentProcess>(
         std::vector<std::string>{dir_.path() + "/" + job, "--node-rank", std::to_string(node_rank)},
-        out, env));
+        out, env, std::vector<std::string>{}, own_process_group));
     return *agents_.back();
+  }
+  /// Processes the test's workers started; any still alive at the end (the bug under test)
+  /// are killed by pid so they do not outlive the test.
+  void TearDown() override {
+    for (pid_t pid : strays_) {
+      if (pid > 0 && ProcessAlive(pid)) ::kill(pid, SIGKILL);
+    }
+  }
+  std::vector<pid_t> strays_;
+  /// This run's log folder of node `node`, relative to the scratch dir: each agent makes its
+  /// own, "logs/<job>/<UTC time>-n<node>-<id>" (the agents of a test share one logs.dir).
+  std::string RunFolder(int node) const {
+    const std::vector<std::string> folders = RunFolders(node);
+    EXPECT_EQ(folders.size(), 1u) << "run folders of node " << node;
+    return folders.empty() ? "" : folders.back();
+  }
+  std::vector<std::string> RunFolders(int node) const {
+    std::vector<std::string> found;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.path() + "/logs/e2e", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find("-n" + std::to_string(node) + "-") != std::string::npos && !entry.is_symlink()) {
+        found.push_back("logs/e2e/" + name);
+      }
+    }
+    std::sort(found.begin(), found.end());
+    return found;
   }
   std::string Describe() const { return DescribeAgents(agents_); }
   /// Waits for a pid file to be written completely (a worker writes it while we poll).
@@ -130,9 +163,8 @@ TEST_P(EnvironmentTest, EveryWorkerSeesTheTorchrunEnvironment) {
     if (nproc > 1) {
       EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
     }
-    EXPECT_THAT(env["TORCHELASTIC_ERROR_FILE"],
-                AllOf(HasSubstr(dir_.path() + "/logs/e2e/attempt-0/"),
-                      HasSubstr("rank-" + std::to_string(rank) + ".error.json")));
+    EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], dir_.path() + "/" + RunFolder(node) + "/attempt-0/rank-" +
+                                                  std::to_string(rank) + ".error.json");
     EXPECT_THAT(env["TORCHELASTIC_RUN_ID"], ::testing::StartsWith("e2e-"));
     if (rank == 0) {
       run_id = env["TORCHELASTIC_RUN_ID"];
@@ -209,8 +241,8 @@ TEST_F(RunnerTest, AFailureStopsEveryWorkerRestartsAndThenFailsTheJobEverywhere)
     EXPECT_THAT(out, HasSubstr("ddprun then stopped 3 other running ranks"));
   }
   // The per-rank, per-attempt log holds the failing rank's output.
-  EXPECT_THAT(dir_.Read("logs/e2e/attempt-0/rank-3.log"), HasSubstr("rank 3 fails here"));
-  EXPECT_THAT(dir_.Read("logs/e2e/attempt-1/rank-3.log"), HasSubstr("rank 3 fails here"));
+  EXPECT_THAT(dir_.Read(RunFolder(1) + "/attempt-0/rank-3.log"), HasSubstr("rank 3 fails here"));
+  EXPECT_THAT(dir_.Read(RunFolder(1) + "/attempt-1/rank-3.log"), HasSubstr("rank 3 fails here"));
 }
 
 TEST_F(RunnerTest, ASigkilledAgentLeavesNoOrphansAndTheOthersNotice) {
@@ -324,7 +356,10 @@ TEST_F(RunnerTest, SigintOnAnyAgentStopsTheJobOnEveryNode) {
   WriteJob(o);
   Start(0);
   AgentProcess& node1 = Start(1);
-  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-0-0") && dir_.Exists("pid-3-0"); }, 20s)) << Describe();
+  // Every worker must have set its trap before the signal: wait for all four.
+  ASSERT_TRUE(WaitFor([&] {
+    return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0") && dir_.Exists("pid-2-0") && dir_.Exists("pid-3-0");
+  }, 20s)) << Describe();
   node1.Signal(SIGINT);
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(20s), 130) << Describe();
   for (int rank = 0; rank < 4; ++rank) {
@@ -355,7 +390,7 @@ TEST_F(RunnerTest, NoByteOfOutputIsLostAtExit) {
   AgentProcess& node0 = Start(0);
   ASSERT_EQ(node0.Wait(30s), 0) << Describe();
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string log = dir_.Read("logs/e2e/attempt-0/rank-" + std::to_string(rank) + ".log");
+    const std::string log = dir_.Read("logs/e2e/latest/attempt-0/rank-" + std::to_string(rank) + ".log");
     std::string expected;
     for (int i = 1; i <= 100000; ++i) expected += std::to_string(i) + "\n";
     expected += "no newline at the end";
@@ -406,6 +441,198 @@ TEST_F(RunnerTest, ACommandThatDoesNotExistIsReportedAsTheRootCause) {
   AgentProcess& node0 = Start(0);
   ASSERT_EQ(node0.Wait(30s), 1) << Describe();
   EXPECT_THAT(node0.Output(), HasSubstr("command not found: \"ddprun-no-such-command\""));
+}
+
+// Issue 11 item 4 (a): a worker's `setsid cmd &` leaves its process group and session; the agent
+// (a child subreaper) still finds it below itself and kills it when no worker runs any more.
+TEST_F(RunnerTest, AProcessAWorkerStartedInItsOwnSessionEndsWithTheJob) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.nproc = 1;
+  // The child writes its pid once it is in its own session; the worker exits only then (else
+  // the worker's end could take the child with its group before it left).
+  o.script = "setsid sh -c 'echo $$ > escapee; exec sleep 300' & while [ ! -s escapee ]; do sleep 0.01; done";
+  WriteJob(o);
+  AgentProcess& node0 = Start(0);
+  ASSERT_EQ(node0.Wait(30s), 0) << Describe();
+  const pid_t escapee = ReadPid("escapee");
+  strays_.push_back(escapee);
+  ASSERT_GT(escapee, 0);
+  EXPECT_TRUE(WaitFor([&] { return !ProcessAlive(escapee); }, 5s))
+      << "the worker's setsid child " << escapee << " outlived the job";
+}
+
+/// Workers that start a child in their group and one in a session of its own, then wait.
+constexpr const char* kParent =
+    "sleep 300 & echo $! > child-$RANK; setsid sh -c 'echo $$ > session-$RANK; exec sleep 300' & "
+    "echo $$ > pid-$RANK; wait";
+
+// Issue 11 item 4 (b): `kill -9 %1` in bash SIGKILLs the agent's whole process group. The
+// guardian lives in its own session, so it survives that and kills every worker and
+// everything they started, in their group or not.
+TEST_F(RunnerTest, KillingTheAgentsWholeProcessGroupLeavesNoProcessBehind) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.script = kParent;
+  WriteJob(o);
+  AgentProcess& node0 = Start(0, "job.toml", {}, /*own_process_group=*/true);
+  std::vector<pid_t> pids;
+  for (const char* name : {"pid-0", "pid-1", "child-0", "child-1", "session-0", "session-1"}) {
+    pids.push_back(ReadPid(name));
+    strays_.push_back(pids.back());
+    ASSERT_GT(pids.back(), 0) << name << "\n" << Describe();
+  }
+  ASSERT_EQ(::kill(-node0.pid(), SIGKILL), 0);
+  EXPECT_EQ(node0.Wait(5s), 128 + SIGKILL);
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(WaitFor([&] { return !ProcessAlive(pid); }, 10s)) << "process " << pid << " survived";
+  }
+}
+
+// Issue 11 item 4 (c): killing the guardian alone is noticed; the agent says so and starts a
+// new one, which then does the guardian's job when the agent's group is killed.
+TEST_F(RunnerTest, AKilledGuardianIsReplacedAndTheReplacementCleansUp) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.script = kParent;
+  WriteJob(o);
+  AgentProcess& node0 = Start(0, "job.toml", {}, /*own_process_group=*/true);
+  std::vector<pid_t> pids;
+  for (const char* name : {"pid-0", "pid-1", "child-0", "child-1", "session-0", "session-1"}) {
+    pids.push_back(ReadPid(name));
+    strays_.push_back(pids.back());
+    ASSERT_GT(pids.back(), 0) << name << "\n" << Describe();
+  }
+  const std::vector<pid_t> guardians = ChildrenNamed(node0.pid(), "ddprun-guardian");
+  ASSERT_EQ(guardians.size(), 1u) << Describe();
+  ASSERT_EQ(::kill(guardians[0], SIGKILL), 0);
+  const std::string said = "the guardian process (pid " + std::to_string(guardians[0]) +
+                           ") killed by SIGKILL; started a new one (pid ";
+  ASSERT_TRUE(WaitFor([&] { return node0.Output().find(said) != std::string::npos; }, 10s)) << Describe();
+  const std::string out = node0.Output();
+  const pid_t replacement = std::atoi(out.c_str() + out.find(said) + said.size());
+  EXPECT_THAT(out, HasSubstr(said + std::to_string(replacement) +
+                             "), so processes the workers started still cannot outlive this agent"));
+  // The new guardian names itself a moment after the fork.
+  ASSERT_TRUE(WaitFor([&] { return ChildrenNamed(node0.pid(), "ddprun-guardian") == std::vector<pid_t>{replacement}; }, 10s))
+      << Describe();
+  ASSERT_EQ(::kill(-node0.pid(), SIGKILL), 0);
+  EXPECT_EQ(node0.Wait(5s), 128 + SIGKILL);
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(WaitFor([&] { return !ProcessAlive(pid); }, 10s)) << "process " << pid << " survived";
+  }
+  EXPECT_TRUE(WaitFor([&] { return !ProcessAlive(replacement); }, 10s)) << "the guardian stays";
+}
+
+// Issue 12 item 3: a second run of the same job writes a new folder; the first run's files
+// stay as they were, and `latest` names the second.
+TEST_F(RunnerTest, EachRunKeepsItsOwnLogsAndLatestNamesTheNewest) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.nproc = 1;
+  o.script = "echo run $(cat count 2>/dev/null || echo 1); echo 2 > count";
+  WriteJob(o);
+  ASSERT_EQ(Start(0).Wait(30s), 0) << Describe();
+  const std::string first = RunFolder(0);
+  ASSERT_FALSE(first.empty()) << Describe();
+  EXPECT_EQ(dir_.Read(first + "/attempt-0/rank-0.log"), "run 1\n");
+  EXPECT_EQ(std::filesystem::read_symlink(dir_.path() + "/logs/e2e/latest").string(),
+            first.substr(first.rfind('/') + 1));
+  ASSERT_EQ(Start(0).Wait(30s), 0) << Describe();
+  const std::vector<std::string> folders = RunFolders(0);
+  ASSERT_EQ(folders.size(), 2u) << Describe();
+  const std::string second = folders[0] == first ? folders[1] : folders[0];
+  EXPECT_EQ(dir_.Read(first + "/attempt-0/rank-0.log"), "run 1\n") << "the first run's log was touched";
+  EXPECT_EQ(dir_.Read(second + "/attempt-0/rank-0.log"), "run 2\n");
+  EXPECT_EQ(dir_.Read("logs/e2e/latest/attempt-0/rank-0.log"), "run 2\n");
+  EXPECT_THAT(agents_[1]->Output(), HasSubstr("logs of this run: " + dir_.path() + "/" + second + "/ (also logs/e2e/latest)"));
+}
+
+// Issue 11 item 5: a link planted where ddprun makes the job's log folder is not followed; the
+// file it points into is untouched and the job fails saying why.
+TEST_F(RunnerTest, APlantedLinkInTheLogFolderIsNotFollowed) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.nproc = 2;
+  o.script = "echo overwritten";
+  WriteJob(o);
+  dir_.Write("victim/attempt-0/rank-1.log", "precious\n");
+  std::filesystem::create_directories(dir_.path() + "/logs");
+  std::filesystem::create_directory_symlink(dir_.path() + "/victim", dir_.path() + "/logs/e2e");
+  AgentProcess& node0 = Start(0);
+  ASSERT_EQ(node0.Wait(30s), 1) << Describe();
+  EXPECT_EQ(dir_.Read("victim/attempt-0/rank-1.log"), "precious\n");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_.path() + "/victim"),
+                          std::filesystem::directory_iterator()),
+            1) << "nothing was created in the link's target";
+  EXPECT_THAT(node0.Output(),
+              HasSubstr("ddprun could not start the worker: " + dir_.path() +
+                        "/logs/e2e is a symbolic link; ddprun follows no link below logs.dir "
+                        "(someone may have planted it to make ddprun write elsewhere)"));
+}
+
+// Issue 11 item 5: a log that cannot be written (a full disk) is said on the console and in the
+// summary instead of leaving a silently short file behind.
+TEST_F(RunnerTest, AFullDiskIsReportedOnTheConsoleAndInTheSummary) {
+  const std::string probe = dir_.path() + "/probe";
+  std::filesystem::create_directories(probe);
+  const std::string mount = "unshare -m --propagation private sh -c 'mount -t tmpfs -o size=64k tmpfs " +
+                            probe + "' 2>/dev/null";
+  if (std::system(mount.c_str()) != 0) {
+    GTEST_SKIP() << "needs root and mount namespaces (unshare -m, mount -t tmpfs) for a small full disk";
+  }
+  JobOptions o;
+  o.nnodes = 1;
+  o.nproc = 1;
+  o.script = "head -c 300000 /dev/zero | tr '\\0' x; echo; echo end";
+  o.extra = "[logs]\nconsole = \"none\"\n";
+  WriteJob(o);
+  std::filesystem::create_directories(dir_.path() + "/logs");
+  const std::string out = dir_.path() + "/agent.out";
+  agents_.push_back(std::make_unique<AgentProcess>(
+      std::vector<std::string>{job_path_, "--node-rank", "0"}, out, std::map<std::string, std::string>{},
+      std::vector<std::string>{"unshare", "-m", "--propagation", "private", "sh", "-c",
+                               "mount -t tmpfs -o size=64k tmpfs \"$0\" && exec \"$@\"",
+                               dir_.path() + "/logs"}));
+  ASSERT_EQ(agents_.back()->Wait(30s), 0) << Describe();
+  const std::string output = agents_.back()->Output();
+  const std::string problem = "log file incomplete: rank 0: cannot write ";
+  EXPECT_THAT(output, ::testing::ContainsRegex("error: " + problem + ".*/attempt-0/rank-0.log: No space "
+                                               "left on device; the file stops after [0-9]+ bytes\n"));
+  const auto summary = output.find("job \"e2e\" succeeded");
+  ASSERT_NE(summary, std::string::npos) << output;
+  EXPECT_THAT(output.substr(summary), HasSubstr(problem));
+}
+
+// Issue 12 item 6: a progress bar ('\r' without '\n') shows on the console while the worker
+// runs; the log file keeps the bytes as written.
+TEST_F(RunnerTest, ProgressBarsShowLiveAndTheLogKeepsTheBytes) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.nproc = 1;
+  o.script = "printf '\\rprogress 1'; while [ ! -e go ]; do sleep 0.05; done; printf '\\rprogress 2\\n'";
+  WriteJob(o);
+  AgentProcess& node0 = Start(0);
+  EXPECT_TRUE(WaitFor([&] { return node0.Output().find("[n0 r0] progress 1\n") != std::string::npos; }, 10s))
+      << Describe();
+  dir_.Write("go", "");
+  ASSERT_EQ(node0.Wait(30s), 0) << Describe();
+  EXPECT_THAT(node0.Output(), HasSubstr("[n0 r0] progress 2\n"));
+  EXPECT_EQ(dir_.Read("logs/e2e/latest/attempt-0/rank-0.log"), "\rprogress 1\rprogress 2\n");
+}
+
+// Issue 12 item 8: a missing workdir is named as such, not as a missing program.
+TEST_F(RunnerTest, AMissingWorkdirIsNamed) {
+  JobOptions o;
+  o.nnodes = 1;
+  o.nproc = 1;
+  o.workdir = "no-such-folder";
+  WriteJob(o);
+  AgentProcess& node0 = Start(0);
+  ASSERT_EQ(node0.Wait(30s), 1) << Describe();
+  EXPECT_THAT(node0.Output(), HasSubstr("ddprun could not start the worker: the workdir " + dir_.path() +
+                                        "/no-such-folder does not exist (job.workdir, relative to the "
+                                        "job file)"));
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ TEST(Plan, EnvUsesMasterPortOrStorePortAndErrorFileUnderLogs) {
   const Plan plan = MakePlan(spec, std::nullopt);
   EXPECT_EQ(env_of(plan.nodes[1].ranks[0], "MASTER_PORT"), "50000");
   EXPECT_EQ(env_of(plan.nodes[1].ranks[0], "TORCHELASTIC_ERROR_FILE"),
-            "logs/resnet50/attempt-0/rank-2.error.json");
+            "logs/resnet50/<run>/attempt-0/rank-2.error.json");
   EXPECT_EQ(env_of(plan.nodes[1].ranks[0], "TORCHELASTIC_RESTART_COUNT"), "0");
   spec.cluster.store_port = 50001;
   EXPECT_EQ(env_of(MakePlan(spec, 0).nodes[0].ranks[0], "MASTER_PORT"), "50001");
@@ -100,7 +100,7 @@ TEST(Plan, TextShowsCommonEnvOncePerNodeAndPerRankColumns) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("    RANK LOCAL_RANK ROLE_RANK TORCHELASTIC_ERROR_FILE\n"
-                      "    2    0          2         logs/resnet50/attempt-0/rank-2.error.json\n"),
+                      "    2    0          2         logs/resnet50/<run>/attempt-0/rank-2.error.json\n"),
             std::string::npos)
       << text;
   // Per-rank variables are not repeated in the common block.

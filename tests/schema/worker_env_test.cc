@@ -65,7 +65,7 @@ TEST(WorkerEnv, MatchesTorchrun113ForEveryRank) {
     pos.node_rank = expected.group_rank;
     pos.local_rank = expected.local_rank;
     pos.master_port = 29820;
-    pos.error_file = "logs/" + RankErrorFilePath(spec, 0, expected.rank);
+    pos.error_file = "logs/" + RunLogFolder(spec, "run") + "/" + RankErrorFilePath(spec, 0, expected.rank);
     const EnvList env = WorkerEnvironment(spec, pos, {});
     std::map<std::string, std::string> ours(env.begin(), env.end());
     for (const auto& [name, value] : TorchrunEnv(expected)) {
@@ -73,7 +73,7 @@ TEST(WorkerEnv, MatchesTorchrun113ForEveryRank) {
       ASSERT_EQ(ours.count(name), 1u);
       if (name == "TORCHELASTIC_ERROR_FILE") {
         EXPECT_EQ(ours[name],
-                  "logs/envjob/attempt-0/rank-" + std::to_string(expected.rank) + ".error.json");
+                  "logs/envjob/run/attempt-0/rank-" + std::to_string(expected.rank) + ".error.json");
       } else if (name == "TORCHELASTIC_RUN_ID") {
         EXPECT_EQ(ours[name], RunId(spec));
       } else if (name == "TORCHELASTIC_USE_AGENT_STORE") {
@@ -145,8 +145,15 @@ TEST(WorkerEnv, TrainerValuesInLiteralEvalSpelling) {
 
 TEST(WorkerEnv, LogPaths) {
   const JobSpec spec = TwoByTwo();
-  EXPECT_EQ(RankLogPath(spec, 2, 3), "envjob/attempt-2/rank-3.log");
-  EXPECT_EQ(RankErrorFilePath(spec, 0, 1), "envjob/attempt-0/rank-1.error.json");
+  EXPECT_EQ(RankLogPath(spec, 2, 3), "attempt-2/rank-3.log");
+  EXPECT_EQ(RankErrorFilePath(spec, 0, 1), "attempt-0/rank-1.error.json");
+  EXPECT_EQ(RunLogFolder(spec, "20261203T081500Z-n0-3fa2c1"), "envjob/20261203T081500Z-n0-3fa2c1");
+}
+
+// Run folders sort by their UTC start time and say which node wrote them.
+TEST(WorkerEnv, RunFolderName) {
+  EXPECT_EQ(RunFolderName(1764749700, 0, 0x3fa2c1), "20251203T081500Z-n0-3fa2c1");
+  EXPECT_EQ(RunFolderName(0, 12, 0xff000001u), "19700101T000000Z-n12-000001");
 }
 
 }  // namespace

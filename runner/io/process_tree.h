@@ -1,0 +1,46 @@
+#pragma once
+// The system's processes as /proc shows them, and the trees below given processes: how the
+// agent and its guardian find everything a worker started, whatever process group or session
+// it moved to (`setsid`), without cgroups. Only system calls and plain allocation, so the
+// guardian may use it in a child forked from a process that has threads.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace ddprun::io {
+
+struct ProcessEntry {
+  pid_t pid = 0;
+  pid_t ppid = 0;
+  pid_t pgid = 0;
+  /// Clock ticks after boot at which the process started: with the pid it names one process,
+  /// so a pid reused by an unrelated process is never mistaken for a remembered one.
+  uint64_t start_time = 0;
+  char state = '?';  // 'Z' for a zombie
+};
+
+/// A bound on the table: a host with more processes is cut there (the rest is not seen).
+inline constexpr size_t kMaxProcesses = 1 << 17;
+
+/// Reads /proc/<pid>/stat. False when the process is gone or the line cannot be read.
+bool ReadProcessEntry(pid_t pid, ProcessEntry& entry);
+
+/// Every process in /proc now, sorted by pid.
+std::vector<ProcessEntry> ReadProcessTable();
+
+/// The processes of `table` whose parent chain leads to one of `roots`, roots excluded. The
+/// process `exclude` and its own descendants are left out (the guardian, seen from the agent).
+std::vector<ProcessEntry> DescendantsOf(const std::vector<ProcessEntry>& table,
+                                        const std::vector<pid_t>& roots, pid_t exclude = 0);
+
+/// SIGKILLs every process for which `is_seed` holds, and all their descendants, leaving out
+/// `exclude` and its descendants and this process. Each found process is first stopped
+/// (SIGSTOP) and /proc read again, until no new one appears, so nothing can fork its way out
+/// between the look and the kill. Returns how many processes were killed.
+size_t KillTrees(const std::function<bool(const ProcessEntry&)>& is_seed, pid_t exclude = 0);
+
+}  // namespace ddprun::io
