@@ -117,8 +117,9 @@ struct JobSpec {
     /// rank is certainly gone, so the rank may be given to another agent.
     Duration LeaseBound() const { return LossBound() + heartbeat + StopBound(); }
     /// The exit barrier: how long the coordinator waits for every agent to acknowledge the end
-    /// of the job, long enough for an agent that lost it to stop its workers and rejoin.
-    Duration ExitBarrier() const { return LeaseBound() + Seconds(5); }
+    /// of the job, long enough for an agent that lost it (it notices within the loss bound)
+    /// to stop its workers within stop_grace and rejoin (a retry takes at most 2 s).
+    Duration ExitBarrier() const { return LossBound() + stop_grace + Seconds(5); }
   } timeouts;
 
   struct Logs {

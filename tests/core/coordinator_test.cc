@@ -505,7 +505,7 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
             "  last lines of its stderr (without the traceback shown above):\n"
             "    | loading data\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/attempt-0/");
+            "logs: logs/demo/latest/attempt-0/");
   // Only the traceback on stderr: no stderr section at all.
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
   const std::string summary = SummaryAfter(RankThreeFailed(0, traceback, traceback));
@@ -572,12 +572,11 @@ TEST_F(CoordinatorTest, ExitBarrierEndsAtItsDeadlineWithoutEveryAck) {
   Send(5s, ConnOf(1), wire::NodeDone{0});
   Send(5s, ConnOf(0), wire::NodeDone{0});
   Send(5s, ConnOf(0), wire::JobEndAck{});
-  // The exit barrier: the lease (3 heartbeats 6s + 1 heartbeat 2s + stop_grace 30s + the kill
-  // allowance 10s) + 5s, from the end at 5s.
-  const Effects before = BeatUntil(5s, 57s);
+  // The exit barrier: loss bound (3 heartbeats) 6s + stop_grace 30s + 5s, from the end at 5s.
+  const Effects before = BeatUntil(5s, 45s);
   EXPECT_TRUE(All<CoordinatorDone>(before).empty()) << test::Describe(before);
-  EXPECT_TRUE(All<CoordinatorDone>(Beat(58s - kNs)).empty());
-  const Effects e = Tick(58s);
+  EXPECT_TRUE(All<CoordinatorDone>(Beat(46s - kNs)).empty());
+  const Effects e = Tick(46s);
   EXPECT_EQ(FindLog(e, "exit barrier"), "exit barrier expired before every node confirmed");
   ASSERT_EQ(All<CoordinatorDone>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<CoordinatorDone>(e)[0].exit_code, 0);
@@ -759,11 +758,11 @@ TEST_F(CoordinatorTest, NodeThatNeverConfirmsTheStopIsDroppedAtTheStopDeadline) 
   StartFirstRound(0s);
   Send(1s, ConnOf(1), RankThreeFailed(0));
   Send(2s, ConnOf(1), wire::RoundStopped{0, 1});
-  // The exit barrier (53s, see above) after the stop began at 1s.
-  const Effects waiting = BeatUntil(2s, 53s);
+  // The exit barrier (41s, see above) after the stop began at 1s.
+  const Effects waiting = BeatUntil(2s, 41s);
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping) << test::Describe(waiting);
-  EXPECT_TRUE(All<CloseConn>(Beat(54s - kNs)).empty());
-  const Effects e = Tick(54s);
+  EXPECT_TRUE(All<CloseConn>(Beat(42s - kNs)).empty());
+  const Effects e = Tick(42s);
   EXPECT_EQ(FindLog(e, "did not confirm"),
             "node 0 (gpu-01) did not confirm that its workers stopped; dropping it");
   ASSERT_EQ(All<CloseConn>(e).size(), 1u) << test::Describe(e);
