@@ -336,7 +336,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   });
   timer.SetCallback([&] { node.OnTimer(); });
 
-  asio::signal_set signals(io, SIGINT, SIGTERM);
+  // SIGHUP (a closed terminal or ssh session) is an interrupt like the others: the job ends
+  // everywhere with 129 and a summary, instead of this agent vanishing as if it crashed.
+  asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   std::function<void(error_code, int)> on_signal = [&](error_code ec, int signal) {
     if (ec) return;
     node.OnSignal(signal);

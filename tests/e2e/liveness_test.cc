@@ -112,5 +112,24 @@ TEST_F(LivenessTest, LostNodesWorkersNeverOverlapTheNextRoundsHolderOfTheirRank)
   EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
 }
 
+// Issue 11: SIGHUP (a closed terminal or ssh session) ended an agent with 129 and no summary,
+// and the other nodes took it for a crash. It is an interrupt like SIGINT and SIGTERM.
+TEST_F(LivenessTest, SighupIsAnInterruptThatEndsTheJobEverywhereWith129) {
+  const uint16_t port = FreePort();
+  dir_.Write("job.toml", Job(port, "sleep 30", /*max_restarts=*/3));
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_TRUE(OutputHas(node1, "round 0: starting", 10s)) << Describe();
+  ASSERT_TRUE(OutputHas(node0, "round 0: starting", 10s)) << Describe();
+  node1.Signal(SIGHUP);
+  EXPECT_EQ(node1.Wait(20s), 129) << Describe();
+  EXPECT_EQ(node0.Wait(20s), 129) << Describe();
+  for (const auto* agent : {&node0, &node1}) {
+    EXPECT_THAT(agent->Output(), HasSubstr("job \"live\" interrupted: node 1 (")) << Describe();
+    EXPECT_THAT(agent->Output(), HasSubstr(") received SIGHUP")) << Describe();
+    EXPECT_THAT(agent->Output(), ::testing::Not(HasSubstr("restart 1 of 3"))) << Describe();
+  }
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
