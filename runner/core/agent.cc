@@ -457,10 +457,17 @@ void Agent::StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>
     spawn.workers.push_back(std::move(launch));
     workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0};
   }
+  // Say which MASTER_PORT this node's workers really get: rank 0 hosts the store on the
+  // round's port; under the relay every other rank reaches it through master_port.
+  const std::string store =
+      spec_.cluster.store_port  ? fmt::format("store port {}", start.master_port)
+      : config_.node_rank == 0 ? fmt::format("rank 0's store on port {}, reached through master_port {}",
+                                              start.master_port, spec_.cluster.master_port)
+                               : fmt::format("store through master_port {}", spec_.cluster.master_port);
   Log(LogLevel::kInfo,
-      fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), store port {}", round_,
-                  nproc, nproc == 1 ? "" : "s", config_.node_rank * nproc,
-                  config_.node_rank * nproc + nproc - 1, spec_.WorldSize(), start.master_port),
+      fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), {}", round_, nproc,
+                  nproc == 1 ? "" : "s", config_.node_rank * nproc,
+                  config_.node_rank * nproc + nproc - 1, spec_.WorldSize(), store),
       out);
   out.push_back(std::move(spawn));
 }

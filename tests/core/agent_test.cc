@@ -271,7 +271,7 @@ TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
 TEST_F(AgentTest, LaterRoundsCountRestartsAndUseTheirOwnPort) {
   Joined(0s);
   const Effects e = Msg(1s, wire::StartRound{2, 41002});
-  EXPECT_EQ(FindLog(e, "round 2"), "round 2: starting 2 workers (ranks 2..3 of 4), store port 41002");
+  EXPECT_EQ(FindLog(e, "round 2"), "round 2: starting 2 workers (ranks 2..3 of 4), store through master_port 50000");
   const auto spawn = All<SpawnWorkers>(e).at(0);
   EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_RESTART_COUNT"), "2");
   EXPECT_EQ(EnvOf(spawn.workers[0], "MASTER_PORT"), "50000");

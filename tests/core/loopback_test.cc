@@ -294,7 +294,8 @@ TEST(LoopbackTest, FailureRestartsEveryNodeThenSucceeds) {
     EXPECT_EQ(net.node(n).spawns[1].round, 1);
   }
   EXPECT_EQ(net.coordinator().restarts_used(), 1);
-  EXPECT_EQ(net.node(0).logs.back(), "round 1: starting 2 workers (ranks 0..1 of 4), store port 41001");
+  EXPECT_EQ(net.node(0).logs.back(), "round 1: starting 2 workers (ranks 0..1 of 4), rank 0's store on port 41001, "
+            "reached through master_port 50000");
   net.Advance(20min);
   net.ExitAllWorkers(0, 0);
   net.ExitAllWorkers(1, 0);
