@@ -1,22 +1,25 @@
 #pragma once
 // The subcommands of the `ddprun` executable. main.cc parses the command line (CLI11) into
 // these option structs and calls one function; each returns the process exit code
-// (DESIGN.md section 1: 0 ok, 1 job failed, 2 usage/job file, 3 rendezvous, 130/143, 70).
+// (DESIGN.md section 1: 0 ok, 1 job failed, 2 usage/job file, 3 rendezvous, 129/130/143, 70).
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "runner/core/exit_code.h"
+
 namespace ddprun::cli {
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitJobFailed = 1;
-inline constexpr int kExitUsage = 2;
-inline constexpr int kExitRendezvous = 3;
-inline constexpr int kExitInternal = 70;
-inline constexpr int kExitSigint = 130;
-inline constexpr int kExitSigterm = 143;
+// The names the CLI uses for core's ExitCode (runner/core/exit_code.h), the one definition.
+inline constexpr int kExitOk = core::ToInt(core::ExitCode::kOk);
+inline constexpr int kExitJobFailed = core::ToInt(core::ExitCode::kJobFailed);
+inline constexpr int kExitUsage = core::ToInt(core::ExitCode::kUsage);
+inline constexpr int kExitRendezvous = core::ToInt(core::ExitCode::kRendezvous);
+inline constexpr int kExitInternal = core::ToInt(core::ExitCode::kInternal);
+inline constexpr int kExitSigint = core::InterruptedExitCode(2);
+inline constexpr int kExitSigterm = core::InterruptedExitCode(15);
 
 struct CheckOptions {
   std::string job_path;

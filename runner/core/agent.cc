@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "runner/core/auth.h"
+#include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
 #include "schema/worker_env.h"
 
@@ -127,7 +128,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (interrupt_deadline_ && now >= *interrupt_deadline_) {
     interrupt_deadline_.reset();
     Log(LogLevel::kWarn, "the coordinator did not end the job after the interrupt; exiting", out);
-    pending_exit_ = 128 + interrupted_by_;
+    pending_exit_ = InterruptedExitCode(interrupted_by_);
     MaybeStopped(out);
     if (phase_ == Phase::kExited) return;
   }
@@ -163,14 +164,14 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
         "rendezvous failed: node {} could not join the coordinator at {} within "
         "timeouts.rendezvous = {}\n  last error: {}",
         config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous), why)});
-    Finish(now, 3, out);
+    Finish(now, ToInt(ExitCode::kRendezvous), out);
   } else if (!joined_ && !pending_exit_ && round_ >= 0 && now >= rendezvous_deadline_) {
     out.push_back(PrintSummary{fmt::format(
         "node {} lost the coordinator at {} and could not rejoin within timeouts.rendezvous = {}"
         "\n  last error: {}",
         config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous),
         last_connect_error_.empty() ? "no answer" : last_connect_error_)});
-    Finish(now, 3, out);
+    Finish(now, ToInt(ExitCode::kRendezvous), out);
   }
 }
 
@@ -281,7 +282,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   if (was_joined) rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
   last_connect_log_.reset();
   if (interrupted_by_ != 0) {
-    pending_exit_ = 128 + interrupted_by_;
+    pending_exit_ = InterruptedExitCode(interrupted_by_);
     StopWorkers(now, out);
     MaybeStopped(out);
     return;
@@ -315,7 +316,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
           "the coordinator at {} requires a shared secret and this node has none\n"
           "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
           MasterEndpoint())});
-      Finish(now, 3, out);
+      Finish(now, ToInt(ExitCode::kRendezvous), out);
       return;
     }
     if (!ConstantTimeEqual(challenge->proof,
@@ -327,7 +328,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
           "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, and check "
           "that nothing else listens on master_port",
           MasterEndpoint())});
-      Finish(now, 3, out);
+      Finish(now, ToInt(ExitCode::kRendezvous), out);
       return;
     }
     SendJoin(challenge->nonce, out);
@@ -338,7 +339,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
         "the coordinator at {} did not ask for the shared secret: node 0 runs without one\n"
         "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, or on none",
         MasterEndpoint())});
-    Finish(now, 3, out);
+    Finish(now, ToInt(ExitCode::kRendezvous), out);
   } else if (std::holds_alternative<wire::JoinAck>(message)) {
     joined_ = true;
     refused_retrying_ = false;
@@ -352,7 +353,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
   } else if (const auto* reject = std::get_if<wire::Reject>(&message)) {
     if (!reject->retry || joined_) {
       out.push_back(PrintSummary{"the coordinator refused this node: " + reject->reason});
-      Finish(now, 3, out);
+      Finish(now, ToInt(ExitCode::kRendezvous), out);
       return;
     }
     // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
@@ -522,7 +523,7 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
     Send(wire::Interrupted{signal}, out);
     interrupt_deadline_ = now + spec_.timeouts.ExitBarrier();
   } else {
-    pending_exit_ = 128 + signal;
+    pending_exit_ = InterruptedExitCode(signal);
   }
   MaybeStopped(out);
 }

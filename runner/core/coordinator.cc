@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "runner/core/auth.h"
+#include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
 #include "schema/canonical.h"
 
@@ -154,7 +155,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
       if (round_gate_ && now >= *round_gate_) {
         MaybeStartRound(now, out);
       } else if (now >= rendezvous_deadline_ && joined_count() < static_cast<int>(slots_.size())) {
-        EndJob(now, 3, RendezvousFailure(), out);
+        EndJob(now, ToInt(ExitCode::kRendezvous), RendezvousFailure(), out);
       } else if (now >= next_progress_ && !round_gate_) {
         SendProgress(now, out);
         next_progress_ = now + kProgressInterval;
@@ -286,7 +287,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     if (slot.done) return;
     slot.done = true;
     if (++done_count_ == static_cast<int>(slots_.size())) {
-      EndJob(now, 0,
+      EndJob(now, ToInt(ExitCode::kOk),
              fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} "
                          "({} restart{} used)",
                          spec_.job.name, spec_.WorldSize(), slots_.size(), round_, restarts_used_,
@@ -301,7 +302,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     MaybeFinishStop(now, out);
   } else if (const auto* interrupted = std::get_if<wire::Interrupted>(&message)) {
     if (phase_ == Phase::kEnding) return;
-    EndJob(now, 128 + interrupted->signal,
+    EndJob(now, InterruptedExitCode(interrupted->signal),
            fmt::format("job \"{}\" interrupted: {} received {}; every node stops its workers "
                        "(SIGTERM, SIGKILL after stop_grace = {}) before it exits",
                        spec_.job.name, NodeName(node_rank), SignalName(interrupted->signal),
@@ -628,7 +629,7 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     phase_deadline_ = now + spec_.restart.backoff;
     return;
   }
-  EndJob(now, 1, FailureSummary(failure, stopped_ranks, stopped_nodes), out);
+  EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes), out);
 }
 
 std::string Coordinator::RendezvousFailure() const {
