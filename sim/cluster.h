@@ -14,6 +14,7 @@
 
 #include "runner/host/node_host.h"
 #include "sim/event_queue.h"
+#include "sim/invariants.h"
 #include "sim/prng.h"
 #include "sim/sim_ports.h"
 #include "sim/simulation.h"
@@ -25,6 +26,7 @@ namespace ddprun::sim {
 inline constexpr Duration kCollectiveTimeout = Minutes(10);
 /// Workers of a failed round must all be gone within stop_grace + 3 heartbeats + this: it
 /// covers the SIGTERM delay, the agent's give-up after SIGKILL and peer-failure detection.
+/// The same slack bounds a worker's life after its agent last heard from the coordinator.
 inline constexpr Duration kStopSlack = Seconds(30);
 
 /// `text` split at newlines (a trailing newline gives a last empty line).
@@ -179,11 +181,36 @@ class Cluster {
     NodePhase phase = NodePhase::kOff;
   };
 
+  /// While a node's bytes (or its connect) are handed to the coordinator, the lines the
+  /// coordinator logs are about that node: the subject comes from the data being delivered,
+  /// never from the words of the line.
+  class Subject {
+   public:
+    Subject(Cluster* cluster, std::optional<uint32_t> node) : cluster_(cluster), saved_(cluster->subject_) {
+      cluster_->subject_ = node;
+    }
+    ~Subject() { cluster_->subject_ = saved_; }
+    Subject(const Subject&) = delete;
+    Subject& operator=(const Subject&) = delete;
+
+   private:
+    Cluster* cluster_;
+    std::optional<uint32_t> saved_;
+  };
+
   // setup
   void BuildNodes();
   uint32_t AddNode(int rank, const JobSpec* spec, bool extra);
   void ScheduleFaults();
-  void ScheduleFault(const FaultSpec& fault, bool random);
+  void ScheduleFault(const FaultSpec& fault);
+  // One function per fault kind (faults.cc); slow-joiner and job-file-differs act at setup.
+  void InjectNodeCrash(const FaultSpec& fault);
+  void InjectAgentHang(const FaultSpec& fault);
+  void InjectWorkerExit(const FaultSpec& fault);
+  void InjectWorkerHang(const FaultSpec& fault);
+  void InjectPartition(const FaultSpec& fault);
+  void InjectMasterPortBlocked(const FaultSpec& fault);
+  void InjectDuplicateNodeRank(const FaultSpec& fault);
   void ScheduleRandomNodeCrash(TimePoint from);
   void ScheduleRandomWorkerExit(TimePoint from);
   void StartNode(uint32_t node);
@@ -220,18 +247,18 @@ class Cluster {
   void CollectiveTimeout(uint64_t gang, uint64_t stall_gen);
   int64_t Progress() const;
   Gang* CurrentGang();
-  void CheckStopBound(uint64_t gang);
   void FailWorker(uint32_t node, int local_rank, int exit_code, const std::string& stderr_tail,
                   const std::string& what);
 
   // output and checks
   void Print(uint32_t node, std::string_view who, std::string_view text);
   void PrintSim(std::optional<uint32_t> node, std::string_view text);
-  void Violation(const std::string& what);
+  /// Prints the violation the invariants found (once) to the event log.
+  void ReportViolation();
   void SetPhase(uint32_t node);
   void AddMark(uint32_t node, MarkKind kind, std::string text, int64_t end_ns = -1);
   void ObserveCoordinator();
-  SimResult Finish();
+  SimResult Finish(RunEnd& end);
   std::string NodeLabel(uint32_t node) const { return nodes_[node]->label; }
 
   const JobSpec& spec_;
@@ -249,6 +276,7 @@ class Cluster {
   bool liveness_limit_ = false;  // limit_ns_ is the liveness deadline, not max_time
   int64_t random_faults_until_ns_ = 0;
   bool condense_ = false;
+  std::optional<uint32_t> subject_;    // see Subject
   std::vector<std::unique_ptr<Node>> nodes_;
   int job_nodes_ = 0;
   std::map<std::pair<std::string, uint16_t>, uint32_t> listeners_;
@@ -271,7 +299,9 @@ class Cluster {
   int64_t checkpoint_every_ns_ = 0;
   int64_t train_time_ns_ = 0;
   bool job_completed_ = false;
-  std::optional<std::string> violation_;
+  Invariants invariants_;
+  bool violation_printed_ = false;
+  int coordinator_world_ = 0;          // world size of the job node 0's coordinator runs
   int last_coordinator_restarts_ = 0;
   uint64_t observed_incarnation_ = 0;
   int64_t unfinished_ = 0;             // nodes that may still act (not exited, not down for good)

@@ -50,7 +50,7 @@ ConnId Cluster::Connect(uint32_t index, const std::string& addr, uint16_t port) 
   Event done;
   done.kind = EventKind::kConnectDone;
   done.node = index;
-  done.a = c;
+  done.target = c;
   const int64_t rtt = Latency() + Latency();
   // master_addr belongs to node 0's machine whether or not its agent listens yet.
   const bool known = addr == spec_.cluster.master_addr;
@@ -83,7 +83,7 @@ ConnId Cluster::Connect(uint32_t index, const std::string& addr, uint16_t port) 
   Event accept;
   accept.kind = EventKind::kAccept;
   accept.node = listener;
-  accept.a = c;
+  accept.target = c;
   queue_.Push(TimePoint(Duration(now_ns_ + syn)), accept);
   queue_.Push(TimePoint(Duration(now_ns_ + rtt)), done);
   conns_[c].toward[0].last_ready_ns = now_ns_ + rtt;
@@ -124,6 +124,7 @@ void Cluster::Accept(uint64_t c) {
   }
   const Side& client = conns_[c].side[0];
   const std::string peer = fmt::format("{}:{}", nodes_[client.node]->addr, 32768 + (client.id % 28000));
+  const Subject subject(this, client.node);
   if (n.tevents) n.tevents->OnAccepted(server.id, peer);
 }
 
@@ -172,8 +173,8 @@ void Cluster::SchedulePump(uint64_t c, int toward, int64_t at_ns) {
   Event event;
   event.kind = EventKind::kPump;
   event.node = conns_[c].side[toward].node;
-  event.a = c;
-  event.b = static_cast<uint64_t>(toward);
+  event.target = c;
+  event.side = static_cast<uint8_t>(toward);
   queue_.Push(TimePoint(Duration(std::max(at_ns, now_ns_))), event);
 }
 
@@ -204,8 +205,13 @@ void Cluster::Pump(uint64_t c, int toward) {
       continue;
     }
     host::TransportEvents* events = n.tevents;
+    // What the coordinator says while it handles this node's bytes is about this node.
+    const Subject subject(this, toward == 1 ? std::optional<uint32_t>(from.node) : std::nullopt);
     switch (packet.kind) {
       case PacketKind::kData:
+        // Agents connect, the coordinator listens: bytes toward the connecting side renew
+        // that agent's lease.
+        if (toward == 0) invariants_.HeardFromCoordinator(to.node, now_ns_);
         if (events) events->OnData(to.id, packet.bytes);
         break;
       case PacketKind::kFin:

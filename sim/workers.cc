@@ -64,14 +64,9 @@ int64_t Cluster::Progress() const {
 
 void Cluster::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch) {
   Node& n = *nodes_[index];
-  const int world = spec_.WorldSize();
+  const int world = coordinator_world_;
   Gang* g = CurrentGang();
   if (!g || g->coordinator != coordinator_incarnation_ || g->round != round) {
-    if (g && g->running > 0) {
-      Violation(fmt::format("one round at a time: {} starts round {} while {} worker(s) of round {} "
-                            "still run",
-                            NodeLabel(index), round, g->running, g->round));
-    }
     if (g) g->workers.clear();
     Gang fresh;
     fresh.id = next_gang_++;
@@ -87,21 +82,8 @@ void Cluster::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
     ++stats_.rounds_started;
     AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("round {}", round));
   }
-  // The worker contract: every rank of a round agrees on the world size; ranks form a
-  // permutation of 0..world-1.
   const int rank = ToInt(Env(launch.env, "RANK"));
-  const int world_env = ToInt(Env(launch.env, "WORLD_SIZE"));
-  if (world_env != world) {
-    Violation(fmt::format("{} rank {}: WORLD_SIZE={} but the job has {} ranks", NodeLabel(index),
-                          launch.global_rank, Env(launch.env, "WORLD_SIZE"), world));
-  } else if (rank < 0 || rank >= world || rank != launch.global_rank) {
-    Violation(fmt::format("{}: RANK={} is not a rank of a {}-rank job", NodeLabel(index),
-                          Env(launch.env, "RANK"), world));
-  } else if (g->rank_state[static_cast<size_t>(rank)] != 0) {
-    Violation(fmt::format("round {}: rank {} started twice (again on {})", round, rank, NodeLabel(index)));
-  } else {
-    g->rank_state[static_cast<size_t>(rank)] = 1;
-  }
+  if (rank >= 0 && rank < world) g->rank_state[static_cast<size_t>(rank)] = 1;
   uint32_t wi = 0;
   if (!free_workers_.empty()) {
     wi = free_workers_.back();
@@ -119,6 +101,9 @@ void Cluster::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.local_rank = launch.local_rank;
   w.global_rank = launch.global_rank;
   w.pid = next_pid_++;
+  invariants_.WorkerStarted(WorkerStart{index, RoundKey{g->coordinator, round}, world, launch.global_rank,
+                                        launch.local_rank, w.pid, Env(launch.env, "RANK"),
+                                        Env(launch.env, "WORLD_SIZE")});
   n.workers.push_back(wi);
   g->workers.push_back(wi);
   ++g->running;
@@ -129,7 +114,7 @@ void Cluster::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
     Event ready;
     ready.kind = EventKind::kWorkerReady;
     ready.node = index;
-    ready.a = g->id;
+    ready.target = g->id;
     queue_.Push(now() + worker_rng_.Between(startup * 9 / 10, startup * 11 / 10), ready);
   }
   SetPhase(index);
@@ -178,8 +163,8 @@ void Cluster::Exit(uint32_t wi, int64_t at_ns, int exit_code, int signal, std::s
   Event event;
   event.kind = EventKind::kWorkerExit;
   event.node = w.node;
-  event.a = wi;
-  event.b = w.exit_gen;
+  event.target = wi;
+  event.generation = w.exit_gen;
   queue_.Push(TimePoint(Duration(at_ns)), event);
 }
 
@@ -189,6 +174,7 @@ void Cluster::WorkerExited(uint32_t wi) {
   Node& n = *nodes_[w.node];
   n.workers.erase(std::find(n.workers.begin(), n.workers.end(), wi));
   const bool ok = w.exit_code == 0 && w.signal == 0;
+  invariants_.WorkerEnded(w.pid, ok);
   if (!ok && !w.signalled) ++stats_.worker_failures;
   auto it = gangs_.find(w.gang);
   if (it != gangs_.end()) {
@@ -222,7 +208,7 @@ void Cluster::NotifyExit(uint32_t wi) {
       Event event;
       event.kind = EventKind::kWorkerNotify;
       event.node = w.node;
-      event.a = wi;
+      event.target = wi;
       queue_.Push(TimePoint(Duration(n.hung_until_ns)), event);
     }
     return;
@@ -298,8 +284,8 @@ void Cluster::UpdateTraining() {
     ++g->done_gen;
     Event done;
     done.kind = EventKind::kTrainingDone;
-    done.a = g->id;
-    done.b = g->done_gen;
+    done.target = g->id;
+    done.generation = g->done_gen;
     queue_.Push(TimePoint(Duration(now_ns_ + std::max<int64_t>(0, train_time_ns_ - progress_ns_))), done);
     if (!stats_.first_training_ns) stats_.first_training_ns = now_ns_;
     if (timeline_) timeline_->training.emplace_back(now_ns_, -1);
@@ -328,8 +314,8 @@ void Cluster::UpdateTraining() {
     ++g->stall_gen;
     Event timeout;
     timeout.kind = EventKind::kCollectiveTimeout;
-    timeout.a = g->id;
-    timeout.b = g->stall_gen;
+    timeout.target = g->id;
+    timeout.generation = g->stall_gen;
     queue_.Push(TimePoint(Duration(now_ns_ + Ns(kCollectiveTimeout))), timeout);
   } else if (!watch && g->stall_timer) {
     g->stall_timer = false;
@@ -370,41 +356,13 @@ void Cluster::BreakGang(Gang& g, bool by_process_exit, const std::string& why) {
       Event event;
       event.kind = EventKind::kPeerFailure;
       event.node = w.node;
-      event.a = g.id;
+      event.target = g.id;
       queue_.Push(now() + worker_rng_.Between(kPeerFailureMin, kPeerFailureMax), event);
     }
   }
   // Every failure must end with every worker of the round gone within a bound.
-  const uint64_t id = g.id;
-  const Duration bound = spec_.timeouts.stop_grace + 3 * spec_.timeouts.heartbeat + kStopSlack;
-  queue_.PushCall(now() + bound, [this, id] { CheckStopBound(id); });
+  invariants_.RoundFailed(RoundKey{g.coordinator, g.round});
   UpdateTraining();
-}
-
-void Cluster::CheckStopBound(uint64_t id) {
-  auto it = gangs_.find(id);
-  if (it == gangs_.end() || it->second.running == 0) return;
-  const Duration bound = spec_.timeouts.stop_grace + 3 * spec_.timeouts.heartbeat + kStopSlack;
-  int64_t recheck = 0;
-  for (uint32_t wi : it->second.workers) {
-    const Worker& w = workers_[wi];
-    if (w.gang != id || !w.running) continue;
-    const Node& n = *nodes_[w.node];
-    // A hung agent cannot stop anything; the bound starts again when it runs.
-    if (n.hung_forever) continue;
-    if (n.hung_until_ns > now_ns_ || n.last_hang_end_ns > it->second.broken_at_ns) {
-      recheck = std::max(recheck, std::max(n.hung_until_ns, n.last_hang_end_ns) + Ns(bound));
-      continue;
-    }
-    Violation(fmt::format("round {} failed {} ago but rank {} on {} (pid {}) still runs; every "
-                          "worker should be gone within {}",
-                          it->second.round, HumanDuration(Duration(now_ns_ - it->second.broken_at_ns)),
-                          w.global_rank, NodeLabel(w.node), w.pid, HumanDuration(bound)));
-    return;
-  }
-  if (recheck > now_ns_) {
-    queue_.PushCall(TimePoint(Duration(recheck)), [this, id] { CheckStopBound(id); });
-  }
 }
 
 void Cluster::TrainingDone(uint64_t id, uint64_t done_gen) {
