@@ -92,6 +92,8 @@ void Invariants::Schedule(int64_t at_ns) {
 }
 
 void Invariants::AfterEvent(int64_t now_ns) {
+  // Most events (a heartbeat, a packet) change nothing the checks read: millions per run at scale.
+  if (log_.empty() && restarts_ == checked_restarts_ && now_ns < next_due_ns_) return;
   for (const Observation& o : log_) {
     if (violation_) break;
     switch (o.kind) {
@@ -107,6 +109,7 @@ void Invariants::AfterEvent(int64_t now_ns) {
         round.failed_ns = now_ns;
         round.stop_check_ns = now_ns + bounds_.stop_bound.count();
         Schedule(round.stop_check_ns);
+        next_due_ns_ = std::min(next_due_ns_, round.stop_check_ns);
         break;
       }
       case Kind::kExit:
@@ -116,6 +119,7 @@ void Invariants::AfterEvent(int64_t now_ns) {
   }
   log_.clear();
   starts_.clear();
+  checked_restarts_ = restarts_;
   if (!violation_ && restarts_ > bounds_.max_restarts) {
     Fail(now_ns, fmt::format("the coordinator used {} restarts; restart.max_restarts = {}", restarts_,
                              bounds_.max_restarts));
@@ -126,6 +130,10 @@ void Invariants::AfterEvent(int64_t now_ns) {
   }
   if (!violation_ && next_lease_check_ns_ <= now_ns) CheckLeases(now_ns);
   Prune();
+  next_due_ns_ = next_lease_check_ns_;
+  for (const auto& entry : rounds_) {
+    if (entry.second.stop_check_ns >= 0) next_due_ns_ = std::min(next_due_ns_, entry.second.stop_check_ns);
+  }
 }
 
 void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
@@ -149,9 +157,10 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   }
   // Fencing: one holder per rank. A rank is not started anywhere while an earlier holder (of
   // any round, on any node, lost or not) may still run.
-  auto [holder, fresh] = holders_.emplace(rank, start.pid);
-  if (!fresh) {
-    const Worker& old = workers_.at(holder->second);
+  if (holders_.size() < static_cast<size_t>(round.world)) holders_.resize(static_cast<size_t>(round.world), 0);
+  uint64_t& holder = holders_[static_cast<size_t>(rank)];
+  if (holder != 0) {
+    const Worker& old = workers_.at(holder);
     return Fail(now_ns, fmt::format("one holder per rank: rank {} starts on {} in round {} while rank {} "
                                     "of round {} still runs on {} (pid {})",
                                     rank, label, start.round.round, rank, old.round.round,
@@ -172,6 +181,7 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
                                     rank, label));
   }
   started = 1;
+  holder = start.pid;
   workers_.emplace(start.pid, Worker{start.node, start.round, rank, start.pid});
   node.live.push_back(start.pid);
   ++round.live;
@@ -183,6 +193,7 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
     next_lease_check_ns_ = expiry;
     Schedule(expiry);
   }
+  next_due_ns_ = std::min(next_due_ns_, next_lease_check_ns_);
 }
 
 void Invariants::ApplyEnd(uint64_t pid, bool exit_zero) {
@@ -190,8 +201,8 @@ void Invariants::ApplyEnd(uint64_t pid, bool exit_zero) {
   if (it == workers_.end()) return;
   const Worker w = it->second;
   workers_.erase(it);
-  auto holder = holders_.find(w.global_rank);
-  if (holder != holders_.end() && holder->second == pid) holders_.erase(holder);
+  uint64_t& holder = holders_[static_cast<size_t>(w.global_rank)];
+  if (holder == pid) holder = 0;
   auto& live = nodes_[w.node].live;
   live.erase(std::find(live.begin(), live.end(), pid));
   auto round = rounds_.find(w.round);

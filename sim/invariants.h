@@ -152,9 +152,11 @@ class Invariants {
   std::vector<Observation> log_;
   std::vector<WorkerStart> starts_;
   std::unordered_map<uint64_t, Worker> workers_;   // by pid; looked up, never iterated
-  std::unordered_map<int, uint64_t> holders_;      // global rank -> pid of its live holder
+  std::vector<uint64_t> holders_;                  // global rank -> pid of its live holder, 0: none
   std::map<RoundKey, Round> rounds_;
   int restarts_ = 0;
+  int checked_restarts_ = 0;
+  int64_t next_due_ns_ = INT64_MAX;  // the earliest time bound to check
   int64_t next_lease_check_ns_ = INT64_MAX;
   std::optional<std::string> violation_;
   std::string what_;
