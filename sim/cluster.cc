@@ -10,11 +10,6 @@
 #include "schema/loader.h"
 
 namespace ddprun::sim {
-namespace {
-
-int64_t Ns(Duration d) { return d.count(); }
-
-}  // namespace
 
 TimePoint SimClock::Now() const { return cluster_->now(); }
 
@@ -24,8 +19,6 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
       options_(options),
       out_(options.quiet ? nullptr : out),
       timeline_(timeline),
-      net_rng_(options.seed, 1),
-      worker_rng_(options.seed, 2),
       fault_rng_(options.seed, 3),
       instance_rng_(options.seed, 4),
       clock_(this),
@@ -38,15 +31,14 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
             Event check;
             check.kind = EventKind::kCheck;
             queue_.Push(TimePoint(Duration(at_ns)), check);
-          }) {
+          }),
+      network_(*this, spec, options.network, options.seed),
+      workers_(*this, spec, options.seed) {
   job_nodes_ = spec_.cluster.nnodes;
   condense_ = job_nodes_ > options_.condense_above;
-  checkpoint_every_ns_ = Ns(spec_.simulate.checkpoint_every);
-  train_time_ns_ = Ns(spec_.simulate.train_time);
-  stats_.train_target_ns = train_time_ns_;
+  stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
-  conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
 Cluster::~Cluster() {
@@ -80,6 +72,8 @@ uint32_t Cluster::AddNode(int rank, const JobSpec* spec, bool extra) {
   nodes_.back()->host_name = std::move(host_name);
   ++unfinished_;
   invariants_.AddNode(index, nodes_.back()->label);
+  network_.AddNode();
+  workers_.AddNode();
   if (timeline_) {
     timeline_->labels.push_back(extra ? nodes_.back()->label
                                       : fmt::format("node {} ({})", rank, nodes_.back()->host_name));
@@ -105,7 +99,7 @@ void Cluster::BuildNodes() {
   }
   // Node 0's coordinator decides what the job is: when every node runs the same changed file,
   // no node differs, and the job they agree on is the one to check against.
-  coordinator_world_ = specs[0]->WorldSize();
+  workers_.SetWorld(specs[0]->WorldSize());
   // Node 0's lines (and its coordinator's) are always shown, whatever the cluster's size.
   for (int rank = 0; rank < job_nodes_; ++rank) {
     const uint32_t index = AddNode(rank, specs[static_cast<size_t>(rank)], false);
@@ -157,34 +151,8 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
                               reboot_after ? "; reboots in " + HumanDuration(*reboot_after)
                                            : "; stays down"));
   AddMark(index, MarkKind::kFault, "crash");
-  // Its workers vanish with it: no exit codes, no notification.
-  std::optional<uint64_t> hit_gang;
-  for (uint32_t wi : n.workers) {
-    Worker& w = workers_[wi];
-    w.running = false;
-    invariants_.WorkerEnded(w.pid, false);
-    auto it = gangs_.find(w.gang);
-    if (it != gangs_.end()) {
-      Gang& g = it->second;
-      --g.running;
-      if (w.ready) --g.ready;
-      if (w.hung) --g.hung;
-      g.rank_state[static_cast<size_t>(w.global_rank)] = 3;
-      hit_gang = w.gang;
-    }
-    free_workers_.push_back(wi);
-  }
-  n.workers.clear();
   // Its sockets go silent: no FIN, no RST, until the machine is back.
-  for (uint64_t c : n.conns) {
-    for (Side& side : conns_[c].side) {
-      if (side.node == index && side.incarnation == n.incarnation) side.open = false;
-    }
-  }
-  n.conns.clear();
-  for (auto it = listeners_.begin(); it != listeners_.end();) {
-    it = it->second == index ? listeners_.erase(it) : std::next(it);
-  }
+  network_.Silence(index);
   n.host.reset();
   n.tevents = nullptr;
   n.pevents = nullptr;
@@ -199,11 +167,8 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
     n.hung_forever = false;
     ++unfinished_;
   }
-  n.ready_gang = 0;
-  if (hit_gang) {
-    Gang& g = gangs_[*hit_gang];
-    BreakGang(g, false, fmt::format("{} crashed", NodeLabel(index)));
-  }
+  // Its workers vanish with it: no exit codes, no notification.
+  workers_.Vanish(index);
   if (reboot_after) {
     n.pending_start = true;
     queue_.PushCall(now() + *reboot_after, [this, index] {
@@ -212,7 +177,7 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
   } else {
     --unfinished_;
   }
-  UpdateTraining();
+  workers_.UpdateTraining();
   SetPhase(index);
 }
 
@@ -234,17 +199,8 @@ void Cluster::OnNodeExit(uint32_t index, int code) {
 }
 
 void Cluster::ReleaseNode(uint32_t index) {
-  Node& n = *nodes_[index];
-  if (!n.up || !n.finished) return;
-  for (uint64_t c : n.conns) {
-    for (int s = 0; s < 2; ++s) {
-      const Side& side = conns_[c].side[s];
-      if (side.node == index && side.incarnation == n.incarnation && side.open) CloseSide(c, s, true);
-    }
-  }
-  for (auto it = listeners_.begin(); it != listeners_.end();) {
-    it = it->second == index ? listeners_.erase(it) : std::next(it);
-  }
+  const Node& n = *nodes_[index];
+  if (n.up && n.finished) network_.Release(index);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -284,39 +240,35 @@ void Cluster::Dispatch(const Event& event) {
     }
     case EventKind::kPump:
       if (DeferIfHung(event.node, event)) return;
-      Pump(event.target, event.side);
+      network_.Pump(event.target, event.side);
       SetPhase(event.node);
       return;
     case EventKind::kConnectDone:
       if (DeferIfHung(event.node, event)) return;
-      ConnectDone(event.target);
+      network_.ConnectDone(event.target);
       return;
     case EventKind::kAccept:
       if (DeferIfHung(event.node, event)) return;
-      Accept(event.target);
+      network_.Accept(event.target);
       return;
     case EventKind::kWorkerReady:
-      WorkersReady(event.node, event.target);
+      workers_.Ready(event.node, event.target);
       return;
-    case EventKind::kWorkerExit: {
-      const auto wi = static_cast<uint32_t>(event.target);
-      if (wi < workers_.size() && workers_[wi].running && workers_[wi].exit_gen == event.generation) {
-        WorkerExited(wi);
-      }
+    case EventKind::kWorkerExit:
+      workers_.ExitEvent(static_cast<uint32_t>(event.target), event.generation);
       return;
-    }
     case EventKind::kWorkerNotify:
       if (DeferIfHung(event.node, event)) return;
-      NotifyExit(static_cast<uint32_t>(event.target));
+      workers_.Notify(static_cast<uint32_t>(event.target));
       return;
     case EventKind::kTrainingDone:
-      TrainingDone(event.target, event.generation);
+      workers_.TrainingDone(event.target, event.generation);
       return;
     case EventKind::kPeerFailure:
-      PeerFailure(event.node, event.target);
+      workers_.PeerFailure(event.node, event.target);
       return;
     case EventKind::kCollectiveTimeout:
-      CollectiveTimeout(event.target, event.generation);
+      workers_.CollectiveTimeout(event.target, event.generation);
       return;
     case EventKind::kCheck:
       return;  // Run checks the invariants after every event
@@ -387,12 +339,7 @@ SimResult Cluster::Run() {
 SimResult Cluster::Finish(RunEnd& end) {
   SimResult result;
   if (stats_.end_ns == 0) stats_.end_ns = now_ns_;
-  Gang* g = CurrentGang();
-  if (g && g->training) {
-    progress_ns_ += now_ns_ - g->training_since_ns;
-    stats_.training_ns += now_ns_ - g->training_since_ns;
-  }
-  stats_.useful_ns = std::min(progress_ns_, train_time_ns_);
+  workers_.Finish();
   for (const auto& n : nodes_) {
     NodeOutcome outcome;
     outcome.node_rank = n->rank;
@@ -537,21 +484,8 @@ void Cluster::SetPhase(uint32_t index) {
     phase = n.started_once ? NodePhase::kDown : NodePhase::kOff;
   } else if (n.finished) {
     phase = NodePhase::kDone;
-  } else if (!n.workers.empty()) {
-    const Worker& w = workers_[n.workers.front()];
-    round = w.round;
-    const Gang* g = CurrentGang();
-    const bool signalled = std::any_of(n.workers.begin(), n.workers.end(),
-                                       [&](uint32_t wi) { return workers_[wi].signalled; });
-    if (signalled) {
-      phase = NodePhase::kStopping;
-    } else if (g && g->id == w.gang && g->training) {
-      phase = NodePhase::kTraining;
-    } else if (w.ready) {
-      phase = NodePhase::kStalled;
-    } else {
-      phase = NodePhase::kStarting;
-    }
+  } else if (auto working = workers_.PhaseOf(index, &round)) {
+    phase = *working;
   } else if (n.host && n.host->agent().phase() == core::Agent::Phase::kWaiting &&
              n.host->agent().round() >= 0) {
     phase = NodePhase::kWaiting;
@@ -562,6 +496,10 @@ void Cluster::SetPhase(uint32_t index) {
   auto& row = timeline_->segments[index];
   if (!row.empty() && row.back().end_ns < 0) row.back().end_ns = now_ns_;
   row.push_back(Segment{now_ns_, -1, phase, round});
+}
+
+void Cluster::SetAllPhases() {
+  for (uint32_t i = 0; timeline_ && i < nodes_.size(); ++i) SetPhase(i);
 }
 
 void Cluster::AddMark(uint32_t node, MarkKind kind, std::string text, int64_t end_ns) {
@@ -587,14 +525,22 @@ std::vector<std::string> Split(std::string_view text) {
 void SimTimer::ArmAt(TimePoint when) { cluster_->ArmTimer(node_, when); }
 void SimTimer::Disarm() { cluster_->DisarmTimer(node_); }
 void SimTransport::SetEvents(host::TransportEvents* events) { cluster_->SetTransportEvents(node_, events); }
-std::string SimTransport::Listen(const std::string& addr, uint16_t port) { return cluster_->Listen(node_, addr, port); }
-ConnId SimTransport::Connect(const std::string& addr, uint16_t port) { return cluster_->Connect(node_, addr, port); }
-void SimTransport::Send(ConnId conn, std::vector<uint8_t> bytes) { cluster_->Send(node_, conn, std::move(bytes)); }
-void SimTransport::Close(ConnId conn) { cluster_->Close(node_, conn); }
-uint16_t SimTransport::ReserveStorePort() { return cluster_->ReserveStorePort(node_); }
+std::string SimTransport::Listen(const std::string& addr, uint16_t port) {
+  return cluster_->network().Listen(node_, addr, port);
+}
+ConnId SimTransport::Connect(const std::string& addr, uint16_t port) {
+  return cluster_->network().Connect(node_, addr, port);
+}
+void SimTransport::Send(ConnId conn, std::vector<uint8_t> bytes) {
+  cluster_->network().Send(node_, conn, std::move(bytes));
+}
+void SimTransport::Close(ConnId conn) { cluster_->network().Close(conn); }
+uint16_t SimTransport::ReserveStorePort() { return cluster_->network().ReserveStorePort(); }
 void SimLauncher::SetEvents(host::ProcessEvents* events) { cluster_->SetProcessEvents(node_, events); }
-void SimLauncher::Spawn(int round, const core::WorkerLaunch& launch) { cluster_->Spawn(node_, round, launch); }
-void SimLauncher::SignalAll(int round, int signal) { cluster_->SignalAll(node_, round, signal); }
+void SimLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
+  cluster_->workers().Spawn(node_, round, launch);
+}
+void SimLauncher::SignalAll(int round, int signal) { cluster_->workers().SignalAll(node_, round, signal); }
 void SimConsole::Log(core::LogLevel level, std::string_view source, std::string_view text) {
   cluster_->ConsoleLog(node_, level, source, text);
 }
@@ -615,13 +561,5 @@ void Cluster::ArmTimer(uint32_t index, TimePoint when) {
 }
 
 void Cluster::DisarmTimer(uint32_t index) { nodes_[index]->armed_ns.reset(); }
-
-void Cluster::SetTransportEvents(uint32_t index, host::TransportEvents* events) {
-  nodes_[index]->tevents = events;
-}
-
-void Cluster::SetProcessEvents(uint32_t index, host::ProcessEvents* events) {
-  nodes_[index]->pevents = events;
-}
 
 }  // namespace ddprun::sim

@@ -91,7 +91,7 @@ void Cluster::ScheduleFaults() {
   // Liveness: once every fault has healed, each round can take at most this long, and the
   // restart budget bounds the number of rounds.
   const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 +
-                          static_cast<double>(train_time_ns_) +
+                          static_cast<double>(Ns(spec_.simulate.train_time)) +
                           static_cast<double>(Ns(kCollectiveTimeout)) +
                           static_cast<double>(Ns(spec_.timeouts.stop_grace)) +
                           3.0 * static_cast<double>(Ns(spec_.timeouts.heartbeat)) +
@@ -112,7 +112,7 @@ void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
   const TimePoint at = from + fault_rng_.Exponential(mean);
   if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
   queue_.PushCall(at, [this] {
-    if (job_completed_ || unfinished_ == 0) return;
+    if (workers_.job_completed() || unfinished_ == 0) return;
     const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(job_nodes_)));
     // A machine comes back only after its old connection was declared dead (3 heartbeats):
     // a faster return is refused as a duplicate node rank (a known protocol limit).
@@ -134,20 +134,16 @@ void Cluster::ScheduleRandomWorkerExit(TimePoint from) {
   const TimePoint at = from + fault_rng_.Exponential(mean);
   if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
   queue_.PushCall(at, [this] {
-    if (job_completed_ || unfinished_ == 0) return;
+    if (workers_.job_completed() || unfinished_ == 0) return;
     const int nproc = spec_.cluster.nproc_per_node;
     const auto rank = static_cast<int>(fault_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
     const auto text = kRandomFailures[fault_rng_.Below(std::size(kRandomFailures))];
     const auto index = static_cast<uint32_t>(rank / nproc);
-    Node& n = *nodes_[index];
-    const bool any = std::any_of(n.workers.begin(), n.workers.end(), [&](uint32_t w) {
-      return workers_[w].local_rank == rank % nproc && workers_[w].running && !workers_[w].signalled;
-    });
-    if (any) {
+    if (workers_.Hittable(index, rank % nproc)) {
       ++stats_.faults_injected;
-      n.focus = true;
+      nodes_[index]->focus = true;
       if (timeline_) timeline_->focus[index] = true;
-      FailWorker(index, rank % nproc, 1, std::string(text), "random failure (simulate.worker_mtbf)");
+      workers_.Fail(index, rank % nproc, 1, std::string(text), "random failure (simulate.worker_mtbf)");
     }
     ScheduleRandomWorkerExit(now());
   });
@@ -207,13 +203,13 @@ void Cluster::InjectAgentHang(const FaultSpec& fault) {
 }
 
 void Cluster::InjectWorkerExit(const FaultSpec& fault) {
-  FailWorker(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.exit_code,
+  workers_.Fail(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.exit_code,
              fmt::format("RuntimeError: simulated failure (fault worker-exit, exit code {})", fault.exit_code),
              "fault worker-exit");
 }
 
 void Cluster::InjectWorkerHang(const FaultSpec& fault) {
-  HangWorker(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.duration);
+  workers_.Hang(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.duration);
 }
 
 void Cluster::InjectPartition(const FaultSpec& fault) {
@@ -226,47 +222,41 @@ void Cluster::InjectPartition(const FaultSpec& fault) {
       for (int r = 1; r < job_nodes_; ++r) peers.push_back(r);
     }
   }
+  network_.Partition(fault.node, peers, false);
   for (int p : peers) {
-    ++cuts_[{static_cast<uint32_t>(std::min(fault.node, p)), static_cast<uint32_t>(std::max(fault.node, p))}];
     if (timeline_) timeline_->focus[static_cast<size_t>(p)] = true;
   }
-  ++active_partitions_;
   const std::string who = peers.size() <= 8 ? fmt::format("node {}", fmt::join(peers, ", node "))
                                             : fmt::format("{} nodes", peers.size());
   PrintSim(std::nullopt, fmt::format("network: partition: node {} cut off from {}{}", fault.node, who,
                                      fault.duration ? " for " + FormatDuration(*fault.duration) : ""));
   const int64_t end = fault.duration ? now_ns_ + Ns(*fault.duration) : -1;
   AddMark(static_cast<uint32_t>(fault.node), MarkKind::kFault, "partition", end);
-  UpdateTraining();
+  workers_.UpdateTraining();
   if (!fault.duration) return;
   queue_.PushCall(TimePoint(Duration(end)), [this, fault, peers] {
-    for (int p : peers) {
-      auto it = cuts_.find({static_cast<uint32_t>(std::min(fault.node, p)), static_cast<uint32_t>(std::max(fault.node, p))});
-      if (it != cuts_.end() && --it->second == 0) cuts_.erase(it);
-    }
-    --active_partitions_;
     PrintSim(std::nullopt, fmt::format("network: partition of node {} healed", fault.node));
-    HealPaths();
-    UpdateTraining();
+    network_.Partition(fault.node, peers, true);
+    workers_.UpdateTraining();
   });
 }
 
 void Cluster::InjectMasterPortBlocked(const FaultSpec& fault) {
   if (!fault.duration) {
-    port_blocked_forever_ = true;
+    network_.BlockMasterPort(INT64_MAX);
     PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked (new connections time out)",
                                        spec_.cluster.master_port, spec_.cluster.master_addr));
     AddMark(Mark::kJob, MarkKind::kFault, "master port blocked");
     return;
   }
-  port_blocked_until_ns_ = std::max(port_blocked_until_ns_, now_ns_ + Ns(*fault.duration));
-  const int64_t end = port_blocked_until_ns_;
+  network_.BlockMasterPort(now_ns_ + Ns(*fault.duration));
+  const int64_t end = network_.master_port_blocked_until();
   PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
                                      spec_.cluster.master_port, spec_.cluster.master_addr,
                                      FormatDuration(*fault.duration)));
   AddMark(Mark::kJob, MarkKind::kFault, "master port blocked", end);
   queue_.PushCall(TimePoint(Duration(end)), [this] {
-    if (port_blocked_until_ns_ > now_ns_ || port_blocked_forever_) return;
+    if (network_.master_port_blocked_until() > now_ns_) return;
     PrintSim(std::nullopt, fmt::format("network: TCP port {} open again", spec_.cluster.master_port));
   });
 }
