@@ -270,6 +270,9 @@ void Cluster::Dispatch(const Event& event) {
     case EventKind::kCollectiveTimeout:
       workers_.CollectiveTimeout(event.target, event.generation);
       return;
+    case EventKind::kStoreConnect:
+      workers_.StoreConnect(static_cast<uint32_t>(event.target), event.generation);
+      return;
     case EventKind::kCheck:
       return;  // Run checks the invariants after every event
     case EventKind::kCall: {
@@ -536,6 +539,7 @@ void SimTransport::Send(ConnId conn, std::vector<uint8_t> bytes) {
 }
 void SimTransport::Close(ConnId conn) { cluster_->network().Close(conn); }
 uint16_t SimTransport::ReserveStorePort() { return cluster_->network().ReserveStorePort(); }
+void SimTransport::SetStoreRelay(uint16_t port) { cluster_->network().SetStoreRelay(node_, port); }
 void SimLauncher::SetEvents(host::ProcessEvents* events) { cluster_->SetProcessEvents(node_, events); }
 void SimLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   cluster_->workers().Spawn(node_, round, launch);

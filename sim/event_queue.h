@@ -23,6 +23,7 @@ enum class EventKind : uint8_t {
   kTrainingDone,   // the round reaches train_time (target: the gang, generation: its done's)
   kPeerFailure,    // a node's workers notice a dead peer (target: the gang)
   kCollectiveTimeout,  // the NCCL watchdog fires on a stalled gang (target, generation)
+  kStoreConnect,   // a worker's PyTorch store client connects (target: worker, generation: pid)
   kCheck,          // a time bound of an invariant comes due (sim/invariants.h); does nothing
   kCall,           // a closure from the side table (target: the slot)
 };

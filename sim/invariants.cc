@@ -63,6 +63,16 @@ void Invariants::AgentExited(uint32_t node, int code, std::optional<RoundKey> ro
   log_.push_back(o);
 }
 
+void Invariants::StoreConnected(uint64_t pid, RoundKey client, RoundKey store, uint16_t port) {
+  Observation o;
+  o.kind = Kind::kStore;
+  o.pid = pid;
+  o.round = client;
+  o.other = store;
+  o.code = port;
+  log_.push_back(o);
+}
+
 void Invariants::AgentHung(uint32_t node, int64_t until_ns) {
   Node& n = nodes_[node];
   n.hung_until_ns = std::max(n.hung_until_ns, until_ns);
@@ -114,6 +124,9 @@ void Invariants::AfterEvent(int64_t now_ns) {
       }
       case Kind::kExit:
         CheckExit(now_ns, o.node, o.code, o.round);
+        break;
+      case Kind::kStore:
+        CheckStore(now_ns, o);
         break;
     }
   }
@@ -227,6 +240,19 @@ void Invariants::CheckExit(int64_t now_ns, uint32_t index, int code, std::option
     Fail(now_ns, fmt::format("{} exited 0 but only {} of {} ranks of round {} exited 0", node.label, done,
                              world, key ? key->round : -1));
   }
+}
+
+void Invariants::CheckStore(int64_t now_ns, const Observation& o) {
+  // The store relay: a round's clients reach that round's store, never an older or newer one
+  // (stale keys, or a stale rank joining the new round's rendezvous).
+  if (*o.round == o.other) return;
+  auto it = workers_.find(o.pid);
+  const std::string who = it == workers_.end()
+                              ? fmt::format("pid {}", o.pid)
+                              : fmt::format("rank {} on {} (pid {})", it->second.global_rank,
+                                            nodes_[it->second.node].label, o.pid);
+  Fail(now_ns, fmt::format("store relay: {} of round {} reached the store of round {} (port {})", who,
+                           o.round->round, o.other.round, o.code));
 }
 
 int64_t Invariants::ResumedAt(const Node& node) const { return node.hang_end_ns; }

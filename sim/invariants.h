@@ -88,6 +88,8 @@ class Invariants {
   void HeardFromCoordinator(uint32_t node, int64_t now_ns);
   /// The agent exited with `code`; `round` is the round it last took part in (if any).
   void AgentExited(uint32_t node, int code, std::optional<RoundKey> round);
+  /// A store client (worker `pid` of `client`) reached the store of round `store` on `port`.
+  void StoreConnected(uint64_t pid, RoundKey client, RoundKey store, uint16_t port);
   /// The coordinator's count of restarts used (read after every event).
   void CoordinatorRestarts(int used);
 
@@ -125,7 +127,7 @@ class Invariants {
     int64_t hung_until_ns = 0;      // INT64_MAX: for good
     int64_t hang_end_ns = -1;       // when its last finite hang ended
   };
-  enum class Kind : uint8_t { kStart, kEnd, kFailed, kExit };
+  enum class Kind : uint8_t { kStart, kEnd, kFailed, kExit, kStore };
   struct Observation {
     Kind kind = Kind::kStart;
     uint32_t node = 0;
@@ -133,12 +135,14 @@ class Invariants {
     bool flag = false;
     uint64_t pid = 0;
     std::optional<RoundKey> round;
+    RoundKey other;   // kStore: the round of the store reached
   };
 
   void Fail(int64_t now_ns, std::string what);
   void CheckStart(int64_t now_ns, const WorkerStart& start);
   void ApplyEnd(uint64_t pid, bool exit_zero);
   void CheckExit(int64_t now_ns, uint32_t node, int code, std::optional<RoundKey> round);
+  void CheckStore(int64_t now_ns, const Observation& o);
   void CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round);
   void CheckLeases(int64_t now_ns);
   int64_t ResumedAt(const Node& node) const;

@@ -12,6 +12,7 @@
 
 #include "runner/core/events.h"
 #include "schema/job_spec.h"
+#include "sim/invariants.h"
 #include "sim/prng.h"
 #include "sim/simulation.h"
 
@@ -40,7 +41,29 @@ class Network {
   void Silence(uint32_t node);
   /// An exited process: the kernel closes its sockets (FIN) and its listeners.
   void Release(uint32_t node);
-  void AddNode() { conns_of_node_.emplace_back(); }
+  void AddNode() {
+    conns_of_node_.emplace_back();
+    relay_port_.push_back(0);
+    relayed_.emplace_back();
+  }
+
+  // ---- the store relay (DESIGN.md section 5; modelled in store_relay.cc) ----
+  /// Node `node`'s agent relays store clients on master_port to its own 127.0.0.1:`port` from
+  /// now on (0: refuses them); the relayed connections of the previous round end.
+  void SetStoreRelay(uint32_t node, uint16_t port);
+  /// A rank-0 worker of `round` on `node` listens on `port` (MASTER_PORT) for its store.
+  void OpenStore(uint32_t node, uint16_t port, RoundKey round, uint64_t pid);
+  void CloseStore(uint32_t node, uint16_t port, uint64_t pid);
+  /// What a store client on `from` reaches when it connects to master_addr:`port` now.
+  struct StoreReach {
+    enum class Result : uint8_t { kConnected, kRetry } result = Result::kRetry;
+    RoundKey store;        // the round whose store answered (kConnected)
+    uint16_t store_port = 0;
+    uint32_t relay = 0;    // the node whose relay carried it (or that hosts the store)
+  };
+  StoreReach ReachStore(uint32_t from, uint16_t port, uint64_t client_pid);
+  /// Client connections the relays carried so far (ended ones included).
+  uint64_t relayed_connections() const { return relayed_total_; }
 
   // ---- faults ----
   /// Cuts (or, with `heal`, restores) the paths between `node` and each of `peers`.
@@ -113,6 +136,14 @@ class Network {
   int active_partitions_ = 0;
   int64_t port_blocked_until_ns_ = 0;
   uint16_t next_store_port_ = 40000;
+  struct Store {
+    RoundKey round;
+    uint64_t pid = 0;
+  };
+  std::map<std::pair<uint32_t, uint16_t>, Store> stores_;  // (machine, port): a rank 0's store
+  std::vector<uint16_t> relay_port_;                        // per node: 0 off
+  std::vector<std::vector<uint64_t>> relayed_;              // per relay node: client pids carried
+  uint64_t relayed_total_ = 0;
 };
 
 }  // namespace ddprun::sim

@@ -66,6 +66,7 @@ struct SimStats {
   int node_crashes = 0;
   int worker_failures = 0;               // workers that exited non-zero or were killed by faults
   int faults_injected = 0;
+  uint64_t store_clients = 0;            // store clients that reached rank 0's store (relayed or not)
   uint64_t peak_queue = 0;
 };
 

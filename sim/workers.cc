@@ -20,6 +20,10 @@ constexpr Duration kPeerFailureMin = Seconds(1);
 constexpr Duration kPeerFailureMax = Seconds(5);
 // Ranks of a finished round leave within this spread.
 constexpr Duration kCompletionSpread = Seconds(2);
+// A store client that finds no store (rank 0 not up yet, the relay unreachable) tries again
+// this often, for about PyTorch's default store timeout (5 minutes).
+constexpr Duration kStoreRetry = Seconds(2);
+constexpr int kStoreAttempts = 150;
 
 const std::string kPeerFailureText =
     "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process "
@@ -93,6 +97,13 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.local_rank = launch.local_rank;
   w.global_rank = launch.global_rank;
   w.pid = next_pid_++;
+  w.coordinator = g->coordinator;
+  {
+    const std::string port = Env(launch.env, "MASTER_PORT");
+    int value = 0;
+    for (char c : port) value = c >= '0' && c <= '9' && value < 65536 ? value * 10 + (c - '0') : 65536;
+    w.master_port = value > 0 && value < 65536 ? static_cast<uint16_t>(value) : 0;
+  }
   cluster_.invariants().WorkerStarted(WorkerStart{index, RoundKey{g->coordinator, round}, world_,
                                                   launch.global_rank, launch.local_rank, w.pid,
                                                   Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")});
@@ -121,6 +132,12 @@ void Workers::Ready(uint32_t index, uint64_t gang) {
     if (w.gang == gang && w.running && !w.ready) {
       w.ready = true;
       ++it->second.ready;
+      // env:// init: rank 0 hosts the round's store, every other rank connects to it.
+      if (w.global_rank == 0) {
+        cluster_.network().OpenStore(index, w.master_port, RoundKey{w.coordinator, w.round}, w.pid);
+      } else {
+        ScheduleStoreConnect(wi, Duration(0));
+      }
     }
   }
   UpdateTraining();
@@ -171,6 +188,7 @@ void Workers::Exited(uint32_t wi) {
   running.erase(std::find(running.begin(), running.end(), wi));
   const bool ok = w.exit_code == 0 && w.signal == 0;
   cluster_.invariants().WorkerEnded(w.pid, ok);
+  if (w.global_rank == 0) cluster_.network().CloseStore(w.node, w.master_port, w.pid);
   if (!ok && !w.signalled) ++cluster_.stats().worker_failures;
   auto it = gangs_.find(w.gang);
   if (it != gangs_.end()) {
@@ -276,6 +294,7 @@ void Workers::Vanish(uint32_t index) {
     Worker& w = workers_[wi];
     w.running = false;
     cluster_.invariants().WorkerEnded(w.pid, false);
+    if (w.global_rank == 0) cluster_.network().CloseStore(w.node, w.master_port, w.pid);
     auto it = gangs_.find(w.gang);
     if (it != gangs_.end()) {
       Gang& g = it->second;
@@ -435,6 +454,28 @@ void Workers::CollectiveTimeout(uint64_t id, uint64_t stall_gen) {
     if (w.gang != id || !w.running || w.signalled || w.hung) continue;
     Exit(wi, cluster_.now_ns(), 1, 0, fmt::format(fmt::runtime(kWatchdogText), w.global_rank));
   }
+}
+
+void Workers::ScheduleStoreConnect(uint32_t wi, Duration after) {
+  Event event;
+  event.kind = EventKind::kStoreConnect;
+  event.node = workers_[wi].node;
+  event.target = wi;
+  event.generation = workers_[wi].pid;
+  cluster_.queue().Push(cluster_.now() + after, event);
+}
+
+void Workers::StoreConnect(uint32_t wi, uint64_t pid) {
+  if (wi >= workers_.size()) return;
+  Worker& w = workers_[wi];
+  if (w.pid != pid || !w.running || w.signalled || w.hung) return;
+  const Network::StoreReach reach = cluster_.network().ReachStore(w.node, w.master_port, w.pid);
+  if (reach.result == Network::StoreReach::Result::kConnected) {
+    ++cluster_.stats().store_clients;
+    cluster_.invariants().StoreConnected(w.pid, RoundKey{w.coordinator, w.round}, reach.store, reach.store_port);
+    return;
+  }
+  if (++w.store_attempts < kStoreAttempts) ScheduleStoreConnect(wi, kStoreRetry);
 }
 
 std::optional<NodePhase> Workers::PhaseOf(uint32_t index, int* round) const {

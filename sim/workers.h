@@ -42,6 +42,7 @@ class Workers {
   void TrainingDone(uint64_t gang, uint64_t generation);    // kTrainingDone
   void PeerFailure(uint32_t node, uint64_t gang);           // kPeerFailure
   void CollectiveTimeout(uint64_t gang, uint64_t generation);  // kCollectiveTimeout
+  void StoreConnect(uint32_t worker, uint64_t pid);         // kStoreConnect
 
   // ---- faults and nodes ----
   /// The worker of `local_rank` on `node` exits with `exit_code` now (a fault).
@@ -72,6 +73,9 @@ class Workers {
     int local_rank = 0;
     int global_rank = 0;
     uint64_t pid = 0;
+    uint64_t coordinator = 0;    // with `round`: the round's key
+    uint16_t master_port = 0;    // MASTER_PORT: rank 0 hosts its store there, the others dial it
+    int store_attempts = 0;
     bool running = true;
     bool ready = false;
     bool hung = false;
@@ -109,6 +113,7 @@ class Workers {
 
   void Exit(uint32_t worker, int64_t at_ns, int exit_code, int signal, std::string stderr_tail);
   void Exited(uint32_t worker);
+  void ScheduleStoreConnect(uint32_t worker, Duration after);
   void BreakGang(Gang& gang, bool by_process_exit, const std::string& why);
   void StopTraining(Gang& gang);
   Gang* CurrentGang();

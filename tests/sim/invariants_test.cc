@@ -195,6 +195,17 @@ TEST_F(InvariantsTest, LeaseWaitsForAHungAgent) {
                          "coordinator or resumed; an agent stops its workers within 1m06s (at 4m26s)");
 }
 
+TEST_F(InvariantsTest, StoreRelayConnectsAClientToAnotherRoundsStore) {
+  StartRound(20, 0);
+  invariants_.StoreConnected(Pid(0, 3), RoundKey{1, 0}, RoundKey{1, 0}, 40000);
+  invariants_.AfterEvent(21 * kSecond);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+  invariants_.StoreConnected(Pid(0, 2), RoundKey{1, 0}, RoundKey{1, 1}, 40001);
+  invariants_.AfterEvent(22 * kSecond);
+  EXPECT_EQ(Violation(), "store relay: rank 2 on node 1 (pid 1102) of round 0 reached the store of round 1 "
+                         "(port 40001) (at 22s)");
+}
+
 TEST_F(InvariantsTest, HangWhenNothingIsLeftToHappen) {
   sim::RunEnd end;
   end.deadlock = true;
