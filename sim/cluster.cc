@@ -33,7 +33,7 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
             queue_.Push(TimePoint(Duration(at_ns)), check);
           }),
       network_(*this, spec, options.network, options.seed),
-      workers_(*this, spec, options.seed) {
+      workers_(*this, spec, options.seed, options.sabotage) {
   job_nodes_ = spec_.cluster.nnodes;
   condense_ = job_nodes_ > options_.condense_above;
   stats_.train_target_ns = spec_.simulate.train_time.count();

@@ -43,10 +43,11 @@ std::string Env(const EnvList& env, std::string_view name) {
 
 }  // namespace
 
-Workers::Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed)
+Workers::Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOptions::Sabotage sabotage)
     : cluster_(cluster),
       spec_(spec),
       rng_(seed, 2),
+      sabotage_(sabotage),
       checkpoint_every_ns_(Ns(spec.simulate.checkpoint_every)),
       train_time_ns_(Ns(spec.simulate.train_time)) {}
 
@@ -104,9 +105,18 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
     for (char c : port) value = c >= '0' && c <= '9' && value < 65536 ? value * 10 + (c - '0') : 65536;
     w.master_port = value > 0 && value < 65536 ? static_cast<uint16_t>(value) : 0;
   }
-  cluster_.invariants().WorkerStarted(WorkerStart{index, RoundKey{g->coordinator, round}, world_,
-                                                  launch.global_rank, launch.local_rank, w.pid,
-                                                  Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")});
+  WorkerStart start{index, RoundKey{g->coordinator, round}, world_, launch.global_rank, launch.local_rank,
+                    w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")};
+  if (index == 1 && sabotage_ == SimOptions::Sabotage::kWrongWorldSize) {
+    start.world_env = std::to_string(world_ + 1);
+  }
+  const bool twice = index == 1 && sabotage_ == SimOptions::Sabotage::kSpawnTwice && launch.local_rank == 0;
+  if (twice) {
+    WorkerStart again = start;
+    again.pid = next_pid_++;
+    cluster_.invariants().WorkerStarted(std::move(again));
+  }
+  cluster_.invariants().WorkerStarted(std::move(start));
   PerNode& mine = nodes_[index];
   mine.running.push_back(wi);
   g->workers.push_back(wi);
@@ -150,6 +160,7 @@ void Workers::SignalAll(uint32_t index, int round, int signal) {
     Worker& w = workers_[wi];
     if (w.round != round || !w.running) continue;
     w.signalled = true;
+    if (index == 1 && sabotage_ == SimOptions::Sabotage::kUnkillableWorkers) continue;
     if (signal == SIGKILL) {
       Exit(wi, now + Ns(kKillDelay), 0, SIGKILL, "");
     } else if (w.hung) {

@@ -14,6 +14,7 @@
 #include "schema/job_spec.h"
 #include "sim/event_queue.h"  // before kCollectiveTimeout: EventKind has an enumerator of that name
 #include "sim/prng.h"
+#include "sim/simulation.h"
 #include "sim/timeline.h"
 
 namespace ddprun::sim {
@@ -25,7 +26,7 @@ inline constexpr Duration kCollectiveTimeout = Minutes(10);
 
 class Workers {
  public:
-  Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed);
+  Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOptions::Sabotage sabotage);
 
   /// The world size every round has: that of the job node 0's coordinator runs.
   void SetWorld(int world) { world_ = world; }
@@ -122,6 +123,7 @@ class Workers {
   Cluster& cluster_;
   const JobSpec& spec_;
   Prng rng_;
+  SimOptions::Sabotage sabotage_;
   int world_ = 0;
   std::vector<PerNode> nodes_;
   std::vector<Worker> workers_;

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "tests/sim/sim_test_util.h"
 
 namespace ddprun::testing {
 namespace {
@@ -249,6 +252,41 @@ TEST_F(InvariantsTest, ExitThreeWithoutAFaultThatKeptANodeAway) {
   invariants_.AtEnd(300 * kSecond, end);
   EXPECT_EQ(Violation(), "the rendezvous failed (exit 3) although no fault kept a node away long enough "
                          "(at 5m00s)");
+}
+
+// Through the whole simulator: a misbehaving node (a test-only sabotage) makes the invariant
+// fire in a real run, printed as the user sees it.
+using Sabotage = sim::SimOptions::Sabotage;
+
+TEST(InvariantsFireInTheSimulatorTest, WrongWorldSize) {
+  const SimRun run = Simulate(SmallJob(), {}, std::nullopt, false, Sabotage::kWrongWorldSize);
+  EXPECT_EQ(run.result.exit_code, 70);
+  EXPECT_EQ(run.result.violation.value_or(""), "node 1 rank 2: WORLD_SIZE=5 but the job has 4 ranks (at 0ms)");
+  EXPECT_THAT(run.output, ::testing::HasSubstr("] INVARIANT VIOLATED: node 1 rank 2: WORLD_SIZE=5 but the job has 4 "
+                                               "ranks\n"));
+}
+
+TEST(InvariantsFireInTheSimulatorTest, RankStartedWhileItsHolderRuns) {
+  const SimRun run = Simulate(SmallJob(), {}, std::nullopt, false, Sabotage::kSpawnTwice);
+  EXPECT_EQ(run.result.violation.value_or(""), "one holder per rank: rank 2 starts on node 1 in round 0 while rank 2 "
+                                               "of round 0 still runs on node 1 (pid 1003) (at 0ms)");
+}
+
+TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheRound) {
+  const SimRun run = Simulate(SmallJob(), {"worker-exit@7m:node=0,local_rank=0,exit_code=3"}, std::nullopt,
+                              false, Sabotage::kUnkillableWorkers);
+  // The agent gives up on workers that survive SIGKILL and rejoins; the next round must not
+  // start their ranks while they run.
+  EXPECT_EQ(run.result.violation.value_or(""), "one holder per rank: rank 2 starts on node 1 in round 1 while rank 2 "
+                                               "of round 0 still runs on node 1 (pid 1002) (at 7m50s)");
+}
+
+TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease) {
+  const SimRun run = Simulate(SmallJob(), {"partition@6m:node=1,duration=5m"}, std::nullopt, false,
+                              Sabotage::kUnkillableWorkers);
+  EXPECT_EQ(run.result.violation.value_or(""), "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
+                                               "heard from the coordinator or resumed; an agent stops its workers "
+                                               "within 1m06s (at 7m04s)");
 }
 
 }  // namespace
