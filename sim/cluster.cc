@@ -135,7 +135,10 @@ void Cluster::StartNode(uint32_t index) {
   const std::string error = n.host->Start();
   // Every coordinator that listens is a fresh one (a rebooted node 0, or an extra agent that
   // claims rank 0 once node 0 is gone): its rounds are numbered from 0 again.
-  if (error.empty() && n.host->coordinator()) ++coordinator_incarnation_;
+  if (error.empty() && n.host->coordinator()) {
+    ++coordinator_incarnation_;
+    if (index == 0) node0_incarnation_ = coordinator_incarnation_;
+  }
   SetPhase(index);
   if (!error.empty()) {
     PrintSim(index, fmt::format("cannot listen on {}:{}: {}", spec_.cluster.master_addr,
@@ -289,8 +292,10 @@ void Cluster::ObserveCoordinator() {
   if (!coordinator) return;
   const int restarts = coordinator->restarts_used();
   invariants_.CoordinatorRestarts(restarts);
-  if (coordinator_incarnation_ != observed_incarnation_) {
-    observed_incarnation_ = coordinator_incarnation_;
+  // Node 0's coordinator only (an extra agent that claims rank 0 runs another job): its count
+  // starts again from 0 when node 0 reboots.
+  if (node0_incarnation_ != observed_incarnation_) {
+    observed_incarnation_ = node0_incarnation_;
     last_coordinator_restarts_ = 0;
   }
   if (restarts > last_coordinator_restarts_) {

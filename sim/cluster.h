@@ -147,6 +147,7 @@ class Cluster {
   uint64_t coordinator_incarnation_ = 0;
   int last_coordinator_restarts_ = 0;
   uint64_t observed_incarnation_ = 0;
+  uint64_t node0_incarnation_ = 0;     // the incarnation of node 0's own coordinator
   int64_t unfinished_ = 0;             // nodes that may still act (not exited, not down for good)
   bool rendezvous_fault_ = false;      // a fault that may justify exit 3
   uint64_t condensed_lines_ = 0;
