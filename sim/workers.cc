@@ -41,6 +41,17 @@ std::string Env(const EnvList& env, std::string_view name) {
   return "";
 }
 
+// A TCP port from its decimal text; 0 (no store to host or dial) for anything else.
+uint16_t Port(const std::string& text) {
+  if (text.empty() || text.size() > 5) return 0;
+  int value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return 0;
+    value = value * 10 + (c - '0');
+  }
+  return value < 65536 ? static_cast<uint16_t>(value) : 0;
+}
+
 }  // namespace
 
 Workers::Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOptions::Sabotage sabotage)
@@ -99,12 +110,7 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.global_rank = launch.global_rank;
   w.pid = next_pid_++;
   w.coordinator = g->coordinator;
-  {
-    const std::string port = Env(launch.env, "MASTER_PORT");
-    int value = 0;
-    for (char c : port) value = c >= '0' && c <= '9' && value < 65536 ? value * 10 + (c - '0') : 65536;
-    w.master_port = value > 0 && value < 65536 ? static_cast<uint16_t>(value) : 0;
-  }
+  w.master_port = Port(Env(launch.env, "MASTER_PORT"));
   WorkerStart start{index, RoundKey{g->coordinator, round}, world_, launch.global_rank, launch.local_rank,
                     w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")};
   if (index == 1 && sabotage_ == SimOptions::Sabotage::kWrongWorldSize) {
