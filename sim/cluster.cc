@@ -1,7 +1,6 @@
 #include "sim/cluster.h"
 
 #include <algorithm>
-#include <cassert>
 #include <csignal>
 
 #include <fmt/format.h>
@@ -11,26 +10,6 @@
 #include "schema/loader.h"
 
 namespace ddprun::sim {
-namespace {
-
-// Random node crashes model a failed machine coming back (or its replacement taking over).
-constexpr Duration kRandomRebootMin = Minutes(3);
-constexpr Duration kRandomRebootMax = Minutes(10);
-// How long a slow joiner waits when the fault gives no duration.
-constexpr Duration kDefaultSlowJoin = Minutes(1);
-
-int64_t Ns(Duration d) { return d.count(); }
-
-// Random worker failures, as they show up in large training runs.
-constexpr std::string_view kRandomFailures[] = {
-    "RuntimeError: CUDA error: an illegal memory access was encountered",
-    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled "
-    "system error (run with NCCL_DEBUG=INFO for details)",
-    "RuntimeError: CUDA error: uncorrectable ECC error encountered",
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-};
-
-}  // namespace
 
 TimePoint SimClock::Now() const { return cluster_->now(); }
 
@@ -40,19 +19,26 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
       options_(options),
       out_(options.quiet ? nullptr : out),
       timeline_(timeline),
-      net_rng_(options.seed, 1),
-      worker_rng_(options.seed, 2),
       fault_rng_(options.seed, 3),
       instance_rng_(options.seed, 4),
-      clock_(this) {
+      clock_(this),
+      invariants_(
+          InvariantBounds{
+              spec.restart.max_restarts, spec.WorldSize(),
+              spec.timeouts.stop_grace + 3 * spec.timeouts.heartbeat + kStopSlack,
+              3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack},
+          [this](int64_t at_ns) {
+            Event check;
+            check.kind = EventKind::kCheck;
+            queue_.Push(TimePoint(Duration(at_ns)), check);
+          }),
+      network_(*this, spec, options.network, options.seed),
+      workers_(*this, spec, options.seed, options.sabotage) {
   job_nodes_ = spec_.cluster.nnodes;
   condense_ = job_nodes_ > options_.condense_above;
-  checkpoint_every_ns_ = Ns(spec_.simulate.checkpoint_every);
-  train_time_ns_ = Ns(spec_.simulate.train_time);
-  stats_.train_target_ns = train_time_ns_;
+  stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
-  conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
 Cluster::~Cluster() {
@@ -85,6 +71,9 @@ uint32_t Cluster::AddNode(int rank, const JobSpec* spec, bool extra) {
   nodes_.back()->label.reserve(nodes_.back()->label.size());
   nodes_.back()->host_name = std::move(host_name);
   ++unfinished_;
+  invariants_.AddNode(index, nodes_.back()->label);
+  network_.AddNode();
+  workers_.AddNode();
   if (timeline_) {
     timeline_->labels.push_back(extra ? nodes_.back()->label
                                       : fmt::format("node {} ({})", rank, nodes_.back()->host_name));
@@ -108,275 +97,15 @@ void Cluster::BuildNodes() {
     own[r]->cluster.nproc_per_node = nproc > 1 ? nproc / 2 : nproc + 1;
     specs[r] = own[r].get();
   }
+  // Node 0's coordinator decides what the job is: when every node runs the same changed file,
+  // no node differs, and the job they agree on is the one to check against.
+  workers_.SetWorld(specs[0]->WorldSize());
+  // Node 0's lines (and its coordinator's) are always shown, whatever the cluster's size.
   for (int rank = 0; rank < job_nodes_; ++rank) {
     const uint32_t index = AddNode(rank, specs[static_cast<size_t>(rank)], false);
     nodes_[index]->own_spec = std::move(own[static_cast<size_t>(rank)]);
   }
-}
-
-void Cluster::ScheduleFaults() {
-  std::vector<int64_t> start(static_cast<size_t>(job_nodes_), 0);
-  int64_t heal_ns = 0;
-  bool permanent = false;
-  const int64_t rendezvous = Ns(spec_.timeouts.rendezvous);
-  auto long_outage = [&](std::optional<Duration> d) {
-    return !d || Ns(*d) >= rendezvous / 2;
-  };
-  for (const FaultSpec& fault : spec_.simulate.faults) {
-    if (fault.node >= 0 && fault.node < job_nodes_) nodes_[static_cast<size_t>(fault.node)]->focus = true;
-    const int64_t at = Ns(fault.at);
-    switch (fault.kind) {
-      case FaultKind::kSlowJoiner: {
-        const int64_t s = at + Ns(fault.duration.value_or(kDefaultSlowJoin));
-        auto& slot = start[static_cast<size_t>(fault.node)];
-        slot = std::max(slot, s);
-        heal_ns = std::max(heal_ns, s);
-        if (long_outage(fault.duration.value_or(kDefaultSlowJoin))) rendezvous_fault_ = true;
-        continue;
-      }
-      case FaultKind::kJobFileDiffers:
-      case FaultKind::kDuplicateNodeRank:
-        rendezvous_fault_ = true;
-        break;
-      case FaultKind::kNodeCrash:
-        if (!fault.reboot_after) permanent = true;
-        heal_ns = std::max(heal_ns, at + (fault.reboot_after ? Ns(*fault.reboot_after) : 0));
-        if (!fault.reboot_after || Ns(*fault.reboot_after) + Ns(Minutes(1)) >= rendezvous / 2 ||
-            fault.node == 0) {
-          rendezvous_fault_ = true;
-        }
-        break;
-      case FaultKind::kAgentHang:
-      case FaultKind::kPartition:
-      case FaultKind::kMasterPortBlocked:
-      case FaultKind::kWorkerHang:
-        if (!fault.duration) permanent = true;
-        heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
-        if (fault.kind != FaultKind::kWorkerHang && long_outage(fault.duration)) rendezvous_fault_ = true;
-        break;
-      case FaultKind::kWorkerExit:
-        heal_ns = std::max(heal_ns, at);
-        break;
-    }
-    ScheduleFault(fault, false);
-  }
-  for (int rank = 0; rank < job_nodes_; ++rank) {
-    const auto index = static_cast<uint32_t>(rank);
-    queue_.PushCall(TimePoint(Duration(start[static_cast<size_t>(rank)])), [this, index] {
-      if (nodes_[index]->pending_start) StartNode(index);
-    });
-  }
-  const int64_t max_time = Ns(spec_.simulate.max_time);
-  random_faults_until_ns_ = max_time / 2;
-  if (spec_.simulate.node_mtbf) {
-    ScheduleRandomNodeCrash(TimePoint(Duration(0)));
-    heal_ns = std::max(heal_ns, random_faults_until_ns_ + Ns(kRandomRebootMax));
-    rendezvous_fault_ = rendezvous_fault_ || Ns(kRandomRebootMax) >= rendezvous / 2;
-  }
-  if (spec_.simulate.worker_mtbf) {
-    ScheduleRandomWorkerExit(TimePoint(Duration(0)));
-    heal_ns = std::max(heal_ns, random_faults_until_ns_);
-  }
-  // Liveness: once every fault has healed, each round can take at most this long, and the
-  // restart budget bounds the number of rounds.
-  const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 +
-                          static_cast<double>(train_time_ns_) +
-                          static_cast<double>(Ns(kCollectiveTimeout)) +
-                          static_cast<double>(Ns(spec_.timeouts.stop_grace)) +
-                          3.0 * static_cast<double>(Ns(spec_.timeouts.heartbeat)) +
-                          static_cast<double>(Ns(spec_.restart.backoff)) +
-                          static_cast<double>(Ns(Minutes(2)));
-  const double deadline = static_cast<double>(heal_ns) + 2.0 * static_cast<double>(rendezvous) +
-                          (spec_.restart.max_restarts + 2.0) * round_ns;
-  (void)permanent;
-  if (deadline < static_cast<double>(max_time)) {
-    limit_ns_ = static_cast<int64_t>(deadline);
-    liveness_limit_ = true;
-  } else {
-    limit_ns_ = max_time;
-  }
-}
-
-void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
-  const Duration mean = *spec_.simulate.node_mtbf / job_nodes_;
-  const TimePoint at = from + fault_rng_.Exponential(mean);
-  if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
-  queue_.PushCall(at, [this] {
-    if (job_completed_ || unfinished_ == 0) return;
-    const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(job_nodes_)));
-    // A machine comes back only after its old connection was declared dead (3 heartbeats):
-    // a faster return is refused as a duplicate node rank (a known protocol limit).
-    const Duration floor = 3 * spec_.timeouts.heartbeat + Minutes(1);
-    const Duration reboot = std::chrono::duration_cast<std::chrono::seconds>(
-        fault_rng_.Between(std::max(kRandomRebootMin, floor), std::max(kRandomRebootMax, floor + Minutes(7))));
-    if (nodes_[index]->up && !nodes_[index]->finished) {
-      ++stats_.faults_injected;
-      nodes_[index]->focus = true;
-      if (timeline_) timeline_->focus[index] = true;
-      CrashNode(index, reboot, "random failure (simulate.node_mtbf)");
-    }
-    ScheduleRandomNodeCrash(now());
-  });
-}
-
-void Cluster::ScheduleRandomWorkerExit(TimePoint from) {
-  const Duration mean = *spec_.simulate.worker_mtbf / spec_.WorldSize();
-  const TimePoint at = from + fault_rng_.Exponential(mean);
-  if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
-  queue_.PushCall(at, [this] {
-    if (job_completed_ || unfinished_ == 0) return;
-    const int nproc = spec_.cluster.nproc_per_node;
-    const auto rank = static_cast<int>(fault_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
-    const auto text = kRandomFailures[fault_rng_.Below(std::size(kRandomFailures))];
-    const auto index = static_cast<uint32_t>(rank / nproc);
-    Node& n = *nodes_[index];
-    const bool any = std::any_of(n.workers.begin(), n.workers.end(), [&](uint32_t w) {
-      return workers_[w].local_rank == rank % nproc && workers_[w].running && !workers_[w].signalled;
-    });
-    if (any) {
-      ++stats_.faults_injected;
-      n.focus = true;
-      if (timeline_) timeline_->focus[index] = true;
-      FailWorker(index, rank % nproc, 1, std::string(text), "random failure (simulate.worker_mtbf)");
-    }
-    ScheduleRandomWorkerExit(now());
-  });
-}
-
-void Cluster::ScheduleFault(const FaultSpec& fault, bool random) {
-  (void)random;
-  const TimePoint at = AtOffset(fault.at);
-  const auto index = static_cast<uint32_t>(fault.node);
-  if (timeline_ && index < timeline_->focus.size()) timeline_->focus[index] = true;
-  queue_.PushCall(at, [this, fault, index] {
-    ++stats_.faults_injected;
-    Node& n = *nodes_[index];
-    const std::string name(FaultKindName(fault.kind));
-    switch (fault.kind) {
-      case FaultKind::kNodeCrash:
-        if (n.finished || !n.up) {
-          PrintSim(index, "node-crash skipped: the node is not running");
-          return;
-        }
-        CrashNode(index, fault.reboot_after, "fault node-crash");
-        return;
-      case FaultKind::kAgentHang: {
-        if (!n.up || n.finished) {
-          PrintSim(index, "agent-hang skipped: the node is not running");
-          return;
-        }
-        const uint32_t incarnation = n.incarnation;
-        if (fault.duration) {
-          n.hung_until_ns = std::max(n.hung_until_ns, now_ns_ + Ns(*fault.duration));
-          PrintSim(index, fmt::format("agent hangs for {} (its workers keep running)",
-                                      FormatDuration(*fault.duration)));
-          AddMark(index, MarkKind::kFault, "agent hang", n.hung_until_ns);
-          queue_.PushCall(TimePoint(Duration(n.hung_until_ns)), [this, index, incarnation] {
-            Node& m = *nodes_[index];
-            if (m.incarnation != incarnation || !m.up || m.hung_forever || m.hung_until_ns > now_ns_) return;
-            m.last_hang_end_ns = now_ns_;
-            PrintSim(index, "agent resumes");
-          });
-        } else {
-          n.hung_forever = true;
-          n.hung_until_ns = INT64_MAX;
-          PrintSim(index, "agent hangs for good (its workers keep running)");
-          AddMark(index, MarkKind::kFault, "agent hang (for good)");
-          if (!n.finished) {
-            n.finished = true;  // terminal for the run: it will never act again
-            --unfinished_;
-            n.finished = false;
-          }
-        }
-        return;
-      }
-      case FaultKind::kWorkerExit:
-        FailWorker(index, fault.local_rank.value_or(0), fault.exit_code,
-                   fmt::format("RuntimeError: simulated failure (fault worker-exit, exit code {})",
-                               fault.exit_code),
-                   "fault worker-exit");
-        return;
-      case FaultKind::kWorkerHang:
-        HangWorker(index, fault.local_rank.value_or(0), fault.duration);
-        return;
-      case FaultKind::kPartition: {
-        std::vector<int> peers = fault.peers;
-        if (peers.empty()) {
-          if (fault.node != 0) {
-            peers.push_back(0);
-          } else {
-            for (int r = 1; r < job_nodes_; ++r) peers.push_back(r);
-          }
-        }
-        for (int p : peers) {
-          const auto a = static_cast<uint32_t>(std::min(fault.node, p));
-          const auto b = static_cast<uint32_t>(std::max(fault.node, p));
-          ++cuts_[{a, b}];
-          if (timeline_) timeline_->focus[static_cast<size_t>(p)] = true;
-        }
-        ++active_partitions_;
-        const std::string who =
-            peers.size() <= 8 ? fmt::format("node {}", fmt::join(peers, ", node "))
-                              : fmt::format("{} nodes", peers.size());
-        PrintSim(std::nullopt,
-                 fmt::format("network: partition: node {} cut off from {}{}", fault.node, who,
-                             fault.duration ? " for " + FormatDuration(*fault.duration) : ""));
-        const int64_t end = fault.duration ? now_ns_ + Ns(*fault.duration) : -1;
-        AddMark(index, MarkKind::kFault, "partition", end);
-        UpdateTraining();
-        if (fault.duration) {
-          queue_.PushCall(TimePoint(Duration(end)), [this, fault, peers] {
-            for (int p : peers) {
-              const auto a = static_cast<uint32_t>(std::min(fault.node, p));
-              const auto b = static_cast<uint32_t>(std::max(fault.node, p));
-              auto it = cuts_.find({a, b});
-              if (it != cuts_.end() && --it->second == 0) cuts_.erase(it);
-            }
-            --active_partitions_;
-            PrintSim(std::nullopt, fmt::format("network: partition of node {} healed", fault.node));
-            HealPaths();
-            UpdateTraining();
-          });
-        }
-        return;
-      }
-      case FaultKind::kMasterPortBlocked:
-        if (fault.duration) {
-          port_blocked_until_ns_ = std::max(port_blocked_until_ns_, now_ns_ + Ns(*fault.duration));
-          const int64_t end = port_blocked_until_ns_;
-          PrintSim(std::nullopt,
-                   fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
-                               spec_.cluster.master_port, spec_.cluster.master_addr,
-                               FormatDuration(*fault.duration)));
-          AddMark(Mark::kJob, MarkKind::kFault, "master port blocked", end);
-          queue_.PushCall(TimePoint(Duration(end)), [this] {
-            if (port_blocked_until_ns_ > now_ns_ || port_blocked_forever_) return;
-            PrintSim(std::nullopt, fmt::format("network: TCP port {} open again", spec_.cluster.master_port));
-          });
-        } else {
-          port_blocked_forever_ = true;
-          PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked (new connections "
-                                             "time out)",
-                                             spec_.cluster.master_port, spec_.cluster.master_addr));
-          AddMark(Mark::kJob, MarkKind::kFault, "master port blocked");
-        }
-        return;
-      case FaultKind::kSlowJoiner:
-        return;  // handled by the node's start time
-      case FaultKind::kJobFileDiffers:
-        return;  // handled by the node's own spec
-      case FaultKind::kDuplicateNodeRank: {
-        const uint32_t extra = AddNode(fault.node, &spec_, true);
-        nodes_[extra]->focus = true;
-        if (timeline_) timeline_->focus[extra] = true;
-        PrintSim(extra, fmt::format("a second agent starts on {} and claims node rank {}",
-                                    nodes_[extra]->host_name, fault.node));
-        StartNode(extra);
-        return;
-      }
-    }
-    (void)name;
-  });
+  nodes_[0]->focus = true;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -399,12 +128,17 @@ void Cluster::StartNode(uint32_t index) {
   config.ddprun_version = DDPRUN_VERSION;
   config.logs_dir = n.spec->logs.dir;
   config.inherited_env = {{"HOME", "/home/ddp"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}};
-  if (n.rank == 0 && !n.extra) ++coordinator_incarnation_;
   host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console};
   if (reboot) PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });
   const std::string error = n.host->Start();
+  // Every coordinator that listens is a fresh one (a rebooted node 0, or an extra agent that
+  // claims rank 0 once node 0 is gone): its rounds are numbered from 0 again.
+  if (error.empty() && n.host->coordinator()) {
+    ++coordinator_incarnation_;
+    if (index == 0) node0_incarnation_ = coordinator_incarnation_;
+  }
   SetPhase(index);
   if (!error.empty()) {
     PrintSim(index, fmt::format("cannot listen on {}:{}: {}", spec_.cluster.master_addr,
@@ -420,33 +154,8 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
                               reboot_after ? "; reboots in " + HumanDuration(*reboot_after)
                                            : "; stays down"));
   AddMark(index, MarkKind::kFault, "crash");
-  // Its workers vanish with it: no exit codes, no notification.
-  std::optional<uint64_t> hit_gang;
-  for (uint32_t wi : n.workers) {
-    Worker& w = workers_[wi];
-    w.running = false;
-    auto it = gangs_.find(w.gang);
-    if (it != gangs_.end()) {
-      Gang& g = it->second;
-      --g.running;
-      if (w.ready) --g.ready;
-      if (w.hung) --g.hung;
-      g.rank_state[static_cast<size_t>(w.global_rank)] = 3;
-      hit_gang = w.gang;
-    }
-    free_workers_.push_back(wi);
-  }
-  n.workers.clear();
   // Its sockets go silent: no FIN, no RST, until the machine is back.
-  for (uint64_t c : n.conns) {
-    for (Side& side : conns_[c].side) {
-      if (side.node == index && side.incarnation == n.incarnation) side.open = false;
-    }
-  }
-  n.conns.clear();
-  for (auto it = listeners_.begin(); it != listeners_.end();) {
-    it = it->second == index ? listeners_.erase(it) : std::next(it);
-  }
+  network_.Silence(index);
   n.host.reset();
   n.tevents = nullptr;
   n.pevents = nullptr;
@@ -456,15 +165,13 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
   n.armed_ns.reset();
   n.queued_ns.reset();
   n.hung_until_ns = 0;
+  invariants_.AgentGone(index);
   if (n.hung_forever) {
     n.hung_forever = false;
     ++unfinished_;
   }
-  n.ready_gang = 0;
-  if (hit_gang) {
-    Gang& g = gangs_[*hit_gang];
-    BreakGang(g, false, fmt::format("{} crashed", NodeLabel(index)));
-  }
+  // Its workers vanish with it: no exit codes, no notification.
+  workers_.Vanish(index);
   if (reboot_after) {
     n.pending_start = true;
     queue_.PushCall(now() + *reboot_after, [this, index] {
@@ -473,7 +180,7 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
   } else {
     --unfinished_;
   }
-  UpdateTraining();
+  workers_.UpdateTraining();
   SetPhase(index);
 }
 
@@ -486,39 +193,17 @@ void Cluster::OnNodeExit(uint32_t index, int code) {
   stats_.end_ns = std::max(stats_.end_ns, now_ns_);
   PrintSim(index, fmt::format("agent exited with code {}", code));
   AddMark(index, MarkKind::kExit, fmt::format("exit {}", code));
-  if (!n.workers.empty()) {
-    Violation(fmt::format("{}'s agent exited with {} worker(s) still running", NodeLabel(index),
-                          n.workers.size()));
-  }
-  if (code == 0 && n.host) {
-    const int round = n.host->agent().round();
-    const Gang* found = nullptr;
-    for (const auto& [id, g] : gangs_) {
-      if (g.coordinator == coordinator_incarnation_ && g.round == round) found = &g;
-    }
-    if (!found || found->exited_zero != found->world) {
-      Violation(fmt::format("{} exited 0 but only {} of {} ranks of round {} exited 0",
-                            NodeLabel(index), found ? found->exited_zero : 0, spec_.WorldSize(),
-                            round));
-    }
-  }
+  std::optional<RoundKey> round;
+  if (n.host && n.host->agent().round() >= 0) round = RoundKey{coordinator_incarnation_, n.host->agent().round()};
+  invariants_.AgentExited(index, code, round);
   // The process is gone: the kernel closes its sockets (FIN) once this event is over.
   queue_.PushCall(now(), [this, index] { ReleaseNode(index); });
   SetPhase(index);
 }
 
 void Cluster::ReleaseNode(uint32_t index) {
-  Node& n = *nodes_[index];
-  if (!n.up || !n.finished) return;
-  for (uint64_t c : n.conns) {
-    for (int s = 0; s < 2; ++s) {
-      const Side& side = conns_[c].side[s];
-      if (side.node == index && side.incarnation == n.incarnation && side.open) CloseSide(c, s, true);
-    }
-  }
-  for (auto it = listeners_.begin(); it != listeners_.end();) {
-    it = it->second == index ? listeners_.erase(it) : std::next(it);
-  }
+  const Node& n = *nodes_[index];
+  if (n.up && n.finished) network_.Release(index);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -539,7 +224,7 @@ void Cluster::Dispatch(const Event& event) {
   switch (event.kind) {
     case EventKind::kTimer: {
       Node& n = *nodes_[event.node];
-      if (event.a != n.timer_gen) return;
+      if (event.generation != n.timer_gen) return;
       if (DeferIfHung(event.node, event)) return;
       n.queued_ns.reset();
       if (!n.armed_ns) return;
@@ -547,7 +232,7 @@ void Cluster::Dispatch(const Event& event) {
         ++n.timer_gen;
         n.queued_ns = n.armed_ns;
         Event again = event;
-        again.a = n.timer_gen;
+        again.generation = n.timer_gen;
         queue_.Push(TimePoint(Duration(*n.armed_ns)), again);
         return;
       }
@@ -558,42 +243,43 @@ void Cluster::Dispatch(const Event& event) {
     }
     case EventKind::kPump:
       if (DeferIfHung(event.node, event)) return;
-      Pump(event.a, static_cast<int>(event.b));
+      network_.Pump(event.target, event.side);
       SetPhase(event.node);
       return;
     case EventKind::kConnectDone:
       if (DeferIfHung(event.node, event)) return;
-      ConnectDone(event.a);
+      network_.ConnectDone(event.target);
       return;
     case EventKind::kAccept:
       if (DeferIfHung(event.node, event)) return;
-      Accept(event.a);
+      network_.Accept(event.target);
       return;
     case EventKind::kWorkerReady:
-      WorkersReady(event.node, event.a);
+      workers_.Ready(event.node, event.target);
       return;
-    case EventKind::kWorkerExit: {
-      const auto wi = static_cast<uint32_t>(event.a);
-      if (wi < workers_.size() && workers_[wi].running && workers_[wi].exit_gen == event.b) {
-        WorkerExited(wi);
-      }
+    case EventKind::kWorkerExit:
+      workers_.ExitEvent(static_cast<uint32_t>(event.target), event.generation);
       return;
-    }
     case EventKind::kWorkerNotify:
       if (DeferIfHung(event.node, event)) return;
-      NotifyExit(static_cast<uint32_t>(event.a));
+      workers_.Notify(static_cast<uint32_t>(event.target));
       return;
     case EventKind::kTrainingDone:
-      TrainingDone(event.a, event.b);
+      workers_.TrainingDone(event.target, event.generation);
       return;
     case EventKind::kPeerFailure:
-      PeerFailure(event.node, event.a);
+      workers_.PeerFailure(event.node, event.target);
       return;
     case EventKind::kCollectiveTimeout:
-      CollectiveTimeout(event.a, event.b);
+      workers_.CollectiveTimeout(event.target, event.generation);
       return;
+    case EventKind::kStoreConnect:
+      workers_.StoreConnect(static_cast<uint32_t>(event.target), event.generation);
+      return;
+    case EventKind::kCheck:
+      return;  // Run checks the invariants after every event
     case EventKind::kCall: {
-      auto call = queue_.TakeCall(event.a);
+      auto call = queue_.TakeCall(event.target);
       call();
       return;
     }
@@ -605,12 +291,11 @@ void Cluster::ObserveCoordinator() {
   const core::Coordinator* coordinator = nodes_[0]->host->coordinator();
   if (!coordinator) return;
   const int restarts = coordinator->restarts_used();
-  if (restarts > spec_.restart.max_restarts) {
-    Violation(fmt::format("the coordinator used {} restarts; restart.max_restarts = {}", restarts,
-                          spec_.restart.max_restarts));
-  }
-  if (coordinator_incarnation_ != observed_incarnation_) {
-    observed_incarnation_ = coordinator_incarnation_;
+  invariants_.CoordinatorRestarts(restarts);
+  // Node 0's coordinator only (an extra agent that claims rank 0 runs another job): its count
+  // starts again from 0 when node 0 reboots.
+  if (node0_incarnation_ != observed_incarnation_) {
+    observed_incarnation_ = node0_incarnation_;
     last_coordinator_restarts_ = 0;
   }
   if (restarts > last_coordinator_restarts_) {
@@ -628,7 +313,7 @@ SimResult Cluster::Run() {
                                    spec_.cluster.nproc_per_node, options_.seed);
   }
   bool deadlock = false;
-  while (!violation_) {
+  while (!invariants_.violation()) {
     if (queue_.Empty()) {
       deadlock = unfinished_ > 0;
       break;
@@ -638,41 +323,31 @@ SimResult Cluster::Run() {
     now_ns_ = event.time_ns;
     Dispatch(event);
     ++stats_.events;
-    if (event.node == 0 || event.kind == EventKind::kCall) ObserveCoordinator();
+    ObserveCoordinator();
+    invariants_.AfterEvent(now_ns_);
+    ReportViolation();
     stats_.peak_queue = std::max<uint64_t>(stats_.peak_queue, queue_.size());
     if (unfinished_ == 0) break;
   }
-  if (!violation_ && unfinished_ > 0) {
-    std::vector<std::string> names;
-    for (const auto& n : nodes_) {
-      if (n->finished || n->hung_forever || (!n->up && !n->pending_start)) continue;
-      if (names.size() < 8) names.push_back(n->label);
-    }
-    const std::string who = fmt::format("{}{}", fmt::join(names, ", "),
-                                        unfinished_ > 8 ? fmt::format(" and {} more", unfinished_ - 8) : "");
-    if (deadlock) {
-      Violation(fmt::format("hang: nothing left to happen but {} never finished", who));
-    } else if (liveness_limit_) {
-      Violation(fmt::format("hang: {} still running {} after the start, past the liveness bound "
-                            "(all faults healed; the restart budget bounds the rounds)",
-                            who, HumanDuration(Duration(limit_ns_))));
-    } else {
-      Violation(fmt::format("hang: {} still running when simulate.max_time = {} was reached", who,
-                            FormatDuration(spec_.simulate.max_time)));
-    }
+  RunEnd end;
+  end.deadlock = deadlock;
+  end.liveness_limit = liveness_limit_;
+  end.limit_ns = limit_ns_;
+  end.max_time = spec_.simulate.max_time;
+  end.rendezvous_fault = rendezvous_fault_;
+  end.unfinished_count = unfinished_;
+  for (const auto& n : nodes_) {
+    if (unfinished_ == 0 || end.unfinished.size() >= 8) break;
+    if (n->finished || n->hung_forever || (!n->up && !n->pending_start)) continue;
+    end.unfinished.push_back(n->label);
   }
-  return Finish();
+  return Finish(end);
 }
 
-SimResult Cluster::Finish() {
+SimResult Cluster::Finish(RunEnd& end) {
   SimResult result;
   if (stats_.end_ns == 0) stats_.end_ns = now_ns_;
-  Gang* g = CurrentGang();
-  if (g && g->training) {
-    progress_ns_ += now_ns_ - g->training_since_ns;
-    stats_.training_ns += now_ns_ - g->training_since_ns;
-  }
-  stats_.useful_ns = std::min(progress_ns_, train_time_ns_);
+  workers_.Finish();
   for (const auto& n : nodes_) {
     NodeOutcome outcome;
     outcome.node_rank = n->rank;
@@ -706,18 +381,12 @@ SimResult Cluster::Finish() {
       }
     }
   }
-  if (!violation_ && result.exit_code == 1) {
-    const bool spent = stats_.restarts_used >= spec_.restart.max_restarts;
-    if (!spent) {
-      Violation(fmt::format("the job failed (exit 1) with restarts left ({} of {} used)",
-                            stats_.restarts_used, spec_.restart.max_restarts));
-    }
-  }
-  if (!violation_ && result.exit_code == 3 && !rendezvous_fault_) {
-    Violation("the rendezvous failed (exit 3) although no fault kept a node away long enough");
-  }
-  result.violation = violation_;
-  if (violation_) result.exit_code = 70;
+  end.exit_code = result.exit_code;
+  end.restarts_used = stats_.restarts_used;
+  invariants_.AtEnd(now_ns_, end);
+  ReportViolation();
+  result.violation = invariants_.violation();
+  if (result.violation) result.exit_code = 70;
   result.repro = ReproCommand(options_);
   if (timeline_) {
     timeline_->end_ns = std::max(stats_.end_ns, now_ns_);
@@ -735,10 +404,10 @@ SimResult Cluster::Finish() {
 // ---------------------------------------------------------------------------------------
 // Output and checks
 
-void Cluster::Violation(const std::string& what) {
-  if (violation_) return;
-  violation_ = fmt::format("{} (at {})", what, HumanDuration(Duration(now_ns_)));
-  if (out_) *out_ << FormatSimTime(now_ns_) << " INVARIANT VIOLATED: " << what << "\n";
+void Cluster::ReportViolation() {
+  if (violation_printed_ || !invariants_.violation()) return;
+  violation_printed_ = true;
+  if (out_) *out_ << FormatSimTime(now_ns_) << " INVARIANT VIOLATED: " << invariants_.what() << "\n";
 }
 
 void Cluster::Print(uint32_t index, std::string_view who, std::string_view text) {
@@ -795,15 +464,10 @@ void Cluster::ConsoleLog(uint32_t index, core::LogLevel level, std::string_view 
   if (!out_) return;
   (void)level;
   if (source == "coordinator") {
-    // At scale, lines about one ordinary node ("node 17 (node-0017) joined ...") are condensed.
-    uint32_t subject = 0;
-    if (condense_ && text.starts_with("node ")) {
-      size_t i = 5;
-      int64_t rank = 0;
-      while (i < text.size() && text[i] >= '0' && text[i] <= '9') rank = rank * 10 + (text[i++] - '0');
-      if (i > 5 && rank < job_nodes_) subject = static_cast<uint32_t>(rank);
-    }
-    Print(subject, "coordinator", text);
+    // At scale, what the coordinator says about one ordinary node ("node 17 (node-0017) joined
+    // ...") is condensed with that node's own lines; lines about no node in particular are
+    // node 0's, always shown.
+    Print(subject_.value_or(0), "coordinator", text);
     return;
   }
   Print(index, NodeLabel(index), text);
@@ -828,21 +492,8 @@ void Cluster::SetPhase(uint32_t index) {
     phase = n.started_once ? NodePhase::kDown : NodePhase::kOff;
   } else if (n.finished) {
     phase = NodePhase::kDone;
-  } else if (!n.workers.empty()) {
-    const Worker& w = workers_[n.workers.front()];
-    round = w.round;
-    const Gang* g = CurrentGang();
-    const bool signalled = std::any_of(n.workers.begin(), n.workers.end(),
-                                       [&](uint32_t wi) { return workers_[wi].signalled; });
-    if (signalled) {
-      phase = NodePhase::kStopping;
-    } else if (g && g->id == w.gang && g->training) {
-      phase = NodePhase::kTraining;
-    } else if (w.ready) {
-      phase = NodePhase::kStalled;
-    } else {
-      phase = NodePhase::kStarting;
-    }
+  } else if (auto working = workers_.PhaseOf(index, &round)) {
+    phase = *working;
   } else if (n.host && n.host->agent().phase() == core::Agent::Phase::kWaiting &&
              n.host->agent().round() >= 0) {
     phase = NodePhase::kWaiting;
@@ -853,6 +504,10 @@ void Cluster::SetPhase(uint32_t index) {
   auto& row = timeline_->segments[index];
   if (!row.empty() && row.back().end_ns < 0) row.back().end_ns = now_ns_;
   row.push_back(Segment{now_ns_, -1, phase, round});
+}
+
+void Cluster::SetAllPhases() {
+  for (uint32_t i = 0; timeline_ && i < nodes_.size(); ++i) SetPhase(i);
 }
 
 void Cluster::AddMark(uint32_t node, MarkKind kind, std::string text, int64_t end_ns) {
@@ -878,14 +533,23 @@ std::vector<std::string> Split(std::string_view text) {
 void SimTimer::ArmAt(TimePoint when) { cluster_->ArmTimer(node_, when); }
 void SimTimer::Disarm() { cluster_->DisarmTimer(node_); }
 void SimTransport::SetEvents(host::TransportEvents* events) { cluster_->SetTransportEvents(node_, events); }
-std::string SimTransport::Listen(const std::string& addr, uint16_t port) { return cluster_->Listen(node_, addr, port); }
-ConnId SimTransport::Connect(const std::string& addr, uint16_t port) { return cluster_->Connect(node_, addr, port); }
-void SimTransport::Send(ConnId conn, std::vector<uint8_t> bytes) { cluster_->Send(node_, conn, std::move(bytes)); }
-void SimTransport::Close(ConnId conn) { cluster_->Close(node_, conn); }
-uint16_t SimTransport::ReserveStorePort() { return cluster_->ReserveStorePort(node_); }
+std::string SimTransport::Listen(const std::string& addr, uint16_t port) {
+  return cluster_->network().Listen(node_, addr, port);
+}
+ConnId SimTransport::Connect(const std::string& addr, uint16_t port) {
+  return cluster_->network().Connect(node_, addr, port);
+}
+void SimTransport::Send(ConnId conn, std::vector<uint8_t> bytes) {
+  cluster_->network().Send(node_, conn, std::move(bytes));
+}
+void SimTransport::Close(ConnId conn) { cluster_->network().Close(conn); }
+uint16_t SimTransport::ReserveStorePort() { return cluster_->network().ReserveStorePort(); }
+void SimTransport::SetStoreRelay(uint16_t port) { cluster_->network().SetStoreRelay(node_, port); }
 void SimLauncher::SetEvents(host::ProcessEvents* events) { cluster_->SetProcessEvents(node_, events); }
-void SimLauncher::Spawn(int round, const core::WorkerLaunch& launch) { cluster_->Spawn(node_, round, launch); }
-void SimLauncher::SignalAll(int round, int signal) { cluster_->SignalAll(node_, round, signal); }
+void SimLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
+  cluster_->workers().Spawn(node_, round, launch);
+}
+void SimLauncher::SignalAll(int round, int signal) { cluster_->workers().SignalAll(node_, round, signal); }
 void SimConsole::Log(core::LogLevel level, std::string_view source, std::string_view text) {
   cluster_->ConsoleLog(node_, level, source, text);
 }
@@ -901,18 +565,10 @@ void Cluster::ArmTimer(uint32_t index, TimePoint when) {
   Event event;
   event.kind = EventKind::kTimer;
   event.node = index;
-  event.a = n.timer_gen;
+  event.generation = n.timer_gen;
   queue_.Push(when, event);
 }
 
 void Cluster::DisarmTimer(uint32_t index) { nodes_[index]->armed_ns.reset(); }
-
-void Cluster::SetTransportEvents(uint32_t index, host::TransportEvents* events) {
-  nodes_[index]->tevents = events;
-}
-
-void Cluster::SetProcessEvents(uint32_t index, host::ProcessEvents* events) {
-  nodes_[index]->pevents = events;
-}
 
 }  // namespace ddprun::sim

@@ -1,7 +1,8 @@
 #include "sim/event_queue.h"
 
 #include <algorithm>
-#include <cassert>
+
+#include "runner/core/assert.h"
 
 namespace ddprun::sim {
 namespace {
@@ -32,12 +33,12 @@ void EventQueue::PushCall(TimePoint at, std::function<void()> call) {
   }
   Event event;
   event.kind = EventKind::kCall;
-  event.a = slot;
+  event.target = slot;
   Push(at, event);
 }
 
 Event EventQueue::Pop() {
-  assert(!heap_.empty());
+  DDPRUN_ASSERT(!heap_.empty());
   std::pop_heap(heap_.begin(), heap_.end(), Later);
   Event event = heap_.back();
   heap_.pop_back();

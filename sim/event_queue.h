@@ -13,26 +13,33 @@
 namespace ddprun::sim {
 
 enum class EventKind : uint8_t {
-  kTimer,          // a node's timer: node, a = generation
-  kPump,           // deliver queued bytes on a connection direction: a = connection, b = side
-  kConnectDone,    // a connect attempt finishes: a = connection
-  kAccept,         // the listening side sees a new connection: a = connection
-  kWorkerReady,    // a node's workers finished starting: node, a = worker-set generation
-  kWorkerExit,     // a worker process ends: a = worker index, b = exit generation
+  kTimer,          // a node's timer fires (generation: the timer's)
+  kPump,           // deliver queued bytes on one direction of a connection (target, side)
+  kConnectDone,    // a connect attempt finishes (target: the connection)
+  kAccept,         // the listening side sees a new connection (target: the connection)
+  kWorkerReady,    // a node's workers finished starting (target: the gang)
+  kWorkerExit,     // a worker process ends (target: the worker, generation: its exit's)
   kWorkerNotify,   // tell a node's agent that a worker exited (deferred while the agent hangs)
-  kTrainingDone,   // the round reaches train_time: a = gang generation
-  kPeerFailure,    // a node's workers notice a dead peer: node, a = gang generation
-  kCollectiveTimeout,  // the NCCL watchdog fires on a stalled gang: a = gang generation
-  kCall,           // a closure from the side table: a = slot
+  kTrainingDone,   // the round reaches train_time (target: the gang, generation: its done's)
+  kPeerFailure,    // a node's workers notice a dead peer (target: the gang)
+  kCollectiveTimeout,  // the NCCL watchdog fires on a stalled gang (target, generation)
+  kStoreConnect,   // a worker's PyTorch store client connects (target: worker, generation: pid)
+  kCheck,          // a time bound of an invariant comes due (sim/invariants.h); does nothing
+  kCall,           // a closure from the side table (target: the slot)
 };
 
+/// One scheduled event. The fields are named for what they hold; which ones an event kind uses
+/// is listed with the kind above. 40 bytes: the queue holds millions at scale.
 struct Event {
   int64_t time_ns = 0;
   uint64_t seq = 0;
+  /// What the event is about: a connection, worker, gang or call slot, by kind.
+  uint64_t target = 0;
+  /// Invalidates stale events: the event is dropped unless its target still has this one.
+  uint64_t generation = 0;
+  uint32_t node = 0;       // the node whose agent or workers the event concerns
   EventKind kind = EventKind::kCall;
-  uint32_t node = 0;
-  uint64_t a = 0;
-  uint64_t b = 0;
+  uint8_t side = 0;        // kPump: the side of the connection the bytes travel toward
 };
 
 class EventQueue {

@@ -45,6 +45,7 @@ class SimTransport final : public host::Transport {
   void Send(ConnId conn, std::vector<uint8_t> bytes) override;
   void Close(ConnId conn) override;
   uint16_t ReserveStorePort() override;
+  void SetStoreRelay(uint16_t port) override;
 
  private:
   Cluster* cluster_;

@@ -35,6 +35,16 @@ struct SimOptions {
   std::string job_path = "job.toml";
   std::vector<FaultSpec> flag_faults;
   std::optional<int> nodes_override;
+  /// Test-only: node 1's side of the simulated world misbehaves, so tests can watch an
+  /// invariant fire through the whole simulator (tests/sim/invariants_test.cc). The CLI never
+  /// sets it.
+  enum class Sabotage : uint8_t {
+    kNone,
+    kWrongWorldSize,     // node 1's workers get WORLD_SIZE one too large
+    kSpawnTwice,         // node 1 starts its first worker of each round twice
+    kUnkillableWorkers,  // node 1's workers ignore every signal (stuck in the kernel)
+  };
+  Sabotage sabotage = Sabotage::kNone;
 };
 
 /// How one node ended.
@@ -66,6 +76,7 @@ struct SimStats {
   int node_crashes = 0;
   int worker_failures = 0;               // workers that exited non-zero or were killed by faults
   int faults_injected = 0;
+  uint64_t store_clients = 0;            // store clients that reached rank 0's store (relayed or not)
   uint64_t peak_queue = 0;
 };
 

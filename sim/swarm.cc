@@ -86,7 +86,7 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
       swarm.failed_seeds.push_back(options.seed);
       out << fmt::format("seed {}: FAILED: {}\n  reproduce with: {}\n", options.seed, *result.violation,
                          result.repro);
-    } else {
+    } else if (!base.quiet) {
       out << fmt::format("seed {}: ok: exit {}, {} round{}, {} restart{}; faults: {}\n", options.seed,
                          result.exit_code, result.stats.rounds_started,
                          result.stats.rounds_started == 1 ? "" : "s", result.stats.restarts_used,

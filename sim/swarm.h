@@ -21,7 +21,8 @@ struct SwarmResult {
   std::vector<uint64_t> failed_seeds;
 };
 
-/// Runs seeds base.seed .. base.seed + count - 1. One line per seed goes to `out`.
+/// Runs seeds base.seed .. base.seed + count - 1. One line per seed goes to `out` (with
+/// base.quiet, only the failed seeds'), then the count of failures.
 SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std::ostream& out);
 
 }  // namespace ddprun::sim

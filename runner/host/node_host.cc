@@ -1,15 +1,15 @@
 #include "runner/host/node_host.h"
 
-#include <cassert>
-
 #include <fmt/format.h>
+
+#include "runner/core/assert.h"
 
 namespace ddprun::host {
 
 NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
                    std::function<void(int)> on_exit)
     : spec_(spec), ports_(ports), on_exit_(std::move(on_exit)), agent_(spec, config) {
-  assert(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
+  DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
   if (config.node_rank == 0) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
     // The instance is the driver's randomness; it seeds the challenge nonces.

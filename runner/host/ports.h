@@ -57,8 +57,7 @@ class Transport {
   virtual uint16_t ReserveStorePort() = 0;
   /// From now on, relay connections on the listening port that are not ddprun's (PyTorch store
   /// clients) byte for byte to 127.0.0.1:port, and end the relayed connections of the previous
-  /// round; 0 refuses them. The simulator does not model store traffic, so its transport keeps
-  /// this default.
+  /// round; 0 refuses them. The simulator models the relay's decisions (sim/store_relay.cc).
   virtual void SetStoreRelay(uint16_t /*port*/) {}
 };
 

@@ -150,6 +150,29 @@ TEST(ScenarioTest, RandomFailuresFromRatesAreInjected) {
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
 }
 
+TEST(ScenarioTest, StoreClientsReachTheirRoundsStoreThroughTheRelay) {
+  // 2 nodes x 2: ranks 1..3 dial master_port and node 0's relay carries them to rank 0's
+  // store, in each of the two rounds.
+  const SimRun run = Simulate(SmallJob(), {"worker-exit@7m:node=1,local_rank=1,exit_code=3"});
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.stats.store_clients, 6u);
+}
+
+TEST(ScenarioTest, StoreClientsWaitOutABlockedPort) {
+  // Blocked from 15s to 45s: the workers come up at about 20s and keep dialling until the
+  // port opens; the agents' own connections are established and keep working.
+  const SimRun run = Simulate(SmallJob(), {"master-port-blocked@15s:duration=30s"});
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_EQ(run.result.stats.store_clients, 3u);
+}
+
+TEST(ScenarioTest, WithAStorePortThereIsNoRelay) {
+  const SimRun run = Simulate(SmallJob().replace(SmallJob().find("nproc_per_node"), 0, "store_port = 29400\n"));
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.stats.store_clients, 3u);
+}
+
 TEST(ScenarioTest, SummaryGroupsIdenticalOutcomes) {
   const SimRun run = Simulate(SmallJob("", 4, 1, 2));
   EXPECT_THAT(run.output, HasSubstr("nodes 0-3: exit 0"));

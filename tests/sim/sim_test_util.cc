@@ -39,7 +39,7 @@ worker_startup = "20s"
 }
 
 SimRun Simulate(const std::string& job, const std::vector<std::string>& faults,
-             std::optional<uint64_t> seed, bool record) {
+             std::optional<uint64_t> seed, bool record, sim::SimOptions::Sabotage sabotage) {
   LoadResult loaded = ParseJobText(job, "job.toml");
   SimRun run;
   if (!loaded.spec) {
@@ -50,6 +50,7 @@ SimRun Simulate(const std::string& job, const std::vector<std::string>& faults,
   sim::SimOptions options;
   options.seed = seed.value_or(spec.simulate.seed);
   options.record_timeline = record;
+  options.sabotage = sabotage;
   for (const std::string& text : faults) {
     std::string error;
     auto fault = ParseFaultFlag(text, &error);

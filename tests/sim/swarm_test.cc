@@ -1,4 +1,5 @@
 // Invariants and liveness hold across a bounded swarm of seeds with random fault mixes.
+#include <fstream>
 #include <sstream>
 
 #include <gmock/gmock.h>
@@ -21,6 +22,41 @@ TEST(SwarmTest, ThirtySeedsHoldEveryInvariant) {
   EXPECT_EQ(swarm.runs, 30);
   EXPECT_EQ(swarm.failures, 0) << out.str();
   EXPECT_THAT(out.str(), ::testing::HasSubstr("swarm: 30 seeds (1000..1029), 0 failed"));
+}
+
+// 5,000 seeds of each example job (a few seconds each in an optimised build). Kinds 1 and 2 of
+// issue 10 (liveness after node 0's agent pauses; two holders of one rank) still fail a few
+// seeds until the core's fixes land; remove DISABLED_ with them. bench/swarm.sh runs 100,000.
+class ExampleSwarmTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ExampleSwarmTest, DISABLED_FiveThousandSeedsHoldEveryInvariant) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/examples/" + GetParam());
+  std::stringstream text;
+  text << in.rdbuf();
+  LoadResult loaded = ParseJobText(text.str(), std::string("examples/") + GetParam());
+  ASSERT_TRUE(loaded.spec);
+  sim::SimOptions options;
+  options.seed = 1000;
+  options.quiet = true;
+  options.job_path = std::string("examples/") + GetParam();
+  std::ostringstream out;
+  const sim::SwarmResult swarm = sim::RunSwarm(*loaded.spec, options, 5000, out);
+  EXPECT_EQ(swarm.runs, 5000);
+  EXPECT_EQ(swarm.failures, 0) << out.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ExampleSwarmTest,
+                         ::testing::Values("laptop.toml", "lightning-2x8.toml", "lightning-4x8.toml"));
+
+TEST(SwarmTest, QuietSwarmPrintsOnlyFailuresAndTheCount) {
+  LoadResult loaded = ParseJobText(SmallJob("", 2, 2, 3), "job.toml");
+  ASSERT_TRUE(loaded.spec);
+  sim::SimOptions options;
+  options.seed = 1000;
+  options.quiet = true;
+  std::ostringstream out;
+  sim::RunSwarm(*loaded.spec, options, 5, out);
+  EXPECT_EQ(out.str(), "swarm: 5 seeds (1000..1004), 0 failed\n");
 }
 
 TEST(SwarmTest, FaultMixIsAFunctionOfTheSeed) {

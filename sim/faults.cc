@@ -1,0 +1,273 @@
+// The fault injector: the plan of a run's faults (from the job file, the command line and the
+// failure rates) and one function per fault kind that applies it to the model.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "sim/cluster.h"
+
+namespace ddprun::sim {
+namespace {
+
+// Random node crashes model a failed machine coming back (or its replacement taking over).
+constexpr Duration kRandomRebootMin = Minutes(3);
+constexpr Duration kRandomRebootMax = Minutes(10);
+// How long a slow joiner waits when the fault gives no duration.
+constexpr Duration kDefaultSlowJoin = Minutes(1);
+
+int64_t Ns(Duration d) { return d.count(); }
+
+// Random worker failures, as they show up in large training runs.
+constexpr std::string_view kRandomFailures[] = {
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled "
+    "system error (run with NCCL_DEBUG=INFO for details)",
+    "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+};
+
+}  // namespace
+
+void Cluster::ScheduleFaults() {
+  std::vector<int64_t> start(static_cast<size_t>(job_nodes_), 0);
+  int64_t heal_ns = 0;
+  const int64_t rendezvous = Ns(spec_.timeouts.rendezvous);
+  auto long_outage = [&](std::optional<Duration> d) {
+    return !d || Ns(*d) >= rendezvous / 2;
+  };
+  for (const FaultSpec& fault : spec_.simulate.faults) {
+    if (fault.node >= 0 && fault.node < job_nodes_) nodes_[static_cast<size_t>(fault.node)]->focus = true;
+    const int64_t at = Ns(fault.at);
+    switch (fault.kind) {
+      case FaultKind::kSlowJoiner: {
+        const int64_t s = at + Ns(fault.duration.value_or(kDefaultSlowJoin));
+        auto& slot = start[static_cast<size_t>(fault.node)];
+        slot = std::max(slot, s);
+        heal_ns = std::max(heal_ns, s);
+        if (long_outage(fault.duration.value_or(kDefaultSlowJoin))) rendezvous_fault_ = true;
+        continue;
+      }
+      case FaultKind::kJobFileDiffers:
+      case FaultKind::kDuplicateNodeRank:
+        rendezvous_fault_ = true;
+        break;
+      case FaultKind::kNodeCrash:
+        heal_ns = std::max(heal_ns, at + (fault.reboot_after ? Ns(*fault.reboot_after) : 0));
+        if (!fault.reboot_after || Ns(*fault.reboot_after) + Ns(Minutes(1)) >= rendezvous / 2 ||
+            fault.node == 0) {
+          rendezvous_fault_ = true;
+        }
+        break;
+      case FaultKind::kAgentHang:
+      case FaultKind::kPartition:
+      case FaultKind::kMasterPortBlocked:
+      case FaultKind::kWorkerHang:
+        heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
+        if (fault.kind != FaultKind::kWorkerHang && long_outage(fault.duration)) rendezvous_fault_ = true;
+        break;
+      case FaultKind::kWorkerExit:
+        heal_ns = std::max(heal_ns, at);
+        break;
+    }
+    ScheduleFault(fault);
+  }
+  for (int rank = 0; rank < job_nodes_; ++rank) {
+    const auto index = static_cast<uint32_t>(rank);
+    queue_.PushCall(TimePoint(Duration(start[static_cast<size_t>(rank)])), [this, index] {
+      if (nodes_[index]->pending_start) StartNode(index);
+    });
+  }
+  const int64_t max_time = Ns(spec_.simulate.max_time);
+  random_faults_until_ns_ = max_time / 2;
+  if (spec_.simulate.node_mtbf) {
+    ScheduleRandomNodeCrash(TimePoint(Duration(0)));
+    heal_ns = std::max(heal_ns, random_faults_until_ns_ + Ns(kRandomRebootMax));
+    rendezvous_fault_ = rendezvous_fault_ || Ns(kRandomRebootMax) >= rendezvous / 2;
+  }
+  if (spec_.simulate.worker_mtbf) {
+    ScheduleRandomWorkerExit(TimePoint(Duration(0)));
+    heal_ns = std::max(heal_ns, random_faults_until_ns_);
+  }
+  // Liveness: once every fault has healed, each round can take at most this long, and the
+  // restart budget bounds the number of rounds.
+  const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 +
+                          static_cast<double>(Ns(spec_.simulate.train_time)) +
+                          static_cast<double>(Ns(kCollectiveTimeout)) +
+                          static_cast<double>(Ns(spec_.timeouts.stop_grace)) +
+                          3.0 * static_cast<double>(Ns(spec_.timeouts.heartbeat)) +
+                          static_cast<double>(Ns(spec_.restart.backoff)) +
+                          static_cast<double>(Ns(Minutes(2)));
+  const double deadline = static_cast<double>(heal_ns) + 2.0 * static_cast<double>(rendezvous) +
+                          (spec_.restart.max_restarts + 2.0) * round_ns;
+  if (deadline < static_cast<double>(max_time)) {
+    limit_ns_ = static_cast<int64_t>(deadline);
+    liveness_limit_ = true;
+  } else {
+    limit_ns_ = max_time;
+  }
+}
+
+void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
+  const Duration mean = *spec_.simulate.node_mtbf / job_nodes_;
+  const TimePoint at = from + fault_rng_.Exponential(mean);
+  if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
+  queue_.PushCall(at, [this] {
+    if (workers_.job_completed() || unfinished_ == 0) return;
+    const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(job_nodes_)));
+    // A machine comes back only after its old connection was declared dead (3 heartbeats):
+    // a faster return is refused as a duplicate node rank (a known protocol limit).
+    const Duration floor = 3 * spec_.timeouts.heartbeat + Minutes(1);
+    const Duration reboot = std::chrono::duration_cast<std::chrono::seconds>(
+        fault_rng_.Between(std::max(kRandomRebootMin, floor), std::max(kRandomRebootMax, floor + Minutes(7))));
+    if (nodes_[index]->up && !nodes_[index]->finished) {
+      ++stats_.faults_injected;
+      nodes_[index]->focus = true;
+      if (timeline_) timeline_->focus[index] = true;
+      CrashNode(index, reboot, "random failure (simulate.node_mtbf)");
+    }
+    ScheduleRandomNodeCrash(now());
+  });
+}
+
+void Cluster::ScheduleRandomWorkerExit(TimePoint from) {
+  const Duration mean = *spec_.simulate.worker_mtbf / spec_.WorldSize();
+  const TimePoint at = from + fault_rng_.Exponential(mean);
+  if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
+  queue_.PushCall(at, [this] {
+    if (workers_.job_completed() || unfinished_ == 0) return;
+    const int nproc = spec_.cluster.nproc_per_node;
+    const auto rank = static_cast<int>(fault_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
+    const auto text = kRandomFailures[fault_rng_.Below(std::size(kRandomFailures))];
+    const auto index = static_cast<uint32_t>(rank / nproc);
+    if (workers_.Hittable(index, rank % nproc)) {
+      ++stats_.faults_injected;
+      nodes_[index]->focus = true;
+      if (timeline_) timeline_->focus[index] = true;
+      workers_.Fail(index, rank % nproc, 1, std::string(text), "random failure (simulate.worker_mtbf)");
+    }
+    ScheduleRandomWorkerExit(now());
+  });
+}
+
+void Cluster::ScheduleFault(const FaultSpec& fault) {
+  const auto index = static_cast<uint32_t>(fault.node);
+  if (timeline_ && index < timeline_->focus.size()) timeline_->focus[index] = true;
+  queue_.PushCall(AtOffset(fault.at), [this, fault] {
+    ++stats_.faults_injected;
+    switch (fault.kind) {
+      case FaultKind::kNodeCrash: return InjectNodeCrash(fault);
+      case FaultKind::kAgentHang: return InjectAgentHang(fault);
+      case FaultKind::kWorkerExit: return InjectWorkerExit(fault);
+      case FaultKind::kWorkerHang: return InjectWorkerHang(fault);
+      case FaultKind::kPartition: return InjectPartition(fault);
+      case FaultKind::kMasterPortBlocked: return InjectMasterPortBlocked(fault);
+      case FaultKind::kDuplicateNodeRank: return InjectDuplicateNodeRank(fault);
+      case FaultKind::kSlowJoiner:      // the node's start time (ScheduleFaults)
+      case FaultKind::kJobFileDiffers:  // the node's own spec (BuildNodes)
+        return;
+    }
+  });
+}
+
+void Cluster::InjectNodeCrash(const FaultSpec& fault) {
+  const auto index = static_cast<uint32_t>(fault.node);
+  const Node& n = *nodes_[index];
+  if (n.finished || !n.up) return PrintSim(index, "node-crash skipped: the node is not running");
+  CrashNode(index, fault.reboot_after, "fault node-crash");
+}
+
+void Cluster::InjectAgentHang(const FaultSpec& fault) {
+  const auto index = static_cast<uint32_t>(fault.node);
+  Node& n = *nodes_[index];
+  if (!n.up || n.finished) return PrintSim(index, "agent-hang skipped: the node is not running");
+  if (!fault.duration) {
+    n.hung_forever = true;
+    n.hung_until_ns = INT64_MAX;
+    invariants_.AgentHung(index, INT64_MAX);
+    PrintSim(index, "agent hangs for good (its workers keep running)");
+    AddMark(index, MarkKind::kFault, "agent hang (for good)");
+    --unfinished_;  // it will never act again; a crash (which ends the hang) counts it back
+    return;
+  }
+  const uint32_t incarnation = n.incarnation;
+  n.hung_until_ns = std::max(n.hung_until_ns, now_ns_ + Ns(*fault.duration));
+  invariants_.AgentHung(index, n.hung_until_ns);
+  PrintSim(index, fmt::format("agent hangs for {} (its workers keep running)", FormatDuration(*fault.duration)));
+  AddMark(index, MarkKind::kFault, "agent hang", n.hung_until_ns);
+  queue_.PushCall(TimePoint(Duration(n.hung_until_ns)), [this, index, incarnation] {
+    Node& m = *nodes_[index];
+    if (m.incarnation != incarnation || !m.up || m.hung_forever || m.hung_until_ns > now_ns_) return;
+    m.last_hang_end_ns = now_ns_;
+    PrintSim(index, "agent resumes");
+  });
+}
+
+void Cluster::InjectWorkerExit(const FaultSpec& fault) {
+  workers_.Fail(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.exit_code,
+             fmt::format("RuntimeError: simulated failure (fault worker-exit, exit code {})", fault.exit_code),
+             "fault worker-exit");
+}
+
+void Cluster::InjectWorkerHang(const FaultSpec& fault) {
+  workers_.Hang(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.duration);
+}
+
+void Cluster::InjectPartition(const FaultSpec& fault) {
+  // Without peers: a node is cut from node 0, node 0 from everyone.
+  std::vector<int> peers = fault.peers;
+  if (peers.empty()) {
+    if (fault.node != 0) {
+      peers.push_back(0);
+    } else {
+      for (int r = 1; r < job_nodes_; ++r) peers.push_back(r);
+    }
+  }
+  network_.Partition(fault.node, peers, false);
+  for (int p : peers) {
+    if (timeline_) timeline_->focus[static_cast<size_t>(p)] = true;
+  }
+  const std::string who = peers.size() <= 8 ? fmt::format("node {}", fmt::join(peers, ", node "))
+                                            : fmt::format("{} nodes", peers.size());
+  PrintSim(std::nullopt, fmt::format("network: partition: node {} cut off from {}{}", fault.node, who,
+                                     fault.duration ? " for " + FormatDuration(*fault.duration) : ""));
+  const int64_t end = fault.duration ? now_ns_ + Ns(*fault.duration) : -1;
+  AddMark(static_cast<uint32_t>(fault.node), MarkKind::kFault, "partition", end);
+  workers_.UpdateTraining();
+  if (!fault.duration) return;
+  queue_.PushCall(TimePoint(Duration(end)), [this, fault, peers] {
+    PrintSim(std::nullopt, fmt::format("network: partition of node {} healed", fault.node));
+    network_.Partition(fault.node, peers, true);
+    workers_.UpdateTraining();
+  });
+}
+
+void Cluster::InjectMasterPortBlocked(const FaultSpec& fault) {
+  if (!fault.duration) {
+    network_.BlockMasterPort(INT64_MAX);
+    PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked (new connections time out)",
+                                       spec_.cluster.master_port, spec_.cluster.master_addr));
+    AddMark(Mark::kJob, MarkKind::kFault, "master port blocked");
+    return;
+  }
+  network_.BlockMasterPort(now_ns_ + Ns(*fault.duration));
+  const int64_t end = network_.master_port_blocked_until();
+  PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
+                                     spec_.cluster.master_port, spec_.cluster.master_addr,
+                                     FormatDuration(*fault.duration)));
+  AddMark(Mark::kJob, MarkKind::kFault, "master port blocked", end);
+  queue_.PushCall(TimePoint(Duration(end)), [this] {
+    if (network_.master_port_blocked_until() > now_ns_) return;
+    PrintSim(std::nullopt, fmt::format("network: TCP port {} open again", spec_.cluster.master_port));
+  });
+}
+
+void Cluster::InjectDuplicateNodeRank(const FaultSpec& fault) {
+  const uint32_t extra = AddNode(fault.node, &spec_, true);
+  nodes_[extra]->focus = true;
+  if (timeline_) timeline_->focus[extra] = true;
+  PrintSim(extra, fmt::format("a second agent starts on {} and claims node rank {}", nodes_[extra]->host_name,
+                              fault.node));
+  StartNode(extra);
+}
+
+}  // namespace ddprun::sim

@@ -1,0 +1,352 @@
+#include "sim/invariants.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "schema/duration.h"
+
+namespace ddprun::sim {
+namespace {
+
+int ToInt(const std::string& text) {
+  if (text.empty() || text.size() > 9) return -1;
+  int value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return -1;
+    value = value * 10 + (c - '0');
+  }
+  return value;
+}
+
+}  // namespace
+
+Invariants::Invariants(InvariantBounds bounds, std::function<void(int64_t)> schedule_check)
+    : bounds_(bounds), schedule_check_(std::move(schedule_check)) {}
+
+void Invariants::AddNode(uint32_t node, std::string label) {
+  if (nodes_.size() <= node) nodes_.resize(node + 1);
+  nodes_[node].label = std::move(label);
+}
+
+// ---- observations ----------------------------------------------------------------------
+
+void Invariants::WorkerStarted(WorkerStart start) {
+  Observation o;
+  o.kind = Kind::kStart;
+  o.pid = starts_.size();
+  starts_.push_back(std::move(start));
+  log_.push_back(o);
+}
+
+void Invariants::WorkerEnded(uint64_t pid, bool exit_zero) {
+  Observation o;
+  o.kind = Kind::kEnd;
+  o.pid = pid;
+  o.flag = exit_zero;
+  log_.push_back(o);
+}
+
+void Invariants::RoundFailed(RoundKey round) {
+  Observation o;
+  o.kind = Kind::kFailed;
+  o.round = round;
+  log_.push_back(o);
+}
+
+void Invariants::AgentExited(uint32_t node, int code, std::optional<RoundKey> round) {
+  Observation o;
+  o.kind = Kind::kExit;
+  o.node = node;
+  o.code = code;
+  o.round = round;
+  log_.push_back(o);
+}
+
+void Invariants::StoreConnected(uint64_t pid, RoundKey client, RoundKey store, uint16_t port) {
+  Observation o;
+  o.kind = Kind::kStore;
+  o.pid = pid;
+  o.round = client;
+  o.other = store;
+  o.code = port;
+  log_.push_back(o);
+}
+
+void Invariants::AgentHung(uint32_t node, int64_t until_ns) {
+  Node& n = nodes_[node];
+  n.hung_until_ns = std::max(n.hung_until_ns, until_ns);
+  if (until_ns != INT64_MAX) n.hang_end_ns = std::max(n.hang_end_ns, until_ns);
+}
+
+void Invariants::AgentGone(uint32_t node) {
+  Node& n = nodes_[node];
+  n.hung_until_ns = 0;
+  n.hang_end_ns = -1;
+}
+
+void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) { nodes_[node].last_heard_ns = now_ns; }
+
+void Invariants::CoordinatorRestarts(int used) { restarts_ = used; }
+
+// ---- checks ----------------------------------------------------------------------------
+
+void Invariants::Fail(int64_t now_ns, std::string what) {
+  if (violation_) return;
+  violation_ = fmt::format("{} (at {})", what, HumanDuration(Duration(now_ns)));
+  what_ = std::move(what);
+}
+
+void Invariants::Schedule(int64_t at_ns) {
+  if (schedule_check_) schedule_check_(at_ns);
+}
+
+void Invariants::AfterEvent(int64_t now_ns) {
+  // Most events (a heartbeat, a packet) change nothing the checks read: millions per run at scale.
+  if (log_.empty() && restarts_ == checked_restarts_ && now_ns < next_due_ns_) return;
+  for (const Observation& o : log_) {
+    if (violation_) break;
+    switch (o.kind) {
+      case Kind::kStart:
+        CheckStart(now_ns, starts_[o.pid]);
+        break;
+      case Kind::kEnd:
+        ApplyEnd(o.pid, o.flag);
+        break;
+      case Kind::kFailed: {
+        Round& round = rounds_[*o.round];
+        if (round.failed_ns) break;
+        round.failed_ns = now_ns;
+        round.stop_check_ns = now_ns + bounds_.stop_bound.count();
+        Schedule(round.stop_check_ns);
+        next_due_ns_ = std::min(next_due_ns_, round.stop_check_ns);
+        break;
+      }
+      case Kind::kExit:
+        CheckExit(now_ns, o.node, o.code, o.round);
+        break;
+      case Kind::kStore:
+        CheckStore(now_ns, o);
+        break;
+    }
+  }
+  log_.clear();
+  starts_.clear();
+  checked_restarts_ = restarts_;
+  if (!violation_ && restarts_ > bounds_.max_restarts) {
+    Fail(now_ns, fmt::format("the coordinator used {} restarts; restart.max_restarts = {}", restarts_,
+                             bounds_.max_restarts));
+  }
+  for (auto& [key, round] : rounds_) {
+    if (violation_) break;
+    if (round.stop_check_ns >= 0 && round.stop_check_ns <= now_ns) CheckStopBound(now_ns, key, round);
+  }
+  if (!violation_ && next_lease_check_ns_ <= now_ns) CheckLeases(now_ns);
+  Prune();
+  next_due_ns_ = next_lease_check_ns_;
+  for (const auto& entry : rounds_) {
+    if (entry.second.stop_check_ns >= 0) next_due_ns_ = std::min(next_due_ns_, entry.second.stop_check_ns);
+  }
+}
+
+void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
+  Node& node = nodes_[start.node];
+  const std::string& label = node.label;
+  Round& round = rounds_[start.round];
+  if (round.world == 0) {
+    round.world = start.world;
+    round.started.assign(static_cast<size_t>(start.world), 0);
+  }
+  // The worker contract: every rank of a round agrees on the world size; ranks form a
+  // permutation of 0..world-1.
+  const int rank = ToInt(start.rank_env);
+  if (ToInt(start.world_env) != round.world) {
+    return Fail(now_ns, fmt::format("{} rank {}: WORLD_SIZE={} but the job has {} ranks", label,
+                                    start.global_rank, start.world_env, round.world));
+  }
+  if (rank < 0 || rank >= round.world || rank != start.global_rank) {
+    return Fail(now_ns, fmt::format("{}: RANK={} is not a rank of a {}-rank job", label, start.rank_env,
+                                    round.world));
+  }
+  // Fencing: one holder per rank. A rank is not started anywhere while an earlier holder (of
+  // any round, on any node, lost or not) may still run.
+  if (holders_.size() < static_cast<size_t>(round.world)) holders_.resize(static_cast<size_t>(round.world), 0);
+  uint64_t& holder = holders_[static_cast<size_t>(rank)];
+  if (holder != 0) {
+    const Worker& old = workers_.at(holder);
+    return Fail(now_ns, fmt::format("one holder per rank: rank {} starts on {} in round {} while rank {} "
+                                    "of round {} still runs on {} (pid {})",
+                                    rank, label, start.round.round, rank, old.round.round,
+                                    nodes_[old.node].label, old.pid));
+  }
+  // One round at a time: no worker of another round may still run anywhere.
+  if (round.live == 0) {
+    for (const auto& [key, other] : rounds_) {
+      if (key == start.round || other.live == 0) continue;
+      return Fail(now_ns, fmt::format("one round at a time: {} starts round {} while {} worker(s) of "
+                                      "round {} still run",
+                                      label, start.round.round, other.live, key.round));
+    }
+  }
+  auto& started = round.started[static_cast<size_t>(rank)];
+  if (started != 0) {
+    return Fail(now_ns, fmt::format("round {}: rank {} started twice (again on {})", start.round.round,
+                                    rank, label));
+  }
+  started = 1;
+  holder = start.pid;
+  workers_.emplace(start.pid, Worker{start.node, start.round, rank, start.pid});
+  node.live.push_back(start.pid);
+  ++round.live;
+  round.pids.push_back(start.pid);
+  // The lease starts with the order that started the worker.
+  node.last_heard_ns = std::max(node.last_heard_ns, now_ns);
+  const int64_t expiry = std::max(node.last_heard_ns, ResumedAt(node)) + bounds_.lease.count();
+  if (expiry < next_lease_check_ns_) {
+    next_lease_check_ns_ = expiry;
+    Schedule(expiry);
+  }
+  next_due_ns_ = std::min(next_due_ns_, next_lease_check_ns_);
+}
+
+void Invariants::ApplyEnd(uint64_t pid, bool exit_zero) {
+  auto it = workers_.find(pid);
+  if (it == workers_.end()) return;
+  const Worker w = it->second;
+  workers_.erase(it);
+  uint64_t& holder = holders_[static_cast<size_t>(w.global_rank)];
+  if (holder == pid) holder = 0;
+  auto& live = nodes_[w.node].live;
+  live.erase(std::find(live.begin(), live.end(), pid));
+  auto round = rounds_.find(w.round);
+  if (round == rounds_.end()) return;
+  --round->second.live;
+  if (exit_zero) ++round->second.exited_zero;
+}
+
+void Invariants::CheckExit(int64_t now_ns, uint32_t index, int code, std::optional<RoundKey> key) {
+  const Node& node = nodes_[index];
+  // No worker outlives its agent (a crashed node's workers die with it).
+  if (!node.live.empty()) {
+    return Fail(now_ns, fmt::format("{}'s agent exited with {} worker(s) still running", node.label,
+                                    node.live.size()));
+  }
+  // Success only if every rank of the round exited 0.
+  if (code != 0) return;
+  const auto round = key ? rounds_.find(*key) : rounds_.end();
+  const int done = round == rounds_.end() ? 0 : round->second.exited_zero;
+  const int world = round == rounds_.end() ? bounds_.world : round->second.world;
+  if (done != world) {
+    Fail(now_ns, fmt::format("{} exited 0 but only {} of {} ranks of round {} exited 0", node.label, done,
+                             world, key ? key->round : -1));
+  }
+}
+
+void Invariants::CheckStore(int64_t now_ns, const Observation& o) {
+  // The store relay: a round's clients reach that round's store, never an older or newer one
+  // (stale keys, or a stale rank joining the new round's rendezvous).
+  if (*o.round == o.other) return;
+  auto it = workers_.find(o.pid);
+  const std::string who = it == workers_.end()
+                              ? fmt::format("pid {}", o.pid)
+                              : fmt::format("rank {} on {} (pid {})", it->second.global_rank,
+                                            nodes_[it->second.node].label, o.pid);
+  Fail(now_ns, fmt::format("store relay: {} of round {} reached the store of round {} (port {})", who,
+                           o.round->round, o.other.round, o.code));
+}
+
+int64_t Invariants::ResumedAt(const Node& node) const { return node.hang_end_ns; }
+
+void Invariants::CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round) {
+  round.stop_check_ns = -1;
+  if (round.live == 0) return;
+  const int64_t bound = bounds_.stop_bound.count();
+  int64_t recheck = 0;
+  for (uint64_t pid : round.pids) {
+    auto it = workers_.find(pid);
+    if (it == workers_.end()) continue;
+    const Worker& w = it->second;
+    const Node& node = nodes_[w.node];
+    // A hung agent cannot stop anything; the bound starts again when it resumes.
+    if (node.hung_until_ns == INT64_MAX) continue;
+    if (HungAt(node, now_ns)) {
+      recheck = std::max(recheck, node.hung_until_ns + bound);
+      continue;
+    }
+    const int64_t due = std::max(*round.failed_ns, ResumedAt(node)) + bound;
+    if (due > now_ns) {
+      recheck = std::max(recheck, due);
+      continue;
+    }
+    return Fail(now_ns, fmt::format("round {} failed {} ago but rank {} on {} (pid {}) still runs; every "
+                                    "worker should be gone within {}",
+                                    key.round, HumanDuration(Duration(now_ns - *round.failed_ns)),
+                                    w.global_rank, node.label, w.pid, HumanDuration(bounds_.stop_bound)));
+  }
+  if (recheck > now_ns) {
+    round.stop_check_ns = recheck;
+    Schedule(recheck);
+  }
+}
+
+void Invariants::CheckLeases(int64_t now_ns) {
+  const int64_t lease = bounds_.lease.count();
+  int64_t next = INT64_MAX;
+  for (const Node& node : nodes_) {
+    if (node.live.empty() || node.hung_until_ns == INT64_MAX) continue;
+    // A hung agent cannot kill its workers: the lease runs again from the moment it resumes.
+    const int64_t from = HungAt(node, now_ns) ? node.hung_until_ns
+                                              : std::max(node.last_heard_ns, ResumedAt(node));
+    const int64_t expiry = from + lease;
+    if (expiry <= now_ns) {
+      const Worker& w = workers_.at(node.live.front());
+      return Fail(now_ns, fmt::format("rank {} on {} (pid {}) still runs {} after its agent last heard from "
+                                      "the coordinator or resumed; an agent stops its workers within {}",
+                                      w.global_rank, node.label, w.pid,
+                                      HumanDuration(Duration(now_ns - from)), HumanDuration(bounds_.lease)));
+    }
+    next = std::min(next, expiry);
+  }
+  next_lease_check_ns_ = next;
+  if (next != INT64_MAX) Schedule(next);
+}
+
+void Invariants::Prune() {
+  // Finished rounds are only needed for the exit-0 check of the latest ones; keep the map small
+  // on long runs.
+  while (rounds_.size() > 8) {
+    auto oldest = rounds_.begin();
+    if (oldest->second.live > 0 || oldest->second.stop_check_ns >= 0) break;
+    rounds_.erase(oldest);
+  }
+}
+
+// ---- end of run ------------------------------------------------------------------------
+
+void Invariants::AtEnd(int64_t now_ns, const RunEnd& end) {
+  if (violation_) return;
+  if (end.unfinished_count > 0) {
+    const std::string who =
+        fmt::format("{}{}", fmt::join(end.unfinished, ", "),
+                    end.unfinished_count > 8 ? fmt::format(" and {} more", end.unfinished_count - 8) : "");
+    if (end.deadlock) {
+      return Fail(now_ns, fmt::format("hang: nothing left to happen but {} never finished", who));
+    }
+    if (end.liveness_limit) {
+      return Fail(now_ns, fmt::format("hang: {} still running {} after the start, past the liveness bound "
+                                      "(all faults healed; the restart budget bounds the rounds)",
+                                      who, HumanDuration(Duration(end.limit_ns))));
+    }
+    return Fail(now_ns, fmt::format("hang: {} still running when simulate.max_time = {} was reached", who,
+                                    FormatDuration(end.max_time)));
+  }
+  if (end.exit_code == 1 && end.restarts_used < bounds_.max_restarts) {
+    return Fail(now_ns, fmt::format("the job failed (exit 1) with restarts left ({} of {} used)",
+                                    end.restarts_used, bounds_.max_restarts));
+  }
+  if (end.exit_code == 3 && !end.rendezvous_fault) {
+    Fail(now_ns, "the rendezvous failed (exit 3) although no fault kept a node away long enough");
+  }
+}
+
+}  // namespace ddprun::sim

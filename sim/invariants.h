@@ -1,0 +1,169 @@
+#pragma once
+// Every safety and liveness property the simulator checks, in one place (docs/simulator.md,
+// "Invariants and swarm"). The parts of the simulator report what happened (a worker started
+// or ended, a round failed, an agent exited, hung or heard from the coordinator) to this
+// module; it keeps its own ledger, independent of the model's bookkeeping, and checks every
+// property after every event. Properties with a time bound schedule their own check event, so
+// a violation is found at the bound itself.
+
+#include <compare>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runner/core/time.h"
+
+namespace ddprun::sim {
+
+/// A round job-wide: a rebooted node 0 starts a fresh coordinator that numbers rounds from 0
+/// again, so the round number alone is ambiguous.
+struct RoundKey {
+  uint64_t coordinator = 0;  // the coordinator incarnation that started the round
+  int round = 0;
+  auto operator<=>(const RoundKey&) const = default;
+};
+
+/// The bounds the checks hold the protocol to (derived from the job file by the caller).
+struct InvariantBounds {
+  int max_restarts = 0;
+  int world = 0;  // the world size of the job node 0's coordinator runs
+  /// After a round fails, every worker of it is gone within this (stop_grace + 3 heartbeats +
+  /// slack); a hung agent cannot stop anything, so the bound starts again when it resumes.
+  Duration stop_bound{};
+  /// A worker runs at most this long after its agent last heard from the coordinator (loss
+  /// detection + stop_grace + SIGKILL + slack): the lease that fencing relies on.
+  Duration lease{};
+};
+
+/// A worker process as it starts, with what the agent put in its environment.
+struct WorkerStart {
+  uint32_t node = 0;          // simulator node index (an extra agent has its own)
+  RoundKey round;
+  int world = 0;              // the world size of the job the coordinator runs
+  int global_rank = 0;        // the rank the agent meant to start
+  int local_rank = 0;
+  uint64_t pid = 0;
+  std::string rank_env;       // RANK as the agent set it
+  std::string world_env;      // WORLD_SIZE as the agent set it
+};
+
+/// How the run ended, for the liveness checks.
+struct RunEnd {
+  int exit_code = 0;            // the job's outcome (node 0's, else the nodes' majority)
+  int restarts_used = 0;
+  bool rendezvous_fault = false;  // a fault that may keep a node away long enough for exit 3
+  /// Nodes still running at the end (labels, at most 8) and how many in all.
+  std::vector<std::string> unfinished;
+  int64_t unfinished_count = 0;
+  bool deadlock = false;        // the event queue ran dry
+  bool liveness_limit = false;  // the run stopped at the liveness deadline, not max_time
+  int64_t limit_ns = 0;
+  Duration max_time{};
+};
+
+class Invariants {
+ public:
+  /// `schedule_check` asks the event loop for an event at the given time (AfterEvent runs
+  /// after it like after any other).
+  Invariants(InvariantBounds bounds, std::function<void(int64_t)> schedule_check);
+
+  /// A node (job node or extra agent) and how messages name it ("node 3").
+  void AddNode(uint32_t node, std::string label);
+
+  // ---- observations: recorded in order, checked by AfterEvent ----
+  void WorkerStarted(WorkerStart start);
+  /// The process ended; `exit_zero`: it exited with code 0 by itself.
+  void WorkerEnded(uint64_t pid, bool exit_zero);
+  /// The first failure of a round (a rank died, a node crashed): the stop bound starts.
+  void RoundFailed(RoundKey round);
+  /// The agent stopped processing events until `until_ns` (INT64_MAX: for good).
+  void AgentHung(uint32_t node, int64_t until_ns);
+  /// A crashed or exited agent is gone: nothing of it can hang any more.
+  void AgentGone(uint32_t node);
+  /// The agent received bytes from the coordinator: its lease is renewed.
+  void HeardFromCoordinator(uint32_t node, int64_t now_ns);
+  /// The agent exited with `code`; `round` is the round it last took part in (if any).
+  void AgentExited(uint32_t node, int code, std::optional<RoundKey> round);
+  /// A store client (worker `pid` of `client`) reached the store of round `store` on `port`.
+  void StoreConnected(uint64_t pid, RoundKey client, RoundKey store, uint16_t port);
+  /// The coordinator's count of restarts used (read after every event).
+  void CoordinatorRestarts(int used);
+
+  /// Checks every property against what this event changed, and the time bounds due by `now`.
+  void AfterEvent(int64_t now_ns);
+  /// The end-of-run checks: liveness, exit 1 only with the budget spent, exit 3 only with a
+  /// fault that kept a node away.
+  void AtEnd(int64_t now_ns, const RunEnd& end);
+
+  /// The first violation, "what (at 12m03s)"; set once.
+  const std::optional<std::string>& violation() const { return violation_; }
+  /// The violation text without the time, as it was detected (for the event log).
+  const std::string& what() const { return what_; }
+
+ private:
+  struct Worker {
+    uint32_t node = 0;
+    RoundKey round;
+    int global_rank = 0;
+    uint64_t pid = 0;
+  };
+  struct Round {
+    int world = 0;
+    std::vector<uint8_t> started;   // per rank: a worker of this rank started in this round
+    int exited_zero = 0;
+    int live = 0;
+    std::vector<uint64_t> pids;     // in start order (deterministic iteration)
+    std::optional<int64_t> failed_ns;
+    int64_t stop_check_ns = -1;     // when the stop bound is checked next
+  };
+  struct Node {
+    std::string label;
+    std::vector<uint64_t> live;     // pids of this node's running workers
+    int64_t last_heard_ns = 0;
+    int64_t hung_until_ns = 0;      // INT64_MAX: for good
+    int64_t hang_end_ns = -1;       // when its last finite hang ended
+  };
+  enum class Kind : uint8_t { kStart, kEnd, kFailed, kExit, kStore };
+  struct Observation {
+    Kind kind = Kind::kStart;
+    uint32_t node = 0;
+    int code = 0;
+    bool flag = false;
+    uint64_t pid = 0;
+    std::optional<RoundKey> round;
+    RoundKey other;   // kStore: the round of the store reached
+  };
+
+  void Fail(int64_t now_ns, std::string what);
+  void CheckStart(int64_t now_ns, const WorkerStart& start);
+  void ApplyEnd(uint64_t pid, bool exit_zero);
+  void CheckExit(int64_t now_ns, uint32_t node, int code, std::optional<RoundKey> round);
+  void CheckStore(int64_t now_ns, const Observation& o);
+  void CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round);
+  void CheckLeases(int64_t now_ns);
+  int64_t ResumedAt(const Node& node) const;
+  bool HungAt(const Node& node, int64_t now_ns) const { return node.hung_until_ns > now_ns; }
+  void Schedule(int64_t at_ns);
+  void Prune();
+
+  InvariantBounds bounds_;
+  std::function<void(int64_t)> schedule_check_;
+  std::vector<Node> nodes_;
+  std::vector<Observation> log_;
+  std::vector<WorkerStart> starts_;
+  std::unordered_map<uint64_t, Worker> workers_;   // by pid; looked up, never iterated
+  std::vector<uint64_t> holders_;                  // global rank -> pid of its live holder, 0: none
+  std::map<RoundKey, Round> rounds_;
+  int restarts_ = 0;
+  int checked_restarts_ = 0;
+  int64_t next_due_ns_ = INT64_MAX;  // the earliest time bound to check
+  int64_t next_lease_check_ns_ = INT64_MAX;
+  std::optional<std::string> violation_;
+  std::string what_;
+};
+
+}  // namespace ddprun::sim

@@ -1,0 +1,149 @@
+#pragma once
+// The simulated network: TCP-like connections between nodes. Reliable and in order per
+// connection; loss costs a retransmission delay, a partition holds packets until it heals, a
+// crashed host drops them silently, and a rebooted host (or a closed socket) answers with RST.
+// Internal to sim/; the ports reach it through the Cluster.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runner/core/events.h"
+#include "schema/job_spec.h"
+#include "sim/invariants.h"
+#include "sim/prng.h"
+#include "sim/simulation.h"
+
+namespace ddprun::sim {
+
+class Cluster;
+
+class Network {
+ public:
+  Network(Cluster& cluster, const JobSpec& spec, const NetworkOptions& options, uint64_t seed);
+
+  // ---- the transport port (SimTransport) ----
+  std::string Listen(uint32_t node, const std::string& addr, uint16_t port);
+  core::ConnId Connect(uint32_t node, const std::string& addr, uint16_t port);
+  void Send(uint32_t node, core::ConnId conn, std::vector<uint8_t> bytes);
+  void Close(core::ConnId conn);
+  uint16_t ReserveStorePort();
+
+  // ---- events (EventKind::kConnectDone, kAccept, kPump) ----
+  void ConnectDone(uint64_t conn);
+  void Accept(uint64_t conn);
+  void Pump(uint64_t conn, int toward);
+
+  // ---- nodes ----
+  /// A crashed machine: its sockets go silent (no FIN, no RST) and its listeners are gone.
+  void Silence(uint32_t node);
+  /// An exited process: the kernel closes its sockets (FIN) and its listeners.
+  void Release(uint32_t node);
+  void AddNode() {
+    conns_of_node_.emplace_back();
+    relay_port_.push_back(0);
+    relayed_.emplace_back();
+  }
+
+  // ---- the store relay (DESIGN.md section 5; modelled in store_relay.cc) ----
+  /// Node `node`'s agent relays store clients on master_port to its own 127.0.0.1:`port` from
+  /// now on (0: refuses them); the relayed connections of the previous round end.
+  void SetStoreRelay(uint32_t node, uint16_t port);
+  /// A rank-0 worker of `round` on `node` listens on `port` (MASTER_PORT) for its store.
+  void OpenStore(uint32_t node, uint16_t port, RoundKey round, uint64_t pid);
+  void CloseStore(uint32_t node, uint16_t port, uint64_t pid);
+  /// What a store client on `from` reaches when it connects to master_addr:`port` now.
+  struct StoreReach {
+    enum class Result : uint8_t { kConnected, kRetry } result = Result::kRetry;
+    RoundKey store;        // the round whose store answered (kConnected)
+    uint16_t store_port = 0;
+    uint32_t relay = 0;    // the node whose relay carried it (or that hosts the store)
+  };
+  StoreReach ReachStore(uint32_t from, uint16_t port, uint64_t client_pid);
+  /// Client connections the relays carried so far (ended ones included).
+  uint64_t relayed_connections() const { return relayed_total_; }
+
+  // ---- faults ----
+  /// Cuts (or, with `heal`, restores) the paths between `node` and each of `peers`.
+  void Partition(int node, const std::vector<int>& peers, bool heal);
+  /// Some partition is in force (the gang's collectives cannot make progress).
+  bool partitioned() const { return active_partitions_ > 0; }
+  /// New connections to master_port time out until `until_ns` (INT64_MAX: for good).
+  void BlockMasterPort(int64_t until_ns);
+  int64_t master_port_blocked_until() const { return port_blocked_until_ns_; }
+
+ private:
+  enum class PacketKind : uint8_t { kData, kFin, kRst };
+  struct Packet {
+    int64_t ready_ns = 0;
+    PacketKind kind = PacketKind::kData;
+    std::vector<uint8_t> bytes;
+  };
+  struct Side {
+    uint32_t node = 0;
+    uint32_t incarnation = 0;
+    core::ConnId id = 0;
+    bool open = false;      // the owning process still has the socket
+  };
+  /// Packets travelling toward one side, delivered in order (TCP).
+  struct Direction {
+    // A FIFO as a vector and a read position: empty costs no allocation (a std::deque
+    // allocates a kilobyte up front, and there are two per connection).
+    std::vector<Packet> queue;
+    size_t head = 0;
+    bool Empty() const { return head == queue.size(); }
+    Packet& Front() { return queue[head]; }
+    void PopFront() {
+      if (++head == queue.size()) {
+        queue.clear();
+        head = 0;
+      }
+    }
+    int64_t last_ready_ns = 0;
+    bool pump_scheduled = false;
+    bool blocked = false;   // held by a partition until it heals
+  };
+  struct Connection {
+    Side side[2];           // 0: the connecting side, 1: the listening side
+    Direction toward[2];    // toward[i]: packets for side[i]
+    bool connect_ok = false;
+    core::ConnectError error = core::ConnectError::kOther;
+    std::string error_detail;
+  };
+
+  int64_t Latency();
+  bool Cut(uint32_t a, uint32_t b) const;
+  void Enqueue(uint64_t conn, int toward, PacketKind kind, std::vector<uint8_t> bytes);
+  void SchedulePump(uint64_t conn, int toward, int64_t at_ns);
+  void HealPaths();
+  std::pair<uint64_t, int> Lookup(core::ConnId id) const;
+  void CloseSide(uint64_t conn, int side, bool send_fin);
+  void DropListeners(uint32_t node);
+
+  Cluster& cluster_;
+  const JobSpec& spec_;
+  NetworkOptions options_;
+  Prng rng_;
+  int job_nodes_ = 0;
+  std::map<std::pair<std::string, uint16_t>, uint32_t> listeners_;
+  std::vector<Connection> conns_;
+  std::vector<uint64_t> conn_of_id_;   // ConnId -> (connection << 1) | side
+  std::vector<std::vector<uint64_t>> conns_of_node_;  // per node: its connections
+  core::ConnId next_conn_id_ = 1;
+  std::map<std::pair<uint32_t, uint32_t>, int> cuts_;  // partitioned node pairs (a < b)
+  int active_partitions_ = 0;
+  int64_t port_blocked_until_ns_ = 0;
+  uint16_t next_store_port_ = 40000;
+  struct Store {
+    RoundKey round;
+    uint64_t pid = 0;
+  };
+  std::map<std::pair<uint32_t, uint16_t>, Store> stores_;  // (machine, port): a rank 0's store
+  std::vector<uint16_t> relay_port_;                        // per node: 0 off
+  std::vector<std::vector<uint64_t>> relayed_;              // per relay node: client pids carried
+  uint64_t relayed_total_ = 0;
+};
+
+}  // namespace ddprun::sim

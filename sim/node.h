@@ -1,0 +1,56 @@
+#pragma once
+// One simulated machine: its agent (a real host::NodeHost over the simulated ports) and the
+// state the parts of the simulator share about it (up or down, hung, finished). The network
+// keeps its connections and the workers their processes; this is what all of them read.
+// Internal to sim/.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runner/host/node_host.h"
+#include "sim/sim_ports.h"
+#include "sim/timeline.h"
+
+namespace ddprun::sim {
+
+struct Node {
+  Node(Cluster* cluster, uint32_t at)
+      : timer(cluster, at), transport(cluster, at), launcher(cluster, at), console(cluster, at) {}
+  uint32_t index = 0;
+  int rank = 0;                // the node rank its agent claims
+  bool extra = false;          // duplicate-node-rank impostor
+  std::string host_name;
+  std::string addr;
+  std::string label;           // "node 3" or "node 1 (extra agent on node-0004)"
+  const JobSpec* spec = nullptr;
+  std::unique_ptr<JobSpec> own_spec;  // job-file-differs
+  SimTimer timer;
+  SimTransport transport;
+  SimLauncher launcher;
+  SimConsole console;
+  std::unique_ptr<host::NodeHost> host;
+  host::TransportEvents* tevents = nullptr;
+  host::ProcessEvents* pevents = nullptr;
+  uint32_t incarnation = 0;    // +1 per crash: what an older incarnation left is stale
+  bool up = false;
+  bool pending_start = false;  // a start or reboot is scheduled
+  bool started_once = false;
+  bool finished = false;
+  std::optional<int> exit_code;
+  int64_t hung_until_ns = 0;   // agent hang: its events wait until then
+  bool hung_forever = false;
+  int64_t last_hang_end_ns = -1;
+  uint64_t timer_gen = 0;
+  std::optional<int64_t> armed_ns;
+  std::optional<int64_t> queued_ns;
+  bool focus = false;          // touched by a fault: its lines are shown at scale
+  uint64_t condensed_stamp = 0;
+  NodePhase phase = NodePhase::kOff;
+
+  /// The agent processes events now (not crashed, not hung).
+  bool Hung(int64_t now_ns) const { return hung_until_ns > now_ns; }
+};
+
+}  // namespace ddprun::sim

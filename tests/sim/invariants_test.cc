@@ -1,0 +1,293 @@
+// Each invariant of sim/invariants.h, broken on purpose: a misbehaving sequence of observations
+// (what a buggy agent, coordinator or worker model would produce) must give the exact violation.
+#include "sim/invariants.h"
+
+#include <algorithm>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/sim/sim_test_util.h"
+
+namespace ddprun::testing {
+namespace {
+
+using sim::Invariants;
+using sim::RoundKey;
+using sim::WorkerStart;
+
+constexpr int64_t kSecond = 1'000'000'000;
+
+// 2 nodes x 2 workers; stop bound 1m36s (30s grace + 3 x 2s + 1m), lease 1m06s.
+class InvariantsTest : public ::testing::Test {
+ protected:
+  InvariantsTest()
+      : invariants_(sim::InvariantBounds{2, 4, Seconds(96), Seconds(66)},
+                    [this](int64_t at) { checks_.push_back(at); }) {
+    invariants_.AddNode(0, "node 0");
+    invariants_.AddNode(1, "node 1");
+    invariants_.AddNode(2, "node 1 (extra agent on node-0002)");
+  }
+
+  // Starts the worker of `rank` on the node that holds it (2 per node) with a correct env.
+  void Start(int64_t at_s, int round, int rank, uint32_t node = UINT32_MAX, uint64_t coordinator = 1) {
+    WorkerStart start;
+    start.node = node == UINT32_MAX ? static_cast<uint32_t>(rank / 2) : node;
+    start.round = RoundKey{coordinator, round};
+    start.world = 4;
+    start.global_rank = rank;
+    start.local_rank = rank % 2;
+    start.pid = Pid(round, rank, coordinator) + (node == UINT32_MAX ? 0 : 50);
+    start.rank_env = std::to_string(rank);
+    start.world_env = "4";
+    invariants_.WorkerStarted(start);
+    invariants_.AfterEvent(at_s * kSecond);
+  }
+  static uint64_t Pid(int round, int rank, uint64_t coordinator = 1) {
+    return 1000 + 100 * coordinator + 10 * static_cast<uint64_t>(round) + static_cast<uint64_t>(rank);
+  }
+  void StartRound(int64_t at_s, int round) {
+    for (int rank = 0; rank < 4; ++rank) Start(at_s, round, rank);
+  }
+  void End(int64_t at_s, int round, int rank, bool zero) {
+    invariants_.WorkerEnded(Pid(round, rank), zero);
+    invariants_.AfterEvent(at_s * kSecond);
+  }
+  // Heartbeats from the coordinator to every node, every 2 s from `from_s` to `to_s`.
+  void Heartbeats(int64_t from_s, int64_t to_s, std::vector<uint32_t> nodes = {0, 1}) {
+    for (int64_t t = from_s; t <= to_s; t += 2) {
+      for (uint32_t node : nodes) invariants_.HeardFromCoordinator(node, t * kSecond);
+      invariants_.AfterEvent(t * kSecond);
+    }
+  }
+  std::string Violation() const { return invariants_.violation().value_or("(none)"); }
+
+  Invariants invariants_;
+  std::vector<int64_t> checks_;
+};
+
+TEST_F(InvariantsTest, ACorrectRoundBreaksNothing) {
+  StartRound(20, 0);
+  Heartbeats(20, 600);
+  for (int rank = 0; rank < 4; ++rank) End(600, 0, rank, true);
+  invariants_.AgentExited(0, 0, RoundKey{1, 0});
+  invariants_.AgentExited(1, 0, RoundKey{1, 0});
+  invariants_.AfterEvent(601 * kSecond);
+  invariants_.AtEnd(601 * kSecond, sim::RunEnd{});
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+}
+
+TEST_F(InvariantsTest, WorldSizeThatDiffersFromTheJob) {
+  WorkerStart start{1, RoundKey{1, 0}, 4, 2, 0, 1012, "2", "2"};
+  invariants_.WorkerStarted(start);
+  invariants_.AfterEvent(20 * kSecond);
+  EXPECT_EQ(Violation(), "node 1 rank 2: WORLD_SIZE=2 but the job has 4 ranks (at 20s)");
+}
+
+TEST_F(InvariantsTest, RankOutsideTheJob) {
+  WorkerStart start{1, RoundKey{1, 0}, 4, 2, 0, 1012, "7", "4"};
+  invariants_.WorkerStarted(start);
+  invariants_.AfterEvent(20 * kSecond);
+  EXPECT_EQ(Violation(), "node 1: RANK=7 is not a rank of a 4-rank job (at 20s)");
+}
+
+TEST_F(InvariantsTest, RankStartedTwiceInOneRound) {
+  StartRound(20, 0);
+  End(30, 0, 3, false);
+  Start(31, 0, 3, 1);
+  EXPECT_EQ(Violation(), "round 0: rank 3 started twice (again on node 1) (at 31s)");
+}
+
+TEST_F(InvariantsTest, OneHolderPerRankAcrossNodes) {
+  // Node 1 is lost with its worker still running (hung, ignoring SIGTERM); an extra agent that
+  // claims node 1's rank starts rank 2 while the old holder runs.
+  StartRound(20, 0);
+  for (int rank : {0, 1, 3}) End(40, 0, rank, false);
+  Start(45, 1, 2, 2);
+  EXPECT_EQ(Violation(), "one holder per rank: rank 2 starts on node 1 (extra agent on node-0002) in round 1 "
+                         "while rank 2 of round 0 still runs on node 1 (pid 1102) (at 45s)");
+}
+
+TEST_F(InvariantsTest, OneRoundAtATime) {
+  StartRound(20, 0);
+  for (int rank : {0, 1, 2}) End(40, 0, rank, false);
+  Start(45, 1, 0);
+  EXPECT_EQ(Violation(), "one round at a time: node 0 starts round 1 while 1 worker(s) of round 0 still run "
+                         "(at 45s)");
+}
+
+TEST_F(InvariantsTest, RestartsBeyondTheBudget) {
+  invariants_.CoordinatorRestarts(2);
+  invariants_.AfterEvent(100 * kSecond);
+  EXPECT_FALSE(invariants_.violation());
+  invariants_.CoordinatorRestarts(3);
+  invariants_.AfterEvent(200 * kSecond);
+  EXPECT_EQ(Violation(), "the coordinator used 3 restarts; restart.max_restarts = 2 (at 3m20s)");
+}
+
+TEST_F(InvariantsTest, AgentExitsWithWorkersRunning) {
+  StartRound(20, 0);
+  End(50, 0, 2, true);
+  invariants_.AgentExited(1, 1, RoundKey{1, 0});
+  invariants_.AfterEvent(51 * kSecond);
+  EXPECT_EQ(Violation(), "node 1's agent exited with 1 worker(s) still running (at 51s)");
+}
+
+TEST_F(InvariantsTest, SuccessWithoutEveryRankExitingZero) {
+  StartRound(20, 0);
+  End(50, 0, 0, true);
+  End(50, 0, 1, true);
+  End(50, 0, 2, true);
+  End(50, 0, 3, false);
+  invariants_.AgentExited(0, 0, RoundKey{1, 0});
+  invariants_.AfterEvent(51 * kSecond);
+  EXPECT_EQ(Violation(), "node 0 exited 0 but only 3 of 4 ranks of round 0 exited 0 (at 51s)");
+}
+
+TEST_F(InvariantsTest, WorkerStillRunningPastTheStopBound) {
+  StartRound(20, 0);
+  Heartbeats(20, 98);
+  End(100, 0, 0, false);
+  invariants_.RoundFailed(RoundKey{1, 0});
+  invariants_.AfterEvent(100 * kSecond);
+  ASSERT_EQ(checks_.back(), 196 * kSecond) << "the bound schedules its own check";
+  for (int rank : {1, 2}) End(110, 0, rank, false);
+  Heartbeats(110, 194);
+  EXPECT_FALSE(invariants_.violation());
+  invariants_.AfterEvent(196 * kSecond);
+  EXPECT_EQ(Violation(), "round 0 failed 1m36s ago but rank 3 on node 1 (pid 1103) still runs; every worker "
+                         "should be gone within 1m36s (at 3m16s)");
+}
+
+TEST_F(InvariantsTest, StopBoundStartsAgainWhenAHungAgentResumes) {
+  StartRound(20, 0);
+  invariants_.AgentHung(1, 150 * kSecond);
+  Heartbeats(20, 98, {0});
+  End(100, 0, 0, false);
+  invariants_.RoundFailed(RoundKey{1, 0});
+  invariants_.AfterEvent(100 * kSecond);
+  End(101, 0, 1, false);
+  // The bound would end at 196s; the agent resumed at 150s, so it ends at 246s. (The old
+  // checker rescheduled itself for the same instant here and never fired.)
+  Heartbeats(150, 244, {1});
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+  ASSERT_NE(std::find(checks_.begin(), checks_.end(), 246 * kSecond), checks_.end());
+  invariants_.AfterEvent(246 * kSecond);
+  EXPECT_EQ(Violation(), "round 0 failed 2m26s ago but rank 2 on node 1 (pid 1102) still runs; every worker "
+                         "should be gone within 1m36s (at 4m06s)");
+}
+
+TEST_F(InvariantsTest, WorkerOutlivesItsAgentsLease) {
+  // Node 1 stops hearing from the coordinator at 100s (a partition); its agent must have killed
+  // its workers by 100s + 1m06s.
+  StartRound(20, 0);
+  Heartbeats(20, 100);
+  Heartbeats(102, 300, {0});
+  EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
+                         "coordinator or resumed; an agent stops its workers within 1m06s (at 2m46s)");
+}
+
+TEST_F(InvariantsTest, LeaseWaitsForAHungAgent) {
+  StartRound(20, 0);
+  Heartbeats(20, 100);
+  invariants_.AgentHung(1, 200 * kSecond);
+  Heartbeats(102, 264, {0});
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+  Heartbeats(266, 268, {0});
+  EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
+                         "coordinator or resumed; an agent stops its workers within 1m06s (at 4m26s)");
+}
+
+TEST_F(InvariantsTest, StoreRelayConnectsAClientToAnotherRoundsStore) {
+  StartRound(20, 0);
+  invariants_.StoreConnected(Pid(0, 3), RoundKey{1, 0}, RoundKey{1, 0}, 40000);
+  invariants_.AfterEvent(21 * kSecond);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+  invariants_.StoreConnected(Pid(0, 2), RoundKey{1, 0}, RoundKey{1, 1}, 40001);
+  invariants_.AfterEvent(22 * kSecond);
+  EXPECT_EQ(Violation(), "store relay: rank 2 on node 1 (pid 1102) of round 0 reached the store of round 1 "
+                         "(port 40001) (at 22s)");
+}
+
+TEST_F(InvariantsTest, HangWhenNothingIsLeftToHappen) {
+  sim::RunEnd end;
+  end.deadlock = true;
+  end.unfinished = {"node 1"};
+  end.unfinished_count = 1;
+  invariants_.AtEnd(300 * kSecond, end);
+  EXPECT_EQ(Violation(), "hang: nothing left to happen but node 1 never finished (at 5m00s)");
+}
+
+TEST_F(InvariantsTest, HangPastTheLivenessBound) {
+  sim::RunEnd end;
+  end.liveness_limit = true;
+  end.limit_ns = 3600 * kSecond;
+  end.unfinished = {"node 0", "node 1"};
+  end.unfinished_count = 2;
+  invariants_.AtEnd(3600 * kSecond, end);
+  EXPECT_EQ(Violation(), "hang: node 0, node 1 still running 1h00m after the start, past the liveness bound "
+                         "(all faults healed; the restart budget bounds the rounds) (at 1h00m)");
+}
+
+TEST_F(InvariantsTest, HangAtMaxTime) {
+  sim::RunEnd end;
+  end.max_time = Hours(24);
+  end.unfinished = {"node 1"};
+  end.unfinished_count = 1;
+  invariants_.AtEnd(86400 * kSecond, end);
+  EXPECT_EQ(Violation(), "hang: node 1 still running when simulate.max_time = 1d was reached (at 1d00h)");
+}
+
+TEST_F(InvariantsTest, ExitOneWithRestartsLeft) {
+  sim::RunEnd end;
+  end.exit_code = 1;
+  end.restarts_used = 1;
+  invariants_.AtEnd(300 * kSecond, end);
+  EXPECT_EQ(Violation(), "the job failed (exit 1) with restarts left (1 of 2 used) (at 5m00s)");
+}
+
+TEST_F(InvariantsTest, ExitThreeWithoutAFaultThatKeptANodeAway) {
+  sim::RunEnd end;
+  end.exit_code = 3;
+  invariants_.AtEnd(300 * kSecond, end);
+  EXPECT_EQ(Violation(), "the rendezvous failed (exit 3) although no fault kept a node away long enough "
+                         "(at 5m00s)");
+}
+
+// Through the whole simulator: a misbehaving node (a test-only sabotage) makes the invariant
+// fire in a real run, printed as the user sees it.
+using Sabotage = sim::SimOptions::Sabotage;
+
+TEST(InvariantsFireInTheSimulatorTest, WrongWorldSize) {
+  const SimRun run = Simulate(SmallJob(), {}, std::nullopt, false, Sabotage::kWrongWorldSize);
+  EXPECT_EQ(run.result.exit_code, 70);
+  EXPECT_EQ(run.result.violation.value_or(""), "node 1 rank 2: WORLD_SIZE=5 but the job has 4 ranks (at 0ms)");
+  EXPECT_THAT(run.output, ::testing::HasSubstr("] INVARIANT VIOLATED: node 1 rank 2: WORLD_SIZE=5 but the job has 4 "
+                                               "ranks\n"));
+}
+
+TEST(InvariantsFireInTheSimulatorTest, RankStartedWhileItsHolderRuns) {
+  const SimRun run = Simulate(SmallJob(), {}, std::nullopt, false, Sabotage::kSpawnTwice);
+  EXPECT_EQ(run.result.violation.value_or(""), "one holder per rank: rank 2 starts on node 1 in round 0 while rank 2 "
+                                               "of round 0 still runs on node 1 (pid 1003) (at 0ms)");
+}
+
+TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheRound) {
+  const SimRun run = Simulate(SmallJob(), {"worker-exit@7m:node=0,local_rank=0,exit_code=3"}, std::nullopt,
+                              false, Sabotage::kUnkillableWorkers);
+  // The agent gives up on workers that survive SIGKILL and rejoins; the next round must not
+  // start their ranks while they run.
+  EXPECT_EQ(run.result.violation.value_or(""), "one holder per rank: rank 2 starts on node 1 in round 1 while rank 2 "
+                                               "of round 0 still runs on node 1 (pid 1002) (at 7m50s)");
+}
+
+TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease) {
+  const SimRun run = Simulate(SmallJob(), {"partition@6m:node=1,duration=5m"}, std::nullopt, false,
+                              Sabotage::kUnkillableWorkers);
+  EXPECT_EQ(run.result.violation.value_or(""), "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
+                                               "heard from the coordinator or resumed; an agent stops its workers "
+                                               "within 1m06s (at 7m04s)");
+}
+
+}  // namespace
+}  // namespace ddprun::testing
