@@ -6,8 +6,8 @@
 # was not. Prints, per stall length, how many of TRIALS runs declared node 1 lost.
 #   bench/stall.sh [DDPRUN]          (default: build/release/runner/cli/ddprun)
 #   STALLS="1.0 1.5 2.0 2.5 3.0 3.5 4.5" TRIALS=4
-# The agents and their workers are stopped by pid (agents by their own pid at the end of each
-# trial; `timeout -k` bounds every agent).
+# Every agent is bounded: a watchdog SIGKILLs it by pid after 60 s (its guardian then stops its
+# workers).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DDPRUN=${1:-$REPO/build/release/runner/cli/ddprun}
@@ -40,17 +40,16 @@ rendezvous = "20s"
 heartbeat = "1s"
 stop_grace = "2s"
 TOML
-  timeout -k 5 60 "$DDPRUN" "$dir/job.toml" --node-rank 0 > "$dir/n0.out" 2>&1 & n0=$!
-  timeout -k 5 60 "$DDPRUN" "$dir/job.toml" --node-rank 1 > "$dir/n1.out" 2>&1 & n1=$!
+  "$DDPRUN" "$dir/job.toml" --node-rank 0 > "$dir/n0.out" 2>&1 & n0=$!
+  "$DDPRUN" "$dir/job.toml" --node-rank 1 > "$dir/n1.out" 2>&1 & n1=$!
+  (sleep 60; kill -9 "$n0" "$n1" 2>/dev/null) & local watchdog=$!
   for _ in $(seq 100); do grep -q "round 0: starting" "$dir/n1.out" 2>/dev/null && break; sleep 0.1; done
   sleep "0.$((RANDOM % 10))"
-  # timeout(1) runs the agent as its child: stop the agent itself, not timeout.
-  local agent
-  agent=$(pgrep -P "$n1" | head -1)
-  kill -STOP "$agent"; sleep "$stall"; kill -CONT "$agent"
+  kill -STOP "$n1"; sleep "$stall"; kill -CONT "$n1"
   local rc0=0
   wait "$n0" || rc0=$?
   wait "$n1" || true
+  kill "$watchdog" 2>/dev/null || true
   if [[ $rc0 == 0 ]]; then echo tolerated; else echo lost; fi
 }
 
