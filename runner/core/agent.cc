@@ -1,7 +1,6 @@
 #include "runner/core/agent.h"
 
 #include <algorithm>
-#include <cassert>
 #include <csignal>
 
 #include <fmt/format.h>
@@ -406,7 +405,17 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
   } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {
     job_end_received_ = true;
     out.push_back(PrintSummary{end->summary});
+    // The exit code comes off the network: a process can only exit with 0..255. Found by the
+    // core fuzzer (an agent exited with -2105375998).
     pending_exit_ = end->exit_code;
+    if (end->exit_code < 0 || end->exit_code > 255) {
+      Log(LogLevel::kError,
+          fmt::format("the coordinator sent exit code {}, which no process can exit with; exiting "
+                      "with {} (internal error)",
+                      end->exit_code, ToInt(ExitCode::kInternal)),
+          out);
+      pending_exit_ = ToInt(ExitCode::kInternal);
+    }
     StopWorkers(now, out);
     MaybeStopped(out);
   }

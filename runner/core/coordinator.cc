@@ -1,10 +1,10 @@
 #include "runner/core/coordinator.h"
 
 #include <algorithm>
-#include <cassert>
 
 #include <fmt/format.h>
 
+#include "runner/core/assert.h"
 #include "runner/core/auth.h"
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
@@ -583,7 +583,7 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
 }
 
 void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out) {
-  assert(phase_ == Phase::kRunning || phase_ == Phase::kStarting);
+  DDPRUN_ASSERT(phase_ == Phase::kRunning || phase_ == Phase::kStarting);
   out.push_back(LogLine{LogLevel::kError, fmt::format("round {} failed: {}; stopping every worker "
                                                       "on every node", round_, failure.what)});
   failure_ = failure;

@@ -559,6 +559,19 @@ TEST_F(AgentTest, InterruptedAgentThatLostTheCoordinatorHasNoStaleRetryDeadline)
   EXPECT_EQ(agent_->NextDeadline(), At(35s));  // the SIGKILL after stop_grace
 }
 
+// Found by the core fuzzer: the exit code of a JobEnd comes off the network.
+TEST_F(AgentTest, AJobEndWithAnImpossibleExitCodeExitsWithTheInternalErrorCode) {
+  Start(0s);
+  Feed(0s, MasterConnected{});
+  Msg(0s, wire::JoinAck{2});
+  const Effects e = Msg(1s, wire::JobEnd{-2105375998, "job ended"});
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<AgentExit>(e)[0].code, 70);
+  EXPECT_EQ(FindLog(e, "exit code"),
+            "the coordinator sent exit code -2105375998, which no process can exit with; exiting "
+            "with 70 (internal error)");
+}
+
 // With a shared secret the agent answers the coordinator's challenge, and refuses to join a
 // coordinator that never asks. Without one, a challenge ends it with advice.
 class SecretAgentTest : public AgentTest {
