@@ -15,6 +15,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "ddprun_version.h"
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
+#include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
 #include "runner/io/process_launcher.h"
 #include "schema/canonical.h"
@@ -39,6 +41,10 @@ namespace asio = boost::asio;
 using boost::system::error_code;
 
 namespace {
+
+// At exit the console gets this long to take what is still queued (the summary); a console
+// nobody reads does not hold the exit longer.
+constexpr int kExitFlushLimitMs = 2000;
 
 class RealClock final : public host::Clock {
  public:
@@ -72,7 +78,8 @@ class AsioTimer final : public host::Timer {
 
 class TerminalConsole final : public host::Console {
  public:
-  TerminalConsole(int node_rank, bool verbose) : node_rank_(node_rank), verbose_(verbose) {}
+  TerminalConsole(ConsoleWriter& writer, int node_rank, bool verbose)
+      : writer_(writer), node_rank_(node_rank), verbose_(verbose) {}
   void Log(core::LogLevel level, std::string_view source, std::string_view text) override {
     if (level == core::LogLevel::kDebug && !verbose_) return;
     const char* tag = level == core::LogLevel::kError  ? "error: "
@@ -96,10 +103,8 @@ class TerminalConsole final : public host::Console {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
     return fmt::format("{:02}:{:02}:{:02}.{:03}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   }
-  static void Print(const std::string& text) {
-    std::fwrite(text.data(), 1, text.size(), stderr);
-    std::fflush(stderr);
-  }
+  void Print(const std::string& text) { writer_.Write(ConsoleWriter::Stream::kErr, text); }
+  ConsoleWriter& writer_;
   int node_rank_;
   bool verbose_;
 };
@@ -179,6 +184,32 @@ std::vector<asio::ip::address> AllowedPeers(asio::io_context& io, const JobSpec&
   allowed.push_back(asio::ip::address_v4::loopback());
   allowed.push_back(asio::ip::address_v6::loopback());
   return allowed;
+}
+
+// Descriptors kept free for what must never starve: per worker its log file, two pipes while
+// it starts and the status pipe of vfork, its pidfd, the error file when it exits; plus the
+// agent's own (connections to the master, resolver, guardian, signals).
+size_t DescriptorReserve(const JobSpec& spec) {
+  return 64 + 8 * static_cast<size_t>(std::max(spec.cluster.nproc_per_node, 1));
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: an agent holds one descriptor per
+/// connection and several per worker, and distributions default to a soft limit of 1024.
+/// Returns the limits found at start (what workers get back) and the soft limit now.
+struct NoFileLimits {
+  rlimit original{};
+  rlim_t soft_now = 0;
+};
+NoFileLimits RaiseNoFileLimit() {
+  NoFileLimits out;
+  if (::getrlimit(RLIMIT_NOFILE, &out.original) != 0) return out;
+  out.soft_now = out.original.rlim_cur;
+  if (out.original.rlim_cur < out.original.rlim_max) {
+    rlimit raised = out.original;
+    raised.rlim_cur = out.original.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) out.soft_now = raised.rlim_cur;
+  }
+  return out;
 }
 
 }  // namespace
@@ -268,6 +299,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // Fork the guardian before anything can start a thread (Asio's resolver does).
   Guardian guardian;
   std::signal(SIGPIPE, SIG_IGN);
+  const NoFileLimits nofile = RaiseNoFileLimit();
 
   const std::filesystem::path job_dir = options.job_dir.empty() ? "." : options.job_dir;
   core::Agent::Config config;
@@ -291,6 +323,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   config.secret = *secret;
 
   asio::io_context io;
+  // Every console line of this agent, its workers' included, goes through this writer, so a
+  // terminal that stops reading never stops the loop (heartbeats, rank logs).
+  ConsoleWriter console_writer(io, (std::filesystem::path(spec.logs.dir) / spec.job.name / "").string());
   RealClock clock;
   AsioTimer timer(io);
   // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
@@ -304,8 +339,12 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   launcher_options.inherited_env = config.inherited_env;
   launcher_options.guardian = &guardian;
   launcher_options.raw_console_rank = options.raw_console_rank;
+  launcher_options.console_writer = &console_writer;
+  // Workers get the limit the agent was started with, as under torchrun; only the agent
+  // needs the raised one.
+  launcher_options.worker_nofile = nofile.original;
   RealProcessLauncher launcher(io, launcher_options);
-  TerminalConsole console(options.node_rank, options.verbose);
+  TerminalConsole console(console_writer, options.node_rank, options.verbose);
 
   int exit_code = 70;
   host::Ports ports{&clock, &timer, &transport, &launcher, &console};
@@ -340,14 +379,32 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console.Log(core::LogLevel::kWarn, "coordinator",
                 fmt::format("refused a connection from {}: not one of cluster.nodes", peer));
   });
+  AsioTransport::Limits limits;
+  limits.max_relays = AsioTransport::Limits::kRelaysPerRank * static_cast<size_t>(spec.WorldSize()) + 64;
+  const size_t reserve = DescriptorReserve(spec);
+  const size_t soft = nofile.soft_now == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(nofile.soft_now);
+  limits.max_sockets = soft > reserve + 16 ? soft - reserve : 16;
+  transport.SetLimits(limits);
+  transport.SetWarningSink([&console](const std::string& text) {
+    console.Log(core::LogLevel::kWarn, "coordinator", text);
+  });
+  if (soft < reserve + 64) {
+    console.Log(core::LogLevel::kWarn, "agent",
+                fmt::format("RLIMIT_NOFILE is {} (hard limit too): {} descriptors are kept for workers and "
+                            "logs, so at most {} connections are accepted at once; raise it (ulimit -n) "
+                            "for a job under load",
+                            soft, reserve, limits.max_sockets));
+  }
   const std::string error = node.Start();
   if (!error.empty()) {
     console.Summary("ddprun cannot start node 0's coordinator: " + error);
+    console_writer.FlushForExit(kExitFlushLimitMs);
     return 3;
   }
   io.run();
   launcher.KillAll();
   transport.Shutdown();
+  console_writer.FlushForExit(kExitFlushLimitMs);
   return exit_code;
 }
 

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
 
 namespace ddprun::io {
@@ -44,7 +45,7 @@ constexpr size_t kMaxErrorFile = 64 * 1024;
 /// and exec the child shares our memory: it only makes system calls, no allocation. Returns 0
 /// and sets `pid`, or the errno of the failed step.
 int SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir, int out_fd,
-                       int err_fd, pid_t& pid) {
+                       int err_fd, const rlimit& nofile, pid_t& pid) {
   int status_pipe[2];  // the child reports a failed step's errno; exec closes it on success
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return errno;
   const int dev_null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -65,6 +66,7 @@ int SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workd
     if (!error && ::getppid() != agent) ::_exit(137);  // the agent died before prctl
     if (!error && (::dup2(dev_null, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0)) error = errno;
     if (!error && ::chdir(workdir) != 0) error = errno;
+    if (!error && nofile.rlim_cur != 0) ::setrlimit(RLIMIT_NOFILE, &nofile);
     if (!error) {
       // The agent ignores SIGPIPE, and exec keeps ignored signals ignored.
       struct sigaction dfl {};
@@ -229,7 +231,7 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     return;
   }
   const int start_errno = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
-                                             out_pipe[1], err_pipe[1], worker->pid);
+                                             out_pipe[1], err_pipe[1], options_.worker_nofile, worker->pid);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
   error_code ec;
@@ -333,11 +335,17 @@ void RealProcessLauncher::OnOutput(Worker& worker, bool is_stderr, const char* d
     if (worker.show) console += worker.prefix + partial + "\n";
     partial.clear();
   }
-  if (!console.empty()) {
-    FILE* stream = is_stderr ? stderr : stdout;
-    std::fwrite(console.data(), 1, console.size(), stream);
-    std::fflush(stream);
+  if (!console.empty()) Show(is_stderr, console);
+}
+
+void RealProcessLauncher::Show(bool is_stderr, std::string_view text) {
+  if (options_.console_writer) {
+    options_.console_writer->Write(is_stderr ? ConsoleWriter::Stream::kErr : ConsoleWriter::Stream::kOut, text);
+    return;
   }
+  FILE* stream = is_stderr ? stderr : stdout;
+  std::fwrite(text.data(), 1, text.size(), stream);
+  std::fflush(stream);
 }
 
 void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
@@ -351,9 +359,7 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
     if (partial.empty()) continue;
     if (s == 1) worker->tail.push_back(partial);
     if (worker->show) {
-      const std::string line = worker->prefix + partial + "\n";
-      std::fwrite(line.data(), 1, line.size(), s == 1 ? stderr : stdout);
-      std::fflush(s == 1 ? stderr : stdout);
+      Show(s == 1, worker->prefix + partial + "\n");
     }
     partial.clear();
   }

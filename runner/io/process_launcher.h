@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "runner/host/ports.h"
 #include "schema/job_spec.h"
 
@@ -18,6 +20,7 @@ class io_context;
 
 namespace ddprun::io {
 
+class ConsoleWriter;
 class Guardian;
 
 class RealProcessLauncher final : public host::ProcessLauncher {
@@ -32,6 +35,10 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     Guardian* guardian = nullptr;
     /// Set: show only this global rank's output, unprefixed, instead of `console`.
     std::optional<int> raw_console_rank;
+    /// Where shown output goes without ever blocking the loop (null: straight to stdio).
+    ConsoleWriter* console_writer = nullptr;
+    /// RLIMIT_NOFILE for workers (the agent raises its own); rlim_cur 0: inherit the agent's.
+    rlimit worker_nofile{};
   };
 
   RealProcessLauncher(boost::asio::io_context& io, Options options);
@@ -49,6 +56,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr);
   void OnOutput(Worker& worker, bool is_stderr, const char* data, size_t size);
   void MaybeReport(const std::shared_ptr<Worker>& worker);
+  void Show(bool is_stderr, std::string_view text);
 
   boost::asio::io_context& io_;
   Options options_;
