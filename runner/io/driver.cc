@@ -1,5 +1,6 @@
 #include "runner/io/driver.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <csignal>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -295,6 +297,92 @@ std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, 
   return std::nullopt;
 }
 
+namespace {
+
+bool IsLoopback(const asio::ip::address& address) {
+  if (address.is_v6() && address.to_v6().is_v4_mapped()) return address.to_v6().to_v4().is_loopback();
+  return address.is_loopback();
+}
+
+/// The first address `name` resolves to here, as Listen binds it; nullopt if it does not.
+std::optional<asio::ip::address> FirstAddress(const std::string& name) {
+  asio::io_context io;
+  asio::ip::tcp::resolver resolver(io);
+  error_code ec;
+  auto results = resolver.resolve(name, "", ec);
+  if (ec || results.empty()) return std::nullopt;
+  return results.begin()->endpoint().address();
+}
+
+/// The address /etc/hosts gives `name` ("" if it has no line for it).
+std::string HostsFileEntry(const std::string& name) {
+  std::ifstream in("/etc/hosts");
+  std::string line;
+  auto lower = [](std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return text;
+  };
+  const std::string wanted = lower(name);
+  for (int lines = 0; lines < 10000 && std::getline(in, line); ++lines) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream fields(line);
+    std::string address, alias;
+    if (!(fields >> address)) continue;
+    while (fields >> alias) {
+      if (lower(alias) == wanted) return address;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string LoopbackMasterProblem(const JobSpec& spec) {
+  const std::string& name = spec.cluster.master_addr;
+  if (spec.cluster.nnodes <= 1 || name.empty() || IsAddressLike(name)) return "";
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  // "localhost" says on its face that the job stays on this machine (tests, a laptop).
+  if (lower == "localhost" || lower.starts_with("localhost.") || lower.ends_with(".localhost") ||
+      lower == "ip6-localhost" || lower == "ip6-loopback") {
+    return "";
+  }
+  const auto address = FirstAddress(name);
+  if (!address || !IsLoopback(*address)) return "";
+  // Every listed node on this machine's loopback: a one-machine job by design.
+  if (!spec.cluster.nodes.empty() &&
+      std::all_of(spec.cluster.nodes.begin(), spec.cluster.nodes.end(), [](const std::string& node) {
+        const auto a = FirstAddress(node);
+        return a && IsLoopback(*a);
+      })) {
+    return "";
+  }
+  const std::string ip = address->is_v6() && address->to_v6().is_v4_mapped() ? address->to_v6().to_v4().to_string()
+                                                                            : address->to_string();
+  const std::string hosts_ip = HostsFileEntry(name);
+  std::string cause;
+  if (!hosts_ip.empty()) {
+    cause = fmt::format("/etc/hosts maps {} to {}{}", name, hosts_ip,
+                        hosts_ip == "127.0.1.1" ? " (Debian and Ubuntu do that for the host's own name)" : "");
+  } else {
+    cause = fmt::format("{} resolves to {} on this host", name, ip);
+  }
+  std::vector<std::string> reachable;
+  for (const std::string& local : LocalAddresses()) {
+    error_code ec;
+    const auto parsed = asio::ip::make_address(local, ec);
+    if (!ec && !parsed.is_loopback() && !(parsed.is_v6() && parsed.to_v6().is_link_local())) reachable.push_back(local);
+  }
+  const bool explicit_addr = spec.locations.count("cluster.master_addr") > 0;
+  return fmt::format(
+      "cluster.master_addr \"{}\"{} is a loopback address on this host: {}; node 0 would listen on {}, "
+      "where no other node can reach it, and another node would connect to itself\n"
+      "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
+      "that address in /etc/hosts on every node",
+      name, explicit_addr ? "" : " (cluster.nodes[0])", cause, ip,
+      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name);
+}
+
 int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // Fork the guardian before anything can start a thread (Asio's resolver does).
   Guardian guardian;
@@ -394,6 +482,16 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                             "logs, so at most {} connections are accepted at once; raise it (ulimit -n) "
                             "for a job under load",
                             soft, reserve, limits.max_sockets));
+  }
+  // A master that listens on loopback in a job of several hosts fails late and far away
+  // ("connection refused" on every other node): say why here, at once.
+  if (const std::string loopback = LoopbackMasterProblem(spec); !loopback.empty()) {
+    if (options.node_rank == 0) {
+      console.Summary("ddprun cannot start node 0's coordinator: " + loopback);
+      console_writer.FlushForExit(kExitFlushLimitMs);
+      return 3;
+    }
+    console.Log(core::LogLevel::kWarn, "agent", loopback);
   }
   const std::string error = node.Start();
   if (!error.empty()) {
