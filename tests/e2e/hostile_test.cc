@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -176,6 +177,76 @@ TEST(HostileTest, ThousandsOfShortConnectionsKeepNode0sMemoryAndDescriptorsBound
   // 3000 connections at the old ~192 KiB each would be ~560 MiB; 24 MiB bounds the agent with
   // its relays capped.
   EXPECT_LT(peak - rss_before, 24 * 1024) << "VmRSS before " << rss_before << " KiB, peak " << peak << " KiB";
+  dir.Write("stop", "");
+  EXPECT_EQ(node0.Wait(20s), 0) << node0.Output();
+}
+
+// Issue 11.2, with the store listening: a store client that spoke before rank 0 listened gets
+// its bytes through once it does; thousands of short clients come and go and leave nothing
+// behind; a connection the store side closes is closed for the client too.
+TEST(HostileTest, RelayedConnectionsAreFreedWhenEitherSideCloses) {
+  if (std::system("python3 -c 'import selectors' >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 is not installed";
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  // Worker rank 0 plays the store: once `listen` exists it listens on MASTER_PORT and echoes
+  // every connection, and closes a connection that sends "bye".
+  dir.Write("store.py", R"(import os, selectors, socket, time
+while not os.path.exists('listen'): time.sleep(0.02)
+server = socket.create_server(('127.0.0.1', int(os.environ['MASTER_PORT'])), backlog=1024)
+server.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(server, selectors.EVENT_READ)
+while not os.path.exists('stop'):
+    for key, _ in sel.select(0.05):
+        if key.fileobj is server:
+            conn, _ = server.accept()
+            sel.register(conn, selectors.EVENT_READ)
+            continue
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b''
+        if data and data != b'bye':
+            key.fileobj.sendall(data)
+            continue
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+)");
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = \"relay\"\ncommand = [\"python3\", \"store.py\"]\n"
+    << "[cluster]\nnnodes = 1\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port << "\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 1\n"
+    << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+  const std::string job = dir.Write("job.toml", t.str());
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  ASSERT_TRUE(WaitFor([&] { return node0.Output().find("round 0: starting") != std::string::npos; }, 20s))
+      << node0.Output();
+  const size_t fds_before = OpenDescriptors(node0.pid());
+  const long rss_before = StatusKiB(node0.pid(), "VmRSS");
+
+  const int early = ConnectTo(port);
+  ASSERT_GE(early, 0);
+  ASSERT_EQ(::send(early, "early", 5, MSG_NOSIGNAL), 5);
+  dir.Write("listen", "");
+  char reply[16] = {};
+  ASSERT_EQ(::recv(early, reply, 5, MSG_WAITALL), 5) << node0.Output();
+  EXPECT_EQ(std::string(reply, 5), "early");
+
+  for (int i = 0; i < 2000; ++i) {
+    const int fd = ConnectTo(port);
+    ASSERT_GE(fd, 0);
+    (void)::send(fd, "x", 1, MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  // The early client's relay (two sockets) is all that stays.
+  EXPECT_TRUE(WaitFor([&] { return OpenDescriptors(node0.pid()) <= fds_before + 2; }, 20s))
+      << "descriptors before " << fds_before << ", now " << OpenDescriptors(node0.pid());
+  EXPECT_LT(StatusKiB(node0.pid(), "VmHWM") - rss_before, 24 * 1024);
+
+  ASSERT_EQ(::send(early, "bye", 3, MSG_NOSIGNAL), 3);
+  EXPECT_EQ(::recv(early, reply, sizeof reply, 0), 0) << "the store closed it, so the relay closes it";
+  ::close(early);
+  EXPECT_TRUE(WaitFor([&] { return OpenDescriptors(node0.pid()) <= fds_before; }, 20s));
   dir.Write("stop", "");
   EXPECT_EQ(node0.Wait(20s), 0) << node0.Output();
 }
