@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/random.h>
@@ -384,6 +385,17 @@ std::string LoopbackMasterProblem(const JobSpec& spec) {
 }
 
 int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
+  // Started with stdin, stdout or stderr closed (`>&-`), the next pipe or socket would get
+  // that number and console lines would be written into it.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int null_fd = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null_fd >= 0 && null_fd != fd) {
+        ::dup2(null_fd, fd);
+        ::close(null_fd);
+      }
+    }
+  }
   // Fork the guardian before anything can start a thread (Asio's resolver does).
   Guardian guardian;
   std::signal(SIGPIPE, SIG_IGN);
