@@ -320,8 +320,9 @@ TEST(HostileTest, TheSoftDescriptorLimitIsRaisedForTheAgentAndNotForWorkers) {
 }
 
 // Issue 11.8: master_port is the local port of an outgoing connection (it is inside the
-// ephemeral range); the message says so and names the process, rather than "in use" alone.
-TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplained) {
+// ephemeral range); the message says so and names the process, rather than "in use" alone;
+// and once no process holds that connection, it says that.
+TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplainedWithOrWithoutItsProcess) {
   // A server on a free port, and a client bound to the port the job will want.
   const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
@@ -362,7 +363,21 @@ TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplained) {
                         "), where the kernel picks the local ports of outgoing connections\n"
                         "hint: stop that process, or pick another cluster.master_port in the job file (on "
                         "every node)"));
+  // Now the client closes while the server keeps its end: the client's socket lingers in
+  // FIN_WAIT2 with no process, and still holds the port.
+  const int accepted = ::accept(server, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
   ::close(client);
+  AgentProcess again({job, "--node-rank", "0"}, dir.path() + "/again.out");
+  EXPECT_EQ(again.Wait(20s), 3) << again.Output();
+  EXPECT_THAT(again.Output(),
+              HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(port) +
+                        ": the port is already in use, and no process holds it: a connection 127.0.0.1:" +
+                        std::to_string(port) + " -> 127.0.0.1:" + std::to_string(server_port) +
+                        " (FIN_WAIT2) still does; the port is inside net.ipv4.ip_local_port_range (" +
+                        std::to_string(low) + "-" + std::to_string(high) +
+                        "), where the kernel picks the local ports of outgoing connections\n"));
+  ::close(accepted);
   ::close(server);
 }
 
