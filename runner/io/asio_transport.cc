@@ -45,6 +45,11 @@ constexpr size_t kMaxUnclassified = 256;
 // Accepting again after EMFILE or a full socket budget: first after 100 ms, at most 2 s.
 constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(100);
 constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(2000);
+// Connections that have not said what they are, closed when descriptors run out, so that
+// workers and log files find some.
+constexpr size_t kEvictOnExhaustion = 16;
+// The socket budget never shrinks below this: agents must still be able to join.
+constexpr size_t kMinSockets = 16;
 // A limit that keeps being hit is said once per this interval, not once per connection.
 constexpr auto kWarningInterval = std::chrono::seconds(60);
 enum : int { kWarnAccept = 1, kWarnUnclassified = 2, kWarnRelays = 3, kWarnSockets = 4 };
@@ -159,29 +164,35 @@ std::string AsioTransport::Listen(const std::string& addr, uint16_t port) {
 }
 
 void AsioTransport::StartAccept() {
+  // Within the socket budget, the descriptors left are the reserve for workers and logs: make
+  // room by closing the oldest connection that has not said what it is, or wait.
+  if (SocketsInUse() >= limits_.max_sockets) {
+    const std::string why = fmt::format("{} connections are open, the most this agent keeps with "
+                                        "RLIMIT_NOFILE {} (the rest is kept for workers and log files)",
+                                        SocketsInUse(), CurrentNoFileLimit());
+    if (!EvictOldestUnclassified()) {
+      AcceptLater(why + "; not accepting more for now");
+      return;
+    }
+    Warn(kWarnSockets, why + "; closing the oldest that has not said what it is");
+  }
   listener_->acceptor.async_accept([this](error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !listener_ || !listener_->acceptor.is_open()) return;
     if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
         ec == asio::error::no_memory) {
-      // Re-arming at once would fail again at once: a busy loop. Free what can be freed and
-      // wait; the connection stays in the kernel's backlog meanwhile.
-      EvictOldestUnclassified();
-      AcceptLater(fmt::format("cannot accept connections on the master port: {} (RLIMIT_NOFILE {})",
-                              ec.message(), CurrentNoFileLimit()));
+      // Re-arming at once would fail again at once: a busy loop. The budget was too generous
+      // (descriptors went elsewhere): lower it to what is open now, free some descriptors for
+      // workers and logs, and try again later; the connection waits in the kernel's backlog.
+      for (size_t i = 0; i < kEvictOnExhaustion && EvictOldestUnclassified(); ++i) {
+      }
+      limits_.max_sockets = std::max(SocketsInUse(), kMinSockets);
+      AcceptLater(fmt::format("cannot accept connections on the master port: {} (RLIMIT_NOFILE {}); "
+                              "keeping at most {} connections from now on",
+                              ec.message(), CurrentNoFileLimit(), limits_.max_sockets));
       return;
     }
     accept_backoff_ = std::chrono::milliseconds(0);
     if (!ec) OnAccepted(std::move(socket));
-    if (SocketsInUse() >= limits_.max_sockets) {
-      const std::string why = fmt::format("{} connections are open, the most this agent keeps with "
-                                          "RLIMIT_NOFILE {} (the rest is kept for workers and log files)",
-                                          SocketsInUse(), CurrentNoFileLimit());
-      if (!EvictOldestUnclassified()) {
-        AcceptLater(why + "; not accepting more for now");
-        return;
-      }
-      Warn(kWarnSockets, why + "; closing the oldest that has not said what it is");
-    }
     StartAccept();
   });
 }

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -215,6 +216,22 @@ NoFileLimits RaiseNoFileLimit() {
   return out;
 }
 
+/// Descriptors above stderr that the agent was started with (a parent that leaks them): they
+/// count against RLIMIT_NOFILE like our own.
+size_t InheritedDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return 0;
+  size_t count = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || end == entry->d_name) continue;
+    if (fd > 2 && fd != ::dirfd(dir)) ++count;
+  }
+  ::closedir(dir);
+  return count;
+}
+
 }  // namespace
 
 std::optional<std::string> ReadSharedSecret(std::string& error, std::string& warning) {
@@ -396,6 +413,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
       }
     }
   }
+  const size_t inherited_fds = InheritedDescriptors();
   // Fork the guardian before anything can start a thread (Asio's resolver does).
   Guardian guardian;
   std::signal(SIGPIPE, SIG_IGN);
@@ -481,7 +499,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   });
   AsioTransport::Limits limits;
   limits.max_relays = AsioTransport::Limits::kRelaysPerRank * static_cast<size_t>(spec.WorldSize()) + 64;
-  const size_t reserve = DescriptorReserve(spec);
+  const size_t reserve = DescriptorReserve(spec) + inherited_fds;
   const size_t soft = nofile.soft_now == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(nofile.soft_now);
   limits.max_sockets = soft > reserve + 16 ? soft - reserve : 16;
   transport.SetLimits(limits);
@@ -491,9 +509,11 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   if (soft < reserve + 64) {
     console.Log(core::LogLevel::kWarn, "agent",
                 fmt::format("RLIMIT_NOFILE is {} (hard limit too): {} descriptors are kept for workers and "
-                            "logs, so at most {} connections are accepted at once; raise it (ulimit -n) "
+                            "logs{}, so at most {} connections are accepted at once; raise it (ulimit -n) "
                             "for a job under load",
-                            soft, reserve, limits.max_sockets));
+                            soft, reserve - inherited_fds,
+                            inherited_fds == 0 ? "" : fmt::format(" and {} were open at start", inherited_fds),
+                            limits.max_sockets));
   }
   // A master that listens on loopback in a job of several hosts fails late and far away
   // ("connection refused" on every other node): say why here, at once.
