@@ -216,6 +216,19 @@ NoFileLimits RaiseNoFileLimit() {
   return out;
 }
 
+/// The job's log folder as the user can open it: relative to the current directory when it
+/// lies below it ("logs/resnet50/"), else absolute.
+std::string LogsHint(const std::string& logs_dir, const std::string& job_name) {
+  const std::filesystem::path folder = std::filesystem::path(logs_dir) / job_name;
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  if (!ec) {
+    const auto relative = folder.lexically_relative(cwd);
+    if (!relative.empty() && *relative.begin() != "..") return relative.string() + "/";
+  }
+  return folder.string() + "/";
+}
+
 /// Descriptors above stderr that the agent was started with (a parent that leaks them): they
 /// count against RLIMIT_NOFILE like our own.
 size_t InheritedDescriptors() {
@@ -443,7 +456,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   asio::io_context io;
   // Every console line of this agent, its workers' included, goes through this writer, so a
   // terminal that stops reading never stops the loop (heartbeats, rank logs).
-  ConsoleWriter console_writer(io, (std::filesystem::path(spec.logs.dir) / spec.job.name / "").string());
+  ConsoleWriter console_writer(io, LogsHint(config.logs_dir, spec.job.name));
   RealClock clock;
   AsioTimer timer(io);
   // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
