@@ -242,7 +242,8 @@ void AsioTransport::OnAccepted(tcp::socket socket) {
 
 bool AsioTransport::EvictOldestUnclassified() {
   if (unclassified_.empty()) return false;
-  DropUnclassified(unclassified_.begin()->second);
+  const std::shared_ptr<Connection> oldest = unclassified_.begin()->second;  // outlives the erase
+  DropUnclassified(oldest);
   return true;
 }
 
@@ -251,7 +252,8 @@ void AsioTransport::DropUnclassified(const std::shared_ptr<Connection>& conn) {
   error_code ignored;
   conn->socket.close(ignored);
   conn->timer.cancel();
-  unclassified_.erase(conn->id);
+  const host::ConnId id = conn->id;
+  unclassified_.erase(id);
 }
 
 size_t AsioTransport::SocketsInUse() const {
@@ -348,7 +350,9 @@ void AsioTransport::CloseRelay(const std::shared_ptr<Relay>& relay) {
   error_code ignored;
   relay->client.close(ignored);
   relay->upstream.close(ignored);
-  relays_.erase(relay->id);
+  // The callers hold their own reference, so the relay outlives its entry here.
+  const uint64_t id = relay->id;
+  relays_.erase(id);
 }
 
 void AsioTransport::StartRelay(const std::shared_ptr<Connection>& conn, size_t have) {
