@@ -112,6 +112,14 @@ size_t InheritableDescriptors() {
   return n;
 }
 
+// Under AddressSanitizer freed memory sits in quarantine and RSS says nothing about leaks; the
+// memory bounds are checked in the normal builds only.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMeasuresMemory = false;
+#else
+constexpr bool kMeasuresMemory = true;
+#endif
+
 size_t CountLines(const std::string& text) { return static_cast<size_t>(std::count(text.begin(), text.end(), '\n')); }
 
 // Issue 11.1: node 1's stdout and stderr are a FIFO that nobody reads (a terminal stopped with
@@ -167,10 +175,12 @@ TEST(HostileTest, ThousandsOfShortConnectionsKeepNode0sMemoryAndDescriptorsBound
   ScratchDir dir;
   const uint16_t port = FreePort();
   const std::string job = dir.Write(
-      "job.toml", Job(port, "while [ ! -e " + dir.path() + "/stop ]; do sleep 0.05; done", Shape{1, 1, 0}));
+      "job.toml", Job(port, "touch " + dir.path() + "/started; while [ ! -e " + dir.path() +
+                                "/stop ]; do sleep 0.05; done",
+                      Shape{1, 1, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
-  ASSERT_TRUE(WaitFor([&] { return node0.Output().find("round 0: starting") != std::string::npos; }, 20s))
-      << node0.Output();
+  // Once the worker runs, the agent holds its pipes and log file: the descriptors to compare with.
+  ASSERT_TRUE(WaitFor([&] { return dir.Exists("started"); }, 20s)) << node0.Output();
   const long rss_before = StatusKiB(node0.pid(), "VmRSS");
   const size_t fds_before = OpenDescriptors(node0.pid());
   constexpr int kConnections = 3000;
@@ -190,7 +200,9 @@ TEST(HostileTest, ThousandsOfShortConnectionsKeepNode0sMemoryAndDescriptorsBound
   const long peak = StatusKiB(node0.pid(), "VmHWM");
   // 3000 connections at the old ~192 KiB each would be ~560 MiB; 24 MiB bounds the agent with
   // its relays capped.
-  EXPECT_LT(peak - rss_before, 24 * 1024) << "VmRSS before " << rss_before << " KiB, peak " << peak << " KiB";
+  if (kMeasuresMemory) {
+    EXPECT_LT(peak - rss_before, 24 * 1024) << "VmRSS before " << rss_before << " KiB, peak " << peak << " KiB";
+  }
   dir.Write("stop", "");
   EXPECT_EQ(node0.Wait(20s), 0) << node0.Output();
 }
@@ -205,6 +217,7 @@ TEST(HostileTest, RelayedConnectionsAreFreedWhenEitherSideCloses) {
   // Worker rank 0 plays the store: once `listen` exists it listens on MASTER_PORT and echoes
   // every connection, and closes a connection that sends "bye".
   dir.Write("store.py", R"(import os, selectors, socket, time
+open('started', 'w').close()
 while not os.path.exists('listen'): time.sleep(0.02)
 server = socket.create_server(('127.0.0.1', int(os.environ['MASTER_PORT'])), backlog=1024)
 server.setblocking(False)
@@ -233,8 +246,7 @@ while not os.path.exists('stop'):
     << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
   const std::string job = dir.Write("job.toml", t.str());
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
-  ASSERT_TRUE(WaitFor([&] { return node0.Output().find("round 0: starting") != std::string::npos; }, 20s))
-      << node0.Output();
+  ASSERT_TRUE(WaitFor([&] { return dir.Exists("started"); }, 20s)) << node0.Output();
   const size_t fds_before = OpenDescriptors(node0.pid());
   const long rss_before = StatusKiB(node0.pid(), "VmRSS");
 
@@ -255,7 +267,9 @@ while not os.path.exists('stop'):
   // The early client's relay (two sockets) is all that stays.
   EXPECT_TRUE(WaitFor([&] { return OpenDescriptors(node0.pid()) <= fds_before + 2; }, 20s))
       << "descriptors before " << fds_before << ", now " << OpenDescriptors(node0.pid());
-  EXPECT_LT(StatusKiB(node0.pid(), "VmHWM") - rss_before, 24 * 1024);
+  if (kMeasuresMemory) {
+    EXPECT_LT(StatusKiB(node0.pid(), "VmHWM") - rss_before, 24 * 1024);
+  }
 
   ASSERT_EQ(::send(early, "bye", 3, MSG_NOSIGNAL), 3);
   EXPECT_EQ(::recv(early, reply, sizeof reply, 0), 0) << "the store closed it, so the relay closes it";
