@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "runner/cli/commands.h"
+#include "runner/io/driver.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
 #include "schema/plan.h"
@@ -28,6 +29,10 @@ int CheckCommand(const CheckOptions& options) {
     fmt::print(stderr, "ddprun check: --node-rank {} is out of range: {} has nodes 0..{}\n",
                *options.node_rank, options.job_path, spec.cluster.nnodes - 1);
     return kExitUsage;
+  }
+  // Seen from this host only (its /etc/hosts): run `check` on node 0 to check node 0.
+  if (const std::string loopback = io::LoopbackMasterProblem(spec); !loopback.empty() && !options.json) {
+    fmt::print(stderr, "warning: {}\n", loopback);
   }
   const Plan plan = MakePlan(spec, options.node_rank);
   if (options.json) {

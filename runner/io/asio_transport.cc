@@ -10,6 +10,8 @@
 #include <optional>
 #include <sstream>
 
+#include <sys/resource.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -31,6 +33,32 @@ constexpr size_t kMaxQueuedBytes = 16u << 20;
 constexpr auto kClassifyTimeout = std::chrono::seconds(30);
 // How long a store client waits, through the relay, for worker rank 0's store to listen.
 constexpr auto kRelayConnectLimit = std::chrono::seconds(120);
+// While the store does not listen yet, one connect attempt per interval stands for all
+// waiting store clients.
+constexpr auto kRelayRetryInterval = std::chrono::milliseconds(50);
+// Per relayed connection: one buffer each way, and what a client may send before the store
+// listens. TCPStore messages are small; a large value just takes more rounds.
+constexpr size_t kRelayBufferBytes = 16 * 1024;
+constexpr size_t kMaxPendingBytes = 16 * 1024;
+// Accepted connections that have not yet sent their first 4 bytes.
+constexpr size_t kMaxUnclassified = 256;
+// Accepting again after EMFILE or a full socket budget: first after 100 ms, at most 2 s.
+constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(100);
+constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(2000);
+// Connections that have not said what they are, closed when descriptors run out, so that
+// workers and log files find some.
+constexpr size_t kEvictOnExhaustion = 16;
+// The socket budget never shrinks below this: agents must still be able to join.
+constexpr size_t kMinSockets = 16;
+// A limit that keeps being hit is said once per this interval, not once per connection.
+constexpr auto kWarningInterval = std::chrono::seconds(60);
+enum : int { kWarnAccept = 1, kWarnUnclassified = 2, kWarnRelays = 3, kWarnSockets = 4 };
+
+std::string CurrentNoFileLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return "unknown";
+  return limit.rlim_cur == RLIM_INFINITY ? "unlimited" : std::to_string(limit.rlim_cur);
+}
 
 core::ConnectError ClassifyConnectError(const error_code& ec) {
   if (ec == asio::error::connection_refused) return core::ConnectError::kRefused;
@@ -51,7 +79,8 @@ struct AsioTransport::Connection {
   tcp::socket socket;
   tcp::resolver resolver;
   asio::steady_timer timer;
-  std::array<uint8_t, 64 * 1024> read_buffer{};
+  std::array<uint8_t, 4> hello{};      // accepted connections: the first bytes, to classify
+  std::vector<uint8_t> read_buffer;     // allocated when reading starts
   std::deque<std::vector<uint8_t>> queue;
   size_t queued_bytes = 0;
   bool writing = false;
@@ -85,6 +114,10 @@ void AsioTransport::Shutdown() {
     error_code ignored;
     listener_->acceptor.close(ignored);
   }
+  if (accept_timer_) accept_timer_->cancel();
+  auto unclassified = std::move(unclassified_);
+  unclassified_.clear();
+  for (auto& [id, conn] : unclassified) DropUnclassified(conn);
   for (auto& [id, conn] : conns_) {
     conn->closed = true;
     error_code ignored;
@@ -108,11 +141,10 @@ std::string AsioTransport::Listen(const std::string& addr, uint16_t port) {
   if (!ec) listener->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) listener->acceptor.bind(endpoint, ec);
   if (ec == asio::error::address_in_use) {
-    const std::string owner = FindPortOwner(port);
     return fmt::format("cannot listen on {}:{}: the port is already in use{}\n"
                        "hint: stop that process, or pick another cluster.master_port in the job "
                        "file (on every node)",
-                       addr, port, owner.empty() ? "" : " by " + owner);
+                       addr, port, DescribePortUse(port));
   }
   if (ec.value() == EADDRNOTAVAIL) {
     return fmt::format("cannot listen on {}:{}: {} is not an address of this machine\n"
@@ -132,166 +164,372 @@ std::string AsioTransport::Listen(const std::string& addr, uint16_t port) {
 }
 
 void AsioTransport::StartAccept() {
+  // Within the socket budget, the descriptors left are the reserve for workers and logs: make
+  // room by closing the oldest connection that has not said what it is, or wait.
+  if (SocketsInUse() >= limits_.max_sockets) {
+    const std::string why = fmt::format("{} connections are open, the most this agent keeps with "
+                                        "RLIMIT_NOFILE {} (the rest is kept for workers and log files)",
+                                        SocketsInUse(), CurrentNoFileLimit());
+    if (!EvictOldestUnclassified()) {
+      AcceptLater(why + "; not accepting more for now");
+      return;
+    }
+    Warn(kWarnSockets, why + "; closing the oldest that has not said what it is");
+  }
   listener_->acceptor.async_accept([this](error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !listener_ || !listener_->acceptor.is_open()) return;
-    if (!ec) {
-      auto conn = std::make_shared<Connection>(io_, next_id_++);
-      conn->socket = std::move(socket);
-      conn->connected = true;
-      error_code ignored;
-      conn->socket.set_option(tcp::no_delay(true), ignored);
-      const auto remote = conn->socket.remote_endpoint(ignored);
-      conn->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
-      // Listed nodes only: this also covers PyTorch's store, which has no authentication.
-      auto address = remote.address();
-      if (address.is_v6() && address.to_v6().is_v4_mapped()) {
-        address = address.to_v6().to_v4();
+    if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
+        ec == asio::error::no_memory) {
+      // Re-arming at once would fail again at once: a busy loop. The budget was too generous
+      // (descriptors went elsewhere): lower it to what is open now, free some descriptors for
+      // workers and logs, and try again later; the connection waits in the kernel's backlog.
+      for (size_t i = 0; i < kEvictOnExhaustion && EvictOldestUnclassified(); ++i) {
       }
-      if (!allowed_.empty() && std::find(allowed_.begin(), allowed_.end(), address) == allowed_.end()) {
-        if (refused_reported_.insert(address.to_string()).second && on_refused_) {
-          on_refused_(address.to_string());
-        }
-        conn->socket.close(ignored);
-      } else {
-        Classify(conn, 0);
-      }
+      limits_.max_sockets = std::max(SocketsInUse(), kMinSockets);
+      AcceptLater(fmt::format("cannot accept connections on the master port: {} (RLIMIT_NOFILE {}); "
+                              "keeping at most {} connections from now on",
+                              ec.message(), CurrentNoFileLimit(), limits_.max_sockets));
+      return;
     }
+    accept_backoff_ = std::chrono::milliseconds(0);
+    if (!ec) OnAccepted(std::move(socket));
     StartAccept();
   });
 }
 
+void AsioTransport::AcceptLater(const std::string& why) {
+  Warn(kWarnAccept, why);
+  accept_backoff_ = std::clamp(accept_backoff_ * 2, kAcceptBackoffMin, kAcceptBackoffMax);
+  if (!accept_timer_) accept_timer_ = std::make_unique<asio::steady_timer>(io_);
+  accept_timer_->expires_after(accept_backoff_);
+  accept_timer_->async_wait([this](error_code ec) {
+    if (ec || !listener_ || !listener_->acceptor.is_open()) return;
+    StartAccept();
+  });
+}
+
+void AsioTransport::OnAccepted(tcp::socket socket) {
+  auto conn = std::make_shared<Connection>(io_, next_id_++);
+  conn->socket = std::move(socket);
+  conn->connected = true;
+  error_code ignored;
+  conn->socket.set_option(tcp::no_delay(true), ignored);
+  const auto remote = conn->socket.remote_endpoint(ignored);
+  conn->peer = fmt::format("{}:{}", remote.address().to_string(), remote.port());
+  // Listed nodes only: this also covers PyTorch's store, which has no authentication.
+  auto address = remote.address();
+  if (address.is_v6() && address.to_v6().is_v4_mapped()) {
+    address = address.to_v6().to_v4();
+  }
+  if (!allowed_.empty() && std::find(allowed_.begin(), allowed_.end(), address) == allowed_.end()) {
+    if (refused_reported_.insert(address.to_string()).second && on_refused_) {
+      on_refused_(address.to_string());
+    }
+    conn->socket.close(ignored);
+    return;
+  }
+  // Agents say who they are at once; a flood of connections that do not must not crowd them
+  // out, so the oldest silent one makes room.
+  if (unclassified_.size() >= kMaxUnclassified) {
+    Warn(kWarnUnclassified, fmt::format("more than {} connections to the master port have not said what "
+                                        "they are; closing the oldest",
+                                        kMaxUnclassified));
+    EvictOldestUnclassified();
+  }
+  unclassified_[conn->id] = conn;
+  Classify(conn, 0);
+}
+
+bool AsioTransport::EvictOldestUnclassified() {
+  if (unclassified_.empty()) return false;
+  const std::shared_ptr<Connection> oldest = unclassified_.begin()->second;  // outlives the erase
+  DropUnclassified(oldest);
+  return true;
+}
+
+void AsioTransport::DropUnclassified(const std::shared_ptr<Connection>& conn) {
+  conn->closed = true;
+  error_code ignored;
+  conn->socket.close(ignored);
+  conn->timer.cancel();
+  const host::ConnId id = conn->id;
+  unclassified_.erase(id);
+}
+
+size_t AsioTransport::SocketsInUse() const {
+  // A relay holds two sockets (client and store); everything else one.
+  return conns_.size() + unclassified_.size() + 2 * relays_.size() + (listener_ ? 1 : 0);
+}
+
+void AsioTransport::Warn(int kind, const std::string& text) {
+  const auto now = std::chrono::steady_clock::now();
+  auto it = last_warning_.find(kind);
+  if (it != last_warning_.end() && now - it->second < kWarningInterval) return;
+  last_warning_[kind] = now;
+  if (on_warning_) on_warning_(text);
+}
+
 // The first bytes decide: the ddprun magic is an agent; anything else is a PyTorch store client
 // for the relay. Both kinds speak first, so waiting for 4 bytes is enough; a peer that says
-// nothing is dropped after kClassifyTimeout.
+// nothing is dropped after kClassifyTimeout. Only those 4 bytes are read here, into a small
+// buffer: a connection costs little until it has said what it is.
 void AsioTransport::Classify(const std::shared_ptr<Connection>& conn, size_t have) {
   static constexpr uint8_t kMagic[4] = {'D', 'D', 'P', 'R'};
-  if (have > 0 && std::memcmp(conn->read_buffer.data(), kMagic, std::min<size_t>(have, 4)) != 0) {
+  if (have > 0 && std::memcmp(conn->hello.data(), kMagic, have) != 0) {
+    unclassified_.erase(conn->id);
     conn->timer.cancel();
     StartRelay(conn, have);
     return;
   }
-  if (have >= 4) {
+  if (have == conn->hello.size()) {
+    unclassified_.erase(conn->id);
     conn->timer.cancel();
     conns_[conn->id] = conn;
     if (events_) events_->OnAccepted(conn->id, conn->peer);
     if (events_ && !conn->closed) {
-      events_->OnData(conn->id, std::span<const uint8_t>(conn->read_buffer.data(), have));
+      events_->OnData(conn->id, std::span<const uint8_t>(conn->hello.data(), have));
     }
     if (!conn->closed) StartRead(conn);
     return;
   }
   if (have == 0) {
     conn->timer.expires_after(kClassifyTimeout);
-    conn->timer.async_wait([conn](error_code ec) {
+    conn->timer.async_wait([this, conn](error_code ec) {
       if (ec || conn->closed) return;
-      conn->closed = true;
-      error_code ignored;
-      conn->socket.close(ignored);
+      DropUnclassified(conn);
     });
   }
   conn->socket.async_read_some(
-      asio::buffer(conn->read_buffer.data() + have, conn->read_buffer.size() - have),
+      asio::buffer(conn->hello.data() + have, conn->hello.size() - have),
       [this, conn, have](error_code ec, size_t n) {
         if (conn->closed) return;
         if (ec) {
-          conn->closed = true;
-          conn->timer.cancel();
+          DropUnclassified(conn);
           return;
         }
         Classify(conn, have + n);
       });
 }
 
-struct AsioTransport::Relay : std::enable_shared_from_this<Relay> {
-  Relay(asio::io_context& io, tcp::socket from) : client(std::move(from)), upstream(io), retry(io) {}
+// A relayed store connection. Its buffers are small and allocated per relay; a relay is freed
+// as soon as either side closes, and the number of relays is capped (Limits::max_relays), so
+// memory stays bounded whatever connects.
+struct AsioTransport::Relay {
+  Relay(asio::io_context& io, tcp::socket from) : client(std::move(from)), upstream(io) {}
+  uint64_t id = 0;
+  uint64_t generation = 0;
   tcp::socket client;
   tcp::socket upstream;
-  asio::steady_timer retry;
-  std::vector<uint8_t> pending;  // what the client sent before upstream was connected
-  std::array<uint8_t, 64 * 1024> down_buffer{};
-  std::array<uint8_t, 64 * 1024> up_buffer{};
+  std::chrono::steady_clock::time_point give_up;
+  std::vector<uint8_t> pending;   // from the client, not yet written to the store (bounded)
+  std::vector<uint8_t> flushing;  // being written to the store
+  std::vector<uint8_t> up_buffer = std::vector<uint8_t>(kRelayBufferBytes);
+  std::vector<uint8_t> down_buffer;  // allocated once the store is connected
+  bool upstream_connected = false;
+  bool flushing_pending = false;
+  bool client_reading = false;
   bool closed = false;
-  void Close() {
-    if (closed) return;
-    closed = true;
-    error_code ignored;
-    retry.cancel();
-    client.close(ignored);
-    upstream.close(ignored);
-  }
 };
 
 void AsioTransport::SetStoreRelay(uint16_t port) {
   relay_port_ = port;
+  ++relay_generation_;
   // A new round has a new store: connections to the old one end with it.
-  for (auto& relay : relays_) relay->Close();
+  auto relays = std::move(relays_);
   relays_.clear();
+  for (auto& [id, relay] : relays) CloseRelay(relay);
+  waiting_relays_.clear();
+  upstream_listening_ = false;
+  probing_ = false;
+  if (probe_timer_) probe_timer_->cancel();
+}
+
+void AsioTransport::CloseRelay(const std::shared_ptr<Relay>& relay) {
+  if (relay->closed) return;
+  relay->closed = true;
+  error_code ignored;
+  relay->client.close(ignored);
+  relay->upstream.close(ignored);
+  // The callers hold their own reference, so the relay outlives its entry here.
+  const uint64_t id = relay->id;
+  relays_.erase(id);
 }
 
 void AsioTransport::StartRelay(const std::shared_ptr<Connection>& conn, size_t have) {
   conn->closed = true;  // the Connection object is done; the relay owns the socket now
+  error_code ignored;
   if (relay_port_ == 0) {
-    error_code ignored;
+    conn->socket.close(ignored);
+    return;
+  }
+  if (relays_.size() >= limits_.max_relays) {
+    Warn(kWarnRelays, fmt::format("{} store connections are relayed already, the most this job needs "
+                                  "({} per rank and some spare); closing new ones",
+                                  relays_.size(), Limits::kRelaysPerRank));
     conn->socket.close(ignored);
     return;
   }
   auto relay = std::make_shared<Relay>(io_, std::move(conn->socket));
-  relay->pending.assign(conn->read_buffer.begin(), conn->read_buffer.begin() + static_cast<std::ptrdiff_t>(have));
-  relays_.push_back(relay);
-  ConnectUpstream(relay, relay_port_, std::chrono::steady_clock::now() + kRelayConnectLimit);
+  relay->id = next_relay_id_++;
+  relay->generation = relay_generation_;
+  relay->give_up = std::chrono::steady_clock::now() + kRelayConnectLimit;
+  relay->pending.assign(conn->hello.begin(), conn->hello.begin() + static_cast<std::ptrdiff_t>(have));
+  relays_[relay->id] = relay;
+  // The client is read from the start, so a client that leaves before the store listens frees
+  // its relay at once.
+  ReadClient(relay);
+  if (upstream_listening_) {
+    ConnectUpstream(relay);
+  } else {
+    // Relays that closed while waiting leave entries behind; drop them before they pile up.
+    if (waiting_relays_.size() >= 2 * limits_.max_relays) {
+      std::erase_if(waiting_relays_, [](const std::weak_ptr<Relay>& weak) { return weak.expired(); });
+    }
+    waiting_relays_.push_back(relay);
+    ProbeUpstream();
+  }
 }
 
-void AsioTransport::ConnectUpstream(const std::shared_ptr<Relay>& relay, uint16_t port,
-                                    std::chrono::steady_clock::time_point give_up) {
-  // Worker rank 0 may not listen yet: store clients start as fast as it does.
-  relay->upstream.async_connect(
-      tcp::endpoint(asio::ip::address_v4::loopback(), port), [this, relay, port, give_up](error_code ec) {
+void AsioTransport::ReadClient(const std::shared_ptr<Relay>& relay) {
+  if (relay->closed || relay->client_reading) return;
+  const bool direct = relay->upstream_connected && !relay->flushing_pending;
+  // Until the store takes bytes, at most kMaxPendingBytes wait here; then the client waits
+  // (TCP flow control) instead of our memory growing.
+  const size_t room = direct ? relay->up_buffer.size()
+                             : std::min(relay->up_buffer.size(), kMaxPendingBytes - std::min(kMaxPendingBytes, relay->pending.size()));
+  if (room == 0) return;
+  relay->client_reading = true;
+  relay->client.async_read_some(asio::buffer(relay->up_buffer.data(), room), [this, relay](error_code ec, size_t n) {
+    relay->client_reading = false;
+    if (relay->closed) return;
+    if (ec) {
+      CloseRelay(relay);
+      return;
+    }
+    if (relay->upstream_connected && !relay->flushing_pending) {
+      asio::async_write(relay->upstream, asio::buffer(relay->up_buffer.data(), n), [this, relay](error_code wec, size_t) {
         if (relay->closed) return;
-        if (ec) {
-          if (std::chrono::steady_clock::now() >= give_up) {
-            relay->Close();
-            return;
-          }
+        if (wec) {
+          CloseRelay(relay);
+          return;
+        }
+        ReadClient(relay);
+      });
+      return;
+    }
+    relay->pending.insert(relay->pending.end(), relay->up_buffer.begin(),
+                          relay->up_buffer.begin() + static_cast<std::ptrdiff_t>(n));
+    ReadClient(relay);
+  });
+}
+
+void AsioTransport::FlushPending(const std::shared_ptr<Relay>& relay) {
+  if (relay->closed) return;
+  if (relay->pending.empty()) {
+    relay->flushing_pending = false;
+    ReadClient(relay);
+    return;
+  }
+  relay->flushing_pending = true;
+  relay->flushing = std::move(relay->pending);
+  relay->pending.clear();
+  asio::async_write(relay->upstream, asio::buffer(relay->flushing), [this, relay](error_code ec, size_t) {
+    if (relay->closed) return;
+    if (ec) {
+      CloseRelay(relay);
+      return;
+    }
+    relay->flushing.clear();
+    FlushPending(relay);
+  });
+}
+
+void AsioTransport::PumpDown(const std::shared_ptr<Relay>& relay) {
+  relay->upstream.async_read_some(asio::buffer(relay->down_buffer), [this, relay](error_code ec, size_t n) {
+    if (relay->closed) return;
+    if (ec) {
+      CloseRelay(relay);
+      return;
+    }
+    asio::async_write(relay->client, asio::buffer(relay->down_buffer.data(), n), [this, relay](error_code wec, size_t) {
+      if (relay->closed) return;
+      if (wec) {
+        CloseRelay(relay);
+        return;
+      }
+      PumpDown(relay);
+    });
+  });
+}
+
+void AsioTransport::ConnectUpstream(const std::shared_ptr<Relay>& relay) {
+  relay->upstream.async_connect(tcp::endpoint(asio::ip::address_v4::loopback(), relay_port_),
+                                [this, relay](error_code ec) {
+                                  if (relay->closed) return;
+                                  if (ec) {
+                                    // The round's store was listening and is gone: so is this
+                                    // connection, as if it had reached the store directly.
+                                    CloseRelay(relay);
+                                    return;
+                                  }
+                                  error_code ignored;
+                                  relay->upstream.set_option(tcp::no_delay(true), ignored);
+                                  relay->upstream_connected = true;
+                                  relay->down_buffer.resize(kRelayBufferBytes);
+                                  FlushPending(relay);
+                                  PumpDown(relay);
+                                });
+}
+
+// Worker rank 0 may not listen yet: store clients start as fast as it does. One connect
+// attempt at a time, every kRelayRetryInterval, stands for all waiting relays, so the cost of
+// waiting does not grow with their number; once one succeeds, all of them connect.
+void AsioTransport::ProbeUpstream() {
+  if (probing_) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::shared_ptr<Relay> probe;
+  while (!waiting_relays_.empty()) {
+    auto relay = waiting_relays_.front().lock();
+    if (relay && !relay->closed && now >= relay->give_up) CloseRelay(relay);
+    if (relay && !relay->closed) {
+      probe = relay;
+      break;
+    }
+    waiting_relays_.pop_front();
+  }
+  if (!probe) return;
+  probing_ = true;
+  const uint64_t generation = relay_generation_;
+  probe->upstream.async_connect(
+      tcp::endpoint(asio::ip::address_v4::loopback(), relay_port_), [this, probe, generation](error_code ec) {
+        if (generation != relay_generation_) return;  // a new round took over
+        if (!ec && !probe->closed) {
+          probing_ = false;
+          upstream_listening_ = true;
           error_code ignored;
-          relay->upstream.close(ignored);
-          relay->retry.expires_after(std::chrono::milliseconds(50));
-          relay->retry.async_wait([this, relay, port, give_up](error_code tec) {
-            if (!tec && !relay->closed) ConnectUpstream(relay, port, give_up);
-          });
+          probe->upstream.set_option(tcp::no_delay(true), ignored);
+          probe->upstream_connected = true;
+          probe->down_buffer.resize(kRelayBufferBytes);
+          FlushPending(probe);
+          PumpDown(probe);
+          auto waiting = std::move(waiting_relays_);
+          waiting_relays_.clear();
+          for (auto& weak : waiting) {
+            auto relay = weak.lock();
+            if (relay && relay != probe && !relay->closed) ConnectUpstream(relay);
+          }
           return;
         }
         error_code ignored;
-        relay->upstream.set_option(tcp::no_delay(true), ignored);
-        asio::async_write(relay->upstream, asio::buffer(relay->pending), [this, relay](error_code wec, size_t) {
-          if (wec || relay->closed) {
-            relay->Close();
-            return;
-          }
-          relay->pending.clear();
-          Pump(relay, true);
-          Pump(relay, false);
+        probe->upstream.close(ignored);
+        if (!probe_timer_) probe_timer_ = std::make_unique<asio::steady_timer>(io_);
+        probe_timer_->expires_after(kRelayRetryInterval);
+        probe_timer_->async_wait([this, generation](error_code tec) {
+          if (tec || generation != relay_generation_) return;
+          probing_ = false;
+          ProbeUpstream();
         });
       });
-}
-
-void AsioTransport::Pump(const std::shared_ptr<Relay>& relay, bool client_to_upstream) {
-  tcp::socket& from = client_to_upstream ? relay->client : relay->upstream;
-  tcp::socket& to = client_to_upstream ? relay->upstream : relay->client;
-  auto& buffer = client_to_upstream ? relay->up_buffer : relay->down_buffer;
-  from.async_read_some(asio::buffer(buffer), [this, relay, client_to_upstream, &to, &buffer](error_code ec, size_t n) {
-    if (relay->closed) return;
-    if (ec) {
-      relay->Close();
-      return;
-    }
-    asio::async_write(to, asio::buffer(buffer.data(), n), [this, relay, client_to_upstream](error_code wec, size_t) {
-      if (wec || relay->closed) {
-        relay->Close();
-        return;
-      }
-      Pump(relay, client_to_upstream);
-    });
-  });
 }
 
 host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
@@ -342,6 +580,7 @@ host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
 }
 
 void AsioTransport::StartRead(const std::shared_ptr<Connection>& conn) {
+  if (conn->read_buffer.empty()) conn->read_buffer.resize(64 * 1024);
   conn->socket.async_read_some(asio::buffer(conn->read_buffer), [this, conn](error_code ec, size_t n) {
     if (conn->closed) return;
     if (ec) {
@@ -424,23 +663,74 @@ uint16_t AsioTransport::ReserveStorePort() {
   return ec ? 0 : port;
 }
 
-std::string FindPortOwner(uint16_t port) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> inodes;
+namespace {
+
+struct TcpSocketEntry {
+  std::string state;  // the kernel's hex code: 0A LISTEN, 01 ESTABLISHED, 06 TIME_WAIT, ...
+  std::string local;
+  std::string remote;
+  std::string inode;  // "0" when no process holds it (TIME_WAIT, orphaned)
+};
+
+// "0100007F:C350" (IPv4) or the 32-digit IPv6 form, as /proc/net/tcp* writes it.
+std::string ReadableProcAddress(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return text;
+  const std::string hex = text.substr(0, colon);
+  const unsigned long port = std::strtoul(text.substr(colon + 1).c_str(), nullptr, 16);
+  std::array<uint8_t, 16> bytes{};
+  const size_t n = hex.size() / 2;
+  if (n != 4 && n != 16) return text;
+  // The kernel prints each 32-bit word in host (little-endian) order.
+  for (size_t word = 0; word < n / 4; ++word) {
+    for (size_t b = 0; b < 4; ++b) {
+      const std::string pair = hex.substr(word * 8 + (3 - b) * 2, 2);
+      bytes[word * 4 + b] = static_cast<uint8_t>(std::strtoul(pair.c_str(), nullptr, 16));
+    }
+  }
+  if (n == 4) {
+    const asio::ip::address_v4 v4({bytes[0], bytes[1], bytes[2], bytes[3]});
+    return fmt::format("{}:{}", v4.to_string(), port);
+  }
+  const asio::ip::address_v6 v6(bytes);
+  if (v6.is_v4_mapped()) return fmt::format("{}:{}", v6.to_v4().to_string(), port);
+  return fmt::format("[{}]:{}", v6.to_string(), port);
+}
+
+std::string StateName(const std::string& code) {
+  static const std::map<std::string, std::string> kNames = {
+      {"01", "ESTABLISHED"}, {"02", "SYN_SENT"}, {"03", "SYN_RECV"},  {"04", "FIN_WAIT1"},
+      {"05", "FIN_WAIT2"},   {"06", "TIME_WAIT"}, {"07", "CLOSE"},    {"08", "CLOSE_WAIT"},
+      {"09", "LAST_ACK"},    {"0A", "LISTEN"},    {"0B", "CLOSING"}};
+  auto it = kNames.find(code);
+  return it == kNames.end() ? code : it->second;
+}
+
+std::vector<TcpSocketEntry> SocketsOnLocalPort(uint16_t port) {
+  std::vector<TcpSocketEntry> out;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::ifstream in(table);
     std::string line;
     std::getline(in, line);  // header
-    while (std::getline(in, line)) {
+    while (std::getline(in, line) && out.size() < 64) {
       std::istringstream fields(line);
       std::string slot, local, remote, state, queues, timer, retrans, uid, timeout, inode;
       fields >> slot >> local >> remote >> state >> queues >> timer >> retrans >> uid >> timeout >> inode;
       const auto colon = local.rfind(':');
-      if (colon == std::string::npos || state != "0A") continue;  // 0A: LISTEN
-      if (std::stoul(local.substr(colon + 1), nullptr, 16) == port) inodes.push_back("socket:[" + inode + "]");
+      if (colon == std::string::npos) continue;
+      if (std::strtoul(local.substr(colon + 1).c_str(), nullptr, 16) != port) continue;
+      out.push_back(TcpSocketEntry{state, local, remote, inode});
     }
   }
+  return out;
+}
+
+// "pid 4242 (python3 -m http.server)" for the process holding one of the socket inodes.
+std::string ProcessHolding(const std::vector<std::string>& inodes) {
+  namespace fs = std::filesystem;
   if (inodes.empty()) return "";
+  std::vector<std::string> targets;
+  for (const auto& inode : inodes) targets.push_back("socket:[" + inode + "]");
   std::error_code ec;
   for (const auto& proc : fs::directory_iterator("/proc", ec)) {
     const std::string pid = proc.path().filename().string();
@@ -449,13 +739,62 @@ std::string FindPortOwner(uint16_t port) {
     for (const auto& fd : fs::directory_iterator(proc.path() / "fd", fd_ec)) {
       std::error_code link_ec;
       const auto target = fs::read_symlink(fd.path(), link_ec).string();
-      if (link_ec || std::find(inodes.begin(), inodes.end(), target) == inodes.end()) continue;
+      if (link_ec || std::find(targets.begin(), targets.end(), target) == targets.end()) continue;
       std::ifstream cmdline(proc.path() / "cmdline");
       std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
       std::replace(args.begin(), args.end(), '\0', ' ');
       while (!args.empty() && args.back() == ' ') args.pop_back();
       return fmt::format("pid {} ({})", pid, args);
     }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string FindPortOwner(uint16_t port) {
+  std::vector<std::string> inodes;
+  for (const auto& socket : SocketsOnLocalPort(port)) {
+    if (socket.state == "0A") inodes.push_back(socket.inode);
+  }
+  return ProcessHolding(inodes);
+}
+
+std::string DescribePortUse(uint16_t port) {
+  const auto sockets = SocketsOnLocalPort(port);
+  std::vector<std::string> listeners;
+  for (const auto& socket : sockets) {
+    if (socket.state == "0A") listeners.push_back(socket.inode);
+  }
+  if (!listeners.empty()) {
+    const std::string owner = ProcessHolding(listeners);
+    return owner.empty() ? " by a listening socket of a process this user cannot see" : " by " + owner;
+  }
+  // No listener: the port is the local end of a connection, which happens when the kernel
+  // gave it to an outgoing connection (master_port inside the ephemeral range).
+  std::string range;
+  {
+    std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+    unsigned low = 0, high = 0;
+    if (in >> low >> high && port >= low && port <= high) {
+      range = fmt::format("; the port is inside net.ipv4.ip_local_port_range ({}-{}), where the kernel "
+                          "picks the local ports of outgoing connections",
+                          low, high);
+    }
+  }
+  for (const auto& socket : sockets) {
+    if (socket.inode == "0") continue;
+    const std::string owner = ProcessHolding({socket.inode});
+    if (owner.empty()) continue;
+    return fmt::format(" by a connection of {}, {} -> {} ({}){}", owner, ReadableProcAddress(socket.local),
+                       ReadableProcAddress(socket.remote), StateName(socket.state), range);
+  }
+  if (!sockets.empty()) {
+    const auto& socket = sockets.front();
+    return fmt::format(", and no process holds it: a connection {} -> {} ({}) still does{}{}",
+                       ReadableProcAddress(socket.local), ReadableProcAddress(socket.remote),
+                       StateName(socket.state),
+                       socket.state == "06" ? " until TIME_WAIT ends (at most a minute)" : "", range);
   }
   return "";
 }

@@ -1,5 +1,6 @@
 #include "runner/io/driver.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <csignal>
@@ -10,12 +11,16 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,6 +33,7 @@
 #include "ddprun_version.h"
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
+#include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
 #include "runner/io/process_launcher.h"
 #include "schema/canonical.h"
@@ -41,6 +47,10 @@ namespace asio = boost::asio;
 using boost::system::error_code;
 
 namespace {
+
+// At exit the console gets this long to take what is still queued (the summary); a console
+// nobody reads does not hold the exit longer.
+constexpr int kExitFlushLimitMs = 2000;
 
 class RealClock final : public host::Clock {
  public:
@@ -74,7 +84,8 @@ class AsioTimer final : public host::Timer {
 
 class TerminalConsole final : public host::Console {
  public:
-  TerminalConsole(int node_rank, bool verbose) : node_rank_(node_rank), verbose_(verbose) {}
+  TerminalConsole(ConsoleWriter& writer, int node_rank, bool verbose)
+      : writer_(writer), node_rank_(node_rank), verbose_(verbose) {}
   void Log(core::LogLevel level, std::string_view source, std::string_view text) override {
     if (level == core::LogLevel::kDebug && !verbose_) return;
     const char* tag = level == core::LogLevel::kError  ? "error: "
@@ -102,10 +113,8 @@ class TerminalConsole final : public host::Console {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
     return fmt::format("{:02}:{:02}:{:02}.{:03}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   }
-  static void Print(const std::string& text) {
-    std::fwrite(text.data(), 1, text.size(), stderr);
-    std::fflush(stderr);
-  }
+  void Print(const std::string& text) { writer_.Write(ConsoleWriter::Stream::kErr, text); }
+  ConsoleWriter& writer_;
   int node_rank_;
   bool verbose_;
   std::function<std::string()> footer_;
@@ -186,6 +195,61 @@ std::vector<asio::ip::address> AllowedPeers(asio::io_context& io, const JobSpec&
   allowed.push_back(asio::ip::address_v4::loopback());
   allowed.push_back(asio::ip::address_v6::loopback());
   return allowed;
+}
+
+// Descriptors kept free for what must never starve: per worker its log file, two pipes while
+// it starts and the status pipe of vfork, its pidfd, the error file when it exits; plus the
+// agent's own (connections to the master, resolver, guardian, signals).
+size_t DescriptorReserve(const JobSpec& spec) {
+  return 64 + 8 * static_cast<size_t>(std::max(spec.cluster.nproc_per_node, 1));
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit: an agent holds one descriptor per
+/// connection and several per worker, and distributions default to a soft limit of 1024.
+/// Returns the limits found at start (what workers get back) and the soft limit now.
+struct NoFileLimits {
+  rlimit original{};
+  rlim_t soft_now = 0;
+};
+NoFileLimits RaiseNoFileLimit() {
+  NoFileLimits out;
+  if (::getrlimit(RLIMIT_NOFILE, &out.original) != 0) return out;
+  out.soft_now = out.original.rlim_cur;
+  if (out.original.rlim_cur < out.original.rlim_max) {
+    rlimit raised = out.original;
+    raised.rlim_cur = out.original.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) out.soft_now = raised.rlim_cur;
+  }
+  return out;
+}
+
+/// The job's log folder as the user can open it: relative to the current directory when it
+/// lies below it ("logs/resnet50/"), else absolute.
+std::string LogsHint(const std::string& run_folder) {
+  const std::filesystem::path folder = run_folder;
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  if (!ec) {
+    const auto relative = folder.lexically_relative(cwd);
+    if (!relative.empty() && *relative.begin() != "..") return relative.string() + "/";
+  }
+  return folder.string() + "/";
+}
+
+/// Descriptors above stderr that the agent was started with (a parent that leaks them): they
+/// count against RLIMIT_NOFILE like our own.
+size_t InheritedDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return 0;
+  size_t count = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || end == entry->d_name) continue;
+    if (fd > 2 && fd != ::dirfd(dir)) ++count;
+  }
+  ::closedir(dir);
+  return count;
 }
 
 }  // namespace
@@ -271,14 +335,113 @@ std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, 
   return std::nullopt;
 }
 
+namespace {
+
+bool IsLoopback(const asio::ip::address& address) {
+  if (address.is_v6() && address.to_v6().is_v4_mapped()) return address.to_v6().to_v4().is_loopback();
+  return address.is_loopback();
+}
+
+/// The first address `name` resolves to here, as Listen binds it; nullopt if it does not.
+std::optional<asio::ip::address> FirstAddress(const std::string& name) {
+  asio::io_context io;
+  asio::ip::tcp::resolver resolver(io);
+  error_code ec;
+  auto results = resolver.resolve(name, "", ec);
+  if (ec || results.empty()) return std::nullopt;
+  return results.begin()->endpoint().address();
+}
+
+/// The address /etc/hosts gives `name` ("" if it has no line for it).
+std::string HostsFileEntry(const std::string& name) {
+  std::ifstream in("/etc/hosts");
+  std::string line;
+  auto lower = [](std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return text;
+  };
+  const std::string wanted = lower(name);
+  for (int lines = 0; lines < 10000 && std::getline(in, line); ++lines) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream fields(line);
+    std::string address, alias;
+    if (!(fields >> address)) continue;
+    while (fields >> alias) {
+      if (lower(alias) == wanted) return address;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string LoopbackMasterProblem(const JobSpec& spec) {
+  const std::string& name = spec.cluster.master_addr;
+  if (spec.cluster.nnodes <= 1 || name.empty() || IsAddressLike(name)) return "";
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  // "localhost" says on its face that the job stays on this machine (tests, a laptop).
+  if (lower == "localhost" || lower.starts_with("localhost.") || lower.ends_with(".localhost") ||
+      lower == "ip6-localhost" || lower == "ip6-loopback") {
+    return "";
+  }
+  const auto address = FirstAddress(name);
+  if (!address || !IsLoopback(*address)) return "";
+  // Every listed node on this machine's loopback: a one-machine job by design.
+  if (!spec.cluster.nodes.empty() &&
+      std::all_of(spec.cluster.nodes.begin(), spec.cluster.nodes.end(), [](const std::string& node) {
+        const auto a = FirstAddress(node);
+        return a && IsLoopback(*a);
+      })) {
+    return "";
+  }
+  const std::string ip = address->is_v6() && address->to_v6().is_v4_mapped() ? address->to_v6().to_v4().to_string()
+                                                                            : address->to_string();
+  const std::string hosts_ip = HostsFileEntry(name);
+  std::string cause;
+  if (!hosts_ip.empty()) {
+    cause = fmt::format("/etc/hosts maps {} to {}{}", name, hosts_ip,
+                        hosts_ip == "127.0.1.1" ? " (Debian and Ubuntu do that for the host's own name)" : "");
+  } else {
+    cause = fmt::format("{} resolves to {} on this host", name, ip);
+  }
+  std::vector<std::string> reachable;
+  for (const std::string& local : LocalAddresses()) {
+    error_code ec;
+    const auto parsed = asio::ip::make_address(local, ec);
+    if (!ec && !parsed.is_loopback() && !(parsed.is_v6() && parsed.to_v6().is_link_local())) reachable.push_back(local);
+  }
+  const bool explicit_addr = spec.locations.count("cluster.master_addr") > 0;
+  return fmt::format(
+      "cluster.master_addr \"{}\"{} is a loopback address on this host: {}; node 0 would listen on {}, "
+      "where no other node can reach it, and another node would connect to itself\n"
+      "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
+      "that address in /etc/hosts on every node",
+      name, explicit_addr ? "" : " (cluster.nodes[0])", cause, ip,
+      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name);
+}
+
 int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // A child subreaper: whatever a worker starts and leaves behind (a double fork, `setsid
   // cmd &`) is reparented to this agent instead of init, so the agent and its guardian can
   // still find it below the agent and kill it (runner/io/guardian.h).
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  // Started with stdin, stdout or stderr closed (`>&-`), the next pipe or socket would get
+  // that number and console lines would be written into it.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int null_fd = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null_fd >= 0 && null_fd != fd) {
+        ::dup2(null_fd, fd);
+        ::close(null_fd);
+      }
+    }
+  }
+  const size_t inherited_fds = InheritedDescriptors();
   // Fork the guardian before anything can start a thread (Asio's resolver does).
   Guardian guardian;
   std::signal(SIGPIPE, SIG_IGN);
+  const NoFileLimits nofile = RaiseNoFileLimit();
 
   const std::filesystem::path job_dir = options.job_dir.empty() ? "." : options.job_dir;
   core::Agent::Config config;
@@ -307,6 +470,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   config.secret = *secret;
 
   asio::io_context io;
+  // Every console line of this agent, its workers' included, goes through this writer, so a
+  // terminal that stops reading never stops the loop (heartbeats, rank logs).
+  ConsoleWriter console_writer(io, LogsHint(config.logs_dir));
   RealClock clock;
   AsioTimer timer(io);
   // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
@@ -321,7 +487,11 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   launcher_options.inherited_env = config.inherited_env;
   launcher_options.guardian = &guardian;
   launcher_options.raw_console_rank = options.raw_console_rank;
-  TerminalConsole console(options.node_rank, options.verbose);
+  launcher_options.console_writer = &console_writer;
+  // Workers get the limit the agent was started with, as under torchrun; only the agent
+  // needs the raised one.
+  launcher_options.worker_nofile = nofile.original;
+  TerminalConsole console(console_writer, options.node_rank, options.verbose);
   launcher_options.report = [&console](const std::string& text) {
     console.Log(core::LogLevel::kError, "agent", text);
   };
@@ -366,9 +536,38 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console.Log(core::LogLevel::kWarn, "coordinator",
                 fmt::format("refused a connection from {}: not one of cluster.nodes", peer));
   });
+  AsioTransport::Limits limits;
+  limits.max_relays = AsioTransport::Limits::kRelaysPerRank * static_cast<size_t>(spec.WorldSize()) + 64;
+  const size_t reserve = DescriptorReserve(spec) + inherited_fds;
+  const size_t soft = nofile.soft_now == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(nofile.soft_now);
+  limits.max_sockets = soft > reserve + 16 ? soft - reserve : 16;
+  transport.SetLimits(limits);
+  transport.SetWarningSink([&console](const std::string& text) {
+    console.Log(core::LogLevel::kWarn, "coordinator", text);
+  });
+  if (soft < reserve + 64) {
+    console.Log(core::LogLevel::kWarn, "agent",
+                fmt::format("RLIMIT_NOFILE is {} (hard limit too): {} descriptors are kept for workers and "
+                            "logs{}, so at most {} connections are accepted at once; raise it (ulimit -n) "
+                            "for a job under load",
+                            soft, reserve - inherited_fds,
+                            inherited_fds == 0 ? "" : fmt::format(" and {} were open at start", inherited_fds),
+                            limits.max_sockets));
+  }
+  // A master that listens on loopback in a job of several hosts fails late and far away
+  // ("connection refused" on every other node): say why here, at once.
+  if (const std::string loopback = LoopbackMasterProblem(spec); !loopback.empty()) {
+    if (options.node_rank == 0) {
+      console.Summary("ddprun cannot start node 0's coordinator: " + loopback);
+      console_writer.FlushForExit(kExitFlushLimitMs);
+      return 3;
+    }
+    console.Log(core::LogLevel::kWarn, "agent", loopback);
+  }
   const std::string error = node.Start();
   if (!error.empty()) {
     console.Summary("ddprun cannot start node 0's coordinator: " + error);
+    console_writer.FlushForExit(kExitFlushLimitMs);
     return 3;
   }
   guardian.Supervise(io, [&console](const std::string& text) {
@@ -379,6 +578,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   launcher.KillAll();
   guardian.Release();
   transport.Shutdown();
+  console_writer.FlushForExit(kExitFlushLimitMs);
   return exit_code;
 }
 

@@ -35,4 +35,11 @@ std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, 
 /// The host name of this machine ("" if unknown).
 std::string LocalHostName();
 
+/// Why cluster.master_addr cannot work for a job of several hosts when seen from this host: a
+/// host name (not an address, not "localhost") that resolves here to a loopback address, as
+/// Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts. Node 0 would listen
+/// where no other node can reach it; another node would connect to itself. Returns "" when
+/// fine, else the problem and a "hint:" line. `check`, `preflight` and the run all use it.
+std::string LoopbackMasterProblem(const JobSpec& spec);
+
 }  // namespace ddprun::io

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
 #include "runner/io/log_files.h"
 #include "runner/io/output_splitter.h"
@@ -54,7 +55,8 @@ struct StartResult {
 /// and exec the child shares our memory: it only makes system calls, no allocation. Sets `pid`
 /// on success.
 StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir,
-                               int out_fd, int err_fd, int guardian_fd, pid_t& pid) {
+                               int out_fd, int err_fd, int guardian_fd, const rlimit& nofile,
+                               pid_t& pid) {
   int status_pipe[2];  // the child reports a failed step; exec closes it on success
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return {StartStep::kFork, errno};
   UniqueFd status_read(status_pipe[0]), status_write(status_pipe[1]);
@@ -80,6 +82,8 @@ StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const cha
       failed = {StartStep::kStdio, errno};
     }
     if (failed.step == StartStep::kNone && ::chdir(workdir) != 0) failed = {StartStep::kWorkdir, errno};
+    // The agent raised its own descriptor limit; the worker gets the one it was started with.
+    if (failed.step == StartStep::kNone && nofile.rlim_cur != 0) ::setrlimit(RLIMIT_NOFILE, &nofile);
     if (failed.step == StartStep::kNone) {
       // The agent ignores SIGPIPE, and exec keeps ignored signals ignored.
       struct sigaction dfl {};
@@ -311,7 +315,7 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
   const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
                                                  write_ends[0].get(), write_ends[1].get(), guardian_fd,
-                                                 worker->pid);
+                                                 options_.worker_nofile, worker->pid);
   write_ends[0].Reset();
   write_ends[1].Reset();
   if (started.step != StartStep::kNone) {
@@ -418,11 +422,7 @@ void RealProcessLauncher::OnOutput(const std::shared_ptr<Worker>& worker, bool i
   console.clear();
   worker->splitters[is_stderr ? 1 : 0].Feed(std::string_view(data, size),
                                             OutputSplitter::Clock::now(), console);
-  if (!console.empty()) {
-    FILE* stream = is_stderr ? stderr : stdout;
-    std::fwrite(console.data(), 1, console.size(), stream);
-    std::fflush(stream);
-  }
+  if (!console.empty()) Show(is_stderr, console);
   ArmProgress(worker);
 }
 
@@ -442,13 +442,21 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
       std::string& console = console_buffer_;
       console.clear();
       worker->splitters[s].FlushProgress(OutputSplitter::Clock::now(), console);
-      if (!console.empty()) {
-        std::fwrite(console.data(), 1, console.size(), s == 1 ? stderr : stdout);
-        std::fflush(s == 1 ? stderr : stdout);
-      }
+      if (!console.empty()) Show(s == 1, console);
     }
     ArmProgress(worker);
   });
+}
+
+void RealProcessLauncher::Show(bool is_stderr, std::string_view text) {
+  // Through the console writer, which never blocks the loop (runner/io/console_writer.h).
+  if (options_.console_writer) {
+    options_.console_writer->Write(is_stderr ? ConsoleWriter::Stream::kErr : ConsoleWriter::Stream::kOut, text);
+    return;
+  }
+  FILE* stream = is_stderr ? stderr : stdout;
+  std::fwrite(text.data(), 1, text.size(), stream);
+  std::fflush(stream);
 }
 
 void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
@@ -463,8 +471,7 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
     console.clear();
     worker->splitters[s].Finish(console);
     if (!console.empty()) {
-      std::fwrite(console.data(), 1, console.size(), s == 1 ? stderr : stdout);
-      std::fflush(s == 1 ? stderr : stdout);
+      Show(s == 1, console);
     }
   }
   CloseLog(*worker);

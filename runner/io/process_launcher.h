@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <boost/asio/steady_timer.hpp>
+#include <sys/resource.h>
 
 #include "runner/host/ports.h"
 #include "runner/io/unique_fd.h"
@@ -23,6 +24,7 @@ class io_context;
 
 namespace ddprun::io {
 
+class ConsoleWriter;
 class Guardian;
 
 /// What execve needs for one worker, computed before vfork (the child may not allocate).
@@ -60,6 +62,10 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     std::optional<int> raw_console_rank;
     /// Says a problem with the logs on the console (an error line).
     std::function<void(const std::string&)> report;
+    /// Where shown output goes without ever blocking the loop (null: straight to stdio).
+    ConsoleWriter* console_writer = nullptr;
+    /// RLIMIT_NOFILE for workers (the agent raises its own); rlim_cur 0: inherit the agent's.
+    rlimit worker_nofile{};
   };
 
   RealProcessLauncher(boost::asio::io_context& io, Options options);
@@ -94,6 +100,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void ReapStrays();
   /// Reaps again after kReapInterval, and then as long as workers run.
   void ArmReap();
+  void Show(bool is_stderr, std::string_view text);
 
   boost::asio::io_context& io_;
   Options options_;

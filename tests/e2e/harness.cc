@@ -78,6 +78,7 @@ AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::stri
     const int fd = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
+    if (fd > 2) ::close(fd);  // the agent starts with stdio only, as from a shell
     std::vector<char*> argv;
     for (const auto& p : prefix) argv.push_back(const_cast<char*>(p.c_str()));
     argv.push_back(const_cast<char*>(DDPRUN_BINARY));

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 
@@ -18,6 +20,7 @@ namespace ddprun::e2e {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 int Shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
@@ -54,6 +57,17 @@ class NetnsTest : public ::testing::Test {
       Shell("ip netns del " + a_);
       Shell("ip netns del " + b_);
     }
+    for (const auto& ns : hosts_files_) {
+      std::error_code ec;
+      std::filesystem::remove_all("/etc/netns/" + ns, ec);
+    }
+  }
+  /// Gives namespace `ns` its own /etc/hosts: `ip netns exec` bind-mounts /etc/netns/NS/hosts
+  /// over /etc/hosts for the commands it runs.
+  void WriteHostsFile(const std::string& ns, const std::string& text) {
+    std::filesystem::create_directories("/etc/netns/" + ns);
+    std::ofstream("/etc/netns/" + ns + "/hosts") << text;
+    hosts_files_.push_back(ns);
   }
   std::string WriteJob(const std::string& script, const std::string& rendezvous) {
     std::ostringstream t;
@@ -64,9 +78,11 @@ class NetnsTest : public ::testing::Test {
     return dir_.Write("job.toml", t.str());
   }
   /// An agent inside namespace `ns`, finding its node rank from its own address.
-  AgentProcess& StartIn(const std::string& ns, const std::string& job) {
+  AgentProcess& StartIn(const std::string& ns, const std::string& job) { return RunIn(ns, {job}); }
+  /// `ddprun args...` inside namespace `ns`.
+  AgentProcess& RunIn(const std::string& ns, const std::vector<std::string>& args) {
     agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{job}, dir_.path() + "/" + ns + ".out",
+        args, dir_.path() + "/" + ns + "-" + std::to_string(agents_.size()) + ".out",
         std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}},
         std::vector<std::string>{"ip", "netns", "exec", ns}));
     return *agents_.back();
@@ -76,6 +92,7 @@ class NetnsTest : public ::testing::Test {
   ScratchDir dir_;
   std::string suffix_, a_, b_, addr_a_, addr_b_;
   bool created_ = false;
+  std::vector<std::string> hosts_files_;
   std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
@@ -116,6 +133,39 @@ TEST_F(NetnsTest, AMasterPortDroppedByAFirewallTimesOutWithAdviceAndTheJobExits3
   EXPECT_THAT(node1.Output(), HasSubstr("connection to " + addr_a_ + ":" + std::to_string(kPort) +
                                         " timed out: a firewall drops TCP port " + std::to_string(kPort)));
   EXPECT_THAT(node1.Output(), HasSubstr("open TCP port " + std::to_string(kPort) + " on " + addr_a_));
+}
+
+// Issue 12.2: Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts. With that
+// name as master_addr, node 0 used to listen on 127.0.1.1 and every other node got "connection
+// refused" until the rendezvous timeout. Now node 0 (and `check`, and `preflight`) say why at once.
+TEST_F(NetnsTest, AMasterNameThatResolvesToLoopbackFailsAtOnceWithTheCauseAndTheFix) {
+  WriteHostsFile(a_, "127.0.0.1 localhost\n127.0.1.1 ddprun-node-a\n" + addr_b_ + " ddprun-node-b\n");
+  WriteHostsFile(b_, "127.0.0.1 localhost\n" + addr_a_ + " ddprun-node-a\n127.0.1.1 ddprun-node-b\n");
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = \"netns\"\ncommand = [\"true\"]\n"
+    << "[cluster]\nnodes = [\"ddprun-node-a\", \"ddprun-node-b\"]\nmaster_port = " << kPort << "\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
+    << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+  const std::string job = dir_.Write("job.toml", t.str());
+  const std::string problem =
+      "cluster.master_addr \"ddprun-node-a\" (cluster.nodes[0]) is a loopback address on this host: "
+      "/etc/hosts maps ddprun-node-a to 127.0.1.1 (Debian and Ubuntu do that for the host's own name); "
+      "node 0 would listen on 127.0.1.1, where no other node can reach it, and another node would "
+      "connect to itself\nhint: set cluster.master_addr to an address of node 0 that the other nodes "
+      "reach (this host has " + addr_a_ + "), or map ddprun-node-a to that address in /etc/hosts on every node";
+  AgentProcess& node1 = RunIn(b_, {job, "--node-rank", "1"});
+  AgentProcess& node0 = RunIn(a_, {job, "--node-rank", "0"});
+  // At once: well before the 20 s rendezvous timeout that the old behaviour ran into.
+  EXPECT_EQ(node0.Wait(10s), 3) << node0.Output();
+  EXPECT_THAT(node0.Output(), HasSubstr("ddprun cannot start node 0's coordinator: " + problem));
+  EXPECT_THAT(node1.Output(), Not(HasSubstr("loopback")));  // from node 1, master_addr is fine
+
+  AgentProcess& check = RunIn(a_, {"check", job});
+  EXPECT_EQ(check.Wait(10s), 0) << check.Output();
+  EXPECT_THAT(check.Output(), HasSubstr("warning: " + problem + "\n"));
+  AgentProcess& preflight = RunIn(a_, {"preflight", job, "--node-rank", "0"});
+  EXPECT_EQ(preflight.Wait(10s), 3) << preflight.Output();
+  EXPECT_THAT(preflight.Output(), HasSubstr("ddprun cannot start node 0's coordinator: " + problem));
 }
 
 }  // namespace

@@ -374,7 +374,9 @@ TEST_F(RunnerTest, SigtermExits143) {
   o.script = kSleeper;
   WriteJob(o);
   AgentProcess& node0 = Start(0);
-  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-1-0"); }, 20s)) << Describe();
+  // Both ranks must have set their TERM trap (they write the pid file after it) before the
+  // signal, or a slow-starting rank 0 dies of the default action and writes nothing.
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0"); }, 20s)) << Describe();
   node0.Signal(SIGTERM);
   EXPECT_EQ(node0.Wait(20s), 143) << Describe();
   EXPECT_TRUE(dir_.Exists("stopped-0-0"));
