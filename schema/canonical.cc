@@ -50,6 +50,22 @@ std::string TrainerCanonical(const TrainerValue& value) {
     std::string operator()(const std::vector<int64_t>& v) const {
       return fmt::format("[{}]", fmt::join(v, ", "));
     }
+    std::string operator()(const TrainerList& list) const {
+      std::string out = "[";
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (i > 0) out += ", ";
+        out += TrainerCanonical(list[i]);
+      }
+      return out + "]";
+    }
+    std::string operator()(const TrainerTable& table) const {
+      std::string out = "{";
+      for (size_t i = 0; i < table.size(); ++i) {
+        if (i > 0) out += ", ";
+        out += Quote(table[i].first) + " = " + TrainerCanonical(table[i].second);
+      }
+      return out + "}";
+    }
   };
   return std::visit(Visitor{}, value.value);
 }

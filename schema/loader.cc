@@ -750,33 +750,63 @@ class Loader {
     return s;
   }
 
+  // Every TOML value but dates and times: each has a Python literal that Lightning's
+  // literal_eval reads back as the same type (worker_env.cc writes it).
   std::optional<TrainerValue> TrainerValueOf(const toml::node& node, const std::string& path) {
     if (auto b = node.value_exact<bool>()) return TrainerValue{*b};
     if (auto i = node.value_exact<int64_t>()) return TrainerValue{*i};
     if (auto d = node.value_exact<double>()) {
       if (!std::isfinite(*d)) {
-        diags_.Error(LocOf(node), path, fmt::format("{} must be a finite number", path));
+        diags_.Error(LocOf(node), path, fmt::format("{} must be a finite number", path),
+                     "inf and nan have no Python literal, so Lightning would read them as "
+                     "strings");
         return std::nullopt;
       }
       return TrainerValue{*d};
     }
     if (auto s = node.value_exact<std::string>()) return TrainerValue{*s};
     if (const toml::array* array = node.as_array()) {
-      std::vector<int64_t> ints;
-      for (size_t i = 0; i < array->size(); ++i) {
-        auto v = array->get(i)->value_exact<int64_t>();
-        if (!v) {
-          TypeError(*array->get(i), fmt::format("{}[{}]", path, i), "an integer",
-                    "[trainer] forwards only lists of integers (device ids)");
-          return std::nullopt;
-        }
-        ints.push_back(*v);
+      // A list of integers keeps its own spelling (device ids); anything else is a list of
+      // typed values.
+      const bool all_ints = std::all_of(array->begin(), array->end(),
+                                        [](const toml::node& item) { return item.is_integer(); });
+      if (all_ints) {
+        std::vector<int64_t> ints;
+        for (const toml::node& item : *array) ints.push_back(*item.value_exact<int64_t>());
+        return TrainerValue{std::move(ints)};
       }
-      return TrainerValue{std::move(ints)};
+      TrainerList list;
+      bool ok = true;
+      for (size_t i = 0; i < array->size(); ++i) {
+        auto item = TrainerValueOf(*array->get(i), fmt::format("{}[{}]", path, i));
+        if (!item) {
+          ok = false;
+          continue;
+        }
+        list.push_back(std::move(*item));
+      }
+      if (!ok) return std::nullopt;
+      return TrainerValue{std::move(list)};
     }
-    TypeError(node, path, "a boolean, number, string or list of integers",
-              "[trainer] values reach the script as PL_TRAINER_* variables, which hold only "
-              "plain values; configure the rest in the script");
+    if (const toml::table* table = node.as_table()) {
+      TrainerTable entries;
+      bool ok = true;
+      for (auto&& [key, value] : *table) {
+        auto item = TrainerValueOf(value, fmt::format("{}.{}", path, key.str()));
+        if (!item) {
+          ok = false;
+          continue;
+        }
+        entries.emplace_back(std::string(key.str()), std::move(*item));
+      }
+      if (!ok) return std::nullopt;
+      std::sort(entries.begin(), entries.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      return TrainerValue{std::move(entries)};
+    }
+    TypeError(node, path, "a boolean, number, string, array or table",
+              "[trainer] values reach the script as PL_TRAINER_* Python literals, which have "
+              "no dates or times; write it as a string");
     return std::nullopt;
   }
 

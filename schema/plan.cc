@@ -405,8 +405,10 @@ std::string JobFileJsonSchema() {
                    "PL_TRAINER_<KEY>, so Trainer() with no arguments uses them."},
                   {"properties", trainer_props},
                   {"additionalProperties",
-                   {{"type", {"boolean", "integer", "number", "string", "array"}},
-                    {"items", {{"type", "integer"}}}}}};
+                   {{"type", {"boolean", "integer", "number", "string", "array", "object"}},
+                    {"description",
+                     "Any TOML value but a date or time; it reaches the script as a Python "
+                     "literal of the same type (1.0 stays a float)."}}}};
 
   Json restart_props;
   restart_props["max_restarts"] = Describe(

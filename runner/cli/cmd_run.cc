@@ -1,6 +1,7 @@
 // `ddprun job.toml` / `ddprun run job.toml`: this node's agent.
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "runner/cli/commands.h"
@@ -19,6 +20,17 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   NodeJob job{std::move(*loaded.spec), {}};
 
   std::string error, how;
+  // A job of one node has one possible rank: it needs no flag, variable or host match (the
+  // one listed host may be a name this machine does not answer to, e.g. "localhost" vs its
+  // host name). A variable that is set is still checked, so a wrong one is reported.
+  auto variable_set = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0';
+  };
+  if (!node_rank_flag && job.spec.cluster.nnodes == 1 && !variable_set("DDPRUN_NODE_RANK") &&
+      !variable_set("SLURM_NODEID")) {
+    node_rank_flag = 0;
+  }
   const auto node_rank = io::DetectNodeRank(job.spec, node_rank_flag, error, how);
   if (!node_rank) {
     std::fprintf(stderr, "ddprun: error: %s\n", error.c_str());
