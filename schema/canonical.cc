@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include "schema/worker_env.h"
+
 namespace ddprun {
 namespace {
 
@@ -111,6 +113,10 @@ std::string CanonicalForm(const JobSpec& spec) {
   }
   fields["restart.max_restarts"] = fmt::format("{}", spec.restart.max_restarts);
   fields["restart.backoff"] = FormatDuration(spec.restart.backoff);
+  // Only when set, so that files without it keep their fingerprint.
+  if (spec.restart.backoff_max) {
+    fields["restart.backoff_max"] = FormatDuration(*spec.restart.backoff_max);
+  }
   fields["timeouts.rendezvous"] = FormatDuration(spec.timeouts.rendezvous);
   fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
   fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);
@@ -137,9 +143,27 @@ std::string FingerprintOfCanonical(const std::string& canonical) {
 
 std::string Fingerprint(const JobSpec& spec) { return FingerprintOfCanonical(CanonicalForm(spec)); }
 
+namespace {
+
+// Values of job.env entries whose names look secret are hidden: the difference is printed on
+// both nodes and kept in logs. "(not set)" stays, since it gives nothing away.
+std::map<std::string, std::string> Printable(std::map<std::string, std::string> fields) {
+  constexpr std::string_view kEnvPrefix = "job.env.";
+  for (auto& [key, value] : fields) {
+    if (key.starts_with(kEnvPrefix) && LooksSecret(std::string_view(key).substr(kEnvPrefix.size()))) {
+      value = std::string(kHiddenValue);
+    }
+  }
+  return fields;
+}
+
+}  // namespace
+
 std::vector<FieldDifference> DiffCanonical(const std::string& ours, const std::string& theirs) {
-  const auto a = ParseCanonical(ours);
-  const auto b = ParseCanonical(theirs);
+  const auto raw_a = ParseCanonical(ours);
+  const auto raw_b = ParseCanonical(theirs);
+  const auto a = Printable(raw_a);
+  const auto b = Printable(raw_b);
   std::vector<FieldDifference> diffs;
   auto ia = a.begin();
   auto ib = b.begin();
@@ -152,7 +176,9 @@ std::vector<FieldDifference> DiffCanonical(const std::string& ours, const std::s
       diffs.push_back({ib->first, std::string(kNotSet), ib->second});
       ++ib;
     } else {
-      if (ia->second != ib->second) diffs.push_back({ia->first, ia->second, ib->second});
+      if (raw_a.at(ia->first) != raw_b.at(ib->first)) {
+        diffs.push_back({ia->first, ia->second, ib->second});
+      }
       ++ia;
       ++ib;
     }

@@ -102,6 +102,8 @@ struct JobSpec {
   struct Restart {
     int max_restarts = 0;
     Duration backoff = Seconds(10);
+    /// Set: the wait doubles after each restart (backoff, 2 x backoff, 4 x ...) up to this.
+    std::optional<Duration> backoff_max;
   } restart;
 
   struct Timeouts {
@@ -127,12 +129,18 @@ struct JobSpec {
     Duration max_time = Hours(24 * 60);         // the simulation gives up after this
   } simulate;
 
+  /// What followed `--` on the command line, already appended to job.command (for printing
+  /// the command that reproduces this spec).
+  std::vector<std::string> script_args;
   /// The file it came from, as given on the command line ("" for in-memory sources).
   std::string source_name;
   /// Key path ("cluster.master_port", "job.command[1]") -> where the value was written.
   std::map<std::string, SourceLoc> locations;
 
   int WorldSize() const { return cluster.nnodes * cluster.nproc_per_node; }
+  /// The wait before restart number `restart` (1 for the first): restart.backoff, doubled for
+  /// each earlier restart while restart.backoff_max is set, never above it.
+  Duration RestartBackoff(int restart) const;
   /// Where `key_path` was written; {0,0} for defaults.
   SourceLoc LocationOf(const std::string& key_path) const;
 };

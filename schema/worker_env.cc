@@ -35,6 +35,16 @@ bool IsOwnedEnvName(std::string_view name) {
          name.starts_with("PL_TRAINER_");
 }
 
+bool LooksSecret(std::string_view name) {
+  const std::string upper = Upper(name);
+  return upper.ends_with("_KEY") || upper.ends_with("_TOKEN") ||
+         upper.find("SECRET") != std::string::npos || upper.find("PASSWORD") != std::string::npos;
+}
+
+std::string PrintableEnvValue(std::string_view name, std::string_view value) {
+  return LooksSecret(name) ? std::string(kHiddenValue) : std::string(value);
+}
+
 std::string RunId(const JobSpec& spec) { return RunId(spec, Fingerprint(spec)); }
 
 std::string RunId(const JobSpec& spec, std::string_view fingerprint) {

@@ -33,6 +33,16 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
 /// The names ddprun owns; job.env may not set them.
 bool IsOwnedEnvName(std::string_view name);
 
+/// Whether an environment variable's value must not be printed: names ending in _KEY or
+/// _TOKEN, or containing SECRET or PASSWORD (any case), e.g. WANDB_API_KEY, HF_TOKEN.
+bool LooksSecret(std::string_view name);
+
+/// What `ddprun check` and every other output print instead of such a value.
+inline constexpr std::string_view kHiddenValue = "<hidden>";
+
+/// `value`, or kHiddenValue when `name` looks secret.
+std::string PrintableEnvValue(std::string_view name, std::string_view value);
+
 /// TORCHELASTIC_RUN_ID: the job name and a fingerprint prefix, the same on every node.
 std::string RunId(const JobSpec& spec);
 /// The same from an already computed Fingerprint(spec).

@@ -1,6 +1,7 @@
 // `ddprun check` and `ddprun schema`: validate a job file and print its plan, or print the
 // JSON Schema of job files.
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -11,12 +12,36 @@
 #include "schema/plan.h"
 
 namespace ddprun::cli {
+namespace {
+
+// The first line of a small /proc file ("" when unreadable).
+std::string ReadProcLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (in) std::getline(in, line);
+  return line.size() > 4096 ? std::string() : line;
+}
+
+}  // namespace
 
 int CheckCommand(const CheckOptions& options) {
   LoadResult result = LoadJobFile(options.job_path);
-  const std::string rendered = RenderDiagnostics(result.diagnostics, options.job_path,
-                                                 result.source_text, options.color);
-  std::fputs(rendered.c_str(), stderr);
+  if (result.spec) AppendScriptArgs(*result.spec, options.script_args);
+  if (result.spec) {
+    // Read here, not in schema/, which stays free of the machine it runs on. Linux's default
+    // range stands in where /proc cannot be read (containers, other systems).
+    const PortRange ephemeral =
+        ParsePortRange(ReadProcLine("/proc/sys/net/ipv4/ip_local_port_range")).value_or(PortRange{});
+    CheckEphemeralPorts(*result.spec, ephemeral,
+                        ParseReservedPorts(ReadProcLine("/proc/sys/net/ipv4/ip_local_reserved_ports")),
+                        result.diagnostics);
+  }
+  // --json: stdout carries the diagnostics in the JSON, and stderr stays quiet for tools.
+  if (!options.json) {
+    const std::string rendered = RenderDiagnostics(result.diagnostics, options.job_path,
+                                                   result.source_text, options.color);
+    std::fputs(rendered.c_str(), stderr);
+  }
   if (!result.spec) {
     if (options.json) {
       fmt::print("{}\n", RenderCheckJson(result.diagnostics, options.job_path, nullptr, nullptr));
@@ -32,6 +57,9 @@ int CheckCommand(const CheckOptions& options) {
   const Plan plan = MakePlan(spec, options.node_rank);
   if (options.json) {
     fmt::print("{}\n", RenderCheckJson(result.diagnostics, options.job_path, &spec, &plan));
+  } else if (!options.full && !options.node_rank &&
+             spec.cluster.nnodes > kPlanSummaryAboveNodes) {
+    fmt::print("{}", RenderPlanSummary(spec, plan));
   } else {
     fmt::print("{}", RenderPlanText(spec, plan));
   }

@@ -33,7 +33,7 @@ JobSpec PreflightSpec(const JobSpec& spec) {
 }  // namespace
 
 int PreflightCommand(const PreflightOptions& options) {
-  auto job = LoadNodeJob(options.job_path, options.node_rank);
+  auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.raw_console_rank = 0;
   return io::RunNode(PreflightSpec(job->spec), job->run);

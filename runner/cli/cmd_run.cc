@@ -9,26 +9,40 @@
 #include "schema/loader.h"
 
 namespace ddprun::cli {
+namespace {
 
-std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<int> node_rank_flag) {
+// Set and not empty: shells and schedulers often leave variables empty to mean unset.
+bool EnvSet(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0';
+}
+
+}  // namespace
+
+std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<int> node_rank_flag,
+                                   const std::vector<std::string>& script_args) {
   LoadResult loaded = LoadJobFile(job_path);
   if (!loaded.diagnostics.items.empty()) {
     const std::string text = RenderDiagnostics(loaded.diagnostics, job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
   if (!loaded.spec) return std::nullopt;
+  if (EnvSet("DDPRUN_SECRET") && EnvSet("DDPRUN_SECRET_FILE")) {
+    // ReadSharedSecret takes DDPRUN_SECRET; a stale file setting would otherwise go unnoticed
+    // until another node, configured the other way, is refused.
+    std::fputs("ddprun: warning: both DDPRUN_SECRET and DDPRUN_SECRET_FILE are set; using "
+               "DDPRUN_SECRET (unset one of them)\n",
+               stderr);
+  }
   NodeJob job{std::move(*loaded.spec), {}};
+  AppendScriptArgs(job.spec, script_args);
 
   std::string error, how;
   // A job of one node has one possible rank: it needs no flag, variable or host match (the
   // one listed host may be a name this machine does not answer to, e.g. "localhost" vs its
   // host name). A variable that is set is still checked, so a wrong one is reported.
-  auto variable_set = [](const char* name) {
-    const char* value = std::getenv(name);
-    return value != nullptr && *value != '\0';
-  };
-  if (!node_rank_flag && job.spec.cluster.nnodes == 1 && !variable_set("DDPRUN_NODE_RANK") &&
-      !variable_set("SLURM_NODEID")) {
+  if (!node_rank_flag && job.spec.cluster.nnodes == 1 && !EnvSet("DDPRUN_NODE_RANK") &&
+      !EnvSet("SLURM_NODEID")) {
     node_rank_flag = 0;
   }
   const auto node_rank = io::DetectNodeRank(job.spec, node_rank_flag, error, how);
@@ -45,7 +59,7 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
 }
 
 int RunCommand(const RunOptions& options) {
-  auto job = LoadNodeJob(options.job_path, options.node_rank);
+  auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.verbose = options.verbose;
   return io::RunNode(job->spec, job->run);

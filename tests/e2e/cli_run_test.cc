@@ -101,5 +101,62 @@ TEST(CliRun, EveryTrainerValueRoundTripsThroughLiteralEval) {
   EXPECT_THAT(agent.Output(), HasSubstr("checked 23 keys, 0 mismatches")) << agent.Output();
 }
 
+// restart.backoff_max: the wait doubles after each restart, up to the cap.
+TEST(CliRun, RestartBackoffDoublesUpToBackoffMax) {
+  ScratchDir dir;
+  std::string text = SingleNodeJob("[\"sh\", \"-c\", \"exit 3\"]", "", FreePort());
+  text += "[restart]\nmax_restarts = 3\nbackoff = \"100ms\"\nbackoff_max = \"200ms\"\n";
+  const std::string job = dir.Write("job.toml", text);
+  AgentProcess agent({job}, dir.path() + "/out.txt");
+  const auto code = agent.Wait(60s);
+  ASSERT_TRUE(code.has_value()) << agent.Output();
+  EXPECT_EQ(*code, 1) << agent.Output();
+  const std::string out = agent.Output();
+  const size_t first = out.find("restart 1 of 3 in 100ms");
+  const size_t second = out.find("restart 2 of 3 in 200ms");
+  const size_t third = out.find("restart 3 of 3 in 200ms");
+  EXPECT_NE(first, std::string::npos) << out;
+  EXPECT_NE(second, std::string::npos) << out;
+  EXPECT_NE(third, std::string::npos) << out;
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, third);
+}
+
+// `ddprun job.toml -- args`: the arguments reach every worker after job.command.
+TEST(CliRun, ArgumentsAfterDashesAreAppendedToTheCommand) {
+  ScratchDir dir;
+  const std::string job = dir.Write(
+      "job.toml",
+      SingleNodeJob("[\"sh\", \"-c\", \"echo args: \\\"$*\\\"\", \"sh\"]", "", FreePort()));
+  AgentProcess agent({job, "--", "--lr", "0.1", "--help"}, dir.path() + "/out.txt");
+  const auto code = agent.Wait(30s);
+  ASSERT_TRUE(code.has_value()) << agent.Output();
+  EXPECT_EQ(*code, 0) << agent.Output();
+  EXPECT_THAT(agent.Output(), HasSubstr("args: --lr 0.1 --help")) << agent.Output();
+}
+
+// They are part of the job: a node given other arguments is refused, naming job.command.
+TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  std::string text = SingleNodeJob("[\"true\"]", "", port);
+  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
+  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
+  text.replace(text.find("rendezvous = \"10s\""), 18, "rendezvous = \"4s\"");
+  const std::string job = dir.Write("job.toml", text);
+  AgentProcess node0({job, "--node-rank", "0", "--", "--lr", "0.1"}, dir.path() + "/n0.txt");
+  AgentProcess node1({job, "--node-rank", "1", "--", "--lr", "0.2"}, dir.path() + "/n1.txt");
+  const auto code1 = node1.Wait(30s);
+  ASSERT_TRUE(code1.has_value()) << node1.Output();
+  EXPECT_EQ(*code1, 3) << node1.Output();
+  EXPECT_THAT(node1.Output(),
+              HasSubstr("job.command: node 1 has [\"true\", \"--lr\", \"0.2\"], node 0 has "
+                        "[\"true\", \"--lr\", \"0.1\"]"))
+      << node1.Output();
+  const auto code0 = node0.Wait(30s);
+  ASSERT_TRUE(code0.has_value()) << node0.Output();
+  EXPECT_EQ(*code0, 3) << node0.Output();
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
