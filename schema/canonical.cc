@@ -98,6 +98,15 @@ std::string CanonicalForm(const JobSpec& spec) {
   fields["job.command"] = QuoteList(spec.job.command);
   fields["job.workdir"] = Quote(spec.job.workdir);
   for (const auto& [name, value] : spec.job.env) fields["job.env." + name] = Quote(value);
+  // Only when on, so that files without it keep their fingerprint. The code fields then make
+  // nodes with another script or commit disagree, and the join refusal names them.
+  if (spec.job.code_check == JobSpec::CodeCheck::kRefuse) {
+    fields["job.code_check"] = Quote("refuse");
+    fields["code.script"] = Quote(spec.job.code.script);
+    fields["code.script_sha256"] = Quote(spec.job.code.script_sha256);
+    fields["code.git_commit"] = Quote(spec.job.code.git_commit);
+    fields["code.git_dirty"] = spec.job.code.git_dirty ? "true" : "false";
+  }
   // Both spellings of the cluster size (a host list or a count) mean something different for
   // rank assignment, so the list is kept when given; nnodes is always there.
   if (!spec.cluster.nodes.empty()) fields["cluster.nodes"] = QuoteList(spec.cluster.nodes);
@@ -127,12 +136,14 @@ std::string CanonicalForm(const JobSpec& spec) {
   return out;
 }
 
-std::string FingerprintOfCanonical(const std::string& canonical) {
+std::string FingerprintOfCanonical(const std::string& canonical) { return Sha256Hex(canonical); }
+
+std::string Sha256Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   // EVP_Digest fails only when OpenSSL cannot allocate; an empty fingerprint then never
   // matches a peer's, which is the safe outcome.
-  if (EVP_Digest(canonical.data(), canonical.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
     return {};
   }
   std::string hex;

@@ -73,11 +73,26 @@ struct FaultSpec {
 struct JobSpec {
   int version = 1;
 
+  /// What job.code_check compares between nodes at join (see CodeIdentity in runner/cli).
+  enum class CodeCheck { kOff, kRefuse };
+
+  /// The code a node would run, as the CLI found it before the agent started; part of the
+  /// canonical form (so of the fingerprint) when job.code_check = "refuse".
+  struct Code {
+    std::string script;         // the job.command argument that names a file ("" if none)
+    std::string script_sha256;  // its SHA-256, lower-case hex ("" if none or unreadable)
+    std::string git_commit;     // HEAD of the workdir's git repository ("" if not one)
+    bool git_dirty = false;     // tracked files differ from HEAD
+    bool operator==(const Code&) const = default;
+  };
+
   struct Job {
     std::string name;
     std::vector<std::string> command;
     std::string workdir = ".";                  // as written; relative to the job file
     std::map<std::string, std::string> env;     // sorted by name
+    CodeCheck code_check = CodeCheck::kOff;
+    Code code;                                  // filled by the CLI when code_check is on
   } job;
 
   struct Cluster {

@@ -30,7 +30,8 @@ using Keys = std::span<const std::string_view>;
 
 constexpr std::array<std::string_view, 8> kTopKeys = {
     "version", "job", "cluster", "trainer", "restart", "timeouts", "logs", "simulate"};
-constexpr std::array<std::string_view, 4> kJobKeys = {"name", "command", "workdir", "env"};
+constexpr std::array<std::string_view, 5> kJobKeys = {"name", "command", "workdir", "env",
+                                                      "code_check"};
 constexpr std::array<std::string_view, 6> kClusterKeys = {
     "nodes", "nnodes", "master_addr", "master_port", "nproc_per_node", "store_port"};
 constexpr std::array<std::string_view, 3> kRestartKeys = {"max_restarts", "backoff",
@@ -587,6 +588,22 @@ class Loader {
 
     if (const toml::node* node = Node(job, "workdir", "job.workdir")) {
       if (auto dir = String(*node, "job.workdir")) spec_.job.workdir = *dir;
+    }
+
+    if (const toml::node* node = Node(job, "code_check", "job.code_check")) {
+      if (auto mode = String(*node, "job.code_check")) {
+        if (*mode == "off") {
+          spec_.job.code_check = JobSpec::CodeCheck::kOff;
+        } else if (*mode == "refuse") {
+          spec_.job.code_check = JobSpec::CodeCheck::kRefuse;
+        } else {
+          diags_.Error(LocOf(*node), "job.code_check",
+                       fmt::format("job.code_check = {} is not \"off\" or \"refuse\"",
+                                   Show(*node)),
+                       "\"refuse\" refuses a node whose script or git commit differs from node "
+                       "0's");
+        }
+      }
     }
 
     if (const toml::table* env = Table(*job, "env", "job.env")) {

@@ -1,11 +1,13 @@
 // `ddprun check` and `ddprun schema`: validate a job file and print its plan, or print the
 // JSON Schema of job files.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "runner/cli/code_identity.h"
 #include "runner/cli/commands.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
@@ -27,6 +29,29 @@ std::string ReadProcLine(const char* path) {
 int CheckCommand(const CheckOptions& options) {
   LoadResult result = LoadJobFile(options.job_path);
   if (result.spec) AppendScriptArgs(*result.spec, options.script_args);
+  if (result.spec) {
+    // The workers start in job.workdir; a folder missing here is likely missing on the nodes
+    // too (a typo, a checkout not made), and the run would only say that python3 cannot start.
+    const std::filesystem::path file_dir = std::filesystem::path(options.job_path).parent_path();
+    const std::filesystem::path workdir =
+        ((file_dir.empty() ? "." : file_dir) / result.spec->job.workdir).lexically_normal();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(workdir, ec)) {
+      result.diagnostics.Warning(
+          result.spec->LocationOf("job.workdir"), "job.workdir",
+          fmt::format("job.workdir = \"{}\" is not a folder here ({})", result.spec->job.workdir,
+                      workdir.string()),
+          "the workers start in it on every node; create it, or make sure it exists on the "
+          "nodes");
+    }
+  }
+  if (result.spec && result.spec->job.code_check != JobSpec::CodeCheck::kOff) {
+    // The same code fields as `run` computes, so the plan's run id is the one the job gets.
+    const std::filesystem::path file_dir = std::filesystem::path(options.job_path).parent_path();
+    const std::filesystem::path dir = file_dir.empty() ? "." : file_dir;
+    result.spec->job.code =
+        FindCode(*result.spec, (dir / result.spec->job.workdir).lexically_normal().string());
+  }
   if (result.spec) {
     // Read here, not in schema/, which stays free of the machine it runs on. Linux's default
     // range stands in where /proc cannot be read (containers, other systems).

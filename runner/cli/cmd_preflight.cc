@@ -20,7 +20,8 @@ JobSpec PreflightSpec(const JobSpec& spec) {
                            "--job-name",       spec.job.name,
                            "--nnodes",         std::to_string(spec.cluster.nnodes),
                            "--nproc-per-node", std::to_string(spec.cluster.nproc_per_node),
-                           "--accelerator",    spec.trainer.accelerator};
+                           "--accelerator",    spec.trainer.accelerator,
+                           "--master-port",    std::to_string(spec.cluster.master_port)};
   for (const std::string& node : spec.cluster.nodes) {
     preflight.job.command.push_back("--node");
     preflight.job.command.push_back(node);
@@ -46,6 +47,7 @@ int PreflightWorkerCommand(const PreflightWorkerOptions& options) {
   worker.expect.nproc_per_node = options.nproc_per_node;
   worker.expect.accelerator = options.accelerator;
   worker.expect.nodes = options.nodes;
+  worker.expect.master_port = options.master_port;
   return preflight::RunPreflightWorker(worker);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "runner/cli/code_identity.h"
 #include "runner/cli/commands.h"
 #include "runner/cli/node_job.h"
 #include "schema/loader.h"
@@ -55,6 +56,12 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   job.run.host = static_cast<size_t>(*node_rank) < nodes.size() ? nodes[static_cast<size_t>(*node_rank)]
                                                                 : io::LocalHostName();
   job.run.job_dir = std::filesystem::path(job_path).parent_path().string();
+  if (job.spec.job.code_check != JobSpec::CodeCheck::kOff) {
+    // Before the agent computes the fingerprint, so that the code is part of it.
+    const std::filesystem::path dir = job.run.job_dir.empty() ? "." : job.run.job_dir;
+    job.spec.job.code = FindCode(job.spec, (dir / job.spec.job.workdir).lexically_normal().string());
+    std::fprintf(stderr, "ddprun: %s\n", DescribeCode(job.spec.job.code).c_str());
+  }
   return job;
 }
 

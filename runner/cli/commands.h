@@ -70,6 +70,7 @@ struct PreflightWorkerOptions {
   int nproc_per_node = 1;
   std::string accelerator;
   std::vector<std::string> nodes;  // cluster.nodes, in order
+  int master_port = 0;             // cluster.master_port, for messages
 };
 
 int CheckCommand(const CheckOptions& options);

@@ -72,6 +72,7 @@ struct Expectations {
   int nproc_per_node = 1;
   std::string accelerator;              // trainer.accelerator ("" when unset)
   std::vector<std::string> nodes;       // cluster.nodes (empty when only nnodes was given)
+  int master_port = 0;                  // cluster.master_port, for messages (0: unknown)
 };
 
 struct Verdict {

@@ -623,8 +623,13 @@ int RunPreflightWorker(const WorkerOptions& options) {
     std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n", error.c_str());
     return 1;
   }
+  // The port users know: under the store relay this rank's MASTER_PORT is a private one that
+  // node 0's agent picked for the round, and the others reach it through master_port.
+  const unsigned shown_port = options.expect.master_port > 0
+                                  ? static_cast<unsigned>(options.expect.master_port)
+                                  : env->master_port;
   std::fprintf(stdout, "preflight: %d rank%s joining on %s:%u...\n", env->world,
-               env->world == 1 ? "" : "s", env->master_addr.c_str(), env->master_port);
+               env->world == 1 ? "" : "s", env->master_addr.c_str(), shown_port);
   std::fflush(stdout);
   Server server(std::move(listener), *env, options);
   std::packaged_task<Findings()> serve([&server] { return server.Run(); });
@@ -637,11 +642,20 @@ int RunPreflightWorker(const WorkerOptions& options) {
   const Findings findings = findings_future.get();
   server_thread.join();
   const Verdict verdict = BuildVerdict(options.expect, findings);
+  // The report goes to stdout; its closing list of problems goes to stderr instead, once: the
+  // agents quote a failed rank's stderr in the summary on every node, so that is how the other
+  // nodes learn the problems, and printing the list on both streams showed it twice more here.
+  const size_t problems_at =
+      verdict.problems.empty() ? std::string::npos : verdict.text.rfind("\npreflight: ");
+  const std::string report = verdict.text.substr(0, problems_at == std::string::npos
+                                                        ? std::string::npos
+                                                        : problems_at + 1);
   std::fputs("\n", stdout);
-  std::fwrite(verdict.text.data(), 1, verdict.text.size(), stdout);
+  std::fwrite(report.data(), 1, report.size(), stdout);
   std::fflush(stdout);
-  for (const std::string& problem : verdict.problems) {
-    std::fprintf(stderr, "preflight problem: %s\n", problem.c_str());
+  if (problems_at != std::string::npos) {
+    const std::string problems = verdict.text.substr(problems_at + 1);
+    std::fwrite(problems.data(), 1, problems.size(), stderr);
   }
   std::fflush(stderr);
   const int code = verdict.problems.empty() ? 0 : 1;

@@ -1,9 +1,13 @@
-// The real `ddprun job.toml` seen from the worker: a single-node job runs without --node-rank,
-// and every [trainer] value reaches Python as a literal of the TOML value's own type.
+// The real `ddprun job.toml` as users type it: one-node jobs, [trainer] values as Python literals
+// of their own type, `--` arguments, restart.backoff_max, job.code_check and colour on a terminal.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "tests/e2e/harness.h"
@@ -156,6 +160,72 @@ TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
   const auto code0 = node0.Wait(30s);
   ASSERT_TRUE(code0.has_value()) << node0.Output();
   EXPECT_EQ(*code0, 3) << node0.Output();
+}
+
+// job.code_check = "refuse": a node whose script differs is refused, naming the digest; the
+// same script on both nodes runs.
+TEST(CliRun, CodeCheckRefusesANodeWithAnotherScript) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  std::string text = SingleNodeJob("[\"sh\", \"train.sh\"]", "", port);
+  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
+  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
+  text.replace(text.find("rendezvous = \"10s\""), 18, "rendezvous = \"4s\"");
+  text.replace(text.find("[cluster]"), 9, "code_check = \"refuse\"\n[cluster]");
+  // Each node has its own folder (as on two machines): the same job file, its own train.sh.
+  const std::string job0 = dir.Write("n0/job.toml", text);
+  const std::string job1 = dir.Write("n1/job.toml", text);
+  dir.Write("n0/train.sh", "echo v1\n");
+  dir.Write("n1/train.sh", "echo v2\n");
+  {
+    AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/a0.txt");
+    AgentProcess node1({job1, "--node-rank", "1"}, dir.path() + "/a1.txt");
+    const auto code1 = node1.Wait(30s);
+    ASSERT_TRUE(code1.has_value()) << node1.Output();
+    EXPECT_EQ(*code1, 3) << node1.Output();
+    EXPECT_THAT(node1.Output(), HasSubstr("code.script_sha256: node 1 has \"")) << node1.Output();
+    node0.Wait(30s);
+  }
+  dir.Write("n1/train.sh", "echo v1\n");
+  AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/b0.txt");
+  AgentProcess node1({job1, "--node-rank", "1"}, dir.path() + "/b1.txt");
+  const auto code0 = node0.Wait(30s);
+  const auto code1 = node1.Wait(30s);
+  ASSERT_TRUE(code0.has_value() && code1.has_value()) << node0.Output() << node1.Output();
+  EXPECT_EQ(*code0, 0) << node0.Output();
+  EXPECT_EQ(*code1, 0) << node1.Output();
+  EXPECT_THAT(node0.Output(), HasSubstr("ddprun: code: train.sh sha256 ")) << node0.Output();
+}
+
+// The output of `command` run on a pseudo-terminal (util-linux `script`), or nullopt without it.
+std::optional<std::string> OnTerminal(const std::string& command) {
+  if (::access("/usr/bin/script", X_OK) != 0) return std::nullopt;
+  FILE* pipe = ::popen(("script -qec '" + command + "' /dev/null 2>&1").c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  ::pclose(pipe);
+  return out;
+}
+
+// On a terminal, errors and warnings are coloured; NO_COLOR and pipes get plain text.
+TEST(CliRun, ColourOnATerminalUnlessNoColor) {
+  ScratchDir dir;
+  const std::string job =
+      dir.Write("job.toml", SingleNodeJob("[\"sh\", \"-c\", \"exit 3\"]", "", FreePort()));
+  const auto colour = OnTerminal(std::string(DDPRUN_BINARY) + " " + job);
+  if (!colour) GTEST_SKIP() << "no `script` to run ddprun on a pseudo-terminal";
+  EXPECT_THAT(*colour, HasSubstr("] \x1b[1;31merror: \x1b[0mrank 0 (local rank 0) exited with code 3"))
+      << *colour;
+  const auto plain = OnTerminal("NO_COLOR=1 " + std::string(DDPRUN_BINARY) + " " + job);
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_THAT(*plain, HasSubstr("] error: rank 0 (local rank 0) exited with code 3")) << *plain;
+  EXPECT_EQ(plain->find("\x1b["), std::string::npos) << *plain;
+  AgentProcess piped({job}, dir.path() + "/out.txt");
+  ASSERT_TRUE(piped.Wait(30s).has_value());
+  EXPECT_EQ(piped.Output().find("\x1b["), std::string::npos) << piped.Output();
 }
 
 }  // namespace

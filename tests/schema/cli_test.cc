@@ -401,4 +401,21 @@ TEST(Cli, BinaryJobFileIsEscaped) {
                           "1 error, 0 warnings\n");
 }
 
+TEST(Cli, CheckWarnsAboutAMissingWorkdir) {
+  const std::string path = TempFile("workdir.toml",
+                                    "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
+                                    "workdir = \"no-such-folder\"\n[cluster]\nnnodes = 1\n");
+  const SplitOutput o = RunDdprunSplit("check " + path);
+  EXPECT_EQ(o.exit_code, 0);
+  const std::string full =
+      (std::filesystem::path(path).parent_path() / "no-such-folder").string();
+  EXPECT_EQ(o.err, path + ":5:11: warning: job.workdir = \"no-such-folder\" is not a folder here (" +
+                       full + ")\n"
+                       "    5 | workdir = \"no-such-folder\"\n"
+                       "      |           ^\n"
+                       "   hint: the workers start in it on every node; create it, or make sure "
+                       "it exists on the nodes\n"
+                       "0 errors, 1 warning\n");
+}
+
 }  // namespace
