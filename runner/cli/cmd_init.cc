@@ -66,10 +66,14 @@ std::string StarterJobFile(const InitOptions& o) {
                                 : std::vector<std::string>{o.script};
   std::string t;
   t += "# A ddprun job file, written by `ddprun init`. Every key is described in docs/job-file.md.\n";
-  t += "#   ddprun check job.toml    validate it and print ranks, environment, torchrun commands\n";
-  t += nnodes == 1 || o.nodes.empty() == false
-           ? "#   ddprun job.toml          on every node: the same command everywhere\n"
-           : "#   ddprun job.toml --node-rank N    on node N (0 is the master)\n";
+  const std::string file = o.output.substr(o.output.find_last_of('/') + 1);
+  t += fmt::format("#   ddprun check {}    validate it and print ranks, environment, torchrun "
+                   "commands\n",
+                   file);
+  t += nnodes == 1 || !o.nodes.empty()
+           ? fmt::format("#   ddprun {}          on every node: the same command everywhere\n",
+                         file)
+           : fmt::format("#   ddprun {} --node-rank N    on node N (0 is the master)\n", file);
   t += "version = 1\n\n";
   t += "[job]\n";
   t += fmt::format("name = {}{}# run id prefix and log folder name\n", TomlString(name),

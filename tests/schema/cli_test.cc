@@ -1,6 +1,7 @@
 // The real `ddprun` binary: check on every example, a broken file, --json, schema, usage errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <algorithm>
@@ -39,11 +40,18 @@ struct SplitOutput {
 };
 
 SplitOutput RunDdprunSplit(const std::string& args) {
-  const auto err_path = std::filesystem::temp_directory_path() / "ddprun-cli-test-stderr.txt";
+  // One file per process and call: CTest runs the tests of this file in parallel processes.
+  static int calls = 0;
+  const auto err_path = std::filesystem::temp_directory_path() /
+                        ("ddprun-cli-test-stderr-" + std::to_string(::getpid()) + "-" +
+                         std::to_string(++calls) + ".txt");
   const Output o = RunDdprun(args + " 2>" + err_path.string() + " #", /*merge_stderr=*/false);
-  std::ifstream in(err_path);
   std::stringstream err;
-  err << in.rdbuf();
+  {
+    std::ifstream in(err_path);
+    err << in.rdbuf();
+  }
+  std::filesystem::remove(err_path);
   return {o.exit_code, o.out, err.str()};
 }
 
