@@ -71,6 +71,7 @@ struct PreflightWorkerOptions {
   std::string accelerator;
   std::vector<std::string> nodes;  // cluster.nodes, in order
   int master_port = 0;             // cluster.master_port, for messages
+  std::string python;              // the job's interpreter, for its versions
 };
 
 int CheckCommand(const CheckOptions& options);

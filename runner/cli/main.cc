@@ -242,6 +242,7 @@ int Main(int argc, char** argv) {
   worker_cmd->add_option("--accelerator", worker.accelerator);
   worker_cmd->add_option("--node", worker.nodes);
   worker_cmd->add_option("--master-port", worker.master_port)->check(CLI::Range(0, 65535));
+  worker_cmd->add_option("--python", worker.python);
 
   CLI::App* schema_cmd =
       app.add_subcommand("schema", "Print the JSON Schema of job files (for editors)");

@@ -94,6 +94,51 @@ std::string HostName() {
 }
 
 /// What this rank can see: GPUs, driver, CUDA runtime and NCCL versions.
+// The versions of Python, torch and Lightning that `python` (the job's interpreter) imports.
+// Run once per node; bounded by `timeout` (importing torch takes seconds, a broken install must
+// not stall the exchange) and by the bytes read.
+void ProbePython(const std::string& python, RankInfo& info) {
+  constexpr std::string_view kScript =
+      "import sys\n"
+      "print('%d.%d.%d' % sys.version_info[:3])\n"
+      "def v(names):\n"
+      "    for n in names:\n"
+      "        try:\n"
+      "            return __import__(n).__version__\n"
+      "        except Exception:\n"
+      "            pass\n"
+      "    return ''\n"
+      "print(v(['torch']))\n"
+      "print(v(['lightning', 'pytorch_lightning']))\n";
+  std::string quoted = "'";
+  for (char c : python) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const std::string command =
+      "timeout 30 " + quoted + " -c \"" + std::string(kScript) + "\" 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return;
+  std::string out;
+  char buffer[256];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) {
+    if (out.size() < 1024) out.append(buffer, std::min(n, 1024 - out.size()));
+  }
+  ::pclose(pipe);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < out.size() && lines.size() < 3) {
+    const size_t end = out.find('\n', start);
+    lines.push_back(out.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  // All three lines, or nothing: a partial answer means the interpreter failed.
+  if (lines.size() != 3) return;
+  info.python_version = lines[0];
+  info.torch_version = lines[1];
+  info.lightning_version = lines[2];
+}
+
 RankInfo ProbeLocal(const Env& env) {
   RankInfo info;
   info.rank = env.rank;
@@ -596,6 +641,7 @@ int RunPreflightWorker(const WorkerOptions& options) {
     return 2;
   }
   RankInfo info = ProbeLocal(*env);
+  if (env->local_rank == 0) ProbePython(options.expect.python, info);
 
   // Local rank 0 holds this node's test port open until the end.
   Fd test_listener;

@@ -55,6 +55,9 @@ TEST_F(PreflightTest, CpuJobOnTwoNodesIsOk) {
   EXPECT_THAT(out, HasSubstr("ddprun preflight: job \"pf\", 2 nodes x 2 ranks (world 4), accelerator cpu"));
   EXPECT_THAT(out, HasSubstr("no GPU on node 0 ("));
   EXPECT_THAT(out, HasSubstr("no GPU on node 1 ("));
+  // The job's Python (job.command[0] is not one here, so python3) and its libraries, per node.
+  EXPECT_THAT(out, HasSubstr("        Python 3."));
+  EXPECT_THAT(out, HasSubstr("  versions agree across nodes\n"));
   EXPECT_THAT(out, HasSubstr("  n0       -            reachable   \n"));
   EXPECT_THAT(out, HasSubstr("  n1       reachable    -           \n"));
   EXPECT_THAT(out, HasSubstr("NCCL all-reduce: skipped (no GPU on nodes 0, 1)"));
