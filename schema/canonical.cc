@@ -42,6 +42,8 @@ std::string QuoteList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
+}  // namespace
+
 // Typed spelling: `8` and `"8"` and `8.0` are different jobs to Lightning, so they differ here.
 std::string TrainerCanonical(const TrainerValue& value) {
   struct Visitor {
@@ -52,25 +54,14 @@ std::string TrainerCanonical(const TrainerValue& value) {
     std::string operator()(const std::vector<int64_t>& v) const {
       return fmt::format("[{}]", fmt::join(v, ", "));
     }
-    std::string operator()(const TrainerList& list) const {
-      std::string out = "[";
-      for (size_t i = 0; i < list.size(); ++i) {
-        if (i > 0) out += ", ";
-        out += TrainerCanonical(list[i]);
-      }
-      return out + "]";
-    }
-    std::string operator()(const TrainerTable& table) const {
-      std::string out = "{";
-      for (size_t i = 0; i < table.size(); ++i) {
-        if (i > 0) out += ", ";
-        out += Quote(table[i].first) + " = " + TrainerCanonical(table[i].second);
-      }
-      return out + "}";
-    }
+    std::string operator()(const TrainerLiteral& literal) const { return literal.canonical; }
   };
   return std::visit(Visitor{}, value.value);
 }
+
+std::string CanonicalQuote(std::string_view text) { return Quote(text); }
+
+namespace {
 
 // "key = value" lines back into a map; lines without " = " are ignored.
 std::map<std::string, std::string> ParseCanonical(const std::string& canonical) {

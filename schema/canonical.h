@@ -16,6 +16,11 @@ namespace ddprun {
 /// are left out because they do not change what the nodes run.
 std::string CanonicalForm(const JobSpec& spec);
 
+/// The canonical spelling of one [trainer] value (typed: 8, 8.0f, "8" differ).
+std::string TrainerCanonical(const TrainerValue& value);
+/// A string in the canonical form's quoting (JSON-style, one line).
+std::string CanonicalQuote(std::string_view text);
+
 /// Lower-case hex SHA-256 of `data` (64 characters; "" only if OpenSSL cannot allocate).
 std::string Sha256Hex(std::string_view data);
 

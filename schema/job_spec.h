@@ -19,19 +19,20 @@ struct SourceLoc {
   bool operator==(const SourceLoc&) const = default;
 };
 
-struct TrainerValue;
-/// A [trainer] array that is not a plain list of integers (e.g. [0.5, "a"]).
-using TrainerList = std::vector<TrainerValue>;
-/// A [trainer] inline table (e.g. max_time = { days = 1, hours = 5 }), sorted by key.
-using TrainerTable = std::vector<std::pair<std::string, TrainerValue>>;
+/// A [trainer] array that is not a plain list of integers, or an inline table (e.g.
+/// max_time = { days = 1 }), kept in the two spellings ddprun needs: the loader renders them
+/// (a tree of values would need a recursive variant, which some compilers reject).
+struct TrainerLiteral {
+  std::string python;     // what PL_TRAINER_<KEY> holds: "['a', 2.0]", "{'days': 1}"
+  std::string canonical;  // its canonical-form spelling: "[\"a\", 2f]", "{\"days\" = 1}"
+  bool operator==(const TrainerLiteral&) const = default;
+};
 
 /// A value of [trainer], kept typed so it can be forwarded as PL_TRAINER_<KEY> in the
 /// Python-literal spelling Lightning's `literal_eval` reads back as the same type.
-/// Lists of integers (device ids) keep their own alternative; other arrays are TrainerList.
+/// Lists of integers (device ids) keep their own alternative.
 struct TrainerValue {
-  std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, TrainerList,
-               TrainerTable>
-      value;
+  std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, TrainerLiteral> value;
   bool operator==(const TrainerValue&) const = default;
 };
 

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "schema/canonical.h"
 #include "schema/worker_env.h"
 
 namespace ddprun {
@@ -788,8 +789,7 @@ class Loader {
     }
     if (auto s = node.value_exact<std::string>()) return TrainerValue{*s};
     if (const toml::array* array = node.as_array()) {
-      // A list of integers keeps its own spelling (device ids); anything else is a list of
-      // typed values.
+      // A list of integers keeps its own spelling (device ids).
       const bool all_ints = std::all_of(array->begin(), array->end(),
                                         [](const toml::node& item) { return item.is_integer(); });
       if (all_ints) {
@@ -797,39 +797,80 @@ class Loader {
         for (const toml::node& item : *array) ints.push_back(*item.value_exact<int64_t>());
         return TrainerValue{std::move(ints)};
       }
-      TrainerList list;
-      bool ok = true;
-      for (size_t i = 0; i < array->size(); ++i) {
-        auto item = TrainerValueOf(*array->get(i), fmt::format("{}[{}]", path, i));
-        if (!item) {
-          ok = false;
-          continue;
-        }
-        list.push_back(std::move(*item));
-      }
-      if (!ok) return std::nullopt;
-      return TrainerValue{std::move(list)};
     }
-    if (const toml::table* table = node.as_table()) {
-      TrainerTable entries;
-      bool ok = true;
-      for (auto&& [key, value] : *table) {
-        auto item = TrainerValueOf(value, fmt::format("{}.{}", path, key.str()));
-        if (!item) {
-          ok = false;
-          continue;
-        }
-        entries.emplace_back(std::string(key.str()), std::move(*item));
-      }
-      if (!ok) return std::nullopt;
-      std::sort(entries.begin(), entries.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      return TrainerValue{std::move(entries)};
+    if (node.is_array() || node.is_table()) {
+      TrainerLiteral literal;
+      if (!RenderComposite(node, path, literal)) return std::nullopt;
+      return TrainerValue{std::move(literal)};
     }
     TypeError(node, path, "a boolean, number, string, array or table",
               "[trainer] values reach the script as PL_TRAINER_* Python literals, which have "
               "no dates or times; write it as a string");
     return std::nullopt;
+  }
+
+  // An array or inline table of [trainer] in both spellings, items rendered recursively (the
+  // depth is bounded by PreScan). Reports every bad item; false when there was one.
+  bool RenderComposite(const toml::node& node, const std::string& path, TrainerLiteral& out) {
+    bool ok = true;
+    auto item = [&](const toml::node& child, const std::string& child_path, std::string& python,
+                    std::string& canonical) {
+      if (child.is_array() || child.is_table()) {
+        TrainerLiteral nested;
+        if (!RenderComposite(child, child_path, nested)) return false;
+        python = std::move(nested.python);
+        canonical = std::move(nested.canonical);
+        return true;
+      }
+      auto value = TrainerValueOf(child, child_path);
+      if (!value) return false;
+      python = TrainerPythonLiteral(*value, /*top_level=*/false);
+      canonical = TrainerCanonical(*value);
+      return true;
+    };
+    if (const toml::array* array = node.as_array()) {
+      out.python = "[";
+      out.canonical = "[";
+      for (size_t i = 0; i < array->size(); ++i) {
+        std::string python, canonical;
+        if (!item(*array->get(i), fmt::format("{}[{}]", path, i), python, canonical)) {
+          ok = false;
+          continue;
+        }
+        if (i > 0) {
+          out.python += ", ";
+          out.canonical += ", ";
+        }
+        out.python += python;
+        out.canonical += canonical;
+      }
+      out.python += "]";
+      out.canonical += "]";
+      return ok;
+    }
+    const toml::table* table = node.as_table();
+    if (!table) return false;
+    // toml++ tables iterate in key order, so equal tables render the same.
+    out.python = "{";
+    out.canonical = "{";
+    bool first = true;
+    for (auto&& [key, child] : *table) {
+      std::string python, canonical;
+      if (!item(child, fmt::format("{}.{}", path, key.str()), python, canonical)) {
+        ok = false;
+        continue;
+      }
+      if (!first) {
+        out.python += ", ";
+        out.canonical += ", ";
+      }
+      first = false;
+      out.python += TrainerPythonString(key.str()) + ": " + python;
+      out.canonical += CanonicalQuote(key.str()) + " = " + canonical;
+    }
+    out.python += "}";
+    out.canonical += "}";
+    return ok;
   }
 
   void LoadDevices(const toml::node& node) {

@@ -110,8 +110,6 @@ bool BareStringStaysString(std::string_view s) {
   return false;
 }
 
-std::string PythonLiteral(const TrainerValue& value, bool top_level);
-
 struct PythonVisitor {
   bool top_level;
   std::string operator()(bool b) const { return b ? "True" : "False"; }
@@ -125,31 +123,18 @@ struct PythonVisitor {
   std::string operator()(const std::vector<int64_t>& v) const {
     return fmt::format("[{}]", fmt::join(v, ", "));
   }
-  std::string operator()(const TrainerList& list) const {
-    std::string out = "[";
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (i > 0) out += ", ";
-      out += PythonLiteral(list[i], false);
-    }
-    return out + "]";
-  }
-  std::string operator()(const TrainerTable& table) const {
-    std::string out = "{";
-    for (size_t i = 0; i < table.size(); ++i) {
-      if (i > 0) out += ", ";
-      out += PythonString(table[i].first) + ": " + PythonLiteral(table[i].second, false);
-    }
-    return out + "}";
-  }
+  std::string operator()(const TrainerLiteral& literal) const { return literal.python; }
 };
-
-std::string PythonLiteral(const TrainerValue& value, bool top_level) {
-  return std::visit(PythonVisitor{top_level}, value.value);
-}
 
 }  // namespace
 
-std::string TrainerEnvValue(const TrainerValue& value) { return PythonLiteral(value, true); }
+std::string TrainerPythonLiteral(const TrainerValue& value, bool top_level) {
+  return std::visit(PythonVisitor{top_level}, value.value);
+}
+
+std::string TrainerPythonString(std::string_view text) { return PythonString(text); }
+
+std::string TrainerEnvValue(const TrainerValue& value) { return TrainerPythonLiteral(value, true); }
 
 std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank) {
   return fmt::format("{}/attempt-{}/rank-{}.log", spec.job.name, restart_count, global_rank);

@@ -51,6 +51,13 @@ std::string RunId(const JobSpec& spec, std::string_view fingerprint);
 /// PL_TRAINER_<KEY> value in the spelling Lightning's literal_eval reads back.
 std::string TrainerEnvValue(const TrainerValue& value);
 
+/// The Python literal of `value`; with `top_level`, strings that literal_eval cannot read as
+/// anything else stay bare (as TrainerEnvValue writes them), else every string is quoted (inside
+/// lists and dicts). The loader builds TrainerLiteral from these.
+std::string TrainerPythonLiteral(const TrainerValue& value, bool top_level);
+/// A Python string literal of `text` ('...', escaped), e.g. for dict keys.
+std::string TrainerPythonString(std::string_view text);
+
 /// Paths under logs.dir, relative to it: "<job>/attempt-<k>/rank-<r>.log" and ".error.json".
 std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank);
 std::string RankErrorFilePath(const JobSpec& spec, int restart_count, int global_rank);

@@ -336,9 +336,14 @@ TEST(Loader, TrainerTablesArraysDatesAndUnknownArgs) {
   auto r = Parse(WithBase("max_time = { hours = 5, days = 1 }\nplugins = [1, \"a\", 0.5]\n"));
   ASSERT_TRUE(r.spec) << Diags(r);
   EXPECT_EQ(r.spec->trainer.settings[3].second,
-            (TrainerValue{TrainerTable{{"days", {int64_t{1}}}, {"hours", {int64_t{5}}}}}));
+            (TrainerValue{TrainerLiteral{"{'days': 1, 'hours': 5}", "{\"days\" = 1, \"hours\" = 5}"}}));
   EXPECT_EQ(r.spec->trainer.settings[4].second,
-            (TrainerValue{TrainerList{{int64_t{1}}, {std::string("a")}, {0.5}}}));
+            (TrainerValue{TrainerLiteral{"[1, 'a', 0.5]", "[1, \"a\", 0.5f]"}}));
+  auto nested = Parse(WithBase("plugins = [[1, 2], { k = [true, \"x\"] }, 1.0]\n"));
+  ASSERT_TRUE(nested.spec) << Diags(nested);
+  EXPECT_EQ(nested.spec->trainer.settings[3].second,
+            (TrainerValue{TrainerLiteral{"[[1, 2], {'k': [True, 'x']}, 1.0]",
+                                         "[[1, 2], {\"k\" = [true, \"x\"]}, 1f]"}}));
   EXPECT_EQ(Diags(Parse(WithBase("logger = { at = 1979-05-27 }\nmax_epoch = 3\n"
                                  "val_check_interval = [1.0, inf]\n"))),
             "12:17: error: trainer.logger.at must be a boolean, number, string, array or table, "

@@ -151,10 +151,8 @@ TEST(WorkerEnv, TrainerValuesInLiteralEvalSpelling) {
   EXPECT_EQ(TrainerEnvValue({std::string("True")}), "'True'");
   EXPECT_EQ(TrainerEnvValue({std::string("")}), "''");
   EXPECT_EQ(TrainerEnvValue({std::string("it's a\n")}), "'it\\'s a\\n'");
-  EXPECT_EQ(TrainerEnvValue({TrainerList{{std::string("a")}, {2.0}, {true}}}),
-            "['a', 2.0, True]");
-  EXPECT_EQ(TrainerEnvValue({TrainerTable{{"days", {int64_t{1}}}, {"x", {0.5}}}}),
-            "{'days': 1, 'x': 0.5}");
+  EXPECT_EQ(TrainerPythonLiteral({std::string("ddp")}, /*top_level=*/false), "'ddp'");
+  EXPECT_EQ(TrainerEnvValue({TrainerLiteral{"{'days': 1}", "{\"days\" = 1}"}}), "{'days': 1}");
 }
 
 TEST(WorkerEnv, LogPaths) {
