@@ -49,7 +49,7 @@ uint16_t WorkerMasterPort(const JobSpec& spec) {
 
 // torchrun runs `python -u script args` itself; only a plain `python`/`python3` interpreter can
 // be handed over that way, anything else runs as is with --no_python.
-std::string TorchrunCommand(const JobSpec& spec, int node_rank) {
+std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::string& run_id) {
   std::vector<std::string> words;
   for (const auto& [name, value] : spec.job.env) {
     words.push_back(name + "=" + PrintableEnvValue(name, value));
@@ -67,7 +67,7 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank) {
   words.push_back(fmt::format("--master_addr={}", spec.cluster.master_addr));
   words.push_back(fmt::format("--master_port={}", spec.cluster.master_port));
   words.push_back(fmt::format("--max_restarts={}", spec.restart.max_restarts));
-  words.push_back(fmt::format("--rdzv_id={}", RunId(spec)));
+  words.push_back(fmt::format("--rdzv_id={}", run_id));
   const auto& command = spec.job.command;
   size_t first = 0;
   if (!command.empty() && (command[0] == "python" || command[0] == "python3") &&
@@ -149,6 +149,8 @@ std::string ValueOf(const EnvList& env, const std::string& name) {
 Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
   Plan plan;
   const int nproc = spec.cluster.nproc_per_node;
+  // Once, not per rank: the fingerprint hashes the whole canonical form (2,048 hosts, say).
+  const std::string run_id = RunId(spec);
   for (int node_rank = 0; node_rank < spec.cluster.nnodes; ++node_rank) {
     if (only_node && *only_node != node_rank) continue;
     NodePlan node;
@@ -171,6 +173,7 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       position.restart_count = 0;
       position.master_port = WorkerMasterPort(spec);
       position.error_file = spec.logs.dir + "/" + RankErrorFilePath(spec, 0, rank.global_rank);
+      position.run_id = run_id;
       rank.env = WorkerEnvironment(spec, position, {});
       // Under the relay rank 0 hosts the store on a port node 0's agent picks each round, so
       // no number written here would be true; say what it is instead.
@@ -183,7 +186,7 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       }
       node.ranks.push_back(std::move(rank));
     }
-    node.torchrun_command = TorchrunCommand(spec, node_rank);
+    node.torchrun_command = TorchrunCommand(spec, node_rank, run_id);
     node.ddprun_command = DdprunCommand(spec, node_rank);
     plan.nodes.push_back(std::move(node));
   }
