@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include "schema/worker_env.h"
+
 namespace ddprun {
 namespace {
 
@@ -40,6 +42,8 @@ std::string QuoteList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
+}  // namespace
+
 // Typed spelling: `8` and `"8"` and `8.0` are different jobs to Lightning, so they differ here.
 std::string TrainerCanonical(const TrainerValue& value) {
   struct Visitor {
@@ -50,9 +54,14 @@ std::string TrainerCanonical(const TrainerValue& value) {
     std::string operator()(const std::vector<int64_t>& v) const {
       return fmt::format("[{}]", fmt::join(v, ", "));
     }
+    std::string operator()(const TrainerLiteral& literal) const { return literal.canonical; }
   };
   return std::visit(Visitor{}, value.value);
 }
+
+std::string CanonicalQuote(std::string_view text) { return Quote(text); }
+
+namespace {
 
 // "key = value" lines back into a map; lines without " = " are ignored.
 std::map<std::string, std::string> ParseCanonical(const std::string& canonical) {
@@ -80,6 +89,15 @@ std::string CanonicalForm(const JobSpec& spec) {
   fields["job.command"] = QuoteList(spec.job.command);
   fields["job.workdir"] = Quote(spec.job.workdir);
   for (const auto& [name, value] : spec.job.env) fields["job.env." + name] = Quote(value);
+  // Only when on, so that files without it keep their fingerprint. The code fields then make
+  // nodes with another script or commit disagree, and the join refusal names them.
+  if (spec.job.code_check == JobSpec::CodeCheck::kRefuse) {
+    fields["job.code_check"] = Quote("refuse");
+    fields["code.script"] = Quote(spec.job.code.script);
+    fields["code.script_sha256"] = Quote(spec.job.code.script_sha256);
+    fields["code.git_commit"] = Quote(spec.job.code.git_commit);
+    fields["code.git_dirty"] = spec.job.code.git_dirty ? "true" : "false";
+  }
   // Both spellings of the cluster size (a host list or a count) mean something different for
   // rank assignment, so the list is kept when given; nnodes is always there.
   if (!spec.cluster.nodes.empty()) fields["cluster.nodes"] = QuoteList(spec.cluster.nodes);
@@ -95,6 +113,10 @@ std::string CanonicalForm(const JobSpec& spec) {
   }
   fields["restart.max_restarts"] = fmt::format("{}", spec.restart.max_restarts);
   fields["restart.backoff"] = FormatDuration(spec.restart.backoff);
+  // Only when set, so that files without it keep their fingerprint.
+  if (spec.restart.backoff_max) {
+    fields["restart.backoff_max"] = FormatDuration(*spec.restart.backoff_max);
+  }
   fields["timeouts.rendezvous"] = FormatDuration(spec.timeouts.rendezvous);
   fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
   fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);
@@ -105,12 +127,14 @@ std::string CanonicalForm(const JobSpec& spec) {
   return out;
 }
 
-std::string FingerprintOfCanonical(const std::string& canonical) {
+std::string FingerprintOfCanonical(const std::string& canonical) { return Sha256Hex(canonical); }
+
+std::string Sha256Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   // EVP_Digest fails only when OpenSSL cannot allocate; an empty fingerprint then never
   // matches a peer's, which is the safe outcome.
-  if (EVP_Digest(canonical.data(), canonical.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+  if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
     return {};
   }
   std::string hex;
@@ -121,9 +145,27 @@ std::string FingerprintOfCanonical(const std::string& canonical) {
 
 std::string Fingerprint(const JobSpec& spec) { return FingerprintOfCanonical(CanonicalForm(spec)); }
 
+namespace {
+
+// Values of job.env entries whose names look secret are hidden: the difference is printed on
+// both nodes and kept in logs. "(not set)" stays, since it gives nothing away.
+std::map<std::string, std::string> Printable(std::map<std::string, std::string> fields) {
+  constexpr std::string_view kEnvPrefix = "job.env.";
+  for (auto& [key, value] : fields) {
+    if (key.starts_with(kEnvPrefix) && LooksSecret(std::string_view(key).substr(kEnvPrefix.size()))) {
+      value = std::string(kHiddenValue);
+    }
+  }
+  return fields;
+}
+
+}  // namespace
+
 std::vector<FieldDifference> DiffCanonical(const std::string& ours, const std::string& theirs) {
-  const auto a = ParseCanonical(ours);
-  const auto b = ParseCanonical(theirs);
+  const auto raw_a = ParseCanonical(ours);
+  const auto raw_b = ParseCanonical(theirs);
+  const auto a = Printable(raw_a);
+  const auto b = Printable(raw_b);
   std::vector<FieldDifference> diffs;
   auto ia = a.begin();
   auto ib = b.begin();
@@ -136,7 +178,9 @@ std::vector<FieldDifference> DiffCanonical(const std::string& ours, const std::s
       diffs.push_back({ib->first, std::string(kNotSet), ib->second});
       ++ib;
     } else {
-      if (ia->second != ib->second) diffs.push_back({ia->first, ia->second, ib->second});
+      if (raw_a.at(ia->first) != raw_b.at(ib->first)) {
+        diffs.push_back({ia->first, ia->second, ib->second});
+      }
       ++ia;
       ++ib;
     }

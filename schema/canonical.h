@@ -3,6 +3,7 @@
 // specs. Agents exchange the canonical form on join so both sides can print what differs.
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "schema/job_spec.h"
@@ -14,6 +15,14 @@ namespace ddprun {
 /// the same job (key order, comments, whitespace, "60s" vs "1m"); [simulate] and logs.console
 /// are left out because they do not change what the nodes run.
 std::string CanonicalForm(const JobSpec& spec);
+
+/// The canonical spelling of one [trainer] value (typed: 8, 8.0f, "8" differ).
+std::string TrainerCanonical(const TrainerValue& value);
+/// A string in the canonical form's quoting (JSON-style, one line).
+std::string CanonicalQuote(std::string_view text);
+
+/// Lower-case hex SHA-256 of `data` (64 characters; "" only if OpenSSL cannot allocate).
+std::string Sha256Hex(std::string_view data);
 
 /// Lower-case hex SHA-256 of CanonicalForm (64 characters).
 std::string Fingerprint(const JobSpec& spec);

@@ -1,6 +1,8 @@
 #include "schema/diagnostics.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -29,21 +31,174 @@ std::string_view SourceLine(std::string_view text, uint32_t line) {
   return out;
 }
 
-// Blanks that line the caret up under column `column` (1-based, counted in code points, as
-// toml++ counts them). Tabs stay tabs so the caret lands right whatever the tab width.
-std::string CaretPadding(std::string_view line, uint32_t column) {
-  std::string pad;
-  uint32_t col = 1;
-  for (size_t i = 0; i < line.size() && col < column; ++i) {
-    const auto byte = static_cast<unsigned char>(line[i]);
-    if ((byte & 0xC0) == 0x80) continue;  // continuation byte: same code point
-    pad += line[i] == '\t' ? '\t' : ' ';
-    ++col;
-  }
-  // A column past the end of the line (an error at end of file) still gets its caret.
-  for (; col < column && col < 4096; ++col) pad += ' ';
-  return pad;
+// One code point of a quoted line as the terminal will show it: itself when printable,
+// else an escape (clang's spelling: <U+001B> for a control or invisible character, <FF> for a
+// byte that is not UTF-8), so a binary or hostile file cannot drive the terminal.
+struct Cell {
+  std::string text;
+  size_t width = 1;  // columns it takes (escapes are ASCII; other code points count 1)
+  bool tab = false;
+};
+
+// Whether code point `cp` may reach the terminal as is: not a C0/C1 control, DEL, or one of
+// the bidirectional overrides that make text read differently than it parses.
+bool Printable(uint32_t cp) {
+  if (cp < 0x20 || (cp >= 0x7f && cp < 0xa0)) return false;
+  if ((cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069)) return false;
+  if (cp == 0x200e || cp == 0x200f || cp == 0x061c || cp == 0xfeff) return false;
+  return true;
 }
+
+// Splits `text` into cells, one per code point or invalid byte. Tabs stay tabs so the caret
+// lands right whatever the tab width.
+std::vector<Cell> Cells(std::string_view text) {
+  std::vector<Cell> cells;
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    size_t extra = 0;
+    uint32_t cp = b;
+    if (b >= 0x80) {
+      if ((b & 0xE0) == 0xC0) {
+        extra = 1;
+        cp = b & 0x1Fu;
+      } else if ((b & 0xF0) == 0xE0) {
+        extra = 2;
+        cp = b & 0x0Fu;
+      } else if ((b & 0xF8) == 0xF0) {
+        extra = 3;
+        cp = b & 0x07u;
+      } else {
+        extra = 99;  // a continuation or invalid lead byte
+      }
+      bool valid = extra != 99 && i + extra < text.size();
+      for (size_t k = 1; valid && k <= extra; ++k) {
+        const auto c = static_cast<unsigned char>(text[i + k]);
+        if ((c & 0xC0) != 0x80) valid = false;
+        cp = (cp << 6) | (c & 0x3Fu);
+      }
+      static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+      if (valid && (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) {
+        valid = false;
+      }
+      if (!valid) {
+        std::string escape = fmt::format("<{:02X}>", b);
+        const size_t width = escape.size();
+        cells.push_back({std::move(escape), width, false});
+        ++i;
+        continue;
+      }
+    }
+    if (cp == '\t') {
+      cells.push_back({"\t", 1, true});
+    } else if (!Printable(cp)) {
+      std::string escape = fmt::format("<U+{:04X}>", cp);
+      const size_t width = escape.size();
+      cells.push_back({std::move(escape), width, false});
+    } else {
+      cells.push_back({std::string(text.substr(i, extra + 1)), 1, false});
+    }
+    i += extra + 1;
+  }
+  return cells;
+}
+
+// The widest source line quoted whole; longer ones are cut to a window around the caret.
+constexpr size_t kMaxQuotedWidth = 100;
+constexpr std::string_view kEllipsis = "...";
+
+// The quoted line and the caret line's padding for 1-based `column` (counted in code points,
+// as toml++ counts them): escaped, and cut to about kMaxQuotedWidth columns around the caret
+// when longer, with "..." where text was left out (as clang does).
+std::pair<std::string, std::string> QuoteLine(std::string_view line, uint32_t column) {
+  const std::vector<Cell> cells = Cells(line);
+  const size_t caret = column == 0 ? 0 : column - 1;
+  size_t total = 0;
+  for (const Cell& cell : cells) total += cell.width;
+  size_t begin = 0;
+  size_t end = cells.size();
+  if (total > kMaxQuotedWidth) {
+    // Grow a window from the caret, one cell to the right then one to the left, until full.
+    const size_t budget = kMaxQuotedWidth - 2 * kEllipsis.size();
+    begin = std::min(caret, cells.size());
+    end = begin;
+    size_t used = 0;
+    bool grew = true;
+    while (grew) {
+      grew = false;
+      if (end < cells.size() && used + cells[end].width <= budget) {
+        used += cells[end++].width;
+        grew = true;
+      }
+      if (begin > 0 && used + cells[begin - 1].width <= budget) {
+        used += cells[--begin].width;
+        grew = true;
+      }
+    }
+  }
+  std::string quoted;
+  std::string pad;
+  if (begin > 0) {
+    quoted += kEllipsis;
+    pad.append(kEllipsis.size(), ' ');
+  }
+  for (size_t i = begin; i < end; ++i) {
+    quoted += cells[i].text;
+    if (i < caret) pad += cells[i].tab ? std::string("\t") : std::string(cells[i].width, ' ');
+  }
+  if (end < cells.size()) quoted += kEllipsis;
+  // A column past the end of the line (an error at end of file) still gets its caret.
+  if (caret > cells.size()) pad.append(std::min<size_t>(caret - cells.size(), 4096), ' ');
+  return {quoted, pad};
+}
+
+}  // namespace
+
+namespace {
+
+// Optimal string alignment distance: like Levenshtein, plus a swap of two neighbours as one
+// edit, since "nmae" for "name" is the commonest typo.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::optional<std::string_view> ClosestName(std::string_view word,
+                                            std::span<const std::string_view> candidates) {
+  if (word.size() > 64) return std::nullopt;
+  const size_t limit = word.size() <= 4 ? 1 : (word.size() <= 8 ? 2 : 3);
+  std::optional<std::string_view> best;
+  size_t best_distance = limit + 1;
+  for (std::string_view c : candidates) {
+    const size_t d = EditDistance(word, c);
+    if (d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::string EscapeForTerminal(std::string_view text) {
+  std::string out;
+  for (const Cell& cell : Cells(text)) out += cell.tab ? "\t" : cell.text;
+  return out;
+}
+
+namespace {
 
 std::string Paint(std::string_view text, std::string_view color, bool enabled) {
   if (!enabled) return std::string(text);
@@ -53,18 +208,21 @@ std::string Paint(std::string_view text, std::string_view color, bool enabled) {
 // One located message: header, quoted source line and caret.
 void RenderOne(std::string& out, std::string_view source_name, std::string_view source_text,
                SourceLoc loc, std::string_view label, std::string_view label_color,
-               std::string_view message, bool color) {
+               std::string_view message, bool color, bool hide_line) {
   std::string where = loc.line == 0
                           ? fmt::format("{}:", source_name)
                           : fmt::format("{}:{}:{}:", source_name, loc.line, loc.column);
-  out += fmt::format("{} {} {}\n", Paint(where, kBold, color),
+  out += fmt::format("{} {} {}\n", Paint(EscapeForTerminal(where), kBold, color),
                      Paint(fmt::format("{}:", label), label_color, color),
-                     Paint(message, kBold, color));
+                     Paint(EscapeForTerminal(message), kBold, color));
   if (loc.line == 0) return;
-  std::string_view line = SourceLine(source_text, loc.line);
-  out += fmt::format("{:>5} | {}\n", loc.line, line);
-  out += fmt::format("{:>5} | {}{}\n", "", CaretPadding(line, loc.column),
-                     Paint("^", kGreen, color));
+  if (hide_line) {
+    out += fmt::format("{:>5} | (line not shown: it holds a secret)\n", loc.line);
+    return;
+  }
+  const auto [quoted, pad] = QuoteLine(SourceLine(source_text, loc.line), loc.column);
+  out += fmt::format("{:>5} | {}\n", loc.line, quoted);
+  out += fmt::format("{:>5} | {}{}\n", "", pad, Paint("^", kGreen, color));
 }
 
 std::string Plural(int n, std::string_view word) {
@@ -89,6 +247,10 @@ void Diagnostics::AddNote(SourceLoc loc, std::string note) {
   if (items.empty()) return;
   items.back().note = std::move(note);
   items.back().note_loc = loc;
+}
+
+void Diagnostics::HideLine() {
+  if (!items.empty()) items.back().hide_line = true;
 }
 
 bool Diagnostics::HasErrors() const { return ErrorCount() > 0; }
@@ -123,10 +285,13 @@ std::string RenderDiagnostics(const Diagnostics& diagnostics, std::string_view s
   for (const Diagnostic& d : SortedDiagnostics(diagnostics)) {
     const bool error = d.severity == Severity::kError;
     RenderOne(out, source_name, source_text, d.loc, error ? "error" : "warning",
-              error ? kRed : kMagenta, d.message, color);
-    if (!d.hint.empty()) out += fmt::format("   {} {}\n", Paint("hint:", kCyan, color), d.hint);
+              error ? kRed : kMagenta, d.message, color, d.hide_line);
+    if (!d.hint.empty()) {
+      out += fmt::format("   {} {}\n", Paint("hint:", kCyan, color), EscapeForTerminal(d.hint));
+    }
     if (!d.note.empty()) {
-      RenderOne(out, source_name, source_text, d.note_loc, "note", kCyan, d.note, color);
+      RenderOne(out, source_name, source_text, d.note_loc, "note", kCyan, d.note, color,
+                d.hide_line);
     }
   }
   if (!out.empty()) out += DiagnosticsSummary(diagnostics) + "\n";

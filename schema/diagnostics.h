@@ -2,6 +2,8 @@
 // Compiler-style diagnostics for the job file: `job.toml:12:3: error: ...`, the source line,
 // a caret under the value and an optional hint.
 
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +22,7 @@ struct Diagnostic {
   std::string hint;        // "" or e.g. "did you mean `nproc_per_node`?"
   std::string note;        // "" or a pointer to a related place, e.g. "first written here"
   SourceLoc note_loc;      // where `note` points
+  bool hide_line = false;  // the source line holds a secret: print the position only
   bool operator==(const Diagnostic&) const = default;
 };
 
@@ -30,6 +33,8 @@ struct Diagnostics {
   void Warning(SourceLoc loc, std::string key_path, std::string message, std::string hint = {});
   /// Attaches a note to the diagnostic added last (e.g. where a duplicate was first written).
   void AddNote(SourceLoc loc, std::string note);
+  /// Keeps the diagnostic added last from quoting its source line (it holds a secret).
+  void HideLine();
   bool HasErrors() const;
   int ErrorCount() const;
   int WarningCount() const;
@@ -39,6 +44,16 @@ struct Diagnostics {
 /// ("2 errors, 1 warning"). `source_text` supplies the quoted line and caret.
 std::string RenderDiagnostics(const Diagnostics& diagnostics, std::string_view source_name,
                               std::string_view source_text, bool color);
+
+/// `text` with every byte sequence a terminal should not interpret escaped: controls and
+/// invisible code points as <U+001B>, bytes that are not UTF-8 as <FF>; tabs are kept.
+std::string EscapeForTerminal(std::string_view text);
+
+/// The candidate closest to `word` when close enough to be a typo of it (optimal string
+/// alignment distance: 1 edit for words up to 4 characters, 2 up to 8, else 3), else nullopt.
+/// For "did you mean" hints on keys, flags and commands.
+std::optional<std::string_view> ClosestName(std::string_view word,
+                                            std::span<const std::string_view> candidates);
 
 /// "2 errors, 1 warning"; "" when there are none.
 std::string DiagnosticsSummary(const Diagnostics& diagnostics);

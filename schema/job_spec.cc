@@ -16,6 +16,18 @@ bool ConsoleFilter::Shows(int global_rank) const {
   return true;
 }
 
+Duration JobSpec::RestartBackoff(int restart_number) const {
+  if (!restart.backoff_max) return restart.backoff;
+  Duration wait = restart.backoff;
+  // Doubling stops at the cap, so the loop is bounded by log2(cap / backoff) (< 64), whatever
+  // the restart number.
+  for (int i = 1; i < restart_number && wait < *restart.backoff_max; ++i) {
+    wait = wait > *restart.backoff_max / 2 ? *restart.backoff_max : 2 * wait;
+    if (wait == Duration::zero()) break;
+  }
+  return std::min(wait, *restart.backoff_max);
+}
+
 SourceLoc JobSpec::LocationOf(const std::string& key_path) const {
   auto it = locations.find(key_path);
   return it == locations.end() ? SourceLoc{} : it->second;

@@ -19,10 +19,20 @@ struct SourceLoc {
   bool operator==(const SourceLoc&) const = default;
 };
 
+/// A [trainer] array that is not a plain list of integers, or an inline table (e.g.
+/// max_time = { days = 1 }), kept in the two spellings ddprun needs: the loader renders them
+/// (a tree of values would need a recursive variant, which some compilers reject).
+struct TrainerLiteral {
+  std::string python;     // what PL_TRAINER_<KEY> holds: "['a', 2.0]", "{'days': 1}"
+  std::string canonical;  // its canonical-form spelling: "[\"a\", 2f]", "{\"days\" = 1}"
+  bool operator==(const TrainerLiteral&) const = default;
+};
+
 /// A value of [trainer], kept typed so it can be forwarded as PL_TRAINER_<KEY> in the
-/// Python-literal spelling Lightning's `literal_eval` reads back.
+/// Python-literal spelling Lightning's `literal_eval` reads back as the same type.
+/// Lists of integers (device ids) keep their own alternative.
 struct TrainerValue {
-  std::variant<bool, int64_t, double, std::string, std::vector<int64_t>> value;
+  std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, TrainerLiteral> value;
   bool operator==(const TrainerValue&) const = default;
 };
 
@@ -64,11 +74,26 @@ struct FaultSpec {
 struct JobSpec {
   int version = 1;
 
+  /// What job.code_check compares between nodes at join (see CodeIdentity in runner/cli).
+  enum class CodeCheck { kOff, kRefuse };
+
+  /// The code a node would run, as the CLI found it before the agent started; part of the
+  /// canonical form (so of the fingerprint) when job.code_check = "refuse".
+  struct Code {
+    std::string script;         // the job.command argument that names a file ("" if none)
+    std::string script_sha256;  // its SHA-256, lower-case hex ("" if none or unreadable)
+    std::string git_commit;     // HEAD of the workdir's git repository ("" if not one)
+    bool git_dirty = false;     // tracked files differ from HEAD
+    bool operator==(const Code&) const = default;
+  };
+
   struct Job {
     std::string name;
     std::vector<std::string> command;
     std::string workdir = ".";                  // as written; relative to the job file
     std::map<std::string, std::string> env;     // sorted by name
+    CodeCheck code_check = CodeCheck::kOff;
+    Code code;                                  // filled by the CLI when code_check is on
   } job;
 
   struct Cluster {
@@ -93,6 +118,8 @@ struct JobSpec {
   struct Restart {
     int max_restarts = 0;
     Duration backoff = Seconds(10);
+    /// Set: the wait doubles after each restart (backoff, 2 x backoff, 4 x ...) up to this.
+    std::optional<Duration> backoff_max;
   } restart;
 
   /// The protocol's time bounds are all derived here, so the agent, the coordinator, the
@@ -139,12 +166,18 @@ struct JobSpec {
     Duration max_time = Hours(24 * 60);         // the simulation gives up after this
   } simulate;
 
+  /// What followed `--` on the command line, already appended to job.command (for printing
+  /// the command that reproduces this spec).
+  std::vector<std::string> script_args;
   /// The file it came from, as given on the command line ("" for in-memory sources).
   std::string source_name;
   /// Key path ("cluster.master_port", "job.command[1]") -> where the value was written.
   std::map<std::string, SourceLoc> locations;
 
   int WorldSize() const { return cluster.nnodes * cluster.nproc_per_node; }
+  /// The wait before restart number `restart` (1 for the first): restart.backoff, doubled for
+  /// each earlier restart while restart.backoff_max is set, never above it.
+  Duration RestartBackoff(int restart) const;
   /// Where `key_path` was written; {0,0} for defaults.
   SourceLoc LocationOf(const std::string& key_path) const;
 };

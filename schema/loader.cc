@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "schema/canonical.h"
 #include "schema/worker_env.h"
 
 namespace ddprun {
@@ -30,10 +31,12 @@ using Keys = std::span<const std::string_view>;
 
 constexpr std::array<std::string_view, 8> kTopKeys = {
     "version", "job", "cluster", "trainer", "restart", "timeouts", "logs", "simulate"};
-constexpr std::array<std::string_view, 4> kJobKeys = {"name", "command", "workdir", "env"};
+constexpr std::array<std::string_view, 5> kJobKeys = {"name", "command", "workdir", "env",
+                                                      "code_check"};
 constexpr std::array<std::string_view, 6> kClusterKeys = {
     "nodes", "nnodes", "master_addr", "master_port", "nproc_per_node", "store_port"};
-constexpr std::array<std::string_view, 2> kRestartKeys = {"max_restarts", "backoff"};
+constexpr std::array<std::string_view, 3> kRestartKeys = {"max_restarts", "backoff",
+                                                          "backoff_max"};
 constexpr std::array<std::string_view, 3> kTimeoutKeys = {"rendezvous", "heartbeat",
                                                           "stop_grace"};
 constexpr std::array<std::string_view, 2> kLogKeys = {"dir", "console"};
@@ -145,38 +148,9 @@ std::string FaultKeysHint(const FaultKindInfo& info) {
   return fmt::format("a {} fault takes: {}", info.name, JoinKeys(keys));
 }
 
-// Optimal string alignment distance: like Levenshtein, plus a swap of two neighbours as one
-// edit, since "nmae" for "name" is the commonest typo.
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
 // The closest of `candidates` to `word`, when close enough to be a typo.
 std::optional<std::string_view> Closest(std::string_view word, Keys candidates) {
-  if (word.size() > 64) return std::nullopt;
-  const size_t limit = word.size() <= 4 ? 1 : (word.size() <= 8 ? 2 : 3);
-  std::optional<std::string_view> best;
-  size_t best_distance = limit + 1;
-  for (std::string_view c : candidates) {
-    const size_t d = EditDistance(word, c);
-    if (d < best_distance) {
-      best = c;
-      best_distance = d;
-    }
-  }
-  return best;
+  return ClosestName(word, candidates);
 }
 
 std::string JoinKeys(std::span<const std::string_view> keys) {
@@ -413,7 +387,13 @@ class Loader {
         hint = prefix.empty() && node.is_table()
                    ? fmt::format("did you mean [{}]?", *close)
                    : fmt::format("did you mean `{}`?", *close);
-      } else if (auto home = SectionOf(name, prefix)) {
+      } else if (auto home = SectionOf(name, prefix); home && prefix.empty() && node.is_table()) {
+        // `[rendezvous]`: a section header named after a key; `timeouts.rendezvous` would read
+        // as a table name too, so say where the key goes instead.
+        hint = fmt::format("there is no [{}] table; `{}` is a key of [{}]: write `{} = ...` "
+                           "under [{}]",
+                           name, name, *home, name, *home);
+      } else if (home) {
         hint = fmt::format("`{}` belongs in [{}]: did you mean `{}.{}`?", name, *home, *home,
                            name);
       } else if (auto near = NearKeyElsewhere(name, prefix)) {
@@ -479,7 +459,17 @@ class Loader {
     if (!value) {
       std::string hint;
       if (auto s = node.value_exact<std::string>()) {
-        hint = fmt::format("write the number without quotes: {} = {}", LastKey(path), *s);
+        const bool integer_text =
+            !s->empty() && s->size() <= 19 &&
+            std::all_of(s->begin() + (s->front() == '-' ? 1 : 0), s->end(),
+                        [](char c) { return c >= '0' && c <= '9'; }) &&
+            *s != "-";
+        if (integer_text) {
+          hint = fmt::format("write the number without quotes: {} = {}", LastKey(path), *s);
+        } else if (path == "cluster.nnodes" && s->find(':') != std::string::npos) {
+          hint = "ddprun runs a fixed number of nodes (no MIN:MAX range as in torchrun's "
+                 "--nnodes); write a number, e.g. nnodes = 2";
+        }
       }
       TypeError(node, path, "an integer", std::move(hint));
       return std::nullopt;
@@ -601,6 +591,22 @@ class Loader {
       if (auto dir = String(*node, "job.workdir")) spec_.job.workdir = *dir;
     }
 
+    if (const toml::node* node = Node(job, "code_check", "job.code_check")) {
+      if (auto mode = String(*node, "job.code_check")) {
+        if (*mode == "off") {
+          spec_.job.code_check = JobSpec::CodeCheck::kOff;
+        } else if (*mode == "refuse") {
+          spec_.job.code_check = JobSpec::CodeCheck::kRefuse;
+        } else {
+          diags_.Error(LocOf(*node), "job.code_check",
+                       fmt::format("job.code_check = {} is not \"off\" or \"refuse\"",
+                                   Show(*node)),
+                       "\"refuse\" refuses a node whose script or git commit differs from node "
+                       "0's");
+        }
+      }
+    }
+
     if (const toml::table* env = Table(*job, "env", "job.env")) {
       for (auto&& [key, value] : *env) {
         const std::string name(key.str());
@@ -612,13 +618,30 @@ class Loader {
                        "use letters, digits and '_', not starting with a digit");
           continue;
         }
+        if (name == "DDPRUN_SECRET" || name == "DDPRUN_SECRET_FILE") {
+          // A secret in the job file is in version control and in every node's fingerprint
+          // exchange; and job.env only reaches the workers, not the agents that use it.
+          diags_.Error(LocOf(key.source()), path,
+                       fmt::format("job.env may not set {}: the shared secret must not be in "
+                                   "the job file",
+                                   name),
+                       "set DDPRUN_SECRET_FILE (a file only you can read) in the environment "
+                       "of ddprun on every node; see Security in docs/running.md");
+          diags_.HideLine();
+          continue;
+        }
         if (IsOwnedEnvName(name)) {
           diags_.Error(LocOf(key.source()), path,
                        fmt::format("job.env may not set {}: ddprun sets it for each worker", name),
                        OwnedNameHint(name));
           continue;
         }
+        const size_t before = diags_.items.size();
         if (auto text = String(value, path, /*allow_empty=*/true)) spec_.job.env[name] = *text;
+        if (diags_.items.size() > before && LooksSecret(name)) {
+          diags_.HideLine();
+          diags_.items.back().hint = "write the value as a quoted string";
+        }
       }
     }
   }
@@ -750,34 +773,104 @@ class Loader {
     return s;
   }
 
+  // Every TOML value but dates and times: each has a Python literal that Lightning's
+  // literal_eval reads back as the same type (worker_env.cc writes it).
   std::optional<TrainerValue> TrainerValueOf(const toml::node& node, const std::string& path) {
     if (auto b = node.value_exact<bool>()) return TrainerValue{*b};
     if (auto i = node.value_exact<int64_t>()) return TrainerValue{*i};
     if (auto d = node.value_exact<double>()) {
       if (!std::isfinite(*d)) {
-        diags_.Error(LocOf(node), path, fmt::format("{} must be a finite number", path));
+        diags_.Error(LocOf(node), path, fmt::format("{} must be a finite number", path),
+                     "inf and nan have no Python literal, so Lightning would read them as "
+                     "strings");
         return std::nullopt;
       }
       return TrainerValue{*d};
     }
     if (auto s = node.value_exact<std::string>()) return TrainerValue{*s};
     if (const toml::array* array = node.as_array()) {
-      std::vector<int64_t> ints;
-      for (size_t i = 0; i < array->size(); ++i) {
-        auto v = array->get(i)->value_exact<int64_t>();
-        if (!v) {
-          TypeError(*array->get(i), fmt::format("{}[{}]", path, i), "an integer",
-                    "[trainer] forwards only lists of integers (device ids)");
-          return std::nullopt;
-        }
-        ints.push_back(*v);
+      // A list of integers keeps its own spelling (device ids).
+      const bool all_ints = std::all_of(array->begin(), array->end(),
+                                        [](const toml::node& item) { return item.is_integer(); });
+      if (all_ints) {
+        std::vector<int64_t> ints;
+        for (const toml::node& item : *array) ints.push_back(*item.value_exact<int64_t>());
+        return TrainerValue{std::move(ints)};
       }
-      return TrainerValue{std::move(ints)};
     }
-    TypeError(node, path, "a boolean, number, string or list of integers",
-              "[trainer] values reach the script as PL_TRAINER_* variables, which hold only "
-              "plain values; configure the rest in the script");
+    if (node.is_array() || node.is_table()) {
+      TrainerLiteral literal;
+      if (!RenderComposite(node, path, literal)) return std::nullopt;
+      return TrainerValue{std::move(literal)};
+    }
+    TypeError(node, path, "a boolean, number, string, array or table",
+              "[trainer] values reach the script as PL_TRAINER_* Python literals, which have "
+              "no dates or times; write it as a string");
     return std::nullopt;
+  }
+
+  // An array or inline table of [trainer] in both spellings, items rendered recursively (the
+  // depth is bounded by PreScan). Reports every bad item; false when there was one.
+  bool RenderComposite(const toml::node& node, const std::string& path, TrainerLiteral& out) {
+    bool ok = true;
+    auto item = [&](const toml::node& child, const std::string& child_path, std::string& python,
+                    std::string& canonical) {
+      if (child.is_array() || child.is_table()) {
+        TrainerLiteral nested;
+        if (!RenderComposite(child, child_path, nested)) return false;
+        python = std::move(nested.python);
+        canonical = std::move(nested.canonical);
+        return true;
+      }
+      auto value = TrainerValueOf(child, child_path);
+      if (!value) return false;
+      python = TrainerPythonLiteral(*value, /*top_level=*/false);
+      canonical = TrainerCanonical(*value);
+      return true;
+    };
+    if (const toml::array* array = node.as_array()) {
+      out.python = "[";
+      out.canonical = "[";
+      for (size_t i = 0; i < array->size(); ++i) {
+        std::string python, canonical;
+        if (!item(*array->get(i), fmt::format("{}[{}]", path, i), python, canonical)) {
+          ok = false;
+          continue;
+        }
+        if (i > 0) {
+          out.python += ", ";
+          out.canonical += ", ";
+        }
+        out.python += python;
+        out.canonical += canonical;
+      }
+      out.python += "]";
+      out.canonical += "]";
+      return ok;
+    }
+    const toml::table* table = node.as_table();
+    if (!table) return false;
+    // toml++ tables iterate in key order, so equal tables render the same.
+    out.python = "{";
+    out.canonical = "{";
+    bool first = true;
+    for (auto&& [key, child] : *table) {
+      std::string python, canonical;
+      if (!item(child, fmt::format("{}.{}", path, key.str()), python, canonical)) {
+        ok = false;
+        continue;
+      }
+      if (!first) {
+        out.python += ", ";
+        out.canonical += ", ";
+      }
+      first = false;
+      out.python += TrainerPythonString(key.str()) + ": " + python;
+      out.canonical += CanonicalQuote(key.str()) + " = " + canonical;
+    }
+    out.python += "}";
+    out.canonical += "}";
+    return ok;
   }
 
   void LoadDevices(const toml::node& node) {
@@ -1159,6 +1252,19 @@ class Loader {
       }
     }
     ReadDuration(restart, "backoff", "restart", spec_.restart.backoff);
+    if (const toml::node* node = Node(restart, "backoff_max", "restart.backoff_max")) {
+      if (auto d = DurationValue(*node, "restart.backoff_max")) {
+        if (*d < spec_.restart.backoff) {
+          diags_.Error(LocOf(*node), "restart.backoff_max",
+                       fmt::format("restart.backoff_max = {} is shorter than restart.backoff = {}",
+                                   FormatDuration(*d), FormatDuration(spec_.restart.backoff)),
+                       "backoff is the first wait and backoff_max the longest; the wait doubles "
+                       "after each restart between the two");
+        } else {
+          spec_.restart.backoff_max = *d;
+        }
+      }
+    }
   }
 
   void LoadTimeouts() {
@@ -1183,25 +1289,53 @@ class Loader {
                                "{}: a node is declared lost after 3 missed beats ({})",
                                FormatDuration(t.heartbeat), FormatDuration(t.rendezvous),
                                FormatDuration(3 * t.heartbeat)),
-                   "make 3 x heartbeat shorter than rendezvous, e.g. heartbeat = \"2s\"");
+                   HeartbeatHint(t.heartbeat, t.rendezvous));
     }
     if (t.stop_grace > t.rendezvous && t.rendezvous > Duration::zero()) {
-      diags_.Warning(spec_.LocationOf("timeouts.stop_grace"), "timeouts.stop_grace",
-                     fmt::format("timeouts.stop_grace = {} is longer than timeouts.rendezvous = "
-                                 "{}",
-                                 FormatDuration(t.stop_grace), FormatDuration(t.rendezvous)),
-                     "other nodes may give up on the next round while this one still waits "
-                     "for its workers to stop");
+      TimeoutOrderWarning("timeouts.stop_grace", t.stop_grace, "is longer than",
+                          "other nodes may give up on the next round while this one still "
+                          "waits for its workers to stop");
     }
-    if (spec_.restart.backoff >= t.rendezvous && t.rendezvous > Duration::zero()) {
-      diags_.Warning(spec_.LocationOf("restart.backoff"), "restart.backoff",
-                     fmt::format("restart.backoff = {} is not shorter than timeouts.rendezvous "
-                                 "= {}",
-                                 FormatDuration(spec_.restart.backoff),
-                                 FormatDuration(t.rendezvous)),
-                     "nodes wait for the backoff before rejoining; keep it well under the "
-                     "rendezvous timeout");
+    const Duration longest_backoff = spec_.restart.backoff_max.value_or(spec_.restart.backoff);
+    if (longest_backoff >= t.rendezvous && t.rendezvous > Duration::zero()) {
+      TimeoutOrderWarning(spec_.restart.backoff_max ? "restart.backoff_max" : "restart.backoff",
+                          longest_backoff, "is not shorter than",
+                          "nodes wait for the backoff before rejoining; keep it well under the "
+                          "rendezvous timeout");
     }
+  }
+
+  // Suggestions that satisfy 3 x heartbeat < rendezvous from either side, in round numbers.
+  static std::string HeartbeatHint(Duration heartbeat, Duration rendezvous) {
+    const auto beat = std::chrono::duration_cast<std::chrono::milliseconds>(rendezvous / 10);
+    const auto wait = std::chrono::duration_cast<std::chrono::seconds>(10 * heartbeat);
+    if (beat <= Duration::zero()) {
+      return fmt::format("make 3 x heartbeat shorter than rendezvous, e.g. rendezvous = \"{}\"",
+                         FormatDuration(wait));
+    }
+    return fmt::format("make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"{}\", or "
+                       "rendezvous = \"{}\"",
+                       FormatDuration(beat), FormatDuration(std::max<Duration>(wait, Seconds(1))));
+  }
+
+  // `key` (a wait) is longer than timeouts.rendezvous. The warning points at what the user
+  // wrote: at `key` when it is in the file, else at rendezvous, naming `key`'s default, so that
+  // nobody is warned about a setting they never made without being told which one to change.
+  void TimeoutOrderWarning(const std::string& key, Duration value, std::string_view relation,
+                           std::string_view why) {
+    const auto& t = spec_.timeouts;
+    const SourceLoc key_loc = spec_.LocationOf(key);
+    if (key_loc.line != 0) {
+      diags_.Warning(key_loc, key,
+                     fmt::format("{} = {} {} timeouts.rendezvous = {}", key,
+                                 FormatDuration(value), relation, FormatDuration(t.rendezvous)),
+                     std::string(why));
+      return;
+    }
+    diags_.Warning(spec_.LocationOf("timeouts.rendezvous"), "timeouts.rendezvous",
+                   fmt::format("the default {} = {} {} timeouts.rendezvous = {}", key,
+                               FormatDuration(value), relation, FormatDuration(t.rendezvous)),
+                   fmt::format("{}; set {} shorter, or rendezvous longer", why, key));
   }
 
   void LoadLogs() {
@@ -1512,6 +1646,76 @@ LoadResult LoadJobFile(const std::string& path) {
     return result;
   }
   return ParseJobText(text, path);
+}
+
+void AppendScriptArgs(JobSpec& spec, const std::vector<std::string>& args) {
+  spec.job.command.insert(spec.job.command.end(), args.begin(), args.end());
+  spec.script_args.insert(spec.script_args.end(), args.begin(), args.end());
+}
+
+void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral,
+                         const std::vector<PortRange>& reserved, Diagnostics& diagnostics) {
+  auto check = [&](std::string_view key, uint16_t port) {
+    if (port < ephemeral.first || port > ephemeral.last) return;
+    for (const PortRange& r : reserved) {
+      if (port >= r.first && port <= r.last) return;
+    }
+    const std::string path = fmt::format("cluster.{}", key);
+    const bool default_fits = 29500 < ephemeral.first || 29500 > ephemeral.last;
+    diagnostics.Warning(
+        spec.LocationOf(path), path,
+        fmt::format("{} = {} is inside this machine's ephemeral port range ({}-{})", path, port,
+                    ephemeral.first, ephemeral.last),
+        fmt::format("an outgoing connection may be given this port, and node 0 then cannot "
+                    "listen on it; use a port outside the range{}, or reserve it with "
+                    "`sysctl net.ipv4.ip_local_reserved_ports={}`",
+                    default_fits ? " (e.g. 29500, as torchrun)" : "", port));
+  };
+  check("master_port", spec.cluster.master_port);
+  if (spec.cluster.store_port) check("store_port", *spec.cluster.store_port);
+}
+
+namespace {
+
+// A decimal port 0..65535 in `text`, whitespace around it ignored.
+std::optional<int> ParsePort(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\n')) {
+    text.remove_suffix(1);
+  }
+  if (text.empty() || text.size() > 5) return std::nullopt;
+  int value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + (c - '0');
+  }
+  return value <= 65535 ? std::optional<int>(value) : std::nullopt;
+}
+
+}  // namespace
+
+std::optional<PortRange> ParsePortRange(std::string_view text) {
+  const size_t split = text.find_first_of(" \t");
+  if (split == std::string_view::npos) return std::nullopt;
+  auto first = ParsePort(text.substr(0, split));
+  auto last = ParsePort(text.substr(split + 1));
+  if (!first || !last || *first > *last) return std::nullopt;
+  return PortRange{*first, *last};
+}
+
+std::vector<PortRange> ParseReservedPorts(std::string_view text) {
+  std::vector<PortRange> out;
+  // A bounded number of items: the kernel writes a short list, a huge one is not read.
+  for (int items = 0; !text.empty() && items < 4096; ++items) {
+    const size_t comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    const size_t dash = item.find('-');
+    auto first = ParsePort(item.substr(0, dash));
+    auto last = dash == std::string_view::npos ? first : ParsePort(item.substr(dash + 1));
+    if (first && last && *first <= *last) out.push_back({*first, *last});
+  }
+  return out;
 }
 
 bool FaultFitsJob(const FaultSpec& fault, const JobSpec& spec, std::string* error) {

@@ -49,9 +49,11 @@ uint16_t WorkerMasterPort(const JobSpec& spec) {
 
 // torchrun runs `python -u script args` itself; only a plain `python`/`python3` interpreter can
 // be handed over that way, anything else runs as is with --no_python.
-std::string TorchrunCommand(const JobSpec& spec, int node_rank) {
+std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::string& run_id) {
   std::vector<std::string> words;
-  for (const auto& [name, value] : spec.job.env) words.push_back(name + "=" + value);
+  for (const auto& [name, value] : spec.job.env) {
+    words.push_back(name + "=" + PrintableEnvValue(name, value));
+  }
   for (const auto& [key, value] : spec.trainer.settings) {
     std::string upper = key;
     std::transform(upper.begin(), upper.end(), upper.begin(),
@@ -65,7 +67,7 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank) {
   words.push_back(fmt::format("--master_addr={}", spec.cluster.master_addr));
   words.push_back(fmt::format("--master_port={}", spec.cluster.master_port));
   words.push_back(fmt::format("--max_restarts={}", spec.restart.max_restarts));
-  words.push_back(fmt::format("--rdzv_id={}", RunId(spec)));
+  words.push_back(fmt::format("--rdzv_id={}", run_id));
   const auto& command = spec.job.command;
   size_t first = 0;
   if (!command.empty() && (command[0] == "python" || command[0] == "python3") &&
@@ -99,8 +101,16 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank) {
 
 std::string DdprunCommand(const JobSpec& spec, int node_rank) {
   const std::string job = ShellQuote(spec.source_name.empty() ? "job.toml" : spec.source_name);
-  if (spec.cluster.nodes.empty()) return fmt::format("ddprun {} --node-rank {}", job, node_rank);
-  return fmt::format("ddprun {}", job);
+  std::string line = fmt::format("ddprun {}", job);
+  // One node needs no rank (it is node 0); listed nodes find theirs by host name.
+  if (spec.cluster.nodes.empty() && spec.cluster.nnodes > 1) {
+    line += fmt::format(" --node-rank {}", node_rank);
+  }
+  if (!spec.script_args.empty()) {
+    line += " --";
+    for (const std::string& arg : spec.script_args) line += " " + ShellQuote(arg);
+  }
+  return line;
 }
 
 std::string DeviceText(const RankPlan& rank) {
@@ -139,6 +149,8 @@ std::string ValueOf(const EnvList& env, const std::string& name) {
 Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
   Plan plan;
   const int nproc = spec.cluster.nproc_per_node;
+  // Once, not per rank: the fingerprint hashes the whole canonical form (2,048 hosts, say).
+  const std::string run_id = RunId(spec);
   for (int node_rank = 0; node_rank < spec.cluster.nnodes; ++node_rank) {
     if (only_node && *only_node != node_rank) continue;
     NodePlan node;
@@ -163,17 +175,30 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       // Each run picks its own folder when it starts; the plan shows where it goes.
       position.error_file = spec.logs.dir + "/" + RunLogFolder(spec, "<run>") + "/" +
                             RankErrorFilePath(spec, 0, rank.global_rank);
+      position.run_id = run_id;
       rank.env = WorkerEnvironment(spec, position, {});
+      // Under the relay rank 0 hosts the store on a port node 0's agent picks each round, so
+      // no number written here would be true; say what it is instead.
+      for (auto& [name, value] : rank.env) {
+        if (name == "MASTER_PORT" && !spec.cluster.store_port && rank.global_rank == 0) {
+          value = std::string(kRankZeroRelayPort);
+        }
+        // The plan is printed, pasted into tickets and piped to tools: no secrets in it.
+        value = PrintableEnvValue(name, value);
+      }
       node.ranks.push_back(std::move(rank));
     }
-    node.torchrun_command = TorchrunCommand(spec, node_rank);
+    node.torchrun_command = TorchrunCommand(spec, node_rank, run_id);
     node.ddprun_command = DdprunCommand(spec, node_rank);
     plan.nodes.push_back(std::move(node));
   }
   return plan;
 }
 
-std::string RenderPlanText(const JobSpec& spec, const Plan& plan) {
+namespace {
+
+// The lines every rendering starts with: shape, run id, coordinator, store, restarts.
+std::string PlanHeader(const JobSpec& spec) {
   std::string out;
   const auto& c = spec.cluster;
   out += fmt::format("job {}: {} node{} x {} process{} = world size {}\n", spec.job.name,
@@ -184,12 +209,65 @@ std::string RenderPlanText(const JobSpec& spec, const Plan& plan) {
   if (c.store_port) {
     out += fmt::format("store: worker rank 0 listens on {}:{}\n", c.master_addr, *c.store_port);
   } else {
-    out += fmt::format("store: relayed through {} to worker rank 0 (which gets a free local "
-                       "port each round; other ranks get MASTER_PORT={})\n",
+    out += fmt::format("store: relayed through {} to worker rank 0, whose MASTER_PORT is a "
+                       "private port node 0 picks each round (other ranks get MASTER_PORT={}); "
+                       "code that derives ports from MASTER_PORT needs cluster.store_port\n",
                        c.master_port, c.master_port);
   }
-  out += fmt::format("restarts: up to {} job-wide, backoff {}\n", spec.restart.max_restarts,
-                     FormatDuration(spec.restart.backoff));
+  if (spec.job.code_check == JobSpec::CodeCheck::kRefuse) {
+    const auto& code = spec.job.code;
+    out += fmt::format("code (nodes that differ are refused): script {} sha256 {}, git {}{}\n",
+                       code.script.empty() ? "(none found)" : code.script,
+                       code.script_sha256.empty() ? "-" : code.script_sha256.substr(0, 12),
+                       code.git_commit.empty() ? "-" : code.git_commit.substr(0, 12),
+                       code.git_dirty ? " (dirty)" : "");
+  }
+  if (spec.restart.backoff_max) {
+    out += fmt::format("restarts: up to {} job-wide, backoff {} doubling up to {}\n",
+                       spec.restart.max_restarts, FormatDuration(spec.restart.backoff),
+                       FormatDuration(*spec.restart.backoff_max));
+  } else {
+    out += fmt::format("restarts: up to {} job-wide, backoff {}\n", spec.restart.max_restarts,
+                       FormatDuration(spec.restart.backoff));
+  }
+  return out;
+}
+
+// One row per worker of `node` with the variables `names`, columns sized to their contents.
+std::string WorkerTable(const NodePlan& node, const std::vector<std::string>& names) {
+  std::string out;
+  std::vector<size_t> widths;
+  for (const std::string& name : names) {
+    size_t width = name.size();
+    for (const RankPlan& rank : node.ranks) {
+      width = std::max(width, ValueOf(rank.env, name).size());
+    }
+    widths.push_back(width);
+  }
+  std::string header = "   ";
+  for (size_t i = 0; i < names.size(); ++i) header += fmt::format(" {:<{}}", names[i], widths[i]);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  out += header + "\n";
+  for (const RankPlan& rank : node.ranks) {
+    std::string row = "   ";
+    for (size_t i = 0; i < names.size(); ++i) {
+      row += fmt::format(" {:<{}}", ValueOf(rank.env, names[i]), widths[i]);
+    }
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    out += row + "\n";
+  }
+  return out;
+}
+
+std::string Commands(const NodePlan& node) {
+  return fmt::format("  ddprun:   {}\n  torchrun: {}\n", node.ddprun_command,
+                     node.torchrun_command);
+}
+
+}  // namespace
+
+std::string RenderPlanText(const JobSpec& spec, const Plan& plan) {
+  std::string out = PlanHeader(spec);
 
   // The rank table is sized to its contents so long host names stay aligned.
   size_t host_width = 4;
@@ -214,30 +292,71 @@ std::string RenderPlanText(const JobSpec& spec, const Plan& plan) {
       out += fmt::format("    {}={}\n", name, value);
     }
     out += "  per worker:\n";
-    std::vector<size_t> widths;
-    for (const std::string& name : varying) {
-      size_t width = name.size();
-      for (const RankPlan& rank : node.ranks) {
-        width = std::max(width, ValueOf(rank.env, name).size());
-      }
-      widths.push_back(width);
+    out += WorkerTable(node, varying);
+    out += Commands(node);
+  }
+  return out;
+}
+
+std::string RenderPlanSummary(const JobSpec& spec, const Plan& plan) {
+  std::string out = PlanHeader(spec);
+  if (plan.nodes.empty() || plan.nodes.front().ranks.empty()) return out;
+  out += fmt::format("\n{} nodes: a summary; the whole plan with --full, one node with "
+                     "--node-rank N, for tools --json\n",
+                     plan.nodes.size());
+
+  // The shape: the first and last few nodes, one line each.
+  constexpr size_t kEnds = 3;
+  size_t host_width = 4;
+  for (const NodePlan& node : plan.nodes) host_width = std::max(host_width, node.host.size());
+  out += fmt::format("\nnodes:\n  {:>5}  {:<{}}  ranks\n", "node", "host", host_width);
+  for (size_t i = 0; i < plan.nodes.size(); ++i) {
+    if (i == kEnds && plan.nodes.size() > 2 * kEnds) {
+      out += fmt::format("  {:>5}  ({} more)\n", "...", plan.nodes.size() - 2 * kEnds);
+      i = plan.nodes.size() - kEnds;
     }
-    std::string header = "   ";
-    for (size_t i = 0; i < varying.size(); ++i) {
-      header += fmt::format(" {:<{}}", varying[i], widths[i]);
-    }
-    while (!header.empty() && header.back() == ' ') header.pop_back();
-    out += header + "\n";
+    const NodePlan& node = plan.nodes[i];
+    out += fmt::format("  {:>5}  {:<{}}  {}..{}\n", node.node_rank, node.host, host_width,
+                       node.ranks.front().global_rank, node.ranks.back().global_rank);
+  }
+
+  // Which variables are the same for every worker of the job, which differ only between
+  // nodes, and which differ between the workers of a node.
+  const EnvList& reference = plan.nodes.front().ranks.front().env;
+  std::set<std::string> per_node;
+  std::set<std::string> per_worker;
+  for (const NodePlan& node : plan.nodes) {
+    const EnvList& first = node.ranks.front().env;
     for (const RankPlan& rank : node.ranks) {
-      std::string row = "   ";
-      for (size_t i = 0; i < varying.size(); ++i) {
-        row += fmt::format(" {:<{}}", ValueOf(rank.env, varying[i]), widths[i]);
+      for (size_t i = 0; i < rank.env.size() && i < first.size(); ++i) {
+        if (rank.env[i] != first[i]) per_worker.insert(rank.env[i].first);
       }
-      while (!row.empty() && row.back() == ' ') row.pop_back();
-      out += row + "\n";
     }
-    out += fmt::format("  ddprun:   {}\n", node.ddprun_command);
-    out += fmt::format("  torchrun: {}\n", node.torchrun_command);
+    for (size_t i = 0; i < first.size() && i < reference.size(); ++i) {
+      if (first[i] != reference[i]) per_node.insert(first[i].first);
+    }
+  }
+  for (const std::string& name : per_worker) per_node.erase(name);
+  out += "\nenvironment of every worker of the job:\n";
+  for (const auto& [name, value] : reference) {
+    if (per_node.count(name) == 0 && per_worker.count(name) == 0) {
+      out += fmt::format("    {}={}\n", name, value);
+    }
+  }
+  out += fmt::format("differs per node: {}\n", fmt::join(per_node, ", "));
+  out += fmt::format("differs per worker: {}\n", fmt::join(per_worker, ", "));
+
+  std::vector<std::string> columns = {"RANK", "LOCAL_RANK"};
+  for (const auto* names : {&per_node, &per_worker}) {
+    for (const std::string& name : *names) {
+      if (name != "RANK" && name != "LOCAL_RANK") columns.push_back(name);
+    }
+  }
+  for (const NodePlan* node : {&plan.nodes.front(), &plan.nodes.back()}) {
+    out += fmt::format("\nnode {} ({}):\n  per worker:\n", node->node_rank, node->host);
+    out += WorkerTable(*node, columns);
+    out += Commands(*node);
+    if (plan.nodes.size() == 1) break;
   }
   return out;
 }
@@ -350,6 +469,11 @@ std::string JobFileJsonSchema() {
       "The worker command, one argument per item, e.g. [\"python\", \"train.py\"].");
   job_props["workdir"] = Describe({{"type", "string"}, {"default", "."}},
                                   "Working directory of the workers, relative to the job file.");
+  job_props["code_check"] = Describe(
+      {{"type", "string"}, {"enum", {"off", "refuse"}}, {"default", "off"}},
+      "\"refuse\": each node sends the SHA-256 of the script job.command runs and the git "
+      "commit (and dirty state) of the workdir; a node whose code differs from node 0's is "
+      "refused at join, naming what differs.");
   job_props["env"] = Describe(
       {{"type", "object"},
        {"propertyNames", {{"pattern", "^[A-Za-z_][A-Za-z0-9_]*$"}}},
@@ -407,14 +531,21 @@ std::string JobFileJsonSchema() {
                    "PL_TRAINER_<KEY>, so Trainer() with no arguments uses them."},
                   {"properties", trainer_props},
                   {"additionalProperties",
-                   {{"type", {"boolean", "integer", "number", "string", "array"}},
-                    {"items", {{"type", "integer"}}}}}};
+                   {{"type", {"boolean", "integer", "number", "string", "array", "object"}},
+                    {"description",
+                     "Any TOML value but a date or time; it reaches the script as a Python "
+                     "literal of the same type (1.0 stays a float)."}}}};
 
   Json restart_props;
   restart_props["max_restarts"] = Describe(
       {{"type", "integer"}, {"minimum", 0}, {"maximum", 10000}, {"default", 0}},
       "Job-wide restart budget: how many times all workers may be restarted after a failure.");
-  restart_props["backoff"] = DurationSchema("Wait before each restart.", "10s");
+  restart_props["backoff"] = DurationSchema("Wait before the first restart (before each "
+                                            "restart without backoff_max).",
+                                            "10s");
+  restart_props["backoff_max"] = DurationSchema(
+      "Set: the wait doubles after each restart, from backoff up to this (not below backoff).",
+      std::nullopt);
 
   Json timeout_props;
   timeout_props["rendezvous"] = DurationSchema("All nodes must have joined by then.", "15m");

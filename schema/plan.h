@@ -12,6 +12,10 @@
 
 namespace ddprun {
 
+/// Rank 0's MASTER_PORT in the plan under the store relay: a free port node 0's agent picks
+/// each round, unknown before the round starts.
+inline constexpr std::string_view kRankZeroRelayPort = "<private port, picked each round>";
+
 struct RankPlan {
   int global_rank = 0;
   int node_rank = 0;
@@ -38,6 +42,15 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node);
 
 /// Human text: the rank table, per-node environment and commands.
 std::string RenderPlanText(const JobSpec& spec, const Plan& plan);
+
+/// `ddprun check` prints RenderPlanSummary instead of the whole plan above this many nodes
+/// (2,048 nodes would be 90,000 lines).
+inline constexpr int kPlanSummaryAboveNodes = 32;
+
+/// A plan of many nodes in a screenful: the header, the first and last nodes, the environment
+/// every worker shares, the names that differ per node and per worker, and the per-worker
+/// table and commands of the first and last node. `plan` must hold every node.
+std::string RenderPlanSummary(const JobSpec& spec, const Plan& plan);
 
 /// The same plan as JSON (for tools), pretty-printed.
 std::string RenderPlanJson(const JobSpec& spec, const Plan& plan);

@@ -36,25 +36,106 @@ bool IsOwnedEnvName(std::string_view name) {
          name.starts_with("PL_TRAINER_");
 }
 
+bool LooksSecret(std::string_view name) {
+  const std::string upper = Upper(name);
+  return upper.ends_with("_KEY") || upper.ends_with("_TOKEN") ||
+         upper.find("SECRET") != std::string::npos || upper.find("PASSWORD") != std::string::npos;
+}
+
+std::string PrintableEnvValue(std::string_view name, std::string_view value) {
+  return LooksSecret(name) ? std::string(kHiddenValue) : std::string(value);
+}
+
 std::string RunId(const JobSpec& spec) { return RunId(spec, Fingerprint(spec)); }
 
 std::string RunId(const JobSpec& spec, std::string_view fingerprint) {
   return fmt::format("{}-{}", spec.job.name, fingerprint.substr(0, 8));
 }
 
-std::string TrainerEnvValue(const TrainerValue& value) {
-  struct Visitor {
-    std::string operator()(bool b) const { return b ? "True" : "False"; }
-    std::string operator()(int64_t i) const { return fmt::format("{}", i); }
-    std::string operator()(double d) const { return fmt::format("{}", d); }
-    // Plain text: Lightning's literal_eval fails on "ddp" or "bf16-mixed" and keeps the string.
-    std::string operator()(const std::string& s) const { return s; }
-    std::string operator()(const std::vector<int64_t>& v) const {
-      return fmt::format("[{}]", fmt::join(v, ", "));
-    }
-  };
-  return std::visit(Visitor{}, value.value);
+namespace {
+
+// A Python float literal that reads back as the same double: fmt's shortest round-trip
+// digits, with ".0" added when they look like an integer (fmt prints 1.0 as "1", which
+// literal_eval would read as the int 1: in Lightning, one batch instead of 100%).
+std::string PythonFloat(double d) {
+  std::string text = fmt::format("{}", d);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text;
 }
+
+// A Python string literal in single quotes; literal_eval reads it back exactly. Control
+// characters are escaped so the variable stays one printable line.
+std::string PythonString(std::string_view s) {
+  std::string out = "'";
+  for (char c : s) {
+    const auto byte = static_cast<unsigned char>(c);
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '\'': out += "\\'"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (byte < 0x20 || byte == 0x7f) {
+          out += fmt::format("\\x{:02x}", byte);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "'";
+}
+
+// Whether literal_eval certainly fails on `s` written bare, so Lightning keeps it as the
+// string: only letters, digits and "._-", and one '-'-separated part that starts with a
+// letter or '_' (a Python name, which no literal contains) and is not True, False or None.
+// "ddp", "bf16-mixed" and "16-mixed" qualify; "32", "1e3", "True" and "" do not.
+bool BareStringStaysString(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find('-', start);
+    if (end == std::string_view::npos) end = s.size();
+    const std::string_view part = s.substr(start, end - start);
+    const bool name_start = !part.empty() && ((part[0] >= 'a' && part[0] <= 'z') ||
+                                              (part[0] >= 'A' && part[0] <= 'Z') ||
+                                              part[0] == '_');
+    if (name_start && part != "True" && part != "False" && part != "None") return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+struct PythonVisitor {
+  bool top_level;
+  std::string operator()(bool b) const { return b ? "True" : "False"; }
+  std::string operator()(int64_t i) const { return fmt::format("{}", i); }
+  std::string operator()(double d) const { return PythonFloat(d); }
+  // Bare when that reads back as the same string (what users expect to see in the plan:
+  // PL_TRAINER_STRATEGY=ddp), quoted otherwise ("32" must not become the int 32).
+  std::string operator()(const std::string& s) const {
+    return top_level && BareStringStaysString(s) ? s : PythonString(s);
+  }
+  std::string operator()(const std::vector<int64_t>& v) const {
+    return fmt::format("[{}]", fmt::join(v, ", "));
+  }
+  std::string operator()(const TrainerLiteral& literal) const { return literal.python; }
+};
+
+}  // namespace
+
+std::string TrainerPythonLiteral(const TrainerValue& value, bool top_level) {
+  return std::visit(PythonVisitor{top_level}, value.value);
+}
+
+std::string TrainerPythonString(std::string_view text) { return PythonString(text); }
+
+std::string TrainerEnvValue(const TrainerValue& value) { return TrainerPythonLiteral(value, true); }
 
 std::string RunFolderName(int64_t unix_seconds, int node_rank, uint32_t random_id) {
   const std::time_t t = static_cast<std::time_t>(unix_seconds);

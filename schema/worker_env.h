@@ -33,6 +33,16 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
 /// The names ddprun owns; job.env may not set them.
 bool IsOwnedEnvName(std::string_view name);
 
+/// Whether an environment variable's value must not be printed: names ending in _KEY or
+/// _TOKEN, or containing SECRET or PASSWORD (any case), e.g. WANDB_API_KEY, HF_TOKEN.
+bool LooksSecret(std::string_view name);
+
+/// What `ddprun check` and every other output print instead of such a value.
+inline constexpr std::string_view kHiddenValue = "<hidden>";
+
+/// `value`, or kHiddenValue when `name` looks secret.
+std::string PrintableEnvValue(std::string_view name, std::string_view value);
+
 /// TORCHELASTIC_RUN_ID: the job name and a fingerprint prefix, the same on every node.
 std::string RunId(const JobSpec& spec);
 /// The same from an already computed Fingerprint(spec).
@@ -40,6 +50,13 @@ std::string RunId(const JobSpec& spec, std::string_view fingerprint);
 
 /// PL_TRAINER_<KEY> value in the spelling Lightning's literal_eval reads back.
 std::string TrainerEnvValue(const TrainerValue& value);
+
+/// The Python literal of `value`; with `top_level`, strings that literal_eval cannot read as
+/// anything else stay bare (as TrainerEnvValue writes them), else every string is quoted (inside
+/// lists and dicts). The loader builds TrainerLiteral from these.
+std::string TrainerPythonLiteral(const TrainerValue& value, bool top_level);
+/// A Python string literal of `text` ('...', escaped), e.g. for dict keys.
+std::string TrainerPythonString(std::string_view text);
 
 /// Each run of an agent writes its logs in a folder of its own under logs.dir,
 /// "<job>/<run>" (RunLogFolder), beside a link "<job>/latest" to the newest one.

@@ -1,10 +1,13 @@
 // `ddprun check` and `ddprun schema`: validate a job file and print its plan, or print the
 // JSON Schema of job files.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "runner/cli/code_identity.h"
 #include "runner/cli/commands.h"
 #include "runner/io/driver.h"
 #include "schema/diagnostics.h"
@@ -12,12 +15,59 @@
 #include "schema/plan.h"
 
 namespace ddprun::cli {
+namespace {
+
+// The first line of a small /proc file ("" when unreadable).
+std::string ReadProcLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (in) std::getline(in, line);
+  return line.size() > 4096 ? std::string() : line;
+}
+
+}  // namespace
 
 int CheckCommand(const CheckOptions& options) {
   LoadResult result = LoadJobFile(options.job_path);
-  const std::string rendered = RenderDiagnostics(result.diagnostics, options.job_path,
-                                                 result.source_text, options.color);
-  std::fputs(rendered.c_str(), stderr);
+  if (result.spec) AppendScriptArgs(*result.spec, options.script_args);
+  if (result.spec) {
+    // The workers start in job.workdir; a folder missing here is likely missing on the nodes
+    // too (a typo, a checkout not made), and the run would only say that python3 cannot start.
+    const std::filesystem::path file_dir = std::filesystem::path(options.job_path).parent_path();
+    const std::filesystem::path workdir =
+        ((file_dir.empty() ? "." : file_dir) / result.spec->job.workdir).lexically_normal();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(workdir, ec)) {
+      result.diagnostics.Warning(
+          result.spec->LocationOf("job.workdir"), "job.workdir",
+          fmt::format("job.workdir = \"{}\" is not a folder here ({})", result.spec->job.workdir,
+                      workdir.string()),
+          "the workers start in it on every node; create it, or make sure it exists on the "
+          "nodes");
+    }
+  }
+  if (result.spec && result.spec->job.code_check != JobSpec::CodeCheck::kOff) {
+    // The same code fields as `run` computes, so the plan's run id is the one the job gets.
+    const std::filesystem::path file_dir = std::filesystem::path(options.job_path).parent_path();
+    const std::filesystem::path dir = file_dir.empty() ? "." : file_dir;
+    result.spec->job.code =
+        FindCode(*result.spec, (dir / result.spec->job.workdir).lexically_normal().string());
+  }
+  if (result.spec) {
+    // Read here, not in schema/, which stays free of the machine it runs on. Linux's default
+    // range stands in where /proc cannot be read (containers, other systems).
+    const PortRange ephemeral =
+        ParsePortRange(ReadProcLine("/proc/sys/net/ipv4/ip_local_port_range")).value_or(PortRange{});
+    CheckEphemeralPorts(*result.spec, ephemeral,
+                        ParseReservedPorts(ReadProcLine("/proc/sys/net/ipv4/ip_local_reserved_ports")),
+                        result.diagnostics);
+  }
+  // --json: stdout carries the diagnostics in the JSON, and stderr stays quiet for tools.
+  if (!options.json) {
+    const std::string rendered = RenderDiagnostics(result.diagnostics, options.job_path,
+                                                   result.source_text, options.color);
+    std::fputs(rendered.c_str(), stderr);
+  }
   if (!result.spec) {
     if (options.json) {
       fmt::print("{}\n", RenderCheckJson(result.diagnostics, options.job_path, nullptr, nullptr));
@@ -37,6 +87,9 @@ int CheckCommand(const CheckOptions& options) {
   const Plan plan = MakePlan(spec, options.node_rank);
   if (options.json) {
     fmt::print("{}\n", RenderCheckJson(result.diagnostics, options.job_path, &spec, &plan));
+  } else if (!options.full && !options.node_rank &&
+             spec.cluster.nnodes > kPlanSummaryAboveNodes) {
+    fmt::print("{}", RenderPlanSummary(spec, plan));
   } else {
     fmt::print("{}", RenderPlanText(spec, plan));
   }

@@ -10,6 +10,15 @@
 namespace ddprun::cli {
 namespace {
 
+/// The interpreter whose torch and Lightning the job uses: job.command[0] when it is a Python
+/// ("python", "python3.11", "/opt/venv/bin/python"), else the python3 on PATH.
+std::string JobPython(const JobSpec& spec) {
+  if (spec.job.command.empty()) return "python3";
+  const std::string& program = spec.job.command.front();
+  const std::string base = program.substr(program.find_last_of('/') + 1);
+  return base.starts_with("python") ? program : "python3";
+}
+
 /// The job as preflight runs it: same nodes, ranks and ports, the preflight worker as command.
 JobSpec PreflightSpec(const JobSpec& spec) {
   JobSpec preflight = spec;
@@ -20,7 +29,9 @@ JobSpec PreflightSpec(const JobSpec& spec) {
                            "--job-name",       spec.job.name,
                            "--nnodes",         std::to_string(spec.cluster.nnodes),
                            "--nproc-per-node", std::to_string(spec.cluster.nproc_per_node),
-                           "--accelerator",    spec.trainer.accelerator};
+                           "--accelerator",    spec.trainer.accelerator,
+                           "--master-port",    std::to_string(spec.cluster.master_port),
+                           "--python",         JobPython(spec)};
   for (const std::string& node : spec.cluster.nodes) {
     preflight.job.command.push_back("--node");
     preflight.job.command.push_back(node);
@@ -33,7 +44,7 @@ JobSpec PreflightSpec(const JobSpec& spec) {
 }  // namespace
 
 int PreflightCommand(const PreflightOptions& options) {
-  auto job = LoadNodeJob(options.job_path, options.node_rank);
+  auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.raw_console_rank = 0;
   return io::RunNode(PreflightSpec(job->spec), job->run);
@@ -46,6 +57,8 @@ int PreflightWorkerCommand(const PreflightWorkerOptions& options) {
   worker.expect.nproc_per_node = options.nproc_per_node;
   worker.expect.accelerator = options.accelerator;
   worker.expect.nodes = options.nodes;
+  worker.expect.master_port = options.master_port;
+  if (!options.python.empty()) worker.expect.python = options.python;
   return preflight::RunPreflightWorker(worker);
 }
 

@@ -1,24 +1,51 @@
 // `ddprun job.toml` / `ddprun run job.toml`: this node's agent.
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
+#include "runner/cli/code_identity.h"
 #include "runner/cli/commands.h"
 #include "runner/cli/node_job.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {
+namespace {
 
-std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<int> node_rank_flag) {
+// Set and not empty: shells and schedulers often leave variables empty to mean unset.
+bool EnvSet(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0';
+}
+
+}  // namespace
+
+std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<int> node_rank_flag,
+                                   const std::vector<std::string>& script_args) {
   LoadResult loaded = LoadJobFile(job_path);
   if (!loaded.diagnostics.items.empty()) {
     const std::string text = RenderDiagnostics(loaded.diagnostics, job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
   if (!loaded.spec) return std::nullopt;
+  if (EnvSet("DDPRUN_SECRET") && EnvSet("DDPRUN_SECRET_FILE")) {
+    // ReadSharedSecret takes DDPRUN_SECRET; a stale file setting would otherwise go unnoticed
+    // until another node, configured the other way, is refused.
+    std::fputs("ddprun: warning: both DDPRUN_SECRET and DDPRUN_SECRET_FILE are set; using "
+               "DDPRUN_SECRET (unset one of them)\n",
+               stderr);
+  }
   NodeJob job{std::move(*loaded.spec), {}};
+  AppendScriptArgs(job.spec, script_args);
 
   std::string error, how;
+  // A job of one node has one possible rank: it needs no flag, variable or host match (the
+  // one listed host may be a name this machine does not answer to, e.g. "localhost" vs its
+  // host name). A variable that is set is still checked, so a wrong one is reported.
+  if (!node_rank_flag && job.spec.cluster.nnodes == 1 && !EnvSet("DDPRUN_NODE_RANK") &&
+      !EnvSet("SLURM_NODEID")) {
+    node_rank_flag = 0;
+  }
   const auto node_rank = io::DetectNodeRank(job.spec, node_rank_flag, error, how);
   if (!node_rank) {
     std::fprintf(stderr, "ddprun: error: %s\n", error.c_str());
@@ -29,11 +56,17 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   job.run.host = static_cast<size_t>(*node_rank) < nodes.size() ? nodes[static_cast<size_t>(*node_rank)]
                                                                 : io::LocalHostName();
   job.run.job_dir = std::filesystem::path(job_path).parent_path().string();
+  if (job.spec.job.code_check != JobSpec::CodeCheck::kOff) {
+    // Before the agent computes the fingerprint, so that the code is part of it.
+    const std::filesystem::path dir = job.run.job_dir.empty() ? "." : job.run.job_dir;
+    job.spec.job.code = FindCode(job.spec, (dir / job.spec.job.workdir).lexically_normal().string());
+    std::fprintf(stderr, "ddprun: %s\n", DescribeCode(job.spec.job.code).c_str());
+  }
   return job;
 }
 
 int RunCommand(const RunOptions& options) {
-  auto job = LoadNodeJob(options.job_path, options.node_rank);
+  auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.verbose = options.verbose;
   return io::RunNode(job->spec, job->run);

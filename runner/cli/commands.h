@@ -23,13 +23,16 @@ inline constexpr int kExitSigterm = core::InterruptedExitCode(15);
 
 struct CheckOptions {
   std::string job_path;
+  std::vector<std::string> script_args;  // after `--`: appended to job.command
   std::optional<int> node_rank;
   bool json = false;
   bool color = false;
+  bool full = false;  // the whole plan even above kPlanSummaryAboveNodes nodes
 };
 
 struct RunOptions {
   std::string job_path;
+  std::vector<std::string> script_args;  // after `--`: appended to job.command on this node
   std::optional<int> node_rank;  // --node-rank; else DDPRUN_NODE_RANK, SLURM_NODEID, host match
   bool verbose = false;
 };
@@ -47,7 +50,20 @@ struct SimulateOptions {
 
 struct PreflightOptions {
   std::string job_path;
+  std::vector<std::string> script_args;  // after `--`: part of the job, as for run
   std::optional<int> node_rank;
+};
+
+/// `ddprun init`: a starter job file.
+struct InitOptions {
+  std::string output = "job.toml";
+  std::string name;                 // default: from the script's file name
+  std::string script = "train.py";  // *.py runs as `python3 script`
+  std::vector<std::string> nodes;   // --nodes a,b: listed hosts
+  int nnodes = 1;                   // --nnodes N: unlisted nodes
+  int gpus_per_node = 1;            // 0: a CPU job with one worker per node
+  int master_port = 29500;
+  bool force = false;               // overwrite an existing file
 };
 
 /// The hidden `ddprun __preflight-worker`: what `preflight` runs as every rank.
@@ -57,9 +73,12 @@ struct PreflightWorkerOptions {
   int nproc_per_node = 1;
   std::string accelerator;
   std::vector<std::string> nodes;  // cluster.nodes, in order
+  int master_port = 0;             // cluster.master_port, for messages
+  std::string python;              // the job's interpreter, for its versions
 };
 
 int CheckCommand(const CheckOptions& options);
+int InitCommand(const InitOptions& options);
 int SchemaCommand();
 int RunCommand(const RunOptions& options);
 int SimulateCommand(const SimulateOptions& options);

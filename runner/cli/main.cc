@@ -3,20 +3,29 @@
 // `ddprun --simulate job.toml` means `ddprun simulate job.toml`.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "ddprun_version.h"
 #include "runner/cli/commands.h"
+#include "schema/diagnostics.h"
+#include "schema/plan.h"
 
 namespace ddprun::cli {
 namespace {
 
 constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check", "preflight",
-                                             "schema", "__preflight-worker"};
+                                             "schema", "init",     "__preflight-worker"};
+// What a mistyped command is compared with (the hidden one is not suggested).
+constexpr std::string_view kPublicSubcommands[] = {"run",       "simulate", "check",
+                                                   "preflight", "schema",   "init"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {
@@ -27,8 +36,7 @@ bool IsSubcommand(std::string_view word) {
 
 // Rewrites the two short forms into their subcommands so each keeps one set of options and
 // one --help.
-std::vector<std::string> Normalise(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
+std::vector<std::string> Normalise(std::vector<std::string> args) {
   if (args.size() < 2 || IsSubcommand(args[1])) return args;
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--simulate") {
@@ -41,6 +49,48 @@ std::vector<std::string> Normalise(int argc, char** argv) {
   if (first == "--help" || first == "-h" || first == "--version") return args;
   args.insert(args.begin() + 1, "run");
   return args;
+}
+
+// Splits off what follows the first `--`: the script's own arguments, which ddprun appends to
+// job.command (CLI11 never sees them, so `-- --help` reaches the script).
+std::vector<std::string> TakeScriptArgs(std::vector<std::string>& args) {
+  const auto dashes = std::find(args.begin() + (args.empty() ? 0 : 1), args.end(), "--");
+  if (dashes == args.end()) return {};
+  std::vector<std::string> script_args(dashes + 1, args.end());
+  args.erase(dashes, args.end());
+  return script_args;
+}
+
+// `ddprun chekc job.toml`: a first word that is neither a command nor a file, but close to a
+// command, is a typo, not a job file to run.
+std::optional<std::string_view> MistypedSubcommand(const std::vector<std::string>& args) {
+  if (args.size() < 2 || args[1].empty() || args[1][0] == '-' || IsSubcommand(args[1])) {
+    return std::nullopt;
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(args[1], ec)) return std::nullopt;
+  return ClosestName(args[1], kPublicSubcommands);
+}
+
+// The long option of `command` closest to each unknown `--flag` in `args`, for a hint after
+// CLI11's own message ("did you mean `--node-rank`?").
+std::string FlagHints(const CLI::App& command, const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  }
+  std::vector<std::string_view> views(names.begin(), names.end());
+  std::string hints;
+  for (const std::string& arg : args) {
+    if (!arg.starts_with("--")) continue;
+    const std::string flag = arg.substr(0, arg.find('='));
+    if (std::find(names.begin(), names.end(), flag) != names.end()) continue;
+    if (auto close = ClosestName(flag, views)) {
+      hints += fmt::format("hint: `{}` is not an option of `ddprun {}`; did you mean `{}`?\n", flag,
+                           command.get_name(), *close);
+    }
+  }
+  return hints;
 }
 
 bool ColorWanted(const std::string& mode) {
@@ -59,8 +109,10 @@ int Main(int argc, char** argv) {
       "  ddprun --simulate job.toml   same as `ddprun simulate job.toml`\n"
       "\n"
       "Examples:\n"
+      "  ddprun init --nodes a,b --gpus 8   write a starter job.toml\n"
       "  ddprun check job.toml        validate and print ranks, environment, torchrun commands\n"
       "  ddprun job.toml              on every node: start this node's agent\n"
+      "  ddprun job.toml -- --lr 0.1  the same, appending `--lr 0.1` to job.command\n"
       "  ddprun --simulate job.toml   the whole cluster with faults, in virtual time\n"
       "  ddprun schema > job-file.schema.json\n"
       "\n"
@@ -82,7 +134,9 @@ int Main(int argc, char** argv) {
       "  ddprun run job.toml                  node rank from the host name in cluster.nodes\n"
       "  ddprun job.toml                      the same\n"
       "  ddprun run job.toml --node-rank 1    when the job gives nnodes instead of nodes\n"
-      "  DDPRUN_NODE_RANK=1 ddprun job.toml");
+      "  DDPRUN_NODE_RANK=1 ddprun job.toml\n"
+      "  ddprun job.toml -- --lr 0.1          append arguments to job.command (every node\n"
+      "                                       must pass the same: they are part of the job)");
 
   SimulateOptions sim;
   uint64_t sim_seed = 0;
@@ -121,7 +175,13 @@ int Main(int argc, char** argv) {
   CLI::Option* check_rank_opt =
       check_cmd->add_option("--node-rank", check_node_rank, "Show only this node's plan")
           ->check(CLI::NonNegativeNumber);
-  check_cmd->add_flag("--json", check.json, "Print {valid, diagnostics, plan} as JSON");
+  check_cmd->add_flag("--json", check.json,
+                      "Print {valid, diagnostics, plan} as JSON on stdout (always the whole "
+                      "plan; nothing on stderr)");
+  check_cmd->add_flag("--full", check.full,
+                      fmt::format("Print the whole plan of a job above {} nodes (default: "
+                                  "a summary)",
+                                  kPlanSummaryAboveNodes));
   check_cmd->add_option("--color", color, "Color diagnostics: auto, always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}));
   check_cmd->footer(
@@ -131,6 +191,33 @@ int Main(int argc, char** argv) {
       "  ddprun check job.toml\n"
       "  ddprun check job.toml --node-rank 1\n"
       "  ddprun check job.toml --json | jq .plan.nodes[0].torchrun_command");
+
+  InitOptions init;
+  CLI::App* init_cmd =
+      app.add_subcommand("init", "Write a commented starter job file (valid under `check`)");
+  init_cmd->add_option("-o,--output", init.output, "Where to write it (default job.toml)");
+  init_cmd->add_option("--name", init.name, "Job name (default: from the script's file name)");
+  init_cmd->add_option("--script", init.script,
+                       "What every worker runs (default train.py; *.py runs under python3)");
+  CLI::Option* init_nodes_opt =
+      init_cmd->add_option("--nodes", init.nodes, "Host names of the nodes, comma-separated")
+          ->delimiter(',');
+  CLI::Option* init_nnodes_opt =
+      init_cmd->add_option("--nnodes", init.nnodes, "Number of nodes, when not listed (default 1)")
+          ->check(CLI::Range(1, 10000));
+  init_nodes_opt->excludes(init_nnodes_opt);
+  init_cmd->add_option("--gpus", init.gpus_per_node,
+                       "GPUs (worker processes) per node; 0 for one CPU worker per node "
+                       "(default 1)")
+      ->check(CLI::Range(0, 1024));
+  init_cmd->add_option("--master-port", init.master_port, "Default 29500")
+      ->check(CLI::Range(1, 65535));
+  init_cmd->add_flag("--force", init.force, "Overwrite an existing file");
+  init_cmd->footer(
+      "Examples:\n"
+      "  ddprun init --nodes gpu-01,gpu-02 --gpus 8 --script train.py\n"
+      "  ddprun init --nnodes 4 --gpus 8 -o big.toml\n"
+      "  ddprun init --gpus 0                      one node, one CPU worker");
 
   PreflightOptions preflight;
   int preflight_node_rank = 0;
@@ -154,6 +241,8 @@ int Main(int argc, char** argv) {
   worker_cmd->add_option("--nproc-per-node", worker.nproc_per_node)->check(CLI::PositiveNumber);
   worker_cmd->add_option("--accelerator", worker.accelerator);
   worker_cmd->add_option("--node", worker.nodes);
+  worker_cmd->add_option("--master-port", worker.master_port)->check(CLI::Range(0, 65535));
+  worker_cmd->add_option("--python", worker.python);
 
   CLI::App* schema_cmd =
       app.add_subcommand("schema", "Print the JSON Schema of job files (for editors)");
@@ -163,7 +252,16 @@ int Main(int argc, char** argv) {
       "  then start the job file with `#:schema ./job-file.schema.json` (taplo, Even Better "
       "TOML)");
 
-  std::vector<std::string> args = Normalise(argc, argv);
+  std::vector<std::string> args(argv, argv + argc);
+  const std::vector<std::string> script_args = TakeScriptArgs(args);
+  if (auto command = MistypedSubcommand(args)) {
+    fmt::print(stderr,
+               "ddprun: error: `{}` is neither a command nor a job file; did you mean `ddprun "
+               "{}`?\n",
+               args[1], *command);
+    return kExitUsage;
+  }
+  args = Normalise(std::move(args));
   std::vector<char*> pointers;
   for (std::string& arg : args) pointers.push_back(arg.data());
   // CLI11 reports through exceptions; they end here and become exit codes.
@@ -177,10 +275,24 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    const CLI::App* command = &app;
+    for (const CLI::App* sub : {run_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd}) {
+      if (args.size() > 1 && sub->get_name() == args[1]) command = sub;
+    }
+    std::fputs(FlagHints(*command, args).c_str(), stderr);
+    return kExitUsage;
+  }
+  if (!script_args.empty() && !run_cmd->parsed() && !check_cmd->parsed() &&
+      !preflight_cmd->parsed()) {
+    std::fputs("ddprun: error: arguments after `--` are for the script: only `run`, `check` "
+               "and `preflight` take them\n",
+               stderr);
     return kExitUsage;
   }
 
+  if (init_cmd->parsed()) return InitCommand(init);
   if (run_cmd->parsed()) {
+    run.script_args = script_args;
     if (*run_rank_opt) run.node_rank = run_node_rank;
     return RunCommand(run);
   }
@@ -191,11 +303,13 @@ int Main(int argc, char** argv) {
     return SimulateCommand(sim);
   }
   if (check_cmd->parsed()) {
+    check.script_args = script_args;
     if (*check_rank_opt) check.node_rank = check_node_rank;
     check.color = ColorWanted(color);
     return CheckCommand(check);
   }
   if (preflight_cmd->parsed()) {
+    preflight.script_args = script_args;
     if (*preflight_rank_opt) preflight.node_rank = preflight_node_rank;
     return PreflightCommand(preflight);
   }

@@ -624,9 +624,9 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
                           fmt::format("all workers stopped ({} stopped by ddprun); restart {} of {} "
                                       "in {}",
                                       stopped_ranks, restarts_used_, spec_.restart.max_restarts,
-                                      FormatDuration(spec_.restart.backoff))});
+                                      FormatDuration(spec_.RestartBackoff(restarts_used_)))});
     phase_ = Phase::kBackoff;
-    phase_deadline_ = now + spec_.restart.backoff;
+    phase_deadline_ = now + spec_.RestartBackoff(restarts_used_);
     return;
   }
   EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes), out);

@@ -84,8 +84,10 @@ class AsioTimer final : public host::Timer {
 
 class TerminalConsole final : public host::Console {
  public:
+  // Colour as `check` has it: only on a terminal, and never with NO_COLOR set (no-color.org).
   TerminalConsole(ConsoleWriter& writer, int node_rank, bool verbose)
-      : writer_(writer), node_rank_(node_rank), verbose_(verbose) {}
+      : writer_(writer), node_rank_(node_rank), verbose_(verbose),
+        color_(::isatty(STDERR_FILENO) == 1 && std::getenv("NO_COLOR") == nullptr) {}
   void Log(core::LogLevel level, std::string_view source, std::string_view text) override {
     if (level == core::LogLevel::kDebug && !verbose_) return;
     const char* tag = level == core::LogLevel::kError  ? "error: "
@@ -93,7 +95,10 @@ class TerminalConsole final : public host::Console {
                                                        : "";
     // The coordinator speaks for the job; the agent for this node.
     const std::string who = source == "coordinator" ? "coordinator" : fmt::format("n{}", node_rank_);
-    Print(fmt::format("[ddprun {} {}] {}{}\n", Clock(), who, tag, text));
+    const bool paint = color_ && *tag != '\0';
+    Print(fmt::format("[ddprun {} {}] {}{}{}{}\n", Clock(), who,
+                      !paint ? "" : level == core::LogLevel::kError ? "\x1b[1;31m" : "\x1b[1;35m",
+                      tag, paint ? "\x1b[0m" : "", text));
   }
   void Summary(std::string_view text) override {
     const std::string rule(72, '=');
@@ -117,6 +122,7 @@ class TerminalConsole final : public host::Console {
   ConsoleWriter& writer_;
   int node_rank_;
   bool verbose_;
+  bool color_;
   std::function<std::string()> footer_;
 };
 

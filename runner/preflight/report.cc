@@ -144,6 +144,9 @@ Verdict BuildVerdict(const Expectations& expect, const Findings& findings) {
                        Or(info->driver, "-"), CudaVersionText(info->driver_cuda_version),
                        CudaVersionText(info->runtime_version), NcclVersionText(info->nccl_version));
     const std::string name = NodeName(expect, findings, node);
+    out += fmt::format("        Python {}, torch {}, Lightning {}\n",
+                       Or(info->python_version, "-"), Or(info->torch_version, "-"),
+                       Or(info->lightning_version, "-"));
     if (info->gpu_count > 0) {
       out += fmt::format("        GPUs: {}\n", GpuSummary(*info));
     } else {
@@ -189,18 +192,30 @@ Verdict BuildVerdict(const Expectations& expect, const Findings& findings) {
   if (!nccl_diff.empty()) {
     verdict.problems.push_back(nccl_diff + "; fix: install the same NCCL on every node");
   }
+  // Different torch or Lightning versions train silently differently or hang in a collective,
+  // as different NCCL versions do; a different Python alone is only worth a note.
+  const auto none = [](const std::string& v) { return Or(v, "none"); };
+  std::vector<std::string> library_diffs;
+  for (const std::string& diff :
+       {Disagreement(expect, findings, "torch version", &RankInfo::torch_version, none),
+        Disagreement(expect, findings, "Lightning version", &RankInfo::lightning_version, none)}) {
+    if (diff.empty()) continue;
+    library_diffs.push_back(diff);
+    verdict.problems.push_back(diff + "; fix: install the same version on every node");
+  }
   std::vector<std::string> version_notes;
   for (const std::string& diff :
-       {Disagreement(expect, findings, "driver", &RankInfo::driver,
-                     [](const std::string& s) { return Or(s, "none"); }),
-        Disagreement(expect, findings, "CUDA runtime", &RankInfo::runtime_version, CudaVersionText)}) {
+       {Disagreement(expect, findings, "driver", &RankInfo::driver, none),
+        Disagreement(expect, findings, "CUDA runtime", &RankInfo::runtime_version, CudaVersionText),
+        Disagreement(expect, findings, "Python version", &RankInfo::python_version, none)}) {
     if (!diff.empty()) version_notes.push_back(diff);
   }
-  if (nccl_diff.empty() && version_notes.empty()) {
+  if (nccl_diff.empty() && version_notes.empty() && library_diffs.empty()) {
     out += "  versions agree across nodes\n";
   } else {
     for (const std::string& line : version_notes) out += "  note: " + line + "\n";
     if (!nccl_diff.empty()) out += "  " + nccl_diff + "\n";
+    for (const std::string& line : library_diffs) out += "  " + line + "\n";
   }
 
   // Reachability between nodes.
@@ -347,7 +362,10 @@ json ToJson(const RankInfo& info) {
               {"nccl_version", info.nccl_version},
               {"nccl_error", info.nccl_error},
               {"free_memory", info.free_memory},
-              {"test_port", info.test_port}};
+              {"test_port", info.test_port},
+              {"python_version", info.python_version},
+              {"torch_version", info.torch_version},
+              {"lightning_version", info.lightning_version}};
 }
 
 std::optional<RankInfo> RankInfoFromJson(const json& j) {
@@ -364,6 +382,12 @@ std::optional<RankInfo> RankInfoFromJson(const json& j) {
             ReadString(j, "nccl_error", info.nccl_error) &&
             ReadU64(j, "free_memory", info.free_memory) && ReadInt(j, "test_port", port);
   if (!ok || port < 0 || port > 65535 || info.rank < 0 || info.gpu_count < 0) return std::nullopt;
+  // Optional: absent from a record, they read as unknown.
+  for (auto [key, field] : {std::pair{"python_version", &info.python_version},
+                            std::pair{"torch_version", &info.torch_version},
+                            std::pair{"lightning_version", &info.lightning_version}}) {
+    if (j.contains(key) && !ReadString(j, key, *field)) return std::nullopt;
+  }
   info.test_port = static_cast<uint16_t>(port);
   auto names = j.find("gpu_names");
   if (names == j.end() || !names->is_array()) return std::nullopt;

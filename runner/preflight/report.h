@@ -28,6 +28,11 @@ struct RankInfo {
   std::string nccl_error;              // why NCCL could not be loaded
   uint64_t free_memory = 0;            // bytes free on this rank's GPU (LOCAL_RANK)
   uint16_t test_port = 0;              // local rank 0 only: the TCP port it listens on
+  // Local rank 0 only, from the job's Python: "3.11.2", "2.3.0+cu121"; "" when not installed
+  // (or, for python, not runnable).
+  std::string python_version;
+  std::string torch_version;
+  std::string lightning_version;
 };
 
 enum class Reach { kReachable, kRefused, kTimedOut, kUnreachable, kError };
@@ -72,6 +77,8 @@ struct Expectations {
   int nproc_per_node = 1;
   std::string accelerator;              // trainer.accelerator ("" when unset)
   std::vector<std::string> nodes;       // cluster.nodes (empty when only nnodes was given)
+  int master_port = 0;                  // cluster.master_port, for messages (0: unknown)
+  std::string python = "python3";       // the interpreter job.command runs, for its versions
 };
 
 struct Verdict {

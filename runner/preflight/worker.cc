@@ -94,6 +94,51 @@ std::string HostName() {
 }
 
 /// What this rank can see: GPUs, driver, CUDA runtime and NCCL versions.
+// The versions of Python, torch and Lightning that `python` (the job's interpreter) imports.
+// Run once per node; bounded by `timeout` (importing torch takes seconds, a broken install must
+// not stall the exchange) and by the bytes read.
+void ProbePython(const std::string& python, RankInfo& info) {
+  constexpr std::string_view kScript =
+      "import sys\n"
+      "print('%d.%d.%d' % sys.version_info[:3])\n"
+      "def v(names):\n"
+      "    for n in names:\n"
+      "        try:\n"
+      "            return __import__(n).__version__\n"
+      "        except Exception:\n"
+      "            pass\n"
+      "    return ''\n"
+      "print(v(['torch']))\n"
+      "print(v(['lightning', 'pytorch_lightning']))\n";
+  std::string quoted = "'";
+  for (char c : python) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const std::string command =
+      "timeout 30 " + quoted + " -c \"" + std::string(kScript) + "\" 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return;
+  std::string out;
+  char buffer[256];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) {
+    if (out.size() < 1024) out.append(buffer, std::min(n, 1024 - out.size()));
+  }
+  ::pclose(pipe);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < out.size() && lines.size() < 3) {
+    const size_t end = out.find('\n', start);
+    lines.push_back(out.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  // All three lines, or nothing: a partial answer means the interpreter failed.
+  if (lines.size() != 3) return;
+  info.python_version = lines[0];
+  info.torch_version = lines[1];
+  info.lightning_version = lines[2];
+}
+
 RankInfo ProbeLocal(const Env& env) {
   RankInfo info;
   info.rank = env.rank;
@@ -596,6 +641,7 @@ int RunPreflightWorker(const WorkerOptions& options) {
     return 2;
   }
   RankInfo info = ProbeLocal(*env);
+  if (env->local_rank == 0) ProbePython(options.expect.python, info);
 
   // Local rank 0 holds this node's test port open until the end.
   Fd test_listener;
@@ -623,8 +669,13 @@ int RunPreflightWorker(const WorkerOptions& options) {
     std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n", error.c_str());
     return 1;
   }
+  // The port users know: under the store relay this rank's MASTER_PORT is a private one that
+  // node 0's agent picked for the round, and the others reach it through master_port.
+  const unsigned shown_port = options.expect.master_port > 0
+                                  ? static_cast<unsigned>(options.expect.master_port)
+                                  : env->master_port;
   std::fprintf(stdout, "preflight: %d rank%s joining on %s:%u...\n", env->world,
-               env->world == 1 ? "" : "s", env->master_addr.c_str(), env->master_port);
+               env->world == 1 ? "" : "s", env->master_addr.c_str(), shown_port);
   std::fflush(stdout);
   Server server(std::move(listener), *env, options);
   std::packaged_task<Findings()> serve([&server] { return server.Run(); });
@@ -637,11 +688,20 @@ int RunPreflightWorker(const WorkerOptions& options) {
   const Findings findings = findings_future.get();
   server_thread.join();
   const Verdict verdict = BuildVerdict(options.expect, findings);
+  // The report goes to stdout; its closing list of problems goes to stderr instead, once: the
+  // agents quote a failed rank's stderr in the summary on every node, so that is how the other
+  // nodes learn the problems, and printing the list on both streams showed it twice more here.
+  const size_t problems_at =
+      verdict.problems.empty() ? std::string::npos : verdict.text.rfind("\npreflight: ");
+  const std::string report = verdict.text.substr(0, problems_at == std::string::npos
+                                                        ? std::string::npos
+                                                        : problems_at + 1);
   std::fputs("\n", stdout);
-  std::fwrite(verdict.text.data(), 1, verdict.text.size(), stdout);
+  std::fwrite(report.data(), 1, report.size(), stdout);
   std::fflush(stdout);
-  for (const std::string& problem : verdict.problems) {
-    std::fprintf(stderr, "preflight problem: %s\n", problem.c_str());
+  if (problems_at != std::string::npos) {
+    const std::string problems = verdict.text.substr(problems_at + 1);
+    std::fwrite(problems.data(), 1, problems.size(), stderr);
   }
   std::fflush(stderr);
   const int code = verdict.problems.empty() ? 0 : 1;

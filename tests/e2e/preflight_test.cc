@@ -23,8 +23,9 @@ class PreflightTest : public ::testing::Test {
  protected:
   void WriteJob(const std::string& accelerator) {
     std::ostringstream t;
+    port_ = FreePort();
     t << "version = 1\n[job]\nname = \"pf\"\ncommand = [\"false\"]\n"
-      << "[cluster]\nnnodes = 2\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << FreePort() << "\n"
+      << "[cluster]\nnnodes = 2\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port_ << "\n"
       << "[trainer]\naccelerator = \"" << accelerator << "\"\ndevices = 2\nnum_nodes = 2\n"
       << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
     dir_.Write("job.toml", t.str());
@@ -41,6 +42,7 @@ class PreflightTest : public ::testing::Test {
   static bool MachineHasGpu() { return ::access("/dev/nvidia0", F_OK) == 0; }
 
   ScratchDir dir_;
+  uint16_t port_ = 0;  // cluster.master_port
   std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
@@ -55,6 +57,9 @@ TEST_F(PreflightTest, CpuJobOnTwoNodesIsOk) {
   EXPECT_THAT(out, HasSubstr("ddprun preflight: job \"pf\", 2 nodes x 2 ranks (world 4), accelerator cpu"));
   EXPECT_THAT(out, HasSubstr("no GPU on node 0 ("));
   EXPECT_THAT(out, HasSubstr("no GPU on node 1 ("));
+  // The job's Python (job.command[0] is not one here, so python3) and its libraries, per node.
+  EXPECT_THAT(out, HasSubstr("        Python 3."));
+  EXPECT_THAT(out, HasSubstr("  versions agree across nodes\n"));
   EXPECT_THAT(out, HasSubstr("  n0       -            reachable   \n"));
   EXPECT_THAT(out, HasSubstr("  n1       reachable    -           \n"));
   EXPECT_THAT(out, HasSubstr("NCCL all-reduce: skipped (no GPU on nodes 0, 1)"));
@@ -89,8 +94,11 @@ TEST_F(PreflightTest, GpuJobWithoutGpusFailsNamingTheNodes) {
   EXPECT_THAT(out, HasSubstr("preflight: 2 problems\n  - no GPU on node 0 ("));
   EXPECT_THAT(out, HasSubstr("  - no GPU on node 1 ("));
   EXPECT_THAT(out, HasSubstr("trainer.accelerator = \"gpu\" needs 2 GPUs there"));
-  // The root-cause summary quotes rank 0's stderr on both nodes.
-  EXPECT_THAT(node1.Output(), HasSubstr("preflight problem: no GPU on node 1"));
+  // The root-cause summary quotes rank 0's stderr on both nodes; node 0's console shows the
+  // list once from rank 0 (not also in the report on stdout).
+  EXPECT_THAT(node1.Output(), HasSubstr("| preflight: 2 problems\n"));
+  EXPECT_THAT(node1.Output(), HasSubstr("|   - no GPU on node 1"));
+  EXPECT_THAT(out, HasSubstr("joining on 127.0.0.1:" + std::to_string(port_) + "...\n"));
 }
 
 TEST_F(PreflightTest, UnreachableTestPortIsReported) {

@@ -16,6 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (result.spec && result.spec->WorldSize() <= 4096) {
     const ddprun::Plan plan = ddprun::MakePlan(*result.spec, std::nullopt);
     (void)ddprun::RenderPlanText(*result.spec, plan);
+    (void)ddprun::RenderPlanSummary(*result.spec, plan);
     (void)ddprun::Fingerprint(*result.spec);
   }
   // The flag parser sees the same bytes too.

@@ -209,5 +209,32 @@ TEST(Records, DecodeInPiecesAndRejectForeignBytes) {
   EXPECT_THAT(error, HasSubstr("limit"));
 }
 
+// Nodes with other torch or Lightning versions are problems; another Python is a note.
+TEST(Verdict, PythonLibrariesPerNodeAndTheirDifferences) {
+  Findings f = TwoNodes(1, 0);
+  for (RankInfo& info : f.ranks) {
+    info.python_version = "3.11.2";
+    info.torch_version = "2.3.0";
+    info.lightning_version = "2.2.1";
+  }
+  const Verdict same = BuildVerdict(Expect("cpu", 1), f);
+  EXPECT_TRUE(same.problems.empty()) << same.text;
+  EXPECT_THAT(same.text, HasSubstr("        Python 3.11.2, torch 2.3.0, Lightning 2.2.1\n"));
+  EXPECT_THAT(same.text, HasSubstr("  versions agree across nodes\n"));
+  f.ranks[1].python_version = "3.12.1";
+  f.ranks[1].torch_version = "2.4.0";
+  f.ranks[1].lightning_version = "";
+  const Verdict differ = BuildVerdict(Expect("cpu", 1), f);
+  EXPECT_EQ(differ.problems,
+            (std::vector<std::string>{
+                "torch version differs: 2.3.0 on node 0; 2.4.0 on node 1; fix: install the same "
+                "version on every node",
+                "Lightning version differs: none on node 1; 2.2.1 on node 0; fix: install the "
+                "same version on every node"}));
+  EXPECT_THAT(differ.text, HasSubstr("  note: Python version differs: 3.11.2 on node 0; 3.12.1 on "
+                                     "node 1\n"));
+  EXPECT_THAT(differ.text, HasSubstr("        Python 3.12.1, torch 2.4.0, Lightning -\n"));
+}
+
 }  // namespace
 }  // namespace ddprun::preflight

@@ -138,5 +138,33 @@ TEST(Canonical, StringsAreQuotedSoSpacesAndNewlinesCannotCollide) {
   EXPECT_EQ(CanonicalForm(c).find("\ny = 1"), std::string::npos);
 }
 
+// Secret-looking job.env values never appear in a printed difference; that they differ does.
+TEST(Canonical, DiffHidesSecretLookingValues) {
+  JobSpec a = Load(kJob);
+  JobSpec b = a;
+  a.job.env["WANDB_API_KEY"] = "k1";
+  b.job.env["WANDB_API_KEY"] = "k2";
+  a.job.env["HF_TOKEN"] = "same";
+  b.job.env["HF_TOKEN"] = "same";
+  EXPECT_EQ(DiffCanonical(CanonicalForm(a), CanonicalForm(b)),
+            (std::vector<FieldDifference>{{"job.env.WANDB_API_KEY", "<hidden>", "<hidden>"}}));
+}
+
+// job.code_check = "refuse" puts the code into the fingerprint; off (the default) leaves the
+// canonical form of existing files unchanged.
+TEST(Canonical, CodeFieldsOnlyWithCodeCheck) {
+  JobSpec off = Load(kJob);
+  off.job.code.script_sha256 = "aa";
+  EXPECT_EQ(CanonicalForm(off), CanonicalForm(Load(kJob)));
+  JobSpec a = off;
+  a.job.code_check = JobSpec::CodeCheck::kRefuse;
+  JobSpec b = a;
+  b.job.code.script_sha256 = "bb";
+  b.job.code.git_dirty = true;
+  EXPECT_EQ(DiffCanonical(CanonicalForm(a), CanonicalForm(b)),
+            (std::vector<FieldDifference>{{"code.git_dirty", "false", "true"},
+                                          {"code.script_sha256", "\"aa\"", "\"bb\""}}));
+}
+
 }  // namespace
 }  // namespace ddprun

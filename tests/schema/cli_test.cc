@@ -1,8 +1,10 @@
 // The real `ddprun` binary: check on every example, a broken file, --json, schema, usage errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -28,6 +30,29 @@ Output RunDdprun(const std::string& args, bool merge_stderr = false) {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// stdout and stderr apart, for commands whose two streams have different readers.
+struct SplitOutput {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+SplitOutput RunDdprunSplit(const std::string& args) {
+  // One file per process and call: CTest runs the tests of this file in parallel processes.
+  static int calls = 0;
+  const auto err_path = std::filesystem::temp_directory_path() /
+                        ("ddprun-cli-test-stderr-" + std::to_string(::getpid()) + "-" +
+                         std::to_string(++calls) + ".txt");
+  const Output o = RunDdprun(args + " 2>" + err_path.string() + " #", /*merge_stderr=*/false);
+  std::stringstream err;
+  {
+    std::ifstream in(err_path);
+    err << in.rdbuf();
+  }
+  std::filesystem::remove(err_path);
+  return {o.exit_code, o.out, err.str()};
 }
 
 std::string SourcePath(const std::string& relative) {
@@ -143,6 +168,262 @@ TEST(Cli, ShortFormsDispatch) {
   const Output sim_long = RunDdprun("simulate " + job + " --seed 3", true);
   EXPECT_EQ(sim_short.exit_code, sim_long.exit_code);
   EXPECT_EQ(sim_short.out, sim_long.out);
+}
+
+// Under the store relay rank 0's MASTER_PORT is a port picked each round: the plan says so
+// instead of showing master_port, in the text and in --json.
+TEST(Cli, CheckShowsRankZerosPrivateMasterPort) {
+  const std::string job = SourcePath("examples/laptop.toml");
+  const Output json = RunDdprun("check --json " + job);
+  ASSERT_EQ(json.exit_code, 0);
+  auto j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << json.out;
+  const auto& ranks = j["plan"]["nodes"][0]["ranks"];
+  EXPECT_EQ(ranks[0]["env"]["MASTER_PORT"], "<private port, picked each round>");
+  EXPECT_EQ(ranks[1]["env"]["MASTER_PORT"], "29500");
+  EXPECT_EQ(j["plan"]["nodes"][1]["ranks"][0]["env"]["MASTER_PORT"], "29500");
+
+  const Output text = RunDdprun("check --node-rank 0 " + job);
+  EXPECT_NE(text.out.find("    RANK LOCAL_RANK MASTER_PORT                       ROLE_RANK "
+                          "TORCHELASTIC_ERROR_FILE\n"
+                          "    0    0          <private port, picked each round> 0         "
+                          "logs/laptop/<run>/attempt-0/rank-0.error.json\n"
+                          "    1    1          29500                             1         "
+                          "logs/laptop/<run>/attempt-0/rank-1.error.json\n"),
+            std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("code that derives ports from MASTER_PORT needs cluster.store_port"),
+            std::string::npos)
+      << text.out;
+}
+
+constexpr std::string_view kSecretJob = R"(version = 1
+[job]
+name = "j"
+command = ["python3", "train.py"]
+[job.env]
+WANDB_API_KEY = "k-123456"
+HF_TOKEN = "t-123456"
+db_password = "p-123456"
+MY_SECRET_THING = "s-123456"
+NCCL_DEBUG = "WARN"
+[cluster]
+nnodes = 2
+master_port = 29500
+)";
+
+// Values of secret-looking job.env names never reach any output of check.
+TEST(Cli, CheckHidesSecretLookingValues) {
+  const std::string path = TempFile("secret.toml", std::string(kSecretJob));
+  const Output text = RunDdprun("check " + path, /*merge_stderr=*/true);
+  const Output json = RunDdprun("check --json " + path, /*merge_stderr=*/true);
+  for (const Output* o : {&text, &json}) {
+    EXPECT_EQ(o->exit_code, 0) << o->out;
+    EXPECT_EQ(o->out.find("-123456"), std::string::npos) << o->out;
+    EXPECT_NE(o->out.find("WARN"), std::string::npos) << o->out;
+  }
+  EXPECT_NE(text.out.find("    WANDB_API_KEY=<hidden>\n"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("torchrun: HF_TOKEN='<hidden>' MY_SECRET_THING='<hidden>' "
+                          "NCCL_DEBUG=WARN WANDB_API_KEY='<hidden>' db_password='<hidden>' "
+                          "torchrun "),
+            std::string::npos)
+      << text.out;
+  auto j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << json.out;
+  EXPECT_EQ(j["plan"]["nodes"][1]["ranks"][0]["env"]["HF_TOKEN"], "<hidden>");
+}
+
+TEST(Cli, JobEnvMayNotSetTheSharedSecret) {
+  const std::string path = TempFile("secret-in-env.toml",
+                                    "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
+                                    "env = { DDPRUN_SECRET = \"hunter2\" }\n"
+                                    "[cluster]\nnnodes = 1\n");
+  const Output o = RunDdprun("check " + path, true);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.out, path + ":5:9: error: job.env may not set DDPRUN_SECRET: the shared secret "
+                          "must not be in the job file\n"
+                          "    5 | (line not shown: it holds a secret)\n"
+                          "   hint: set DDPRUN_SECRET_FILE (a file only you can read) in the "
+                          "environment of ddprun on every node; see Security in "
+                          "docs/running.md\n"
+                          "1 error, 0 warnings\n");
+}
+
+std::string EphemeralWarning(const std::string& path, int port, int first, int last,
+                          bool default_fits) {
+  return path + ":7:15: warning: cluster.master_port = " + std::to_string(port) +
+         " is inside this machine's ephemeral port range (" + std::to_string(first) + "-" +
+         std::to_string(last) + ")\n" + "    7 | master_port = " + std::to_string(port) +
+         "\n      |               ^\n   hint: an outgoing connection may be given this port, "
+         "and node 0 then cannot listen on it; use a port outside the range" +
+         (default_fits ? " (e.g. 29500, as torchrun)" : "") +
+         ", or reserve it with `sysctl net.ipv4.ip_local_reserved_ports=" + std::to_string(port) +
+         "`\n0 errors, 1 warning\n";
+}
+
+// The range this machine's kernel uses (Linux's default where /proc cannot be read).
+std::pair<int, int> EphemeralRange() {
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int first = 32768, last = 60999;
+  if (!(in >> first >> last)) return {32768, 60999};
+  return {first, last};
+}
+
+TEST(Cli, CheckWarnsAboutAMasterPortInTheEphemeralRange) {
+  const auto [first, last] = EphemeralRange();
+  const int port = last;  // inside the range, and (unless reserved) free to be taken
+  std::ifstream reserved_file("/proc/sys/net/ipv4/ip_local_reserved_ports");
+  std::string reserved;
+  std::getline(reserved_file, reserved);
+  if (!reserved.empty()) GTEST_SKIP() << "ports are reserved here: " << reserved;
+  const std::string path =
+      TempFile("ephemeral.toml", "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
+                                 "[cluster]\nnnodes = 1\nmaster_port = " +
+                                     std::to_string(port) + "\n");
+  const SplitOutput o = RunDdprunSplit("check " + path);
+  EXPECT_EQ(o.exit_code, 0);
+  const bool default_fits = 29500 < first || 29500 > last;
+  EXPECT_EQ(o.err, EphemeralWarning(path, port, first, last, default_fits));
+}
+
+// --json: one JSON document on stdout and nothing on stderr, for a valid file with a warning
+// and for an invalid one.
+TEST(Cli, CheckJsonPrintsOnlyJson) {
+  const std::string warn = TempFile("json-warn.toml",
+                                    "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
+                                    "[cluster]\nnnodes = 1\nmaster_port = 80\n");
+  const std::string bad = TempFile("json-bad.toml", "version = 1\n[job]\nnmae = 1\n");
+  for (const std::string& path : {warn, bad}) {
+    const SplitOutput o = RunDdprunSplit("check --json " + path);
+    EXPECT_EQ(o.err, "") << path;
+    auto j = nlohmann::json::parse(o.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << o.out;
+    EXPECT_FALSE(j["diagnostics"].empty()) << o.out;
+  }
+}
+
+TEST(Cli, DidYouMeanForFlagsAndCommands) {
+  const std::string job = SourcePath("examples/laptop.toml");
+  const SplitOutput flag = RunDdprunSplit(job + " --nodes-rank 1");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.err.find("hint: `--nodes-rank` is not an option of `ddprun run`; did you mean "
+                          "`--node-rank`?\n"),
+            std::string::npos)
+      << flag.err;
+  const SplitOutput check_flag = RunDdprunSplit("check " + job + " --jsn");
+  EXPECT_NE(check_flag.err.find("did you mean `--json`?"), std::string::npos) << check_flag.err;
+  const SplitOutput command = RunDdprunSplit("chekc " + job);
+  EXPECT_EQ(command.exit_code, 2);
+  EXPECT_EQ(command.err, "ddprun: error: `chekc` is neither a command nor a job file; did you "
+                         "mean `ddprun check`?\n");
+}
+
+// `ddprun init` writes a file that `check` accepts without a warning, and never overwrites one.
+TEST(Cli, InitWritesAValidStarterJobFile) {
+  const auto dir = std::filesystem::temp_directory_path() / "ddprun-cli-test-init";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string listed = (dir / "listed.toml").string();
+  const std::string counted = (dir / "counted.toml").string();
+  const std::string cpu = (dir / "cpu.toml").string();
+  for (const auto& [path, flags] : std::vector<std::pair<std::string, std::string>>{
+           {listed, "--nodes gpu-01,gpu-02 --gpus 8 --script train.py"},
+           {counted, "--nnodes 4 --gpus 2 --name big --script ./run.sh"},
+           {cpu, "--gpus 0"}}) {
+    const SplitOutput init = RunDdprunSplit("init -o " + path + " " + flags);
+    EXPECT_EQ(init.exit_code, 0) << init.err;
+    EXPECT_EQ(init.out, "wrote " + path + "; next: ddprun check " + path + "\n");
+    const Output check = RunDdprun("check " + path, /*merge_stderr=*/true);
+    EXPECT_EQ(check.exit_code, 0) << check.out;
+    EXPECT_EQ(check.out.find("warning"), std::string::npos) << check.out;
+  }
+  EXPECT_NE(RunDdprun("check " + listed).out.find("job train: 2 nodes x 8 processes"),
+            std::string::npos);
+  EXPECT_NE(RunDdprun("check " + counted).out.find("job big: 4 nodes x 2 processes"),
+            std::string::npos);
+  EXPECT_NE(RunDdprun("check " + cpu).out.find("job train: 1 node x 1 process"),
+            std::string::npos);
+  const SplitOutput again = RunDdprunSplit("init -o " + listed);
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_EQ(again.err, "ddprun init: cannot write " + listed +
+                           ": File exists (--force overwrites it)\n");
+  EXPECT_EQ(RunDdprunSplit("init --force -o " + listed).exit_code, 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, CheckAppendsArgumentsAfterDashes) {
+  const std::string job = SourcePath("examples/laptop.toml");
+  const Output o = RunDdprun("check --node-rank 1 " + job + " -- --lr 0.1 'a b'");
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_NE(o.out.find("  ddprun:   ddprun " + job + " --node-rank 1 -- --lr 0.1 'a b'\n"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("ddp_train.py --steps 20 --lr 0.1 'a b'\n"), std::string::npos) << o.out;
+  EXPECT_EQ(RunDdprun("schema -- x").exit_code, 2);
+}
+
+// Above a few dozen nodes the text plan is a summary; --full and --json give everything.
+TEST(Cli, CheckSummarisesALargeJob) {
+  std::string nodes;
+  for (int i = 1; i <= 64; ++i) nodes += (i > 1 ? ", " : "") + std::string("\"gpu-") +
+                                         std::to_string(1000 + i) + "\"";
+  const std::string path = TempFile(
+      "large.toml", "version = 1\n[job]\nname = \"big\"\ncommand = [\"python3\", \"t.py\"]\n"
+                    "[cluster]\nnodes = [" + nodes + "]\n[trainer]\naccelerator = \"gpu\"\n"
+                    "devices = 8\nnum_nodes = 64\n");
+  const Output summary = RunDdprun("check " + path);
+  EXPECT_EQ(summary.exit_code, 0);
+  const auto lines = [](const std::string& text) {
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  EXPECT_LT(lines(summary.out), 90) << summary.out;
+  for (const char* expected :
+       {"64 nodes: a summary; the whole plan with --full, one node with --node-rank N, for tools "
+        "--json\n",
+        "      0  gpu-1001  0..7\n", "    ...  (58 more)\n", "     63  gpu-1064  504..511\n",
+        "differs per node: GROUP_RANK, NODE_RANK\n",
+        "differs per worker: LOCAL_RANK, MASTER_PORT, RANK, ROLE_RANK, TORCHELASTIC_ERROR_FILE\n",
+        "\nnode 63 (gpu-1064):\n", "torchrun --nnodes=64 --nproc_per_node=8 --node_rank=63"}) {
+    EXPECT_NE(summary.out.find(expected), std::string::npos) << expected << "\n" << summary.out;
+  }
+  const Output full = RunDdprun("check --full " + path);
+  EXPECT_GT(lines(full.out), 64 * 8 * 2) << full.out.substr(0, 2000);
+  EXPECT_NE(full.out.find("\nnode 37 (gpu-1038):\n"), std::string::npos);
+  const Output json = RunDdprun("check --json " + path);
+  auto j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["plan"]["nodes"].size(), 64u);
+}
+
+// A binary job file: nothing raw reaches the terminal.
+TEST(Cli, BinaryJobFileIsEscaped) {
+  const std::string path = TempFile("binary.toml", std::string("version = 1\n\x1b[2J\x1b]0;pwned\x07"
+                                                               "\0\xff\xfe\n", 30));
+  const Output o = RunDdprun("check " + path, true);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.out, path + ":2:15: error: the job file contains a NUL byte; it must be UTF-8 "
+                          "text\n"
+                          "    2 | <U+001B>[2J<U+001B>]0;pwned<U+0007><U+0000><FF><FE>\n"
+                          "      | " + std::string(35, ' ') + "^\n"
+                          "   hint: is this the right file? a job file is TOML text\n"
+                          "1 error, 0 warnings\n");
+}
+
+TEST(Cli, CheckWarnsAboutAMissingWorkdir) {
+  const std::string path = TempFile("workdir.toml",
+                                    "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
+                                    "workdir = \"no-such-folder\"\n[cluster]\nnnodes = 1\n");
+  const SplitOutput o = RunDdprunSplit("check " + path);
+  EXPECT_EQ(o.exit_code, 0);
+  const std::string full =
+      (std::filesystem::path(path).parent_path() / "no-such-folder").string();
+  EXPECT_EQ(o.err, path + ":5:11: warning: job.workdir = \"no-such-folder\" is not a folder here (" +
+                       full + ")\n"
+                       "    5 | workdir = \"no-such-folder\"\n"
+                       "      |           ^\n"
+                       "   hint: the workers start in it on every node; create it, or make sure "
+                       "it exists on the nodes\n"
+                       "0 errors, 1 warning\n");
 }
 
 }  // namespace

@@ -79,5 +79,38 @@ TEST(Diagnostics, LineBeyondTheTextStillRenders) {
             "1 error, 0 warnings\n");
 }
 
+// A line of a binary or hostile file reaches the terminal escaped, as clang does.
+TEST(Diagnostics, EscapesWhatIsNotPrintableUtf8) {
+  Diagnostics d;
+  d.Error({1, 9}, "", "bad \x1b[2J byte");
+  const std::string text = std::string("\x1b[31mred\0\xff\xe2\x80\xaeok\t\xc3\xa9", 18) + "\n";
+  EXPECT_EQ(RenderDiagnostics(d, "f.toml", text, false),
+            "f.toml:1:9: error: bad <U+001B>[2J byte\n"
+            "    1 | <U+001B>[31mred<U+0000><FF><U+202E>ok\t\xc3\xa9\n"
+            "      |                ^\n"
+            "1 error, 0 warnings\n");
+}
+
+// A 10,000-character line is cut to a window around the caret with "..." at each cut.
+TEST(Diagnostics, ShowsAWindowOfALongLine) {
+  std::string line;
+  for (int i = 0; i < 10'000; ++i) line += static_cast<char>('a' + i % 26);
+  Diagnostics d;
+  d.Error({1, 5001}, "", "here");
+  const std::string out = RenderDiagnostics(d, "f.toml", line, false);
+  // 94 columns of text around column 5001: 47 before the caret, the caret's, 46 after.
+  EXPECT_EQ(out, "f.toml:1:5001: error: here\n"
+                 "    1 | ..." + line.substr(5000 - 47, 94) + "...\n"
+                 "      | " + std::string(3 + 47, ' ') + "^\n"
+                 "1 error, 0 warnings\n");
+  Diagnostics start;
+  start.Error({1, 3}, "", "near the start");
+  EXPECT_EQ(RenderDiagnostics(start, "f.toml", line, false),
+            "f.toml:1:3: error: near the start\n"
+            "    1 | " + line.substr(0, 94) + "...\n"
+            "      |   ^\n"
+            "1 error, 0 warnings\n");
+}
+
 }  // namespace
 }  // namespace ddprun

@@ -331,15 +331,31 @@ TEST(Loader, OtherTrainerKeysAreForwardedTyped) {
   EXPECT_EQ(s[6].second, TrainerValue{0.5});
 }
 
-TEST(Loader, TrainerTablesAndUnknownArgs) {
-  EXPECT_EQ(Diags(Parse(WithBase("logger = { name = \"tb\" }\nmax_epoch = 3\n"))),
-            "12:10: error: trainer.logger must be a boolean, number, string or list of "
-            "integers, not a table\n"
-            "  hint: [trainer] values reach the script as PL_TRAINER_* variables, which hold "
-            "only plain values; configure the rest in the script\n"
+TEST(Loader, TrainerTablesArraysDatesAndUnknownArgs) {
+  // Inline tables and mixed arrays are forwarded as Python dicts and lists.
+  auto r = Parse(WithBase("max_time = { hours = 5, days = 1 }\nplugins = [1, \"a\", 0.5]\n"));
+  ASSERT_TRUE(r.spec) << Diags(r);
+  EXPECT_EQ(r.spec->trainer.settings[3].second,
+            (TrainerValue{TrainerLiteral{"{'days': 1, 'hours': 5}", "{\"days\" = 1, \"hours\" = 5}"}}));
+  EXPECT_EQ(r.spec->trainer.settings[4].second,
+            (TrainerValue{TrainerLiteral{"[1, 'a', 0.5]", "[1, \"a\", 0.5f]"}}));
+  auto nested = Parse(WithBase("plugins = [[1, 2], { k = [true, \"x\"] }, 1.0]\n"));
+  ASSERT_TRUE(nested.spec) << Diags(nested);
+  EXPECT_EQ(nested.spec->trainer.settings[3].second,
+            (TrainerValue{TrainerLiteral{"[[1, 2], {'k': [True, 'x']}, 1.0]",
+                                         "[[1, 2], {\"k\" = [true, \"x\"]}, 1f]"}}));
+  EXPECT_EQ(Diags(Parse(WithBase("logger = { at = 1979-05-27 }\nmax_epoch = 3\n"
+                                 "val_check_interval = [1.0, inf]\n"))),
+            "12:17: error: trainer.logger.at must be a boolean, number, string, array or table, "
+            "not a date\n"
+            "  hint: [trainer] values reach the script as PL_TRAINER_* Python literals, which "
+            "have no dates or times; write it as a string\n"
             "13:13: warning: trainer.max_epoch is not an argument of Lightning's Trainer; "
             "Lightning ignores PL_TRAINER_MAX_EPOCH\n"
-            "  hint: did you mean `max_epochs`?\n");
+            "  hint: did you mean `max_epochs`?\n"
+            "14:28: error: trainer.val_check_interval[1] must be a finite number\n"
+            "  hint: inf and nan have no Python literal, so Lightning would read them as "
+            "strings\n");
 }
 
 TEST(Loader, Restart) {
@@ -368,7 +384,21 @@ TEST(Loader, TimeoutConsistency) {
   EXPECT_EQ(Diags(Parse(WithBase("[timeouts]\nrendezvous = \"1m\"\nheartbeat = \"20s\"\n"))),
             "14:13: error: timeouts.heartbeat = 20s is too long for timeouts.rendezvous = 1m: a "
             "node is declared lost after 3 missed beats (1m)\n"
-            "  hint: make 3 x heartbeat shorter than rendezvous, e.g. heartbeat = \"2s\"\n");
+            "  hint: make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"6s\", or "
+            "rendezvous = \"3m20s\"\n");
+  // The hint must itself satisfy the rule (it suggested heartbeat = "2s" here).
+  EXPECT_EQ(Diags(Parse(WithBase("[timeouts]\nrendezvous = \"6s\"\nheartbeat = \"2s\"\n"
+                                 "stop_grace = \"1s\"\n[restart]\nbackoff = \"1s\"\n"))),
+            "14:13: error: timeouts.heartbeat = 2s is too long for timeouts.rendezvous = 6s: a "
+            "node is declared lost after 3 missed beats (6s)\n"
+            "  hint: make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"600ms\", or "
+            "rendezvous = \"20s\"\n");
+  // A default the user never wrote is named as a default, at the setting they did write.
+  EXPECT_EQ(Diags(Parse(WithBase("[timeouts]\nrendezvous = \"20s\"\n"))),
+            "13:14: warning: the default timeouts.stop_grace = 30s is longer than "
+            "timeouts.rendezvous = 20s\n"
+            "  hint: other nodes may give up on the next round while this one still waits for "
+            "its workers to stop; set timeouts.stop_grace shorter, or rendezvous longer\n");
   EXPECT_EQ(Diags(Parse(WithBase("[timeouts]\nrendezvous = \"1m\"\nstop_grace = \"2m\"\n"))),
             "14:14: warning: timeouts.stop_grace = 2m is longer than timeouts.rendezvous = 1m\n"
             "  hint: other nodes may give up on the next round while this one still waits for "
@@ -378,6 +408,39 @@ TEST(Loader, TimeoutConsistency) {
             "15m\n"
             "  hint: nodes wait for the backoff before rejoining; keep it well under the "
             "rendezvous timeout\n");
+}
+
+// Hints must themselves be valid: no `nnodes = 2:4` (not TOML), no `timeouts.rendezvous` as
+// a table name.
+TEST(Loader, HintsThatWork) {
+  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n";
+  EXPECT_EQ(Diags(Parse(head + "nnodes = \"2:4\"\n")),
+            "6:10: error: cluster.nnodes must be an integer, not a string\n"
+            "  hint: ddprun runs a fixed number of nodes (no MIN:MAX range as in torchrun's "
+            "--nnodes); write a number, e.g. nnodes = 2\n");
+  EXPECT_EQ(Diags(Parse(head + "nnodes = \"two\"\n")),
+            "6:10: error: cluster.nnodes must be an integer, not a string\n");
+  EXPECT_EQ(Diags(Parse(head + "nnodes = 1\n[rendezvous]\ntimeout = \"5m\"\n")),
+            "7:2: error: unknown table [rendezvous]\n"
+            "  hint: there is no [rendezvous] table; `rendezvous` is a key of [timeouts]: write "
+            "`rendezvous = ...` under [timeouts]\n");
+}
+
+TEST(Loader, RestartBackoffDoublesUpToBackoffMax) {
+  auto r = Parse(WithBase("[restart]\nmax_restarts = 9\nbackoff = \"10s\"\n"
+                          "backoff_max = \"1m\"\n"));
+  ASSERT_TRUE(r.spec) << Diags(r);
+  std::vector<std::string> waits;
+  for (int n = 1; n <= 6; ++n) waits.push_back(FormatDuration(r.spec->RestartBackoff(n)));
+  EXPECT_EQ(waits, (std::vector<std::string>{"10s", "20s", "40s", "1m", "1m", "1m"}));
+  EXPECT_EQ(r.spec->RestartBackoff(1'000'000), Seconds(60));
+  auto constant = Parse(WithBase("[restart]\nbackoff = \"10s\"\n"));
+  ASSERT_TRUE(constant.spec);
+  EXPECT_EQ(constant.spec->RestartBackoff(5), Seconds(10));
+  EXPECT_EQ(Diags(Parse(WithBase("[restart]\nbackoff = \"10s\"\nbackoff_max = \"5s\"\n"))),
+            "14:15: error: restart.backoff_max = 5s is shorter than restart.backoff = 10s\n"
+            "  hint: backoff is the first wait and backoff_max the longest; the wait doubles "
+            "after each restart between the two\n");
 }
 
 TEST(Loader, Logs) {

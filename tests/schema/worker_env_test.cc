@@ -141,6 +141,18 @@ TEST(WorkerEnv, TrainerValuesInLiteralEvalSpelling) {
   EXPECT_EQ(TrainerEnvValue({0.5}), "0.5");
   EXPECT_EQ(TrainerEnvValue({std::string("bf16-mixed")}), "bf16-mixed");
   EXPECT_EQ(TrainerEnvValue({std::vector<int64_t>{0, 1}}), "[0, 1]");
+  // A float stays a float: Lightning reads an int 1 as "one batch", 1.0 as "all of them".
+  EXPECT_EQ(TrainerEnvValue({1.0}), "1.0");
+  EXPECT_EQ(TrainerEnvValue({1e-3}), "0.001");
+  EXPECT_EQ(TrainerEnvValue({1e16}), "1e+16");
+  // Strings that literal_eval would turn into something else are quoted.
+  EXPECT_EQ(TrainerEnvValue({std::string("16-mixed")}), "16-mixed");
+  EXPECT_EQ(TrainerEnvValue({std::string("32")}), "'32'");
+  EXPECT_EQ(TrainerEnvValue({std::string("True")}), "'True'");
+  EXPECT_EQ(TrainerEnvValue({std::string("")}), "''");
+  EXPECT_EQ(TrainerEnvValue({std::string("it's a\n")}), "'it\\'s a\\n'");
+  EXPECT_EQ(TrainerPythonLiteral({std::string("ddp")}, /*top_level=*/false), "'ddp'");
+  EXPECT_EQ(TrainerEnvValue({TrainerLiteral{"{'days': 1}", "{\"days\" = 1}"}}), "{'days': 1}");
 }
 
 TEST(WorkerEnv, LogPaths) {
