@@ -412,6 +412,13 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
       return;
     }
   }
+  if ((phase_ == Phase::kEnding || phase_ == Phase::kDone) &&
+      !(slot.ever_joined && slot.instance == join.instance)) {
+    // Only the agents that took part hear the verdict; one that arrives after the end (a
+    // second agent for a rank, a node started too late) did not run this job.
+    refuse(fmt::format("node {} (host {}) joined after the job ended", join.node_rank, join.host));
+    return;
+  }
   if (phase_ == Phase::kEnding || phase_ == Phase::kDone) {
     // An agent that lost us before the end (a pause, a partition) rejoins to hear the verdict;
     // it exits with the job's code once it has acknowledged.

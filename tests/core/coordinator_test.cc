@@ -605,20 +605,16 @@ TEST_F(CoordinatorTest, InterruptEndsTheJobWith128PlusTheSignal) {
   EXPECT_TRUE(Sent<wire::JobEnd>(Send(3s, ConnOf(0), wire::Interrupted{SIGTERM})).empty());
 }
 
-TEST_F(CoordinatorTest, JoinWhileEndingHearsTheVerdict) {
+TEST_F(CoordinatorTest, JoinWhileEndingByANodeThatNeverTookPartIsRefused) {
   Join(0s, 0);
   BeatUntil(0s, 15min, {0});  // the rendezvous timed out; node 0 has not acked yet
   ASSERT_EQ(coordinator_->phase(), Coordinator::Phase::kEnding);
   Connect(15min + 1s, ConnOf(1), "10.0.0.2");
   const Effects e = Send(15min + 1s, ConnOf(1), JoinOf(1));
-  EXPECT_TRUE(Sent<wire::Reject>(e).empty()) << test::Describe(e);
   EXPECT_TRUE(Sent<wire::JoinAck>(e).empty()) << test::Describe(e);
-  const auto end = Sent<wire::JobEnd>(e);
-  ASSERT_EQ(end.size(), 1u) << test::Describe(e);
-  EXPECT_EQ(end[0].first, ConnOf(1));
-  EXPECT_EQ(end[0].second.exit_code, 3);
-  EXPECT_EQ(FindLog(e, "rejoined"),
-            "node 1 (gpu-02) rejoined after the end of the job; telling it the outcome");
+  EXPECT_TRUE(Sent<wire::JobEnd>(e).empty()) << test::Describe(e);
+  ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason, "node 1 (host gpu-02) joined after the job ended");
 }
 
 // Found by the swarm (issue 10): node 0 paused past the loss bound, the others lost it, and the
@@ -646,6 +642,13 @@ TEST_F(CoordinatorTest, NodeAwayAtTheEndIsWaitedForAndHearsTheVerdictAfterIt) {
   const Effects late = Send(20s, 202, JoinOf(1));
   ASSERT_EQ(Sent<wire::JobEnd>(late).size(), 1u) << test::Describe(late);
   EXPECT_EQ(Sent<wire::JobEnd>(late)[0].second.exit_code, 1);
+  // A different agent for the rank did not take part: it is refused, and exits 3.
+  Connect(21s, 203, "10.0.0.9");
+  const Effects other = Send(21s, 203, JoinOf(1, /*instance=*/77));
+  EXPECT_TRUE(Sent<wire::JobEnd>(other).empty()) << test::Describe(other);
+  ASSERT_EQ(Sent<wire::Reject>(other).size(), 1u) << test::Describe(other);
+  EXPECT_EQ(Sent<wire::Reject>(other)[0].second.reason,
+            "node 1 (host gpu-02) joined after the job ended");
 }
 
 // Found by the swarm (issue 10): a node lost while its workers ran keeps its rank until its
