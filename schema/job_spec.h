@@ -143,6 +143,10 @@ struct JobSpec {
     /// has its workers stopped within the stop bound. After this, the previous holder of the
     /// rank is certainly gone, so the rank may be given to another agent.
     Duration LeaseBound() const { return LossBound() + heartbeat + StopBound(); }
+    /// The guardian's lease: when the agent's event loop has not run for this long (a stopped
+    /// or paused agent), the guardian SIGKILLs the workers itself, as the agent would have by
+    /// then (it stops them at the loss bound and SIGKILLs them stop_grace later).
+    Duration GuardianLease() const { return LossBound() + stop_grace; }
     /// The exit barrier: how long the coordinator waits for every agent to acknowledge the end
     /// of the job, long enough for an agent that lost it (it notices within the loss bound)
     /// to stop its workers within stop_grace and rejoin (a retry takes at most 2 s).

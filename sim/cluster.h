@@ -99,6 +99,7 @@ class Cluster {
   void ScheduleFault(const FaultSpec& fault);
   void InjectNodeCrash(const FaultSpec& fault);
   void InjectAgentHang(const FaultSpec& fault);
+  void ScheduleGuardianLease(uint32_t index);
   void InjectWorkerExit(const FaultSpec& fault);
   void InjectWorkerHang(const FaultSpec& fault);
   void InjectPartition(const FaultSpec& fault);

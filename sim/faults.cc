@@ -183,6 +183,7 @@ void Cluster::InjectAgentHang(const FaultSpec& fault) {
   if (!fault.duration) {
     n.hung_forever = true;
     n.hung_until_ns = INT64_MAX;
+    ScheduleGuardianLease(index);
     invariants_.AgentHung(index, INT64_MAX);
     PrintSim(index, "agent hangs for good (its workers keep running)");
     AddMark(index, MarkKind::kFault, "agent hang (for good)");
@@ -191,6 +192,7 @@ void Cluster::InjectAgentHang(const FaultSpec& fault) {
   }
   const uint32_t incarnation = n.incarnation;
   n.hung_until_ns = std::max(n.hung_until_ns, now_ns_ + Ns(*fault.duration));
+  ScheduleGuardianLease(index);
   invariants_.AgentHung(index, n.hung_until_ns);
   PrintSim(index, fmt::format("agent hangs for {} (its workers keep running)", FormatDuration(*fault.duration)));
   AddMark(index, MarkKind::kFault, "agent hang", n.hung_until_ns);
@@ -199,6 +201,28 @@ void Cluster::InjectAgentHang(const FaultSpec& fault) {
     if (m.incarnation != incarnation || !m.up || m.hung_forever || m.hung_until_ns > now_ns_) return;
     m.last_hang_end_ns = now_ns_;
     PrintSim(index, "agent resumes");
+  });
+}
+
+// The guardian, a process of its own, keeps running while the agent is stopped. The agent pings
+// it from its event loop; when the pings stop for the loss bound + stop_grace (when the agent,
+// had it run, would have SIGKILLed its workers), the guardian SIGKILLs them itself, so the
+// rank's lease holds even for a paused agent (runner/io/guardian.h).
+void Cluster::ScheduleGuardianLease(uint32_t index) {
+  const uint32_t incarnation = nodes_[index]->incarnation;
+  const int64_t hung_since = now_ns_;
+  const Duration lease = spec_.timeouts.GuardianLease();
+  queue_.PushCall(TimePoint(Duration(now_ns_ + Ns(lease))), [this, index, incarnation, hung_since, lease] {
+    Node& m = *nodes_[index];
+    if (m.incarnation != incarnation || !m.up || !m.Hung(now_ns_)) return;
+    // Still hung since the fault began (a resume in between would have pinged the guardian).
+    if (m.last_hang_end_ns > hung_since) return;
+    const int killed = workers_.GuardianKill(index);
+    if (killed > 0) {
+      PrintSim(index, fmt::format("the agent has not run for {}: its guardian SIGKILLs its {} "
+                                  "worker{}",
+                                  FormatDuration(lease), killed, killed == 1 ? "" : "s"));
+    }
   });
 }
 

@@ -178,6 +178,21 @@ void Workers::SignalAll(uint32_t index, int round, int signal) {
   cluster_.SetPhase(index);
 }
 
+int Workers::GuardianKill(uint32_t index) {
+  const int64_t now = cluster_.now_ns();
+  int killed = 0;
+  for (uint32_t wi : nodes_[index].running) {
+    Worker& w = workers_[wi];
+    if (!w.running) continue;
+    w.signalled = true;
+    if (index == 1 && sabotage_ == SimOptions::Sabotage::kUnkillableWorkers) continue;
+    Exit(wi, now + Ns(kKillDelay), 0, SIGKILL, "");
+    ++killed;
+  }
+  cluster_.SetPhase(index);
+  return killed;
+}
+
 void Workers::Exit(uint32_t wi, int64_t at_ns, int exit_code, int signal, std::string stderr_tail) {
   Worker& w = workers_[wi];
   if (!w.running || at_ns >= w.exit_at_ns) return;

@@ -55,6 +55,9 @@ class Workers {
   void Hang(uint32_t node, int local_rank, std::optional<Duration> duration);
   /// A crashed machine: its workers vanish without exit codes.
   void Vanish(uint32_t node);
+  /// The guardian's lease ran out while the agent did not run: every worker of `node` is
+  /// SIGKILLed, whatever its round (runner/io/guardian.h). Returns how many.
+  int GuardianKill(uint32_t node);
   /// Re-evaluates whether the gang trains (after a partition starts or heals).
   void UpdateTraining();
 

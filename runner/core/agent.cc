@@ -99,16 +99,8 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
 void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (phase_ == Phase::kExited) return;
   if (kill_at_ && now >= *kill_at_) {
-    kill_at_.reset();
-    if (running_workers() > 0) {
-      Log(LogLevel::kWarn,
-          fmt::format("{} worker{} still running {} after SIGTERM; sending SIGKILL",
-                      running_workers(), running_workers() == 1 ? "" : "s",
-                      FormatDuration(spec_.timeouts.stop_grace)),
-          out);
-      out.push_back(SignalWorkers{round_, SIGKILL});
-      give_up_at_ = now + JobSpec::Timeouts::kKillAllowance;
-    }
+    KillWorkers(now, fmt::format("still running {} after SIGTERM", FormatDuration(spec_.timeouts.stop_grace)),
+                out);
   }
   if (give_up_at_ && now >= *give_up_at_) {
     give_up_at_.reset();
@@ -300,6 +292,18 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
         out);
   }
   StopWorkers(now, out);
+  // The lease is anchored on the last word from the coordinator, not on when we noticed: an
+  // agent that was itself stalled (SIGSTOP, a VM pause) notices late, and must still have its
+  // workers gone by the time the coordinator may give their ranks to another agent.
+  const TimePoint kill_by = last_heard_ + spec_.timeouts.LossBound() + spec_.timeouts.stop_grace;
+  if (kill_at_ && kill_by <= now) {
+    KillWorkers(now, fmt::format("last heard from the coordinator {} ago (this agent did not run "
+                                 "meanwhile), past the loss bound + stop_grace",
+                                 HumanDuration(now - last_heard_)),
+                out);
+  } else if (kill_at_ && kill_by < *kill_at_) {
+    kill_at_ = kill_by;
+  }
   phase_ = Phase::kRetryWait;
   retry_delay_ = kFirstRetry;
   retry_at_ = now + retry_delay_;
@@ -546,6 +550,17 @@ void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
     out.push_back(SignalWorkers{round_, SIGTERM});
     kill_at_ = now + spec_.timeouts.stop_grace;
   }
+}
+
+void Agent::KillWorkers(TimePoint now, const std::string& why, std::vector<AgentEffect>& out) {
+  kill_at_.reset();
+  if (running_workers() == 0) return;
+  Log(LogLevel::kWarn,
+      fmt::format("{} worker{} {}; sending SIGKILL", running_workers(),
+                  running_workers() == 1 ? "" : "s", why),
+      out);
+  out.push_back(SignalWorkers{round_, SIGKILL});
+  give_up_at_ = now + JobSpec::Timeouts::kKillAllowance;
 }
 
 void Agent::MaybeStopped(std::vector<AgentEffect>& out) {

@@ -67,6 +67,8 @@ class Agent {
   void StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>& out);
   void StopWorkers(TimePoint now, std::vector<AgentEffect>& out);
   void MaybeStopped(std::vector<AgentEffect>& out);
+  /// SIGKILL to every running worker now; `why` completes "N workers ...".
+  void KillWorkers(TimePoint now, const std::string& why, std::vector<AgentEffect>& out);
   void Finish(TimePoint now, int code, std::vector<AgentEffect>& out);
   void Send(wire::Message message, std::vector<AgentEffect>& out);
   void Log(LogLevel level, std::string text, std::vector<AgentEffect>& out) const;

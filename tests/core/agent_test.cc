@@ -433,6 +433,30 @@ TEST_F(AgentTest, SilentCoordinatorIsLostAfterThreeHeartbeats) {
   EXPECT_EQ(All<SignalWorkers>(e).size(), 1u);
 }
 
+// Found by the 100,000-seed swarm: an agent that was itself stopped for a while noticed the loss
+// late and gave its workers a full stop_grace from then, so they outlived the fence after which
+// the coordinator gave their ranks to another agent. The lease counts from the last word heard.
+TEST_F(AgentTest, AnAgentThatNoticesTheLossLateStillKillsItsWorkersWithinItsLease) {
+  Running(0s);
+  Msg(1s, wire::Heartbeat{});
+  // Nothing ran from 1 s to 50 s (SIGSTOP): loss bound 6 s + stop_grace 30 s from 1 s is 37 s.
+  const Effects e = Tick(50s);
+  const auto signals = All<SignalWorkers>(e);
+  ASSERT_EQ(signals.size(), 2u) << test::Describe(e);
+  EXPECT_EQ(signals[0].signal, SIGTERM);
+  EXPECT_EQ(signals[1].signal, SIGKILL);
+  EXPECT_EQ(FindLog(e, "SIGKILL"),
+            "2 workers last heard from the coordinator 49s ago (this agent did not run meanwhile), "
+            "past the loss bound + stop_grace; sending SIGKILL");
+
+  // Noticed in time, the full stop_grace applies: SIGKILL at 7 s + 30 s.
+  UseJob(kTwoNodeJob);
+  Running(0s);
+  Msg(1s, wire::Heartbeat{});
+  Tick(7s + kNs);
+  EXPECT_EQ(agent_->NextDeadline(), At(37s));
+}
+
 TEST_F(AgentTest, GivesUpRejoiningAfterTheRendezvousTimeout) {
   Running(0s);
   Feed(5s, MasterClosed{""});
