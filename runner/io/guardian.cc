@@ -64,18 +64,47 @@ int64_t MonotonicMs() {
   std::vector<pid_t> groups;          // registered workers: pid == pgid
   std::vector<ProcessEntry> known;    // the agent's descendants at the last look
   int64_t next_scan = 0;
+  int64_t lease_ms = 0;               // 0: no lease (set by an 'L' record)
+  int64_t last_word = MonotonicMs();  // any record counts as the agent being alive
   Record record{};
+  // The workers' process groups and what is below them, SIGKILLed.
+  auto kill_workers = [&] {
+    KillTrees(
+        [&](const ProcessEntry& entry) {
+          for (pid_t group : groups) {
+            if (entry.pid == group || entry.pgid == group) return true;
+          }
+          return false;
+        },
+        self);
+  };
   for (;;) {
     const int64_t now = MonotonicMs();
     if (now >= next_scan) {
       known = DescendantsOf(ReadProcessTable(), {agent}, self);
       next_scan = now + kGuardianScanInterval.count();
     }
+    // The lease: an agent that is alive but does not run (SIGSTOP, a VM pause of the agent's
+    // cgroup, a stuck system call) cannot stop its workers, and the coordinator will soon give
+    // their ranks to another agent. Past the loss bound + stop_grace without a word from it,
+    // the guardian SIGKILLs them, as the agent itself would have by then.
+    if (lease_ms > 0 && !groups.empty() && now - last_word > lease_ms) {
+      kill_workers();
+      groups.clear();
+    }
+    int64_t wake = next_scan;
+    if (lease_ms > 0 && !groups.empty()) wake = std::min(wake, last_word + lease_ms + 1);
     pollfd pfd{read_fd, POLLIN, 0};
-    const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, next_scan - now)));
+    const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, wake - now)));
     if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
     const ssize_t n = ::read(read_fd, &record, sizeof record);
     if (n == static_cast<ssize_t>(sizeof record)) {
+      last_word = MonotonicMs();
+      if (record.op == 'L') {
+        lease_ms = record.pgid;
+        continue;
+      }
+      if (record.op == '~') continue;  // a ping: the agent's loop runs
       auto it = std::find(groups.begin(), groups.end(), record.pgid);
       if (record.op == '+' && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
       if (record.op == '-' && it != groups.end()) groups.erase(it);
@@ -197,6 +226,13 @@ void Guardian::Watch(pid_t pgid) {
 
 void Guardian::Release() { released_ = true; }
 
+void Guardian::SetLease(std::chrono::milliseconds lease) {
+  lease_ = std::clamp<int64_t>(lease.count(), 1, INT32_MAX);
+  Write('L', static_cast<pid_t>(lease_));
+}
+
+void Guardian::Ping() { Write('~', 0); }
+
 void Guardian::Forget(pid_t pgid) {
   watched_.erase(pgid);
   Write('-', pgid);
@@ -233,6 +269,7 @@ void Guardian::OnDeath() {
   std::string text = fmt::format("the guardian process (pid {}) {}", old_pid, DescribeStatus(status));
   if (Start(error)) {
     for (pid_t pgid : watched_) Write('+', pgid);
+    if (lease_ > 0) Write('L', static_cast<pid_t>(lease_));
     text += fmt::format("; started a new one (pid {}), so processes the workers started still "
                         "cannot outlive this agent",
                         pid_);

@@ -50,6 +50,13 @@ class Guardian {
   /// without its own look at /proc (the agent's exit is that much faster).
   void Release();
 
+  /// From now on the guardian SIGKILLs the workers when it hears nothing from the agent (no
+  /// Ping, no record) for `lease`: the agent is alive but does not run, so it cannot stop them
+  /// itself. The agent sets the loss bound + stop_grace (JobSpec::Timeouts::GuardianLease).
+  void SetLease(std::chrono::milliseconds lease);
+  /// Says the agent's event loop runs; call it well within the lease (every heartbeat).
+  void Ping();
+
   /// From now on, notices the guardian's death on `io`, starts a new one (telling it the
   /// workers it must know) and reports it with `report`, a sentence for the console.
   void Supervise(boost::asio::io_context& io, std::function<void(const std::string&)> report);
@@ -71,6 +78,7 @@ class Guardian {
   pid_t pid_ = -1;
   std::set<pid_t> watched_;  // resent to a replacement guardian
   bool released_ = false;
+  int64_t lease_ = 0;  // ms, resent to a replacement guardian
   std::unique_ptr<Supervision> supervision_;
 };
 

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -109,6 +110,33 @@ TEST_F(LivenessTest, LostNodesWorkersNeverOverlapTheNextRoundsHolderOfTheirRank)
                                         "holds its rank"))
       << Describe();
   // The paused agent found its rank taken when it came back and said so; it ends by itself.
+  EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
+}
+
+// The guardian's lease: an agent that is stopped (here SIGSTOP of the agent alone) cannot stop
+// its workers, and the coordinator will give their ranks to another agent once their lease ends.
+// The guardian, a process of its own, SIGKILLs them when it has heard nothing from the agent for
+// the loss bound + stop_grace (0.75 s + 2 s here), while the agent is still stopped.
+TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAStoppedAgentWhenItsLeaseRunsOut) {
+  const uint16_t port = FreePort();
+  dir_.Write("job.toml", Job(port, "echo $$ > w-$RANK.pid; sleep 30", /*max_restarts=*/0));
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("w-2.pid") && dir_.Exists("w-3.pid"); }, 10s))
+      << Describe();
+  std::vector<pid_t> workers;
+  for (const char* name : {"w-2.pid", "w-3.pid"}) {
+    ASSERT_TRUE(WaitFor([&] { return !dir_.Read(name).empty() && dir_.Read(name).back() == '\n'; }, 5s));
+    workers.push_back(std::stoi(dir_.Read(name)));
+  }
+  node1.Signal(SIGSTOP);
+  for (pid_t pid : workers) {
+    EXPECT_TRUE(WaitFor([&] { return !ProcessAlive(pid); }, 10s))
+        << "worker " << pid << " of the stopped agent still runs" << Describe();
+  }
+  EXPECT_TRUE(ProcessAlive(node1.pid())) << "the agent itself is only stopped";
+  node1.Signal(SIGCONT);
+  EXPECT_EQ(node0.Wait(30s), 1) << Describe();
   EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
 }
 
