@@ -33,6 +33,13 @@ std::pair<uint64_t, int> Network::Lookup(core::ConnId id) const {
 }
 
 std::string Network::Listen(uint32_t index, const std::string& addr, uint16_t port) {
+  // master_addr belongs to node 0's machine: an agent on any other machine (a second agent
+  // claiming node rank 0) cannot bind it, as bind(2) answers EADDRNOTAVAIL there.
+  if (index != 0 && addr == spec_.cluster.master_addr) {
+    return fmt::format("cannot listen on {}:{}: Cannot assign requested address (this host does "
+                       "not have that address)",
+                       addr, port);
+  }
   auto [it, inserted] = listeners_.emplace(std::make_pair(addr, port), index);
   if (!inserted && it->second != index) {
     return fmt::format("cannot listen on {}:{}: address already in use (by {}'s agent)", addr, port,
