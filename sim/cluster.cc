@@ -141,8 +141,7 @@ void Cluster::StartNode(uint32_t index) {
   }
   SetPhase(index);
   if (!error.empty()) {
-    PrintSim(index, fmt::format("cannot listen on {}:{}: {}", spec_.cluster.master_addr,
-                                spec_.cluster.master_port, error));
+    PrintSim(index, error);  // the transport's words name the address, as the real one's do
     OnNodeExit(index, 3);
   }
 }

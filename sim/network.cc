@@ -36,9 +36,8 @@ std::string Network::Listen(uint32_t index, const std::string& addr, uint16_t po
   // master_addr belongs to node 0's machine: an agent on any other machine (a second agent
   // claiming node rank 0) cannot bind it, as bind(2) answers EADDRNOTAVAIL there.
   if (index != 0 && addr == spec_.cluster.master_addr) {
-    return fmt::format("cannot listen on {}:{}: Cannot assign requested address (this host does "
-                       "not have that address)",
-                       addr, port);
+    return fmt::format("cannot listen on {}:{}: {} is not an address of this machine", addr, port,
+                       addr);
   }
   auto [it, inserted] = listeners_.emplace(std::make_pair(addr, port), index);
   if (!inserted && it->second != index) {
