@@ -7,6 +7,36 @@
 #include <fmt/format.h>
 
 namespace ddprun {
+size_t DecodeUtf8(std::string_view text, size_t i, uint32_t& cp) {
+  const auto b = static_cast<unsigned char>(text[i]);
+  size_t extra = 0;
+  if (b < 0x80) {
+    cp = b;
+    return 1;
+  } else if ((b & 0xE0) == 0xC0) {
+    extra = 1;
+    cp = b & 0x1Fu;
+  } else if ((b & 0xF0) == 0xE0) {
+    extra = 2;
+    cp = b & 0x0Fu;
+  } else if ((b & 0xF8) == 0xF0) {
+    extra = 3;
+    cp = b & 0x07u;
+  } else {
+    return 0;  // a continuation or invalid lead byte
+  }
+  if (i + extra >= text.size()) return 0;
+  for (size_t k = 1; k <= extra; ++k) {
+    const auto c = static_cast<unsigned char>(text[i + k]);
+    if ((c & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (c & 0x3Fu);
+  }
+  // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+  static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return extra + 1;
+}
+
 namespace {
 
 constexpr std::string_view kBold = "\x1b[1m";
@@ -56,32 +86,11 @@ std::vector<Cell> Cells(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     const auto b = static_cast<unsigned char>(text[i]);
-    size_t extra = 0;
     uint32_t cp = b;
+    size_t length = 1;
     if (b >= 0x80) {
-      if ((b & 0xE0) == 0xC0) {
-        extra = 1;
-        cp = b & 0x1Fu;
-      } else if ((b & 0xF0) == 0xE0) {
-        extra = 2;
-        cp = b & 0x0Fu;
-      } else if ((b & 0xF8) == 0xF0) {
-        extra = 3;
-        cp = b & 0x07u;
-      } else {
-        extra = 99;  // a continuation or invalid lead byte
-      }
-      bool valid = extra != 99 && i + extra < text.size();
-      for (size_t k = 1; valid && k <= extra; ++k) {
-        const auto c = static_cast<unsigned char>(text[i + k]);
-        if ((c & 0xC0) != 0x80) valid = false;
-        cp = (cp << 6) | (c & 0x3Fu);
-      }
-      static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
-      if (valid && (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) {
-        valid = false;
-      }
-      if (!valid) {
+      length = DecodeUtf8(text, i, cp);
+      if (length == 0) {
         std::string escape = fmt::format("<{:02X}>", b);
         const size_t width = escape.size();
         cells.push_back({std::move(escape), width, false});
@@ -96,9 +105,9 @@ std::vector<Cell> Cells(std::string_view text) {
       const size_t width = escape.size();
       cells.push_back({std::move(escape), width, false});
     } else {
-      cells.push_back({std::string(text.substr(i, extra + 1)), 1, false});
+      cells.push_back({std::string(text.substr(i, length)), 1, false});
     }
-    i += extra + 1;
+    i += length;
   }
   return cells;
 }

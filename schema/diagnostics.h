@@ -12,6 +12,11 @@
 
 namespace ddprun {
 
+/// Decodes the UTF-8 code point that starts at text[i] into `cp`; returns its length in bytes,
+/// or 0 when text[i] starts no valid UTF-8 (a stray continuation, a truncated sequence, an
+/// overlong form, a surrogate, a value past U+10FFFF).
+size_t DecodeUtf8(std::string_view text, size_t i, uint32_t& cp);
+
 enum class Severity { kError, kWarning };
 
 struct Diagnostic {

@@ -270,36 +270,11 @@ SourceLoc LocAtOffset(std::string_view text, size_t offset) {
 
 // Offset of the first byte that is not part of valid UTF-8, or npos.
 size_t FirstInvalidUtf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    size_t extra = 0;
-    uint32_t cp = 0;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    } else if ((b & 0xE0) == 0xC0) {
-      extra = 1;
-      cp = b & 0x1Fu;
-    } else if ((b & 0xF0) == 0xE0) {
-      extra = 2;
-      cp = b & 0x0Fu;
-    } else if ((b & 0xF8) == 0xF0) {
-      extra = 3;
-      cp = b & 0x07u;
-    } else {
-      return i;
-    }
-    if (i + extra >= text.size()) return i;
-    for (size_t k = 1; k <= extra; ++k) {
-      const auto c = static_cast<unsigned char>(text[i + k]);
-      if ((c & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (c & 0x3Fu);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    static constexpr std::array<uint32_t, 4> kMin = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += extra + 1;
+  uint32_t cp = 0;
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = DecodeUtf8(text, i, cp);
+    if (length == 0) return i;
+    i += length;
   }
   return std::string_view::npos;
 }

@@ -14,23 +14,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// POSIX shell quoting: bare when only safe characters, else single quotes.
-std::string ShellQuote(std::string_view word) {
-  const bool safe = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           std::string_view("@%+=:,./_-").find(c) != std::string_view::npos;
-  });
-  if (safe) return std::string(word);
-  std::string out = "'";
-  for (char c : word) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
 
 bool IsGpuJob(const JobSpec& spec) {
   return spec.trainer.accelerator == "gpu" || spec.trainer.accelerator == "cuda";
@@ -145,6 +128,23 @@ std::string ValueOf(const EnvList& env, const std::string& name) {
 }
 
 }  // namespace
+
+std::string ShellQuote(std::string_view word) {
+  const bool safe = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("@%+=:,./_-").find(c) != std::string_view::npos;
+  });
+  if (safe) return std::string(word);
+  std::string out = "'";
+  for (char c : word) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
 
 Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
   Plan plan;

@@ -12,6 +12,10 @@
 
 namespace ddprun {
 
+/// POSIX shell quoting: bare when only safe characters, else single quotes. For the torchrun
+/// lines of the plan and for commands ddprun itself runs through a shell.
+std::string ShellQuote(std::string_view word);
+
 /// Rank 0's MASTER_PORT in the plan under the store relay: a free port node 0's agent picks
 /// each round, unknown before the round starts.
 inline constexpr std::string_view kRankZeroRelayPort = "<private port, picked each round>";

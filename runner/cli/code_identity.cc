@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "schema/canonical.h"
+#include "schema/plan.h"
 
 namespace ddprun::cli {
 namespace {
@@ -19,18 +20,6 @@ constexpr std::uintmax_t kMaxScriptBytes = 512ull << 20;
 // What is read of a git command's output: a commit id, or enough of `status` to see it is not
 // empty.
 constexpr size_t kMaxGitOutput = 4096;
-
-std::string ShellQuote(const std::string& word) {
-  std::string out = "'";
-  for (char c : word) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
 
 // The output of `git -C workdir args` (stderr dropped), or nullopt when git fails or is absent.
 std::optional<std::string> Git(const std::string& workdir, const std::string& args) {
