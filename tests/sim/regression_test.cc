@@ -37,5 +37,69 @@ TEST(RegressionTest, EveryNodeWithTheSameChangedFileRunsThatJob) {
   EXPECT_THAT(run.output, HasSubstr("sim: training: round 0: all 2 ranks up; training from"));
 }
 
+// Issue 10, kind 1 (liveness): node 0's agent paused twice; after the budget was spent the
+// finished coordinator ignored the agents that had lost it, and they looped "connected ... lost
+// the coordinator" forever. Now every node hears the verdict and exits 1, and the root cause is
+// node 0's own stall.
+TEST(RegressionTest, APausedCoordinatorStillEndsTheJobOnEveryNode) {
+  const SimRun run = Simulate(Example("laptop.toml"),
+                              {"agent-hang@14m27s504ms:node=0,duration=1m28s",
+                               "agent-hang@21m40s686ms:node=0,duration=1m14s",
+                               "partition@8m21s838ms:node=1,duration=2m2s"},
+                              1199);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 1) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("coordinator: node 0 (node-0000) rejoined after the end of the job; "
+                                    "telling it the outcome"));
+  EXPECT_THAT(run.output, HasSubstr("root cause (first failure anywhere in the job): node 0 (node-0000) "
+                                    "stalled for 1m14s"));
+}
+
+// Issue 10, kind 2 (two holders of one rank): node 1 was lost while its hung worker ignored
+// SIGTERM, and a second agent for rank 1 took the next round at once. The round now waits for
+// the lost node's lease.
+TEST(RegressionTest, ASecondAgentForALostRankWaitsForTheOldWorkersLease) {
+  const SimRun run = Simulate(Example("laptop.toml"),
+                              {"partition@16m51s126ms:node=0,duration=1m47s",
+                               "worker-hang@10m3s244ms:node=1,local_rank=0",
+                               "worker-exit@9m36s59ms:node=0,local_rank=1,exit_code=22",
+                               "duplicate-node-rank@12m3s304ms:node=1"},
+                              18120);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("was lost while its workers ran and a different agent now holds "
+                                    "its rank"));
+}
+
+// Found by the 100,000-seed swarm: node 3's agent hung while its worker ignored SIGTERM; it
+// noticed the loss only when it resumed and gave the worker a full stop_grace from then, past
+// the fence after which the coordinator gave rank 3's workers to a second agent.
+TEST(RegressionTest, AnAgentThatResumesLateStillStopsItsWorkersWithinTheLease) {
+  const SimRun run = Simulate(Example("lightning-4x8.toml"),
+                              {"agent-hang@12m3s563ms:node=3,duration=43s",
+                               "duplicate-node-rank@6m4s956ms:node=3",
+                               "worker-hang@3m23s128ms:node=1,local_rank=1",
+                               "worker-hang@2m22s274ms:node=3,local_rank=5"},
+                              64641);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  // Last heard at 12m00s: SIGKILL at 12m00s + loss bound 15s + stop_grace 1m, before the fence
+  // lets round 1 start (13m45s), not a full stop_grace after it resumed (13m46.5s).
+  EXPECT_THAT(run.output, HasSubstr("[  13m15.000s] node 3: 1 worker still running"));
+}
+
+// Found by the 100,000-seed swarm: a hung agent's workers must not outlive its lease while it
+// stays hung; the guardian SIGKILLs them.
+TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentHungPastItsLease) {
+  const SimRun run = Simulate(Example("lightning-2x8.toml"),
+                              {"duplicate-node-rank@6m49s127ms:node=1",
+                               "agent-hang@6m44s847ms:node=1,duration=2m8s",
+                               "worker-hang@3m11s381ms:node=1,local_rank=0",
+                               "worker-hang@7m17s894ms:node=0,local_rank=2"},
+                              91688);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("[   7m20.847s] node 1: the agent has not run for 36s: its "
+                                    "guardian SIGKILLs its 1 worker"));
+}
+
 }  // namespace
 }  // namespace ddprun::testing
