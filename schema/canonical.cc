@@ -91,12 +91,15 @@ std::string CanonicalForm(const JobSpec& spec) {
   for (const auto& [name, value] : spec.job.env) fields["job.env." + name] = Quote(value);
   // Only when on, so that files without it keep their fingerprint. The code fields then make
   // nodes with another script or commit disagree, and the join refusal names them.
-  if (spec.job.code_check == JobSpec::CodeCheck::kRefuse) {
-    fields["job.code_check"] = Quote("refuse");
-    fields["code.script"] = Quote(spec.job.code.script);
-    fields["code.script_sha256"] = Quote(spec.job.code.script_sha256);
-    fields["code.git_commit"] = Quote(spec.job.code.git_commit);
-    fields["code.git_dirty"] = spec.job.code.git_dirty ? "true" : "false";
+  // With "warn" they are advisory: compared and named at join, left out of the fingerprint.
+  if (spec.job.code_check != JobSpec::CodeCheck::kOff) {
+    const bool refuse = spec.job.code_check == JobSpec::CodeCheck::kRefuse;
+    const std::string prefix = refuse ? "code." : std::string(kAdvisoryPrefix) + "code.";
+    fields["job.code_check"] = Quote(refuse ? "refuse" : "warn");
+    fields[prefix + "script"] = Quote(spec.job.code.script);
+    fields[prefix + "script_sha256"] = Quote(spec.job.code.script_sha256);
+    fields[prefix + "git_commit"] = Quote(spec.job.code.git_commit);
+    fields[prefix + "git_dirty"] = spec.job.code.git_dirty ? "true" : "false";
   }
   // Both spellings of the cluster size (a host list or a count) mean something different for
   // rank assignment, so the list is kept when given; nnodes is always there.
@@ -127,7 +130,20 @@ std::string CanonicalForm(const JobSpec& spec) {
   return out;
 }
 
-std::string FingerprintOfCanonical(const std::string& canonical) { return Sha256Hex(canonical); }
+std::string FingerprintOfCanonical(const std::string& canonical) {
+  // Advisory lines are compared at join but do not make the jobs different.
+  std::string kept;
+  kept.reserve(canonical.size());
+  size_t begin = 0;
+  while (begin < canonical.size()) {
+    size_t end = canonical.find('\n', begin);
+    end = end == std::string::npos ? canonical.size() : end + 1;
+    const std::string_view line(canonical.data() + begin, end - begin);
+    if (line.substr(0, kAdvisoryPrefix.size()) != kAdvisoryPrefix) kept += line;
+    begin = end;
+  }
+  return Sha256Hex(kept);
+}
 
 std::string Sha256Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];

@@ -24,7 +24,11 @@ std::string CanonicalQuote(std::string_view text);
 /// Lower-case hex SHA-256 of `data` (64 characters; "" only if OpenSSL cannot allocate).
 std::string Sha256Hex(std::string_view data);
 
-/// Lower-case hex SHA-256 of CanonicalForm (64 characters).
+/// Canonical lines whose key starts with this are advisory (job.code_check = "warn"): compared
+/// and named at join, but not part of the fingerprint.
+inline constexpr std::string_view kAdvisoryPrefix = "advisory.";
+
+/// Lower-case hex SHA-256 of CanonicalForm without its advisory lines (64 characters).
 std::string Fingerprint(const JobSpec& spec);
 std::string FingerprintOfCanonical(const std::string& canonical);
 

@@ -75,7 +75,7 @@ struct JobSpec {
   int version = 1;
 
   /// What job.code_check compares between nodes at join (see CodeIdentity in runner/cli).
-  enum class CodeCheck { kOff, kRefuse };
+  enum class CodeCheck { kOff, kWarn, kRefuse };
 
   /// The code a node would run, as the CLI found it before the agent started; part of the
   /// canonical form (so of the fingerprint) when job.code_check = "refuse".

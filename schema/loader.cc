@@ -570,14 +570,16 @@ class Loader {
       if (auto mode = String(*node, "job.code_check")) {
         if (*mode == "off") {
           spec_.job.code_check = JobSpec::CodeCheck::kOff;
+        } else if (*mode == "warn") {
+          spec_.job.code_check = JobSpec::CodeCheck::kWarn;
         } else if (*mode == "refuse") {
           spec_.job.code_check = JobSpec::CodeCheck::kRefuse;
         } else {
           diags_.Error(LocOf(*node), "job.code_check",
-                       fmt::format("job.code_check = {} is not \"off\" or \"refuse\"",
+                       fmt::format("job.code_check = {} is not \"off\", \"warn\" or \"refuse\"",
                                    Show(*node)),
                        "\"refuse\" refuses a node whose script or git commit differs from node "
-                       "0's");
+                       "0's; \"warn\" lets it join and says what differs");
         }
       }
     }

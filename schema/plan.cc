@@ -214,9 +214,10 @@ std::string PlanHeader(const JobSpec& spec) {
                        "code that derives ports from MASTER_PORT needs cluster.store_port\n",
                        c.master_port, c.master_port);
   }
-  if (spec.job.code_check == JobSpec::CodeCheck::kRefuse) {
+  if (spec.job.code_check != JobSpec::CodeCheck::kOff) {
     const auto& code = spec.job.code;
-    out += fmt::format("code (nodes that differ are refused): script {} sha256 {}, git {}{}\n",
+    out += fmt::format("code (nodes that differ are {}): script {} sha256 {}, git {}{}\n",
+                       spec.job.code_check == JobSpec::CodeCheck::kRefuse ? "refused" : "warned about",
                        code.script.empty() ? "(none found)" : code.script,
                        code.script_sha256.empty() ? "-" : code.script_sha256.substr(0, 12),
                        code.git_commit.empty() ? "-" : code.git_commit.substr(0, 12),
@@ -470,10 +471,11 @@ std::string JobFileJsonSchema() {
   job_props["workdir"] = Describe({{"type", "string"}, {"default", "."}},
                                   "Working directory of the workers, relative to the job file.");
   job_props["code_check"] = Describe(
-      {{"type", "string"}, {"enum", {"off", "refuse"}}, {"default", "off"}},
+      {{"type", "string"}, {"enum", {"off", "warn", "refuse"}}, {"default", "off"}},
       "\"refuse\": each node sends the SHA-256 of the script job.command runs and the git "
       "commit (and dirty state) of the workdir; a node whose code differs from node 0's is "
-      "refused at join, naming what differs.");
+      "refused at join, naming what differs. \"warn\": the same comparison, but the node "
+      "joins and node 0 logs what differs.");
   job_props["env"] = Describe(
       {{"type", "object"},
        {"propertyNames", {{"pattern", "^[A-Za-z_][A-Za-z0-9_]*$"}}},

@@ -439,6 +439,20 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     // The same agent rejoins: agents rejoin only once their workers are gone.
     slot.fenced_until.reset();
   }
+  if (join.canonical != canonical_) {
+    // Same fingerprint, other advisory lines (job.code_check = "warn"): say what differs.
+    std::string lines;
+    for (const auto& d : DiffCanonical(canonical_, join.canonical)) {
+      const std::string key = d.key.substr(d.key.rfind(kAdvisoryPrefix, 0) == 0 ? kAdvisoryPrefix.size() : 0);
+      lines += fmt::format("\n  {}: node {} has {}, node 0 has {}", key, join.node_rank, d.theirs, d.ours);
+    }
+    if (!lines.empty()) {
+      out.push_back(LogLine{LogLevel::kWarn,
+                            fmt::format("node {} (host {}) runs different code than node 0 "
+                                        "(job.code_check = \"warn\" lets it join):{}",
+                                        join.node_rank, join.host, lines)});
+    }
+  }
   slot.host = join.host;
   slot.done = slot.stopped = false;
   slot.ever_joined = true;

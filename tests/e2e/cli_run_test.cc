@@ -192,6 +192,31 @@ TEST(CliRun, CodeCheckRefusesANodeWithAnotherScript) {
   EXPECT_THAT(node0.Output(), HasSubstr("ddprun: code: train.sh sha256 ")) << node0.Output();
 }
 
+// job.code_check = "warn": the node with another script joins and the job runs; node 0 names
+// what differs.
+TEST(CliRun, CodeCheckWarnLetsANodeWithAnotherScriptJoinAndSaysSo) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  std::string text = SingleNodeJob("[\"sh\", \"train.sh\"]", "", port);
+  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
+  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
+  text.replace(text.find("[cluster]"), 9, "code_check = \"warn\"\n[cluster]");
+  const std::string job0 = dir.Write("n0/job.toml", text);
+  const std::string job1 = dir.Write("n1/job.toml", text);
+  dir.Write("n0/train.sh", "echo v1\n");
+  dir.Write("n1/train.sh", "echo v2\n");
+  AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/a0.txt");
+  AgentProcess node1({job1, "--node-rank", "1"}, dir.path() + "/a1.txt");
+  const auto code0 = node0.Wait(30s);
+  const auto code1 = node1.Wait(30s);
+  ASSERT_TRUE(code0.has_value() && code1.has_value()) << node0.Output() << node1.Output();
+  EXPECT_EQ(*code0, 0) << node0.Output();
+  EXPECT_EQ(*code1, 0) << node1.Output();
+  EXPECT_THAT(node0.Output(), HasSubstr("runs different code than node 0 (job.code_check = \"warn\" "
+                                        "lets it join):\n  code.script_sha256: node 1 has \""))
+      << node0.Output();
+}
+
 // The output of `command` run on a pseudo-terminal (util-linux `script`), or nullopt without it.
 std::optional<std::string> OnTerminal(const std::string& command) {
   if (::access("/usr/bin/script", X_OK) != 0) return std::nullopt;

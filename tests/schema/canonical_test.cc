@@ -166,5 +166,23 @@ TEST(Canonical, CodeFieldsOnlyWithCodeCheck) {
                                           {"code.script_sha256", "\"aa\"", "\"bb\""}}));
 }
 
+// job.code_check = "warn": the code fields are advisory, compared (DiffCanonical names them)
+// but not part of the fingerprint, so nodes whose code differs still join.
+TEST(Canonical, WarnKeepsTheCodeOutOfTheFingerprint) {
+  JobSpec a = Load(kJob);
+  a.job.code_check = JobSpec::CodeCheck::kWarn;
+  a.job.code.script_sha256 = "aa";
+  JobSpec b = a;
+  b.job.code.script_sha256 = "bb";
+  EXPECT_NE(CanonicalForm(a), CanonicalForm(b));
+  EXPECT_EQ(Fingerprint(a), Fingerprint(b));
+  EXPECT_EQ(DiffCanonical(CanonicalForm(a), CanonicalForm(b)),
+            (std::vector<FieldDifference>{{"advisory.code.script_sha256", "\"aa\"", "\"bb\""}}));
+  // The mode itself is part of the job: a node with "refuse" and one with "warn" disagree.
+  JobSpec refuse = a;
+  refuse.job.code_check = JobSpec::CodeCheck::kRefuse;
+  EXPECT_NE(Fingerprint(a), Fingerprint(refuse));
+}
+
 }  // namespace
 }  // namespace ddprun
