@@ -94,6 +94,9 @@ struct JobSpec {
     std::map<std::string, std::string> env;     // sorted by name
     CodeCheck code_check = CodeCheck::kOff;
     Code code;                                  // filled by the CLI when code_check is on
+    /// Set by `ddprun preflight` for the job it runs (not part of the file): a failure is the
+    /// preflight's verdict, not a training job's.
+    bool is_preflight = false;
   } job;
 
   struct Cluster {

@@ -37,6 +37,7 @@ JobSpec PreflightSpec(const JobSpec& spec) {
     preflight.job.command.push_back(node);
   }
   preflight.job.name = spec.job.name + "-preflight";
+  preflight.job.is_preflight = true;
   preflight.restart.max_restarts = 0;
   return preflight;
 }

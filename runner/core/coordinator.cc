@@ -703,6 +703,11 @@ std::string Coordinator::RendezvousFailure() const {
 
 std::string Coordinator::FailureSummary(const Failure& failure, int stopped_ranks,
                                         int stopped_nodes) const {
+  if (spec_.job.is_preflight) {
+    // The preflight's verdict is its rank's report (quoted below), not a training failure.
+    return fmt::format("preflight FAILED: {}\n{}logs: {}/{}/latest/attempt-{}/", failure.what,
+                       failure.detail, spec_.logs.dir, spec_.job.name, failure.round);
+  }
   std::string text = fmt::format("job \"{}\" FAILED in round {}", spec_.job.name, failure.round);
   if (spec_.restart.max_restarts > 0) {
     text += fmt::format(" after using all {} restart{}", spec_.restart.max_restarts,

@@ -97,6 +97,10 @@ TEST_F(PreflightTest, GpuJobWithoutGpusFailsNamingTheNodes) {
   // The root-cause summary quotes rank 0's stderr on both nodes; node 0's console shows the
   // list once from rank 0 (not also in the report on stdout).
   EXPECT_THAT(node1.Output(), HasSubstr("| preflight: 2 problems\n"));
+  // The verdict is the preflight's, not a training job's failure (issue 12).
+  EXPECT_THAT(node1.Output(), HasSubstr("preflight FAILED: rank 0 ("));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("-preflight\" FAILED")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("other running rank")));
   EXPECT_THAT(node1.Output(), HasSubstr("|   - no GPU on node 1"));
   EXPECT_THAT(out, HasSubstr("joining on 127.0.0.1:" + std::to_string(port_) + "...\n"));
 }
