@@ -240,7 +240,7 @@ stop_grace = "2s"
 wire::Message Forge(Input& in) {
   switch (in.Below(14)) {
     case 0: return wire::Join{static_cast<int32_t>(in.Below(3)), in.Text(), static_cast<int32_t>(in.Below(4)),
-                              DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), ""};
+                              DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text()};
     case 1: return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
     case 2: return wire::Reject{in.Text(), in.Below(2) == 1};
     case 3: return wire::Progress{static_cast<int32_t>(in.Below(3)), 2, {1}, in.Int(), in.Int()};
@@ -248,13 +248,13 @@ wire::Message Forge(Input& in) {
     case 5: return wire::WorkerFailed{static_cast<int32_t>(in.Below(4)), in.Int(), in.Int(), in.Int(), in.Int(),
                                       in.Text(), in.Text()};
     case 6: return wire::NodeDone{static_cast<int32_t>(in.Below(4))};
-    case 7: return wire::StopRound{static_cast<int32_t>(in.Below(4)), in.Text()};
+    case 7: return wire::StopRound{static_cast<int32_t>(in.Below(4)), in.Text(), in.Below(2) == 1};
     case 8: return wire::RoundStopped{static_cast<int32_t>(in.Below(4)), in.Int()};
     case 9: return wire::Interrupted{in.Int()};
     case 10: return wire::JobEnd{in.Int(), in.Text()};
     case 11: return wire::JobEndAck{};
     case 12: return wire::Heartbeat{};
-    default: return wire::Challenge{in.Text()};
+    default: return wire::Challenge{in.Text(), in.Text()};
   }
 }
 
