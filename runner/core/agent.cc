@@ -99,7 +99,12 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
 void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (phase_ == Phase::kExited) return;
   if (kill_at_ && now >= *kill_at_) {
-    KillWorkers(now, fmt::format("still running {} after SIGTERM", FormatDuration(spec_.timeouts.stop_grace)),
+    // stop_grace after SIGTERM, or sooner when the stop began late (the lease counts from the
+    // last word heard): say how long it really was.
+    const Duration waited = now - sigterm_at_;
+    KillWorkers(now,
+                fmt::format("still running {} after SIGTERM",
+                            waited == spec_.timeouts.stop_grace ? FormatDuration(waited) : HumanDuration(waited)),
                 out);
   }
   if (give_up_at_ && now >= *give_up_at_) {
@@ -549,6 +554,7 @@ void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
   if (running > 0) {
     out.push_back(SignalWorkers{round_, SIGTERM});
     kill_at_ = now + spec_.timeouts.stop_grace;
+    sigterm_at_ = now;
   }
 }
 

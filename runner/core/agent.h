@@ -91,6 +91,7 @@ class Agent {
   // number; only repeats on the same join can be stale.
   bool started_since_join_ = false;
   std::optional<TimePoint> kill_at_;
+  TimePoint sigterm_at_;  // when the current stop sent SIGTERM
   std::optional<TimePoint> give_up_at_;
   TimePoint rendezvous_deadline_;
   TimePoint retry_at_;

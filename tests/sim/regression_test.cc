@@ -84,7 +84,8 @@ TEST(RegressionTest, AnAgentThatResumesLateStillStopsItsWorkersWithinTheLease) {
   EXPECT_FALSE(run.result.violation) << run.output;
   // Last heard at 12m00s: SIGKILL at 12m00s + loss bound 15s + stop_grace 1m, before the fence
   // lets round 1 start (13m45s), not a full stop_grace after it resumed (13m46.5s).
-  EXPECT_THAT(run.output, HasSubstr("[  13m15.000s] node 3: 1 worker still running"));
+  EXPECT_THAT(run.output, HasSubstr("[  13m15.000s] node 3: 1 worker still running 28s after "
+                                    "SIGTERM; sending SIGKILL"));
 }
 
 // Found by the 100,000-seed swarm: a hung agent's workers must not outlive its lease while it
