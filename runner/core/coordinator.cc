@@ -51,6 +51,19 @@ std::string WithoutTraceback(const std::string& stderr_tail, const std::string& 
   return rest;
 }
 
+// One "\n  key: node N has X, node 0 has Y" line per field that differs, the same for a refused
+// join and a code_check warning; advisory keys are named as the user knows them ("code.…").
+std::string DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank) {
+  std::string lines;
+  for (const auto& d : DiffCanonical(ours, theirs)) {
+    const bool advisory = d.key.rfind(kAdvisoryPrefix, 0) == 0;
+    lines += fmt::format("\n  {}: node {} has {}, node 0 has {}",
+                         advisory ? d.key.substr(kAdvisoryPrefix.size()) : d.key, node_rank,
+                         d.theirs, d.ours);
+  }
+  return lines;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint start)
@@ -379,13 +392,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     return;
   }
   if (join.fingerprint != fingerprint_) {
-    const auto diffs = DiffCanonical(canonical_, join.canonical);
-    std::string lines;
-    for (const auto& d : diffs) {
-      lines += fmt::format("\n  {}: node {} has {}, node 0 has {}", d.key, join.node_rank, d.theirs,
-                           d.ours);
-    }
-    if (diffs.empty()) lines = "\n  (the canonical forms agree; the fingerprints do not)";
+    std::string lines = DifferenceLines(canonical_, join.canonical, join.node_rank);
+    if (lines.empty()) lines = "\n  (the canonical forms agree; the fingerprints do not)";
     refuse(fmt::format("node {} (host {}) runs a different job file than node 0:{}\n"
                        "hint: use the same job file on every node (ddprun check prints its "
                        "fingerprint)",
@@ -441,11 +449,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   }
   if (join.canonical != canonical_) {
     // Same fingerprint, other advisory lines (job.code_check = "warn"): say what differs.
-    std::string lines;
-    for (const auto& d : DiffCanonical(canonical_, join.canonical)) {
-      const std::string key = d.key.substr(d.key.rfind(kAdvisoryPrefix, 0) == 0 ? kAdvisoryPrefix.size() : 0);
-      lines += fmt::format("\n  {}: node {} has {}, node 0 has {}", key, join.node_rank, d.theirs, d.ours);
-    }
+    const std::string lines = DifferenceLines(canonical_, join.canonical, join.node_rank);
     if (!lines.empty()) {
       out.push_back(LogLine{LogLevel::kWarn,
                             fmt::format("node {} (host {}) runs different code than node 0 "
