@@ -159,20 +159,24 @@ TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
   // Node 0 would wait for a node 1 until the rendezvous timeout; the destructor stops it.
 }
 
+// A two-node job with job.code_check = `mode`. Each node has its own folder (as on two
+// machines): the same job file, its own train.sh, which differ ("echo v1" and "echo v2").
+std::pair<std::string, std::string> TwoNodesWithTheirOwnScript(const ScratchDir& dir,
+                                                               const std::string& mode) {
+  std::string text = SingleNodeJob("[\"sh\", \"train.sh\"]", "", FreePort());
+  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
+  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
+  text.replace(text.find("[cluster]"), 9, "code_check = \"" + mode + "\"\n[cluster]");
+  dir.Write("n0/train.sh", "echo v1\n");
+  dir.Write("n1/train.sh", "echo v2\n");
+  return {dir.Write("n0/job.toml", text), dir.Write("n1/job.toml", text)};
+}
+
 // job.code_check = "refuse": a node whose script differs is refused, naming the digest; the
 // same script on both nodes runs.
 TEST(CliRun, CodeCheckRefusesANodeWithAnotherScript) {
   ScratchDir dir;
-  const uint16_t port = FreePort();
-  std::string text = SingleNodeJob("[\"sh\", \"train.sh\"]", "", port);
-  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
-  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
-  text.replace(text.find("[cluster]"), 9, "code_check = \"refuse\"\n[cluster]");
-  // Each node has its own folder (as on two machines): the same job file, its own train.sh.
-  const std::string job0 = dir.Write("n0/job.toml", text);
-  const std::string job1 = dir.Write("n1/job.toml", text);
-  dir.Write("n0/train.sh", "echo v1\n");
-  dir.Write("n1/train.sh", "echo v2\n");
+  const auto [job0, job1] = TwoNodesWithTheirOwnScript(dir, "refuse");
   {
     AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/a0.txt");
     AgentProcess node1({job1, "--node-rank", "1"}, dir.path() + "/a1.txt");
@@ -196,15 +200,7 @@ TEST(CliRun, CodeCheckRefusesANodeWithAnotherScript) {
 // what differs.
 TEST(CliRun, CodeCheckWarnLetsANodeWithAnotherScriptJoinAndSaysSo) {
   ScratchDir dir;
-  const uint16_t port = FreePort();
-  std::string text = SingleNodeJob("[\"sh\", \"train.sh\"]", "", port);
-  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
-  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
-  text.replace(text.find("[cluster]"), 9, "code_check = \"warn\"\n[cluster]");
-  const std::string job0 = dir.Write("n0/job.toml", text);
-  const std::string job1 = dir.Write("n1/job.toml", text);
-  dir.Write("n0/train.sh", "echo v1\n");
-  dir.Write("n1/train.sh", "echo v2\n");
+  const auto [job0, job1] = TwoNodesWithTheirOwnScript(dir, "warn");
   AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/a0.txt");
   AgentProcess node1({job1, "--node-rank", "1"}, dir.path() + "/a1.txt");
   const auto code0 = node0.Wait(30s);
