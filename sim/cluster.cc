@@ -128,7 +128,7 @@ void Cluster::StartNode(uint32_t index) {
   config.ddprun_version = DDPRUN_VERSION;
   config.logs_dir = n.spec->logs.dir;
   config.inherited_env = {{"HOME", "/home/ddp"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}};
-  host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console};
+  host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console, &n.journal};
   if (reboot) PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });
@@ -553,6 +553,17 @@ void SimConsole::Log(core::LogLevel level, std::string_view source, std::string_
   cluster_->ConsoleLog(node_, level, source, text);
 }
 void SimConsole::Summary(std::string_view text) { cluster_->ConsoleSummary(node_, text); }
+std::optional<Duration> SimJournal::SinceRoundsMayRun() {
+  if (!may_run_since_ns_) return std::nullopt;
+  return Duration(cluster_->now_ns() - *may_run_since_ns_);
+}
+void SimJournal::Record(bool rounds_may_run) {
+  if (rounds_may_run) {
+    may_run_since_ns_ = cluster_->now_ns();
+  } else {
+    may_run_since_ns_.reset();
+  }
+}
 
 void Cluster::ArmTimer(uint32_t index, TimePoint when) {
   Node& n = *nodes_[index];

@@ -17,7 +17,8 @@ namespace ddprun::sim {
 
 struct Node {
   Node(Cluster* cluster, uint32_t at)
-      : timer(cluster, at), transport(cluster, at), launcher(cluster, at), console(cluster, at) {}
+      : timer(cluster, at), transport(cluster, at), launcher(cluster, at), console(cluster, at),
+        journal(cluster) {}
   uint32_t index = 0;
   int rank = 0;                // the node rank its agent claims
   bool extra = false;          // duplicate-node-rank impostor
@@ -30,6 +31,7 @@ struct Node {
   SimTransport transport;
   SimLauncher launcher;
   SimConsole console;
+  SimJournal journal;          // the node's disk: kept across crashes
   std::unique_ptr<host::NodeHost> host;
   host::TransportEvents* tevents = nullptr;
   host::ProcessEvents* pevents = nullptr;

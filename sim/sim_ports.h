@@ -77,4 +77,16 @@ class SimConsole final : public host::Console {
   uint32_t node_;
 };
 
+/// One node's disk, for node 0's journal: it survives the node's crash and reboot.
+class SimJournal final : public host::Journal {
+ public:
+  explicit SimJournal(const Cluster* cluster) : cluster_(cluster) {}
+  std::optional<Duration> SinceRoundsMayRun() override;
+  void Record(bool rounds_may_run) override;
+
+ private:
+  const Cluster* cluster_;
+  std::optional<int64_t> may_run_since_ns_;  // the last record said workers may run, then
+};
+
 }  // namespace ddprun::sim

@@ -82,6 +82,18 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
   last_input_ = start;
 }
 
+void Coordinator::AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out) {
+  DDPRUN_ASSERT(phase_ == Phase::kRendezvous && round_ == 0);
+  const TimePoint until = now - since + spec_.timeouts.LeaseBound();
+  if (until <= now) return;
+  journal_fence_ = until;
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("the previous coordinator of this job on this host did not end "
+                                    "it ({} ago it recorded that workers may run): the first "
+                                    "round waits until {} after that record",
+                                    HumanDuration(since), HumanDuration(spec_.timeouts.LeaseBound()))});
+}
+
 void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
   secret_ = std::move(secret);
   nonce_seed_ = nonce_seed;
@@ -142,6 +154,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     OnStalled(now, now - last_input_, out);
   }
   if (phase_ != Phase::kDone && now >= next_heartbeat_) {
+    if (rounds_may_run_) out.push_back(RecordJournal{true});
     Broadcast(wire::Heartbeat{}, out);
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
   }
@@ -201,11 +214,9 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     case Phase::kEnding:
       if (now >= phase_deadline_) {
         out.push_back(LogLine{LogLevel::kWarn, "exit barrier expired before every node confirmed"});
-        phase_ = Phase::kDone;
-        if (!done_emitted_) {
-          done_emitted_ = true;
-          out.push_back(CoordinatorDone{*exit_code_});
-        }
+        // The journal keeps its last record: a node that never confirmed may still run its
+        // workers until its lease ends, and the next coordinator here waits for that.
+        Finish(out);
       }
       break;
     case Phase::kStarting:
@@ -569,18 +580,31 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
     fenced.push_back(static_cast<int>(i));
     if (!gate || *until > *gate) gate = until;
   }
+  if (journal_fence_ && *journal_fence_ <= now) journal_fence_.reset();
+  if (journal_fence_ && (!gate || *journal_fence_ > *gate)) gate = journal_fence_;
   if (gate) {
     if (round_gate_ != gate) {
-      std::vector<std::string> names;
-      for (int n : fenced) names.push_back(NodeName(n));
-      out.push_back(LogLine{
-          LogLevel::kWarn,
-          fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {} was lost "
-                      "while its workers ran and a different agent now holds its rank, so the "
-                      "old workers may still run until their agent's lease ends (loss bound + "
-                      "stop_grace + SIGKILL)",
-                      round_, slots_.size(), HumanDuration(*gate - now),
-                      fmt::join(names, ", "))});
+      if (gate == journal_fence_) {
+        out.push_back(LogLine{
+            LogLevel::kWarn,
+            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: the "
+                        "previous coordinator of this job on this host ended without ending the "
+                        "job (its host crashed or its process was killed), so workers of its "
+                        "rounds may still run until their agents' lease ends (loss bound + "
+                        "stop_grace + SIGKILL after its last record)",
+                        round_, slots_.size(), HumanDuration(*gate - now))});
+      } else {
+        std::vector<std::string> names;
+        for (int n : fenced) names.push_back(NodeName(n));
+        out.push_back(LogLine{
+            LogLevel::kWarn,
+            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {} was "
+                        "lost while its workers ran and a different agent now holds its rank, "
+                        "so the old workers may still run until their agent's lease ends (loss "
+                        "bound + stop_grace + SIGKILL)",
+                        round_, slots_.size(), HumanDuration(*gate - now),
+                        fmt::join(names, ", "))});
+      }
     }
     round_gate_ = gate;
     return;
@@ -596,6 +620,8 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
 
 void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out) {
   phase_ = Phase::kRunning;
+  rounds_may_run_ = true;
+  out.push_back(RecordJournal{true});
   failure_.reset();
   for (Slot& slot : slots_) slot.done = false;
   done_count_ = 0;
@@ -760,7 +786,14 @@ void Coordinator::MaybeDone(std::vector<CoordinatorEffect>& out) {
   // Every node, not only the connected ones: one that lost us (a pause, a partition) is
   // stopping its workers and will rejoin to hear the verdict, within the exit barrier.
   if (phase_ != Phase::kEnding || awaiting_end_ > 0) return;
+  // Every node confirmed its workers stopped: the next coordinator here need not wait.
+  if (rounds_may_run_) out.push_back(RecordJournal{false});
+  Finish(out);
+}
+
+void Coordinator::Finish(std::vector<CoordinatorEffect>& out) {
   phase_ = Phase::kDone;
+  rounds_may_run_ = false;
   if (!done_emitted_) {
     done_emitted_ = true;
     out.push_back(CoordinatorDone{*exit_code_});

@@ -29,6 +29,12 @@ class Coordinator {
   /// JoinProof. `nonce_seed` must be unpredictable (the driver's randomness).
   void RequireSecret(std::string secret, uint64_t nonce_seed);
 
+  /// Node 0's journal says that a previous coordinator of this job on this host last recorded,
+  /// `since` ago, that workers may run, and never recorded the end (its host crashed, or its
+  /// process was killed). Its agents stop those workers within the lease bound of that record,
+  /// so no round starts before then: this coordinator cannot know who held which rank.
+  void AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out);
+
   /// Feeds one input; appends the effects to `out`. Expired deadlines are handled first.
   void Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
 
@@ -95,6 +101,7 @@ class Coordinator {
   void EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out);
   void SettleEnd(Slot& slot);
   void MaybeDone(std::vector<CoordinatorEffect>& out);
+  void Finish(std::vector<CoordinatorEffect>& out);
   void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
   std::string NodeName(int node_rank) const;
@@ -126,6 +133,8 @@ class Coordinator {
   std::optional<int> exit_code_;
   std::string end_summary_;           // the JobEnd summary, for agents that rejoin after the end
   std::optional<TimePoint> round_gate_;  // every node joined; the round waits for a fence
+  std::optional<TimePoint> journal_fence_;  // AfterUncleanEnd: no round before this
+  bool rounds_may_run_ = false;       // a round has started and the job has not ended
   TimePoint last_input_;              // to tell our own stall from silent peers
   bool done_emitted_ = false;
   std::string secret_;

@@ -70,8 +70,15 @@ struct ReserveStorePort {
 struct CoordinatorDone {
   int exit_code = 0;
 };
+/// Write node 0's journal (host::Journal): workers of this job may run now, or none can any
+/// more (the job ended). Repeated every heartbeat while they may run, so the last record is at
+/// most one heartbeat older than the coordinator's last word to its agents.
+struct RecordJournal {
+  bool rounds_may_run = false;
+};
 
-using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone>;
+using CoordinatorEffect =
+    std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone, RecordJournal>;
 
 // ---- Agent ----------------------------------------------------------------------------
 

@@ -29,6 +29,12 @@ std::string NodeHost::Start() {
   if (coordinator_) {
     std::string error = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
     if (!error.empty()) return error;
+    if (ports_.journal) {
+      if (auto since = ports_.journal->SinceRoundsMayRun()) {
+        coordinator_->AfterUncleanEnd(ports_.clock->Now(), *since, coordinator_effects_);
+        RunCoordinator(core::Tick{});
+      }
+    }
   }
   agent_effects_.clear();
   agent_.Start(ports_.clock->Now(), agent_effects_);
@@ -157,6 +163,8 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       coordinator_->Handle(now, core::StorePortReady{reserve->round, port}, effects);
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "coordinator", log->text);
+    } else if (auto* record = std::get_if<core::RecordJournal>(&effect)) {
+      if (ports_.journal) ports_.journal->Record(record->rounds_may_run);
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);

@@ -22,6 +22,7 @@ struct Ports {
   Transport* transport = nullptr;
   ProcessLauncher* launcher = nullptr;
   Console* console = nullptr;
+  Journal* journal = nullptr;  // node 0's; null: the host keeps no journal (unit tests)
 };
 
 class NodeHost final : public TransportEvents, public ProcessEvents {

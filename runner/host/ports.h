@@ -6,6 +6,7 @@
 // arrive later, from the driver's event loop. That keeps the host free of reentrancy.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +77,20 @@ class ProcessLauncher {
   virtual void Spawn(int round, const core::WorkerLaunch& launch) = 0;
   /// Sends `signal` to the process group of each still-running worker of `round`.
   virtual void SignalAll(int round, int signal) = 0;
+};
+
+/// Node 0's record on its own disk that outlives the coordinator's process and host: whether
+/// workers of this job may run, and when that was last recorded. A coordinator started again
+/// on the same host (a reboot, a killed agent) reads it to learn that a previous one may have
+/// left workers running (core::Coordinator::AfterUncleanEnd).
+class Journal {
+ public:
+  virtual ~Journal() = default;
+  /// How long ago the previous coordinator recorded that workers may run, if its last record
+  /// says so; nullopt when it recorded the end of its job, or there is no record. A record
+  /// that cannot be read counts as made just now.
+  virtual std::optional<Duration> SinceRoundsMayRun() = 0;
+  virtual void Record(bool rounds_may_run) = 0;
 };
 
 /// Where an agent's words go: the terminal (real) or the simulator's event log.

@@ -35,6 +35,7 @@
 #include "runner/io/asio_transport.h"
 #include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
+#include "runner/io/journal.h"
 #include "runner/io/process_launcher.h"
 #include "schema/canonical.h"
 #include "schema/worker_env.h"
@@ -504,8 +505,16 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   RealProcessLauncher launcher(io, launcher_options);
   console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
 
+  // Node 0's journal lets a coordinator started again here (a reboot, a killed agent) wait for
+  // the workers of the previous one to be gone before its first round (docs/running.md).
+  std::optional<FileJournal> journal;
+  if (options.node_rank == 0) {
+    journal.emplace(logs_root + "/" + spec.job.name, [&console](const std::string& text) {
+      console.Log(core::LogLevel::kWarn, "coordinator", text);
+    });
+  }
   int exit_code = 70;
-  host::Ports ports{&clock, &timer, &transport, &launcher, &console};
+  host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr};
   host::NodeHost node(spec, config, ports, [&](int code) {
     exit_code = code;
     io.stop();

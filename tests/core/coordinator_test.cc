@@ -32,10 +32,12 @@ constexpr Duration kNs = Duration(1);
 
 ConnId ConnOf(int node) { return 100 + static_cast<ConnId>(node); }
 
-/// Effects without the periodic heartbeats, which depend only on the clock.
+/// Effects without the periodic heartbeats and journal records, which depend only on the clock.
 Effects Meaningful(const Effects& effects) {
   Effects kept;
   for (const CoordinatorEffect& e : effects) {
+    const auto* record = std::get_if<RecordJournal>(&e);
+    if (record && record->rounds_may_run) continue;
     const auto* send = std::get_if<SendTo>(&e);
     if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
     kept.push_back(e);
@@ -679,6 +681,69 @@ TEST_F(CoordinatorTest, RankOfALostNodeIsFencedUntilItsLeaseEndsForADifferentAge
   const Effects start = Tick(49s);
   ASSERT_EQ(All<ReserveStorePort>(start).size(), 1u) << test::Describe(start);
   EXPECT_EQ(All<ReserveStorePort>(start)[0].round, 1);
+}
+
+// Node 0's journal: "workers may run" from the first round on, refreshed every heartbeat, and
+// "the job ended" only once every node confirmed.
+TEST_F(CoordinatorTest, TheJournalSaysWorkersMayRunEveryHeartbeatUntilEveryNodeConfirmedTheEnd) {
+  Join(0s, 0);
+  EXPECT_TRUE(All<RecordJournal>(Tick(2s)).empty());  // no round yet: nothing may run
+  Join(2s, 1);
+  const Effects start = Feed(2s, StorePortReady{0, 41000});
+  ASSERT_EQ(All<RecordJournal>(start).size(), 1u) << test::Describe(start);
+  EXPECT_TRUE(All<RecordJournal>(start)[0].rounds_may_run);
+  const Effects beat = Beat(4s);
+  ASSERT_EQ(All<RecordJournal>(beat).size(), 1u) << test::Describe(beat);
+  EXPECT_TRUE(All<RecordJournal>(beat)[0].rounds_may_run);
+  Send(5s, ConnOf(1), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::NodeDone{0});
+  Send(5s, ConnOf(1), wire::JobEndAck{});
+  const Effects done = Send(5s, ConnOf(0), wire::JobEndAck{});
+  ASSERT_EQ(All<RecordJournal>(done).size(), 1u) << test::Describe(done);
+  EXPECT_FALSE(All<RecordJournal>(done)[0].rounds_may_run);
+  ASSERT_EQ(All<CoordinatorDone>(done).size(), 1u);
+}
+
+TEST_F(CoordinatorTest, AnExpiredExitBarrierLeavesTheJournalSayingWorkersMayRun) {
+  StartFirstRound(0s);
+  Send(5s, ConnOf(1), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::NodeDone{0});
+  Send(5s, ConnOf(0), wire::JobEndAck{});  // node 1 never confirms
+  BeatUntil(5s, 45s);
+  const Effects e = Tick(46s);
+  ASSERT_EQ(All<CoordinatorDone>(e).size(), 1u) << test::Describe(e);
+  for (const RecordJournal& record : All<RecordJournal>(e)) EXPECT_TRUE(record.rounds_may_run);
+}
+
+// A coordinator started again on node 0's host after a crash: the journal's last record was
+// 10s ago, so the first round waits for the lease of that record (48s) to end, at 38s.
+TEST_F(CoordinatorTest, AfterAnUncleanEndTheFirstRoundWaitsUntilTheLeaseOfTheLastRecordEnds) {
+  Effects resumed;
+  coordinator_->AfterUncleanEnd(At(0s), 10s, resumed);
+  EXPECT_EQ(FindLog(resumed, "previous coordinator"),
+            "the previous coordinator of this job on this host did not end it (10s ago it "
+            "recorded that workers may run): the first round waits until 48s after that record");
+  Join(1s, 0);
+  const Effects joined = Join(1s, 1);
+  EXPECT_TRUE(All<ReserveStorePort>(joined).empty()) << test::Describe(joined);
+  EXPECT_EQ(FindLog(joined, "waiting"),
+            "round 0: all 2 nodes joined; waiting 37s before starting it: the previous "
+            "coordinator of this job on this host ended without ending the job (its host crashed "
+            "or its process was killed), so workers of its rounds may still run until their "
+            "agents' lease ends (loss bound + stop_grace + SIGKILL after its last record)");
+  const Effects quiet = BeatUntil(1s, 37s);
+  EXPECT_TRUE(All<ReserveStorePort>(quiet).empty()) << test::Describe(quiet);
+  EXPECT_EQ(coordinator_->NextDeadline(), At(38s));
+  const Effects start = Tick(38s);
+  ASSERT_EQ(All<ReserveStorePort>(start).size(), 1u) << test::Describe(start);
+}
+
+TEST_F(CoordinatorTest, AJournalRecordOlderThanTheLeaseDelaysNothing) {
+  Effects resumed;
+  coordinator_->AfterUncleanEnd(At(0s), 48s, resumed);
+  EXPECT_TRUE(resumed.empty()) << test::Describe(resumed);
+  Join(1s, 0);
+  EXPECT_EQ(All<ReserveStorePort>(Join(1s, 1)).size(), 1u);
 }
 
 // Node 0's own process stalled (SIGSTOP, a VM pause): every peer looks silent, but the silence

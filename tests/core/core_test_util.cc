@@ -31,6 +31,9 @@ struct CoordinatorNamer {
   std::string operator()(const CoordinatorDone& e) const {
     return fmt::format("coordinator done, exit {}", e.exit_code);
   }
+  std::string operator()(const RecordJournal& e) const {
+    return e.rounds_may_run ? "journal: rounds may run" : "journal: job ended";
+  }
 };
 
 struct AgentNamer {

@@ -159,5 +159,47 @@ TEST_F(LivenessTest, SighupIsAnInterruptThatEndsTheJobEverywhereWith129) {
   }
 }
 
+// Node 0's journal: node 0's agent is killed (SIGKILL: it cannot tell anyone) while node 1's
+// agent is stopped and its workers ignore SIGTERM, and a second agent takes rank 1. The
+// coordinator started again on node 0 knows nothing of the old round but its journal: it must
+// not start a round until the old workers' lease has ended (guardian lease 2.75 s; the bound
+// is 13 s). Each new holder of a rank checks that the old one no longer runs (a zombie that the
+// stopped agent cannot reap does not run).
+TEST_F(LivenessTest, ACoordinatorStartedAgainAfterAKillWaitsForThePreviousRoundsWorkers) {
+  const uint16_t port = FreePort();
+  const std::string script =
+      "if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
+      "if [ -e /proc/$old ] && ! grep -q '^State:.Z' /proc/$old/status 2>/dev/null; then echo rank $RANK overlaps $old >> "
+      "overlap.txt; fi; "
+      "else trap '' TERM; echo $$ > old-$RANK.pid; sleep 60 & wait; sleep 60; fi";
+  dir_.Write("job.toml", Job(port, script, /*max_restarts=*/0));
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  ASSERT_TRUE(WaitFor([&] {
+    for (const char* name : {"old-0.pid", "old-1.pid", "old-2.pid", "old-3.pid"}) {
+      if (!dir_.Exists(name) || dir_.Read(name).empty() || dir_.Read(name).back() != '\n') return false;
+    }
+    return true;
+  }, 10s)) << Describe();
+  node1.Signal(SIGSTOP);
+  node0.Signal(SIGKILL);
+  EXPECT_EQ(node0.Wait(5s), 128 + SIGKILL) << Describe();
+  AgentProcess& again = Start(0);
+  AgentProcess& second = Start(1);
+  ASSERT_TRUE(OutputHas(again, "the previous coordinator of this job on this host did not end it", 10s))
+      << Describe();
+  ASSERT_TRUE(OutputHas(again, "round 0: all 2 nodes joined; waiting ", 10s)) << Describe();
+  EXPECT_EQ(again.Wait(40s), 0) << Describe();
+  EXPECT_EQ(second.Wait(10s), 0) << Describe();
+  EXPECT_FALSE(dir_.Exists("overlap.txt")) << dir_.Read("overlap.txt") << Describe();
+  EXPECT_THAT(again.Output(), HasSubstr("before starting it: the previous coordinator of this job on "
+                                        "this host ended without ending the job"))
+      << Describe();
+  node1.Signal(SIGCONT);
+  EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
+  // A clean end is recorded: a coordinator started now would not wait.
+  EXPECT_THAT(dir_.Read("logs/live/coordinator.journal"), HasSubstr("rounds_may_run=0")) << Describe();
+}
+
 }  // namespace
 }  // namespace ddprun::e2e

@@ -102,5 +102,30 @@ TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentHungPastItsLease) {
                                     "guardian SIGKILLs its 1 worker"));
 }
 
+// Issue 10, the last seed of the 100,000-seed swarm on lightning-2x8: node 0 crashed and
+// rebooted 25 s later while node 1's hung worker ignored SIGTERM and a second agent claimed
+// rank 1. The rebooted coordinator knew nothing of the old round and started round 0 with the
+// second agent 2 s before node 1's agent SIGKILLed the old worker. Node 0's journal now tells it
+// that workers may run, and the first round waits for their lease.
+TEST(RegressionTest, ARebootedCoordinatorWaitsForTheLeaseOfThePreviousOnesWorkers) {
+  const SimRun run = Simulate(Example("lightning-2x8.toml"),
+                              {"duplicate-node-rank@2m24s215ms:node=1",
+                               "node-crash@10m25s454ms:node=0,reboot_after=25s",
+                               "worker-hang@5m34s780ms:node=0,local_rank=6",
+                               "worker-hang@9m11s597ms:node=1,local_rank=6"},
+                              43845);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("coordinator: the previous coordinator of this job on this host "
+                                    "did not end it (26s ago it recorded that workers may run)"));
+  EXPECT_THAT(run.output, HasSubstr("round 0: all 2 nodes joined; waiting 13s before starting it: "
+                                    "the previous coordinator of this job on this host ended"));
+  const size_t kill = run.output.find("node 1: 1 worker still running 29s after SIGTERM; sending SIGKILL");
+  const size_t start = run.output.find("coordinator: round 0: all 2 nodes joined; starting 16 workers",
+                                       run.output.find("node 0: rebooted"));
+  ASSERT_NE(kill, std::string::npos) << run.output;
+  ASSERT_NE(start, std::string::npos) << run.output;
+  EXPECT_LT(kill, start) << "the round started before the old worker was killed";
+}
+
 }  // namespace
 }  // namespace ddprun::testing

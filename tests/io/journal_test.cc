@@ -1,0 +1,119 @@
+// Node 0's journal on disk: what a coordinator started again reads of the previous one.
+
+#include "runner/io/journal.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace ddprun::io {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+int64_t NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::temp_directory_path() / "ddprun-journal-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
+    root_ = templ;
+    folder_ = root_ + "/logs/job";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  FileJournal Open() {
+    return FileJournal(folder_, [this](const std::string& text) { reports_.push_back(text); });
+  }
+  void WriteRecord(const std::string& text) {
+    fs::create_directories(folder_);
+    std::ofstream(folder_ + "/" + FileJournal::kFileName) << text;
+  }
+  std::string ReadRecord() {
+    std::ifstream in(folder_ + "/" + FileJournal::kFileName);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  std::string root_;
+  std::string folder_;
+  std::vector<std::string> reports_;
+};
+
+TEST_F(JournalTest, NoRecordMeansNothingToWaitFor) {
+  FileJournal journal = Open();
+  EXPECT_EQ(journal.SinceRoundsMayRun(), std::nullopt);
+  EXPECT_TRUE(fs::is_directory(folder_));  // created for the records to come
+  EXPECT_TRUE(reports_.empty());
+}
+
+TEST_F(JournalTest, ARecordThatWorkersMayRunIsReadBackWithItsAge) {
+  WriteRecord(FileJournal::Format(true, NowMillis() - 20'000));
+  FileJournal journal = Open();
+  const auto since = journal.SinceRoundsMayRun();
+  ASSERT_TRUE(since.has_value());
+  EXPECT_GE(*since, 20s);
+  EXPECT_LT(*since, 25s);
+}
+
+TEST_F(JournalTest, RecordsReplaceEachOtherAndTheEndClearsTheWait) {
+  {
+    FileJournal journal = Open();
+    journal.Record(true);
+    EXPECT_EQ(ReadRecord().rfind("ddprun-journal 1 rounds_may_run=1 unix_ms=", 0), 0u) << ReadRecord();
+  }
+  FileJournal again = Open();
+  const auto since = again.SinceRoundsMayRun();
+  ASSERT_TRUE(since.has_value());
+  EXPECT_LT(*since, 5s);
+  again.Record(false);
+  EXPECT_EQ(ReadRecord().rfind("ddprun-journal 1 rounds_may_run=0 ", 0), 0u) << ReadRecord();
+  EXPECT_EQ(Open().SinceRoundsMayRun(), std::nullopt);
+  EXPECT_FALSE(fs::exists(folder_ + "/" + FileJournal::kFileName + ".new"));
+  EXPECT_TRUE(reports_.empty());
+}
+
+TEST_F(JournalTest, ARecordFromTheFutureCountsAsMadeNow) {
+  WriteRecord(FileJournal::Format(true, NowMillis() + 3'600'000));
+  EXPECT_EQ(Open().SinceRoundsMayRun(), std::chrono::milliseconds(0));
+}
+
+TEST_F(JournalTest, AnUnreadableRecordCountsAsMadeNowAndIsSaidOnce) {
+  WriteRecord("ddprun-journal 1 rounds_may_run=7 unix_ms=12\n");
+  FileJournal journal = Open();
+  EXPECT_EQ(journal.SinceRoundsMayRun(), std::chrono::milliseconds(0));
+  WriteRecord("garbage");
+  EXPECT_EQ(journal.SinceRoundsMayRun(), std::chrono::milliseconds(0));
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("coordinator.journal is not a journal record; assuming workers of a "
+                             "previous run may still run"),
+            std::string::npos)
+      << reports_[0];
+}
+
+TEST_F(JournalTest, ALinkPlantedForTheJobFolderIsNotFollowed) {
+  fs::create_directories(root_ + "/logs");
+  fs::create_directories(root_ + "/elsewhere");
+  fs::create_symlink(root_ + "/elsewhere", folder_);
+  FileJournal journal = Open();
+  journal.Record(true);
+  EXPECT_FALSE(fs::exists(root_ + "/elsewhere/" + FileJournal::kFileName));
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("coordinator journal: "), std::string::npos) << reports_[0];
+}
+
+}  // namespace
+}  // namespace ddprun::io
