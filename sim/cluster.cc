@@ -567,7 +567,10 @@ void SimJournal::Record(bool rounds_may_run) {
 
 void Cluster::ArmTimer(uint32_t index, TimePoint when) {
   Node& n = *nodes_[index];
-  const int64_t t = when.time_since_epoch().count();
+  // A deadline already due fires now, as a real timer armed in the past does; queued at its own
+  // time it would turn virtual time back.
+  const int64_t t = std::max(when.time_since_epoch().count(), now_ns_);
+  when = TimePoint(Duration(t));
   n.armed_ns = t;
   if (n.queued_ns && *n.queued_ns <= t) return;  // the queued entry fires first and re-arms
   ++n.timer_gen;

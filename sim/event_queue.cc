@@ -16,6 +16,7 @@ bool Later(const Event& x, const Event& y) {
 
 void EventQueue::Push(TimePoint at, Event event) {
   event.time_ns = at.time_since_epoch().count();
+  DDPRUN_ASSERT(event.time_ns >= popped_ns_);
   event.seq = next_seq_++;
   heap_.push_back(event);
   std::push_heap(heap_.begin(), heap_.end(), Later);
@@ -42,6 +43,7 @@ Event EventQueue::Pop() {
   std::pop_heap(heap_.begin(), heap_.end(), Later);
   Event event = heap_.back();
   heap_.pop_back();
+  popped_ns_ = event.time_ns;
   return event;
 }
 

@@ -59,6 +59,7 @@ class EventQueue {
  private:
   std::vector<Event> heap_;
   uint64_t next_seq_ = 0;
+  int64_t popped_ns_ = 0;  // virtual time never goes back: no event before the last popped
   std::vector<std::function<void()>> calls_;
   std::vector<uint64_t> free_calls_;
 };

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
+#include <deque>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -84,6 +84,9 @@ class Coordinator {
     bool mentions_nccl = false;
   };
 
+  void Apply(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
+  void Heard(ConnId id, Conn& conn, TimePoint now);
+  void TrimHeard();
   void SetSlotConn(Slot& slot, std::optional<ConnId> conn, TimePoint now);
   void MarkStopped(Slot& slot, int stopped_ranks);
   void ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>& out);
@@ -119,10 +122,13 @@ class Coordinator {
   int done_count_ = 0;       // slots done in the running round
   int stopped_joined_ = 0;   // connected slots that confirmed the stop
   int awaiting_end_ = 0;     // slots not kSettled while ending
-  // Only looked up by id, never iterated (by_last_heard_ orders them), so a hash map keeps
-  // decisions deterministic and lookups O(1).
+  // Looked up by id; iterated only where the order cannot matter (OnStalled renews them all),
+  // so a hash map keeps decisions deterministic and lookups O(1).
   std::unordered_map<ConnId, Conn> conns_;
-  std::set<std::pair<TimePoint, ConnId>> by_last_heard_;  // conns_ ordered by silence
+  // (last heard, conn) in the order heard: inputs come in time order, so it is sorted by
+  // construction. An entry whose connection was heard again later, or closed, is stale and
+  // skipped: O(1) per message where an ordered set cost O(log n) and an allocation.
+  std::deque<std::pair<TimePoint, ConnId>> heard_;
   TimePoint rendezvous_started_;
   TimePoint rendezvous_deadline_;
   TimePoint next_progress_;

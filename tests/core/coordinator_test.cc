@@ -797,8 +797,9 @@ TEST_F(CoordinatorTest, NodeLeavingDuringRendezvousIsOnlyAWarning) {
 TEST_F(CoordinatorTest, NodeSilentForThreeHeartbeatsIsLost) {
   StartFirstRound(0s);
   // Node 1 is last heard at 1.5 s; heartbeat = 2 s, so it is lost once silent for more than 6 s.
+  Beat(1s, {0});
   Beat(1500ms, {1});
-  Effects quiet = BeatUntil(0s, 7s, {0});
+  Effects quiet = BeatUntil(1s, 7s, {0});
   const Effects at_bound = Meaningful(Beat(7500ms, {0}));
   quiet.insert(quiet.end(), at_bound.begin(), at_bound.end());
   EXPECT_TRUE(Sent<wire::StopRound>(quiet).empty()) << test::Describe(quiet);
@@ -812,6 +813,13 @@ TEST_F(CoordinatorTest, NodeSilentForThreeHeartbeatsIsLost) {
   EXPECT_EQ(All<CloseConn>(lost)[0].conn, ConnOf(1));
   ASSERT_EQ(Sent<wire::StopRound>(lost).size(), 1u);
   EXPECT_EQ(Sent<wire::StopRound>(lost)[0].first, ConnOf(0));
+}
+
+// The silence index relies on inputs in time order: a driver that feeds an earlier time is
+// broken, and the coordinator stops rather than misjudging who is silent.
+TEST_F(CoordinatorTest, AnInputEarlierThanThePreviousOneAborts) {
+  Join(2s, 0);
+  EXPECT_DEATH(Join(1s, 1), "assertion failed: now >= last_input_");
 }
 
 TEST_F(CoordinatorTest, SilentUnjoinedConnectionIsDropped) {
