@@ -96,9 +96,58 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
   MaybeReconnect(now, out);
 }
 
+std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
+  if (phase_ == Phase::kExited) return std::nullopt;
+  switch (deadline) {
+    case Deadline::kKill:
+      return kill_at_;
+    case Deadline::kGiveUp:
+      return give_up_at_;
+    case Deadline::kInterrupt:
+      return interrupt_deadline_;
+    case Deadline::kHeartbeat:
+      if (!connected_) return std::nullopt;
+      return next_heartbeat_;
+    case Deadline::kLoss:
+      // Lost once silent for more than the loss bound: the first instant past it.
+      if (!connected_) return std::nullopt;
+      return last_heard_ + spec_.timeouts.LossBound() + Duration(1);
+    case Deadline::kRetry:
+      // A node rejoins only once its workers are gone: the coordinator counts on that.
+      if (phase_ != Phase::kRetryWait || pending_exit_ || running_workers() > 0) return std::nullopt;
+      return retry_at_;
+    case Deadline::kRendezvous:
+      if (pending_exit_) return std::nullopt;
+      if (!joined_) return rendezvous_deadline_;
+      // The coordinator owns the rendezvous timeout once we joined; this is the backstop for
+      // a coordinator that went quiet before the first round.
+      if (round_ < 0 && phase_ == Phase::kWaiting && running_workers() == 0) {
+        return rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10);
+      }
+      return std::nullopt;
+    case Deadline::kCount:
+      break;
+  }
+  return std::nullopt;
+}
+
+bool Agent::Due(Deadline deadline, TimePoint now) const {
+  const auto at = DeadlineOf(deadline);
+  return at && now >= *at;
+}
+
+std::optional<TimePoint> Agent::NextDeadline() const {
+  std::optional<TimePoint> next;
+  for (int k = 0; k < static_cast<int>(Deadline::kCount); ++k) {
+    const auto at = DeadlineOf(static_cast<Deadline>(k));
+    if (at && (!next || *at < *next)) next = at;
+  }
+  return next;
+}
+
 void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
-  if (phase_ == Phase::kExited) return;
-  if (kill_at_ && now >= *kill_at_) {
+  // In the order of the Deadline enum; each one is looked up again after the actions before it.
+  if (Due(Deadline::kKill, now)) {
     // stop_grace after SIGTERM, or sooner when the stop began late (the lease counts from the
     // last word heard): say how long it really was.
     const Duration waited = now - sigterm_at_;
@@ -107,7 +156,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
                             waited == spec_.timeouts.stop_grace ? FormatDuration(waited) : HumanDuration(waited)),
                 out);
   }
-  if (give_up_at_ && now >= *give_up_at_) {
+  if (Due(Deadline::kGiveUp, now)) {
     give_up_at_.reset();
     if (running_workers() > 0) {
       Log(LogLevel::kError, "workers did not exit after SIGKILL (stuck in the kernel?); giving up on them", out);
@@ -118,84 +167,49 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
         }
       }
       MaybeStopped(out);
-      if (phase_ == Phase::kExited) return;
     }
   }
-  if (interrupt_deadline_ && now >= *interrupt_deadline_) {
+  if (Due(Deadline::kInterrupt, now)) {
     interrupt_deadline_.reset();
     Log(LogLevel::kWarn, "the coordinator did not end the job after the interrupt; exiting", out);
     pending_exit_ = InterruptedExitCode(interrupted_by_);
     MaybeStopped(out);
-    if (phase_ == Phase::kExited) return;
   }
-  if (connected_) {
-    if (now >= next_heartbeat_) {
-      // Before the join is acknowledged a heartbeat would be a protocol error.
-      if (joined_) Send(wire::Heartbeat{}, out);
-      next_heartbeat_ = now + spec_.timeouts.heartbeat;
-    }
-    if (now - last_heard_ > spec_.timeouts.LossBound()) {
-      const bool was_joined = joined_;
-      connected_ = false;
-      joined_ = false;
-      out.push_back(DisconnectFromMaster{});
-      if (pending_exit_) {
-        MaybeStopped(out);
-        return;
-      }
+  if (Due(Deadline::kHeartbeat, now)) {
+    // Before the join is acknowledged a heartbeat would be a protocol error.
+    if (joined_) Send(wire::Heartbeat{}, out);
+    next_heartbeat_ = now + spec_.timeouts.heartbeat;
+  }
+  if (Due(Deadline::kLoss, now)) {
+    const bool was_joined = joined_;
+    connected_ = false;
+    joined_ = false;
+    out.push_back(DisconnectFromMaster{});
+    if (pending_exit_) {
+      MaybeStopped(out);
+    } else {
       OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - last_heard_)),
                    was_joined, out);
-      if (phase_ == Phase::kExited) return;
     }
   }
-  MaybeReconnect(now, out);
-  // The coordinator owns the rendezvous timeout once we joined; this is the backstop for an
-  // agent that cannot reach it at all, or whose coordinator went quiet.
-  const bool waiting_for_round = joined_ && phase_ == Phase::kWaiting && running_workers() == 0;
-  const TimePoint deadline =
-      joined_ ? rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10) : rendezvous_deadline_;
-  if ((!joined_ || waiting_for_round) && !pending_exit_ && round_ < 0 && now >= deadline) {
-    std::string why = last_connect_error_.empty() ? "no answer from the coordinator" : last_connect_error_;
-    out.push_back(PrintSummary{fmt::format(
-        "rendezvous failed: node {} could not join the coordinator at {} within "
-        "timeouts.rendezvous = {}\n  last error: {}",
-        config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous), why)});
-    Finish(now, ToInt(ExitCode::kRendezvous), out);
-  } else if (!joined_ && !pending_exit_ && round_ >= 0 && now >= rendezvous_deadline_) {
-    out.push_back(PrintSummary{fmt::format(
-        "node {} lost the coordinator at {} and could not rejoin within timeouts.rendezvous = {}"
-        "\n  last error: {}",
-        config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous),
-        last_connect_error_.empty() ? "no answer" : last_connect_error_)});
-    Finish(now, ToInt(ExitCode::kRendezvous), out);
-  }
-}
-
-std::optional<TimePoint> Agent::NextDeadline() const {
-  if (phase_ == Phase::kExited) return std::nullopt;
-  std::optional<TimePoint> next;
-  auto consider = [&](std::optional<TimePoint> t) {
-    if (t && (!next || *t < *next)) next = t;
-  };
-  consider(kill_at_);
-  consider(give_up_at_);
-  consider(interrupt_deadline_);
-  if (connected_) {
-    consider(next_heartbeat_);
-    consider(last_heard_ + spec_.timeouts.LossBound() + Duration(1));
-  }
-  // Only deadlines ExpireDeadlines acts on: one it ignores would stay in the past and spin
-  // the driver. Retries stop once the agent is exiting; the rendezvous backstop applies until
-  // the first round (joined) or while not joined.
-  if (phase_ == Phase::kRetryWait && !pending_exit_ && running_workers() == 0) consider(retry_at_);
-  if (!pending_exit_) {
-    if (!joined_) {
-      consider(rendezvous_deadline_);
-    } else if (round_ < 0) {
-      consider(rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10));
+  if (Due(Deadline::kRetry, now)) MaybeReconnect(now, out);
+  if (Due(Deadline::kRendezvous, now)) {
+    if (round_ < 0) {
+      const std::string why =
+          last_connect_error_.empty() ? "no answer from the coordinator" : last_connect_error_;
+      out.push_back(PrintSummary{fmt::format(
+          "rendezvous failed: node {} could not join the coordinator at {} within "
+          "timeouts.rendezvous = {}\n  last error: {}",
+          config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous), why)});
+    } else {
+      out.push_back(PrintSummary{fmt::format(
+          "node {} lost the coordinator at {} and could not rejoin within timeouts.rendezvous = {}"
+          "\n  last error: {}",
+          config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous),
+          last_connect_error_.empty() ? "no answer" : last_connect_error_)});
     }
+    Finish(now, ToInt(ExitCode::kRendezvous), out);
   }
-  return next;
 }
 
 std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const {
@@ -244,8 +258,7 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
 }
 
 void Agent::MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out) {
-  // A node rejoins only once its workers are gone: the coordinator counts on that.
-  if (phase_ == Phase::kRetryWait && now >= retry_at_ && !pending_exit_ && running_workers() == 0) {
+  if (Due(Deadline::kRetry, now)) {
     phase_ = Phase::kConnecting;
     out.push_back(ConnectToMaster{});
   }

@@ -55,6 +55,12 @@ class Agent {
     int signal = 0;
   };
 
+  /// Every deadline the agent acts on. NextDeadline is the earliest armed one and
+  /// ExpireDeadlines acts on those due, both through DeadlineOf, so they cannot disagree (a
+  /// deadline one of them ignored would spin the driver or never fire).
+  enum class Deadline { kKill, kGiveUp, kInterrupt, kHeartbeat, kLoss, kRetry, kRendezvous, kCount };
+  std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
+  bool Due(Deadline deadline, TimePoint now) const;
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
   void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
