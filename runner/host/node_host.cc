@@ -111,9 +111,10 @@ void NodeHost::OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) { RunA
 
 void NodeHost::RunAgent(const core::AgentInput& input) {
   if (finished_) return;
-  // Effects left by Start() are executed first (they were produced without an input).
-  std::vector<core::AgentEffect> effects;
-  effects.swap(agent_effects_);
+  // Effects left by Start() are executed first (they were produced without an input). The
+  // buffer keeps its capacity from call to call: no allocation per message at scale. Ports
+  // never call back before returning, so this is never reentered.
+  std::vector<core::AgentEffect>& effects = agent_effects_;
   agent_.Handle(ports_.clock->Now(), input, effects);
   for (auto& effect : effects) {
     if (std::holds_alternative<core::ConnectToMaster>(effect)) {
@@ -139,14 +140,14 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
       agent_exit_ = exit->code;
     }
   }
+  effects.clear();
   MaybeFinish();
   if (!finished_) Rearm();
 }
 
 void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   if (finished_ || !coordinator_) return;
-  std::vector<core::CoordinatorEffect> effects;
-  effects.swap(coordinator_effects_);
+  std::vector<core::CoordinatorEffect>& effects = coordinator_effects_;  // as in RunAgent
   const TimePoint now = ports_.clock->Now();
   coordinator_->Handle(now, input, effects);
   for (size_t i = 0; i < effects.size(); ++i) {
@@ -170,6 +171,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       ports_.transport->SetStoreRelay(0);
     }
   }
+  effects.clear();
   MaybeFinish();
   if (!finished_) Rearm();
 }
