@@ -14,7 +14,7 @@ set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$BENCH_DIR/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-$REPO/build/bench}
-DDPRUN=${DDPRUN:-$BUILD_DIR/runner/cli/ddprun}
+DDPRUN=${DDPRUN:-$BUILD_DIR/cli/ddprun}
 PYTHON=${PYTHON:-/usr/bin/python3}
 # torchrun 1.13 on Python 3.11 dies in Std.from_str("0") unless --redirects/--tee are given a
 # value it can parse; 9:1 redirects a local rank that does not exist (see the torchrun baseline).

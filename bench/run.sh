@@ -41,7 +41,7 @@ mkdir -p "$BENCH_OUT"
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) memory, $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r)"
-  echo "ddprun: $("$BUILD_DIR/runner/cli/ddprun" --version) (git $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- runner schema 2>/dev/null || echo ', with uncommitted changes under runner/ or schema/'), Release build)"
+  echo "ddprun: $("$BUILD_DIR/cli/ddprun" --version) (git $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- runner schema 2>/dev/null || echo ', with uncommitted changes under runner/ or schema/'), Release build)"
   echo "torchrun: Debian python3-torch $(dpkg-query -W -f='${Version}' python3-torch) (torch.__version__ $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)), Python $(/usr/bin/python3 -c 'import platform; print(platform.python_version())'), run as \`/usr/bin/python3 -m torch.distributed.run --redirects 9:1 --tee 9:1\`"
   echo "$(hyperfine --version), $(bash --version | head -1 | sed 's/ (.*//')"
   echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min); CPU idle share before each set: bench/out/quiet.log"

@@ -4,13 +4,13 @@
 # workers) is stopped with SIGSTOP for S seconds, at a random point of the heartbeat interval,
 # then continued. The job succeeds when the stall was tolerated and fails (node 1 lost) when it
 # was not. Prints, per stall length, how many of TRIALS runs declared node 1 lost.
-#   bench/stall.sh [DDPRUN]          (default: build/release/runner/cli/ddprun)
+#   bench/stall.sh [DDPRUN]          (default: build/release/cli/ddprun)
 #   STALLS="1.0 1.5 2.0 2.5 3.0 3.5 4.5" TRIALS=4
 # Every agent is bounded: a watchdog SIGKILLs it by pid after 60 s (its guardian then stops its
 # workers).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-DDPRUN=${1:-$REPO/build/release/runner/cli/ddprun}
+DDPRUN=${1:-$REPO/build/release/cli/ddprun}
 STALLS=${STALLS:-"1.0 1.5 2.0 2.5 3.0 3.5 4.5"}
 TRIALS=${TRIALS:-4}
 work=$(mktemp -d "${TMPDIR:-/tmp}/ddprun-stall.XXXXXX")

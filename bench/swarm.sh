@@ -12,11 +12,11 @@ build="${1:-$root/build/release}"
 seeds="${SEEDS:-100000}"
 base="${BASE:-1000}"
 parallel="${PARALLEL:-$(nproc)}"
-if [[ ! -x "$build/runner/cli/ddprun" ]]; then
+if [[ ! -x "$build/cli/ddprun" ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$build" --target ddprun
 fi
-ddprun="$build/runner/cli/ddprun"
+ddprun="$build/cli/ddprun"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 summary=()

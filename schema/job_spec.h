@@ -74,7 +74,7 @@ struct FaultSpec {
 struct JobSpec {
   int version = 1;
 
-  /// What job.code_check compares between nodes at join (see CodeIdentity in runner/cli).
+  /// What job.code_check compares between nodes at join (see CodeIdentity in cli).
   enum class CodeCheck { kOff, kWarn, kRefuse };
 
   /// The code a node would run, as the CLI found it before the agent started; part of the

@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$(nproc)" --target ddprun
-exec build/release/runner/cli/ddprun --simulate examples/laptop.toml "$@"
+exec build/release/cli/ddprun --simulate examples/laptop.toml "$@"

@@ -22,7 +22,7 @@
 
 #include <fmt/format.h>
 
-#include "runner/preflight/exchange.h"
+#include "preflight/exchange.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "runner/preflight/cuda_loader.h"
+#include "preflight/cuda_loader.h"
 
 namespace ddprun::preflight {
 namespace {

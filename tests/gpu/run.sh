@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 build=${DDPRUN_GPU_BUILD:-build/gpu}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDDPRUN_CUDA=ON >/dev/null
 cmake --build "$build" -j "$(nproc)" --target ddprun cpp_ddp_train gpu_test
-ddprun="$PWD/$build/runner/cli/ddprun"
+ddprun="$PWD/$build/cli/ddprun"
 train="$PWD/$build/examples/cpp-ddp/cpp_ddp_train"
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "nvidia-smi not found"

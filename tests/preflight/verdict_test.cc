@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "runner/preflight/exchange.h"
-#include "runner/preflight/report.h"
+#include "preflight/exchange.h"
+#include "preflight/report.h"
 
 namespace ddprun::preflight {
 namespace {

@@ -77,7 +77,7 @@ TEST(TidyTest, FindingsNameTheLine) {
 }
 
 // Files allowed one banned use, and why. Empty today: sim's trace and report writers take an
-// std::ostream, and the CLI (runner/cli/cmd_simulate.cc) opens the files.
+// std::ostream, and the CLI (cli/cmd_simulate.cc) opens the files.
 const std::vector<std::pair<std::string, std::string>> kAllowed = {};
 
 TEST(TidyTest, CoreHostAndSimUseNoClockThreadRandomEnvSocketProcessOrFile) {

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "runner/cli/commands.h"
+#include "cli/commands.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
 #include "sim/report.h"

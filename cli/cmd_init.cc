@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "runner/cli/commands.h"
+#include "cli/commands.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {

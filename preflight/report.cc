@@ -1,4 +1,4 @@
-#include "runner/preflight/report.h"
+#include "preflight/report.h"
 
 #include <algorithm>
 #include <map>

@@ -6,7 +6,7 @@
 
 #include <chrono>
 
-#include "runner/preflight/report.h"
+#include "preflight/report.h"
 
 namespace ddprun::preflight {
 

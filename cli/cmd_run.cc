@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "runner/cli/code_identity.h"
-#include "runner/cli/commands.h"
-#include "runner/cli/node_job.h"
+#include "cli/code_identity.h"
+#include "cli/commands.h"
+#include "cli/node_job.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {

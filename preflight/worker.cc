@@ -1,4 +1,4 @@
-#include "runner/preflight/worker.h"
+#include "preflight/worker.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runner/preflight/cuda_loader.h"
-#include "runner/preflight/exchange.h"
+#include "preflight/cuda_loader.h"
+#include "preflight/exchange.h"
 
 namespace ddprun::preflight {
 

@@ -2,10 +2,10 @@
 // preflight worker as every rank's command, so the checks get rendezvous, fingerprint checks,
 // the gang stop and per-rank logs from the real runner.
 
-#include "runner/cli/commands.h"
-#include "runner/cli/node_job.h"
+#include "cli/commands.h"
+#include "cli/node_job.h"
 #include "runner/io/driver.h"
-#include "runner/preflight/worker.h"
+#include "preflight/worker.h"
 
 namespace ddprun::cli {
 namespace {

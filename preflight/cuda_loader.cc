@@ -1,4 +1,4 @@
-#include "runner/preflight/cuda_loader.h"
+#include "preflight/cuda_loader.h"
 
 #include <dlfcn.h>
 

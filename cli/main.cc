@@ -1,5 +1,5 @@
 // The `ddprun` executable: parses the command line with CLI11 and calls one subcommand of
-// runner/cli/commands.h. `ddprun job.toml` means `ddprun run job.toml`, and
+// cli/commands.h. `ddprun job.toml` means `ddprun run job.toml`, and
 // `ddprun --simulate job.toml` means `ddprun simulate job.toml`.
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "ddprun_version.h"
-#include "runner/cli/commands.h"
+#include "cli/commands.h"
 #include "schema/diagnostics.h"
 #include "schema/plan.h"
 

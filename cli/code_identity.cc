@@ -1,4 +1,4 @@
-#include "runner/cli/code_identity.h"
+#include "cli/code_identity.h"
 
 #include <sys/wait.h>
 

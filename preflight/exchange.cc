@@ -1,4 +1,4 @@
-#include "runner/preflight/exchange.h"
+#include "preflight/exchange.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

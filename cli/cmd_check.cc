@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "runner/cli/code_identity.h"
-#include "runner/cli/commands.h"
+#include "cli/code_identity.h"
+#include "cli/commands.h"
 #include "runner/io/driver.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"

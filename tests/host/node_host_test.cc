@@ -1,0 +1,193 @@
+// NodeHost, the glue between the ports and the state machines, with hand-driven ports: a
+// one-node job whose agent reaches its own coordinator over an in-memory loopback. What is
+// tested here is the wiring: node 0's journal read at start and written by the coordinator's
+// effects, and the exit once the job ends.
+
+#include "runner/host/node_host.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "schema/canonical.h"
+#include "tests/core/core_test_util.h"
+
+namespace ddprun::host {
+namespace {
+
+using namespace std::chrono_literals;
+using core::test::At;
+using core::test::SpecFromToml;
+
+constexpr std::string_view kOneNodeJob = R"(version = 1
+[job]
+name = "solo"
+command = ["python", "train.py"]
+[cluster]
+nnodes = 1
+master_port = 50000
+nproc_per_node = 2
+[timeouts]
+heartbeat = "2s"
+stop_grace = "30s"
+)";
+
+/// Every port of one node, driven by the test. Callbacks are queued, never made from inside
+/// a port call (the ports' contract), and run by Pump().
+class FakePorts final : public Clock, public Timer, public Transport, public ProcessLauncher,
+                        public Console, public Journal {
+ public:
+  // Clock and Timer
+  TimePoint Now() const override { return now; }
+  void ArmAt(TimePoint when) override { armed = when; }
+  void Disarm() override { armed.reset(); }
+  // Transport: one listener; a connect to it is accepted on a second connection id.
+  void SetEvents(TransportEvents* events) override { transport_events = events; }
+  std::string Listen(const std::string&, uint16_t) override { return ""; }
+  ConnId Connect(const std::string&, uint16_t) override {
+    const ConnId client = next_conn++;
+    const ConnId server = next_conn++;
+    peer[client] = server;
+    peer[server] = client;
+    later.push_back([this, server] { transport_events->OnAccepted(server, "127.0.0.1:40000"); });
+    later.push_back([this, client] { transport_events->OnConnected(client); });
+    return client;
+  }
+  void Send(ConnId conn, std::vector<uint8_t> bytes) override {
+    auto it = peer.find(conn);
+    if (it == peer.end()) return;
+    later.push_back([this, to = it->second, bytes = std::move(bytes)] {
+      if (peer.count(to)) transport_events->OnData(to, bytes);
+    });
+  }
+  void Close(ConnId conn) override {
+    auto it = peer.find(conn);
+    if (it == peer.end()) return;
+    const ConnId other = it->second;
+    peer.erase(conn);
+    peer.erase(other);
+    later.push_back([this, other] { transport_events->OnClosed(other, "closed"); });
+  }
+  uint16_t ReserveStorePort() override { return 41000; }
+  // ProcessLauncher
+  void SetEvents(ProcessEvents* events) override { process_events = events; }
+  void Spawn(int round, const core::WorkerLaunch& launch) override {
+    spawned.emplace_back(round, launch.local_rank);
+  }
+  void SignalAll(int, int) override {}
+  // Console
+  void Log(core::LogLevel, std::string_view source, std::string_view text) override {
+    lines.push_back(std::string(source) + ": " + std::string(text));
+  }
+  void Summary(std::string_view text) override { lines.push_back("summary: " + std::string(text)); }
+  // Journal
+  std::optional<Duration> SinceRoundsMayRun() override { return journal_since; }
+  void Record(bool rounds_may_run) override { records.push_back(rounds_may_run); }
+
+  void Pump() {
+    while (!later.empty()) {
+      auto call = std::move(later.front());
+      later.pop_front();
+      call();
+    }
+  }
+  bool Logged(const std::string& text) const {
+    for (const auto& line : lines) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  TimePoint now = At(0s);
+  std::optional<TimePoint> armed;
+  TransportEvents* transport_events = nullptr;
+  ProcessEvents* process_events = nullptr;
+  ConnId next_conn = 1;
+  std::map<ConnId, ConnId> peer;
+  std::deque<std::function<void()>> later;
+  std::vector<std::pair<int, int>> spawned;  // (round, local rank)
+  std::vector<std::string> lines;
+  std::optional<Duration> journal_since;
+  std::vector<bool> records;
+};
+
+class NodeHostTest : public ::testing::Test {
+ protected:
+  void Start() {
+    core::Agent::Config config;
+    config.node_rank = 0;
+    config.host = "solo-host";
+    config.canonical = CanonicalForm(spec_);
+    config.fingerprint = FingerprintOfCanonical(config.canonical);
+    config.instance = 7;
+    config.ddprun_version = "test";
+    config.logs_dir = "logs";
+    Ports ports{&fake_, &fake_, &fake_, &fake_, &fake_, &fake_};
+    host_ = std::make_unique<NodeHost>(spec_, config, ports, [this](int code) { exit_ = code; });
+    ASSERT_EQ(host_->Start(), "");
+    fake_.Pump();
+  }
+  /// Moves time to the armed deadline (at most `until`) and fires it, as a driver does.
+  void RunUntil(TimePoint until) {
+    while (fake_.armed && *fake_.armed <= until && !exit_) {
+      fake_.now = *fake_.armed;
+      host_->OnTimer();
+      fake_.Pump();
+    }
+    fake_.now = until;
+  }
+  void BothWorkersExit(int code) {
+    for (int local = 0; local < 2; ++local) {
+      fake_.process_events->OnWorkerExited(core::WorkerExited{0, local, code, 0, "", ""});
+      fake_.Pump();
+    }
+  }
+
+  JobSpec spec_ = SpecFromToml(kOneNodeJob);
+  FakePorts fake_;
+  std::unique_ptr<NodeHost> host_;
+  std::optional<int> exit_;
+};
+
+TEST_F(NodeHostTest, ACleanRunRecordsThatWorkersMayRunAndThenTheEnd) {
+  Start();
+  ASSERT_EQ(fake_.spawned.size(), 2u) << "the one-node round starts at once";
+  EXPECT_EQ(fake_.records, std::vector<bool>{true});
+  RunUntil(At(5s));  // two heartbeats: the record is refreshed each time
+  EXPECT_EQ(fake_.records, (std::vector<bool>{true, true, true}));
+  BothWorkersExit(0);
+  RunUntil(At(1min));
+  EXPECT_EQ(exit_, 0);
+  ASSERT_FALSE(fake_.records.empty());
+  EXPECT_FALSE(fake_.records.back()) << "the end is recorded once every node confirmed it";
+  EXPECT_FALSE(fake_.Logged("previous coordinator"));
+}
+
+TEST_F(NodeHostTest, ARecordThatWorkersMayRunDelaysTheFirstRoundUntilItsLeaseEnds) {
+  // Lease: loss bound 6s + 1 heartbeat 2s + stop_grace 30s + kill allowance 10s = 48s.
+  fake_.journal_since = 40s;
+  Start();
+  EXPECT_TRUE(fake_.Logged("coordinator: the previous coordinator of this job on this host did "
+                           "not end it (40s ago it recorded that workers may run)"));
+  EXPECT_TRUE(fake_.spawned.empty());
+  RunUntil(At(8s) - Duration(1));
+  EXPECT_TRUE(fake_.spawned.empty()) << "started before the lease of the last record ended";
+  RunUntil(At(8s));
+  EXPECT_EQ(fake_.spawned.size(), 2u);
+}
+
+TEST_F(NodeHostTest, ARecordOlderThanTheLeaseDelaysNothing) {
+  fake_.journal_since = 1h;
+  Start();
+  EXPECT_EQ(fake_.spawned.size(), 2u);
+  EXPECT_FALSE(fake_.Logged("previous coordinator"));
+}
+
+}  // namespace
+}  // namespace ddprun::host
