@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "runner/io/driver.h"
 #include "schema/diagnostics.h"
+#include "schema/json_schema.h"
 #include "schema/loader.h"
 #include "schema/plan.h"
 

@@ -64,7 +64,4 @@ std::string RenderPlanJson(const JobSpec& spec, const Plan& plan);
 std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view source_name,
                             const JobSpec* spec, const Plan* plan);
 
-/// JSON Schema (draft 2020-12) of the job file, for editors.
-std::string JobFileJsonSchema();
-
 }  // namespace ddprun

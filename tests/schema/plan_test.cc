@@ -1,6 +1,7 @@
 // The plan: rank table, devices, per-node environment, torchrun and ddprun commands, JSON.
 #include <gtest/gtest.h>
 
+#include "schema/json_schema.h"
 #include "schema/plan.h"
 #include "tests/schema/test_util.h"
 

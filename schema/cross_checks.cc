@@ -1,0 +1,80 @@
+// The checks that need more than one section. They run after every section is loaded (see
+// schema/loader.cc), so each sees the final values of both sides, and a mistake already
+// reported by a section loader (a value left unset) is not reported again as a mismatch.
+#include <fmt/format.h>
+
+#include "schema/sections.h"
+
+namespace ddprun {
+namespace {
+
+// trainer.devices and trainer.num_nodes must describe the cluster Lightning will see.
+void CheckTrainerAgainstCluster(const JobSpec& spec, const TrainerFacts& trainer_facts,
+                                const ClusterFacts& cluster_facts, TomlReader& reader) {
+  Diagnostics& diags = reader.diags();
+  const auto& c = spec.cluster;
+  const auto& t = spec.trainer;
+  const bool nnodes_known = c.nnodes > 0;
+  if (cluster_facts.nproc_per_node && c.nproc_per_node > 0 && t.devices &&
+      *t.devices != c.nproc_per_node) {
+    diags.Error(LocOf(*cluster_facts.nproc_per_node), "cluster.nproc_per_node",
+                fmt::format("cluster.nproc_per_node = {} does not match trainer.devices = {}",
+                            c.nproc_per_node, *t.devices),
+                fmt::format("set trainer.devices = {} or cluster.nproc_per_node = {}",
+                            c.nproc_per_node, *t.devices));
+  }
+  if (t.num_nodes && nnodes_known && *t.num_nodes != c.nnodes) {
+    const SourceLoc loc = reader.LocationOf("trainer.num_nodes");
+    if (!c.nodes.empty()) {
+      diags.Error(loc, "trainer.num_nodes",
+                  fmt::format("trainer.num_nodes = {} does not match the {} hosts of "
+                              "cluster.nodes",
+                              *t.num_nodes, c.nnodes),
+                  fmt::format("set trainer.num_nodes = {} or list {} hosts in cluster.nodes",
+                              c.nnodes, *t.num_nodes));
+    } else {
+      diags.Error(loc, "trainer.num_nodes",
+                  fmt::format("trainer.num_nodes = {} does not match cluster.nnodes = {}",
+                              *t.num_nodes, c.nnodes),
+                  fmt::format("set trainer.num_nodes = {} or cluster.nnodes = {}", c.nnodes,
+                              *t.num_nodes));
+    }
+  }
+  if (trainer_facts.table && !trainer_facts.table->get("num_nodes") && nnodes_known &&
+      c.nnodes > 1) {
+    diags.Warning(LocOf(*trainer_facts.table), "trainer.num_nodes",
+                  fmt::format("[trainer] does not set num_nodes; Lightning's Trainer() then "
+                              "uses 1 and rejects WORLD_SIZE = {}",
+                              spec.WorldSize()),
+                  fmt::format("add num_nodes = {} under [trainer]", c.nnodes));
+  }
+  if (t.device_ids && t.accelerator == "cpu") {
+    diags.Error(reader.LocationOf("trainer.devices"), "trainer.devices",
+                "trainer.devices lists device ids, but accelerator = \"cpu\" takes a count",
+                fmt::format("write devices = {}", *t.devices));
+  }
+}
+
+// Nodes wait for the backoff before rejoining a round, so it must end well before the
+// rendezvous timeout of the nodes already waiting.
+void CheckBackoffAgainstRendezvous(const JobSpec& spec, TomlReader& reader) {
+  const auto& t = spec.timeouts;
+  const Duration longest_backoff = spec.restart.backoff_max.value_or(spec.restart.backoff);
+  if (longest_backoff >= t.rendezvous && t.rendezvous > Duration::zero()) {
+    TimeoutOrderWarning(reader, t,
+                        spec.restart.backoff_max ? "restart.backoff_max" : "restart.backoff",
+                        longest_backoff, "is not shorter than",
+                        "nodes wait for the backoff before rejoining; keep it well under the "
+                        "rendezvous timeout");
+  }
+}
+
+}  // namespace
+
+void CheckAcrossSections(const JobSpec& spec, const TrainerFacts& trainer_facts,
+                         const ClusterFacts& cluster_facts, TomlReader& reader) {
+  CheckTrainerAgainstCluster(spec, trainer_facts, cluster_facts, reader);
+  CheckBackoffAgainstRendezvous(spec, reader);
+}
+
+}  // namespace ddprun

@@ -1,0 +1,335 @@
+#include "schema/keys.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace ddprun {
+namespace {
+
+using Names = std::span<const std::string_view>;
+
+// The names of `keys`, in table order, for the loader's key checks and hints.
+template <size_t N>
+constexpr std::array<std::string_view, N> NamesOf(const std::array<KeySpec, N>& keys) {
+  std::array<std::string_view, N> names{};
+  for (size_t i = 0; i < N; ++i) names[i] = keys[i].name;
+  return names;
+}
+
+constexpr IntRange kPortRange{1, 65535};
+// A global rank: below the largest world (nodes x processes per node).
+constexpr IntRange kRankRange{0, kMaxNodes * kMaxProcsPerNode - 1};
+constexpr IntRange kNodeRankRange{0, kMaxNodes - 1};
+
+constexpr std::array<KeySpec, 8> kTopKeys = {{
+    {.name = "version", .type = KeyType::kInteger, .doc = "Job file format version.",
+     .range = IntRange{1, 1}, .required = true},
+    {.name = "job", .type = KeyType::kSection, .doc = "What to run.", .required = true},
+    {.name = "cluster", .type = KeyType::kSection,
+     .doc = "Where to run it: give nodes or nnodes.", .required = true},
+    {.name = "trainer", .type = KeyType::kSection,
+     .doc = "Lightning Trainer defaults: each key reaches the script as PL_TRAINER_<KEY>, so "
+            "Trainer() with no arguments uses them."},
+    {.name = "restart", .type = KeyType::kSection, .doc = "Job-wide restarts after a failure."},
+    {.name = "timeouts", .type = KeyType::kSection,
+     .doc = "Rendezvous, heartbeat and stop timeouts."},
+    {.name = "logs", .type = KeyType::kSection,
+     .doc = "Per-rank log files and the live console."},
+    {.name = "simulate", .type = KeyType::kSection, .doc = "Only read by `ddprun --simulate`."},
+}};
+
+constexpr std::array<std::string_view, 3> kCodeChecks = {"off", "warn", "refuse"};
+
+constexpr std::array<KeySpec, 5> kJobKeys = {{
+    {.name = "name", .type = KeyType::kString,
+     .doc = "Job name: prefix of TORCHELASTIC_RUN_ID and the log folder.", .required = true,
+     .max_length = kMaxNameLength, .pattern = "^[A-Za-z0-9._-]+$"},
+    {.name = "command", .type = KeyType::kStringArray,
+     .doc = "The worker command, one argument per item, e.g. [\"python\", \"train.py\"].",
+     .required = true, .min_items = 1},
+    {.name = "workdir", .type = KeyType::kString,
+     .doc = "Working directory of the workers, relative to the job file.",
+     .default_value = "."},
+    {.name = "env", .type = KeyType::kStringMap,
+     .doc = "Extra environment variables for every worker. Names ddprun sets itself (RANK, "
+            "WORLD_SIZE, MASTER_PORT, PL_TRAINER_*, ...) are not allowed.",
+     .pattern = "^[A-Za-z_][A-Za-z0-9_]*$"},
+    {.name = "code_check", .type = KeyType::kString,
+     .doc = "\"refuse\": each node sends the SHA-256 of the script job.command runs and the "
+            "git commit (and dirty state) of the workdir; a node whose code differs from node "
+            "0's is refused at join, naming what differs. \"warn\": the same comparison, but "
+            "the node joins and node 0 logs what differs.",
+     .values = kCodeChecks, .default_value = "off"},
+}};
+
+constexpr std::array<KeySpec, 6> kClusterKeys = {{
+    {.name = "nodes", .type = KeyType::kStringArray,
+     .doc = "Host names or addresses of the nodes; a node's rank is its position. Give this "
+            "or nnodes.",
+     .min_items = 1, .unique = true, .nonempty_items = true},
+    {.name = "nnodes", .type = KeyType::kInteger,
+     .doc = "Number of nodes, when they are not listed (each node then needs --node-rank or "
+            "DDPRUN_NODE_RANK).",
+     .range = IntRange{1, kMaxNodes}},
+    {.name = "master_addr", .type = KeyType::kString,
+     .doc = "Address of node 0, where the coordinator listens. Default: nodes[0], else "
+            "127.0.0.1."},
+    {.name = "master_port", .type = KeyType::kInteger,
+     .doc = "The one port node 0 listens on (coordinator and relayed store). Default 29500.",
+     .range = kPortRange, .default_value = "29500"},
+    {.name = "nproc_per_node", .type = KeyType::kInteger,
+     .doc = "Worker processes per node. Default: the trainer.devices count, else 1.",
+     .range = IntRange{1, kMaxProcsPerNode}},
+    {.name = "store_port", .type = KeyType::kInteger,
+     .doc = "Set to let worker rank 0 bind this port for the store instead of relaying it "
+            "through master_port.",
+     .range = kPortRange},
+}};
+constexpr std::array<std::string_view, 2> kClusterNeeds = {"nodes", "nnodes"};
+
+// Accepted accelerators; "tpu" is known to the loader too, but only to refuse it.
+constexpr std::array<std::string_view, 5> kAccelerators = {"cpu", "gpu", "cuda", "auto", "mps"};
+
+// Strategies that work when something else (torchrun, ddprun) starts one process per device:
+// Lightning then only joins the process group from the environment. The "popen" DDP family,
+// FSDP and DeepSpeed all do that; the spawn/fork/notebook variants start their own processes.
+constexpr std::array<std::string_view, 14> kLauncherStrategies = {
+    "auto",
+    "ddp",
+    "ddp_find_unused_parameters_false",
+    "ddp_find_unused_parameters_true",
+    "fsdp",
+    "fsdp_cpu_offload",
+    "deepspeed",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme",
+    "model_parallel"};
+
+// The [trainer] keys ddprun reads itself; every other key is forwarded as it is.
+constexpr std::array<KeySpec, 5> kTrainerKeys = {{
+    {.name = "accelerator", .type = KeyType::kString,
+     .doc = "Lightning accelerator; reaches the script as PL_TRAINER_ACCELERATOR.",
+     .values = kAccelerators},
+    {.name = "devices", .type = KeyType::kDevices,
+     .doc = "Devices per node: a count or a list of device ids. Must equal "
+            "cluster.nproc_per_node; \"auto\" and -1 are not allowed.",
+     .range = IntRange{1, kMaxProcsPerNode}, .item_range = IntRange{0, 1'000'000},
+     .min_items = 1, .unique = true},
+    {.name = "num_nodes", .type = KeyType::kInteger, .doc = "Must equal the number of nodes.",
+     .range = IntRange{1, kMaxNodes}},
+    {.name = "strategy", .type = KeyType::kString,
+     .doc = "A strategy that works under an external launcher; ddp_spawn, ddp_fork, "
+            "ddp_notebook and dp do not.",
+     .examples = kLauncherStrategies},
+    {.name = "precision", .type = KeyType::kStringOrInteger,
+     .doc = "Lightning precision, e.g. \"bf16-mixed\"."},
+}};
+
+// Lightning 2.x `Trainer.__init__` parameters. Lightning reads PL_TRAINER_<NAME> only for
+// these, so any other [trainer] key would be silently ignored by the script: worth a warning.
+constexpr std::array<std::string_view, 40> kLightningTrainerArgs = {
+    "accelerator", "strategy", "devices", "num_nodes", "precision", "logger", "callbacks",
+    "fast_dev_run", "max_epochs", "min_epochs", "max_steps", "min_steps", "max_time",
+    "limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+    "overfit_batches", "val_check_interval", "check_val_every_n_epoch", "num_sanity_val_steps",
+    "log_every_n_steps", "enable_checkpointing", "enable_progress_bar", "enable_model_summary",
+    "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "deterministic",
+    "benchmark", "inference_mode", "use_distributed_sampler", "profiler", "detect_anomaly",
+    "barebones", "plugins", "sync_batchnorm", "reload_dataloaders_every_n_epochs",
+    "default_root_dir", "model_registry"};
+
+constexpr std::array<KeySpec, 3> kRestartKeys = {{
+    {.name = "max_restarts", .type = KeyType::kInteger,
+     .doc = "Job-wide restart budget: how many times all workers may be restarted after a "
+            "failure.",
+     .range = IntRange{0, kMaxRestarts}, .default_value = "0"},
+    {.name = "backoff", .type = KeyType::kDuration,
+     .doc = "Wait before the first restart (before each restart without backoff_max).",
+     .default_value = "10s"},
+    {.name = "backoff_max", .type = KeyType::kDuration,
+     .doc = "Set: the wait doubles after each restart, from backoff up to this (not below "
+            "backoff)."},
+}};
+
+constexpr std::array<KeySpec, 3> kTimeoutKeys = {{
+    {.name = "rendezvous", .type = KeyType::kDuration,
+     .doc = "All nodes must have joined by then.", .default_value = "15m"},
+    {.name = "heartbeat", .type = KeyType::kDuration,
+     .doc = "Heartbeat period; a node silent for 3 beats is lost. 3 x heartbeat must be "
+            "shorter than rendezvous.",
+     .default_value = "2s"},
+    {.name = "stop_grace", .type = KeyType::kDuration,
+     .doc = "SIGTERM to SIGKILL grace when stopping workers.", .default_value = "30s"},
+}};
+
+constexpr std::array<std::string_view, 2> kConsoleModes = {"all", "none"};
+
+constexpr std::array<KeySpec, 2> kLogKeys = {{
+    {.name = "dir", .type = KeyType::kString,
+     .doc = "Per-rank logs go to <dir>/<job>/<run>/attempt-<k>/rank-<r>.log, a new <run> "
+            "folder per run, <dir>/<job>/latest the newest (relative to the job file).",
+     .default_value = "logs"},
+    {.name = "console", .type = KeyType::kConsole,
+     .doc = "Which global ranks' output is shown live: \"all\", \"none\" or a list of ranks.",
+     .item_range = kRankRange, .values = kConsoleModes, .default_value = "all", .unique = true},
+}};
+
+constexpr std::array<KeySpec, 8> kSimulateKeys = {{
+    {.name = "seed", .type = KeyType::kInteger,
+     .doc = "PRNG seed; the same seed and file give the same run.", .range = IntRange{},
+     .default_value = "1"},
+    {.name = "faults", .type = KeyType::kSectionArray, .doc = "Scheduled faults."},
+    {.name = "node_mtbf", .type = KeyType::kDuration,
+     .doc = "Random node crashes: mean time between failures per node."},
+    {.name = "worker_mtbf", .type = KeyType::kDuration,
+     .doc = "Random worker exits: mean time between failures per worker."},
+    {.name = "train_time", .type = KeyType::kDuration,
+     .doc = "Training a round needs to finish the job.", .default_value = "10m"},
+    {.name = "checkpoint_every", .type = KeyType::kDuration,
+     .doc = "Checkpoint period of the simulated script.", .default_value = "30m"},
+    {.name = "worker_startup", .type = KeyType::kDuration,
+     .doc = "Simulated worker start-up time.", .default_value = "20s"},
+    {.name = "max_time", .type = KeyType::kDuration,
+     .doc = "The simulation gives up after this.", .default_value = "60d"},
+}};
+
+constexpr std::array<std::string_view, 9> kFaultKindNames = {
+    "node-crash", "agent-hang",       "worker-exit",         "worker-hang",
+    "partition",  "master-port-blocked", "slow-joiner", "job-file-differs",
+    "duplicate-node-rank"};
+
+// The ranges are those of any job; the loader lowers the node and rank bounds to the job's.
+constexpr std::array<KeySpec, 8> kFaultKeys = {{
+    {.name = "at", .type = KeyType::kDuration, .doc = "Virtual time of the fault since the start.",
+     .required = true},
+    {.name = "kind", .type = KeyType::kString, .doc = "What happens.",
+     .values = kFaultKindNames, .required = true},
+    {.name = "node", .type = KeyType::kInteger, .doc = "The node it hits.",
+     .range = kNodeRankRange, .default_value = "0"},
+    {.name = "local_rank", .type = KeyType::kInteger,
+     .doc = "worker-exit, worker-hang: which worker (default 0).",
+     .range = IntRange{0, kMaxProcsPerNode - 1}},
+    {.name = "exit_code", .type = KeyType::kInteger, .doc = "worker-exit: the exit code.",
+     .range = IntRange{0, 255}, .default_value = "1"},
+    {.name = "duration", .type = KeyType::kDuration,
+     .doc = "agent-hang, worker-hang, partition, master-port-blocked, slow-joiner: heals after "
+            "this."},
+    {.name = "reboot_after", .type = KeyType::kDuration,
+     .doc = "node-crash: the node comes back after this."},
+    {.name = "peers", .type = KeyType::kIntegerArray,
+     .doc = "partition: the nodes cut off from `node` (default: node 0).",
+     .item_range = kNodeRankRange},
+}};
+
+constexpr auto kTopNames = NamesOf(kTopKeys);
+constexpr auto kJobNames = NamesOf(kJobKeys);
+constexpr auto kClusterNames = NamesOf(kClusterKeys);
+constexpr auto kRestartNames = NamesOf(kRestartKeys);
+constexpr auto kTimeoutNames = NamesOf(kTimeoutKeys);
+constexpr auto kLogNames = NamesOf(kLogKeys);
+constexpr auto kSimulateNames = NamesOf(kSimulateKeys);
+constexpr auto kFaultNames = NamesOf(kFaultKeys);
+
+const std::array<SectionSpec, 9> kSections = {{
+    {.name = "", .doc = "", .keys = kTopKeys, .known_names = kTopNames},
+    {.name = "job", .doc = "", .keys = kJobKeys, .known_names = kJobNames},
+    {.name = "cluster", .doc = "", .keys = kClusterKeys, .known_names = kClusterNames,
+     .any_of_required = kClusterNeeds},
+    {.name = "trainer", .doc = "", .keys = kTrainerKeys, .known_names = kLightningTrainerArgs,
+     .open = true},
+    {.name = "restart", .doc = "", .keys = kRestartKeys, .known_names = kRestartNames},
+    {.name = "timeouts", .doc = "", .keys = kTimeoutKeys, .known_names = kTimeoutNames},
+    {.name = "logs", .doc = "", .keys = kLogKeys, .known_names = kLogNames},
+    {.name = "simulate", .doc = "", .keys = kSimulateKeys, .known_names = kSimulateNames},
+    {.name = "simulate.faults", .doc = "One scheduled fault.", .keys = kFaultKeys,
+     .known_names = kFaultNames},
+}};
+
+// Which optional fault keys each kind takes.
+constexpr std::array<std::string_view, 1> kRebootAfter = {"reboot_after"};
+constexpr std::array<std::string_view, 1> kDuration = {"duration"};
+constexpr std::array<std::string_view, 2> kWorkerExitKeys = {"local_rank", "exit_code"};
+constexpr std::array<std::string_view, 2> kWorkerHangKeys = {"local_rank", "duration"};
+constexpr std::array<std::string_view, 2> kPartitionKeys = {"duration", "peers"};
+
+constexpr std::array<FaultKindSpec, 9> kFaultKindSpecs = {{
+    {FaultKind::kNodeCrash, kFaultKindNames[0], kRebootAfter},
+    {FaultKind::kAgentHang, kFaultKindNames[1], kDuration},
+    {FaultKind::kWorkerExit, kFaultKindNames[2], kWorkerExitKeys},
+    {FaultKind::kWorkerHang, kFaultKindNames[3], kWorkerHangKeys},
+    {FaultKind::kPartition, kFaultKindNames[4], kPartitionKeys},
+    {FaultKind::kMasterPortBlocked, kFaultKindNames[5], kDuration},
+    {FaultKind::kSlowJoiner, kFaultKindNames[6], kDuration},
+    {FaultKind::kJobFileDiffers, kFaultKindNames[7], {}},
+    {FaultKind::kDuplicateNodeRank, kFaultKindNames[8], {}},
+}};
+
+[[noreturn]] void NotInTable(std::string_view what) {
+  fmt::print(stderr, "ddprun: internal error: {} is not in the key table\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+IntRange IntRange::Below(int64_t max_of_job) const {
+  return {min, std::min(max, max_of_job)};
+}
+
+std::span<const SectionSpec> Sections() { return kSections; }
+
+const SectionSpec& SectionNamed(std::string_view name) {
+  for (const SectionSpec& section : kSections) {
+    if (section.name == name) return section;
+  }
+  NotInTable(name);
+}
+
+const KeySpec* FindKey(const SectionSpec& section, std::string_view name) {
+  for (const KeySpec& key : section.keys) {
+    if (key.name == name) return &key;
+  }
+  return nullptr;
+}
+
+const KeySpec& Key(std::string_view dotted_path) {
+  const size_t dot = dotted_path.rfind('.');
+  const std::string_view section = dot == std::string_view::npos ? "" : dotted_path.substr(0, dot);
+  const std::string_view name =
+      dot == std::string_view::npos ? dotted_path : dotted_path.substr(dot + 1);
+  if (const KeySpec* key = FindKey(SectionNamed(section), name)) return *key;
+  NotInTable(dotted_path);
+}
+
+std::string QuotedAlternatives(std::span<const std::string_view> values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out += i + 1 == values.size() ? " or " : ", ";
+    out += fmt::format("\"{}\"", values[i]);
+  }
+  return out;
+}
+
+std::span<const FaultKindSpec> FaultKinds() { return kFaultKindSpecs; }
+
+std::string_view FaultKindName(FaultKind kind) {
+  for (const FaultKindSpec& spec : kFaultKindSpecs) {
+    if (spec.kind == kind) return spec.name;
+  }
+  return kFaultKindSpecs[0].name;
+}
+
+std::optional<FaultKind> ParseFaultKind(std::string_view name) {
+  for (const FaultKindSpec& spec : kFaultKindSpecs) {
+    if (spec.name == name) return spec.kind;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddprun
