@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runner/core/assert.h"
+#include "base/assert.h"
 
 namespace ddprun::sim {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "runner/core/assert.h"
+#include "base/assert.h"
 #include "runner/core/auth.h"
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"

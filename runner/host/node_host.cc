@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "runner/core/assert.h"
+#include "base/assert.h"
 
 namespace ddprun::host {
 

@@ -1,5 +1,5 @@
 // DDPRUN_ASSERT stays on in every build type and names the file, line and condition.
-#include "runner/core/assert.h"
+#include "base/assert.h"
 
 #include <string>
 
