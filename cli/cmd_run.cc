@@ -38,7 +38,6 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   NodeJob job{std::move(*loaded.spec), {}};
   AppendScriptArgs(job.spec, script_args);
 
-  std::string error, how;
   // A job of one node has one possible rank: it needs no flag, variable or host match (the
   // one listed host may be a name this machine does not answer to, e.g. "localhost" vs its
   // host name). A variable that is set is still checked, so a wrong one is reported.
@@ -46,11 +45,12 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
       !EnvSet("SLURM_NODEID")) {
     node_rank_flag = 0;
   }
-  const auto node_rank = io::DetectNodeRank(job.spec, node_rank_flag, error, how);
-  if (!node_rank) {
-    std::fprintf(stderr, "ddprun: error: %s\n", error.c_str());
+  const auto detected = io::DetectNodeRank(job.spec, node_rank_flag);
+  if (!detected) {
+    std::fprintf(stderr, "ddprun: error: %s\n", detected.error().c_str());
     return std::nullopt;
   }
+  const std::optional<int> node_rank = detected->rank;
   const auto& nodes = job.spec.cluster.nodes;
   job.run.node_rank = *node_rank;
   job.run.host = static_cast<size_t>(*node_rank) < nodes.size() ? nodes[static_cast<size_t>(*node_rank)]

@@ -65,19 +65,17 @@ int SimulateCommand(const SimulateOptions& options) {
     sim_options.nodes_override = n;
   }
   for (const std::string& text : options.faults) {
-    std::string error;
-    auto fault = ParseFaultFlag(text, &error);
+    auto fault = ParseFaultFlag(text);
     if (!fault) {
-      fmt::print(stderr, "ddprun simulate: --fault {}: {}\n", text, error);
+      fmt::print(stderr, "ddprun simulate: --fault {}: {}\n", text, fault.error());
       return kExitUsage;
     }
     spec.simulate.faults.push_back(*fault);
     sim_options.flag_faults.push_back(*fault);
   }
   for (const FaultSpec& fault : spec.simulate.faults) {
-    std::string error;
-    if (!FaultFitsJob(fault, spec, &error)) {
-      fmt::print(stderr, "ddprun simulate: {}\n", error);
+    if (auto fits = FaultFitsJob(fault, spec); !fits) {
+      fmt::print(stderr, "ddprun simulate: {}\n", fits.error());
       return kExitUsage;
     }
   }

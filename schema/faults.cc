@@ -34,23 +34,22 @@ std::optional<int> ParseFlagInt(std::string_view s, IntRange range) {
 }
 
 // `value` of the flag's key=value read as the table's type of `key`, or an error sentence.
-std::variant<FaultValue, std::string> ParseFlagValue(std::string_view key,
-                                                     std::string_view value) {
+Result<FaultValue> ParseFlagValue(std::string_view key, std::string_view value) {
   const IntRange range = FaultKeyRange(key, FaultBounds{});
   switch (FaultKey(key).type) {
     case KeyType::kInteger:
       if (auto n = ParseFlagInt(value, range)) return FaultValue{int64_t{*n}};
-      return fmt::format("{}={} is not a valid number", key, value);
+      return Fail(fmt::format("{}={} is not a valid number", key, value));
     case KeyType::kDuration:
       if (auto d = ParseDuration(value)) return FaultValue{*d};
-      return fmt::format("{}={} is not a duration (e.g. 30s, 5m)", key, value);
+      return Fail(fmt::format("{}={} is not a duration (e.g. 30s, 5m)", key, value));
     case KeyType::kIntegerArray: {
       std::vector<int> ranks;
       std::string_view list = value;
       while (true) {
         const size_t plus = list.find('+');
         auto n = ParseFlagInt(list.substr(0, plus), range);
-        if (!n) return fmt::format("{}={} is not a list of node ranks (e.g. 0+2)", key, value);
+        if (!n) return Fail(fmt::format("{}={} is not a list of node ranks (e.g. 0+2)", key, value));
         ranks.push_back(*n);
         if (plus == std::string_view::npos) break;
         list = list.substr(plus + 1);
@@ -60,7 +59,7 @@ std::variant<FaultValue, std::string> ParseFlagValue(std::string_view key,
     default:
       break;
   }
-  return fmt::format("`{}` cannot be given as key=value", key);
+  return Fail(fmt::format("`{}` cannot be given as key=value", key));
 }
 
 }  // namespace
@@ -124,46 +123,38 @@ std::string KnownFaultKinds() {
   return out;
 }
 
-bool FaultFitsJob(const FaultSpec& fault, const JobSpec& spec, std::string* error) {
+Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec) {
   const int nnodes = spec.cluster.nnodes;
-  auto fail = [&](std::string message) {
-    if (error) *error = std::move(message);
-    return false;
-  };
   if (fault.node < 0 || fault.node >= nnodes) {
-    return fail(fmt::format("{} fault: node {} is out of range (the job has nodes 0..{})",
+    return Fail(fmt::format("{} fault: node {} is out of range (the job has nodes 0..{})",
                             FaultKindName(fault.kind), fault.node, nnodes - 1));
   }
   if (fault.local_rank &&
       (*fault.local_rank < 0 || *fault.local_rank >= spec.cluster.nproc_per_node)) {
-    return fail(fmt::format("{} fault: local_rank {} is out of range (0..{})",
+    return Fail(fmt::format("{} fault: local_rank {} is out of range (0..{})",
                             FaultKindName(fault.kind), *fault.local_rank,
                             spec.cluster.nproc_per_node - 1));
   }
   for (int peer : fault.peers) {
     if (peer < 0 || peer >= nnodes || peer == fault.node) {
-      return fail(fmt::format("{} fault: peer {} is not another node of the job (0..{})",
+      return Fail(fmt::format("{} fault: peer {} is not another node of the job (0..{})",
                               FaultKindName(fault.kind), peer, nnodes - 1));
     }
   }
-  return true;
+  return {};
 }
 
-std::optional<FaultSpec> ParseFaultFlag(std::string_view text, std::string* error) {
-  auto fail = [&](std::string message) -> std::optional<FaultSpec> {
-    if (error) *error = std::move(message);
-    return std::nullopt;
-  };
+Result<FaultSpec> ParseFaultFlag(std::string_view text) {
   const std::string usage = "write kind@time[:key=value,...], e.g. node-crash@40m:node=1";
-  if (text.size() > 512) return fail("--fault value is too long");
+  if (text.size() > 512) return Fail("--fault value is too long");
   const size_t at_sign = text.find('@');
   if (at_sign == std::string_view::npos) {
-    return fail(fmt::format("--fault `{}` has no time: {}", text, usage));
+    return Fail(fmt::format("--fault `{}` has no time: {}", text, usage));
   }
   const std::string_view kind_name = text.substr(0, at_sign);
   auto kind = ParseFaultKind(kind_name);
   if (!kind) {
-    return fail(fmt::format("unknown fault kind `{}` (known: {})", kind_name, KnownFaultKinds()));
+    return Fail(fmt::format("unknown fault kind `{}` (known: {})", kind_name, KnownFaultKinds()));
   }
   const FaultKindSpec& kind_spec = FaultKindSpecOf(*kind);
   std::string_view rest = text.substr(at_sign + 1);
@@ -172,7 +163,7 @@ std::optional<FaultSpec> ParseFaultFlag(std::string_view text, std::string* erro
   FaultSpec fault;
   fault.kind = *kind;
   auto at = ParseDuration(time);
-  if (!at) return fail(fmt::format("`{}` is not a duration (e.g. 90s, 40m, 1h30m)", time));
+  if (!at) return Fail(fmt::format("`{}` is not a duration (e.g. 90s, 40m, 1h30m)", time));
   fault.at = *at;
   if (colon == std::string_view::npos) return fault;
 
@@ -184,7 +175,7 @@ std::optional<FaultSpec> ParseFaultFlag(std::string_view text, std::string* erro
     pairs = comma == std::string_view::npos ? std::string_view{} : pairs.substr(comma + 1);
     const size_t eq = pair.find('=');
     if (eq == std::string_view::npos) {
-      return fail(fmt::format("`{}` is not key=value: {}", pair, usage));
+      return Fail(fmt::format("`{}` is not key=value: {}", pair, usage));
     }
     const std::string_view key = pair.substr(0, eq);
     const std::string_view value = pair.substr(eq + 1);
@@ -196,18 +187,18 @@ std::optional<FaultSpec> ParseFaultFlag(std::string_view text, std::string* erro
       if (auto close = ClosestName(key, SectionNamed(kFaultSection).known_names)) {
         hint = fmt::format("; did you mean `{}`?", *close);
       }
-      return fail(fmt::format("unknown fault key `{}`{}", key, hint));
+      return Fail(fmt::format("unknown fault key `{}`{}", key, hint));
     }
     if (use == FaultKeyUse::kNotForKind) {
-      return fail(fmt::format("`{}` does not apply to a {} fault ({})", key, kind_spec.name,
+      return Fail(fmt::format("`{}` does not apply to a {} fault ({})", key, kind_spec.name,
                               FaultKeysHint(kind_spec)));
     }
     if (!seen.insert(std::string(key)).second) {
-      return fail(fmt::format("`{}` is given twice", key));
+      return Fail(fmt::format("`{}` is given twice", key));
     }
     auto parsed = ParseFlagValue(key, value);
-    if (auto* message = std::get_if<std::string>(&parsed)) return fail(std::move(*message));
-    SetFaultKey(fault, key, std::get<FaultValue>(std::move(parsed)));
+    if (!parsed) return Fail(parsed.error());
+    SetFaultKey(fault, key, *std::move(parsed));
   }
   return fault;
 }

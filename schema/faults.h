@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "base/result.h"
 #include "schema/job_spec.h"
 #include "schema/keys.h"
 
@@ -56,11 +57,11 @@ std::string KnownFaultKinds();
 /// Parses the command-line form `kind@time[:key=value,...]`, e.g. `node-crash@40m:node=1` or
 /// `worker-exit@90s:node=1,local_rank=0,exit_code=3`; peers are joined with `+`
 /// (`partition@5m:node=1,peers=0+2,duration=1m`). Checks syntax, the keys each kind takes and
-/// the table's ranges for any job, not the job's own (see FaultFitsJob). On failure returns
-/// nullopt and sets *error to one sentence.
-std::optional<FaultSpec> ParseFaultFlag(std::string_view text, std::string* error);
+/// the table's ranges for any job, not the job's own (see FaultFitsJob). A failure is one
+/// sentence.
+Result<FaultSpec> ParseFaultFlag(std::string_view text);
 
-/// Whether `fault` addresses nodes, workers and peers that exist in `spec`; sets *error when not.
-bool FaultFitsJob(const FaultSpec& fault, const JobSpec& spec, std::string* error);
+/// Whether `fault` addresses nodes, workers and peers that exist in `spec`; why not, if not.
+Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec);
 
 }  // namespace ddprun

@@ -132,16 +132,16 @@ void Cluster::StartNode(uint32_t index) {
   if (reboot) PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });
-  const std::string error = n.host->Start();
+  const Status started = n.host->Start();
   // Every coordinator that listens is a fresh one (a rebooted node 0, or an extra agent that
   // claims rank 0 once node 0 is gone): its rounds are numbered from 0 again.
-  if (error.empty() && n.host->coordinator()) {
+  if (started && n.host->coordinator()) {
     ++coordinator_incarnation_;
     if (index == 0) node0_incarnation_ = coordinator_incarnation_;
   }
   SetPhase(index);
-  if (!error.empty()) {
-    PrintSim(index, error);  // the transport's words name the address, as the real one's do
+  if (!started) {
+    PrintSim(index, started.error());  // the transport's words name the address, as the real one's do
     OnNodeExit(index, 3);
   }
 }
@@ -532,7 +532,7 @@ std::vector<std::string> Split(std::string_view text) {
 void SimTimer::ArmAt(TimePoint when) { cluster_->ArmTimer(node_, when); }
 void SimTimer::Disarm() { cluster_->DisarmTimer(node_); }
 void SimTransport::SetEvents(host::TransportEvents* events) { cluster_->SetTransportEvents(node_, events); }
-std::string SimTransport::Listen(const std::string& addr, uint16_t port) {
+Status SimTransport::Listen(const std::string& addr, uint16_t port) {
   return cluster_->network().Listen(node_, addr, port);
 }
 ConnId SimTransport::Connect(const std::string& addr, uint16_t port) {

@@ -32,19 +32,19 @@ std::pair<uint64_t, int> Network::Lookup(core::ConnId id) const {
   return {packed >> 1, static_cast<int>(packed & 1)};
 }
 
-std::string Network::Listen(uint32_t index, const std::string& addr, uint16_t port) {
+Status Network::Listen(uint32_t index, const std::string& addr, uint16_t port) {
   // master_addr belongs to node 0's machine: an agent on any other machine (a second agent
   // claiming node rank 0) cannot bind it, as bind(2) answers EADDRNOTAVAIL there.
   if (index != 0 && addr == spec_.cluster.master_addr) {
-    return fmt::format("cannot listen on {}:{}: {} is not an address of this machine", addr, port,
-                       addr);
+    return Fail(fmt::format("cannot listen on {}:{}: {} is not an address of this machine", addr, port,
+                       addr));
   }
   auto [it, inserted] = listeners_.emplace(std::make_pair(addr, port), index);
   if (!inserted && it->second != index) {
-    return fmt::format("cannot listen on {}:{}: address already in use (by {}'s agent)", addr, port,
-                       cluster_.NodeLabel(it->second));
+    return Fail(fmt::format("cannot listen on {}:{}: address already in use (by {}'s agent)", addr, port,
+                       cluster_.NodeLabel(it->second)));
   }
-  return "";
+  return {};
 }
 
 core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t port) {

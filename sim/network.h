@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/result.h"
 #include "runner/core/events.h"
 #include "schema/job_spec.h"
 #include "sim/invariants.h"
@@ -25,7 +26,7 @@ class Network {
   Network(Cluster& cluster, const JobSpec& spec, const NetworkOptions& options, uint64_t seed);
 
   // ---- the transport port (SimTransport) ----
-  std::string Listen(uint32_t node, const std::string& addr, uint16_t port);
+  Status Listen(uint32_t node, const std::string& addr, uint16_t port);
   core::ConnId Connect(uint32_t node, const std::string& addr, uint16_t port);
   void Send(uint32_t node, core::ConnId conn, std::vector<uint8_t> bytes);
   void Close(core::ConnId conn);

@@ -40,7 +40,7 @@ class SimTransport final : public host::Transport {
  public:
   SimTransport(Cluster* cluster, uint32_t node) : cluster_(cluster), node_(node) {}
   void SetEvents(host::TransportEvents* events) override;
-  std::string Listen(const std::string& addr, uint16_t port) override;
+  Status Listen(const std::string& addr, uint16_t port) override;
   ConnId Connect(const std::string& addr, uint16_t port) override;
   void Send(ConnId conn, std::vector<uint8_t> bytes) override;
   void Close(ConnId conn) override;

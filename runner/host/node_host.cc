@@ -25,10 +25,10 @@ NodeHost::~NodeHost() {
   ports_.launcher->SetEvents(nullptr);
 }
 
-std::string NodeHost::Start() {
+Status NodeHost::Start() {
   if (coordinator_) {
-    std::string error = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
-    if (!error.empty()) return error;
+    const Status listening = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
+    if (!listening) return listening;
     if (ports_.journal) {
       if (auto since = ports_.journal->SinceRoundsMayRun()) {
         coordinator_->AfterUncleanEnd(ports_.clock->Now(), *since, coordinator_effects_);
@@ -40,7 +40,7 @@ std::string NodeHost::Start() {
   agent_.Start(ports_.clock->Now(), agent_effects_);
   // RunAgent executes the start effects (left in agent_effects_) with those of a no-op input.
   RunAgent(core::Tick{});
-  return "";
+  return {};
 }
 
 void NodeHost::OnTimer() {

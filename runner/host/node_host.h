@@ -33,8 +33,8 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   ~NodeHost() override;
 
   /// Node 0 listens on master_addr:master_port and starts the coordinator; then the agent
-  /// starts connecting. Returns "" or why node 0 cannot listen (the caller exits 3).
-  std::string Start();
+  /// starts connecting. Fails with why node 0 cannot listen (the caller exits 3).
+  Status Start();
 
   /// The driver calls this when the armed time has come.
   void OnTimer();

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/result.h"
 #include "runner/core/events.h"
 #include "runner/core/time.h"
 
@@ -47,8 +48,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual void SetEvents(TransportEvents* events) = 0;
-  /// Listens on addr:port (that address only). Returns "" or why it cannot, for the user.
-  virtual std::string Listen(const std::string& addr, uint16_t port) = 0;
+  /// Listens on addr:port (that address only); a failure says why, for the user.
+  virtual Status Listen(const std::string& addr, uint16_t port) = 0;
   /// Starts a connect; OnConnected or OnConnectFailed follows.
   virtual ConnId Connect(const std::string& addr, uint16_t port) = 0;
   virtual void Send(ConnId conn, std::vector<uint8_t> bytes) = 0;

@@ -128,12 +128,12 @@ void AsioTransport::Shutdown() {
   conns_.clear();
 }
 
-std::string AsioTransport::Listen(const std::string& addr, uint16_t port) {
+Status AsioTransport::Listen(const std::string& addr, uint16_t port) {
   error_code ec;
   tcp::resolver resolver(io_);
   auto results = resolver.resolve(addr, std::to_string(port), tcp::resolver::passive, ec);
   if (ec || results.empty()) {
-    return fmt::format("cannot resolve cluster.master_addr \"{}\" on this node: {}", addr, ec.message());
+    return ddprun::Fail(fmt::format("cannot resolve cluster.master_addr \"{}\" on this node: {}", addr, ec.message()));
   }
   const tcp::endpoint endpoint = results.begin()->endpoint();
   auto listener = std::make_unique<Listener>(io_);
@@ -141,26 +141,26 @@ std::string AsioTransport::Listen(const std::string& addr, uint16_t port) {
   if (!ec) listener->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) listener->acceptor.bind(endpoint, ec);
   if (ec == asio::error::address_in_use) {
-    return fmt::format("cannot listen on {}:{}: the port is already in use{}\n"
+    return ddprun::Fail(fmt::format("cannot listen on {}:{}: the port is already in use{}\n"
                        "hint: stop that process, or pick another cluster.master_port in the job "
                        "file (on every node)",
-                       addr, port, DescribePortUse(port));
+                       addr, port, DescribePortUse(port)));
   }
   if (ec.value() == EADDRNOTAVAIL) {
-    return fmt::format("cannot listen on {}:{}: {} is not an address of this machine\n"
+    return ddprun::Fail(fmt::format("cannot listen on {}:{}: {} is not an address of this machine\n"
                        "hint: node 0 must run on the host of cluster.master_addr; check the node "
                        "rank (--node-rank) and master_addr",
-                       addr, port, endpoint.address().to_string());
+                       addr, port, endpoint.address().to_string()));
   }
   if (ec == asio::error::access_denied) {
-    return fmt::format("cannot listen on {}:{}: permission denied (ports below 1024 need root)",
-                       addr, port);
+    return ddprun::Fail(fmt::format("cannot listen on {}:{}: permission denied (ports below 1024 need root)",
+                       addr, port));
   }
   if (!ec) listener->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return fmt::format("cannot listen on {}:{}: {}", addr, port, ec.message());
+  if (ec) return ddprun::Fail(fmt::format("cannot listen on {}:{}: {}", addr, port, ec.message()));
   listener_ = std::move(listener);
   StartAccept();
-  return "";
+  return {};
 }
 
 void AsioTransport::StartAccept() {

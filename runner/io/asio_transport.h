@@ -31,7 +31,7 @@ class AsioTransport final : public host::Transport {
   ~AsioTransport() override;
 
   void SetEvents(host::TransportEvents* events) override;
-  std::string Listen(const std::string& addr, uint16_t port) override;
+  Status Listen(const std::string& addr, uint16_t port) override;
   host::ConnId Connect(const std::string& addr, uint16_t port) override;
   void Send(host::ConnId conn, std::vector<uint8_t> bytes) override;
   void Close(host::ConnId conn) override;

@@ -261,26 +261,25 @@ size_t InheritedDescriptors() {
 
 }  // namespace
 
-std::optional<std::string> ReadSharedSecret(std::string& error, std::string& warning) {
-  if (const char* value = std::getenv("DDPRUN_SECRET"); value && *value) return std::string(value);
+Result<SharedSecret> ReadSharedSecret() {
+  if (const char* value = std::getenv("DDPRUN_SECRET"); value && *value) {
+    return SharedSecret{std::string(value), ""};
+  }
   const char* path = std::getenv("DDPRUN_SECRET_FILE");
-  if (!path || !*path) return std::string();
+  if (!path || !*path) return SharedSecret{};
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    error = fmt::format("cannot read DDPRUN_SECRET_FILE {}: {}", path, std::strerror(errno));
-    return std::nullopt;
+  if (!in) return Fail(fmt::format("cannot read DDPRUN_SECRET_FILE {}: {}", path, std::strerror(errno)));
+  SharedSecret shared;
+  shared.secret.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  while (!shared.secret.empty() && (shared.secret.back() == '\n' || shared.secret.back() == '\r')) {
+    shared.secret.pop_back();
   }
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-  if (secret.empty()) {
-    error = fmt::format("DDPRUN_SECRET_FILE {} is empty", path);
-    return std::nullopt;
-  }
+  if (shared.secret.empty()) return Fail(fmt::format("DDPRUN_SECRET_FILE {} is empty", path));
   struct stat st {};
   if (::stat(path, &st) == 0 && (st.st_mode & 077) != 0) {
-    warning = fmt::format("DDPRUN_SECRET_FILE {} is readable by other users (chmod 600 it)", path);
+    shared.warning = fmt::format("DDPRUN_SECRET_FILE {} is readable by other users (chmod 600 it)", path);
   }
-  return secret;
+  return shared;
 }
 
 std::string LocalHostName() {
@@ -289,31 +288,24 @@ std::string LocalHostName() {
   return name;
 }
 
-std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, std::string& error,
-                                  std::string& how) {
+Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag) {
   const int nnodes = spec.cluster.nnodes;
-  auto in_range = [&](int rank, const std::string& source) -> std::optional<int> {
-    if (rank >= 0 && rank < nnodes) {
-      how = source;
-      return rank;
-    }
-    error = fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks 0..{})",
-                        rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1);
-    return std::nullopt;
+  auto in_range = [&](int rank, const std::string& source) -> Result<DetectedRank> {
+    if (rank >= 0 && rank < nnodes) return DetectedRank{rank, source};
+    return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks 0..{})",
+                            rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
   };
   if (flag) return in_range(*flag, "--node-rank");
   for (const char* var : {"DDPRUN_NODE_RANK", "SLURM_NODEID"}) {
     // An empty variable counts as unset, as shells and schedulers often leave them.
     if (const char* value = std::getenv(var); value && *value) {
       if (auto rank = ParseRank(value)) return in_range(*rank, var);
-      error = fmt::format("{}=\"{}\" is not a node rank (a non-negative integer)", var, value);
-      return std::nullopt;
+      return Fail(fmt::format("{}=\"{}\" is not a node rank (a non-negative integer)", var, value));
     }
   }
   if (spec.cluster.nodes.empty()) {
-    error = "cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
-            "--node-rank N or set DDPRUN_NODE_RANK on each node";
-    return std::nullopt;
+    return Fail("cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
+                "--node-rank N or set DDPRUN_NODE_RANK on each node");
   }
   const std::string host = LocalHostName();
   const std::string short_host = host.substr(0, host.find('.'));
@@ -327,19 +319,16 @@ std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, 
     if (name_match || addr_match) matches.push_back(static_cast<int>(i));
   }
   if (matches.size() == 1) {
-    how = fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0]);
-    return matches[0];
+    return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0])};
   }
   if (matches.empty()) {
-    error = fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
-                        "cluster.nodes [{}]; pass --node-rank N or set DDPRUN_NODE_RANK",
-                        host, fmt::join(addresses, ", "), fmt::join(spec.cluster.nodes, ", "));
-  } else {
-    error = fmt::format("cannot tell this node's rank: this host matches several entries of "
-                        "cluster.nodes (positions {}); pass --node-rank N",
-                        fmt::join(matches, ", "));
+    return Fail(fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
+                            "cluster.nodes [{}]; pass --node-rank N or set DDPRUN_NODE_RANK",
+                            host, fmt::join(addresses, ", "), fmt::join(spec.cluster.nodes, ", ")));
   }
-  return std::nullopt;
+  return Fail(fmt::format("cannot tell this node's rank: this host matches several entries of "
+                          "cluster.nodes (positions {}); pass --node-rank N",
+                          fmt::join(matches, ", ")));
 }
 
 namespace {
@@ -468,13 +457,13 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // Workers run user code: they do not need the job's secret.
   config.inherited_env.erase("DDPRUN_SECRET");
   config.inherited_env.erase("DDPRUN_SECRET_FILE");
-  std::string secret_error, secret_warning;
-  const auto secret = ReadSharedSecret(secret_error, secret_warning);
+  const auto secret = ReadSharedSecret();
   if (!secret) {
-    std::fprintf(stderr, "ddprun: error: %s\n", secret_error.c_str());
+    std::fprintf(stderr, "ddprun: error: %s\n", secret.error().c_str());
     return 2;
   }
-  config.secret = *secret;
+  config.secret = secret->secret;
+  const std::string secret_warning = secret->warning;
 
   asio::io_context io;
   // Every console line of this agent, its workers' included, goes through this writer, so a
@@ -592,9 +581,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     }
     console.Log(core::LogLevel::kWarn, "agent", loopback);
   }
-  const std::string error = node.Start();
-  if (!error.empty()) {
-    console.Summary("ddprun cannot start node 0's coordinator: " + error);
+  if (const Status started = node.Start(); !started) {
+    console.Summary("ddprun cannot start node 0's coordinator: " + started.error());
     console_writer.FlushForExit(kExitFlushLimitMs);
     return 3;
   }

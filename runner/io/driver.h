@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "base/result.h"
 #include "schema/job_spec.h"
 
 namespace ddprun::io {
@@ -19,18 +20,25 @@ struct NodeRunOptions {
   std::optional<int> raw_console_rank;
 };
 
-/// The shared secret from DDPRUN_SECRET or the file named by DDPRUN_SECRET_FILE ("" when
-/// neither is set). On an unreadable or empty file returns nullopt and sets `error`.
-std::optional<std::string> ReadSharedSecret(std::string& error, std::string& warning);
+struct SharedSecret {
+  std::string secret;   // "" when neither variable is set
+  std::string warning;  // e.g. a file other users can read; "" if none
+};
+/// The shared secret from DDPRUN_SECRET or the file named by DDPRUN_SECRET_FILE. An unreadable
+/// or empty file is a failure.
+Result<SharedSecret> ReadSharedSecret();
 
 /// Runs this node's agent (and on node 0 the coordinator) until the job ends; returns the
 /// process exit code (DESIGN.md section 1).
 int RunNode(const JobSpec& spec, const NodeRunOptions& options);
 
 /// This node's rank: `flag` > DDPRUN_NODE_RANK > SLURM_NODEID > this host's name or one of its
-/// addresses in cluster.nodes. On failure returns nullopt and sets `error` for the user.
-std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, std::string& error,
-                                  std::string& how);
+/// addresses in cluster.nodes; with how it was found, for the user.
+struct DetectedRank {
+  int rank = 0;
+  std::string how;  // "--node-rank", "DDPRUN_NODE_RANK", "this host (gpu-02) is cluster.nodes[1]"
+};
+Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag);
 
 /// The host name of this machine ("" if unknown).
 std::string LocalHostName();

@@ -150,23 +150,21 @@ struct Guardian::Supervision {
 };
 
 Guardian::Guardian() {
-  std::string ignored;
-  Start(ignored);
+  // Without a guardian the agent still runs; only its own stop and the parent-death signal
+  // then end the workers.
+  (void)Start();
 }
 
-bool Guardian::Start(std::string& error) {
+Status Guardian::Start() {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    error = fmt::format("cannot create a pipe: {}", std::strerror(errno));
-    return false;
-  }
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Fail(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   const pid_t agent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
-    error = fmt::format("fork: {}", std::strerror(errno));
+    const int fork_errno = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    return false;
+    return Fail(fmt::format("fork: {}", std::strerror(fork_errno)));
   }
   if (pid == 0) {
     ::close(fds[1]);
@@ -186,7 +184,7 @@ bool Guardian::Start(std::string& error) {
   ::close(fds[0]);
   write_fd_ = fds[1];
   pid_ = pid;
-  return true;
+  return {};
 }
 
 Guardian::~Guardian() {
@@ -265,9 +263,8 @@ void Guardian::OnDeath() {
   ::close(write_fd_);
   write_fd_ = -1;
   pid_ = -1;
-  std::string error;
   std::string text = fmt::format("the guardian process (pid {}) {}", old_pid, DescribeStatus(status));
-  if (Start(error)) {
+  if (const Status started = Start(); started) {
     for (pid_t pgid : watched_) Write('+', pgid);
     if (lease_ > 0) Write('L', static_cast<pid_t>(lease_));
     text += fmt::format("; started a new one (pid {}), so processes the workers started still "
@@ -276,7 +273,7 @@ void Guardian::OnDeath() {
   } else {
     text += fmt::format("; cannot start a new one ({}): if this agent dies now, processes its "
                         "workers started may outlive it",
-                        error);
+                        started.error());
   }
   supervision_->report(text);
   WatchDeath();

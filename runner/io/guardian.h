@@ -15,6 +15,8 @@
 #include <set>
 #include <string>
 
+#include "base/result.h"
+
 namespace boost::asio {
 class io_context;
 }
@@ -69,7 +71,7 @@ class Guardian {
 
  private:
   struct Supervision;
-  bool Start(std::string& error);
+  Status Start();
   void Write(char op, pid_t pgid);
   void WatchDeath();
   void OnDeath();

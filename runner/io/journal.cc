@@ -36,10 +36,13 @@ FileJournal::FileJournal(std::string folder, std::function<void(const std::strin
     Report(fmt::format("cannot open {}: {}", path.parent_path().string(), std::strerror(errno)));
     return;
   }
-  std::string error;
-  folder_fd_ = OpenFolderBelow(parent.get(), path.parent_path().string(), path.filename().string(),
-                               false, error);
-  if (!folder_fd_.valid()) Report(error);
+  auto opened = OpenFolderBelow(parent.get(), path.parent_path().string(), path.filename().string(),
+                                /*last_must_be_new=*/false);
+  if (!opened) {
+    Report(opened.error());
+    return;
+  }
+  folder_fd_ = *std::move(opened);
 }
 
 std::string FileJournal::Format(bool rounds_may_run, int64_t unix_ms) {

@@ -68,28 +68,28 @@ UniqueFd OpenParts(int dir_fd, std::string& path, const std::vector<std::string>
 
 }  // namespace
 
-UniqueFd OpenFolderBelow(int dir_fd, const std::string& shown, const std::string& relative,
-                         bool last_must_be_new, std::string& error) {
+Result<UniqueFd> OpenFolderBelow(int dir_fd, const std::string& shown, const std::string& relative,
+                                 bool last_must_be_new) {
   const std::vector<std::string> parts = PathComponents(relative);
   std::string path = shown;
-  return OpenParts(dir_fd, path, parts, parts.size(), last_must_be_new, error);
+  std::string error;
+  UniqueFd dir = OpenParts(dir_fd, path, parts, parts.size(), last_must_be_new, error);
+  if (!dir.valid()) return Fail(error);
+  return dir;
 }
 
-UniqueFd CreateFileBelow(int dir_fd, const std::string& shown, const std::string& relative,
-                         std::string& error) {
+Result<UniqueFd> CreateFileBelow(int dir_fd, const std::string& shown, const std::string& relative) {
   const std::vector<std::string> parts = PathComponents(relative);
-  if (parts.empty()) {
-    error = "no file name";
-    return UniqueFd();
-  }
+  if (parts.empty()) return Fail("no file name");
   std::string path = shown;
+  std::string error;
   UniqueFd dir = OpenParts(dir_fd, path, parts, parts.size() - 1, false, error);
-  if (!dir.valid()) return dir;
+  if (!dir.valid()) return Fail(error);
   path += "/" + parts.back();
   // O_EXCL: never over an existing file; with O_CREAT it also refuses a link in its place.
   UniqueFd fd(::openat(dir.get(), parts.back().c_str(),
                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid()) error = DescribeOpenFailure(dir.get(), parts.back(), path, errno);
+  if (!fd.valid()) return Fail(DescribeOpenFailure(dir.get(), parts.back(), path, errno));
   return fd;
 }
 

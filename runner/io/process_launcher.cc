@@ -135,15 +135,13 @@ std::string DescribeStartFailure(const StartResult& result, const std::string& e
 
 }  // namespace
 
-std::optional<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
-                                        const std::string& workdir,
-                                        const std::map<std::string, std::string>& inherited,
-                                        const EnvList& added,
-                                        const std::function<bool(const std::string&)>& is_executable,
-                                        std::string& error) {
+Result<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
+                                 const std::string& workdir,
+                                 const std::map<std::string, std::string>& inherited,
+                                 const EnvList& added,
+                                 const std::function<bool(const std::string&)>& is_executable) {
   if (command.empty()) {
-    error = "job.command is empty";
-    return std::nullopt;
+    return Fail("job.command is empty");
   }
   std::map<std::string, std::string> env = inherited;
   for (const auto& [name, value] : added) env[name] = value;
@@ -165,8 +163,7 @@ std::optional<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
       start = end + 1;
     }
     if (plan.executable.empty()) {
-      error = fmt::format("command not found: \"{}\" is not on PATH", name);
-      return std::nullopt;
+      return Fail(fmt::format("command not found: \"{}\" is not on PATH", name));
     }
   }
   plan.argv.push_back(plan.executable);
@@ -219,14 +216,13 @@ RealProcessLauncher::~RealProcessLauncher() {
 
 void RealProcessLauncher::SetEvents(host::ProcessEvents* events) { events_ = events; }
 
-bool RealProcessLauncher::OpenRunFolder(std::string& error) {
+Status RealProcessLauncher::OpenRunFolder() {
   // logs.dir is the user's choice and may be a link; create it as the user would.
   std::error_code fs_ec;
   std::filesystem::create_directories(options_.logs_root, fs_ec);
   UniqueFd root(::open(options_.logs_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) {
-    error = fmt::format("cannot open logs.dir {}: {}", options_.logs_root, std::strerror(errno));
-    return false;
+    return Fail(fmt::format("cannot open logs.dir {}: {}", options_.logs_root, std::strerror(errno)));
   }
   // "<job>/<run>": the run's own folder must be new, so no earlier run's file is ever written
   // again (and a link in its place is refused).
@@ -234,11 +230,13 @@ bool RealProcessLauncher::OpenRunFolder(std::string& error) {
   const size_t slash = folder.rfind('/');
   const std::string job = slash == std::string::npos ? "" : folder.substr(0, slash);
   const std::string run = folder.substr(slash == std::string::npos ? 0 : slash + 1);
-  UniqueFd job_fd = OpenFolderBelow(root.get(), options_.logs_root, job, false, error);
-  if (!job_fd.valid()) return false;
+  auto job_folder = OpenFolderBelow(root.get(), options_.logs_root, job, /*last_must_be_new=*/false);
+  if (!job_folder) return Fail(job_folder.error());
+  const UniqueFd job_fd = *std::move(job_folder);
   const std::string job_path = job.empty() ? options_.logs_root : options_.logs_root + "/" + job;
-  run_fd_ = OpenFolderBelow(job_fd.get(), job_path, run, true, error);
-  if (!run_fd_.valid()) return false;
+  auto run_folder = OpenFolderBelow(job_fd.get(), job_path, run, /*last_must_be_new=*/true);
+  if (!run_folder) return Fail(run_folder.error());
+  run_fd_ = *std::move(run_folder);
   // `latest` is replaced in one rename, so a reader sees the old run or the new one, never no
   // link; its target is relative, so it also works where logs.dir is mounted elsewhere.
   const std::string temp = ".latest-" + run;
@@ -251,11 +249,11 @@ bool RealProcessLauncher::OpenRunFolder(std::string& error) {
       options_.report(fmt::format("cannot point {}/latest at this run: {}", job_path, std::strerror(link_errno)));
     }
   }
-  return true;
+  return {};
 }
 
-UniqueFd RealProcessLauncher::OpenLogFile(const std::string& relative, std::string& error) {
-  return CreateFileBelow(run_fd_.get(), options_.logs_root + "/" + options_.run_folder, relative, error);
+Result<UniqueFd> RealProcessLauncher::OpenLogFile(const std::string& relative) {
+  return CreateFileBelow(run_fd_.get(), options_.logs_root + "/" + options_.run_folder, relative);
 }
 
 void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
@@ -274,25 +272,26 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     });
   };
 
-  std::string error;
-  if (!run_fd_.valid() && !OpenRunFolder(error)) {
-    fail(error);
-    return;
+  if (!run_fd_.valid()) {
+    if (const Status opened = OpenRunFolder(); !opened) {
+      fail(opened.error());
+      return;
+    }
   }
   worker->log_path = options_.logs_root + "/" + options_.run_folder + "/" + launch.log_path;
-  worker->log_fd = OpenLogFile(launch.log_path, error);
-  if (!worker->log_fd.valid()) {
-    fail(error);
+  auto log = OpenLogFile(launch.log_path);
+  if (!log) {
+    fail(log.error());
     return;
   }
+  worker->log_fd = *std::move(log);
   for (const auto& [name, value] : launch.env) {
     if (name == "TORCHELASTIC_ERROR_FILE") worker->error_file = value;
   }
   auto plan = PrepareLaunch(options_.command, options_.workdir, options_.inherited_env, launch.env,
-                            [](const std::string& path) { return ::access(path.c_str(), X_OK) == 0; },
-                            error);
+                            [](const std::string& path) { return ::access(path.c_str(), X_OK) == 0; });
   if (!plan) {
-    fail(error);
+    fail(plan.error());
     return;
   }
   // Everything the child needs is prepared here: between vfork and exec it may not allocate.

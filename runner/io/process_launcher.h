@@ -37,12 +37,11 @@ struct LaunchPlan {
 /// Resolves job.command[0] (a name on PATH, or a path relative to `workdir`) and merges the
 /// environments: `added` over `inherited`. `is_executable` answers for a candidate path (the
 /// real one calls access(X_OK)). Returns nullopt and sets `error` for the user.
-std::optional<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
+Result<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
                                         const std::string& workdir,
                                         const std::map<std::string, std::string>& inherited,
                                         const EnvList& added,
-                                        const std::function<bool(const std::string&)>& is_executable,
-                                        std::string& error);
+                                        const std::function<bool(const std::string&)>& is_executable);
 
 class RealProcessLauncher final : public host::ProcessLauncher {
  public:
@@ -85,8 +84,8 @@ class RealProcessLauncher final : public host::ProcessLauncher {
 
  private:
   struct Worker;
-  bool OpenRunFolder(std::string& error);
-  UniqueFd OpenLogFile(const std::string& relative, std::string& error);
+  Status OpenRunFolder();
+  Result<UniqueFd> OpenLogFile(const std::string& relative);
   void StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr);
   void OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr, const char* data, size_t size);
   void WriteLog(Worker& worker, const char* data, size_t size);

@@ -49,7 +49,8 @@ TEST(TransportTest, AcceptBacksOffWhenDescriptorsRunOut) {
   std::vector<std::string> warnings;
   transport.SetWarningSink([&](const std::string& text) { warnings.push_back(text); });
   const uint16_t port = e2e::FreePort();
-  ASSERT_EQ(transport.Listen("127.0.0.1", port), "");
+  const Status listening = transport.Listen("127.0.0.1", port);
+  ASSERT_TRUE(listening) << listening.error();
 
   // The clients live in a child, which keeps the descriptors of this process for the test.
   int go[2];

@@ -101,7 +101,10 @@ class FuzzNode final : public host::Clock, public host::Timer, public host::Tran
   void Disarm() override { armed_.reset(); }
   // Transport
   void SetEvents(host::TransportEvents* events) override { tevents_ = events; }
-  std::string Listen(const std::string&, uint16_t) override { listening_ = true; return ""; }
+  Status Listen(const std::string&, uint16_t) override {
+    listening_ = true;
+    return {};
+  }
   core::ConnId Connect(const std::string&, uint16_t) override;
   void Send(core::ConnId conn, std::vector<uint8_t> bytes) override;
   void Close(core::ConnId conn) override;
@@ -302,7 +305,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     host::Ports ports{&n, &n, &n, &n, &n};
     n.host = std::make_unique<host::NodeHost>(*world.spec, config, ports,
                                               [&n](int code) { n.exit_code = code; });
-    if (!n.host->Start().empty()) std::abort();
+    if (!n.host->Start()) std::abort();
   }
   // At most this many actions per input: a limit on the work of one execution.
   for (int step = 0; step < 2000 && !in.empty(); ++step) {

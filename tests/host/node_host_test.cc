@@ -49,7 +49,7 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   void Disarm() override { armed.reset(); }
   // Transport: one listener; a connect to it is accepted on a second connection id.
   void SetEvents(TransportEvents* events) override { transport_events = events; }
-  std::string Listen(const std::string&, uint16_t) override { return ""; }
+  Status Listen(const std::string&, uint16_t) override { return {}; }
   ConnId Connect(const std::string&, uint16_t) override {
     const ConnId client = next_conn++;
     const ConnId server = next_conn++;
@@ -130,7 +130,8 @@ class NodeHostTest : public ::testing::Test {
     config.logs_dir = "logs";
     Ports ports{&fake_, &fake_, &fake_, &fake_, &fake_, &fake_};
     host_ = std::make_unique<NodeHost>(spec_, config, ports, [this](int code) { exit_ = code; });
-    ASSERT_EQ(host_->Start(), "");
+    const Status started = host_->Start();
+    ASSERT_TRUE(started) << started.error();
     fake_.Pump();
   }
   /// Moves time to the armed deadline (at most `until`) and fires it, as a driver does.

@@ -42,9 +42,9 @@ class LogFilesTest : public ::testing::Test {
 };
 
 TEST_F(LogFilesTest, CreatesTheFileAndItsFolders) {
-  std::string error;
-  UniqueFd fd = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log", error);
-  ASSERT_TRUE(fd.valid()) << error;
+  auto created = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
+  ASSERT_TRUE(created) << created.error();
+  const UniqueFd fd = *std::move(created);
   ASSERT_EQ(::write(fd.get(), "hi\n", 3), 3);
   EXPECT_EQ(Read("attempt-0/rank-1.log"), "hi\n");
   EXPECT_EQ(::fcntl(fd.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
@@ -54,9 +54,9 @@ TEST_F(LogFilesTest, APlantedLinkToAVictimIsNotFollowed) {
   Write("victim.txt", "precious\n");
   fs::create_directories(fs::path(root_) / "attempt-0");
   fs::create_symlink(fs::path(root_) / "victim.txt", fs::path(root_) / "attempt-0/rank-1.log");
-  std::string error;
-  EXPECT_FALSE(CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log", error).valid());
-  EXPECT_EQ(error, "logs/attempt-0/rank-1.log is a symbolic link; ddprun follows no link below "
+  const auto refused = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), "logs/attempt-0/rank-1.log is a symbolic link; ddprun follows no link below "
                    "logs.dir (someone may have planted it to make ddprun write elsewhere)");
   EXPECT_EQ(Read("victim.txt"), "precious\n");
 }
@@ -64,28 +64,30 @@ TEST_F(LogFilesTest, APlantedLinkToAVictimIsNotFollowed) {
 TEST_F(LogFilesTest, APlantedFolderLinkIsNotFollowed) {
   fs::create_directories(fs::path(root_) / "elsewhere");
   fs::create_directory_symlink(fs::path(root_) / "elsewhere", fs::path(root_) / "attempt-0");
-  std::string error;
-  EXPECT_FALSE(CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log", error).valid());
-  EXPECT_EQ(error, "logs/attempt-0 is a symbolic link; ddprun follows no link below logs.dir "
+  const auto refused = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), "logs/attempt-0 is a symbolic link; ddprun follows no link below logs.dir "
                    "(someone may have planted it to make ddprun write elsewhere)");
   EXPECT_TRUE(fs::is_empty(fs::path(root_) / "elsewhere"));
 }
 
 TEST_F(LogFilesTest, AnExistingFileIsNeitherTruncatedNorWritten) {
   Write("attempt-0/rank-1.log", "an earlier run\n");
-  std::string error;
-  EXPECT_FALSE(CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log", error).valid());
-  EXPECT_EQ(error, "logs/attempt-0/rank-1.log exists already; ddprun writes only files it created "
+  const auto refused = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), "logs/attempt-0/rank-1.log exists already; ddprun writes only files it created "
                    "in this run");
   EXPECT_EQ(Read("attempt-0/rank-1.log"), "an earlier run\n");
 }
 
 TEST_F(LogFilesTest, ARunFolderMustBeNew) {
-  std::string error;
-  EXPECT_TRUE(OpenFolderBelow(root_fd_.get(), "logs", "job/run-1", true, error).valid()) << error;
-  EXPECT_FALSE(OpenFolderBelow(root_fd_.get(), "logs", "job/run-1", true, error).valid());
-  EXPECT_EQ(error, "logs/job/run-1 exists already; ddprun writes only files it created in this run");
-  EXPECT_TRUE(OpenFolderBelow(root_fd_.get(), "logs", "job", false, error).valid()) << error;
+  const auto first = OpenFolderBelow(root_fd_.get(), "logs", "job/run-1", true);
+  EXPECT_TRUE(first) << first.error();
+  const auto again = OpenFolderBelow(root_fd_.get(), "logs", "job/run-1", true);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error(), "logs/job/run-1 exists already; ddprun writes only files it created in this run");
+  const auto job = OpenFolderBelow(root_fd_.get(), "logs", "job", false);
+  EXPECT_TRUE(job) << job.error();
 }
 
 }  // namespace

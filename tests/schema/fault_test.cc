@@ -90,34 +90,33 @@ TEST(Faults, JobFileErrors) {
 }
 
 TEST(Faults, FlagSyntax) {
-  std::string error;
-  auto crash = ParseFaultFlag("node-crash@40m:node=1", &error);
-  ASSERT_TRUE(crash) << error;
+  auto crash = ParseFaultFlag("node-crash@40m:node=1");
+  ASSERT_TRUE(crash) << crash.error();
   EXPECT_EQ(crash->kind, FaultKind::kNodeCrash);
   EXPECT_EQ(crash->at, Minutes(40));
   EXPECT_EQ(crash->node, 1);
 
-  auto exit = ParseFaultFlag("worker-exit@90s:node=1,local_rank=0,exit_code=3", &error);
-  ASSERT_TRUE(exit) << error;
+  auto exit = ParseFaultFlag("worker-exit@90s:node=1,local_rank=0,exit_code=3");
+  ASSERT_TRUE(exit) << exit.error();
   EXPECT_EQ(exit->at, Seconds(90));
   EXPECT_EQ(exit->local_rank, 0);
   EXPECT_EQ(exit->exit_code, 3);
 
-  auto part = ParseFaultFlag("partition@5m:node=1,peers=0+2,duration=1m", &error);
-  ASSERT_TRUE(part) << error;
+  auto part = ParseFaultFlag("partition@5m:node=1,peers=0+2,duration=1m");
+  ASSERT_TRUE(part) << part.error();
   EXPECT_EQ(part->peers, (std::vector<int>{0, 2}));
   EXPECT_EQ(part->duration, Minutes(1));
 
-  auto bare = ParseFaultFlag("agent-hang@1h", &error);
-  ASSERT_TRUE(bare) << error;
+  auto bare = ParseFaultFlag("agent-hang@1h");
+  ASSERT_TRUE(bare) << bare.error();
   EXPECT_EQ(bare->node, 0);
 }
 
 TEST(Faults, FlagErrors) {
-  auto error_of = [](std::string_view text) {
-    std::string error;
-    EXPECT_FALSE(ParseFaultFlag(text, &error)) << text;
-    return error;
+  auto error_of = [](std::string_view text) -> std::string {
+    auto fault = ParseFaultFlag(text);
+    EXPECT_FALSE(fault) << text;
+    return fault ? "" : fault.error();
   };
   EXPECT_EQ(error_of("node-crash"),
             "--fault `node-crash` has no time: write kind@time[:key=value,...], e.g. "
@@ -144,18 +143,18 @@ TEST(Faults, FlagErrors) {
 TEST(Faults, FitsJob) {
   auto r = Parse(testing::kBaseJob);
   ASSERT_TRUE(r.spec);
-  std::string error;
   FaultSpec f;
   f.node = 2;
-  EXPECT_FALSE(FaultFitsJob(f, *r.spec, &error));
-  EXPECT_EQ(error, "node-crash fault: node 2 is out of range (the job has nodes 0..1)");
+  ASSERT_FALSE(FaultFitsJob(f, *r.spec));
+  EXPECT_EQ(FaultFitsJob(f, *r.spec).error(),
+            "node-crash fault: node 2 is out of range (the job has nodes 0..1)");
   f.node = 1;
   f.kind = FaultKind::kWorkerExit;
   f.local_rank = 2;
-  EXPECT_FALSE(FaultFitsJob(f, *r.spec, &error));
-  EXPECT_EQ(error, "worker-exit fault: local_rank 2 is out of range (0..1)");
+  ASSERT_FALSE(FaultFitsJob(f, *r.spec));
+  EXPECT_EQ(FaultFitsJob(f, *r.spec).error(), "worker-exit fault: local_rank 2 is out of range (0..1)");
   f.local_rank = 1;
-  EXPECT_TRUE(FaultFitsJob(f, *r.spec, &error));
+  EXPECT_TRUE(FaultFitsJob(f, *r.spec));
 }
 
 }  // namespace

@@ -173,23 +173,25 @@ TEST(KeyTable, TheFlagAndTheJobFileRejectAFaultValueJustOutsideTheTableRange) {
                                                "kind = \"worker-exit\"\nexit_code = {}\n",
                                                code)));
   };
-  std::string error;
   EXPECT_EQ(Diags(job_file(range.max + 1)),
             "15:13: error: simulate.faults[0].exit_code = 256 is out of range (0..255)\n");
-  EXPECT_FALSE(ParseFaultFlag(fmt::format("worker-exit@1m:exit_code={}", range.max + 1), &error));
-  EXPECT_EQ(error, "exit_code=256 is not a valid number");
+  auto over = ParseFaultFlag(fmt::format("worker-exit@1m:exit_code={}", range.max + 1));
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error(), "exit_code=256 is not a valid number");
 
   EXPECT_TRUE(job_file(range.max).spec);
-  auto flag = ParseFaultFlag(fmt::format("worker-exit@1m:exit_code={}", range.max), &error);
-  ASSERT_TRUE(flag) << error;
+  auto flag = ParseFaultFlag(fmt::format("worker-exit@1m:exit_code={}", range.max));
+  ASSERT_TRUE(flag) << flag.error();
   EXPECT_EQ(flag->exit_code, 255);
 
   // Node and local ranks: the flag knows no job and takes the table's bounds for any job.
   for (std::string_view key : {"node", "local_rank"}) {
     const int64_t max = Key(fmt::format("simulate.faults.{}", key)).range->max;
-    EXPECT_TRUE(ParseFaultFlag(fmt::format("worker-exit@1m:{}={}", key, max), &error)) << error;
-    EXPECT_FALSE(ParseFaultFlag(fmt::format("worker-exit@1m:{}={}", key, max + 1), &error));
-    EXPECT_EQ(error, fmt::format("{}={} is not a valid number", key, max + 1));
+    auto at_max = ParseFaultFlag(fmt::format("worker-exit@1m:{}={}", key, max));
+    EXPECT_TRUE(at_max) << at_max.error();
+    auto past = ParseFaultFlag(fmt::format("worker-exit@1m:{}={}", key, max + 1));
+    ASSERT_FALSE(past);
+    EXPECT_EQ(past.error(), fmt::format("{}={} is not a valid number", key, max + 1));
   }
 }
 

@@ -67,11 +67,10 @@ TEST(DeterminismTest, TraceIsChromeTraceJson) {
 
 TEST(DeterminismTest, FaultFlagsRoundTrip) {
   for (const std::string& text : kFaults) {
-    std::string error;
-    auto fault = ParseFaultFlag(text, &error);
-    ASSERT_TRUE(fault) << error;
-    auto again = ParseFaultFlag(sim::FormatFaultFlag(*fault), &error);
-    ASSERT_TRUE(again) << sim::FormatFaultFlag(*fault) << ": " << error;
+    auto fault = ParseFaultFlag(text);
+    ASSERT_TRUE(fault) << fault.error();
+    auto again = ParseFaultFlag(sim::FormatFaultFlag(*fault));
+    ASSERT_TRUE(again) << sim::FormatFaultFlag(*fault) << ": " << again.error();
     EXPECT_EQ(*fault, *again);
   }
 }
@@ -80,8 +79,7 @@ TEST(DeterminismTest, ReproCommandNamesSeedAndFaults) {
   sim::SimOptions options;
   options.job_path = "job.toml";
   options.seed = 123;
-  std::string error;
-  options.flag_faults.push_back(*ParseFaultFlag("node-crash@40m:node=1", &error));
+  options.flag_faults.push_back(*ParseFaultFlag("node-crash@40m:node=1"));
   EXPECT_EQ(sim::ReproCommand(options), "ddprun --simulate job.toml --seed 123 --fault node-crash@40m:node=1");
 }
 

@@ -52,10 +52,9 @@ SimRun Simulate(const std::string& job, const std::vector<std::string>& faults,
   options.record_timeline = record;
   options.sabotage = sabotage;
   for (const std::string& text : faults) {
-    std::string error;
-    auto fault = ParseFaultFlag(text, &error);
+    auto fault = ParseFaultFlag(text);
     if (!fault) {
-      ADD_FAILURE() << text << ": " << error;
+      ADD_FAILURE() << text << ": " << fault.error();
       continue;
     }
     spec.simulate.faults.push_back(*fault);

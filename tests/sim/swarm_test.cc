@@ -65,8 +65,8 @@ TEST(SwarmTest, FaultMixIsAFunctionOfTheSeed) {
   EXPECT_NE(sim::DrawSwarmFaults(*loaded.spec, 5), sim::DrawSwarmFaults(*loaded.spec, 6));
   for (uint64_t seed = 0; seed < 50; ++seed) {
     for (const FaultSpec& fault : sim::DrawSwarmFaults(*loaded.spec, seed)) {
-      std::string error;
-      EXPECT_TRUE(FaultFitsJob(fault, *loaded.spec, &error)) << error;
+      const Status fits = FaultFitsJob(fault, *loaded.spec);
+      EXPECT_TRUE(fits) << fits.error();
     }
   }
 }
