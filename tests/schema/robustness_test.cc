@@ -2,6 +2,7 @@
 // huge numbers, oversized and empty files all come back as errors, with a place and a message.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <random>
 #include <string>
 #include <string_view>
@@ -148,11 +149,19 @@ TEST(Robustness, AFileCutAtAnyByteLoadsOrSaysWhereAndWhat) {
 }
 
 TEST(Robustness, RandomGarbageNeverCrashes) {
-  std::mt19937 rng(12345);  // fixed seed: the same bytes every run
-  std::uniform_int_distribution<int> byte(0, 255);
+  // The bytes come straight from the engine, eight to each output: the standard fixes
+  // std::mt19937_64's outputs for a seed, but not what std::uniform_int_distribution makes of
+  // them, so only these bytes are the same with every standard library.
+  std::mt19937_64 rng(12345);
   for (int round = 0; round < 300; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round) + " of seed 12345");
     std::string text(static_cast<size_t>(round * 7 % 600), ' ');
-    for (char& c : text) c = static_cast<char>(byte(rng));
+    uint64_t bits = 0;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (i % 8 == 0) bits = rng();
+      text[i] = static_cast<char>(bits & 0xff);
+      bits >>= 8;
+    }
     auto r = Parse(text);
     EXPECT_FALSE(r.spec);
     EXPECT_TRUE(r.diagnostics.HasErrors());
