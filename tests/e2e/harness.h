@@ -1,6 +1,7 @@
 #pragma once
 // Runs real `ddprun` agents as separate processes on 127.0.0.1 for end-to-end tests: a
-// scratch job directory, a free master port, agents with captured output, bounded waits.
+// scratch job directory, a master port no other test takes, agents with captured output,
+// bounded waits.
 
 #include <sys/types.h>
 
@@ -13,7 +14,8 @@
 
 namespace ddprun::e2e {
 
-/// A free TCP port on 127.0.0.1 right now (bound to port 0, then released).
+/// A TCP port on 127.0.0.1 that is free now and that no other test process on this machine
+/// is handed while this one runs; outside the ephemeral range. See harness.cc for how.
 uint16_t FreePort();
 
 /// A fresh directory under the system temp dir, removed by the destructor.
