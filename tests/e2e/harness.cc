@@ -89,6 +89,49 @@ uint16_t FreePort() {
   throw std::runtime_error("no free test port");
 }
 
+std::string TomlString(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string TestJob::Toml() const {
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = " << TomlString(name) << "\ncommand = "
+    << (command.empty() ? "[\"sh\", \"-c\", " + TomlString(script) + "]" : command) << "\n";
+  if (!workdir.empty()) t << "workdir = " << TomlString(workdir) << "\n";
+  if (!code_check.empty()) t << "code_check = " << TomlString(code_check) << "\n";
+  t << "[cluster]\n";
+  if (nodes.empty()) {
+    t << "nnodes = " << nnodes << "\n";
+  } else {
+    t << "nodes = [";
+    for (size_t i = 0; i < nodes.size(); ++i) t << (i ? ", " : "") << TomlString(nodes[i]);
+    t << "]\n";
+  }
+  t << "master_addr = \"127.0.0.1\"\nmaster_port = " << master_port << "\n";
+  if (store_port != 0) t << "store_port = " << store_port << "\n";
+  t << "[trainer]\naccelerator = " << TomlString(accelerator) << "\ndevices = " << devices
+    << "\nnum_nodes = " << nnodes << "\n" << trainer_extra;
+  if (max_restarts || !backoff.empty() || !backoff_max.empty()) {
+    t << "[restart]\n";
+    if (max_restarts) t << "max_restarts = " << *max_restarts << "\n";
+    if (!backoff.empty()) t << "backoff = " << TomlString(backoff) << "\n";
+    if (!backoff_max.empty()) t << "backoff_max = " << TomlString(backoff_max) << "\n";
+  }
+  t << "[timeouts]\nrendezvous = " << TomlString(rendezvous) << "\nheartbeat = " << TomlString(heartbeat)
+    << "\nstop_grace = " << TomlString(stop_grace) << "\n"
+    << extra;
+  return t.str();
+}
+
 ScratchDir::ScratchDir() {
   std::string templ = (std::filesystem::temp_directory_path() / "ddprun-e2e-XXXXXX").string();
   if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
