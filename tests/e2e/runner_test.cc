@@ -182,8 +182,14 @@ constexpr const char* kSleeper =
 TEST_F(RunnerTest, AFailureStopsEveryWorkerRestartsAndThenFailsTheJobEverywhere) {
   TestJob o = Job();
   o.max_restarts = 1;
+  // Rank 3 fails only once ranks 0-2 have set their TERM trap (they write the pid file after
+  // it), so that each of them is stopped by the trap, not killed by the default action; it
+  // gives up waiting after 10 s.
   o.script = std::string("echo start > start-$RANK-$TORCHELASTIC_RESTART_COUNT; "
-                         "if [ \"$RANK\" = 3 ]; then sleep 0.5; echo 'rank 3 fails here' >&2; exit 1; fi; ") +
+                         "if [ \"$RANK\" = 3 ]; then r=$TORCHELASTIC_RESTART_COUNT; i=0; "
+                         "while [ $i -lt 500 ] && ! { [ -e pid-0-$r ] && [ -e pid-1-$r ] && [ -e pid-2-$r ]; }; "
+                         "do sleep 0.02; i=$((i + 1)); done; "
+                         "echo 'rank 3 fails here' >&2; exit 1; fi; ") +
              kSleeper;
   WriteJob(o);
   Start(0);
@@ -271,7 +277,9 @@ TEST_F(RunnerTest, ANodeWithADifferentJobFileIsRefusedWithTheDifference) {
 
 TEST_F(RunnerTest, ADuplicateNodeRankIsRefusedAndTheJobGoesOn) {
   TestJob o = Job();
-  o.script = "touch started-$RANK; sleep 2";
+  // The workers run until the impostor has been refused (the test writes `go`; 30 s at most),
+  // so that node 1 still holds its rank when the impostor claims it.
+  o.script = "touch started-$RANK; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done";
   WriteJob(o);
   Start(0);
   Start(1);
@@ -279,6 +287,7 @@ TEST_F(RunnerTest, ADuplicateNodeRankIsRefusedAndTheJobGoesOn) {
   AgentProcess& impostor = Start(1);
   EXPECT_EQ(impostor.Wait(20s), 3) << Describe();
   EXPECT_THAT(impostor.Output(), HasSubstr("node rank 1 is claimed twice"));
+  dir_.Write("go", "");
   EXPECT_EQ(agents_[0]->Wait(20s), 0) << Describe();
   EXPECT_EQ(agents_[1]->Wait(20s), 0) << Describe();
 }
