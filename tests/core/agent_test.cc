@@ -25,31 +25,12 @@ using test::At;
 using test::Edit;
 using test::FindLog;
 using test::kTwoNodeJob;
+using test::Meaningful;
+using test::Sent;
 using test::SpecFromToml;
 using Effects = std::vector<AgentEffect>;
 
 constexpr Duration kNs = Duration(1);
-
-/// Every message of type M the agent sent to the master.
-template <typename M>
-std::vector<M> Sent(const Effects& effects) {
-  std::vector<M> found;
-  for (const SendToMaster& send : All<SendToMaster>(effects)) {
-    if (const M* m = std::get_if<M>(&send.message)) found.push_back(*m);
-  }
-  return found;
-}
-
-/// Effects without the agent's own periodic heartbeats.
-Effects Meaningful(const Effects& effects) {
-  Effects kept;
-  for (const AgentEffect& e : effects) {
-    const auto* send = std::get_if<SendToMaster>(&e);
-    if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
-    kept.push_back(e);
-  }
-  return kept;
-}
 
 std::string EnvOf(const WorkerLaunch& launch, const std::string& name) {
   for (const auto& [key, value] : launch.env) {

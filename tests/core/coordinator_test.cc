@@ -25,35 +25,14 @@ using test::At;
 using test::Edit;
 using test::FindLog;
 using test::kTwoNodeJob;
+using test::Meaningful;
+using test::Sent;
 using test::SpecFromToml;
 using Effects = std::vector<CoordinatorEffect>;
 
 constexpr Duration kNs = Duration(1);
 
 ConnId ConnOf(int node) { return 100 + static_cast<ConnId>(node); }
-
-/// Effects without the periodic heartbeats and journal records, which depend only on the clock.
-Effects Meaningful(const Effects& effects) {
-  Effects kept;
-  for (const CoordinatorEffect& e : effects) {
-    const auto* record = std::get_if<RecordJournal>(&e);
-    if (record && record->rounds_may_run) continue;
-    const auto* send = std::get_if<SendTo>(&e);
-    if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
-    kept.push_back(e);
-  }
-  return kept;
-}
-
-/// Every message of type M sent, with its connection.
-template <typename M>
-std::vector<std::pair<ConnId, M>> Sent(const Effects& effects) {
-  std::vector<std::pair<ConnId, M>> found;
-  for (const SendTo& send : All<SendTo>(effects)) {
-    if (const M* m = std::get_if<M>(&send.message)) found.emplace_back(send.conn, *m);
-  }
-  return found;
-}
 
 class CoordinatorTest : public ::testing::Test {
  protected:

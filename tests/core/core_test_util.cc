@@ -1,4 +1,4 @@
-// Readable listings of core effects, for test failure messages.
+// Effect filters and readable listings of core effects, for the core tests.
 
 #include "tests/core/core_test_util.h"
 
@@ -61,6 +61,28 @@ std::string List(const std::vector<Effect>& effects, Namer namer) {
 }
 
 }  // namespace
+
+std::vector<CoordinatorEffect> Meaningful(const std::vector<CoordinatorEffect>& effects) {
+  std::vector<CoordinatorEffect> kept;
+  for (const CoordinatorEffect& e : effects) {
+    const auto* record = std::get_if<RecordJournal>(&e);
+    if (record && record->rounds_may_run) continue;
+    const auto* send = std::get_if<SendTo>(&e);
+    if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
+    kept.push_back(e);
+  }
+  return kept;
+}
+
+std::vector<AgentEffect> Meaningful(const std::vector<AgentEffect>& effects) {
+  std::vector<AgentEffect> kept;
+  for (const AgentEffect& e : effects) {
+    const auto* send = std::get_if<SendToMaster>(&e);
+    if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
+    kept.push_back(e);
+  }
+  return kept;
+}
 
 std::string Describe(const std::vector<CoordinatorEffect>& effects) {
   return List(effects, CoordinatorNamer{});

@@ -1,5 +1,6 @@
 #pragma once
-// Helpers shared by the core tests: job specs from TOML text, and filters over effect lists.
+// Helpers shared by the core tests: job specs from TOML text, and filters over effect lists
+// (one copy each, so the coordinator and agent tests filter alike).
 
 #include <gtest/gtest.h>
 
@@ -89,6 +90,33 @@ std::string FindLog(const std::vector<Effect>& effects, std::string_view needle)
   }
   return {};
 }
+
+/// Every message of type M the coordinator sent, with its connection.
+template <typename M>
+std::vector<std::pair<ConnId, M>> Sent(const std::vector<CoordinatorEffect>& effects) {
+  std::vector<std::pair<ConnId, M>> found;
+  for (const SendTo& send : All<SendTo>(effects)) {
+    if (const M* m = std::get_if<M>(&send.message)) found.emplace_back(send.conn, *m);
+  }
+  return found;
+}
+
+/// Every message of type M the agent sent to the master.
+template <typename M>
+std::vector<M> Sent(const std::vector<AgentEffect>& effects) {
+  std::vector<M> found;
+  for (const SendToMaster& send : All<SendToMaster>(effects)) {
+    if (const M* m = std::get_if<M>(&send.message)) found.push_back(*m);
+  }
+  return found;
+}
+
+/// The coordinator's effects without its periodic heartbeats and journal refreshes
+/// (RecordJournal with rounds_may_run), which depend only on the clock.
+std::vector<CoordinatorEffect> Meaningful(const std::vector<CoordinatorEffect>& effects);
+
+/// The agent's effects without its own periodic heartbeats.
+std::vector<AgentEffect> Meaningful(const std::vector<AgentEffect>& effects);
 
 /// A human listing of effects for failure messages.
 std::string Describe(const std::vector<CoordinatorEffect>& effects);

@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <optional>
-#include <sstream>
 
 #include "tests/e2e/harness.h"
 
@@ -18,22 +17,22 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-// One node, one worker; `command` is the TOML array; `trainer` is appended under [trainer].
-std::string SingleNodeJob(const std::string& command, const std::string& trainer,
-                          uint16_t port) {
-  std::ostringstream t;
-  t << "version = 1\n[job]\nname = \"single\"\ncommand = " << command << "\n"
-    << "[cluster]\nnnodes = 1\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port << "\n"
-    << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 1\n"
-    << trainer << "[timeouts]\nrendezvous = \"10s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
-  return t.str();
+// One node, one worker; `command` is the TOML array.
+TestJob SingleNodeJob(const std::string& command, uint16_t port) {
+  TestJob job;
+  job.name = "single";
+  job.command = command;
+  job.nnodes = 1;
+  job.master_port = port;
+  job.devices = 1;
+  job.rendezvous = "10s";
+  return job;
 }
 
 TEST(CliRun, SingleNodeJobRunsAsNodeZeroWithoutNodeRank) {
   ScratchDir dir;
   const std::string job =
-      dir.Write("job.toml", SingleNodeJob("[\"sh\", \"-c\", \"echo node=$NODE_RANK\"]", "",
-                                          FreePort()));
+      dir.Write("job.toml", SingleNodeJob("[\"sh\", \"-c\", \"echo node=$NODE_RANK\"]", FreePort()).Toml());
   AgentProcess agent({job}, dir.path() + "/out.txt", {{"DDPRUN_NODE_RANK", ""}});
   const auto code = agent.Wait(30s);
   ASSERT_TRUE(code.has_value()) << agent.Output();
@@ -96,8 +95,9 @@ TEST(CliRun, EveryTrainerValueRoundTripsThroughLiteralEval) {
       "callbacks = []\n"
       "logger = \"\"\n"
       "barebones = \"None\"\n";
-  const std::string job = dir.Write(
-      "job.toml", SingleNodeJob("[\"python3\", \"check.py\", \"job.toml\"]", trainer, FreePort()));
+  TestJob spec = SingleNodeJob("[\"python3\", \"check.py\", \"job.toml\"]", FreePort());
+  spec.trainer_extra = trainer;
+  const std::string job = dir.Write("job.toml", spec.Toml());
   AgentProcess agent({job}, dir.path() + "/out.txt");
   const auto code = agent.Wait(30s);
   ASSERT_TRUE(code.has_value()) << agent.Output();
@@ -108,9 +108,11 @@ TEST(CliRun, EveryTrainerValueRoundTripsThroughLiteralEval) {
 // restart.backoff_max: the wait doubles after each restart, up to the cap.
 TEST(CliRun, RestartBackoffDoublesUpToBackoffMax) {
   ScratchDir dir;
-  std::string text = SingleNodeJob("[\"sh\", \"-c\", \"exit 3\"]", "", FreePort());
-  text += "[restart]\nmax_restarts = 3\nbackoff = \"100ms\"\nbackoff_max = \"200ms\"\n";
-  const std::string job = dir.Write("job.toml", text);
+  TestJob spec = SingleNodeJob("[\"sh\", \"-c\", \"exit 3\"]", FreePort());
+  spec.max_restarts = 3;
+  spec.backoff = "100ms";
+  spec.backoff_max = "200ms";
+  const std::string job = dir.Write("job.toml", spec.Toml());
   AgentProcess agent({job}, dir.path() + "/out.txt");
   const auto code = agent.Wait(60s);
   ASSERT_TRUE(code.has_value()) << agent.Output();
@@ -131,7 +133,7 @@ TEST(CliRun, ArgumentsAfterDashesAreAppendedToTheCommand) {
   ScratchDir dir;
   const std::string job = dir.Write(
       "job.toml",
-      SingleNodeJob("[\"sh\", \"-c\", \"echo args: \\\"$*\\\"\", \"sh\"]", "", FreePort()));
+      SingleNodeJob("[\"sh\", \"-c\", \"echo args: \\\"$*\\\"\", \"sh\"]", FreePort()).Toml());
   AgentProcess agent({job, "--", "--lr", "0.1", "--help"}, dir.path() + "/out.txt");
   const auto code = agent.Wait(30s);
   ASSERT_TRUE(code.has_value()) << agent.Output();
@@ -143,10 +145,9 @@ TEST(CliRun, ArgumentsAfterDashesAreAppendedToTheCommand) {
 TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
   ScratchDir dir;
   const uint16_t port = FreePort();
-  std::string text = SingleNodeJob("[\"true\"]", "", port);
-  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
-  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
-  const std::string job = dir.Write("job.toml", text);
+  TestJob spec = SingleNodeJob("[\"true\"]", port);
+  spec.nnodes = 2;
+  const std::string job = dir.Write("job.toml", spec.Toml());
   AgentProcess node0({job, "--node-rank", "0", "--", "--lr", "0.1"}, dir.path() + "/n0.txt");
   AgentProcess node1({job, "--node-rank", "1", "--", "--lr", "0.2"}, dir.path() + "/n1.txt");
   const auto code1 = node1.Wait(30s);
@@ -163,10 +164,10 @@ TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
 // machines): the same job file, its own train.sh, which differ ("echo v1" and "echo v2").
 std::pair<std::string, std::string> TwoNodesWithTheirOwnScript(const ScratchDir& dir,
                                                                const std::string& mode) {
-  std::string text = SingleNodeJob("[\"sh\", \"train.sh\"]", "", FreePort());
-  text.replace(text.find("nnodes = 1"), 10, "nnodes = 2");
-  text.replace(text.find("num_nodes = 1"), 13, "num_nodes = 2");
-  text.replace(text.find("[cluster]"), 9, "code_check = \"" + mode + "\"\n[cluster]");
+  TestJob spec = SingleNodeJob("[\"sh\", \"train.sh\"]", FreePort());
+  spec.nnodes = 2;
+  spec.code_check = mode;
+  const std::string text = spec.Toml();
   dir.Write("n0/train.sh", "echo v1\n");
   dir.Write("n1/train.sh", "echo v2\n");
   return {dir.Write("n0/job.toml", text), dir.Write("n1/job.toml", text)};
@@ -230,7 +231,7 @@ std::optional<std::string> OnTerminal(const std::string& command) {
 TEST(CliRun, ColourOnATerminalUnlessNoColor) {
   ScratchDir dir;
   const std::string job =
-      dir.Write("job.toml", SingleNodeJob("[\"sh\", \"-c\", \"exit 3\"]", "", FreePort()));
+      dir.Write("job.toml", SingleNodeJob("[\"sh\", \"-c\", \"exit 3\"]", FreePort()).Toml());
   const auto colour = OnTerminal(std::string(DDPRUN_BINARY) + " " + job);
   if (!colour) GTEST_SKIP() << "no `script` to run ddprun on a pseudo-terminal";
   EXPECT_THAT(*colour, HasSubstr("] \x1b[1;31merror: \x1b[0mrank 0 (local rank 0) exited with code 3"))

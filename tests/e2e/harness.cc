@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <ctime>
@@ -19,17 +21,115 @@ extern char** environ;
 
 namespace ddprun::e2e {
 
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+/// Ports a test may hand out: from kLowestTestPort up, less the kernel's ephemeral range (or
+/// all of them where that range leaves none, e.g. a container set to 1024-65535).
+std::vector<uint16_t> CandidatePorts() {
+  constexpr unsigned kLowestTestPort = 20000;  // above the ports of common services
+  unsigned low = 32768, high = 60999;  // Linux's default, where /proc cannot be read
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> low >> high;
+  std::vector<uint16_t> ports, all;
+  for (unsigned port = kLowestTestPort; port <= 65535; ++port) {
+    all.push_back(static_cast<uint16_t>(port));
+    if (port < low || port > high) ports.push_back(static_cast<uint16_t>(port));
+  }
+  return ports.empty() ? all : ports;
+}
+
+/// True when a listening socket could take 127.0.0.1:port now.
+bool CanBind(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_port = htons(port);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   ::close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+}  // namespace
+
+// Binding port 0, reading the port and closing the socket leaves a gap in which a test binary
+// running beside this one (ctest -j) is handed the same port, and the two jobs meet. Instead:
+//  - Every test process claims each port it hands out with a lock on byte `port` of one shared
+//    lock file (an open-file-description lock, fcntl F_OFD_SETLK), and holds it until the
+//    process exits, when the kernel drops it: two test processes never hold the same port.
+//  - The ports come from outside net.ipv4.ip_local_port_range, so the kernel never gives one of
+//    them to an outgoing connection or to a bind to port 0 (a worker's, a store's, a test's).
+//  - A bind just before handing a port out skips ports that another program listens on, or
+//    that an earlier test's connections still hold (TIME_WAIT).
+//  - A process hands each port out once, so one test's leftovers never meet the next test's.
+// The scan starts at an offset taken from the pid, so that processes rarely try the same ports.
+uint16_t FreePort() {
+  static std::mutex mutex;
+  static const std::vector<uint16_t> candidates = CandidatePorts();
+  static std::set<uint16_t> handed_out;
+  static const int lock_fd = ::open(
+      (std::filesystem::temp_directory_path() / "ddprun-e2e-ports.lock").c_str(),
+      O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  const std::lock_guard<std::mutex> hold(mutex);
+  if (lock_fd < 0) throw std::runtime_error("cannot open the port lock file");
+  const size_t start = static_cast<size_t>(::getpid()) * 7919 % candidates.size();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const uint16_t port = candidates[(start + i) % candidates.size()];
+    if (handed_out.count(port) != 0) continue;
+    struct flock lock{};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    lock.l_start = port;
+    lock.l_len = 1;
+    if (::fcntl(lock_fd, F_OFD_SETLK, &lock) != 0) continue;  // another test process has it
+    handed_out.insert(port);  // ours until exit, whether or not the bind below succeeds
+    if (CanBind(port)) return port;
+  }
+  throw std::runtime_error("no free test port");
+}
+
+std::string TomlString(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string TestJob::Toml() const {
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = " << TomlString(name) << "\ncommand = "
+    << (command.empty() ? "[\"sh\", \"-c\", " + TomlString(script) + "]" : command) << "\n";
+  if (!workdir.empty()) t << "workdir = " << TomlString(workdir) << "\n";
+  if (!code_check.empty()) t << "code_check = " << TomlString(code_check) << "\n";
+  t << "[cluster]\n";
+  if (nodes.empty()) {
+    t << "nnodes = " << nnodes << "\n";
+  } else {
+    t << "nodes = [";
+    for (size_t i = 0; i < nodes.size(); ++i) t << (i ? ", " : "") << TomlString(nodes[i]);
+    t << "]\n";
+  }
+  t << "master_addr = \"127.0.0.1\"\nmaster_port = " << master_port << "\n";
+  if (store_port != 0) t << "store_port = " << store_port << "\n";
+  t << "[trainer]\naccelerator = " << TomlString(accelerator) << "\ndevices = " << devices
+    << "\nnum_nodes = " << nnodes << "\n" << trainer_extra;
+  if (max_restarts || !backoff.empty() || !backoff_max.empty()) {
+    t << "[restart]\n";
+    if (max_restarts) t << "max_restarts = " << *max_restarts << "\n";
+    if (!backoff.empty()) t << "backoff = " << TomlString(backoff) << "\n";
+    if (!backoff_max.empty()) t << "backoff_max = " << TomlString(backoff_max) << "\n";
+  }
+  t << "[timeouts]\nrendezvous = " << TomlString(rendezvous) << "\nheartbeat = " << TomlString(heartbeat)
+    << "\nstop_grace = " << TomlString(stop_grace) << "\n"
+    << extra;
+  return t.str();
 }
 
 ScratchDir::ScratchDir() {

@@ -1,6 +1,7 @@
 #pragma once
 // Runs real `ddprun` agents as separate processes on 127.0.0.1 for end-to-end tests: a
-// scratch job directory, a free master port, agents with captured output, bounded waits.
+// scratch job directory, a master port no other test takes, agents with captured output,
+// bounded waits.
 
 #include <sys/types.h>
 
@@ -13,8 +14,39 @@
 
 namespace ddprun::e2e {
 
-/// A free TCP port on 127.0.0.1 right now (bound to port 0, then released).
+/// A TCP port on 127.0.0.1 that is free now and that no other test process on this machine
+/// is handed while this one runs; outside the ephemeral range. See harness.cc for how.
 uint16_t FreePort();
+
+/// A job file for agents on 127.0.0.1, as TOML by Toml(). The defaults are what most e2e jobs
+/// share; a test sets what its job needs. A key left empty (or unset) is left out of the file,
+/// so the job keeps ddprun's default for it.
+struct TestJob {
+  std::string name = "e2e";
+  std::string command;           // job.command as a TOML array; "" runs ["sh", "-c", script]
+  std::string script = "true";
+  std::string workdir;           // job.workdir
+  std::string code_check;        // job.code_check
+  int nnodes = 2;                // cluster.nnodes (left out with `nodes`) and trainer.num_nodes
+  std::vector<std::string> nodes;  // cluster.nodes, in place of cluster.nnodes
+  uint16_t master_port = 0;
+  uint16_t store_port = 0;       // cluster.store_port; 0 leaves it out
+  std::string accelerator = "cpu";
+  int devices = 2;               // trainer.devices: workers per node
+  std::string trainer_extra;     // more [trainer] lines, e.g. "max_epochs = 3\n"
+  std::optional<int> max_restarts;  // [restart] is written when one of these three is set
+  std::string backoff;
+  std::string backoff_max;
+  std::string rendezvous = "20s";
+  std::string heartbeat = "250ms";  // short, so that losses show within a second
+  std::string stop_grace = "2s";
+  std::string extra;             // TOML appended at the end: more tables, e.g. "[logs]\n..."
+
+  std::string Toml() const;
+};
+
+/// `text` as a TOML basic string, quotes included.
+std::string TomlString(const std::string& text);
 
 /// A fresh directory under the system temp dir, removed by the destructor.
 class ScratchDir {

@@ -372,13 +372,16 @@ TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplainedWithOrWithout
   socklen_t len = sizeof addr;
   ::getsockname(server, reinterpret_cast<sockaddr*>(&addr), &len);
   const uint16_t server_port = ntohs(addr.sin_port);
-  const uint16_t port = FreePort();
+  // The client binds to port 0, so the kernel picks its port from the ephemeral range (as for
+  // any outgoing connection) and the client holds it from then on; the job wants that port.
   const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in local{};
   local.sin_family = AF_INET;
   local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  local.sin_port = htons(port);
   ASSERT_EQ(::bind(client, reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
+  len = sizeof local;
+  ::getsockname(client, reinterpret_cast<sockaddr*>(&local), &len);
+  const uint16_t port = ntohs(local.sin_port);
   ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
 
   ScratchDir dir;
@@ -392,7 +395,7 @@ TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplainedWithOrWithout
   std::ifstream range_file("/proc/sys/net/ipv4/ip_local_port_range");
   unsigned low = 0, high = 0;
   range_file >> low >> high;
-  ASSERT_TRUE(port >= low && port <= high) << "FreePort() gives a port of the ephemeral range";
+  ASSERT_TRUE(port >= low && port <= high) << "the kernel gave the client a port of the ephemeral range";
   EXPECT_THAT(node0.Output(),
               HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(port) +
                         ": the port is already in use by a connection of pid " + std::to_string(::getpid()) +

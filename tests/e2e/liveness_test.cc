@@ -5,7 +5,6 @@
 #include <signal.h>
 
 #include <memory>
-#include <sstream>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -19,15 +18,17 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-// heartbeat 250ms: the loss bound is 750ms, so a 2 s pause is a loss on every machine.
+// Two nodes of two workers running `script`; heartbeat 250ms: the loss bound is 750ms, so a
+// 2 s pause is a loss on every machine.
 std::string Job(uint16_t port, const std::string& script, int max_restarts) {
-  std::ostringstream t;
-  t << "version = 1\n[job]\nname = \"live\"\ncommand = [\"sh\", \"-c\", \"" << script << "\"]\n"
-    << "[cluster]\nnnodes = 2\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port << "\n"
-    << "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 2\n"
-    << "[restart]\nmax_restarts = " << max_restarts << "\nbackoff = \"0s\"\n"
-    << "[timeouts]\nrendezvous = \"15s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
-  return t.str();
+  TestJob job;
+  job.name = "live";
+  job.script = script;
+  job.master_port = port;
+  job.max_restarts = max_restarts;
+  job.backoff = "0s";
+  job.rendezvous = "15s";
+  return job.Toml();
 }
 
 class LivenessTest : public ::testing::Test {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
-#include <sstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -22,13 +21,13 @@ using namespace std::chrono_literals;
 class PreflightTest : public ::testing::Test {
  protected:
   void WriteJob(const std::string& accelerator) {
-    std::ostringstream t;
     port_ = FreePort();
-    t << "version = 1\n[job]\nname = \"pf\"\ncommand = [\"false\"]\n"
-      << "[cluster]\nnnodes = 2\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port_ << "\n"
-      << "[trainer]\naccelerator = \"" << accelerator << "\"\ndevices = 2\nnum_nodes = 2\n"
-      << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
-    dir_.Write("job.toml", t.str());
+    TestJob job;
+    job.name = "pf";
+    job.command = "[\"false\"]";
+    job.master_port = port_;
+    job.accelerator = accelerator;
+    dir_.Write("job.toml", job.Toml());
   }
   AgentProcess& Start(int node_rank, const std::map<std::string, std::string>& env = {}) {
     const std::string out = dir_.path() + "/agent-" + std::to_string(node_rank) + ".out";

@@ -24,49 +24,23 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-struct JobOptions {
-  std::string name = "e2e";
-  int nnodes = 2;
-  int nproc = 2;
-  std::string script = "true";
-  std::string command;  // the TOML array, when not `sh -c script`
-  int max_restarts = 0;
-  std::string rendezvous = "10s";
-  std::string workdir;  // job.workdir, when not the default
-  std::string extra;  // appended TOML
-};
-
-std::string ShellQuoteToml(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
-std::string JobToml(const JobOptions& o, uint16_t port) {
-  std::ostringstream t;
-  t << "version = 1\n[job]\nname = \"" << o.name << "\"\ncommand = "
-    << (o.command.empty() ? "[\"sh\", \"-c\", " + ShellQuoteToml(o.script) + "]" : o.command) << "\n"
-    << (o.workdir.empty() ? "" : "workdir = " + ShellQuoteToml(o.workdir) + "\n")
-    << "[cluster]\nnnodes = " << o.nnodes << "\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port
-    << "\n[trainer]\naccelerator = \"cpu\"\ndevices = " << o.nproc << "\nnum_nodes = " << o.nnodes
-    << "\n[restart]\nmax_restarts = " << o.max_restarts << "\nbackoff = \"0s\"\n"
-    << "[timeouts]\nrendezvous = \"" << o.rendezvous << "\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n"
-    << o.extra;
-  return t.str();
+/// The runner tests' job: two nodes of two workers running `sh -c true`, no restart and no
+/// backoff, a 10 s rendezvous.
+TestJob Job() {
+  TestJob job;
+  job.max_restarts = 0;
+  job.backoff = "0s";
+  job.rendezvous = "10s";
+  return job;
 }
 
 class RunnerTest : public ::testing::Test {
  protected:
-  void WriteJob(const JobOptions& options, const std::string& file = "job.toml") {
+  /// Writes `job` with this test's master port (one per test, taken on the first call).
+  void WriteJob(TestJob job, const std::string& file = "job.toml") {
     port_ = port_ ? port_ : FreePort();
-    job_path_ = dir_.Write(file, JobToml(options, port_));
+    job.master_port = port_;
+    job_path_ = dir_.Write(file, job.Toml());
   }
   AgentProcess& Start(int node_rank, const std::string& job = "job.toml",
                       const std::map<std::string, std::string>& env = {},
@@ -126,9 +100,9 @@ class EnvironmentTest : public RunnerTest, public ::testing::WithParamInterface<
 
 TEST_P(EnvironmentTest, EveryWorkerSeesTheTorchrunEnvironment) {
   const auto [nnodes, nproc] = GetParam();
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = nnodes;
-  o.nproc = nproc;
+  o.devices = nproc;
   o.script = "env > env-$RANK.txt";
   WriteJob(o);
   for (int n = 0; n < nnodes; ++n) Start(n, "job.toml", {{"DDPRUN_TEST_INHERITED", "kept"}});
@@ -188,16 +162,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EnvironmentTest,
 
 TEST_F(RunnerTest, WithAStorePortEveryRankUsesItAndNoRelayIsInvolved) {
   const uint16_t store_port = FreePort();
-  JobOptions o;
+  TestJob o = Job();
   o.script = "env > env-$RANK.txt";
-  port_ = FreePort();
+  o.store_port = store_port;
   WriteJob(o);
-  // store_port belongs in [cluster]; append it under the master_port line.
-  std::string text = dir_.Read("job.toml");
-  const std::string master_line = "master_port = " + std::to_string(port_) + "\n";
-  text.replace(text.find(master_line), master_line.size(),
-               master_line + "store_port = " + std::to_string(store_port) + "\n");
-  dir_.Write("job.toml", text);
   Start(0);
   Start(1);
   for (auto& agent : agents_) ASSERT_EQ(agent->Wait(30s), 0) << Describe();
@@ -212,10 +180,16 @@ constexpr const char* kSleeper =
     "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; sleep 30 & wait";
 
 TEST_F(RunnerTest, AFailureStopsEveryWorkerRestartsAndThenFailsTheJobEverywhere) {
-  JobOptions o;
+  TestJob o = Job();
   o.max_restarts = 1;
+  // Rank 3 fails only once ranks 0-2 have set their TERM trap (they write the pid file after
+  // it), so that each of them is stopped by the trap, not killed by the default action; it
+  // gives up waiting after 10 s.
   o.script = std::string("echo start > start-$RANK-$TORCHELASTIC_RESTART_COUNT; "
-                         "if [ \"$RANK\" = 3 ]; then sleep 0.5; echo 'rank 3 fails here' >&2; exit 1; fi; ") +
+                         "if [ \"$RANK\" = 3 ]; then r=$TORCHELASTIC_RESTART_COUNT; i=0; "
+                         "while [ $i -lt 500 ] && ! { [ -e pid-0-$r ] && [ -e pid-1-$r ] && [ -e pid-2-$r ]; }; "
+                         "do sleep 0.02; i=$((i + 1)); done; "
+                         "echo 'rank 3 fails here' >&2; exit 1; fi; ") +
              kSleeper;
   WriteJob(o);
   Start(0);
@@ -246,7 +220,7 @@ TEST_F(RunnerTest, AFailureStopsEveryWorkerRestartsAndThenFailsTheJobEverywhere)
 }
 
 TEST_F(RunnerTest, ASigkilledAgentLeavesNoOrphansAndTheOthersNotice) {
-  JobOptions o;
+  TestJob o = Job();
   o.script = "sleep 60 & echo $! > child-$RANK; echo $$ > pid-$RANK; wait";
   WriteJob(o);
   Start(0);
@@ -268,7 +242,7 @@ TEST_F(RunnerTest, ASigkilledAgentLeavesNoOrphansAndTheOthersNotice) {
 }
 
 TEST_F(RunnerTest, WhenTheMastersAgentDiesTheOthersStopAndExit3) {
-  JobOptions o;
+  TestJob o = Job();
   o.script = "echo $$ > pid-$RANK; sleep 60 & wait";
   o.rendezvous = "2s";
   WriteJob(o);
@@ -286,12 +260,12 @@ TEST_F(RunnerTest, WhenTheMastersAgentDiesTheOthersStopAndExit3) {
 }
 
 TEST_F(RunnerTest, ANodeWithADifferentJobFileIsRefusedWithTheDifference) {
-  JobOptions o;
+  TestJob o = Job();
   o.rendezvous = "3s";
   WriteJob(o);
-  JobOptions other = o;
-  other.nproc = 3;
-  dir_.Write("other.toml", JobToml(other, port_));
+  TestJob other = o;
+  other.devices = 3;
+  WriteJob(other, "other.toml");
   Start(0);
   AgentProcess& node1 = Start(1, "other.toml");
   EXPECT_EQ(node1.Wait(20s), 3) << Describe();
@@ -302,8 +276,10 @@ TEST_F(RunnerTest, ANodeWithADifferentJobFileIsRefusedWithTheDifference) {
 }
 
 TEST_F(RunnerTest, ADuplicateNodeRankIsRefusedAndTheJobGoesOn) {
-  JobOptions o;
-  o.script = "touch started-$RANK; sleep 2";
+  TestJob o = Job();
+  // The workers run until the impostor has been refused (the test writes `go`; 30 s at most),
+  // so that node 1 still holds its rank when the impostor claims it.
+  o.script = "touch started-$RANK; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done";
   WriteJob(o);
   Start(0);
   Start(1);
@@ -311,12 +287,13 @@ TEST_F(RunnerTest, ADuplicateNodeRankIsRefusedAndTheJobGoesOn) {
   AgentProcess& impostor = Start(1);
   EXPECT_EQ(impostor.Wait(20s), 3) << Describe();
   EXPECT_THAT(impostor.Output(), HasSubstr("node rank 1 is claimed twice"));
+  dir_.Write("go", "");
   EXPECT_EQ(agents_[0]->Wait(20s), 0) << Describe();
   EXPECT_EQ(agents_[1]->Wait(20s), 0) << Describe();
 }
 
 TEST_F(RunnerTest, ANodeThatNeverComesIsNamedAndTheJobExits3) {
-  JobOptions o;
+  TestJob o = Job();
   o.rendezvous = "1500ms";
   o.nnodes = 3;
   WriteJob(o);
@@ -340,7 +317,7 @@ TEST_F(RunnerTest, ATakenMasterPortIsExplainedWithItsOwner) {
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = ntohs(addr.sin_port);
-  WriteJob(JobOptions{});
+  WriteJob(Job());
   AgentProcess& node0 = Start(0);
   EXPECT_EQ(node0.Wait(20s), 3) << Describe();
   EXPECT_THAT(node0.Output(),
@@ -351,7 +328,7 @@ TEST_F(RunnerTest, ATakenMasterPortIsExplainedWithItsOwner) {
 }
 
 TEST_F(RunnerTest, SigintOnAnyAgentStopsTheJobOnEveryNode) {
-  JobOptions o;
+  TestJob o = Job();
   o.script = kSleeper;
   WriteJob(o);
   Start(0);
@@ -369,7 +346,7 @@ TEST_F(RunnerTest, SigintOnAnyAgentStopsTheJobOnEveryNode) {
 }
 
 TEST_F(RunnerTest, SigtermExits143) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
   o.script = kSleeper;
   WriteJob(o);
@@ -384,7 +361,7 @@ TEST_F(RunnerTest, SigtermExits143) {
 }
 
 TEST_F(RunnerTest, NoByteOfOutputIsLostAtExit) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
   o.script = "seq 1 100000; printf 'no newline at the end'";
   o.extra = "[logs]\nconsole = \"none\"\n";
@@ -404,9 +381,9 @@ TEST_F(RunnerTest, NoByteOfOutputIsLostAtExit) {
 }
 
 TEST_F(RunnerTest, TheConsoleShowsPrefixedLinesOfTheSelectedRanks) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 3;
+  o.devices = 3;
   o.script = "echo hello from $RANK";
   o.extra = "[logs]\nconsole = [1]\n";
   WriteJob(o);
@@ -418,7 +395,7 @@ TEST_F(RunnerTest, TheConsoleShowsPrefixedLinesOfTheSelectedRanks) {
 }
 
 TEST_F(RunnerTest, TheErrorFileTracebackLeadsTheSummaryWithAnNcclHint) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
   o.script =
       "if [ \"$RANK\" = 1 ]; then printf '%s' '{\"message\": {\"message\": \"RuntimeError: NCCL "
@@ -436,7 +413,7 @@ TEST_F(RunnerTest, TheErrorFileTracebackLeadsTheSummaryWithAnNcclHint) {
 }
 
 TEST_F(RunnerTest, ACommandThatDoesNotExistIsReportedAsTheRootCause) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
   o.command = "[\"ddprun-no-such-command\", \"--flag\"]";
   WriteJob(o);
@@ -448,9 +425,9 @@ TEST_F(RunnerTest, ACommandThatDoesNotExistIsReportedAsTheRootCause) {
 // Issue 11 item 4 (a): a worker's `setsid cmd &` leaves its process group and session; the agent
 // (a child subreaper) still finds it below itself and kills it when no worker runs any more.
 TEST_F(RunnerTest, AProcessAWorkerStartedInItsOwnSessionEndsWithTheJob) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 1;
+  o.devices = 1;
   // The child writes its pid once it is in its own session; the worker exits only then (else
   // the worker's end could take the child with its group before it left).
   o.script = "setsid sh -c 'echo $$ > escapee; exec sleep 300' & while [ ! -s escapee ]; do sleep 0.01; done";
@@ -473,7 +450,7 @@ constexpr const char* kParent =
 // guardian lives in its own session, so it survives that and kills every worker and
 // everything they started, in their group or not.
 TEST_F(RunnerTest, KillingTheAgentsWholeProcessGroupLeavesNoProcessBehind) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
   o.script = kParent;
   WriteJob(o);
@@ -494,7 +471,7 @@ TEST_F(RunnerTest, KillingTheAgentsWholeProcessGroupLeavesNoProcessBehind) {
 // Issue 11 item 4 (c): killing the guardian alone is noticed; the agent says so and starts a
 // new one, which then does the guardian's job when the agent's group is killed.
 TEST_F(RunnerTest, AKilledGuardianIsReplacedAndTheReplacementCleansUp) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
   o.script = kParent;
   WriteJob(o);
@@ -529,9 +506,9 @@ TEST_F(RunnerTest, AKilledGuardianIsReplacedAndTheReplacementCleansUp) {
 // Issue 12 item 3: a second run of the same job writes a new folder; the first run's files
 // stay as they were, and `latest` names the second.
 TEST_F(RunnerTest, EachRunKeepsItsOwnLogsAndLatestNamesTheNewest) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 1;
+  o.devices = 1;
   o.script = "echo run $(cat count 2>/dev/null || echo 1); echo 2 > count";
   WriteJob(o);
   ASSERT_EQ(Start(0).Wait(30s), 0) << Describe();
@@ -553,9 +530,9 @@ TEST_F(RunnerTest, EachRunKeepsItsOwnLogsAndLatestNamesTheNewest) {
 // Issue 11 item 5: a link planted where ddprun makes the job's log folder is not followed; the
 // file it points into is untouched and the job fails saying why.
 TEST_F(RunnerTest, APlantedLinkInTheLogFolderIsNotFollowed) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 2;
+  o.devices = 2;
   o.script = "echo overwritten";
   WriteJob(o);
   dir_.Write("victim/attempt-0/rank-1.log", "precious\n");
@@ -583,9 +560,9 @@ TEST_F(RunnerTest, AFullDiskIsReportedOnTheConsoleAndInTheSummary) {
   if (std::system(mount.c_str()) != 0) {
     GTEST_SKIP() << "needs root and mount namespaces (unshare -m, mount -t tmpfs) for a small full disk";
   }
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 1;
+  o.devices = 1;
   o.script = "head -c 300000 /dev/zero | tr '\\0' x; echo; echo end";
   o.extra = "[logs]\nconsole = \"none\"\n";
   WriteJob(o);
@@ -609,9 +586,9 @@ TEST_F(RunnerTest, AFullDiskIsReportedOnTheConsoleAndInTheSummary) {
 // Issue 12 item 6: a progress bar ('\r' without '\n') shows on the console while the worker
 // runs; the log file keeps the bytes as written.
 TEST_F(RunnerTest, ProgressBarsShowLiveAndTheLogKeepsTheBytes) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 1;
+  o.devices = 1;
   o.script = "printf '\\rprogress 1'; while [ ! -e go ]; do sleep 0.05; done; printf '\\rprogress 2\\n'";
   WriteJob(o);
   AgentProcess& node0 = Start(0);
@@ -625,9 +602,9 @@ TEST_F(RunnerTest, ProgressBarsShowLiveAndTheLogKeepsTheBytes) {
 
 // Issue 12 item 8: a missing workdir is named as such, not as a missing program.
 TEST_F(RunnerTest, AMissingWorkdirIsNamed) {
-  JobOptions o;
+  TestJob o = Job();
   o.nnodes = 1;
-  o.nproc = 1;
+  o.devices = 1;
   o.workdir = "no-such-folder";
   WriteJob(o);
   AgentProcess& node0 = Start(0);
