@@ -529,6 +529,13 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
     // Stop the rest of this node now rather than a round trip later; the coordinator stops
     // the other nodes.
     StopWorkers(now, out);
+  } else if (stopping_ && !pending_exit_ && failed && !exited.error_text.empty()) {
+    // It wrote its error file, so it raised on its own before the stop reached it: when the
+    // round's first failure only lost a peer, this one may be the cause (the coordinator
+    // decides; Coordinator::ReviseRootCause).
+    Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
+                            exited.signal, exited.stderr_tail, exited.error_text},
+         out);
   } else if (!stopping_ && !failed && running_workers() == 0 && !done_reported_ &&
              std::all_of(workers_.begin(), workers_.end(),
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {

@@ -293,29 +293,15 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
   if (phase_ == Phase::kDone && !std::holds_alternative<wire::JobEndAck>(message)) return;
 
   if (const auto* failed = std::get_if<wire::WorkerFailed>(&message)) {
-    if (phase_ != Phase::kRunning || failed->round != round_) return;  // stale or already stopping
-    Failure failure;
-    failure.round = failed->round;
-    failure.node_rank = node_rank;
-    failure.what = fmt::format("rank {} ({}, local rank {}) {}", failed->global_rank,
-                               NodeName(node_rank), failed->local_rank,
-                               DescribeExit(failed->exit_code, failed->signal));
-    if (!failed->error_file.empty()) {
-      failure.detail = "  error (from TORCHELASTIC_ERROR_FILE):\n" + Indent(failed->error_file, "    | ");
+    if (failed->round != round_) return;  // stale
+    if (phase_ == Phase::kRunning) {
+      BeginStop(now, FailureOf(node_rank, *failed), out);
+    } else if (phase_ == Phase::kStopping && failure_ && failure_->lost_peer) {
+      // The first failure only lost a peer; a rank that raised on its own before the stop
+      // reached it (agents report those too) is the better root cause.
+      Failure later = FailureOf(node_rank, *failed);
+      if (!later.lost_peer) ReviseRootCause(std::move(later), out);
     }
-    // Python prints the traceback that the error file already holds to stderr too: show it once.
-    const std::string tail = WithoutTraceback(failed->stderr_tail, failed->error_file);
-    if (!tail.empty()) {
-      failure.detail += fmt::format("  last lines of its stderr{}:\n",
-                                    tail.size() < failed->stderr_tail.size()
-                                        ? " (without the traceback shown above)"
-                                        : "") +
-                        Indent(tail, "    | ");
-    } else if (failed->error_file.empty()) {
-      failure.detail = "  (it wrote nothing to stderr)\n";
-    }
-    failure.mentions_nccl = MentionsNccl(failed->stderr_tail) || MentionsNccl(failed->error_file);
-    BeginStop(now, std::move(failure), out);
   } else if (const auto* done = std::get_if<wire::NodeDone>(&message)) {
     if (phase_ != Phase::kRunning || done->round != round_) return;
     if (slot.done) return;
@@ -653,6 +639,49 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
                             : fmt::format("round {}: all {} nodes joined; starting {} workers",
                                           round_, slots_.size(), spec_.WorldSize())});
   Broadcast(wire::StartRound{round_, store_port}, out);
+}
+
+Coordinator::Failure Coordinator::FailureOf(int node_rank, const wire::WorkerFailed& failed) const {
+  Failure failure;
+  failure.round = failed.round;
+  failure.node_rank = node_rank;
+  failure.what = fmt::format("rank {} ({}, local rank {}) {}", failed.global_rank,
+                             NodeName(node_rank), failed.local_rank,
+                             DescribeExit(failed.exit_code, failed.signal));
+  if (!failed.error_file.empty()) {
+    failure.detail = "  error (from TORCHELASTIC_ERROR_FILE):\n" + Indent(failed.error_file, "    | ");
+  }
+  // Python prints the traceback that the error file already holds to stderr too: show it once.
+  const std::string tail = WithoutTraceback(failed.stderr_tail, failed.error_file);
+  if (!tail.empty()) {
+    failure.detail += fmt::format("  last lines of its stderr{}:\n",
+                                  tail.size() < failed.stderr_tail.size()
+                                      ? " (without the traceback shown above)"
+                                      : "") +
+                      Indent(tail, "    | ");
+  } else if (failed.error_file.empty()) {
+    failure.detail = "  (it wrote nothing to stderr)\n";
+  }
+  failure.mentions_nccl = MentionsNccl(failed.stderr_tail) || MentionsNccl(failed.error_file);
+  failure.lost_peer = LooksLikeALostPeer(failed.error_file, failed.stderr_tail);
+  return failure;
+}
+
+void Coordinator::ReviseRootCause(Failure failure, std::vector<CoordinatorEffect>& out) {
+  DDPRUN_ASSERT(phase_ == Phase::kStopping && failure_ && failure_->lost_peer && !failure.lost_peer);
+  const std::string first = failure_->what;
+  failure.detail += fmt::format("  ({} failed before it, with an error that says it lost a peer: "
+                                "a consequence, not the cause)\n",
+                                first.substr(0, first.find(" (")));
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("round {}: the root cause is {}; {} failed first, but its error "
+                                    "says only that it lost a peer",
+                                    round_, failure.what, first)});
+  failure_ = std::move(failure);
+  last_failure_ = failure_;
+  // Every node hears the root cause again, so no node is left with the consequence.
+  const bool last = restarts_used_ >= spec_.restart.max_restarts;
+  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last}, out);
 }
 
 void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out) {

@@ -82,6 +82,7 @@ class Coordinator {
     std::string what;         // one line: "rank 3 (node 1 "gpu-02", local rank 1) exited with code 1"
     std::string detail;       // error file / stderr tail, indented
     bool mentions_nccl = false;
+    bool lost_peer = false;   // its error says it lost a peer: likely a consequence (failure.h)
   };
 
   void Apply(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
@@ -99,7 +100,9 @@ class Coordinator {
   void Drop(TimePoint now, ConnId conn, std::vector<CoordinatorEffect>& out);
   void MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out);
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
+  Failure FailureOf(int node_rank, const wire::WorkerFailed& failed) const;
   void BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out);
+  void ReviseRootCause(Failure failure, std::vector<CoordinatorEffect>& out);
   void MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out);
   void EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out);
   void SettleEnd(Slot& slot);

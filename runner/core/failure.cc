@@ -1,6 +1,7 @@
 #include "runner/core/failure.h"
 
 #include <csignal>
+#include <string_view>
 
 namespace ddprun::core {
 
@@ -44,6 +45,28 @@ std::string Indent(const std::string& text, const std::string& indent) {
     out.resize(out.size() - indent.size() - 1);
   }
   return out;
+}
+
+bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr_tail) {
+  // The error is at the end of stderr; earlier lines may quote anything.
+  size_t from = stderr_tail.size();
+  for (int lines = 0; lines < 4 && from > 0; ++lines) {
+    from = stderr_tail.rfind('\n', from - 1);
+    if (from == std::string::npos) {
+      from = 0;
+      break;
+    }
+  }
+  const std::string_view tail = std::string_view(stderr_tail).substr(from);
+  for (const char* marker :
+       {"Connection closed by peer", "Connection reset by peer", "Broken pipe",
+        "remote process exited or there was a network error", "NCCL communicator was aborted",
+        "DistNetworkError", "ncclRemoteError"}) {
+    if (error_file.find(marker) != std::string::npos || tail.find(marker) != std::string_view::npos) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace ddprun::core

@@ -11,6 +11,13 @@ std::string SignalName(int signal);
 /// "exited with code 1" or "was killed by signal 9 (SIGKILL)".
 std::string DescribeExit(int exit_code, int signal);
 
+/// Whether a rank's error reads as the consequence of another rank going away rather than a
+/// failure of its own: its collective library lost a peer (gloo's "Connection closed by peer",
+/// NCCL's "remote process exited", a reset or broken connection, an aborted communicator).
+/// Looks at the error file and at the last lines of stderr, where the error itself is. The
+/// root cause of a round prefers a failure that does not read so.
+bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr_tail);
+
 /// Prefixes every line of `text` with `indent`, drops trailing blank lines.
 std::string Indent(const std::string& text, const std::string& indent);
 

@@ -280,6 +280,25 @@ TEST_F(AgentTest, WorkerFailureIsReportedOnceAndStopsTheRestAtOnce) {
   EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting);
 }
 
+// During a stop, a worker that exits with an error file raised on its own before the stop
+// reached it: the coordinator hears of it (it may be the real root cause). One that exits
+// without an error file was only stopped.
+TEST_F(AgentTest, AWorkerThatWroteItsErrorFileBeforeTheStopIsReportedToo) {
+  Running(0s);
+  Exit(5s, 0, 1, 0, "RuntimeError: [gloo] Connection closed by peer\n");
+  const Effects own = Feed(6s, WorkerExited{0, 1, 0, SIGTERM, "", "RuntimeError: rank 3 fails\n"});
+  EXPECT_EQ(Sent<wire::WorkerFailed>(own),
+            (std::vector<wire::WorkerFailed>{{0, 3, 1, 0, SIGTERM, "", "RuntimeError: rank 3 fails\n"}}));
+  EXPECT_EQ(Sent<wire::RoundStopped>(own), (std::vector<wire::RoundStopped>{{0, 1}}));
+}
+
+TEST_F(AgentTest, AWorkerStoppedWithoutAnErrorFileIsNotReported) {
+  Running(0s);
+  Exit(5s, 0, 1, 0, "RuntimeError: boom\n");
+  const Effects stopped = Feed(6s, WorkerExited{0, 1, 0, SIGTERM, "", ""});
+  EXPECT_TRUE(Sent<wire::WorkerFailed>(stopped).empty()) << test::Describe(stopped);
+}
+
 TEST_F(AgentTest, SpawnFailureIsAWorkerFailure) {
   Running(0s);
   const Effects e = Feed(1s, WorkerSpawnFailed{0, 0, "python: No such file or directory"});

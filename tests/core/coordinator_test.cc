@@ -394,6 +394,43 @@ TEST_F(CoordinatorTest, SecondConfirmationOfTheSameRoundDoesNotChangeTheCount) {
       << end[0].second.summary;
 }
 
+// The first failure only lost a peer (gloo's "Connection closed by peer"); rank 3, stopped a
+// moment later, had written its own error first. The root cause becomes rank 3 and every node
+// hears it again. A later failure that also only lost a peer changes nothing.
+TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn) {
+  StartFirstRound(0s);
+  const wire::WorkerFailed lost{0, 2, 0, 1, 0, "RuntimeError: [gloo] Connection closed by peer\n", ""};
+  const Effects first = Send(1s, ConnOf(1), lost);
+  ASSERT_EQ(Sent<wire::StopRound>(first).size(), 2u) << test::Describe(first);
+  EXPECT_EQ(Sent<wire::StopRound>(first)[0].second.cause.rfind("rank 2 (node 1 (gpu-02), local rank 0)", 0), 0u);
+
+  const wire::WorkerFailed also_lost{0, 0, 0, 1, 0, "", "ncclRemoteError: remote process exited or there was a network error"};
+  EXPECT_TRUE(Meaningful(Send(1s, ConnOf(0), also_lost)).empty());
+
+  const Effects revised = Send(2s, ConnOf(1), RankThreeFailed(0, "", "RuntimeError: rank 3 fails on purpose\n"));
+  EXPECT_EQ(FindLog(revised, "the root cause is"),
+            "round 0: the root cause is rank 3 (node 1 (gpu-02), local rank 1) exited with code 1; "
+            "rank 2 (node 1 (gpu-02), local rank 0) exited with code 1 failed first, but its error "
+            "says only that it lost a peer");
+  const auto stops = Sent<wire::StopRound>(revised);
+  ASSERT_EQ(stops.size(), 2u) << test::Describe(revised);
+  EXPECT_EQ(stops[0].second.cause,
+            "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1\n"
+            "  error (from TORCHELASTIC_ERROR_FILE):\n"
+            "    | RuntimeError: rank 3 fails on purpose\n"
+            "  (rank 2 failed before it, with an error that says it lost a peer: a consequence, not "
+            "the cause)\n");
+  // Once revised, it stays: a third failure is not news.
+  EXPECT_TRUE(Meaningful(Send(2s, ConnOf(0), wire::WorkerFailed{0, 1, 1, 1, 0, "", "ValueError: x\n"})).empty());
+}
+
+TEST_F(CoordinatorTest, AFirstFailureOfItsOwnIsNeverRevised) {
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  const Effects later = Send(1s, ConnOf(0), wire::WorkerFailed{0, 0, 0, 1, 0, "", "ValueError: x\n"});
+  EXPECT_TRUE(Meaningful(later).empty()) << test::Describe(later);
+}
+
 TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
   StartFirstRound(0s);
   Send(1s, ConnOf(1), RankThreeFailed(0));

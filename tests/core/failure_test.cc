@@ -30,4 +30,15 @@ TEST(FailureTest, IndentPrefixesEveryLineAndDropsTrailingBlankLines) {
 }
 
 }  // namespace
+TEST(FailureTest, AnErrorThatOnlyLostAPeerIsRecognised) {
+  EXPECT_TRUE(LooksLikeALostPeer("", "Traceback ...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:1234\n"));
+  EXPECT_TRUE(LooksLikeALostPeer("torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error", ""));
+  EXPECT_TRUE(LooksLikeALostPeer("", "ConnectionResetError: [Errno 104] Connection reset by peer\n"));
+  EXPECT_FALSE(LooksLikeALostPeer("RuntimeError: CUDA out of memory", ""));
+  EXPECT_FALSE(LooksLikeALostPeer("", "ValueError: bad batch\n"));
+  // Only the end of stderr counts: a log line long before the error is not the error.
+  EXPECT_FALSE(LooksLikeALostPeer(
+      "", "warning: Connection reset by peer, retrying\nstep 1\nstep 2\nstep 3\nstep 4\nKeyError: 'x'\n"));
+}
+
 }  // namespace ddprun::core
