@@ -32,9 +32,6 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options);
 std::optional<int> DetectNodeRank(const JobSpec& spec, std::optional<int> flag, std::string& error,
                                   std::string& how);
 
-/// The host name of this machine ("" if unknown).
-std::string LocalHostName();
-
 /// Why cluster.master_addr cannot work for a job of several hosts when seen from this host: a
 /// host name (not an address, not "localhost") that resolves here to a loopback address, as
 /// Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts. Node 0 would listen
