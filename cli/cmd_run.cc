@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "base/host_name.h"
 #include "cli/code_identity.h"
 #include "cli/commands.h"
 #include "cli/node_job.h"
@@ -54,7 +55,7 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   const auto& nodes = job.spec.cluster.nodes;
   job.run.node_rank = *node_rank;
   job.run.host = static_cast<size_t>(*node_rank) < nodes.size() ? nodes[static_cast<size_t>(*node_rank)]
-                                                                : io::LocalHostName();
+                                                                : LocalHostName();
   job.run.job_dir = std::filesystem::path(job_path).parent_path().string();
   if (job.spec.job.code_check != JobSpec::CodeCheck::kOff) {
     // Before the agent computes the fingerprint, so that the code is part of it.

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/result.h"
+
 namespace ddprun::preflight {
 
 using Clock = std::chrono::steady_clock;
@@ -29,13 +31,13 @@ struct Record {
 /// The bytes of one record. Asserts payload.size() <= kMaxRecordPayload.
 std::string EncodeRecord(char type, std::string_view payload);
 
-/// Total decoder: any byte sequence yields records, "need more", or an error.
+/// Total decoder: any byte sequence yields records, "need more", or a failure.
 class RecordDecoder {
  public:
-  enum class Status { kRecord, kNeedMore, kError };
   void Feed(const char* data, size_t size) { buffer_.append(data, size); }
-  /// Takes the next complete record out of the buffer into `out`; on kError sets `error`.
-  Status Next(Record& out, std::string& error);
+  /// Takes the next complete record out of the buffer; nullopt while it needs more bytes; a
+  /// failure when the bytes are not preflight records (the connection is then of no use).
+  Result<std::optional<Record>> Next();
 
  private:
   std::string buffer_;
@@ -70,30 +72,49 @@ class Fd {
   int fd_ = -1;
 };
 
-/// How a single connect attempt ended.
+/// How a connect attempt ended.
 enum class ConnectOutcome { kConnected, kRefused, kTimedOut, kUnreachable, kResolveFailed, kError };
 
-/// One TCP connect to host:port (name or address) that gives up after `timeout`.
-/// Returns the connected (blocking) socket, or an invalid Fd with `outcome` and `error` set.
-Fd ConnectOnce(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
-               ConnectOutcome& outcome, std::string& error);
+struct ConnectTarget {
+  std::string host;  // a name or an address
+  uint16_t port = 0;
+};
+
+/// One target's connect: the (non-blocking) socket, or the system's words on why not.
+struct ConnectResult {
+  ConnectOutcome outcome = ConnectOutcome::kError;
+  Result<Fd> fd = Fail("not tried");
+};
+
+/// One TCP connect to each target (every address a name resolves to, in turn), each giving up
+/// `timeout` after its name resolved; at most `max_in_flight` at once, all polled together on
+/// the calling thread. Results in the order of `targets`.
+std::vector<ConnectResult> ConnectAll(const std::vector<ConnectTarget>& targets,
+                                      std::chrono::milliseconds timeout, size_t max_in_flight);
+
+/// One TCP connect to host:port that gives up after `timeout`; the socket is blocking.
+Result<Fd> ConnectOnce(const std::string& host, uint16_t port, std::chrono::milliseconds timeout);
 
 /// Connects with retries (every 200 ms) until `deadline`: rank 0 may not listen yet.
-Fd ConnectWithRetries(const std::string& host, uint16_t port, Clock::time_point deadline,
-                      std::string& error);
+Result<Fd> ConnectWithRetries(const std::string& host, uint16_t port, Clock::time_point deadline);
+
+/// A listening socket and the port it got.
+struct Listener {
+  Fd fd;
+  uint16_t port = 0;
+};
 
 /// A listening TCP socket on the wildcard address (IPv6 dual-stack where available, else IPv4)
-/// at `port` (0: the kernel picks). Sets `bound_port`.
-Fd ListenWildcard(uint16_t port, uint16_t& bound_port, std::string& error);
+/// at `port` (0: the kernel picks).
+Result<Listener> ListenWildcard(uint16_t port);
 
 /// The local address of a connected socket, as text ("" on failure).
 std::string LocalAddressOf(int fd);
 
 /// Writes all of `data` before `deadline`.
-bool SendAll(int fd, std::string_view data, Clock::time_point deadline, std::string& error);
+Status SendAll(int fd, std::string_view data, Clock::time_point deadline);
 
-/// Reads until one whole record is decoded or `deadline` passes (nullopt with `error`).
-std::optional<Record> ReadRecord(int fd, RecordDecoder& decoder, Clock::time_point deadline,
-                                 std::string& error);
+/// Reads until one whole record is decoded or `deadline` passes.
+Result<Record> ReadRecord(int fd, RecordDecoder& decoder, Clock::time_point deadline);
 
 }  // namespace ddprun::preflight

@@ -116,81 +116,93 @@ const char* ReachName(Reach reach) {
   return "error";
 }
 
-Verdict BuildVerdict(const Expectations& expect, const Findings& findings) {
-  Verdict verdict;
-  std::vector<std::string> notes;
-  std::string& out = verdict.text;
+std::string VerdictHeader(const Expectations& expect) {
   const int world = expect.nnodes * expect.nproc_per_node;
-  out += fmt::format("ddprun preflight: job \"{}\", {} node{} x {} rank{} (world {}), accelerator {}\n",
+  return fmt::format("ddprun preflight: job \"{}\", {} node{} x {} rank{} (world {}), accelerator {}\n",
                      expect.job_name, expect.nnodes, expect.nnodes == 1 ? "" : "s",
                      expect.nproc_per_node, expect.nproc_per_node == 1 ? "" : "s", world,
                      Or(expect.accelerator, "unset"));
+}
 
-  if (!findings.exchange_error.empty()) verdict.problems.push_back(findings.exchange_error);
+namespace {
 
-  // Nodes: GPUs against nproc_per_node, versions.
-  out += "\nnodes\n";
-  out += fmt::format("  {:<5} {:<20} {:<16} {:>4} {:>5}  {:<12} {:<8} {:<8} {:<8}\n", "node", "host",
-                     "address", "GPUs", "nproc", "driver", "drv CUDA", "CUDA rt", "NCCL");
-  std::vector<int> gpu_less;
+constexpr const char* kNodeRow = "  {:<5} {:<20} {:<16} {:>4} {:>5}  {:<12} {:<8} {:<8} {:<8}\n";
+
+// One node's GPUs against nproc_per_node: its problems, and notes for the lines under the table.
+void CheckNodeGpus(const Expectations& expect, const Findings& findings, int node,
+                   const RankInfo& info, VerdictPart& part, std::vector<std::string>& notes) {
+  const std::string name = NodeName(expect, findings, node);
+  if (info.gpu_count == 0) {
+    const std::string line = fmt::format("no GPU on node {} ({}): skipped the NCCL all-reduce", node,
+                                         Or(info.gpu_error, "the CUDA runtime found none"));
+    if (WantsGpu(expect.accelerator)) {
+      part.problems.push_back(fmt::format(
+          "{}; trainer.accelerator = \"{}\" needs {} GPU{} there; fix: install the NVIDIA "
+          "driver or check CUDA_VISIBLE_DEVICES",
+          line, expect.accelerator, expect.nproc_per_node, expect.nproc_per_node == 1 ? "" : "s"));
+    } else {
+      notes.push_back(line);
+    }
+    if (!info.nccl_error.empty()) notes.push_back(fmt::format("{}: {}", name, info.nccl_error));
+    return;
+  }
+  if (info.gpu_count < expect.nproc_per_node) {
+    part.problems.push_back(fmt::format(
+        "{} has {} GPU{} but runs {} ranks (nproc_per_node); fix: set cluster.nproc_per_node/"
+        "trainer.devices = {} or check CUDA_VISIBLE_DEVICES",
+        name, info.gpu_count, info.gpu_count == 1 ? "" : "s", expect.nproc_per_node,
+        info.gpu_count));
+  } else if (info.gpu_count > expect.nproc_per_node) {
+    notes.push_back(fmt::format(
+        "{} has {} GPUs and runs {} ranks: {} GPU{} stay idle (set cluster.nproc_per_node/"
+        "trainer.devices = {} to use them all)",
+        name, info.gpu_count, expect.nproc_per_node, info.gpu_count - expect.nproc_per_node,
+        info.gpu_count - expect.nproc_per_node == 1 ? "" : "s", info.gpu_count));
+  }
+  if (info.nccl_version == 0) {
+    part.problems.push_back(fmt::format(
+        "{} has GPUs but NCCL cannot be loaded ({}); fix: install NCCL (libnccl.so.2) or set "
+        "DDPRUN_NCCL_PATH",
+        name, Or(info.nccl_error, "unknown reason")));
+  }
+}
+
+}  // namespace
+
+VerdictPart NodesPart(const Expectations& expect, const Findings& findings) {
+  VerdictPart part;
+  std::vector<std::string> notes;
+  part.text += "\nnodes\n";
+  part.text += fmt::format(kNodeRow, "node", "host", "address", "GPUs", "nproc", "driver",
+                           "drv CUDA", "CUDA rt", "NCCL");
   for (int node = 0; node < expect.nnodes; ++node) {
     const RankInfo* info = NodeInfo(findings, node);
     if (!info) {
-      out += fmt::format("  {:<5} (no rank of this node joined)\n", node);
+      part.text += fmt::format("  {:<5} (no rank of this node joined)\n", node);
       continue;
     }
-    out += fmt::format("  {:<5} {:<20} {:<16} {:>4} {:>5}  {:<12} {:<8} {:<8} {:<8}\n", node,
-                       info->host, info->address, info->gpu_count, expect.nproc_per_node,
-                       Or(info->driver, "-"), CudaVersionText(info->driver_cuda_version),
-                       CudaVersionText(info->runtime_version), NcclVersionText(info->nccl_version));
-    const std::string name = NodeName(expect, findings, node);
-    out += fmt::format("        Python {}, torch {}, Lightning {}\n",
-                       Or(info->python_version, "-"), Or(info->torch_version, "-"),
-                       Or(info->lightning_version, "-"));
-    if (info->gpu_count > 0) {
-      out += fmt::format("        GPUs: {}\n", GpuSummary(*info));
-    } else {
-      gpu_less.push_back(node);
-      const std::string line = fmt::format("no GPU on node {} ({}): skipped the NCCL all-reduce", node,
-                                           Or(info->gpu_error, "the CUDA runtime found none"));
-      if (WantsGpu(expect.accelerator)) {
-        verdict.problems.push_back(fmt::format(
-            "{}; trainer.accelerator = \"{}\" needs {} GPU{} there; fix: install the NVIDIA "
-            "driver or check CUDA_VISIBLE_DEVICES",
-            line, expect.accelerator, expect.nproc_per_node, expect.nproc_per_node == 1 ? "" : "s"));
-      } else {
-        notes.push_back(line);
-      }
-      if (!info->nccl_error.empty()) notes.push_back(fmt::format("{}: {}", name, info->nccl_error));
-      continue;
-    }
-    if (info->gpu_count < expect.nproc_per_node) {
-      verdict.problems.push_back(fmt::format(
-          "{} has {} GPU{} but runs {} ranks (nproc_per_node); fix: set cluster.nproc_per_node/"
-          "trainer.devices = {} or check CUDA_VISIBLE_DEVICES",
-          name, info->gpu_count, info->gpu_count == 1 ? "" : "s", expect.nproc_per_node,
-          info->gpu_count));
-    } else if (info->gpu_count > expect.nproc_per_node) {
-      notes.push_back(fmt::format(
-          "{} has {} GPUs and runs {} ranks: {} GPU{} stay idle (set cluster.nproc_per_node/"
-          "trainer.devices = {} to use them all)",
-          name, info->gpu_count, expect.nproc_per_node, info->gpu_count - expect.nproc_per_node,
-          info->gpu_count - expect.nproc_per_node == 1 ? "" : "s", info->gpu_count));
-    }
-    if (info->nccl_version == 0) {
-      verdict.problems.push_back(fmt::format(
-          "{} has GPUs but NCCL cannot be loaded ({}); fix: install NCCL (libnccl.so.2) or set "
-          "DDPRUN_NCCL_PATH",
-          name, Or(info->nccl_error, "unknown reason")));
-    }
+    part.text += fmt::format(kNodeRow, node, info->host, info->address, info->gpu_count,
+                             expect.nproc_per_node, Or(info->driver, "-"),
+                             CudaVersionText(info->driver_cuda_version),
+                             CudaVersionText(info->runtime_version),
+                             NcclVersionText(info->nccl_version));
+    part.text += fmt::format("        Python {}, torch {}, Lightning {}\n",
+                             Or(info->python_version, "-"), Or(info->torch_version, "-"),
+                             Or(info->lightning_version, "-"));
+    if (info->gpu_count > 0) part.text += fmt::format("        GPUs: {}\n", GpuSummary(*info));
+    CheckNodeGpus(expect, findings, node, *info, part, notes);
   }
-  for (const std::string& line : notes) out += "  note: " + line + "\n";
+  for (const std::string& line : notes) part.text += "  note: " + line + "\n";
+  return part;
+}
 
-  // Versions that must agree (NCCL across nodes) and those that may differ.
+VerdictPart VersionsPart(const Expectations& expect, const Findings& findings) {
+  VerdictPart part;
+  // NCCL must agree across nodes.
   const std::string nccl_diff = Disagreement(expect, findings, "NCCL version", &RankInfo::nccl_version,
                                              NcclVersionText);
   if (!nccl_diff.empty()) {
-    verdict.problems.push_back(nccl_diff + "; fix: install the same NCCL on every node");
+    part.problems.push_back(nccl_diff + "; fix: install the same NCCL on every node");
   }
   // Different torch or Lightning versions train silently differently or hang in a collective,
   // as different NCCL versions do; a different Python alone is only worth a note.
@@ -201,7 +213,7 @@ Verdict BuildVerdict(const Expectations& expect, const Findings& findings) {
         Disagreement(expect, findings, "Lightning version", &RankInfo::lightning_version, none)}) {
     if (diff.empty()) continue;
     library_diffs.push_back(diff);
-    verdict.problems.push_back(diff + "; fix: install the same version on every node");
+    part.problems.push_back(diff + "; fix: install the same version on every node");
   }
   std::vector<std::string> version_notes;
   for (const std::string& diff :
@@ -211,103 +223,132 @@ Verdict BuildVerdict(const Expectations& expect, const Findings& findings) {
     if (!diff.empty()) version_notes.push_back(diff);
   }
   if (nccl_diff.empty() && version_notes.empty() && library_diffs.empty()) {
-    out += "  versions agree across nodes\n";
-  } else {
-    for (const std::string& line : version_notes) out += "  note: " + line + "\n";
-    if (!nccl_diff.empty()) out += "  " + nccl_diff + "\n";
-    for (const std::string& line : library_diffs) out += "  " + line + "\n";
+    part.text += "  versions agree across nodes\n";
+    return part;
   }
+  for (const std::string& line : version_notes) part.text += "  note: " + line + "\n";
+  if (!nccl_diff.empty()) part.text += "  " + nccl_diff + "\n";
+  for (const std::string& line : library_diffs) part.text += "  " + line + "\n";
+  return part;
+}
 
-  // Reachability between nodes.
+VerdictPart ReachabilityPart(const Expectations& expect, const Findings& findings) {
+  VerdictPart part;
+  if (expect.nnodes <= 1) return part;
   std::map<std::pair<int, int>, const ReachResult*> reach;
   for (const RankReport& report : findings.reports) {
     for (const ReachResult& r : report.reach) reach[{r.from, r.to}] = &r;
   }
-  if (expect.nnodes > 1) {
-    out += "\nreachability (TCP from the row's node to the column's node test port)\n";
-    out += fmt::format("  {:<8}", "from\\to");
-    for (int to = 0; to < expect.nnodes; ++to) out += fmt::format(" {:<12}", fmt::format("n{}", to));
-    out += "\n";
-    for (int from = 0; from < expect.nnodes; ++from) {
-      out += fmt::format("  {:<8}", fmt::format("n{}", from));
-      for (int to = 0; to < expect.nnodes; ++to) {
-        std::string cell = "-";
-        if (from != to) {
-          auto it = reach.find({from, to});
-          cell = it == reach.end() ? "not tested" : ReachName(it->second->reach);
-        }
-        out += fmt::format(" {:<12}", cell);
-      }
-      out += "\n";
-    }
-    for (int from = 0; from < expect.nnodes; ++from) {
-      for (int to = 0; to < expect.nnodes; ++to) {
-        if (from == to) continue;
+  std::string& out = part.text;
+  out += "\nreachability (TCP from the row's node to the column's node test port)\n";
+  out += fmt::format("  {:<8}", "from\\to");
+  for (int to = 0; to < expect.nnodes; ++to) out += fmt::format(" {:<12}", fmt::format("n{}", to));
+  out += "\n";
+  for (int from = 0; from < expect.nnodes; ++from) {
+    out += fmt::format("  {:<8}", fmt::format("n{}", from));
+    for (int to = 0; to < expect.nnodes; ++to) {
+      std::string cell = "-";
+      if (from != to) {
         auto it = reach.find({from, to});
-        if (it == reach.end()) {
-          if (NodeInfo(findings, from) && NodeInfo(findings, to)) {
-            verdict.problems.push_back(fmt::format("{} did not test {}: see its log",
-                                                   NodeName(expect, findings, from),
-                                                   NodeName(expect, findings, to)));
-          }
-          continue;
-        }
-        if (it->second->reach == Reach::kReachable) continue;
-        verdict.problems.push_back(fmt::format(
-            "{} cannot reach {} over TCP ({}: {}); fix: open TCP ports on node {} for node {}: "
-            "NCCL's socket transport connects between all nodes",
-            NodeName(expect, findings, from), NodeName(expect, findings, to),
-            ReachName(it->second->reach), it->second->detail, to, from));
+        cell = it == reach.end() ? "not tested" : ReachName(it->second->reach);
       }
+      out += fmt::format(" {:<12}", cell);
+    }
+    out += "\n";
+  }
+  for (int from = 0; from < expect.nnodes; ++from) {
+    for (int to = 0; to < expect.nnodes; ++to) {
+      if (from == to) continue;
+      auto it = reach.find({from, to});
+      if (it == reach.end()) {
+        if (NodeInfo(findings, from) && NodeInfo(findings, to)) {
+          part.problems.push_back(fmt::format("{} did not test {}: see its log",
+                                              NodeName(expect, findings, from),
+                                              NodeName(expect, findings, to)));
+        }
+        continue;
+      }
+      if (it->second->reach == Reach::kReachable) continue;
+      part.problems.push_back(fmt::format(
+          "{} cannot reach {} over TCP ({}: {}); fix: open TCP ports on node {} for node {}: "
+          "NCCL's socket transport connects between all nodes",
+          NodeName(expect, findings, from), NodeName(expect, findings, to),
+          ReachName(it->second->reach), it->second->detail, to, from));
     }
   }
+  return part;
+}
 
-  // The all-reduce.
+VerdictPart AllReducePart(const Expectations& expect, const Findings& findings) {
+  VerdictPart part;
   const std::vector<BandwidthRow>* rows = nullptr;
   for (const RankReport& report : findings.reports) {
     if (report.rank == 0 && !report.bandwidth.empty()) rows = &report.bandwidth;
   }
   if (rows) {
-    out += fmt::format("\nNCCL all-reduce (float, sum, {} ranks)\n", world);
-    out += fmt::format("  {:>10} {:>12} {:>12} {:>13} {:>13}\n", "size", "count", "time (us)",
-                       "algbw (GB/s)", "busbw (GB/s)");
+    part.text += fmt::format("\nNCCL all-reduce (float, sum, {} ranks)\n",
+                             expect.nnodes * expect.nproc_per_node);
+    part.text += fmt::format("  {:>10} {:>12} {:>12} {:>13} {:>13}\n", "size", "count",
+                             "time (us)", "algbw (GB/s)", "busbw (GB/s)");
     for (const BandwidthRow& row : *rows) {
-      out += fmt::format("  {:>10} {:>12} {:>12.1f} {:>13.2f} {:>13.2f}\n", SizeText(row.bytes),
-                         row.count, row.time_us, row.algbw, row.busbw);
+      part.text += fmt::format("  {:>10} {:>12} {:>12.1f} {:>13.2f} {:>13.2f}\n",
+                               SizeText(row.bytes), row.count, row.time_us, row.algbw, row.busbw);
     }
-  } else if (!gpu_less.empty()) {
-    out += fmt::format("\nNCCL all-reduce: skipped (no GPU on node{} {})\n",
-                       gpu_less.size() == 1 ? "" : "s", fmt::join(gpu_less, ", "));
-  } else if (!findings.nccl_ran) {
-    out += "\nNCCL all-reduce: not run\n";
+    return part;
   }
+  std::vector<int> gpu_less;
+  for (int node = 0; node < expect.nnodes; ++node) {
+    const RankInfo* info = NodeInfo(findings, node);
+    if (info && info->gpu_count == 0) gpu_less.push_back(node);
+  }
+  if (!gpu_less.empty()) {
+    part.text += fmt::format("\nNCCL all-reduce: skipped (no GPU on node{} {})\n",
+                             gpu_less.size() == 1 ? "" : "s", fmt::join(gpu_less, ", "));
+  } else if (!findings.nccl_ran) {
+    part.text += "\nNCCL all-reduce: not run\n";
+  }
+  return part;
+}
 
-  // Ranks that failed their own step or never joined.
+VerdictPart RanksPart(const Expectations& expect, const Findings& findings) {
+  VerdictPart part;
   std::set<int> joined, reported;
   for (const RankInfo& info : findings.ranks) joined.insert(info.rank);
   for (const RankReport& report : findings.reports) {
     reported.insert(report.rank);
     if (!report.error.empty()) {
-      verdict.problems.push_back(fmt::format("rank {}: {}", report.rank, report.error));
+      part.problems.push_back(fmt::format("rank {}: {}", report.rank, report.error));
     }
   }
   std::vector<int> missing;
-  for (int rank = 0; rank < world; ++rank) {
+  for (int rank = 0; rank < expect.nnodes * expect.nproc_per_node; ++rank) {
     if (joined.count(rank) && !reported.count(rank)) missing.push_back(rank);
   }
   if (!missing.empty() && findings.exchange_error.empty()) {
-    verdict.problems.push_back(fmt::format("rank{} {} never reported back", missing.size() == 1 ? "" : "s",
-                                           fmt::join(missing, ", ")));
+    part.problems.push_back(fmt::format("rank{} {} never reported back",
+                                        missing.size() == 1 ? "" : "s", fmt::join(missing, ", ")));
   }
+  return part;
+}
 
-  out += "\n";
-  if (verdict.problems.empty()) {
-    out += "preflight: OK\n";
-  } else {
-    out += fmt::format("preflight: {} problem{}\n", verdict.problems.size(),
-                       verdict.problems.size() == 1 ? "" : "s");
-    for (const std::string& problem : verdict.problems) out += "  - " + problem + "\n";
+std::string VerdictClosing(const std::vector<std::string>& problems) {
+  if (problems.empty()) return "preflight: OK\n";
+  std::string out = fmt::format("preflight: {} problem{}\n", problems.size(),
+                                problems.size() == 1 ? "" : "s");
+  for (const std::string& problem : problems) out += "  - " + problem + "\n";
+  return out;
+}
+
+Verdict BuildVerdict(const Expectations& expect, const Findings& findings) {
+  Verdict verdict;
+  verdict.text = VerdictHeader(expect);
+  if (!findings.exchange_error.empty()) verdict.problems.push_back(findings.exchange_error);
+  for (const auto part_of : {NodesPart, VersionsPart, ReachabilityPart, AllReducePart, RanksPart}) {
+    VerdictPart part = part_of(expect, findings);
+    verdict.text += part.text;
+    for (std::string& problem : part.problems) verdict.problems.push_back(std::move(problem));
   }
+  verdict.text += "\n" + VerdictClosing(verdict.problems);
   return verdict;
 }
 

@@ -86,8 +86,32 @@ struct Verdict {
   std::vector<std::string> problems;    // one line each; empty means OK
 };
 
-/// Builds the one-screen report from what preflight found. Deterministic.
+/// Builds the one-screen report from what preflight found. Deterministic. The header, then the
+/// parts below in order, then the closing; the problems in the same order.
 Verdict BuildVerdict(const Expectations& expect, const Findings& findings);
+
+/// One part of the report: its lines and the problems it found.
+struct VerdictPart {
+  std::string text;
+  std::vector<std::string> problems;
+};
+
+/// "ddprun preflight: job ..., accelerator ...": the first line.
+std::string VerdictHeader(const Expectations& expect);
+/// The node table (GPUs, driver, CUDA and NCCL versions, Python libraries) and its notes; GPUs
+/// against nproc_per_node and accelerator, NCCL present where there are GPUs.
+VerdictPart NodesPart(const Expectations& expect, const Findings& findings);
+/// Versions across nodes: NCCL, torch and Lightning must agree; driver, CUDA runtime and
+/// Python differences are notes.
+VerdictPart VersionsPart(const Expectations& expect, const Findings& findings);
+/// The TCP matrix between nodes (none for one node) and every pair that failed or went untested.
+VerdictPart ReachabilityPart(const Expectations& expect, const Findings& findings);
+/// Rank 0's all-reduce table, or why there is none. Never a problem by itself.
+VerdictPart AllReducePart(const Expectations& expect, const Findings& findings);
+/// Ranks whose own step failed, and ranks that joined but never reported.
+VerdictPart RanksPart(const Expectations& expect, const Findings& findings);
+/// "preflight: OK", or the count and one line per problem.
+std::string VerdictClosing(const std::vector<std::string>& problems);
 
 /// busbw of an all-reduce over `nranks` from its algbw (nccl-tests' factor 2 (n-1) / n).
 double AllReduceBusBandwidth(double algbw, int nranks);

@@ -17,6 +17,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/hex.h"
+#include "base/host_name.h"
+#include "base/parse_int.h"
 #include "preflight/cuda_loader.h"
 #include "preflight/exchange.h"
 
@@ -44,40 +47,35 @@ struct Env {
   uint16_t master_port = 0;
 };
 
-std::optional<int> EnvInt(const char* name, std::string& error) {
+Result<int> EnvInt(const char* name) {
   const char* text = std::getenv(name);
   if (!text || !*text) {
-    error = fmt::format("{} is not set: run this through `ddprun preflight job.toml`", name);
-    return std::nullopt;
+    return Fail(fmt::format("{} is not set: run this through `ddprun preflight job.toml`", name));
   }
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  if (errno != 0 || *end != '\0' || value < 0 || value > 1'000'000) {
-    error = fmt::format("{}=\"{}\" is not a non-negative integer", name, text);
-    return std::nullopt;
-  }
-  return static_cast<int>(value);
+  const auto value = ParseNonNegative(text, 1'000'000);
+  if (!value) return Fail(fmt::format("{}=\"{}\" is not a non-negative integer", name, text));
+  return static_cast<int>(*value);
 }
 
-std::optional<Env> ReadEnv(std::string& error) {
-  Env env;
-  const auto rank = EnvInt("RANK", error);
-  const auto world = EnvInt("WORLD_SIZE", error);
-  const auto local = EnvInt("LOCAL_RANK", error);
-  const auto node = EnvInt("GROUP_RANK", error);
-  const auto port = EnvInt("MASTER_PORT", error);
+Result<Env> ReadEnv() {
+  const auto rank = EnvInt("RANK");
+  const auto world = EnvInt("WORLD_SIZE");
+  const auto local = EnvInt("LOCAL_RANK");
+  const auto node = EnvInt("GROUP_RANK");
+  const auto port = EnvInt("MASTER_PORT");
+  // The last variable that failed is the one named, as before the Result shape.
+  for (const Result<int>* value : {&port, &node, &local, &world, &rank}) {
+    if (!*value) return Fail(value->error());
+  }
   const char* addr = std::getenv("MASTER_ADDR");
-  if (!rank || !world || !local || !node || !port) return std::nullopt;
   if (!addr || !*addr) {
-    error = "MASTER_ADDR is not set: run this through `ddprun preflight job.toml`";
-    return std::nullopt;
+    return Fail("MASTER_ADDR is not set: run this through `ddprun preflight job.toml`");
   }
   if (*world < 1 || *rank >= *world || *port < 1 || *port > 65535) {
-    error = fmt::format("inconsistent environment: RANK={} WORLD_SIZE={} MASTER_PORT={}", *rank,
-                        *world, *port);
-    return std::nullopt;
+    return Fail(fmt::format("inconsistent environment: RANK={} WORLD_SIZE={} MASTER_PORT={}",
+                            *rank, *world, *port));
   }
+  Env env;
   env.rank = *rank;
   env.world = *world;
   env.local_rank = *local;
@@ -85,12 +83,6 @@ std::optional<Env> ReadEnv(std::string& error) {
   env.master_addr = addr;
   env.master_port = static_cast<uint16_t>(*port);
   return env;
-}
-
-std::string HostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "";
-  return name;
 }
 
 /// What this rank can see: GPUs, driver, CUDA runtime and NCCL versions.
@@ -144,7 +136,7 @@ RankInfo ProbeLocal(const Env& env) {
   info.rank = env.rank;
   info.node_rank = env.node_rank;
   info.local_rank = env.local_rank;
-  info.host = HostName();
+  info.host = LocalHostName();
   info.driver = KernelDriverVersion();
   const CudaRuntime& cuda = LoadCudaRuntime();
   if (!cuda.Loaded()) {
@@ -194,24 +186,11 @@ struct Plan {
   std::vector<uint64_t> sizes;
 };
 
-std::string Hex(const char* data, size_t size) {
-  std::string out;
-  for (size_t i = 0; i < size; ++i) out += fmt::format("{:02x}", static_cast<uint8_t>(data[i]));
-  return out;
-}
-
-bool Unhex(const std::string& text, char* out, size_t size) {
-  if (text.size() != 2 * size) return false;
-  for (size_t i = 0; i < size; ++i) {
-    unsigned value = 0;
-    for (size_t k = 0; k < 2; ++k) {
-      const char c = text[2 * i + k];
-      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (digit < 0) return false;
-      value = value * 16 + static_cast<unsigned>(digit);
-    }
-    out[i] = static_cast<char>(value);
-  }
+/// The unique id from the table's hex text; false unless it is exactly one id.
+bool ReadUniqueId(const std::string& text, NcclUniqueId& id) {
+  const auto bytes = HexDecode(text);
+  if (!bytes || bytes->size() != sizeof id.internal) return false;
+  std::copy(bytes->begin(), bytes->end(), id.internal);
   return true;
 }
 
@@ -254,7 +233,7 @@ class Server {
     findings.nccl_ran = plan.run_nccl;
     json table{{"ranks", json::array()},
                {"nccl", plan.run_nccl},
-               {"id", Hex(plan.id.internal, sizeof plan.id.internal)},
+               {"id", HexEncode(std::string_view(plan.id.internal, sizeof plan.id.internal))},
                {"sizes", plan.sizes}};
     for (const RankInfo& info : findings.ranks) table["ranks"].push_back(ToJson(info));
     Broadcast(kTable, table.dump());
@@ -309,9 +288,9 @@ class Server {
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     for (auto& peer : peers_) {
       if (peer->rank < 0) continue;
-      std::string error;
-      if (!SendAll(peer->fd.get(), bytes, deadline, error)) {
-        std::fprintf(stderr, "preflight: cannot send to rank %d: %s\n", peer->rank, error.c_str());
+      if (auto sent = SendAll(peer->fd.get(), bytes, deadline); !sent) {
+        std::fprintf(stderr, "preflight: cannot send to rank %d: %s\n", peer->rank,
+                     sent.error().c_str());
       }
     }
   }
@@ -362,14 +341,13 @@ class Server {
     if (n < 0) return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK;
     peer.decoder.Feed(buffer, static_cast<size_t>(n));
     for (;;) {
-      Record record;
-      std::string error;
-      const auto status = peer.decoder.Next(record, error);
-      if (status == RecordDecoder::Status::kNeedMore) return true;
-      if (status == RecordDecoder::Status::kError) {
-        std::fprintf(stderr, "preflight: dropped a connection: %s\n", error.c_str());
+      auto next = peer.decoder.Next();
+      if (!next) {
+        std::fprintf(stderr, "preflight: dropped a connection: %s\n", next.error().c_str());
         return false;
       }
+      if (!*next) return true;
+      const Record& record = **next;
       const json body = json::parse(record.payload, nullptr, /*allow_exceptions=*/false);
       if (record.type == kHello && peer.rank < 0) {
         auto info = RankInfoFromJson(body);
@@ -400,72 +378,63 @@ class Server {
 
 // ---- every rank's client ----
 
-ReachResult ProbeNode(int from, int to, const std::string& address, uint16_t port,
-                      std::chrono::milliseconds timeout) {
-  ReachResult result;
-  result.from = from;
-  result.to = to;
-  if (port == 0) {
-    result.reach = Reach::kError;
-    result.detail = fmt::format("node {} advertised no test port (see its log)", to);
-    return result;
-  }
-  ConnectOutcome outcome{};
-  std::string error;
-  Fd fd = ConnectOnce(address, port, timeout, outcome, error);
+Reach ReachOf(ConnectOutcome outcome) {
   switch (outcome) {
-    case ConnectOutcome::kConnected: result.reach = Reach::kReachable; break;
-    case ConnectOutcome::kRefused: result.reach = Reach::kRefused; break;
-    case ConnectOutcome::kTimedOut: result.reach = Reach::kTimedOut; break;
-    case ConnectOutcome::kUnreachable: result.reach = Reach::kUnreachable; break;
+    case ConnectOutcome::kConnected: return Reach::kReachable;
+    case ConnectOutcome::kRefused: return Reach::kRefused;
+    case ConnectOutcome::kTimedOut: return Reach::kTimedOut;
+    case ConnectOutcome::kUnreachable: return Reach::kUnreachable;
     case ConnectOutcome::kResolveFailed:
-    case ConnectOutcome::kError: result.reach = Reach::kError; break;
+    case ConnectOutcome::kError: return Reach::kError;
   }
-  result.detail = fd.valid() ? fmt::format("{}:{}", address, port) : error;
-  return result;
+  return Reach::kError;
 }
 
-/// Local rank 0: one TCP connect to every other node's test port, a batch at a time.
+/// Local rank 0: one TCP connect to every other node's test port, up to kParallelProbes at once.
 std::vector<ReachResult> ProbeOtherNodes(const Env& env, const WorkerOptions& options,
                                          const std::vector<RankInfo>& ranks) {
-  struct Target {
-    int node;
-    std::string address;
-    uint16_t port;
-  };
-  std::vector<Target> targets;
+  std::vector<ReachResult> results;
+  std::vector<ConnectTarget> targets;
+  std::vector<size_t> probed;  // index in `results` of each target
   for (const RankInfo& info : ranks) {
     if (info.local_rank != 0 || info.node_rank == env.node_rank) continue;
     const auto listed = static_cast<size_t>(info.node_rank);
     const std::string address =
         listed < options.expect.nodes.size() ? options.expect.nodes[listed] : info.address;
-    targets.push_back({info.node_rank, address, info.test_port});
-  }
-  std::vector<ReachResult> results;
-  for (size_t start = 0; start < targets.size(); start += kParallelProbes) {
-    std::vector<std::future<ReachResult>> batch;
-    for (size_t i = start; i < std::min(targets.size(), start + kParallelProbes); ++i) {
-      batch.push_back(std::async(std::launch::async, ProbeNode, env.node_rank, targets[i].node,
-                                 targets[i].address, targets[i].port, options.connect_timeout));
+    ReachResult& result = results.emplace_back();
+    result.from = env.node_rank;
+    result.to = info.node_rank;
+    if (info.test_port == 0) {
+      result.reach = Reach::kError;
+      result.detail = fmt::format("node {} advertised no test port (see its log)", info.node_rank);
+      continue;
     }
-    for (auto& result : batch) results.push_back(result.get());
+    targets.push_back({address, info.test_port});
+    probed.push_back(results.size() - 1);
+  }
+  std::vector<ConnectResult> connects = ConnectAll(targets, options.connect_timeout, kParallelProbes);
+  for (size_t i = 0; i < connects.size(); ++i) {
+    ReachResult& result = results[probed[i]];
+    result.reach = ReachOf(connects[i].outcome);
+    result.detail = connects[i].fd ? fmt::format("{}:{}", targets[i].host, targets[i].port)
+                                   : connects[i].fd.error();
   }
   return results;
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-/// Every rank with a GPU: NCCL all-reduce (float, sum, out of place) at each size; returns ""
-/// or what failed. Only rank 0's rows are reported (the collective is the same everywhere).
-std::string RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vector<uint64_t>& sizes,
+/// Every rank with a GPU: NCCL all-reduce (float, sum, out of place) at each size; fills
+/// `rows` with the timings. Only rank 0's rows are reported (the collective is the same everywhere).
+Status RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vector<uint64_t>& sizes,
                          std::vector<BandwidthRow>& rows) {
   const CudaRuntime& cuda = LoadCudaRuntime();
   const Nccl& nccl = LoadNccl();
-  if (!cuda.Loaded()) return cuda.error;
-  if (!nccl.Loaded()) return nccl.error;
-  if (sizes.empty()) return "no sizes to test";
+  if (!cuda.Loaded()) return Fail(cuda.error);
+  if (!nccl.Loaded()) return Fail(nccl.error);
+  if (sizes.empty()) return Fail("no sizes to test");
   if (int rc = cuda.set_device(env.local_rank); rc != kCudaSuccess) {
-    return fmt::format("cudaSetDevice({}): {}", env.local_rank, cuda.Describe(rc));
+    return Fail(fmt::format("cudaSetDevice({}): {}", env.local_rank, cuda.Describe(rc)));
   }
   const uint64_t max_bytes = sizes.back();
   void* send = nullptr;
@@ -550,29 +519,33 @@ std::string RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vect
     rows.push_back(row);
   }
   cleanup();
-  return error;
+  if (!error.empty()) return Fail(error);
+  return {};
 }
 
 /// This rank's part: hello, table, checks, report, done. Returns the exit code.
 int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
-  std::string error;
   const auto join_deadline = Clock::now() + options.join_timeout;
-  Fd fd = ConnectWithRetries(env.master_addr, env.master_port, join_deadline, error);
-  if (!fd.valid()) {
+  auto connected = ConnectWithRetries(env.master_addr, env.master_port, join_deadline);
+  if (!connected) {
     std::fprintf(stderr, "preflight: rank %d cannot reach worker rank 0 at %s:%u: %s\n", env.rank,
-                 env.master_addr.c_str(), env.master_port, error.c_str());
+                 env.master_addr.c_str(), env.master_port, connected.error().c_str());
     return 1;
   }
+  const Fd fd = std::move(*connected);
   // The address this node uses towards the master is the one other nodes will try.
   info.address = LocalAddressOf(fd.get());
   RecordDecoder decoder;
-  if (!SendAll(fd.get(), EncodeRecord(kHello, ToJson(info).dump()), join_deadline, error)) {
-    std::fprintf(stderr, "preflight: rank %d: sending to rank 0: %s\n", env.rank, error.c_str());
+  if (auto sent = SendAll(fd.get(), EncodeRecord(kHello, ToJson(info).dump()), join_deadline);
+      !sent) {
+    std::fprintf(stderr, "preflight: rank %d: sending to rank 0: %s\n", env.rank,
+                 sent.error().c_str());
     return 1;
   }
-  auto table_record = ReadRecord(fd.get(), decoder, join_deadline + std::chrono::seconds(15), error);
+  auto table_record = ReadRecord(fd.get(), decoder, join_deadline + std::chrono::seconds(15));
   if (!table_record) {
-    std::fprintf(stderr, "preflight: rank %d: waiting for the table: %s\n", env.rank, error.c_str());
+    std::fprintf(stderr, "preflight: rank %d: waiting for the table: %s\n", env.rank,
+                 table_record.error().c_str());
     return 1;
   }
   const json table = json::parse(table_record->payload, nullptr, false);
@@ -596,7 +569,7 @@ int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
       if (rank_info) ranks.push_back(*rank_info);
     }
     plan.run_nccl = table["nccl"].get<bool>();
-    table_ok = table_ok && Unhex(table["id"].get<std::string>(), plan.id.internal, sizeof plan.id.internal);
+    table_ok = table_ok && ReadUniqueId(table["id"].get<std::string>(), plan.id);
     for (const json& size : table["sizes"]) {
       if (!size.is_number_unsigned() || size.get<uint64_t>() > kMaxAllReduceBytes) table_ok = false;
       if (table_ok) plan.sizes.push_back(size.get<uint64_t>());
@@ -612,20 +585,22 @@ int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
   if (env.local_rank == 0) report.reach = ProbeOtherNodes(env, options, ranks);
   if (plan.run_nccl) {
     std::vector<BandwidthRow> rows;
-    report.error = RunAllReduce(env, plan.id, plan.sizes, rows);
+    if (auto ran = RunAllReduce(env, plan.id, plan.sizes, rows); !ran) report.error = ran.error();
     if (env.rank == 0) report.bandwidth = std::move(rows);
   }
   const auto run_deadline = Clock::now() + options.run_timeout;
-  if (!SendAll(fd.get(), EncodeRecord(kReport, ToJson(report).dump()), run_deadline, error)) {
-    std::fprintf(stderr, "preflight: rank %d: sending the report: %s\n", env.rank, error.c_str());
+  if (auto sent = SendAll(fd.get(), EncodeRecord(kReport, ToJson(report).dump()), run_deadline);
+      !sent) {
+    std::fprintf(stderr, "preflight: rank %d: sending the report: %s\n", env.rank,
+                 sent.error().c_str());
     return 1;
   }
   if (!report.error.empty()) std::fprintf(stderr, "preflight: rank %d: %s\n", env.rank, report.error.c_str());
   // Stay (and keep the test port open) until rank 0 has every report.
-  auto done = ReadRecord(fd.get(), decoder, run_deadline + std::chrono::seconds(15), error);
+  auto done = ReadRecord(fd.get(), decoder, run_deadline + std::chrono::seconds(15));
   if (!done) {
     std::fprintf(stderr, "preflight: rank %d: waiting for rank 0 to finish: %s\n", env.rank,
-                 error.c_str());
+                 done.error().c_str());
     return 1;
   }
   return report.error.empty() ? 0 : 1;
@@ -634,10 +609,9 @@ int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
 }  // namespace
 
 int RunPreflightWorker(const WorkerOptions& options) {
-  std::string error;
-  const auto env = ReadEnv(error);
+  const auto env = ReadEnv();
   if (!env) {
-    std::fprintf(stderr, "preflight: %s\n", error.c_str());
+    std::fprintf(stderr, "preflight: %s\n", env.error().c_str());
     return 2;
   }
   RankInfo info = ProbeLocal(*env);
@@ -646,27 +620,21 @@ int RunPreflightWorker(const WorkerOptions& options) {
   // Local rank 0 holds this node's test port open until the end.
   Fd test_listener;
   if (env->local_rank == 0) {
-    uint16_t port = 0;
-    test_listener = ListenWildcard(0, port, error);
-    if (!test_listener.valid()) {
-      std::fprintf(stderr, "preflight: cannot open a test port: %s\n", error.c_str());
+    if (auto listening = ListenWildcard(0); listening) {
+      test_listener = std::move(listening->fd);
+      info.test_port = listening->port;
+    } else {
+      std::fprintf(stderr, "preflight: cannot open a test port: %s\n", listening.error().c_str());
     }
-    const char* knob = std::getenv("DDPRUN_PREFLIGHT_TEST_CLOSED_PORT");
-    if (knob && std::string(knob) == "1") {
-      // Test only: advertise the port, but nobody listens there any more.
-      test_listener.Reset();
-      std::fprintf(stderr, "preflight: DDPRUN_PREFLIGHT_TEST_CLOSED_PORT=1: advertising closed port %u\n", port);
-    }
-    info.test_port = port;
   }
 
   if (env->rank != 0) return RunClient(*env, options, info);
 
   // Rank 0: the exchange server on MASTER_PORT, and this rank's own client beside it.
-  uint16_t bound = 0;
-  Fd listener = ListenWildcard(env->master_port, bound, error);
-  if (!listener.valid()) {
-    std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n", error.c_str());
+  auto listener = ListenWildcard(env->master_port);
+  if (!listener) {
+    std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n",
+                 listener.error().c_str());
     return 1;
   }
   // The port users know: under the store relay this rank's MASTER_PORT is a private one that
@@ -677,16 +645,12 @@ int RunPreflightWorker(const WorkerOptions& options) {
   std::fprintf(stdout, "preflight: %d rank%s joining on %s:%u...\n", env->world,
                env->world == 1 ? "" : "s", env->master_addr.c_str(), shown_port);
   std::fflush(stdout);
-  Server server(std::move(listener), *env, options);
-  std::packaged_task<Findings()> serve([&server] { return server.Run(); });
-  auto findings_future = serve.get_future();
-  std::thread server_thread(std::move(serve));
+  // The client blocks in its own reads and in NCCL, so it gets a thread; the server runs here.
   std::packaged_task<int()> client([&] { return RunClient(*env, options, info); });
   auto client_future = client.get_future();
   std::thread client_thread(std::move(client));
-
-  const Findings findings = findings_future.get();
-  server_thread.join();
+  Server server(std::move(listener->fd), *env, options);
+  const Findings findings = server.Run();
   const Verdict verdict = BuildVerdict(options.expect, findings);
   // The report goes to stdout; its closing list of problems goes to stderr instead, once: the
   // agents quote a failed rank's stderr in the summary on every node, so that is how the other
@@ -706,7 +670,10 @@ int RunPreflightWorker(const WorkerOptions& options) {
   std::fflush(stderr);
   const int code = verdict.problems.empty() ? 0 : 1;
   if (client_future.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    // This rank's own client is stuck (in NCCL, say): the verdict is out, leave without it.
+    // This rank's own client is stuck (in ncclCommInitRank or a collective whose peers are
+    // gone, say), and NCCL offers no way to interrupt a blocked call: joining would hang and
+    // returning would run destructors under a thread still inside NCCL. The verdict is out;
+    // _Exit ends the process with it, without joining that thread or unwinding.
     std::_Exit(code);
   }
   client_thread.join();

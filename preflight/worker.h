@@ -19,9 +19,6 @@ struct WorkerOptions {
 
 /// Runs this rank's part; returns the process exit code: rank 0 returns 0 when the verdict has
 /// no problems and 1 otherwise; other ranks return 1 only when their own step failed.
-///
-/// Test-only knob: DDPRUN_PREFLIGHT_TEST_CLOSED_PORT=1 makes a node's local rank 0 advertise a
-/// port nobody listens on, so the e2e tests can check that an unreachable node is reported.
 int RunPreflightWorker(const WorkerOptions& options);
 
 }  // namespace ddprun::preflight

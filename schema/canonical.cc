@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include "base/hex.h"
 #include "schema/worker_env.h"
 
 namespace ddprun {
@@ -153,10 +154,7 @@ std::string Sha256Hex(std::string_view data) {
   if (EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
     return {};
   }
-  std::string hex;
-  hex.reserve(2 * length);
-  for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
-  return hex;
+  return HexEncode(std::string_view(reinterpret_cast<const char*>(digest), length));
 }
 
 std::string Fingerprint(const JobSpec& spec) { return FingerprintOfCanonical(CanonicalForm(spec)); }

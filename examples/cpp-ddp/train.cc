@@ -69,10 +69,9 @@ std::string ServeUniqueId(pf::Fd listener, int world, const ncclUniqueId& id) {
     pf::Fd peer(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!peer.valid()) continue;
     pf::RecordDecoder decoder;
-    std::string error;
-    auto hello = pf::ReadRecord(peer.get(), decoder, Clock::now() + std::chrono::seconds(10), error);
+    auto hello = pf::ReadRecord(peer.get(), decoder, Clock::now() + std::chrono::seconds(10));
     if (!hello || hello->type != 'H') continue;  // a stray connection: not a rank
-    if (!pf::SendAll(peer.get(), reply, Clock::now() + std::chrono::seconds(10), error)) continue;
+    if (!pf::SendAll(peer.get(), reply, Clock::now() + std::chrono::seconds(10))) continue;
     ++served;
   }
   return "";
@@ -80,16 +79,19 @@ std::string ServeUniqueId(pf::Fd listener, int world, const ncclUniqueId& id) {
 
 /// Other ranks: fetch the id from rank 0. Returns "" or the error.
 std::string FetchUniqueId(const std::string& addr, uint16_t port, int rank, ncclUniqueId& id) {
-  std::string error;
-  pf::Fd fd = pf::ConnectWithRetries(addr, port, Clock::now() + kExchangeTimeout, error);
-  if (!fd.valid()) return fmt::format("cannot reach rank 0 at {}:{}: {}", addr, port, error);
-  pf::RecordDecoder decoder;
-  if (!pf::SendAll(fd.get(), pf::EncodeRecord('H', std::to_string(rank)),
-                   Clock::now() + std::chrono::seconds(10), error)) {
-    return error;
+  auto connected = pf::ConnectWithRetries(addr, port, Clock::now() + kExchangeTimeout);
+  if (!connected) {
+    return fmt::format("cannot reach rank 0 at {}:{}: {}", addr, port, connected.error());
   }
-  auto record = pf::ReadRecord(fd.get(), decoder, Clock::now() + kExchangeTimeout, error);
-  if (!record) return "waiting for the NCCL id: " + error;
+  const pf::Fd fd = std::move(*connected);
+  pf::RecordDecoder decoder;
+  if (auto sent = pf::SendAll(fd.get(), pf::EncodeRecord('H', std::to_string(rank)),
+                              Clock::now() + std::chrono::seconds(10));
+      !sent) {
+    return sent.error();
+  }
+  auto record = pf::ReadRecord(fd.get(), decoder, Clock::now() + kExchangeTimeout);
+  if (!record) return "waiting for the NCCL id: " + record.error();
   if (record->type != 'I' || record->payload.size() != sizeof id.internal) return "malformed NCCL id";
   std::memcpy(id.internal, record->payload.data(), sizeof id.internal);
   return "";
@@ -138,14 +140,13 @@ int main(int argc, char** argv) {
   ncclUniqueId id{};
   std::string error;
   if (rank == 0) {
-    uint16_t bound = 0;
-    pf::Fd listener = pf::ListenWildcard(static_cast<uint16_t>(master_port), bound, error);
-    if (!listener.valid()) {
-      std::fprintf(stderr, "rank 0: %s\n", error.c_str());
+    auto listener = pf::ListenWildcard(static_cast<uint16_t>(master_port));
+    if (!listener) {
+      std::fprintf(stderr, "rank 0: %s\n", listener.error().c_str());
       return 1;
     }
     CHECK_NCCL(ncclGetUniqueId(&id));
-    error = ServeUniqueId(std::move(listener), world, id);
+    error = ServeUniqueId(std::move(listener->fd), world, id);
   } else {
     error = FetchUniqueId(master_addr, static_cast<uint16_t>(master_port), rank, id);
   }

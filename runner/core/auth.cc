@@ -6,17 +6,13 @@
 
 #include <fmt/format.h>
 
+#include "base/hex.h"
+
 namespace ddprun::core {
 namespace {
 
 std::string Hex(const unsigned char* data, unsigned int size) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(size * 2, '0');
-  for (unsigned int i = 0; i < size; ++i) {
-    out[2 * i] = kDigits[data[i] >> 4];
-    out[2 * i + 1] = kDigits[data[i] & 0xf];
-  }
-  return out;
+  return HexEncode(std::string_view(reinterpret_cast<const char*>(data), size));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include <arpa/inet.h>
@@ -30,6 +31,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 
+#include "base/host_name.h"
+#include "base/parse_int.h"
 #include "ddprun_version.h"
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
@@ -139,12 +142,10 @@ std::map<std::string, std::string> CurrentEnvironment() {
 }
 
 std::optional<int> ParseRank(const char* text) {
-  if (!text || !*text) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text, &end, 10);
-  if (errno != 0 || *end != '\0' || value < 0 || value > 1'000'000) return std::nullopt;
-  return static_cast<int>(value);
+  if (!text) return std::nullopt;
+  const auto value = ParseNonNegative(text, 1'000'000);
+  if (!value) return std::nullopt;
+  return static_cast<int>(*value);
 }
 
 std::vector<std::string> LocalAddresses() {
@@ -250,10 +251,8 @@ size_t InheritedDescriptors() {
   if (!dir) return 0;
   size_t count = 0;
   while (const dirent* entry = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || end == entry->d_name) continue;
-    if (fd > 2 && fd != ::dirfd(dir)) ++count;
+    const auto fd = ParseNonNegative(entry->d_name, std::numeric_limits<int>::max());
+    if (fd && *fd > 2 && *fd != ::dirfd(dir)) ++count;
   }
   ::closedir(dir);
   return count;
@@ -280,12 +279,6 @@ Result<SharedSecret> ReadSharedSecret() {
     shared.warning = fmt::format("DDPRUN_SECRET_FILE {} is readable by other users (chmod 600 it)", path);
   }
   return shared;
-}
-
-std::string LocalHostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "";
-  return name;
 }
 
 Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag) {

@@ -40,9 +40,6 @@ struct DetectedRank {
 };
 Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag);
 
-/// The host name of this machine ("" if unknown).
-std::string LocalHostName();
-
 /// Why cluster.master_addr cannot work for a job of several hosts when seen from this host: a
 /// host name (not an address, not "localhost") that resolves here to a loopback address, as
 /// Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts. Node 0 would listen

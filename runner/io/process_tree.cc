@@ -6,10 +6,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
+
+#include "base/parse_int.h"
 
 namespace ddprun::io {
 namespace {
@@ -66,11 +69,10 @@ std::vector<ProcessEntry> ReadProcessTable() {
   if (!dir) return table;
   while (const dirent* d = ::readdir(dir)) {
     if (table.size() >= kMaxProcesses) break;
-    char* end = nullptr;
-    const long pid = std::strtol(d->d_name, &end, 10);
-    if (end == d->d_name || *end != '\0' || pid <= 0) continue;
+    const auto pid = ParseNonNegative(d->d_name, std::numeric_limits<pid_t>::max());
+    if (!pid || *pid == 0) continue;
     ProcessEntry entry;
-    if (ReadProcessEntry(static_cast<pid_t>(pid), entry)) table.push_back(entry);
+    if (ReadProcessEntry(static_cast<pid_t>(*pid), entry)) table.push_back(entry);
   }
   ::closedir(dir);
   std::sort(table.begin(), table.end(), SamePid);

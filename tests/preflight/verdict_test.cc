@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "base/hex.h"
+#include "base/parse_int.h"
 #include "preflight/exchange.h"
 #include "preflight/report.h"
 
@@ -186,27 +188,34 @@ TEST(Records, DecodeInPiecesAndRejectForeignBytes) {
   const std::string bytes = EncodeRecord('H', "hello") + EncodeRecord('R', "");
   EXPECT_EQ(bytes.substr(0, 4), "PFL1");  // never ddprun's own magic: the relay must pass it on
   RecordDecoder decoder;
-  Record record;
-  std::string error;
   decoder.Feed(bytes.data(), 3);
-  EXPECT_EQ(decoder.Next(record, error), RecordDecoder::Status::kNeedMore);
+  auto next = decoder.Next();
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(next->has_value());  // needs more
   decoder.Feed(bytes.data() + 3, bytes.size() - 3);
-  ASSERT_EQ(decoder.Next(record, error), RecordDecoder::Status::kRecord);
-  EXPECT_EQ(record.type, 'H');
-  EXPECT_EQ(record.payload, "hello");
-  ASSERT_EQ(decoder.Next(record, error), RecordDecoder::Status::kRecord);
-  EXPECT_EQ(record.type, 'R');
-  EXPECT_EQ(decoder.Next(record, error), RecordDecoder::Status::kNeedMore);
+  next = decoder.Next();
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->type, 'H');
+  EXPECT_EQ((*next)->payload, "hello");
+  next = decoder.Next();
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->type, 'R');
+  next = decoder.Next();
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(next->has_value());
 
   RecordDecoder foreign;
   foreign.Feed("GET /", 5);
-  EXPECT_EQ(foreign.Next(record, error), RecordDecoder::Status::kError);
+  next = foreign.Next();
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.error(), "not a preflight record (bad magic)");
 
   RecordDecoder huge;
   const std::string header = std::string("PFL1T") + "\xff\xff\xff\xff";
   huge.Feed(header.data(), header.size());
-  EXPECT_EQ(huge.Next(record, error), RecordDecoder::Status::kError);
-  EXPECT_THAT(error, HasSubstr("limit"));
+  next = huge.Next();
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.error(), "record of 4294967295 bytes is over the 16777216 byte limit");
 }
 
 // Nodes with other torch or Lightning versions are problems; another Python is a note.
@@ -234,6 +243,99 @@ TEST(Verdict, PythonLibrariesPerNodeAndTheirDifferences) {
   EXPECT_THAT(differ.text, HasSubstr("  note: Python version differs: 3.11.2 on node 0; 3.12.1 on "
                                      "node 1\n"));
   EXPECT_THAT(differ.text, HasSubstr("        Python 3.12.1, torch 2.4.0, Lightning -\n"));
+}
+
+// The parts of the verdict, each on its own.
+
+TEST(VerdictParts, HeaderAndClosing) {
+  EXPECT_EQ(VerdictHeader(Expect("", 1)),
+            "ddprun preflight: job \"job\", 2 nodes x 1 rank (world 2), accelerator unset\n");
+  EXPECT_EQ(VerdictClosing({}), "preflight: OK\n");
+  EXPECT_EQ(VerdictClosing({"a", "b"}), "preflight: 2 problems\n  - a\n  - b\n");
+}
+
+TEST(VerdictParts, NodesComparesGpusWithRanks) {
+  Findings f = TwoNodes(2, 2);
+  f.ranks[2].gpu_count = 1;  // node 1's local rank 0 speaks for it
+  f.ranks[2].gpu_names = {"NVIDIA H100"};
+  const VerdictPart part = NodesPart(Expect("gpu", 2), f);
+  EXPECT_THAT(part.text, HasSubstr("\nnodes\n  node  host "));
+  EXPECT_THAT(part.text, HasSubstr("        GPUs: 2 x NVIDIA H100\n"));
+  EXPECT_EQ(part.problems, (std::vector<std::string>{
+                               "node 1 (host1) has 1 GPU but runs 2 ranks (nproc_per_node); fix: "
+                               "set cluster.nproc_per_node/trainer.devices = 1 or check "
+                               "CUDA_VISIBLE_DEVICES"}));
+  EXPECT_THAT(NodesPart(Expect("cpu", 2), TwoNodes(2, 0)).text,
+              HasSubstr("  note: no GPU on node 1 (CUDA driver version is insufficient"));
+}
+
+TEST(VerdictParts, VersionsAgreeOrDiffer) {
+  Findings f = TwoNodes(1, 1);
+  EXPECT_EQ(VersionsPart(Expect("gpu", 1), f).text, "  versions agree across nodes\n");
+  EXPECT_TRUE(VersionsPart(Expect("gpu", 1), f).problems.empty());
+  f.ranks[1].runtime_version = 12040;
+  const VerdictPart part = VersionsPart(Expect("gpu", 1), f);
+  EXPECT_EQ(part.text, "  note: CUDA runtime differs: 12.4 on node 1; 13.0 on node 0\n");
+  EXPECT_TRUE(part.problems.empty());
+}
+
+TEST(VerdictParts, ReachabilityNamesEveryFailedPair) {
+  Findings f = TwoNodes(1, 0);
+  f.reports[1].reach = {{1, 0, Reach::kTimedOut, "10.0.0.1:40000: timed out"}};
+  const VerdictPart part = ReachabilityPart(Expect("cpu", 1), f);
+  EXPECT_THAT(part.text, HasSubstr("  n1       timed out    -           \n"));
+  ASSERT_EQ(part.problems.size(), 1u);
+  EXPECT_EQ(part.problems[0],
+            "node 1 (host1) cannot reach node 0 (host0) over TCP (timed out: 10.0.0.1:40000: "
+            "timed out); fix: open TCP ports on node 0 for node 1: NCCL's socket transport "
+            "connects between all nodes");
+  Expectations one = Expect("cpu", 1);
+  one.nnodes = 1;
+  EXPECT_EQ(ReachabilityPart(one, f).text, "");
+}
+
+TEST(VerdictParts, AllReduceTableOrWhyNot) {
+  Findings f = TwoNodes(1, 1);
+  EXPECT_EQ(AllReducePart(Expect("gpu", 1), f).text, "\nNCCL all-reduce: not run\n");
+  f.nccl_ran = true;
+  EXPECT_EQ(AllReducePart(Expect("gpu", 1), f).text, "");
+  f.reports[0].bandwidth.push_back({1024, 256, 10.0, 0.1, 0.1});
+  EXPECT_THAT(AllReducePart(Expect("gpu", 1), f).text,
+              HasSubstr("\nNCCL all-reduce (float, sum, 2 ranks)\n"));
+  EXPECT_EQ(AllReducePart(Expect("cpu", 1), TwoNodes(1, 0)).text,
+            "\nNCCL all-reduce: skipped (no GPU on nodes 0, 1)\n");
+}
+
+TEST(VerdictParts, RanksThatFailedOrNeverReported) {
+  Findings f = TwoNodes(1, 0);
+  f.reports[0].error = "cudaSetDevice(0): no device";
+  f.reports.pop_back();
+  EXPECT_EQ(RanksPart(Expect("cpu", 1), f).problems,
+            (std::vector<std::string>{"rank 0: cudaSetDevice(0): no device",
+                                      "rank 1 never reported back"}));
+  f.exchange_error = "rank 1 never joined";
+  EXPECT_EQ(RanksPart(Expect("cpu", 1), f).problems,
+            (std::vector<std::string>{"rank 0: cudaSetDevice(0): no device"}));
+}
+
+// The helpers preflight shares with the rest of ddprun.
+
+TEST(SharedHelpers, HexRoundTripsAndRejectsOtherText) {
+  EXPECT_EQ(HexEncode(std::string("\x00\x7f\xff", 3)), "007fff");
+  EXPECT_EQ(HexDecode("007fff"), std::string("\x00\x7f\xff", 3));
+  EXPECT_EQ(HexDecode("0"), std::nullopt);
+  EXPECT_EQ(HexDecode("0G"), std::nullopt);
+  EXPECT_EQ(HexDecode("AB"), std::nullopt);  // lower case only, as we write it
+}
+
+TEST(SharedHelpers, ParseNonNegative) {
+  EXPECT_EQ(ParseNonNegative("42", 100), 42);
+  EXPECT_EQ(ParseNonNegative("0", 100), 0);
+  EXPECT_EQ(ParseNonNegative("101", 100), std::nullopt);
+  EXPECT_EQ(ParseNonNegative("-1", 100), std::nullopt);
+  EXPECT_EQ(ParseNonNegative("4x", 100), std::nullopt);
+  EXPECT_EQ(ParseNonNegative("", 100), std::nullopt);
+  EXPECT_EQ(ParseNonNegative("99999999999999999999", 100), std::nullopt);
 }
 
 }  // namespace
