@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/assert.h"
 #include "runner/core/auth.h"
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
@@ -25,8 +26,23 @@ Agent::Agent(const JobSpec& spec, Config config)
 
 void Agent::Start(TimePoint now, std::vector<AgentEffect>& out) {
   rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
-  phase_ = Phase::kConnecting;
+  link_ = Connecting{};
   out.push_back(ConnectToMaster{});
+}
+
+bool Agent::Connected() const {
+  return std::holds_alternative<Joining>(link_) || std::holds_alternative<Joined>(link_);
+}
+
+Agent::Phase Agent::phase() const {
+  if (Exited()) return Phase::kExited;
+  if (std::holds_alternative<Connecting>(link_)) return Phase::kConnecting;
+  if (std::holds_alternative<RetryWait>(link_)) return Phase::kRetryWait;
+  if (std::holds_alternative<Joining>(link_)) return Phase::kJoining;
+  if (const auto* joined = std::get_if<Joined>(&link_)) {
+    return joined->round_open ? Phase::kRunning : Phase::kWaiting;
+  }
+  return running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;  // leaving
 }
 
 int Agent::running_workers() const {
@@ -43,18 +59,16 @@ void Agent::Log(LogLevel level, std::string text, std::vector<AgentEffect>& out)
 }
 
 void Agent::Send(wire::Message message, std::vector<AgentEffect>& out) {
-  if (connected_) out.push_back(SendToMaster{std::move(message)});
+  if (Connected()) out.push_back(SendToMaster{std::move(message)});
 }
 
 void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
   ExpireDeadlines(now, out);
-  if (phase_ == Phase::kExited) return;
+  if (Exited()) return;
   if (std::holds_alternative<MasterConnected>(input)) {
-    connected_ = true;
     last_heard_ = now;
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
     retry_delay_ = kFirstRetry;
-    phase_ = Phase::kJoining;
     // While a refused join is retried, each new connection is the same story: said once.
     Log(refused_retrying_ ? LogLevel::kDebug : LogLevel::kInfo,
         fmt::format("connected to the coordinator at {}; joining as node {}", MasterEndpoint(),
@@ -64,21 +78,19 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     // client: join at once; a coordinator with a secret answers with a Challenge. With a
     // secret this first join says nothing about the job until the coordinator has proved it
     // knows the secret.
-    challenged_ = false;
-    agent_nonce_ = Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32);
+    link_ = Joining{false, Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32)};
     SendJoin("", out);
   } else if (const auto* failed = std::get_if<MasterConnectFailed>(&input)) {
     OnConnectFailed(now, *failed, out);
   } else if (const auto* message = std::get_if<MasterMessage>(&input)) {
-    if (!connected_) return;
+    if (!Connected()) return;
     last_heard_ = now;
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
-    if (!connected_) return;
-    const bool was_joined = joined_;
-    connected_ = false;
-    joined_ = false;
-    if (pending_exit_) {
+    if (!Connected()) return;
+    const bool was_joined = IsJoined();
+    link_ = Disconnected{};
+    if (leaving_) {
       MaybeStopped(out);
       return;
     }
@@ -97,31 +109,32 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
 }
 
 std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
-  if (phase_ == Phase::kExited) return std::nullopt;
+  if (Exited()) return std::nullopt;
   switch (deadline) {
     case Deadline::kKill:
-      return kill_at_;
+      return stop_ ? stop_->kill_at : std::nullopt;
     case Deadline::kGiveUp:
-      return give_up_at_;
+      return stop_ ? stop_->give_up_at : std::nullopt;
     case Deadline::kInterrupt:
       return interrupt_deadline_;
     case Deadline::kHeartbeat:
-      if (!connected_) return std::nullopt;
+      if (!Connected()) return std::nullopt;
       return next_heartbeat_;
     case Deadline::kLoss:
       // Lost once silent for more than the loss bound: the first instant past it.
-      if (!connected_) return std::nullopt;
+      if (!Connected()) return std::nullopt;
       return last_heard_ + spec_.timeouts.LossBound() + Duration(1);
     case Deadline::kRetry:
       // A node rejoins only once its workers are gone: the coordinator counts on that.
-      if (phase_ != Phase::kRetryWait || pending_exit_ || running_workers() > 0) return std::nullopt;
-      return retry_at_;
+      if (leaving_ || running_workers() > 0) return std::nullopt;
+      if (const auto* wait = std::get_if<RetryWait>(&link_)) return wait->at;
+      return std::nullopt;
     case Deadline::kRendezvous:
-      if (pending_exit_) return std::nullopt;
-      if (!joined_) return rendezvous_deadline_;
+      if (leaving_) return std::nullopt;
+      if (!IsJoined()) return rendezvous_deadline_;
       // The coordinator owns the rendezvous timeout once we joined; this is the backstop for
       // a coordinator that went quiet before the first round.
-      if (round_ < 0 && phase_ == Phase::kWaiting && running_workers() == 0) {
+      if (round_ < 0 && !std::get<Joined>(link_).round_open && running_workers() == 0) {
         return rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10);
       }
       return std::nullopt;
@@ -150,14 +163,14 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kKill, now)) {
     // stop_grace after SIGTERM, or sooner when the stop began late (the lease counts from the
     // last word heard): say how long it really was.
-    const Duration waited = now - sigterm_at_;
+    const Duration waited = now - stop_->sigterm_at;
     KillWorkers(now,
                 fmt::format("still running {} after SIGTERM",
                             waited == spec_.timeouts.stop_grace ? FormatDuration(waited) : HumanDuration(waited)),
                 out);
   }
   if (Due(Deadline::kGiveUp, now)) {
-    give_up_at_.reset();
+    stop_->give_up_at.reset();
     if (running_workers() > 0) {
       Log(LogLevel::kError, "workers did not exit after SIGKILL (stuck in the kernel?); giving up on them", out);
       for (Worker& w : workers_) {
@@ -172,20 +185,19 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kInterrupt, now)) {
     interrupt_deadline_.reset();
     Log(LogLevel::kWarn, "the coordinator did not end the job after the interrupt; exiting", out);
-    pending_exit_ = InterruptedExitCode(interrupted_by_);
+    leaving_ = Leaving{InterruptedExitCode(interrupted_by_), false};
     MaybeStopped(out);
   }
   if (Due(Deadline::kHeartbeat, now)) {
     // Before the join is acknowledged a heartbeat would be a protocol error.
-    if (joined_) Send(wire::Heartbeat{}, out);
+    if (IsJoined()) Send(wire::Heartbeat{}, out);
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
   }
   if (Due(Deadline::kLoss, now)) {
-    const bool was_joined = joined_;
-    connected_ = false;
-    joined_ = false;
+    const bool was_joined = IsJoined();
+    link_ = Disconnected{};
     out.push_back(DisconnectFromMaster{});
-    if (pending_exit_) {
+    if (leaving_) {
       MaybeStopped(out);
     } else {
       OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - last_heard_)),
@@ -242,7 +254,7 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
   join.node_rank = config_.node_rank;
   join.ddprun_version = config_.ddprun_version;
   if (!config_.secret.empty() && nonce.empty()) {
-    join.nonce = agent_nonce_;  // the hello: nothing about the job yet
+    join.nonce = std::get<Joining>(link_).nonce;  // the hello: nothing about the job yet
     Send(std::move(join), out);
     return;
   }
@@ -259,15 +271,14 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
 
 void Agent::MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kRetry, now)) {
-    phase_ = Phase::kConnecting;
+    link_ = Connecting{};
     out.push_back(ConnectToMaster{});
   }
 }
 
 void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,
                             std::vector<AgentEffect>& out) {
-  if (phase_ != Phase::kConnecting) return;
-  connected_ = false;
+  if (!std::holds_alternative<Connecting>(link_)) return;
   last_connect_error_ = ExplainConnectError(failed);
   if (!last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
     last_connect_log_ = now;
@@ -277,8 +288,7 @@ void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,
                     HumanDuration(left > Duration(0) ? left : Duration(0))),
         out);
   }
-  phase_ = Phase::kRetryWait;
-  retry_at_ = now + retry_delay_;
+  link_ = RetryWait{now + retry_delay_};
   retry_delay_ = std::min(retry_delay_ * 2, kMaxRetry);
 }
 
@@ -291,7 +301,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   if (was_joined) rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
   last_connect_log_.reset();
   if (interrupted_by_ != 0) {
-    pending_exit_ = InterruptedExitCode(interrupted_by_);
+    leaving_ = Leaving{InterruptedExitCode(interrupted_by_), false};
     StopWorkers(now, out);
     MaybeStopped(out);
     return;
@@ -314,24 +324,26 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   // agent that was itself stalled (SIGSTOP, a VM pause) notices late, and must still have its
   // workers gone by the time the coordinator may give their ranks to another agent.
   const TimePoint kill_by = last_heard_ + spec_.timeouts.LossBound() + spec_.timeouts.stop_grace;
-  if (kill_at_ && kill_by <= now) {
+  std::optional<TimePoint>& kill_at = stop_->kill_at;  // StopWorkers above began the stop
+  if (kill_at && kill_by <= now) {
     KillWorkers(now, fmt::format("last heard from the coordinator {} ago (this agent did not run "
                                  "meanwhile), past the loss bound + stop_grace",
                                  HumanDuration(now - last_heard_)),
                 out);
-  } else if (kill_at_ && kill_by < *kill_at_) {
-    kill_at_ = kill_by;
+  } else if (kill_at && kill_by < *kill_at) {
+    kill_at = kill_by;
   }
-  phase_ = Phase::kRetryWait;
   retry_delay_ = kFirstRetry;
-  retry_at_ = now + retry_delay_;
+  link_ = RetryWait{now + retry_delay_};
   MaybeStopped(out);
 }
 
 void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
   if (const auto* challenge = std::get_if<wire::Challenge>(&message)) {
-    if (phase_ != Phase::kJoining || challenged_) return;
-    challenged_ = true;
+    auto* joining = std::get_if<Joining>(&link_);
+    if (!joining || joining->challenged) return;
+    joining->challenged = true;
+    const std::string nonce = joining->nonce;
     if (config_.secret.empty()) {
       out.push_back(PrintSummary{fmt::format(
           "the coordinator at {} requires a shared secret and this node has none\n"
@@ -341,7 +353,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
       return;
     }
     if (!ConstantTimeEqual(challenge->proof,
-                           CoordinatorProof(config_.secret, agent_nonce_, challenge->nonce))) {
+                           CoordinatorProof(config_.secret, nonce, challenge->nonce))) {
       out.push_back(PrintSummary{fmt::format(
           "the process listening on {} did not prove that it knows this node's shared secret: "
           "either the secrets of this node and node 0 differ, or the listener is not this job's "
@@ -353,8 +365,10 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
       return;
     }
     SendJoin(challenge->nonce, out);
+  } else if (std::holds_alternative<wire::JoinAck>(message) && !std::holds_alternative<Joining>(link_)) {
+    return;  // a second JoinAck on one connection: nothing to do
   } else if (std::holds_alternative<wire::JoinAck>(message) && !config_.secret.empty() &&
-             !challenged_) {
+             !std::get<Joining>(link_).challenged) {
     // Our secret means nothing to a coordinator that accepts anyone: refuse to run open.
     out.push_back(PrintSummary{fmt::format(
         "the coordinator at {} did not ask for the shared secret: node 0 runs without one\n"
@@ -362,17 +376,16 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
         MasterEndpoint())});
     Finish(now, ToInt(ExitCode::kRendezvous), out);
   } else if (std::holds_alternative<wire::JoinAck>(message)) {
-    joined_ = true;
+    // Agents connect only once their workers are gone, so nothing of a round is open here.
+    link_ = Joined{false, running_workers() > 0};
     refused_retrying_ = false;
-    started_since_join_ = false;
-    if (phase_ == Phase::kJoining) phase_ = running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;
     Log(LogLevel::kInfo,
         spec_.cluster.nnodes == 1
             ? fmt::format("node {} joined", config_.node_rank)
             : fmt::format("node {} joined; waiting for the other nodes", config_.node_rank),
         out);
   } else if (const auto* reject = std::get_if<wire::Reject>(&message)) {
-    if (!reject->retry || joined_) {
+    if (!reject->retry || IsJoined()) {
       out.push_back(PrintSummary{"the coordinator refused this node: " + reject->reason});
       Finish(now, ToInt(ExitCode::kRendezvous), out);
       return;
@@ -389,10 +402,8 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
           out);
     }
     refused_retrying_ = true;
-    connected_ = false;
     out.push_back(DisconnectFromMaster{});
-    phase_ = Phase::kRetryWait;
-    retry_at_ = now + retry;
+    link_ = RetryWait{now + retry};
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
     std::vector<std::string> names;
     for (int32_t n : progress->missing) {
@@ -425,18 +436,17 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     StopWorkers(now, out);
     MaybeStopped(out);
   } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {
-    job_end_received_ = true;
     out.push_back(PrintSummary{end->summary});
     // The exit code comes off the network: a process can only exit with 0..255. Found by the
     // core fuzzer (an agent exited with -2105375998).
-    pending_exit_ = end->exit_code;
+    leaving_ = Leaving{end->exit_code, /*ack=*/true};
     if (end->exit_code < 0 || end->exit_code > 255) {
       Log(LogLevel::kError,
           fmt::format("the coordinator sent exit code {}, which no process can exit with; exiting "
                       "with {} (internal error)",
                       end->exit_code, ToInt(ExitCode::kInternal)),
           out);
-      pending_exit_ = ToInt(ExitCode::kInternal);
+      leaving_->code = ToInt(ExitCode::kInternal);
     }
     StopWorkers(now, out);
     MaybeStopped(out);
@@ -451,18 +461,16 @@ void Agent::StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>
         out);
     return;
   }
+  auto* joined = std::get_if<Joined>(&link_);
+  if (!joined) return;  // rounds start only on a join
   // Stale or duplicate; but the first round after a join is new even when its number is not
-  // (a coordinator that restarted counts from 0 again).
-  if (started_since_join_ && start.round <= round_) return;
-  started_since_join_ = true;
+  // (a coordinator that restarted counts from 0 again). Found by the simulator.
+  if (joined->started_round && start.round <= round_) return;
+  joined->started_round = true;
+  joined->round_open = true;
   round_ = start.round;
-  phase_ = Phase::kRunning;
-  stopping_ = false;
-  failure_reported_ = false;
-  done_reported_ = false;
-  stopped_count_ = 0;
-  kill_at_.reset();
-  give_up_at_.reset();
+  told_ = Told::kNothing;
+  stop_.reset();
   const int nproc = spec_.cluster.nproc_per_node;
   workers_.assign(static_cast<size_t>(nproc), Worker{});
   const std::string run_id = RunId(spec_, config_.fingerprint);
@@ -515,13 +523,13 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
   worker.exit_code = exited.exit_code;
   worker.signal = exited.signal;
   const bool failed = exited.exit_code != 0 || exited.signal != 0;
-  if (!stopping_ && !pending_exit_ && failed) {
+  if (!stop_ && !leaving_ && failed) {
     Log(LogLevel::kError,
         fmt::format("rank {} (local rank {}) {}", worker.global_rank, exited.local_rank,
                     DescribeExit(exited.exit_code, exited.signal)),
         out);
-    if (!failure_reported_) {
-      failure_reported_ = true;
+    if (told_ == Told::kNothing) {
+      told_ = Told::kFailure;
       Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
                               exited.signal, exited.stderr_tail, exited.error_text},
            out);
@@ -529,17 +537,17 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
     // Stop the rest of this node now rather than a round trip later; the coordinator stops
     // the other nodes.
     StopWorkers(now, out);
-  } else if (stopping_ && !pending_exit_ && failed && !exited.error_text.empty()) {
+  } else if (stop_ && !leaving_ && failed && !exited.error_text.empty()) {
     // It wrote its error file, so it raised on its own before the stop reached it: when the
     // round's first failure only lost a peer, this one may be the cause (the coordinator
     // decides; Coordinator::ReviseRootCause).
     Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
                             exited.signal, exited.stderr_tail, exited.error_text},
          out);
-  } else if (!stopping_ && !failed && running_workers() == 0 && !done_reported_ &&
+  } else if (!stop_ && !failed && running_workers() == 0 && told_ == Told::kNothing &&
              std::all_of(workers_.begin(), workers_.end(),
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
-    done_reported_ = true;
+    told_ = Told::kDone;
     Log(LogLevel::kInfo, fmt::format("round {}: all {} workers of node {} exited 0", round_,
                                      workers_.size(), config_.node_rank),
         out);
@@ -557,70 +565,67 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
   interrupted_by_ = signal;
   Log(LogLevel::kWarn, fmt::format("received {}; stopping the job on every node", SignalName(signal)), out);
   StopWorkers(now, out);
-  if (connected_ && joined_) {
+  if (IsJoined()) {
     Send(wire::Interrupted{signal}, out);
     interrupt_deadline_ = now + spec_.timeouts.ExitBarrier();
   } else {
-    pending_exit_ = InterruptedExitCode(signal);
+    leaving_ = Leaving{InterruptedExitCode(signal), false};
   }
   MaybeStopped(out);
 }
 
 void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
-  if (stopping_) return;
+  if (stop_) return;
   const int running = running_workers();
-  stopping_ = true;
-  stopped_count_ = running;
+  stop_ = Stop{running, now, std::nullopt, std::nullopt};
   if (running > 0) {
     out.push_back(SignalWorkers{round_, SIGTERM});
-    kill_at_ = now + spec_.timeouts.stop_grace;
-    sigterm_at_ = now;
+    stop_->kill_at = now + spec_.timeouts.stop_grace;
   }
 }
 
 void Agent::KillWorkers(TimePoint now, const std::string& why, std::vector<AgentEffect>& out) {
-  kill_at_.reset();
+  DDPRUN_ASSERT(stop_.has_value());
+  stop_->kill_at.reset();
   if (running_workers() == 0) return;
   Log(LogLevel::kWarn,
       fmt::format("{} worker{} {}; sending SIGKILL", running_workers(),
                   running_workers() == 1 ? "" : "s", why),
       out);
   out.push_back(SignalWorkers{round_, SIGKILL});
-  give_up_at_ = now + JobSpec::Timeouts::kKillAllowance;
+  stop_->give_up_at = now + JobSpec::Timeouts::kKillAllowance;
 }
 
 void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
-  if (phase_ == Phase::kExited || running_workers() > 0) return;
-  kill_at_.reset();
-  give_up_at_.reset();
-  if (pending_exit_) {
-    if (job_end_received_) Send(wire::JobEndAck{}, out);
-    exit_code_ = pending_exit_;
-    phase_ = Phase::kExited;
-    out.push_back(AgentExit{*pending_exit_});
+  if (Exited() || running_workers() > 0) return;
+  if (stop_) {
+    stop_->kill_at.reset();
+    stop_->give_up_at.reset();
+  }
+  if (leaving_) {
+    if (leaving_->ack) Send(wire::JobEndAck{}, out);
+    exit_code_ = leaving_->code;
+    out.push_back(AgentExit{leaving_->code});
     return;
   }
-  if (stopping_ && round_ >= 0) {
-    if (joined_) {
-      Send(wire::RoundStopped{round_, stopped_count_}, out);
-      if (stopped_count_ > 0) {
-        Log(LogLevel::kInfo, fmt::format("round {}: stopped {} worker{}", round_, stopped_count_,
-                                         stopped_count_ == 1 ? "" : "s"),
+  if (stop_ && round_ >= 0) {
+    if (auto* joined = std::get_if<Joined>(&link_)) {
+      Send(wire::RoundStopped{round_, stop_->count}, out);
+      if (stop_->count > 0) {
+        Log(LogLevel::kInfo, fmt::format("round {}: stopped {} worker{}", round_, stop_->count,
+                                         stop_->count == 1 ? "" : "s"),
             out);
       }
-      phase_ = Phase::kWaiting;
+      joined->round_open = false;
     }
-    stopping_ = false;
+    stop_.reset();
   }
 }
 
 void Agent::Finish(TimePoint now, int code, std::vector<AgentEffect>& out) {
-  pending_exit_ = code;
-  if (connected_) {
-    connected_ = false;
-    out.push_back(DisconnectFromMaster{});
-  }
-  joined_ = false;
+  leaving_ = Leaving{code, leaving_ && leaving_->ack};  // a JobEnd heard is still acknowledged
+  if (Connected()) out.push_back(DisconnectFromMaster{});
+  link_ = Disconnected{};
   StopWorkers(now, out);  // a no-op when a stop is already under way or nothing runs
   MaybeStopped(out);
 }

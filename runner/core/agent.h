@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "runner/core/events.h"
@@ -42,7 +43,8 @@ class Agent {
   /// When Handle(now, Tick{}) must be called next; nullopt once exited.
   std::optional<TimePoint> NextDeadline() const;
 
-  Phase phase() const { return phase_; }
+  /// Derived from the link and the round: kRunning while this node's round is open.
+  Phase phase() const;
   int round() const { return round_; }
   int running_workers() const;
   std::optional<int> exit_code() const { return exit_code_; }
@@ -81,40 +83,60 @@ class Agent {
   std::string MasterEndpoint() const;
   std::string ExplainConnectError(const MasterConnectFailed& failed) const;
 
+  // ---- The link to the coordinator: one state at a time, each with what only it needs.
+  struct Connecting {};                   // a connect is under way
+  struct RetryWait {                      // not connected; connect again at `at`
+    TimePoint at;
+  };
+  struct Joining {                        // connected; the join is not acknowledged yet
+    bool challenged = false;              // the coordinator sent a Challenge (with a secret)
+    std::string nonce;                    // this connection's nonce, with a secret
+  };
+  struct Joined {                         // connected and joined
+    bool started_round = false;           // a StartRound came on this join (see StartWorkers)
+    bool round_open = false;              // its workers run, or have not been stopped yet
+  };
+  struct Disconnected {};                 // not connected and not retrying: leaving
+  using Link = std::variant<Connecting, RetryWait, Joining, Joined, Disconnected>;
+
+  // ---- This node's workers of the current round.
+  struct Stop {                           // a stop of the round's workers is under way
+    int count = 0;                        // workers running when it began
+    TimePoint sigterm_at;
+    std::optional<TimePoint> kill_at;     // SIGKILL then (stop_grace after SIGTERM, or sooner)
+    std::optional<TimePoint> give_up_at;  // stop waiting for workers SIGKILL did not end
+  };
+  enum class Told { kNothing, kFailure, kDone };  // what this node told of the round
+
+  // ---- Leaving: exit with `code` once no worker runs, acknowledging the JobEnd first.
+  struct Leaving {
+    int code = 0;
+    bool ack = false;
+  };
+
+  bool Connected() const;
+  bool IsJoined() const { return std::holds_alternative<Joined>(link_); }
+  bool Exited() const { return exit_code_.has_value(); }
+
   const JobSpec& spec_;
   Config config_;
-  Phase phase_ = Phase::kConnecting;
-  bool connected_ = false;
-  bool joined_ = false;
+  Link link_ = Connecting{};
   int round_ = -1;
   std::vector<Worker> workers_;
-  bool stopping_ = false;           // a round stop is in progress
-  int stopped_count_ = 0;           // workers that were running when the stop began
-  bool failure_reported_ = false;   // this round's first local failure was sent
-  bool done_reported_ = false;
-  // A StartRound since the last JoinAck. Found by the simulator: a rebooted coordinator numbers
-  // rounds from 0 again, so the first StartRound after a (re)join must be taken whatever its
-  // number; only repeats on the same join can be stale.
-  bool started_since_join_ = false;
-  std::optional<TimePoint> kill_at_;
-  TimePoint sigterm_at_;  // when the current stop sent SIGTERM
-  std::optional<TimePoint> give_up_at_;
+  Told told_ = Told::kNothing;
+  std::optional<Stop> stop_;
+  std::optional<Leaving> leaving_;
+  std::optional<int> exit_code_;
   TimePoint rendezvous_deadline_;
-  TimePoint retry_at_;
   Duration retry_delay_;
   std::optional<TimePoint> last_connect_log_;
   std::string last_connect_error_;
+  bool refused_retrying_ = false;  // a join was refused for now; it is being retried
   TimePoint last_heard_;
   TimePoint next_heartbeat_;
-  std::optional<int> pending_exit_;  // exit with this once no worker runs
-  bool job_end_received_ = false;
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;
-  bool refused_retrying_ = false;  // a join was refused for now; it is being retried
-  bool challenged_ = false;  // the coordinator sent a Challenge on this connection
-  std::string agent_nonce_;  // this connection's nonce, with a secret
   uint64_t connections_ = 0;
-  std::optional<int> exit_code_;
 };
 
 }  // namespace ddprun::core
