@@ -76,11 +76,6 @@ Result<std::optional<Record>> RecordDecoder::Next() {
   return std::optional<Record>(std::move(record));
 }
 
-void Fd::Reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 namespace {
 
 /// One target's connect in progress: its addresses, tried in turn, and the one in flight.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "base/unique_fd.h"
 
 namespace ddprun::preflight {
 
@@ -44,33 +45,7 @@ class RecordDecoder {
 };
 
 /// A file descriptor closed by the destructor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(Fd&& other) noexcept : fd_(other.Release()) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = other.Release();
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void Reset();
-
- private:
-  int fd_ = -1;
-};
+using Fd = UniqueFd;
 
 /// How a connect attempt ended.
 enum class ConnectOutcome { kConnected, kRefused, kTimedOut, kUnreachable, kResolveFailed, kError };

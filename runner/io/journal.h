@@ -14,7 +14,7 @@
 #include <string>
 
 #include "runner/host/ports.h"
-#include "runner/io/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ddprun::io {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "base/result.h"
-#include "runner/io/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ddprun::io {
 

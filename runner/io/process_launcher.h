@@ -15,7 +15,7 @@
 #include <sys/resource.h>
 
 #include "runner/host/ports.h"
-#include "runner/io/unique_fd.h"
+#include "base/unique_fd.h"
 #include "schema/job_spec.h"
 
 namespace boost::asio {

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace ddprun::io {
+namespace ddprun {
 
 class UniqueFd {
  public:
@@ -37,4 +37,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace ddprun::io
+}  // namespace ddprun
