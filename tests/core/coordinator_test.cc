@@ -754,6 +754,14 @@ TEST_F(CoordinatorTest, AfterAnUncleanEndTheFirstRoundWaitsUntilTheLeaseOfTheLas
   ASSERT_EQ(All<ReserveStorePort>(start).size(), 1u) << test::Describe(start);
 }
 
+// The journal is read once, before the first round: a driver that calls it later is broken.
+TEST_F(CoordinatorTest, AfterUncleanEndOnceARoundRanAborts) {
+  StartFirstRound(0s);
+  Effects out;
+  EXPECT_DEATH(coordinator_->AfterUncleanEnd(At(1s), 1s, out),
+               "assertion failed: phase_ == Phase::kRendezvous && round_ == 0");
+}
+
 TEST_F(CoordinatorTest, AJournalRecordOlderThanTheLeaseDelaysNothing) {
   Effects resumed;
   coordinator_->AfterUncleanEnd(At(0s), 48s, resumed);
