@@ -21,15 +21,23 @@ const KeySpec& FaultKey(std::string_view key) {
   return *FindKey(SectionNamed(kFaultSection), key);
 }
 
-// A decimal integer of at most 9 digits in `range`, as the flag writes numbers (no sign).
-std::optional<int> ParseFlagInt(std::string_view s, IntRange range) {
-  if (s.empty() || s.size() > 9) return std::nullopt;
+// A decimal integer of at most 9 digits in `range`, as the flag writes numbers (no sign). The
+// sentences match the job file's, so one value outside the table's range reads the same in
+// both places.
+Result<int> ParseFlagInt(std::string_view key, std::string_view s, IntRange range) {
+  bool digits = !s.empty() && s.size() <= 9;
   int value = 0;
   for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
+    if (c < '0' || c > '9') {
+      digits = false;
+      break;
+    }
     value = value * 10 + (c - '0');
   }
-  if (!range.Contains(value)) return std::nullopt;
+  if (!digits) return Fail(fmt::format("{}={} is not a valid number", key, s));
+  if (!range.Contains(value)) {
+    return Fail(fmt::format("{} = {} is out of range ({}..{})", key, value, range.min, range.max));
+  }
   return value;
 }
 
@@ -37,9 +45,11 @@ std::optional<int> ParseFlagInt(std::string_view s, IntRange range) {
 Result<FaultValue> ParseFlagValue(std::string_view key, std::string_view value) {
   const IntRange range = FaultKeyRange(key, FaultBounds{});
   switch (FaultKey(key).type) {
-    case KeyType::kInteger:
-      if (auto n = ParseFlagInt(value, range)) return FaultValue{int64_t{*n}};
-      return Fail(fmt::format("{}={} is not a valid number", key, value));
+    case KeyType::kInteger: {
+      auto n = ParseFlagInt(key, value, range);
+      if (!n) return Fail(n.error());
+      return FaultValue{int64_t{*n}};
+    }
     case KeyType::kDuration:
       if (auto d = ParseDuration(value)) return FaultValue{*d};
       return Fail(fmt::format("{}={} is not a duration (e.g. 30s, 5m)", key, value));
@@ -48,7 +58,7 @@ Result<FaultValue> ParseFlagValue(std::string_view key, std::string_view value) 
       std::string_view list = value;
       while (true) {
         const size_t plus = list.find('+');
-        auto n = ParseFlagInt(list.substr(0, plus), range);
+        auto n = ParseFlagInt(key, list.substr(0, plus), range);
         if (!n) return Fail(fmt::format("{}={} is not a list of node ranks (e.g. 0+2)", key, value));
         ranks.push_back(*n);
         if (plus == std::string_view::npos) break;

@@ -135,7 +135,7 @@ TEST(Faults, FlagErrors) {
             "node-crash@40m:node=1");
   EXPECT_EQ(error_of("node-crash@40m:node=-1"), "node=-1 is not a valid number");
   EXPECT_EQ(error_of("node-crash@40m:node=1,node=2"), "`node` is given twice");
-  EXPECT_EQ(error_of("worker-exit@1m:exit_code=256"), "exit_code=256 is not a valid number");
+  EXPECT_EQ(error_of("worker-exit@1m:exit_code=256"), "exit_code = 256 is out of range (0..255)");
   EXPECT_EQ(error_of("partition@1m:peers=a"),
             "peers=a is not a list of node ranks (e.g. 0+2)");
 }
