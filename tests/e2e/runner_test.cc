@@ -614,5 +614,37 @@ TEST_F(RunnerTest, AMissingWorkdirIsNamed) {
                                         "job file)"));
 }
 
+// The root cause is the rank that raised, not the peer that died first because it lost it:
+// rank 3 writes its error file and takes long to exit (as Python does while it tears down a
+// process group); rank 2 then dies at once of gloo's "Connection closed by peer". Every node
+// must name rank 3, with its error, and node 0 says why rank 2 is not the cause.
+TEST_F(RunnerTest, APeerThatOnlyLostTheFailingRankIsNotTheRootCause) {
+  TestJob job = Job();
+  job.script =
+      "case $RANK in "
+      "3) printf '{\"message\": {\"message\": \"RuntimeError: rank 3 fails on purpose\", "
+      "\"extraInfo\": {\"timestamp\": \"0\"}}}' > $TORCHELASTIC_ERROR_FILE; touch raised; sleep 30;; "
+      "2) while [ ! -e raised ]; do sleep 0.05; done; "
+      "echo 'RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234' >&2; exit 1;; "
+      "*) sleep 30;; esac";
+  WriteJob(job);
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  EXPECT_EQ(node0.Wait(40s), 1) << Describe();
+  EXPECT_EQ(node1.Wait(20s), 1) << Describe();
+  EXPECT_THAT(node0.Output(), HasSubstr("coordinator] warning: round 0: the root cause is rank 3 (node 1"))
+      << Describe();
+  for (const AgentProcess* agent : {&node0, &node1}) {
+    EXPECT_THAT(agent->Output(), HasSubstr("round 0 failed: rank 3 (node 1")) << Describe();
+    EXPECT_THAT(agent->Output(), HasSubstr("| RuntimeError: rank 3 fails on purpose")) << Describe();
+    EXPECT_THAT(agent->Output(),
+                HasSubstr("root cause (first failure anywhere in the job): rank 3 (node 1"))
+        << Describe();
+    EXPECT_THAT(agent->Output(), HasSubstr("(rank 2 failed before it, with an error that says it lost "
+                                           "a peer: a consequence, not the cause)"))
+        << Describe();
+  }
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
