@@ -300,7 +300,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
       // The first failure only lost a peer; a rank that raised on its own before the stop
       // reached it (agents report those too) is the better root cause.
       Failure later = FailureOf(node_rank, *failed);
-      if (!later.lost_peer) ReviseRootCause(std::move(later), out);
+      if (!later.lost_peer && !later.the_stop) ReviseRootCause(std::move(later), out);
     }
   } else if (const auto* done = std::get_if<wire::NodeDone>(&message)) {
     if (phase_ != Phase::kRunning || done->round != round_) return;
@@ -664,6 +664,7 @@ Coordinator::Failure Coordinator::FailureOf(int node_rank, const wire::WorkerFai
   }
   failure.mentions_nccl = MentionsNccl(failed.stderr_tail) || MentionsNccl(failed.error_file);
   failure.lost_peer = LooksLikeALostPeer(failed.error_file, failed.stderr_tail);
+  failure.the_stop = LooksLikeTheStop(failed.error_file, failed.stderr_tail);
   return failure;
 }
 

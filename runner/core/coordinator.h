@@ -83,6 +83,7 @@ class Coordinator {
     std::string detail;       // error file / stderr tail, indented
     bool mentions_nccl = false;
     bool lost_peer = false;   // its error says it lost a peer: likely a consequence (failure.h)
+    bool the_stop = false;    // its error is the stop's own signal (failure.h)
   };
 
   void Apply(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);

@@ -1,6 +1,7 @@
 #include "runner/core/failure.h"
 
 #include <csignal>
+#include <initializer_list>
 #include <string_view>
 
 namespace ddprun::core {
@@ -47,26 +48,42 @@ std::string Indent(const std::string& text, const std::string& indent) {
   return out;
 }
 
-bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr_tail) {
-  // The error is at the end of stderr; earlier lines may quote anything.
-  size_t from = stderr_tail.size();
-  for (int lines = 0; lines < 4 && from > 0; ++lines) {
-    from = stderr_tail.rfind('\n', from - 1);
-    if (from == std::string::npos) {
-      from = 0;
-      break;
-    }
+namespace {
+
+// The last few lines of stderr, where the error itself is; earlier lines may quote anything.
+std::string_view LastLines(const std::string& text, int count) {
+  size_t from = text.size();
+  for (int lines = 0; lines < count && from > 0; ++lines) {
+    from = text.rfind('\n', from - 1);
+    if (from == std::string::npos) return text;
   }
-  const std::string_view tail = std::string_view(stderr_tail).substr(from);
-  for (const char* marker :
-       {"Connection closed by peer", "Connection reset by peer", "Broken pipe",
-        "remote process exited or there was a network error", "NCCL communicator was aborted",
-        "DistNetworkError", "ncclRemoteError"}) {
+  return std::string_view(text).substr(from);
+}
+
+bool Mentions(const std::string& error_file, const std::string& stderr_tail,
+              std::initializer_list<const char*> markers) {
+  const std::string_view tail = LastLines(stderr_tail, 4);
+  for (const char* marker : markers) {
     if (error_file.find(marker) != std::string::npos || tail.find(marker) != std::string_view::npos) {
       return true;
     }
   }
   return false;
+}
+
+}  // namespace
+
+bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr_tail) {
+  return Mentions(error_file, stderr_tail,
+                  {"Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                   "remote process exited or there was a network error",
+                   "NCCL communicator was aborted", "DistNetworkError", "ncclRemoteError"});
+}
+
+bool LooksLikeTheStop(const std::string& error_file, const std::string& stderr_tail) {
+  return Mentions(error_file, stderr_tail,
+                  {"SignalException", "got signal: 15", "got signal: 2", "Received SIGTERM",
+                   "KeyboardInterrupt"});
 }
 
 }  // namespace ddprun::core

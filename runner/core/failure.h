@@ -18,6 +18,11 @@ std::string DescribeExit(int exit_code, int signal);
 /// root cause of a round prefers a failure that does not read so.
 bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr_tail);
 
+/// Whether a rank's error is the stop itself: the SIGTERM (or SIGINT) that ddprun or the user
+/// sent, turned into an exception by the program (Lightning's SignalException, Python's
+/// KeyboardInterrupt). Such an error file is written after the stop began: never a root cause.
+bool LooksLikeTheStop(const std::string& error_file, const std::string& stderr_tail);
+
 /// Prefixes every line of `text` with `indent`, drops trailing blank lines.
 std::string Indent(const std::string& text, const std::string& indent);
 

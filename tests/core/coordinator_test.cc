@@ -424,6 +424,17 @@ TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn
   EXPECT_TRUE(Meaningful(Send(2s, ConnOf(0), wire::WorkerFailed{0, 1, 1, 1, 0, "", "ValueError: x\n"})).empty());
 }
 
+// An error file written because of the stop itself (Lightning turns SIGTERM into a
+// SignalException) is not a cause: the first failure stays.
+TEST_F(CoordinatorTest, AnErrorThatIsTheStopItselfRevisesNothing) {
+  StartFirstRound(0s);
+  Send(1s, ConnOf(1), wire::WorkerFailed{0, 2, 0, 1, 0, "RuntimeError: [gloo] Connection closed by peer\n", ""});
+  const Effects later = Send(2s, ConnOf(0), wire::WorkerFailed{0, 0, 0, 1, 0, "",
+                                                               "lightning.fabric.utilities.exceptions."
+                                                               "SignalException: Process 12 got signal: 15"});
+  EXPECT_TRUE(Meaningful(later).empty()) << test::Describe(later);
+}
+
 TEST_F(CoordinatorTest, AFirstFailureOfItsOwnIsNeverRevised) {
   StartFirstRound(0s);
   Send(1s, ConnOf(1), RankThreeFailed(0));

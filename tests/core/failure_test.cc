@@ -41,4 +41,10 @@ TEST(FailureTest, AnErrorThatOnlyLostAPeerIsRecognised) {
       "", "warning: Connection reset by peer, retrying\nstep 1\nstep 2\nstep 3\nstep 4\nKeyError: 'x'\n"));
 }
 
+TEST(FailureTest, AnErrorThatIsTheStopItselfIsRecognised) {
+  EXPECT_TRUE(LooksLikeTheStop("SignalException: Process 4242 got signal: 15", ""));
+  EXPECT_TRUE(LooksLikeTheStop("", "Traceback ...\nKeyboardInterrupt\n"));
+  EXPECT_FALSE(LooksLikeTheStop("RuntimeError: rank 3 fails on purpose", ""));
+}
+
 }  // namespace ddprun::core
