@@ -124,6 +124,18 @@ std::string CanonicalForm(const JobSpec& spec) {
   fields["timeouts.rendezvous"] = FormatDuration(spec.timeouts.rendezvous);
   fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
   fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);
+  // Only when set or changed, so that files without them keep their fingerprint.
+  if (spec.timeouts.progress_auto) fields["timeouts.progress"] = Quote("auto");
+  if (spec.timeouts.progress) fields["timeouts.progress"] = FormatDuration(*spec.timeouts.progress);
+  if (spec.timeouts.progress_start != JobSpec::Timeouts{}.progress_start) {
+    fields["timeouts.progress_start"] = FormatDuration(spec.timeouts.progress_start);
+  }
+  if (spec.stragglers.slower_percent != JobSpec::Stragglers{}.slower_percent) {
+    fields["stragglers.slower_percent"] = fmt::format("{}", spec.stragglers.slower_percent);
+  }
+  if (spec.stragglers.window != JobSpec::Stragglers{}.window) {
+    fields["stragglers.window"] = FormatDuration(spec.stragglers.window);
+  }
   fields["logs.dir"] = Quote(spec.logs.dir);
 
   std::string out;

@@ -28,6 +28,16 @@ Duration JobSpec::RestartBackoff(int restart_number) const {
   return std::min(wait, *restart.backoff_max);
 }
 
+Duration JobSpec::ProgressReportPeriod() const {
+  return std::max(timeouts.heartbeat, stragglers.window / 8);
+}
+
+size_t JobSpec::ProgressWindowBuckets() const {
+  const Duration period = ProgressReportPeriod();
+  if (period <= Duration(0)) return 1;
+  return static_cast<size_t>(std::max<int64_t>((stragglers.window + period - Duration(1)) / period, 1));
+}
+
 SourceLoc JobSpec::LocationOf(const std::string& key_path) const {
   auto it = locations.find(key_path);
   return it == locations.end() ? SourceLoc{} : it->second;

@@ -131,6 +131,17 @@ struct JobSpec {
     Duration rendezvous = Minutes(15);
     Duration heartbeat = Seconds(2);
     Duration stop_grace = Seconds(30);
+    /// Hang detection from progress beacons: a rank silent this long is hung. Unset and not
+    /// `progress_auto`: off.
+    std::optional<Duration> progress;
+    bool progress_auto = false;        // "auto": learned from the intervals seen
+    Duration progress_start = Minutes(10);  // to the first beacon, and after ddprun.phase()
+    bool DetectsHangs() const { return progress.has_value() || progress_auto; }
+    /// "auto": the learned timeout is this many times the longest interval seen, and at
+    /// least kAutoProgressFloor; until enough intervals are seen, progress_start applies.
+    static constexpr int kAutoProgressFactor = 5;
+    static constexpr Duration kAutoProgressFloor = Seconds(10);
+    static constexpr int kAutoProgressWarmup = 10;  // intervals per rank before it is learned
 
     /// How long a peer may stay silent before it is lost: more than 3 heartbeat intervals
     /// without a message. A stall shorter than 2 intervals is always tolerated (the silence
@@ -155,6 +166,12 @@ struct JobSpec {
     /// to stop its workers within stop_grace and rejoin (a retry takes at most 2 s).
     Duration ExitBarrier() const { return LossBound() + stop_grace + Seconds(5); }
   } timeouts;
+
+  /// [stragglers]: ranks that stay slower than the median, from their beacons.
+  struct Stragglers {
+    int slower_percent = 50;  // 0: off
+    Duration window = Minutes(2);
+  } stragglers;
 
   struct Logs {
     std::string dir = "logs";  // as written; relative to the job file
@@ -185,6 +202,11 @@ struct JobSpec {
   /// The wait before restart number `restart` (1 for the first): restart.backoff, doubled for
   /// each earlier restart while restart.backoff_max is set, never above it.
   Duration RestartBackoff(int restart) const;
+  /// How often agents report their ranks' progress (for stragglers and the learnt timeout):
+  /// every heartbeat, or an eighth of the straggler window when that is longer.
+  Duration ProgressReportPeriod() const;
+  /// How many report periods make the straggler window (at least 1).
+  size_t ProgressWindowBuckets() const;
   /// Where `key_path` was written; {0,0} for defaults.
   SourceLoc LocationOf(const std::string& key_path) const;
 };

@@ -69,6 +69,9 @@ Json ValueSchema(const KeySpec& key, std::string_view section) {
     case KeyType::kStringOrInteger: return {{"type", {"string", "integer"}}};
     case KeyType::kDuration:
       return {{"type", "string"}, {"pattern", "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h|d))+$"}};
+    case KeyType::kDurationOrAuto:
+      return {{"type", "string"},
+              {"pattern", "^(auto|([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h|d))+)$"}};
     case KeyType::kStringArray: {
       Json items = {{"type", "string"}};
       if (key.nonempty_items) items["minLength"] = 1;
@@ -99,7 +102,7 @@ Json ValueSchema(const KeySpec& key, std::string_view section) {
 
 Json KeySchema(const KeySpec& key, std::string_view section) {
   Json s = ValueSchema(key, section);
-  if (key.type == KeyType::kDuration) {
+  if (key.type == KeyType::kDuration || key.type == KeyType::kDurationOrAuto) {
     s["description"] = fmt::format("{} A duration such as \"250ms\", \"30s\", \"15m\", \"2h\", "
                                    "\"1h30m\".",
                                    key.doc);

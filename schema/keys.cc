@@ -24,7 +24,7 @@ constexpr IntRange kPortRange{1, 65535};
 constexpr IntRange kRankRange{0, kMaxNodes * kMaxProcsPerNode - 1};
 constexpr IntRange kNodeRankRange{0, kMaxNodes - 1};
 
-constexpr std::array<KeySpec, 8> kTopKeys = {{
+constexpr std::array<KeySpec, 9> kTopKeys = {{
     {.name = "version", .type = KeyType::kInteger, .doc = "Job file format version.",
      .range = IntRange{1, 1}, .required = true},
     {.name = "job", .type = KeyType::kSection, .doc = "What to run.", .required = true},
@@ -35,7 +35,9 @@ constexpr std::array<KeySpec, 8> kTopKeys = {{
             "Trainer() with no arguments uses them."},
     {.name = "restart", .type = KeyType::kSection, .doc = "Job-wide restarts after a failure."},
     {.name = "timeouts", .type = KeyType::kSection,
-     .doc = "Rendezvous, heartbeat and stop timeouts."},
+     .doc = "Rendezvous, heartbeat, stop and progress (hang) timeouts."},
+    {.name = "stragglers", .type = KeyType::kSection,
+     .doc = "Report ranks that stay slower than the others (from their progress beacons)."},
     {.name = "logs", .type = KeyType::kSection,
      .doc = "Per-rank log files and the live console."},
     {.name = "simulate", .type = KeyType::kSection, .doc = "Only read by `ddprun --simulate`."},
@@ -158,7 +160,7 @@ constexpr std::array<KeySpec, 3> kRestartKeys = {{
             "backoff)."},
 }};
 
-constexpr std::array<KeySpec, 3> kTimeoutKeys = {{
+constexpr std::array<KeySpec, 5> kTimeoutKeys = {{
     {.name = "rendezvous", .type = KeyType::kDuration,
      .doc = "All nodes must have joined by then.", .default_value = "15m"},
     {.name = "heartbeat", .type = KeyType::kDuration,
@@ -167,6 +169,26 @@ constexpr std::array<KeySpec, 3> kTimeoutKeys = {{
      .default_value = "2s"},
     {.name = "stop_grace", .type = KeyType::kDuration,
      .doc = "SIGTERM to SIGKILL grace when stopping workers.", .default_value = "30s"},
+    {.name = "progress", .type = KeyType::kDurationOrAuto,
+     .doc = "Hang detection: a rank that sends no progress beacon (ddprun.progress(step)) for "
+            "this long is hung, and the round fails with it as the root cause. \"auto\" learns "
+            "it from the job: 5 x the longest interval between beacons seen, at least 10s. "
+            "Unset: no hang detection."},
+    {.name = "progress_start", .type = KeyType::kDuration,
+     .doc = "With timeouts.progress: how long a rank may take to its first beacon after it "
+            "starts (imports, checkpoint loads), and to the next one after ddprun.phase().",
+     .default_value = "10m"},
+}};
+
+constexpr std::array<KeySpec, 2> kStragglerKeys = {{
+    {.name = "slower_percent", .type = KeyType::kInteger,
+     .doc = "A rank whose own work per step (or, without it, whose step time) is this many "
+            "percent above the median of all ranks over the window is a straggler; 0 turns "
+            "the report off.",
+     .range = IntRange{0, 10'000}, .default_value = "50"},
+    {.name = "window", .type = KeyType::kDuration,
+     .doc = "How long a rank must stay that slow before it is reported.",
+     .default_value = "2m"},
 }};
 
 constexpr std::array<std::string_view, 2> kConsoleModes = {"all", "none"};
@@ -233,11 +255,12 @@ constexpr auto kJobNames = NamesOf(kJobKeys);
 constexpr auto kClusterNames = NamesOf(kClusterKeys);
 constexpr auto kRestartNames = NamesOf(kRestartKeys);
 constexpr auto kTimeoutNames = NamesOf(kTimeoutKeys);
+constexpr auto kStragglerNames = NamesOf(kStragglerKeys);
 constexpr auto kLogNames = NamesOf(kLogKeys);
 constexpr auto kSimulateNames = NamesOf(kSimulateKeys);
 constexpr auto kFaultNames = NamesOf(kFaultKeys);
 
-const std::array<SectionSpec, 9> kSections = {{
+const std::array<SectionSpec, 10> kSections = {{
     {.name = "", .doc = "", .keys = kTopKeys, .known_names = kTopNames},
     {.name = "job", .doc = "", .keys = kJobKeys, .known_names = kJobNames},
     {.name = "cluster", .doc = "", .keys = kClusterKeys, .known_names = kClusterNames,
@@ -246,6 +269,7 @@ const std::array<SectionSpec, 9> kSections = {{
      .open = true},
     {.name = "restart", .doc = "", .keys = kRestartKeys, .known_names = kRestartNames},
     {.name = "timeouts", .doc = "", .keys = kTimeoutKeys, .known_names = kTimeoutNames},
+    {.name = "stragglers", .doc = "", .keys = kStragglerKeys, .known_names = kStragglerNames},
     {.name = "logs", .doc = "", .keys = kLogKeys, .known_names = kLogNames},
     {.name = "simulate", .doc = "", .keys = kSimulateKeys, .known_names = kSimulateNames},
     {.name = "simulate.faults", .doc = "One scheduled fault.", .keys = kFaultKeys,

@@ -38,6 +38,7 @@ enum class KeyType {
   kString,           // `values` (when closed), `examples`, `max_length`
   kStringOrInteger,  // trainer.precision ("bf16-mixed" or 32)
   kDuration,         // "30s"
+  kDurationOrAuto,   // "30s" or "auto" (timeouts.progress)
   kStringArray,      // `min_items`, `unique`, `nonempty_items`
   kIntegerArray,     // items in `item_range`
   kStringMap,        // job.env: names matching `pattern`, string values

@@ -41,6 +41,40 @@ void CheckHeartbeat(const JobSpec::Timeouts& t, TomlReader& reader) {
   }
 }
 
+// timeouts.progress ("auto" or a positive duration) and timeouts.progress_start.
+void ReadProgress(const toml::table& table, TomlReader& reader, JobSpec::Timeouts& t) {
+  if (const toml::node* node = reader.Node(&table, "progress", "timeouts.progress")) {
+    if (node->value_exact<std::string>() == std::optional<std::string>("auto")) {
+      t.progress_auto = true;
+    } else if (node->value_exact<std::string>() && !ParseDuration(*node->value_exact<std::string>())) {
+      reader.diags().Error(LocOf(*node), "timeouts.progress",
+                           fmt::format("timeouts.progress = \"{}\" is neither \"auto\" nor a "
+                                       "duration",
+                                       *node->value_exact<std::string>()),
+                           "write \"auto\" to learn it from the job, or a duration such as "
+                           "\"5m\"; leave it out to detect no hangs");
+    } else if (auto d = reader.PositiveDuration(*node, "timeouts.progress")) {
+      t.progress = *d;
+    }
+  }
+  if (const toml::node* node = reader.Node(&table, "progress_start", "timeouts.progress_start")) {
+    if (auto d = reader.PositiveDuration(*node, "timeouts.progress_start")) t.progress_start = *d;
+    if (!t.DetectsHangs()) {
+      reader.diags().Warning(LocOf(*node), "timeouts.progress_start",
+                             "timeouts.progress_start has no effect without timeouts.progress",
+                             "set timeouts.progress = \"auto\" (or a duration) to detect hung "
+                             "ranks");
+    }
+  }
+  if (t.progress && *t.progress < 2 * t.heartbeat) {
+    reader.diags().Error(reader.LocationOf("timeouts.progress"), "timeouts.progress",
+                         fmt::format("timeouts.progress = {} is shorter than 2 x timeouts.heartbeat "
+                                     "= {}: ranks report their progress once per heartbeat",
+                                     FormatDuration(*t.progress), FormatDuration(2 * t.heartbeat)),
+                         "a hang is a rank silent for minutes; e.g. progress = \"5m\", or \"auto\"");
+  }
+}
+
 }  // namespace
 
 void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts& timeouts) {
@@ -49,6 +83,7 @@ void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts
     reader.ReadDuration(table, "rendezvous", "timeouts", timeouts.rendezvous);
     reader.ReadDuration(table, "heartbeat", "timeouts", timeouts.heartbeat);
     reader.ReadDuration(table, "stop_grace", "timeouts", timeouts.stop_grace);
+    ReadProgress(*table, reader, timeouts);
   }
   CheckHeartbeat(timeouts, reader);
   const auto& t = timeouts;
@@ -79,6 +114,25 @@ void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts,
                                      FormatDuration(value), relation,
                                      FormatDuration(timeouts.rendezvous)),
                          fmt::format("{}; set {} shorter, or rendezvous longer", why, key));
+}
+
+}  // namespace ddprun
+
+namespace ddprun {
+
+void LoadStragglers(const toml::table& root, TomlReader& reader, JobSpec::Stragglers& stragglers) {
+  const toml::table* table = reader.Table(root, "stragglers", "stragglers");
+  if (!table) return;
+  reader.CheckKeys(*table, SectionNamed("stragglers"), "stragglers");
+  if (const toml::node* node = reader.Node(table, "slower_percent", "stragglers.slower_percent")) {
+    if (auto n = reader.Integer(*node, "stragglers.slower_percent",
+                                *Key("stragglers.slower_percent").range)) {
+      stragglers.slower_percent = static_cast<int>(*n);
+    }
+  }
+  if (const toml::node* node = reader.Node(table, "window", "stragglers.window")) {
+    if (auto d = reader.PositiveDuration(*node, "stragglers.window")) stragglers.window = *d;
+  }
 }
 
 }  // namespace ddprun

@@ -29,6 +29,7 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
   const ClusterFacts cluster = LoadCluster(root, reader, spec.trainer, trainer, spec.cluster);
   LoadRestart(root, reader, spec.restart);
   LoadTimeouts(root, reader, spec.timeouts);
+  LoadStragglers(root, reader, spec.stragglers);
   LoadLogs(root, reader, spec.WorldSize(), spec.logs);
   LoadSimulate(root, reader, FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node},
                spec.simulate);

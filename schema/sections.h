@@ -51,6 +51,9 @@ void LoadRestart(const toml::table& root, TomlReader& reader, JobSpec::Restart& 
 /// [timeouts], with the checks between its own keys (heartbeat against rendezvous).
 void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts& timeouts);
 
+/// [stragglers].
+void LoadStragglers(const toml::table& root, TomlReader& reader, JobSpec::Stragglers& stragglers);
+
 /// Warns that `key` (a wait of `value`) `relation` timeouts.rendezvous, at `key` when it is in
 /// the file, else at rendezvous, naming `key`'s default.
 void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts,

@@ -14,7 +14,8 @@ namespace {
 
 // Everything ddprun computes per worker. job.env may not override these: a wrong RANK or
 // MASTER_PORT in one node's file is exactly the hang ddprun exists to prevent.
-constexpr std::array<std::string_view, 17> kOwnedNames = {
+constexpr std::array<std::string_view, 20> kOwnedNames = {
+    "DDPRUN_PROGRESS_ADDR", "DDPRUN_PROGRESS_TOKEN", "DDPRUN_STACKS_FILE",
     "GROUP_RANK",        "GROUP_WORLD_SIZE",           "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",  "MASTER_ADDR",                "MASTER_PORT",
     "NODE_RANK",         "RANK",                       "ROLE_NAME",
@@ -158,6 +159,10 @@ std::string RankErrorFilePath(const JobSpec& /*spec*/, int restart_count, int gl
   return fmt::format("attempt-{}/rank-{}.error.json", restart_count, global_rank);
 }
 
+std::string RankStacksPath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
+  return fmt::format("attempt-{}/rank-{}.stacks", restart_count, global_rank);
+}
+
 EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
                           const std::map<std::string, std::string>& inherited) {
   const int nproc = spec.cluster.nproc_per_node;
@@ -194,7 +199,32 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
   for (const auto& [key, value] : spec.trainer.settings) {
     env["PL_TRAINER_" + Upper(key)] = TrainerEnvValue(value);
   }
+  if (!position.progress_addr.empty()) {
+    env["DDPRUN_PROGRESS_ADDR"] = position.progress_addr;
+    env["DDPRUN_PROGRESS_TOKEN"] = position.progress_token;
+    env["DDPRUN_STACKS_FILE"] = position.stacks_file;
+  }
+  if (!position.python_dir.empty()) {
+    // After the user's own entries (job.env's, else the agent's): theirs come first.
+    auto own = spec.job.env.find("PYTHONPATH");
+    auto inherited_path = inherited.find("PYTHONPATH");
+    const std::string before = own != spec.job.env.end()              ? own->second
+                               : inherited_path != inherited.end() ? inherited_path->second
+                                                                   : "";
+    env["PYTHONPATH"] = AppendToSearchPath(before, position.python_dir);
+  }
   return EnvList(env.begin(), env.end());
+}
+
+std::string AppendToSearchPath(const std::string& path, const std::string& dir) {
+  if (dir.empty()) return path;
+  size_t begin = 0;
+  while (begin <= path.size()) {
+    const size_t end = std::min(path.find(':', begin), path.size());
+    if (path.compare(begin, end - begin, dir) == 0 && end - begin == dir.size()) return path;
+    begin = end + 1;
+  }
+  return path.empty() ? dir : path + ":" + dir;
 }
 
 }  // namespace ddprun

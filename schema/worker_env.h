@@ -22,7 +22,18 @@ struct WorkerPosition {
   uint16_t master_port = 0;     // what this rank gets as MASTER_PORT
   std::string error_file;       // TORCHELASTIC_ERROR_FILE
   std::string run_id;           // TORCHELASTIC_RUN_ID; "" computes RunId(spec) (costly per rank)
+  // Progress beacons (worker/README.md); "" leaves the variables out.
+  std::string progress_addr;    // DDPRUN_PROGRESS_ADDR: the agent's UDP socket, "127.0.0.1:port"
+  std::string progress_token;   // DDPRUN_PROGRESS_TOKEN
+  std::string stacks_file;      // DDPRUN_STACKS_FILE: where faulthandler writes this rank's stacks
+  std::string python_dir;       // appended to PYTHONPATH: where `import ddprun` finds the module
 };
+
+/// Where faulthandler writes rank `global_rank`'s stacks: "attempt-<k>/rank-<r>.stacks".
+std::string RankStacksPath(const JobSpec& spec, int restart_count, int global_rank);
+
+/// `dir` appended to the search path `path` (":"-separated), unless it is already there.
+std::string AppendToSearchPath(const std::string& path, const std::string& dir);
 
 /// The variables ddprun sets for one worker, sorted by name: torchrun's set, job.env, and
 /// PL_TRAINER_*. `inherited` is the agent's own environment: variables that torchrun sets only

@@ -549,6 +549,16 @@ void SimLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   cluster_->workers().Spawn(node_, round, launch);
 }
 void SimLauncher::SignalAll(int round, int signal) { cluster_->workers().SignalAll(node_, round, signal); }
+void SimLauncher::SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) {
+  cluster_->workers().SignalForStacks(node_, round, targets);
+}
+std::vector<std::string> SimLauncher::ReadStacks(int round) {
+  return cluster_->workers().ReadStacks(node_, round);
+}
+// Simulated workers beacon straight into the agent (Workers::Beacon); the address only has
+// to be non-empty for the agent to set up the contract.
+std::string SimLauncher::ProgressAddress() const { return "sim"; }
+std::string SimLauncher::ProgressToken() const { return "sim"; }
 void SimConsole::Log(core::LogLevel level, std::string_view source, std::string_view text) {
   cluster_->ConsoleLog(node_, level, source, text);
 }

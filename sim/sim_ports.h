@@ -59,6 +59,10 @@ class SimLauncher final : public host::ProcessLauncher {
   void SetEvents(host::ProcessEvents* events) override;
   void Spawn(int round, const core::WorkerLaunch& launch) override;
   void SignalAll(int round, int signal) override;
+  void SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) override;
+  std::vector<std::string> ReadStacks(int round) override;
+  std::string ProgressAddress() const override;
+  std::string ProgressToken() const override;
 
  private:
   Cluster* cluster_;

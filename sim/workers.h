@@ -35,6 +35,8 @@ class Workers {
   // ---- the launcher port (SimLauncher) ----
   void Spawn(uint32_t node, int round, const core::WorkerLaunch& launch);
   void SignalAll(uint32_t node, int round, int signal);
+  void SignalForStacks(uint32_t node, int round, const std::vector<std::pair<int, int>>& targets);
+  std::vector<std::string> ReadStacks(uint32_t node, int round);
 
   // ---- events ----
   void Ready(uint32_t node, uint64_t gang);                 // EventKind::kWorkerReady

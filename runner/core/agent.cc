@@ -18,6 +18,12 @@ constexpr Duration kFirstRetry = Millis(250);
 constexpr Duration kMaxRetry = Seconds(2);
 // Connect failures repeat every retry; the user needs to hear about them this often.
 constexpr Duration kConnectLogInterval = Seconds(10);
+// faulthandler writes from its C signal handler at once; this leaves time for the scheduler.
+constexpr Duration kStackWait = Seconds(1);
+// The most stack text one RankStacks carries (a frame is far below kMaxPayload).
+constexpr size_t kMaxStacksBytes = 512 * 1024;
+
+int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
 }  // namespace
 
@@ -104,6 +110,10 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
                    out);
   } else if (const auto* signal = std::get_if<SignalReceived>(&input)) {
     OnSignal(now, signal->signal, out);
+  } else if (const auto* beacon = std::get_if<BeaconReceived>(&input)) {
+    OnBeacon(now, beacon->beacon);
+  } else if (const auto* stacks = std::get_if<WorkerStacks>(&input)) {
+    if (stacks->round == round_) SendStacks(now, stacks->dumps, out);
   }
   MaybeReconnect(now, out);
 }
@@ -138,6 +148,24 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
         return rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10);
       }
       return std::nullopt;
+    case Deadline::kProgress: {
+      if (!WatchesProgress()) return std::nullopt;
+      std::optional<TimePoint> next;
+      for (const Worker& w : workers_) {
+        if (!w.running) continue;
+        // Hung once silent for longer than allowed: the first instant past it.
+        const TimePoint at = w.beats.since + SilenceAllowed(w.beats) + Duration(1);
+        if (!next || at < *next) next = at;
+      }
+      return next;
+    }
+    case Deadline::kStacks:
+      return stacks_due_;
+    case Deadline::kReport: {
+      const auto* joined = std::get_if<Joined>(&link_);
+      if (!joined || !joined->round_open || stop_ || leaving_) return std::nullopt;
+      return next_report_;
+    }
     case Deadline::kCount:
       break;
   }
@@ -222,6 +250,12 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
     }
     Finish(now, ToInt(ExitCode::kRendezvous), out);
   }
+  if (Due(Deadline::kProgress, now)) OnProgressExpired(now, out);
+  if (Due(Deadline::kStacks, now)) {
+    stacks_due_.reset();
+    out.push_back(ReadStacks{round_});
+  }
+  if (Due(Deadline::kReport, now)) Report(now, out);
 }
 
 std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const {
@@ -423,7 +457,9 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
                     FormatDuration(Millis(progress->timeout_ms))),
         out);
   } else if (const auto* start = std::get_if<wire::StartRound>(&message)) {
-    StartWorkers(*start, out);
+    StartWorkers(now, *start, out);
+  } else if (const auto* dump = std::get_if<wire::DumpStacks>(&message)) {
+    OnDumpStacks(now, *dump, out);
   } else if (const auto* stop = std::get_if<wire::StopRound>(&message)) {
     if (stop->round != round_) return;  // stale
     std::string cause = stop->cause;
@@ -453,7 +489,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
   }
 }
 
-void Agent::StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>& out) {
+void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vector<AgentEffect>& out) {
   if (running_workers() > 0) {
     // The coordinator only starts a round after every node confirmed its workers stopped.
     Log(LogLevel::kError,
@@ -471,6 +507,9 @@ void Agent::StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>
   round_ = start.round;
   told_ = Told::kNothing;
   stop_.reset();
+  stacks_due_.reset();
+  next_report_.reset();
+  longest_interval_ = std::max(longest_interval_, Duration(Millis(std::max<int64_t>(start.longest_interval_ms, 0))));
   const int nproc = spec_.cluster.nproc_per_node;
   workers_.assign(static_cast<size_t>(nproc), Worker{});
   const std::string run_id = RunId(spec_, config_.fingerprint);
@@ -489,13 +528,20 @@ void Agent::StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>
         spec_.cluster.store_port || global == 0 ? start.master_port : spec_.cluster.master_port;
     position.error_file = config_.logs_dir + "/" + RankErrorFilePath(spec_, round_, global);
     position.run_id = run_id;
+    if (!config_.progress_addr.empty()) {
+      position.progress_addr = config_.progress_addr;
+      position.progress_token = config_.progress_token;
+      position.stacks_file = config_.logs_dir + "/" + RankStacksPath(spec_, round_, global);
+    }
+    position.python_dir = config_.python_dir;
     WorkerLaunch launch;
     launch.local_rank = local;
     launch.global_rank = global;
     launch.env = WorkerEnvironment(spec_, position, config_.inherited_env);
     launch.log_path = RankLogPath(spec_, round_, global);
     spawn.workers.push_back(std::move(launch));
-    workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0};
+    workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0, Beats{}};
+    workers_[static_cast<size_t>(local)].beats.since = now;
   }
   // Say which MASTER_PORT this node's workers really get: rank 0 hosts the store on the
   // round's port; under the relay every other rank reaches it through master_port.
@@ -576,6 +622,7 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
 
 void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
   if (stop_) return;
+  stacks_due_.reset();  // nobody waits for them any more
   const int running = running_workers();
   stop_ = Stop{running, now, std::nullopt, std::nullopt};
   if (running > 0) {
@@ -628,6 +675,190 @@ void Agent::Finish(TimePoint now, int code, std::vector<AgentEffect>& out) {
   link_ = Disconnected{};
   StopWorkers(now, out);  // a no-op when a stop is already under way or nothing runs
   MaybeStopped(out);
+}
+
+}  // namespace ddprun::core
+
+// ---- Progress beacons and hung ranks ---------------------------------------------------
+
+namespace ddprun::core {
+
+bool Agent::WatchesProgress() const {
+  if (!spec_.timeouts.DetectsHangs() || Exited() || stop_ || leaving_ || told_ != Told::kNothing) {
+    return false;
+  }
+  const auto* joined = std::get_if<Joined>(&link_);
+  return joined && joined->round_open && !stacks_due_;
+}
+
+std::optional<Duration> Agent::LearntTimeout() const {
+  if (longest_interval_ <= Duration(0)) return std::nullopt;
+  return std::max(JobSpec::Timeouts::kAutoProgressFloor,
+                  JobSpec::Timeouts::kAutoProgressFactor * longest_interval_);
+}
+
+Duration Agent::SilenceAllowed(const Beats& beats) const {
+  const auto& t = spec_.timeouts;
+  const Duration step = t.progress ? *t.progress : LearntTimeout().value_or(t.progress_start);
+  // To the first step, and after a phase: start-up, checkpoint loads and saves.
+  if (!beats.stepped) return std::max(step, t.progress_start);
+  return step;
+}
+
+Duration Agent::ReportPeriod() const { return spec_.ProgressReportPeriod(); }
+
+void Agent::OnBeacon(TimePoint now, const Beacon& beacon) {
+  const auto* joined = std::get_if<Joined>(&link_);
+  if (!joined || !joined->round_open || stop_ || beacon.round != round_ || beacon.local_rank < 0 ||
+      beacon.local_rank >= static_cast<int>(workers_.size())) {
+    return;  // stale (an earlier round's process), or nothing runs
+  }
+  Worker& worker = workers_[static_cast<size_t>(beacon.local_rank)];
+  if (!worker.running) return;
+  Beats& b = worker.beats;
+  b.stack_signal = beacon.stack_signal;
+  switch (beacon.kind) {
+    case BeaconKind::kHello:
+      return;  // alive and imported: not progress
+    case BeaconKind::kPhase:
+      b.since = now;
+      b.stepped = false;
+      return;
+    case BeaconKind::kStep:
+      break;
+  }
+  if (b.stepped) {
+    const Duration interval = now - b.since;
+    ++b.intervals;
+    b.longest = std::max(b.longest, interval);
+    if (b.intervals >= JobSpec::Timeouts::kAutoProgressWarmup) {
+      longest_interval_ = std::max(longest_interval_, b.longest);
+    }
+  }
+  // Throttled beacons skip steps: the window counts the steps between them.
+  // A beacon that repeats its step (validation batches) shows life, not training steps.
+  const int64_t steps = b.step < 0 ? 1 : std::max<int64_t>(beacon.step - b.step, 0);
+  b.current.steps += steps;
+  if (beacon.busy_us >= 0 && steps > 0) {
+    b.current.busy_steps += steps;
+    b.current.busy_us += beacon.busy_us;
+  }
+  b.since = now;
+  b.stepped = true;
+  b.step = beacon.step;
+  if (!next_report_) next_report_ = now + ReportPeriod();
+}
+
+void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
+  Worker* hung = nullptr;
+  TimePoint hung_at{};
+  for (Worker& w : workers_) {
+    if (!w.running) continue;
+    const TimePoint at = w.beats.since + SilenceAllowed(w.beats);
+    if (!hung || at < hung_at) {
+      hung = &w;
+      hung_at = at;
+    }
+  }
+  if (!hung) return;
+  const Beats& b = hung->beats;
+  const Duration allowed = SilenceAllowed(b);
+  const auto& t = spec_.timeouts;
+  std::string limit;
+  if (!b.stepped && allowed == std::max(t.progress_start, allowed) && (!t.progress || allowed > *t.progress)) {
+    limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
+  } else if (t.progress) {
+    limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
+  } else {
+    limit = fmt::format("timeouts.progress = \"auto\": {}", HumanDuration(allowed));
+  }
+  const int local = static_cast<int>(hung - workers_.data());
+  const std::string since = !b.stepped && b.step < 0 ? "since it started"
+                            : !b.stepped            ? "since its last phase"
+                                                    : fmt::format("after step {}", b.step);
+  Log(LogLevel::kError,
+      fmt::format("rank {} (local rank {}) sent no progress beacon for {} {} ({}); asking every "
+                  "rank where it is before the round is stopped",
+                  hung->global_rank, local, HumanDuration(now - b.since), since, limit),
+      out);
+  told_ = Told::kFailure;
+  Send(wire::RankHung{round_, hung->global_rank, local, b.step, Ms(now - b.since), Ms(allowed),
+                      !b.stepped},
+       out);
+}
+
+void Agent::OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vector<AgentEffect>& out) {
+  const auto* joined = std::get_if<Joined>(&link_);
+  if (dump.round != round_ || !joined || !joined->round_open || stacks_due_) return;
+  SignalForStacks signal{round_, {}};
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = workers_[i];
+    if (w.running && w.beats.stack_signal > 0) {
+      signal.targets.emplace_back(static_cast<int>(i), w.beats.stack_signal);
+    }
+  }
+  if (signal.targets.empty()) {
+    SendStacks(now, {}, out);  // no rank can dump: say where they were without stacks
+    return;
+  }
+  out.push_back(std::move(signal));
+  stacks_due_ = now + kStackWait;
+}
+
+void Agent::SendStacks(TimePoint now, const std::vector<std::string>& dumps,
+                       std::vector<AgentEffect>& out) {
+  wire::RankStacks message{round_, {}};
+  size_t bytes = 0;
+  int with_stack = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const Worker& w = workers_[i];
+    if (!w.running) continue;
+    wire::RankState state{w.global_rank, w.beats.step, Ms(now - w.beats.since), ""};
+    if (i < dumps.size() && bytes < kMaxStacksBytes) {
+      state.stack = FormatFrames(MainThreadStack(dumps[i]));
+      bytes += state.stack.size();
+      if (!state.stack.empty()) ++with_stack;
+    }
+    message.ranks.push_back(std::move(state));
+  }
+  Log(LogLevel::kInfo,
+      fmt::format("round {}: sending where this node's {} running rank{} are ({} with a stack; all "
+                  "threads in {}/attempt-{}/rank-<r>.stacks)",
+                  round_, message.ranks.size(), message.ranks.size() == 1 ? "" : "s", with_stack,
+                  config_.logs_dir, round_),
+      out);
+  Send(std::move(message), out);
+}
+
+void Agent::Report(TimePoint now, std::vector<AgentEffect>& out) {
+  const Duration period = ReportPeriod();
+  next_report_ = now + period;
+  const size_t buckets = spec_.ProgressWindowBuckets();
+  wire::RankProgress report{round_, {}};
+  for (Worker& w : workers_) {
+    Beats& b = w.beats;
+    b.window.push_back(b.current);
+    b.current = {};
+    if (b.window.size() > buckets) b.window.erase(b.window.begin());
+    if (!w.running || b.step < 0) continue;
+    wire::RankRate rate{w.global_rank, b.step, -1, -1, 0};
+    if (b.window.size() == buckets) {
+      Beats::Bucket sum;
+      for (const auto& bucket : b.window) {
+        sum.steps += bucket.steps;
+        sum.busy_steps += bucket.busy_steps;
+        sum.busy_us += bucket.busy_us;
+      }
+      if (sum.steps > 0) {
+        rate.step_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                           period * static_cast<int64_t>(buckets)).count() / sum.steps;
+      }
+      if (sum.busy_steps > 0) rate.work_us = sum.busy_us / sum.busy_steps;
+    }
+    if (b.intervals >= JobSpec::Timeouts::kAutoProgressWarmup) rate.longest_ms = Ms(b.longest);
+    report.ranks.push_back(rate);
+  }
+  if (!report.ranks.empty()) Send(std::move(report), out);
 }
 
 }  // namespace ddprun::core

@@ -30,6 +30,12 @@ class Agent {
     std::string logs_dir;             // where per-rank logs and error files go
     std::map<std::string, std::string> inherited_env;  // the agent's own environment
     std::string secret;               // "" = no shared secret (the channel is open)
+    // Progress beacons (worker/README.md): the host's UDP socket and the token a datagram
+    // must carry; "" = this host takes no beacons. `python_dir` goes on the workers'
+    // PYTHONPATH so that `import ddprun` works without installing anything.
+    std::string progress_addr;
+    std::string progress_token;
+    std::string python_dir;
   };
 
   Agent(const JobSpec& spec, Config config);
@@ -50,17 +56,38 @@ class Agent {
   std::optional<int> exit_code() const { return exit_code_; }
 
  private:
+  /// One rank's progress beacons in this round.
+  struct Beats {
+    TimePoint since;              // its start, or its last step or phase beacon
+    bool stepped = false;         // a step beacon came since its start or its last phase
+    int64_t step = -1;            // its last step
+    int stack_signal = 0;         // from its beacons: the signal that dumps its stacks
+    int intervals = 0;            // step-to-step intervals seen
+    Duration longest{0};          // the longest of them
+    // The straggler window: one bucket per report period, the newest last.
+    struct Bucket {
+      int64_t steps = 0;          // steps the beacons covered
+      int64_t busy_steps = 0;     // of those, steps whose beacons said how busy the rank was
+      int64_t busy_us = 0;
+    };
+    std::vector<Bucket> window;
+    Bucket current;
+  };
   struct Worker {
     int global_rank = 0;
     bool running = false;
     int exit_code = 0;
     int signal = 0;
+    Beats beats;
   };
 
   /// Every deadline the agent acts on. NextDeadline is the earliest armed one and
   /// ExpireDeadlines acts on those due, both through DeadlineOf, so they cannot disagree (a
   /// deadline one of them ignored would spin the driver or never fire).
-  enum class Deadline { kKill, kGiveUp, kInterrupt, kHeartbeat, kLoss, kRetry, kRendezvous, kCount };
+  enum class Deadline {
+    kKill, kGiveUp, kInterrupt, kHeartbeat, kLoss, kRetry, kRendezvous, kProgress, kStacks, kReport,
+    kCount
+  };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
   bool Due(Deadline deadline, TimePoint now) const;
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
@@ -72,7 +99,19 @@ class Agent {
                     std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);
   void OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out);
-  void StartWorkers(const wire::StartRound& start, std::vector<AgentEffect>& out);
+  // ---- Progress beacons and hung ranks.
+  void OnBeacon(TimePoint now, const Beacon& beacon);
+  /// How long `beats` may stay silent now; nullopt when hangs are not detected.
+  Duration SilenceAllowed(const Beats& beats) const;
+  /// The learnt step timeout of timeouts.progress = "auto", once enough intervals were seen.
+  std::optional<Duration> LearntTimeout() const;
+  bool WatchesProgress() const;
+  void OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out);
+  void OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vector<AgentEffect>& out);
+  void SendStacks(TimePoint now, const std::vector<std::string>& dumps, std::vector<AgentEffect>& out);
+  void Report(TimePoint now, std::vector<AgentEffect>& out);
+  Duration ReportPeriod() const;
+  void StartWorkers(TimePoint now, const wire::StartRound& start, std::vector<AgentEffect>& out);
   void StopWorkers(TimePoint now, std::vector<AgentEffect>& out);
   void MaybeStopped(std::vector<AgentEffect>& out);
   /// SIGKILL to every running worker now; `why` completes "N workers ...".
@@ -137,6 +176,11 @@ class Agent {
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;
   uint64_t connections_ = 0;
+  // Progress: the longest interval between two beacons of one rank in this job (learnt here,
+  // or from the coordinator's StartRound); stacks being dumped; the next progress report.
+  Duration longest_interval_{0};
+  std::optional<TimePoint> stacks_due_;
+  std::optional<TimePoint> next_report_;
 };
 
 }  // namespace ddprun::core

@@ -231,8 +231,14 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
         Finish(out);
       }
       break;
-    case Phase::kStarting:
     case Phase::kRunning:
+      if (probe_ && now >= probe_->until) {
+        BeginStop(now, HangFailure(), out);
+      } else if (next_straggler_check_ && now >= *next_straggler_check_) {
+        CheckStragglers(now, out);
+      }
+      break;
+    case Phase::kStarting:
     case Phase::kDone:
       break;
   }
@@ -262,6 +268,10 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
     case Phase::kBackoff:
     case Phase::kEnding:
       next = std::min(next, phase_deadline_);
+      break;
+    case Phase::kRunning:
+      if (probe_) next = std::min(next, probe_->until);
+      if (next_straggler_check_) next = std::min(next, *next_straggler_check_);
       break;
     default:
       break;
@@ -309,9 +319,10 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     if (++done_count_ == static_cast<int>(slots_.size())) {
       EndJob(now, ToInt(ExitCode::kOk),
              fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} "
-                         "({} restart{} used)",
+                         "({} restart{} used){}",
                          spec_.job.name, spec_.WorldSize(), slots_.size(), round_, restarts_used_,
-                         restarts_used_ == 1 ? "" : "s"),
+                         restarts_used_ == 1 ? "" : "s",
+                         stragglers_seen_.empty() ? "" : "\n" + StragglerNote()),
              out);
     }
   } else if (const auto* stopped = std::get_if<wire::RoundStopped>(&message)) {
@@ -333,6 +344,12 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     MaybeDone(out);
   } else if (std::holds_alternative<wire::Heartbeat>(message)) {
     // last_heard is already updated
+  } else if (const auto* hung = std::get_if<wire::RankHung>(&message)) {
+    OnRankHung(now, node_rank, *hung, out);
+  } else if (const auto* stacks = std::get_if<wire::RankStacks>(&message)) {
+    OnRankStacks(now, node_rank, *stacks, out);
+  } else if (const auto* progress = std::get_if<wire::RankProgress>(&message)) {
+    OnRankProgress(now, node_rank, *progress);
   } else {
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("dropping {}: unexpected {} from an agent",
                                                        NodeName(node_rank), wire::MessageName(message))});
@@ -500,6 +517,7 @@ void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<Coordinat
     failure.node_rank = 0;
     failure.what = what;
     failure.detail = "  the other nodes stop their workers when they lose the coordinator\n";
+    failure.explains_silence = true;
     BeginStop(now, std::move(failure), out);
   } else {
     out.push_back(LogLine{LogLevel::kWarn, what});
@@ -525,6 +543,7 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
       failure.round = round_;
       failure.node_rank = node_rank;
       failure.what = fmt::format("{} was lost: {}", NodeName(node_rank), why);
+      failure.explains_silence = true;
       failure.detail = "  its agent stopped answering; its workers are stopped by its agent (or "
                        "died with it)\n";
       BeginStop(now, std::move(failure), out);
@@ -638,7 +657,10 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
                             ? fmt::format("round {}: starting {} workers", round_, spec_.WorldSize())
                             : fmt::format("round {}: all {} nodes joined; starting {} workers",
                                           round_, slots_.size(), spec_.WorldSize())});
-  Broadcast(wire::StartRound{round_, store_port}, out);
+  probe_.reset();
+  ranks_seen_.clear();
+  next_straggler_check_.reset();
+  Broadcast(wire::StartRound{round_, store_port, longest_interval_ms_}, out);
 }
 
 Coordinator::Failure Coordinator::FailureOf(int node_rank, const wire::WorkerFailed& failed) const {
@@ -687,6 +709,21 @@ void Coordinator::ReviseRootCause(Failure failure, std::vector<CoordinatorEffect
 
 void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out) {
   DDPRUN_ASSERT(phase_ == Phase::kRunning || phase_ == Phase::kStarting);
+  if (probe_) {
+    // The round had stopped making progress before this. A lost node or our own stall
+    // explains the silence; anything else came after the hang and is not its cause.
+    if (failure.explains_silence) {
+      failure.detail += fmt::format("  (before that, {} had sent no progress beacon for {}: the "
+                                    "ranks waited for the lost ones)\n",
+                                    RankName(probe_->first.global_rank),
+                                    HumanDuration(Millis(probe_->first.silent_ms)));
+      probe_.reset();
+    } else {
+      const std::string meanwhile = failure.what;
+      failure = HangFailure();
+      failure.detail += fmt::format("  meanwhile, while the stacks were collected: {}\n", meanwhile);
+    }
+  }
   out.push_back(LogLine{LogLevel::kError, fmt::format("round {} failed: {}; stopping every worker "
                                                       "on every node", round_, failure.what)});
   failure_ = failure;
@@ -804,6 +841,7 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   if (failure.mentions_nccl) {
     text += "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n";
   }
+  if (!stragglers_seen_.empty()) text += StragglerNote() + "\n";
   // Each node writes its own run folder (schema/worker_env.h); `latest` names it on every node.
   text += fmt::format("logs: {}/{}/latest/attempt-{}/", spec_.logs.dir, spec_.job.name, failure.round);
   return text;
@@ -868,6 +906,242 @@ void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& ou
   progress.elapsed_ms = ToMillis(now - rendezvous_started_);
   progress.timeout_ms = ToMillis(spec_.timeouts.rendezvous);
   Broadcast(progress, out);
+}
+
+}  // namespace ddprun::core
+
+// ---- Hung ranks and stragglers ---------------------------------------------------------
+
+namespace ddprun::core {
+namespace {
+
+// How long the coordinator waits for every node's stacks: agents wait a second for
+// faulthandler, then answer over a connection that may be slow.
+Duration StacksWait(const JobSpec& spec) { return std::max(Seconds(5), 2 * spec.timeouts.heartbeat); }
+
+// The most groups of identical stacks a hang summary lists, and culprits shown with a stack.
+constexpr size_t kMaxGroups = 12;
+constexpr size_t kMaxCulpritStacks = 4;
+constexpr size_t kMaxStragglersNamed = 16;
+
+std::string Seconds3(int64_t us) { return fmt::format("{:.3g}s", static_cast<double>(us) / 1e6); }
+
+std::string StepRange(int64_t low, int64_t high) {
+  if (high < 0) return "no step yet";
+  if (low == high) return fmt::format("last step {}", low);
+  return fmt::format("last steps {}..{}", std::max<int64_t>(low, 0), high);
+}
+
+}  // namespace
+
+std::string Coordinator::RankName(int global_rank) const {
+  const int nproc = spec_.cluster.nproc_per_node;
+  return fmt::format("rank {} ({}, local rank {})", global_rank, NodeName(global_rank / nproc),
+                     global_rank % nproc);
+}
+
+void Coordinator::OnRankHung(TimePoint now, int node_rank, const wire::RankHung& hung,
+                             std::vector<CoordinatorEffect>& out) {
+  const int nproc = spec_.cluster.nproc_per_node;
+  if (phase_ != Phase::kRunning || hung.round != round_ || probe_ ||
+      hung.global_rank / nproc != node_rank || hung.global_rank < 0) {
+    return;  // stale, already probing, or not a rank of that node
+  }
+  probe_ = Probe{hung, node_rank, now + StacksWait(spec_), std::vector<bool>(slots_.size()), 0, {}};
+  out.push_back(LogLine{LogLevel::kError,
+                        fmt::format("round {}: {} sent no progress beacon for {}; asking every "
+                                    "node where its ranks are before stopping the round",
+                                    round_, RankName(hung.global_rank),
+                                    HumanDuration(Millis(hung.silent_ms)))});
+  Broadcast(wire::DumpStacks{round_}, out);
+}
+
+void Coordinator::OnRankStacks(TimePoint now, int node_rank, const wire::RankStacks& stacks,
+                               std::vector<CoordinatorEffect>& out) {
+  if (!probe_ || stacks.round != round_ || probe_->answered[static_cast<size_t>(node_rank)]) return;
+  probe_->answered[static_cast<size_t>(node_rank)] = true;
+  ++probe_->answers;
+  const int nproc = spec_.cluster.nproc_per_node;
+  for (const wire::RankState& state : stacks.ranks) {
+    if (state.global_rank < 0 || state.global_rank / nproc != node_rank) continue;
+    probe_->ranks[state.global_rank] = RankAtHang{state.global_rank, node_rank,
+                                                  state.global_rank % nproc, state.step,
+                                                  state.silent_ms, ParseFrames(state.stack)};
+  }
+  if (probe_->answers >= joined_) BeginStop(now, HangFailure(), out);
+}
+
+Coordinator::Failure Coordinator::HangFailure() {
+  DDPRUN_ASSERT(probe_.has_value());
+  Probe probe = std::move(*probe_);
+  probe_.reset();
+  const int nproc = spec_.cluster.nproc_per_node;
+  if (!probe.ranks.count(probe.first.global_rank)) {
+    // Its node did not answer: what it said when it reported the silence.
+    probe.ranks[probe.first.global_rank] =
+        RankAtHang{probe.first.global_rank, probe.first_node, probe.first.local_rank,
+                   probe.first.step, probe.first.silent_ms, {}};
+  }
+  std::vector<RankAtHang> ranks;
+  for (auto& [rank, state] : probe.ranks) ranks.push_back(state);
+  const HangVerdict verdict = FindHungRanks(ranks, probe.first.global_rank);
+  const RankAtHang& culprit = probe.ranks.at(verdict.culprits.front());
+
+  const auto& t = spec_.timeouts;
+  std::string limit;
+  if (probe.first.first_beat) {
+    limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
+  } else if (t.progress) {
+    limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
+  } else {
+    limit = fmt::format("timeouts.progress = \"auto\", {} learnt from this job",
+                        HumanDuration(Millis(probe.first.timeout_ms)));
+  }
+  Failure failure;
+  failure.round = round_;
+  failure.node_rank = culprit.node_rank;
+  const std::string who =
+      verdict.culprits.size() == 1
+          ? RankName(culprit.global_rank)
+          : fmt::format("ranks {} ({} first)", RankRanges(verdict.culprits), RankName(culprit.global_rank));
+  failure.what = fmt::format(
+      "{} hung: no progress for {} {} ({})", who,
+      HumanDuration(Millis(std::max<int64_t>(culprit.silent_ms, 0))),
+      culprit.step >= 0 ? fmt::format("after step {}", culprit.step) : std::string("since it started"),
+      limit);
+
+  // Where everyone was: the culprits with their stacks, then the others grouped by stack.
+  std::string detail = fmt::format("  why {}: {}\n", verdict.culprits.size() == 1
+                                                         ? fmt::format("rank {}", culprit.global_rank)
+                                                         : fmt::format("ranks {}", RankRanges(verdict.culprits)),
+                                    verdict.reason);
+  detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads "
+                        "in {}/{}/latest/attempt-{}/rank-<r>.stacks):\n",
+                        spec_.logs.dir, spec_.job.name, round_);
+  const std::vector<int> with_stacks(
+      verdict.culprits.begin(),
+      verdict.culprits.begin() + static_cast<std::ptrdiff_t>(std::min(verdict.culprits.size(), kMaxCulpritStacks)));
+  for (int rank : with_stacks) {
+    const RankAtHang& r = probe.ranks.at(rank);
+    detail += fmt::format("    rank {}, {}, silent {}: {}\n", rank, StepRange(r.step, r.step),
+                          r.silent_ms >= 0 ? HumanDuration(Millis(r.silent_ms)) : "?",
+                          r.stack.empty() ? "no stack" : DescribeStack(r.stack));
+    for (const Frame& f : r.stack) {
+      detail += fmt::format("      File \"{}\", line {} in {}\n", f.file, f.line, f.function);
+    }
+  }
+  struct Group {
+    std::vector<int> ranks;
+    int64_t low = INT64_MAX, high = -1;
+    std::string where;
+  };
+  std::map<std::string, Group> groups;
+  for (const auto& [rank, r] : probe.ranks) {
+    if (std::find(with_stacks.begin(), with_stacks.end(), rank) != with_stacks.end()) continue;
+    const std::string key = r.stack.empty() ? std::string() : FormatFrames(r.stack);
+    Group& g = groups[key];
+    g.ranks.push_back(rank);
+    g.low = std::min(g.low, r.step);
+    g.high = std::max(g.high, r.step);
+    g.where = r.stack.empty() ? "no stack (the worker does not `import ddprun`, or sent no hello)"
+                              : DescribeStack(r.stack);
+  }
+  std::vector<const Group*> ordered;
+  for (const auto& [key, g] : groups) ordered.push_back(&g);
+  std::stable_sort(ordered.begin(), ordered.end(), [](const Group* a, const Group* b) {
+    return a->ranks.size() > b->ranks.size();
+  });
+  for (size_t i = 0; i < ordered.size() && i < kMaxGroups; ++i) {
+    const Group& g = *ordered[i];
+    detail += fmt::format("    {} {}, {}: {}\n", g.ranks.size() == 1 ? "rank" : fmt::format("{} ranks", g.ranks.size()),
+                          RankRanges(g.ranks), StepRange(g.low, g.high), g.where);
+  }
+  if (ordered.size() > kMaxGroups) {
+    detail += fmt::format("    ... and {} more groups of ranks\n", ordered.size() - kMaxGroups);
+  }
+  std::vector<int> unanswered;
+  for (size_t n = 0; n < probe.answered.size(); ++n) {
+    if (!probe.answered[n]) unanswered.push_back(static_cast<int>(n));
+  }
+  if (!unanswered.empty()) {
+    detail += fmt::format("    node{} {} did not answer in time: {} ranks unknown\n",
+                          unanswered.size() == 1 ? "" : "s", RankRanges(unanswered),
+                          unanswered.size() * static_cast<size_t>(nproc));
+  }
+  failure.detail = std::move(detail);
+  return failure;
+}
+
+void Coordinator::OnRankProgress(TimePoint now, int node_rank, const wire::RankProgress& progress) {
+  if (phase_ != Phase::kRunning || progress.round != round_) return;
+  const int nproc = spec_.cluster.nproc_per_node;
+  for (const wire::RankRate& rate : progress.ranks) {
+    if (rate.global_rank < 0 || rate.global_rank / nproc != node_rank) continue;
+    RankSeen& seen = ranks_seen_[rate.global_rank];
+    seen.node_rank = node_rank;
+    seen.rate = rate;
+    // Bounded by what a rank can be silent for: a year.
+    longest_interval_ms_ = std::max(longest_interval_ms_, std::clamp<int64_t>(rate.longest_ms, 0, 365LL * 86'400'000));
+  }
+  if (!next_straggler_check_ && spec_.stragglers.slower_percent > 0) {
+    next_straggler_check_ = now + spec_.ProgressReportPeriod();
+  }
+}
+
+void Coordinator::CheckStragglers(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  next_straggler_check_ = now + spec_.ProgressReportPeriod();
+  // Like with like: the ranks' own work per step when every rank reports it (DDP ranks wait
+  // for each other, so their step times are equal), else the time per step.
+  std::vector<std::pair<int, RankSeen*>> ranks;
+  bool all_work = true;
+  for (auto& [rank, seen] : ranks_seen_) {
+    if (seen.rate.step_us <= 0) continue;
+    ranks.emplace_back(rank, &seen);
+    if (seen.rate.work_us <= 0) all_work = false;
+  }
+  if (ranks.size() < 2) return;
+  std::sort(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  auto metric = [&](const RankSeen& s) { return all_work ? s.rate.work_us : s.rate.step_us; };
+  std::vector<int64_t> values;
+  for (const auto& [rank, seen] : ranks) values.push_back(metric(*seen));
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  const int64_t median = values[values.size() / 2];
+  if (median <= 0) return;
+  const int percent = spec_.stragglers.slower_percent;
+  const char* what = all_work ? "its own work per step" : "its time per step";
+  for (auto& [rank, seen] : ranks) {
+    const int64_t value = metric(*seen);
+    const bool slow = value * 100 > median * (100 + percent);
+    if (slow == seen->straggling) continue;
+    seen->straggling = slow;
+    const double factor = static_cast<double>(value) / static_cast<double>(median);
+    if (slow) {
+      out.push_back(LogLine{LogLevel::kWarn,
+                            fmt::format("{} is a straggler: {} is {}, {:.2g}x the median {} of {} "
+                                        "ranks over the last {} (stragglers.slower_percent = {})",
+                                        RankName(rank), what, Seconds3(value), factor,
+                                        Seconds3(median), ranks.size(),
+                                        FormatDuration(spec_.stragglers.window), percent)});
+      if (stragglers_seen_.size() < kMaxStragglersNamed) {
+        stragglers_seen_.push_back(fmt::format("{} in round {}: {} {}, {:.2g}x the median {}",
+                                               RankName(rank), round_, what, Seconds3(value),
+                                               factor, Seconds3(median)));
+      }
+    } else {
+      out.push_back(LogLine{LogLevel::kInfo,
+                            fmt::format("{} is no longer a straggler: {} is {}, the median {}",
+                                        RankName(rank), what, Seconds3(value), Seconds3(median))});
+    }
+  }
+}
+
+std::string Coordinator::StragglerNote() const {
+  if (stragglers_seen_.empty()) return "";
+  std::string text = fmt::format("stragglers (more than {}% slower than the median rank for {}):",
+                                 spec_.stragglers.slower_percent,
+                                 FormatDuration(spec_.stragglers.window));
+  for (const std::string& s : stragglers_seen_) text += "\n  " + s;
+  return text;
 }
 
 }  // namespace ddprun::core

@@ -84,6 +84,23 @@ class Coordinator {
     bool mentions_nccl = false;
     bool lost_peer = false;   // its error says it lost a peer: likely a consequence (failure.h)
     bool the_stop = false;    // its error is the stop's own signal (failure.h)
+    bool explains_silence = false;  // a lost node or our own stall: ranks fall silent because of it
+  };
+  /// A round that stopped making progress: every node was asked for its ranks' stacks, and
+  /// the round is stopped once all have answered or the wait is over.
+  struct Probe {
+    wire::RankHung first;     // the first rank reported silent
+    int first_node = 0;
+    TimePoint until;
+    std::vector<bool> answered;  // by node rank
+    int answers = 0;
+    std::map<int, RankAtHang> ranks;  // by global rank
+  };
+  /// A rank's last progress report, and whether it is reported as a straggler.
+  struct RankSeen {
+    int node_rank = 0;
+    wire::RankRate rate;
+    bool straggling = false;
   };
 
   void Apply(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
@@ -105,6 +122,18 @@ class Coordinator {
   void BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out);
   void ReviseRootCause(Failure failure, std::vector<CoordinatorEffect>& out);
   void MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out);
+  // ---- Hung ranks and stragglers (progress beacons).
+  void OnRankHung(TimePoint now, int node_rank, const wire::RankHung& hung,
+                  std::vector<CoordinatorEffect>& out);
+  void OnRankStacks(TimePoint now, int node_rank, const wire::RankStacks& stacks,
+                    std::vector<CoordinatorEffect>& out);
+  void OnRankProgress(TimePoint now, int node_rank, const wire::RankProgress& progress);
+  /// The root cause of the probed hang, from the stacks in; ends the probe.
+  Failure HangFailure();
+  void CheckStragglers(TimePoint now, std::vector<CoordinatorEffect>& out);
+  /// "stragglers ..." lines for a summary, without a final newline; "" when none was seen.
+  std::string StragglerNote() const;
+  std::string RankName(int global_rank) const;
   void EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out);
   void SettleEnd(Slot& slot);
   void MaybeDone(std::vector<CoordinatorEffect>& out);
@@ -147,6 +176,11 @@ class Coordinator {
   bool rounds_may_run_ = false;       // a round has started and the job has not ended
   TimePoint last_input_;              // to tell our own stall from silent peers
   bool done_emitted_ = false;
+  std::optional<Probe> probe_;
+  std::unordered_map<int, RankSeen> ranks_seen_;  // this round's progress reports, by global rank
+  std::optional<TimePoint> next_straggler_check_;
+  std::vector<std::string> stragglers_seen_;     // every straggler reported in the job, for the summary
+  int64_t longest_interval_ms_ = 0;              // learnt: the job's longest beacon interval
   std::string secret_;
   uint64_t nonce_seed_ = 0;
 };

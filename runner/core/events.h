@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "runner/core/progress.h"
 #include "runner/core/wire.h"
 #include "schema/worker_env.h"
 
@@ -109,9 +111,20 @@ struct WorkerSpawnFailed {
 struct SignalReceived {
   int signal = 0;
 };
+/// A progress beacon from a worker of this node, already checked against the token.
+struct BeaconReceived {
+  Beacon beacon;
+};
+/// The host's answer to ReadStacks: what each worker's stacks file got since SignalForStacks,
+/// by local rank ("" when nothing came).
+struct WorkerStacks {
+  int round = 0;
+  std::vector<std::string> dumps;
+};
 
 using AgentInput = std::variant<MasterConnected, MasterConnectFailed, MasterMessage, MasterClosed,
-                                WorkerExited, WorkerSpawnFailed, SignalReceived, Tick>;
+                                WorkerExited, WorkerSpawnFailed, SignalReceived, BeaconReceived,
+                                WorkerStacks, Tick>;
 
 struct ConnectToMaster {};
 struct SendToMaster {
@@ -134,6 +147,17 @@ struct SignalWorkers {
   int round = 0;
   int signal = 0;
 };
+/// Ask workers of `round` for their stacks: `signal` to the worker's own pid (never its process
+/// group: its children have no handler), for each (local rank, signal). The host notes where
+/// each rank's stacks file ends first, so that ReadStacks returns only this dump.
+struct SignalForStacks {
+  int round = 0;
+  std::vector<std::pair<int, int>> targets;
+};
+/// Read what the stacks files of `round` got since SignalForStacks; answer with WorkerStacks.
+struct ReadStacks {
+  int round = 0;
+};
 /// Print the job's final summary (or a round's root cause) for the user.
 struct PrintSummary {
   std::string text;
@@ -144,6 +168,7 @@ struct AgentExit {
 };
 
 using AgentEffect = std::variant<ConnectToMaster, SendToMaster, DisconnectFromMaster, SpawnWorkers,
-                                 SignalWorkers, LogLine, PrintSummary, AgentExit>;
+                                 SignalWorkers, SignalForStacks, ReadStacks, LogLine, PrintSummary,
+                                 AgentExit>;
 
 }  // namespace ddprun::core

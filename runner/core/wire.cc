@@ -37,6 +37,9 @@ class Writer {
     U32(static_cast<uint32_t>(n));
     for (size_t i = 0; i < n; ++i) I32(v[i]);
   }
+  /// A list of records, each written by its Put (defined below).
+  template <typename T>
+  void List(const std::vector<T>& v);
 
  private:
   void Little(uint64_t v, int bytes) {
@@ -80,6 +83,9 @@ class Reader {
     for (auto& x : v) x = I32();
     return v;
   }
+  /// A list of records; each takes at least 4 bytes, which bounds the count by the payload.
+  template <typename T>
+  void List(std::vector<T>& v);
   bool AtEnd() const { return pos_ == size_; }
   bool bad = false;
 
@@ -120,8 +126,12 @@ void Get(Reader& r, Progress& m) {
   m.joined = r.I32(); m.total = r.I32(); m.missing = r.I32List(); m.elapsed_ms = r.I64();
   m.timeout_ms = r.I64();
 }
-void Put(Writer& w, const StartRound& m) { w.I32(m.round); w.U16(m.master_port); }
-void Get(Reader& r, StartRound& m) { m.round = r.I32(); m.master_port = r.U16(); }
+void Put(Writer& w, const StartRound& m) {
+  w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms);
+}
+void Get(Reader& r, StartRound& m) {
+  m.round = r.I32(); m.master_port = r.U16(); m.longest_interval_ms = r.I64();
+}
 void Put(Writer& w, const WorkerFailed& m) {
   w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I32(m.exit_code); w.I32(m.signal);
   w.Str(m.stderr_tail); w.Str(m.error_file);
@@ -146,6 +156,54 @@ void Put(Writer&, const Heartbeat&) {}
 void Get(Reader&, Heartbeat&) {}
 void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); w.Str(m.proof); }
 void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); m.proof = r.Str(); }
+void Put(Writer& w, const RankHung& m) {
+  w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I64(m.step); w.I64(m.silent_ms);
+  w.I64(m.timeout_ms); w.Bool(m.first_beat);
+}
+void Get(Reader& r, RankHung& m) {
+  m.round = r.I32(); m.global_rank = r.I32(); m.local_rank = r.I32(); m.step = r.I64();
+  m.silent_ms = r.I64(); m.timeout_ms = r.I64(); m.first_beat = r.Bool();
+}
+void Put(Writer& w, const DumpStacks& m) { w.I32(m.round); }
+void Get(Reader& r, DumpStacks& m) { m.round = r.I32(); }
+void Put(Writer& w, const RankState& m) {
+  w.I32(m.global_rank); w.I64(m.step); w.I64(m.silent_ms); w.Str(m.stack);
+}
+void Get(Reader& r, RankState& m) {
+  m.global_rank = r.I32(); m.step = r.I64(); m.silent_ms = r.I64(); m.stack = r.Str();
+}
+void Put(Writer& w, const RankRate& m) {
+  w.I32(m.global_rank); w.I64(m.step); w.I64(m.work_us); w.I64(m.step_us); w.I64(m.longest_ms);
+}
+void Get(Reader& r, RankRate& m) {
+  m.global_rank = r.I32(); m.step = r.I64(); m.work_us = r.I64(); m.step_us = r.I64();
+  m.longest_ms = r.I64();
+}
+void Put(Writer& w, const RankStacks& m) { w.I32(m.round); w.List(m.ranks); }
+void Get(Reader& r, RankStacks& m) { m.round = r.I32(); r.List(m.ranks); }
+void Put(Writer& w, const RankProgress& m) { w.I32(m.round); w.List(m.ranks); }
+void Get(Reader& r, RankProgress& m) { m.round = r.I32(); r.List(m.ranks); }
+
+template <typename T>
+void Writer::List(const std::vector<T>& v) {
+  const size_t n = v.size() < kMaxListItems ? v.size() : kMaxListItems;
+  U32(static_cast<uint32_t>(n));
+  for (size_t i = 0; i < n; ++i) Put(*this, v[i]);
+}
+
+template <typename T>
+void Reader::List(std::vector<T>& v) {
+  const uint32_t n = U32();
+  if (n > kMaxListItems || static_cast<size_t>(n) * 4 > size_ - pos_) {
+    bad = true;
+    return;
+  }
+  v.resize(n);
+  for (auto& item : v) {
+    Get(*this, item);
+    if (bad) return;
+  }
+}
 
 template <size_t I = 0>
 bool DecodePayload(uint8_t type, Reader& r, Message& out) {
@@ -168,7 +226,8 @@ const char* MessageName(const Message& message) {
   static constexpr const char* kNames[] = {
       "join",       "join-ack", "reject",      "progress", "start-round",
       "worker-failed", "node-done", "stop-round", "round-stopped", "interrupted",
-      "job-end",    "job-end-ack", "heartbeat", "challenge"};
+      "job-end",    "job-end-ack", "heartbeat", "challenge", "rank-hung", "dump-stacks",
+      "rank-stacks", "rank-progress"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[message.index()];
 }

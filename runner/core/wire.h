@@ -66,6 +66,9 @@ struct Progress {
 struct StartRound {
   int32_t round = 0;
   uint16_t master_port = 0;
+  /// timeouts.progress = "auto": the longest interval between two beacons of one rank seen
+  /// so far in the job (0: none learnt yet), so that a new agent starts from the job's.
+  int64_t longest_interval_ms = 0;
   bool operator==(const StartRound&) const = default;
 };
 
@@ -134,9 +137,60 @@ struct Challenge {
   bool operator==(const Challenge&) const = default;
 };
 
+/// A rank of the sender's node sent no progress beacon within its timeout.
+struct RankHung {
+  int32_t round = 0;
+  int32_t global_rank = 0;
+  int32_t local_rank = 0;
+  int64_t step = -1;        // its last step; -1 none
+  int64_t silent_ms = 0;    // since its last beacon, or since it started
+  int64_t timeout_ms = 0;   // the timeout it went past
+  bool first_beat = false;  // no step yet (or a phase): timeouts.progress_start applied
+  bool operator==(const RankHung&) const = default;
+};
+
+/// Before a hung round is stopped: every node asks its ranks for their stacks.
+struct DumpStacks {
+  int32_t round = 0;
+  bool operator==(const DumpStacks&) const = default;
+};
+
+/// One rank when its stack was asked for.
+struct RankState {
+  int32_t global_rank = 0;
+  int64_t step = -1;       // last step; -1 none
+  int64_t silent_ms = 0;   // since its last beacon (or its start)
+  std::string stack;       // its main thread's frames (core::FormatFrames); "" none
+  bool operator==(const RankState&) const = default;
+};
+
+/// The answer to DumpStacks: every rank of the sender's node.
+struct RankStacks {
+  int32_t round = 0;
+  std::vector<RankState> ranks;
+  bool operator==(const RankStacks&) const = default;
+};
+
+/// One rank's progress over the last straggler window.
+struct RankRate {
+  int32_t global_rank = 0;
+  int64_t step = -1;
+  int64_t work_us = -1;     // its own work per step (from the beacons' busy time); -1 none
+  int64_t step_us = -1;     // time per step; -1 when the window is not full yet
+  int64_t longest_ms = 0;   // longest interval between two beacons, once warmed up; 0 none
+  bool operator==(const RankRate&) const = default;
+};
+
+/// Periodic progress of the sender's ranks, for stragglers and the learnt timeout.
+struct RankProgress {
+  int32_t round = 0;
+  std::vector<RankRate> ranks;
+  bool operator==(const RankProgress&) const = default;
+};
+
 using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone,
                              StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat,
-                             Challenge>;
+                             Challenge, RankHung, DumpStacks, RankStacks, RankProgress>;
 
 /// A short name for logs and traces ("join", "start-round", ...).
 const char* MessageName(const Message& message);

@@ -6,9 +6,25 @@
 
 namespace ddprun::host {
 
+namespace {
+
+// The worker contract's address and token come from the launcher, which owns the socket.
+core::Agent::Config WithProgress(core::Agent::Config config, const ProcessLauncher& launcher) {
+  if (config.progress_addr.empty()) {
+    config.progress_addr = launcher.ProgressAddress();
+    config.progress_token = launcher.ProgressToken();
+  }
+  return config;
+}
+
+}  // namespace
+
 NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
                    std::function<void(int)> on_exit)
-    : spec_(spec), ports_(ports), on_exit_(std::move(on_exit)), agent_(spec, config) {
+    : spec_(spec),
+      ports_(ports),
+      on_exit_(std::move(on_exit)),
+      agent_(spec, WithProgress(config, *ports.launcher)) {
   DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
   if (config.node_rank == 0) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
@@ -109,14 +125,18 @@ void NodeHost::OnWorkerExited(const core::WorkerExited& exited) { RunAgent(exite
 
 void NodeHost::OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) { RunAgent(failed); }
 
+void NodeHost::OnBeacon(const core::Beacon& beacon) { RunAgent(core::BeaconReceived{beacon}); }
+
 void NodeHost::RunAgent(const core::AgentInput& input) {
   if (finished_) return;
   // Effects left by Start() are executed first (they were produced without an input). The
   // buffer keeps its capacity from call to call: no allocation per message at scale. Ports
   // never call back before returning, so this is never reentered.
   std::vector<core::AgentEffect>& effects = agent_effects_;
-  agent_.Handle(ports_.clock->Now(), input, effects);
-  for (auto& effect : effects) {
+  const TimePoint now = ports_.clock->Now();
+  agent_.Handle(now, input, effects);
+  for (size_t i = 0; i < effects.size(); ++i) {
+    auto& effect = effects[i];
     if (std::holds_alternative<core::ConnectToMaster>(effect)) {
       if (master_conn_) ports_.transport->Close(*master_conn_);
       master_conn_ = ports_.transport->Connect(spec_.cluster.master_addr, spec_.cluster.master_port);
@@ -132,6 +152,14 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
       for (const auto& launch : spawn->workers) ports_.launcher->Spawn(spawn->round, launch);
     } else if (auto* signal = std::get_if<core::SignalWorkers>(&effect)) {
       ports_.launcher->SignalAll(signal->round, signal->signal);
+    } else if (auto* ask = std::get_if<core::SignalForStacks>(&effect)) {
+      ports_.launcher->SignalForStacks(ask->round, ask->targets);
+    } else if (auto* read = std::get_if<core::ReadStacks>(&effect)) {
+      // The answer is an input like any other; its effects join this batch (`effect` may
+      // dangle after the vector grows: nothing below uses it).
+      core::WorkerStacks stacks{read->round, ports_.launcher->ReadStacks(read->round)};
+      agent_.Handle(now, stacks, effects);
+      continue;
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "agent", log->text);
     } else if (auto* summary = std::get_if<core::PrintSummary>(&effect)) {

@@ -54,6 +54,7 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   // ProcessEvents
   void OnWorkerExited(const core::WorkerExited& exited) override;
   void OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) override;
+  void OnBeacon(const core::Beacon& beacon) override;
 
  private:
   void RunAgent(const core::AgentInput& input);

@@ -69,6 +69,8 @@ class ProcessEvents {
   /// Reported once per spawned worker, after its output has been drained.
   virtual void OnWorkerExited(const core::WorkerExited& exited) = 0;
   virtual void OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) = 0;
+  /// A progress beacon from a worker of this host, with the right token.
+  virtual void OnBeacon(const core::Beacon& beacon) = 0;
 };
 
 class ProcessLauncher {
@@ -78,6 +80,16 @@ class ProcessLauncher {
   virtual void Spawn(int round, const core::WorkerLaunch& launch) = 0;
   /// Sends `signal` to the process group of each still-running worker of `round`.
   virtual void SignalAll(int round, int signal) = 0;
+  /// Asks workers of `round` for their stacks: for each (local rank, signal), notes where the
+  /// rank's stacks file ends, then sends `signal` to the worker's own pid only.
+  virtual void SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) = 0;
+  /// What each rank's stacks file of `round` got since SignalForStacks, by local rank ("" for
+  /// none); bounded per rank. Returns at once (a read of small local files).
+  virtual std::vector<std::string> ReadStacks(int round) = 0;
+  /// Where workers send progress beacons ("127.0.0.1:port"), and the token they must carry;
+  /// "" when this launcher takes none.
+  virtual std::string ProgressAddress() const { return ""; }
+  virtual std::string ProgressToken() const { return ""; }
 };
 
 /// Node 0's record on its own disk that outlives the coordinator's process and host: whether

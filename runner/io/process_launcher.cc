@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "runner/io/beacon_socket.h"
 #include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
 #include "runner/io/log_files.h"
@@ -39,6 +40,8 @@ namespace {
 // (a daemon it started) gets this long before the exit is reported anyway.
 constexpr auto kDrainLimit = std::chrono::seconds(2);
 constexpr size_t kMaxErrorFile = 64 * 1024;
+// What ReadStacks takes of one rank's dump: all threads of a large program fit.
+constexpr size_t kMaxStacksRead = 256 * 1024;
 // How often orphans that ended below the agent are reaped while workers run.
 constexpr auto kReapInterval = std::chrono::seconds(1);
 
@@ -204,11 +207,24 @@ struct RealProcessLauncher::Worker {
   bool reported = false;
   int exit_code = 0;
   int signal = 0;
+  std::optional<off_t> stacks_from;  // the stacks file's size when its dump was asked for
   std::string error_file;
 };
 
 RealProcessLauncher::RealProcessLauncher(asio::io_context& io, Options options)
-    : io_(io), options_(std::move(options)), reap_timer_(std::make_unique<asio::steady_timer>(io)) {}
+    : io_(io), options_(std::move(options)), reap_timer_(std::make_unique<asio::steady_timer>(io)) {
+  auto beacons = BeaconSocket::Open(io_, [this](const core::Beacon& beacon) {
+    if (events_) events_->OnBeacon(beacon);
+  });
+  if (beacons) {
+    beacons_ = std::move(*beacons);
+  } else if (options_.report) {
+    options_.report(beacons.error() + "; hung ranks will not be detected on this node");
+  }
+}
+
+std::string RealProcessLauncher::ProgressAddress() const { return beacons_ ? beacons_->address() : ""; }
+std::string RealProcessLauncher::ProgressToken() const { return beacons_ ? beacons_->token() : ""; }
 
 RealProcessLauncher::~RealProcessLauncher() {
   if (!killed_all_) KillAll();
@@ -501,6 +517,48 @@ void RealProcessLauncher::SignalAll(int round, int signal) {
   for (auto& [key, worker] : workers_) {
     if (key.first == round && !worker->exited && worker->pid > 0) ::kill(-worker->pid, signal);
   }
+}
+
+namespace {
+
+// "attempt-<k>/rank-<r>.stacks" in the run folder, opened without following a link.
+UniqueFd OpenStacksFile(int run_fd, int round, int global_rank) {
+  if (run_fd < 0) return UniqueFd();
+  const std::string path = fmt::format("attempt-{}/rank-{}.stacks", round, global_rank);
+  return UniqueFd(::openat(run_fd, path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+}
+
+}  // namespace
+
+void RealProcessLauncher::SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) {
+  for (const auto& [local_rank, signal] : targets) {
+    auto it = workers_.find({round, local_rank});
+    if (it == workers_.end() || it->second->exited || it->second->pid <= 0) continue;
+    Worker& worker = *it->second;
+    struct stat st {};
+    UniqueFd fd = OpenStacksFile(run_fd_.get(), round, worker.global_rank);
+    worker.stacks_from = fd.valid() && ::fstat(fd.get(), &st) == 0 ? st.st_size : 0;
+    // The worker's own pid, never its group: its children (DataLoader workers, compilers)
+    // have no handler for it.
+    ::kill(worker.pid, signal);
+  }
+}
+
+std::vector<std::string> RealProcessLauncher::ReadStacks(int round) {
+  std::vector<std::string> dumps;
+  for (auto& [key, worker] : workers_) {
+    if (key.first != round || !worker->stacks_from) continue;
+    const auto local = static_cast<size_t>(key.second);
+    if (dumps.size() <= local) dumps.resize(local + 1);
+    UniqueFd fd = OpenStacksFile(run_fd_.get(), round, worker->global_rank);
+    if (!fd.valid()) continue;
+    std::string text(kMaxStacksRead, '\0');
+    const ssize_t n = ::pread(fd.get(), text.data(), text.size(), *worker->stacks_from);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    dumps[local] = std::move(text);
+    worker->stacks_from.reset();
+  }
+  return dumps;
 }
 
 void RealProcessLauncher::KillAll() {

@@ -24,6 +24,7 @@ class io_context;
 
 namespace ddprun::io {
 
+class BeaconSocket;
 class ConsoleWriter;
 class Guardian;
 
@@ -73,6 +74,10 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void SetEvents(host::ProcessEvents* events) override;
   void Spawn(int round, const core::WorkerLaunch& launch) override;
   void SignalAll(int round, int signal) override;
+  void SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) override;
+  std::vector<std::string> ReadStacks(int round) override;
+  std::string ProgressAddress() const override;
+  std::string ProgressToken() const override;
 
   /// SIGKILLs every worker still running and everything below the agent but the guardian
   /// (the agent is going away; no Spawn after this).
@@ -111,6 +116,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   std::unique_ptr<boost::asio::steady_timer> reap_timer_;
   bool reap_armed_ = false;
   bool killed_all_ = false;
+  std::unique_ptr<BeaconSocket> beacons_;  // null: no progress socket (said at start)
 };
 
 /// Turns a TORCHELASTIC_ERROR_FILE's JSON (torchelastic's nested or flat form) into readable

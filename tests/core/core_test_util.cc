@@ -48,6 +48,12 @@ struct AgentNamer {
   std::string operator()(const SignalWorkers& e) const {
     return fmt::format("signal {} to round {}", e.signal, e.round);
   }
+  std::string operator()(const SignalForStacks& e) const {
+    return fmt::format("signal {} workers of round {} for stacks", e.targets.size(), e.round);
+  }
+  std::string operator()(const ReadStacks& e) const {
+    return fmt::format("read stacks of round {}", e.round);
+  }
   std::string operator()(const LogLine& e) const { return Level(e.level) + ": " + e.text; }
   std::string operator()(const PrintSummary& e) const { return "summary: " + e.text; }
   std::string operator()(const AgentExit& e) const { return fmt::format("exit {}", e.code); }

@@ -33,6 +33,12 @@ std::vector<Message> Samples() {
       JobEndAck{},
       Heartbeat{},
       Challenge{"0123456789abcdef0123456789abcdef", std::string(64, 'p')},
+      RankHung{2, 13, 5, 4711, 61'000, 60'000, false},
+      DumpStacks{2},
+      RankStacks{2, {RankState{12, 4711, 100, "File \"train.py\", line 88 in main\n"},
+                     RankState{13, -1, 61'000, ""}}},
+      RankProgress{2, {RankRate{12, 4711, 180'000, 250'000, 2'100}, RankRate{13, 4700, -1, -1, 0}}},
+      StartRound{8, 29501, 2'100},
   };
 }
 
@@ -96,9 +102,9 @@ TEST(WireTest, SamplesCoverEveryMessageType) {
 }
 
 TEST(WireTest, HeaderLayoutIsMagicVersionTypeReservedLengthPayload) {
-  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2});
-  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 6, 0, 0, 0,
-                          0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1};
+  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102});
+  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 14, 0, 0, 0,
+                          0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0, 0, 0, 0};
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(Encode(Heartbeat{}), (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 0, 0, 0, 0}));
 }
@@ -241,7 +247,7 @@ TEST(WireTest, OversizedLengthIsAnErrorBeforeThePayloadArrives) {
 
 TEST(WireTest, UnknownTypeIsAnError) {
   EXPECT_EQ(ErrorOf(Frame(0, {})), "unknown message type 0");
-  EXPECT_EQ(ErrorOf(Frame(15, {})), "unknown message type 15");
+  EXPECT_EQ(ErrorOf(Frame(19, {})), "unknown message type 19");
   EXPECT_EQ(ErrorOf(Frame(255, {})), "unknown message type 255");
 }
 
@@ -267,6 +273,19 @@ TEST(WireTest, ListCountPastTheEndIsMalformed) {
   EXPECT_EQ(ErrorOf(Frame(4, payload)), "malformed progress payload");
 }
 
+TEST(WireTest, RecordListCountPastTheEndIsMalformed) {
+  Bytes payload;
+  PutU32(payload, 2);          // round
+  PutU32(payload, 1'000'000);  // ranks: more records than the payload could hold
+  EXPECT_EQ(ErrorOf(Frame(17, payload)), "malformed rank-stacks payload");
+  Bytes one;
+  PutU32(one, 2);
+  PutU32(one, 1);              // one record, cut short in its step
+  PutU32(one, 12);
+  PutU32(one, 7);
+  EXPECT_EQ(ErrorOf(Frame(18, one)), "malformed rank-progress payload");
+}
+
 TEST(WireTest, TrailingBytesAreMalformed) {
   EXPECT_EQ(ErrorOf(Frame(2, {4, 0, 0, 0, 0})), "malformed join-ack payload");
   EXPECT_EQ(ErrorOf(Frame(13, {0})), "malformed heartbeat payload");
@@ -279,12 +298,12 @@ TEST(WireTest, ShortPayloadIsMalformed) {
 
 TEST(WireTest, ErrorIsStickyAndLaterFramesAreNotDecoded) {
   Decoder decoder;
-  decoder.Feed(Frame(15, {}));
+  decoder.Feed(Frame(19, {}));
   Message m;
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
   decoder.Feed(Encode(Heartbeat{}));
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
-  EXPECT_EQ(decoder.error(), "unknown message type 15");
+  EXPECT_EQ(decoder.error(), "unknown message type 19");
 }
 
 TEST(WireTest, GoodFrameBeforeABadOneIsStillDelivered) {

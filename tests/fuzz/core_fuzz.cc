@@ -117,6 +117,8 @@ class FuzzNode final : public host::Clock, public host::Timer, public host::Tran
       if (w.round == round && signal == SIGKILL) w.killed = true;
     }
   }
+  void SignalForStacks(int, const std::vector<std::pair<int, int>>&) override {}
+  std::vector<std::string> ReadStacks(int) override { return {}; }
   // Console
   void Log(core::LogLevel, std::string_view, std::string_view) override {}
   void Summary(std::string_view) override {}

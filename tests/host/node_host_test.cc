@@ -81,6 +81,8 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
     spawned.emplace_back(round, launch.local_rank);
   }
   void SignalAll(int, int) override {}
+  void SignalForStacks(int, const std::vector<std::pair<int, int>>&) override {}
+  std::vector<std::string> ReadStacks(int) override { return {}; }
   // Console
   void Log(core::LogLevel, std::string_view source, std::string_view text) override {
     lines.push_back(std::string(source) + ": " + std::string(text));

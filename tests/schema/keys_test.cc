@@ -49,6 +49,11 @@ backoff_max = "1m"
 rendezvous = "15m"
 heartbeat = "2s"
 stop_grace = "30s"
+progress = "5m"
+progress_start = "10m"
+[stragglers]
+slower_percent = 50
+window = "2m"
 [logs]
 dir = "logs"
 console = [0]
@@ -230,7 +235,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 13);
+  EXPECT_EQ(checked, 16);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");
