@@ -723,6 +723,7 @@ void Agent::OnBeacon(TimePoint now, const Beacon& beacon) {
     case BeaconKind::kPhase:
       b.since = now;
       b.stepped = false;
+      b.after_phase = true;
       return;
     case BeaconKind::kStep:
       break;
@@ -745,6 +746,7 @@ void Agent::OnBeacon(TimePoint now, const Beacon& beacon) {
   }
   b.since = now;
   b.stepped = true;
+  b.after_phase = false;
   b.step = beacon.step;
   if (!next_report_) next_report_ = now + ReportPeriod();
 }
@@ -765,7 +767,7 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
   const Duration allowed = SilenceAllowed(b);
   const auto& t = spec_.timeouts;
   std::string limit;
-  if (!b.stepped && allowed == std::max(t.progress_start, allowed) && (!t.progress || allowed > *t.progress)) {
+  if (!b.stepped && allowed == t.progress_start) {
     limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
   } else if (t.progress) {
     limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
@@ -773,9 +775,9 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
     limit = fmt::format("timeouts.progress = \"auto\": {}", HumanDuration(allowed));
   }
   const int local = static_cast<int>(hung - workers_.data());
-  const std::string since = !b.stepped && b.step < 0 ? "since it started"
-                            : !b.stepped            ? "since its last phase"
-                                                    : fmt::format("after step {}", b.step);
+  const std::string since = b.after_phase ? "since its last phase"
+                            : !b.stepped   ? "since it started"
+                                           : fmt::format("after step {}", b.step);
   Log(LogLevel::kError,
       fmt::format("rank {} (local rank {}) sent no progress beacon for {} {} ({}); asking every "
                   "rank where it is before the round is stopped",

@@ -60,6 +60,7 @@ class Agent {
   struct Beats {
     TimePoint since;              // its start, or its last step or phase beacon
     bool stepped = false;         // a step beacon came since its start or its last phase
+    bool after_phase = false;     // its last beacon was a phase
     int64_t step = -1;            // its last step
     int stack_signal = 0;         // from its beacons: the signal that dumps its stacks
     int intervals = 0;            // step-to-step intervals seen
