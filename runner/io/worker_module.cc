@@ -1,0 +1,40 @@
+#include "runner/io/worker_module.h"
+
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+
+namespace ddprun::io {
+
+namespace fs = std::filesystem;
+
+std::optional<std::string> DdprunPythonDir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec || exe.empty()) return std::nullopt;
+  return DdprunPythonDirFor(exe.string());
+}
+
+std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path) {
+  const fs::path dir = fs::path(exe_path).parent_path() / ".." / "share" / "ddprun" / "python";
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "ddprun" / "__init__.py", ec)) return std::nullopt;
+  const fs::path canonical = fs::canonical(dir, ec);
+  if (ec) return std::nullopt;
+  return canonical.string();
+}
+
+std::string AppendPythonPath(const std::string& existing, const std::string& dir) {
+  if (dir.empty() || dir.find(':') != std::string::npos) return existing;
+  if (existing.empty()) return dir;
+  std::string_view rest = existing;
+  while (true) {
+    const size_t colon = rest.find(':');
+    if (rest.substr(0, colon) == dir) return existing;
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
+  }
+  return existing + ":" + dir;
+}
+
+}  // namespace ddprun::io

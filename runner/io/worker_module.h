@@ -1,0 +1,24 @@
+#pragma once
+// Where the agent finds the `ddprun` Python module it puts on every worker's PYTHONPATH: staged
+// beside the binary at build time and installed the same way, <exe dir>/../share/ddprun/python.
+
+#include <optional>
+#include <string>
+
+namespace ddprun::io {
+
+/// The folder that holds the `ddprun` Python package for the running binary (resolved through
+/// /proc/self/exe): DdprunPythonDirFor(that path). nullopt when it cannot be resolved.
+std::optional<std::string> DdprunPythonDir();
+
+/// `<folder of exe_path>/../share/ddprun/python` as a canonical absolute path when
+/// `ddprun/__init__.py` exists below it; nullopt otherwise. `exe_path` is absolute; the
+/// executable itself need not exist.
+std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path);
+
+/// `existing` (a PYTHONPATH value) with `dir` appended, ":"-joined. Unchanged when `dir` is
+/// already one of its entries, or when `dir` is empty or holds a ':' (it cannot be one entry).
+/// An empty entry of `existing` (the current folder for Python) is kept.
+std::string AppendPythonPath(const std::string& existing, const std::string& dir);
+
+}  // namespace ddprun::io

@@ -1,0 +1,3 @@
+// The same program as beacon_program.c, compiled as C++ with ddprun's warnings: the header is
+// valid C++.
+#include "beacon_program.c"
