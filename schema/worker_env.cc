@@ -217,14 +217,16 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
 }
 
 std::string AppendToSearchPath(const std::string& path, const std::string& dir) {
-  if (dir.empty()) return path;
-  size_t begin = 0;
-  while (begin <= path.size()) {
-    const size_t end = std::min(path.find(':', begin), path.size());
-    if (path.compare(begin, end - begin, dir) == 0 && end - begin == dir.size()) return path;
-    begin = end + 1;
+  if (dir.empty() || dir.find(':') != std::string::npos) return path;
+  if (path.empty()) return dir;
+  std::string_view rest = path;
+  while (true) {
+    const size_t colon = rest.find(':');
+    if (rest.substr(0, colon) == dir) return path;
+    if (colon == std::string_view::npos) break;
+    rest.remove_prefix(colon + 1);
   }
-  return path.empty() ? dir : path + ":" + dir;
+  return path + ":" + dir;
 }
 
 }  // namespace ddprun

@@ -32,7 +32,9 @@ struct WorkerPosition {
 /// Where faulthandler writes rank `global_rank`'s stacks: "attempt-<k>/rank-<r>.stacks".
 std::string RankStacksPath(const JobSpec& spec, int restart_count, int global_rank);
 
-/// `dir` appended to the search path `path` (":"-separated), unless it is already there.
+/// `path` (a PYTHONPATH value) with `dir` appended, ":"-joined. Unchanged when `dir` is
+/// already one of its entries, or when `dir` is empty or holds a ':' (it cannot be one entry).
+/// An empty entry of `path` (the current folder for Python) is kept.
 std::string AppendToSearchPath(const std::string& path, const std::string& dir);
 
 /// The variables ddprun sets for one worker, sorted by name: torchrun's set, job.env, and

@@ -40,6 +40,7 @@
 #include "runner/io/guardian.h"
 #include "runner/io/journal.h"
 #include "runner/io/process_launcher.h"
+#include "runner/io/worker_module.h"
 #include "schema/canonical.h"
 #include "schema/worker_env.h"
 
@@ -447,6 +448,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                           static_cast<uint32_t>(config.instance)));
   config.logs_dir = logs_root + "/" + run_folder;
   config.inherited_env = CurrentEnvironment();
+  // `import ddprun` (progress beacons) works in every worker without installing anything.
+  config.python_dir = DdprunPythonDir().value_or("");
   // Workers run user code: they do not need the job's secret.
   config.inherited_env.erase("DDPRUN_SECRET");
   config.inherited_env.erase("DDPRUN_SECRET_FILE");

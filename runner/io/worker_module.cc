@@ -24,17 +24,5 @@ std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path) {
   return canonical.string();
 }
 
-std::string AppendPythonPath(const std::string& existing, const std::string& dir) {
-  if (dir.empty() || dir.find(':') != std::string::npos) return existing;
-  if (existing.empty()) return dir;
-  std::string_view rest = existing;
-  while (true) {
-    const size_t colon = rest.find(':');
-    if (rest.substr(0, colon) == dir) return existing;
-    if (colon == std::string_view::npos) break;
-    rest.remove_prefix(colon + 1);
-  }
-  return existing + ":" + dir;
-}
 
 }  // namespace ddprun::io

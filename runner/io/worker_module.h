@@ -16,9 +16,5 @@ std::optional<std::string> DdprunPythonDir();
 /// executable itself need not exist.
 std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path);
 
-/// `existing` (a PYTHONPATH value) with `dir` appended, ":"-joined. Unchanged when `dir` is
-/// already one of its entries, or when `dir` is empty or holds a ':' (it cannot be one entry).
-/// An empty entry of `existing` (the current folder for Python) is kept.
-std::string AppendPythonPath(const std::string& existing, const std::string& dir);
 
 }  // namespace ddprun::io

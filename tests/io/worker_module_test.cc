@@ -72,34 +72,5 @@ TEST(DdprunPythonDir, LooksBesideTheRunningBinary) {
   fs::remove_all(share);
 }
 
-TEST(AppendPythonPath, AnEmptyPathBecomesTheFolder) {
-  EXPECT_EQ(AppendPythonPath("", "/opt/ddprun/share/ddprun/python"), "/opt/ddprun/share/ddprun/python");
-}
-
-TEST(AppendPythonPath, TheFolderGoesLast) {
-  EXPECT_EQ(AppendPythonPath("/a:/b", "/d"), "/a:/b:/d");
-}
-
-TEST(AppendPythonPath, AFolderAlreadyThereIsNotAddedAgain) {
-  EXPECT_EQ(AppendPythonPath("/d", "/d"), "/d");
-  EXPECT_EQ(AppendPythonPath("/d:/a", "/d"), "/d:/a");
-  EXPECT_EQ(AppendPythonPath("/a:/d:/b", "/d"), "/a:/d:/b");
-  EXPECT_EQ(AppendPythonPath("/a:/d", "/d"), "/a:/d");
-}
-
-TEST(AppendPythonPath, APrefixOfAnEntryIsNotTheEntry) {
-  EXPECT_EQ(AppendPythonPath("/dd:/d/x", "/d"), "/dd:/d/x:/d");
-}
-
-TEST(AppendPythonPath, AnEmptyEntryMeaningTheCurrentFolderIsKept) {
-  EXPECT_EQ(AppendPythonPath("/a:", "/d"), "/a::/d");
-  EXPECT_EQ(AppendPythonPath(":/a", "/d"), ":/a:/d");
-}
-
-TEST(AppendPythonPath, AFolderThatCannotBeOneEntryLeavesThePathAlone) {
-  EXPECT_EQ(AppendPythonPath("/a", ""), "/a");
-  EXPECT_EQ(AppendPythonPath("/a", "/x:y"), "/a");
-}
-
 }  // namespace
 }  // namespace ddprun::io

@@ -168,5 +168,34 @@ TEST(WorkerEnv, RunFolderName) {
   EXPECT_EQ(RunFolderName(0, 12, 0xff000001u), "19700101T000000Z-n12-000001");
 }
 
+TEST(AppendToSearchPath, AnEmptyPathBecomesTheFolder) {
+  EXPECT_EQ(AppendToSearchPath("", "/opt/ddprun/share/ddprun/python"), "/opt/ddprun/share/ddprun/python");
+}
+
+TEST(AppendToSearchPath, TheFolderGoesLast) {
+  EXPECT_EQ(AppendToSearchPath("/a:/b", "/d"), "/a:/b:/d");
+}
+
+TEST(AppendToSearchPath, AFolderAlreadyThereIsNotAddedAgain) {
+  EXPECT_EQ(AppendToSearchPath("/d", "/d"), "/d");
+  EXPECT_EQ(AppendToSearchPath("/d:/a", "/d"), "/d:/a");
+  EXPECT_EQ(AppendToSearchPath("/a:/d:/b", "/d"), "/a:/d:/b");
+  EXPECT_EQ(AppendToSearchPath("/a:/d", "/d"), "/a:/d");
+}
+
+TEST(AppendToSearchPath, APrefixOfAnEntryIsNotTheEntry) {
+  EXPECT_EQ(AppendToSearchPath("/dd:/d/x", "/d"), "/dd:/d/x:/d");
+}
+
+TEST(AppendToSearchPath, AnEmptyEntryMeaningTheCurrentFolderIsKept) {
+  EXPECT_EQ(AppendToSearchPath("/a:", "/d"), "/a::/d");
+  EXPECT_EQ(AppendToSearchPath(":/a", "/d"), ":/a:/d");
+}
+
+TEST(AppendToSearchPath, AFolderThatCannotBeOneEntryLeavesThePathAlone) {
+  EXPECT_EQ(AppendToSearchPath("/a", ""), "/a");
+  EXPECT_EQ(AppendToSearchPath("/a", "/x:y"), "/a");
+}
+
 }  // namespace
 }  // namespace ddprun
