@@ -9,11 +9,23 @@ torch 1.13 on Python 3.11 and with torch 2.x.
 import argparse
 import json
 import os
+import threading
+import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
+
+try:  # ddprun puts its module on PYTHONPATH; under torchrun the beacons are simply left out
+    import ddprun
+except ImportError:
+    ddprun = None
+
+
+def wait_forever() -> None:
+    """A deadlock, as a data loader or a lock gone wrong would make one (for tests)."""
+    threading.Event().wait()
 
 
 @record  # an uncaught exception lands in TORCHELASTIC_ERROR_FILE, which ddprun quotes
@@ -26,6 +38,15 @@ def main() -> None:
                         help="...in this attempt only (TORCHELASTIC_RESTART_COUNT)")
     parser.add_argument("--result-dir", default="",
                         help="write rank-<r>-attempt-<k>.json with what this rank computed")
+    parser.add_argument("--step-time", type=float, default=0.0,
+                        help="seconds of extra work per step (to make steps observable)")
+    parser.add_argument("--hang-rank", type=int, default=-1,
+                        help="this global rank blocks for ever before an all_reduce (for tests)")
+    parser.add_argument("--hang-attempt", type=int, default=0, help="...in this attempt only")
+    parser.add_argument("--hang-step", type=int, default=3, help="...at this step")
+    parser.add_argument("--slow-rank", type=int, default=-1,
+                        help="this global rank does this many times the work per step (for tests)")
+    parser.add_argument("--slow-factor", type=float, default=3.0)
     args = parser.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -61,12 +82,23 @@ def main() -> None:
     torch.manual_seed(1234 + rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(args.steps):
+        started = time.monotonic()
         x = torch.randn(32, 16, device=device)
         y = x.sum(dim=1, keepdim=True)
+        work = args.step_time * (args.slow_factor if rank == args.slow_rank else 1.0)
+        if work > 0:
+            time.sleep(work)
+        if rank == args.hang_rank and attempt == args.hang_attempt and step == args.hang_step:
+            print(f"rank {rank} blocks before the all_reduce of step {step}", flush=True)
+            wait_forever()
         loss = torch.nn.functional.mse_loss(model(x), y)
+        busy = time.monotonic() - started  # this rank's own work: backward waits for the others
         optimizer.zero_grad()
         loss.backward()
+        dist.all_reduce(torch.ones(1, device=device))
         optimizer.step()
+        if ddprun:
+            ddprun.progress(step + 1, busy=busy)
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 

@@ -194,15 +194,22 @@ std::string DescribeStack(const std::vector<Frame>& frames) {
 }
 
 bool WaitsForOtherRanks(const std::vector<Frame>& frames) {
+  // Only the calls below the user's innermost frame say where the thread waits: outer library
+  // frames are wrappers (torchelastic's @record, Lightning's loops) that every rank has.
   for (const Frame& f : frames) {
-    if (f.file.find("torch/distributed/") != std::string::npos) return true;
+    if (!IsLibrary(f.file)) break;
+    if (f.file.find("torch/distributed/") != std::string::npos &&
+        f.file.find("torch/distributed/elastic/") == std::string::npos) {
+      return true;
+    }
     if (f.file.find("torch/nn/parallel/distributed") != std::string::npos) return true;
     // Under DDP the gradients are all-reduced from backward's hooks: a rank blocked in
     // backward waits for the others.
-    if (f.file.find("torch/autograd/") != std::string::npos && f.function.find("backward") != std::string::npos) {
+    if ((f.file.find("torch/autograd/") != std::string::npos ||
+         f.file.find("torch/_tensor.py") != std::string::npos) &&
+        f.function.find("backward") != std::string::npos) {
       return true;
     }
-    if (f.file.find("torch/_tensor.py") != std::string::npos && f.function == "backward") return true;
   }
   return false;
 }

@@ -123,6 +123,18 @@ TEST(StackTest, DeepStacksAreCutAndGarbageYieldsNothing) {
   EXPECT_TRUE(MainThreadStack("  File \"/x.py\", line 1 in f\n").empty());  // no thread header
 }
 
+TEST(StackTest, OnlyTheCallsBelowTheUsersCodeSayWhereItWaits) {
+  // A rank blocked in its own code, inside torchelastic's @record wrapper.
+  const std::vector<Frame> own = {
+      {"/usr/lib/python3.11/threading.py", 320, "wait"},
+      {"/home/me/train.py", 28, "wait_forever"},
+      {"/usr/lib/python3/dist-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py",
+       346, "wrapper"},
+      {"/home/me/train.py", 120, "<module>"}};
+  EXPECT_FALSE(WaitsForOtherRanks(own));
+  EXPECT_EQ(DescribeStack(own), "in wait at train.py:28");
+}
+
 TEST(StackTest, ABackwardPassUnderDdpWaitsForTheOthers) {
   const std::vector<Frame> backward = {
       {"/usr/lib/python3/dist-packages/torch/autograd/__init__.py", 266, "backward"},
