@@ -118,7 +118,11 @@ class FuzzNode final : public host::Clock, public host::Timer, public host::Tran
     }
   }
   void SignalForStacks(int, const std::vector<std::pair<int, int>>&) override {}
-  std::vector<std::string> ReadStacks(int) override { return {}; }
+  std::vector<std::string> ReadStacks(int) override {
+    return {"Current thread 0x1 (most recent call first):\n  File \"/t.py\", line 57 in load\n"
+            "  File \"/t.py\", line 9 in <module>\n",
+            ""};
+  }
   // Console
   void Log(core::LogLevel, std::string_view, std::string_view) override {}
   void Summary(std::string_view) override {}
@@ -234,6 +238,10 @@ backoff = "1s"
 rendezvous = "1m"
 heartbeat = "1s"
 stop_grace = "2s"
+progress = "auto"
+progress_start = "5s"
+[stragglers]
+window = "4s"
 )",
                                      "fuzz.toml");
     if (!loaded.spec) std::abort();
@@ -243,7 +251,7 @@ stop_grace = "2s"
 }
 
 wire::Message Forge(Input& in) {
-  switch (in.Below(14)) {
+  switch (in.Below(18)) {
     case 0: return wire::Join{static_cast<int32_t>(in.Below(3)), in.Text(), static_cast<int32_t>(in.Below(4)),
                               DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text()};
     case 1: return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
@@ -259,6 +267,15 @@ wire::Message Forge(Input& in) {
     case 10: return wire::JobEnd{in.Int(), in.Text()};
     case 11: return wire::JobEndAck{};
     case 12: return wire::Heartbeat{};
+    case 13: return wire::RankHung{static_cast<int32_t>(in.Below(4)), in.Int(), in.Int(), in.Int(),
+                                   in.Int(), in.Int(), in.Below(2) == 1};
+    case 14: return wire::DumpStacks{static_cast<int32_t>(in.Below(4))};
+    case 15: return wire::RankStacks{static_cast<int32_t>(in.Below(4)),
+                                     {wire::RankState{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Text()},
+                                      wire::RankState{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Text()}}};
+    case 16: return wire::RankProgress{static_cast<int32_t>(in.Below(4)),
+                                       {wire::RankRate{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(),
+                                                       in.Int(), in.Int()}}};
     default: return wire::Challenge{in.Text(), in.Text()};
   }
 }
@@ -311,7 +328,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // At most this many actions per input: a limit on the work of one execution.
   for (int step = 0; step < 2000 && !in.empty(); ++step) {
-    const uint32_t action = in.Below(10);
+    const uint32_t action = in.Below(11);
     FuzzNode& node = *world.nodes[in.Below(2)];
     Link* link = world.links.empty() ? nullptr : &world.links[in.Below(static_cast<uint32_t>(world.links.size()))];
     FuzzNode& server = *world.nodes[0];
@@ -418,6 +435,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           auto& buffer = in.Below(2) == 0 ? link->toward_server : link->toward_client;
           if (buffer.size() < (1u << 20)) buffer.insert(buffer.end(), bytes.begin(), bytes.end());
+        }
+        break;
+      case 9:  // a worker sends a progress beacon (any round, rank, kind, step)
+        if (node.pevents_) {
+          core::Beacon beacon;
+          beacon.round = static_cast<int>(in.Below(4));
+          beacon.local_rank = static_cast<int>(in.Below(3));
+          beacon.kind = static_cast<core::BeaconKind>(in.Below(3));
+          beacon.step = in.Int() & 0xffff;
+          beacon.busy_us = in.Below(4) == 0 ? -1 : in.Int() & 0xfffff;
+          beacon.stack_signal = in.Below(2) == 0 ? 0 : 12;
+          node.agent_ran = true;
+          node.pevents_->OnBeacon(beacon);
         }
         break;
       default:  // a spawn fails
