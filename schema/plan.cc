@@ -231,6 +231,21 @@ std::string PlanHeader(const JobSpec& spec) {
     out += fmt::format("restarts: up to {} job-wide, backoff {}\n", spec.restart.max_restarts,
                        FormatDuration(spec.restart.backoff));
   }
+  const auto& t = spec.timeouts;
+  if (t.progress_auto) {
+    out += fmt::format("hung ranks: timeouts.progress = \"auto\" (5 x the longest interval between "
+                       "beacons, at least {}; {} to the first beacon); workers must call "
+                       "ddprun.progress()\n",
+                       FormatDuration(JobSpec::Timeouts::kAutoProgressFloor),
+                       FormatDuration(t.progress_start));
+  } else if (t.progress) {
+    out += fmt::format("hung ranks: a rank without a progress beacon for {} ({} to the first) is "
+                       "hung; workers must call ddprun.progress()\n",
+                       FormatDuration(*t.progress), FormatDuration(t.progress_start));
+  } else {
+    out += "hung ranks: not detected (set timeouts.progress and call ddprun.progress() in the "
+           "training loop)\n";
+  }
   return out;
 }
 

@@ -427,3 +427,39 @@ TEST(Cli, CheckWarnsAboutAMissingWorkdir) {
 }
 
 }  // namespace
+
+namespace {
+
+// check says whether hung ranks are detected, and how; a bad value is a compiler-style error.
+TEST(Cli, CheckSaysHowHungRanksAreDetected) {
+  const std::string base = "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
+                           "[cluster]\nnnodes = 2\n[timeouts]\n";
+  const Output off = RunDdprun("check " + TempFile("progress-off.toml", base));
+  ASSERT_EQ(off.exit_code, 0) << off.out;
+  EXPECT_NE(off.out.find("hung ranks: not detected (set timeouts.progress and call "
+                         "ddprun.progress() in the training loop)\n"),
+            std::string::npos)
+      << off.out;
+  const Output fixed = RunDdprun("check " + TempFile("progress-fixed.toml", base + "progress = \"5m\"\n"));
+  EXPECT_NE(fixed.out.find("hung ranks: a rank without a progress beacon for 5m (10m to the first) "
+                           "is hung; workers must call ddprun.progress()\n"),
+            std::string::npos)
+      << fixed.out;
+  const Output automatic = RunDdprun("check " + TempFile("progress-auto.toml", base + "progress = \"auto\"\n"));
+  EXPECT_NE(automatic.out.find("hung ranks: timeouts.progress = \"auto\" (5 x the longest interval "
+                               "between beacons, at least 10s; 10m to the first beacon)"),
+            std::string::npos)
+      << automatic.out;
+  const Output bad = RunDdprun("check " + TempFile("progress-bad.toml", base + "progress = \"soon\"\n"), true);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.out.find("error: timeouts.progress = \"soon\" is neither \"auto\" nor a duration"),
+            std::string::npos)
+      << bad.out;
+  const Output short_one = RunDdprun("check " + TempFile("progress-short.toml", base + "progress = \"3s\"\n"), true);
+  EXPECT_EQ(short_one.exit_code, 2);
+  EXPECT_NE(short_one.out.find("timeouts.progress = 3s is shorter than 2 x timeouts.heartbeat = 4s"),
+            std::string::npos)
+      << short_one.out;
+}
+
+}  // namespace
