@@ -121,6 +121,7 @@ std::string CanonicalForm(const JobSpec& spec) {
   if (spec.restart.backoff_max) {
     fields["restart.backoff_max"] = FormatDuration(*spec.restart.backoff_max);
   }
+  if (!spec.restart.never_on.empty()) fields["restart.never_on"] = QuoteList(spec.restart.never_on);
   fields["timeouts.rendezvous"] = FormatDuration(spec.timeouts.rendezvous);
   fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
   fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);

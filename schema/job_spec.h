@@ -123,6 +123,8 @@ struct JobSpec {
     Duration backoff = Seconds(10);
     /// Set: the wait doubles after each restart (backoff, 2 x backoff, 4 x ...) up to this.
     std::optional<Duration> backoff_max;
+    /// Failure kinds that end the job without a restart (core::RuleMatches).
+    std::vector<std::string> never_on;
   } restart;
 
   /// The protocol's time bounds are all derived here, so the agent, the coordinator, the

@@ -75,6 +75,7 @@ Json ValueSchema(const KeySpec& key, std::string_view section) {
     case KeyType::kStringArray: {
       Json items = {{"type", "string"}};
       if (key.nonempty_items) items["minLength"] = 1;
+      if (!key.pattern.empty()) items["pattern"] = key.pattern;
       return ArraySchema(key, std::move(items));
     }
     case KeyType::kIntegerArray: return ArraySchema(key, IntegerSchema(*key.item_range));

@@ -147,7 +147,7 @@ constexpr std::array<std::string_view, 40> kLightningTrainerArgs = {
     "barebones", "plugins", "sync_batchnorm", "reload_dataloaders_every_n_epochs",
     "default_root_dir", "model_registry"};
 
-constexpr std::array<KeySpec, 3> kRestartKeys = {{
+constexpr std::array<KeySpec, 4> kRestartKeys = {{
     {.name = "max_restarts", .type = KeyType::kInteger,
      .doc = "Job-wide restart budget: how many times all workers may be restarted after a "
             "failure.",
@@ -158,6 +158,14 @@ constexpr std::array<KeySpec, 3> kRestartKeys = {{
     {.name = "backoff_max", .type = KeyType::kDuration,
      .doc = "Set: the wait doubles after each restart, from backoff up to this (not below "
             "backoff)."},
+    {.name = "never_on", .type = KeyType::kStringArray,
+     .doc = "Failures not worth a restart: the job ends at once with the root cause. Each item "
+            "is a Python exception type (\"SyntaxError\", \"torch.cuda.OutOfMemoryError\"), "
+            "\"exit:N\", \"signal:SIGSEGV\" (or \"signal:11\"), or one of \"oom\", \"nccl\", "
+            "\"hang\", \"lost-node\", \"lost-peer\", \"stall\".",
+     .pattern = "^([A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*|exit:[0-9]+|"
+                "signal:(SIG[A-Z0-9]+|[0-9]+)|oom|nccl|hang|lost-node|lost-peer|stall)$",
+     .unique = true, .nonempty_items = true},
 }};
 
 constexpr std::array<KeySpec, 5> kTimeoutKeys = {{

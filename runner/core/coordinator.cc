@@ -21,16 +21,6 @@ constexpr size_t kMaxMissingNamed = 16;
 
 int64_t ToMillis(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
-// What NCCL and PyTorch's NCCL process group print when a collective fails; advice that merely
-// names NCCL (preflight's "NCCL's socket transport needs these ports") is not an NCCL error.
-bool MentionsNccl(const std::string& text) {
-  for (const char* marker : {"NCCL WARN", "NCCL error", "NCCL Error", "ProcessGroupNCCL",
-                             "NCCL communicator", "ncclInternalError", "ncclSystemError",
-                             "ncclUnhandledCudaError", "ncclRemoteError", "ncclInvalidUsage"}) {
-    if (text.find(marker) != std::string::npos) return true;
-  }
-  return false;
-}
 
 // `stderr_tail` without the Python traceback that `error_text` (the error file's traceback)
 // already shows: from the last "Traceback (most recent call last):" through the error's last
@@ -518,6 +508,7 @@ void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<Coordinat
     failure.what = what;
     failure.detail = "  the other nodes stop their workers when they lose the coordinator\n";
     failure.explains_silence = true;
+    failure.kinds = {"stall"};
     BeginStop(now, std::move(failure), out);
   } else {
     out.push_back(LogLine{LogLevel::kWarn, what});
@@ -544,6 +535,7 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
       failure.node_rank = node_rank;
       failure.what = fmt::format("{} was lost: {}", NodeName(node_rank), why);
       failure.explains_silence = true;
+      failure.kinds = {"lost-node"};
       failure.detail = "  its agent stopped answering; its workers are stopped by its agent (or "
                        "died with it)\n";
       BeginStop(now, std::move(failure), out);
@@ -685,6 +677,7 @@ Coordinator::Failure Coordinator::FailureOf(int node_rank, const wire::WorkerFai
     failure.detail = "  (it wrote nothing to stderr)\n";
   }
   failure.mentions_nccl = MentionsNccl(failed.stderr_tail) || MentionsNccl(failed.error_file);
+  failure.kinds = FailureKinds(failed.exit_code, failed.signal, failed.error_file, failed.stderr_tail);
   failure.lost_peer = LooksLikeALostPeer(failed.error_file, failed.stderr_tail);
   failure.the_stop = LooksLikeTheStop(failed.error_file, failed.stderr_tail);
   return failure;
@@ -757,7 +750,14 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     if (slot.stopped_ranks > 0) ++stopped_nodes;
   }
   const Failure& failure = *failure_;
-  if (restarts_used_ < spec_.restart.max_restarts) {
+  const std::string never = NeverRestartRule(failure);
+  if (!never.empty()) {
+    out.push_back(LogLine{LogLevel::kError,
+                          fmt::format("restart.never_on has \"{}\": the job ends without a restart "
+                                      "({} of {} restarts left)",
+                                      never, spec_.restart.max_restarts - restarts_used_,
+                                      spec_.restart.max_restarts)});
+  } else if (restarts_used_ < spec_.restart.max_restarts) {
     ++restarts_used_;
     ++round_;
     out.push_back(LogLine{LogLevel::kWarn,
@@ -769,7 +769,7 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     phase_deadline_ = now + spec_.RestartBackoff(restarts_used_);
     return;
   }
-  EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes), out);
+  EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes, never), out);
 }
 
 std::string Coordinator::RendezvousFailure() const {
@@ -820,21 +820,33 @@ std::string Coordinator::RendezvousFailure() const {
   return text;
 }
 
+std::string Coordinator::NeverRestartRule(const Failure& failure) const {
+  for (const std::string& rule : spec_.restart.never_on) {
+    if (RuleMatches(rule, failure.kinds)) return rule;
+  }
+  return "";
+}
+
 std::string Coordinator::FailureSummary(const Failure& failure, int stopped_ranks,
-                                        int stopped_nodes) const {
+                                        int stopped_nodes, const std::string& never_rule) const {
   if (spec_.job.is_preflight) {
     // The preflight's verdict is its rank's report (quoted below), not a training failure.
     return fmt::format("preflight FAILED: {}\n{}logs: {}/{}/latest/attempt-{}/", failure.what,
                        failure.detail, spec_.logs.dir, spec_.job.name, failure.round);
   }
   std::string text = fmt::format("job \"{}\" FAILED in round {}", spec_.job.name, failure.round);
-  if (spec_.restart.max_restarts > 0) {
+  if (!never_rule.empty()) {
+    text += fmt::format(", not restarted: restart.never_on has \"{}\" ({} of {} restart{} left)",
+                        never_rule, spec_.restart.max_restarts - restarts_used_,
+                        spec_.restart.max_restarts, spec_.restart.max_restarts == 1 ? "" : "s");
+  } else if (spec_.restart.max_restarts > 0) {
     text += fmt::format(" after using all {} restart{}", spec_.restart.max_restarts,
                         spec_.restart.max_restarts == 1 ? "" : "s");
   } else {
     text += " (restart.max_restarts = 0)";
   }
   text += fmt::format("\nroot cause (first failure anywhere in the job): {}\n", failure.what);
+  if (!failure.kinds.empty()) text += fmt::format("  kind: {}\n", fmt::join(failure.kinds, ", "));
   text += failure.detail;
   text += fmt::format("ddprun then stopped {} other running rank{} on {} node{}.\n", stopped_ranks,
                       stopped_ranks == 1 ? "" : "s", stopped_nodes, stopped_nodes == 1 ? "" : "s");
@@ -1000,6 +1012,7 @@ Coordinator::Failure Coordinator::HangFailure() {
   Failure failure;
   failure.round = round_;
   failure.node_rank = culprit.node_rank;
+  failure.kinds = {"hang"};
   const std::string who =
       verdict.culprits.size() == 1
           ? RankName(culprit.global_rank)

@@ -85,6 +85,7 @@ class Coordinator {
     bool lost_peer = false;   // its error says it lost a peer: likely a consequence (failure.h)
     bool the_stop = false;    // its error is the stop's own signal (failure.h)
     bool explains_silence = false;  // a lost node or our own stall: ranks fall silent because of it
+    std::vector<std::string> kinds;  // what it is known by (core::FailureKinds), for never_on
   };
   /// A round that stopped making progress: every node was asked for its ranks' stacks, and
   /// the round is stopped once all have answered or the wait is over.
@@ -142,7 +143,10 @@ class Coordinator {
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
   std::string NodeName(int node_rank) const;
   std::string RendezvousFailure() const;
-  std::string FailureSummary(const Failure& failure, int stopped_ranks, int stopped_nodes) const;
+  std::string FailureSummary(const Failure& failure, int stopped_ranks, int stopped_nodes,
+                             const std::string& never_rule) const;
+  /// The restart.never_on entry that matches `failure`; "" when none does.
+  std::string NeverRestartRule(const Failure& failure) const;
 
   const JobSpec& spec_;
   std::string canonical_;

@@ -86,4 +86,109 @@ bool LooksLikeTheStop(const std::string& error_file, const std::string& stderr_t
                    "KeyboardInterrupt"});
 }
 
+bool MentionsNccl(const std::string& text) {
+  for (const char* marker : {"NCCL WARN", "NCCL error", "NCCL Error", "ProcessGroupNCCL",
+                             "NCCL communicator", "ncclInternalError", "ncclSystemError",
+                             "ncclUnhandledCudaError", "ncclRemoteError", "ncclInvalidUsage"}) {
+    if (text.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
+namespace {
+
+bool IsIdentifierStart(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
+bool IsIdentifierChar(char c) { return IsIdentifierStart(c) || (c >= '0' && c <= '9'); }
+
+// "ValueError: bad", "torch.cuda.OutOfMemoryError: CUDA out of memory", "KeyboardInterrupt":
+// the type, when the line (not indented) starts with one; "" otherwise.
+std::string TypeOfExceptionLine(std::string_view line) {
+  size_t i = 0;
+  size_t last_start = 0;
+  while (true) {
+    if (i >= line.size() || !IsIdentifierStart(line[i])) return "";
+    last_start = i;
+    while (i < line.size() && IsIdentifierChar(line[i])) ++i;
+    if (i < line.size() && line[i] == '.') {
+      ++i;
+      continue;
+    }
+    break;
+  }
+  if (i < line.size() && line[i] != ':') return "";
+  const std::string_view name = line.substr(last_start, i - last_start);
+  for (std::string_view suffix : {"Error", "Exception", "Interrupt", "Exit", "Failure", "Timeout"}) {
+    if (name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix) {
+      return std::string(line.substr(0, i));
+    }
+  }
+  return name == "StopIteration" ? std::string(line.substr(0, i)) : "";
+}
+
+// The last exception line of `text`, looking at its last `lines` lines.
+std::string LastExceptionType(std::string_view text, int lines) {
+  size_t end = text.size();
+  for (int n = 0; n < lines && end > 0; ++n) {
+    while (end > 0 && (text[end - 1] == '\n' || text[end - 1] == '\r')) --end;
+    const size_t begin = text.rfind('\n', end == 0 ? 0 : end - 1);
+    const size_t from = begin == std::string_view::npos ? 0 : begin + 1;
+    if (std::string type = TypeOfExceptionLine(text.substr(from, end - from)); !type.empty()) return type;
+    if (begin == std::string_view::npos) break;
+    end = begin;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string ExceptionType(const std::string& error_file, const std::string& stderr_tail) {
+  // The error file is the message, or a traceback that ends with the exception's line.
+  if (std::string type = LastExceptionType(error_file, 64); !type.empty()) return type;
+  return LastExceptionType(stderr_tail, 8);
+}
+
+std::vector<std::string> FailureKinds(int exit_code, int signal, const std::string& error_file,
+                                      const std::string& stderr_tail) {
+  std::vector<std::string> kinds;
+  if (std::string type = ExceptionType(error_file, stderr_tail); !type.empty()) kinds.push_back(type);
+  const std::string_view tail = LastLines(stderr_tail, 8);
+  for (const char* marker : {"CUDA out of memory", "OutOfMemoryError", "MemoryError",
+                             "Cannot allocate memory"}) {
+    if (error_file.find(marker) != std::string::npos || tail.find(marker) != std::string_view::npos) {
+      kinds.push_back("oom");
+      break;
+    }
+  }
+  if (MentionsNccl(error_file) || MentionsNccl(stderr_tail)) kinds.push_back("nccl");
+  if (LooksLikeALostPeer(error_file, stderr_tail)) kinds.push_back("lost-peer");
+  if (signal > 0) {
+    kinds.push_back("signal:" + SignalName(signal));
+  } else {
+    kinds.push_back("exit:" + std::to_string(exit_code));
+  }
+  return kinds;
+}
+
+bool RuleMatches(std::string_view rule, const std::vector<std::string>& kinds) {
+  std::string wanted(rule);
+  // "signal:11" means "signal:SIGSEGV".
+  if (rule.rfind("signal:", 0) == 0 && rule.size() > 7 && rule[7] >= '0' && rule[7] <= '9') {
+    int number = 0;
+    for (char c : rule.substr(7)) {
+      if (c < '0' || c > '9' || number > 1000) return false;
+      number = number * 10 + (c - '0');
+    }
+    wanted = "signal:" + SignalName(number);
+  }
+  for (const std::string& kind : kinds) {
+    if (kind == wanted) return true;
+    // A bare exception name matches its qualified form.
+    if (kind.size() > wanted.size() && kind[kind.size() - wanted.size() - 1] == '.' &&
+        kind.compare(kind.size() - wanted.size(), wanted.size(), wanted) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace ddprun::core

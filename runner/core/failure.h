@@ -2,6 +2,8 @@
 // Words for how a worker ended, shared by the coordinator's summaries and the agents' logs.
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace ddprun::core {
 
@@ -22,6 +24,25 @@ bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr
 /// sent, turned into an exception by the program (Lightning's SignalException, Python's
 /// KeyboardInterrupt). Such an error file is written after the stop began: never a root cause.
 bool LooksLikeTheStop(const std::string& error_file, const std::string& stderr_tail);
+
+/// Whether `text` holds what NCCL and PyTorch's NCCL process group print when a collective
+/// fails (advice that merely names NCCL is not an NCCL error).
+bool MentionsNccl(const std::string& text);
+
+/// The Python exception type that ended a worker ("ValueError", "torch.cuda.OutOfMemoryError"),
+/// from its error file, else from the last lines of its stderr; "" when neither shows one.
+std::string ExceptionType(const std::string& error_file, const std::string& stderr_tail);
+
+/// What a worker's failure is known by, the most specific first: its Python exception type,
+/// "oom" (CUDA or host memory), "nccl", "lost-peer", then "signal:SIGSEGV" or "exit:1". The
+/// coordinator adds "hang", "lost-node" and "stall" for failures that are not a process exit.
+std::vector<std::string> FailureKinds(int exit_code, int signal, const std::string& error_file,
+                                      const std::string& stderr_tail);
+
+/// Whether `rule`, an entry of restart.never_on, names one of `kinds`: an exception type
+/// (a bare name also matches a qualified one: "OutOfMemoryError" matches
+/// "torch.cuda.OutOfMemoryError"), "exit:N", "signal:NAME" or "signal:N", or a kind word.
+bool RuleMatches(std::string_view rule, const std::vector<std::string>& kinds);
 
 /// Prefixes every line of `text` with `indent`, drops trailing blank lines.
 std::string Indent(const std::string& text, const std::string& indent);

@@ -463,3 +463,31 @@ TEST(Cli, CheckSaysHowHungRanksAreDetected) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, CheckRefusesNeverOnEntriesThatNameNoFailure) {
+  const std::string base = "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
+                           "[cluster]\nnnodes = 2\n[restart]\nmax_restarts = 3\n";
+  const Output good = RunDdprun(
+      "check " + TempFile("never-good.toml", base + "never_on = [\"SyntaxError\", \"torch.cuda.OutOfMemoryError\", "
+                                                    "\"exit:2\", \"signal:SIGSEGV\", \"signal:11\", \"oom\", \"hang\"]\n"),
+      true);
+  EXPECT_EQ(good.exit_code, 0) << good.out;
+  const Output bad = RunDdprun(
+      "check " + TempFile("never-bad.toml", base + "never_on = [\"exit:300\", \"Syntax Error\", \"signal:0\", "
+                                                   "\"SyntaxError\", \"SyntaxError\"]\n"),
+      true);
+  EXPECT_EQ(bad.exit_code, 2);
+  for (const char* expected : {
+           "error: restart.never_on: \"exit:300\" names no kind of failure",
+           "hint: an exit code is 0..255, e.g. \"exit:2\"",
+           "error: restart.never_on: \"Syntax Error\" names no kind of failure",
+           "hint: a signal number is 1..64",
+           "error: restart.never_on lists \"SyntaxError\" twice",
+       }) {
+    EXPECT_NE(bad.out.find(expected), std::string::npos) << expected << "\n" << bad.out;
+  }
+}
+
+}  // namespace

@@ -465,6 +465,7 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "job \"demo\" FAILED in round 1 after using all 1 restart\n"
             "root cause (first failure anywhere in the job): rank 2 (node 1 (gpu-02), local rank 0) "
             "was killed by signal 11 (SIGSEGV)\n"
+            "  kind: signal:SIGSEGV\n"
             "  (it wrote nothing to stderr)\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "logs: logs/demo/latest/attempt-1/");
@@ -494,6 +495,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
             "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
             "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
             "1) exited with code 1\n"
+            "  kind: RuntimeError, nccl, lost-peer, exit:1\n"
             "  last lines of its stderr:\n"
             "    | gpu-02:1:1 [1] NCCL WARN Net : Connection closed by remote peer\n"
             "    | RuntimeError: NCCL communicator was aborted\n"
@@ -508,6 +510,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
             "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
             "1) exited with code 1\n"
+            "  kind: ValueError, exit:1\n"
             "  error (from TORCHELASTIC_ERROR_FILE):\n"
             "    | {\"message\": \"ValueError: x\"}\n"
             "  last lines of its stderr:\n"
@@ -526,6 +529,7 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
             "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
             "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
             "1) exited with code 1\n"
+            "  kind: ValueError, exit:1\n"
             "  error (from TORCHELASTIC_ERROR_FILE):\n"
             "    | Traceback (most recent call last):\n"
             "    |   File \"train.py\", line 3, in <module>\n"
@@ -1004,6 +1008,69 @@ TEST_F(SecretCoordinatorTest, AProofForAnotherNonceIsAReplayAndIsRefused) {
   replay.proof = JoinProof("s3cret", first, 1, replay.fingerprint);
   const Effects e = Send(0s, 301, replay);
   EXPECT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
+}
+
+}  // namespace
+}  // namespace ddprun::core
+
+namespace ddprun::core {
+namespace {
+
+// restart.never_on: a failure that no restart can fix ends the job at once, budget unspent.
+TEST(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
+  const JobSpec spec = test::SpecFromToml(test::Edit(test::kTwoNodeJob, "backoff = \"10s\"",
+                                                     "backoff = \"10s\"\nnever_on = [\"SyntaxError\", \"exit:2\"]"));
+  const std::string canonical = CanonicalForm(spec);
+  Coordinator c(spec, canonical, test::At(0s));
+  std::vector<CoordinatorEffect> out;
+  for (int node : {0, 1}) {
+    c.Handle(test::At(0s), PeerAccepted{ConnId(100 + node), "10.0.0.1"}, out);
+    c.Handle(test::At(0s), PeerMessage{ConnId(100 + node), wire::Join{node, "h", 2, "0.1.0",
+                                                                      FingerprintOfCanonical(canonical), canonical,
+                                                                      1000 + static_cast<uint64_t>(node), "", ""}},
+             out);
+  }
+  c.Handle(test::At(0s), StorePortReady{0, 41000}, out);
+  out.clear();
+  c.Handle(test::At(1s), PeerMessage{101, wire::WorkerFailed{0, 3, 1, 1, 0,
+                                                             "  File \"/job/train.py\", line 3\n    def (\n        ^\n"
+                                                             "SyntaxError: invalid syntax\n", ""}},
+           out);
+  c.Handle(test::At(1s), PeerMessage{100, wire::RoundStopped{0, 2}}, out);
+  out.clear();
+  c.Handle(test::At(1s), PeerMessage{101, wire::RoundStopped{0, 1}}, out);
+  const auto end = test::Sent<wire::JobEnd>(out);
+  ASSERT_EQ(end.size(), 2u) << test::Describe(out);
+  EXPECT_EQ(end[0].second.exit_code, 1);
+  EXPECT_EQ(c.restarts_used(), 0);
+  const std::string& summary = end[0].second.summary;
+  EXPECT_EQ(summary.substr(0, summary.find('\n')),
+            "job \"demo\" FAILED in round 0, not restarted: restart.never_on has \"SyntaxError\" (1 of "
+            "1 restart left)");
+  EXPECT_NE(summary.find("  kind: SyntaxError, exit:1\n"), std::string::npos) << summary;
+  EXPECT_NE(test::FindLog(out, "restart.never_on has \"SyntaxError\": the job ends without a restart"), "");
+}
+
+// Anything else still restarts.
+TEST(CoordinatorNeverOnTest, AnotherFailureStillRestarts) {
+  const JobSpec spec = test::SpecFromToml(test::Edit(test::kTwoNodeJob, "backoff = \"10s\"",
+                                                     "backoff = \"10s\"\nnever_on = [\"SyntaxError\"]"));
+  const std::string canonical = CanonicalForm(spec);
+  Coordinator c(spec, canonical, test::At(0s));
+  std::vector<CoordinatorEffect> out;
+  for (int node : {0, 1}) {
+    c.Handle(test::At(0s), PeerAccepted{ConnId(100 + node), "10.0.0.1"}, out);
+    c.Handle(test::At(0s), PeerMessage{ConnId(100 + node), wire::Join{node, "h", 2, "0.1.0",
+                                                                      FingerprintOfCanonical(canonical), canonical,
+                                                                      1000 + static_cast<uint64_t>(node), "", ""}},
+             out);
+  }
+  c.Handle(test::At(0s), StorePortReady{0, 41000}, out);
+  c.Handle(test::At(1s), PeerMessage{101, wire::WorkerFailed{0, 3, 1, 1, 0, "ValueError: bad lr\n", ""}}, out);
+  c.Handle(test::At(1s), PeerMessage{100, wire::RoundStopped{0, 2}}, out);
+  c.Handle(test::At(1s), PeerMessage{101, wire::RoundStopped{0, 1}}, out);
+  EXPECT_EQ(c.restarts_used(), 1);
+  EXPECT_EQ(c.phase(), Coordinator::Phase::kBackoff);
 }
 
 }  // namespace

@@ -47,4 +47,53 @@ TEST(FailureTest, AnErrorThatIsTheStopItselfIsRecognised) {
   EXPECT_FALSE(LooksLikeTheStop("RuntimeError: rank 3 fails on purpose", ""));
 }
 
+TEST(FailureKindsTest, TheExceptionTypeComesFromTheErrorFileElseTheLastLinesOfStderr) {
+  EXPECT_EQ(ExceptionType("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x\n", ""),
+            "ValueError");
+  EXPECT_EQ(ExceptionType("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate", ""),
+            "torch.cuda.OutOfMemoryError");
+  // A script that does not parse: Python prints no "Traceback" header.
+  EXPECT_EQ(ExceptionType("", "  File \"/job/train.py\", line 3\n    def (\n        ^\n"
+                              "SyntaxError: invalid syntax\n"),
+            "SyntaxError");
+  EXPECT_EQ(ExceptionType("", "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+                              "    import lightning\nModuleNotFoundError: No module named 'lightning'\n"),
+            "ModuleNotFoundError");
+  EXPECT_EQ(ExceptionType("", "KeyboardInterrupt\n"), "KeyboardInterrupt");
+  // Indented, quoted, or not an exception name: nothing.
+  EXPECT_EQ(ExceptionType("", "    raise ValueError('x')\nloss: 0.31\nEpoch 3: 100%\n"), "");
+  EXPECT_EQ(ExceptionType("", "Segmentation fault (core dumped)\n"), "");
+  // The error file wins over stderr.
+  EXPECT_EQ(ExceptionType("RuntimeError: boom", "ValueError: later\n"), "RuntimeError");
+}
+
+TEST(FailureKindsTest, KindsGoFromTheMostSpecific) {
+  EXPECT_EQ(FailureKinds(1, 0, "", "SyntaxError: invalid syntax\n"),
+            (std::vector<std::string>{"SyntaxError", "exit:1"}));
+  EXPECT_EQ(FailureKinds(0, 11, "", ""), (std::vector<std::string>{"signal:SIGSEGV"}));
+  EXPECT_EQ(FailureKinds(1, 0, "", "torch.cuda.OutOfMemoryError: CUDA out of memory.\n"),
+            (std::vector<std::string>{"torch.cuda.OutOfMemoryError", "oom", "exit:1"}));
+  EXPECT_EQ(FailureKinds(1, 0, "", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                                   "Connection closed by peer [127.0.0.1]:4242\n"),
+            (std::vector<std::string>{"RuntimeError", "lost-peer", "exit:1"}));
+  EXPECT_EQ(FailureKinds(2, 0, "", "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --lr\n"),
+            (std::vector<std::string>{"exit:2"}));
+}
+
+TEST(FailureKindsTest, NeverOnRulesMatchKinds) {
+  const std::vector<std::string> oom = {"torch.cuda.OutOfMemoryError", "oom", "exit:1"};
+  EXPECT_TRUE(RuleMatches("OutOfMemoryError", oom));
+  EXPECT_TRUE(RuleMatches("torch.cuda.OutOfMemoryError", oom));
+  EXPECT_TRUE(RuleMatches("oom", oom));
+  EXPECT_TRUE(RuleMatches("exit:1", oom));
+  EXPECT_FALSE(RuleMatches("exit:2", oom));
+  EXPECT_FALSE(RuleMatches("MemoryError", oom));  // a suffix, not a name
+  EXPECT_FALSE(RuleMatches("cuda.OutOfMemory", oom));
+  const std::vector<std::string> segv = {"signal:SIGSEGV"};
+  EXPECT_TRUE(RuleMatches("signal:SIGSEGV", segv));
+  EXPECT_TRUE(RuleMatches("signal:11", segv));
+  EXPECT_FALSE(RuleMatches("signal:9", segv));
+  EXPECT_FALSE(RuleMatches("signal:99999999999", segv));
+}
+
 }  // namespace ddprun::core

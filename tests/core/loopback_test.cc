@@ -317,6 +317,7 @@ TEST(LoopbackTest, ExhaustedBudgetEndsEveryNodeWithTheSameSummary) {
       "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
       "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank 1) "
       "exited with code 1\n"
+      "  kind: ncclInternalError, nccl, exit:1\n"
       "  last lines of its stderr:\n"
       "    | ncclInternalError: NCCL WARN peer closed\n"
       "ddprun then stopped 3 other running ranks on 2 nodes.\n"

@@ -45,6 +45,7 @@ precision = "32-true"
 max_restarts = 1
 backoff = "10s"
 backoff_max = "1m"
+never_on = ["SyntaxError", "exit:2"]
 [timeouts]
 rendezvous = "15m"
 heartbeat = "2s"
