@@ -120,11 +120,16 @@ std::string TestJob::Toml() const {
   if (store_port != 0) t << "store_port = " << store_port << "\n";
   t << "[trainer]\naccelerator = " << TomlString(accelerator) << "\ndevices = " << devices
     << "\nnum_nodes = " << nnodes << "\n" << trainer_extra;
-  if (max_restarts || !backoff.empty() || !backoff_max.empty()) {
+  if (max_restarts || !backoff.empty() || !backoff_max.empty() || !never_on.empty()) {
     t << "[restart]\n";
     if (max_restarts) t << "max_restarts = " << *max_restarts << "\n";
     if (!backoff.empty()) t << "backoff = " << TomlString(backoff) << "\n";
     if (!backoff_max.empty()) t << "backoff_max = " << TomlString(backoff_max) << "\n";
+    if (!never_on.empty()) {
+      t << "never_on = [";
+      for (size_t i = 0; i < never_on.size(); ++i) t << (i ? ", " : "") << TomlString(never_on[i]);
+      t << "]\n";
+    }
   }
   t << "[timeouts]\nrendezvous = " << TomlString(rendezvous) << "\nheartbeat = " << TomlString(heartbeat)
     << "\nstop_grace = " << TomlString(stop_grace) << "\n"

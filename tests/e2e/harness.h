@@ -37,6 +37,7 @@ struct TestJob {
   std::optional<int> max_restarts;  // [restart] is written when one of these three is set
   std::string backoff;
   std::string backoff_max;
+  std::vector<std::string> never_on;  // restart.never_on
   std::string rendezvous = "20s";
   std::string heartbeat = "250ms";  // short, so that losses show within a second
   std::string stop_grace = "2s";

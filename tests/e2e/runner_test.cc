@@ -648,3 +648,42 @@ TEST_F(RunnerTest, APeerThatOnlyLostTheFailingRankIsNotTheRootCause) {
 
 }  // namespace
 }  // namespace ddprun::e2e
+
+namespace ddprun::e2e {
+namespace {
+
+// restart.never_on: a script that does not even parse is not restarted; the job ends at once
+// with exit 1, the SyntaxError in the summary and the budget unspent (issue 15).
+TEST(RunnerPolicyTest, ASyntaxErrorEndsTheJobAtOnceWithoutARestart) {
+  ScratchDir dir;
+  dir.Write("broken.py", "import os\ndef main(:\n    pass\n");
+  TestJob job;
+  job.command = "[\"/usr/bin/python3\", \"broken.py\"]";
+  job.max_restarts = 3;
+  job.backoff = "5s";
+  job.never_on = {"SyntaxError", "ModuleNotFoundError"};
+  job.master_port = FreePort();
+  const std::string path = dir.Write("job.toml", job.Toml());
+  const auto started = std::chrono::steady_clock::now();
+  AgentProcess node1({path, "--node-rank", "1"}, dir.path() + "/node1.out");
+  AgentProcess node0({path, "--node-rank", "0"}, dir.path() + "/node0.out");
+  const auto code0 = node0.Wait(60s);
+  const auto code1 = node1.Wait(20s);
+  const std::string outputs = node0.Output() + "\n---- node 1 ----\n" + node1.Output();
+  EXPECT_EQ(code0, 1) << outputs;
+  EXPECT_EQ(code1, 1) << outputs;
+  // One round only: a restart would have waited the 5 s backoff first.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s) << outputs;
+  for (const std::string* out : {&outputs}) {
+    EXPECT_NE(out->find("FAILED in round 0, not restarted: restart.never_on has \"SyntaxError\" "
+                        "(3 of 3 restarts left)"),
+              std::string::npos)
+        << *out;
+    EXPECT_NE(out->find("  kind: SyntaxError, exit:1"), std::string::npos) << *out;
+    EXPECT_NE(out->find("SyntaxError: invalid syntax"), std::string::npos) << *out;
+    EXPECT_EQ(out->find("round 1"), std::string::npos) << *out;
+  }
+}
+
+}  // namespace
+}  // namespace ddprun::e2e
