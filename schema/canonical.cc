@@ -112,6 +112,11 @@ std::string CanonicalForm(const JobSpec& spec) {
   if (spec.cluster.store_port) {
     fields["cluster.store_port"] = fmt::format("{}", *spec.cluster.store_port);
   }
+  if (!spec.cluster.spare_hosts.empty()) {
+    fields["cluster.spares"] = QuoteList(spec.cluster.spare_hosts);
+  } else if (spec.cluster.spares > 0) {
+    fields["cluster.spares"] = fmt::format("{}", spec.cluster.spares);
+  }
   for (const auto& [key, value] : spec.trainer.settings) {
     fields["trainer." + key] = TrainerCanonical(value);
   }
@@ -126,6 +131,7 @@ std::string CanonicalForm(const JobSpec& spec) {
   fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
   fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);
   // Only when set or changed, so that files without them keep their fingerprint.
+  if (spec.cluster.spares > 0) fields["timeouts.replace"] = FormatDuration(spec.timeouts.replace);
   if (spec.timeouts.progress_auto) fields["timeouts.progress"] = Quote("auto");
   if (spec.timeouts.progress) fields["timeouts.progress"] = FormatDuration(*spec.timeouts.progress);
   if (spec.timeouts.progress_start != JobSpec::Timeouts{}.progress_start) {

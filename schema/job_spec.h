@@ -106,6 +106,20 @@ struct JobSpec {
     uint16_t master_port = 29500;
     int nproc_per_node = 0;          // default trainer.devices (count), else 1
     std::optional<uint16_t> store_port;  // set: no relay, rank 0 binds this port
+    /// Hot spares: agents that join and wait, and take the node rank of a node that was lost
+    /// (or did not come back within timeouts.replace). Their agents are numbered after the
+    /// nodes: nnodes, nnodes + 1, ... (`spare_hosts` is empty when only a count is given).
+    int spares = 0;
+    std::vector<std::string> spare_hosts;
+    /// Every agent of the job: the nodes, then the spares.
+    int Agents() const { return nnodes + spares; }
+    /// The host of agent `agent` (a node or a spare), "" when the hosts are not listed.
+    std::string HostOf(int agent) const {
+      if (agent >= 0 && agent < static_cast<int>(nodes.size())) return nodes[static_cast<size_t>(agent)];
+      const int spare = agent - nnodes;
+      if (spare >= 0 && spare < static_cast<int>(spare_hosts.size())) return spare_hosts[static_cast<size_t>(spare)];
+      return "";
+    }
   } cluster;
 
   /// [trainer], in file order. `devices`, `num_nodes` etc. are also mirrored below, typed.
@@ -138,6 +152,9 @@ struct JobSpec {
     std::optional<Duration> progress;
     bool progress_auto = false;        // "auto": learned from the intervals seen
     Duration progress_start = Minutes(10);  // to the first beacon, and after ddprun.phase()
+    /// With spares: how long a lost node (or one that never came) may take to come back
+    /// before a waiting spare takes its node rank.
+    Duration replace = Minutes(1);
     bool DetectsHangs() const { return progress.has_value() || progress_auto; }
     /// "auto": the learned timeout is this many times the longest interval seen, and at
     /// least kAutoProgressFloor; until enough intervals are seen, progress_start applies.

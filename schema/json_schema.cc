@@ -88,6 +88,11 @@ Json ValueSchema(const KeySpec& key, std::string_view section) {
       ids["maxItems"] = key.range->max;
       return {{"oneOf", {IntegerSchema(*key.range), std::move(ids)}}};
     }
+    case KeyType::kCountOrNames: {
+      Json names = {{"type", "array"}, {"items", {{"type", "string"}, {"minLength", 1}}},
+                    {"uniqueItems", true}, {"maxItems", key.range->max}};
+      return {{"oneOf", {IntegerSchema(*key.range), std::move(names)}}};
+    }
     case KeyType::kConsole:
       return {{"oneOf",
                {{{"type", "string"}, {"enum", Names(key.values)}},

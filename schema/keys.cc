@@ -67,7 +67,7 @@ constexpr std::array<KeySpec, 5> kJobKeys = {{
      .values = kCodeChecks, .default_value = "off"},
 }};
 
-constexpr std::array<KeySpec, 6> kClusterKeys = {{
+constexpr std::array<KeySpec, 7> kClusterKeys = {{
     {.name = "nodes", .type = KeyType::kStringArray,
      .doc = "Host names or addresses of the nodes; a node's rank is its position. Give this "
             "or nnodes.",
@@ -89,6 +89,11 @@ constexpr std::array<KeySpec, 6> kClusterKeys = {{
      .doc = "Set to let worker rank 0 bind this port for the store instead of relaying it "
             "through master_port.",
      .range = kPortRange},
+    {.name = "spares", .type = KeyType::kCountOrNames,
+     .doc = "Hot spares: hosts whose agents join and wait, and take the node rank of a node "
+            "that is lost (or not back within timeouts.replace). With nodes, a list of hosts; "
+            "with nnodes, a count (the spares' agents then use --node-rank nnodes, nnodes + 1, ...).",
+     .range = IntRange{0, 1'000}},
 }};
 constexpr std::array<std::string_view, 2> kClusterNeeds = {"nodes", "nnodes"};
 
@@ -168,7 +173,7 @@ constexpr std::array<KeySpec, 4> kRestartKeys = {{
      .unique = true, .nonempty_items = true},
 }};
 
-constexpr std::array<KeySpec, 5> kTimeoutKeys = {{
+constexpr std::array<KeySpec, 6> kTimeoutKeys = {{
     {.name = "rendezvous", .type = KeyType::kDuration,
      .doc = "All nodes must have joined by then.", .default_value = "15m"},
     {.name = "heartbeat", .type = KeyType::kDuration,
@@ -186,6 +191,10 @@ constexpr std::array<KeySpec, 5> kTimeoutKeys = {{
      .doc = "With timeouts.progress: how long a rank may take to its first beacon after it "
             "starts (imports, checkpoint loads), and to the next one after ddprun.phase().",
      .default_value = "10m"},
+    {.name = "replace", .type = KeyType::kDuration,
+     .doc = "With cluster.spares: how long a lost node (or one that never joined) may take to "
+            "come back before a waiting spare takes its node rank.",
+     .default_value = "1m"},
 }};
 
 constexpr std::array<KeySpec, 2> kStragglerKeys = {{

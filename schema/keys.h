@@ -43,6 +43,7 @@ enum class KeyType {
   kIntegerArray,     // items in `item_range`
   kStringMap,        // job.env: names matching `pattern`, string values
   kDevices,          // a count in `range` or a list of ids in `item_range`
+  kCountOrNames,     // a count in `range` or a list of host names (cluster.spares)
   kConsole,          // one of `values` or a list of ranks in `item_range`
   kSection,          // a table described by the section of the same name
   kSectionArray,     // [[name]]: tables described by the section `<section>.<name>`

@@ -206,6 +206,74 @@ void LoadPorts(const toml::table& table, TomlReader& reader, JobSpec::Cluster& c
   }
 }
 
+// cluster.spares: host names with `nodes` (each a host not in nodes), a count with `nnodes`.
+void LoadSpares(const toml::table& table, TomlReader& reader, bool nodes_ok, JobSpec::Cluster& c) {
+  const toml::node* node = reader.Node(&table, "spares", "cluster.spares");
+  if (!node) return;
+  const KeySpec& key = Key("cluster.spares");
+  if (node->is_integer()) {
+    if (!c.nodes.empty() || nodes_ok) {
+      reader.diags().Error(LocOf(*node), "cluster.spares",
+                           "cluster.spares is a count only with cluster.nnodes; with cluster.nodes, "
+                           "list the spare hosts",
+                           "e.g. spares = [\"gpu-09\"]");
+      return;
+    }
+    if (auto n = reader.Integer(*node, "cluster.spares", *key.range)) c.spares = static_cast<int>(*n);
+    return;
+  }
+  const toml::array* array = node->as_array();
+  if (!array) {
+    reader.TypeError(*node, "cluster.spares", "an array of host names (or a count with nnodes)",
+                     "e.g. spares = [\"gpu-09\"]");
+    return;
+  }
+  if (!nodes_ok) {
+    reader.diags().Error(LocOf(*node), "cluster.spares",
+                         "cluster.spares lists hosts, but cluster.nodes does not",
+                         "with cluster.nnodes give a count, e.g. spares = 1, and start the spare's "
+                         "agent with --node-rank <nnodes>");
+    return;
+  }
+  if (array->size() > static_cast<size_t>(key.range->max)) {
+    reader.diags().Error(LocOf(*node), "cluster.spares",
+                         fmt::format("cluster.spares lists more than {} hosts", key.range->max));
+    return;
+  }
+  std::vector<std::string> hosts;
+  bool ok = true;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string path = fmt::format("cluster.spares[{}]", i);
+    const toml::node& item = *array->get(i);
+    reader.Record(path, item);
+    auto host = reader.String(item, path);
+    if (!host) {
+      ok = false;
+      continue;
+    }
+    if (!IsHostOrIp(*host)) {
+      reader.diags().Error(LocOf(item), path,
+                           fmt::format("{} = {} is neither an IP address nor a host name", path, Show(item)));
+      ok = false;
+      continue;
+    }
+    const bool in_nodes = std::find(c.nodes.begin(), c.nodes.end(), *host) != c.nodes.end();
+    const bool twice = std::find(hosts.begin(), hosts.end(), *host) != hosts.end();
+    if (in_nodes || twice) {
+      reader.diags().Error(LocOf(item), path,
+                           in_nodes ? fmt::format("spare host {} is also in cluster.nodes", Show(item))
+                                    : fmt::format("spare host {} is listed twice", Show(item)),
+                           "each host runs one agent: a node or a spare");
+      ok = false;
+      continue;
+    }
+    hosts.push_back(*host);
+  }
+  if (!ok) return;
+  c.spare_hosts = std::move(hosts);
+  c.spares = static_cast<int>(c.spare_hosts.size());
+}
+
 }  // namespace
 
 ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
@@ -224,6 +292,7 @@ ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
   const bool nodes_ok = LoadNodeCount(*table, reader, cluster);
   LoadMasterAddr(*table, reader, nodes_ok, cluster);
   LoadPorts(*table, reader, cluster);
+  LoadSpares(*table, reader, nodes_ok, cluster);
 
   facts.nproc_per_node = reader.Node(table, "nproc_per_node", "cluster.nproc_per_node");
   if (facts.nproc_per_node) {

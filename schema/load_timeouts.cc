@@ -83,6 +83,9 @@ void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts
     reader.ReadDuration(table, "rendezvous", "timeouts", timeouts.rendezvous);
     reader.ReadDuration(table, "heartbeat", "timeouts", timeouts.heartbeat);
     reader.ReadDuration(table, "stop_grace", "timeouts", timeouts.stop_grace);
+    if (const toml::node* node = reader.Node(table, "replace", "timeouts.replace")) {
+      if (auto d = reader.PositiveDuration(*node, "timeouts.replace")) timeouts.replace = *d;
+    }
     ReadProgress(*table, reader, timeouts);
   }
   CheckHeartbeat(timeouts, reader);

@@ -144,7 +144,8 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
       if (!IsJoined()) return rendezvous_deadline_;
       // The coordinator owns the rendezvous timeout once we joined; this is the backstop for
       // a coordinator that went quiet before the first round.
-      if (round_ < 0 && !std::get<Joined>(link_).round_open && running_workers() == 0) {
+      // A job with spares may keep a joined agent waiting as long as it runs.
+      if (!standby_ && round_ < 0 && !std::get<Joined>(link_).round_open && running_workers() == 0) {
         return rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10);
       }
       return std::nullopt;
@@ -409,12 +410,16 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
         "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, or on none",
         MasterEndpoint())});
     Finish(now, ToInt(ExitCode::kRendezvous), out);
-  } else if (std::holds_alternative<wire::JoinAck>(message)) {
+  } else if (const auto* ack = std::get_if<wire::JoinAck>(&message)) {
     // Agents connect only once their workers are gone, so nothing of a round is open here.
     link_ = Joined{false, running_workers() > 0};
     refused_retrying_ = false;
+    standby_ = ack->standby;
+    const bool spare = config_.node_rank >= spec_.cluster.nnodes;
     Log(LogLevel::kInfo,
-        spec_.cluster.nnodes == 1
+        spare ? fmt::format("spare {} joined; it waits to take the node rank of a node that is lost",
+                            config_.node_rank - spec_.cluster.nnodes)
+        : spec_.cluster.nnodes == 1
             ? fmt::format("node {} joined", config_.node_rank)
             : fmt::format("node {} joined; waiting for the other nodes", config_.node_rank),
         out);
@@ -502,12 +507,31 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   // Stale or duplicate; but the first round after a join is new even when its number is not
   // (a coordinator that restarted counts from 0 again). Found by the simulator.
   if (joined->started_round && start.round <= round_) return;
+  const int plays = start.node_rank >= 0 ? start.node_rank : config_.node_rank;
+  if (plays >= spec_.cluster.nnodes) {
+    Log(LogLevel::kError,
+        fmt::format("round {} asks this agent to be node {}, but the job has {} nodes; ignoring",
+                    start.round, plays, spec_.cluster.nnodes),
+        out);
+    return;
+  }
   joined->started_round = true;
   joined->round_open = true;
   round_ = start.round;
+  if (plays != config_.node_rank && plays != node_rank_) {
+    Log(LogLevel::kWarn,
+        fmt::format("round {}: this agent ({} {}) takes node rank {} from now on", start.round,
+                    config_.node_rank >= spec_.cluster.nnodes ? "spare" : "node",
+                    config_.node_rank >= spec_.cluster.nnodes ? config_.node_rank - spec_.cluster.nnodes
+                                                              : config_.node_rank,
+                    plays),
+        out);
+  }
+  node_rank_ = plays;
   told_ = Told::kNothing;
   stop_.reset();
   stacks_due_.reset();
+  stacks_asked_ = false;
   next_report_.reset();
   longest_interval_ = std::max(longest_interval_, Duration(Millis(std::max<int64_t>(start.longest_interval_ms, 0))));
   const int nproc = spec_.cluster.nproc_per_node;
@@ -517,10 +541,10 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   spawn.round = round_;
   for (int local = 0; local < nproc; ++local) {
     WorkerPosition position;
-    position.node_rank = config_.node_rank;
+    position.node_rank = node_rank_;
     position.local_rank = local;
     position.restart_count = round_;
-    const int global = config_.node_rank * nproc + local;
+    const int global = node_rank_ * nproc + local;
     // The store relay (DESIGN.md section 5): rank 0 hosts the round's store on the port node 0
     // picked; every other rank reaches it through master_port. With cluster.store_port, all
     // ranks use that port directly.
@@ -547,13 +571,13 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   // round's port; under the relay every other rank reaches it through master_port.
   const std::string store =
       spec_.cluster.store_port  ? fmt::format("store port {}", start.master_port)
-      : config_.node_rank == 0 ? fmt::format("rank 0's store on port {}, reached through master_port {}",
+      : node_rank_ == 0 ? fmt::format("rank 0's store on port {}, reached through master_port {}",
                                               start.master_port, spec_.cluster.master_port)
                                : fmt::format("store through master_port {}", spec_.cluster.master_port);
   Log(LogLevel::kInfo,
       fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), {}", round_, nproc,
-                  nproc == 1 ? "" : "s", config_.node_rank * nproc,
-                  config_.node_rank * nproc + nproc - 1, spec_.WorldSize(), store),
+                  nproc == 1 ? "" : "s", node_rank_ * nproc,
+                  node_rank_ * nproc + nproc - 1, spec_.WorldSize(), store),
       out);
   out.push_back(std::move(spawn));
 }
@@ -595,7 +619,7 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
     told_ = Told::kDone;
     Log(LogLevel::kInfo, fmt::format("round {}: all {} workers of node {} exited 0", round_,
-                                     workers_.size(), config_.node_rank),
+                                     workers_.size(), node_rank_),
         out);
     Send(wire::NodeDone{round_}, out);
   }
@@ -688,7 +712,8 @@ bool Agent::WatchesProgress() const {
     return false;
   }
   const auto* joined = std::get_if<Joined>(&link_);
-  return joined && joined->round_open && !stacks_due_;
+  // Once the round's stacks were asked for, it stops anyway: no second report.
+  return joined && joined->round_open && !stacks_asked_;
 }
 
 std::optional<Duration> Agent::LearntTimeout() const {
@@ -791,7 +816,8 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
 
 void Agent::OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vector<AgentEffect>& out) {
   const auto* joined = std::get_if<Joined>(&link_);
-  if (dump.round != round_ || !joined || !joined->round_open || stacks_due_) return;
+  if (dump.round != round_ || !joined || !joined->round_open || stacks_asked_) return;
+  stacks_asked_ = true;
   SignalForStacks signal{round_, {}};
   for (size_t i = 0; i < workers_.size(); ++i) {
     const Worker& w = workers_[i];

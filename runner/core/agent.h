@@ -180,7 +180,11 @@ class Agent {
   // Progress: the longest interval between two beacons of one rank in this job (learnt here,
   // or from the coordinator's StartRound); stacks being dumped; the next progress report.
   Duration longest_interval_{0};
+  // The node rank this agent plays in the current round: its own, or a replaced node's.
+  int node_rank_ = -1;
+  bool standby_ = false;  // the job has spares: wait for a round as long as it runs
   std::optional<TimePoint> stacks_due_;
+  bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
   std::optional<TimePoint> next_report_;
 };
 

@@ -60,14 +60,19 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
     : spec_(spec),
       canonical_(std::move(canonical)),
       fingerprint_(FingerprintOfCanonical(canonical_)),
-      slots_(static_cast<size_t>(spec.cluster.nnodes)),
+      slots_(static_cast<size_t>(spec.cluster.Agents())),
       rendezvous_started_(start),
       rendezvous_deadline_(start + spec.timeouts.rendezvous),
       next_progress_(start + kProgressInterval),
       next_heartbeat_(start + spec.timeouts.heartbeat),
       phase_deadline_(start) {
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (i < spec.cluster.nodes.size()) slots_[i].host = spec.cluster.nodes[i];
+    slots_[i].host = spec.cluster.HostOf(static_cast<int>(i));
+  }
+  for (int p = 0; p < spec.cluster.nnodes; ++p) {
+    slot_at_.push_back(p);
+    slots_[static_cast<size_t>(p)].position = p;
+    slots_[static_cast<size_t>(p)].absent_since = start;
   }
   last_input_ = start;
 }
@@ -99,16 +104,24 @@ void Coordinator::SetSlotConn(Slot& slot, std::optional<ConnId> conn, TimePoint 
   if (slot.stopped) stopped_joined_ += after - before;
   // Fencing: a node lost while its workers may run keeps its rank until its lease has run
   // out; its own agent stops them within that time (DESIGN.md section 10).
-  const bool workers_may_run = phase_ == Phase::kStarting || phase_ == Phase::kRunning ||
-                               (phase_ == Phase::kStopping && !slot.stopped);
+  const bool workers_may_run = slot.position >= 0 &&
+                               (phase_ == Phase::kStarting || phase_ == Phase::kRunning ||
+                                (phase_ == Phase::kStopping && !slot.stopped));
   if (slot.conn && !conn && workers_may_run) slot.fenced_until = now + spec_.timeouts.LeaseBound();
+  if (slot.conn && !conn) slot.absent_since = now;
+  if (conn) slot.absent_since.reset();
   slot.conn = conn;
 }
 
 std::string Coordinator::NodeName(int node_rank) const {
+  // `node_rank` is the agent's own; a spare that plays a node rank is named by that rank.
   const Slot& slot = slots_[static_cast<size_t>(node_rank)];
-  if (slot.host.empty()) return fmt::format("node {}", node_rank);
-  return fmt::format("node {} ({})", node_rank, slot.host);
+  const int nnodes = spec_.cluster.nnodes;
+  std::string name = slot.position >= 0    ? fmt::format("node {}", slot.position)
+                     : node_rank >= nnodes ? fmt::format("spare {}", node_rank - nnodes)
+                                           : fmt::format("node {}", node_rank);
+  if (!slot.host.empty()) name += fmt::format(" ({})", slot.host);
+  return name;
 }
 
 void Coordinator::Handle(TimePoint now, const CoordinatorInput& input,
@@ -182,7 +195,10 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     case Phase::kRendezvous:
       if (round_gate_ && now >= *round_gate_) {
         MaybeStartRound(now, out);
-      } else if (now >= rendezvous_deadline_ && joined_count() < static_cast<int>(slots_.size())) {
+      } else if (replace_at_ && now >= *replace_at_) {
+        replace_at_.reset();
+        MaybeStartRound(now, out);
+      } else if (now >= rendezvous_deadline_ && !PositionsFilled()) {
         EndJob(now, ToInt(ExitCode::kRendezvous), RendezvousFailure(), out);
       } else if (now >= next_progress_ && !round_gate_) {
         SendProgress(now, out);
@@ -252,6 +268,7 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
         next = std::min(next, *round_gate_);
       } else {
         next = std::min({next, rendezvous_deadline_, next_progress_});
+        if (replace_at_) next = std::min(next, *replace_at_);
       }
       break;
     case Phase::kStopping:
@@ -293,7 +310,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
   if (phase_ == Phase::kDone && !std::holds_alternative<wire::JobEndAck>(message)) return;
 
   if (const auto* failed = std::get_if<wire::WorkerFailed>(&message)) {
-    if (failed->round != round_) return;  // stale
+    if (failed->round != round_ || slot.position < 0) return;  // stale, or runs nothing
     if (phase_ == Phase::kRunning) {
       BeginStop(now, FailureOf(node_rank, *failed), out);
     } else if (phase_ == Phase::kStopping && failure_ && failure_->lost_peer) {
@@ -303,14 +320,14 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
       if (!later.lost_peer && !later.the_stop) ReviseRootCause(std::move(later), out);
     }
   } else if (const auto* done = std::get_if<wire::NodeDone>(&message)) {
-    if (phase_ != Phase::kRunning || done->round != round_) return;
+    if (phase_ != Phase::kRunning || done->round != round_ || slot.position < 0) return;
     if (slot.done) return;
     slot.done = true;
-    if (++done_count_ == static_cast<int>(slots_.size())) {
+    if (++done_count_ == static_cast<int>(slot_at_.size())) {
       EndJob(now, ToInt(ExitCode::kOk),
              fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} "
                          "({} restart{} used){}",
-                         spec_.job.name, spec_.WorldSize(), slots_.size(), round_, restarts_used_,
+                         spec_.job.name, spec_.WorldSize(), slot_at_.size(), round_, restarts_used_,
                          restarts_used_ == 1 ? "" : "s",
                          stragglers_seen_.empty() ? "" : "\n" + StragglerNote()),
              out);
@@ -360,7 +377,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     out.push_back(SendTo{conn_id, wire::Reject{reason, retry}});
     Drop(now, conn_id, out);
   };
-  const int nnodes = static_cast<int>(slots_.size());
+  const int nnodes = spec_.cluster.nnodes;
+  const int agents = static_cast<int>(slots_.size());
   // Authentication first: a peer without the secret learns nothing about the job. The first
   // join on a connection is answered with a Challenge (the agent speaks first so the relay can
   // tell it from a store client); the second must carry the proof for that nonce.
@@ -399,10 +417,16 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
                              from, join.node_rank));
     return;
   }
-  if (join.node_rank < 0 || join.node_rank >= nnodes) {
-    refuse(fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
-                       "(ranks 0..{})",
-                       join.node_rank, join.host, from, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
+  if (join.node_rank < 0 || join.node_rank >= agents) {
+    refuse(agents > nnodes
+               ? fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
+                             "(ranks 0..{}) and {} spare{} (ranks {}..{})",
+                             join.node_rank, join.host, from, nnodes, nnodes == 1 ? "" : "s",
+                             nnodes - 1, agents - nnodes, agents - nnodes == 1 ? "" : "s", nnodes,
+                             agents - 1)
+               : fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
+                             "(ranks 0..{})",
+                             join.node_rank, join.host, from, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
     return;
   }
   if (join.fingerprint != fingerprint_) {
@@ -477,12 +501,17 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   slot.refused.clear();
   SetSlotConn(slot, conn_id, now);
   conns_[conn_id].node_rank = join.node_rank;
-  out.push_back(SendTo{conn_id, wire::JoinAck{nnodes}});
-  out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} joined from {} ({}/{})",
-                                                     NodeName(join.node_rank), from,
-                                                     joined_count(), nnodes)});
-  if (phase_ == Phase::kStopping) {
-    // Agents join only without running workers, so this node has nothing left to stop.
+  out.push_back(SendTo{conn_id, wire::JoinAck{nnodes, spec_.cluster.spares > 0}});
+  out.push_back(LogLine{LogLevel::kInfo,
+                        slot.position < 0
+                            ? fmt::format("{} joined from {}; it waits to take the node rank of a "
+                                          "node that is lost",
+                                          NodeName(join.node_rank), from)
+                            : fmt::format("{} joined from {} ({}/{})", NodeName(join.node_rank), from,
+                                          joined_count(), agents)});
+  if (phase_ == Phase::kStopping || (phase_ != Phase::kRendezvous && slot.position < 0)) {
+    // Agents join only without running workers, so this node has nothing left to stop; a
+    // spare has nothing to stop in any round.
     MarkStopped(slot, 0);
     MaybeFinishStop(now, out);
   }
@@ -520,8 +549,13 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
   Slot& slot = slots_[static_cast<size_t>(node_rank)];
   SetSlotConn(slot, std::nullopt, now);
   slot.left = why;
-  if (phase_ == Phase::kRendezvous && joined_count() < static_cast<int>(slots_.size())) {
+  if (phase_ == Phase::kRendezvous && !PositionsFilled()) {
     round_gate_.reset();  // the round waits for the node again, not for the gate
+  }
+  if (slot.position < 0 && (phase_ == Phase::kStarting || phase_ == Phase::kRunning)) {
+    // A waiting spare ran nothing: the round goes on.
+    out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} left: {}", NodeName(node_rank), why)});
+    return;
   }
   switch (phase_) {
     case Phase::kRendezvous:
@@ -584,7 +618,7 @@ void Coordinator::TrimHeard() {
 
 void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out) {
   if (phase_ != Phase::kRendezvous) return;
-  if (joined_count() != static_cast<int>(slots_.size())) return;
+  if (!AssignPositions(now, out)) return;
   // Fencing: no round starts while the previous holder of a rank may still run its workers.
   // Only checked once every node has joined, so the scan is once per round, not per join.
   std::optional<TimePoint> gate;
@@ -611,7 +645,7 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
                         "job (its host crashed or its process was killed), so workers of its "
                         "rounds may still run until their agents' lease ends (loss bound + "
                         "stop_grace + SIGKILL after its last record)",
-                        round_, slots_.size(), HumanDuration(*gate - now))});
+                        round_, slot_at_.size(), HumanDuration(*gate - now))});
       } else {
         std::vector<std::string> names;
         for (int n : fenced) names.push_back(NodeName(n));
@@ -621,7 +655,7 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
                         "lost while its workers ran and a different agent now holds its rank, "
                         "so the old workers may still run until their agent's lease ends (loss "
                         "bound + stop_grace + SIGKILL)",
-                        round_, slots_.size(), HumanDuration(*gate - now),
+                        round_, slot_at_.size(), HumanDuration(*gate - now),
                         fmt::join(names, ", "))});
       }
     }
@@ -637,6 +671,50 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
   }
 }
 
+bool Coordinator::PositionsFilled() const {
+  for (int slot : slot_at_) {
+    if (!slots_[static_cast<size_t>(slot)].conn) return false;
+  }
+  return true;
+}
+
+bool Coordinator::AssignPositions(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  replace_at_.reset();
+  if (PositionsFilled()) return true;
+  if (spec_.cluster.spares == 0) return false;
+  // Waiting spares, lowest agent first (a returned node whose rank went to a spare is one).
+  std::vector<int> waiting;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].position < 0 && slots_[i].conn) waiting.push_back(static_cast<int>(i));
+  }
+  size_t next = 0;
+  // Node 0 hosts the coordinator and rank 0's store: it is never replaced.
+  for (size_t p = 1; p < slot_at_.size(); ++p) {
+    Slot& away = slots_[static_cast<size_t>(slot_at_[p])];
+    if (away.conn) continue;
+    const TimePoint since = away.absent_since.value_or(rendezvous_started_);
+    const TimePoint due = since + spec_.timeouts.replace;
+    if (next >= waiting.size()) break;
+    if (now < due) {
+      if (!replace_at_ || due < *replace_at_) replace_at_ = due;
+      continue;
+    }
+    const int spare = waiting[next++];
+    Slot& taker = slots_[static_cast<size_t>(spare)];
+    const std::string before = NodeName(slot_at_[p]);
+    const std::string taker_name = NodeName(spare);
+    away.position = -1;
+    taker.position = static_cast<int>(p);
+    slot_at_[p] = spare;
+    out.push_back(LogLine{LogLevel::kWarn,
+                          fmt::format("{} takes node rank {} in place of {}, away for {} (more than "
+                                      "timeouts.replace = {})",
+                                      taker_name, p, before, HumanDuration(now - since),
+                                      FormatDuration(spec_.timeouts.replace))});
+  }
+  return PositionsFilled();
+}
+
 void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out) {
   phase_ = Phase::kRunning;
   rounds_may_run_ = true;
@@ -645,14 +723,21 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
   for (Slot& slot : slots_) slot.done = false;
   done_count_ = 0;
   out.push_back(LogLine{LogLevel::kInfo,
-                        slots_.size() == 1
+                        slot_at_.size() == 1
                             ? fmt::format("round {}: starting {} workers", round_, spec_.WorldSize())
                             : fmt::format("round {}: all {} nodes joined; starting {} workers",
-                                          round_, slots_.size(), spec_.WorldSize())});
+                                          round_, slot_at_.size(), spec_.WorldSize())});
   probe_.reset();
   ranks_seen_.clear();
   next_straggler_check_.reset();
-  Broadcast(wire::StartRound{round_, store_port, longest_interval_ms_}, out);
+  // Each agent hears the node rank it plays: its own, or for a spare the one it replaces.
+  for (size_t p = 0; p < slot_at_.size(); ++p) {
+    const Slot& slot = slots_[static_cast<size_t>(slot_at_[p])];
+    if (slot.conn) {
+      out.push_back(SendTo{*slot.conn, wire::StartRound{round_, store_port, longest_interval_ms_,
+                                                        static_cast<int32_t>(p)}});
+    }
+  }
 }
 
 Coordinator::Failure Coordinator::FailureOf(int node_rank, const wire::WorkerFailed& failed) const {
@@ -728,6 +813,10 @@ void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<Coordina
     slot.stopped_ranks = 0;
   }
   stopped_joined_ = 0;
+  // Waiting spares run nothing: they have nothing to stop.
+  for (Slot& slot : slots_) {
+    if (slot.position < 0 && slot.conn) MarkStopped(slot, 0);
+  }
   // Every node hears the root cause with its traceback, also when a restart follows.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
   Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last}, out);
@@ -781,9 +870,15 @@ std::string Coordinator::RendezvousFailure() const {
     if (names.size() < kMaxMissingNamed) names.push_back(std::move(name));
     ++count;
   };
-  for (size_t i = 0; i < slots_.size(); ++i) {
+  // The node ranks that had no agent; waiting spares are not missing.
+  int filled = 0;
+  for (size_t p = 0; p < slot_at_.size(); ++p) {
+    const auto i = static_cast<size_t>(slot_at_[p]);
     const Slot& slot = slots_[i];
-    if (slot.conn) continue;
+    if (slot.conn) {
+      ++filled;
+      continue;
+    }
     const std::string name = NodeName(static_cast<int>(i));
     if (!slot.refused.empty()) {
       add(refused, refused_count, fmt::format("{}: {}", name, slot.refused));
@@ -799,7 +894,7 @@ std::string Coordinator::RendezvousFailure() const {
     return text;
   };
   std::string text = fmt::format("rendezvous failed: {}/{} nodes joined within timeouts.rendezvous = {}",
-                                 joined_count(), slots_.size(), FormatDuration(spec_.timeouts.rendezvous));
+                                 filled, slot_at_.size(), FormatDuration(spec_.timeouts.rendezvous));
   if (!refused.empty()) text += "; refused: " + list(refused, refused_count, "; ");
   if (!left.empty()) text += "; joined, then left: " + list(left, left_count, "; ");
   if (!never.empty()) text += "; never joined: " + list(never, never_count);
@@ -848,8 +943,10 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   text += fmt::format("\nroot cause (first failure anywhere in the job): {}\n", failure.what);
   if (!failure.kinds.empty()) text += fmt::format("  kind: {}\n", fmt::join(failure.kinds, ", "));
   text += failure.detail;
-  text += fmt::format("ddprun then stopped {} other running rank{} on {} node{}.\n", stopped_ranks,
-                      stopped_ranks == 1 ? "" : "s", stopped_nodes, stopped_nodes == 1 ? "" : "s");
+  const bool hang = std::find(failure.kinds.begin(), failure.kinds.end(), "hang") != failure.kinds.end();
+  text += fmt::format("ddprun then stopped {} {}running rank{} on {} node{}{}.\n", stopped_ranks,
+                      hang ? "" : "other ", stopped_ranks == 1 ? "" : "s", stopped_nodes,
+                      stopped_nodes == 1 ? "" : "s", hang ? ", the hung ones included" : "");
   if (failure.mentions_nccl) {
     text += "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n";
   }
@@ -910,10 +1007,14 @@ void Coordinator::Broadcast(const wire::Message& message, std::vector<Coordinato
 
 void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out) {
   wire::Progress progress;
-  progress.total = static_cast<int32_t>(slots_.size());
-  progress.joined = joined_count();
-  for (size_t i = 0; i < slots_.size() && progress.missing.size() < kMaxMissingNamed; ++i) {
-    if (!slots_[i].conn) progress.missing.push_back(static_cast<int32_t>(i));
+  progress.total = static_cast<int32_t>(slot_at_.size());
+  progress.joined = 0;
+  for (size_t p = 0; p < slot_at_.size(); ++p) {
+    if (slots_[static_cast<size_t>(slot_at_[p])].conn) {
+      ++progress.joined;
+    } else if (progress.missing.size() < kMaxMissingNamed) {
+      progress.missing.push_back(static_cast<int32_t>(p));
+    }
   }
   progress.elapsed_ms = ToMillis(now - rendezvous_started_);
   progress.timeout_ms = ToMillis(spec_.timeouts.rendezvous);
@@ -948,7 +1049,11 @@ std::string StepRange(int64_t low, int64_t high) {
 
 std::string Coordinator::RankName(int global_rank) const {
   const int nproc = spec_.cluster.nproc_per_node;
-  return fmt::format("rank {} ({}, local rank {})", global_rank, NodeName(global_rank / nproc),
+  const auto position = static_cast<size_t>(global_rank / nproc);
+  const int slot = position < slot_at_.size() ? slot_at_[position] : static_cast<int>(position);
+  return fmt::format("rank {} ({}, local rank {})", global_rank,
+                     slot < static_cast<int>(slots_.size()) ? NodeName(slot)
+                                                            : fmt::format("node {}", position),
                      global_rank % nproc);
 }
 
@@ -956,7 +1061,7 @@ void Coordinator::OnRankHung(TimePoint now, int node_rank, const wire::RankHung&
                              std::vector<CoordinatorEffect>& out) {
   const int nproc = spec_.cluster.nproc_per_node;
   if (phase_ != Phase::kRunning || hung.round != round_ || probe_ ||
-      hung.global_rank / nproc != node_rank || hung.global_rank < 0) {
+      hung.global_rank / nproc != slots_[static_cast<size_t>(node_rank)].position || hung.global_rank < 0) {
     return;  // stale, already probing, or not a rank of that node
   }
   probe_ = Probe{hung, node_rank, now + StacksWait(spec_), std::vector<bool>(slots_.size()), 0, {}};
@@ -974,8 +1079,9 @@ void Coordinator::OnRankStacks(TimePoint now, int node_rank, const wire::RankSta
   probe_->answered[static_cast<size_t>(node_rank)] = true;
   ++probe_->answers;
   const int nproc = spec_.cluster.nproc_per_node;
+  const int position = slots_[static_cast<size_t>(node_rank)].position;
   for (const wire::RankState& state : stacks.ranks) {
-    if (state.global_rank < 0 || state.global_rank / nproc != node_rank) continue;
+    if (state.global_rank < 0 || state.global_rank / nproc != position) continue;
     probe_->ranks[state.global_rank] = RankAtHang{state.global_rank, node_rank,
                                                   state.global_rank % nproc, state.step,
                                                   state.silent_ms, ParseFrames(state.stack)};
@@ -1072,9 +1178,9 @@ Coordinator::Failure Coordinator::HangFailure() {
   if (ordered.size() > kMaxGroups) {
     detail += fmt::format("    ... and {} more groups of ranks\n", ordered.size() - kMaxGroups);
   }
-  std::vector<int> unanswered;
-  for (size_t n = 0; n < probe.answered.size(); ++n) {
-    if (!probe.answered[n]) unanswered.push_back(static_cast<int>(n));
+  std::vector<int> unanswered;  // node ranks
+  for (size_t p = 0; p < slot_at_.size(); ++p) {
+    if (!probe.answered[static_cast<size_t>(slot_at_[p])]) unanswered.push_back(static_cast<int>(p));
   }
   if (!unanswered.empty()) {
     detail += fmt::format("    node{} {} did not answer in time: {} ranks unknown\n",
@@ -1088,8 +1194,9 @@ Coordinator::Failure Coordinator::HangFailure() {
 void Coordinator::OnRankProgress(TimePoint now, int node_rank, const wire::RankProgress& progress) {
   if (phase_ != Phase::kRunning || progress.round != round_) return;
   const int nproc = spec_.cluster.nproc_per_node;
+  const int position = slots_[static_cast<size_t>(node_rank)].position;
   for (const wire::RankRate& rate : progress.ranks) {
-    if (rate.global_rank < 0 || rate.global_rank / nproc != node_rank) continue;
+    if (rate.global_rank < 0 || rate.global_rank / nproc != position) continue;
     RankSeen& seen = ranks_seen_[rate.global_rank];
     seen.node_rank = node_rank;
     seen.rate = rate;

@@ -69,6 +69,8 @@ class Coordinator {
     // Set when the node was lost while its workers might run: no round starts before this
     // unless the same agent rejoins (it rejoins only once its workers are gone).
     std::optional<TimePoint> fenced_until;
+    int position = -1;        // the node rank it plays in rounds; -1: none (a waiting spare)
+    std::optional<TimePoint> absent_since;  // not connected since then (for timeouts.replace)
   };
   struct Conn {
     std::string peer_addr;
@@ -118,6 +120,11 @@ class Coordinator {
                   std::vector<CoordinatorEffect>& out);
   void Drop(TimePoint now, ConnId conn, std::vector<CoordinatorEffect>& out);
   void MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out);
+  /// Every node rank has a connected agent; with spares, a node rank whose agent has been away
+  /// for timeouts.replace goes to a waiting spare first. False: the round must wait.
+  bool AssignPositions(TimePoint now, std::vector<CoordinatorEffect>& out);
+  bool PositionsFilled() const;
+  int Index(const Slot& slot) const { return static_cast<int>(&slot - slots_.data()); }
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
   Failure FailureOf(int node_rank, const wire::WorkerFailed& failed) const;
   void BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out);
@@ -154,7 +161,9 @@ class Coordinator {
   Phase phase_ = Phase::kRendezvous;
   int round_ = 0;
   int restarts_used_ = 0;
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_;          // every agent of the job: the nodes, then the spares
+  std::vector<int> slot_at_;         // by node rank: the slot that plays it
+  std::optional<TimePoint> replace_at_;  // a spare may take a node rank then
   int joined_ = 0;           // slots with a connection
   int done_count_ = 0;       // slots done in the running round
   int stopped_joined_ = 0;   // connected slots that confirmed the stop

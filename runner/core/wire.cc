@@ -115,8 +115,8 @@ void Get(Reader& r, Join& m) {
   m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64(); m.proof = r.Str();
   m.nonce = r.Str();
 }
-void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); }
-void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); }
+void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); w.Bool(m.standby); }
+void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); m.standby = r.Bool(); }
 void Put(Writer& w, const Reject& m) { w.Str(m.reason); w.Bool(m.retry); }
 void Get(Reader& r, Reject& m) { m.reason = r.Str(); m.retry = r.Bool(); }
 void Put(Writer& w, const Progress& m) {
@@ -127,10 +127,10 @@ void Get(Reader& r, Progress& m) {
   m.timeout_ms = r.I64();
 }
 void Put(Writer& w, const StartRound& m) {
-  w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms);
+  w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms); w.I32(m.node_rank);
 }
 void Get(Reader& r, StartRound& m) {
-  m.round = r.I32(); m.master_port = r.U16(); m.longest_interval_ms = r.I64();
+  m.round = r.I32(); m.master_port = r.U16(); m.longest_interval_ms = r.I64(); m.node_rank = r.I32();
 }
 void Put(Writer& w, const WorkerFailed& m) {
   w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I32(m.exit_code); w.I32(m.signal);

@@ -42,6 +42,9 @@ struct Join {
 /// The coordinator accepted the join.
 struct JoinAck {
   int32_t nnodes = 0;
+  /// The job has spares: a joined agent may wait for a round as long as the job runs (it is a
+  /// spare, or its node rank went to one), so it keeps no rendezvous backstop of its own.
+  bool standby = false;
   bool operator==(const JoinAck&) const = default;
 };
 
@@ -69,6 +72,9 @@ struct StartRound {
   /// timeouts.progress = "auto": the longest interval between two beacons of one rank seen
   /// so far in the job (0: none learnt yet), so that a new agent starts from the job's.
   int64_t longest_interval_ms = 0;
+  /// The node rank the receiving agent takes in this round: for a spare, that of the node it
+  /// replaces; -1: its own.
+  int32_t node_rank = -1;
   bool operator==(const StartRound&) const = default;
 };
 

@@ -284,8 +284,16 @@ Result<SharedSecret> ReadSharedSecret() {
 
 Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag) {
   const int nnodes = spec.cluster.nnodes;
+  const int agents = spec.cluster.Agents();
   auto in_range = [&](int rank, const std::string& source) -> Result<DetectedRank> {
-    if (rank >= 0 && rank < nnodes) return DetectedRank{rank, source};
+    if (rank >= 0 && rank < agents) return DetectedRank{rank, source};
+    if (spec.cluster.spares > 0) {
+      return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks "
+                              "0..{}) and {} spare{} (ranks {}..{})",
+                              rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1,
+                              spec.cluster.spares, spec.cluster.spares == 1 ? "" : "s", nnodes,
+                              agents - 1));
+    }
     return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks 0..{})",
                             rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
   };
@@ -305,14 +313,21 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
   const std::string short_host = host.substr(0, host.find('.'));
   const auto addresses = LocalAddresses();
   std::vector<int> matches;
-  for (size_t i = 0; i < spec.cluster.nodes.size(); ++i) {
-    const std::string& node = spec.cluster.nodes[i];
+  // The nodes, then the spares: a spare's rank is nnodes + its position in cluster.spares.
+  std::vector<std::string> hosts = spec.cluster.nodes;
+  hosts.insert(hosts.end(), spec.cluster.spare_hosts.begin(), spec.cluster.spare_hosts.end());
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const std::string& node = hosts[i];
     const std::string short_node = node.substr(0, node.find('.'));
     const bool name_match = !host.empty() && (node == host || (short_node == short_host && !IsAddressLike(node)));
     const bool addr_match = std::find(addresses.begin(), addresses.end(), node) != addresses.end();
     if (name_match || addr_match) matches.push_back(static_cast<int>(i));
   }
   if (matches.size() == 1) {
+    if (matches[0] >= nnodes) {
+      return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.spares[{}]", host,
+                                                  matches[0] - nnodes)};
+    }
     return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0])};
   }
   if (matches.empty()) {
