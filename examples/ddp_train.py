@@ -7,6 +7,7 @@ torch 1.13 on Python 3.11 and with torch 2.x.
 """
 
 import argparse
+import gc
 import json
 import os
 import threading
@@ -113,6 +114,11 @@ def main() -> None:
                        "master_port": os.environ["MASTER_PORT"]}, f)
     if rank == 0:
         print(f"done: {world} ranks, all_reduce ok", flush=True)
+    # DDP's reducer holds the process group too. Were it the last holder, torch 1.13 would
+    # destroy the gloo group with the GIL held, joining gloo threads that may still need the GIL
+    # to free a tensor: a deadlock at exit (pytorch/pytorch#56297). So the reducer goes first.
+    del model
+    gc.collect()
     dist.destroy_process_group()
 
 
