@@ -141,8 +141,9 @@ TEST_F(CoordinatorTest, StartsTheRoundOnlyWhenEveryNodeJoined) {
   const Effects started = Feed(1s, StorePortReady{0, 41234});
   const auto starts = Sent<wire::StartRound>(started);
   ASSERT_EQ(starts.size(), 2u) << test::Describe(started);
-  EXPECT_EQ(starts[0], (std::pair<ConnId, wire::StartRound>{100, {0, 41234}}));
-  EXPECT_EQ(starts[1], (std::pair<ConnId, wire::StartRound>{101, {0, 41234}}));
+  // Each node hears the node rank it plays (its own: no spares here).
+  EXPECT_EQ(starts[0], (std::pair<ConnId, wire::StartRound>{100, {0, 41234, 0, 0}}));
+  EXPECT_EQ(starts[1], (std::pair<ConnId, wire::StartRound>{101, {0, 41234, 0, 1}}));
   EXPECT_EQ(FindLog(started, "round 0"), "round 0: all 2 nodes joined; starting 4 workers");
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRunning);
 }
@@ -154,8 +155,8 @@ TEST_F(CoordinatorTest, FixedStorePortNeedsNoReservation) {
   EXPECT_TRUE(All<ReserveStorePort>(e).empty());
   const auto starts = Sent<wire::StartRound>(e);
   ASSERT_EQ(starts.size(), 2u) << test::Describe(e);
-  EXPECT_EQ(starts[0].second, (wire::StartRound{0, 29400}));
-  EXPECT_EQ(starts[1].second, (wire::StartRound{0, 29400}));
+  EXPECT_EQ(starts[0].second, (wire::StartRound{0, 29400, 0, 0}));
+  EXPECT_EQ(starts[1].second, (wire::StartRound{0, 29400, 0, 1}));
 }
 
 TEST_F(CoordinatorTest, OutOfRangeNodeRankIsRejectedWithText) {
@@ -371,7 +372,7 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
   EXPECT_EQ(All<ReserveStorePort>(restart)[0].round, 1);
   const auto starts = Sent<wire::StartRound>(Feed(13s, StorePortReady{1, 41001}));
   ASSERT_EQ(starts.size(), 2u);
-  EXPECT_EQ(starts[0].second, (wire::StartRound{1, 41001}));
+  EXPECT_EQ(starts[0].second, (wire::StartRound{1, 41001, 0, 0}));
 
   // Late messages of round 0 change nothing.
   EXPECT_TRUE(Meaningful(Send(14s, ConnOf(0), RankThreeFailed(0))).empty());

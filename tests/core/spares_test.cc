@@ -156,7 +156,7 @@ TEST_F(SparesTest, ANodeThatNeverCameIsReplacedAfterReplaceAndTheJobRuns) {
   Effects e = BeatUntil(0s, 4s, {{0, 0}, {2, 0}});
   EXPECT_TRUE(All<ReserveStorePort>(e).empty());
   e = BeatUntil(4s, 5s, {{0, 0}, {2, 0}});
-  EXPECT_NE(FindLog(e, "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), away for 5s"), "")
+  EXPECT_NE(FindLog(e, "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), away for 5.0s"), "")
       << test::Describe(e);
   ASSERT_EQ(All<ReserveStorePort>(e).size(), 1u);
   const auto starts = Sent<wire::StartRound>(Feed(5s, StorePortReady{0, 41000}));

@@ -20,6 +20,7 @@ std::vector<Message> Samples() {
       Join{3, "gpu-04.cluster", 8, "0.1.0", std::string(64, 'f'), "cluster.nnodes = 4\n",
            0xfedcba9876543210ull, std::string(64, 'a'), std::string(32, 'n')},
       JoinAck{4},
+      JoinAck{4, true},
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8", false},
       Reject{"node rank 1 is claimed twice", true},
       Progress{2, 4, {2, 3}, 41'000, 900'000},
@@ -102,9 +103,10 @@ TEST(WireTest, SamplesCoverEveryMessageType) {
 }
 
 TEST(WireTest, HeaderLayoutIsMagicVersionTypeReservedLengthPayload) {
-  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102});
-  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 14, 0, 0, 0,
-                          0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0, 0, 0, 0};
+  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102, 3});
+  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 18, 0, 0, 0,
+                          0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0, 0, 0, 0,
+                          3, 0, 0, 0};
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(Encode(Heartbeat{}), (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 0, 0, 0, 0}));
 }
@@ -287,7 +289,7 @@ TEST(WireTest, RecordListCountPastTheEndIsMalformed) {
 }
 
 TEST(WireTest, TrailingBytesAreMalformed) {
-  EXPECT_EQ(ErrorOf(Frame(2, {4, 0, 0, 0, 0})), "malformed join-ack payload");
+  EXPECT_EQ(ErrorOf(Frame(2, {4, 0, 0, 0, 0, 0})), "malformed join-ack payload");
   EXPECT_EQ(ErrorOf(Frame(13, {0})), "malformed heartbeat payload");
 }
 

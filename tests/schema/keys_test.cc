@@ -35,6 +35,7 @@ master_addr = "a"
 master_port = 29500
 nproc_per_node = 2
 store_port = 29501
+spares = ["c"]
 [trainer]
 accelerator = "cpu"
 devices = 2
@@ -52,6 +53,7 @@ heartbeat = "2s"
 stop_grace = "30s"
 progress = "5m"
 progress_start = "10m"
+replace = "1m"
 [stragglers]
 slower_percent = 50
 window = "2m"
@@ -236,7 +238,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 16);
+  EXPECT_EQ(checked, 17);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");
