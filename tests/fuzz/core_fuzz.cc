@@ -225,6 +225,7 @@ name = "fuzz"
 command = ["python", "train.py"]
 [cluster]
 nnodes = 2
+spares = 1
 master_addr = "127.0.0.1"
 nproc_per_node = 2
 [trainer]
@@ -240,6 +241,7 @@ heartbeat = "1s"
 stop_grace = "2s"
 progress = "auto"
 progress_start = "5s"
+replace = "2s"
 [stragglers]
 window = "4s"
 )",
