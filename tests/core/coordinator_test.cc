@@ -1018,32 +1018,46 @@ namespace ddprun::core {
 namespace {
 
 // restart.never_on: a failure that no restart can fix ends the job at once, budget unspent.
-TEST(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
-  const JobSpec spec = test::SpecFromToml(test::Edit(test::kTwoNodeJob, "backoff = \"10s\"",
-                                                     "backoff = \"10s\"\nnever_on = [\"SyntaxError\", \"exit:2\"]"));
-  const std::string canonical = CanonicalForm(spec);
-  Coordinator c(spec, canonical, test::At(0s));
-  std::vector<CoordinatorEffect> out;
-  for (int node : {0, 1}) {
-    c.Handle(test::At(0s), PeerAccepted{ConnId(100 + node), "10.0.0.1"}, out);
-    c.Handle(test::At(0s), PeerMessage{ConnId(100 + node), wire::Join{node, "h", 2, "0.1.0",
-                                                                      FingerprintOfCanonical(canonical), canonical,
-                                                                      1000 + static_cast<uint64_t>(node), "", ""}},
-             out);
+class CoordinatorNeverOnTest : public ::testing::Test {
+ protected:
+  /// Both nodes of kTwoNodeJob with `never_on` joined, round 0 running.
+  void Start(const std::string& never_on) {
+    spec_ = std::make_unique<JobSpec>(test::SpecFromToml(
+        test::Edit(test::kTwoNodeJob, "backoff = \"10s\"", "backoff = \"10s\"\nnever_on = " + never_on)));
+    canonical_ = CanonicalForm(*spec_);
+    c_ = std::make_unique<Coordinator>(*spec_, canonical_, test::At(0s));
+    std::vector<CoordinatorEffect> out;
+    for (int node : {0, 1}) {
+      c_->Handle(test::At(0s), PeerAccepted{ConnId(100 + node), "10.0.0.1"}, out);
+      c_->Handle(test::At(0s),
+                 PeerMessage{ConnId(100 + node),
+                             wire::Join{node, "h", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
+                                        1000 + static_cast<uint64_t>(node), "", ""}},
+                 out);
+    }
+    c_->Handle(test::At(0s), StorePortReady{0, 41000}, out);
   }
-  c.Handle(test::At(0s), StorePortReady{0, 41000}, out);
-  out.clear();
-  c.Handle(test::At(1s), PeerMessage{101, wire::WorkerFailed{0, 3, 1, 1, 0,
-                                                             "  File \"/job/train.py\", line 3\n    def (\n        ^\n"
-                                                             "SyntaxError: invalid syntax\n", ""}},
-           out);
-  c.Handle(test::At(1s), PeerMessage{100, wire::RoundStopped{0, 2}}, out);
-  out.clear();
-  c.Handle(test::At(1s), PeerMessage{101, wire::RoundStopped{0, 1}}, out);
+  /// Rank 3 fails with `stderr_tail`; both nodes confirm the stop. The last effects.
+  std::vector<CoordinatorEffect> FailAndStop(const std::string& stderr_tail) {
+    std::vector<CoordinatorEffect> out;
+    c_->Handle(test::At(1s), PeerMessage{101, wire::WorkerFailed{0, 3, 1, 1, 0, stderr_tail, ""}}, out);
+    c_->Handle(test::At(1s), PeerMessage{100, wire::RoundStopped{0, 2}}, out);
+    out.clear();
+    c_->Handle(test::At(1s), PeerMessage{101, wire::RoundStopped{0, 1}}, out);
+    return out;
+  }
+  std::unique_ptr<JobSpec> spec_;
+  std::string canonical_;
+  std::unique_ptr<Coordinator> c_;
+};
+
+TEST_F(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
+  Start("[\"SyntaxError\", \"exit:2\"]");
+  const auto out = FailAndStop("  File \"/job/train.py\", line 3\n    def (\n        ^\nSyntaxError: invalid syntax\n");
   const auto end = test::Sent<wire::JobEnd>(out);
   ASSERT_EQ(end.size(), 2u) << test::Describe(out);
   EXPECT_EQ(end[0].second.exit_code, 1);
-  EXPECT_EQ(c.restarts_used(), 0);
+  EXPECT_EQ(c_->restarts_used(), 0);
   const std::string& summary = end[0].second.summary;
   EXPECT_EQ(summary.substr(0, summary.find('\n')),
             "job \"demo\" FAILED in round 0, not restarted: restart.never_on has \"SyntaxError\" (1 of "
@@ -1053,25 +1067,11 @@ TEST(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
 }
 
 // Anything else still restarts.
-TEST(CoordinatorNeverOnTest, AnotherFailureStillRestarts) {
-  const JobSpec spec = test::SpecFromToml(test::Edit(test::kTwoNodeJob, "backoff = \"10s\"",
-                                                     "backoff = \"10s\"\nnever_on = [\"SyntaxError\"]"));
-  const std::string canonical = CanonicalForm(spec);
-  Coordinator c(spec, canonical, test::At(0s));
-  std::vector<CoordinatorEffect> out;
-  for (int node : {0, 1}) {
-    c.Handle(test::At(0s), PeerAccepted{ConnId(100 + node), "10.0.0.1"}, out);
-    c.Handle(test::At(0s), PeerMessage{ConnId(100 + node), wire::Join{node, "h", 2, "0.1.0",
-                                                                      FingerprintOfCanonical(canonical), canonical,
-                                                                      1000 + static_cast<uint64_t>(node), "", ""}},
-             out);
-  }
-  c.Handle(test::At(0s), StorePortReady{0, 41000}, out);
-  c.Handle(test::At(1s), PeerMessage{101, wire::WorkerFailed{0, 3, 1, 1, 0, "ValueError: bad lr\n", ""}}, out);
-  c.Handle(test::At(1s), PeerMessage{100, wire::RoundStopped{0, 2}}, out);
-  c.Handle(test::At(1s), PeerMessage{101, wire::RoundStopped{0, 1}}, out);
-  EXPECT_EQ(c.restarts_used(), 1);
-  EXPECT_EQ(c.phase(), Coordinator::Phase::kBackoff);
+TEST_F(CoordinatorNeverOnTest, AnotherFailureStillRestarts) {
+  Start("[\"SyntaxError\"]");
+  FailAndStop("ValueError: bad lr\n");
+  EXPECT_EQ(c_->restarts_used(), 1);
+  EXPECT_EQ(c_->phase(), Coordinator::Phase::kBackoff);
 }
 
 }  // namespace
