@@ -1,6 +1,7 @@
 #pragma once
 // The job file as plain structs: what schema/loader.cc produces and every other layer reads.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -161,6 +162,9 @@ struct JobSpec {
     /// or paused agent), the guardian SIGKILLs the workers itself, as the agent would have by
     /// then (it stops them at the loss bound and SIGKILLs them stop_grace later).
     Duration GuardianLease() const { return LossBound() + stop_grace; }
+    /// How long the coordinator waits for every node's stacks before it stops a hung round:
+    /// agents wait a second for faulthandler, then answer over a connection that may be slow.
+    Duration StacksWait() const { return std::max(Seconds(5), 2 * heartbeat); }
     /// The exit barrier: how long the coordinator waits for every agent to acknowledge the end
     /// of the job, long enough for an agent that lost it (it notices within the loss bound)
     /// to stop its workers within stop_grace and rejoin (a retry takes at most 2 s).
