@@ -57,6 +57,7 @@ enum class FaultKind {
   kSlowJoiner,
   kJobFileDiffers,
   kDuplicateNodeRank,
+  kWorkerSlow,
 };
 
 /// One scheduled fault of [[simulate.faults]] or `--fault kind@time:key=value,...`.
@@ -69,6 +70,7 @@ struct FaultSpec {
   std::optional<Duration> duration;  // partition / hang / port block: heals after this
   std::optional<Duration> reboot_after;  // node-crash: the node comes back after this
   std::vector<int> peers;          // partition: the nodes cut off from `node` (default: node 0)
+  int percent = 100;               // worker-slow: how much more work per step (100: twice)
   bool operator==(const FaultSpec&) const = default;
 };
 
@@ -188,9 +190,13 @@ struct JobSpec {
     std::vector<FaultSpec> faults;
     std::optional<Duration> node_mtbf;          // random node crashes, per node
     std::optional<Duration> worker_mtbf;        // random worker exits, per worker
+    std::optional<Duration> worker_hang_mtbf;   // random worker hangs (for good), per worker
     Duration train_time = Minutes(10);          // how long a round must train to finish
     Duration checkpoint_every = Minutes(30);
     Duration worker_startup = Seconds(20);
+    /// One training step of the simulated script: each rank's own work per step, and (with
+    /// progress beacons) how often a rank beacons, at most once a second.
+    Duration step_time = Seconds(1);
     Duration max_time = Hours(24 * 60);         // the simulation gives up after this
   } simulate;
 
