@@ -163,8 +163,8 @@ int Main(int argc, char** argv) {
       "  ddprun simulate job.toml --nodes 64 --swarm 100 --quiet\n"
       "  ddprun simulate job.toml --trace trace.json --report report.html\n"
       "\n"
-      "Fault kinds: node-crash, agent-hang, worker-exit, worker-hang, partition,\n"
-      "master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank.");
+      "Fault kinds: node-crash, agent-hang, worker-exit, worker-hang, worker-slow,\n"
+      "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank.");
 
   CheckOptions check;
   int check_node_rank = 0;

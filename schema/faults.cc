@@ -105,6 +105,7 @@ void SetFaultKey(FaultSpec& fault, std::string_view key, FaultValue value) {
     if (key == "node") fault.node = static_cast<int>(*n);
     if (key == "local_rank") fault.local_rank = static_cast<int>(*n);
     if (key == "exit_code") fault.exit_code = static_cast<int>(*n);
+    if (key == "percent") fault.percent = static_cast<int>(*n);
   } else if (auto* d = std::get_if<Duration>(&value)) {
     if (key == "at") fault.at = *d;
     if (key == "duration") fault.duration = *d;

@@ -1,6 +1,7 @@
 #pragma once
 // The job file as plain structs: what schema/loader.cc produces and every other layer reads.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -56,6 +57,7 @@ enum class FaultKind {
   kSlowJoiner,
   kJobFileDiffers,
   kDuplicateNodeRank,
+  kWorkerSlow,
 };
 
 /// One scheduled fault of [[simulate.faults]] or `--fault kind@time:key=value,...`.
@@ -68,6 +70,7 @@ struct FaultSpec {
   std::optional<Duration> duration;  // partition / hang / port block: heals after this
   std::optional<Duration> reboot_after;  // node-crash: the node comes back after this
   std::vector<int> peers;          // partition: the nodes cut off from `node` (default: node 0)
+  int percent = 100;               // worker-slow: how much more work per step (100: twice)
   bool operator==(const FaultSpec&) const = default;
 };
 
@@ -180,6 +183,9 @@ struct JobSpec {
     /// or paused agent), the guardian SIGKILLs the workers itself, as the agent would have by
     /// then (it stops them at the loss bound and SIGKILLs them stop_grace later).
     Duration GuardianLease() const { return LossBound() + stop_grace; }
+    /// How long the coordinator waits for every node's stacks before it stops a hung round:
+    /// agents wait a second for faulthandler, then answer over a connection that may be slow.
+    Duration StacksWait() const { return std::max(Seconds(5), 2 * heartbeat); }
     /// The exit barrier: how long the coordinator waits for every agent to acknowledge the end
     /// of the job, long enough for an agent that lost it (it notices within the loss bound)
     /// to stop its workers within stop_grace and rejoin (a retry takes at most 2 s).
@@ -203,9 +209,13 @@ struct JobSpec {
     std::vector<FaultSpec> faults;
     std::optional<Duration> node_mtbf;          // random node crashes, per node
     std::optional<Duration> worker_mtbf;        // random worker exits, per worker
+    std::optional<Duration> worker_hang_mtbf;   // random worker hangs (for good), per worker
     Duration train_time = Minutes(10);          // how long a round must train to finish
     Duration checkpoint_every = Minutes(30);
     Duration worker_startup = Seconds(20);
+    /// One training step of the simulated script: each rank's own work per step, and (with
+    /// progress beacons) how often a rank beacons, at most once a second.
+    Duration step_time = Seconds(1);
     Duration max_time = Hours(24 * 60);         // the simulation gives up after this
   } simulate;
 

@@ -220,7 +220,7 @@ constexpr std::array<KeySpec, 2> kLogKeys = {{
      .item_range = kRankRange, .values = kConsoleModes, .default_value = "all", .unique = true},
 }};
 
-constexpr std::array<KeySpec, 8> kSimulateKeys = {{
+constexpr std::array<KeySpec, 10> kSimulateKeys = {{
     {.name = "seed", .type = KeyType::kInteger,
      .doc = "PRNG seed; the same seed and file give the same run.", .range = IntRange{},
      .default_value = "1"},
@@ -229,23 +229,30 @@ constexpr std::array<KeySpec, 8> kSimulateKeys = {{
      .doc = "Random node crashes: mean time between failures per node."},
     {.name = "worker_mtbf", .type = KeyType::kDuration,
      .doc = "Random worker exits: mean time between failures per worker."},
+    {.name = "worker_hang_mtbf", .type = KeyType::kDuration,
+     .doc = "Random worker hangs: mean time between hangs per worker; a hung worker stays hung "
+            "until it is killed."},
     {.name = "train_time", .type = KeyType::kDuration,
      .doc = "Training a round needs to finish the job.", .default_value = "10m"},
     {.name = "checkpoint_every", .type = KeyType::kDuration,
      .doc = "Checkpoint period of the simulated script.", .default_value = "30m"},
     {.name = "worker_startup", .type = KeyType::kDuration,
      .doc = "Simulated worker start-up time.", .default_value = "20s"},
+    {.name = "step_time", .type = KeyType::kDuration,
+     .doc = "One training step of the simulated script (each rank's own work per step). With "
+            "timeouts.progress (or a worker-slow fault), each node's workers send progress "
+            "beacons every max(step_time, 1s).",
+     .default_value = "1s"},
     {.name = "max_time", .type = KeyType::kDuration,
      .doc = "The simulation gives up after this.", .default_value = "60d"},
 }};
 
-constexpr std::array<std::string_view, 9> kFaultKindNames = {
-    "node-crash", "agent-hang",       "worker-exit",         "worker-hang",
-    "partition",  "master-port-blocked", "slow-joiner", "job-file-differs",
-    "duplicate-node-rank"};
+constexpr std::array<std::string_view, 10> kFaultKindNames = {
+    "node-crash",  "agent-hang",          "worker-exit", "worker-hang",      "worker-slow",
+    "partition",   "master-port-blocked", "slow-joiner", "job-file-differs", "duplicate-node-rank"};
 
 // The ranges are those of any job; the loader lowers the node and rank bounds to the job's.
-constexpr std::array<KeySpec, 8> kFaultKeys = {{
+constexpr std::array<KeySpec, 9> kFaultKeys = {{
     {.name = "at", .type = KeyType::kDuration, .doc = "Virtual time of the fault since the start.",
      .required = true},
     {.name = "kind", .type = KeyType::kString, .doc = "What happens.",
@@ -253,18 +260,22 @@ constexpr std::array<KeySpec, 8> kFaultKeys = {{
     {.name = "node", .type = KeyType::kInteger, .doc = "The node it hits.",
      .range = kNodeRankRange, .default_value = "0"},
     {.name = "local_rank", .type = KeyType::kInteger,
-     .doc = "worker-exit, worker-hang: which worker (default 0).",
+     .doc = "worker-exit, worker-hang, worker-slow: which worker (default 0).",
      .range = IntRange{0, kMaxProcsPerNode - 1}},
     {.name = "exit_code", .type = KeyType::kInteger, .doc = "worker-exit: the exit code.",
      .range = IntRange{0, 255}, .default_value = "1"},
     {.name = "duration", .type = KeyType::kDuration,
-     .doc = "agent-hang, worker-hang, partition, master-port-blocked, slow-joiner: heals after "
-            "this."},
+     .doc = "agent-hang, worker-hang, worker-slow, partition, master-port-blocked, slow-joiner: "
+            "heals after this."},
     {.name = "reboot_after", .type = KeyType::kDuration,
      .doc = "node-crash: the node comes back after this."},
     {.name = "peers", .type = KeyType::kIntegerArray,
      .doc = "partition: the nodes cut off from `node` (default: node 0).",
      .item_range = kNodeRankRange},
+    {.name = "percent", .type = KeyType::kInteger,
+     .doc = "worker-slow: how much more own work per step the worker needs, in percent (100: "
+            "twice as much).",
+     .range = IntRange{1, 10'000}, .default_value = "100"},
 }};
 
 constexpr auto kTopNames = NamesOf(kTopKeys);
@@ -299,17 +310,19 @@ constexpr std::array<std::string_view, 1> kDuration = {"duration"};
 constexpr std::array<std::string_view, 2> kWorkerExitKeys = {"local_rank", "exit_code"};
 constexpr std::array<std::string_view, 2> kWorkerHangKeys = {"local_rank", "duration"};
 constexpr std::array<std::string_view, 2> kPartitionKeys = {"duration", "peers"};
+constexpr std::array<std::string_view, 3> kWorkerSlowKeys = {"local_rank", "duration", "percent"};
 
-constexpr std::array<FaultKindSpec, 9> kFaultKindSpecs = {{
+constexpr std::array<FaultKindSpec, 10> kFaultKindSpecs = {{
     {FaultKind::kNodeCrash, kFaultKindNames[0], kRebootAfter},
     {FaultKind::kAgentHang, kFaultKindNames[1], kDuration},
     {FaultKind::kWorkerExit, kFaultKindNames[2], kWorkerExitKeys},
     {FaultKind::kWorkerHang, kFaultKindNames[3], kWorkerHangKeys},
-    {FaultKind::kPartition, kFaultKindNames[4], kPartitionKeys},
-    {FaultKind::kMasterPortBlocked, kFaultKindNames[5], kDuration},
-    {FaultKind::kSlowJoiner, kFaultKindNames[6], kDuration},
-    {FaultKind::kJobFileDiffers, kFaultKindNames[7], {}},
-    {FaultKind::kDuplicateNodeRank, kFaultKindNames[8], {}},
+    {FaultKind::kWorkerSlow, kFaultKindNames[4], kWorkerSlowKeys},
+    {FaultKind::kPartition, kFaultKindNames[5], kPartitionKeys},
+    {FaultKind::kMasterPortBlocked, kFaultKindNames[6], kDuration},
+    {FaultKind::kSlowJoiner, kFaultKindNames[7], kDuration},
+    {FaultKind::kJobFileDiffers, kFaultKindNames[8], {}},
+    {FaultKind::kDuplicateNodeRank, kFaultKindNames[9], {}},
 }};
 
 [[noreturn]] void NotInTable(std::string_view what) {

@@ -146,17 +146,17 @@ void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bound
       s.seed = static_cast<uint64_t>(*seed);
     }
   }
-  for (std::string_view key : {"node_mtbf", "worker_mtbf"}) {
+  for (std::string_view key : {"node_mtbf", "worker_mtbf", "worker_hang_mtbf"}) {
     const std::string path = Dotted("simulate", key);
     if (const toml::node* node = reader.Node(table, key, path)) {
       if (auto d = reader.PositiveDuration(*node, path)) {
-        (key == "node_mtbf" ? s.node_mtbf : s.worker_mtbf) = *d;
+        (key == "node_mtbf" ? s.node_mtbf : key == "worker_mtbf" ? s.worker_mtbf : s.worker_hang_mtbf) = *d;
       }
     }
   }
   reader.ReadDuration(table, "train_time", "simulate", s.train_time);
   // A zero start-up time is a valid model; a zero period or time limit is not.
-  for (std::string_view key : {"checkpoint_every", "worker_startup", "max_time"}) {
+  for (std::string_view key : {"checkpoint_every", "worker_startup", "max_time", "step_time"}) {
     const std::string path = Dotted("simulate", key);
     const toml::node* node = reader.Node(table, key, path);
     if (!node) continue;
@@ -166,6 +166,7 @@ void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bound
     if (key == "checkpoint_every") s.checkpoint_every = *d;
     if (key == "worker_startup") s.worker_startup = *d;
     if (key == "max_time") s.max_time = *d;
+    if (key == "step_time") s.step_time = *d;
   }
   if (const toml::node* faults = reader.Node(table, "faults", "simulate.faults")) {
     LoadFaults(*faults, reader, bounds, s.faults);

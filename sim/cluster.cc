@@ -21,12 +21,13 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
       timeline_(timeline),
       fault_rng_(options.seed, 3),
       instance_rng_(options.seed, 4),
+      hang_rng_(options.seed, 6),
       clock_(this),
       invariants_(
           InvariantBounds{
               spec.restart.max_restarts, spec.WorldSize(),
               spec.timeouts.stop_grace + 3 * spec.timeouts.heartbeat + kStopSlack,
-              3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack},
+              3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack, HangBoundsOf(spec)},
           [this](int64_t at_ns) {
             Event check;
             check.kind = EventKind::kCheck;
@@ -39,6 +40,22 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
   stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
+}
+
+std::optional<HangBounds> HangBoundsOf(const JobSpec& spec) {
+  const auto& t = spec.timeouts;
+  if (!t.DetectsHangs()) return std::nullopt;
+  HangBounds bounds;
+  bounds.progress = t.progress;
+  bounds.progress_start = t.progress_start;
+  bounds.auto_factor = JobSpec::Timeouts::kAutoProgressFactor;
+  bounds.auto_floor = JobSpec::Timeouts::kAutoProgressFloor;
+  // After the silence: the coordinator's wait for every node's stacks, then the stop. The
+  // slack: a node may learn of the stop only by losing the coordinator (node 0 crashed, or a
+  // partition, while the stacks were collected): the loss bound and a heartbeat in flight;
+  // and kStopSlack for signal delays and retransmissions, as in the stop bound.
+  bounds.after_silence = t.StacksWait() + t.StopBound() + t.LossBound() + t.heartbeat + kStopSlack;
+  return bounds;
 }
 
 Cluster::~Cluster() {
@@ -275,6 +292,15 @@ void Cluster::Dispatch(const Event& event) {
     case EventKind::kStoreConnect:
       workers_.StoreConnect(static_cast<uint32_t>(event.target), event.generation);
       return;
+    case EventKind::kBeacons:
+      // Datagrams wait in the agent's socket while it is stopped; it reads them when it runs.
+      if (DeferIfHung(event.node, event)) return;
+      if (event.side == 0) {
+        workers_.Beacons(event.node, event.generation);
+      } else {
+        workers_.FlushSteps(event.node, event.target, static_cast<int64_t>(event.generation));
+      }
+      return;
     case EventKind::kCheck:
       return;  // Run checks the invariants after every event
     case EventKind::kCall: {
@@ -296,6 +322,13 @@ void Cluster::ObserveCoordinator() {
   if (node0_incarnation_ != observed_incarnation_) {
     observed_incarnation_ = node0_incarnation_;
     last_coordinator_restarts_ = 0;
+    observed_judgements_ = 0;
+  }
+  if (coordinator->hang_judgements() != observed_judgements_) {
+    observed_judgements_ = coordinator->hang_judgements();
+    ++stats_.hangs_judged;
+    const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
+    invariants_.HangJudged(RoundKey{node0_incarnation_, judged.round}, judged.culprits, judged.with_stack);
   }
   if (restarts > last_coordinator_restarts_) {
     stats_.restarts_used += restarts - last_coordinator_restarts_;

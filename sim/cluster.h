@@ -29,6 +29,10 @@ namespace ddprun::sim {
 /// The same slack bounds a worker's life after its agent last heard from the coordinator.
 inline constexpr Duration kStopSlack = Seconds(30);
 
+/// With timeouts.progress, the invariants' bounds on a round that a hung rank stalled
+/// (InvariantBounds::hangs); nullopt when the job detects no hangs.
+std::optional<HangBounds> HangBoundsOf(const JobSpec& spec);
+
 /// `text` split at newlines (a trailing newline gives a last empty line).
 std::vector<std::string> Split(std::string_view text);
 
@@ -102,11 +106,13 @@ class Cluster {
   void ScheduleGuardianLease(uint32_t index);
   void InjectWorkerExit(const FaultSpec& fault);
   void InjectWorkerHang(const FaultSpec& fault);
+  void InjectWorkerSlow(const FaultSpec& fault);
   void InjectPartition(const FaultSpec& fault);
   void InjectMasterPortBlocked(const FaultSpec& fault);
   void InjectDuplicateNodeRank(const FaultSpec& fault);
   void ScheduleRandomNodeCrash(TimePoint from);
   void ScheduleRandomWorkerExit(TimePoint from);
+  void ScheduleRandomWorkerHang(TimePoint from);
 
   // nodes
   void StartNode(uint32_t node);
@@ -132,6 +138,7 @@ class Cluster {
   EventQueue queue_;
   Prng fault_rng_;
   Prng instance_rng_;
+  Prng hang_rng_;                      // simulate.worker_hang_mtbf: never shifts the other draws
   SimClock clock_;
   int64_t now_ns_ = 0;
   int64_t limit_ns_ = 0;
@@ -149,6 +156,7 @@ class Cluster {
   int last_coordinator_restarts_ = 0;
   uint64_t observed_incarnation_ = 0;
   uint64_t node0_incarnation_ = 0;     // the incarnation of node 0's own coordinator
+  uint64_t observed_judgements_ = 0;   // hang judgements of node 0's coordinator seen so far
   int64_t unfinished_ = 0;             // nodes that may still act (not exited, not down for good)
   bool rendezvous_fault_ = false;      // a fault that may justify exit 3
   uint64_t condensed_lines_ = 0;

@@ -24,6 +24,9 @@ enum class EventKind : uint8_t {
   kPeerFailure,    // a node's workers notice a dead peer (target: the gang)
   kCollectiveTimeout,  // the NCCL watchdog fires on a stalled gang (target, generation)
   kStoreConnect,   // a worker's PyTorch store client connects (target: worker, generation: pid)
+  kBeacons,        // a node's workers beacon: side 0 the periodic batch (generation: the node's
+                   // chain), side 1 the last step before their gang stalled (target: the gang,
+                   // generation: the step)
   kCheck,          // a time bound of an invariant comes due (sim/invariants.h); does nothing
   kCall,           // a closure from the side table (target: the slot)
 };

@@ -31,6 +31,7 @@ constexpr std::string_view kRandomFailures[] = {
 void Cluster::ScheduleFaults() {
   std::vector<int64_t> start(static_cast<size_t>(job_nodes_), 0);
   int64_t heal_ns = 0;
+  int slowest = 0;  // the most extra work per step a worker-slow fault leaves for good
   const int64_t rendezvous = Ns(spec_.timeouts.rendezvous);
   auto long_outage = [&](std::optional<Duration> d) {
     return !d || Ns(*d) >= rendezvous / 2;
@@ -68,6 +69,11 @@ void Cluster::ScheduleFaults() {
       case FaultKind::kWorkerExit:
         heal_ns = std::max(heal_ns, at);
         break;
+      case FaultKind::kWorkerSlow:
+        // Slowness for good heals never: the liveness bound allows for the slower training.
+        heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
+        if (!fault.duration) slowest = std::max(slowest, fault.percent);
+        break;
     }
     ScheduleFault(fault);
   }
@@ -88,10 +94,15 @@ void Cluster::ScheduleFaults() {
     ScheduleRandomWorkerExit(TimePoint(Duration(0)));
     heal_ns = std::max(heal_ns, random_faults_until_ns_);
   }
+  if (spec_.simulate.worker_hang_mtbf) {
+    ScheduleRandomWorkerHang(TimePoint(Duration(0)));
+    heal_ns = std::max(heal_ns, random_faults_until_ns_);
+  }
   // Liveness: once every fault has healed, each round can take at most this long, and the
   // restart budget bounds the number of rounds.
-  const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 +
-                          static_cast<double>(Ns(spec_.simulate.train_time)) +
+  double train_ns = static_cast<double>(Ns(spec_.simulate.train_time));
+  if (slowest > 0) train_ns = train_ns * (100.0 + slowest) / 100.0;
+  const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 + train_ns +
                           static_cast<double>(Ns(kCollectiveTimeout)) +
                           static_cast<double>(Ns(spec_.timeouts.stop_grace)) +
                           3.0 * static_cast<double>(Ns(spec_.timeouts.heartbeat)) +
@@ -149,6 +160,26 @@ void Cluster::ScheduleRandomWorkerExit(TimePoint from) {
   });
 }
 
+void Cluster::ScheduleRandomWorkerHang(TimePoint from) {
+  const Duration mean = *spec_.simulate.worker_hang_mtbf / spec_.WorldSize();
+  const TimePoint at = from + hang_rng_.Exponential(mean);
+  if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
+  queue_.PushCall(at, [this] {
+    if (workers_.job_completed() || unfinished_ == 0) return;
+    const int nproc = spec_.cluster.nproc_per_node;
+    const auto rank = static_cast<int>(hang_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
+    const auto index = static_cast<uint32_t>(rank / nproc);
+    // A real hang does not heal: the rank stays stuck until it is killed.
+    if (workers_.Hittable(index, rank % nproc)) {
+      ++stats_.faults_injected;
+      nodes_[index]->focus = true;
+      if (timeline_) timeline_->focus[index] = true;
+      workers_.Hang(index, rank % nproc, std::nullopt, "random hang (simulate.worker_hang_mtbf)");
+    }
+    ScheduleRandomWorkerHang(now());
+  });
+}
+
 void Cluster::ScheduleFault(const FaultSpec& fault) {
   const auto index = static_cast<uint32_t>(fault.node);
   if (timeline_ && index < timeline_->focus.size()) timeline_->focus[index] = true;
@@ -159,6 +190,7 @@ void Cluster::ScheduleFault(const FaultSpec& fault) {
       case FaultKind::kAgentHang: return InjectAgentHang(fault);
       case FaultKind::kWorkerExit: return InjectWorkerExit(fault);
       case FaultKind::kWorkerHang: return InjectWorkerHang(fault);
+      case FaultKind::kWorkerSlow: return InjectWorkerSlow(fault);
       case FaultKind::kPartition: return InjectPartition(fault);
       case FaultKind::kMasterPortBlocked: return InjectMasterPortBlocked(fault);
       case FaultKind::kDuplicateNodeRank: return InjectDuplicateNodeRank(fault);
@@ -233,7 +265,11 @@ void Cluster::InjectWorkerExit(const FaultSpec& fault) {
 }
 
 void Cluster::InjectWorkerHang(const FaultSpec& fault) {
-  workers_.Hang(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.duration);
+  workers_.Hang(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.duration, "");
+}
+
+void Cluster::InjectWorkerSlow(const FaultSpec& fault) {
+  workers_.Slow(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.percent, fault.duration);
 }
 
 void Cluster::InjectPartition(const FaultSpec& fault) {

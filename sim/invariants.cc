@@ -89,6 +89,53 @@ void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) { nodes_[no
 
 void Invariants::CoordinatorRestarts(int used) { restarts_ = used; }
 
+void Invariants::StepBeacon(uint64_t pid, int64_t now_ns) {
+  if (!bounds_.hangs) return;
+  auto it = workers_.find(pid);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (w.last_step_ns >= 0) {
+    longest_step_interval_ns_ = std::max(longest_step_interval_ns_, now_ns - w.last_step_ns);
+  } else if (auto round = rounds_.find(w.round); round != rounds_.end()) {
+    ++round->second.stepped;
+  }
+  w.last_step_ns = now_ns;
+}
+
+void Invariants::GangHung(RoundKey round, std::vector<int> hung) {
+  Observation o;
+  o.kind = Kind::kHung;
+  o.round = round;
+  o.pid = ranks_.size();
+  ranks_.push_back(Ranks{std::move(hung), {}});
+  log_.push_back(o);
+}
+
+void Invariants::GangResumed(RoundKey round) {
+  Observation o;
+  o.kind = Kind::kResumed;
+  o.round = round;
+  log_.push_back(o);
+}
+
+void Invariants::StacksTaken(RoundKey round, int global_rank, bool hung) {
+  if (!hung) return;  // only the hung ones are compared with the verdict
+  Observation o;
+  o.kind = Kind::kStacks;
+  o.round = round;
+  o.code = global_rank;
+  log_.push_back(o);
+}
+
+void Invariants::HangJudged(RoundKey round, std::vector<int> culprits, std::vector<int> with_stack) {
+  Observation o;
+  o.kind = Kind::kJudged;
+  o.round = round;
+  o.pid = ranks_.size();
+  ranks_.push_back(Ranks{std::move(culprits), std::move(with_stack)});
+  log_.push_back(o);
+}
+
 // ---- checks ----------------------------------------------------------------------------
 
 void Invariants::Fail(int64_t now_ns, std::string what) {
@@ -128,10 +175,26 @@ void Invariants::AfterEvent(int64_t now_ns) {
       case Kind::kStore:
         CheckStore(now_ns, o);
         break;
+      case Kind::kHung:
+        if (bounds_.hangs) OnGangHung(now_ns, *o.round, std::move(ranks_[o.pid].first));
+        break;
+      case Kind::kResumed:
+        if (auto it = rounds_.find(*o.round); it != rounds_.end()) it->second.hang_check_ns = -1;
+        break;
+      case Kind::kStacks:
+        if (auto it = rounds_.find(*o.round); it != rounds_.end()) {
+          auto& hung = it->second.hung_at_dump;
+          if (std::find(hung.begin(), hung.end(), o.code) == hung.end()) hung.push_back(o.code);
+        }
+        break;
+      case Kind::kJudged:
+        CheckJudgement(now_ns, *o.round, ranks_[o.pid]);
+        break;
     }
   }
   log_.clear();
   starts_.clear();
+  ranks_.clear();
   checked_restarts_ = restarts_;
   if (!violation_ && restarts_ > bounds_.max_restarts) {
     Fail(now_ns, fmt::format("the coordinator used {} restarts; restart.max_restarts = {}", restarts_,
@@ -140,12 +203,16 @@ void Invariants::AfterEvent(int64_t now_ns) {
   for (auto& [key, round] : rounds_) {
     if (violation_) break;
     if (round.stop_check_ns >= 0 && round.stop_check_ns <= now_ns) CheckStopBound(now_ns, key, round);
+    if (!violation_ && round.hang_check_ns >= 0 && round.hang_check_ns <= now_ns) {
+      CheckHangBound(now_ns, key, round);
+    }
   }
   if (!violation_ && next_lease_check_ns_ <= now_ns) CheckLeases(now_ns);
   Prune();
   next_due_ns_ = next_lease_check_ns_;
   for (const auto& entry : rounds_) {
     if (entry.second.stop_check_ns >= 0) next_due_ns_ = std::min(next_due_ns_, entry.second.stop_check_ns);
+    if (entry.second.hang_check_ns >= 0) next_due_ns_ = std::min(next_due_ns_, entry.second.hang_check_ns);
   }
 }
 
@@ -311,12 +378,99 @@ void Invariants::CheckLeases(int64_t now_ns) {
   if (next != INT64_MAX) Schedule(next);
 }
 
+// ---- hung ranks ---------------------------------------------------------------------------
+
+void Invariants::OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int> hung) {
+  auto it = rounds_.find(key);
+  if (it == rounds_.end()) return;
+  Round& round = it->second;
+  const HangBounds& b = *bounds_.hangs;
+  // The most silence an agent allows a rank (JobSpec::Timeouts, Agent::SilenceAllowed): the
+  // timeout, or before a rank's first step also progress_start. "auto" learns at most factor x
+  // the longest interval seen between two step beacons (this ledger's own, job-wide), and until
+  // it has learnt, progress_start applies.
+  const int64_t start = b.progress_start.count();
+  int64_t timeout = 0;
+  if (b.progress) {
+    timeout = b.progress->count();
+  } else {
+    timeout = std::max({start, b.auto_floor.count(), b.auto_factor * longest_step_interval_ns_});
+  }
+  const bool stepped = round.world > 0 && round.stepped >= round.world;
+  round.hang_allowed_ns = stepped ? timeout : std::max(timeout, start);
+  round.hung = std::move(hung);
+  round.hung_since_ns = now_ns;
+  round.hang_check_ns = now_ns + round.hang_allowed_ns + b.after_silence.count();
+  Schedule(round.hang_check_ns);
+  next_due_ns_ = std::min(next_due_ns_, round.hang_check_ns);
+}
+
+void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& round) {
+  round.hang_check_ns = -1;
+  if (round.live == 0) return;
+  const int64_t bound = round.hang_allowed_ns + bounds_.hangs->after_silence.count();
+  // A hung agent neither sees the silence nor stops its workers, and node 0's runs the
+  // coordinator: the bound starts again when the last of them resumed. One that never resumes
+  // is left to the lease checks (its guardian kills its workers; the others lose it).
+  int64_t from = round.hung_since_ns;
+  const Worker* late = nullptr;
+  auto count_hang = [&](const Node& node) {
+    if (node.hung_until_ns == INT64_MAX) return false;
+    if (HungAt(node, now_ns)) {
+      from = std::max(from, node.hung_until_ns);
+    } else if (node.hang_end_ns > round.hung_since_ns) {
+      from = std::max(from, node.hang_end_ns);
+    }
+    return true;
+  };
+  if (!nodes_.empty() && !count_hang(nodes_[0])) return;
+  for (uint64_t pid : round.pids) {
+    auto it = workers_.find(pid);
+    if (it == workers_.end()) continue;
+    if (!count_hang(nodes_[it->second.node])) return;
+    if (!late) late = &it->second;
+  }
+  if (!late) return;
+  if (from + bound > now_ns) {
+    round.hang_check_ns = from + bound;
+    Schedule(round.hang_check_ns);
+    return;
+  }
+  std::vector<std::string> hung;
+  for (int rank : round.hung) hung.push_back(std::to_string(rank));
+  Fail(now_ns, fmt::format("round {} stopped training {} ago because rank {} hung, but rank {} on {} (pid {}) "
+                           "still runs; with timeouts.progress the round is stopped within {} (a "
+                           "silence of {}, then the stacks, the stop and slack)",
+                           key.round, HumanDuration(Duration(now_ns - round.hung_since_ns)),
+                           fmt::join(hung, ", "), late->global_rank, nodes_[late->node].label, late->pid,
+                           HumanDuration(Duration(bound)), HumanDuration(Duration(round.hang_allowed_ns))));
+}
+
+void Invariants::CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks& judged) {
+  auto it = rounds_.find(key);
+  if (it == rounds_.end()) return;
+  const std::vector<int>& hung = it->second.hung_at_dump;
+  auto is_hung = [&](int rank) { return std::find(hung.begin(), hung.end(), rank) != hung.end(); };
+  // Only a verdict that had a hung rank's stack can be held to naming it; without, the
+  // coordinator names the rank first found silent, which may be any.
+  const std::vector<int>& with_stack = judged.second;
+  if (std::none_of(with_stack.begin(), with_stack.end(), is_hung)) return;
+  for (int culprit : judged.first) {
+    if (is_hung(culprit)) continue;
+    std::vector<int> sorted = hung;
+    std::sort(sorted.begin(), sorted.end());
+    return Fail(now_ns, fmt::format("round {} was stopped as hung naming rank {}, which did not hang; rank {} "
+                                    "hung (its stack was taken)",
+                                    key.round, culprit, fmt::join(sorted, ", ")));
+  }
+}
+
 void Invariants::Prune() {
   // Finished rounds are only needed for the exit-0 check of the latest ones; keep the map small
   // on long runs.
   while (rounds_.size() > 8) {
     auto oldest = rounds_.begin();
-    if (oldest->second.live > 0 || oldest->second.stop_check_ns >= 0) break;
+    if (oldest->second.live > 0 || oldest->second.stop_check_ns >= 0 || oldest->second.hang_check_ns >= 0) break;
     rounds_.erase(oldest);
   }
 }

@@ -27,6 +27,18 @@ struct RoundKey {
   auto operator<=>(const RoundKey&) const = default;
 };
 
+/// With timeouts.progress: how soon a round that a hung rank stalled must be stopped.
+struct HangBounds {
+  std::optional<Duration> progress;  // timeouts.progress; nullopt: "auto"
+  Duration progress_start{};         // until a rank's first step beacon
+  /// "auto": the learnt timeout is at most this factor times the longest interval between two
+  /// step beacons of one rank seen in the job, and at least the floor.
+  int auto_factor = 5;
+  Duration auto_floor{};
+  /// After a rank's allowed silence: the coordinator's wait for stacks, the stop and slack.
+  Duration after_silence{};
+};
+
 /// The bounds the checks hold the protocol to (derived from the job file by the caller).
 struct InvariantBounds {
   int max_restarts = 0;
@@ -37,6 +49,8 @@ struct InvariantBounds {
   /// A worker runs at most this long after its agent last heard from the coordinator (loss
   /// detection + stop_grace + SIGKILL + slack): the lease that fencing relies on.
   Duration lease{};
+  /// Set when the job detects hung ranks (timeouts.progress).
+  std::optional<HangBounds> hangs;
 };
 
 /// A worker process as it starts, with what the agent put in its environment.
@@ -93,6 +107,19 @@ class Invariants {
   /// The coordinator's count of restarts used (read after every event).
   void CoordinatorRestarts(int used);
 
+  // ---- hung ranks (only with InvariantBounds::hangs) ----
+  /// A step beacon of worker `pid` reached its agent (recorded at once: one per step per rank).
+  void StepBeacon(uint64_t pid, int64_t now_ns);
+  /// The gang of `round` stopped training because the ranks `hung` hang (nothing else stalls
+  /// it): the round must be stopped within the hang bound.
+  void GangHung(RoundKey round, std::vector<int> hung);
+  /// ... and no longer (the rank runs again, the round failed, a partition stalls it too).
+  void GangResumed(RoundKey round);
+  /// The agent signalled `global_rank` of `round` for its stacks; `hung`: the rank hangs now.
+  void StacksTaken(RoundKey round, int global_rank, bool hung);
+  /// The coordinator stopped `round` as hung naming `culprits`, with the stacks of `with_stack`.
+  void HangJudged(RoundKey round, std::vector<int> culprits, std::vector<int> with_stack);
+
   /// Checks every property against what this event changed, and the time bounds due by `now`.
   void AfterEvent(int64_t now_ns);
   /// The end-of-run checks: liveness, exit 1 only with the budget spent, exit 3 only with a
@@ -110,6 +137,7 @@ class Invariants {
     RoundKey round;
     int global_rank = 0;
     uint64_t pid = 0;
+    int64_t last_step_ns = -1;      // its last step beacon (hung ranks)
   };
   struct Round {
     int world = 0;
@@ -119,6 +147,13 @@ class Invariants {
     std::vector<uint64_t> pids;     // in start order (deterministic iteration)
     std::optional<int64_t> failed_ns;
     int64_t stop_check_ns = -1;     // when the stop bound is checked next
+    // Hung ranks.
+    int stepped = 0;                // ranks whose step beacons reached their agent
+    std::vector<int> hung;          // the ranks whose hang stalled the round
+    int64_t hung_since_ns = -1;     // when it stalled because of them
+    int64_t hang_allowed_ns = 0;    // the silence the agents allow, at most
+    int64_t hang_check_ns = -1;     // when the hang bound is checked next
+    std::vector<int> hung_at_dump;  // ranks that hung when their stacks were taken
   };
   struct Node {
     std::string label;
@@ -127,7 +162,7 @@ class Invariants {
     int64_t hung_until_ns = 0;      // INT64_MAX: for good
     int64_t hang_end_ns = -1;       // when its last finite hang ended
   };
-  enum class Kind : uint8_t { kStart, kEnd, kFailed, kExit, kStore };
+  enum class Kind : uint8_t { kStart, kEnd, kFailed, kExit, kStore, kHung, kResumed, kStacks, kJudged };
   struct Observation {
     Kind kind = Kind::kStart;
     uint32_t node = 0;
@@ -137,6 +172,11 @@ class Invariants {
     std::optional<RoundKey> round;
     RoundKey other;   // kStore: the round of the store reached
   };
+  /// What kHung and kJudged carry (by Observation::pid, an index here).
+  struct Ranks {
+    std::vector<int> first;
+    std::vector<int> second;
+  };
 
   void Fail(int64_t now_ns, std::string what);
   void CheckStart(int64_t now_ns, const WorkerStart& start);
@@ -145,6 +185,9 @@ class Invariants {
   void CheckStore(int64_t now_ns, const Observation& o);
   void CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round);
   void CheckLeases(int64_t now_ns);
+  void OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int> hung);
+  void CheckHangBound(int64_t now_ns, const RoundKey& key, Round& round);
+  void CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks& judged);
   int64_t ResumedAt(const Node& node) const;
   bool HungAt(const Node& node, int64_t now_ns) const { return node.hung_until_ns > now_ns; }
   void Schedule(int64_t at_ns);
@@ -155,6 +198,8 @@ class Invariants {
   std::vector<Node> nodes_;
   std::vector<Observation> log_;
   std::vector<WorkerStart> starts_;
+  std::vector<Ranks> ranks_;                       // kHung, kJudged payloads of log_
+  int64_t longest_step_interval_ns_ = 0;           // between two step beacons of one rank, job-wide
   std::unordered_map<uint64_t, Worker> workers_;   // by pid; looked up, never iterated
   std::vector<uint64_t> holders_;                  // global rank -> pid of its live holder, 0: none
   std::map<RoundKey, Round> rounds_;

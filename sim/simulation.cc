@@ -56,6 +56,7 @@ std::string FormatFaultFlag(const FaultSpec& fault) {
   keys.push_back(fmt::format("node={}", fault.node));
   if (fault.local_rank) keys.push_back(fmt::format("local_rank={}", *fault.local_rank));
   if (fault.kind == FaultKind::kWorkerExit) keys.push_back(fmt::format("exit_code={}", fault.exit_code));
+  if (fault.kind == FaultKind::kWorkerSlow) keys.push_back(fmt::format("percent={}", fault.percent));
   if (fault.duration) keys.push_back("duration=" + FormatDuration(*fault.duration));
   if (fault.reboot_after) keys.push_back("reboot_after=" + FormatDuration(*fault.reboot_after));
   if (!fault.peers.empty()) keys.push_back(fmt::format("peers={}", fmt::join(fault.peers, "+")));
@@ -132,6 +133,17 @@ std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const 
   if (s.node_crashes + s.worker_failures > 0) {
     text += fmt::format("  failures:          {} node crash{}, {} worker failure{}\n", s.node_crashes,
                         s.node_crashes == 1 ? "" : "es", s.worker_failures, s.worker_failures == 1 ? "" : "s");
+  }
+  const auto& t = spec.timeouts;
+  if (t.DetectsHangs() || spec.simulate.worker_hang_mtbf) {
+    const std::string detection =
+        !t.DetectsHangs() ? fmt::format("no timeouts.progress: the NCCL watchdog ends a hung round after {}",
+                                        HumanDuration(kCollectiveTimeout))
+                          : fmt::format("{} round{} stopped as hung, timeouts.progress = {}", s.hangs_judged,
+                                        s.hangs_judged == 1 ? "" : "s",
+                                        t.progress ? FormatDuration(*t.progress) : std::string("\"auto\""));
+    text += fmt::format("  hangs:             {} worker{} hung ({})\n", s.worker_hangs,
+                        s.worker_hangs == 1 ? "" : "s", detection);
   }
   const int64_t down = std::max<int64_t>(0, wall - s.training_ns);
   text += fmt::format("  training:          {} of {} kept ({} spent training)\n",

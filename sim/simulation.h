@@ -43,6 +43,11 @@ struct SimOptions {
     kWrongWorldSize,     // node 1's workers get WORLD_SIZE one too large
     kSpawnTwice,         // node 1 starts its first worker of each round twice
     kUnkillableWorkers,  // node 1's workers ignore every signal (stuck in the kernel)
+    // Progress beacons (with timeouts.progress):
+    kBeaconsFromAThread,     // every worker beacons from a thread: steps keep coming while its
+                             // gang stalls, so no hang is ever seen
+    kHungStackLooksWaiting,  // node 1's hung worker dumps an all_reduce stack, and its local
+                             // rank 0 the stack of a rank stuck elsewhere
   };
   Sabotage sabotage = Sabotage::kNone;
 };
@@ -77,6 +82,9 @@ struct SimStats {
   int worker_failures = 0;               // workers that exited non-zero or were killed by faults
   int faults_injected = 0;
   uint64_t store_clients = 0;            // store clients that reached rank 0's store (relayed or not)
+  uint64_t beacons = 0;                  // progress beacons delivered to agents (0 without timeouts.progress)
+  int worker_hangs = 0;                  // workers that hung (faults and simulate.worker_hang_mtbf)
+  int hangs_judged = 0;                  // rounds node 0's coordinator stopped because ranks hung
   uint64_t peak_queue = 0;
 };
 

@@ -63,6 +63,20 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
     if (fault.kind == FaultKind::kPartition && nnodes == 1) continue;
     faults.push_back(fault);
   }
+  // Jobs that watch their ranks' progress also get stragglers, drawn after the others so that
+  // every other job's mix stays what it was.
+  if (spec.timeouts.DetectsHangs() && rng.Below(3) == 0) {
+    FaultSpec slow;
+    slow.kind = FaultKind::kWorkerSlow;
+    slow.at = Duration(rng.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
+    slow.node = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
+    slow.local_rank = static_cast<int>(rng.Below(static_cast<uint64_t>(nproc)));
+    slow.percent = 20 + static_cast<int>(rng.Below(281));
+    if (rng.Below(2) == 0) {
+      slow.duration = Duration(rng.Between(Minutes(1), Minutes(10)).count() / 1'000'000'000 * 1'000'000'000);
+    }
+    faults.push_back(slow);
+  }
   return faults;
 }
 

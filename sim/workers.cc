@@ -25,6 +25,14 @@ constexpr Duration kCompletionSpread = Seconds(2);
 constexpr Duration kStoreRetry = Seconds(2);
 constexpr int kStoreAttempts = 150;
 
+// Progress beacons: faulthandler dumps on SIGUSR2 (the Python module's choice); own work per
+// step varies by this much from beacon to beacon (data loading, kernel timing).
+constexpr int kStackSignal = 12;
+constexpr int64_t kJitterPermille = 20;
+// A batch of beacons per node at most this often: the Python module throttles its datagrams
+// too, and a second is far below any hang timeout.
+constexpr Duration kMinBeaconPeriod = Seconds(1);
+
 const std::string kPeerFailureText =
     "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process "
     "exited or there was a network error\nNCCL communicator was aborted on rank {}";
@@ -60,7 +68,14 @@ Workers::Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOption
       rng_(seed, 2),
       sabotage_(sabotage),
       checkpoint_every_ns_(Ns(spec.simulate.checkpoint_every)),
-      train_time_ns_(Ns(spec.simulate.train_time)) {}
+      train_time_ns_(Ns(spec.simulate.train_time)),
+      beacons_(spec.timeouts.DetectsHangs() ||
+               std::any_of(spec.simulate.faults.begin(), spec.simulate.faults.end(),
+                           [](const FaultSpec& f) { return f.kind == FaultKind::kWorkerSlow; })),
+      watch_hangs_(spec.timeouts.DetectsHangs()),
+      step_ns_(Ns(spec.simulate.step_time)),
+      beacon_period_(std::max(spec.simulate.step_time, kMinBeaconPeriod)),
+      beacon_rng_(seed, 5) {}
 
 Workers::Gang* Workers::CurrentGang() {
   if (current_gang_ == 0) return nullptr;
@@ -111,6 +126,8 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.pid = next_pid_++;
   w.coordinator = g->coordinator;
   w.master_port = Port(Env(launch.env, "MASTER_PORT"));
+  // The round resumes from the last checkpoint: its first step is the one after it.
+  w.last_step = progress_ns_ / step_ns_;
   WorkerStart start{index, RoundKey{g->coordinator, round}, world_, launch.global_rank, launch.local_rank,
                     w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")};
   if (index == 1 && sabotage_ == SimOptions::Sabotage::kWrongWorldSize) {
@@ -156,6 +173,8 @@ void Workers::Ready(uint32_t index, uint64_t gang) {
       }
     }
   }
+  // `import ddprun` ran during start-up: each worker says hello now, and beacons from here on.
+  if (beacons_ && !nodes_[index].beacon_armed) ArmBeacons(index, Duration(0));
   UpdateTraining();
   cluster_.SetPhase(index);
 }
@@ -178,9 +197,94 @@ void Workers::SignalAll(uint32_t index, int round, int signal) {
   cluster_.SetPhase(index);
 }
 
-void Workers::SignalForStacks(uint32_t, int, const std::vector<std::pair<int, int>>&) {}
+void Workers::SignalForStacks(uint32_t index, int round, const std::vector<std::pair<int, int>>& targets) {
+  for (const auto& [local, signal] : targets) {
+    for (uint32_t wi : nodes_[index].running) {
+      Worker& w = workers_[wi];
+      if (w.round != round || w.local_rank != local || !w.running) continue;
+      // faulthandler writes from its C signal handler, hung or not: at once, all threads. The
+      // agent only signals what the worker's hello said it registered.
+      if (w.hello && signal == kStackSignal) {
+        w.stacks += StackDump(w);
+        if (watch_hangs_) {
+          cluster_.invariants().StacksTaken(RoundKey{w.coordinator, w.round}, w.global_rank, w.hung);
+        }
+      }
+      break;
+    }
+  }
+}
 
-std::vector<std::string> Workers::ReadStacks(uint32_t, int) { return {}; }
+std::vector<std::string> Workers::ReadStacks(uint32_t index, int round) {
+  std::vector<std::string> dumps;
+  for (uint32_t wi : nodes_[index].running) {
+    Worker& w = workers_[wi];
+    if (w.round != round || !w.running || w.local_rank < 0) continue;
+    const auto local = static_cast<size_t>(w.local_rank);
+    if (dumps.size() <= local) dumps.resize(local + 1);
+    dumps[local] = std::move(w.stacks);
+    w.stacks.clear();
+  }
+  return dumps;
+}
+
+std::string FaulthandlerDump(StackAt where, uint64_t pid) {
+  const uint64_t id = 0x7f0000000000ULL + (pid & 0xffffff) * 0x1000000ULL;
+  // The data loader's pin-memory thread, then the main thread (faulthandler lists the newest
+  // thread first).
+  std::string text = fmt::format(
+      "Thread 0x{:016x} (most recent call first):\n"
+      "  File \"/usr/lib/python3.10/threading.py\", line 324 in wait\n"
+      "  File \"/usr/lib/python3.10/queue.py\", line 180 in get\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/pin_memory.py\", line 31 in do_one_step\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/pin_memory.py\", line 54 in _pin_memory_loop\n"
+      "  File \"/usr/lib/python3.10/threading.py\", line 953 in run\n"
+      "  File \"/usr/lib/python3.10/threading.py\", line 1016 in _bootstrap_inner\n"
+      "  File \"/usr/lib/python3.10/threading.py\", line 973 in _bootstrap\n"
+      "\n"
+      "Thread 0x{:016x} (most recent call first):\n",
+      id + 0x700, id + 0x740);
+  switch (where) {
+    case StackAt::kDataLoader:
+      // Waiting for a batch that never comes (a dead data-loader worker, a hung file system).
+      text +=
+          "  File \"/usr/lib/python3.10/threading.py\", line 324 in wait\n"
+          "  File \"/usr/lib/python3.10/queue.py\", line 180 in get\n"
+          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1133 in _try_get_data\n"
+          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1294 in _get_data\n"
+          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1332 in _next_data\n"
+          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 631 in __next__\n"
+          "  File \"/job/train.py\", line 57 in next_batch\n"
+          "  File \"/job/train.py\", line 84 in train_step\n"
+          "  File \"/job/train.py\", line 120 in <module>\n";
+      break;
+    case StackAt::kInit:
+      // Still starting: init_process_group waits in the store for every rank.
+      text +=
+          "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 1305 in init_process_group\n"
+          "  File \"/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py\", line 79 in wrapper\n"
+          "  File \"/job/train.py\", line 31 in setup\n"
+          "  File \"/job/train.py\", line 118 in <module>\n";
+      break;
+    case StackAt::kAllReduce:
+      // DDP's gradient all-reduce, waiting for the ranks that do not come.
+      text +=
+          "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in all_reduce\n"
+          "  File \"/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py\", line 83 in wrapper\n"
+          "  File \"/job/train.py\", line 88 in train_step\n"
+          "  File \"/job/train.py\", line 120 in <module>\n";
+      break;
+  }
+  return text + "\n";
+}
+
+std::string Workers::StackDump(const Worker& w) const {
+  // The sabotage swaps where node 1's ranks appear to be: its hung worker looks like it waits
+  // for the others, its local rank 0 like the one stuck elsewhere.
+  const bool swapped = sabotage_ == SimOptions::Sabotage::kHungStackLooksWaiting && w.node == 1;
+  const bool stuck = swapped ? !w.hung && w.local_rank == 0 : w.hung;
+  return FaulthandlerDump(stuck ? StackAt::kDataLoader : !w.ready ? StackAt::kInit : StackAt::kAllReduce, w.pid);
+}
 
 int Workers::GuardianKill(uint32_t index) {
   const int64_t now = cluster_.now_ns();
@@ -291,16 +395,19 @@ void Workers::Fail(uint32_t index, int local_rank, int exit_code, const std::str
   cluster_.PrintSim(index, fmt::format("{} skipped: no worker with local rank {} is running", what, local_rank));
 }
 
-void Workers::Hang(uint32_t index, int local_rank, std::optional<Duration> duration) {
+void Workers::Hang(uint32_t index, int local_rank, std::optional<Duration> duration,
+                   const std::string& what) {
   for (uint32_t wi : nodes_[index].running) {
     Worker& w = workers_[wi];
     if (w.local_rank != local_rank || !w.running || w.hung) continue;
     w.hung = true;
+    ++cluster_.stats().worker_hangs;
     auto it = gangs_.find(w.gang);
     if (it != gangs_.end()) ++it->second.hung;
-    cluster_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) hangs{}; it ignores SIGTERM",
+    cluster_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) hangs{}{}; it ignores SIGTERM",
                                          w.global_rank, local_rank, w.pid,
-                                         duration ? " for " + FormatDuration(*duration) : ""));
+                                         duration ? " for " + FormatDuration(*duration) : "",
+                                         what.empty() ? "" : " (" + what + ")"));
     cluster_.AddMark(index, MarkKind::kFault, fmt::format("rank {} hangs", w.global_rank),
                      duration ? cluster_.now_ns() + Ns(*duration) : -1);
     UpdateTraining();
@@ -343,6 +450,8 @@ void Workers::Vanish(uint32_t index) {
   }
   nodes_[index].running.clear();
   nodes_[index].ready_gang = 0;
+  nodes_[index].beacon_armed = false;
+  ++nodes_[index].beacon_gen;
   if (hit_gang) BreakGang(gangs_[*hit_gang], false, fmt::format("{} crashed", cluster_.NodeLabel(index)));
 }
 
@@ -350,10 +459,81 @@ void Workers::StopTraining(Gang& g) {
   const int64_t now = cluster_.now_ns();
   g.training = false;
   ++g.done_gen;
-  progress_ns_ += now - g.training_since_ns;
-  cluster_.stats().training_ns += now - g.training_since_ns;
+  BankTraining(g);
   Timeline* timeline = cluster_.timeline();
   if (timeline && !timeline->training.empty()) timeline->training.back().second = now;
+  if (!beacons_) return;
+  // Every rank sent the step it completed last before the gang stopped (the hung one too,
+  // before it hung); the node's next batch may be up to a period away, so hand it over now.
+  const auto step = static_cast<uint64_t>(progress_ns_ / step_ns_);
+  uint32_t last = UINT32_MAX;
+  for (uint32_t wi : g.workers) {
+    const Worker& w = workers_[wi];
+    if (w.gang != g.id || !w.running || !w.ready || w.node == last) continue;
+    last = w.node;
+    Event flush;
+    flush.kind = EventKind::kBeacons;
+    flush.node = w.node;
+    flush.side = 1;
+    flush.target = g.id;
+    flush.generation = step;
+    cluster_.queue().Push(cluster_.now(), flush);
+  }
+}
+
+void Workers::BankTraining(Gang& g) {
+  const int64_t span = cluster_.now_ns() - g.training_since_ns;
+  // A slower rank makes every step of the gang slower: progress at its pace.
+  progress_ns_ += g.slow_percent == 0 ? span : span * 100 / (100 + g.slow_percent);
+  cluster_.stats().training_ns += span;
+  g.training_since_ns = cluster_.now_ns();
+}
+
+void Workers::ScheduleTrainingDone(Gang& g) {
+  ++g.done_gen;
+  Event done;
+  done.kind = EventKind::kTrainingDone;
+  done.target = g.id;
+  done.generation = g.done_gen;
+  const int64_t left = std::max<int64_t>(0, train_time_ns_ - progress_ns_);
+  const int64_t wall = g.slow_percent == 0 ? left : left / 100 * (100 + g.slow_percent) + left % 100 * (100 + g.slow_percent) / 100;
+  cluster_.queue().Push(TimePoint(Duration(cluster_.now_ns() + wall)), done);
+}
+
+int Workers::SlowPercentOf(const Gang& g) const {
+  int slow = 0;
+  for (const auto& [slot, value] : slow_slots_) {
+    for (uint32_t wi : nodes_[slot.first].running) {
+      const Worker& w = workers_[wi];
+      if (w.gang == g.id && w.local_rank == slot.second) slow = std::max(slow, value.percent);
+    }
+  }
+  return slow;
+}
+
+int64_t Workers::ProgressNow(const Gang& g) const {
+  int64_t progress = progress_ns_;
+  if (g.training) {
+    const int64_t span = cluster_.now_ns() - g.training_since_ns;
+    progress += g.slow_percent == 0 ? span : span * 100 / (100 + g.slow_percent);
+  }
+  return std::min(progress, train_time_ns_);
+}
+
+void Workers::ReportHangStall(Gang& g) {
+  // Stalled because a rank hangs, and for nothing else (a partition stalls it too).
+  const bool stall = !g.broken && !g.completed && g.hung > 0 && !cluster_.network().partitioned();
+  if (stall == g.hang_stall) return;
+  g.hang_stall = stall;
+  const RoundKey key{g.coordinator, g.round};
+  if (!stall) return cluster_.invariants().GangResumed(key);
+  std::vector<int> hung;
+  for (uint32_t wi : g.workers) {
+    const Worker& w = workers_[wi];
+    if (w.gang == g.id && w.running && w.hung) hung.push_back(w.global_rank);
+  }
+  std::sort(hung.begin(), hung.end());
+  cluster_.invariants().GangHung(key, std::move(hung));
 }
 
 void Workers::UpdateTraining() {
@@ -363,15 +543,18 @@ void Workers::UpdateTraining() {
   Timeline* timeline = cluster_.timeline();
   const bool stalled = g->hung > 0 || cluster_.network().partitioned();
   const bool active = !g->broken && !g->completed && g->running == g->world && g->ready == g->world && !stalled;
+  const int slow = slow_slots_.empty() ? 0 : SlowPercentOf(*g);
+  if (active && g->training && slow != g->slow_percent) {
+    // A rank became slower or faster: the gang's pace changes from now.
+    BankTraining(*g);
+    g->slow_percent = slow;
+    ScheduleTrainingDone(*g);
+  }
   if (active && !g->training) {
     g->training = true;
     g->training_since_ns = now;
-    ++g->done_gen;
-    Event done;
-    done.kind = EventKind::kTrainingDone;
-    done.target = g->id;
-    done.generation = g->done_gen;
-    cluster_.queue().Push(TimePoint(Duration(now + std::max<int64_t>(0, train_time_ns_ - progress_ns_))), done);
+    g->slow_percent = slow;
+    ScheduleTrainingDone(*g);
     if (!cluster_.stats().first_training_ns) cluster_.stats().first_training_ns = now;
     if (timeline) timeline->training.emplace_back(now, -1);
     cluster_.PrintSim(std::nullopt,
@@ -402,12 +585,14 @@ void Workers::UpdateTraining() {
     g->stall_timer = false;
     ++g->stall_gen;
   }
+  if (watch_hangs_) ReportHangStall(*g);
 }
 
 void Workers::BreakGang(Gang& g, bool by_process_exit, const std::string& why) {
   if (g.broken || g.completed) return;
   if (g.training) StopTraining(g);
   g.broken = true;
+  if (watch_hangs_) ReportHangStall(g);
   SimStats& stats = cluster_.stats();
   ++stats.interruptions;
   const int64_t kept = checkpoint_every_ns_ > 0 ? progress_ns_ / checkpoint_every_ns_ * checkpoint_every_ns_ : 0;
@@ -528,13 +713,104 @@ std::optional<NodePhase> Workers::PhaseOf(uint32_t index, int* round) const {
 }
 
 void Workers::Finish() {
-  const Gang* g = CurrentGang();
-  if (g && g->training) {
-    const int64_t span = cluster_.now_ns() - g->training_since_ns;
-    progress_ns_ += span;
-    cluster_.stats().training_ns += span;
-  }
+  Gang* g = CurrentGang();
+  if (g && g->training) BankTraining(*g);
   cluster_.stats().useful_ns = std::min(progress_ns_, train_time_ns_);
+}
+
+// ---- progress beacons --------------------------------------------------------------------
+
+void Workers::ArmBeacons(uint32_t index, Duration after) {
+  PerNode& mine = nodes_[index];
+  mine.beacon_armed = true;
+  Event batch;
+  batch.kind = EventKind::kBeacons;
+  batch.node = index;
+  batch.generation = mine.beacon_gen;
+  cluster_.queue().Push(cluster_.now() + after, batch);
+}
+
+void Workers::Beacons(uint32_t index, uint64_t generation) {
+  PerNode& mine = nodes_[index];
+  if (generation != mine.beacon_gen || !mine.beacon_armed) return;
+  mine.beacon_armed = false;
+  if (mine.running.empty()) return;  // the chain ends; the next Ready starts it again
+  const Gang* g = CurrentGang();
+  const int64_t step = g ? ProgressNow(*g) / step_ns_ : -1;
+  const bool from_thread = sabotage_ == SimOptions::Sabotage::kBeaconsFromAThread;
+  // Delivering a beacon runs the agent; the list is copied in case anything below changes it.
+  const std::vector<uint32_t> running = mine.running;
+  for (uint32_t wi : running) {
+    Worker& w = workers_[wi];
+    // A hung worker sends nothing (unless it beacons from a thread); a worker still starting
+    // has not imported ddprun yet.
+    if (!w.running || !w.ready || (w.hung && !from_thread) || w.node != index) continue;
+    if (!w.hello) {
+      if (!Deliver(w, core::BeaconKind::kHello, 0, -1)) continue;
+      w.hello = true;
+    }
+    if (!g || g->id != w.gang || w.signalled) continue;
+    // DDP is lockstep: ranks step only while their gang trains.
+    if (g->training && step > w.last_step) {
+      DeliverStep(w, step);
+    } else if (from_thread && !g->broken && !g->completed && w.stepped) {
+      DeliverStep(w, w.last_step + 1);
+    }
+  }
+  if (!mine.running.empty()) ArmBeacons(index, beacon_period_);
+}
+
+void Workers::FlushSteps(uint32_t index, uint64_t gang, int64_t step) {
+  const std::vector<uint32_t> running = nodes_[index].running;
+  for (uint32_t wi : running) {
+    Worker& w = workers_[wi];
+    if (w.running && w.ready && w.gang == gang && w.node == index && step > w.last_step) DeliverStep(w, step);
+  }
+}
+
+bool Workers::Deliver(Worker& w, core::BeaconKind kind, int64_t step, int64_t busy_us) {
+  const Node& n = cluster_.node(w.node);
+  if (!n.up || n.incarnation != w.incarnation || n.finished || !n.pevents) return false;
+  ++cluster_.stats().beacons;
+  n.pevents->OnBeacon(core::Beacon{w.round, w.local_rank, kind, step, busy_us, kStackSignal});
+  return true;
+}
+
+void Workers::DeliverStep(Worker& w, int64_t step) {
+  // Own work since the previous step beacon: step_time per step (more on a slow GPU), with a
+  // little jitter; the agent counts one step for a rank's first beacon.
+  const int64_t steps = w.stepped ? step - w.last_step : 1;
+  int percent = 0;
+  if (!slow_slots_.empty()) {
+    auto it = slow_slots_.find({w.node, w.local_rank});
+    if (it != slow_slots_.end()) percent = it->second.percent;
+  }
+  const int64_t per_step_us = step_ns_ / 1000 * (100 + percent) / 100;
+  const auto jitter = 1000 - kJitterPermille + static_cast<int64_t>(beacon_rng_.Below(2 * kJitterPermille + 1));
+  if (!Deliver(w, core::BeaconKind::kStep, step, per_step_us * jitter / 1000 * steps)) return;
+  w.last_step = step;
+  w.stepped = true;
+  if (watch_hangs_) cluster_.invariants().StepBeacon(w.pid, cluster_.now_ns());
+}
+
+void Workers::Slow(uint32_t index, int local_rank, int percent, std::optional<Duration> duration) {
+  const std::pair<uint32_t, int> slot{index, local_rank};
+  const uint64_t generation = next_slow_++;
+  slow_slots_[slot] = SlowSlot{percent, generation};
+  cluster_.PrintSim(index, fmt::format("local rank {}'s GPU slows down{}: {}% more own work per step; the gang "
+                                       "steps at the pace of its slowest rank",
+                                       local_rank, duration ? " for " + FormatDuration(*duration) : "", percent));
+  cluster_.AddMark(index, MarkKind::kFault, fmt::format("local rank {} slow", local_rank),
+                   duration ? cluster_.now_ns() + Ns(*duration) : -1);
+  UpdateTraining();
+  if (!duration) return;
+  cluster_.queue().PushCall(cluster_.now() + *duration, [this, slot, generation] {
+    auto it = slow_slots_.find(slot);
+    if (it == slow_slots_.end() || it->second.generation != generation) return;
+    slow_slots_.erase(it);
+    cluster_.PrintSim(slot.first, fmt::format("local rank {}'s GPU runs at full speed again", slot.second));
+    UpdateTraining();
+  });
 }
 
 }  // namespace ddprun::sim

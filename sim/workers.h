@@ -1,8 +1,10 @@
 #pragma once
 // Simulated worker processes and the training model. DDP trains in lockstep, so progress is
 // job-wide: a round trains only while every rank is up and nothing stalls it; the first rank
-// to die breaks the gang, and progress since the last checkpoint is lost. Internal to sim/;
-// the launcher port reaches it through the Cluster.
+// to die breaks the gang, and progress since the last checkpoint is lost; the gang steps at
+// the pace of its slowest rank. With timeouts.progress, workers send progress beacons from
+// the model (docs/simulator.md, "Hung ranks") and dump faulthandler stacks when signalled.
+// Internal to sim/; the launcher port reaches it through the Cluster.
 
 #include <cstdint>
 #include <map>
@@ -23,6 +25,16 @@ class Cluster;
 
 /// The NCCL watchdog's default: a collective that makes no progress this long kills its rank.
 inline constexpr Duration kCollectiveTimeout = Minutes(10);
+
+/// Where a simulated rank's main thread stands when faulthandler dumps it.
+enum class StackAt {
+  kDataLoader,  // stuck waiting for a batch (train.py:57): the hung rank
+  kInit,        // still starting, in init_process_group
+  kAllReduce,   // waiting for the other ranks in DDP's all-reduce (train.py:88)
+};
+/// What faulthandler writes on SIGUSR2 with all_threads=True: a data-loader thread, then the
+/// main thread at `where`; thread ids from `pid`.
+std::string FaulthandlerDump(StackAt where, uint64_t pid);
 
 class Workers {
  public:
@@ -46,6 +58,8 @@ class Workers {
   void PeerFailure(uint32_t node, uint64_t gang);           // kPeerFailure
   void CollectiveTimeout(uint64_t gang, uint64_t generation);  // kCollectiveTimeout
   void StoreConnect(uint32_t worker, uint64_t pid);         // kStoreConnect
+  void Beacons(uint32_t node, uint64_t generation);         // kBeacons, side 0
+  void FlushSteps(uint32_t node, uint64_t gang, int64_t step);  // kBeacons, side 1
 
   // ---- faults and nodes ----
   /// The worker of `local_rank` on `node` exits with `exit_code` now (a fault).
@@ -54,7 +68,10 @@ class Workers {
   /// A running worker of `local_rank` on `node` that a fault could still hit.
   bool Hittable(uint32_t node, int local_rank) const;
   /// The worker of `local_rank` on `node` stops making progress and ignores SIGTERM.
-  void Hang(uint32_t node, int local_rank, std::optional<Duration> duration);
+  void Hang(uint32_t node, int local_rank, std::optional<Duration> duration, const std::string& what);
+  /// The GPU of `local_rank` on `node` needs `percent` more work per step (for `duration`, or
+  /// for good), whichever worker runs on it; the gang steps at the pace of its slowest rank.
+  void Slow(uint32_t node, int local_rank, int percent, std::optional<Duration> duration);
   /// A crashed machine: its workers vanish without exit codes.
   void Vanish(uint32_t node);
   /// The guardian's lease ran out while the agent did not run: every worker of `node` is
@@ -67,6 +84,9 @@ class Workers {
   /// What `node`'s workers are doing; nullopt when it has none. `round` is set with a phase.
   std::optional<NodePhase> PhaseOf(uint32_t node, int* round) const;
   bool job_completed() const { return job_completed_; }
+  /// Whether workers send progress beacons: only when the job can use them (timeouts.progress,
+  /// or a worker-slow fault to report), so that other jobs run exactly as before beacons.
+  bool beacons() const { return beacons_; }
   /// Banks the training still in progress at the end of the run into the stats.
   void Finish();
 
@@ -92,6 +112,11 @@ class Workers {
     int exit_code = 0;
     int signal = 0;
     std::string stderr_tail;
+    // Progress beacons.
+    bool hello = false;          // its `hello` reached the agent
+    bool stepped = false;        // a step beacon of it reached the agent
+    int64_t last_step = 0;       // the last step it sent (at start: the step it resumes from)
+    std::string stacks;          // what its stacks file got since the agent last signalled it
   };
   /// The workers of one round, job-wide (DDP trains in lockstep: all or nothing).
   struct Gang {
@@ -110,11 +135,20 @@ class Workers {
     uint64_t stall_gen = 0;      // invalidates a scheduled kCollectiveTimeout
     bool stall_timer = false;
     bool peers_notified = false; // peer-failure events were scheduled
+    int slow_percent = 0;        // the slowest rank's extra work per step, while training
+    bool hang_stall = false;     // reported to the invariants: stalled because a rank hangs
     std::vector<uint32_t> workers;
   };
   struct PerNode {
     std::vector<uint32_t> running;  // running workers
     uint64_t ready_gang = 0;        // gang whose startup event is scheduled for this node
+    uint64_t beacon_gen = 0;        // the node's beacon chain (kBeacons, side 0)
+    bool beacon_armed = false;      // a batch of the chain is queued
+  };
+  /// worker-slow on one GPU (node, local rank).
+  struct SlowSlot {
+    int percent = 0;
+    uint64_t generation = 0;        // the fault that set it (its end only clears its own)
   };
 
   void Exit(uint32_t worker, int64_t at_ns, int exit_code, int signal, std::string stderr_tail);
@@ -122,6 +156,21 @@ class Workers {
   void ScheduleStoreConnect(uint32_t worker, Duration after);
   void BreakGang(Gang& gang, bool by_process_exit, const std::string& why);
   void StopTraining(Gang& gang);
+  /// Banks the training since the gang's span began (at its slowest rank's pace).
+  void BankTraining(Gang& gang);
+  void ScheduleTrainingDone(Gang& gang);
+  /// The extra work per step of the gang's slowest running rank, in percent.
+  int SlowPercentOf(const Gang& gang) const;
+  /// Training progress now (banked plus the current span), at most train_time.
+  int64_t ProgressNow(const Gang& gang) const;
+  void ReportHangStall(Gang& gang);
+  // Progress beacons.
+  void ArmBeacons(uint32_t node, Duration after);
+  /// Hands `kind` from worker `w` to its agent; false when its agent cannot take it now.
+  bool Deliver(Worker& w, core::BeaconKind kind, int64_t step, int64_t busy_us);
+  void DeliverStep(Worker& w, int64_t step);
+  /// What faulthandler writes for `w` now (all threads; the main one where the rank stands).
+  std::string StackDump(const Worker& w) const;
   Gang* CurrentGang();
   const Gang* CurrentGang() const;
 
@@ -141,6 +190,13 @@ class Workers {
   int64_t checkpoint_every_ns_ = 0;
   int64_t train_time_ns_ = 0;
   bool job_completed_ = false;
+  bool beacons_ = false;
+  bool watch_hangs_ = false;           // timeouts.progress: the invariants watch hung gangs
+  int64_t step_ns_ = 0;
+  Duration beacon_period_{};
+  Prng beacon_rng_;                    // its own stream: beacons never shift the other draws
+  std::map<std::pair<uint32_t, int>, SlowSlot> slow_slots_;
+  uint64_t next_slow_ = 1;
 };
 
 }  // namespace ddprun::sim

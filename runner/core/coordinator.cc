@@ -1028,9 +1028,8 @@ void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& ou
 namespace ddprun::core {
 namespace {
 
-// How long the coordinator waits for every node's stacks: agents wait a second for
-// faulthandler, then answer over a connection that may be slow.
-Duration StacksWait(const JobSpec& spec) { return std::max(Seconds(5), 2 * spec.timeouts.heartbeat); }
+// How long the coordinator waits for every node's stacks (JobSpec::Timeouts::StacksWait).
+Duration StacksWait(const JobSpec& spec) { return spec.timeouts.StacksWait(); }
 
 // The most groups of identical stacks a hang summary lists, and culprits shown with a stack.
 constexpr size_t kMaxGroups = 12;
@@ -1103,6 +1102,11 @@ Coordinator::Failure Coordinator::HangFailure() {
   std::vector<RankAtHang> ranks;
   for (auto& [rank, state] : probe.ranks) ranks.push_back(state);
   const HangVerdict verdict = FindHungRanks(ranks, probe.first.global_rank);
+  ++hang_judgements_;
+  last_hang_judgement_ = HangJudgement{round_, verdict.culprits, {}};
+  for (const RankAtHang& r : ranks) {
+    if (!r.stack.empty()) last_hang_judgement_.with_stack.push_back(r.global_rank);
+  }
   const RankAtHang& culprit = probe.ranks.at(verdict.culprits.front());
 
   const auto& t = spec_.timeouts;

@@ -48,6 +48,18 @@ class Coordinator {
   /// Set once the job has ended: the exit code every agent was told.
   std::optional<int> exit_code() const { return exit_code_; }
 
+  /// A round this coordinator stopped because ranks hung, as it judged it. For observers (the
+  /// simulator's invariants check the verdict against the ranks it hung); the protocol never
+  /// reads it.
+  struct HangJudgement {
+    int round = 0;
+    std::vector<int> culprits;    // the ranks it named, ascending
+    std::vector<int> with_stack;  // the ranks whose stack it had, ascending
+  };
+  /// How many hung rounds it has judged, and the last judgement.
+  uint64_t hang_judgements() const { return hang_judgements_; }
+  const HangJudgement& last_hang_judgement() const { return last_hang_judgement_; }
+
  private:
   /// Where a node stands with the verdict once the job is ending.
   enum class EndState {
@@ -194,6 +206,8 @@ class Coordinator {
   std::optional<TimePoint> next_straggler_check_;
   std::vector<std::string> stragglers_seen_;     // every straggler reported in the job, for the summary
   int64_t longest_interval_ms_ = 0;              // learnt: the job's longest beacon interval
+  uint64_t hang_judgements_ = 0;
+  HangJudgement last_hang_judgement_;
   std::string secret_;
   uint64_t nonce_seed_ = 0;
 };

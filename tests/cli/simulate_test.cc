@@ -51,6 +51,16 @@ TEST(CliTest, RunsTwiceIdentically) {
   EXPECT_EQ(a.output, b.output);
 }
 
+TEST(CliTest, WorkerSlowFlagReportsAStraggler) {
+  const Result run = RunDdprun("--simulate " + std::string(DDPRUN_SOURCE_DIR) +
+                               "/examples/lightning-2x8.toml --fault worker-slow@5m:node=1,local_rank=2,percent=100");
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("] node 1: local rank 2's GPU slows down: 100% more own work per step"));
+  EXPECT_THAT(run.output, HasSubstr("] coordinator: rank 10 (node 1 (10.10.10.17), local rank 2) is a straggler: its "
+                                    "own work per step is"));
+  EXPECT_THAT(run.output, HasSubstr("stragglers (more than 50% slower than the median rank for 2m):"));
+}
+
 TEST(CliTest, BadFaultFlagIsAUsageError) {
   const Result run = RunDdprun("--simulate " + kLaptop + " --fault node-crash@soon");
   EXPECT_EQ(run.code, 2) << run.output;

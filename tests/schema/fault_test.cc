@@ -14,7 +14,8 @@ TEST(Faults, KindNamesRoundTrip) {
   for (FaultKind kind : {FaultKind::kNodeCrash, FaultKind::kAgentHang, FaultKind::kWorkerExit,
                          FaultKind::kWorkerHang, FaultKind::kPartition,
                          FaultKind::kMasterPortBlocked, FaultKind::kSlowJoiner,
-                         FaultKind::kJobFileDiffers, FaultKind::kDuplicateNodeRank}) {
+                         FaultKind::kJobFileDiffers, FaultKind::kDuplicateNodeRank,
+                         FaultKind::kWorkerSlow}) {
     EXPECT_EQ(ParseFaultKind(FaultKindName(kind)), kind);
   }
   EXPECT_EQ(FaultKindName(FaultKind::kMasterPortBlocked), "master-port-blocked");
@@ -74,8 +75,8 @@ TEST(Faults, JobFileErrors) {
             "12:1: error: missing required key `simulate.faults[0].at`\n"
             "  hint: e.g. at = \"40m\" (virtual time since the start)\n"
             "13:8: error: unknown fault kind \"disk-full\"\n"
-            "  hint: known kinds: node-crash, agent-hang, worker-exit, worker-hang, partition, "
-            "master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank\n");
+            "  hint: known kinds: node-crash, agent-hang, worker-exit, worker-hang, worker-slow, "
+            "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank\n");
   EXPECT_EQ(Diags(Parse(WithBase("[[simulate.faults]]\nat = 40\nkind = \"worker-exit\"\n"
                                  "local_rank = 2\n"))),
             "13:6: error: simulate.faults[0].at must be a duration string, not an integer\n"
@@ -110,6 +111,52 @@ TEST(Faults, FlagSyntax) {
   auto bare = ParseFaultFlag("agent-hang@1h");
   ASSERT_TRUE(bare) << bare.error();
   EXPECT_EQ(bare->node, 0);
+
+  auto slow = ParseFaultFlag("worker-slow@5m:node=1,local_rank=2,percent=100");
+  ASSERT_TRUE(slow) << slow.error();
+  EXPECT_EQ(slow->kind, FaultKind::kWorkerSlow);
+  EXPECT_EQ(slow->at, Minutes(5));
+  EXPECT_EQ(slow->node, 1);
+  EXPECT_EQ(slow->local_rank, 2);
+  EXPECT_EQ(slow->percent, 100);
+  EXPECT_FALSE(slow->duration);
+  auto slower = ParseFaultFlag("worker-slow@5m:node=1,percent=250,duration=10m");
+  ASSERT_TRUE(slower) << slower.error();
+  EXPECT_EQ(slower->percent, 250);
+  EXPECT_EQ(slower->duration, Minutes(10));
+  EXPECT_EQ(ParseFaultFlag("worker-slow@1m")->percent, 100) << "the table's default";
+}
+
+TEST(Faults, WorkerSlowFromTheJobFile) {
+  auto r = Parse(WithBase(R"([simulate]
+step_time = "2s"
+worker_hang_mtbf = "30d"
+[[simulate.faults]]
+at = "5m"
+kind = "worker-slow"
+node = 1
+local_rank = 1
+percent = 50
+duration = "20m"
+)"));
+  ASSERT_TRUE(r.spec) << Diags(r);
+  const auto& s = r.spec->simulate;
+  EXPECT_EQ(s.step_time, Seconds(2));
+  EXPECT_EQ(s.worker_hang_mtbf, Hours(24 * 30));
+  ASSERT_EQ(s.faults.size(), 1u);
+  EXPECT_EQ(s.faults[0].kind, FaultKind::kWorkerSlow);
+  EXPECT_EQ(s.faults[0].percent, 50);
+  EXPECT_EQ(s.faults[0].duration, Minutes(20));
+  EXPECT_EQ(Diags(Parse(WithBase("[[simulate.faults]]\nat = \"1m\"\nkind = \"worker-slow\"\n"
+                                 "percent = 0\n"))),
+            "15:11: error: simulate.faults[0].percent = 0 is out of range (1..10000)\n");
+  EXPECT_EQ(Diags(Parse(WithBase("[[simulate.faults]]\nat = \"1m\"\nkind = \"worker-hang\"\n"
+                                 "percent = 50\n"))),
+            "15:1: error: simulate.faults[0].percent does not apply to a fault of kind "
+            "\"worker-hang\"\n"
+            "  hint: a worker-hang fault takes: at, kind, node, local_rank, duration\n");
+  EXPECT_EQ(Diags(Parse(WithBase("[simulate]\nstep_time = \"0s\"\n"))),
+            "13:13: error: simulate.step_time must be longer than 0s\n");
 }
 
 TEST(Faults, FlagErrors) {
@@ -123,8 +170,8 @@ TEST(Faults, FlagErrors) {
             "node-crash@40m:node=1");
   EXPECT_EQ(error_of("disk-full@1m"),
             "unknown fault kind `disk-full` (known: node-crash, agent-hang, worker-exit, "
-            "worker-hang, partition, master-port-blocked, slow-joiner, job-file-differs, "
-            "duplicate-node-rank)");
+            "worker-hang, worker-slow, partition, master-port-blocked, slow-joiner, "
+            "job-file-differs, duplicate-node-rank)");
   EXPECT_EQ(error_of("node-crash@40"), "`40` is not a duration (e.g. 90s, 40m, 1h30m)");
   EXPECT_EQ(error_of("node-crash@40m:nod=1"), "unknown fault key `nod`; did you mean `node`?");
   EXPECT_EQ(error_of("node-crash@40m:exit_code=1"),
@@ -136,6 +183,7 @@ TEST(Faults, FlagErrors) {
   EXPECT_EQ(error_of("node-crash@40m:node=-1"), "node=-1 is not a valid number");
   EXPECT_EQ(error_of("node-crash@40m:node=1,node=2"), "`node` is given twice");
   EXPECT_EQ(error_of("worker-exit@1m:exit_code=256"), "exit_code = 256 is out of range (0..255)");
+  EXPECT_EQ(error_of("worker-slow@1m:percent=0"), "percent = 0 is out of range (1..10000)");
   EXPECT_EQ(error_of("partition@1m:peers=a"),
             "peers=a is not a list of node ranks (e.g. 0+2)");
 }

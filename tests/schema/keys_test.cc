@@ -20,7 +20,7 @@ namespace {
 using testing::Diags;
 using testing::Parse;
 
-// Every key of every section written once (faults: every key in one of three faults).
+// Every key of every section written once (faults: every key in one of four faults).
 constexpr std::string_view kEveryKey = R"(version = 1
 [job]
 name = "t"
@@ -64,9 +64,11 @@ console = [0]
 seed = 1
 node_mtbf = "30d"
 worker_mtbf = "30d"
+worker_hang_mtbf = "30d"
 train_time = "10m"
 checkpoint_every = "30m"
 worker_startup = "20s"
+step_time = "1s"
 max_time = "60d"
 [[simulate.faults]]
 at = "1m"
@@ -83,6 +85,10 @@ exit_code = 3
 at = "1m"
 kind = "node-crash"
 reboot_after = "5m"
+[[simulate.faults]]
+at = "1m"
+kind = "worker-slow"
+percent = 100
 )";
 
 // "simulate.faults[2].node" -> "simulate.faults.node", "job.env.A" -> "job.env".
@@ -215,10 +221,11 @@ TEST(KeyTable, FaultRangesNarrowToTheJob) {
 // What a loaded job means, for comparing a file that writes a default with one that does not.
 std::string Meaning(const JobSpec& spec) {
   const auto& s = spec.simulate;
-  return fmt::format("{}\nseed={} train={} checkpoint={} startup={} max={} console={}",
+  return fmt::format("{}\nseed={} train={} checkpoint={} startup={} step={} max={} console={}",
                      CanonicalForm(spec), s.seed, FormatDuration(s.train_time),
                      FormatDuration(s.checkpoint_every), FormatDuration(s.worker_startup),
-                     FormatDuration(s.max_time), static_cast<int>(spec.logs.console.mode));
+                     FormatDuration(s.step_time), FormatDuration(s.max_time),
+                     static_cast<int>(spec.logs.console.mode));
 }
 
 TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {

@@ -22,7 +22,7 @@ constexpr int64_t kSecond = 1'000'000'000;
 class InvariantsTest : public ::testing::Test {
  protected:
   InvariantsTest()
-      : invariants_(sim::InvariantBounds{2, 4, Seconds(96), Seconds(66)},
+      : invariants_(sim::InvariantBounds{2, 4, Seconds(96), Seconds(66), std::nullopt},
                     [this](int64_t at) { checks_.push_back(at); }) {
     invariants_.AddNode(0, "node 0");
     invariants_.AddNode(1, "node 1");
@@ -254,6 +254,111 @@ TEST_F(InvariantsTest, ExitThreeWithoutAFaultThatKeptANodeAway) {
                          "(at 5m00s)");
 }
 
+// Hung ranks (timeouts.progress = 2m): a round that a hung rank stalled is stopped within the
+// silence allowed + 1m (stacks, stop and slack in these bounds), and a verdict that had the hung
+// rank's stack names it.
+class HangInvariantsTest : public InvariantsTest {
+ protected:
+  HangInvariantsTest()
+      : hangs_(sim::InvariantBounds{2, 4, Seconds(96), Seconds(66),
+                                    sim::HangBounds{Minutes(2), Minutes(10), 5, Seconds(10), Minutes(1)}},
+               [this](int64_t at) { checks_.push_back(at); }) {
+    hangs_.AddNode(0, "node 0");
+    hangs_.AddNode(1, "node 1");
+  }
+  void StartAndStep(int64_t at_s) {
+    for (int rank = 0; rank < 4; ++rank) {
+      WorkerStart start{static_cast<uint32_t>(rank / 2), RoundKey{1, 0}, 4, rank, rank % 2, Pid(0, rank),
+                        std::to_string(rank), "4"};
+      hangs_.WorkerStarted(start);
+    }
+    hangs_.AfterEvent(at_s * kSecond);
+    for (int64_t t = at_s + 20; t <= at_s + 30; ++t) {
+      for (int rank = 0; rank < 4; ++rank) hangs_.StepBeacon(Pid(0, rank), t * kSecond);
+      Beat(t);
+    }
+  }
+  void Beat(int64_t t) {
+    hangs_.HeardFromCoordinator(0, t * kSecond);
+    hangs_.HeardFromCoordinator(1, t * kSecond);
+    hangs_.AfterEvent(t * kSecond);
+  }
+  std::string HangViolation() const { return hangs_.violation().value_or("(none)"); }
+
+  Invariants hangs_;
+};
+
+TEST_F(HangInvariantsTest, AHungRoundStillRunningPastTheBound) {
+  StartAndStep(0);
+  hangs_.GangHung(RoundKey{1, 0}, {3});
+  hangs_.AfterEvent(31 * kSecond);
+  ASSERT_EQ(checks_.back(), (31 + 180) * kSecond) << "2m of silence, then 1m";
+  for (int64_t t = 32; t < 211; t += 2) Beat(t);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+  Beat(211);
+  EXPECT_EQ(HangViolation(), "round 0 stopped training 3m00s ago because rank 3 hung, but rank 0 on node 0 (pid "
+                             "1100) still runs; with timeouts.progress the round is stopped within 3m00s (a silence "
+                             "of 2m00s, then the stacks, the stop and slack) (at 3m31s)");
+}
+
+TEST_F(HangInvariantsTest, ARoundStoppedInTimeOrRunningAgainBreaksNothing) {
+  StartAndStep(0);
+  hangs_.GangHung(RoundKey{1, 0}, {3});
+  hangs_.AfterEvent(31 * kSecond);
+  hangs_.GangResumed(RoundKey{1, 0});  // the hang healed before any agent saw it
+  for (int64_t t = 32; t < 400; t += 2) Beat(t);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+  hangs_.GangHung(RoundKey{1, 0}, {1});
+  hangs_.AfterEvent(400 * kSecond);
+  for (int64_t t = 402; t < 560; t += 2) Beat(t);
+  hangs_.RoundFailed(RoundKey{1, 0});
+  for (int rank = 0; rank < 4; ++rank) hangs_.WorkerEnded(Pid(0, rank), false);
+  for (int64_t t = 560; t < 700; t += 2) Beat(t);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+}
+
+TEST_F(HangInvariantsTest, BeforeTheFirstStepProgressStartApplies) {
+  for (int rank = 0; rank < 4; ++rank) {
+    hangs_.WorkerStarted(WorkerStart{static_cast<uint32_t>(rank / 2), RoundKey{1, 0}, 4, rank, rank % 2,
+                                     Pid(0, rank), std::to_string(rank), "4"});
+  }
+  hangs_.AfterEvent(0);
+  hangs_.GangHung(RoundKey{1, 0}, {2});
+  hangs_.AfterEvent(10 * kSecond);
+  EXPECT_EQ(checks_.back(), (10 + 660) * kSecond) << "10m of silence, then 1m";
+}
+
+TEST_F(HangInvariantsTest, AHungAgentRestartsTheBound) {
+  StartAndStep(0);
+  hangs_.GangHung(RoundKey{1, 0}, {3});
+  hangs_.AfterEvent(31 * kSecond);
+  hangs_.AgentHung(1, 200 * kSecond);  // node 1's agent cannot see the silence until 200 s
+  for (int64_t t = 32; t < 380; t += 2) Beat(t);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+  Beat(380);
+  EXPECT_THAT(HangViolation(), ::testing::HasSubstr("round 0 stopped training 5m49s ago because rank 3 hung"));
+}
+
+TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
+  StartAndStep(0);
+  hangs_.GangHung(RoundKey{1, 0}, {3});
+  hangs_.AfterEvent(31 * kSecond);
+  for (int64_t t = 32; t < 152; t += 2) Beat(t);
+  for (int rank = 0; rank < 4; ++rank) hangs_.StacksTaken(RoundKey{1, 0}, rank, rank == 3);
+  hangs_.AfterEvent(152 * kSecond);
+  hangs_.HangJudged(RoundKey{1, 0}, {3}, {0, 1, 2, 3});
+  hangs_.AfterEvent(157 * kSecond);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+  // Without the hung rank's stack, the coordinator can only guess: not held to it.
+  hangs_.HangJudged(RoundKey{1, 0}, {0}, {0, 1, 2});
+  hangs_.AfterEvent(158 * kSecond);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+  hangs_.HangJudged(RoundKey{1, 0}, {2}, {0, 1, 2, 3});
+  hangs_.AfterEvent(159 * kSecond);
+  EXPECT_EQ(HangViolation(), "round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung (its "
+                             "stack was taken) (at 2m39s)");
+}
+
 // Through the whole simulator: a misbehaving node (a test-only sabotage) makes the invariant
 // fire in a real run, printed as the user sees it.
 using Sabotage = sim::SimOptions::Sabotage;
@@ -287,6 +392,34 @@ TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease)
   EXPECT_EQ(run.result.violation.value_or(""), "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
                                                "heard from the coordinator or resumed; an agent stops its workers "
                                                "within 1m06s (at 7m04s)");
+}
+
+std::string ProgressJob(std::string_view progress) {
+  std::string job = SmallJob();
+  const std::string timeouts = "[timeouts]\nrendezvous = \"5m\"\n";
+  job.replace(job.find(timeouts), timeouts.size(), timeouts + std::string(progress) + "\n");
+  return job;
+}
+
+TEST(InvariantsFireInTheSimulatorTest, AHangNobodySeesOutlivesTheHangBound) {
+  // Workers that beacon from a thread keep "stepping" while their gang stalls: no agent sees the
+  // hang, and the round runs on until the NCCL watchdog's 10 minutes.
+  const SimRun run = Simulate(ProgressJob("progress = \"2m\""), {"worker-hang@5m:node=1,local_rank=1"},
+                              std::nullopt, false, Sabotage::kBeaconsFromAThread);
+  EXPECT_EQ(run.result.violation.value_or(""),
+            "round 0 stopped training 3m23s ago because rank 3 hung, but rank 0 on node 0 (pid 1000) still runs; "
+            "with timeouts.progress the round is stopped within 3m23s (a silence of 2m00s, then the stacks, the "
+            "stop and slack) (at 8m23s)");
+}
+
+TEST(InvariantsFireInTheSimulatorTest, AVerdictNamingARankThatDidNotHang) {
+  // Node 1's stacks lie: its hung rank 3 shows an all_reduce, its rank 2 a data-loader wait.
+  const SimRun run = Simulate(ProgressJob("progress = \"2m\""), {"worker-hang@5m:node=1,local_rank=1"},
+                              std::nullopt, false, Sabotage::kHungStackLooksWaiting);
+  EXPECT_THAT(run.result.violation.value_or(""),
+              ::testing::StartsWith("round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung "
+                                    "(its stack was taken) (at 7m"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("] INVARIANT VIOLATED: round 0 was stopped as hung naming rank 2"));
 }
 
 }  // namespace

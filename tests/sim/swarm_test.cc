@@ -47,6 +47,51 @@ TEST_P(ExampleSwarmTest, FiveThousandSeedsHoldEveryInvariant) {
 INSTANTIATE_TEST_SUITE_P(Examples, ExampleSwarmTest,
                          ::testing::Values("laptop.toml", "lightning-2x8.toml", "lightning-4x8.toml"));
 
+// Jobs that detect hung ranks (timeouts.progress, a duration or "auto"), with random hangs and
+// stragglers besides the swarm's faults; bench/swarm.sh runs 100,000 seeds of each.
+class HangSwarmTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HangSwarmTest, OneThousandSeedsHoldEveryInvariant) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/" + GetParam());
+  std::stringstream text;
+  text << in.rdbuf();
+  LoadResult loaded = ParseJobText(text.str(), std::string("bench/") + GetParam());
+  ASSERT_TRUE(loaded.spec);
+  ASSERT_TRUE(loaded.spec->timeouts.DetectsHangs());
+  sim::SimOptions options;
+  options.seed = 1000;
+  options.quiet = true;
+  options.job_path = std::string("bench/") + GetParam();
+  std::ostringstream out;
+  const sim::SwarmResult swarm = sim::RunSwarm(*loaded.spec, options, 1000, out);
+  EXPECT_EQ(swarm.runs, 1000);
+  EXPECT_EQ(swarm.failures, 0) << out.str();
+}
+
+INSTANTIATE_TEST_SUITE_P(Bench, HangSwarmTest, ::testing::Values("swarm-hangs.toml", "swarm-hangs-auto.toml"));
+
+TEST(SwarmTest, OnlyJobsThatDetectHangsGetStragglers) {
+  LoadResult plain = ParseJobText(SmallJob("", 3, 2, 3), "job.toml");
+  std::string text = SmallJob("", 3, 2, 3);
+  text.replace(text.find("[timeouts]\n"), 11, "[timeouts]\nprogress = \"2m\"\n");
+  LoadResult watching = ParseJobText(text, "job.toml");
+  ASSERT_TRUE(plain.spec && watching.spec);
+  int slow = 0;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    const auto mix = sim::DrawSwarmFaults(*plain.spec, seed);
+    auto with = sim::DrawSwarmFaults(*watching.spec, seed);
+    for (const FaultSpec& fault : mix) EXPECT_NE(fault.kind, FaultKind::kWorkerSlow);
+    // The same mix, and sometimes a straggler after it.
+    if (with.size() > mix.size()) {
+      EXPECT_EQ(with.back().kind, FaultKind::kWorkerSlow);
+      with.pop_back();
+      ++slow;
+    }
+    EXPECT_EQ(with, mix);
+  }
+  EXPECT_GT(slow, 50);
+}
+
 TEST(SwarmTest, QuietSwarmPrintsOnlyFailuresAndTheCount) {
   LoadResult loaded = ParseJobText(SmallJob("", 2, 2, 3), "job.toml");
   ASSERT_TRUE(loaded.spec);
