@@ -2,7 +2,9 @@
 
 init_process_group("env://") reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE; the backend
 follows PL_TRAINER_ACCELERATOR (gloo on CPU, nccl on GPU). Trains a tiny linear model on random
-data for a few steps, checks an all_reduce, and prints what each rank saw. Runs with
+data for a few steps, checks an all_reduce, and prints what each rank saw. With
+--checkpoint-dir, rank 0 saves a checkpoint after every step and a restarted job resumes from it
+(the directory must be one that every node sees, e.g. a shared file system). Runs with
 torch 1.13 on Python 3.11 and with torch 2.x.
 """
 
@@ -22,6 +24,27 @@ try:  # ddprun puts its module on PYTHONPATH; under torchrun the beacons are sim
     import ddprun
 except ImportError:
     ddprun = None
+
+
+def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Loads DIR/checkpoint.pt into `model` and `optimizer` if it exists; the step to resume from."""
+    path = os.path.join(directory, "checkpoint.pt")
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
+def save_checkpoint(directory: str, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer) -> None:
+    """Saves DIR/checkpoint.pt atomically: a reader (or a crash) never sees half a file."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "checkpoint.pt")
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+               path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def wait_forever() -> None:
@@ -48,6 +71,9 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=-1,
                         help="this global rank does this many times the work per step (for tests)")
     parser.add_argument("--slow-factor", type=float, default=3.0)
+    parser.add_argument("--checkpoint-dir", default="",
+                        help="rank 0 saves checkpoint.pt here after every step; every rank "
+                             "resumes from it on start (a directory every node sees)")
     args = parser.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -78,11 +104,17 @@ def main() -> None:
 
     # Same initial weights everywhere (DDP broadcasts rank 0's anyway), different data per rank.
     torch.manual_seed(1234)
-    model = DistributedDataParallel(
-        torch.nn.Linear(16, 1).to(device), device_ids=[local_rank] if use_cuda else None)
+    module = torch.nn.Linear(16, 1).to(device)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    first_step = 0
+    if args.checkpoint_dir:
+        # Before DDP wraps the module, so that rank 0 cannot save the next step while others load.
+        first_step = load_checkpoint(args.checkpoint_dir, module, optimizer)
+        if first_step > 0:
+            print(f"rank {rank}: resumed from step {first_step}", flush=True)
+    model = DistributedDataParallel(module, device_ids=[local_rank] if use_cuda else None)
     torch.manual_seed(1234 + rank)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for step in range(args.steps):
+    for step in range(first_step, args.steps):
         started = time.monotonic()
         x = torch.randn(32, 16, device=device)
         y = x.sum(dim=1, keepdim=True)
@@ -98,6 +130,8 @@ def main() -> None:
         loss.backward()
         dist.all_reduce(torch.ones(1, device=device))
         optimizer.step()
+        if args.checkpoint_dir and rank == 0:
+            save_checkpoint(args.checkpoint_dir, step + 1, module, optimizer)
         if ddprun:
             ddprun.progress(step + 1, busy=busy)
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
