@@ -968,7 +968,11 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
   // joined is not waited for.
   awaiting_end_ = 0;
   for (Slot& slot : slots_) {
-    slot.end = slot.conn ? EndState::kTold : slot.ever_joined ? EndState::kAway : EndState::kSettled;
+    // A node whose rank went to a spare is not waited for: its workers were gone before the
+    // spare's round started (its lease), and it takes no part in the job any more.
+    slot.end = slot.conn                                  ? EndState::kTold
+               : slot.ever_joined && slot.position >= 0 ? EndState::kAway
+                                                         : EndState::kSettled;
     if (slot.end != EndState::kSettled) ++awaiting_end_;
   }
   Broadcast(wire::JobEnd{exit_code, end_summary_}, out);

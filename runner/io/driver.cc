@@ -544,10 +544,13 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   };
   signals.async_wait(on_signal);
 
+  const bool spare = options.node_rank >= spec.cluster.nnodes;
   console.Log(core::LogLevel::kInfo, "agent",
-              fmt::format("ddprun {}: job \"{}\", node {} of {} ({}), {} worker{} here, master {}:{}, "
+              fmt::format("ddprun {}: job \"{}\", {} {} of {} ({}), {} worker{} here, master {}:{}, "
                           "job fingerprint {}",
-                          DDPRUN_VERSION, spec.job.name, options.node_rank, spec.cluster.nnodes,
+                          DDPRUN_VERSION, spec.job.name, spare ? "spare" : "node",
+                          spare ? options.node_rank - spec.cluster.nnodes : options.node_rank,
+                          spare ? spec.cluster.spares : spec.cluster.nnodes,
                           options.host, spec.cluster.nproc_per_node,
                           spec.cluster.nproc_per_node == 1 ? "" : "s", spec.cluster.master_addr,
                           spec.cluster.master_port, config.fingerprint.substr(0, 12)));

@@ -130,6 +130,27 @@ TEST_F(SparesTest, ALostNodesRankGoesToTheSpareAfterReplaceAndTheOldLease) {
       << failed[0].second.cause;
 }
 
+TEST_F(SparesTest, TheEndDoesNotWaitForTheReplacedNode) {
+  Join(0s, 0);
+  Join(0s, 1);
+  Join(0s, 2);
+  Feed(0s, StorePortReady{0, 41000});
+  Feed(10s, PeerClosed{Conn(1), "connection reset"});
+  Send(10s, 0, wire::RoundStopped{0, 2});
+  BeatUntil(10s, 58s, {{0, 0}, {2, 0}});
+  Feed(58s, StorePortReady{1, 41001});
+  Send(59s, 0, wire::NodeDone{1});
+  EXPECT_EQ(Sent<wire::JobEnd>(Send(59s, 2, wire::NodeDone{1})).size(), 2u);
+  Send(59s, 0, wire::JobEndAck{});
+  // Node 1 is away for good; its rank went to the spare: the two that played acknowledge, and
+  // node 0 is done at once, with the journal saying that no workers may run.
+  const Effects done = Send(59s, 2, wire::JobEndAck{});
+  ASSERT_EQ(All<CoordinatorDone>(done).size(), 1u) << test::Describe(done);
+  const auto journal = All<RecordJournal>(done);
+  ASSERT_EQ(journal.size(), 1u);
+  EXPECT_FALSE(journal[0].rounds_may_run);
+}
+
 TEST_F(SparesTest, ANodeThatComesBackInTimeKeepsItsRank) {
   Join(0s, 0);
   Join(0s, 1);
