@@ -380,15 +380,13 @@ void Invariants::CheckLeases(int64_t now_ns) {
 
 // ---- hung ranks ---------------------------------------------------------------------------
 
-void Invariants::OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int> hung) {
-  auto it = rounds_.find(key);
-  if (it == rounds_.end()) return;
-  Round& round = it->second;
+int64_t Invariants::SilenceAllowed(const Round& round) const {
   const HangBounds& b = *bounds_.hangs;
   // The most silence an agent allows a rank (JobSpec::Timeouts, Agent::SilenceAllowed): the
   // timeout, or before a rank's first step also progress_start. "auto" learns at most factor x
   // the longest interval seen between two step beacons (this ledger's own, job-wide), and until
-  // it has learnt, progress_start applies.
+  // it has learnt, progress_start applies. The longest interval may still grow after the stall
+  // (the last step reaches the agents when the gang stops): computed when checked.
   const int64_t start = b.progress_start.count();
   int64_t timeout = 0;
   if (b.progress) {
@@ -397,10 +395,16 @@ void Invariants::OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int
     timeout = std::max({start, b.auto_floor.count(), b.auto_factor * longest_step_interval_ns_});
   }
   const bool stepped = round.world > 0 && round.stepped >= round.world;
-  round.hang_allowed_ns = stepped ? timeout : std::max(timeout, start);
+  return stepped ? timeout : std::max(timeout, start);
+}
+
+void Invariants::OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int> hung) {
+  auto it = rounds_.find(key);
+  if (it == rounds_.end()) return;
+  Round& round = it->second;
   round.hung = std::move(hung);
   round.hung_since_ns = now_ns;
-  round.hang_check_ns = now_ns + round.hang_allowed_ns + b.after_silence.count();
+  round.hang_check_ns = now_ns + SilenceAllowed(round) + bounds_.hangs->after_silence.count();
   Schedule(round.hang_check_ns);
   next_due_ns_ = std::min(next_due_ns_, round.hang_check_ns);
 }
@@ -408,7 +412,8 @@ void Invariants::OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int
 void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& round) {
   round.hang_check_ns = -1;
   if (round.live == 0) return;
-  const int64_t bound = round.hang_allowed_ns + bounds_.hangs->after_silence.count();
+  const int64_t allowed = SilenceAllowed(round);
+  const int64_t bound = allowed + bounds_.hangs->after_silence.count();
   // A hung agent neither sees the silence nor stops its workers, and node 0's runs the
   // coordinator: the bound starts again when the last of them resumed. One that never resumes
   // is left to the lease checks (its guardian kills its workers; the others lose it).
@@ -443,7 +448,7 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
                            "silence of {}, then the stacks, the stop and slack)",
                            key.round, HumanDuration(Duration(now_ns - round.hung_since_ns)),
                            fmt::join(hung, ", "), late->global_rank, nodes_[late->node].label, late->pid,
-                           HumanDuration(Duration(bound)), HumanDuration(Duration(round.hang_allowed_ns))));
+                           HumanDuration(Duration(bound)), HumanDuration(Duration(allowed))));
 }
 
 void Invariants::CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks& judged) {

@@ -151,7 +151,6 @@ class Invariants {
     int stepped = 0;                // ranks whose step beacons reached their agent
     std::vector<int> hung;          // the ranks whose hang stalled the round
     int64_t hung_since_ns = -1;     // when it stalled because of them
-    int64_t hang_allowed_ns = 0;    // the silence the agents allow, at most
     int64_t hang_check_ns = -1;     // when the hang bound is checked next
     std::vector<int> hung_at_dump;  // ranks that hung when their stacks were taken
   };
@@ -186,6 +185,8 @@ class Invariants {
   void CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round);
   void CheckLeases(int64_t now_ns);
   void OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int> hung);
+  /// The most silence an agent allows a rank of `round` now (hung ranks).
+  int64_t SilenceAllowed(const Round& round) const;
   void CheckHangBound(int64_t now_ns, const RoundKey& key, Round& round);
   void CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks& judged);
   int64_t ResumedAt(const Node& node) const;

@@ -127,5 +127,31 @@ TEST(RegressionTest, ARebootedCoordinatorWaitsForTheLeaseOfThePreviousOnesWorker
   EXPECT_LT(kill, start) << "the round started before the old worker was killed";
 }
 
+// Hung ranks, "auto" (false alarm): a straggler slowed the gang to one step every ~111 s while
+// beacons came every 30 s, so intervals of 90 and 120 s were learnt; when a rank hung, the last
+// step before the stall reached the agents with an interval of 116 s, longer than any the
+// checker had seen when it fixed the bound, and the agents rightly allowed 5 x 116 s. The
+// checker now takes the longest interval when it checks.
+// ddprun --simulate v-auto-30s.toml --seed 5679 --fault worker-hang@14m16s717ms:node=2,local_rank=3
+//   --fault worker-slow@10m18s802ms:node=2,local_rank=0,percent=269
+// (v-auto-30s.toml: bench/swarm-hangs-auto.toml with step_time = "30s")
+TEST(RegressionTest, TheHangBoundAllowsWhatTheLastStepTaughtTheAgents) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-hangs-auto.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string job = text.str();
+  const std::string step = "step_time = \"2s\"";
+  ASSERT_NE(job.find(step), std::string::npos);
+  job.replace(job.find(step), step.size(), "step_time = \"30s\"");
+  const SimRun run = Simulate(job,
+                              {"worker-hang@14m16s717ms:node=2,local_rank=3",
+                               "worker-slow@10m18s802ms:node=2,local_rank=0,percent=269"},
+                              5679);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = \"auto\", 9m38s learnt from this job); stopping every "
+                                    "worker on every node"));
+}
+
 }  // namespace
 }  // namespace ddprun::testing
