@@ -69,6 +69,14 @@ void Agent::Send(wire::Message message, std::vector<AgentEffect>& out) {
 }
 
 void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
+  // The driver calls at least every heartbeat; a longer gap is our own stall (SIGSTOP, a VM
+  // pause, swap). The workers' beacons of that time wait unread in the socket: the stall is
+  // not their silence, so their progress clocks move on by it.
+  if (last_input_ && now - *last_input_ > 2 * spec_.timeouts.heartbeat) {
+    const Duration stall = now - *last_input_;
+    for (Worker& w : workers_) w.beats.since += stall;
+  }
+  last_input_ = now;
   ExpireDeadlines(now, out);
   if (Exited()) return;
   if (std::holds_alternative<MasterConnected>(input)) {

@@ -183,6 +183,7 @@ class Agent {
   // The node rank this agent plays in the current round: its own, or a replaced node's.
   int node_rank_ = -1;
   bool standby_ = false;  // the job has spares: wait for a round as long as it runs
+  std::optional<TimePoint> last_input_;  // to tell our own stall from the workers' silence
   std::optional<TimePoint> stacks_due_;
   bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
   std::optional<TimePoint> next_report_;

@@ -252,6 +252,18 @@ HangVerdict FindHungRanks(const std::vector<RankAtHang>& ranks, int first_silent
                                   : working.size() == 1 ? "the only rank not waiting for the others"
                                                         : "the ranks not waiting for the others");
   }
+  // Every rank with a stack waits for the others: one without a stack (it hung before the
+  // module said hello, or has no handler) is what they wait for.
+  {
+    std::vector<const RankAtHang*> silent, stacked;
+    for (const RankAtHang* r : candidates) (r->stack.empty() ? silent : stacked).push_back(r);
+    const bool all_wait = std::all_of(stacked.begin(), stacked.end(),
+                                      [](const RankAtHang* r) { return WaitsForOtherRanks(r->stack); });
+    if (!stacked.empty() && all_wait && !silent.empty() && silent.size() < stacked.size()) {
+      return finish(silent, silent.size() == 1 ? "every other rank waits in a collective; it has no stack"
+                                               : "every other rank waits in a collective; they have no stack");
+    }
+  }
   if (behind && candidates.size() * 2 <= all.size()) {
     return finish(candidates, candidates.size() == 1
                                   ? "its last step is behind every other rank's"

@@ -180,6 +180,15 @@ TEST(FindHungRanksTest, AStackUnlikeTheMajoritysHung) {
   EXPECT_EQ(verdict.reason, "stuck elsewhere than the other ranks");
 }
 
+TEST(FindHungRanksTest, ARankWithoutAStackIsWhatTheOthersWaitFor) {
+  // Rank 1 hung before the module said hello: no stack; every other rank waits in all_reduce.
+  std::vector<RankAtHang> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back({r, 0, r, 41, 30'000, r == 1 ? std::vector<Frame>{} : kAllReduce});
+  const auto verdict = FindHungRanks(ranks, /*first_silent=*/3);
+  EXPECT_EQ(verdict.culprits, std::vector<int>{1});
+  EXPECT_EQ(verdict.reason, "every other rank waits in a collective; it has no stack");
+}
+
 TEST(FindHungRanksTest, WithNothingToTellThemApartTheFirstSilentRankIsNamed) {
   std::vector<RankAtHang> ranks;
   for (int r = 0; r < 4; ++r) ranks.push_back({r, 0, r, 41, 30'000, {}});
@@ -307,6 +316,28 @@ TEST_F(AgentProgressTest, ARankSilentPastTimeoutsProgressIsReportedAtThatInstant
       << test::Describe(e);
   // Once said, not again (the coordinator now asks for stacks).
   EXPECT_TRUE(Sent<wire::RankHung>(Feed(90s, Tick{})).empty());
+}
+
+TEST_F(AgentProgressTest, TheAgentsOwnStallIsNotTheWorkersSilence) {
+  UseJob("progress = \"4s\"\nprogress_start = \"60s\"\n");
+  Running();
+  int64_t step = 0;
+  Until(0s, 10s, true, &step);
+  // The agent does not run from 10 s to 15 s (a VM pause, shorter than the loss bound of 6 s);
+  // the beacons of that time wait in its socket and come after the first input it handles.
+  const AgentEffects resumed = Msg(15s, wire::Heartbeat{});
+  EXPECT_TRUE(Sent<wire::RankHung>(resumed).empty()) << test::Describe(resumed);
+  Beat(15s, 0, 11);
+  Beat(15s, 1, 11);
+  // Then rank 3 really is silent: reported 4 s after its last beacon.
+  for (Duration t = 16s; t <= 19s; t += 1s) {
+    Msg(t, wire::Heartbeat{});
+    EXPECT_TRUE(Sent<wire::RankHung>(Beat(t, 0, t / 1s)).empty());
+  }
+  const AgentEffects e = Feed(19s + kNs, Tick{});
+  const auto hung = Sent<wire::RankHung>(e);
+  ASSERT_EQ(hung.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(hung[0].global_rank, 3);
 }
 
 TEST_F(AgentProgressTest, TheFirstBeaconAndOneAfterAPhaseGetTheStartTimeout) {
