@@ -118,20 +118,7 @@ Status MetricsServer::Listen(const std::string& addr, uint16_t port) {
                                 ? fmt::format("[{}]:{}", endpoint.address().to_string(), port)
                                 : fmt::format("{}:{}", endpoint.address().to_string(), port);
   auto acceptor = std::make_unique<Acceptor>(io_);
-  acceptor->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) acceptor->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor->acceptor.bind(endpoint, ec);
-  if (ec == asio::error::address_in_use) {
-    return Fail(fmt::format("cannot listen on {}: the port is already in use{}", where, DescribePortUse(port)));
-  }
-  if (ec.value() == EADDRNOTAVAIL) {
-    return Fail(fmt::format("cannot listen on {}: not an address of this machine", where));
-  }
-  if (ec == asio::error::access_denied) {
-    return Fail(fmt::format("cannot listen on {}: permission denied (ports below 1024 need root)", where));
-  }
-  if (!ec) acceptor->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return Fail(fmt::format("cannot listen on {}: {}", where, ec.message()));
+  if (auto error = OpenListener(acceptor->acceptor, endpoint, where)) return Fail(error->text);
   port_ = acceptor->acceptor.local_endpoint(ec).port();
   acceptor_ = std::move(acceptor);
   StartAccept();

@@ -223,7 +223,7 @@ TEST_F(MetricsServerTest, ATakenPortIsRefusedWithWhy) {
                                             ": the port is already in use"));
   const Status nowhere = other.Listen("192.0.2.1", 0);
   ASSERT_FALSE(nowhere);
-  EXPECT_EQ(nowhere.error(), "cannot listen on 192.0.2.1:0: not an address of this machine");
+  EXPECT_EQ(nowhere.error(), "cannot listen on 192.0.2.1:0: 192.0.2.1 is not an address of this machine");
 }
 
 }  // namespace
