@@ -144,6 +144,8 @@ std::string CanonicalForm(const JobSpec& spec) {
     fields["stragglers.window"] = FormatDuration(spec.stragglers.window);
   }
   fields["logs.dir"] = Quote(spec.logs.dir);
+  // Only when set, so that files without it keep their fingerprint.
+  if (spec.metrics.Served()) fields["metrics.listen"] = Quote(spec.metrics.Listen());
 
   std::string out;
   for (const auto& [key, value] : fields) out += fmt::format("{} = {}\n", key, value);

@@ -24,6 +24,20 @@ void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral,
   };
   check("master_port", spec.cluster.master_port);
   if (spec.cluster.store_port) check("store_port", *spec.cluster.store_port);
+  // The metrics port is every node's, and a port taken there only costs that node its metrics.
+  const uint16_t metrics = spec.metrics.port;
+  if (!spec.metrics.Served() || metrics < ephemeral.first || metrics > ephemeral.last) return;
+  for (const PortRange& r : reserved) {
+    if (metrics >= r.first && metrics <= r.last) return;
+  }
+  diagnostics.Warning(
+      spec.LocationOf("metrics.listen"), "metrics.listen",
+      fmt::format("metrics.listen = \"{}\": port {} is inside this machine's ephemeral port range ({}-{})",
+                  spec.metrics.Listen(), metrics, ephemeral.first, ephemeral.last),
+      fmt::format("an outgoing connection may be given this port, and a node then serves no "
+                  "metrics; use a port outside the range, or reserve it with "
+                  "`sysctl net.ipv4.ip_local_reserved_ports={}`",
+                  metrics));
 }
 
 namespace {

@@ -1,5 +1,5 @@
 #pragma once
-// Whether node 0's listening ports may be taken by the kernel for outgoing connections.
+// Whether the ports ddprun listens on may be taken by the kernel for outgoing connections.
 
 #include <optional>
 #include <string_view>
@@ -19,7 +19,8 @@ struct PortRange {
 /// Warns when cluster.master_port or cluster.store_port lies in `ephemeral`, the range the
 /// kernel picks outgoing connections' local ports from, and not in `reserved` (the caller reads
 /// both from /proc/sys/net/ipv4/ip_local_port_range and ip_local_reserved_ports): any outgoing
-/// connection on node 0 may hold the port when the agent wants to listen.
+/// connection on node 0 may hold the port when the agent wants to listen. The same for the
+/// port of metrics.listen, which every node listens on.
 void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral,
                          const std::vector<PortRange>& reserved, Diagnostics& diagnostics);
 

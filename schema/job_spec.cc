@@ -38,6 +38,19 @@ size_t JobSpec::ProgressWindowBuckets() const {
   return static_cast<size_t>(std::max<int64_t>((stragglers.window + period - Duration(1)) / period, 1));
 }
 
+std::string JobSpec::Metrics::Listen() const {
+  const bool v6 = addr.find(':') != std::string::npos;
+  return (v6 ? "[" + addr + "]" : addr) + ":" + std::to_string(port);
+}
+
+std::string JobSpec::MetricsAddressOf(int node_rank) const {
+  if (metrics.addr != Metrics::kOwnNodeAddress) return metrics.addr;
+  if (node_rank >= 0 && static_cast<size_t>(node_rank) < cluster.nodes.size()) {
+    return cluster.nodes[static_cast<size_t>(node_rank)];
+  }
+  return "";
+}
+
 SourceLoc JobSpec::LocationOf(const std::string& key_path) const {
   auto it = locations.find(key_path);
   return it == locations.end() ? SourceLoc{} : it->second;

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -203,6 +204,18 @@ struct JobSpec {
     ConsoleFilter console;
   } logs;
 
+  /// [metrics]: a Prometheus text endpoint on every node; none unless metrics.listen is set.
+  /// Every node reads the same file, so the address is one every node can listen on.
+  struct Metrics {
+    /// Each node's own entry of cluster.nodes ("*" in the file).
+    static constexpr std::string_view kOwnNodeAddress = "*";
+    std::string addr;   // an IP address as written ("0.0.0.0", "::", "127.0.0.1"), or "*"
+    uint16_t port = 0;  // 0: no endpoint
+    bool Served() const { return port != 0; }
+    /// "ADDR:PORT" as the file writes it ("[::]:9400" for IPv6).
+    std::string Listen() const;
+  } metrics;
+
   /// [simulate]: only read by --simulate.
   struct Simulate {
     uint64_t seed = 1;
@@ -236,6 +249,9 @@ struct JobSpec {
   Duration ProgressReportPeriod() const;
   /// How many report periods make the straggler window (at least 1).
   size_t ProgressWindowBuckets() const;
+  /// The address node `node_rank` binds for metrics: metrics.addr, or for "*" the node's entry
+  /// of cluster.nodes (the loader refuses "*" without cluster.nodes).
+  std::string MetricsAddressOf(int node_rank) const;
   /// Where `key_path` was written; {0,0} for defaults.
   SourceLoc LocationOf(const std::string& key_path) const;
 };

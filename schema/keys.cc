@@ -24,7 +24,7 @@ constexpr IntRange kPortRange{1, 65535};
 constexpr IntRange kRankRange{0, kMaxNodes * kMaxProcsPerNode - 1};
 constexpr IntRange kNodeRankRange{0, kMaxNodes - 1};
 
-constexpr std::array<KeySpec, 9> kTopKeys = {{
+constexpr std::array<KeySpec, 10> kTopKeys = {{
     {.name = "version", .type = KeyType::kInteger, .doc = "Job file format version.",
      .range = IntRange{1, 1}, .required = true},
     {.name = "job", .type = KeyType::kSection, .doc = "What to run.", .required = true},
@@ -40,6 +40,8 @@ constexpr std::array<KeySpec, 9> kTopKeys = {{
      .doc = "Report ranks that stay slower than the others (from their progress beacons)."},
     {.name = "logs", .type = KeyType::kSection,
      .doc = "Per-rank log files and the live console."},
+    {.name = "metrics", .type = KeyType::kSection,
+     .doc = "A Prometheus text endpoint on every node (off unless listen is set)."},
     {.name = "simulate", .type = KeyType::kSection, .doc = "Only read by `ddprun --simulate`."},
 }};
 
@@ -220,6 +222,21 @@ constexpr std::array<KeySpec, 2> kLogKeys = {{
      .item_range = kRankRange, .values = kConsoleModes, .default_value = "all", .unique = true},
 }};
 
+constexpr std::array<std::string_view, 3> kListenExamples = {"0.0.0.0:9400", "127.0.0.1:9400",
+                                                            "*:9400"};
+
+constexpr std::array<KeySpec, 1> kMetricsKeys = {{
+    {.name = "listen", .type = KeyType::kString,
+     .doc = "ADDR:PORT where each node serves GET /metrics (Prometheus text format) for itself, "
+            "node 0 also for the job. Every node reads the same value: ADDR is an IP address "
+            "every node listens on (\"0.0.0.0\" every interface, \"127.0.0.1\" this host "
+            "only, \"[::]\" for IPv6) or \"*\", each node's own entry of cluster.nodes; the "
+            "same PORT on every node. A node that cannot listen warns and runs the job. Unset: "
+            "no endpoint.",
+     .examples = kListenExamples,
+     .pattern = "^(\\*|[0-9.]+|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}$"},
+}};
+
 constexpr std::array<KeySpec, 10> kSimulateKeys = {{
     {.name = "seed", .type = KeyType::kInteger,
      .doc = "PRNG seed; the same seed and file give the same run.", .range = IntRange{},
@@ -285,10 +302,11 @@ constexpr auto kRestartNames = NamesOf(kRestartKeys);
 constexpr auto kTimeoutNames = NamesOf(kTimeoutKeys);
 constexpr auto kStragglerNames = NamesOf(kStragglerKeys);
 constexpr auto kLogNames = NamesOf(kLogKeys);
+constexpr auto kMetricsNames = NamesOf(kMetricsKeys);
 constexpr auto kSimulateNames = NamesOf(kSimulateKeys);
 constexpr auto kFaultNames = NamesOf(kFaultKeys);
 
-const std::array<SectionSpec, 10> kSections = {{
+const std::array<SectionSpec, 11> kSections = {{
     {.name = "", .doc = "", .keys = kTopKeys, .known_names = kTopNames},
     {.name = "job", .doc = "", .keys = kJobKeys, .known_names = kJobNames},
     {.name = "cluster", .doc = "", .keys = kClusterKeys, .known_names = kClusterNames,
@@ -299,6 +317,7 @@ const std::array<SectionSpec, 10> kSections = {{
     {.name = "timeouts", .doc = "", .keys = kTimeoutKeys, .known_names = kTimeoutNames},
     {.name = "stragglers", .doc = "", .keys = kStragglerKeys, .known_names = kStragglerNames},
     {.name = "logs", .doc = "", .keys = kLogKeys, .known_names = kLogNames},
+    {.name = "metrics", .doc = "", .keys = kMetricsKeys, .known_names = kMetricsNames},
     {.name = "simulate", .doc = "", .keys = kSimulateKeys, .known_names = kSimulateNames},
     {.name = "simulate.faults", .doc = "One scheduled fault.", .keys = kFaultKeys,
      .known_names = kFaultNames},

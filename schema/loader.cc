@@ -15,8 +15,9 @@ namespace {
 
 // Every section of `root` into `spec`. The order is what the sections need from each other:
 // - [trainer] before [cluster]: nproc_per_node defaults to the trainer.devices count;
-// - [cluster] before [logs] and [simulate]: console ranks and fault nodes and workers must
-//   exist in the job (the world size, the node and worker counts);
+// - [cluster] before [logs], [metrics] and [simulate]: console ranks and fault nodes and
+//   workers must exist in the job (the world size, the node and worker counts), the metrics
+//   port must not be one of the cluster's, and "*" needs cluster.nodes;
 // - every section before CheckAcrossSections, which compares [trainer] with [cluster] and
 //   [restart] with [timeouts] once both sides hold their final values.
 // Diagnostics are printed sorted by position, so this order does not show in the output.
@@ -31,6 +32,7 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
   LoadTimeouts(root, reader, spec.timeouts);
   LoadStragglers(root, reader, spec.stragglers);
   LoadLogs(root, reader, spec.WorldSize(), spec.logs);
+  LoadMetrics(root, reader, spec.cluster, spec.metrics);
   LoadSimulate(root, reader, FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node},
                spec.simulate);
   CheckAcrossSections(spec, trainer, cluster, reader);

@@ -26,6 +26,15 @@ std::string HostOf(const JobSpec& spec, int node_rank) {
   return fmt::format("node{}", node_rank);
 }
 
+// Where a scraper reaches node `node_rank`'s metrics: a wildcard address is reached at the
+// node's host name. Only for a job that serves metrics.
+std::string MetricsUrl(const JobSpec& spec, int node_rank) {
+  std::string host = spec.MetricsAddressOf(node_rank);
+  if (host == "0.0.0.0" || host == "::") host = HostOf(spec, node_rank);
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  return fmt::format("http://{}:{}/metrics", host, spec.metrics.port);
+}
+
 uint16_t WorkerMasterPort(const JobSpec& spec) {
   return spec.cluster.store_port.value_or(spec.cluster.master_port);
 }
@@ -246,6 +255,19 @@ std::string PlanHeader(const JobSpec& spec) {
     out += "hung ranks: not detected (set timeouts.progress and call ddprun.progress() in the "
            "training loop)\n";
   }
+  if (spec.metrics.Served()) {
+    constexpr int kUrlsShown = 2;
+    std::vector<std::string> urls;
+    for (int k = 0; k < std::min(c.nnodes, kUrlsShown); ++k) urls.push_back(MetricsUrl(spec, k));
+    if (c.nnodes > kUrlsShown) urls.push_back("...");
+    const std::string where =
+        spec.metrics.addr == JobSpec::Metrics::kOwnNodeAddress
+            ? fmt::format("port {} of its address in cluster.nodes", spec.metrics.port)
+            : spec.metrics.Listen();
+    out += fmt::format("metrics: each node serves GET /metrics on {} for itself, node 0 also for "
+                       "the job: {}\n",
+                       where, fmt::join(urls, ", "));
+  }
   return out;
 }
 
@@ -391,6 +413,7 @@ Json PlanToJson(const JobSpec& spec, const Plan& plan) {
   j["master_port"] = spec.cluster.master_port;
   j["store_port"] = spec.cluster.store_port ? Json(*spec.cluster.store_port) : Json(nullptr);
   j["max_restarts"] = spec.restart.max_restarts;
+  j["metrics_listen"] = spec.metrics.Served() ? Json(spec.metrics.Listen()) : Json(nullptr);
   j["nodes"] = Json::array();
   for (const NodePlan& node : plan.nodes) {
     Json n;
@@ -398,6 +421,7 @@ Json PlanToJson(const JobSpec& spec, const Plan& plan) {
     n["host"] = node.host;
     n["ddprun_command"] = node.ddprun_command;
     n["torchrun_command"] = node.torchrun_command;
+    n["metrics_url"] = spec.metrics.Served() ? Json(MetricsUrl(spec, node.node_rank)) : Json(nullptr);
     n["ranks"] = Json::array();
     for (const RankPlan& rank : node.ranks) {
       Json r;

@@ -63,6 +63,10 @@ void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts,
 /// [logs]. Console ranks must be below `world_size` (0: unknown, [cluster] had errors).
 void LoadLogs(const toml::table& root, TomlReader& reader, int world_size, JobSpec::Logs& logs);
 
+/// [metrics]. The port must not be one of `cluster`'s; "*" needs cluster.nodes.
+void LoadMetrics(const toml::table& root, TomlReader& reader, const JobSpec::Cluster& cluster,
+                 JobSpec::Metrics& metrics);
+
 /// [simulate] and its [[simulate.faults]], whose nodes and workers must exist in `bounds`.
 void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bounds,
                   JobSpec::Simulate& simulate);

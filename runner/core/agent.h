@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runner/core/events.h"
+#include "runner/core/metrics.h"
 #include "runner/core/time.h"
 #include "schema/job_spec.h"
 
@@ -54,6 +55,8 @@ class Agent {
   int round() const { return round_; }
   int running_workers() const;
   std::optional<int> exit_code() const { return exit_code_; }
+  /// What this node can say about itself now, for the metrics endpoint (runner/core/metrics.cc).
+  AgentMetrics Metrics(TimePoint now) const;
 
  private:
   /// One rank's progress beacons in this round.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runner/core/events.h"
+#include "runner/core/metrics.h"
 #include "runner/core/time.h"
 #include "schema/job_spec.h"
 
@@ -47,6 +48,12 @@ class Coordinator {
   int joined_count() const;
   /// Set once the job has ended: the exit code every agent was told.
   std::optional<int> exit_code() const { return exit_code_; }
+  /// What the job looks like now, for node 0's metrics endpoint (runner/core/metrics.cc).
+  CoordinatorMetrics Metrics() const;
+  /// The round of the job's latest root cause; nullopt before any failure.
+  std::optional<int> last_failure_round() const {
+    return last_failure_ ? std::optional<int>(last_failure_->round) : std::nullopt;
+  }
 
   /// A round this coordinator stopped because ranks hung, as it judged it. For observers (the
   /// simulator's invariants check the verdict against the ranks it hung); the protocol never

@@ -178,6 +178,10 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   std::vector<core::CoordinatorEffect>& effects = coordinator_effects_;  // as in RunAgent
   const TimePoint now = ports_.clock->Now();
   coordinator_->Handle(now, input, effects);
+  if (const auto failed = coordinator_->last_failure_round(); failed != failure_round_seen_) {
+    failure_round_seen_ = failed;
+    failure_seen_at_ = now;
+  }
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
     if (auto* send = std::get_if<core::SendTo>(&effect)) {
@@ -202,6 +206,18 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   effects.clear();
   MaybeFinish();
   if (!finished_) Rearm();
+}
+
+NodeMetrics NodeHost::Metrics() const {
+  const TimePoint now = ports_.clock->Now();
+  NodeMetrics metrics;
+  metrics.job = spec_.job.name;
+  metrics.agent = agent_.Metrics(now);
+  if (coordinator_) {
+    metrics.coordinator = coordinator_->Metrics();
+    if (failure_round_seen_ && failure_seen_at_) metrics.since_last_failure = now - *failure_seen_at_;
+  }
+  return metrics;
 }
 
 void NodeHost::Rearm() {

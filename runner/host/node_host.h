@@ -12,6 +12,7 @@
 
 #include "runner/core/agent.h"
 #include "runner/core/coordinator.h"
+#include "runner/host/metrics_text.h"
 #include "runner/host/ports.h"
 
 namespace ddprun::host {
@@ -44,6 +45,8 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   bool finished() const { return finished_; }
   const core::Agent& agent() const { return agent_; }
   const core::Coordinator* coordinator() const { return coordinator_.get(); }
+  /// This node's metrics now (on node 0 the job's too), for the driver's metrics endpoint.
+  NodeMetrics Metrics() const;
 
   // TransportEvents
   void OnAccepted(ConnId conn, std::string peer_addr) override;
@@ -73,6 +76,10 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   std::unordered_map<ConnId, wire::Decoder> decoders_;
   std::optional<int> agent_exit_;
   bool coordinator_done_ = false;
+  // When this host saw the coordinator's latest root cause appear, for the metrics: the
+  // coordinator keeps the failure, not its time (a display fact, never a decision).
+  std::optional<int> failure_round_seen_;
+  std::optional<TimePoint> failure_seen_at_;
   bool finished_ = false;
   std::vector<core::AgentEffect> agent_effects_;
   std::vector<core::CoordinatorEffect> coordinator_effects_;

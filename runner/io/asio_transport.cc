@@ -137,27 +137,18 @@ Status AsioTransport::Listen(const std::string& addr, uint16_t port) {
   }
   const tcp::endpoint endpoint = results.begin()->endpoint();
   auto listener = std::make_unique<Listener>(io_);
-  listener->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) listener->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) listener->acceptor.bind(endpoint, ec);
-  if (ec == asio::error::address_in_use) {
-    return ddprun::Fail(fmt::format("cannot listen on {}:{}: the port is already in use{}\n"
-                       "hint: stop that process, or pick another cluster.master_port in the job "
-                       "file (on every node)",
-                       addr, port, DescribePortUse(port)));
+  if (auto error = OpenListener(listener->acceptor, endpoint, fmt::format("{}:{}", addr, port))) {
+    switch (error->kind) {
+      case ListenError::Kind::kInUse:
+        return ddprun::Fail(error->text + "\nhint: stop that process, or pick another cluster.master_port "
+                                          "in the job file (on every node)");
+      case ListenError::Kind::kNotHere:
+        return ddprun::Fail(error->text + "\nhint: node 0 must run on the host of cluster.master_addr; "
+                                          "check the node rank (--node-rank) and master_addr");
+      case ListenError::Kind::kOther:
+        return ddprun::Fail(error->text);
+    }
   }
-  if (ec.value() == EADDRNOTAVAIL) {
-    return ddprun::Fail(fmt::format("cannot listen on {}:{}: {} is not an address of this machine\n"
-                       "hint: node 0 must run on the host of cluster.master_addr; check the node "
-                       "rank (--node-rank) and master_addr",
-                       addr, port, endpoint.address().to_string()));
-  }
-  if (ec == asio::error::access_denied) {
-    return ddprun::Fail(fmt::format("cannot listen on {}:{}: permission denied (ports below 1024 need root)",
-                       addr, port));
-  }
-  if (!ec) listener->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return ddprun::Fail(fmt::format("cannot listen on {}:{}: {}", addr, port, ec.message()));
   listener_ = std::move(listener);
   StartAccept();
   return {};
@@ -751,6 +742,31 @@ std::string ProcessHolding(const std::vector<std::string>& inodes) {
 }
 
 }  // namespace
+
+std::optional<ListenError> OpenListener(tcp::acceptor& acceptor, const tcp::endpoint& endpoint,
+                                       const std::string& where) {
+  error_code ec;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) return std::nullopt;
+  error_code ignored;
+  acceptor.close(ignored);
+  const std::string prefix = fmt::format("cannot listen on {}: ", where);
+  if (ec == asio::error::address_in_use) {
+    return ListenError{ListenError::Kind::kInUse,
+                       prefix + "the port is already in use" + DescribePortUse(endpoint.port())};
+  }
+  if (ec.value() == EADDRNOTAVAIL) {
+    return ListenError{ListenError::Kind::kNotHere,
+                       prefix + endpoint.address().to_string() + " is not an address of this machine"};
+  }
+  if (ec == asio::error::access_denied) {
+    return ListenError{ListenError::Kind::kOther, prefix + "permission denied (ports below 1024 need root)"};
+  }
+  return ListenError{ListenError::Kind::kOther, prefix + ec.message()};
+}
 
 std::string FindPortOwner(uint16_t port) {
   std::vector<std::string> inodes;

@@ -39,6 +39,7 @@
 #include "runner/io/console_writer.h"
 #include "runner/io/guardian.h"
 #include "runner/io/journal.h"
+#include "runner/io/metrics_server.h"
 #include "runner/io/process_launcher.h"
 #include "runner/io/worker_module.h"
 #include "schema/canonical.h"
@@ -209,8 +210,10 @@ std::vector<asio::ip::address> AllowedPeers(asio::io_context& io, const JobSpec&
 // Descriptors kept free for what must never starve: per worker its log file, two pipes while
 // it starts and the status pipe of vfork, its pidfd, the error file when it exits; plus the
 // agent's own (connections to the master, resolver, guardian, signals).
+// The metrics endpoint's listener and connections (and one it refuses) come on top.
 size_t DescriptorReserve(const JobSpec& spec) {
-  return 64 + 8 * static_cast<size_t>(std::max(spec.cluster.nproc_per_node, 1));
+  const size_t metrics = spec.metrics.Served() ? MetricsServer::Limits{}.max_connections + 2 : 0;
+  return 64 + metrics + 8 * static_cast<size_t>(std::max(spec.cluster.nproc_per_node, 1));
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit: an agent holds one descriptor per
@@ -600,10 +603,28 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console_writer.FlushForExit(kExitFlushLimitMs);
     return 3;
   }
+  // The metrics endpoint is an extra: a node that cannot listen says why and runs the job.
+  std::optional<MetricsServer> metrics;
+  if (spec.metrics.Served()) {
+    metrics.emplace(io, [&node] { return host::RenderMetricsText(node.Metrics()); });
+    const std::string addr = spec.MetricsAddressOf(options.node_rank);
+    if (const Status listening = metrics->Listen(addr, spec.metrics.port); !listening) {
+      console.Log(core::LogLevel::kWarn, "agent",
+                  fmt::format("metrics.listen = \"{}\": {}; this node serves no metrics, the job goes on",
+                              spec.metrics.Listen(), listening.error()));
+      metrics.reset();
+    } else {
+      const bool v6 = addr.find(':') != std::string::npos;
+      console.Log(core::LogLevel::kInfo, "agent",
+                  fmt::format("serving GET /metrics on {}{}{}:{} ({})", v6 ? "[" : "", addr, v6 ? "]" : "",
+                              metrics->port(), options.node_rank == 0 ? "this node's and the job's" : "this node's"));
+    }
+  }
   guardian.Supervise(io, [&console](const std::string& text) {
     console.Log(core::LogLevel::kWarn, "agent", text);
   });
   io.run();
+  if (metrics) metrics->Shutdown();
   guardian.StopSupervising();
   launcher.KillAll();
   guardian.Release();

@@ -491,3 +491,60 @@ TEST(Cli, CheckRefusesNeverOnEntriesThatNameNoFailure) {
 }
 
 }  // namespace
+
+namespace {
+
+// check says where each node serves its metrics; a bad listen value is a compiler-style error
+// and a port the kernel may hand out is a warning, as for master_port.
+TEST(Cli, CheckSaysWhereMetricsAreServed) {
+  const std::string base = "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
+                           "[cluster]\nnodes = [\"gpu-01\", \"gpu-02\", \"gpu-03\"]\n[metrics]\n";
+  const Output off = RunDdprun("check " + TempFile("metrics-off.toml", "version = 1\n[job]\nname = \"j\"\n"
+                                                                         "command = [\"x\"]\n[cluster]\nnnodes = 1\n"));
+  EXPECT_EQ(off.out.find("\nmetrics:"), std::string::npos) << off.out;
+  const Output own = RunDdprun("check " + TempFile("metrics-own.toml", base + "listen = \"*:9400\"\n"));
+  ASSERT_EQ(own.exit_code, 0) << own.out;
+  EXPECT_NE(own.out.find("metrics: each node serves GET /metrics on port 9400 of its address in "
+                         "cluster.nodes for itself, node 0 also for the job: "
+                         "http://gpu-01:9400/metrics, http://gpu-02:9400/metrics, ...\n"),
+            std::string::npos)
+      << own.out;
+  const Output any = RunDdprun("check " + TempFile("metrics-any.toml", base + "listen = \"0.0.0.0:9400\"\n"));
+  EXPECT_NE(any.out.find("metrics: each node serves GET /metrics on 0.0.0.0:9400 for itself, node 0 "
+                         "also for the job: http://gpu-01:9400/metrics, http://gpu-02:9400/metrics, ...\n"),
+            std::string::npos)
+      << any.out;
+  const Output json = RunDdprun("check --json " + TempFile("metrics-json.toml", base + "listen = \"127.0.0.1:9400\"\n"));
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["plan"]["metrics_listen"], "127.0.0.1:9400");
+  EXPECT_EQ(j["plan"]["nodes"][1]["metrics_url"], "http://127.0.0.1:9400/metrics");
+
+  const std::string bad_path = TempFile("metrics-bad.toml", base + "listen = \"gpu-01:9400\"\n");
+  const SplitOutput bad = RunDdprunSplit("check " + bad_path);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err, bad_path + ":8:10: error: metrics.listen = \"gpu-01:9400\": \"gpu-01\" is neither an "
+                                "IP address nor \"*\"\n"
+                                "    8 | listen = \"gpu-01:9400\"\n"
+                                "      |          ^\n"
+                                "   hint: every node reads this address: write \"0.0.0.0\" (every "
+                                "interface), \"127.0.0.1\" (this host only) or \"*\" (each node's own "
+                                "entry of cluster.nodes)\n"
+                                "1 error, 0 warnings\n");
+
+  const auto [first, last] = EphemeralRange();
+  std::ifstream reserved_file("/proc/sys/net/ipv4/ip_local_reserved_ports");
+  std::string reserved;
+  std::getline(reserved_file, reserved);
+  if (!reserved.empty()) GTEST_SKIP() << "ports are reserved here: " << reserved;
+  const std::string ephemeral_path =
+      TempFile("metrics-ephemeral.toml", base + "listen = \"*:" + std::to_string(last) + "\"\n");
+  const SplitOutput ephemeral = RunDdprunSplit("check " + ephemeral_path);
+  EXPECT_EQ(ephemeral.exit_code, 0);
+  EXPECT_NE(ephemeral.err.find(":8:10: warning: metrics.listen = \"*:" + std::to_string(last) + "\": port " +
+                               std::to_string(last) + " is inside this machine's ephemeral port range (" +
+                               std::to_string(first) + "-" + std::to_string(last) + ")\n"),
+            std::string::npos)
+      << ephemeral.err;
+}
+
+}  // namespace

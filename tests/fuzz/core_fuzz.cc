@@ -9,8 +9,9 @@
 // workers running (a SIGKILLed worker counts as gone), exits only with a documented code, and
 // a state machine that just handled an input at `now` never asks to be woken before `now`
 // (the house contract; a timer armed for a past time fires at once, so the host may arm one
-// when the other machine's deadline is overdue: timers fire late, as real ones do). Any violation aborts (a crash for libFuzzer); so do sanitizer reports and
-// DDPRUN_ASSERT.
+// when the other machine's deadline is overdue: timers fire late, as real ones do), and the
+// metrics text of the state it ends in renders, the job's part on node 0 only. Any
+// violation aborts (a crash for libFuzzer); so do sanitizer reports and DDPRUN_ASSERT.
 //   cmake --preset fuzz && cmake --build --preset fuzz --target core_fuzz
 //   build/fuzz/tests/fuzz/core_fuzz -max_total_time=600 tests/fuzz/corpus/core
 #include <algorithm>
@@ -307,6 +308,17 @@ void CheckNode(FuzzNode& node) {
   }
 }
 
+// What a scrape of the state the input ended in gets. Taking it after every action would cost
+// half of the fuzzer's speed (a snapshot) or more than nine tenths (the text).
+void CheckScrape(const FuzzNode& node) {
+  if (!node.host) return;
+  const std::string text = host::RenderMetricsText(node.host->Metrics());
+  if (text.find("\nddprun_node_round ") == std::string::npos) Violated("the metrics lack the node's round");
+  if ((node.host->coordinator() != nullptr) != (text.find("\nddprun_job_round ") != std::string::npos)) {
+    Violated("the job's metrics are served by node 0, and only there");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -465,5 +477,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     for (auto& n : world.nodes) CheckNode(*n);
   }
+  for (auto& n : world.nodes) CheckScrape(*n);
   return 0;
 }

@@ -104,12 +104,19 @@ TEST(Canonical, EveryChangeThatMattersDiffers) {
       {"rendezvous = \"60s\"", "rendezvous = \"61s\""},
       {"[timeouts]", "[restart]\nmax_restarts = 1\n[timeouts]"},
       {"[timeouts]", "[job.env]\nA = \"1\"\n[timeouts]"},
+      {"[timeouts]", "[metrics]\nlisten = \"0.0.0.0:9400\"\n[timeouts]"},
   };
   for (const auto& [from, to] : edits) {
     const JobSpec b = changed(from, to);
     EXPECT_NE(Fingerprint(a), Fingerprint(b)) << to;
     EXPECT_FALSE(DiffCanonical(CanonicalForm(a), CanonicalForm(b)).empty()) << to;
   }
+}
+
+TEST(Canonical, MetricsListenOnlyWhenSetInTheFilesSpelling) {
+  EXPECT_EQ(CanonicalForm(Load(kJob)).find("metrics"), std::string::npos);
+  const std::string v6 = CanonicalForm(Load(std::string(kJob) + "[metrics]\nlisten = \"[::]:9400\"\n"));
+  EXPECT_NE(v6.find("\nmetrics.listen = \"[::]:9400\"\n"), std::string::npos) << v6;
 }
 
 TEST(Canonical, DiffNamesFieldsAndSides) {

@@ -60,6 +60,8 @@ window = "2m"
 [logs]
 dir = "logs"
 console = [0]
+[metrics]
+listen = "0.0.0.0:9400"
 [simulate]
 seed = 1
 node_mtbf = "30d"

@@ -461,6 +461,86 @@ TEST(Loader, Logs) {
   EXPECT_FALSE(none.spec->logs.console.Shows(0));
 }
 
+TEST(Loader, MetricsAreOffUnlessListenIsSet) {
+  auto off = Parse(testing::kBaseJob);
+  ASSERT_TRUE(off.spec);
+  EXPECT_FALSE(off.spec->metrics.Served());
+  auto r = Parse(WithBase("[metrics]\nlisten = \"0.0.0.0:9400\"\n"));
+  ASSERT_TRUE(r.spec) << Diags(r);
+  EXPECT_EQ(Diags(r), "");
+  EXPECT_EQ(r.spec->metrics.addr, "0.0.0.0");
+  EXPECT_EQ(r.spec->metrics.port, 9400);
+  EXPECT_EQ(r.spec->metrics.Listen(), "0.0.0.0:9400");
+  EXPECT_EQ(r.spec->MetricsAddressOf(1), "0.0.0.0");
+  EXPECT_EQ(r.spec->LocationOf("metrics.listen"), (SourceLoc{13, 10}));
+  // "*": each node's own entry of cluster.nodes.
+  auto own = Parse(WithBase("[metrics]\nlisten = \"*:9400\"\n"));
+  ASSERT_TRUE(own.spec) << Diags(own);
+  EXPECT_EQ(own.spec->MetricsAddressOf(0), "a");
+  EXPECT_EQ(own.spec->MetricsAddressOf(1), "b");
+  EXPECT_EQ(own.spec->metrics.Listen(), "*:9400");
+  auto v6 = Parse(WithBase("[metrics]\nlisten = \"[::]:9400\"\n"));
+  ASSERT_TRUE(v6.spec) << Diags(v6);
+  EXPECT_EQ(v6.spec->metrics.addr, "::");
+  EXPECT_EQ(v6.spec->metrics.Listen(), "[::]:9400");
+  auto loopback = Parse(WithBase("[metrics]\nlisten = \"127.0.0.1:9400\"\n"));
+  EXPECT_EQ(Diags(loopback), "");
+}
+
+TEST(Loader, MetricsListenErrors) {
+  auto diags = [](std::string_view listen) {
+    return Diags(Parse(WithBase("[metrics]\nlisten = " + std::string(listen) + "\n")));
+  };
+  EXPECT_EQ(diags("9400"), "13:10: error: metrics.listen must be a string, not an integer\n"
+                           "  hint: quote it: listen = \"9400\"\n");
+  EXPECT_EQ(diags("\"0.0.0.0\""),
+            "13:10: error: metrics.listen = \"0.0.0.0\" is not ADDR:PORT\n"
+            "  hint: write the address and the port, e.g. \"0.0.0.0:9400\" (every interface), "
+            "\"127.0.0.1:9400\" (this host only) or \"*:9400\" (each node's address in cluster.nodes)\n");
+  EXPECT_EQ(diags("\":::9400\""),
+            "13:10: error: metrics.listen = \":::9400\" is not ADDR:PORT\n"
+            "  hint: an IPv6 address goes in brackets: \"[::]:9400\"\n");
+  EXPECT_EQ(diags("\"0.0.0.0:http\""),
+            "13:10: error: metrics.listen = \"0.0.0.0:http\": the port \"http\" is not a number\n"
+            "  hint: write the address and the port, e.g. \"0.0.0.0:9400\" (every interface), "
+            "\"127.0.0.1:9400\" (this host only) or \"*:9400\" (each node's address in cluster.nodes)\n");
+  EXPECT_EQ(diags("\"0.0.0.0:70000\""),
+            "13:10: error: metrics.listen = \"0.0.0.0:70000\": port 70000 is out of range (1..65535)\n");
+  EXPECT_EQ(diags("\"0.0.0.0:0\""),
+            "13:10: error: metrics.listen = \"0.0.0.0:0\": port 0 is out of range (1..65535)\n");
+  EXPECT_EQ(diags("\"gpu-01:9400\""),
+            "13:10: error: metrics.listen = \"gpu-01:9400\": \"gpu-01\" is neither an IP address nor \"*\"\n"
+            "  hint: every node reads this address: write \"0.0.0.0\" (every interface), \"127.0.0.1\" "
+            "(this host only) or \"*\" (each node's own entry of cluster.nodes)\n");
+  EXPECT_EQ(diags("\"0.0.0.0:29500\""),
+            "13:10: error: metrics.listen = \"0.0.0.0:29500\": port 29500 is cluster.master_port, "
+            "where node 0's coordinator listens\n"
+            "  hint: metrics need a port of their own\n");
+  EXPECT_EQ(diags("\"0.0.0.0:443\""),
+            "13:10: warning: metrics.listen = \"0.0.0.0:443\": port 443 is a privileged port\n"
+            "  hint: binding it needs root; ports 1024..65535 do not\n");
+  EXPECT_EQ(diags("\"10.1.2.3:9400\""),
+            "13:10: warning: metrics.listen = \"10.1.2.3:9400\": 10.1.2.3 is one host's address, but "
+            "every node listens on it\n"
+            "  hint: the other nodes cannot, and serve no metrics; write \"*:9400\" for each node's "
+            "own address in cluster.nodes, or \"0.0.0.0:9400\"\n");
+  EXPECT_EQ(diags("\"0.0.0.0:9400\"\nport = 1"),
+            "14:1: error: unknown key `metrics.port`\n"
+            "  hint: known keys in [metrics]: listen\n");
+  // "*" needs the nodes listed.
+  EXPECT_EQ(Diags(Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 2\n"
+                        "[metrics]\nlisten = \"*:9400\"\n")),
+            "8:10: error: metrics.listen = \"*:9400\": \"*\" is each node's entry of cluster.nodes, and "
+            "cluster.nodes is not listed\n"
+            "  hint: list the nodes in cluster.nodes, or write \"0.0.0.0:9400\" to listen on every "
+            "interface\n");
+  EXPECT_EQ(Diags(Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 2\n"
+                        "store_port = 9400\n[metrics]\nlisten = \"0.0.0.0:9400\"\n")),
+            "9:10: error: metrics.listen = \"0.0.0.0:9400\": port 9400 is cluster.store_port, where "
+            "worker rank 0's store listens\n"
+            "  hint: metrics need a port of their own\n");
+}
+
 TEST(Loader, JobEnv) {
   auto r = Parse(WithBase("[job.env]\nNCCL_DEBUG = \"INFO\"\nRANK = \"3\"\nPL_TRAINER_DEVICES = \"1\"\n"
                           "\"1BAD\" = \"x\"\nOMP = 4\n"));

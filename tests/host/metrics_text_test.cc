@@ -1,0 +1,213 @@
+// The metrics text (runner/host/metrics_text.h): Prometheus text format 0.0.4, word for word.
+#include "runner/host/metrics_text.h"
+
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+namespace ddprun::host {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(PrometheusTextTest, EachFamilyHasHelpTypeAndOneLinePerSample) {
+  const std::vector<MetricFamily> families = {
+      {"a_total", MetricType::kCounter, "Things done.", {{{}, 3}}},
+      {"b", MetricType::kGauge, "A gauge with labels.",
+       {{{{"x", "1"}, {"y", "two"}}, 0.25}, {{{"x", "2"}, {"y", ""}}, -1}}},
+  };
+  EXPECT_EQ(RenderPrometheusText(families),
+            "# HELP a_total Things done.\n"
+            "# TYPE a_total counter\n"
+            "a_total 3\n"
+            "# HELP b A gauge with labels.\n"
+            "# TYPE b gauge\n"
+            "b{x=\"1\",y=\"two\"} 0.25\n"
+            "b{x=\"2\",y=\"\"} -1\n");
+}
+
+TEST(PrometheusTextTest, AFamilyWithoutSamplesIsLeftOut) {
+  EXPECT_EQ(RenderPrometheusText({{"empty", MetricType::kGauge, "Nothing yet.", {}},
+                                  {"one", MetricType::kGauge, "One.", {{{}, 1}}}}),
+            "# HELP one One.\n# TYPE one gauge\none 1\n");
+}
+
+TEST(PrometheusTextTest, LabelValuesEscapeBackslashQuoteAndNewlineAndHelpEscapesTwo) {
+  const std::vector<MetricFamily> families = {
+      {"m", MetricType::kGauge, "Help with \\ and\nnewline and \"quotes\".",
+       {{{{"host", "a\\b\"c\"\nd"}, {"utf8", "n\xc5\x93ud"}}, 1}}},
+  };
+  EXPECT_EQ(RenderPrometheusText(families),
+            "# HELP m Help with \\\\ and\\nnewline and \"quotes\".\n"
+            "# TYPE m gauge\n"
+            "m{host=\"a\\\\b\\\"c\\\"\\nd\",utf8=\"n\xc5\x93ud\"} 1\n");
+}
+
+TEST(PrometheusTextTest, ValuesAreIntegersWhenIntegralAndShortestOtherwise) {
+  auto one = [](double value) {
+    const std::string text = RenderPrometheusText({{"v", MetricType::kGauge, "V.", {{{}, value}}}});
+    return text.substr(text.rfind("v ") + 2, text.size() - text.rfind("v ") - 3);
+  };
+  EXPECT_EQ(one(0), "0");
+  EXPECT_EQ(one(-1), "-1");
+  EXPECT_EQ(one(123456789012), "123456789012");
+  EXPECT_EQ(one(0.1), "0.1");
+  EXPECT_EQ(one(1.5e-6), "1.5e-06");
+  EXPECT_EQ(one(std::numeric_limits<double>::quiet_NaN()), "NaN");
+  EXPECT_EQ(one(std::numeric_limits<double>::infinity()), "+Inf");
+  EXPECT_EQ(one(-std::numeric_limits<double>::infinity()), "-Inf");
+}
+
+TEST(PrometheusTextDeathTest, AnInvalidNameIsAProgrammerError) {
+  EXPECT_DEATH(RenderPrometheusText({{"bad name", MetricType::kGauge, "", {{{}, 1}}}}),
+               "assertion failed");
+  EXPECT_DEATH(RenderPrometheusText({{"ok", MetricType::kGauge, "", {{{{"bad-label", "x"}}, 1}}}}),
+               "assertion failed");
+}
+
+core::AgentMetrics NodeOne() {
+  core::AgentMetrics a;
+  a.node_rank = 1;
+  a.host = "gpu-02";
+  a.version = "0.1.0";
+  a.phase = "running";
+  a.round = 2;
+  a.workers_running = 2;
+  // Rank 2 sends beacons with its own work; rank 3 has sent none yet.
+  a.ranks = {{2, 41, 250ms, 1s, 800ms}, {3, -1, std::nullopt, std::nullopt, std::nullopt}};
+  return a;
+}
+
+TEST(MetricsTextTest, AnAgentServesItsNodeAndRanks) {
+  NodeMetrics metrics;
+  metrics.job = "demo \"q\"";
+  metrics.agent = NodeOne();
+  EXPECT_EQ(RenderMetricsText(metrics),
+            "# HELP ddprun_node_info This node's agent: its job, node rank, host and ddprun version.\n"
+            "# TYPE ddprun_node_info gauge\n"
+            "ddprun_node_info{job_name=\"demo \\\"q\\\"\",node=\"1\",host=\"gpu-02\",version=\"0.1.0\"} 1\n"
+            "# HELP ddprun_node_phase The agent's phase: 1 for the one it is in.\n"
+            "# TYPE ddprun_node_phase gauge\n"
+            "ddprun_node_phase{phase=\"connecting\"} 0\n"
+            "ddprun_node_phase{phase=\"retry-wait\"} 0\n"
+            "ddprun_node_phase{phase=\"joining\"} 0\n"
+            "ddprun_node_phase{phase=\"waiting\"} 0\n"
+            "ddprun_node_phase{phase=\"running\"} 1\n"
+            "ddprun_node_phase{phase=\"exited\"} 0\n"
+            "# HELP ddprun_node_round The round this node last started; -1 before its first.\n"
+            "# TYPE ddprun_node_round gauge\n"
+            "ddprun_node_round 2\n"
+            "# HELP ddprun_node_workers_running Workers of this node that run now.\n"
+            "# TYPE ddprun_node_workers_running gauge\n"
+            "ddprun_node_workers_running 2\n"
+            "# HELP ddprun_node_rank_last_step A running rank's last step, from its progress beacons.\n"
+            "# TYPE ddprun_node_rank_last_step gauge\n"
+            "ddprun_node_rank_last_step{rank=\"2\"} 41\n"
+            "# HELP ddprun_node_rank_seconds_since_beacon Seconds since a running rank's last step or phase beacon.\n"
+            "# TYPE ddprun_node_rank_seconds_since_beacon gauge\n"
+            "ddprun_node_rank_seconds_since_beacon{rank=\"2\"} 0.25\n"
+            "# HELP ddprun_node_rank_step_seconds A running rank's time per step over the straggler window.\n"
+            "# TYPE ddprun_node_rank_step_seconds gauge\n"
+            "ddprun_node_rank_step_seconds{rank=\"2\"} 1\n"
+            "# HELP ddprun_node_rank_work_seconds A running rank's own work per step (without waiting for the others).\n"
+            "# TYPE ddprun_node_rank_work_seconds gauge\n"
+            "ddprun_node_rank_work_seconds{rank=\"2\"} 0.8\n");
+}
+
+TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
+  NodeMetrics metrics;
+  metrics.job = "demo";
+  metrics.agent.node_rank = 0;
+  metrics.agent.host = "gpu-01";
+  metrics.agent.version = "0.1.0";
+  metrics.agent.phase = "waiting";
+  metrics.agent.round = -1;
+  core::CoordinatorMetrics c;
+  c.phase = "backoff";
+  c.round = 1;
+  c.restarts_used = 1;
+  c.restarts_allowed = 3;
+  c.nodes = 2;
+  c.nodes_joined = 1;
+  c.nodes_away = 1;
+  c.last_failure_round = 1;
+  c.last_failure_kind = "torch.cuda.OutOfMemoryError";
+  c.stragglers = 1;
+  c.ranks_reported = 2;
+  c.ranks = {{0, 0, 100, 1500ms, 1s, false}, {3, 1, 99, 1500ms, std::nullopt, true}};
+  metrics.coordinator = c;
+  metrics.since_last_failure = 12s;
+  const std::string text = RenderMetricsText(metrics);
+  const std::string job = text.substr(text.find("# HELP ddprun_job_phase"));
+  EXPECT_EQ(job,
+            "# HELP ddprun_job_phase The coordinator's phase: 1 for the one it is in.\n"
+            "# TYPE ddprun_job_phase gauge\n"
+            "ddprun_job_phase{phase=\"rendezvous\"} 0\n"
+            "ddprun_job_phase{phase=\"starting\"} 0\n"
+            "ddprun_job_phase{phase=\"running\"} 0\n"
+            "ddprun_job_phase{phase=\"stopping\"} 0\n"
+            "ddprun_job_phase{phase=\"backoff\"} 1\n"
+            "ddprun_job_phase{phase=\"ending\"} 0\n"
+            "ddprun_job_phase{phase=\"done\"} 0\n"
+            "# HELP ddprun_job_round The job's current round (0 for the first).\n"
+            "# TYPE ddprun_job_round gauge\n"
+            "ddprun_job_round 1\n"
+            "# HELP ddprun_job_restarts_used Restarts of the job so far.\n"
+            "# TYPE ddprun_job_restarts_used gauge\n"
+            "ddprun_job_restarts_used 1\n"
+            "# HELP ddprun_job_restarts_left Restarts left of restart.max_restarts.\n"
+            "# TYPE ddprun_job_restarts_left gauge\n"
+            "ddprun_job_restarts_left 2\n"
+            "# HELP ddprun_job_nodes Nodes of the job.\n"
+            "# TYPE ddprun_job_nodes gauge\n"
+            "ddprun_job_nodes 2\n"
+            "# HELP ddprun_job_nodes_joined Nodes joined to the coordinator now.\n"
+            "# TYPE ddprun_job_nodes_joined gauge\n"
+            "ddprun_job_nodes_joined 1\n"
+            "# HELP ddprun_job_nodes_away Nodes that joined once and are not connected now.\n"
+            "# TYPE ddprun_job_nodes_away gauge\n"
+            "ddprun_job_nodes_away 1\n"
+            "# HELP ddprun_job_last_failure_info The latest root cause: its round and its most specific kind.\n"
+            "# TYPE ddprun_job_last_failure_info gauge\n"
+            "ddprun_job_last_failure_info{round=\"1\",kind=\"torch.cuda.OutOfMemoryError\"} 1\n"
+            "# HELP ddprun_job_seconds_since_last_failure Seconds since node 0 learnt of the latest root cause.\n"
+            "# TYPE ddprun_job_seconds_since_last_failure gauge\n"
+            "ddprun_job_seconds_since_last_failure 12\n"
+            "# HELP ddprun_job_stragglers Ranks reported as stragglers now.\n"
+            "# TYPE ddprun_job_stragglers gauge\n"
+            "ddprun_job_stragglers 1\n"
+            "# HELP ddprun_job_ranks_reported Ranks with a progress report in this round.\n"
+            "# TYPE ddprun_job_ranks_reported gauge\n"
+            "ddprun_job_ranks_reported 2\n"
+            "# HELP ddprun_job_rank_last_step A rank's last step, as its node last reported it.\n"
+            "# TYPE ddprun_job_rank_last_step gauge\n"
+            "ddprun_job_rank_last_step{rank=\"0\",node=\"0\"} 100\n"
+            "ddprun_job_rank_last_step{rank=\"3\",node=\"1\"} 99\n"
+            "# HELP ddprun_job_rank_step_seconds A rank's time per step over the straggler window, as its node reported it.\n"
+            "# TYPE ddprun_job_rank_step_seconds gauge\n"
+            "ddprun_job_rank_step_seconds{rank=\"0\",node=\"0\"} 1.5\n"
+            "ddprun_job_rank_step_seconds{rank=\"3\",node=\"1\"} 1.5\n"
+            "# HELP ddprun_job_rank_work_seconds A rank's own work per step, as its node reported it.\n"
+            "# TYPE ddprun_job_rank_work_seconds gauge\n"
+            "ddprun_job_rank_work_seconds{rank=\"0\",node=\"0\"} 1\n"
+            "# HELP ddprun_job_rank_straggler 1 while a rank is reported as a straggler.\n"
+            "# TYPE ddprun_job_rank_straggler gauge\n"
+            "ddprun_job_rank_straggler{rank=\"0\",node=\"0\"} 0\n"
+            "ddprun_job_rank_straggler{rank=\"3\",node=\"1\"} 1\n");
+  // Before its first round the agent has no ranks: their families are left out.
+  EXPECT_EQ(text.find("ddprun_node_rank_"), std::string::npos);
+  EXPECT_NE(text.find("ddprun_node_round -1\n"), std::string::npos);
+}
+
+TEST(MetricsTextTest, BeforeAnyFailureNoFailureIsServed) {
+  NodeMetrics metrics;
+  metrics.job = "demo";
+  metrics.coordinator = core::CoordinatorMetrics{};
+  const std::string text = RenderMetricsText(metrics);
+  EXPECT_EQ(text.find("failure"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_phase{phase=\"rendezvous\"} 1\n"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace ddprun::host

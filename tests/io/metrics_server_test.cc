@@ -1,0 +1,230 @@
+// The metrics endpoint's HTTP server (runner/io/metrics_server.h) on 127.0.0.1, in-process:
+// the request parser, the answers to each kind of request, and its bounds (an idle client,
+// too many clients, an oversized request, a taken port).
+
+#include "runner/io/metrics_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace ddprun::io {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using namespace std::chrono_literals;
+using HeadStatus = HttpRequestHead::Status;
+
+TEST(HttpRequestHeadTest, ACompleteHeadGivesMethodAndTarget) {
+  const auto head = ParseHttpRequestHead("GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n");
+  EXPECT_EQ(head.status, HeadStatus::kComplete);
+  EXPECT_EQ(head.method, "GET");
+  EXPECT_EQ(head.target, "/metrics?x=1");
+  EXPECT_EQ(ParseHttpRequestHead("HEAD / HTTP/1.0\n\n").status, HeadStatus::kComplete);
+}
+
+TEST(HttpRequestHeadTest, AnIncompleteHeadNeedsMore) {
+  EXPECT_EQ(ParseHttpRequestHead("").status, HeadStatus::kNeedMore);
+  EXPECT_EQ(ParseHttpRequestHead("GET /metrics HTTP/1.1\r\nHost: a\r\n").status, HeadStatus::kNeedMore);
+}
+
+TEST(HttpRequestHeadTest, AnythingButAnHttp1RequestLineIsBad) {
+  for (const char* text : {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
+                           "GET /metrics HTTP/2.0\r\n\r\n", "GET /me trics HTTP/1.1\r\n\r\n",
+                           "G(T /metrics HTTP/1.1\r\n\r\n", "GET /metrics HTTP/1.1x\r\n\r\n",
+                           "\x16\x03\x01\x02\x01\n\n"}) {
+    EXPECT_EQ(ParseHttpRequestHead(text).status, HeadStatus::kBad) << text;
+  }
+}
+
+TEST(HttpResponseTest, HasLengthTypeAndClose) {
+  EXPECT_EQ(HttpResponse(200, "OK", "text/plain", "hi\n"),
+            "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
+            "Connection: close\r\n\r\nhi\n");
+  EXPECT_EQ(HttpResponse(200, "OK", "text/plain", "hi\n", /*head_only=*/true),
+            "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
+            "Connection: close\r\n\r\n");
+  EXPECT_THAT(HttpResponse(405, "Method Not Allowed", "text/plain", ""), HasSubstr("\r\nAllow: GET, HEAD\r\n"));
+}
+
+/// A server on 127.0.0.1 whose loop runs on its own thread, and a loop timer that counts its
+/// ticks (every 10 ms) to show that the loop never stalls.
+class MetricsServerTest : public ::testing::Test {
+ protected:
+  void Start(MetricsServer::Limits limits = {}) {
+    server_ = std::make_unique<MetricsServer>(io_, [this] { return "scrape " + std::to_string(++scrapes_) + "\n"; },
+                                              limits);
+    ASSERT_TRUE(server_->Listen("127.0.0.1", 0));
+    port_ = server_->port();
+    ASSERT_GT(port_, 0);
+    Tick();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    if (thread_.joinable()) {
+      boost::asio::post(io_, [this] {
+        server_->Shutdown();
+        ticker_.cancel();
+        work_.reset();
+      });
+      thread_.join();
+    }
+  }
+  void Tick() {
+    ticker_.expires_after(10ms);
+    ticker_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      ++ticks_;
+      Tick();
+    });
+  }
+  /// A connected client socket with a 5 s receive timeout.
+  int Connect() const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port_);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    timeval limit{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    return fd;
+  }
+  /// Everything the server sends until it closes (or 5 s pass).
+  static std::string ReadAll(int fd) {
+    std::string out;
+    char buffer[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+    return out;
+  }
+  std::string Fetch(const std::string& request) const {
+    const int fd = Connect();
+    EXPECT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    std::string answer = ReadAll(fd);
+    ::close(fd);
+    return answer;
+  }
+
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_{io_.get_executor()};
+  boost::asio::steady_timer ticker_{io_};
+  std::unique_ptr<MetricsServer> server_;
+  std::thread thread_;
+  uint16_t port_ = 0;
+  std::atomic<int> scrapes_{0};
+  std::atomic<int> ticks_{0};
+};
+
+TEST_F(MetricsServerTest, GetMetricsAnswersWithTheRenderedTextAndCloses) {
+  Start();
+  EXPECT_EQ(Fetch("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            "Content-Length: 9\r\nConnection: close\r\n\r\nscrape 1\n");
+  // Rendered again for each request.
+  EXPECT_THAT(Fetch("GET /metrics?name[]=x HTTP/1.0\r\n\r\n"), HasSubstr("\r\n\r\nscrape 2\n"));
+}
+
+TEST_F(MetricsServerTest, OtherPathsMethodsAndGarbageGetTheirStatus) {
+  Start();
+  EXPECT_THAT(Fetch("GET / HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 404 Not Found\r\n"));
+  EXPECT_THAT(Fetch("GET /metricsx HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 404 Not Found\r\n"));
+  EXPECT_THAT(Fetch("POST /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 405 Method Not Allowed\r\n"));
+  EXPECT_THAT(Fetch("hello\r\n\r\n"), StartsWith("HTTP/1.0 400 Bad Request\r\n"));
+  const std::string head = Fetch("HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(head, StartsWith("HTTP/1.0 200 OK\r\n"));
+  EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
+}
+
+TEST_F(MetricsServerTest, AnOversizedRequestHeadIsRefused) {
+  MetricsServer::Limits limits;
+  limits.max_request_bytes = 1024;
+  Start(limits);
+  EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\nX: " + std::string(2000, 'a') + "\r\n\r\n"),
+              StartsWith("HTTP/1.0 431 Request Header Fields Too Large\r\n"));
+  EXPECT_EQ(scrapes_, 0);
+}
+
+TEST_F(MetricsServerTest, AClientThatSaysNothingIsCutOffAtTheDeadlineAndHoldsNothingUp) {
+  MetricsServer::Limits limits;
+  limits.deadline = 300ms;
+  Start(limits);
+  const auto begin = std::chrono::steady_clock::now();
+  const int idle = Connect();
+  // Others are served while it waits, and the loop keeps running.
+  EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\n\r\n"), HasSubstr("scrape 1"));
+  EXPECT_EQ(ReadAll(idle), "");  // closed by the server
+  const auto waited = std::chrono::steady_clock::now() - begin;
+  EXPECT_GE(waited, 250ms);
+  EXPECT_LT(waited, 3s);
+  EXPECT_GE(ticks_, 10);
+  ::close(idle);
+}
+
+TEST_F(MetricsServerTest, OneClientTooManyGetsA503AtOnce) {
+  MetricsServer::Limits limits;
+  limits.max_connections = 2;
+  Start(limits);
+  const int a = Connect();
+  const int b = Connect();
+  // Both are accepted (and held) before the third connects.
+  ASSERT_TRUE([&] {
+    for (int i = 0; i < 500; ++i) {
+      std::atomic<size_t> open{0};
+      std::atomic<bool> done{false};
+      boost::asio::post(io_, [&] {
+        open = server_->connections();
+        done = true;
+      });
+      while (!done) std::this_thread::sleep_for(1ms);
+      if (open == 2) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }());
+  EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 503 Service Unavailable\r\n"));
+  ::close(a);
+  ::close(b);
+  // Once they are gone, requests are served again.
+  std::string answer;
+  for (int i = 0; i < 100 && answer.find("200 OK") == std::string::npos; ++i) {
+    answer = Fetch("GET /metrics HTTP/1.1\r\n\r\n");
+    if (answer.find("200 OK") == std::string::npos) std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_THAT(answer, StartsWith("HTTP/1.0 200 OK\r\n"));
+}
+
+TEST_F(MetricsServerTest, ATakenPortIsRefusedWithWhy) {
+  Start();
+  boost::asio::io_context other_io;
+  MetricsServer other(other_io, [] { return std::string(); });
+  const Status listening = other.Listen("127.0.0.1", port_);
+  ASSERT_FALSE(listening);
+  EXPECT_THAT(listening.error(), StartsWith("cannot listen on 127.0.0.1:" + std::to_string(port_) +
+                                            ": the port is already in use"));
+  const Status nowhere = other.Listen("192.0.2.1", 0);
+  ASSERT_FALSE(nowhere);
+  EXPECT_EQ(nowhere.error(), "cannot listen on 192.0.2.1:0: 192.0.2.1 is not an address of this machine");
+}
+
+}  // namespace
+}  // namespace ddprun::io
