@@ -879,12 +879,7 @@ void Agent::Report(TimePoint now, std::vector<AgentEffect>& out) {
     if (!w.running || b.step < 0) continue;
     wire::RankRate rate{w.global_rank, b.step, -1, -1, 0};
     if (b.window.size() == buckets) {
-      Beats::Bucket sum;
-      for (const auto& bucket : b.window) {
-        sum.steps += bucket.steps;
-        sum.busy_steps += bucket.busy_steps;
-        sum.busy_us += bucket.busy_us;
-      }
+      const Beats::Bucket sum = b.WindowSum();
       if (sum.steps > 0) {
         rate.step_us = std::chrono::duration_cast<std::chrono::microseconds>(
                            period * static_cast<int64_t>(buckets)).count() / sum.steps;

@@ -76,6 +76,16 @@ class Agent {
     };
     std::vector<Bucket> window;
     Bucket current;
+    /// The whole window's steps and busy time.
+    Bucket WindowSum() const {
+      Bucket sum;
+      for (const Bucket& bucket : window) {
+        sum.steps += bucket.steps;
+        sum.busy_steps += bucket.busy_steps;
+        sum.busy_us += bucket.busy_us;
+      }
+      return sum;
+    }
   };
   struct Worker {
     int global_rank = 0;

@@ -43,12 +43,7 @@ AgentMetrics Agent::Metrics(TimePoint now) const {
     rank.last_step = b.step;
     if (b.step >= 0 || b.after_phase) rank.since_beacon = now - b.since;
     if (b.window.size() == buckets) {
-      Beats::Bucket sum;
-      for (const auto& bucket : b.window) {
-        sum.steps += bucket.steps;
-        sum.busy_steps += bucket.busy_steps;
-        sum.busy_us += bucket.busy_us;
-      }
+      const Beats::Bucket sum = b.WindowSum();
       if (sum.steps > 0) rank.step_time = window / sum.steps;
       if (sum.busy_steps > 0) rank.work_time = Micros(sum.busy_us / sum.busy_steps);
     }
