@@ -45,10 +45,7 @@ std::string JobSpec::Metrics::Listen() const {
 
 std::string JobSpec::MetricsAddressOf(int node_rank) const {
   if (metrics.addr != Metrics::kOwnNodeAddress) return metrics.addr;
-  if (node_rank >= 0 && static_cast<size_t>(node_rank) < cluster.nodes.size()) {
-    return cluster.nodes[static_cast<size_t>(node_rank)];
-  }
-  return "";
+  return cluster.HostOf(node_rank);
 }
 
 SourceLoc JobSpec::LocationOf(const std::string& key_path) const {

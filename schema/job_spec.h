@@ -207,7 +207,7 @@ struct JobSpec {
   /// [metrics]: a Prometheus text endpoint on every node; none unless metrics.listen is set.
   /// Every node reads the same file, so the address is one every node can listen on.
   struct Metrics {
-    /// Each node's own entry of cluster.nodes ("*" in the file).
+    /// Each node's own entry of cluster.nodes, each spare's of cluster.spares ("*" in the file).
     static constexpr std::string_view kOwnNodeAddress = "*";
     std::string addr;   // an IP address as written ("0.0.0.0", "::", "127.0.0.1"), or "*"
     uint16_t port = 0;  // 0: no endpoint
@@ -249,8 +249,8 @@ struct JobSpec {
   Duration ProgressReportPeriod() const;
   /// How many report periods make the straggler window (at least 1).
   size_t ProgressWindowBuckets() const;
-  /// The address node `node_rank` binds for metrics: metrics.addr, or for "*" the node's entry
-  /// of cluster.nodes (the loader refuses "*" without cluster.nodes).
+  /// The address agent `node_rank` (a node or a spare) binds for metrics: metrics.addr, or for
+  /// "*" its entry of cluster.nodes or cluster.spares (the loader refuses "*" without them).
   std::string MetricsAddressOf(int node_rank) const;
   /// Where `key_path` was written; {0,0} for defaults.
   SourceLoc LocationOf(const std::string& key_path) const;

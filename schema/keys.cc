@@ -230,9 +230,9 @@ constexpr std::array<KeySpec, 1> kMetricsKeys = {{
      .doc = "ADDR:PORT where each node serves GET /metrics (Prometheus text format) for itself, "
             "node 0 also for the job. Every node reads the same value: ADDR is an IP address "
             "every node listens on (\"0.0.0.0\" every interface, \"127.0.0.1\" this host "
-            "only, \"[::]\" for IPv6) or \"*\", each node's own entry of cluster.nodes; the "
-            "same PORT on every node. A node that cannot listen warns and runs the job. Unset: "
-            "no endpoint.",
+            "only, \"[::]\" for IPv6) or \"*\", each node's own entry of cluster.nodes (a "
+            "spare's of cluster.spares); the same PORT on every node. A node that cannot "
+            "listen warns and runs the job. Unset: no endpoint.",
      .examples = kListenExamples,
      .pattern = "^(\\*|[0-9.]+|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}$"},
 }};

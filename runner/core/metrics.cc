@@ -31,6 +31,7 @@ AgentMetrics Agent::Metrics(TimePoint now) const {
   m.version = config_.ddprun_version;
   m.phase = kAgentPhaseNames[static_cast<size_t>(phase())];
   m.round = round_;
+  m.plays = node_rank_;
   m.workers_running = running_workers();
   // The step and work times of the last progress report (Report), over the full window.
   const size_t buckets = spec_.ProgressWindowBuckets();
@@ -59,10 +60,12 @@ CoordinatorMetrics Coordinator::Metrics() const {
   m.restarts_used = restarts_used_;
   m.restarts_allowed = spec_.restart.max_restarts;
   m.nodes = spec_.cluster.nnodes;
+  m.spares = spec_.cluster.spares;
   m.nodes_joined = joined_;
-  m.nodes_away = static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& slot) {
-    return slot.ever_joined && !slot.conn;
-  }));
+  for (const Slot& slot : slots_) {
+    if (slot.ever_joined && !slot.conn) ++m.nodes_away;
+    if (slot.conn && slot.position < 0) ++m.spares_waiting;
+  }
   if (last_failure_) {
     m.last_failure_round = last_failure_->round;
     if (!last_failure_->kinds.empty()) m.last_failure_kind = last_failure_->kinds.front();

@@ -36,6 +36,7 @@ struct AgentMetrics {
   std::string version;
   std::string_view phase = kAgentPhaseNames[0];  // one of kAgentPhaseNames
   int round = -1;                                // the round it last started; -1 none yet
+  int plays = -1;       // the node rank it plays in that round (a spare: the one it replaced)
   int workers_running = 0;
   std::vector<RankMetrics> ranks;                // its running ranks, by local rank
   bool operator==(const AgentMetrics&) const = default;
@@ -67,8 +68,10 @@ struct CoordinatorMetrics {
   int restarts_used = 0;
   int restarts_allowed = 0;    // restart.max_restarts
   int nodes = 0;               // the job's node count
-  int nodes_joined = 0;        // connected and joined now
-  int nodes_away = 0;          // joined once, not connected now
+  int spares = 0;              // the job's spares (cluster.spares)
+  int nodes_joined = 0;        // agents (nodes and spares) connected and joined now
+  int nodes_away = 0;          // agents that joined once and are not connected now
+  int spares_waiting = 0;      // joined agents that play no node rank: ready to replace one
   std::optional<int> last_failure_round;
   std::string last_failure_kind;  // the root cause's most specific kind ("exit:1"); "" none
   int stragglers = 0;          // ranks reported as stragglers now

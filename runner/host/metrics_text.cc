@@ -92,6 +92,10 @@ void AddNodeFamilies(const NodeMetrics& metrics, std::vector<MetricFamily>& out)
                             core::kAgentPhaseNames, a.phase));
   out.push_back(OneGauge("ddprun_node_round", "The round this node last started; -1 before its first.",
                          a.round));
+  out.push_back(OneGauge("ddprun_node_plays_node_rank",
+                         "The node rank this agent plays in that round: its own, or for a spare the one it "
+                         "replaced; -1 before its first.",
+                         a.plays));
   out.push_back(OneGauge("ddprun_node_workers_running", "Workers of this node that run now.",
                          a.workers_running));
   MetricFamily step = Gauge("ddprun_node_rank_last_step", "A running rank's last step, from its progress beacons.");
@@ -123,9 +127,13 @@ void AddJobFamilies(const NodeMetrics& metrics, std::vector<MetricFamily>& out) 
   out.push_back(OneGauge("ddprun_job_restarts_left", "Restarts left of restart.max_restarts.",
                          c.restarts_allowed - c.restarts_used));
   out.push_back(OneGauge("ddprun_job_nodes", "Nodes of the job.", c.nodes));
-  out.push_back(OneGauge("ddprun_job_nodes_joined", "Nodes joined to the coordinator now.", c.nodes_joined));
-  out.push_back(OneGauge("ddprun_job_nodes_away", "Nodes that joined once and are not connected now.",
+  out.push_back(OneGauge("ddprun_job_nodes_joined", "Agents (nodes and spares) joined to the coordinator now.",
+                         c.nodes_joined));
+  out.push_back(OneGauge("ddprun_job_nodes_away", "Agents that joined once and are not connected now.",
                          c.nodes_away));
+  out.push_back(OneGauge("ddprun_job_spares", "Spares of the job (cluster.spares).", c.spares));
+  out.push_back(OneGauge("ddprun_job_spares_waiting", "Joined agents that play no node rank, ready to replace one.",
+                         c.spares_waiting));
   if (c.last_failure_round) {
     MetricFamily failure = Gauge("ddprun_job_last_failure_info",
                                  "The latest root cause: its round and its most specific kind.");

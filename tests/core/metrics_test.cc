@@ -77,6 +77,7 @@ TEST_F(AgentMetricsTest, RanksShowTheirLastStepSilenceAndWindowedTimes) {
   AgentMetrics started = agent_->Metrics(At(0s));
   EXPECT_EQ(started.phase, "running");
   EXPECT_EQ(started.round, 0);
+  EXPECT_EQ(started.plays, 1);
   EXPECT_EQ(started.workers_running, 2);
   EXPECT_EQ(started.ranks, (std::vector<RankMetrics>{{2, -1, std::nullopt, std::nullopt, std::nullopt},
                                                       {3, -1, std::nullopt, std::nullopt, std::nullopt}}));
@@ -174,14 +175,20 @@ TEST_F(CoordinatorMetricsTest, FromRendezvousThroughAFailureToTheRestart) {
   EXPECT_EQ(backoff.last_failure_kind, "exit:1");
 }
 
-TEST_F(CoordinatorMetricsTest, ANodeThatLeftIsAway) {
+TEST_F(CoordinatorMetricsTest, ANodeThatLeftIsAwayAndAJoinedSpareWaits) {
+  UseJob(Edit(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", kWindow), "nproc_per_node = 2",
+              "nproc_per_node = 2\nspares = [\"gpu-03\"]"));
   Join(0s, 0);
   Join(0s, 1);
+  Join(0s, 2);
   Feed(0s, StorePortReady{0, 41000});
   Feed(1s, PeerClosed{ConnId(101), "reset"});
   const CoordinatorMetrics m = coordinator_->Metrics();
-  EXPECT_EQ(m.nodes_joined, 1);
+  EXPECT_EQ(m.nodes, 2);
+  EXPECT_EQ(m.spares, 1);
+  EXPECT_EQ(m.nodes_joined, 2);
   EXPECT_EQ(m.nodes_away, 1);
+  EXPECT_EQ(m.spares_waiting, 1);
 }
 
 TEST_F(CoordinatorMetricsTest, OfAVeryLargeJobTheStragglersAndTheLowestRanksAreListed) {

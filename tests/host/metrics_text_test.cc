@@ -73,6 +73,7 @@ core::AgentMetrics NodeOne() {
   a.version = "0.1.0";
   a.phase = "running";
   a.round = 2;
+  a.plays = 1;
   a.workers_running = 2;
   // Rank 2 sends beacons with its own work; rank 3 has sent none yet.
   a.ranks = {{2, 41, 250ms, 1s, 800ms}, {3, -1, std::nullopt, std::nullopt, std::nullopt}};
@@ -98,6 +99,10 @@ TEST(MetricsTextTest, AnAgentServesItsNodeAndRanks) {
             "# HELP ddprun_node_round The round this node last started; -1 before its first.\n"
             "# TYPE ddprun_node_round gauge\n"
             "ddprun_node_round 2\n"
+            "# HELP ddprun_node_plays_node_rank The node rank this agent plays in that round: its own, or "
+            "for a spare the one it replaced; -1 before its first.\n"
+            "# TYPE ddprun_node_plays_node_rank gauge\n"
+            "ddprun_node_plays_node_rank 1\n"
             "# HELP ddprun_node_workers_running Workers of this node that run now.\n"
             "# TYPE ddprun_node_workers_running gauge\n"
             "ddprun_node_workers_running 2\n"
@@ -129,8 +134,10 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
   c.restarts_used = 1;
   c.restarts_allowed = 3;
   c.nodes = 2;
-  c.nodes_joined = 1;
+  c.spares = 1;
+  c.nodes_joined = 2;
   c.nodes_away = 1;
+  c.spares_waiting = 0;
   c.last_failure_round = 1;
   c.last_failure_kind = "torch.cuda.OutOfMemoryError";
   c.stragglers = 1;
@@ -162,12 +169,18 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
             "# HELP ddprun_job_nodes Nodes of the job.\n"
             "# TYPE ddprun_job_nodes gauge\n"
             "ddprun_job_nodes 2\n"
-            "# HELP ddprun_job_nodes_joined Nodes joined to the coordinator now.\n"
+            "# HELP ddprun_job_nodes_joined Agents (nodes and spares) joined to the coordinator now.\n"
             "# TYPE ddprun_job_nodes_joined gauge\n"
-            "ddprun_job_nodes_joined 1\n"
-            "# HELP ddprun_job_nodes_away Nodes that joined once and are not connected now.\n"
+            "ddprun_job_nodes_joined 2\n"
+            "# HELP ddprun_job_nodes_away Agents that joined once and are not connected now.\n"
             "# TYPE ddprun_job_nodes_away gauge\n"
             "ddprun_job_nodes_away 1\n"
+            "# HELP ddprun_job_spares Spares of the job (cluster.spares).\n"
+            "# TYPE ddprun_job_spares gauge\n"
+            "ddprun_job_spares 1\n"
+            "# HELP ddprun_job_spares_waiting Joined agents that play no node rank, ready to replace one.\n"
+            "# TYPE ddprun_job_spares_waiting gauge\n"
+            "ddprun_job_spares_waiting 0\n"
             "# HELP ddprun_job_last_failure_info The latest root cause: its round and its most specific kind.\n"
             "# TYPE ddprun_job_last_failure_info gauge\n"
             "ddprun_job_last_failure_info{round=\"1\",kind=\"torch.cuda.OutOfMemoryError\"} 1\n"
@@ -198,6 +211,7 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
   // Before its first round the agent has no ranks: their families are left out.
   EXPECT_EQ(text.find("ddprun_node_rank_"), std::string::npos);
   EXPECT_NE(text.find("ddprun_node_round -1\n"), std::string::npos);
+  EXPECT_NE(text.find("ddprun_node_plays_node_rank -1\n"), std::string::npos);
 }
 
 TEST(MetricsTextTest, BeforeAnyFailureNoFailureIsServed) {

@@ -479,6 +479,11 @@ TEST(Loader, MetricsAreOffUnlessListenIsSet) {
   EXPECT_EQ(own.spec->MetricsAddressOf(0), "a");
   EXPECT_EQ(own.spec->MetricsAddressOf(1), "b");
   EXPECT_EQ(own.spec->metrics.Listen(), "*:9400");
+  // A spare listens on its own entry of cluster.spares (its agent number follows the nodes).
+  auto spare = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+                     "nodes = [\"a\", \"b\"]\nspares = [\"c\"]\n[metrics]\nlisten = \"*:9400\"\n");
+  ASSERT_TRUE(spare.spec) << Diags(spare);
+  EXPECT_EQ(spare.spec->MetricsAddressOf(2), "c");
   auto v6 = Parse(WithBase("[metrics]\nlisten = \"[::]:9400\"\n"));
   ASSERT_TRUE(v6.spec) << Diags(v6);
   EXPECT_EQ(v6.spec->metrics.addr, "::");
