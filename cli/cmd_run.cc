@@ -52,10 +52,10 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
     return std::nullopt;
   }
   const std::optional<int> node_rank = detected->rank;
-  const auto& nodes = job.spec.cluster.nodes;
   job.run.node_rank = *node_rank;
-  job.run.host = static_cast<size_t>(*node_rank) < nodes.size() ? nodes[static_cast<size_t>(*node_rank)]
-                                                                : LocalHostName();
+  // A listed node or spare is known by its entry; otherwise by the host's own name.
+  job.run.host = job.spec.cluster.HostOf(*node_rank);
+  if (job.run.host.empty()) job.run.host = LocalHostName();
   job.run.job_dir = std::filesystem::path(job_path).parent_path().string();
   if (job.spec.job.code_check != JobSpec::CodeCheck::kOff) {
     // Before the agent computes the fingerprint, so that the code is part of it.

@@ -117,6 +117,9 @@ std::string CanonicalForm(const JobSpec& spec) {
   } else if (spec.cluster.spares > 0) {
     fields["cluster.spares"] = fmt::format("{}", spec.cluster.spares);
   }
+  if (spec.cluster.min_nodes != spec.cluster.nnodes) {
+    fields["cluster.min_nodes"] = fmt::format("{}", spec.cluster.min_nodes);
+  }
   for (const auto& [key, value] : spec.trainer.settings) {
     fields["trainer." + key] = TrainerCanonical(value);
   }
@@ -131,11 +134,17 @@ std::string CanonicalForm(const JobSpec& spec) {
   fields["timeouts.heartbeat"] = FormatDuration(spec.timeouts.heartbeat);
   fields["timeouts.stop_grace"] = FormatDuration(spec.timeouts.stop_grace);
   // Only when set or changed, so that files without them keep their fingerprint.
-  if (spec.cluster.spares > 0) fields["timeouts.replace"] = FormatDuration(spec.timeouts.replace);
+  if (spec.cluster.CanReplace()) fields["timeouts.replace"] = FormatDuration(spec.timeouts.replace);
   if (spec.timeouts.progress_auto) fields["timeouts.progress"] = Quote("auto");
   if (spec.timeouts.progress) fields["timeouts.progress"] = FormatDuration(*spec.timeouts.progress);
   if (spec.timeouts.progress_start != JobSpec::Timeouts{}.progress_start) {
     fields["timeouts.progress_start"] = FormatDuration(spec.timeouts.progress_start);
+  }
+  // Only where it can act (a spare or shrinking), so that other files keep their fingerprint.
+  if (spec.cluster.CanReplace()) {
+    fields["quarantine.failures"] = fmt::format("{}", spec.quarantine.failures);
+    fields["quarantine.window"] = FormatDuration(spec.quarantine.window);
+    fields["quarantine.cooldown"] = FormatDuration(spec.quarantine.cooldown);
   }
   if (spec.stragglers.slower_percent != JobSpec::Stragglers{}.slower_percent) {
     fields["stragglers.slower_percent"] = fmt::format("{}", spec.stragglers.slower_percent);

@@ -41,6 +41,18 @@ void CheckTrainerAgainstCluster(const JobSpec& spec, const TrainerFacts& trainer
     }
   }
   if (trainer_facts.table && !trainer_facts.table->get("num_nodes") && nnodes_known &&
+      c.min_nodes < c.nnodes) {
+    // A round with fewer nodes must tell Lightning so: ddprun sets PL_TRAINER_NUM_NODES to
+    // the round's node count, which needs the key in the first place.
+    diags.Error(reader.LocationOf("cluster.min_nodes"), "cluster.min_nodes",
+                fmt::format("cluster.min_nodes = {} lets rounds run with fewer nodes, but "
+                            "[trainer] does not set num_nodes: Lightning's Trainer() would use 1 "
+                            "and reject the round's WORLD_SIZE",
+                            c.min_nodes),
+                fmt::format("add num_nodes = {} under [trainer]; a smaller round gets "
+                            "PL_TRAINER_NUM_NODES = its own node count",
+                            c.nnodes));
+  } else if (trainer_facts.table && !trainer_facts.table->get("num_nodes") && nnodes_known &&
       c.nnodes > 1) {
     diags.Warning(LocOf(*trainer_facts.table), "trainer.num_nodes",
                   fmt::format("[trainer] does not set num_nodes; Lightning's Trainer() then "

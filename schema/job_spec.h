@@ -115,6 +115,11 @@ struct JobSpec {
     /// nodes: nnodes, nnodes + 1, ... (`spare_hosts` is empty when only a count is given).
     int spares = 0;
     std::vector<std::string> spare_hosts;
+    /// Shrinking: with no spare left, rounds may run with fewer nodes, down to this many.
+    /// Always set: nnodes when the file does not give it.
+    int min_nodes = 0;
+    /// Whether a node rank can be given up or handed over: spares or shrinking.
+    bool CanReplace() const { return spares > 0 || min_nodes < nnodes; }
     /// Every agent of the job: the nodes, then the spares.
     int Agents() const { return nnodes + spares; }
     /// The host of agent `agent` (a node or a spare), "" when the hosts are not listed.
@@ -192,6 +197,13 @@ struct JobSpec {
     /// to stop its workers within stop_grace and rejoin (a retry takes at most 2 s).
     Duration ExitBarrier() const { return LossBound() + stop_grace + Seconds(5); }
   } timeouts;
+
+  /// [quarantine]: hosts whose workers fail again and again sit out for a cooldown.
+  struct Quarantine {
+    int failures = 3;  // 0: off
+    Duration window = Hours(1);
+    Duration cooldown = Minutes(30);
+  } quarantine;
 
   /// [stragglers]: ranks that stay slower than the median, from their beacons.
   struct Stragglers {

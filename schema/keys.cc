@@ -24,7 +24,7 @@ constexpr IntRange kPortRange{1, 65535};
 constexpr IntRange kRankRange{0, kMaxNodes * kMaxProcsPerNode - 1};
 constexpr IntRange kNodeRankRange{0, kMaxNodes - 1};
 
-constexpr std::array<KeySpec, 10> kTopKeys = {{
+constexpr std::array<KeySpec, 11> kTopKeys = {{
     {.name = "version", .type = KeyType::kInteger, .doc = "Job file format version.",
      .range = IntRange{1, 1}, .required = true},
     {.name = "job", .type = KeyType::kSection, .doc = "What to run.", .required = true},
@@ -36,6 +36,9 @@ constexpr std::array<KeySpec, 10> kTopKeys = {{
     {.name = "restart", .type = KeyType::kSection, .doc = "Job-wide restarts after a failure."},
     {.name = "timeouts", .type = KeyType::kSection,
      .doc = "Rendezvous, heartbeat, stop and progress (hang) timeouts."},
+    {.name = "quarantine", .type = KeyType::kSection,
+     .doc = "Keep a host whose workers fail again and again out of the job for a while, when a "
+            "spare or cluster.min_nodes lets the job run without it."},
     {.name = "stragglers", .type = KeyType::kSection,
      .doc = "Report ranks that stay slower than the others (from their progress beacons)."},
     {.name = "logs", .type = KeyType::kSection,
@@ -69,7 +72,7 @@ constexpr std::array<KeySpec, 5> kJobKeys = {{
      .values = kCodeChecks, .default_value = "off"},
 }};
 
-constexpr std::array<KeySpec, 7> kClusterKeys = {{
+constexpr std::array<KeySpec, 8> kClusterKeys = {{
     {.name = "nodes", .type = KeyType::kStringArray,
      .doc = "Host names or addresses of the nodes; a node's rank is its position. Give this "
             "or nnodes.",
@@ -96,6 +99,12 @@ constexpr std::array<KeySpec, 7> kClusterKeys = {{
             "that is lost (or not back within timeouts.replace). With nodes, a list of hosts; "
             "with nnodes, a count (the spares' agents then use --node-rank nnodes, nnodes + 1, ...).",
      .range = IntRange{0, 1'000}},
+    {.name = "min_nodes", .type = KeyType::kInteger,
+     .doc = "Shrinking: when a node is lost (or not back within timeouts.replace) and no spare "
+            "waits, the next rounds run with the nodes left, down to this many; the world size "
+            "follows, and the job grows back at a later restart when the node returns. "
+            "Default: nnodes (every round needs every node).",
+     .range = IntRange{1, kMaxNodes}},
 }};
 constexpr std::array<std::string_view, 2> kClusterNeeds = {"nodes", "nnodes"};
 
@@ -194,8 +203,9 @@ constexpr std::array<KeySpec, 6> kTimeoutKeys = {{
             "starts (imports, checkpoint loads), and to the next one after ddprun.phase().",
      .default_value = "10m"},
     {.name = "replace", .type = KeyType::kDuration,
-     .doc = "With cluster.spares: how long a lost node (or one that never joined) may take to "
-            "come back before a waiting spare takes its node rank.",
+     .doc = "With cluster.spares or cluster.min_nodes: how long a lost node (or one that never "
+            "joined) may take to come back before a waiting spare takes its node rank, or the "
+            "job goes on without it.",
      .default_value = "1m"},
 }};
 
@@ -208,6 +218,21 @@ constexpr std::array<KeySpec, 2> kStragglerKeys = {{
     {.name = "window", .type = KeyType::kDuration,
      .doc = "How long a rank must stay that slow before it is reported.",
      .default_value = "2m"},
+}};
+
+constexpr std::array<KeySpec, 3> kQuarantineKeys = {{
+    {.name = "failures", .type = KeyType::kInteger,
+     .doc = "A host is quarantined when this many rounds fail because of it (its worker, its "
+            "hang, its loss) within the window; 0 turns quarantine off. It applies only when "
+            "a waiting spare or cluster.min_nodes lets the next round run without the host; "
+            "node 0's host (the coordinator's) is never quarantined.",
+     .range = IntRange{0, 1'000}, .default_value = "3"},
+    {.name = "window", .type = KeyType::kDuration,
+     .doc = "How far back the failures of a host are counted.", .default_value = "1h"},
+    {.name = "cooldown", .type = KeyType::kDuration,
+     .doc = "How long the first quarantine of a host lasts; each further one lasts twice as "
+            "long as the one before. Kept in <logs.dir>/<job>/quarantine.state across launches.",
+     .default_value = "30m"},
 }};
 
 constexpr std::array<std::string_view, 2> kConsoleModes = {"all", "none"};
@@ -301,12 +326,13 @@ constexpr auto kClusterNames = NamesOf(kClusterKeys);
 constexpr auto kRestartNames = NamesOf(kRestartKeys);
 constexpr auto kTimeoutNames = NamesOf(kTimeoutKeys);
 constexpr auto kStragglerNames = NamesOf(kStragglerKeys);
+constexpr auto kQuarantineNames = NamesOf(kQuarantineKeys);
 constexpr auto kLogNames = NamesOf(kLogKeys);
 constexpr auto kMetricsNames = NamesOf(kMetricsKeys);
 constexpr auto kSimulateNames = NamesOf(kSimulateKeys);
 constexpr auto kFaultNames = NamesOf(kFaultKeys);
 
-const std::array<SectionSpec, 11> kSections = {{
+const std::array<SectionSpec, 12> kSections = {{
     {.name = "", .doc = "", .keys = kTopKeys, .known_names = kTopNames},
     {.name = "job", .doc = "", .keys = kJobKeys, .known_names = kJobNames},
     {.name = "cluster", .doc = "", .keys = kClusterKeys, .known_names = kClusterNames,
@@ -315,6 +341,7 @@ const std::array<SectionSpec, 11> kSections = {{
      .open = true},
     {.name = "restart", .doc = "", .keys = kRestartKeys, .known_names = kRestartNames},
     {.name = "timeouts", .doc = "", .keys = kTimeoutKeys, .known_names = kTimeoutNames},
+    {.name = "quarantine", .doc = "", .keys = kQuarantineKeys, .known_names = kQuarantineNames},
     {.name = "stragglers", .doc = "", .keys = kStragglerKeys, .known_names = kStragglerNames},
     {.name = "logs", .doc = "", .keys = kLogKeys, .known_names = kLogNames},
     {.name = "metrics", .doc = "", .keys = kMetricsKeys, .known_names = kMetricsNames},

@@ -274,6 +274,25 @@ void LoadSpares(const toml::table& table, TomlReader& reader, bool nodes_ok, Job
   c.spares = static_cast<int>(c.spare_hosts.size());
 }
 
+// cluster.min_nodes: 1..nnodes; nnodes when not given.
+void LoadMinNodes(const toml::table& table, TomlReader& reader, JobSpec::Cluster& c) {
+  c.min_nodes = c.nnodes;
+  const toml::node* node = reader.Node(&table, "min_nodes", "cluster.min_nodes");
+  if (!node) return;
+  auto n = reader.Integer(*node, "cluster.min_nodes", *Key("cluster.min_nodes").range);
+  if (!n || c.nnodes <= 0) return;
+  if (*n > c.nnodes) {
+    reader.diags().Error(LocOf(*node), "cluster.min_nodes",
+                         fmt::format("cluster.min_nodes = {} is more than the job's {} node{}", *n,
+                                     c.nnodes, c.nnodes == 1 ? "" : "s"),
+                         fmt::format("min_nodes is the fewest nodes a round may run with: at most "
+                                     "{}; remove it to need every node in every round",
+                                     c.nnodes));
+    return;
+  }
+  c.min_nodes = static_cast<int>(*n);
+}
+
 }  // namespace
 
 ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
@@ -293,6 +312,7 @@ ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
   LoadMasterAddr(*table, reader, nodes_ok, cluster);
   LoadPorts(*table, reader, cluster);
   LoadSpares(*table, reader, nodes_ok, cluster);
+  LoadMinNodes(*table, reader, cluster);
 
   facts.nproc_per_node = reader.Node(table, "nproc_per_node", "cluster.nproc_per_node");
   if (facts.nproc_per_node) {

@@ -138,4 +138,21 @@ void LoadStragglers(const toml::table& root, TomlReader& reader, JobSpec::Stragg
   }
 }
 
+void LoadQuarantine(const toml::table& root, TomlReader& reader, JobSpec::Quarantine& quarantine) {
+  const toml::table* table = reader.Table(root, "quarantine", "quarantine");
+  if (!table) return;
+  reader.CheckKeys(*table, SectionNamed("quarantine"), "quarantine");
+  if (const toml::node* node = reader.Node(table, "failures", "quarantine.failures")) {
+    if (auto n = reader.Integer(*node, "quarantine.failures", *Key("quarantine.failures").range)) {
+      quarantine.failures = static_cast<int>(*n);
+    }
+  }
+  if (const toml::node* node = reader.Node(table, "window", "quarantine.window")) {
+    if (auto d = reader.PositiveDuration(*node, "quarantine.window")) quarantine.window = *d;
+  }
+  if (const toml::node* node = reader.Node(table, "cooldown", "quarantine.cooldown")) {
+    if (auto d = reader.PositiveDuration(*node, "quarantine.cooldown")) quarantine.cooldown = *d;
+  }
+}
+
 }  // namespace ddprun

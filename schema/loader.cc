@@ -31,6 +31,7 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
   LoadRestart(root, reader, spec.restart);
   LoadTimeouts(root, reader, spec.timeouts);
   LoadStragglers(root, reader, spec.stragglers);
+  LoadQuarantine(root, reader, spec.quarantine);
   LoadLogs(root, reader, spec.WorldSize(), spec.logs);
   LoadMetrics(root, reader, spec.cluster, spec.metrics);
   LoadSimulate(root, reader, FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node},

@@ -51,6 +51,8 @@ void LoadRestart(const toml::table& root, TomlReader& reader, JobSpec::Restart& 
 /// [timeouts], with the checks between its own keys (heartbeat against rendezvous).
 void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts& timeouts);
 
+/// [quarantine].
+void LoadQuarantine(const toml::table& root, TomlReader& reader, JobSpec::Quarantine& quarantine);
 /// [stragglers].
 void LoadStragglers(const toml::table& root, TomlReader& reader, JobSpec::Stragglers& stragglers);
 

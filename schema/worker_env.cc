@@ -166,7 +166,8 @@ std::string RankStacksPath(const JobSpec& /*spec*/, int restart_count, int globa
 EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
                           const std::map<std::string, std::string>& inherited) {
   const int nproc = spec.cluster.nproc_per_node;
-  const int world = spec.WorldSize();
+  const int nnodes = position.nnodes > 0 ? position.nnodes : spec.cluster.nnodes;
+  const int world = nnodes * nproc;
   const int rank = position.node_rank * nproc + position.local_rank;
   auto set_somewhere = [&](const std::string& name) {
     return inherited.count(name) > 0 || spec.job.env.count(name) > 0;
@@ -174,7 +175,7 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
 
   std::map<std::string, std::string> env(spec.job.env.begin(), spec.job.env.end());
   env["GROUP_RANK"] = std::to_string(position.node_rank);
-  env["GROUP_WORLD_SIZE"] = std::to_string(spec.cluster.nnodes);
+  env["GROUP_WORLD_SIZE"] = std::to_string(nnodes);
   env["LOCAL_RANK"] = std::to_string(position.local_rank);
   env["LOCAL_WORLD_SIZE"] = std::to_string(nproc);
   env["MASTER_ADDR"] = spec.cluster.master_addr;
@@ -198,6 +199,10 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
   if (nproc > 1 && !set_somewhere("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
   for (const auto& [key, value] : spec.trainer.settings) {
     env["PL_TRAINER_" + Upper(key)] = TrainerEnvValue(value);
+  }
+  // A round with fewer nodes (cluster.min_nodes) tells Lightning its own node count.
+  if (nnodes != spec.cluster.nnodes && env.count("PL_TRAINER_NUM_NODES") > 0) {
+    env["PL_TRAINER_NUM_NODES"] = std::to_string(nnodes);
   }
   if (!position.progress_addr.empty()) {
     env["DDPRUN_PROGRESS_ADDR"] = position.progress_addr;

@@ -17,6 +17,7 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 
 struct WorkerPosition {
   int node_rank = 0;
+  int nnodes = 0;               // the round's node count (cluster.min_nodes); 0: cluster.nnodes
   int local_rank = 0;
   int restart_count = 0;        // the round number: 0 for the first attempt
   uint16_t master_port = 0;     // what this rank gets as MASTER_PORT

@@ -608,6 +608,16 @@ void SimJournal::Record(bool rounds_may_run) {
   }
 }
 
+std::vector<core::QuarantinedHost> SimJournal::Quarantined() {
+  std::vector<core::QuarantinedHost> hosts = quarantined_;
+  for (auto& h : hosts) h.left -= Duration(cluster_->now_ns() - quarantined_at_ns_);
+  return hosts;
+}
+void SimJournal::RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) {
+  quarantined_ = hosts;
+  quarantined_at_ns_ = cluster_->now_ns();
+}
+
 void Cluster::ArmTimer(uint32_t index, TimePoint when) {
   Node& n = *nodes_[index];
   // A deadline already due fires now, as a real timer armed in the past does; queued at its own

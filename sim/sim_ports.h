@@ -87,10 +87,14 @@ class SimJournal final : public host::Journal {
   explicit SimJournal(const Cluster* cluster) : cluster_(cluster) {}
   std::optional<Duration> SinceRoundsMayRun() override;
   void Record(bool rounds_may_run) override;
+  std::vector<core::QuarantinedHost> Quarantined() override;
+  void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) override;
 
  private:
   const Cluster* cluster_;
   std::optional<int64_t> may_run_since_ns_;  // the last record said workers may run, then
+  std::vector<core::QuarantinedHost> quarantined_;  // as recorded at quarantined_at_ns_
+  int64_t quarantined_at_ns_ = 0;
 };
 
 }  // namespace ddprun::sim

@@ -516,10 +516,12 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   // (a coordinator that restarted counts from 0 again). Found by the simulator.
   if (joined->started_round && start.round <= round_) return;
   const int plays = start.node_rank >= 0 ? start.node_rank : config_.node_rank;
-  if (plays >= spec_.cluster.nnodes) {
+  const int nnodes = start.nnodes > 0 ? start.nnodes : spec_.cluster.nnodes;
+  if (plays >= nnodes || nnodes > spec_.cluster.nnodes || nnodes < spec_.cluster.min_nodes) {
     Log(LogLevel::kError,
-        fmt::format("round {} asks this agent to be node {}, but the job has {} nodes; ignoring",
-                    start.round, plays, spec_.cluster.nnodes),
+        fmt::format("round {} asks this agent to be node {} of {}, but the job has {} nodes "
+                    "(at least {} per round); ignoring",
+                    start.round, plays, nnodes, spec_.cluster.nnodes, spec_.cluster.min_nodes),
         out);
     return;
   }
@@ -550,6 +552,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   for (int local = 0; local < nproc; ++local) {
     WorkerPosition position;
     position.node_rank = node_rank_;
+    position.nnodes = nnodes;
     position.local_rank = local;
     position.restart_count = round_;
     const int global = node_rank_ * nproc + local;
@@ -585,7 +588,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   Log(LogLevel::kInfo,
       fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), {}", round_, nproc,
                   nproc == 1 ? "" : "s", node_rank_ * nproc,
-                  node_rank_ * nproc + nproc - 1, spec_.WorldSize(), store),
+                  node_rank_ * nproc + nproc - 1, nnodes * nproc, store),
       out);
   out.push_back(std::move(spawn));
 }

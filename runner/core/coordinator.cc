@@ -104,7 +104,7 @@ void Coordinator::SetSlotConn(Slot& slot, std::optional<ConnId> conn, TimePoint 
   if (slot.stopped) stopped_joined_ += after - before;
   // Fencing: a node lost while its workers may run keeps its rank until its lease has run
   // out; its own agent stops them within that time (DESIGN.md section 10).
-  const bool workers_may_run = slot.position >= 0 &&
+  const bool workers_may_run = slot.plays >= 0 &&
                                (phase_ == Phase::kStarting || phase_ == Phase::kRunning ||
                                 (phase_ == Phase::kStopping && !slot.stopped));
   if (slot.conn && !conn && workers_may_run) slot.fenced_until = now + spec_.timeouts.LeaseBound();
@@ -310,7 +310,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
   if (phase_ == Phase::kDone && !std::holds_alternative<wire::JobEndAck>(message)) return;
 
   if (const auto* failed = std::get_if<wire::WorkerFailed>(&message)) {
-    if (failed->round != round_ || slot.position < 0) return;  // stale, or runs nothing
+    if (failed->round != round_ || slot.plays < 0) return;  // stale, or runs nothing
     if (phase_ == Phase::kRunning) {
       BeginStop(now, FailureOf(node_rank, *failed), out);
     } else if (phase_ == Phase::kStopping && failure_ && failure_->lost_peer) {
@@ -320,16 +320,25 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
       if (!later.lost_peer && !later.the_stop) ReviseRootCause(std::move(later), out);
     }
   } else if (const auto* done = std::get_if<wire::NodeDone>(&message)) {
-    if (phase_ != Phase::kRunning || done->round != round_ || slot.position < 0) return;
+    if (phase_ != Phase::kRunning || done->round != round_ || slot.plays < 0) return;
     if (slot.done) return;
     slot.done = true;
-    if (++done_count_ == static_cast<int>(slot_at_.size())) {
+    if (++done_count_ == static_cast<int>(round_slots_.size())) {
+      const size_t nodes = round_slots_.size();
+      const std::string quarantined = QuarantineNote(now);
       EndJob(now, ToInt(ExitCode::kOk),
              fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} "
-                         "({} restart{} used){}",
-                         spec_.job.name, spec_.WorldSize(), slot_at_.size(), round_, restarts_used_,
-                         restarts_used_ == 1 ? "" : "s",
-                         stragglers_seen_.empty() ? "" : "\n" + StragglerNote()),
+                         "({} restart{} used){}{}{}",
+                         spec_.job.name, static_cast<int>(nodes) * spec_.cluster.nproc_per_node,
+                         nodes, round_, restarts_used_, restarts_used_ == 1 ? "" : "s",
+                         nodes < slot_at_.size()
+                             ? fmt::format("\n  the round ran with {} of the job's {} nodes "
+                                           "(cluster.min_nodes = {}): {}",
+                                           nodes, slot_at_.size(), spec_.cluster.min_nodes,
+                                           shrunk_note_)
+                             : "",
+                         stragglers_seen_.empty() ? "" : "\n" + StragglerNote(),
+                         quarantined.empty() ? "" : "\n" + quarantined),
              out);
     }
   } else if (const auto* stopped = std::get_if<wire::RoundStopped>(&message)) {
@@ -501,15 +510,24 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   slot.refused.clear();
   SetSlotConn(slot, conn_id, now);
   conns_[conn_id].node_rank = join.node_rank;
-  out.push_back(SendTo{conn_id, wire::JoinAck{nnodes, spec_.cluster.spares > 0}});
-  out.push_back(LogLine{LogLevel::kInfo,
-                        slot.position < 0
-                            ? fmt::format("{} joined from {}; it waits to take the node rank of a "
-                                          "node that is lost",
-                                          NodeName(join.node_rank), from)
-                            : fmt::format("{} joined from {} ({}/{})", NodeName(join.node_rank), from,
-                                          joined_count(), agents)});
-  if (phase_ == Phase::kStopping || (phase_ != Phase::kRendezvous && slot.position < 0)) {
+  // Standby: a joined agent may wait as long as the job runs (a spare, a node that sits out
+  // a smaller round), so its own rendezvous backstop is off.
+  out.push_back(SendTo{conn_id, wire::JoinAck{nnodes, spec_.cluster.CanReplace()}});
+  std::string joined_line =
+      slot.position < 0 ? fmt::format("{} joined from {}; it waits to take the node rank of a "
+                                      "node that is lost",
+                                      NodeName(join.node_rank), from)
+                        : fmt::format("{} joined from {} ({}/{})", NodeName(join.node_rank), from,
+                                      joined_count(), agents);
+  if (slot.position >= 0 && (phase_ == Phase::kStarting || phase_ == Phase::kRunning)) {
+    joined_line += fmt::format("; round {} runs without it, it takes part from the next round", round_);
+  }
+  if (Quarantined(slot, now)) {
+    joined_line += fmt::format("; its host is quarantined for {} more",
+                               HumanDuration(*hosts_.at(slot.host).until - now));
+  }
+  out.push_back(LogLine{LogLevel::kInfo, std::move(joined_line)});
+  if (phase_ == Phase::kStopping || (phase_ != Phase::kRendezvous && slot.plays < 0)) {
     // Agents join only without running workers, so this node has nothing left to stop; a
     // spare has nothing to stop in any round.
     MarkStopped(slot, 0);
@@ -552,13 +570,18 @@ void Coordinator::OnNodeLost(TimePoint now, int node_rank, const std::string& wh
   if (phase_ == Phase::kRendezvous && !PositionsFilled()) {
     round_gate_.reset();  // the round waits for the node again, not for the gate
   }
-  if (slot.position < 0 && (phase_ == Phase::kStarting || phase_ == Phase::kRunning)) {
-    // A waiting spare ran nothing: the round goes on.
+  if (slot.plays < 0 && (phase_ == Phase::kStarting || phase_ == Phase::kRunning)) {
+    // A waiting spare (or a node that sits out a smaller round) ran nothing: the round goes on.
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} left: {}", NodeName(node_rank), why)});
     return;
   }
   switch (phase_) {
     case Phase::kRendezvous:
+      out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} left: {}", NodeName(node_rank), why)});
+      // With spares or shrinking, the round may go on without it after timeouts.replace:
+      // that deadline is set by looking again.
+      MaybeStartRound(now, out);
+      break;
     case Phase::kBackoff:
       out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} left: {}", NodeName(node_rank), why)});
       break;
@@ -645,7 +668,7 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
                         "job (its host crashed or its process was killed), so workers of its "
                         "rounds may still run until their agents' lease ends (loss bound + "
                         "stop_grace + SIGKILL after its last record)",
-                        round_, slot_at_.size(), HumanDuration(*gate - now))});
+                        round_, round_slots_.size(), HumanDuration(*gate - now))});
       } else {
         std::vector<std::string> names;
         for (int n : fenced) names.push_back(NodeName(n));
@@ -655,7 +678,7 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
                         "lost while its workers ran and a different agent now holds its rank, "
                         "so the old workers may still run until their agent's lease ends (loss "
                         "bound + stop_grace + SIGKILL)",
-                        round_, slot_at_.size(), HumanDuration(*gate - now),
+                        round_, round_slots_.size(), HumanDuration(*gate - now),
                         fmt::join(names, ", "))});
       }
     }
@@ -663,6 +686,10 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
     return;
   }
   round_gate_.reset();
+  for (Slot& slot : slots_) slot.plays = -1;
+  for (size_t p = 0; p < round_slots_.size(); ++p) {
+    slots_[static_cast<size_t>(round_slots_[p])].plays = static_cast<int>(p);
+  }
   phase_ = Phase::kStarting;
   if (spec_.cluster.store_port) {
     BeginRound(*spec_.cluster.store_port, out);
@@ -680,39 +707,184 @@ bool Coordinator::PositionsFilled() const {
 
 bool Coordinator::AssignPositions(TimePoint now, std::vector<CoordinatorEffect>& out) {
   replace_at_.reset();
-  if (PositionsFilled()) return true;
-  if (spec_.cluster.spares == 0) return false;
-  // Waiting spares, lowest agent first (a returned node whose rank went to a spare is one).
-  std::vector<int> waiting;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i].position < 0 && slots_[i].conn) waiting.push_back(static_cast<int>(i));
+  shrunk_note_.clear();
+  auto playable = [&](const Slot& slot) { return slot.conn && !Quarantined(slot, now); };
+  bool all = true;
+  for (int slot : slot_at_) all = all && playable(slots_[static_cast<size_t>(slot)]);
+  if (!all && spec_.cluster.spares > 0) {
+    // Waiting spares, lowest agent first (a returned node whose rank went to a spare is one).
+    std::vector<int> waiting;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].position < 0 && playable(slots_[i])) waiting.push_back(static_cast<int>(i));
+    }
+    size_t next = 0;
+    // Node 0 hosts the coordinator and rank 0's store: it is never replaced.
+    for (size_t p = 1; p < slot_at_.size(); ++p) {
+      Slot& away = slots_[static_cast<size_t>(slot_at_[p])];
+      if (playable(away)) continue;
+      // A quarantined host gives its rank up at once; an absent one after timeouts.replace.
+      const bool quarantined = away.conn.has_value();
+      const TimePoint since = away.absent_since.value_or(rendezvous_started_);
+      const TimePoint due = quarantined ? now : since + spec_.timeouts.replace;
+      if (next >= waiting.size()) break;
+      if (now < due) {
+        if (!replace_at_ || due < *replace_at_) replace_at_ = due;
+        continue;
+      }
+      const int spare = waiting[next++];
+      Slot& taker = slots_[static_cast<size_t>(spare)];
+      const std::string before = NodeName(slot_at_[p]);
+      const std::string taker_name = NodeName(spare);
+      away.position = -1;
+      taker.position = static_cast<int>(p);
+      slot_at_[p] = spare;
+      out.push_back(LogLine{
+          LogLevel::kWarn,
+          quarantined ? fmt::format("{} takes node rank {} in place of {}, whose host is quarantined",
+                                    taker_name, p, before)
+                      : fmt::format("{} takes node rank {} in place of {}, away for {} (more than "
+                                    "timeouts.replace = {})",
+                                    taker_name, p, before, HumanDuration(now - since),
+                                    FormatDuration(spec_.timeouts.replace))});
+    }
   }
-  size_t next = 0;
-  // Node 0 hosts the coordinator and rank 0's store: it is never replaced.
-  for (size_t p = 1; p < slot_at_.size(); ++p) {
-    Slot& away = slots_[static_cast<size_t>(slot_at_[p])];
-    if (away.conn) continue;
-    const TimePoint since = away.absent_since.value_or(rendezvous_started_);
-    const TimePoint due = since + spec_.timeouts.replace;
-    if (next >= waiting.size()) break;
-    if (now < due) {
-      if (!replace_at_ || due < *replace_at_) replace_at_ = due;
+  round_slots_.clear();
+  for (int slot : slot_at_) {
+    if (playable(slots_[static_cast<size_t>(slot)])) round_slots_.push_back(slot);
+  }
+  if (round_slots_.size() == slot_at_.size()) return true;
+  return ShrinkRound(now, out);
+}
+
+bool Coordinator::ShrinkRound(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  const int nnodes = spec_.cluster.nnodes;
+  const bool can_shrink = spec_.cluster.min_nodes < nnodes;
+  std::vector<std::string> without;  // the node ranks given up, and why
+  bool kept_out = false;             // a connected node is left out (quarantined)
+  bool pending = false;              // an absent node may still come back in time
+  for (size_t p = 0; p < slot_at_.size(); ++p) {
+    const int index = slot_at_[p];
+    const Slot& slot = slots_[static_cast<size_t>(index)];
+    if (slot.conn && !Quarantined(slot, now)) continue;
+    if (slot.conn) {
+      kept_out = true;
+      without.push_back(fmt::format("{}: its host is quarantined for {} more", NodeName(index),
+                                    HumanDuration(*hosts_.at(slot.host).until - now)));
       continue;
     }
-    const int spare = waiting[next++];
-    Slot& taker = slots_[static_cast<size_t>(spare)];
-    const std::string before = NodeName(slot_at_[p]);
-    const std::string taker_name = NodeName(spare);
-    away.position = -1;
-    taker.position = static_cast<int>(p);
-    slot_at_[p] = spare;
-    out.push_back(LogLine{LogLevel::kWarn,
-                          fmt::format("{} takes node rank {} in place of {}, away for {} (more than "
-                                      "timeouts.replace = {})",
-                                      taker_name, p, before, HumanDuration(now - since),
-                                      FormatDuration(spec_.timeouts.replace))});
+    const TimePoint since = slot.absent_since.value_or(rendezvous_started_);
+    const TimePoint due = since + spec_.timeouts.replace;
+    if (!can_shrink || now < due) {
+      if (can_shrink && (!replace_at_ || due < *replace_at_)) replace_at_ = due;
+      pending = true;
+      continue;
+    }
+    without.push_back(fmt::format("{}: away for {} (more than timeouts.replace = {})",
+                                  NodeName(index), HumanDuration(now - since),
+                                  FormatDuration(spec_.timeouts.replace)));
   }
-  return PositionsFilled();
+  if (pending) return false;
+  const auto enough = [&] { return static_cast<int>(round_slots_.size()) >= spec_.cluster.min_nodes; };
+  const char* no_spare = spec_.cluster.spares > 0 ? ", and no spare waits" : "";
+  if (can_shrink && enough()) {
+    shrunk_note_ = fmt::format("without {}{}", fmt::join(without, "; "), no_spare);
+    return true;
+  }
+  if (!kept_out) return false;
+  // Nothing can take the quarantined hosts' places: they play after all.
+  round_slots_.clear();
+  for (int slot : slot_at_) {
+    if (slots_[static_cast<size_t>(slot)].conn) round_slots_.push_back(slot);
+  }
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("round {}: quarantined hosts take part after all: no spare "
+                                    "waits{} to run without them",
+                                    round_,
+                                    can_shrink ? fmt::format(" and cluster.min_nodes = {} needs them",
+                                                             spec_.cluster.min_nodes)
+                                               : "")});
+  if (round_slots_.size() == slot_at_.size()) return true;
+  if (!can_shrink || !enough()) return false;
+  without.clear();
+  for (int slot : slot_at_) {
+    if (!slots_[static_cast<size_t>(slot)].conn) without.push_back(NodeName(slot) + ": away");
+  }
+  shrunk_note_ = fmt::format("without {}{}", fmt::join(without, "; "), no_spare);
+  return true;
+}
+
+bool Coordinator::Quarantined(const Slot& slot, TimePoint now) const {
+  if (slot.host.empty() || &slot == slots_.data()) return false;  // node 0 never is
+  auto it = hosts_.find(slot.host);
+  return it != hosts_.end() && it->second.until && *it->second.until > now;
+}
+
+void Coordinator::CountFailure(TimePoint now, const Failure& failure, std::vector<CoordinatorEffect>& out) {
+  const auto& q = spec_.quarantine;
+  if (q.failures <= 0 || !spec_.cluster.CanReplace()) return;
+  if (failure.node_rank <= 0 || failure.node_rank >= static_cast<int>(slots_.size())) return;
+  const Slot& slot = slots_[static_cast<size_t>(failure.node_rank)];
+  if (slot.host.empty() || Quarantined(slot, now)) return;
+  HostRecord& record = hosts_[slot.host];
+  record.failures.push_back(now);
+  while (!record.failures.empty() && now - record.failures.front() > q.window) record.failures.pop_front();
+  if (static_cast<int>(record.failures.size()) < q.failures) return;
+  record.failures.clear();
+  Duration cooldown = q.cooldown;  // doubled per earlier quarantine, up to a year
+  for (int i = 0; i < record.times && cooldown < Hours(24 * 365); ++i) cooldown *= 2;
+  record.until = now + cooldown;
+  ++record.times;
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("quarantine: host {} ({}) sits out for {}: {} rounds failed "
+                                    "because of it within quarantine.window = {}, the last with "
+                                    "{}; quarantine {} of this host (each lasts twice as long as "
+                                    "the one before)",
+                                    slot.host, NodeName(failure.node_rank), HumanDuration(cooldown),
+                                    q.failures, FormatDuration(q.window), failure.what, record.times)});
+  RecordQuarantineState(now, out);
+}
+
+void Coordinator::RecordQuarantineState(TimePoint now, std::vector<CoordinatorEffect>& out) const {
+  RecordQuarantine record;
+  for (const auto& [host, h] : hosts_) {
+    if (h.times == 0) continue;
+    record.hosts.push_back({host, h.until ? *h.until - now : Duration::zero(), h.times});
+  }
+  out.push_back(std::move(record));
+}
+
+void Coordinator::RestoreQuarantine(const std::vector<QuarantinedHost>& hosts,
+                                    std::vector<CoordinatorEffect>& out) {
+  const TimePoint now = last_input_;
+  std::vector<std::string> names;
+  for (const QuarantinedHost& q : hosts) {
+    if (q.host.empty() || q.times <= 0) continue;
+    HostRecord& record = hosts_[q.host];
+    record.times = std::max(record.times, q.times);
+    if (q.left > Duration::zero()) {
+      record.until = now + q.left;
+      names.push_back(fmt::format("{} for {} more", q.host, HumanDuration(q.left)));
+    }
+  }
+  if (names.empty()) return;
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("quarantine (kept from an earlier launch of this job): {}{}",
+                                    fmt::join(names, ", "),
+                                    spec_.cluster.CanReplace()
+                                        ? ""
+                                        : "; without spares or cluster.min_nodes they take part "
+                                          "anyway")});
+}
+
+std::string Coordinator::QuarantineNote(TimePoint now) const {
+  std::vector<std::string> names;
+  for (const auto& [host, h] : hosts_) {
+    if (h.until && *h.until > now) {
+      names.push_back(fmt::format("{} for {} more", host, HumanDuration(*h.until - now)));
+    }
+  }
+  if (names.empty()) return "";
+  return fmt::format("quarantined: {}", fmt::join(names, ", "));
 }
 
 void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out) {
@@ -722,20 +894,39 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
   failure_.reset();
   for (Slot& slot : slots_) slot.done = false;
   done_count_ = 0;
-  out.push_back(LogLine{LogLevel::kInfo,
-                        slot_at_.size() == 1
-                            ? fmt::format("round {}: starting {} workers", round_, spec_.WorldSize())
-                            : fmt::format("round {}: all {} nodes joined; starting {} workers",
-                                          round_, slot_at_.size(), spec_.WorldSize())});
+  const size_t nodes = round_slots_.size();
+  const int world = static_cast<int>(nodes) * spec_.cluster.nproc_per_node;
+  if (nodes < slot_at_.size()) {
+    std::vector<std::string> moved;
+    for (size_t p = 0; p < nodes; ++p) {
+      const Slot& slot = slots_[static_cast<size_t>(round_slots_[p])];
+      if (slot.position != static_cast<int>(p)) {
+        moved.push_back(fmt::format("{} plays node rank {}", NodeName(round_slots_[p]), p));
+      }
+    }
+    out.push_back(LogLine{LogLevel::kWarn,
+                          fmt::format("round {}: starting {} workers on {} of the job's {} nodes "
+                                      "(cluster.min_nodes = {}): {}{}",
+                                      round_, world, nodes, slot_at_.size(), spec_.cluster.min_nodes,
+                                      shrunk_note_,
+                                      moved.empty() ? "" : fmt::format("; {}", fmt::join(moved, ", ")))});
+  } else {
+    out.push_back(LogLine{LogLevel::kInfo,
+                          nodes == 1 ? fmt::format("round {}: starting {} workers", round_, world)
+                                     : fmt::format("round {}: all {} nodes joined; starting {} workers",
+                                                   round_, nodes, world)});
+  }
   probe_.reset();
   ranks_seen_.clear();
   next_straggler_check_.reset();
-  // Each agent hears the node rank it plays: its own, or for a spare the one it replaces.
-  for (size_t p = 0; p < slot_at_.size(); ++p) {
-    const Slot& slot = slots_[static_cast<size_t>(slot_at_[p])];
+  // Each agent hears the node rank it plays: its own, for a spare the one it replaces, in a
+  // smaller round its place among the nodes that take part.
+  const auto round_nodes = static_cast<int32_t>(nodes < slot_at_.size() ? nodes : 0);
+  for (size_t p = 0; p < nodes; ++p) {
+    const Slot& slot = slots_[static_cast<size_t>(round_slots_[p])];
     if (slot.conn) {
       out.push_back(SendTo{*slot.conn, wire::StartRound{round_, store_port, longest_interval_ms_,
-                                                        static_cast<int32_t>(p)}});
+                                                        static_cast<int32_t>(p), round_nodes}});
     }
   }
 }
@@ -815,7 +1006,7 @@ void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<Coordina
   stopped_joined_ = 0;
   // Waiting spares run nothing: they have nothing to stop.
   for (Slot& slot : slots_) {
-    if (slot.position < 0 && slot.conn) MarkStopped(slot, 0);
+    if (slot.plays < 0 && slot.conn) MarkStopped(slot, 0);
   }
   // Every node hears the root cause with its traceback, also when a restart follows.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
@@ -839,6 +1030,7 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     if (slot.stopped_ranks > 0) ++stopped_nodes;
   }
   const Failure& failure = *failure_;
+  CountFailure(now, failure, out);
   const std::string never = NeverRestartRule(failure);
   if (!never.empty()) {
     out.push_back(LogLine{LogLevel::kError,
@@ -898,6 +1090,9 @@ std::string Coordinator::RendezvousFailure() const {
   if (!refused.empty()) text += "; refused: " + list(refused, refused_count, "; ");
   if (!left.empty()) text += "; joined, then left: " + list(left, left_count, "; ");
   if (!never.empty()) text += "; never joined: " + list(never, never_count);
+  if (spec_.cluster.min_nodes < spec_.cluster.nnodes) {
+    text += fmt::format("; cluster.min_nodes = {} needs at least that many", spec_.cluster.min_nodes);
+  }
   const std::string file = spec_.source_name.empty() ? "job.toml" : spec_.source_name;
   if (!never.empty()) {
     // With `nnodes` (no host list) a node cannot find its rank by itself.
@@ -951,6 +1146,7 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
     text += "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n";
   }
   if (!stragglers_seen_.empty()) text += StragglerNote() + "\n";
+  if (const std::string q = QuarantineNote(last_input_); !q.empty()) text += q + "\n";
   // Each node writes its own run folder (schema/worker_env.h); `latest` names it on every node.
   text += fmt::format("logs: {}/{}/latest/attempt-{}/", spec_.logs.dir, spec_.job.name, failure.round);
   return text;
@@ -970,9 +1166,11 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
   for (Slot& slot : slots_) {
     // A node whose rank went to a spare is not waited for: its workers were gone before the
     // spare's round started (its lease), and it takes no part in the job any more.
-    slot.end = slot.conn                                  ? EndState::kTold
-               : slot.ever_joined && slot.position >= 0 ? EndState::kAway
-                                                         : EndState::kSettled;
+    // Nor is one that sat out the last round (cluster.min_nodes): it runs nothing either.
+    const bool took_part = slot.position >= 0 && (slot.plays >= 0 || round_slots_.empty());
+    slot.end = slot.conn                           ? EndState::kTold
+               : slot.ever_joined && took_part ? EndState::kAway
+                                               : EndState::kSettled;
     if (slot.end != EndState::kSettled) ++awaiting_end_;
   }
   Broadcast(wire::JobEnd{exit_code, end_summary_}, out);
@@ -1053,7 +1251,7 @@ std::string StepRange(int64_t low, int64_t high) {
 std::string Coordinator::RankName(int global_rank) const {
   const int nproc = spec_.cluster.nproc_per_node;
   const auto position = static_cast<size_t>(global_rank / nproc);
-  const int slot = position < slot_at_.size() ? slot_at_[position] : static_cast<int>(position);
+  const int slot = position < round_slots_.size() ? round_slots_[position] : static_cast<int>(position);
   return fmt::format("rank {} ({}, local rank {})", global_rank,
                      slot < static_cast<int>(slots_.size()) ? NodeName(slot)
                                                             : fmt::format("node {}", position),
@@ -1064,7 +1262,7 @@ void Coordinator::OnRankHung(TimePoint now, int node_rank, const wire::RankHung&
                              std::vector<CoordinatorEffect>& out) {
   const int nproc = spec_.cluster.nproc_per_node;
   if (phase_ != Phase::kRunning || hung.round != round_ || probe_ ||
-      hung.global_rank / nproc != slots_[static_cast<size_t>(node_rank)].position || hung.global_rank < 0) {
+      hung.global_rank / nproc != slots_[static_cast<size_t>(node_rank)].plays || hung.global_rank < 0) {
     return;  // stale, already probing, or not a rank of that node
   }
   probe_ = Probe{hung, node_rank, now + StacksWait(spec_), std::vector<bool>(slots_.size()), 0, {}};
@@ -1082,7 +1280,7 @@ void Coordinator::OnRankStacks(TimePoint now, int node_rank, const wire::RankSta
   probe_->answered[static_cast<size_t>(node_rank)] = true;
   ++probe_->answers;
   const int nproc = spec_.cluster.nproc_per_node;
-  const int position = slots_[static_cast<size_t>(node_rank)].position;
+  const int position = slots_[static_cast<size_t>(node_rank)].plays;
   for (const wire::RankState& state : stacks.ranks) {
     if (state.global_rank < 0 || state.global_rank / nproc != position) continue;
     probe_->ranks[state.global_rank] = RankAtHang{state.global_rank, node_rank,
@@ -1187,8 +1385,8 @@ Coordinator::Failure Coordinator::HangFailure() {
     detail += fmt::format("    ... and {} more groups of ranks\n", ordered.size() - kMaxGroups);
   }
   std::vector<int> unanswered;  // node ranks
-  for (size_t p = 0; p < slot_at_.size(); ++p) {
-    if (!probe.answered[static_cast<size_t>(slot_at_[p])]) unanswered.push_back(static_cast<int>(p));
+  for (size_t p = 0; p < round_slots_.size(); ++p) {
+    if (!probe.answered[static_cast<size_t>(round_slots_[p])]) unanswered.push_back(static_cast<int>(p));
   }
   if (!unanswered.empty()) {
     detail += fmt::format("    node{} {} did not answer in time: {} ranks unknown\n",
@@ -1202,7 +1400,7 @@ Coordinator::Failure Coordinator::HangFailure() {
 void Coordinator::OnRankProgress(TimePoint now, int node_rank, const wire::RankProgress& progress) {
   if (phase_ != Phase::kRunning || progress.round != round_) return;
   const int nproc = spec_.cluster.nproc_per_node;
-  const int position = slots_[static_cast<size_t>(node_rank)].position;
+  const int position = slots_[static_cast<size_t>(node_rank)].plays;
   for (const wire::RankRate& rate : progress.ranks) {
     if (rate.global_rank < 0 || rate.global_rank / nproc != position) continue;
     RankSeen& seen = ranks_seen_[rate.global_rank];

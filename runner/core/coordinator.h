@@ -36,6 +36,11 @@ class Coordinator {
   /// so no round starts before then: this coordinator cannot know who held which rank.
   void AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out);
 
+  /// Node 0's quarantine state file lists these hosts (an earlier launch of the job kept them
+  /// out): a host with time left sits out until then, and its count of quarantines goes on.
+  void RestoreQuarantine(const std::vector<QuarantinedHost>& hosts,
+                         std::vector<CoordinatorEffect>& out);
+
   /// Feeds one input; appends the effects to `out`. Expired deadlines are handled first.
   void Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
 
@@ -88,8 +93,17 @@ class Coordinator {
     // Set when the node was lost while its workers might run: no round starts before this
     // unless the same agent rejoins (it rejoins only once its workers are gone).
     std::optional<TimePoint> fenced_until;
-    int position = -1;        // the node rank it plays in rounds; -1: none (a waiting spare)
+    int position = -1;        // the node rank it holds; -1: none (a waiting spare)
+    int plays = -1;           // the node rank it plays in the current round; -1: none. The
+                              // same as `position` unless the round shrank (cluster.min_nodes)
     std::optional<TimePoint> absent_since;  // not connected since then (for timeouts.replace)
+  };
+  /// What the coordinator remembers of a host, for quarantine (keyed by host name: a host
+  /// that reboots comes back with a new agent, and is the same host).
+  struct HostRecord {
+    std::deque<TimePoint> failures;    // rounds whose root cause was on it, within the window
+    std::optional<TimePoint> until;    // quarantined until then
+    int times = 0;                     // quarantines so far
   };
   struct Conn {
     std::string peer_addr;
@@ -143,6 +157,17 @@ class Coordinator {
   /// for timeouts.replace goes to a waiting spare first. False: the round must wait.
   bool AssignPositions(TimePoint now, std::vector<CoordinatorEffect>& out);
   bool PositionsFilled() const;
+  /// With cluster.min_nodes: the node ranks not filled are given up for this round when none
+  /// can be filled any more (away longer than timeouts.replace, or quarantined) and enough are
+  /// left. Fills round_slots_; false: the round must wait.
+  bool ShrinkRound(TimePoint now, std::vector<CoordinatorEffect>& out);
+  /// Whether the slot's host sits out now.
+  bool Quarantined(const Slot& slot, TimePoint now) const;
+  /// Counts the round's root cause against its host; quarantines it past quarantine.failures.
+  void CountFailure(TimePoint now, const Failure& failure, std::vector<CoordinatorEffect>& out);
+  void RecordQuarantineState(TimePoint now, std::vector<CoordinatorEffect>& out) const;
+  /// "quarantined: ..." for summaries; "" when no host sits out.
+  std::string QuarantineNote(TimePoint now) const;
   int Index(const Slot& slot) const { return static_cast<int>(&slot - slots_.data()); }
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
   Failure FailureOf(int node_rank, const wire::WorkerFailed& failed) const;
@@ -181,7 +206,10 @@ class Coordinator {
   int round_ = 0;
   int restarts_used_ = 0;
   std::vector<Slot> slots_;          // every agent of the job: the nodes, then the spares
-  std::vector<int> slot_at_;         // by node rank: the slot that plays it
+  std::vector<int> slot_at_;         // by node rank: the slot that holds it
+  std::vector<int> round_slots_;     // by node rank of the current round: the slot that plays it
+  std::map<std::string, HostRecord> hosts_;  // quarantine: failures and cooldowns by host
+  std::string shrunk_note_;          // how the current round shrank, for the log; "" if it did not
   std::optional<TimePoint> replace_at_;  // a spare may take a node rank then
   int joined_ = 0;           // slots with a connection
   int done_count_ = 0;       // slots done in the running round

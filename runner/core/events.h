@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runner/core/progress.h"
+#include "runner/core/time.h"
 #include "runner/core/wire.h"
 #include "schema/worker_env.h"
 
@@ -79,8 +80,21 @@ struct RecordJournal {
   bool rounds_may_run = false;
 };
 
-using CoordinatorEffect =
-    std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone, RecordJournal>;
+/// A host kept out of the job (docs/running.md, quarantine), as node 0's state file keeps it
+/// across launches of the job.
+struct QuarantinedHost {
+  std::string host;
+  Duration left{};  // how much longer it is kept out; <= 0: free again, its count is kept
+  int times = 0;    // quarantines so far: the next cooldown is quarantine.cooldown x 2^times
+  bool operator==(const QuarantinedHost&) const = default;
+};
+/// Write node 0's quarantine state (host::Journal): every host with a quarantine on record.
+struct RecordQuarantine {
+  std::vector<QuarantinedHost> hosts;
+};
+
+using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone,
+                                       RecordJournal, RecordQuarantine>;
 
 // ---- Agent ----------------------------------------------------------------------------
 

@@ -66,6 +66,10 @@ CoordinatorMetrics Coordinator::Metrics() const {
     if (slot.ever_joined && !slot.conn) ++m.nodes_away;
     if (slot.conn && slot.position < 0) ++m.spares_waiting;
   }
+  m.round_nodes = static_cast<int>(round_slots_.size());
+  for (const auto& [host, h] : hosts_) {
+    if (h.until && *h.until > last_input_) ++m.hosts_quarantined;
+  }
   if (last_failure_) {
     m.last_failure_round = last_failure_->round;
     if (!last_failure_->kinds.empty()) m.last_failure_kind = last_failure_->kinds.front();

@@ -72,6 +72,9 @@ struct CoordinatorMetrics {
   int nodes_joined = 0;        // agents (nodes and spares) connected and joined now
   int nodes_away = 0;          // agents that joined once and are not connected now
   int spares_waiting = 0;      // joined agents that play no node rank: ready to replace one
+  int round_nodes = 0;         // nodes in the current (or last) round: fewer than `nodes` when
+                               // it shrank (cluster.min_nodes); 0 before the first round
+  int hosts_quarantined = 0;   // hosts kept out of the job now
   std::optional<int> last_failure_round;
   std::string last_failure_kind;  // the root cause's most specific kind ("exit:1"); "" none
   int stragglers = 0;          // ranks reported as stragglers now

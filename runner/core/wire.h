@@ -75,6 +75,9 @@ struct StartRound {
   /// The node rank the receiving agent takes in this round: for a spare, that of the node it
   /// replaces; -1: its own.
   int32_t node_rank = -1;
+  /// How many nodes the round runs with: fewer than cluster.nnodes when it shrank
+  /// (cluster.min_nodes); 0: cluster.nnodes.
+  int32_t nnodes = 0;
   bool operator==(const StartRound&) const = default;
 };
 

@@ -129,6 +129,12 @@ void AddJobFamilies(const NodeMetrics& metrics, std::vector<MetricFamily>& out) 
   out.push_back(OneGauge("ddprun_job_nodes", "Nodes of the job.", c.nodes));
   out.push_back(OneGauge("ddprun_job_nodes_joined", "Agents (nodes and spares) joined to the coordinator now.",
                          c.nodes_joined));
+  out.push_back(OneGauge("ddprun_job_round_nodes",
+                         "Nodes in the current round: fewer than ddprun_job_nodes when it shrank "
+                         "(cluster.min_nodes); 0 before the first round.",
+                         c.round_nodes));
+  out.push_back(OneGauge("ddprun_job_hosts_quarantined", "Hosts kept out of the job now (quarantine).",
+                         c.hosts_quarantined));
   out.push_back(OneGauge("ddprun_job_nodes_away", "Agents that joined once and are not connected now.",
                          c.nodes_away));
   out.push_back(OneGauge("ddprun_job_spares", "Spares of the job (cluster.spares).", c.spares));

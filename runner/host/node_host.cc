@@ -50,6 +50,11 @@ Status NodeHost::Start() {
         coordinator_->AfterUncleanEnd(ports_.clock->Now(), *since, coordinator_effects_);
         RunCoordinator(core::Tick{});
       }
+      const auto quarantined = ports_.journal->Quarantined();
+      if (!quarantined.empty()) {
+        coordinator_->RestoreQuarantine(quarantined, coordinator_effects_);
+        RunCoordinator(core::Tick{});
+      }
     }
   }
   agent_effects_.clear();
@@ -198,6 +203,8 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       ports_.console->Log(log->level, "coordinator", log->text);
     } else if (auto* record = std::get_if<core::RecordJournal>(&effect)) {
       if (ports_.journal) ports_.journal->Record(record->rounds_may_run);
+    } else if (auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
+      if (ports_.journal) ports_.journal->RecordQuarantine(quarantine->hosts);
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);

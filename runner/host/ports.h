@@ -104,6 +104,10 @@ class Journal {
   /// that cannot be read counts as made just now.
   virtual std::optional<Duration> SinceRoundsMayRun() = 0;
   virtual void Record(bool rounds_may_run) = 0;
+  /// The hosts an earlier launch of this job quarantined (quarantine.state), with the time
+  /// left counted from now. Unreadable: none, and the problem is said.
+  virtual std::vector<core::QuarantinedHost> Quarantined() = 0;
+  virtual void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) = 0;
 };
 
 /// Where an agent's words go: the terminal (real) or the simulator's event log.

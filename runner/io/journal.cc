@@ -77,21 +77,115 @@ std::optional<Duration> FileJournal::SinceRoundsMayRun() {
 }
 
 void FileJournal::Record(bool rounds_may_run) {
-  if (!folder_fd_.valid()) return;
-  const std::string text = Format(rounds_may_run, UnixMillis());
-  const std::string temp = std::string(kFileName) + ".new";
+  if (const std::string error = WriteWhole(kFileName, Format(rounds_may_run, UnixMillis())); !error.empty()) {
+    Report(error);
+  }
+}
+
+std::string FileJournal::WriteWhole(const char* name, const std::string& text) {
+  if (!folder_fd_.valid()) return "";
+  const std::string temp = std::string(name) + ".new";
   UniqueFd fd(::openat(folder_fd_.get(), temp.c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid() || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    Report(fmt::format("cannot write {}/{}: {}", folder_, temp, std::strerror(errno)));
-    return;
+    return fmt::format("cannot write {}/{}: {}", folder_, temp, std::strerror(errno));
   }
-  if (fd.Reset() != 0) {
-    Report(fmt::format("cannot write {}/{}: {}", folder_, temp, std::strerror(errno)));
-    return;
+  if (fd.Reset() != 0) return fmt::format("cannot write {}/{}: {}", folder_, temp, std::strerror(errno));
+  if (::renameat(folder_fd_.get(), temp.c_str(), folder_fd_.get(), name) != 0) {
+    return fmt::format("cannot rename {}/{} to {}: {}", folder_, temp, name, std::strerror(errno));
   }
-  if (::renameat(folder_fd_.get(), temp.c_str(), folder_fd_.get(), kFileName) != 0) {
-    Report(fmt::format("cannot rename {}/{} to {}: {}", folder_, temp, kFileName, std::strerror(errno)));
+  return "";
+}
+
+std::string FileJournal::FormatQuarantine(const std::vector<core::QuarantinedHost>& hosts, int64_t unix_ms) {
+  std::string text = "ddprun-quarantine 1\n";
+  for (const core::QuarantinedHost& h : hosts) {
+    if (!UsableHost(h.host)) continue;
+    text += fmt::format("host={} until_unix_ms={} times={}\n", h.host,
+                        unix_ms + std::max<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count(), 0), h.times);
+  }
+  return text;
+}
+
+bool FileJournal::UsableHost(std::string_view host) {
+  if (host.empty() || host.size() > 255) return false;
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == ':';
+  });
+}
+
+std::vector<core::QuarantinedHost> FileJournal::ParseQuarantine(std::string_view text, int64_t unix_ms,
+                                                               std::string* error) {
+  std::vector<core::QuarantinedHost> hosts;
+  size_t line_no = 0;
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    const std::string line(text.substr(0, end));
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    ++line_no;
+    if (line_no == 1) {
+      if (line != "ddprun-quarantine 1") {
+        if (error) *error = "line 1 is not \"ddprun-quarantine 1\"";
+        return {};
+      }
+      continue;
+    }
+    if (line.empty()) continue;
+    char host[256] = {};
+    long long until = 0;
+    int times = 0;
+    if (std::sscanf(line.c_str(), "host=%255s until_unix_ms=%lld times=%d", host, &until, &times) != 3 ||
+        !UsableHost(host) || times < 1 || times > 1'000) {
+      if (error) *error = fmt::format("line {} is not \"host=NAME until_unix_ms=N times=K\"", line_no);
+      return {};
+    }
+    // A clock set back makes the cooldown look longer, never shorter: the safe side.
+    hosts.push_back({host, std::chrono::milliseconds(until - unix_ms), times});
+  }
+  if (line_no == 0 && error) *error = "the file is empty";
+  return hosts;
+}
+
+std::vector<core::QuarantinedHost> FileJournal::Quarantined() {
+  if (!folder_fd_.valid()) return {};
+  UniqueFd fd(::openat(folder_fd_.get(), kQuarantineFileName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno != ENOENT) {
+      ReportQuarantine(fmt::format("cannot read {}/{}: {}", folder_, kQuarantineFileName, std::strerror(errno)));
+    }
+    return {};
+  }
+  std::string text(kMaxQuarantineBytes + 1, '\0');
+  size_t have = 0;
+  while (have < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + have, text.size() - have);
+    if (n <= 0) break;
+    have += static_cast<size_t>(n);
+  }
+  if (have > kMaxQuarantineBytes) {
+    ReportQuarantine(fmt::format("{}/{} is larger than {} bytes", folder_, kQuarantineFileName,
+                                 kMaxQuarantineBytes));
+    return {};
+  }
+  text.resize(have);
+  std::string error;
+  auto hosts = ParseQuarantine(text, UnixMillis(), &error);
+  if (!error.empty()) ReportQuarantine(fmt::format("{}/{}: {}", folder_, kQuarantineFileName, error));
+  return hosts;
+}
+
+void FileJournal::RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) {
+  if (const std::string error = WriteWhole(kQuarantineFileName, FormatQuarantine(hosts, UnixMillis()));
+      !error.empty()) {
+    ReportQuarantine(error);
+  }
+}
+
+void FileJournal::ReportQuarantine(const std::string& text) {
+  if (report_) {
+    report_(fmt::format("quarantine state: {} (ignored: no host is kept out by an earlier launch; "
+                        "delete the file to start afresh)",
+                        text));
   }
 }
 

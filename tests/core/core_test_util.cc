@@ -34,6 +34,11 @@ struct CoordinatorNamer {
   std::string operator()(const RecordJournal& e) const {
     return e.rounds_may_run ? "journal: rounds may run" : "journal: job ended";
   }
+  std::string operator()(const RecordQuarantine& e) const {
+    std::string text = "quarantine:";
+    for (const auto& h : e.hosts) text += fmt::format(" {} ({} times, {} ms left)", h.host, h.times, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count()));
+    return text;
+  }
 };
 
 struct AgentNamer {

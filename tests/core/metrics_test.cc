@@ -142,6 +142,7 @@ TEST_F(CoordinatorMetricsTest, FromRendezvousThroughAFailureToTheRestart) {
   ASSERT_EQ(Sent<wire::StartRound>(Feed(0s, StorePortReady{0, 41000})).size(), 2u);
   expected.phase = "running";
   expected.nodes_joined = 2;
+  expected.round_nodes = 2;
   EXPECT_EQ(coordinator_->Metrics(), expected);
 
   // Progress reports: rank 3 works twice as long as the others and becomes a straggler.

@@ -103,10 +103,10 @@ TEST(WireTest, SamplesCoverEveryMessageType) {
 }
 
 TEST(WireTest, HeaderLayoutIsMagicVersionTypeReservedLengthPayload) {
-  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102, 3});
-  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 18, 0, 0, 0,
+  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102, 3, 2});
+  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 22, 0, 0, 0,
                           0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0, 0, 0, 0,
-                          3, 0, 0, 0};
+                          3, 0, 0, 0, 2, 0, 0, 0};
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(Encode(Heartbeat{}), (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 0, 0, 0, 0}));
 }

@@ -138,6 +138,8 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
   c.nodes_joined = 2;
   c.nodes_away = 1;
   c.spares_waiting = 0;
+  c.round_nodes = 1;
+  c.hosts_quarantined = 1;
   c.last_failure_round = 1;
   c.last_failure_kind = "torch.cuda.OutOfMemoryError";
   c.stragglers = 1;
@@ -172,6 +174,13 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
             "# HELP ddprun_job_nodes_joined Agents (nodes and spares) joined to the coordinator now.\n"
             "# TYPE ddprun_job_nodes_joined gauge\n"
             "ddprun_job_nodes_joined 2\n"
+            "# HELP ddprun_job_round_nodes Nodes in the current round: fewer than ddprun_job_nodes "
+            "when it shrank (cluster.min_nodes); 0 before the first round.\n"
+            "# TYPE ddprun_job_round_nodes gauge\n"
+            "ddprun_job_round_nodes 1\n"
+            "# HELP ddprun_job_hosts_quarantined Hosts kept out of the job now (quarantine).\n"
+            "# TYPE ddprun_job_hosts_quarantined gauge\n"
+            "ddprun_job_hosts_quarantined 1\n"
             "# HELP ddprun_job_nodes_away Agents that joined once and are not connected now.\n"
             "# TYPE ddprun_job_nodes_away gauge\n"
             "ddprun_job_nodes_away 1\n"

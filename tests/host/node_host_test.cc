@@ -91,6 +91,8 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   // Journal
   std::optional<Duration> SinceRoundsMayRun() override { return journal_since; }
   void Record(bool rounds_may_run) override { records.push_back(rounds_may_run); }
+  std::vector<core::QuarantinedHost> Quarantined() override { return quarantined; }
+  void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) override { quarantined = hosts; }
 
   void Pump() {
     while (!later.empty()) {
@@ -116,6 +118,7 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   std::vector<std::pair<int, int>> spawned;  // (round, local rank)
   std::vector<std::string> lines;
   std::optional<Duration> journal_since;
+  std::vector<core::QuarantinedHost> quarantined;
   std::vector<bool> records;
 };
 

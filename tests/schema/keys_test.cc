@@ -36,6 +36,7 @@ master_port = 29500
 nproc_per_node = 2
 store_port = 29501
 spares = ["c"]
+min_nodes = 1
 [trainer]
 accelerator = "cpu"
 devices = 2
@@ -54,6 +55,10 @@ stop_grace = "30s"
 progress = "5m"
 progress_start = "10m"
 replace = "1m"
+[quarantine]
+failures = 3
+window = "1h"
+cooldown = "30m"
 [stragglers]
 slower_percent = 50
 window = "2m"
@@ -177,7 +182,7 @@ TEST(KeyTable, ValuesJustOutsideARangeAreRejectedWithTheTablesRange) {
       }
     }
   }
-  EXPECT_EQ(checked, 11);
+  EXPECT_EQ(checked, 13);
 }
 
 TEST(KeyTable, TheFlagAndTheJobFileRejectAFaultValueJustOutsideTheTableRange) {
@@ -247,7 +252,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 18);
+  EXPECT_EQ(checked, 21);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");
