@@ -124,6 +124,14 @@ std::string Coordinator::NodeName(int node_rank) const {
   return name;
 }
 
+std::string Coordinator::AgentName(int agent) const {
+  const Slot& slot = slots_[static_cast<size_t>(agent)];
+  const int nnodes = spec_.cluster.nnodes;
+  std::string name = agent >= nnodes ? fmt::format("spare {}", agent - nnodes) : fmt::format("node {}", agent);
+  if (!slot.host.empty()) name += fmt::format(" ({})", slot.host);
+  return name;
+}
+
 void Coordinator::Handle(TimePoint now, const CoordinatorInput& input,
                          std::vector<CoordinatorEffect>& out) {
   // The silence index (heard_) relies on inputs in time order.
@@ -195,10 +203,16 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     case Phase::kRendezvous:
       if (round_gate_ && now >= *round_gate_) {
         MaybeStartRound(now, out);
-      } else if (replace_at_ && now >= *replace_at_) {
+        break;
+      }
+      if (replace_at_ && now >= *replace_at_) {
         replace_at_.reset();
         MaybeStartRound(now, out);
-      } else if (now >= rendezvous_deadline_ && !PositionsFilled()) {
+        if (phase_ != Phase::kRendezvous) break;
+      }
+      // A round held only by a fence (round_gate_) starts when it ends: the rendezvous
+      // timeout is for nodes that do not come.
+      if (now >= rendezvous_deadline_ && !round_gate_ && !PositionsFilled()) {
         EndJob(now, ToInt(ExitCode::kRendezvous), RendezvousFailure(), out);
       } else if (now >= next_progress_ && !round_gate_) {
         SendProgress(now, out);
@@ -733,8 +747,8 @@ bool Coordinator::AssignPositions(TimePoint now, std::vector<CoordinatorEffect>&
       }
       const int spare = waiting[next++];
       Slot& taker = slots_[static_cast<size_t>(spare)];
-      const std::string before = NodeName(slot_at_[p]);
-      const std::string taker_name = NodeName(spare);
+      const std::string before = AgentName(slot_at_[p]);
+      const std::string taker_name = AgentName(spare);
       away.position = -1;
       taker.position = static_cast<int>(p);
       slot_at_[p] = spare;
@@ -767,6 +781,14 @@ bool Coordinator::ShrinkRound(TimePoint now, std::vector<CoordinatorEffect>& out
     const Slot& slot = slots_[static_cast<size_t>(index)];
     if (slot.conn && !Quarantined(slot, now)) continue;
     if (slot.conn) {
+      // A spare may still be on its way (agents start in any order): wait for one as long
+      // as for an absent node, from the start of this rendezvous.
+      const TimePoint spare_due = rendezvous_started_ + spec_.timeouts.replace;
+      if (spec_.cluster.spares > 0 && now < spare_due) {
+        if (!replace_at_ || spare_due < *replace_at_) replace_at_ = spare_due;
+        pending = true;
+        continue;
+      }
       kept_out = true;
       without.push_back(fmt::format("{}: its host is quarantined for {} more", NodeName(index),
                                     HumanDuration(*hosts_.at(slot.host).until - now)));

@@ -193,6 +193,8 @@ class Coordinator {
   void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
   std::string NodeName(int node_rank) const;
+  /// Agent `agent` by what it was started as ("node 2", "spare 0"), with its host.
+  std::string AgentName(int agent) const;
   std::string RendezvousFailure() const;
   std::string FailureSummary(const Failure& failure, int stopped_ranks, int stopped_nodes,
                              const std::string& never_rule) const;

@@ -115,5 +115,57 @@ TEST_F(JournalTest, ALinkPlantedForTheJobFolderIsNotFollowed) {
   EXPECT_NE(reports_[0].find("coordinator journal: "), std::string::npos) << reports_[0];
 }
 
+// ---- The quarantine state beside it ------------------------------------------------------
+
+TEST_F(JournalTest, TheQuarantineStateIsReadBackWithTheTimeLeftAndItsCounts) {
+  FileJournal journal = Open();
+  EXPECT_TRUE(journal.Quarantined().empty());
+  journal.RecordQuarantine({{"gpu-02", 20min, 1}, {"10.0.0.7", -5min, 3}, {"bad host name", 1h, 1}});
+  std::ifstream in(folder_ + "/" + FileJournal::kQuarantineFileName);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str().rfind("ddprun-quarantine 1\nhost=gpu-02 until_unix_ms=", 0), 0u) << text.str();
+  EXPECT_EQ(text.str().find("bad host"), std::string::npos) << text.str();
+  const auto hosts = Open().Quarantined();
+  ASSERT_EQ(hosts.size(), 2u);
+  EXPECT_EQ(hosts[0].host, "gpu-02");
+  EXPECT_EQ(hosts[0].times, 1);
+  EXPECT_GT(hosts[0].left, 19min);
+  EXPECT_LE(hosts[0].left, 20min);
+  EXPECT_EQ(hosts[1].host, "10.0.0.7");
+  EXPECT_EQ(hosts[1].times, 3);
+  EXPECT_LE(hosts[1].left, Duration::zero());  // over: written as "until now", its count kept
+  EXPECT_TRUE(reports_.empty());
+}
+
+TEST_F(JournalTest, AMalformedQuarantineStateKeepsNoHostOutAndSaysWhy) {
+  const int64_t now = NowMillis();
+  std::string error;
+  EXPECT_EQ(FileJournal::ParseQuarantine(
+                FileJournal::FormatQuarantine({{"gpu-02", 1min, 2}}, now), now, &error)[0],
+            (core::QuarantinedHost{"gpu-02", 1min, 2}));
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(FileJournal::ParseQuarantine("ddprun-quarantine 1\nhost=a until_unix_ms=x times=1\n", now, &error).empty());
+  EXPECT_EQ(error, "line 2 is not \"host=NAME until_unix_ms=N times=K\"");
+  EXPECT_TRUE(FileJournal::ParseQuarantine("ddprun-quarantine 1\nhost=a until_unix_ms=5 times=0\n", now, &error).empty());
+  EXPECT_TRUE(FileJournal::ParseQuarantine("something else\n", now, &error).empty());
+  EXPECT_EQ(error, "line 1 is not \"ddprun-quarantine 1\"");
+  fs::create_directories(folder_);
+  std::ofstream(folder_ + "/" + FileJournal::kQuarantineFileName) << "garbage\n";
+  EXPECT_TRUE(Open().Quarantined().empty());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("quarantine state: "), std::string::npos) << reports_[0];
+  EXPECT_NE(reports_[0].find("delete the file to start afresh"), std::string::npos) << reports_[0];
+}
+
+TEST_F(JournalTest, AQuarantineStateThatIsALinkIsNotFollowed) {
+  fs::create_directories(folder_);
+  std::ofstream(root_ + "/elsewhere") << "ddprun-quarantine 1\nhost=gpu-02 until_unix_ms=99999999999999 times=1\n";
+  fs::create_symlink(root_ + "/elsewhere", folder_ + "/" + FileJournal::kQuarantineFileName);
+  EXPECT_TRUE(Open().Quarantined().empty());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("cannot read"), std::string::npos) << reports_[0];
+}
+
 }  // namespace
 }  // namespace ddprun::io

@@ -581,3 +581,55 @@ TEST(Loader, AllErrorsAreCollected) {
 
 }  // namespace
 }  // namespace ddprun
+
+namespace ddprun {
+namespace {
+
+constexpr std::string_view kMinNodesBase =
+    "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnodes = [\"a\", \"b\", \"c\"]\n";
+
+TEST(Loader, MinNodesIsBetweenOneAndNnodesAndDefaultsToNnodes) {
+  auto none = Parse(std::string(kMinNodesBase));
+  ASSERT_TRUE(none.spec) << Diags(none);
+  EXPECT_EQ(none.spec->cluster.min_nodes, 3);
+  EXPECT_FALSE(none.spec->cluster.CanReplace());
+  auto two = Parse(std::string(kMinNodesBase) + "min_nodes = 2\n");
+  ASSERT_TRUE(two.spec) << Diags(two);
+  EXPECT_EQ(two.spec->cluster.min_nodes, 2);
+  EXPECT_TRUE(two.spec->cluster.CanReplace());
+  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 4\n")),
+            "7:13: error: cluster.min_nodes = 4 is more than the job's 3 nodes\n"
+            "  hint: min_nodes is the fewest nodes a round may run with: at most 3; remove it to "
+            "need every node in every round\n");
+  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 0\n")).find("out of range"), std::string::npos);
+}
+
+TEST(Loader, MinNodesNeedsTrainerNumNodesSoThatASmallerRoundCanTellLightning) {
+  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\n")),
+            "7:13: error: cluster.min_nodes = 2 lets rounds run with fewer nodes, but [trainer] does "
+            "not set num_nodes: Lightning's Trainer() would use 1 and reject the round's WORLD_SIZE\n"
+            "  hint: add num_nodes = 3 under [trainer]; a smaller round gets PL_TRAINER_NUM_NODES = "
+            "its own node count\n");
+  auto ok = Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\nnum_nodes = 3\n");
+  EXPECT_EQ(Diags(ok), "");
+}
+
+TEST(Loader, QuarantineKeysAndTheirDefaults) {
+  auto defaults = Parse(std::string(kMinNodesBase));
+  ASSERT_TRUE(defaults.spec);
+  EXPECT_EQ(defaults.spec->quarantine.failures, 3);
+  EXPECT_EQ(defaults.spec->quarantine.window, Hours(1));
+  EXPECT_EQ(defaults.spec->quarantine.cooldown, Minutes(30));
+  auto set = Parse(std::string(kMinNodesBase) + "[quarantine]\nfailures = 0\nwindow = \"2h\"\ncooldown = \"5m\"\n");
+  ASSERT_TRUE(set.spec) << Diags(set);
+  EXPECT_EQ(set.spec->quarantine.failures, 0);
+  EXPECT_EQ(set.spec->quarantine.window, Hours(2));
+  EXPECT_EQ(set.spec->quarantine.cooldown, Minutes(5));
+  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "[quarantine]\ncooldown = \"0s\"\n")).find("cooldown"),
+            std::string::npos);
+  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "[quarantine]\nfailres = 2\n")).find("did you mean `failures`"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddprun
