@@ -81,12 +81,34 @@ void CheckBackoffAgainstRendezvous(const JobSpec& spec, TomlReader& reader) {
   }
 }
 
+// A spare takes over, and a round shrinks, only at a restart; and only before the others give
+// up waiting for the node.
+void CheckReplacement(const JobSpec& spec, TomlReader& reader) {
+  const auto& c = spec.cluster;
+  if (!c.CanReplace()) return;
+  const std::string key = c.spares > 0 ? "cluster.spares" : "cluster.min_nodes";
+  if (spec.restart.max_restarts == 0) {
+    reader.diags().Warning(reader.LocationOf(key), key,
+                           fmt::format("{} can only act at a restart, and restart.max_restarts = 0",
+                                       key),
+                           "a lost node's rank goes to a spare (or the job shrinks) in the next "
+                           "round: set restart.max_restarts to at least 1");
+  }
+  const auto& t = spec.timeouts;
+  if (t.replace >= t.rendezvous && t.rendezvous > Duration::zero()) {
+    TimeoutOrderWarning(reader, t, "timeouts.replace", t.replace, "is not shorter than",
+                        "the round gives up on a lost node at the rendezvous timeout, before a "
+                        "spare could take its rank (or the job shrink)");
+  }
+}
+
 }  // namespace
 
 void CheckAcrossSections(const JobSpec& spec, const TrainerFacts& trainer_facts,
                          const ClusterFacts& cluster_facts, TomlReader& reader) {
   CheckTrainerAgainstCluster(spec, trainer_facts, cluster_facts, reader);
   CheckBackoffAgainstRendezvous(spec, reader);
+  CheckReplacement(spec, reader);
 }
 
 }  // namespace ddprun

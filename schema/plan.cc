@@ -255,6 +255,27 @@ std::string PlanHeader(const JobSpec& spec) {
     out += "hung ranks: not detected (set timeouts.progress and call ddprun.progress() in the "
            "training loop)\n";
   }
+  if (c.spares > 0) {
+    out += fmt::format("spares: {} ({}) wait and take the node rank of a node away for longer "
+                       "than timeouts.replace = {} (never node 0's)\n",
+                       c.spares,
+                       c.spare_hosts.empty() ? fmt::format("--node-rank {}..{}", c.nnodes, c.Agents() - 1)
+                                             : fmt::format("{}", fmt::join(c.spare_hosts, ", ")),
+                       FormatDuration(t.replace));
+  }
+  if (c.min_nodes < c.nnodes) {
+    out += fmt::format("shrinking: with no spare left, rounds run with the nodes left, down to "
+                       "{} (world size {}..{}); WORLD_SIZE, GROUP_WORLD_SIZE and "
+                       "PL_TRAINER_NUM_NODES follow the round, and a node that returns takes "
+                       "part again from the next restart\n",
+                       c.min_nodes, c.min_nodes * c.nproc_per_node, spec.WorldSize());
+  }
+  if (c.CanReplace() && spec.quarantine.failures > 0) {
+    out += fmt::format("quarantine: a host (not node 0's) on which {} rounds fail within {} sits "
+                       "out for {}, twice as long each further time; kept in {}/{}/quarantine.state\n",
+                       spec.quarantine.failures, FormatDuration(spec.quarantine.window),
+                       FormatDuration(spec.quarantine.cooldown), spec.logs.dir, spec.job.name);
+  }
   if (spec.metrics.Served()) {
     constexpr int kUrlsShown = 2;
     std::vector<std::string> urls;

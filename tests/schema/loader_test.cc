@@ -605,13 +605,26 @@ TEST(Loader, MinNodesIsBetweenOneAndNnodesAndDefaultsToNnodes) {
 }
 
 TEST(Loader, MinNodesNeedsTrainerNumNodesSoThatASmallerRoundCanTellLightning) {
-  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\n")),
+  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\n[restart]\nmax_restarts = 1\n")),
             "7:13: error: cluster.min_nodes = 2 lets rounds run with fewer nodes, but [trainer] does "
             "not set num_nodes: Lightning's Trainer() would use 1 and reject the round's WORLD_SIZE\n"
             "  hint: add num_nodes = 3 under [trainer]; a smaller round gets PL_TRAINER_NUM_NODES = "
             "its own node count\n");
-  auto ok = Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\nnum_nodes = 3\n");
+  auto ok = Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\nnum_nodes = 3\n[restart]\nmax_restarts = 1\n");
   EXPECT_EQ(Diags(ok), "");
+}
+
+TEST(Loader, SparesAndShrinkingNeedARestartAndAReplaceTimeoutBelowTheRendezvous) {
+  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[restart]\nmax_restarts = 0\n")),
+            "7:13: warning: cluster.min_nodes can only act at a restart, and restart.max_restarts = 0\n"
+            "  hint: a lost node's rank goes to a spare (or the job shrinks) in the next round: set "
+            "restart.max_restarts to at least 1\n");
+  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) +
+                        "min_nodes = 2\n[restart]\nmax_restarts = 1\n[timeouts]\nrendezvous = \"1m\"\n"
+                        "replace = \"2m\"\n"))
+                .find("warning: timeouts.replace = 2m is not shorter than timeouts.rendezvous = 1m"),
+            std::string::npos);
+  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[restart]\nmax_restarts = 1\n")), "");
 }
 
 TEST(Loader, QuarantineKeysAndTheirDefaults) {
