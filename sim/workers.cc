@@ -60,6 +60,17 @@ uint16_t Port(const std::string& text) {
   return value < 65536 ? static_cast<uint16_t>(value) : 0;
 }
 
+// A positive count from its decimal text; 0 for anything else.
+int Count(const std::string& text) {
+  if (text.empty() || text.size() > 9) return 0;
+  int value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return 0;
+    value = value * 10 + (c - '0');
+  }
+  return value;
+}
+
 }  // namespace
 
 Workers::Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOptions::Sabotage sabotage)
@@ -98,7 +109,10 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
     fresh.id = next_gang_++;
     fresh.coordinator = coordinator;
     fresh.round = round;
-    fresh.world = world_;
+    // The round's world as its first worker's environment gives it: fewer ranks than the job
+    // when the round shrank (cluster.min_nodes). The invariants check that every rank agrees.
+    const int world = Count(Env(launch.env, "WORLD_SIZE"));
+    fresh.world = world > 0 ? world : world_;
     current_gang_ = fresh.id;
     gangs_.emplace(fresh.id, std::move(fresh));
     // Older gangs are only needed for their counts; keep the map small on long runs.
@@ -128,10 +142,10 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.master_port = Port(Env(launch.env, "MASTER_PORT"));
   // The round resumes from the last checkpoint: its first step is the one after it.
   w.last_step = progress_ns_ / step_ns_;
-  WorkerStart start{index, RoundKey{g->coordinator, round}, world_, launch.global_rank, launch.local_rank,
+  WorkerStart start{index, RoundKey{g->coordinator, round}, g->world, launch.global_rank, launch.local_rank,
                     w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")};
   if (index == 1 && sabotage_ == SimOptions::Sabotage::kWrongWorldSize) {
-    start.world_env = std::to_string(world_ + 1);
+    start.world_env = std::to_string(g->world + 1);
   }
   const bool twice = index == 1 && sabotage_ == SimOptions::Sabotage::kSpawnTwice && launch.local_rank == 0;
   if (twice) {

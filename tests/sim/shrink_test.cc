@@ -1,0 +1,55 @@
+// Shrinking in the simulator: the same coordinator and agents run a smaller round when a node
+// is gone for good and cluster.min_nodes allows it; the worker model trains with the round's
+// world, and the invariants check every rank of it.
+
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/sim/sim_test_util.h"
+
+namespace ddprun::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// SmallJob with 3 nodes of 2 workers; rounds may run with `min_nodes`.
+std::string ShrinkJob(int min_nodes) {
+  std::string job = SmallJob("", 3, 2, 2);
+  const std::string cluster = "[cluster]\n";
+  job.insert(job.find(cluster) + cluster.size(), "min_nodes = " + std::to_string(min_nodes) + "\n");
+  return job;
+}
+
+TEST(ShrinkSimTest, ANodeGoneForGoodLeavesASmallerRoundThatFinishesTheJob) {
+  const SimRun run = Simulate(ShrinkJob(2), {"node-crash@6m:node=1"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("round 1: starting 4 workers on 2 of the job's 3 nodes (cluster.min_nodes = 2): "
+                                    "without node 1 (node-0001)"));
+  EXPECT_THAT(run.output, HasSubstr("node 2 (node-0002) plays node rank 1"));
+  EXPECT_THAT(run.output, HasSubstr("training: round 1: all 4 ranks up"));
+  EXPECT_THAT(run.output, HasSubstr("the round ran with 2 of the job's 3 nodes"));
+}
+
+TEST(ShrinkSimTest, WithoutMinNodesTheSameCrashEndsTheJobAtTheRendezvousTimeout) {
+  const SimRun run = Simulate(SmallJob("", 3, 2, 2), {"node-crash@6m:node=1"});
+  EXPECT_EQ(run.result.exit_code, 3) << run.output;
+  EXPECT_FALSE(run.result.violation) << run.output;
+}
+
+TEST(ShrinkSimTest, ANodeThatRebootsLateTakesPartAgainAtTheNextRestart) {
+  // Node 1 is back 4 minutes later, while the smaller round trains; a worker exit at 15m
+  // restarts the job, and round 2 has all three nodes again.
+  const SimRun run = Simulate(ShrinkJob(2), {"node-crash@6m:node=1,reboot_after=4m",
+                                            "worker-exit@15m:node=0,local_rank=1"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("on 2 of the job's 3 nodes"));
+  EXPECT_THAT(run.output, HasSubstr("round 1 runs without it, it takes part from the next round"));
+  EXPECT_THAT(run.output, HasSubstr("training: round 2: all 6 ranks up"));
+}
+
+}  // namespace
+}  // namespace ddprun::testing
