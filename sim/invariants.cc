@@ -220,6 +220,7 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   Node& node = nodes_[start.node];
   const std::string& label = node.label;
   Round& round = rounds_[start.round];
+  if (!latest_round_ || *latest_round_ < start.round) latest_round_ = start.round;
   if (round.world == 0) {
     round.world = start.world;
     round.started.assign(static_cast<size_t>(start.world), 0);
@@ -298,8 +299,11 @@ void Invariants::CheckExit(int64_t now_ns, uint32_t index, int code, std::option
     return Fail(now_ns, fmt::format("{}'s agent exited with {} worker(s) still running", node.label,
                                     node.live.size()));
   }
-  // Success only if every rank of the round exited 0.
+  // Success only if every rank of the job's last round exited 0. Not the agent's own last
+  // round: a later one may have run without it (a waiting spare, a node left out of a smaller
+  // round), and after node 0 rebooted its round number belongs to the previous coordinator.
   if (code != 0) return;
+  if (latest_round_) key = latest_round_;
   const auto round = key ? rounds_.find(*key) : rounds_.end();
   const int done = round == rounds_.end() ? 0 : round->second.exited_zero;
   const int world = round == rounds_.end() ? bounds_.world : round->second.world;

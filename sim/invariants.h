@@ -204,6 +204,7 @@ class Invariants {
   std::unordered_map<uint64_t, Worker> workers_;   // by pid; looked up, never iterated
   std::vector<uint64_t> holders_;                  // global rank -> pid of its live holder, 0: none
   std::map<RoundKey, Round> rounds_;
+  std::optional<RoundKey> latest_round_;  // the last round any worker started in
   int restarts_ = 0;
   int checked_restarts_ = 0;
   int64_t next_due_ns_ = INT64_MAX;  // the earliest time bound to check

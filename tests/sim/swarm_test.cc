@@ -116,5 +116,22 @@ TEST(SwarmTest, FaultMixIsAFunctionOfTheSeed) {
   }
 }
 
+// The shrinking job: rounds with fewer nodes (cluster.min_nodes) and quarantined hosts.
+TEST(ShrinkSwarmTest, OneThousandSeedsHoldEveryInvariant) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-shrink.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  LoadResult loaded = ParseJobText(text.str(), "bench/swarm-shrink.toml");
+  ASSERT_TRUE(loaded.spec);
+  ASSERT_LT(loaded.spec->cluster.min_nodes, loaded.spec->cluster.nnodes);
+  sim::SimOptions options;
+  options.seed = 1000;
+  options.quiet = true;
+  options.job_path = "bench/swarm-shrink.toml";
+  std::ostringstream out;
+  const sim::SwarmResult swarm = sim::RunSwarm(*loaded.spec, options, 1000, out);
+  EXPECT_EQ(swarm.runs, 1000);
+  EXPECT_EQ(swarm.failures, 0) << out.str();
+}
 }  // namespace
 }  // namespace ddprun::testing
