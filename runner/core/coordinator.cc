@@ -790,8 +790,7 @@ bool Coordinator::ShrinkRound(TimePoint now, std::vector<CoordinatorEffect>& out
         continue;
       }
       kept_out = true;
-      without.push_back(fmt::format("{}: its host is quarantined for {} more", NodeName(index),
-                                    HumanDuration(*hosts_.at(slot.host).until - now)));
+      without.push_back(fmt::format("{}: its host is quarantined", NodeName(index)));
       continue;
     }
     const TimePoint since = slot.absent_since.value_or(rendezvous_started_);

@@ -51,5 +51,18 @@ TEST(ShrinkSimTest, ANodeThatRebootsLateTakesPartAgainAtTheNextRestart) {
   EXPECT_THAT(run.output, HasSubstr("training: round 2: all 6 ranks up"));
 }
 
+TEST(ShrinkSimTest, AHostWhoseRoundsKeepFailingIsQuarantinedAndTheJobRunsWithoutIt) {
+  std::string job = ShrinkJob(2) + "[quarantine]\nfailures = 2\ncooldown = \"2h\"\n";
+  job.replace(job.find("max_restarts = 2"), 16, "max_restarts = 4");
+  const SimRun run = Simulate(job, {"worker-exit@3m:node=2,local_rank=0", "worker-exit@8m:node=2,local_rank=1"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("quarantine: host node-0002 (node 2 (node-0002)) sits out for 2h00m: 2 rounds "
+                                    "failed because of it"));
+  EXPECT_THAT(run.output, HasSubstr("round 2: starting 4 workers on 2 of the job's 3 nodes (cluster.min_nodes = 2): "
+                                    "without node 2 (node-0002): its host is quarantined"));
+  EXPECT_THAT(run.output, HasSubstr("quarantined: node-0002 for "));
+}
+
 }  // namespace
 }  // namespace ddprun::testing
