@@ -427,7 +427,8 @@ SimResult Cluster::Finish(RunEnd& end) {
   } else {
     std::map<int, int> votes;
     for (const auto& o : result.nodes) {
-      if (!o.extra && !o.spare && o.state == NodeOutcome::State::kExited) ++votes[o.exit_code];
+      // A spare votes once it played a node rank.
+      if (!o.extra && (!o.spare || o.plays >= 0) && o.state == NodeOutcome::State::kExited) ++votes[o.exit_code];
     }
     result.exit_code = 3;
     int best = 0;

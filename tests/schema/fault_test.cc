@@ -213,7 +213,7 @@ TEST(Faults, SparesAreAddressedAfterTheNodes) {
   ASSERT_TRUE(r.spec) << Diags(r);
   EXPECT_EQ(r.spec->simulate.faults[0].node, 3);
   EXPECT_EQ(Diags(Parse(job + "[[simulate.faults]]\nat = \"1m\"\nkind = \"node-crash\"\nnode = 4\n")),
-            "17:8: error: simulate.faults[0].node = 4 is out of range (0..3)\n");
+            "16:8: error: simulate.faults[0].node = 4 is out of range (0..3)\n");
   FaultSpec f;
   f.node = 3;
   EXPECT_TRUE(FaultFitsJob(f, *r.spec));

@@ -178,7 +178,7 @@ TEST(KeyTable, ValuesJustOutsideARangeAreRejectedWithTheTablesRange) {
       }
     }
   }
-  EXPECT_EQ(checked, 11);
+  EXPECT_EQ(checked, 13);
 }
 
 TEST(KeyTable, TheFlagAndTheJobFileRejectAFaultValueJustOutsideTheTableRange) {
