@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Goodput of a job over many seeds without the swarm's extra faults: only the job's own failure
 # rates (docs/simulator.md, "Hot spares"). Usage: bench/hostloss.sh [SEEDS] [JOB...]
-# (default: 300 seeds of bench/llama3-hostloss.toml and bench/llama3-hostloss-spares.toml).
+# (default: 200 seeds of bench/llama3-hostloss.toml and bench/llama3-hostloss-spares.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seeds=${1:-300}
+seeds=${1:-200}
 shift || true
 jobs=("$@")
 [ ${#jobs[@]} -gt 0 ] || jobs=(bench/llama3-hostloss.toml bench/llama3-hostloss-spares.toml)

@@ -133,6 +133,25 @@ TEST(SparesTest, WorkerFaultsOnASpareHitItsWorkersOnceItPlays) {
   EXPECT_EQ(run.result.stats.restarts_used, 2);
 }
 
+TEST(SparesTest, RandomWorkerFailuresHitTheSpareThatPlaysTheRank) {
+  // simulate.worker_mtbf draws a global rank; once the spare plays node rank 1, ranks 2 and 3
+  // are its workers (node 1's host is down and has none).
+  const std::string job = SpareJob(1, "worker_mtbf = \"1h\"\n");
+  int on_spare = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const SimRun run = Simulate(job, {"node-crash@5m:node=1"}, seed);
+    EXPECT_FALSE(run.result.violation) << "seed " << seed << ": " << *run.result.violation;
+    std::istringstream lines(run.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("] spare 0: rank ") != std::string::npos &&
+          line.find("exits with code 1 (random failure (simulate.worker_mtbf))") != std::string::npos) {
+        ++on_spare;
+      }
+    }
+  }
+  EXPECT_GT(on_spare, 0);
+}
+
 TEST(SparesTest, RandomCrashesCanLeaveHostsDownForGood) {
   // Every random crash is for good: hosts never return, and the spares take their ranks.
   const std::string job = SpareJob(2, "node_mtbf = \"6h\"\nnode_never_returns_percent = 100\n");
