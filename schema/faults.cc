@@ -93,7 +93,11 @@ IntRange FaultKeyRange(std::string_view key, FaultBounds bounds) {
   const KeySpec& spec = FaultKey(key);
   const IntRange range = spec.range ? *spec.range : spec.item_range.value_or(IntRange{});
   // Node ranks (node, peers) end at the job's last node, local ranks at its last worker.
-  if ((key == "node" || key == "peers") && bounds.nnodes > 0) return range.Below(bounds.nnodes - 1);
+  // Node indexes (node, peers) end at the job's last spare (nnodes + i is spare i), local
+  // ranks at its last worker.
+  if ((key == "node" || key == "peers") && bounds.nnodes > 0) {
+    return range.Below(bounds.nnodes + bounds.spares - 1);
+  }
   if (key == "local_rank" && bounds.nproc_per_node > 0) {
     return range.Below(bounds.nproc_per_node - 1);
   }
@@ -136,9 +140,13 @@ std::string KnownFaultKinds() {
 
 Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec) {
   const int nnodes = spec.cluster.nnodes;
-  if (fault.node < 0 || fault.node >= nnodes) {
-    return Fail(fmt::format("{} fault: node {} is out of range (the job has nodes 0..{})",
-                            FaultKindName(fault.kind), fault.node, nnodes - 1));
+  const int agents = spec.cluster.Agents();
+  const std::string have = spec.cluster.spares == 0
+                               ? fmt::format("nodes 0..{}", nnodes - 1)
+                               : fmt::format("nodes 0..{} and spares {}..{}", nnodes - 1, nnodes, agents - 1);
+  if (fault.node < 0 || fault.node >= agents) {
+    return Fail(fmt::format("{} fault: node {} is out of range (the job has {})", FaultKindName(fault.kind),
+                            fault.node, have));
   }
   if (fault.local_rank &&
       (*fault.local_rank < 0 || *fault.local_rank >= spec.cluster.nproc_per_node)) {
@@ -147,9 +155,9 @@ Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec) {
                             spec.cluster.nproc_per_node - 1));
   }
   for (int peer : fault.peers) {
-    if (peer < 0 || peer >= nnodes || peer == fault.node) {
+    if (peer < 0 || peer >= agents || peer == fault.node) {
       return Fail(fmt::format("{} fault: peer {} is not another node of the job (0..{})",
-                              FaultKindName(fault.kind), peer, nnodes - 1));
+                              FaultKindName(fault.kind), peer, agents - 1));
     }
   }
   return {};

@@ -22,6 +22,7 @@ namespace ddprun {
 struct FaultBounds {
   int nnodes = 0;
   int nproc_per_node = 0;
+  int spares = 0;  // a fault's node nnodes + i addresses spare i (cluster.spares)
 };
 
 /// Where a key stands for a fault of some kind.

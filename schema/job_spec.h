@@ -232,7 +232,8 @@ struct JobSpec {
   struct Simulate {
     uint64_t seed = 1;
     std::vector<FaultSpec> faults;
-    std::optional<Duration> node_mtbf;          // random node crashes, per node
+    std::optional<Duration> node_mtbf;          // random node crashes, per host (nodes and spares)
+    int node_never_returns_percent = 0;         // of those, the share whose host stays down for good
     std::optional<Duration> worker_mtbf;        // random worker exits, per worker
     std::optional<Duration> worker_hang_mtbf;   // random worker hangs (for good), per worker
     Duration train_time = Minutes(10);          // how long a round must train to finish

@@ -262,13 +262,18 @@ constexpr std::array<KeySpec, 1> kMetricsKeys = {{
      .pattern = "^(\\*|[0-9.]+|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}$"},
 }};
 
-constexpr std::array<KeySpec, 10> kSimulateKeys = {{
+constexpr std::array<KeySpec, 11> kSimulateKeys = {{
     {.name = "seed", .type = KeyType::kInteger,
      .doc = "PRNG seed; the same seed and file give the same run.", .range = IntRange{},
      .default_value = "1"},
     {.name = "faults", .type = KeyType::kSectionArray, .doc = "Scheduled faults."},
     {.name = "node_mtbf", .type = KeyType::kDuration,
-     .doc = "Random node crashes: mean time between failures per node."},
+     .doc = "Random node crashes: mean time between failures per host (the nodes and the "
+            "spares); a crashed host comes back after 3-10 minutes."},
+    {.name = "node_never_returns_percent", .type = KeyType::kInteger,
+     .doc = "With node_mtbf: the percentage of random node crashes after which the host never "
+            "comes back (a spare, if any, takes its node rank after timeouts.replace).",
+     .range = IntRange{0, 100}, .default_value = "0"},
     {.name = "worker_mtbf", .type = KeyType::kDuration,
      .doc = "Random worker exits: mean time between failures per worker."},
     {.name = "worker_hang_mtbf", .type = KeyType::kDuration,

@@ -154,6 +154,19 @@ void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bound
       }
     }
   }
+  if (const toml::node* node =
+          reader.Node(table, "node_never_returns_percent", "simulate.node_never_returns_percent")) {
+    if (auto n = reader.Integer(*node, "simulate.node_never_returns_percent",
+                                *Key("simulate.node_never_returns_percent").range)) {
+      s.node_never_returns_percent = static_cast<int>(*n);
+      if (*n > 0 && !s.node_mtbf) {
+        reader.diags().Error(LocOf(*node), "simulate.node_never_returns_percent",
+                             "simulate.node_never_returns_percent is a share of the random node "
+                             "crashes, but simulate.node_mtbf is not set",
+                             "set simulate.node_mtbf, e.g. node_mtbf = \"30d\"");
+      }
+    }
+  }
   reader.ReadDuration(table, "train_time", "simulate", s.train_time);
   // A zero start-up time is a valid model; a zero period or time limit is not.
   for (std::string_view key : {"checkpoint_every", "worker_startup", "max_time", "step_time"}) {

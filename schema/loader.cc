@@ -34,7 +34,7 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
   LoadQuarantine(root, reader, spec.quarantine);
   LoadLogs(root, reader, spec.WorldSize(), spec.logs);
   LoadMetrics(root, reader, spec.cluster, spec.metrics);
-  LoadSimulate(root, reader, FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node},
+  LoadSimulate(root, reader, FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node, spec.cluster.spares},
                spec.simulate);
   CheckAcrossSections(spec, trainer, cluster, reader);
 }

@@ -36,7 +36,9 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
       network_(*this, spec, options.network, options.seed),
       workers_(*this, spec, options.seed, options.sabotage) {
   job_nodes_ = spec_.cluster.nnodes;
-  condense_ = job_nodes_ > options_.condense_above;
+  agents_ = spec_.cluster.Agents();
+  for (int rank = 0; rank < job_nodes_; ++rank) holders_.push_back(static_cast<uint32_t>(rank));
+  condense_ = agents_ > options_.condense_above;
   stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
@@ -72,28 +74,24 @@ uint32_t Cluster::AddNode(int rank, const JobSpec* spec, bool extra) {
   node->index = index;
   node->rank = rank;
   node->extra = extra;
+  node->spare = !extra && rank >= job_nodes_;
   node->spec = spec;
-  const auto r = static_cast<size_t>(rank);
   node->host = nullptr;
   node->pending_start = true;
-  std::string host_name = !extra && r < spec_.cluster.nodes.size() ? spec_.cluster.nodes[r]
-                                                                    : fmt::format("node-{:04}", index);
+  const std::string listed = extra ? std::string() : spec_.cluster.HostOf(rank);
+  node->host_name = !listed.empty() ? listed : fmt::format("node-{:04}", index);
   const uint32_t ip = index + 1;
   node->addr = fmt::format("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
-  node->label = extra ? fmt::format("node {} (extra agent on {})", rank, host_name)
-                      : fmt::format("node {}", rank);
+  const std::string own = rank >= job_nodes_ ? fmt::format("spare {}", rank - job_nodes_) : fmt::format("node {}", rank);
+  node->label = extra ? fmt::format("{} (extra agent on {})", own, node->host_name) : own;
   nodes_.push_back(std::move(node));
-  nodes_.back()->spec = spec;
-  // The Node owns no host name field separately from the config; keep it for labels.
-  nodes_.back()->label.reserve(nodes_.back()->label.size());
-  nodes_.back()->host_name = std::move(host_name);
+  Node& added = *nodes_.back();
   ++unfinished_;
-  invariants_.AddNode(index, nodes_.back()->label);
+  invariants_.AddNode(index, added.label, added.spare);
   network_.AddNode();
   workers_.AddNode();
   if (timeline_) {
-    timeline_->labels.push_back(extra ? nodes_.back()->label
-                                      : fmt::format("node {} ({})", rank, nodes_.back()->host_name));
+    timeline_->labels.push_back(extra ? added.label : fmt::format("{} ({})", added.label, added.host_name));
     timeline_->segments.emplace_back();
     timeline_->focus.push_back(false);
   }
@@ -102,8 +100,8 @@ uint32_t Cluster::AddNode(int rank, const JobSpec* spec, bool extra) {
 
 void Cluster::BuildNodes() {
   // A node with a different job file gets its own spec (the pointer must outlive its host).
-  std::vector<const JobSpec*> specs(static_cast<size_t>(job_nodes_), &spec_);
-  std::vector<std::unique_ptr<JobSpec>> own(static_cast<size_t>(job_nodes_));
+  std::vector<const JobSpec*> specs(static_cast<size_t>(agents_), &spec_);
+  std::vector<std::unique_ptr<JobSpec>> own(static_cast<size_t>(agents_));
   for (const FaultSpec& fault : spec_.simulate.faults) {
     if (fault.kind != FaultKind::kJobFileDiffers) continue;
     const auto r = static_cast<size_t>(fault.node);
@@ -117,8 +115,12 @@ void Cluster::BuildNodes() {
   // Node 0's coordinator decides what the job is: when every node runs the same changed file,
   // no node differs, and the job they agree on is the one to check against.
   workers_.SetWorld(specs[0]->WorldSize());
-  // Node 0's lines (and its coordinator's) are always shown, whatever the cluster's size.
-  for (int rank = 0; rank < job_nodes_; ++rank) {
+  invariants_.SetWorldBounds(specs[0]->cluster.min_nodes * specs[0]->cluster.nproc_per_node,
+                             specs[0]->WorldSize());
+  // One agent per JobSpec::Cluster::Agents(): the nodes, then the spares, each running the
+  // same NodeHost. Node 0's lines (and its coordinator's) are always shown, whatever the
+  // cluster's size.
+  for (int rank = 0; rank < agents_; ++rank) {
     const uint32_t index = AddNode(rank, specs[static_cast<size_t>(rank)], false);
     nodes_[index]->own_spec = std::move(own[static_cast<size_t>(rank)]);
   }
@@ -215,6 +217,27 @@ void Cluster::OnNodeExit(uint32_t index, int code) {
   // The process is gone: the kernel closes its sockets (FIN) once this event is over.
   queue_.PushCall(now(), [this, index] { ReleaseNode(index); });
   SetPhase(index);
+}
+
+void Cluster::NodePlays(uint32_t index, int node_rank, int round_nodes) {
+  Node& n = *nodes_[index];
+  n.plays = node_rank;
+  // Duplicate-node-rank impostors are the invariants' business, not a replacement; in a smaller
+  // round (cluster.min_nodes) the nodes close ranks, which replaces no one.
+  if (n.extra || node_rank < 0 || node_rank >= job_nodes_ || round_nodes != job_nodes_) return;
+  uint32_t& holder = holders_[static_cast<size_t>(node_rank)];
+  if (holder == index) return;
+  const uint32_t old = holder;
+  holder = index;
+  const Node& o = *nodes_[old];
+  const std::string text = fmt::format("{} ({}) replaces {} ({}) as node rank {}", n.label, n.host_name,
+                                       o.label, o.host_name, node_rank);
+  n.focus = true;
+  if (timeline_) timeline_->focus[index] = true;
+  PrintSim(index, text);
+  replacements_.push_back(fmt::format("at {}: {}", HumanDuration(Duration(now_ns_)), text));
+  AddMark(index, MarkKind::kHeal, text);
+  AddMark(old, MarkKind::kHeal, text);
 }
 
 void Cluster::ReleaseNode(uint32_t index) {
@@ -341,8 +364,10 @@ SimResult Cluster::Run() {
   BuildNodes();
   ScheduleFaults();
   if (timeline_) {
-    timeline_->title = fmt::format("{}: {} nodes x {} workers, seed {}", spec_.job.name, job_nodes_,
-                                   spec_.cluster.nproc_per_node, options_.seed);
+    timeline_->title = fmt::format("{}: {} nodes x {} workers{}, seed {}", spec_.job.name, job_nodes_,
+                                   spec_.cluster.nproc_per_node,
+                                   agents_ > job_nodes_ ? fmt::format(", {} spares", agents_ - job_nodes_) : "",
+                                   options_.seed);
   }
   bool deadlock = false;
   while (!invariants_.violation()) {
@@ -385,6 +410,8 @@ SimResult Cluster::Finish(RunEnd& end) {
     outcome.node_rank = n->rank;
     outcome.host = n->host_name;
     outcome.extra = n->extra;
+    outcome.spare = n->spare;
+    outcome.plays = n->plays;
     if (n->finished && n->exit_code) {
       outcome.state = NodeOutcome::State::kExited;
       outcome.exit_code = *n->exit_code;
@@ -402,7 +429,8 @@ SimResult Cluster::Finish(RunEnd& end) {
   } else {
     std::map<int, int> votes;
     for (const auto& o : result.nodes) {
-      if (!o.extra && o.state == NodeOutcome::State::kExited) ++votes[o.exit_code];
+      // A spare votes once it played a node rank.
+      if (!o.extra && (!o.spare || o.plays >= 0) && o.state == NodeOutcome::State::kExited) ++votes[o.exit_code];
     }
     result.exit_code = 3;
     int best = 0;
@@ -420,6 +448,7 @@ SimResult Cluster::Finish(RunEnd& end) {
   result.violation = invariants_.violation();
   if (result.violation) result.exit_code = 70;
   result.repro = ReproCommand(options_);
+  result.replacements = replacements_;
   if (timeline_) {
     timeline_->end_ns = std::max(stats_.end_ns, now_ns_);
     for (auto& row : timeline_->segments) {
@@ -527,7 +556,8 @@ void Cluster::SetPhase(uint32_t index) {
   } else if (auto working = workers_.PhaseOf(index, &round)) {
     phase = *working;
   } else if (n.host && n.host->agent().phase() == core::Agent::Phase::kWaiting &&
-             n.host->agent().round() >= 0) {
+             (n.host->agent().round() >= 0 || n.spare)) {
+    // Between rounds; a spare that joined waits here until it takes a node rank.
     phase = NodePhase::kWaiting;
     round = n.host->agent().round();
   }

@@ -67,6 +67,11 @@ class Cluster {
   /// The incarnation of the coordinator that now runs rounds (+1 per coordinator started).
   uint64_t coordinator_incarnation() const { return coordinator_incarnation_; }
   std::string NodeLabel(uint32_t index) const { return nodes_[index]->label; }
+  /// The agent (node index) whose workers last played node rank `node_rank`.
+  uint32_t HolderOf(int node_rank) const { return holders_[static_cast<size_t>(node_rank)]; }
+  /// Workers::Spawn: `index`'s agent starts workers as node rank `node_rank`. When that rank
+  /// changes hands (a spare takes it, or its own node takes it back), says so on both rows.
+  void NodePlays(uint32_t index, int node_rank, int round_nodes);
   /// A "sim:" line (no node) or a line on a node's behalf, in the event log.
   void PrintSim(std::optional<uint32_t> node, std::string_view text);
   void AddMark(uint32_t node, MarkKind kind, std::string text, int64_t end_ns = -1);
@@ -147,7 +152,10 @@ class Cluster {
   bool condense_ = false;
   std::optional<uint32_t> subject_;    // see Subject
   std::vector<std::unique_ptr<Node>> nodes_;
-  int job_nodes_ = 0;
+  int job_nodes_ = 0;                  // cluster.nnodes: the node ranks
+  int agents_ = 0;                     // the nodes, then the spares (JobSpec::Cluster::Agents)
+  std::vector<uint32_t> holders_;      // node rank -> the agent that last played it
+  std::vector<std::string> replacements_;  // "at 12m03s: spare 0 (host) replaced node 1 (host)"
   Invariants invariants_;
   Network network_;
   Workers workers_;

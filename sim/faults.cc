@@ -9,7 +9,8 @@
 namespace ddprun::sim {
 namespace {
 
-// Random node crashes model a failed machine coming back (or its replacement taking over).
+// Random node crashes model a failed machine coming back (or its replacement taking over);
+// with simulate.node_never_returns_percent, a share of them never comes back.
 constexpr Duration kRandomRebootMin = Minutes(3);
 constexpr Duration kRandomRebootMax = Minutes(10);
 // How long a slow joiner waits when the fault gives no duration.
@@ -29,7 +30,7 @@ constexpr std::string_view kRandomFailures[] = {
 }  // namespace
 
 void Cluster::ScheduleFaults() {
-  std::vector<int64_t> start(static_cast<size_t>(job_nodes_), 0);
+  std::vector<int64_t> start(static_cast<size_t>(agents_), 0);
   int64_t heal_ns = 0;
   int slowest = 0;  // the most extra work per step a worker-slow fault leaves for good
   const int64_t rendezvous = Ns(spec_.timeouts.rendezvous);
@@ -37,7 +38,7 @@ void Cluster::ScheduleFaults() {
     return !d || Ns(*d) >= rendezvous / 2;
   };
   for (const FaultSpec& fault : spec_.simulate.faults) {
-    if (fault.node >= 0 && fault.node < job_nodes_) nodes_[static_cast<size_t>(fault.node)]->focus = true;
+    if (fault.node >= 0 && fault.node < agents_) nodes_[static_cast<size_t>(fault.node)]->focus = true;
     const int64_t at = Ns(fault.at);
     switch (fault.kind) {
       case FaultKind::kSlowJoiner: {
@@ -77,7 +78,7 @@ void Cluster::ScheduleFaults() {
     }
     ScheduleFault(fault);
   }
-  for (int rank = 0; rank < job_nodes_; ++rank) {
+  for (int rank = 0; rank < agents_; ++rank) {
     const auto index = static_cast<uint32_t>(rank);
     queue_.PushCall(TimePoint(Duration(start[static_cast<size_t>(rank)])), [this, index] {
       if (nodes_[index]->pending_start) StartNode(index);
@@ -88,7 +89,8 @@ void Cluster::ScheduleFaults() {
   if (spec_.simulate.node_mtbf) {
     ScheduleRandomNodeCrash(TimePoint(Duration(0)));
     heal_ns = std::max(heal_ns, random_faults_until_ns_ + Ns(kRandomRebootMax));
-    rendezvous_fault_ = rendezvous_fault_ || Ns(kRandomRebootMax) >= rendezvous / 2;
+    rendezvous_fault_ = rendezvous_fault_ || Ns(kRandomRebootMax) >= rendezvous / 2 ||
+                        spec_.simulate.node_never_returns_percent > 0;
   }
   if (spec_.simulate.worker_mtbf) {
     ScheduleRandomWorkerExit(TimePoint(Duration(0)));
@@ -119,22 +121,28 @@ void Cluster::ScheduleFaults() {
 }
 
 void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
-  const Duration mean = *spec_.simulate.node_mtbf / job_nodes_;
+  // Every host may fail: the nodes and the spares.
+  const Duration mean = *spec_.simulate.node_mtbf / agents_;
   const TimePoint at = from + fault_rng_.Exponential(mean);
   if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
   queue_.PushCall(at, [this] {
     if (workers_.job_completed() || unfinished_ == 0) return;
-    const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(job_nodes_)));
+    const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(agents_)));
     // A machine comes back only after its old connection was declared dead (3 heartbeats):
     // a faster return is refused as a duplicate node rank (a known protocol limit).
     const Duration floor = 3 * spec_.timeouts.heartbeat + Minutes(1);
     const Duration reboot = std::chrono::duration_cast<std::chrono::seconds>(
         fault_rng_.Between(std::max(kRandomRebootMin, floor), std::max(kRandomRebootMax, floor + Minutes(7))));
+    // Drawn only when the job asks for it, so that other jobs' draws stay what they were.
+    const int never = spec_.simulate.node_never_returns_percent;
+    const bool for_good = never > 0 && fault_rng_.Below(100) < static_cast<uint64_t>(never);
     if (nodes_[index]->up && !nodes_[index]->finished) {
       ++stats_.faults_injected;
       nodes_[index]->focus = true;
       if (timeline_) timeline_->focus[index] = true;
-      CrashNode(index, reboot, "random failure (simulate.node_mtbf)");
+      CrashNode(index, for_good ? std::nullopt : std::optional<Duration>(reboot),
+                for_good ? "random failure for good (simulate.node_mtbf, node_never_returns_percent)"
+                         : "random failure (simulate.node_mtbf)");
     }
     ScheduleRandomNodeCrash(now());
   });
@@ -149,7 +157,7 @@ void Cluster::ScheduleRandomWorkerExit(TimePoint from) {
     const int nproc = spec_.cluster.nproc_per_node;
     const auto rank = static_cast<int>(fault_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
     const auto text = kRandomFailures[fault_rng_.Below(std::size(kRandomFailures))];
-    const auto index = static_cast<uint32_t>(rank / nproc);
+    const uint32_t index = HolderOf(rank / nproc);  // a spare, once it took the node rank
     if (workers_.Hittable(index, rank % nproc)) {
       ++stats_.faults_injected;
       nodes_[index]->focus = true;
@@ -168,7 +176,7 @@ void Cluster::ScheduleRandomWorkerHang(TimePoint from) {
     if (workers_.job_completed() || unfinished_ == 0) return;
     const int nproc = spec_.cluster.nproc_per_node;
     const auto rank = static_cast<int>(hang_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
-    const auto index = static_cast<uint32_t>(rank / nproc);
+    const uint32_t index = HolderOf(rank / nproc);  // a spare, once it took the node rank
     // A real hang does not heal: the rank stays stuck until it is killed.
     if (workers_.Hittable(index, rank % nproc)) {
       ++stats_.faults_injected;
@@ -279,7 +287,7 @@ void Cluster::InjectPartition(const FaultSpec& fault) {
     if (fault.node != 0) {
       peers.push_back(0);
     } else {
-      for (int r = 1; r < job_nodes_; ++r) peers.push_back(r);
+      for (int r = 1; r < agents_; ++r) peers.push_back(r);
     }
   }
   network_.Partition(fault.node, peers, false);

@@ -24,9 +24,10 @@ int ToInt(const std::string& text) {
 Invariants::Invariants(InvariantBounds bounds, std::function<void(int64_t)> schedule_check)
     : bounds_(bounds), schedule_check_(std::move(schedule_check)) {}
 
-void Invariants::AddNode(uint32_t node, std::string label) {
+void Invariants::AddNode(uint32_t node, std::string label, bool spare) {
   if (nodes_.size() <= node) nodes_.resize(node + 1);
   nodes_[node].label = std::move(label);
+  nodes_[node].spare = spare;
 }
 
 // ---- observations ----------------------------------------------------------------------
@@ -232,9 +233,32 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
     return Fail(now_ns, fmt::format("{} rank {}: WORLD_SIZE={} but the job has {} ranks", label,
                                     start.global_rank, start.world_env, round.world));
   }
+  // The world size within its bounds: every round has nnodes x nproc_per_node ranks (a job
+  // that may shrink lowers the bound).
+  const int max_world = bounds_.max_world > 0 ? bounds_.max_world : bounds_.world;
+  const int min_world = bounds_.min_world > 0 ? bounds_.min_world : max_world;
+  if (round.world < min_world || round.world > max_world) {
+    return Fail(now_ns, fmt::format("world size: round {} runs with WORLD_SIZE={} ({} rank {}); the job "
+                                    "allows {}",
+                                    start.round.round, round.world, label, start.global_rank,
+                                    min_world == max_world ? std::to_string(max_world)
+                                                           : fmt::format("{}..{}", min_world, max_world)));
+  }
   if (rank < 0 || rank >= round.world || rank != start.global_rank) {
     return Fail(now_ns, fmt::format("{}: RANK={} is not a rank of a {}-rank job", label, start.rank_env,
                                     round.world));
+  }
+  // The node rank the agent plays: a spare takes a lost node's, never node 0's (node 0 hosts
+  // the coordinator and rank 0's store).
+  const int node_rank = ToInt(start.node_rank_env);
+  if (node_rank < 0 || node_rank >= round.world) {
+    return Fail(now_ns, fmt::format("{}: GROUP_RANK={} is not a node rank of the job", label,
+                                    start.node_rank_env));
+  }
+  if (node.spare && node_rank == 0) {
+    return Fail(now_ns, fmt::format("a spare never plays node rank 0: {} starts rank {} of round {} as "
+                                    "node rank 0",
+                                    label, rank, start.round.round));
   }
   // Fencing: one holder per rank. A rank is not started anywhere while an earlier holder (of
   // any round, on any node, lost or not) may still run.
@@ -246,6 +270,21 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
                                     "of round {} still runs on {} (pid {})",
                                     rank, label, start.round.round, rank, old.round.round,
                                     nodes_[old.node].label, old.pid));
+  }
+  // One holder per node rank: the workers of a node rank run on one agent at a time. A new
+  // holder (a spare that took the rank, or the node that comes back for it) starts nothing
+  // while any worker of the old holder may still run (fencing).
+  if (node_holders_.size() <= static_cast<size_t>(node_rank)) node_holders_.resize(static_cast<size_t>(node_rank) + 1);
+  NodeRankHolder& owner = node_holders_[static_cast<size_t>(node_rank)];
+  if (owner.live > 0 && owner.node != start.node) {
+    if (owner.round == start.round) {
+      return Fail(now_ns, fmt::format("one holder per node rank: round {} runs node rank {} on both {} and {}",
+                                      start.round.round, node_rank, nodes_[owner.node].label, label));
+    }
+    return Fail(now_ns, fmt::format("fencing: {} starts node rank {} in round {} while {} worker(s) of {} "
+                                    "that held it in round {} still run",
+                                    label, node_rank, start.round.round, owner.live,
+                                    nodes_[owner.node].label, owner.round.round));
   }
   // One round at a time: no worker of another round may still run anywhere.
   if (round.live == 0) {
@@ -263,7 +302,10 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   }
   started = 1;
   holder = start.pid;
-  workers_.emplace(start.pid, Worker{start.node, start.round, rank, start.pid});
+  owner.node = start.node;
+  owner.round = start.round;
+  ++owner.live;
+  workers_.emplace(start.pid, Worker{start.node, start.round, rank, start.pid, -1, node_rank});
   node.live.push_back(start.pid);
   ++round.live;
   round.pids.push_back(start.pid);
@@ -284,6 +326,8 @@ void Invariants::ApplyEnd(uint64_t pid, bool exit_zero) {
   workers_.erase(it);
   uint64_t& holder = holders_[static_cast<size_t>(w.global_rank)];
   if (holder == pid) holder = 0;
+  NodeRankHolder& owner = node_holders_[static_cast<size_t>(w.node_rank)];
+  if (owner.node == w.node && owner.live > 0) --owner.live;
   auto& live = nodes_[w.node].live;
   live.erase(std::find(live.begin(), live.end(), pid));
   auto round = rounds_.find(w.round);

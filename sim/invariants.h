@@ -51,6 +51,10 @@ struct InvariantBounds {
   Duration lease{};
   /// Set when the job detects hung ranks (timeouts.progress).
   std::optional<HangBounds> hangs;
+  /// The WORLD_SIZE every round must have lies in min_world..max_world (0: `world`):
+  /// cluster.min_nodes x nproc_per_node .. nnodes x nproc_per_node.
+  int min_world = 0;
+  int max_world = 0;
 };
 
 /// A worker process as it starts, with what the agent put in its environment.
@@ -63,6 +67,7 @@ struct WorkerStart {
   uint64_t pid = 0;
   std::string rank_env;       // RANK as the agent set it
   std::string world_env;      // WORLD_SIZE as the agent set it
+  std::string node_rank_env;  // GROUP_RANK as the agent set it: the node rank it plays
 };
 
 /// How the run ended, for the liveness checks.
@@ -85,8 +90,13 @@ class Invariants {
   /// after it like after any other).
   Invariants(InvariantBounds bounds, std::function<void(int64_t)> schedule_check);
 
-  /// A node (job node or extra agent) and how messages name it ("node 3").
-  void AddNode(uint32_t node, std::string label);
+  /// A node (job node, spare or extra agent) and how messages name it ("node 3", "spare 0").
+  void AddNode(uint32_t node, std::string label, bool spare = false);
+  /// The WORLD_SIZE a round may have (InvariantBounds::min_world, max_world).
+  void SetWorldBounds(int min_world, int max_world) {
+    bounds_.min_world = min_world;
+    bounds_.max_world = max_world;
+  }
 
   // ---- observations: recorded in order, checked by AfterEvent ----
   void WorkerStarted(WorkerStart start);
@@ -138,6 +148,13 @@ class Invariants {
     int global_rank = 0;
     uint64_t pid = 0;
     int64_t last_step_ns = -1;      // its last step beacon (hung ranks)
+    int node_rank = 0;              // the node rank its agent played (GROUP_RANK)
+  };
+  /// Who holds a node rank: the agent whose workers of it run (live > 0), and their round.
+  struct NodeRankHolder {
+    uint32_t node = 0;
+    RoundKey round;
+    int live = 0;
   };
   struct Round {
     int world = 0;
@@ -156,6 +173,7 @@ class Invariants {
   };
   struct Node {
     std::string label;
+    bool spare = false;             // an entry of cluster.spares
     std::vector<uint64_t> live;     // pids of this node's running workers
     int64_t last_heard_ns = 0;
     int64_t hung_until_ns = 0;      // INT64_MAX: for good
@@ -203,6 +221,7 @@ class Invariants {
   int64_t longest_step_interval_ns_ = 0;           // between two step beacons of one rank, job-wide
   std::unordered_map<uint64_t, Worker> workers_;   // by pid; looked up, never iterated
   std::vector<uint64_t> holders_;                  // global rank -> pid of its live holder, 0: none
+  std::vector<NodeRankHolder> node_holders_;       // node rank -> the agent whose workers run it
   std::map<RoundKey, Round> rounds_;
   std::optional<RoundKey> latest_round_;  // the last round any worker started in
   int restarts_ = 0;

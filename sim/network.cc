@@ -9,7 +9,7 @@
 namespace ddprun::sim {
 
 Network::Network(Cluster& cluster, const JobSpec& spec, const NetworkOptions& options, uint64_t seed)
-    : cluster_(cluster), spec_(spec), options_(options), rng_(seed, 1), job_nodes_(spec.cluster.nnodes) {
+    : cluster_(cluster), spec_(spec), options_(options), rng_(seed, 1), job_nodes_(spec.cluster.Agents()) {
   conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
@@ -21,7 +21,7 @@ int64_t Network::Latency() {
 
 bool Network::Cut(uint32_t a, uint32_t b) const {
   if (cuts_.empty() || a == b) return false;
-  // Extra agents (duplicate node rank) share the network fate of no job node.
+  // Extra agents (duplicate node rank) share the network fate of no job node (spares do).
   if (a >= static_cast<uint32_t>(job_nodes_) || b >= static_cast<uint32_t>(job_nodes_)) return false;
   return cuts_.count({std::min(a, b), std::max(a, b)}) > 0;
 }
@@ -143,7 +143,7 @@ void Network::Send(uint32_t index, core::ConnId id, std::vector<uint8_t> bytes) 
   ++cluster_.stats().messages;
   cluster_.stats().bytes += bytes.size();
   const Node& n = cluster_.node(index);
-  if (!n.extra && n.rank < job_nodes_) ++cluster_.stats().messages_by_node[static_cast<size_t>(n.rank)];
+  if (!n.extra && n.rank < spec_.cluster.nnodes) ++cluster_.stats().messages_by_node[static_cast<size_t>(n.rank)];
   if (side == 1) ++cluster_.stats().coordinator_messages;
   Enqueue(c, 1 - side, PacketKind::kData, std::move(bytes));
 }

@@ -20,11 +20,13 @@ struct Node {
       : timer(cluster, at), transport(cluster, at), launcher(cluster, at), console(cluster, at),
         journal(cluster) {}
   uint32_t index = 0;
-  int rank = 0;                // the node rank its agent claims
+  int rank = 0;                // the node rank its agent claims (a spare: nnodes + its index)
   bool extra = false;          // duplicate-node-rank impostor
+  bool spare = false;          // an entry of cluster.spares: joins and waits to replace a node
+  int plays = -1;              // the node rank its workers last played (-1: none yet)
   std::string host_name;
   std::string addr;
-  std::string label;           // "node 3" or "node 1 (extra agent on node-0004)"
+  std::string label;           // "node 3", "spare 0" or "node 1 (extra agent on node-0004)"
   const JobSpec* spec = nullptr;
   std::unique_ptr<JobSpec> own_spec;  // job-file-differs
   SimTimer timer;

@@ -97,9 +97,11 @@ std::string RankRanges(const std::vector<int>& ranks) {
 
 std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const SimResult& result) {
   const SimStats& s = result.stats;
-  std::string text = fmt::format("\nsimulation summary: job \"{}\", {} node{} x {} worker{}, seed {}\n",
+  const int spares = spec.cluster.spares;
+  std::string text = fmt::format("\nsimulation summary: job \"{}\", {} node{} x {} worker{}{}, seed {}\n",
                                  spec.job.name, spec.cluster.nnodes, spec.cluster.nnodes == 1 ? "" : "s",
                                  spec.cluster.nproc_per_node, spec.cluster.nproc_per_node == 1 ? "" : "s",
+                                 spares == 0 ? "" : fmt::format(", {} spare{}", spares, spares == 1 ? "" : "s"),
                                  options.seed);
   // Outcome per node, grouped when identical.
   std::map<std::string, std::vector<int>> groups;
@@ -114,6 +116,10 @@ std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const 
     }
     if (node.extra) {
       extras.push_back(fmt::format("extra agent for node {} on {}: {}", node.node_rank, node.host, what));
+    } else if (node.spare) {
+      extras.push_back(fmt::format("spare {} ({}): {}{}", node.node_rank - spec.cluster.nnodes, node.host, what,
+                                   node.plays >= 0 ? fmt::format(", played node rank {}", node.plays)
+                                                   : std::string(", never needed")));
     } else {
       groups[what].push_back(node.node_rank);
     }
@@ -122,6 +128,7 @@ std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const 
                       result.violation ? " (an invariant broke)" : "");
   for (const auto& [what, ranks] : groups) text += fmt::format("                     {}: {}\n", RankRanges(ranks), what);
   for (const auto& line : extras) text += fmt::format("                     {}\n", line);
+  for (const auto& line : result.replacements) text += fmt::format("  replaced:          {}\n", line);
   const int64_t wall = s.end_ns;
   text += fmt::format("  virtual time:      {} ({} events, {} messages, at most {} events queued)\n",
                       HumanDuration(Duration(wall)), s.events, s.messages, s.peak_queue);

@@ -48,6 +48,8 @@ struct SimOptions {
                              // gang stalls, so no hang is ever seen
     kHungStackLooksWaiting,  // node 1's hung worker dumps an all_reduce stack, and its local
                              // rank 0 the stack of a rank stuck elsewhere
+    // Hot spares:
+    kSparePlaysNodeZero,     // a spare's workers say (GROUP_RANK) they play node rank 0
   };
   Sabotage sabotage = Sabotage::kNone;
 };
@@ -58,6 +60,8 @@ struct NodeOutcome {
   int node_rank = 0;
   std::string host;
   bool extra = false;             // a duplicate-node-rank agent, not one of the job's nodes
+  bool spare = false;             // an entry of cluster.spares (node_rank: nnodes + its index)
+  int plays = -1;                 // the node rank its workers last played (-1: none)
   State state = State::kUnfinished;
   int exit_code = 0;              // when kExited
 };
@@ -93,6 +97,9 @@ struct SimResult {
   std::vector<NodeOutcome> nodes;
   std::optional<std::string> violation;  // the first invariant or liveness violation
   std::string repro;                     // one command line that reproduces this run
+  /// Node ranks that changed hands, in order: "at 3m12s: spare 0 (node-0004) replaces node 1
+  /// (node-0001) as node rank 1".
+  std::vector<std::string> replacements;
   SimStats stats;
 };
 

@@ -1,5 +1,8 @@
 #include "sim/swarm.h"
 
+#include <algorithm>
+#include <map>
+
 #include <fmt/format.h>
 
 #include "schema/loader.h"
@@ -9,7 +12,8 @@ namespace ddprun::sim {
 
 std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
   Prng rng(seed, 0x5a4d);  // its own stream: the run itself draws from the seed's other streams
-  const int nnodes = spec.cluster.nnodes;
+  // Faults land on any host of the job: the nodes and the spares (node nnodes + i is spare i).
+  const int nnodes = spec.cluster.Agents();
   const int nproc = spec.cluster.nproc_per_node;
   // Faults land while the job can still be hit: rendezvous, startup and training.
   const Duration window = spec.simulate.worker_startup + spec.simulate.train_time + Minutes(2);
@@ -82,6 +86,8 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
 
 SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std::ostream& out) {
   SwarmResult swarm;
+  std::vector<double> goodput;
+  std::map<int, int> exits;
   for (int i = 0; i < count; ++i) {
     SimOptions options = base;
     options.seed = base.seed + static_cast<uint64_t>(i);
@@ -93,6 +99,9 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
     }
     const SimResult result = RunSimulation(job, options, nullptr);
     ++swarm.runs;
+    ++exits[result.exit_code];
+    const int64_t wall = result.stats.end_ns;
+    goodput.push_back(wall > 0 ? static_cast<double>(result.stats.useful_ns) / static_cast<double>(wall) : 0.0);
     std::vector<std::string> kinds;
     for (const FaultSpec& fault : options.flag_faults) kinds.emplace_back(FaultKindName(fault.kind));
     if (result.violation) {
@@ -109,6 +118,21 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
   }
   out << fmt::format("swarm: {} seeds ({}..{}), {} failed\n", swarm.runs, base.seed,
                      base.seed + static_cast<uint64_t>(count) - 1, swarm.failures);
+  // Goodput (useful training / wall time, as each run's summary has it) across the seeds.
+  std::sort(goodput.begin(), goodput.end());
+  double sum = 0;
+  for (double g : goodput) sum += g;
+  swarm.mean_goodput = goodput.empty() ? 0 : sum / static_cast<double>(goodput.size());
+  auto at = [&](double q) {
+    return 100.0 * goodput[static_cast<size_t>(q * static_cast<double>(goodput.size() - 1) + 0.5)];
+  };
+  std::vector<std::string> codes;
+  for (const auto& [code, n] : exits) codes.push_back(fmt::format("exit {}: {}", code, n));
+  swarm.exit_codes = exits;
+  if (!goodput.empty()) {
+    out << fmt::format("swarm goodput: mean {:.1f}%, p10 {:.1f}%, median {:.1f}%, p90 {:.1f}%; {}\n",
+                       100.0 * swarm.mean_goodput, at(0.1), at(0.5), at(0.9), fmt::join(codes, ", "));
+  }
   return swarm;
 }
 

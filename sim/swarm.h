@@ -4,6 +4,7 @@
 // one command line that reproduces it without --swarm.
 
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <vector>
 
@@ -19,10 +20,14 @@ struct SwarmResult {
   int runs = 0;
   int failures = 0;
   std::vector<uint64_t> failed_seeds;
+  double mean_goodput = 0;          // useful training / wall time, averaged over the seeds
+  std::map<int, int> exit_codes;    // the jobs' exit codes: how many seeds ended with each
 };
 
 /// Runs seeds base.seed .. base.seed + count - 1. One line per seed goes to `out` (with
-/// base.quiet, only the failed seeds'), then the count of failures.
+/// base.quiet, only the failed seeds'), then the count of failures, then a line with the
+/// goodput across the seeds (mean, p10, median, p90) and how many seeds ended with each exit
+/// code.
 SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std::ostream& out);
 
 }  // namespace ddprun::sim

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -142,8 +143,14 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.master_port = Port(Env(launch.env, "MASTER_PORT"));
   // The round resumes from the last checkpoint: its first step is the one after it.
   w.last_step = progress_ns_ / step_ns_;
+  // A spare plays the node rank the coordinator gave it: its ranks are that node's (the agent
+  // computed launch.global_rank from it); the cluster says when a rank changes hands.
+  const std::string group_rank = Env(launch.env, "GROUP_RANK");
+  cluster_.NodePlays(index, group_rank.empty() || group_rank.size() > 6 ? -1 : std::atoi(group_rank.c_str()),
+                     Count(Env(launch.env, "GROUP_WORLD_SIZE")));
   WorkerStart start{index, RoundKey{g->coordinator, round}, g->world, launch.global_rank, launch.local_rank,
-                    w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE")};
+                    w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE"), Env(launch.env, "GROUP_RANK")};
+  if (n.spare && sabotage_ == SimOptions::Sabotage::kSparePlaysNodeZero) start.node_rank_env = "0";
   if (index == 1 && sabotage_ == SimOptions::Sabotage::kWrongWorldSize) {
     start.world_env = std::to_string(g->world + 1);
   }

@@ -91,10 +91,22 @@ TEST(CliTest, WritesTraceAndReport) {
   EXPECT_THAT(html.str(), HasSubstr("<svg"));
 }
 
+TEST(CliTest, ASpareReplacesAHostThatNeverReturns) {
+  // bench/swarm-spares.toml: 4 nodes and 2 spares; node 2 crashes for good (no reboot_after).
+  const std::string job = std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-spares.toml";
+  const Result run = RunDdprun("--simulate " + job + " --seed 7 --fault node-crash@8m:node=2");
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("] node 2: crashed (fault node-crash); stays down"));
+  EXPECT_THAT(run.output, HasSubstr("replaces node 2 (node-0002) as node rank 2"));
+  EXPECT_THAT(run.output, HasSubstr("  replaced:          at "));
+  EXPECT_THAT(run.output, HasSubstr("simulation summary: job \"swarm-spares\", 4 nodes x 4 workers, 2 spares, seed 7"));
+}
+
 TEST(CliTest, SwarmReportsEverySeed) {
   const Result run = RunDdprun("--simulate " + kLaptop + " --swarm 5 --seed 40");
   EXPECT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("swarm: 5 seeds (40..44), 0 failed"));
+  EXPECT_THAT(run.output, HasSubstr("swarm goodput: mean "));
 }
 
 }  // namespace

@@ -205,5 +205,36 @@ TEST(Faults, FitsJob) {
   EXPECT_TRUE(FaultFitsJob(f, *r.spec));
 }
 
+// A fault's node nnodes + i addresses spare i.
+TEST(Faults, SparesAreAddressedAfterTheNodes) {
+  std::string job(testing::kBaseJob);
+  job.replace(job.find("nodes = [\"a\", \"b\"]\n"), 19, "nodes = [\"a\", \"b\"]\nspares = [\"c\", \"d\"]\n");
+  auto r = Parse(job + "[[simulate.faults]]\nat = \"1m\"\nkind = \"node-crash\"\nnode = 3\n");
+  ASSERT_TRUE(r.spec) << Diags(r);
+  EXPECT_EQ(r.spec->simulate.faults[0].node, 3);
+  EXPECT_NE(Diags(Parse(job + "[[simulate.faults]]\nat = \"1m\"\nkind = \"node-crash\"\nnode = 4\n"))
+                .find("16:8: error: simulate.faults[0].node = 4 is out of range (0..3)\n"),
+            std::string::npos);
+  FaultSpec f;
+  f.node = 3;
+  EXPECT_TRUE(FaultFitsJob(f, *r.spec));
+  f.node = 4;
+  EXPECT_EQ(FaultFitsJob(f, *r.spec).error(),
+            "node-crash fault: node 4 is out of range (the job has nodes 0..1 and spares 2..3)");
+}
+
+TEST(Faults, NodeNeverReturnsPercent) {
+  auto r = Parse(WithBase("[simulate]\nnode_mtbf = \"30d\"\nnode_never_returns_percent = 25\n"));
+  ASSERT_TRUE(r.spec) << Diags(r);
+  EXPECT_EQ(r.spec->simulate.node_never_returns_percent, 25);
+  EXPECT_EQ(Parse(testing::kBaseJob).spec->simulate.node_never_returns_percent, 0);
+  EXPECT_EQ(Diags(Parse(WithBase("[simulate]\nnode_mtbf = \"30d\"\nnode_never_returns_percent = 101\n"))),
+            "14:30: error: simulate.node_never_returns_percent = 101 is out of range (0..100)\n");
+  EXPECT_EQ(Diags(Parse(WithBase("[simulate]\nnode_never_returns_percent = 10\n"))),
+            "13:30: error: simulate.node_never_returns_percent is a share of the random node crashes, but "
+            "simulate.node_mtbf is not set\n"
+            "  hint: set simulate.node_mtbf, e.g. node_mtbf = \"30d\"\n");
+}
+
 }  // namespace
 }  // namespace ddprun

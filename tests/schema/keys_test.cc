@@ -70,6 +70,7 @@ listen = "0.0.0.0:9400"
 [simulate]
 seed = 1
 node_mtbf = "30d"
+node_never_returns_percent = 10
 worker_mtbf = "30d"
 worker_hang_mtbf = "30d"
 train_time = "10m"
@@ -182,7 +183,7 @@ TEST(KeyTable, ValuesJustOutsideARangeAreRejectedWithTheTablesRange) {
       }
     }
   }
-  EXPECT_EQ(checked, 13);
+  EXPECT_EQ(checked, 15);
 }
 
 TEST(KeyTable, TheFlagAndTheJobFileRejectAFaultValueJustOutsideTheTableRange) {
@@ -228,8 +229,8 @@ TEST(KeyTable, FaultRangesNarrowToTheJob) {
 // What a loaded job means, for comparing a file that writes a default with one that does not.
 std::string Meaning(const JobSpec& spec) {
   const auto& s = spec.simulate;
-  return fmt::format("{}\nseed={} train={} checkpoint={} startup={} step={} max={} console={}",
-                     CanonicalForm(spec), s.seed, FormatDuration(s.train_time),
+  return fmt::format("{}\nseed={} never={} train={} checkpoint={} startup={} step={} max={} console={}",
+                     CanonicalForm(spec), s.seed, s.node_never_returns_percent, FormatDuration(s.train_time),
                      FormatDuration(s.checkpoint_every), FormatDuration(s.worker_startup),
                      FormatDuration(s.step_time), FormatDuration(s.max_time),
                      static_cast<int>(spec.logs.console.mode));
@@ -252,7 +253,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 21);
+  EXPECT_EQ(checked, 22);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");

@@ -40,6 +40,7 @@ class InvariantsTest : public ::testing::Test {
     start.pid = Pid(round, rank, coordinator) + (node == UINT32_MAX ? 0 : 50);
     start.rank_env = std::to_string(rank);
     start.world_env = "4";
+    start.node_rank_env = std::to_string(rank / 2);
     invariants_.WorkerStarted(start);
     invariants_.AfterEvent(at_s * kSecond);
   }
@@ -78,14 +79,14 @@ TEST_F(InvariantsTest, ACorrectRoundBreaksNothing) {
 }
 
 TEST_F(InvariantsTest, WorldSizeThatDiffersFromTheJob) {
-  WorkerStart start{1, RoundKey{1, 0}, 4, 2, 0, 1012, "2", "2"};
+  WorkerStart start{1, RoundKey{1, 0}, 4, 2, 0, 1012, "2", "2", "1"};
   invariants_.WorkerStarted(start);
   invariants_.AfterEvent(20 * kSecond);
   EXPECT_EQ(Violation(), "node 1 rank 2: WORLD_SIZE=2 but the job has 4 ranks (at 20s)");
 }
 
 TEST_F(InvariantsTest, RankOutsideTheJob) {
-  WorkerStart start{1, RoundKey{1, 0}, 4, 2, 0, 1012, "7", "4"};
+  WorkerStart start{1, RoundKey{1, 0}, 4, 2, 0, 1012, "7", "4", "1"};
   invariants_.WorkerStarted(start);
   invariants_.AfterEvent(20 * kSecond);
   EXPECT_EQ(Violation(), "node 1: RANK=7 is not a rank of a 4-rank job (at 20s)");
@@ -269,7 +270,7 @@ class HangInvariantsTest : public InvariantsTest {
   void StartAndStep(int64_t at_s) {
     for (int rank = 0; rank < 4; ++rank) {
       WorkerStart start{static_cast<uint32_t>(rank / 2), RoundKey{1, 0}, 4, rank, rank % 2, Pid(0, rank),
-                        std::to_string(rank), "4"};
+                        std::to_string(rank), "4", std::to_string(rank / 2)};
       hangs_.WorkerStarted(start);
     }
     hangs_.AfterEvent(at_s * kSecond);
@@ -320,7 +321,7 @@ TEST_F(HangInvariantsTest, ARoundStoppedInTimeOrRunningAgainBreaksNothing) {
 TEST_F(HangInvariantsTest, BeforeTheFirstStepProgressStartApplies) {
   for (int rank = 0; rank < 4; ++rank) {
     hangs_.WorkerStarted(WorkerStart{static_cast<uint32_t>(rank / 2), RoundKey{1, 0}, 4, rank, rank % 2,
-                                     Pid(0, rank), std::to_string(rank), "4"});
+                                     Pid(0, rank), std::to_string(rank), "4", std::to_string(rank / 2)});
   }
   hangs_.AfterEvent(0);
   hangs_.GangHung(RoundKey{1, 0}, {2});
@@ -359,6 +360,95 @@ TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
                              "stack was taken) (at 2m39s)");
 }
 
+// Hot spares: agent 3 is spare 0. Starts `rank` on `node` as node rank `plays`.
+class SpareInvariantsTest : public InvariantsTest {
+ protected:
+  SpareInvariantsTest() { invariants_.AddNode(3, "spare 0", /*spare=*/true); }
+  void StartAs(int64_t at_s, int round, int rank, uint32_t node, int plays, uint64_t pid) {
+    WorkerStart start{node, RoundKey{1, round}, 4, rank, rank % 2, pid, std::to_string(rank), "4",
+                      std::to_string(plays)};
+    invariants_.WorkerStarted(start);
+    invariants_.AfterEvent(at_s * kSecond);
+  }
+};
+
+TEST_F(SpareInvariantsTest, ASpareThatTakesALostNodesRankBreaksNothing) {
+  StartRound(20, 0);
+  // Node 1 is lost: its workers are gone (crashed) before the spare's round starts.
+  for (int rank = 0; rank < 4; ++rank) End(40, 0, rank, false);
+  Start(100, 1, 0, 0);
+  Start(100, 1, 1, 0);
+  StartAs(100, 1, 2, 3, 1, 5002);
+  StartAs(100, 1, 3, 3, 1, 5003);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+}
+
+TEST_F(SpareInvariantsTest, ASpareNeverPlaysNodeRankZero) {
+  StartAs(20, 0, 0, 3, 0, 5000);
+  EXPECT_EQ(Violation(), "a spare never plays node rank 0: spare 0 starts rank 0 of round 0 as node rank 0 (at 20s)");
+}
+
+TEST_F(SpareInvariantsTest, OneHolderPerNodeRankInARound) {
+  // Node 1 runs rank 2 of node rank 1; the spare starts rank 3 as node rank 1 in the same round.
+  Start(20, 0, 0);
+  Start(20, 0, 1);
+  Start(20, 0, 2);
+  StartAs(21, 0, 3, 3, 1, 5003);
+  EXPECT_EQ(Violation(), "one holder per node rank: round 0 runs node rank 1 on both node 1 and spare 0 (at 21s)");
+}
+
+TEST_F(SpareInvariantsTest, FencingANewHolderWaitsForTheOldHoldersWorkers) {
+  // Node 1 is lost while its rank 3 still runs; the spare takes node rank 1 in round 1 and
+  // starts rank 2 first (free as a rank, but its node rank's old holder still runs).
+  StartRound(20, 0);
+  for (int rank : {0, 1, 2}) End(40, 0, rank, false);
+  StartAs(45, 1, 2, 3, 1, 5002);
+  EXPECT_EQ(Violation(), "fencing: spare 0 starts node rank 1 in round 1 while 1 worker(s) of node 1 that held "
+                         "it in round 0 still run (at 45s)");
+}
+
+TEST_F(SpareInvariantsTest, AWaitingSpareVouchesForTheJobsLastRound) {
+  // A spare that ran nothing exits 0: only if every rank of the job's last round exited 0.
+  StartRound(20, 0);
+  Heartbeats(20, 600);
+  for (int rank = 0; rank < 4; ++rank) End(600, 0, rank, rank != 3);
+  invariants_.AgentExited(3, 0, std::nullopt);
+  invariants_.AfterEvent(601 * kSecond);
+  EXPECT_EQ(Violation(), "spare 0 exited 0 but only 3 of 4 ranks of round 0 exited 0 (at 10m01s)");
+}
+
+TEST_F(SpareInvariantsTest, AWaitingSpareExitsZeroAfterASuccessfulRound) {
+  StartRound(20, 0);
+  Heartbeats(20, 600);
+  for (int rank = 0; rank < 4; ++rank) End(600, 0, rank, true);
+  invariants_.AgentExited(3, 0, std::nullopt);
+  invariants_.AfterEvent(601 * kSecond);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+}
+
+TEST_F(SpareInvariantsTest, WorldSizeOutsideItsBounds) {
+  // Every rank agrees on WORLD_SIZE=6, but the job has 2 nodes x 2 workers.
+  WorkerStart start{0, RoundKey{1, 0}, 6, 0, 0, 1000, "0", "6", "0"};
+  invariants_.WorkerStarted(start);
+  invariants_.AfterEvent(20 * kSecond);
+  EXPECT_EQ(Violation(), "world size: round 0 runs with WORLD_SIZE=6 (node 0 rank 0); the job allows 4 (at 20s)");
+}
+
+TEST_F(SpareInvariantsTest, WorldSizeBoundsAreARange) {
+  // A job that may shrink to 1 node: 2 ranks are allowed, 6 are not.
+  invariants_.SetWorldBounds(2, 4);
+  WorkerStart small{0, RoundKey{1, 0}, 2, 0, 0, 1000, "0", "2", "0"};
+  invariants_.WorkerStarted(small);
+  invariants_.AfterEvent(20 * kSecond);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+  invariants_.WorkerEnded(1000, false);
+  invariants_.AfterEvent(30 * kSecond);
+  WorkerStart big{0, RoundKey{1, 1}, 6, 0, 0, 1001, "0", "6", "0"};
+  invariants_.WorkerStarted(big);
+  invariants_.AfterEvent(40 * kSecond);
+  EXPECT_EQ(Violation(), "world size: round 1 runs with WORLD_SIZE=6 (node 0 rank 0); the job allows 2..4 (at 40s)");
+}
+
 // Through the whole simulator: a misbehaving node (a test-only sabotage) makes the invariant
 // fire in a real run, printed as the user sees it.
 using Sabotage = sim::SimOptions::Sabotage;
@@ -392,6 +482,17 @@ TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease)
   EXPECT_EQ(run.result.violation.value_or(""), "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
                                                "heard from the coordinator or resumed; an agent stops its workers "
                                                "within 1m06s (at 7m04s)");
+}
+
+TEST(InvariantsFireInTheSimulatorTest, ASparePlayingNodeRankZero) {
+  // One spare; node 1 crashes for good and the spare takes its rank, but its workers say they
+  // play node rank 0.
+  std::string job = SmallJob();
+  job.replace(job.find("nproc_per_node = 2\n"), 19, "nproc_per_node = 2\nspares = 1\n");
+  const SimRun run = Simulate(job, {"node-crash@5m:node=1"}, std::nullopt, false, Sabotage::kSparePlaysNodeZero);
+  EXPECT_EQ(run.result.exit_code, 70);
+  EXPECT_THAT(run.result.violation.value_or(""),
+              ::testing::StartsWith("a spare never plays node rank 0: spare 0 starts rank 2 of round 1 as node rank 0"));
 }
 
 std::string ProgressJob(std::string_view progress) {

@@ -99,8 +99,16 @@ TEST(SwarmTest, QuietSwarmPrintsOnlyFailuresAndTheCount) {
   options.seed = 1000;
   options.quiet = true;
   std::ostringstream out;
-  sim::RunSwarm(*loaded.spec, options, 5, out);
-  EXPECT_EQ(out.str(), "swarm: 5 seeds (1000..1004), 0 failed\n");
+  const sim::SwarmResult swarm = sim::RunSwarm(*loaded.spec, options, 5, out);
+  // The count, then the goodput across the seeds and the exit codes (nothing per seed).
+  EXPECT_THAT(out.str(), ::testing::MatchesRegex("swarm: 5 seeds \\(1000\\.\\.1004\\), 0 failed\n"
+                                                 "swarm goodput: mean [0-9.]+%, p10 [0-9.]+%, median [0-9.]+%, "
+                                                 "p90 [0-9.]+%; exit [0-9]+: [0-9]+(, exit [0-9]+: [0-9]+)*\n"));
+  int seeds = 0;
+  for (const auto& [code, n] : swarm.exit_codes) seeds += n;
+  EXPECT_EQ(seeds, 5);
+  EXPECT_GT(swarm.mean_goodput, 0.0);
+  EXPECT_LE(swarm.mean_goodput, 1.0);
 }
 
 TEST(SwarmTest, FaultMixIsAFunctionOfTheSeed) {
