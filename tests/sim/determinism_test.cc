@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "schema/loader.h"
-#include "sim/report.h"
+#include "report/render.h"
 #include "tests/sim/sim_test_util.h"
 
 namespace ddprun::testing {
@@ -12,13 +12,13 @@ namespace {
 
 std::string TraceOf(const SimRun& run) {
   std::ostringstream out;
-  sim::WriteChromeTrace(run.timeline, out);
+  report::WriteChromeTrace(run.timeline, out);
   return out.str();
 }
 
 std::string ReportOf(const SimRun& run) {
   std::ostringstream out;
-  sim::WriteHtmlReport(run.timeline, run.output, out);
+  report::WriteHtmlReport(run.timeline, run.output, out);
   return out.str();
 }
 
