@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -153,6 +154,9 @@ constexpr int kMaxZoom = 256;
 // Beyond this many rows of their own, faulted nodes are drawn in bands like the others (the
 // page says how many): a run where every node faulted stays a page, not a poster.
 constexpr size_t kMaxOwnRows = 2048;
+// Nodes whose phases change at most this far apart (in pixels of the unzoomed page) share a
+// band; a node's own row is drawn exactly.
+constexpr int64_t kBandTolerancePx = 8;
 
 // One node's phases, one column (`detail` per pixel) at a time, as runs: (first column, past
 // the last column, phase). Equal vectors at detail 1 mean rows that look the same.
@@ -296,12 +300,35 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
   for (const Mark& m : timeline.marks) {
     if (m.node != Mark::kJob && m.node < n && m.kind != MarkKind::kExit) marked[m.node] = true;
   }
-  // What each node looks like on the unzoomed page: nodes that look the same share a band.
-  std::unordered_map<History, size_t, HistoryHash> look_ids;
+  // Bands: nodes that went through the same phases (and rounds) at times no further apart than
+  // kBandTolerancePx on the unzoomed page share one, drawn from its first node.
+  const int64_t tolerance = end * kBandTolerancePx / kPlotWidth;
+  std::map<std::vector<std::pair<int, int32_t>>, std::vector<size_t>> bands_by_phases;
+  std::vector<const std::vector<Segment>*> band_leader;
   std::vector<size_t> history_of(n);
   for (size_t i = 0; i < n; ++i) {
-    auto [it, added] = look_ids.emplace(HistoryOf(timeline.segments[i], end, 1), look_ids.size());
-    history_of[i] = it->second;
+    const std::vector<Segment>& segments = timeline.segments[i];
+    std::vector<std::pair<int, int32_t>> phases;
+    for (const Segment& seg : segments) phases.emplace_back(static_cast<int>(seg.phase), seg.round);
+    std::vector<size_t>& candidates = bands_by_phases[phases];
+    std::optional<size_t> band;
+    for (size_t candidate : candidates) {
+      const std::vector<Segment>& leader = *band_leader[candidate];
+      bool close = true;
+      for (size_t k = 0; k < segments.size() && close; ++k) {
+        close = std::abs(segments[k].start_ns - leader[k].start_ns) <= tolerance;
+      }
+      if (close) {
+        band = candidate;
+        break;
+      }
+    }
+    if (!band) {
+      band = band_leader.size();
+      band_leader.push_back(&segments);
+      candidates.push_back(*band);
+    }
+    history_of[i] = *band;
   }
   // Rows: node 0 and every node a fault touched on their own; the others in bands of nodes
   // with the same history (DDP is a gang: most nodes live the same life), placed at their
@@ -341,7 +368,8 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
                              members[0]});
         } else {
           rows.push_back(Row{fmt::format("{} nodes: {}", members.size(), Ranges(members, 3)),
-                             fmt::format("{} nodes with the same history: {}", members.size(), Ranges(members, 200)),
+                             fmt::format("{} nodes that lived the same phases, drawn from node {}: {}", members.size(),
+                                         members[0], Ranges(members, 200)),
                              band->second, std::nullopt, members[0]});
         }
         ++band;
@@ -420,6 +448,7 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
       if (runs.size() > kMaxRunsPerHistory && detail > 1) continue;
       auto found = drawing_ids.find({detail, runs});
       drawing_of_row[r].base = found != drawing_ids.end() ? found->second : add(std::move(runs), detail, row.history);
+      drawing_of_look.emplace(row.history, drawing_of_row[r].base);
       break;
     }
     if (bands[row.history].size() > main_members) {
@@ -572,7 +601,7 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
   out << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#555\">{}; {} node{} in {} row{}{}{}</text>\n", kLabelWidth,
                      y + 20, HtmlEscape(timeline.clock), n, n == 1 ? "" : "s", rows.size(),
                      rows.size() == 1 ? "" : "s",
-                     band_rows == 0 ? "" : fmt::format(" ({} band{} of nodes with the same history)", band_rows,
+                     band_rows == 0 ? "" : fmt::format(" ({} band{} of nodes that lived the same phases)", band_rows,
                                                        band_rows == 1 ? "" : "s"),
                      folded == 0 ? "" : fmt::format("; {} faulted nodes beyond the first {} are in the bands",
                                                     folded, kMaxOwnRows));

@@ -233,7 +233,7 @@ TEST(RenderTest, ManyNodesAreDrawnInBandsAndFaultedOnesAlone) {
   std::ostringstream out;
   WriteHtmlReport(t, "summary", out);
   const std::string page = out.str();
-  EXPECT_THAT(page, HasSubstr("2048 nodes in 5 rows (1 band of nodes with the same history)"));
+  EXPECT_THAT(page, HasSubstr("2048 nodes in 5 rows (1 band of nodes that lived the same phases)"));
   EXPECT_THAT(page, HasSubstr(">2044 nodes: 1-6, 8-699, 701-1499 and 1 more</text>"));
   EXPECT_THAT(page, HasSubstr(">node 700 (host-700)<"));
   EXPECT_THAT(page, HasSubstr("<title>rank 3000 exited with code 1 at 50s</title>"));
