@@ -1,6 +1,7 @@
 #pragma once
 // The ports: every nondeterministic edge of an agent. Each has exactly two implementations,
-// real ones in runner/io/ and simulated ones in sim/ (STYLE.md rule 3).
+// real ones in runner/io/ and simulated ones in sim/ (STYLE.md rule 3); the EventLog, an
+// output only, has a real one and none in the simulator, which draws its own timeline.
 //
 // Contract for every port: a call never invokes an event callback before it returns; results
 // arrive later, from the driver's event loop. That keeps the host free of reentrancy.
