@@ -157,6 +157,9 @@ constexpr size_t kMaxOwnRows = 2048;
 // Nodes whose phases change at most this far apart (in pixels of the unzoomed page) share a
 // band; a node's own row is drawn exactly.
 constexpr int64_t kBandTolerancePx = 8;
+// A node is compared column by column with at most this many bands (bounded work at 10,000
+// nodes that all differ).
+constexpr size_t kMaxBandsCompared = 256;
 
 // One node's phases, one column (`detail` per pixel) at a time, as runs: (first column, past
 // the last column, phase). Equal vectors at detail 1 mean rows that look the same.
@@ -300,20 +303,23 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
   for (const Mark& m : timeline.marks) {
     if (m.node != Mark::kJob && m.node < n && m.kind != MarkKind::kExit) marked[m.node] = true;
   }
-  // Bands: nodes that went through the same phases (and rounds) at times no further apart than
-  // kBandTolerancePx on the unzoomed page share one, drawn from its first node.
+  // Bands: a node joins the first band whose first node went through the same phases (and
+  // rounds) at times no further apart than kBandTolerancePx of the unzoomed page, or whose
+  // unzoomed row differs from its own in at most kBandTolerancePx columns (a long run where one
+  // of hundreds of rounds went a little differently). A band is drawn from its first node.
   const int64_t tolerance = end * kBandTolerancePx / kPlotWidth;
   std::map<std::vector<std::pair<int, int32_t>>, std::vector<size_t>> bands_by_phases;
-  std::vector<const std::vector<Segment>*> band_leader;
+  std::vector<size_t> band_leader;  // node
+  std::vector<std::vector<int8_t>> band_look;
   std::vector<size_t> history_of(n);
   for (size_t i = 0; i < n; ++i) {
     const std::vector<Segment>& segments = timeline.segments[i];
     std::vector<std::pair<int, int32_t>> phases;
     for (const Segment& seg : segments) phases.emplace_back(static_cast<int>(seg.phase), seg.round);
-    std::vector<size_t>& candidates = bands_by_phases[phases];
+    std::vector<size_t>& same_phases = bands_by_phases[phases];
     std::optional<size_t> band;
-    for (size_t candidate : candidates) {
-      const std::vector<Segment>& leader = *band_leader[candidate];
+    for (size_t candidate : same_phases) {
+      const std::vector<Segment>& leader = timeline.segments[band_leader[candidate]];
       bool close = true;
       for (size_t k = 0; k < segments.size() && close; ++k) {
         close = std::abs(segments[k].start_ns - leader[k].start_ns) <= tolerance;
@@ -323,10 +329,18 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
         break;
       }
     }
+    std::vector<int8_t> look = ColumnsOf(HistoryOf(segments, end, 1), 1);
+    for (size_t candidate = 0; !band && candidate < std::min<size_t>(band_look.size(), kMaxBandsCompared); ++candidate) {
+      int differ = 0;
+      const std::vector<int8_t>& other = band_look[candidate];
+      for (size_t c = 0; c < look.size() && differ <= kBandTolerancePx; ++c) differ += look[c] != other[c] ? 1 : 0;
+      if (differ <= kBandTolerancePx) band = candidate;
+    }
     if (!band) {
       band = band_leader.size();
-      band_leader.push_back(&segments);
-      candidates.push_back(*band);
+      band_leader.push_back(i);
+      band_look.push_back(std::move(look));
+      same_phases.push_back(*band);
     }
     history_of[i] = *band;
   }

@@ -247,5 +247,33 @@ TEST(RenderTest, ManyNodesAreDrawnInBandsAndFaultedOnesAlone) {
   EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg")) << "no fetches";
 }
 
+// The page's bounds: beyond 2,048 rows of their own, faulted nodes join the bands (and the page
+// says how many); beyond about 60,000 shapes, rows are drawn coarser or share a band's drawing.
+TEST(RenderTest, ThePageStaysBoundedWhenEveryNodeFaultedDifferently) {
+  Timeline t;
+  const int64_t ms = 1'000'000;
+  const uint32_t nodes = 2100;
+  for (uint32_t i = 0; i < nodes; ++i) {
+    t.labels.push_back(fmt::format("node {} (h)", i));
+    // 400 short rounds each, shifted per node: every history differs, and densely.
+    std::vector<Segment> segments;
+    for (int r = 0; r < 400; ++r) {
+      const int64_t at = (int64_t{r} * 1000 + int64_t{i % 97}) * ms;
+      segments.push_back(Segment{at, at + 700 * ms, NodePhase::kTraining, r});
+      segments.push_back(Segment{at + 700 * ms, at + 1000 * ms, NodePhase::kWaiting, -1});
+    }
+    t.segments.push_back(std::move(segments));
+    t.focus.push_back(true);
+  }
+  t.end_ns = 400'000 * ms;
+  std::ostringstream out;
+  WriteHtmlReport(t, "", out);
+  const std::string page = out.str();
+  EXPECT_THAT(page, HasSubstr("2100 nodes in 2049 rows (1 band of nodes that lived the same phases); 52 faulted "
+                              "nodes beyond the first 2048 are in the bands"));
+  EXPECT_LE(Count(page, "<rect"), 60'000u + 10);
+  EXPECT_EQ(Count(page, "<use "), 2049u);
+}
+
 }  // namespace
 }  // namespace ddprun::report
