@@ -203,5 +203,39 @@ TEST_F(ReportTest, AMissingOrEmptyFolderIsExplained) {
   EXPECT_EQ(bad.Output(), "ddprun report: error: " + dir_.path() + "/bad/run/events-node0.jsonl:2: not JSON\n");
 }
 
+// Two runs of a job in one folder (say, copied from the nodes): the newest is reported unless
+// --run picks another, and the runs are listed.
+TEST_F(ReportTest, SeveralRunsInOneFolderAreListedAndOneIsChosen) {
+  const auto record = [](const std::string& type, int64_t ms, int node, const std::string& extra) {
+    return "{\"v\":1,\"event\":\"" + type + "\",\"unix_ms\":" + std::to_string(1'800'000'000'000 + ms) +
+           ",\"mono_ms\":" + std::to_string(ms) + ",\"node\":" + std::to_string(node) + ",\"host\":\"h\"" + extra +
+           "}\n";
+  };
+  const std::string start = ",\"job\":\"j\",\"fingerprint\":\"f\",\"nnodes\":1,\"nproc\":1";
+  dir_.Write("runs/a/events-node0.jsonl", record("agent-start", 0, 0, start) +
+                                              record("job-result", 1000, 0, ",\"exit_code\":1,\"summary\":\"first\"") +
+                                              record("agent-exit", 1000, 0, ",\"exit_code\":1"));
+  dir_.Write("runs/b/events-node0.jsonl", record("agent-start", 60'000, 0, start) +
+                                              record("job-result", 61'000, 0, ",\"exit_code\":0,\"summary\":\"second\"") +
+                                              record("agent-exit", 61'000, 0, ",\"exit_code\":0"));
+  AgentProcess& newest = Run({"report", dir_.path() + "/runs", "--out", dir_.path() + "/b.html"}, "newest");
+  EXPECT_EQ(newest.Wait(10s), 0);
+  EXPECT_THAT(newest.Output(), HasSubstr(dir_.path() + "/runs holds 2 runs; this report is of run 2, the newest (--run N "
+                                         "picks another):\n"
+                                         "    1  job \"j\" from 2027-01-15 08:00:00 UTC to 2027-01-15 08:00:01 UTC, 1 event "
+                                         "file\n"
+                                         "    2  job \"j\" from 2027-01-15 08:01:00 UTC to 2027-01-15 08:01:01 UTC, 1 event "
+                                         "file\n"));
+  EXPECT_THAT(newest.Output(), HasSubstr("exit code 0\n"));
+  AgentProcess& first = Run({"report", dir_.path() + "/runs", "--run", "1", "--out", dir_.path() + "/a.html"}, "first");
+  EXPECT_EQ(first.Wait(10s), 0);
+  EXPECT_THAT(first.Output(), HasSubstr("exit code 1\n"));
+  EXPECT_THAT(ReadFile(dir_.path() + "/a.html"), HasSubstr("<pre>first\n"));
+  AgentProcess& third = Run({"report", dir_.path() + "/runs", "--run", "3"}, "third");
+  EXPECT_EQ(third.Wait(10s), 2);
+  EXPECT_THAT(third.Output(), HasSubstr("ddprun report: error: --run 3 is out of range: " + dir_.path() +
+                                        "/runs holds 2 runs\n"));
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
