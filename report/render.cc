@@ -221,6 +221,22 @@ History Difference(const History& row, const History& base, int detail) {
   return out;
 }
 
+// Runs as rectangles. A run of a phase that matters more than training (a stop, a wait, a
+// node down) narrower than a pixel of the unzoomed page also gets a line one screen pixel wide
+// at its middle, so that the whole-run view shows it (as a pixel column showed it) and a
+// zoomed view shows its true width around the line.
+void WriteRuns(const History& runs, int detail, std::ostream& out) {
+  for (const auto& [c0, c1, phase] : runs) {
+    out << "<rect x=\"" << c0 << "\" width=\"" << c1 - c0 << "\" height=\"" << kRowHeight - 4 << "\" fill=\""
+        << kColours[static_cast<size_t>(phase)] << "\"/>";
+    if (c1 - c0 < detail && kPriority[static_cast<size_t>(phase)] > kPriority[static_cast<size_t>(NodePhase::kTraining)]) {
+      const double mid = (c0 + c1) / 2.0;
+      out << fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"{}\" vector-effect=\"non-scaling-stroke\"/>",
+                         mid, mid, kRowHeight - 4, kColours[static_cast<size_t>(phase)]);
+    }
+  }
+}
+
 struct HistoryHash {
   size_t operator()(const History& h) const {
     uint64_t x = 1469598103934665603ull;
@@ -514,10 +530,7 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
     out << "<g id=\"h" << h << "\"";
     if (drawings[h].detail > 1) out << " transform=\"scale(" << 1.0 / drawings[h].detail << ",1)\"";
     out << ">";
-    for (const auto& [c0, c1, phase] : drawings[h].runs) {
-      out << "<rect x=\"" << c0 << "\" width=\"" << c1 - c0 << "\" height=\"" << kRowHeight - 4 << "\" fill=\""
-          << kColours[static_cast<size_t>(phase)] << "\"/>";
-    }
+    WriteRuns(drawings[h].runs, drawings[h].detail, out);
     out << "</g>\n";
   }
   out << "</defs>\n";
@@ -571,10 +584,7 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
     out << "<use href=\"#h" << drawing.base << "\" y=\"" << y + 2 << "\"/>";
     if (!drawing.overlay.empty()) {
       out << "<g transform=\"translate(0," << y + 2 << ") scale(" << 1.0 / drawings[drawing.base].detail << ",1)\">";
-      for (const auto& [c0, c1, phase] : drawing.overlay) {
-        out << "<rect x=\"" << c0 << "\" width=\"" << c1 - c0 << "\" height=\"" << kRowHeight - 4 << "\" fill=\""
-            << kColours[static_cast<size_t>(phase)] << "\"/>";
-      }
+      WriteRuns(drawing.overlay, drawings[drawing.base].detail, out);
       out << "</g>";
     }
     if (row.node) {

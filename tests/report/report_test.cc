@@ -247,6 +247,25 @@ TEST(RenderTest, ManyNodesAreDrawnInBandsAndFaultedOnesAlone) {
   EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg")) << "no fetches";
 }
 
+// A stop shorter than a pixel of the whole-run view is drawn at its width and as a line one
+// screen pixel wide; a longer one only at its width.
+TEST(RenderTest, APhaseNarrowerThanAPixelAlsoGetsALine) {
+  Timeline t;
+  const int64_t ms = 1'000'000;
+  t.labels = {"node 0 (a)"};
+  t.segments = {{Segment{0, 500'000 * ms, NodePhase::kTraining, 0}, Segment{500'000 * ms, 500'500 * ms, NodePhase::kStopping, 0},
+                 Segment{500'500 * ms, 600'000 * ms, NodePhase::kWaiting, -1},
+                 Segment{600'000 * ms, 1'000'000 * ms, NodePhase::kTraining, 1}}};
+  t.focus = {false};
+  t.end_ns = 1'000'000 * ms;
+  std::ostringstream out;
+  WriteHtmlReport(t, "", out);
+  // 16 columns a pixel, 1,100 pixels for 1,000 s: the 0.5 s stop is columns 8800 to 8809.
+  EXPECT_THAT(out.str(), HasSubstr("<rect x=\"8800\" width=\"9\" height=\"12\" fill=\"#d94801\"/><line x1=\"8804.5\" "
+                                   "x2=\"8804.5\" y2=\"12\" stroke=\"#d94801\" vector-effect=\"non-scaling-stroke\"/>"));
+  EXPECT_EQ(Count(out.str(), "<line x1=\"88"), 1u) << "the 100 s wait is wide enough";
+}
+
 // The page's bounds: beyond 2,048 rows of their own, faulted nodes join the bands (and the page
 // says how many); beyond about 60,000 shapes, rows are drawn coarser or share a band's drawing.
 TEST(RenderTest, ThePageStaysBoundedWhenEveryNodeFaultedDifferently) {
