@@ -9,7 +9,7 @@
 #include "cli/commands.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
-#include "sim/report.h"
+#include "report/render.h"
 #include "sim/simulation.h"
 #include "sim/swarm.h"
 
@@ -97,13 +97,13 @@ int SimulateCommand(const SimulateOptions& options) {
   bool written = true;
   if (!options.trace_path.empty()) {
     written &= WriteFile(options.trace_path, "trace", [&](std::ostream& out) {
-      sim::WriteChromeTrace(timeline, out);
+      report::WriteChromeTrace(timeline, out);
     });
   }
   if (!options.report_path.empty()) {
     const std::string summary = sim::FormatSummary(spec, sim_options, result);
     written &= WriteFile(options.report_path, "report", [&](std::ostream& out) {
-      sim::WriteHtmlReport(timeline, summary, out);
+      report::WriteHtmlReport(timeline, summary, out);
     });
   }
   if (result.violation) return kExitInternal;

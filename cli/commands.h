@@ -48,6 +48,14 @@ struct SimulateOptions {
   bool quiet = false;                    // summary only, no per-event lines
 };
 
+/// `ddprun report LOGDIR`: a real run's page (and trace) from its event logs.
+struct ReportOptions {
+  std::string log_dir;                   // a folder with events-node<k>.jsonl files below it
+  std::string out_path = "report.html";  // --out
+  std::string trace_path;                // --trace FILE (Chrome trace JSON); "" none
+  std::optional<int> run;                // --run N: the Nth run found, oldest first
+};
+
 struct PreflightOptions {
   std::string job_path;
   std::vector<std::string> script_args;  // after `--`: part of the job, as for run
@@ -82,6 +90,7 @@ int InitCommand(const InitOptions& options);
 int SchemaCommand();
 int RunCommand(const RunOptions& options);
 int SimulateCommand(const SimulateOptions& options);
+int ReportCommand(const ReportOptions& options);
 int PreflightCommand(const PreflightOptions& options);
 int PreflightWorkerCommand(const PreflightWorkerOptions& options);
 

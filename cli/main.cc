@@ -21,11 +21,11 @@
 namespace ddprun::cli {
 namespace {
 
-constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check", "preflight",
-                                             "schema", "init",     "__preflight-worker"};
+constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check",  "preflight",
+                                             "schema", "init",     "report", "__preflight-worker"};
 // What a mistyped command is compared with (the hidden one is not suggested).
-constexpr std::string_view kPublicSubcommands[] = {"run",       "simulate", "check",
-                                                   "preflight", "schema",   "init"};
+constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check", "preflight",
+                                                   "schema", "init",     "report"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {
@@ -114,6 +114,7 @@ int Main(int argc, char** argv) {
       "  ddprun job.toml              on every node: start this node's agent\n"
       "  ddprun job.toml -- --lr 0.1  the same, appending `--lr 0.1` to job.command\n"
       "  ddprun --simulate job.toml   the whole cluster with faults, in virtual time\n"
+      "  ddprun report logs/job       a real run's timeline page from its event logs\n"
       "  ddprun schema > job-file.schema.json\n"
       "\n"
       "Exit codes: 0 ok, 1 job failed, 2 usage or job file error, 3 rendezvous failed,\n"
@@ -165,6 +166,26 @@ int Main(int argc, char** argv) {
       "\n"
       "Fault kinds: node-crash, agent-hang, worker-exit, worker-hang, worker-slow,\n"
       "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank.");
+
+  ReportOptions report;
+  int report_run = 0;
+  CLI::App* report_cmd =
+      app.add_subcommand("report", "Draw a real run's timeline (HTML, Chrome trace) from its event logs");
+  report_cmd->add_option("logdir", report.log_dir,
+                         "A folder with the run's events-node<k>.jsonl files below it (e.g. "
+                         "<logs.dir>/<job>)")
+      ->required();
+  report_cmd->add_option("--out", report.out_path, "Where to write the HTML page (default report.html)");
+  report_cmd->add_option("--trace", report.trace_path, "Also write a Chrome trace (JSON, opens in Perfetto)");
+  CLI::Option* report_run_opt =
+      report_cmd->add_option("--run", report_run, "When the folder holds several runs: the Nth, oldest first "
+                                                  "(default: the newest)")
+          ->check(CLI::PositiveNumber);
+  report_cmd->footer(
+      "Examples:\n"
+      "  ddprun report logs/resnet50                    the newest run of job resnet50\n"
+      "  ddprun report logs/resnet50 --out run.html --trace run.json\n"
+      "  ddprun report collected/ --run 1               the oldest run in a folder of copied logs");
 
   CheckOptions check;
   int check_node_rank = 0;
@@ -276,7 +297,7 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     const CLI::App* command = &app;
-    for (const CLI::App* sub : {run_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd}) {
+    for (const CLI::App* sub : {run_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd, report_cmd}) {
       if (args.size() > 1 && sub->get_name() == args[1]) command = sub;
     }
     std::fputs(FlagHints(*command, args).c_str(), stderr);
@@ -301,6 +322,10 @@ int Main(int argc, char** argv) {
     if (*nodes_opt) sim.nodes = sim_nodes;
     if (*swarm_opt) sim.swarm = sim_swarm;
     return SimulateCommand(sim);
+  }
+  if (report_cmd->parsed()) {
+    if (*report_run_opt) report.run = report_run;
+    return ReportCommand(report);
   }
   if (check_cmd->parsed()) {
     check.script_args = script_args;

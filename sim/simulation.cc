@@ -9,21 +9,6 @@
 
 namespace ddprun::sim {
 
-const char* NodePhaseName(NodePhase phase) {
-  switch (phase) {
-    case NodePhase::kOff: return "not started";
-    case NodePhase::kRendezvous: return "rendezvous";
-    case NodePhase::kStarting: return "starting workers";
-    case NodePhase::kTraining: return "training";
-    case NodePhase::kStalled: return "stalled";
-    case NodePhase::kStopping: return "stopping workers";
-    case NodePhase::kWaiting: return "waiting for the next round";
-    case NodePhase::kDown: return "down";
-    case NodePhase::kDone: return "exited";
-  }
-  return "?";
-}
-
 SimResult RunSimulation(const JobSpec& spec, const SimOptions& options, std::ostream* out,
                         Timeline* timeline) {
   Cluster cluster(spec, options, out, timeline);

@@ -1,56 +1,16 @@
 #pragma once
-// What each node was doing over virtual time, recorded while a simulation runs, for the Chrome
-// trace (--trace) and the HTML report (--report).
+// The simulator records into the report library's Timeline (report/timeline.h); these names
+// keep its code as it was.
 
-#include <cstdint>
-#include <string>
-#include <vector>
+#include "report/timeline.h"
 
 namespace ddprun::sim {
 
-/// A node's state as the timeline shows it.
-enum class NodePhase : uint8_t {
-  kOff,         // not started yet (slow joiner)
-  kRendezvous,  // agent connecting or waiting for the other nodes
-  kStarting,    // workers spawned, still starting up
-  kTraining,    // the whole gang is training
-  kStalled,     // workers up but the gang makes no progress (hung worker, partition, peer lost)
-  kStopping,    // workers signalled, not all exited yet
-  kWaiting,     // joined, no workers: between rounds (backoff) or waiting for the others
-  kDown,        // crashed
-  kDone,        // the agent exited
-};
-
-/// The lower-case name of a phase, as the trace and report label it.
-const char* NodePhaseName(NodePhase phase);
-
-struct Segment {
-  int64_t start_ns = 0;
-  int64_t end_ns = 0;  // -1 while open
-  NodePhase phase = NodePhase::kOff;
-  int32_t round = -1;
-};
-
-enum class MarkKind : uint8_t { kFault, kFailure, kRestart, kExit, kHeal };
-
-/// A point (or, with end_ns > at_ns, a span) of note on a node's row or job-wide.
-struct Mark {
-  int64_t at_ns = 0;
-  int64_t end_ns = 0;
-  static constexpr uint32_t kJob = 0xffffffffu;
-  uint32_t node = kJob;
-  MarkKind kind = MarkKind::kFault;
-  std::string text;
-};
-
-struct Timeline {
-  std::vector<std::string> labels;             // per row: "node 3 (node-0003)"
-  std::vector<std::vector<Segment>> segments;  // per row, in time order
-  std::vector<bool> focus;                     // rows touched by a fault
-  std::vector<Mark> marks;
-  std::vector<std::pair<int64_t, int64_t>> training;  // job-wide spans when the gang trained
-  int64_t end_ns = 0;
-  std::string title;
-};
+using report::Mark;
+using report::MarkKind;
+using report::NodePhase;
+using report::NodePhaseName;
+using report::Segment;
+using report::Timeline;
 
 }  // namespace ddprun::sim

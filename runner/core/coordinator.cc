@@ -956,6 +956,7 @@ Coordinator::Failure Coordinator::FailureOf(int node_rank, const wire::WorkerFai
   Failure failure;
   failure.round = failed.round;
   failure.node_rank = node_rank;
+  failure.global_rank = failed.global_rank;
   failure.what = fmt::format("rank {} ({}, local rank {}) {}", failed.global_rank,
                              NodeName(node_rank), failed.local_rank,
                              DescribeExit(failed.exit_code, failed.signal));
@@ -1345,6 +1346,7 @@ Coordinator::Failure Coordinator::HangFailure() {
   Failure failure;
   failure.round = round_;
   failure.node_rank = culprit.node_rank;
+  failure.global_rank = culprit.global_rank;
   failure.kinds = {"hang"};
   const std::string who =
       verdict.culprits.size() == 1

@@ -60,6 +60,21 @@ class Coordinator {
     return last_failure_ ? std::optional<int>(last_failure_->round) : std::nullopt;
   }
 
+  /// The job's latest root cause as observers record it (node 0's event log); the protocol
+  /// never reads it. nullopt before any failure.
+  struct RootCause {
+    int round = 0;
+    int node_rank = 0;            // the node it happened on (or that was lost)
+    int global_rank = -1;         // the rank that failed or hung first; -1: a node, not a rank
+    std::string what;             // one line, as the summary says it
+    std::vector<std::string> kinds;  // core::FailureKinds, or "hang", "lost-node", "stall"
+  };
+  std::optional<RootCause> last_root_cause() const {
+    if (!last_failure_) return std::nullopt;
+    return RootCause{last_failure_->round, last_failure_->node_rank, last_failure_->global_rank,
+                     last_failure_->what, last_failure_->kinds};
+  }
+
   /// A round this coordinator stopped because ranks hung, as it judged it. For observers (the
   /// simulator's invariants check the verdict against the ranks it hung); the protocol never
   /// reads it.
@@ -114,6 +129,7 @@ class Coordinator {
   struct Failure {
     int round = 0;
     int node_rank = 0;
+    int global_rank = -1;     // the failed (or first hung) rank; -1 for a lost node or a stall
     std::string what;         // one line: "rank 3 (node 1 "gpu-02", local rank 1) exited with code 1"
     std::string detail;       // error file / stderr tail, indented
     bool mentions_nccl = false;

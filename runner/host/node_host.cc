@@ -24,7 +24,8 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
     : spec_(spec),
       ports_(ports),
       on_exit_(std::move(on_exit)),
-      agent_(spec, WithProgress(config, *ports.launcher)) {
+      agent_(spec, WithProgress(config, *ports.launcher)),
+      recorder_(spec, config, ports.events) {
   DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
   if (config.node_rank == 0) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
@@ -42,6 +43,7 @@ NodeHost::~NodeHost() {
 }
 
 Status NodeHost::Start() {
+  recorder_.Started(ports_.clock->Now());
   if (coordinator_) {
     const Status listening = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
     if (!listening) return listening;
@@ -139,9 +141,11 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
   // never call back before returning, so this is never reentered.
   std::vector<core::AgentEffect>& effects = agent_effects_;
   const TimePoint now = ports_.clock->Now();
+  recorder_.AgentInput(now, input, agent_);
   agent_.Handle(now, input, effects);
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
+    recorder_.AgentEffect(now, effect);
     if (std::holds_alternative<core::ConnectToMaster>(effect)) {
       if (master_conn_) ports_.transport->Close(*master_conn_);
       master_conn_ = ports_.transport->Connect(spec_.cluster.master_addr, spec_.cluster.master_port);
@@ -163,6 +167,7 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
       // The answer is an input like any other; its effects join this batch (`effect` may
       // dangle after the vector grows: nothing below uses it).
       core::WorkerStacks stacks{read->round, ports_.launcher->ReadStacks(read->round)};
+      recorder_.AgentInput(now, stacks, agent_);
       agent_.Handle(now, stacks, effects);
       continue;
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
@@ -174,6 +179,7 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
     }
   }
   effects.clear();
+  recorder_.AgentDone(now);
   MaybeFinish();
   if (!finished_) Rearm();
 }
@@ -182,6 +188,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   if (finished_ || !coordinator_) return;
   std::vector<core::CoordinatorEffect>& effects = coordinator_effects_;  // as in RunAgent
   const TimePoint now = ports_.clock->Now();
+  recorder_.CoordinatorInput(now, input, *coordinator_);
   coordinator_->Handle(now, input, effects);
   if (const auto failed = coordinator_->last_failure_round(); failed != failure_round_seen_) {
     failure_round_seen_ = failed;
@@ -189,6 +196,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   }
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
+    recorder_.CoordinatorEffect(now, effect, *coordinator_);
     if (auto* send = std::get_if<core::SendTo>(&effect)) {
       ports_.transport->Send(send->conn, wire::Encode(send->message));
     } else if (auto* close = std::get_if<core::CloseConn>(&effect)) {
@@ -211,6 +219,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     }
   }
   effects.clear();
+  recorder_.CoordinatorDone(now, *coordinator_);
   MaybeFinish();
   if (!finished_) Rearm();
 }

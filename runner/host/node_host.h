@@ -12,6 +12,7 @@
 
 #include "runner/core/agent.h"
 #include "runner/core/coordinator.h"
+#include "runner/host/event_recorder.h"
 #include "runner/host/metrics_text.h"
 #include "runner/host/ports.h"
 
@@ -24,6 +25,7 @@ struct Ports {
   ProcessLauncher* launcher = nullptr;
   Console* console = nullptr;
   Journal* journal = nullptr;  // node 0's; null: the host keeps no journal (unit tests)
+  EventLog* events = nullptr;  // null: no event log (the simulator draws its own timeline)
 };
 
 class NodeHost final : public TransportEvents, public ProcessEvents {
@@ -69,6 +71,7 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   Ports ports_;
   std::function<void(int)> on_exit_;
   core::Agent agent_;
+  EventRecorder recorder_;
   std::unique_ptr<core::Coordinator> coordinator_;
   std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at

@@ -1,6 +1,7 @@
 #pragma once
 // The ports: every nondeterministic edge of an agent. Each has exactly two implementations,
-// real ones in runner/io/ and simulated ones in sim/ (STYLE.md rule 3).
+// real ones in runner/io/ and simulated ones in sim/ (STYLE.md rule 3); the EventLog, an
+// output only, has a real one and none in the simulator, which draws its own timeline.
 //
 // Contract for every port: a call never invokes an event callback before it returns; results
 // arrive later, from the driver's event loop. That keeps the host free of reentrancy.
@@ -10,6 +11,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "base/result.h"
@@ -108,6 +111,30 @@ class Journal {
   /// left counted from now. Unreadable: none, and the problem is said.
   virtual std::vector<core::QuarantinedHost> Quarantined() = 0;
   virtual void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) = 0;
+};
+
+/// One record of a node's event log (docs/report.md): its type ("worker-exit") and its fields
+/// in the order they are written. NodeHost builds them (runner/host/event_recorder.h) from the
+/// inputs and effects it executes; the log adds the time, the node and the host.
+struct Event {
+  using Value = std::variant<int64_t, bool, std::string, std::vector<int64_t>, std::vector<std::string>>;
+  std::string_view type;  // a literal of the vocabulary
+  std::vector<std::pair<std::string_view, Value>> fields;
+
+  Event& Add(std::string_view key, Value value) {
+    fields.emplace_back(key, std::move(value));
+    return *this;
+  }
+};
+
+/// Where a node's events go: a JSON-lines file in the run's log folder (runner/io/event_file),
+/// or nowhere (the simulator, which draws its own timeline). Writing never fails the job: a log
+/// that cannot be written says so once and takes no more records.
+class EventLog {
+ public:
+  virtual ~EventLog() = default;
+  /// Appends one record; `now` is the host's clock (monotonic).
+  virtual void Record(TimePoint now, const Event& event) = 0;
 };
 
 /// Where an agent's words go: the terminal (real) or the simulator's event log.

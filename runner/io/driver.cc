@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include <arpa/inet.h>
@@ -37,6 +38,7 @@
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
 #include "runner/io/console_writer.h"
+#include "runner/io/event_file.h"
 #include "runner/io/guardian.h"
 #include "runner/io/journal.h"
 #include "runner/io/metrics_server.h"
@@ -516,8 +518,25 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
       console.Log(core::LogLevel::kWarn, "coordinator", text);
     });
   }
+  // The event log (docs/report.md) lives in this run's log folder beside the rank logs. The
+  // folder is made now rather than at the first spawn, so that a rendezvous that never
+  // completes is recorded too. Without it the job runs as before, with a warning.
+  std::unique_ptr<FileEventLog> events;
+  const auto log_warning = [&console](const std::string& text) {
+    console.Log(core::LogLevel::kWarn, "agent", text);
+  };
+  if (const Status opened = launcher.OpenRunFolder(); !opened) {
+    log_warning("no event log for this run: " + opened.error());
+  } else if (auto created = FileEventLog::Create(launcher.run_folder_fd(), config.logs_dir, options.node_rank,
+                                                 options.host, log_warning);
+             !created) {
+    log_warning("no event log for this run: " + created.error());
+  } else {
+    events = *std::move(created);
+  }
   int exit_code = 70;
-  host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr};
+  host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
+                    events.get()};
   host::NodeHost node(spec, config, ports, [&](int code) {
     exit_code = code;
     io.stop();

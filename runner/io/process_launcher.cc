@@ -233,6 +233,7 @@ RealProcessLauncher::~RealProcessLauncher() {
 void RealProcessLauncher::SetEvents(host::ProcessEvents* events) { events_ = events; }
 
 Status RealProcessLauncher::OpenRunFolder() {
+  if (run_fd_.valid()) return {};
   // logs.dir is the user's choice and may be a link; create it as the user would.
   std::error_code fs_ec;
   std::filesystem::create_directories(options_.logs_root, fs_ec);

@@ -83,13 +83,18 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   /// (the agent is going away; no Spawn after this).
   void KillAll();
 
+  /// Creates this run's log folder (and points `latest` at it) unless done already: the first
+  /// spawn does it, or the driver earlier, for the event log that lives beside the rank logs.
+  Status OpenRunFolder();
+  /// This run's log folder, once OpenRunFolder succeeded; -1 before.
+  int run_folder_fd() const { return run_fd_.valid() ? run_fd_.get() : -1; }
+
   /// Lines for the end-of-job summary: this node's log folder and every log file that could
   /// not be written completely.
   std::string SummaryLines() const;
 
  private:
   struct Worker;
-  Status OpenRunFolder();
   Result<UniqueFd> OpenLogFile(const std::string& relative);
   void StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr);
   void OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr, const char* data, size_t size);

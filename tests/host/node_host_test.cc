@@ -1,7 +1,7 @@
 // NodeHost, the glue between the ports and the state machines, with hand-driven ports: a
 // one-node job whose agent reaches its own coordinator over an in-memory loopback. What is
 // tested here is the wiring: node 0's journal read at start and written by the coordinator's
-// effects, and the exit once the job ends.
+// effects, the event log written from the inputs and effects, and the exit once the job ends.
 
 #include "runner/host/node_host.h"
 
@@ -12,6 +12,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <utility>
 #include <vector>
 
@@ -41,7 +43,7 @@ stop_grace = "30s"
 /// Every port of one node, driven by the test. Callbacks are queued, never made from inside
 /// a port call (the ports' contract), and run by Pump().
 class FakePorts final : public Clock, public Timer, public Transport, public ProcessLauncher,
-                        public Console, public Journal {
+                        public Console, public Journal, public EventLog {
  public:
   // Clock and Timer
   TimePoint Now() const override { return now; }
@@ -93,6 +95,34 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   void Record(bool rounds_may_run) override { records.push_back(rounds_may_run); }
   std::vector<core::QuarantinedHost> Quarantined() override { return quarantined; }
   void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) override { quarantined = hosts; }
+  // EventLog: "type key=value ..." per record, the values as the file would hold them.
+  void Record(TimePoint, const Event& event) override {
+    std::string line(event.type);
+    for (const auto& [key, value] : event.fields) {
+      line += " " + std::string(key) + "=";
+      std::visit([&line](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          line += v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          line += v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          line += std::to_string(v);
+        } else {
+          std::string list;
+          for (const auto& item : v) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(item)>, std::string>) {
+              list += (list.empty() ? "" : ",") + item;
+            } else {
+              list += (list.empty() ? "" : ",") + std::to_string(item);
+            }
+          }
+          line += "[" + list + "]";
+        }
+      }, value);
+    }
+    logged.push_back(line);
+  }
 
   void Pump() {
     while (!later.empty()) {
@@ -120,6 +150,7 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   std::optional<Duration> journal_since;
   std::vector<core::QuarantinedHost> quarantined;
   std::vector<bool> records;
+  std::vector<std::string> logged;  // the event log's records
 };
 
 class NodeHostTest : public ::testing::Test {
@@ -133,7 +164,7 @@ class NodeHostTest : public ::testing::Test {
     config.instance = 7;
     config.ddprun_version = "test";
     config.logs_dir = "logs";
-    Ports ports{&fake_, &fake_, &fake_, &fake_, &fake_, &fake_};
+    Ports ports{&fake_, &fake_, &fake_, &fake_, &fake_, &fake_, with_events_ ? &fake_ : nullptr};
     host_ = std::make_unique<NodeHost>(spec_, config, ports, [this](int code) { exit_ = code; });
     const Status started = host_->Start();
     ASSERT_TRUE(started) << started.error();
@@ -159,6 +190,7 @@ class NodeHostTest : public ::testing::Test {
   FakePorts fake_;
   std::unique_ptr<NodeHost> host_;
   std::optional<int> exit_;
+  bool with_events_ = false;
 };
 
 TEST_F(NodeHostTest, ACleanRunRecordsThatWorkersMayRunAndThenTheEnd) {
@@ -193,6 +225,66 @@ TEST_F(NodeHostTest, ARecordOlderThanTheLeaseDelaysNothing) {
   Start();
   EXPECT_EQ(fake_.spawned.size(), 2u);
   EXPECT_FALSE(fake_.Logged("previous coordinator"));
+}
+
+// The event log of a one-node job whose rank 1 fails in round 0 and which then succeeds:
+// node 0 records the agent's and the coordinator's side, in the order they happened.
+TEST_F(NodeHostTest, TheEventLogRecordsRoundsFailuresTheRestartAndTheEnd) {
+  spec_.restart.max_restarts = 1;
+  spec_.restart.backoff = 0s;
+  with_events_ = true;
+  Start();
+  fake_.process_events->OnWorkerExited(
+      core::WorkerExited{0, 1, 3, 0, "Traceback (most recent call last):\nValueError: bad batch\n", ""});
+  fake_.Pump();
+  RunUntil(At(1s));
+  fake_.process_events->OnWorkerExited(core::WorkerExited{0, 0, 0, 15, "", ""});
+  fake_.Pump();
+  RunUntil(At(2s));
+  ASSERT_EQ(fake_.spawned.size(), 4u) << "round 1 started";
+  for (int local = 0; local < 2; ++local) {
+    fake_.process_events->OnWorkerExited(core::WorkerExited{1, local, 0, 0, "", ""});
+    fake_.Pump();
+  }
+  RunUntil(At(1min));
+  ASSERT_EQ(exit_, 0);
+  std::vector<std::string> events;
+  for (const std::string& e : fake_.logged) {
+    if (e.starts_with("job-result") || e.starts_with("job-end") || e.starts_with("summary")) {
+      events.push_back(e.substr(0, e.find(" summary=") == std::string::npos ? e.find(" text=") : e.find(" summary=")));
+    } else {
+      events.push_back(e);
+    }
+  }
+  // The agent stops its own workers at its rank's failure, before the coordinator's StopRound
+  // comes back; the coordinator starts the round in the batch that acknowledges the join.
+  EXPECT_EQ(events, (std::vector<std::string>{
+      "agent-start job=solo fingerprint=" + FingerprintOfCanonical(CanonicalForm(spec_)).substr(0, 12) +
+          " nnodes=1 spares=0 nproc=2 max_restarts=1 spare=false hang_detection=false version=test",
+      "node-joined peer=0 peer_host=solo-host spare=false",
+      "round-begin round=0 restarts_used=0",
+      "joined standby=false",
+      "workers-start round=0 plays=0 ranks=[0,1]",
+      "worker-exit round=0 rank=1 local_rank=1 exit_code=3 signal=0 stopped=false kinds=[ValueError,exit:3] "
+          "error=ValueError: bad batch",
+      "signal-workers round=0 signal=SIGTERM",
+      "round-failed round=0 peer=0 rank=1 kinds=[ValueError,exit:3] cause=rank 1 (node 0 (solo-host), local "
+          "rank 1) exited with code 3 last=false",
+      "stop-round round=0 cause=rank 1 (node 0 (solo-host), local rank 1) exited with code 3 last=false",
+      "worker-exit round=0 rank=0 local_rank=0 exit_code=0 signal=15 stopped=true kinds=[signal:SIGTERM] error=",
+      "round-end round=0 outcome=stopped stopped=1",
+      "restart restart=1 max_restarts=1 round=1 backoff_ms=0",
+      "round-begin round=1 restarts_used=1",
+      "workers-start round=1 plays=0 ranks=[0,1]",
+      "worker-exit round=1 rank=0 local_rank=0 exit_code=0 signal=0 stopped=false",
+      "worker-exit round=1 rank=1 local_rank=1 exit_code=0 signal=0 stopped=false",
+      "round-end round=1 outcome=done",
+      "job-result exit_code=0 restarts_used=1",
+      "job-end exit_code=0",
+      "summary",
+      "agent-exit exit_code=0",
+      "coordinator-done exit_code=0",
+  }));
 }
 
 }  // namespace

@@ -5,9 +5,9 @@
 #include <ostream>
 #include <string>
 
-#include "sim/timeline.h"
+#include "report/timeline.h"
 
-namespace ddprun::sim {
+namespace ddprun::report {
 
 /// One track per node (its phases as complete events, faults and exits as instants), plus a
 /// job track with training spans, round starts and failures. Times in microseconds.
@@ -18,4 +18,4 @@ void WriteChromeTrace(const Timeline& timeline, std::ostream& out);
 /// No scripts, no fonts, no network fetches.
 void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::ostream& out);
 
-}  // namespace ddprun::sim
+}  // namespace ddprun::report

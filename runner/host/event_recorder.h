@@ -1,0 +1,81 @@
+#pragma once
+// What NodeHost writes to a node's event log (docs/report.md): it watches the inputs it feeds
+// the agent and the coordinator and the effects it executes for them, and turns the ones a
+// reader of the run needs into Events (joins, rounds, workers started and exited, failures with
+// their kinds and root cause, stops, restarts, hangs, spares, the end). It only observes: it
+// never feeds the state machines, and reads the coordinator through public accessors only.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runner/core/agent.h"
+#include "runner/core/coordinator.h"
+#include "runner/host/ports.h"
+
+namespace ddprun::host {
+
+class EventRecorder {
+ public:
+  /// The longest text field written (a cause with its traceback, a summary); longer ones are
+  /// cut, so that one record stays small and a bounded log holds many.
+  static constexpr size_t kMaxText = 4096;
+  /// The longest one-line field (an error line, a reason).
+  static constexpr size_t kMaxLine = 512;
+
+  /// `log` may be null: then every call returns at once.
+  EventRecorder(const JobSpec& spec, const core::Agent::Config& config, EventLog* log);
+
+  void Started(TimePoint now);
+  /// Before the agent handles `input`.
+  void AgentInput(TimePoint now, const core::AgentInput& input, const core::Agent& agent);
+  void AgentEffect(TimePoint now, const core::AgentEffect& effect);
+  /// After the agent's effects of one input were executed.
+  void AgentDone(TimePoint now);
+  /// Before the coordinator handles `input`.
+  void CoordinatorInput(TimePoint now, const core::CoordinatorInput& input,
+                        const core::Coordinator& coordinator);
+  void CoordinatorEffect(TimePoint now, const core::CoordinatorEffect& effect,
+                         const core::Coordinator& coordinator);
+  /// After the coordinator's effects of one input were executed.
+  void CoordinatorDone(TimePoint now, const core::Coordinator& coordinator);
+
+ private:
+  void Record(TimePoint now, const Event& event) { log_->Record(now, event); }
+  int GlobalRank(int round, int local_rank) const;
+
+  const JobSpec& spec_;
+  EventLog* log_;
+  int node_rank_;
+  std::string fingerprint_;
+  std::string version_;
+
+  // ---- The agent's side.
+  bool input_is_tick_ = false;
+  bool disconnect_pending_ = false;      // a DisconnectFromMaster on a tick, not for an exit
+  std::string last_connect_error_;
+  std::map<int, std::vector<int>> ranks_;  // by round: global rank by local rank (two rounds)
+  int spawned_round_ = -1;
+  int training_round_ = -1;              // the round whose first step beacon was recorded
+  int signalled_round_ = -1;             // the round whose workers ddprun signalled
+  int plays_ = -1;                       // from the last StartRound
+
+  // ---- The coordinator's side (node 0).
+  enum class CoordinatorInputKind { kTick, kJoin, kOther };
+  CoordinatorInputKind coordinator_input_ = CoordinatorInputKind::kOther;
+  bool ending_ = false;                  // the coordinator was ending or done before the input
+  // Looked up per effect and never iterated for a decision: hashing keeps O(1) at scale.
+  std::unordered_map<core::ConnId, int> joining_;  // conn -> the node rank its Join claimed
+  std::unordered_map<core::ConnId, std::string> joining_host_;
+  std::unordered_map<core::ConnId, int> joined_;   // conn -> node rank, once acknowledged
+  int round_begun_ = -1;
+  std::string cause_recorded_;           // the last root cause written (revisions are new ones)
+  int probe_round_ = -1;
+  int restarts_seen_ = 0;
+  bool job_result_recorded_ = false;
+};
+
+}  // namespace ddprun::host
