@@ -502,10 +502,30 @@ void Workers::StopTraining(Gang& g) {
   }
 }
 
+int64_t Workers::Paced(const Gang& g, int64_t span) const {
+  // A slower rank makes every step of the gang slower: progress at its pace.
+  int64_t progress = g.slow_percent == 0 ? span : span * 100 / (100 + g.slow_percent);
+  // Data parallelism: a smaller round (cluster.min_nodes) does the job's samples with fewer
+  // ranks, at world / job world of the pace. Split so that nothing overflows.
+  if (g.world > 0 && g.world < world_) progress = progress / world_ * g.world + progress % world_ * g.world / world_;
+  return progress;
+}
+
+int64_t Workers::WallFor(const Gang& g, int64_t progress) const {
+  int64_t wall = g.slow_percent == 0 ? progress
+                                     : progress / 100 * (100 + g.slow_percent) +
+                                           progress % 100 * (100 + g.slow_percent) / 100;
+  if (g.world > 0 && g.world < world_) {
+    // At most a year of virtual time: the simulation gives up long before.
+    const long double scaled = static_cast<long double>(wall) * world_ / g.world;
+    wall = scaled > 3.2e16L ? int64_t{32'000'000'000'000'000} : static_cast<int64_t>(scaled);
+  }
+  return wall;
+}
+
 void Workers::BankTraining(Gang& g) {
   const int64_t span = cluster_.now_ns() - g.training_since_ns;
-  // A slower rank makes every step of the gang slower: progress at its pace.
-  progress_ns_ += g.slow_percent == 0 ? span : span * 100 / (100 + g.slow_percent);
+  progress_ns_ += Paced(g, span);
   cluster_.stats().training_ns += span;
   g.training_since_ns = cluster_.now_ns();
 }
@@ -517,7 +537,7 @@ void Workers::ScheduleTrainingDone(Gang& g) {
   done.target = g.id;
   done.generation = g.done_gen;
   const int64_t left = std::max<int64_t>(0, train_time_ns_ - progress_ns_);
-  const int64_t wall = g.slow_percent == 0 ? left : left / 100 * (100 + g.slow_percent) + left % 100 * (100 + g.slow_percent) / 100;
+  const int64_t wall = WallFor(g, left);
   cluster_.queue().Push(TimePoint(Duration(cluster_.now_ns() + wall)), done);
 }
 
@@ -535,8 +555,7 @@ int Workers::SlowPercentOf(const Gang& g) const {
 int64_t Workers::ProgressNow(const Gang& g) const {
   int64_t progress = progress_ns_;
   if (g.training) {
-    const int64_t span = cluster_.now_ns() - g.training_since_ns;
-    progress += g.slow_percent == 0 ? span : span * 100 / (100 + g.slow_percent);
+    progress += Paced(g, cluster_.now_ns() - g.training_since_ns);
   }
   return std::min(progress, train_time_ns_);
 }

@@ -157,6 +157,10 @@ class Workers {
   void BreakGang(Gang& gang, bool by_process_exit, const std::string& why);
   void StopTraining(Gang& gang);
   /// Banks the training since the gang's span began (at its slowest rank's pace).
+  /// The job's progress in `span` of training by gang `g` (its slowest rank's pace, and its
+  /// share of the job's world), and the training time that makes `progress`.
+  int64_t Paced(const Gang& g, int64_t span) const;
+  int64_t WallFor(const Gang& g, int64_t progress) const;
   void BankTraining(Gang& gang);
   void ScheduleTrainingDone(Gang& gang);
   /// The extra work per step of the gang's slowest running rank, in percent.

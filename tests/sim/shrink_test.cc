@@ -29,7 +29,9 @@ TEST(ShrinkSimTest, ANodeGoneForGoodLeavesASmallerRoundThatFinishesTheJob) {
   EXPECT_THAT(run.output, HasSubstr("round 1: starting 4 workers on 2 of the job's 3 nodes (cluster.min_nodes = 2): "
                                     "without node 1 (node-0001)"));
   EXPECT_THAT(run.output, HasSubstr("node 2 (node-0002) plays node rank 1"));
-  EXPECT_THAT(run.output, HasSubstr("training: round 1: all 4 ranks up"));
+  EXPECT_THAT(run.output, HasSubstr("training: round 1: all 4 ranks up; training from 5m00s of 20m00s"));
+  // Two thirds of the ranks do the last 15 minutes of work in 22m30s: 5m40s + 22m30s.
+  EXPECT_THAT(run.output, HasSubstr("20m00s of 20m00s kept (28m10s spent training)"));
   EXPECT_THAT(run.output, HasSubstr("the round ran with 2 of the job's 3 nodes"));
 }
 
