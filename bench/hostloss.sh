@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 seeds=${1:-200}
 shift || true
 jobs=("$@")
-[ ${#jobs[@]} -gt 0 ] || jobs=(bench/llama3-hostloss.toml bench/llama3-hostloss-spares.toml)
+[ ${#jobs[@]} -gt 0 ] || jobs=(bench/llama3-hostloss.toml bench/llama3-hostloss-spares.toml bench/llama3-hostloss-shrink.toml)
 ddprun=${DDPRUN:-build/release/cli/ddprun}
 for job in "${jobs[@]}"; do
   start=$(date +%s)
