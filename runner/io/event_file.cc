@@ -10,16 +10,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/wall_clock.h"
 #include "runner/io/log_files.h"
 
 namespace ddprun::io {
 namespace {
-
-int64_t UnixMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Room kept below the bound for the "truncated" record itself.
 constexpr uint64_t kTruncatedReserve = 512;

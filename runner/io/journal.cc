@@ -13,18 +13,10 @@
 
 #include <fmt/format.h>
 
+#include "base/wall_clock.h"
 #include "runner/io/log_files.h"
 
 namespace ddprun::io {
-namespace {
-
-int64_t UnixMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 FileJournal::FileJournal(std::string folder, std::function<void(const std::string&)> report)
     : folder_(std::move(folder)), report_(std::move(report)) {

@@ -50,56 +50,15 @@ stop_grace = "30s"
 replace = "5s"
 )";
 
-class ShrinkTest : public ::testing::Test {
+class ShrinkTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
   void SetUp() override { Use(std::string(kShrinkJob)); }
-  void Use(const std::string& toml) {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
-    canonical_ = CanonicalForm(*spec_);
-    coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
-  }
-  Effects Feed(Duration at, const CoordinatorInput& input) {
-    last_ = at;
-    Effects out;
-    coordinator_->Handle(At(at), input, out);
-    if (auto next = coordinator_->NextDeadline()) {
-      EXPECT_GT(*next, At(at));
-    }
-    return out;
-  }
-  static ConnId Conn(int agent, int generation = 0) { return ConnId(100 + agent + 10 * generation); }
-  Effects Join(Duration at, int agent, int generation = 0) {
-    Feed(at, PeerAccepted{Conn(agent, generation), fmt::format("10.0.0.{}", agent + 1)});
-    return Feed(at, PeerMessage{Conn(agent, generation),
-                                wire::Join{agent, spec_->cluster.HostOf(agent), 2, "0.1.0",
-                                           FingerprintOfCanonical(canonical_), canonical_,
-                                           1000 + static_cast<uint64_t>(agent) + 100 * static_cast<uint64_t>(generation),
-                                           "", ""}});
-  }
-  Effects Send(Duration at, int agent, wire::Message m, int generation = 0) {
-    return Feed(at, PeerMessage{Conn(agent, generation), std::move(m)});
-  }
-  /// Heartbeats from `agents` ({agent, generation}) every second in (from, to].
-  Effects BeatUntil(Duration from, Duration to, std::vector<std::pair<int, int>> agents) {
-    Effects all;
-    for (Duration t = from + 1s; t <= to; t += 1s) {
-      for (auto [agent, generation] : agents) {
-        Effects e = Send(t, agent, wire::Heartbeat{}, generation);
-        all.insert(all.end(), e.begin(), e.end());
-      }
-    }
-    return all;
-  }
   /// Every agent joins at 0 s and round 0 starts on all of them.
   void StartAll(int agents) {
     for (int a = 0; a < agents; ++a) Join(0s, a);
     ASSERT_EQ(Sent<wire::StartRound>(Feed(0s, StorePortReady{0, 41000})).size(),
               static_cast<size_t>(spec_->cluster.nnodes));
   }
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> coordinator_;
-  Duration last_{};  // the time of the last input
 };
 
 TEST_F(ShrinkTest, ALostNodeIsLeftOutAfterReplaceAndItsLeaseAndTheOthersCloseRanks) {

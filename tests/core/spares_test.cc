@@ -35,47 +35,9 @@ std::string SpareJob() {
               "stop_grace = \"30s\"", "stop_grace = \"30s\"\nreplace = \"5s\"");
 }
 
-class SparesTest : public ::testing::Test {
+class SparesTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
-  void SetUp() override {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(SpareJob()));
-    canonical_ = CanonicalForm(*spec_);
-    coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
-  }
-  Effects Feed(Duration at, const CoordinatorInput& input) {
-    Effects out;
-    coordinator_->Handle(At(at), input, out);
-    if (auto next = coordinator_->NextDeadline()) {
-      EXPECT_GT(*next, At(at));
-    }
-    return out;
-  }
-  static ConnId Conn(int agent, int generation = 0) { return ConnId(100 + agent + 10 * generation); }
-  Effects Join(Duration at, int agent, int generation = 0) {
-    Feed(at, PeerAccepted{Conn(agent, generation), fmt::format("10.0.0.{}", agent + 1)});
-    return Feed(at, PeerMessage{Conn(agent, generation),
-                                wire::Join{agent, spec_->cluster.HostOf(agent), 2, "0.1.0",
-                                           FingerprintOfCanonical(canonical_), canonical_,
-                                           1000 + static_cast<uint64_t>(agent) + 100 * static_cast<uint64_t>(generation),
-                                           "", ""}});
-  }
-  Effects Send(Duration at, int agent, wire::Message m, int generation = 0) {
-    return Feed(at, PeerMessage{Conn(agent, generation), std::move(m)});
-  }
-  /// Heartbeats from `agents` every second in (from, to]; everything that happened.
-  Effects BeatUntil(Duration from, Duration to, std::vector<std::pair<int, int>> agents) {
-    Effects all;
-    for (Duration t = from + 1s; t <= to; t += 1s) {
-      for (auto [agent, generation] : agents) {
-        Effects e = Send(t, agent, wire::Heartbeat{}, generation);
-        all.insert(all.end(), e.begin(), e.end());
-      }
-    }
-    return all;
-  }
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> coordinator_;
+  void SetUp() override { Use(SpareJob()); }
 };
 
 TEST_F(SparesTest, TheFirstRoundStartsWithoutTheSpareAndTheSpareWaits) {
@@ -193,9 +155,7 @@ TEST_F(SparesTest, ANodeThatNeverCameIsReplacedAfterReplaceAndTheJobRuns) {
 }
 
 TEST_F(SparesTest, WithoutASpareTheRoundWaitsForTheNodeAsBefore) {
-  spec_ = std::make_unique<JobSpec>(SpecFromToml(kTwoNodeJob));
-  canonical_ = CanonicalForm(*spec_);
-  coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
+  Use(std::string(kTwoNodeJob));
   Join(0s, 0);
   const Effects e = BeatUntil(0s, 60s, {{0, 0}});
   EXPECT_TRUE(All<ReserveStorePort>(e).empty());
