@@ -248,6 +248,16 @@ void EventRecorder::CoordinatorEffect(TimePoint now, const core::CoordinatorEffe
   if (!send) {
     if (const auto* done = std::get_if<core::CoordinatorDone>(&effect)) {
       Record(now, Event{"coordinator-done", {}}.Add("exit_code", int64_t{done->exit_code}));
+    } else if (const auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
+      // The hosts that sit out now, and for how long.
+      std::vector<std::string> hosts;
+      std::vector<int64_t> left_ms;
+      for (const core::QuarantinedHost& h : quarantine->hosts) {
+        if (h.left <= Duration::zero()) continue;
+        hosts.push_back(h.host);
+        left_ms.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count());
+      }
+      Record(now, Event{"quarantine", {}}.Add("hosts", std::move(hosts)).Add("left_ms", std::move(left_ms)));
     }
     return;
   }
@@ -274,10 +284,12 @@ void EventRecorder::CoordinatorEffect(TimePoint now, const core::CoordinatorEffe
       round_begun_ = start->round;
       Record(now, Event{"round-begin", {}}
                       .Add("round", int64_t{start->round})
-                      .Add("restarts_used", int64_t{coordinator.restarts_used()}));
+                      .Add("restarts_used", int64_t{coordinator.restarts_used()})
+                      .Add("nodes", int64_t{start->nnodes > 0 ? start->nnodes : spec_.cluster.nnodes}));
     }
+    // In a smaller round (cluster.min_nodes) the nodes close ranks: that replaces no one.
     auto it = joined_.find(send->conn);
-    if (start->node_rank >= 0 && it != joined_.end() && it->second != start->node_rank) {
+    if (start->node_rank >= 0 && start->nnodes == 0 && it != joined_.end() && it->second != start->node_rank) {
       Record(now, Event{"replace", {}}
                       .Add("round", int64_t{start->round})
                       .Add("spare", int64_t{it->second})

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +45,15 @@ class NodesGoneTest : public ::testing::Test {
       return std::nullopt;
     }
     return std::stoi(dir_.Read(name));
+  }
+  /// Node 0's event log of its (only) run of `job`: every agent has its own run folder.
+  std::string NodeZeroEvents(const std::string& job) const {
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.path() + "/logs/" + job)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find("-n0-") != std::string::npos) return dir_.Read("logs/" + job + "/" + name + "/events-node0.jsonl");
+    }
+    ADD_FAILURE() << "no run folder of node 0 in logs/" << job;
+    return "";
   }
   std::string Describe() const {
     std::string text;
@@ -105,6 +115,11 @@ TEST_F(NodesGoneTest, TheJobShrinksToTheNodesLeftAndItsWorkersGetTheSmallerWorld
       << Describe();
   EXPECT_THAT(agent(0).Output(), HasSubstr("the round ran with 2 of the job's 3 nodes (cluster.min_nodes = 2)"))
       << Describe();
+  // Node 0's event log: round 1 began with 2 nodes, and closing ranks replaced no one.
+  const std::string events = NodeZeroEvents("shrink");
+  EXPECT_THAT(events, ContainsRegex("\"event\":\"round-begin\",[^\n]*\"round\":1,[^\n]*\"nodes\":2[}]"))
+      << events;
+  EXPECT_THAT(events, Not(HasSubstr("\"event\":\"replace\""))) << events;
 }
 
 // Two nodes and a spare, on three loopback addresses. Node 1's workers fail (its agent has
@@ -144,6 +159,9 @@ TEST_F(NodesGoneTest, AFlakyHostIsQuarantinedAndTheNextLaunchStillKeepsItOut) {
                                "restarts used)"))
       << Describe();
   EXPECT_THAT(first, HasSubstr("quarantined: 127.0.0.2 for ")) << Describe();
+  EXPECT_THAT(NodeZeroEvents("quarantine"),
+              ContainsRegex("\"event\":\"quarantine\",[^\n]*\"hosts\":\\[\"127.0.0.2\"\\],\"left_ms\":\\[18[0-9]{5}\\]"))
+      << Describe();
   const std::string state = dir_.Read("logs/quarantine/quarantine.state");
   EXPECT_THAT(state, ContainsRegex("^ddprun-quarantine 1\nhost=127.0.0.2 until_unix_ms=[0-9]+ times=1\n$"))
       << state;

@@ -262,7 +262,7 @@ TEST_F(NodeHostTest, TheEventLogRecordsRoundsFailuresTheRestartAndTheEnd) {
       "agent-start job=solo fingerprint=" + FingerprintOfCanonical(CanonicalForm(spec_)).substr(0, 12) +
           " nnodes=1 spares=0 nproc=2 max_restarts=1 spare=false hang_detection=false version=test",
       "node-joined peer=0 peer_host=solo-host spare=false",
-      "round-begin round=0 restarts_used=0",
+      "round-begin round=0 restarts_used=0 nodes=1",
       "joined standby=false",
       "workers-start round=0 plays=0 ranks=[0,1]",
       "worker-exit round=0 rank=1 local_rank=1 exit_code=3 signal=0 stopped=false kinds=[ValueError,exit:3] "
@@ -274,7 +274,7 @@ TEST_F(NodeHostTest, TheEventLogRecordsRoundsFailuresTheRestartAndTheEnd) {
       "worker-exit round=0 rank=0 local_rank=0 exit_code=0 signal=15 stopped=true kinds=[signal:SIGTERM] error=",
       "round-end round=0 outcome=stopped stopped=1",
       "restart restart=1 max_restarts=1 round=1 backoff_ms=0",
-      "round-begin round=1 restarts_used=1",
+      "round-begin round=1 restarts_used=1 nodes=1",
       "workers-start round=1 plays=0 ranks=[0,1]",
       "worker-exit round=1 rank=0 local_rank=0 exit_code=0 signal=0 stopped=false",
       "worker-exit round=1 rank=1 local_rank=1 exit_code=0 signal=0 stopped=false",

@@ -80,6 +80,9 @@ class MetricsServerTest : public ::testing::Test {
     if (thread_.joinable()) {
       boost::asio::post(io_, [this] {
         server_->Shutdown();
+        // A tick whose wait already finished is not cancelled: the flag keeps it from
+        // arming the next one, which would keep the loop (and this join) going for ever.
+        stopping_ = true;
         ticker_.cancel();
         work_.reset();
       });
@@ -89,7 +92,7 @@ class MetricsServerTest : public ::testing::Test {
   void Tick() {
     ticker_.expires_after(10ms);
     ticker_.async_wait([this](boost::system::error_code ec) {
-      if (ec) return;
+      if (ec || stopping_) return;
       ++ticks_;
       Tick();
     });
@@ -133,6 +136,7 @@ class MetricsServerTest : public ::testing::Test {
   uint16_t port_ = 0;
   std::atomic<int> scrapes_{0};
   std::atomic<int> ticks_{0};
+  bool stopping_ = false;  // set on the loop thread by TearDown
 };
 
 TEST_F(MetricsServerTest, GetMetricsAnswersWithTheRenderedTextAndCloses) {
