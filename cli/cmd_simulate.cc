@@ -2,11 +2,17 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <sstream>
+#include <variant>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/event_files.h"
+#include "report/replay.h"
+#include "runner/host/ports.h"
+#include "schema/canonical.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
 #include "report/render.h"
@@ -35,6 +41,93 @@ bool WriteFile(const std::string& path, const std::string& what,
   }
   fmt::print(stderr, "ddprun simulate: wrote the {} to {}\n", what, path);
   return true;
+}
+
+// Node 0's events in the simulation, kept as a real node's file would hold them (virtual time
+// for both clocks), for RoundSequence.
+class RecordedEvents final : public host::EventLog {
+ public:
+  void Record(TimePoint now, const host::Event& event) override {
+    report::EventRecord record;
+    record.line = static_cast<int>(records_.size()) + 1;
+    record.type = std::string(event.type);
+    record.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+    record.mono_ms = record.unix_ms;
+    for (const auto& [key, value] : event.fields) {
+      record.fields.emplace(std::string(key), std::visit([](const auto& v) { return report::EventRecord::Value(v); },
+                                                         value));
+    }
+    records_.push_back(std::move(record));
+  }
+  std::vector<const report::EventRecord*> records() const {
+    std::vector<const report::EventRecord*> all;
+    for (const auto& r : records_) all.push_back(&r);
+    return all;
+  }
+
+ private:
+  std::vector<report::EventRecord> records_;
+};
+
+// `--replay LOGDIR`: the real run's failures as faults, and both sequences side by side.
+int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& options) {
+  constexpr std::string_view kTool = "ddprun simulate --replay";
+  auto files = LoadEventFiles(options.replay_dir);
+  if (!files) {
+    fmt::print(stderr, "{}: error: {}\n", kTool, files.error());
+    return kExitUsage;
+  }
+  auto runs = report::GroupRuns(*files);
+  if (!runs) {
+    fmt::print(stderr, "{}: error: {}\n", kTool, runs.error());
+    return kExitUsage;
+  }
+  const auto chosen = ChooseRun(*runs, options.run, options.replay_dir, kTool, "replaying");
+  if (!chosen) return kExitUsage;
+  const report::Run& run = (*runs)[*chosen];
+  const std::string fingerprint = Fingerprint(spec).substr(0, run.fingerprint.size());
+  if (fingerprint != run.fingerprint) {
+    fmt::print("note: {} is not the run's job file (fingerprint {}, the run's {}): the simulation models "
+               "this file\n",
+               options.job_path, fingerprint, run.fingerprint);
+  }
+  const report::ReplayPlan plan = report::PlanReplay(run, spec);
+  // The run's own failures only: no random ones, none of the file's scheduled faults.
+  spec.simulate.faults = plan.faults;
+  for (const std::string& text : options.faults) {
+    auto fault = ParseFaultFlag(text);
+    if (fault) spec.simulate.faults.push_back(*fault);
+  }
+  spec.simulate.node_mtbf.reset();
+  spec.simulate.worker_mtbf.reset();
+  spec.simulate.worker_hang_mtbf.reset();
+  spec.simulate.train_time = plan.train_time;
+  spec.simulate.worker_startup = plan.worker_startup;
+  for (const FaultSpec& fault : spec.simulate.faults) {
+    if (auto fits = FaultFitsJob(fault, spec); !fits) {
+      fmt::print(stderr, "{}: the run does not fit {}: {}\n", kTool, options.job_path, fits.error());
+      return kExitUsage;
+    }
+  }
+  sim_options.flag_faults = spec.simulate.faults;
+  RecordedEvents recorded;
+  sim_options.node0_events = &recorded;
+  std::ostringstream lines;
+  const sim::SimResult result = sim::RunSimulation(spec, sim_options, options.quiet ? nullptr : &lines);
+  if (!options.quiet) fmt::print("{}\n", lines.str());
+  fmt::print("replay of job \"{}\" from {} ({} event file{}): training {}, worker start-up {}\n", run.job,
+             report::FormatUtc(run.first_unix_ms), run.files.size(), run.files.size() == 1 ? "" : "s",
+             FormatDuration(plan.train_time), FormatDuration(plan.worker_startup));
+  if (plan.faults.empty()) fmt::print("faults: none (the run had no failure)\n");
+  for (const FaultSpec& fault : plan.faults) fmt::print("fault: --fault {}\n", sim::FormatFaultFlag(fault));
+  for (const std::string& note : plan.notes) fmt::print("note: {}\n", note);
+  const auto comparison = report::CompareSequences(report::RoundSequence(report::NodeZeroRecords(run)),
+                                                   report::RoundSequence(recorded.records()));
+  fmt::print("{}", comparison.text);
+  if (result.violation) fmt::print("the simulation broke an invariant: {}\n", *result.violation);
+  std::fflush(stdout);
+  if (result.violation) return kExitInternal;
+  return comparison.match ? kExitOk : kExitJobFailed;
 }
 
 }  // namespace
@@ -79,6 +172,8 @@ int SimulateCommand(const SimulateOptions& options) {
       return kExitUsage;
     }
   }
+
+  if (!options.replay_dir.empty()) return Replay(std::move(spec), std::move(sim_options), options);
 
   if (options.swarm) {
     if (*options.swarm < 1 || *options.swarm > 1'000'000) {

@@ -46,6 +46,8 @@ struct SimulateOptions {
   std::string report_path;               // --report FILE.html
   std::optional<int> swarm;              // --swarm N seeds
   bool quiet = false;                    // summary only, no per-event lines
+  std::string replay_dir;                // --replay LOGDIR: predicted versus actual
+  std::optional<int> run;                // --run N with --replay: the Nth run found, oldest first
 };
 
 /// `ddprun report LOGDIR`: a real run's page (and trace) from its event logs.

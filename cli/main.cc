@@ -156,6 +156,16 @@ int Main(int argc, char** argv) {
   CLI::Option* swarm_opt = sim_cmd->add_option("--swarm", sim_swarm, "Run N seeds and summarise")
                                ->check(CLI::PositiveNumber);
   sim_cmd->add_flag("-q,--quiet", sim.quiet, "Print the summary only");
+  int sim_run = 0;
+  CLI::Option* replay_opt = sim_cmd->add_option(
+      "--replay", sim.replay_dir,
+      "Replay a real run: its failures as faults, and its rounds, restarts and exit code beside "
+      "the simulated ones (LOGDIR holds its events-node<k>.jsonl)");
+  CLI::Option* sim_run_opt =
+      sim_cmd->add_option("--run", sim_run, "With --replay, when LOGDIR holds several runs: the Nth, oldest first")
+          ->check(CLI::PositiveNumber)
+          ->needs(replay_opt);
+  replay_opt->excludes(swarm_opt);
   sim_cmd->footer(
       "Examples:\n"
       "  ddprun --simulate examples/laptop.toml\n"
@@ -163,6 +173,7 @@ int Main(int argc, char** argv) {
       "  ddprun simulate job.toml --fault worker-exit@90s:node=1,local_rank=0,exit_code=3\n"
       "  ddprun simulate job.toml --nodes 64 --swarm 100 --quiet\n"
       "  ddprun simulate job.toml --trace trace.json --report report.html\n"
+      "  ddprun simulate job.toml --replay logs/job   would the simulator have predicted that run?\n"
       "\n"
       "Fault kinds: node-crash, agent-hang, worker-exit, worker-hang, worker-slow,\n"
       "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank.");
@@ -321,6 +332,7 @@ int Main(int argc, char** argv) {
     if (*seed_opt) sim.seed = sim_seed;
     if (*nodes_opt) sim.nodes = sim_nodes;
     if (*swarm_opt) sim.swarm = sim_swarm;
+    if (*sim_run_opt) sim.run = sim_run;
     return SimulateCommand(sim);
   }
   if (report_cmd->parsed()) {

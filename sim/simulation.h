@@ -13,6 +13,10 @@
 #include "schema/job_spec.h"
 #include "sim/timeline.h"
 
+namespace ddprun::host {
+class EventLog;
+}  // namespace ddprun::host
+
 namespace ddprun::sim {
 
 /// The simulated network between nodes (TCP-like: reliable, in order per connection).
@@ -52,6 +56,9 @@ struct SimOptions {
     kSparePlaysNodeZero,     // a spare's workers say (GROUP_RANK) they play node rank 0
   };
   Sabotage sabotage = Sabotage::kNone;
+  /// Where node 0's agents (every incarnation) record their events, as a real node writes its
+  /// event log (docs/report.md); null: nowhere. `--replay` compares it with a real run's.
+  host::EventLog* node0_events = nullptr;
 };
 
 /// How one node ended.

@@ -1,0 +1,217 @@
+#include "report/replay.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+
+namespace ddprun::report {
+namespace {
+
+using std::chrono::milliseconds;
+
+// The kind both sides name alike: the exit code or signal of a rank's own failure, else what
+// the coordinator calls a failure that is no exit. The exception type is left out: a
+// simulated worker raises its own.
+std::string SharedKind(const std::vector<std::string>& kinds) {
+  for (const std::string& kind : kinds) {
+    if (kind.starts_with("exit:") || kind.starts_with("signal:")) return kind;
+  }
+  for (const char* kind : {"hang", "lost-node", "stall", "oom"}) {
+    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) return kind;
+  }
+  return kinds.empty() ? "unknown" : kinds.back();
+}
+
+bool Has(const std::vector<std::string>& kinds, std::string_view kind) {
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+}  // namespace
+
+std::vector<const EventRecord*> NodeZeroRecords(const Run& run) {
+  std::vector<const EventRecord*> records;
+  for (const EventFile* file : run.files) {
+    if (file->records.empty() || file->records.front().node != 0) continue;
+    for (const EventRecord& record : file->records) records.push_back(&record);
+  }
+  std::stable_sort(records.begin(), records.end(),
+                   [](const EventRecord* a, const EventRecord* b) { return a->unix_ms < b->unix_ms; });
+  return records;
+}
+
+std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& records) {
+  std::vector<std::string> steps;
+  std::map<int64_t, size_t> failed_at;  // round -> its step (a revision replaces it)
+  for (const EventRecord* r : records) {
+    if (r->type == "round-begin") {
+      const int64_t nodes = r->Int("nodes");
+      steps.push_back(nodes > 0 ? fmt::format("round {} begins on {} nodes", r->Int("round"), nodes)
+                                : fmt::format("round {} begins", r->Int("round")));
+    } else if (r->type == "round-failed") {
+      const int64_t round = r->Int("round");
+      const int64_t rank = r->Int("rank");
+      const std::vector<std::string> kinds = r->Texts("kinds");
+      const std::string step =
+          rank >= 0 ? fmt::format("round {} fails: rank {} (node {}), {}", round, rank, r->Int("peer"), SharedKind(kinds))
+                    : fmt::format("round {} fails: node {}, {}", round, r->Int("peer"), SharedKind(kinds));
+      auto it = failed_at.find(round);
+      if (it != failed_at.end()) {
+        steps[it->second] = step;
+      } else {
+        failed_at[round] = steps.size();
+        steps.push_back(step);
+      }
+    } else if (r->type == "restart") {
+      steps.push_back(fmt::format("restart {} of {}", r->Int("restart"), r->Int("max_restarts")));
+    } else if (r->type == "job-result") {
+      steps.push_back(fmt::format("the job ends with exit code {}", r->Int("exit_code")));
+    }
+  }
+  return steps;
+}
+
+ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
+  ReplayPlan plan;
+  const std::vector<const EventRecord*> zero = NodeZeroRecords(run);
+  // The simulation's 0 is node 0's agent start (the coordinator's), else the run's first record.
+  int64_t t0 = run.first_unix_ms;
+  for (const EventRecord* r : zero) {
+    if (r->type == "agent-start") {
+      t0 = r->unix_ms;
+      break;
+    }
+  }
+  if (zero.empty()) plan.notes.push_back("node 0 wrote no event file here: the run's own sequence is unknown");
+  auto since = [&](int64_t unix_ms) { return Duration(milliseconds(std::max<int64_t>(unix_ms - t0, 0))); };
+  // Every agent start, by node, in time order (an agent started again after a crash or a kill).
+  std::map<int, std::vector<int64_t>> starts;
+  for (const EventFile* file : run.files) {
+    for (const EventRecord& r : file->records) {
+      if (r.type == "agent-start") starts[r.node].push_back(r.unix_ms);
+    }
+  }
+  for (auto& [node, times] : starts) std::sort(times.begin(), times.end());
+  // An agent that started more than a second after node 0's joined late.
+  for (const auto& [node, times] : starts) {
+    if (node == 0 || times.empty() || times.front() - t0 <= 1000) continue;
+    FaultSpec late;
+    late.kind = FaultKind::kSlowJoiner;
+    late.at = Duration::zero();
+    late.node = node;
+    late.duration = since(times.front());
+    plan.faults.push_back(late);
+  }
+  auto find = [&](int node, std::string_view type, int64_t round, int64_t rank) -> const EventRecord* {
+    for (const EventFile* file : run.files) {
+      for (const EventRecord& r : file->records) {
+        if (r.node == node && r.type == type && r.Int("round") == round && r.Int("rank") == rank &&
+            !r.Flag("stopped")) {
+          return &r;
+        }
+      }
+    }
+    return nullptr;
+  };
+  // Each round's root cause, as last revised.
+  std::map<int64_t, const EventRecord*> causes;
+  for (const EventRecord* r : zero) {
+    if (r->type == "round-failed") causes[r->Int("round")] = r;
+  }
+  const int nproc = std::max(spec.cluster.nproc_per_node, 1);
+  const Duration loss_bound = spec.timeouts.LossBound();
+  for (const auto& [round, cause] : causes) {
+    const std::vector<std::string> kinds = cause->Texts("kinds");
+    const int peer = static_cast<int>(cause->Int("peer"));
+    const int64_t rank = cause->Int("rank");
+    if (Has(kinds, "lost-node")) {
+      // Lost when node 0 noticed; a silent one died a loss bound before that.
+      int64_t crash_ms = cause->unix_ms;
+      for (const EventRecord* r : zero) {
+        if (r->type == "node-lost" && r->Int("peer") == peer && r->unix_ms <= cause->unix_ms) {
+          crash_ms = r->unix_ms;
+          if (r->Text("reason").find("silent") != std::string::npos) {
+            crash_ms -= std::chrono::duration_cast<milliseconds>(loss_bound).count();
+          }
+        }
+      }
+      FaultSpec crash;
+      crash.kind = FaultKind::kNodeCrash;
+      crash.at = since(crash_ms);
+      crash.node = peer;
+      for (int64_t start : starts[peer]) {
+        if (start > crash_ms) {
+          crash.reboot_after = Duration(milliseconds(start - crash_ms));
+          break;
+        }
+      }
+      plan.faults.push_back(crash);
+    } else if (Has(kinds, "hang") && rank >= 0) {
+      const EventRecord* hang = find(peer, "hang", round, rank);
+      FaultSpec fault;
+      fault.kind = FaultKind::kWorkerHang;
+      fault.node = peer;
+      fault.local_rank = static_cast<int>(rank % nproc);
+      fault.at = since(hang ? hang->unix_ms - std::max<int64_t>(hang->Int("silent_ms"), 0) : cause->unix_ms);
+      plan.faults.push_back(fault);
+    } else if (rank >= 0) {
+      const EventRecord* exit = find(peer, "worker-exit", round, rank);
+      FaultSpec fault;
+      fault.kind = FaultKind::kWorkerExit;
+      fault.node = peer;
+      fault.local_rank = static_cast<int>(rank % nproc);
+      fault.at = since(exit ? exit->unix_ms : cause->unix_ms);
+      const int64_t signal = exit ? exit->Int("signal", 0) : 0;
+      const int64_t code = exit ? (signal > 0 ? 128 + signal : exit->Int("exit_code", 1)) : 1;
+      fault.exit_code = static_cast<int>(std::clamp<int64_t>(code, 1, 255));
+      plan.faults.push_back(fault);
+    } else {
+      plan.notes.push_back(fmt::format("round {}'s root cause ({}) has no simulator fault: not replayed", round,
+                                       SharedKind(kinds)));
+    }
+  }
+  std::stable_sort(plan.faults.begin(), plan.faults.end(),
+                   [](const FaultSpec& a, const FaultSpec& b) { return a.at < b.at; });
+  // The last round trains for as long as it did (from its start to the job's result); real
+  // workers start in seconds, not the model's default.
+  plan.worker_startup = milliseconds(500);
+  int64_t last_begin = -1, result = -1;
+  for (const EventRecord* r : zero) {
+    if (r->type == "round-begin") last_begin = r->unix_ms;
+    if (r->type == "job-result") result = r->unix_ms;
+  }
+  plan.train_time = spec.simulate.train_time;
+  if (last_begin >= 0 && result > last_begin) {
+    plan.train_time = std::max(Duration(milliseconds(result - last_begin)) - plan.worker_startup, Duration(milliseconds(100)));
+  }
+  return plan;
+}
+
+SequenceComparison CompareSequences(const std::vector<std::string>& real,
+                                    const std::vector<std::string>& simulated) {
+  SequenceComparison c;
+  size_t width = std::string_view("real run").size();
+  for (const std::string& step : real) width = std::max(width, step.size());
+  c.text = fmt::format("  {:<{}}   {}\n", "real run", width, "simulated");
+  const size_t n = std::max(real.size(), simulated.size());
+  std::optional<size_t> first_difference;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string a = i < real.size() ? real[i] : "-";
+    const std::string b = i < simulated.size() ? simulated[i] : "-";
+    const bool same = i < real.size() && i < simulated.size() && a == b;
+    if (!same && !first_difference) first_difference = i;
+    c.text += fmt::format("{} {:<{}}   {}\n", same ? ' ' : '!', a, width, b);
+  }
+  c.match = !first_difference && !real.empty();
+  if (real.empty()) {
+    c.text += "the real run recorded no rounds (node 0's event file is missing or empty)\n";
+  } else if (first_difference) {
+    c.text += fmt::format("the sequences differ from step {} on (marked !)\n", *first_difference + 1);
+  } else {
+    c.text += fmt::format("the sequences match ({} steps)\n", real.size());
+  }
+  return c;
+}
+
+}  // namespace ddprun::report

@@ -1,0 +1,44 @@
+#pragma once
+// Predicted versus actual (`ddprun --simulate job.toml --replay LOGDIR`): a real run's failures
+// become simulator faults, and the sequence of rounds, failures, restarts and the exit code that
+// node 0's coordinator recorded is compared with the one the simulator's coordinator records for
+// the same faults (the simulator runs the same NodeHost, so the same event recorder).
+
+#include <string>
+#include <vector>
+
+#include "report/event_log.h"
+#include "schema/job_spec.h"
+
+namespace ddprun::report {
+
+/// What the simulator needs to replay a real run.
+struct ReplayPlan {
+  std::vector<FaultSpec> faults;   // in time order, from the run's start (node 0's agent-start)
+  Duration train_time{};           // the last round's training, as the real run took it
+  Duration worker_startup{};       // short: real workers here start in seconds
+  std::vector<std::string> notes;  // what could not be turned into a fault, one sentence each
+};
+
+/// The faults of `run` for a job of `spec`'s shape: a rank's own failure (the root cause of a
+/// round) becomes worker-exit at the time its worker exited, a lost node a node-crash (with
+/// reboot_after when an agent of that node started again), a hung rank a worker-hang from its
+/// last beacon, an agent that started late a slow-joiner.
+ReplayPlan PlanReplay(const Run& run, const JobSpec& spec);
+
+/// The run as node 0's coordinator recorded it, one line per step, in the words both sides
+/// share: "round 0 begins on 2 nodes", "round 0 fails: rank 3 (node 1), exit:7", "restart 1 of 2",
+/// "the job ends with exit code 0". `records` are node 0's, in order.
+std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& records);
+
+/// The records of node 0's file(s) in `run`, in order; empty when node 0 wrote none.
+std::vector<const EventRecord*> NodeZeroRecords(const Run& run);
+
+struct SequenceComparison {
+  bool match = false;
+  std::string text;  // both sequences side by side, and where they part
+};
+SequenceComparison CompareSequences(const std::vector<std::string>& real,
+                                    const std::vector<std::string>& simulated);
+
+}  // namespace ddprun::report
