@@ -131,6 +131,24 @@ struct JobSpec {
     }
   } cluster;
 
+  /// [rendezvous]: where the job's coordination state lives. "agent" (the default): in node
+  /// 0's agent, which runs the coordinator. "etcd": in an etcd cluster; any agent may hold the
+  /// coordinator through an etcd lease, and another takes over when its host is lost.
+  struct Rendezvous {
+    enum class Backend { kAgent, kEtcd };
+    Backend backend = Backend::kAgent;
+    std::vector<std::string> endpoints;  // etcd client URLs: "http://10.0.0.1:2379", "https://..."
+    std::string prefix = "/ddprun";      // keys live under <prefix>/<job name>/<run id>/
+    /// The coordinator's etcd lease: when its holder stops renewing it (its host died, or it
+    /// is cut off from etcd), another agent takes over after at most this long.
+    Duration lease = Seconds(10);
+    std::string ca_file;    // https: verify etcd's certificate against this CA ("": the system's)
+    std::string cert_file;  // https: client certificate (etcd's --client-cert-auth)
+    std::string key_file;   // its private key
+    std::string user;       // etcd authentication; the password comes from DDPRUN_ETCD_PASSWORD
+    bool Etcd() const { return backend == Backend::kEtcd; }
+  } rendezvous;
+
   /// [trainer], in file order. `devices`, `num_nodes` etc. are also mirrored below, typed.
   struct Trainer {
     std::vector<std::pair<std::string, TrainerValue>> settings;

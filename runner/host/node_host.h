@@ -26,6 +26,7 @@ struct Ports {
   Console* console = nullptr;
   Journal* journal = nullptr;  // node 0's; null: the host keeps no journal (unit tests)
   EventLog* events = nullptr;  // null: no event log (the simulator draws its own timeline)
+  Store* store = nullptr;      // rendezvous.backend = "etcd"; null: the coordinator lives on node 0
 };
 
 class NodeHost final : public TransportEvents, public ProcessEvents {

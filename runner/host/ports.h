@@ -113,6 +113,61 @@ class Journal {
   virtual void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) = 0;
 };
 
+/// What the job's shared store holds under one key.
+struct StoreEntry {
+  std::string value;
+  int64_t create_revision = 0;  // the revision that created the key; a key made again gets a new one
+  int64_t mod_revision = 0;     // the revision of its last write
+  int64_t lease = 0;            // the lease it is attached to; 0: none
+  bool operator==(const StoreEntry&) const = default;
+};
+
+struct StorePut {
+  std::string key;
+  std::string value;
+  int64_t lease = 0;  // attach the key to this lease (it goes when the lease expires); 0: none
+};
+
+/// The answer to one Store call, tagged with the id the call returned.
+struct StoreResult {
+  uint64_t id = 0;
+  /// Empty when the store answered; otherwise why it could not (unreachable, no leader, timed
+  /// out, refused), in words for the user. The other fields then mean nothing.
+  std::string error;
+  bool succeeded = false;           // PutIf: the compare held and every put was made
+  int64_t lease = 0;                // Grant: the new lease
+  Duration ttl{};                   // Grant, KeepAlive: the lease's time left; 0: it is gone
+  std::optional<StoreEntry> entry;  // Get, and a PutIf whose compare failed: the key's entry
+  int64_t revision = 0;             // the store's revision when it answered
+};
+
+class StoreEvents {
+ public:
+  virtual ~StoreEvents() = default;
+  virtual void OnStoreResult(const StoreResult& result) = 0;
+};
+
+/// The job's shared store (rendezvous.backend = "etcd"): a linearizable key-value store with
+/// leases, as etcd's v3 API offers it: etcd over its JSON gateway (runner/io/etcd_store), and a
+/// model of it in the simulator (sim/sim_store). Every call returns an id at once and is
+/// answered exactly once, later, through StoreEvents, with a result or an error; a request the
+/// store does not answer within the implementation's bound is answered with an error.
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void SetEvents(StoreEvents* events) = 0;
+  /// A new lease of about `ttl` (the store may lengthen it).
+  virtual uint64_t Grant(Duration ttl) = 0;
+  /// Renews `lease` for its full TTL; the result's ttl is 0 when the lease is gone.
+  virtual uint64_t KeepAlive(int64_t lease) = 0;
+  /// Ends `lease` and deletes its keys.
+  virtual uint64_t Revoke(int64_t lease) = 0;
+  virtual uint64_t Get(const std::string& key) = 0;
+  /// One transaction: if `key`'s create_revision is `create_revision` (0: the key is absent),
+  /// makes every put and succeeds; otherwise changes nothing and returns `key`'s entry.
+  virtual uint64_t PutIf(const std::string& key, int64_t create_revision, std::vector<StorePut> puts) = 0;
+};
+
 /// One record of a node's event log (docs/report.md): its type ("worker-exit") and its fields
 /// in the order they are written. NodeHost builds them (runner/host/event_recorder.h) from the
 /// inputs and effects it executes; the log adds the time, the node and the host.
