@@ -146,6 +146,14 @@ std::string CanonicalForm(const JobSpec& spec) {
     fields["quarantine.window"] = FormatDuration(spec.quarantine.window);
     fields["quarantine.cooldown"] = FormatDuration(spec.quarantine.cooldown);
   }
+  // Only with etcd, so that other files keep their fingerprint. The TLS files and the user
+  // may differ between hosts; where the state lives may not.
+  if (spec.rendezvous.Etcd()) {
+    fields["rendezvous.backend"] = Quote("etcd");
+    fields["rendezvous.endpoints"] = QuoteList(spec.rendezvous.endpoints);
+    fields["rendezvous.prefix"] = Quote(spec.rendezvous.prefix);
+    fields["rendezvous.lease"] = FormatDuration(spec.rendezvous.lease);
+  }
   if (spec.stragglers.slower_percent != JobSpec::Stragglers{}.slower_percent) {
     fields["stragglers.slower_percent"] = fmt::format("{}", spec.stragglers.slower_percent);
   }

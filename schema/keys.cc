@@ -24,7 +24,7 @@ constexpr IntRange kPortRange{1, 65535};
 constexpr IntRange kRankRange{0, kMaxNodes * kMaxProcsPerNode - 1};
 constexpr IntRange kNodeRankRange{0, kMaxNodes - 1};
 
-constexpr std::array<KeySpec, 11> kTopKeys = {{
+constexpr std::array<KeySpec, 12> kTopKeys = {{
     {.name = "version", .type = KeyType::kInteger, .doc = "Job file format version.",
      .range = IntRange{1, 1}, .required = true},
     {.name = "job", .type = KeyType::kSection, .doc = "What to run.", .required = true},
@@ -34,6 +34,9 @@ constexpr std::array<KeySpec, 11> kTopKeys = {{
      .doc = "Lightning Trainer defaults: each key reaches the script as PL_TRAINER_<KEY>, so "
             "Trainer() with no arguments uses them."},
     {.name = "restart", .type = KeyType::kSection, .doc = "Job-wide restarts after a failure."},
+    {.name = "rendezvous", .type = KeyType::kSection,
+     .doc = "Where the job's coordination state lives: in node 0's agent (the default), or in "
+            "etcd, so that the coordinator survives its host."},
     {.name = "timeouts", .type = KeyType::kSection,
      .doc = "Rendezvous, heartbeat, stop and progress (hang) timeouts."},
     {.name = "quarantine", .type = KeyType::kSection,
@@ -235,6 +238,41 @@ constexpr std::array<KeySpec, 3> kQuarantineKeys = {{
      .default_value = "30m"},
 }};
 
+constexpr std::array<std::string_view, 2> kBackends = {"agent", "etcd"};
+constexpr std::array<std::string_view, 2> kEndpointExamples = {"http://10.0.0.1:2379",
+                                                              "https://etcd-1.example:2379"};
+
+constexpr std::array<KeySpec, 8> kRendezvousKeys = {{
+    {.name = "backend", .type = KeyType::kString,
+     .doc = "\"agent\": node 0's agent runs the coordinator and keeps its state; losing node 0's "
+            "host stops the job until it returns. \"etcd\": the state (round, restart budget, "
+            "quarantine) lives in etcd, any agent may hold the coordinator through an etcd "
+            "lease, and another takes over when its host is lost; each round's rank 0 runs on "
+            "the coordinator's host. Needs cluster.nodes (and spare hosts) listed.",
+     .values = kBackends, .default_value = "agent"},
+    {.name = "endpoints", .type = KeyType::kStringArray,
+     .doc = "backend = \"etcd\": the client URLs of the etcd members, http:// or https://.",
+     .examples = kEndpointExamples, .min_items = 1, .unique = true, .nonempty_items = true},
+    {.name = "prefix", .type = KeyType::kString,
+     .doc = "backend = \"etcd\": the job's keys live under <prefix>/<job.name>/<run id>/.",
+     .default_value = "/ddprun", .pattern = "^/[A-Za-z0-9._/-]*$"},
+    {.name = "lease", .type = KeyType::kDuration,
+     .doc = "backend = \"etcd\": the coordinator's etcd lease. When its holder stops renewing it "
+            "(its host died, or it is cut off from etcd), it steps down before the lease ends "
+            "and another agent takes over once it has ended. At least 2s, and shorter than "
+            "timeouts.rendezvous.",
+     .default_value = "10s"},
+    {.name = "ca_file", .type = KeyType::kString,
+     .doc = "https endpoints: the CA that signed etcd's certificate (default: the system's)."},
+    {.name = "cert_file", .type = KeyType::kString,
+     .doc = "https endpoints: this agent's client certificate (etcd's --client-cert-auth); "
+            "needs key_file."},
+    {.name = "key_file", .type = KeyType::kString, .doc = "The private key of cert_file."},
+    {.name = "user", .type = KeyType::kString,
+     .doc = "etcd authentication: the user; its password comes from the environment variable "
+            "DDPRUN_ETCD_PASSWORD, never from the job file."},
+}};
+
 constexpr std::array<std::string_view, 2> kConsoleModes = {"all", "none"};
 
 constexpr std::array<KeySpec, 2> kLogKeys = {{
@@ -332,12 +370,13 @@ constexpr auto kRestartNames = NamesOf(kRestartKeys);
 constexpr auto kTimeoutNames = NamesOf(kTimeoutKeys);
 constexpr auto kStragglerNames = NamesOf(kStragglerKeys);
 constexpr auto kQuarantineNames = NamesOf(kQuarantineKeys);
+constexpr auto kRendezvousNames = NamesOf(kRendezvousKeys);
 constexpr auto kLogNames = NamesOf(kLogKeys);
 constexpr auto kMetricsNames = NamesOf(kMetricsKeys);
 constexpr auto kSimulateNames = NamesOf(kSimulateKeys);
 constexpr auto kFaultNames = NamesOf(kFaultKeys);
 
-const std::array<SectionSpec, 12> kSections = {{
+const std::array<SectionSpec, 13> kSections = {{
     {.name = "", .doc = "", .keys = kTopKeys, .known_names = kTopNames},
     {.name = "job", .doc = "", .keys = kJobKeys, .known_names = kJobNames},
     {.name = "cluster", .doc = "", .keys = kClusterKeys, .known_names = kClusterNames,
@@ -347,6 +386,7 @@ const std::array<SectionSpec, 12> kSections = {{
     {.name = "restart", .doc = "", .keys = kRestartKeys, .known_names = kRestartNames},
     {.name = "timeouts", .doc = "", .keys = kTimeoutKeys, .known_names = kTimeoutNames},
     {.name = "quarantine", .doc = "", .keys = kQuarantineKeys, .known_names = kQuarantineNames},
+    {.name = "rendezvous", .doc = "", .keys = kRendezvousKeys, .known_names = kRendezvousNames},
     {.name = "stragglers", .doc = "", .keys = kStragglerKeys, .known_names = kStragglerNames},
     {.name = "logs", .doc = "", .keys = kLogKeys, .known_names = kLogNames},
     {.name = "metrics", .doc = "", .keys = kMetricsKeys, .known_names = kMetricsNames},

@@ -18,6 +18,8 @@ namespace {
 // - [cluster] before [logs], [metrics] and [simulate]: console ranks and fault nodes and
 //   workers must exist in the job (the world size, the node and worker counts), the metrics
 //   port must not be one of the cluster's, and "*" needs cluster.nodes;
+// - [cluster] and [timeouts] before [rendezvous]: etcd needs every agent's host, and a lease
+//   shorter than the rendezvous timeout;
 // - every section before CheckAcrossSections, which compares [trainer] with [cluster] and
 //   [restart] with [timeouts] once both sides hold their final values.
 // Diagnostics are printed sorted by position, so this order does not show in the output.
@@ -30,6 +32,7 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
   const ClusterFacts cluster = LoadCluster(root, reader, spec.trainer, trainer, spec.cluster);
   LoadRestart(root, reader, spec.restart);
   LoadTimeouts(root, reader, spec.timeouts);
+  LoadRendezvous(root, reader, spec.cluster, spec.timeouts, spec.rendezvous);
   LoadStragglers(root, reader, spec.stragglers);
   LoadQuarantine(root, reader, spec.quarantine);
   LoadLogs(root, reader, spec.WorldSize(), spec.logs);

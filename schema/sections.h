@@ -51,6 +51,11 @@ void LoadRestart(const toml::table& root, TomlReader& reader, JobSpec::Restart& 
 /// [timeouts], with the checks between its own keys (heartbeat against rendezvous).
 void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts& timeouts);
 
+/// [rendezvous]. "etcd" needs every agent's host listed in `cluster`, and a lease shorter
+/// than timeouts.rendezvous.
+void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::Cluster& cluster,
+                    const JobSpec::Timeouts& timeouts, JobSpec::Rendezvous& rendezvous);
+
 /// [quarantine].
 void LoadQuarantine(const toml::table& root, TomlReader& reader, JobSpec::Quarantine& quarantine);
 /// [stragglers].

@@ -178,7 +178,7 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
   env["GROUP_WORLD_SIZE"] = std::to_string(nnodes);
   env["LOCAL_RANK"] = std::to_string(position.local_rank);
   env["LOCAL_WORLD_SIZE"] = std::to_string(nproc);
-  env["MASTER_ADDR"] = spec.cluster.master_addr;
+  env["MASTER_ADDR"] = position.master_addr.empty() ? spec.cluster.master_addr : position.master_addr;
   env["MASTER_PORT"] = std::to_string(position.master_port);
   env["NODE_RANK"] = std::to_string(position.node_rank);
   env["RANK"] = std::to_string(rank);

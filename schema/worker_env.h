@@ -21,6 +21,7 @@ struct WorkerPosition {
   int local_rank = 0;
   int restart_count = 0;        // the round number: 0 for the first attempt
   uint16_t master_port = 0;     // what this rank gets as MASTER_PORT
+  std::string master_addr;      // MASTER_ADDR: the round's rank 0 host; "": cluster.master_addr
   std::string error_file;       // TORCHELASTIC_ERROR_FILE
   std::string run_id;           // TORCHELASTIC_RUN_ID; "" computes RunId(spec) (costly per rank)
   // Progress beacons (worker/README.md); "" leaves the variables out.

@@ -57,6 +57,7 @@ int Agent::running_workers() const {
 }
 
 std::string Agent::MasterEndpoint() const {
+  if (!coordinator_endpoint_.empty()) return coordinator_endpoint_;
   return fmt::format("{}:{}", spec_.cluster.master_addr, spec_.cluster.master_port);
 }
 
@@ -288,6 +289,10 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
                          spec_.cluster.master_addr, failed.detail);
     case ConnectError::kOther:
       break;
+  }
+  if (spec_.rendezvous.Etcd() && failed.detail.starts_with("etcd")) {
+    return fmt::format("cannot find the coordinator in etcd ({}): {}",
+                       fmt::join(spec_.rendezvous.endpoints, ", "), failed.detail);
   }
   return fmt::format("cannot connect to {}: {}", endpoint, failed.detail);
 }
@@ -555,6 +560,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     position.nnodes = nnodes;
     position.local_rank = local;
     position.restart_count = round_;
+    position.master_addr = start.master_addr;
     const int global = node_rank_ * nproc + local;
     // The store relay (DESIGN.md section 5): rank 0 hosts the round's store on the port node 0
     // picked; every other rank reaches it through master_port. With cluster.store_port, all

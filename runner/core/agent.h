@@ -41,6 +41,10 @@ class Agent {
 
   Agent(const JobSpec& spec, Config config);
 
+  /// rendezvous.backend = "etcd": where the coordinator is now ("host:port"), as the host
+  /// looked it up; this agent's messages name it instead of cluster.master_addr.
+  void SetCoordinatorEndpoint(std::string endpoint) { coordinator_endpoint_ = std::move(endpoint); }
+
   /// Begins the rendezvous: emits the first ConnectToMaster.
   void Start(TimePoint now, std::vector<AgentEffect>& out);
 
@@ -184,6 +188,7 @@ class Agent {
   Duration retry_delay_;
   std::optional<TimePoint> last_connect_log_;
   std::string last_connect_error_;
+  std::string coordinator_endpoint_;  // "": cluster.master_addr:master_port
   bool refused_retrying_ = false;  // a join was refused for now; it is being retried
   TimePoint last_heard_;
   TimePoint next_heartbeat_;

@@ -89,6 +89,64 @@ void Coordinator::AfterUncleanEnd(TimePoint now, Duration since, std::vector<Coo
                                     HumanDuration(since), HumanDuration(spec_.timeouts.LeaseBound()))});
 }
 
+void Coordinator::PlaceRankZero(int agent, std::string addr) {
+  DDPRUN_ASSERT(agent >= 0 && agent < static_cast<int>(slots_.size()));
+  master_addr_ = std::move(addr);
+  Slot& self = slots_[static_cast<size_t>(agent)];
+  if (self.position == 0) return;
+  Slot& zero = slots_[static_cast<size_t>(slot_at_[0])];
+  // The agent that held node rank 0 takes this agent's place: its node rank, or the bench.
+  zero.position = self.position;
+  if (self.position > 0) slot_at_[static_cast<size_t>(self.position)] = slot_at_[0];
+  self.position = 0;
+  slot_at_[0] = agent;
+  self.absent_since = zero.absent_since;
+  if (zero.position < 0) zero.absent_since.reset();
+}
+
+void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<CoordinatorEffect>& out) {
+  DDPRUN_ASSERT(phase_ == Phase::kRendezvous && round_ == 0);
+  round_ = legacy.next_round;
+  restarts_used_ = legacy.restarts_used;
+  // Every node of the job may have run the last round: the verdict waits for them.
+  for (int slot : slot_at_) slots_[static_cast<size_t>(slot)].ever_joined = true;
+  if (legacy.exit_code) {
+    out.push_back(LogLine{LogLevel::kWarn,
+                          fmt::format("the job had ended (exit code {}) when {} was lost; telling "
+                                      "every agent the verdict again",
+                                      *legacy.exit_code, legacy.holder)});
+    EndJob(now, *legacy.exit_code, legacy.summary, out);
+    return;
+  }
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("taking over the job from {}: round {} next, {} of {} restarts "
+                                    "used",
+                                    legacy.holder, round_, restarts_used_, spec_.restart.max_restarts)});
+  if (!legacy.round_may_run) return;
+  Failure failure;
+  failure.round = round_ - 1;
+  failure.node_rank = 0;
+  failure.what = fmt::format("the coordinator ({}) was lost while round {} ran", legacy.holder, round_ - 1);
+  failure.detail = fmt::format("  its etcd lease (rendezvous.lease = {}) ended: its host died, its agent "
+                               "was killed, or it was cut off from etcd\n",
+                               FormatDuration(spec_.rendezvous.lease));
+  failure.explains_silence = true;
+  failure.kinds = {"lost-node"};
+  last_failure_ = failure;
+  // The old round's workers stop within their agents' lease of their last word from the old
+  // coordinator, which was before now.
+  journal_fence_ = now + spec_.timeouts.LeaseBound();
+  const std::string never = NeverRestartRule(failure);
+  if (never.empty() && restarts_used_ < spec_.restart.max_restarts) {
+    ++restarts_used_;
+    out.push_back(LogLine{LogLevel::kError,
+                          fmt::format("round {} failed: {}; restart {} of {}", failure.round,
+                                      failure.what, restarts_used_, spec_.restart.max_restarts)});
+    return;
+  }
+  EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, 0, 0, never), out);
+}
+
 void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
   secret_ = std::move(secret);
   nonce_seed_ = nonce_seed;
@@ -162,6 +220,10 @@ void Coordinator::Apply(TimePoint now, const CoordinatorInput& input, std::vecto
   } else if (const auto* port = std::get_if<StorePortReady>(&input)) {
     if (phase_ != Phase::kStarting || port->round != round_) return;  // stale answer
     BeginRound(port->port, out);
+  } else if (const auto* committed = std::get_if<RoundCommitted>(&input)) {
+    if (phase_ != Phase::kStarting || committed->round != round_ || !awaiting_commit_) return;
+    awaiting_commit_ = false;
+    ReserveOrBegin(out);
   }
 }
 
@@ -705,6 +767,17 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
     slots_[static_cast<size_t>(round_slots_[p])].plays = static_cast<int>(p);
   }
   phase_ = Phase::kStarting;
+  if (commit_rounds_) {
+    // Fencing (etcd): only the holder of the coordinator role can record the round; a deposed
+    // coordinator never hears RoundCommitted, so it never starts one.
+    awaiting_commit_ = true;
+    out.push_back(CommitRound{round_, restarts_used_});
+    return;
+  }
+  ReserveOrBegin(out);
+}
+
+void Coordinator::ReserveOrBegin(std::vector<CoordinatorEffect>& out) {
   if (spec_.cluster.store_port) {
     BeginRound(*spec_.cluster.store_port, out);
   } else {
@@ -947,7 +1020,8 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
     const Slot& slot = slots_[static_cast<size_t>(round_slots_[p])];
     if (slot.conn) {
       out.push_back(SendTo{*slot.conn, wire::StartRound{round_, store_port, longest_interval_ms_,
-                                                        static_cast<int32_t>(p), round_nodes}});
+                                                        static_cast<int32_t>(p), round_nodes,
+                                                        master_addr_}});
     }
   }
 }
@@ -1070,6 +1144,7 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
                                       FormatDuration(spec_.RestartBackoff(restarts_used_)))});
     phase_ = Phase::kBackoff;
     phase_deadline_ = now + spec_.RestartBackoff(restarts_used_);
+    if (commit_rounds_) out.push_back(RecordRestart{round_, restarts_used_});
     return;
   }
   EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes, never), out);
@@ -1178,6 +1253,7 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
                          std::vector<CoordinatorEffect>& out) {
   exit_code_ = exit_code;
   end_summary_ = std::move(summary);
+  if (commit_rounds_) out.push_back(RecordEnd{exit_code, end_summary_});
   phase_ = Phase::kEnding;
   phase_deadline_ = now + spec_.timeouts.ExitBarrier();
   // Who must hear the verdict before we exit: every connected node (it acknowledges, or its

@@ -41,6 +41,33 @@ class Coordinator {
   void RestoreQuarantine(const std::vector<QuarantinedHost>& hosts,
                          std::vector<CoordinatorEffect>& out);
 
+  /// rendezvous.backend = "etcd": before each round starts, the job's store must record it
+  /// (CommitRound, answered by RoundCommitted), and the budget, the end and the quarantine
+  /// are recorded there too (RecordEnd, RecordQuarantine).
+  void CommitRounds() { commit_rounds_ = true; }
+
+  /// rendezvous.backend = "etcd": this coordinator runs in agent `agent`'s process, on the host
+  /// `addr`. That agent plays node rank 0 (it trades places with the agent that held it), so
+  /// worker rank 0, its store and the store relay live with the coordinator, and every round's
+  /// MASTER_ADDR is `addr`. Before the first input.
+  void PlaceRankZero(int agent, std::string addr);
+
+  /// What an earlier holder of the coordinator role left in the job's store (etcd).
+  struct Legacy {
+    int next_round = 0;           // the number the next round takes
+    int restarts_used = 0;
+    bool round_may_run = false;   // it committed a round whose workers it never saw stop
+    std::optional<int> exit_code; // it ended the job with this code...
+    std::string summary;          // ...and told the agents this
+    std::string holder;           // who held the role: "node 1 (gpu-02)"
+  };
+  /// Takes the job over from `legacy`: the round numbers and the restart budget go on. A round
+  /// that may still run lost its coordinator: that is the round's failure (a lost node), it
+  /// spends a restart, and no round starts until the old workers are certainly gone (their
+  /// agents' lease). A job that had ended ends again with the same verdict. Before the first
+  /// input, after PlaceRankZero.
+  void TakeOver(TimePoint now, const Legacy& legacy, std::vector<CoordinatorEffect>& out);
+
   /// Feeds one input; appends the effects to `out`. Expired deadlines are handled first.
   void Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
 
@@ -186,6 +213,8 @@ class Coordinator {
   std::string QuarantineNote(TimePoint now) const;
   int Index(const Slot& slot) const { return static_cast<int>(&slot - slots_.data()); }
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
+  /// The round's store port: cluster.store_port, or one the host reserves (ReserveStorePort).
+  void ReserveOrBegin(std::vector<CoordinatorEffect>& out);
   Failure FailureOf(int node_rank, const wire::WorkerFailed& failed) const;
   void BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out);
   void ReviseRootCause(Failure failure, std::vector<CoordinatorEffect>& out);
@@ -263,6 +292,9 @@ class Coordinator {
   HangJudgement last_hang_judgement_;
   std::string secret_;
   uint64_t nonce_seed_ = 0;
+  bool commit_rounds_ = false;
+  bool awaiting_commit_ = false;      // CommitRound sent for round_, RoundCommitted not yet in
+  std::string master_addr_;           // PlaceRankZero: every round's MASTER_ADDR; "": the file's
 };
 
 }  // namespace ddprun::core

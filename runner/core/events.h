@@ -55,8 +55,14 @@ struct StorePortReady {
 };
 /// Nothing happened but time passed (a deadline).
 struct Tick {};
+/// The host's answer to CommitRound: the job's store holds the round, and this coordinator
+/// still held the coordinator role when it was written.
+struct RoundCommitted {
+  int round = 0;
+};
 
-using CoordinatorInput = std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, Tick>;
+using CoordinatorInput =
+    std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, RoundCommitted, Tick>;
 
 struct SendTo {
   ConnId conn = 0;
@@ -93,8 +99,32 @@ struct RecordQuarantine {
   std::vector<QuarantinedHost> hosts;
 };
 
+/// With rendezvous.backend = "etcd" (Coordinator::CommitRounds): before round `round` starts,
+/// the job's store must record it, and the restarts used, in a write that only the holder of
+/// the coordinator role can make (fencing); answer with RoundCommitted. A coordinator that was
+/// deposed gets no answer: its host steps it down.
+struct CommitRound {
+  int round = 0;
+  int restarts_used = 0;
+};
+/// With CommitRounds: every worker of the failed round is confirmed stopped and a restart is
+/// spent; round `next_round` comes next. A coordinator that takes over from here spends no
+/// restart for the stopped round.
+struct RecordRestart {
+  int next_round = 0;
+  int restarts_used = 0;
+};
+/// The job has ended with `exit_code`; `summary` is what every agent was told. A coordinator
+/// that takes over before every agent has heard it tells them the same (etcd); node 0's file
+/// journal records only that rounds may no longer run (RecordJournal).
+struct RecordEnd {
+  int exit_code = 0;
+  std::string summary;
+};
+
 using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone,
-                                       RecordJournal, RecordQuarantine>;
+                                       RecordJournal, RecordQuarantine, CommitRound, RecordRestart,
+                                       RecordEnd>;
 
 // ---- Agent ----------------------------------------------------------------------------
 

@@ -128,11 +128,11 @@ void Get(Reader& r, Progress& m) {
 }
 void Put(Writer& w, const StartRound& m) {
   w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms); w.I32(m.node_rank);
-  w.I32(m.nnodes);
+  w.I32(m.nnodes); w.Str(m.master_addr);
 }
 void Get(Reader& r, StartRound& m) {
   m.round = r.I32(); m.master_port = r.U16(); m.longest_interval_ms = r.I64(); m.node_rank = r.I32();
-  m.nnodes = r.I32();
+  m.nnodes = r.I32(); m.master_addr = r.Str();
 }
 void Put(Writer& w, const WorkerFailed& m) {
   w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I32(m.exit_code); w.I32(m.signal);

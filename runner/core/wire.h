@@ -78,6 +78,9 @@ struct StartRound {
   /// How many nodes the round runs with: fewer than cluster.nnodes when it shrank
   /// (cluster.min_nodes); 0: cluster.nnodes.
   int32_t nnodes = 0;
+  /// MASTER_ADDR of the round: the host of its rank 0 (rendezvous.backend = "etcd": wherever
+  /// the coordinator runs); "": cluster.master_addr.
+  std::string master_addr = "";
   bool operator==(const StartRound&) const = default;
 };
 

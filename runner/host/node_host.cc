@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/assert.h"
+#include "schema/worker_env.h"
 
 namespace ddprun::host {
 
@@ -25,9 +26,35 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       ports_(ports),
       on_exit_(std::move(on_exit)),
       agent_(spec, WithProgress(config, *ports.launcher)),
-      recorder_(spec, config, ports.events) {
+      recorder_(spec, config, ports.events),
+      agent_index_(config.node_rank),
+      canonical_(config.canonical),
+      secret_(config.secret),
+      instance_(config.instance) {
   DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
-  if (config.node_rank == 0) {
+  if (ports_.store) {
+    // etcd: whichever agent holds the role runs the coordinator, on its own host's address.
+    own_addr_ = spec.cluster.HostOf(config.node_rank);
+    Election::Listener listener;
+    listener.found = [this](const std::string& endpoint) {
+      if (!awaiting_coordinator_) return;
+      awaiting_coordinator_ = false;
+      ConnectTo(endpoint);
+    };
+    listener.lookup_failed = [this](const std::string& why) {
+      if (!awaiting_coordinator_) return;
+      awaiting_coordinator_ = false;
+      RunAgent(core::MasterConnectFailed{core::ConnectError::kOther, why});
+    };
+    listener.lead = [this](const std::optional<JobState>& previous) { Lead(previous); };
+    listener.step_down = [this](const std::string& why) { StepDown(why); };
+    listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
+    listener.flushed = [this] { MaybeFinish(); };
+    election_ = std::make_unique<Election>(spec, RunId(spec, config.fingerprint), config.node_rank,
+                                           fmt::format("{}:{}", own_addr_, spec.cluster.master_port),
+                                           *ports_.store, std::move(listener));
+    ports_.store->SetEvents(this);
+  } else if (config.node_rank == 0) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
     // The instance is the driver's randomness; it seeds the challenge nonces.
     if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
@@ -38,6 +65,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
 
 NodeHost::~NodeHost() {
   ports_.timer->Disarm();
+  if (ports_.store) ports_.store->SetEvents(nullptr);
   ports_.transport->SetEvents(nullptr);
   ports_.launcher->SetEvents(nullptr);
 }
@@ -69,11 +97,99 @@ Status NodeHost::Start() {
 void NodeHost::OnTimer() {
   RunAgent(core::Tick{});
   if (coordinator_) RunCoordinator(core::Tick{});
+  if (election_ && !finished_) {
+    election_->OnTick(ports_.clock->Now());
+    if (!finished_) Rearm();
+  }
+}
+
+void NodeHost::OnStoreResult(const StoreResult& result) {
+  if (!election_ || finished_) return;
+  election_->OnStoreResult(ports_.clock->Now(), result);
+  if (!finished_) Rearm();
+}
+
+void NodeHost::ConnectTo(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const auto port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
+  agent_.SetCoordinatorEndpoint(endpoint);
+  if (master_conn_) ports_.transport->Close(*master_conn_);
+  master_conn_ = ports_.transport->Connect(host, static_cast<uint16_t>(port));
+}
+
+void NodeHost::Lead(const std::optional<JobState>& previous) {
+  const TimePoint now = ports_.clock->Now();
+  if (!listening_) {
+    const Status listening = ports_.transport->Listen(own_addr_, spec_.cluster.master_port);
+    if (!listening) {
+      ports_.console->Log(core::LogLevel::kError, "coordinator",
+                          fmt::format("this agent holds the coordinator role but cannot listen: {}; "
+                                      "letting it go",
+                                      listening.error()));
+      election_->Resign(now);
+      return;
+    }
+    listening_ = true;
+  }
+  coordinator_ = std::make_unique<core::Coordinator>(spec_, canonical_, now);
+  coordinator_done_ = false;
+  coordinator_->CommitRounds();
+  coordinator_->PlaceRankZero(agent_index_, own_addr_);
+  if (!secret_.empty()) coordinator_->RequireSecret(secret_, instance_);
+  ports_.console->Log(core::LogLevel::kInfo, "coordinator",
+                      fmt::format("this agent holds the coordinator role now (etcd key {}, "
+                                  "rendezvous.lease = {}); it plays node rank 0, and {} is every "
+                                  "round's MASTER_ADDR",
+                                  election_->role_key(), FormatDuration(spec_.rendezvous.lease), own_addr_));
+  if (previous) {
+    core::Coordinator::Legacy legacy;
+    legacy.next_round = previous->next_round;
+    legacy.restarts_used = previous->restarts_used;
+    legacy.round_may_run = previous->running;
+    legacy.exit_code = previous->exit_code;
+    legacy.summary = previous->summary;
+    legacy.holder = previous->holder.empty() ? "the previous coordinator" : previous->holder;
+    coordinator_->TakeOver(now, legacy, coordinator_effects_);
+  }
+  if (!election_->state().quarantined.empty()) {
+    coordinator_->RestoreQuarantine(election_->state().quarantined, coordinator_effects_);
+  }
+  RunCoordinator(core::Tick{});
+}
+
+void NodeHost::StepDown(const std::string& why) {
+  if (!coordinator_) return;
+  ports_.console->Log(core::LogLevel::kWarn, "coordinator",
+                      fmt::format("this agent no longer holds the coordinator role: {}; closing its "
+                                  "agents' connections (they stop their workers and look for the "
+                                  "new holder)",
+                                  why));
+  std::vector<ConnId> accepted;
+  for (const auto& [conn, decoder] : decoders_) {
+    if (conn != master_conn_) accepted.push_back(conn);
+  }
+  std::sort(accepted.begin(), accepted.end());  // the simulator replays this order
+  for (ConnId conn : accepted) {
+    ports_.transport->Close(conn);
+    decoders_.erase(conn);
+  }
+  ports_.transport->SetStoreRelay(0);
+  coordinator_.reset();
+  coordinator_done_ = false;
+  MaybeFinish();
+  if (!finished_) Rearm();
 }
 
 void NodeHost::OnSignal(int signal) { RunAgent(core::SignalReceived{signal}); }
 
 void NodeHost::OnAccepted(ConnId conn, std::string peer_addr) {
+  if (election_ && !coordinator_) {
+    // Stepped down: nobody here answers; the agent looks the holder up again.
+    ports_.transport->Close(conn);
+    return;
+  }
   decoders_.emplace(conn, wire::Decoder{});
   if (coordinator_) RunCoordinator(core::PeerAccepted{conn, std::move(peer_addr)});
 }
@@ -147,8 +263,19 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
     auto& effect = effects[i];
     recorder_.AgentEffect(now, effect);
     if (std::holds_alternative<core::ConnectToMaster>(effect)) {
-      if (master_conn_) ports_.transport->Close(*master_conn_);
-      master_conn_ = ports_.transport->Connect(spec_.cluster.master_addr, spec_.cluster.master_port);
+      if (master_conn_) {
+        ports_.transport->Close(*master_conn_);
+        decoders_.erase(*master_conn_);
+        master_conn_.reset();
+      }
+      if (election_) {
+        // Answered by ConnectTo, at once while this agent holds the role, or by a connect
+        // failure the agent retries.
+        awaiting_coordinator_ = true;
+        election_->Lookup(now);
+      } else {
+        master_conn_ = ports_.transport->Connect(spec_.cluster.master_addr, spec_.cluster.master_port);
+      }
     } else if (auto* send = std::get_if<core::SendToMaster>(&effect)) {
       if (master_conn_) ports_.transport->Send(*master_conn_, wire::Encode(send->message));
     } else if (std::holds_alternative<core::DisconnectFromMaster>(effect)) {
@@ -210,9 +337,23 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "coordinator", log->text);
     } else if (auto* record = std::get_if<core::RecordJournal>(&effect)) {
-      if (ports_.journal) ports_.journal->Record(record->rounds_may_run);
+      if (election_) {
+        if (!record->rounds_may_run) election_->RecordDone(now);
+      } else if (ports_.journal) {
+        ports_.journal->Record(record->rounds_may_run);
+      }
     } else if (auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
-      if (ports_.journal) ports_.journal->RecordQuarantine(quarantine->hosts);
+      if (election_) {
+        election_->RecordQuarantine(now, quarantine->hosts);
+      } else if (ports_.journal) {
+        ports_.journal->RecordQuarantine(quarantine->hosts);
+      }
+    } else if (auto* commit = std::get_if<core::CommitRound>(&effect)) {
+      if (election_) election_->Commit(now, commit->round, commit->restarts_used);
+    } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
+      if (election_) election_->RecordRestart(now, restart->next_round, restart->restarts_used);
+    } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
+      if (election_) election_->RecordEnd(now, end->exit_code, end->summary);
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
@@ -243,6 +384,10 @@ void NodeHost::Rearm() {
     auto c = coordinator_->NextDeadline();
     if (c && (!next || *c < *next)) next = c;
   }
+  if (election_) {
+    auto e = election_->NextDeadline();
+    if (e && (!next || *e < *next)) next = e;
+  }
   if (next) {
     ports_.timer->ArmAt(*next);
   } else {
@@ -253,7 +398,9 @@ void NodeHost::Rearm() {
 void NodeHost::MaybeFinish() {
   if (finished_ || !agent_exit_) return;
   if (coordinator_ && !coordinator_done_) return;  // node 0 stays until the exit barrier passes
+  if (election_ && election_->Writing()) return;   // the job's state is not in etcd yet
   finished_ = true;
+  if (election_) election_->Resign(ports_.clock->Now());
   ports_.timer->Disarm();
   if (master_conn_) {
     ports_.transport->Close(*master_conn_);

@@ -12,6 +12,7 @@
 
 #include "runner/core/agent.h"
 #include "runner/core/coordinator.h"
+#include "runner/host/election.h"
 #include "runner/host/event_recorder.h"
 #include "runner/host/metrics_text.h"
 #include "runner/host/ports.h"
@@ -29,7 +30,7 @@ struct Ports {
   Store* store = nullptr;      // rendezvous.backend = "etcd"; null: the coordinator lives on node 0
 };
 
-class NodeHost final : public TransportEvents, public ProcessEvents {
+class NodeHost final : public TransportEvents, public ProcessEvents, public StoreEvents {
  public:
   /// `on_exit` is called once, when this node is finished, with the process exit code.
   NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
@@ -37,7 +38,9 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   ~NodeHost() override;
 
   /// Node 0 listens on master_addr:master_port and starts the coordinator; then the agent
-  /// starts connecting. Fails with why node 0 cannot listen (the caller exits 3).
+  /// starts connecting. Fails with why node 0 cannot listen (the caller exits 3). With etcd
+  /// (Ports::store), no node starts a coordinator here: the agent looks the holder of the role
+  /// up when it connects, and campaigns for it when there is none.
   Status Start();
 
   /// The driver calls this when the armed time has come.
@@ -61,9 +64,19 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   void OnWorkerExited(const core::WorkerExited& exited) override;
   void OnWorkerSpawnFailed(const core::WorkerSpawnFailed& failed) override;
   void OnBeacon(const core::Beacon& beacon) override;
+  // StoreEvents
+  void OnStoreResult(const StoreResult& result) override;
+  /// With etcd: the election (null without).
+  const Election* election() const { return election_.get(); }
 
  private:
   void RunAgent(const core::AgentInput& input);
+  /// With etcd: this agent now holds the coordinator role; `previous` is what the last holder
+  /// left in the store.
+  void Lead(const std::optional<JobState>& previous);
+  void StepDown(const std::string& why);
+  /// Connects the agent to the coordinator at "host:port".
+  void ConnectTo(const std::string& endpoint);
   void RunCoordinator(const core::CoordinatorInput& input);
   void Rearm();
   void MaybeFinish();
@@ -74,6 +87,14 @@ class NodeHost final : public TransportEvents, public ProcessEvents {
   core::Agent agent_;
   EventRecorder recorder_;
   std::unique_ptr<core::Coordinator> coordinator_;
+  std::unique_ptr<Election> election_;
+  bool listening_ = false;
+  std::string own_addr_;      // etcd: this agent's host, where it listens when it holds the role
+  int agent_index_ = 0;       // which agent this is: the nodes, then the spares
+  std::string canonical_;
+  std::string secret_;
+  uint64_t instance_ = 0;
+  bool awaiting_coordinator_ = false;   // etcd: the agent's connect waits for a lookup
   std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at
   // 16,384 connections on node 0.

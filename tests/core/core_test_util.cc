@@ -40,6 +40,15 @@ struct CoordinatorNamer {
     for (const auto& h : e.hosts) text += fmt::format(" {} ({} times, {} ms left)", h.host, h.times, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count()));
     return text;
   }
+  std::string operator()(const CommitRound& e) const {
+    return fmt::format("commit round {} ({} restarts used)", e.round, e.restarts_used);
+  }
+  std::string operator()(const RecordRestart& e) const {
+    return fmt::format("record restart: next round {} ({} restarts used)", e.next_round, e.restarts_used);
+  }
+  std::string operator()(const RecordEnd& e) const {
+    return fmt::format("record end: exit {}", e.exit_code);
+  }
 };
 
 struct AgentNamer {

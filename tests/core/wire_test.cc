@@ -24,7 +24,7 @@ std::vector<Message> Samples() {
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8", false},
       Reject{"node rank 1 is claimed twice", true},
       Progress{2, 4, {2, 3}, 41'000, 900'000},
-      StartRound{7, 65535},
+      StartRound{7, 65535, 0, -1, 0, ""},
       WorkerFailed{2, 13, 5, -1, 9, std::string("NCCL error\0with a NUL\n", 22), "{\"message\": 1}"},
       NodeDone{1},
       StopRound{3, "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1"},
@@ -39,7 +39,7 @@ std::vector<Message> Samples() {
       RankStacks{2, {RankState{12, 4711, 100, "File \"train.py\", line 88 in main\n"},
                      RankState{13, -1, 61'000, ""}}},
       RankProgress{2, {RankRate{12, 4711, 180'000, 250'000, 2'100}, RankRate{13, 4700, -1, -1, 0}}},
-      StartRound{8, 29501, 2'100},
+      StartRound{8, 29501, 2'100, 1, 3, "gpu-02.cluster"},
   };
 }
 
@@ -103,10 +103,10 @@ TEST(WireTest, SamplesCoverEveryMessageType) {
 }
 
 TEST(WireTest, HeaderLayoutIsMagicVersionTypeReservedLengthPayload) {
-  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102, 3, 2});
-  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 22, 0, 0, 0,
+  const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102, 3, 2, "ab"});
+  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 28, 0, 0, 0,
                           0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0, 0, 0, 0,
-                          3, 0, 0, 0, 2, 0, 0, 0};
+                          3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 'a', 'b'};
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(Encode(Heartbeat{}), (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 0, 0, 0, 0}));
 }
@@ -137,7 +137,7 @@ TEST(WireTest, ExtremeValuesRoundTrip) {
       Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, "", ""},
       Progress{0, 0, {}, INT64_MIN, INT64_MAX},
       WorkerFailed{INT32_MAX, -1, -2, INT32_MIN, INT32_MAX, "", ""},
-      StartRound{0, 0},
+      StartRound{0, 0, 0, -1, 0, std::string(300, 'h')},
   };
   for (const Message& original : extremes) {
     Decoder decoder;

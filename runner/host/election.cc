@@ -1,0 +1,337 @@
+#include "runner/host/election.h"
+
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "base/parse_int.h"
+
+namespace ddprun::host {
+
+namespace {
+
+// A write or a renewal that could not reach the store is tried again after this, for as long
+// as the lease certainly lives.
+constexpr Duration kRetry = Millis(500);
+
+std::string Field(std::string_view text, std::string_view key) {
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(begin, end - begin);
+    if (line.size() > key.size() && line.substr(0, key.size()) == key && line[key.size()] == '=') {
+      return std::string(line.substr(key.size() + 1));
+    }
+    begin = end + 1;
+  }
+  return "";
+}
+
+std::optional<int> IntField(std::string_view text, std::string_view key) {
+  const std::string value = Field(text, key);
+  const auto n = ParseNonNegative(value, 1'000'000'000);
+  if (!n) return std::nullopt;
+  return static_cast<int>(*n);
+}
+
+std::string AgentLabel(const JobSpec& spec, int agent) {
+  const bool spare = agent >= spec.cluster.nnodes;
+  const std::string host = spec.cluster.HostOf(agent);
+  return fmt::format("{} {}{}", spare ? "spare" : "node", spare ? agent - spec.cluster.nnodes : agent,
+                     host.empty() ? "" : fmt::format(" ({})", host));
+}
+
+}  // namespace
+
+// One field per line, the summary last (it spans lines). Quarantined hosts carry the time
+// left when written: a holder that takes over counts it from then (a host stays out a little
+// longer, never shorter, by the time the takeover took).
+std::string JobState::Format() const {
+  std::string out = fmt::format("ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\ndone={}\nholder={}\n",
+                                next_round, restarts_used, running ? 1 : 0, done ? 1 : 0, holder);
+  for (const core::QuarantinedHost& q : quarantined) {
+    const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(q.left).count();
+    out += fmt::format("quarantine={} {} {}\n", std::max<int64_t>(left_ms, 0), q.times, q.host);
+  }
+  if (exit_code) out += fmt::format("exit={}\nsummary={}", *exit_code, summary);
+  return out;
+}
+
+std::optional<JobState> JobState::Parse(const std::string& text) {
+  if (Field(text, "ddprun-state") != "1") return std::nullopt;
+  JobState state;
+  const auto next = IntField(text, "next_round");
+  const auto restarts = IntField(text, "restarts");
+  if (!next || !restarts) return std::nullopt;
+  state.next_round = *next;
+  state.restarts_used = *restarts;
+  state.running = Field(text, "running") == "1";
+  state.done = Field(text, "done") == "1";
+  state.holder = Field(text, "holder");
+  size_t begin = 0;
+  while ((begin = text.find("\nquarantine=", begin)) != std::string::npos) {
+    begin += 12;
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    const std::string line = text.substr(begin, end - begin);
+    const size_t a = line.find(' ');
+    const size_t b = a == std::string::npos ? a : line.find(' ', a + 1);
+    if (b == std::string::npos) continue;
+    const auto left = ParseNonNegative(line.substr(0, a), int64_t{1} << 50);
+    const auto times = ParseNonNegative(line.substr(a + 1, b - a - 1), 1'000'000);
+    if (!left || !times) continue;
+    state.quarantined.push_back(core::QuarantinedHost{line.substr(b + 1), Millis(*left), static_cast<int>(*times)});
+  }
+  if (const auto exit = IntField(text, "exit")) {
+    state.exit_code = *exit;
+    const size_t at = text.find("\nsummary=");
+    if (at != std::string::npos) state.summary = text.substr(at + 9);
+  }
+  return state;
+}
+
+Election::Election(const JobSpec& spec, const std::string& run_id, int agent, std::string endpoint,
+                   Store& store, Listener listener)
+    : spec_(spec),
+      agent_(agent),
+      endpoint_(std::move(endpoint)),
+      store_(store),
+      listener_(std::move(listener)) {
+  const std::string base = fmt::format("{}/{}/{}", spec.rendezvous.prefix == "/" ? "" : spec.rendezvous.prefix,
+                                       spec.job.name, run_id);
+  role_key_ = base + "/coordinator";
+  state_key_ = base + "/state";
+  value_ = fmt::format("agent={}\nendpoint={}\nname={}", agent_, endpoint_, AgentLabel(spec, agent_));
+  state_.holder = AgentLabel(spec, agent_);
+}
+
+Duration Election::StepDownMargin(Duration lease) { return std::max<Duration>(lease / 5, Millis(400)); }
+
+void Election::Lookup(TimePoint now) {
+  (void)now;
+  if (phase_ == Phase::kLeading) {
+    listener_.found(endpoint_);
+    return;
+  }
+  wanted_ = true;
+  if (phase_ != Phase::kIdle) return;  // the answer is on its way
+  phase_ = Phase::kLooking;
+  pending_ = store_.Get(role_key_);
+}
+
+void Election::Fail(const std::string& why) {
+  phase_ = Phase::kIdle;
+  pending_ = 0;
+  if (!wanted_) return;
+  wanted_ = false;
+  listener_.lookup_failed(why);
+}
+
+void Election::Campaign(TimePoint now) {
+  phase_ = Phase::kGranting;
+  keepalive_sent_ = now;
+  pending_ = store_.Grant(spec_.rendezvous.lease);
+}
+
+void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
+  if (result.id == 0) return;
+  if (result.id == keepalive_id_) {
+    keepalive_id_ = 0;
+    if (phase_ != Phase::kLeading) return;
+    if (!result.error.empty()) {
+      next_keepalive_ = now + kRetry;
+    } else if (result.ttl <= Duration::zero()) {
+      StepDown(now, "its etcd lease has ended");
+    } else {
+      valid_until_ = keepalive_sent_ + result.ttl;
+      next_keepalive_ = keepalive_sent_ + result.ttl / 3;
+    }
+    return;
+  }
+  if (result.id == write_id_) {
+    write_id_ = 0;
+    if (phase_ != Phase::kLeading) return;
+    if (!result.error.empty()) {
+      dirty_ = true;
+      retry_write_at_ = now + kRetry;
+      return;
+    }
+    if (!result.succeeded) {
+      StepDown(now, "another agent holds the coordinator role now");
+      return;
+    }
+    if (written_commit_ && commit_round_ == written_commit_) {
+      const int round = *commit_round_;
+      commit_round_.reset();
+      listener_.committed(round);
+      if (phase_ != Phase::kLeading) return;
+    }
+    MaybeWrite(now);
+    if (!Writing()) listener_.flushed();
+    return;
+  }
+  if (result.id != pending_) return;  // a revoke, or an answer we no longer wait for
+  pending_ = 0;
+  const std::string etcd_error = result.error.empty() ? "" : "etcd: " + result.error;
+  switch (phase_) {
+    case Phase::kLooking: {
+      if (!result.error.empty()) return Fail(etcd_error);
+      if (!result.entry) return Campaign(now);
+      phase_ = Phase::kIdle;
+      const std::string endpoint = Field(result.entry->value, "endpoint");
+      if (endpoint.empty()) return Fail(fmt::format("etcd: {} holds no endpoint", role_key_));
+      if (wanted_) {
+        wanted_ = false;
+        listener_.found(endpoint);
+      }
+      return;
+    }
+    case Phase::kGranting:
+      if (!result.error.empty()) return Fail(etcd_error);
+      lease_ = result.lease;
+      valid_until_ = keepalive_sent_ + result.ttl;
+      phase_ = Phase::kCampaigning;
+      pending_ = store_.PutIf(role_key_, 0, {StorePut{role_key_, value_, lease_}});
+      return;
+    case Phase::kCampaigning:
+      if (!result.error.empty() || !result.succeeded) {
+        store_.Revoke(lease_);
+        lease_ = 0;
+        if (!result.error.empty()) return Fail(etcd_error);
+        phase_ = Phase::kIdle;
+        const std::string endpoint = result.entry ? Field(result.entry->value, "endpoint") : "";
+        if (endpoint.empty()) return Fail("etcd: the coordinator role was taken and let go meanwhile");
+        if (wanted_) {
+          wanted_ = false;
+          listener_.found(endpoint);
+        }
+        return;
+      }
+      role_revision_ = result.revision;
+      phase_ = Phase::kReading;
+      pending_ = store_.Get(state_key_);
+      return;
+    case Phase::kReading: {
+      if (!result.error.empty()) {
+        store_.Revoke(lease_);
+        lease_ = 0;
+        return Fail(etcd_error);
+      }
+      std::optional<JobState> previous;
+      if (result.entry) previous = JobState::Parse(result.entry->value);
+      if (previous && previous->done) {
+        // An earlier launch of the job ended: this one starts afresh, its quarantine kept.
+        state_.quarantined = previous->quarantined;
+        previous.reset();
+      } else if (previous) {
+        state_ = *previous;
+      }
+      state_.holder = AgentLabel(spec_, agent_);
+      phase_ = Phase::kLeading;
+      next_keepalive_ = keepalive_sent_ + spec_.rendezvous.lease / 3;
+      listener_.lead(previous);
+      if (phase_ == Phase::kLeading && wanted_) {
+        wanted_ = false;
+        listener_.found(endpoint_);
+      }
+      return;
+    }
+    case Phase::kIdle:
+    case Phase::kLeading:
+      return;
+  }
+}
+
+void Election::OnTick(TimePoint now) {
+  if (phase_ != Phase::kLeading) return;
+  if (now >= valid_until_ - StepDownMargin(spec_.rendezvous.lease)) {
+    StepDown(now, fmt::format("it could not renew its etcd lease (rendezvous.lease = {}) in time",
+                              FormatDuration(spec_.rendezvous.lease)));
+    return;
+  }
+  if (keepalive_id_ == 0 && now >= next_keepalive_) {
+    keepalive_sent_ = now;
+    keepalive_id_ = store_.KeepAlive(lease_);
+  }
+  if (retry_write_at_ && now >= *retry_write_at_) {
+    retry_write_at_.reset();
+    MaybeWrite(now);
+  }
+}
+
+std::optional<TimePoint> Election::NextDeadline() const {
+  if (phase_ != Phase::kLeading) return std::nullopt;
+  TimePoint next = valid_until_ - StepDownMargin(spec_.rendezvous.lease);
+  if (keepalive_id_ == 0) next = std::min(next, next_keepalive_);
+  if (retry_write_at_) next = std::min(next, *retry_write_at_);
+  return next;
+}
+
+void Election::StepDown(TimePoint now, const std::string& why) {
+  const bool wanted = wanted_;
+  wanted_ = false;
+  Resign(now);
+  wanted_ = wanted;
+  listener_.step_down(why);
+}
+
+void Election::Resign(TimePoint now) {
+  (void)now;
+  if (lease_ != 0) store_.Revoke(lease_);
+  lease_ = 0;
+  role_revision_ = 0;
+  keepalive_id_ = 0;
+  write_id_ = 0;
+  dirty_ = false;
+  commit_round_.reset();
+  written_commit_.reset();
+  retry_write_at_.reset();
+  Fail("this agent let the coordinator role go");
+}
+
+void Election::MaybeWrite(TimePoint now) {
+  if (phase_ != Phase::kLeading || write_id_ != 0 || !dirty_) return;
+  if (retry_write_at_ && now < *retry_write_at_) return;
+  dirty_ = false;
+  written_commit_ = commit_round_;
+  write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, state_.Format(), 0}});
+}
+
+void Election::Commit(TimePoint now, int round, int restarts_used) {
+  state_.next_round = round + 1;
+  state_.restarts_used = restarts_used;
+  state_.running = true;
+  commit_round_ = round;
+  dirty_ = true;
+  MaybeWrite(now);
+}
+
+void Election::RecordRestart(TimePoint now, int next_round, int restarts_used) {
+  state_.next_round = next_round;
+  state_.restarts_used = restarts_used;
+  state_.running = false;
+  dirty_ = true;
+  MaybeWrite(now);
+}
+
+void Election::RecordEnd(TimePoint now, int exit_code, const std::string& summary) {
+  state_.exit_code = exit_code;
+  state_.summary = summary;
+  dirty_ = true;
+  MaybeWrite(now);
+}
+
+void Election::RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts) {
+  state_.quarantined = hosts;
+  dirty_ = true;
+  MaybeWrite(now);
+}
+
+void Election::RecordDone(TimePoint now) {
+  state_.done = true;
+  state_.running = false;
+  dirty_ = true;
+  MaybeWrite(now);
+}
+
+}  // namespace ddprun::host

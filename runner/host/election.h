@@ -1,0 +1,127 @@
+#pragma once
+// rendezvous.backend = "etcd": who holds the coordinator role, and the job's state, in the
+// job's store (host::Store). Every agent looks the holder up when it needs a coordinator; when
+// there is none it campaigns (a lease, and a put that only succeeds on an absent key); the
+// holder renews its lease, steps down before the lease can end, and writes the job's state only
+// while it still holds the role (every write compares the role key's create revision: fencing).
+// Deterministic and free of I/O: the same code runs under the real driver and the simulator.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runner/core/coordinator.h"
+#include "runner/host/ports.h"
+#include "schema/job_spec.h"
+
+namespace ddprun::host {
+
+/// The job's state as the store keeps it under <prefix>/<job>/<run id>/state.
+struct JobState {
+  int next_round = 0;
+  int restarts_used = 0;
+  bool running = false;           // a round was committed and its workers not seen to stop
+  bool done = false;              // the job ended and every agent heard it: a new launch starts afresh
+  std::optional<int> exit_code;   // the job ended with this (done or not)
+  std::string summary;            // what the agents were told at the end
+  std::string holder;             // who wrote this: "node 1 (gpu-02)"
+  std::vector<core::QuarantinedHost> quarantined;
+  bool operator==(const JobState&) const = default;
+
+  std::string Format() const;
+  /// nullopt when `text` is not a state this version wrote.
+  static std::optional<JobState> Parse(const std::string& text);
+};
+
+class Election {
+ public:
+  /// What the election tells its host; each is called from a Store answer or a Tick.
+  struct Listener {
+    /// A lookup found the coordinator at "host:port".
+    std::function<void(const std::string& endpoint)> found;
+    /// A lookup could not be answered (etcd unreachable, or the campaign failed): why.
+    std::function<void(const std::string& why)> lookup_failed;
+    /// This agent holds the role now; `state` is what the previous holder left (nullopt: none,
+    /// or a job that was done).
+    std::function<void(const std::optional<JobState>& state)> lead;
+    /// This agent no longer holds the role (its lease may have ended, or another holds it).
+    std::function<void(const std::string& why)> step_down;
+    /// CommitRound(round) is in the store.
+    std::function<void(int round)> committed;
+    /// Every write is in the store (or can no longer be made).
+    std::function<void()> flushed;
+  };
+
+  /// `agent` is this agent's index (nodes, then spares); `endpoint` where its coordinator would
+  /// listen ("host:port").
+  Election(const JobSpec& spec, const std::string& run_id, int agent, std::string endpoint,
+           Store& store, Listener listener);
+
+  /// The agent wants its coordinator: answered by `found` or `lookup_failed` (at once when
+  /// this agent holds the role).
+  void Lookup(TimePoint now);
+  bool leading() const { return phase_ == Phase::kLeading; }
+  /// The job's state as this holder last wrote it (or read it when it took over).
+  const JobState& state() const { return state_; }
+  const std::string& endpoint() const { return endpoint_; }
+
+  /// Lets the role go without a step_down (the job is over here, or this agent cannot serve
+  /// it): the lease is revoked, so the next holder need not wait for it to end. A lookup
+  /// waiting for its answer fails.
+  void Resign(TimePoint now);
+
+  // The coordinator's records, while leading: each rewrites the state, fenced.
+  void Commit(TimePoint now, int round, int restarts_used);
+  void RecordRestart(TimePoint now, int next_round, int restarts_used);
+  void RecordEnd(TimePoint now, int exit_code, const std::string& summary);
+  void RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts);
+  void RecordDone(TimePoint now);
+  /// Writes are waiting or in flight.
+  bool Writing() const { return leading() && (dirty_ || write_id_ != 0); }
+
+  void OnStoreResult(TimePoint now, const StoreResult& result);
+  void OnTick(TimePoint now);
+  std::optional<TimePoint> NextDeadline() const;
+
+  /// The key names, for tests and the docs: <prefix>/<job>/<run id>/coordinator and /state.
+  const std::string& role_key() const { return role_key_; }
+  const std::string& state_key() const { return state_key_; }
+  /// When a holder steps down at the latest: this long before its lease can end in etcd.
+  static Duration StepDownMargin(Duration lease);
+
+ private:
+  enum class Phase { kIdle, kLooking, kGranting, kCampaigning, kReading, kLeading };
+
+  void Campaign(TimePoint now);
+  void StepDown(TimePoint now, const std::string& why);
+  void MaybeWrite(TimePoint now);
+  void Fail(const std::string& why);
+
+  const JobSpec& spec_;
+  int agent_;
+  std::string endpoint_;
+  std::string value_;  // what this agent writes under the role key
+  std::string role_key_;
+  std::string state_key_;
+  Store& store_;
+  Listener listener_;
+  Phase phase_ = Phase::kIdle;
+  uint64_t pending_ = 0;          // the id of the lookup/campaign request in flight
+  bool wanted_ = false;           // a Lookup waits for its answer
+  int64_t lease_ = 0;
+  int64_t role_revision_ = 0;     // the role key's create revision while leading
+  uint64_t keepalive_id_ = 0;
+  TimePoint keepalive_sent_{};
+  TimePoint next_keepalive_{};
+  TimePoint valid_until_{};       // our lease certainly lives until then (from the send times)
+  JobState state_;
+  bool dirty_ = false;
+  uint64_t write_id_ = 0;
+  std::optional<int> commit_round_;   // a CommitRound not yet answered
+  std::optional<int> written_commit_; // the commit the write in flight carries
+  std::optional<TimePoint> retry_write_at_;
+};
+
+}  // namespace ddprun::host
