@@ -138,6 +138,12 @@ void TomlReader::CheckKeys(const toml::table& table, const SectionSpec& section,
                          prefix.empty() ? std::string(" at the top level")
                                         : fmt::format(" in [{}]", prefix),
                          JoinNames(allowed));
+      // [rendezvous] timeout = ...: the table exists (the etcd backend), but the rendezvous
+      // timeout is a key of [timeouts].
+      if (auto key_home = SectionOf(section.name, section.name); key_home && !prefix.empty()) {
+        hint += fmt::format("; `{}` is also a key of [{}]: `{}.{}`", section.name, *key_home, *key_home,
+                            section.name);
+      }
     }
     diags_.Error(LocOf(key.source()), Dotted(prefix, name),
                  table_header ? fmt::format("unknown table [{}]", name)

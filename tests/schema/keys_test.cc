@@ -48,6 +48,15 @@ max_restarts = 1
 backoff = "10s"
 backoff_max = "1m"
 never_on = ["SyntaxError", "exit:2"]
+[rendezvous]
+backend = "etcd"
+endpoints = ["https://a:2379", "https://b:2379"]
+prefix = "/jobs"
+lease = "5s"
+ca_file = "ca.pem"
+cert_file = "client.pem"
+key_file = "client-key.pem"
+user = "ddprun"
 [timeouts]
 rendezvous = "15m"
 heartbeat = "2s"
@@ -253,7 +262,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 22);
+  EXPECT_EQ(checked, 25);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");

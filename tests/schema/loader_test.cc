@@ -1,6 +1,7 @@
 // Job file rules: every check of schema/loader.cc with its exact message, location and hint.
 #include <gtest/gtest.h>
 
+#include "schema/canonical.h"
 #include "tests/schema/test_util.h"
 
 namespace ddprun {
@@ -421,9 +422,15 @@ TEST(Loader, HintsThatWork) {
   EXPECT_EQ(Diags(Parse(head + "nnodes = \"two\"\n")),
             "6:10: error: cluster.nnodes must be an integer, not a string\n");
   EXPECT_EQ(Diags(Parse(head + "nnodes = 1\n[rendezvous]\ntimeout = \"5m\"\n")),
-            "7:2: error: unknown table [rendezvous]\n"
-            "  hint: there is no [rendezvous] table; `rendezvous` is a key of [timeouts]: write "
-            "`rendezvous = ...` under [timeouts]\n");
+            "8:1: error: unknown key `rendezvous.timeout`\n"
+            "  hint: known keys in [rendezvous]: backend, endpoints, prefix, lease, ca_file, "
+            "cert_file, key_file, user; `rendezvous` is also a key of [timeouts]: "
+            "`timeouts.rendezvous`\n");
+  // A table named after a key that has no table of its own still says where the key goes.
+  EXPECT_EQ(Diags(Parse(head + "nnodes = 1\n[heartbeat]\nevery = \"5s\"\n")),
+            "7:2: error: unknown table [heartbeat]\n"
+            "  hint: there is no [heartbeat] table; `heartbeat` is a key of [timeouts]: write "
+            "`heartbeat = ...` under [timeouts]\n");
 }
 
 TEST(Loader, RestartBackoffDoublesUpToBackoffMax) {
@@ -642,6 +649,95 @@ TEST(Loader, QuarantineKeysAndTheirDefaults) {
             std::string::npos);
   EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "[quarantine]\nfailres = 2\n")).find("did you mean `failures`"),
             std::string::npos);
+}
+
+
+// [rendezvous]: the etcd backend's settings and every check on them.
+TEST(Loader, RendezvousDefaultsToTheAgentAndReadsEtcdSettings) {
+  auto plain = Parse(testing::kBaseJob);
+  ASSERT_TRUE(plain.spec);
+  EXPECT_FALSE(plain.spec->rendezvous.Etcd());
+
+  auto r = Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\n"
+                          "endpoints = [\"http://10.0.0.1:2379\", \"https://[fd00::2]:2379/\"]\n"
+                          "prefix = \"/team/ddprun\"\nlease = \"4s\"\nuser = \"trainer\"\n"));
+  ASSERT_TRUE(r.spec) << Diags(r);
+  EXPECT_EQ(Diags(r), "");
+  const auto& rv = r.spec->rendezvous;
+  EXPECT_TRUE(rv.Etcd());
+  EXPECT_EQ(rv.endpoints, (std::vector<std::string>{"http://10.0.0.1:2379", "https://[fd00::2]:2379/"}));
+  EXPECT_EQ(rv.prefix, "/team/ddprun");
+  EXPECT_EQ(rv.lease, Seconds(4));
+  EXPECT_EQ(rv.user, "trainer");
+}
+
+TEST(Loader, RendezvousErrorsPointAtTheValueAndSayWhatToWrite) {
+  EXPECT_EQ(Diags(Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\n"))),
+            "13:11: error: rendezvous.backend = \"etcd\" needs rendezvous.endpoints\n"
+            "  hint: e.g. endpoints = [\"http://10.0.0.1:2379\", \"http://10.0.0.2:2379\", "
+            "\"http://10.0.0.3:2379\"]\n");
+  EXPECT_EQ(Diags(Parse(WithBase("[rendezvous]\nbackend = \"zookeeper\"\n"))),
+            "13:11: error: rendezvous.backend = \"zookeeper\" is not a backend\n"
+            "  hint: write \"agent\" (node 0's agent keeps the state; the default) or \"etcd\"\n");
+  const auto urls = Diags(Parse(WithBase(
+      "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"10.0.0.1:2379\", \"http://a:2379/v3\", "
+      "\"http://a\", \"http://a:0\", \"http://b:2379\", \"http://b:2379\"]\n")));
+  EXPECT_NE(urls.find("\"10.0.0.1:2379\" is not an etcd URL: it must begin with http:// or https://"), std::string::npos) << urls;
+  EXPECT_NE(urls.find("\"http://a:2379/v3\" is not an etcd URL: it must not have a path"), std::string::npos) << urls;
+  EXPECT_NE(urls.find("\"http://a\" is not an etcd URL: it needs a host and a port"), std::string::npos) << urls;
+  EXPECT_NE(urls.find("\"http://a:0\" is not an etcd URL: \"0\" is not a port (1..65535)"), std::string::npos) << urls;
+  EXPECT_NE(urls.find("rendezvous.endpoints lists \"http://b:2379\" twice"), std::string::npos) << urls;
+  EXPECT_NE(Diags(Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\nendpoints = []\n")))
+                .find("rendezvous.endpoints must list at least one etcd member"),
+            std::string::npos);
+
+  const std::string etcd = "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"http://e:2379\"]\n";
+  EXPECT_EQ(Diags(Parse(WithBase(etcd + "lease = \"1s\"\n"))),
+            "15:9: error: rendezvous.lease = \"1s\" is too short\n"
+            "  hint: the coordinator renews it every third of it and steps down before it ends: give "
+            "etcd at least 2s (\"10s\" is the default)\n");
+  EXPECT_NE(Diags(Parse(WithBase(etcd + "lease = \"20m\"\n")))
+                .find("rendezvous.lease = \"20m\" is not shorter than timeouts.rendezvous = \"15m\""),
+            std::string::npos);
+  EXPECT_NE(Diags(Parse(WithBase(etcd + "prefix = \"ddprun\"\n")))
+                .find("rendezvous.prefix = \"ddprun\" is not a key prefix"),
+            std::string::npos);
+  EXPECT_NE(Diags(Parse(WithBase(etcd + "cert_file = \"c.pem\"\n")))
+                .find("rendezvous.cert_file and rendezvous.key_file go together"),
+            std::string::npos);
+  EXPECT_NE(Diags(Parse(WithBase(etcd + "ca_file = \"ca.pem\"\n")))
+                .find("warning: TLS files are unused: no endpoint is https://"),
+            std::string::npos);
+  EXPECT_NE(Diags(Parse(WithBase("[rendezvous]\nendpoints = [\"http://e:2379\"]\n")))
+                .find("warning: rendezvous.endpoints is unused: rendezvous.backend is \"agent\""),
+            std::string::npos);
+}
+
+TEST(Loader, EtcdNeedsEveryAgentsHost) {
+  const std::string etcd = "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"http://e:2379\"]\n";
+  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n";
+  EXPECT_NE(Diags(Parse(head + "[cluster]\nnnodes = 2\nmaster_addr = \"a\"\n" + etcd))
+                .find("rendezvous.backend = \"etcd\" needs every agent's host: cluster.nodes is not listed"),
+            std::string::npos);
+  EXPECT_NE(Diags(Parse(head + "[cluster]\nnodes = [\"a\", \"b\"]\nspares = 1\n" + etcd))
+                .find("cluster.spares is a count only with cluster.nnodes"),
+            std::string::npos);
+  auto listed = Parse(head + "[cluster]\nnodes = [\"a\", \"b\"]\nspares = [\"c\"]\n" + etcd);
+  EXPECT_TRUE(listed.spec) << Diags(listed);
+}
+
+TEST(Loader, WhereTheStateLivesIsPartOfTheFingerprintButTheTlsFilesAreNot) {
+  const std::string etcd = "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"https://e:2379\"]\n";
+  auto agent = Parse(WithBase(""));
+  auto explicit_agent = Parse(WithBase("[rendezvous]\nbackend = \"agent\"\n"));
+  auto a = Parse(WithBase(etcd + "cert_file = \"a.pem\"\nkey_file = \"a.key\"\n"));
+  auto b = Parse(WithBase(etcd + "cert_file = \"b.pem\"\nkey_file = \"b.key\"\nuser = \"x\"\n"));
+  auto other_lease = Parse(WithBase(etcd + "lease = \"5s\"\n"));
+  ASSERT_TRUE(agent.spec && explicit_agent.spec && a.spec && b.spec && other_lease.spec);
+  EXPECT_EQ(CanonicalForm(*agent.spec), CanonicalForm(*explicit_agent.spec));
+  EXPECT_NE(CanonicalForm(*agent.spec), CanonicalForm(*a.spec));
+  EXPECT_EQ(CanonicalForm(*a.spec), CanonicalForm(*b.spec));
+  EXPECT_NE(CanonicalForm(*a.spec), CanonicalForm(*other_lease.spec));
 }
 
 }  // namespace
