@@ -160,6 +160,13 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       StepDown(now, "another agent holds the coordinator role now");
       return;
     }
+    // The write was made while the role was ours, but an answer that arrives when the lease
+    // may be ending cannot let the coordinator act on it: another agent may take over soon.
+    if (now >= valid_until_ - StepDownMargin(spec_.rendezvous.lease)) {
+      StepDown(now, fmt::format("it could not renew its etcd lease (rendezvous.lease = {}) in time",
+                                FormatDuration(spec_.rendezvous.lease)));
+      return;
+    }
     if (written_commit_ && commit_round_ == written_commit_) {
       const int round = *commit_round_;
       commit_round_.reset();

@@ -1,0 +1,395 @@
+// host::Election against an in-memory store with etcd's semantics (revisions, leases that end
+// in the test's time, a put that compares a create revision): who leads, what a new holder
+// reads, when a holder steps down, and that a deposed holder's writes are refused.
+#include "runner/host/election.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+
+#include "tests/core/core_test_util.h"
+
+namespace ddprun::host {
+namespace {
+
+TimePoint At(Duration d) { return TimePoint{} + d; }
+
+// etcd's v3 semantics, in memory, shared by every agent's client.
+struct FakeEtcd {
+  struct Lease {
+    Duration ttl;
+    TimePoint expires;
+  };
+  /// Moves etcd's clock: leases that end take their keys.
+  void Advance(TimePoint t) {
+    now = t;
+    for (auto it = leases.begin(); it != leases.end();) {
+      const int64_t id = it->first;
+      ++it;
+      if (leases.at(id).expires <= t) End(id);
+    }
+  }
+  void End(int64_t lease) {
+    leases.erase(lease);
+    for (auto it = kv.begin(); it != kv.end();) it = it->second.lease == lease ? kv.erase(it) : std::next(it);
+  }
+
+  std::map<std::string, StoreEntry> kv;
+  std::map<int64_t, Lease> leases;
+  TimePoint now{};
+  int64_t next_lease = 0;
+  int64_t revision = 1;
+  int keepalives = 0;
+  int revokes = 0;
+};
+
+// One agent's client. A call takes effect when the test delivers its answer (its
+// linearization point), so that a test decides what happens in between; `down` answers every
+// call with an error, as an unreachable etcd does.
+class FakeStore final : public Store {
+ public:
+  explicit FakeStore(FakeEtcd& etcd) : etcd_(etcd) {}
+
+  void SetEvents(StoreEvents*) override {}
+  uint64_t Grant(Duration ttl) override {
+    return Answer([this, ttl](StoreResult& r) {
+      r.lease = ++etcd_.next_lease;
+      r.ttl = ttl;
+      etcd_.leases[r.lease] = FakeEtcd::Lease{ttl, etcd_.now + ttl};
+    });
+  }
+  uint64_t KeepAlive(int64_t lease) override {
+    ++etcd_.keepalives;
+    return Answer([this, lease](StoreResult& r) {
+      auto it = etcd_.leases.find(lease);
+      if (it == etcd_.leases.end()) return;
+      it->second.expires = etcd_.now + it->second.ttl;
+      r.ttl = it->second.ttl;
+    });
+  }
+  uint64_t Revoke(int64_t lease) override {
+    ++etcd_.revokes;
+    return Answer([this, lease](StoreResult&) { etcd_.End(lease); });
+  }
+  uint64_t Get(const std::string& key) override {
+    return Answer([this, key](StoreResult& r) {
+      if (auto it = etcd_.kv.find(key); it != etcd_.kv.end()) r.entry = it->second;
+    });
+  }
+  uint64_t PutIf(const std::string& key, int64_t create_revision, std::vector<StorePut> puts) override {
+    return Answer([this, key, create_revision, puts](StoreResult& r) {
+      auto it = etcd_.kv.find(key);
+      const int64_t current = it == etcd_.kv.end() ? 0 : it->second.create_revision;
+      if (current != create_revision) {
+        if (it != etcd_.kv.end()) r.entry = it->second;
+        return;
+      }
+      ++etcd_.revision;
+      for (const StorePut& put : puts) {
+        StoreEntry& e = etcd_.kv[put.key];
+        if (e.create_revision == 0) e.create_revision = etcd_.revision;
+        e.mod_revision = etcd_.revision;
+        e.value = put.value;
+        e.lease = put.lease;
+      }
+      r.succeeded = true;
+    });
+  }
+
+  /// Answers every call this client made so far (and those the answers lead to) at `now`.
+  void Deliver(Election& election, TimePoint now) {
+    etcd_.Advance(now);
+    while (!queue_.empty()) {
+      auto [id, apply] = std::move(queue_.front());
+      queue_.pop_front();
+      StoreResult r;
+      r.id = id;
+      if (down) {
+        r.error = "etcd at http://127.0.0.1:2379: connection refused";
+      } else {
+        apply(r);
+        r.revision = etcd_.revision;
+      }
+      election.OnStoreResult(now, r);
+    }
+  }
+  /// Answers only the oldest call.
+  bool DeliverOne(Election& election, TimePoint now) {
+    if (queue_.empty()) return false;
+    etcd_.Advance(now);
+    auto [id, apply] = std::move(queue_.front());
+    queue_.pop_front();
+    StoreResult r;
+    r.id = id;
+    apply(r);
+    r.revision = etcd_.revision;
+    election.OnStoreResult(now, r);
+    return true;
+  }
+
+  bool down = false;
+
+ private:
+  uint64_t Answer(std::function<void(StoreResult&)> apply) {
+    queue_.emplace_back(++next_id_, std::move(apply));
+    return next_id_;
+  }
+
+  FakeEtcd& etcd_;
+  std::deque<std::pair<uint64_t, std::function<void(StoreResult&)>>> queue_;
+  uint64_t next_id_ = 0;
+};
+
+constexpr std::string_view kJob = R"(version = 1
+[job]
+name = "llm"
+command = ["python", "train.py"]
+[cluster]
+nodes = ["gpu-01", "gpu-02", "gpu-03"]
+master_port = 29500
+nproc_per_node = 1
+[rendezvous]
+backend = "etcd"
+endpoints = ["http://127.0.0.1:2379"]
+prefix = "/team"
+lease = "6s"
+)";
+
+// What one agent's election told it, in order.
+struct Heard {
+  std::vector<std::string> lines;
+  std::optional<JobState> led_with;
+
+  Election::Listener Listener() {
+    return Election::Listener{
+        .found = [this](const std::string& e) { lines.push_back("found " + e); },
+        .lookup_failed = [this](const std::string& why) { lines.push_back("lookup failed: " + why); },
+        .lead = [this](const std::optional<JobState>& s) {
+          led_with = s;
+          lines.push_back(s ? "lead, round " + std::to_string(s->next_round) : "lead afresh");
+        },
+        .step_down = [this](const std::string& why) { lines.push_back("step down: " + why); },
+        .committed = [this](int round) { lines.push_back("committed " + std::to_string(round)); },
+        .flushed = [this] { lines.push_back("flushed"); },
+    };
+  }
+  std::string Take() {
+    std::string out;
+    for (const auto& l : lines) out += l + "\n";
+    lines.clear();
+    return out;
+  }
+};
+
+class ElectionTest : public ::testing::Test {
+ protected:
+  ElectionTest() : spec_(core::test::SpecFromToml(std::string(kJob))) {}
+
+  std::unique_ptr<Election> Make(int agent, Heard& heard) {
+    auto& client = clients_[agent];
+    client = std::make_unique<FakeStore>(etcd_);
+    return std::make_unique<Election>(spec_, "llm-1a2b", agent,
+                                      spec_.cluster.HostOf(agent) + ":29500", *client, heard.Listener());
+  }
+  FakeStore& Client(int agent) { return *clients_.at(agent); }
+
+  JobSpec spec_;
+  FakeEtcd etcd_;
+  std::map<int, std::unique_ptr<FakeStore>> clients_;
+};
+
+TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
+  Heard h1, h2;
+  auto e1 = Make(1, h1);
+  auto e2 = Make(2, h2);
+  EXPECT_EQ(e1->role_key(), "/team/llm/llm-1a2b/coordinator");
+  EXPECT_EQ(e1->state_key(), "/team/llm/llm-1a2b/state");
+
+  e1->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\n");
+  EXPECT_TRUE(e1->leading());
+  ASSERT_TRUE(etcd_.kv.contains(e1->role_key()));
+  EXPECT_NE(etcd_.kv.at(e1->role_key()).lease, 0);  // the role goes with the lease
+
+  e2->Lookup(At(Seconds(1)));
+  Client(2).Deliver(*e2, At(Seconds(1)));
+  EXPECT_EQ(h2.Take(), "found gpu-02:29500\n");
+  EXPECT_FALSE(e2->leading());
+
+  // The holder answers its own lookups at once.
+  e1->Lookup(At(Seconds(1)));
+  EXPECT_EQ(h1.Take(), "found gpu-02:29500\n");
+}
+
+TEST_F(ElectionTest, TwoCampaignsAtOnceMakeOneHolder) {
+  Heard h0, h1;
+  auto e0 = Make(0, h0);
+  auto e1 = Make(1, h1);
+  // Both read "no holder" before either campaign lands.
+  e0->Lookup(At(Seconds(0)));
+  e1->Lookup(At(Seconds(0)));
+  // One answer each in turn interleaves the two campaigns: both read no holder, both get a
+  // lease, both try the put that only succeeds on an absent key.
+  for (bool more = true; more;) {
+    more = Client(0).DeliverOne(*e0, At(Seconds(0)));
+    more = Client(1).DeliverOne(*e1, At(Seconds(0))) || more;
+  }
+  EXPECT_NE(e0->leading(), e1->leading());
+  const std::string lost = e0->leading() ? h1.Take() : h0.Take();
+  EXPECT_EQ(lost, e0->leading() ? "found gpu-01:29500\n" : "found gpu-02:29500\n");
+  EXPECT_GE(etcd_.revokes, 1);  // the loser's lease is given back
+}
+
+TEST_F(ElectionTest, AHolderRenewsItsLeaseAndStepsDownBeforeItCanEnd) {
+  Heard h;
+  auto e = Make(0, h);
+  e->Lookup(At(Seconds(0)));
+  Client(0).Deliver(*e, At(Seconds(0)));
+  h.Take();
+  // Renewals every third of the lease keep it.
+  for (int s = 1; s <= 30; ++s) {
+    e->OnTick(At(Seconds(s)));
+    Client(0).Deliver(*e, At(Seconds(s)));
+  }
+  EXPECT_TRUE(e->leading());
+  EXPECT_GE(etcd_.keepalives, 14);
+  EXPECT_TRUE(etcd_.kv.contains(e->role_key()));
+
+  // etcd stops answering: the holder steps down lease - max(lease/5, 400ms) after the last
+  // renewal it sent that was answered, before etcd can hand the role to another agent.
+  const TimePoint last_renewal = At(Seconds(30));
+  Client(0).down = true;
+  std::optional<TimePoint> stepped;
+  for (Duration t = Seconds(30); t <= Seconds(40) && !stepped; t += Millis(100)) {
+    e->OnTick(At(t));
+    Client(0).Deliver(*e, At(t));
+    if (!e->leading()) stepped = At(t);
+  }
+  ASSERT_TRUE(stepped);
+  EXPECT_LE(*stepped, last_renewal + Seconds(6) - Election::StepDownMargin(Seconds(6)));
+  EXPECT_GE(*stepped, last_renewal + Seconds(6) - Election::StepDownMargin(Seconds(6)) - Seconds(2));
+  EXPECT_EQ(Election::StepDownMargin(Seconds(6)), Millis(1200));
+  EXPECT_EQ(Election::StepDownMargin(Seconds(2)), Millis(400));
+  EXPECT_NE(h.Take().find("step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time"),
+            std::string::npos);
+}
+
+TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
+  Heard h1, h2;
+  auto e1 = Make(1, h1);
+  auto e2 = Make(2, h2);
+  e1->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  e1->Commit(At(Seconds(0)), 0, 0);
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\n");
+
+  // e1 is paused past its lease (it never ticked): etcd ends it, e2 takes the role.
+  etcd_.Advance(At(Seconds(7)));
+  EXPECT_FALSE(etcd_.kv.contains(e1->role_key()));
+  e2->Lookup(At(Seconds(7)));
+  Client(2).Deliver(*e2, At(Seconds(7)));
+  EXPECT_EQ(h2.Take(), "lead, round 1\nfound gpu-03:29500\n");
+  ASSERT_TRUE(h2.led_with);
+  EXPECT_TRUE(h2.led_with->running);
+  EXPECT_EQ(h2.led_with->holder, "node 1 (gpu-02)");
+
+  // e1 wakes up and tries to commit its next round: the compare on the role key's create
+  // revision fails, nothing is written, and it steps down without "committed".
+  const std::string before = etcd_.kv.at(e1->state_key()).value;
+  e1->Commit(At(Seconds(7)), 1, 1);
+  Client(1).Deliver(*e1, At(Seconds(7)));
+  EXPECT_EQ(h1.Take(), "step down: another agent holds the coordinator role now\n");
+  EXPECT_FALSE(e1->leading());
+  EXPECT_EQ(etcd_.kv.at(e1->state_key()).value, before);
+}
+
+TEST_F(ElectionTest, ACommitAnsweredTooLateIsNotActedOn) {
+  Heard h;
+  auto e = Make(0, h);
+  e->Lookup(At(Seconds(0)));
+  Client(0).Deliver(*e, At(Seconds(0)));
+  h.Take();
+  e->Commit(At(Seconds(1)), 0, 0);
+  // The answer comes when the lease may be about to end (6s - 1.2s after the grant).
+  Client(0).Deliver(*e, At(Millis(4900)));
+  EXPECT_EQ(h.Take(), "step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time\n");
+}
+
+TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh) {
+  Heard h1;
+  auto e1 = Make(1, h1);
+  e1->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  // The coordinator waits for each commit before it starts the round.
+  e1->Commit(At(Seconds(0)), 0, 0);
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  e1->RecordRestart(At(Seconds(0)), 1, 1);
+  e1->RecordQuarantine(At(Seconds(0)), {core::QuarantinedHost{"gpu-03", Minutes(30), 3}});
+  e1->Commit(At(Seconds(0)), 1, 1);
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\ncommitted 1\nflushed\n");
+  e1->Resign(At(Seconds(1)));
+  Client(1).Deliver(*e1, At(Seconds(1)));
+  EXPECT_FALSE(etcd_.kv.contains(e1->role_key()));  // revoked: no wait for the lease
+
+  Heard h0;
+  auto e0 = Make(0, h0);
+  e0->Lookup(At(Seconds(1)));
+  Client(0).Deliver(*e0, At(Seconds(1)));
+  ASSERT_TRUE(h0.led_with);
+  EXPECT_EQ(h0.led_with->next_round, 2);
+  EXPECT_EQ(h0.led_with->restarts_used, 1);
+  EXPECT_TRUE(h0.led_with->running);
+  ASSERT_EQ(h0.led_with->quarantined.size(), 1u);
+  EXPECT_EQ(h0.led_with->quarantined[0].host, "gpu-03");
+  EXPECT_EQ(h0.led_with->quarantined[0].times, 3);
+
+  e0->RecordEnd(At(Seconds(2)), 0, "job \"llm\" finished\nall ranks exited 0");
+  e0->RecordDone(At(Seconds(2)));
+  Client(0).Deliver(*e0, At(Seconds(2)));
+  e0->Resign(At(Seconds(2)));
+  Client(0).Deliver(*e0, At(Seconds(2)));
+
+  // A later launch with the same run id: the job starts at round 0 with a full budget, and
+  // only the quarantine carries over.
+  Heard h2;
+  auto e2 = Make(2, h2);
+  e2->Lookup(At(Seconds(3)));
+  Client(2).Deliver(*e2, At(Seconds(3)));
+  EXPECT_EQ(h2.Take(), "lead afresh\nfound gpu-03:29500\n");
+  EXPECT_EQ(e2->state().next_round, 0);
+  ASSERT_EQ(e2->state().quarantined.size(), 1u);
+}
+
+TEST_F(ElectionTest, ALookupThatCannotReachEtcdFailsWithWhy) {
+  Heard h;
+  auto e = Make(1, h);
+  Client(1).down = true;
+  e->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e, At(Seconds(0)));
+  EXPECT_EQ(h.Take(), "lookup failed: etcd: etcd at http://127.0.0.1:2379: connection refused\n");
+  EXPECT_FALSE(e->leading());
+}
+
+TEST(JobStateTest, FormatAndParseRoundTrip) {
+  JobState s;
+  s.next_round = 7;
+  s.restarts_used = 3;
+  s.running = true;
+  s.holder = "spare 0 (gpu-09)";
+  s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
+  s.exit_code = 1;
+  s.summary = "job \"x\" FAILED\nroot cause: rank 3\nsummary=not a field\n";
+  const auto back = JobState::Parse(s.Format());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(*back, s);
+  EXPECT_FALSE(JobState::Parse("something else"));
+  EXPECT_FALSE(JobState::Parse("ddprun-state=2\nnext_round=1\nrestarts=0\n"));
+  EXPECT_FALSE(JobState::Parse("ddprun-state=1\nnext_round=x\nrestarts=0\n"));
+}
+
+}  // namespace
+}  // namespace ddprun::host
