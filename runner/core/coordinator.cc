@@ -108,8 +108,10 @@ void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<Coor
   DDPRUN_ASSERT(phase_ == Phase::kRendezvous && round_ == 0);
   round_ = legacy.next_round;
   restarts_used_ = legacy.restarts_used;
-  // Every node of the job may have run the last round: the verdict waits for them.
+  // Every node of the job may have run the last round: the verdict waits for them, and any of
+  // them may hear it (the earlier holder knew their instances; this one does not).
   for (int slot : slot_at_) slots_[static_cast<size_t>(slot)].ever_joined = true;
+  took_over_ = true;
   if (legacy.exit_code) {
     out.push_back(LogLine{LogLevel::kWarn,
                           fmt::format("the job had ended (exit code {}) when {} was lost; telling "
@@ -544,7 +546,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     }
   }
   if ((phase_ == Phase::kEnding || phase_ == Phase::kDone) &&
-      !(slot.ever_joined && slot.instance == join.instance)) {
+      !(slot.ever_joined && (took_over_ || slot.instance == join.instance))) {
     // Only the agents that took part hear the verdict; one that arrives after the end (a
     // second agent for a rank, a node started too late) did not run this job.
     refuse(fmt::format("node {} (host {}) joined after the job ended", join.node_rank, join.host));

@@ -294,6 +294,7 @@ class Coordinator {
   uint64_t nonce_seed_ = 0;
   bool commit_rounds_ = false;
   bool awaiting_commit_ = false;      // CommitRound sent for round_, RoundCommitted not yet in
+  bool took_over_ = false;            // TakeOver: the job began under another holder
   std::string master_addr_;           // PlaceRankZero: every round's MASTER_ADDR; "": the file's
 };
 

@@ -1074,5 +1074,109 @@ TEST_F(CoordinatorNeverOnTest, AnotherFailureStillRestarts) {
   EXPECT_EQ(c_->phase(), Coordinator::Phase::kBackoff);
 }
 
+// rendezvous.backend = "etcd": the coordinator runs wherever the role's holder is, records each
+// round in etcd before it starts it, and a new holder takes the job's state over.
+class EtcdCoordinatorTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    UseJob(Edit(kTwoNodeJob, "[timeouts]",
+                "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"http://10.0.0.9:2379\"]\n[timeouts]"));
+    coordinator_->CommitRounds();
+  }
+};
+
+TEST_F(EtcdCoordinatorTest, RankZeroAndMasterAddrFollowTheCoordinatorsAgent) {
+  coordinator_->PlaceRankZero(1, "gpu-02");
+  Join(0s, 0);
+  const Effects joined = Join(0s, 1);
+  // Nothing starts until etcd has the round: a deposed coordinator never gets this far.
+  ASSERT_EQ(All<CommitRound>(joined).size(), 1u) << test::Describe(joined);
+  EXPECT_EQ(All<CommitRound>(joined)[0].round, 0);
+  EXPECT_EQ(All<CommitRound>(joined)[0].restarts_used, 0);
+  EXPECT_TRUE(All<ReserveStorePort>(joined).empty());
+  EXPECT_TRUE(Meaningful(Feed(1s, RoundCommitted{5})).empty());  // not this round's
+  EXPECT_TRUE(Sent<wire::StartRound>(BeatUntil(1s, 20s)).empty());
+
+  const Effects committed = Feed(20s, RoundCommitted{0});
+  ASSERT_EQ(All<ReserveStorePort>(committed).size(), 1u) << test::Describe(committed);
+  const auto starts = Sent<wire::StartRound>(Feed(20s, StorePortReady{0, 41000}));
+  ASSERT_EQ(starts.size(), 2u);
+  // Agent 1 (the coordinator's) plays node rank 0; agent 0 takes its place; both learn that
+  // MASTER_ADDR is the coordinator's host.
+  EXPECT_EQ(starts[0], (std::pair<ConnId, wire::StartRound>{101, {0, 41000, 0, 0, 0, "gpu-02"}}));
+  EXPECT_EQ(starts[1], (std::pair<ConnId, wire::StartRound>{100, {0, 41000, 0, 1, 0, "gpu-02"}}));
+}
+
+TEST_F(EtcdCoordinatorTest, ARestartAndTheEndAreRecordedInEtcd) {
+  Join(0s, 0);
+  Join(0s, 1);
+  Feed(0s, RoundCommitted{0});
+  Feed(0s, StorePortReady{0, 41000});
+  Send(1s, ConnOf(1), RankThreeFailed(0));
+  Effects stopped = Send(1s, ConnOf(0), wire::RoundStopped{0, 2});
+  const Effects both = Send(1s, ConnOf(1), wire::RoundStopped{0, 2});
+  stopped.insert(stopped.end(), both.begin(), both.end());
+  ASSERT_EQ(All<RecordRestart>(stopped).size(), 1u) << test::Describe(stopped);
+  EXPECT_EQ(All<RecordRestart>(stopped)[0].next_round, 1);
+  EXPECT_EQ(All<RecordRestart>(stopped)[0].restarts_used, 1);
+  const Effects again = BeatUntil(1s, 12s);
+  ASSERT_EQ(All<CommitRound>(again).size(), 1u) << test::Describe(again);
+  EXPECT_EQ(All<CommitRound>(again)[0].round, 1);
+  EXPECT_EQ(All<CommitRound>(again)[0].restarts_used, 1);
+  Feed(12s, RoundCommitted{1});
+  Feed(12s, StorePortReady{1, 41001});
+  Send(13s, ConnOf(0), wire::NodeDone{1});
+  const Effects done = Send(13s, ConnOf(1), wire::NodeDone{1});
+  ASSERT_EQ(All<RecordEnd>(done).size(), 1u) << test::Describe(done);
+  EXPECT_EQ(All<RecordEnd>(done)[0].exit_code, 0);
+}
+
+TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTheOldWorkers) {
+  std::vector<CoordinatorEffect> out;
+  coordinator_->PlaceRankZero(1, "gpu-02");
+  coordinator_->TakeOver(At(0s), Coordinator::Legacy{3, 0, true, std::nullopt, "", "node 0 (gpu-01)"}, out);
+  EXPECT_EQ(FindLog(out, "taking over"),
+            "taking over the job from node 0 (gpu-01): round 3 next, 0 of 1 restarts used");
+  EXPECT_EQ(FindLog(out, "round 2 failed"),
+            "round 2 failed: the coordinator (node 0 (gpu-01)) was lost while round 2 ran; restart 1 of 1");
+  EXPECT_EQ(coordinator_->restarts_used(), 1);
+  // Both agents are back at once, but the old round's workers may still run until their
+  // agents' lease has passed: no commit before then.
+  Join(1s, 0);
+  EXPECT_TRUE(All<CommitRound>(Join(1s, 1)).empty());
+  const Duration fence = spec_->timeouts.LeaseBound();
+  const Effects before = BeatUntil(1s, fence - 1s);
+  EXPECT_TRUE(All<CommitRound>(before).empty()) << test::Describe(before);
+  const Effects after = BeatUntil(fence - 1s, fence + 1s);
+  ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
+  EXPECT_EQ(All<CommitRound>(after)[0].round, 3);
+  EXPECT_EQ(All<CommitRound>(after)[0].restarts_used, 1);
+}
+
+TEST_F(EtcdCoordinatorTest, TakingOverWithTheBudgetSpentEndsTheJobWithTheCause) {
+  std::vector<CoordinatorEffect> out;
+  coordinator_->TakeOver(At(0s), Coordinator::Legacy{2, 1, true, std::nullopt, "", "node 1 (gpu-02)"}, out);
+  ASSERT_EQ(All<RecordEnd>(out).size(), 1u) << test::Describe(out);
+  EXPECT_EQ(All<RecordEnd>(out)[0].exit_code, 1);
+  EXPECT_NE(All<RecordEnd>(out)[0].summary.find("the coordinator (node 1 (gpu-02)) was lost while round 1 ran"),
+            std::string::npos)
+      << All<RecordEnd>(out)[0].summary;
+  const Effects joined = Join(1s, 0);
+  ASSERT_EQ(Sent<wire::JobEnd>(joined).size(), 1u) << test::Describe(joined);
+  EXPECT_EQ(Sent<wire::JobEnd>(joined)[0].second.exit_code, 1);
+}
+
+TEST_F(EtcdCoordinatorTest, TakingOverAnEndedJobTellsTheSameVerdict) {
+  std::vector<CoordinatorEffect> out;
+  coordinator_->TakeOver(At(0s), Coordinator::Legacy{1, 0, false, 0, "job \"demo\" finished", "node 0 (gpu-01)"},
+                         out);
+  EXPECT_EQ(FindLog(out, "had ended"),
+            "the job had ended (exit code 0) when node 0 (gpu-01) was lost; telling every agent the "
+            "verdict again");
+  const Effects joined = Join(1s, 1);
+  ASSERT_EQ(Sent<wire::JobEnd>(joined).size(), 1u) << test::Describe(joined);
+  EXPECT_EQ(Sent<wire::JobEnd>(joined)[0].second, (wire::JobEnd{0, "job \"demo\" finished"}));
+}
+
 }  // namespace
 }  // namespace ddprun::core
