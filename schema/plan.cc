@@ -55,9 +55,18 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::strin
   words.push_back("torchrun");
   words.push_back(fmt::format("--nnodes={}", spec.cluster.nnodes));
   words.push_back(fmt::format("--nproc_per_node={}", spec.cluster.nproc_per_node));
-  words.push_back(fmt::format("--node_rank={}", node_rank));
-  words.push_back(fmt::format("--master_addr={}", spec.cluster.master_addr));
-  words.push_back(fmt::format("--master_port={}", spec.cluster.master_port));
+  if (spec.rendezvous.Etcd()) {
+    // torchrun's own etcd rendezvous: it assigns the node ranks, and rank 0 may be anywhere.
+    std::string endpoint = spec.rendezvous.endpoints.empty() ? "" : spec.rendezvous.endpoints.front();
+    if (const size_t scheme = endpoint.find("://"); scheme != std::string::npos) endpoint.erase(0, scheme + 3);
+    if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+    words.push_back("--rdzv_backend=etcd-v2");
+    words.push_back(fmt::format("--rdzv_endpoint={}", endpoint));
+  } else {
+    words.push_back(fmt::format("--node_rank={}", node_rank));
+    words.push_back(fmt::format("--master_addr={}", spec.cluster.master_addr));
+    words.push_back(fmt::format("--master_port={}", spec.cluster.master_port));
+  }
   words.push_back(fmt::format("--max_restarts={}", spec.restart.max_restarts));
   words.push_back(fmt::format("--rdzv_id={}", run_id));
   const auto& command = spec.job.command;
@@ -214,7 +223,18 @@ std::string PlanHeader(const JobSpec& spec) {
                      c.nnodes, c.nnodes == 1 ? "" : "s", c.nproc_per_node,
                      c.nproc_per_node == 1 ? "" : "es", spec.WorldSize());
   out += fmt::format("run id {}, fingerprint {}\n", RunId(spec), Fingerprint(spec).substr(0, 16));
-  out += fmt::format("coordinator on node 0 at {}:{}\n", c.master_addr, c.master_port);
+  const bool etcd = spec.rendezvous.Etcd();
+  if (etcd) {
+    out += fmt::format("coordinator: whichever agent holds the role in etcd ({}; keys under "
+                       "{}/{}/{}/), on port {} of its host; its agent plays node rank 0, so rank 0 "
+                       "and MASTER_ADDR move with it (shown below as when node 0 holds it); a "
+                       "lost holder is replaced within rendezvous.lease = {} and a few seconds\n",
+                       fmt::join(spec.rendezvous.endpoints, ", "),
+                       spec.rendezvous.prefix == "/" ? "" : spec.rendezvous.prefix, spec.job.name,
+                       RunId(spec), c.master_port, FormatDuration(spec.rendezvous.lease));
+  } else {
+    out += fmt::format("coordinator on node 0 at {}:{}\n", c.master_addr, c.master_port);
+  }
   if (c.store_port) {
     out += fmt::format("store: worker rank 0 listens on {}:{}\n", c.master_addr, *c.store_port);
   } else {
@@ -257,11 +277,11 @@ std::string PlanHeader(const JobSpec& spec) {
   }
   if (c.spares > 0) {
     out += fmt::format("spares: {} ({}) wait and take the node rank of a node away for longer "
-                       "than timeouts.replace = {} (never node 0's)\n",
+                       "than timeouts.replace = {} ({})\n",
                        c.spares,
                        c.spare_hosts.empty() ? fmt::format("--node-rank {}..{}", c.nnodes, c.Agents() - 1)
                                              : fmt::format("{}", fmt::join(c.spare_hosts, ", ")),
-                       FormatDuration(t.replace));
+                       FormatDuration(t.replace), etcd ? "any node's but the coordinator's" : "never node 0's");
   }
   if (c.min_nodes < c.nnodes) {
     out += fmt::format("shrinking: with no spare left, rounds run with the nodes left, down to "
@@ -271,10 +291,12 @@ std::string PlanHeader(const JobSpec& spec) {
                        c.min_nodes, c.min_nodes * c.nproc_per_node, spec.WorldSize());
   }
   if (c.CanReplace() && spec.quarantine.failures > 0) {
-    out += fmt::format("quarantine: a host (not node 0's) on which {} rounds fail within {} sits "
-                       "out for {}, twice as long each further time; kept in {}/{}/quarantine.state\n",
-                       spec.quarantine.failures, FormatDuration(spec.quarantine.window),
-                       FormatDuration(spec.quarantine.cooldown), spec.logs.dir, spec.job.name);
+    out += fmt::format("quarantine: a host (not {}) on which {} rounds fail within {} sits "
+                       "out for {}, twice as long each further time; kept in {}\n",
+                       etcd ? "the coordinator's" : "node 0's", spec.quarantine.failures, FormatDuration(spec.quarantine.window),
+                       FormatDuration(spec.quarantine.cooldown),
+                       etcd ? std::string("etcd, with the job's state")
+                            : fmt::format("{}/{}/quarantine.state", spec.logs.dir, spec.job.name));
   }
   if (spec.metrics.Served()) {
     constexpr int kUrlsShown = 2;
