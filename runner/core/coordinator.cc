@@ -77,16 +77,19 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
   last_input_ = start;
 }
 
-void Coordinator::AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out) {
+void Coordinator::AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out,
+                                  std::string_view previous) {
   DDPRUN_ASSERT(phase_ == Phase::kRendezvous && round_ == 0);
   const TimePoint until = now - since + spec_.timeouts.LeaseBound();
   if (until <= now) return;
   journal_fence_ = until;
+  fence_cause_ = fmt::format("{} ended without ending the job (its host crashed or its process was "
+                             "killed)",
+                             previous);
   out.push_back(LogLine{LogLevel::kWarn,
-                        fmt::format("the previous coordinator of this job on this host did not end "
-                                    "it ({} ago it recorded that workers may run): the first "
-                                    "round waits until {} after that record",
-                                    HumanDuration(since), HumanDuration(spec_.timeouts.LeaseBound()))});
+                        fmt::format("{} did not end it ({} ago it recorded that workers may "
+                                    "run): the first round waits until {} after that record",
+                                    previous, HumanDuration(since), HumanDuration(spec_.timeouts.LeaseBound()))});
 }
 
 void Coordinator::PlaceRankZero(int agent, std::string addr) {
@@ -138,6 +141,8 @@ void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<Coor
   // The old round's workers stop within their agents' lease of their last word from the old
   // coordinator, which was before now.
   journal_fence_ = now + spec_.timeouts.LeaseBound();
+  fence_cause_ = fmt::format("the previous coordinator ({}) was lost while round {} ran", legacy.holder,
+                             failure.round);
   const std::string never = NeverRestartRule(failure);
   if (never.empty() && restarts_used_ < spec_.restart.max_restarts) {
     ++restarts_used_;
@@ -741,12 +746,10 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
       if (gate == journal_fence_) {
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: the "
-                        "previous coordinator of this job on this host ended without ending the "
-                        "job (its host crashed or its process was killed), so workers of its "
-                        "rounds may still run until their agents' lease ends (loss bound + "
-                        "stop_grace + SIGKILL after its last record)",
-                        round_, round_slots_.size(), HumanDuration(*gate - now))});
+            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {}, so "
+                        "workers of its rounds may still run until their agents' lease ends (loss "
+                        "bound + stop_grace + SIGKILL after its last record)",
+                        round_, round_slots_.size(), HumanDuration(*gate - now), fence_cause_)});
       } else {
         std::vector<std::string> names;
         for (int n : fenced) names.push_back(NodeName(n));

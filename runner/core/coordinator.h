@@ -34,7 +34,9 @@ class Coordinator {
   /// `since` ago, that workers may run, and never recorded the end (its host crashed, or its
   /// process was killed). Its agents stop those workers within the lease bound of that record,
   /// so no round starts before then: this coordinator cannot know who held which rank.
-  void AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out);
+  /// `previous` names that coordinator in the log line (etcd: an earlier launch of the job).
+  void AfterUncleanEnd(TimePoint now, Duration since, std::vector<CoordinatorEffect>& out,
+                       std::string_view previous = "the previous coordinator of this job on this host");
 
   /// Node 0's quarantine state file lists these hosts (an earlier launch of the job kept them
   /// out): a host with time left sits out until then, and its count of quarantines goes on.
@@ -295,6 +297,7 @@ class Coordinator {
   bool commit_rounds_ = false;
   bool awaiting_commit_ = false;      // CommitRound sent for round_, RoundCommitted not yet in
   bool took_over_ = false;            // TakeOver: the job began under another holder
+  std::string fence_cause_;           // why journal_fence_ holds the first round back
   std::string master_addr_;           // PlaceRankZero: every round's MASTER_ADDR; "": the file's
 };
 

@@ -229,6 +229,7 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       if (previous && previous->done) {
         // An earlier launch of the job ended: this one starts afresh, its quarantine kept.
         state_.quarantined = previous->quarantined;
+        earlier_workers_may_run_ = previous->running;
         previous.reset();
       } else if (previous) {
         state_ = *previous;
@@ -334,9 +335,14 @@ void Election::RecordQuarantine(TimePoint now, const std::vector<core::Quarantin
   MaybeWrite(now);
 }
 
+void Election::RecordStopped(TimePoint now) {
+  state_.running = false;
+  dirty_ = true;
+  MaybeWrite(now);
+}
+
 void Election::RecordDone(TimePoint now) {
   state_.done = true;
-  state_.running = false;
   dirty_ = true;
   MaybeWrite(now);
 }

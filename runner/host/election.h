@@ -77,7 +77,14 @@ class Election {
   void RecordRestart(TimePoint now, int next_round, int restarts_used);
   void RecordEnd(TimePoint now, int exit_code, const std::string& summary);
   void RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts);
+  /// Every worker of the job is confirmed stopped.
+  void RecordStopped(TimePoint now);
+  /// The job is over here (every agent heard the end, or the exit barrier passed): the next
+  /// launch of the job file starts afresh.
   void RecordDone(TimePoint now);
+  /// Leading afresh after an earlier launch that ended without confirming that its workers
+  /// stopped: the first round must wait for their lease.
+  bool earlier_workers_may_run() const { return earlier_workers_may_run_; }
   /// Writes are waiting or in flight.
   bool Writing() const { return leading() && (dirty_ || write_id_ != 0); }
 
@@ -122,6 +129,7 @@ class Election {
   std::optional<int> commit_round_;   // a CommitRound not yet answered
   std::optional<int> written_commit_; // the commit the write in flight carries
   std::optional<TimePoint> retry_write_at_;
+  bool earlier_workers_may_run_ = false;
 };
 
 }  // namespace ddprun::host

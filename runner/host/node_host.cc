@@ -143,6 +143,11 @@ void NodeHost::Lead(const std::optional<JobState>& previous) {
                                   "rendezvous.lease = {}); it plays node rank 0, and {} is every "
                                   "round's MASTER_ADDR",
                                   election_->role_key(), FormatDuration(spec_.rendezvous.lease), own_addr_));
+  if (!previous && election_->earlier_workers_may_run()) {
+    // An earlier launch ended without every node confirming that its workers stopped.
+    coordinator_->AfterUncleanEnd(now, Duration::zero(), coordinator_effects_,
+                                  "the previous launch of this job (etcd)");
+  }
   if (previous) {
     core::Coordinator::Legacy legacy;
     legacy.next_round = previous->next_round;
@@ -338,7 +343,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       ports_.console->Log(log->level, "coordinator", log->text);
     } else if (auto* record = std::get_if<core::RecordJournal>(&effect)) {
       if (election_) {
-        if (!record->rounds_may_run) election_->RecordDone(now);
+        if (!record->rounds_may_run) election_->RecordStopped(now);
       } else if (ports_.journal) {
         ports_.journal->Record(record->rounds_may_run);
       }
@@ -357,6 +362,8 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
+      // Every agent heard the end, or the exit barrier passed: a new launch starts afresh.
+      if (election_) election_->RecordDone(now);
     }
   }
   effects.clear();

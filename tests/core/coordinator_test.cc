@@ -1143,7 +1143,12 @@ TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTh
   // Both agents are back at once, but the old round's workers may still run until their
   // agents' lease has passed: no commit before then.
   Join(1s, 0);
-  EXPECT_TRUE(All<CommitRound>(Join(1s, 1)).empty());
+  const Effects all_in = Join(1s, 1);
+  EXPECT_TRUE(All<CommitRound>(all_in).empty());
+  EXPECT_NE(FindLog(all_in, "the previous coordinator (node 0 (gpu-01)) was lost while round 2 ran, so "
+                            "workers of its rounds may still run"),
+            "")
+      << test::Describe(all_in);
   const Duration fence = spec_->timeouts.LeaseBound();
   const Effects before = BeatUntil(1s, fence - 1s);
   EXPECT_TRUE(All<CommitRound>(before).empty()) << test::Describe(before);

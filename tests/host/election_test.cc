@@ -362,6 +362,21 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   EXPECT_EQ(h2.Take(), "lead afresh\nfound gpu-03:29500\n");
   EXPECT_EQ(e2->state().next_round, 0);
   ASSERT_EQ(e2->state().quarantined.size(), 1u);
+  // Nobody confirmed that round 1's workers stopped (the exit barrier passed): the new
+  // launch's first round must wait for their lease.
+  EXPECT_TRUE(e2->earlier_workers_may_run());
+  e2->RecordStopped(At(Seconds(4)));
+  e2->RecordDone(At(Seconds(4)));
+  Client(2).Deliver(*e2, At(Seconds(4)));
+  e2->Resign(At(Seconds(4)));
+  Client(2).Deliver(*e2, At(Seconds(4)));
+
+  Heard h1b;
+  auto again = Make(1, h1b);
+  again->Lookup(At(Seconds(5)));
+  Client(1).Deliver(*again, At(Seconds(5)));
+  EXPECT_EQ(h1b.Take(), "lead afresh\nfound gpu-02:29500\n");
+  EXPECT_FALSE(again->earlier_workers_may_run());
 }
 
 TEST_F(ElectionTest, ALookupThatCannotReachEtcdFailsWithWhy) {

@@ -1,0 +1,151 @@
+// rendezvous.backend = "etcd" end to end (issue 16): a real 3-member etcd cluster on
+// 127.0.0.1 from the Debian binaries, and real agents on 127.0.0.1, .2 and .3. The coordinator's
+// agent and its workers are killed with SIGKILL, then the etcd leader: the job goes on under
+// another coordinator, on another host, with its restart budget counted once.
+
+#include <signal.h>
+
+#include <memory>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/e2e/harness.h"
+#include "tests/etcd/etcd_cluster.h"
+
+namespace ddprun::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace std::chrono_literals;
+
+class EtcdJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    etcdtest::EtcdCluster::Options options;
+    options.free_port = [] { return FreePort(); };
+    std::string error;
+    etcd_ = etcdtest::EtcdCluster::Start(options, &error);
+    ASSERT_TRUE(etcd_) << "a 3-member etcd cluster did not start (scripts/install-deps.sh installs "
+                          "etcd-server): "
+                       << error;
+  }
+
+  /// Two nodes and a spare on three loopback addresses, in etcd; each worker records its
+  /// MASTER_ADDR and pid per restart, then waits for the file `finish`.
+  std::string WriteJob(const std::string& lease) {
+    TestJob job;
+    job.name = "etcd";
+    job.nodes = {"127.0.0.1", "127.0.0.2"};
+    job.devices = 1;
+    job.master_port = FreePort();
+    job.max_restarts = 2;
+    job.backoff = "0s";
+    job.rendezvous = "60s";
+    job.script =
+        "echo $MASTER_ADDR > addr-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+        "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+        "while [ ! -e finish ]; do sleep 0.1; done";
+    std::string endpoints;
+    for (const std::string& url : etcd_->ClientUrls()) {
+      endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
+    }
+    job.extra = "replace = \"1s\"\n[rendezvous]\nbackend = \"etcd\"\nendpoints = [" + endpoints +
+                "]\nlease = \"" + lease + "\"\n";
+    std::string toml = job.Toml();
+    toml.insert(toml.find("master_addr"), "spares = [\"127.0.0.3\"]\n");
+    return dir_.Write("job.toml", toml);
+  }
+
+  AgentProcess& Start(int agent) {
+    const std::string out = dir_.path() + "/agent-" + std::to_string(agent) + ".out";
+    agents_.push_back(std::make_unique<AgentProcess>(
+        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(agent)}, out));
+    return *agents_.back();
+  }
+  AgentProcess& agent(int i) { return *agents_.at(static_cast<size_t>(i)); }
+  bool OutputHas(const AgentProcess& a, const std::string& text, std::chrono::milliseconds limit) {
+    return WaitFor([&] { return a.Output().find(text) != std::string::npos; }, limit);
+  }
+  std::string Describe() const { return DescribeAgents(agents_) + "\n---- etcd ----\n" + etcd_->Logs(); }
+
+  ScratchDir dir_;
+  std::unique_ptr<etcdtest::EtcdCluster> etcd_;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
+};
+
+TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
+  WriteJob("4s");
+  Start(0);
+  ASSERT_TRUE(OutputHas(agent(0), "this agent holds the coordinator role now", 20s)) << Describe();
+  Start(1);
+  Start(2);
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0"); }, 30s)) << Describe();
+  EXPECT_EQ(dir_.Read("addr-0-0"), "127.0.0.1\n");
+  EXPECT_EQ(dir_.Read("addr-1-0"), "127.0.0.1\n");
+
+  // The coordinator's host dies: its agent and its worker (rank 0), with SIGKILL.
+  const pid_t rank0 = std::stoi(dir_.Read("pid-0-0"));
+  agent(0).Signal(SIGKILL);
+  ::kill(rank0, SIGKILL);
+  ASSERT_EQ(agent(0).Wait(5s), 128 + SIGKILL);
+
+  // Within the lease (and a few seconds), another agent takes over and round 1 starts with the
+  // spare in the dead node's place, rank 0 and MASTER_ADDR on the new coordinator's host.
+  int holder = -1;
+  ASSERT_TRUE(WaitFor([&] {
+    for (int i : {1, 2}) {
+      if (agent(i).Output().find("this agent holds the coordinator role now") != std::string::npos) holder = i;
+    }
+    return holder > 0;
+  }, 20s)) << Describe();
+  const std::string holder_host = "127.0.0." + std::to_string(holder + 1);
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("addr-0-1") && dir_.Exists("addr-1-1"); }, 30s)) << Describe();
+  EXPECT_EQ(dir_.Read("addr-0-1"), holder_host + "\n");
+  EXPECT_EQ(dir_.Read("addr-1-1"), holder_host + "\n");
+
+  // The etcd leader dies while round 1 runs: the coordinator renews its lease through another
+  // member, after the election, without stepping down.
+  const auto leader = etcd_->Leader(10s);
+  ASSERT_TRUE(leader) << etcd_->Logs();
+  etcd_->Kill(*leader);
+  ASSERT_TRUE(etcd_->WaitHealthy(15s)) << etcd_->Logs();
+  WaitFor([] { return false; }, 6s);  // more than a lease: a renewal that failed would show
+  dir_.Write("finish", "");
+
+  EXPECT_EQ(agent(1).Wait(60s), 0) << Describe();
+  EXPECT_EQ(agent(2).Wait(10s), 0) << Describe();
+  const std::string coordinator = agent(holder).Output();
+  EXPECT_THAT(coordinator, HasSubstr("taking over the job from node 0 (127.0.0.1): round 1 next, 0 of 2 "
+                                     "restarts used"))
+      << Describe();
+  EXPECT_THAT(coordinator, HasSubstr("round 0 failed: the coordinator (node 0 (127.0.0.1)) was lost while "
+                                     "round 0 ran; restart 1 of 2"))
+      << Describe();
+  // The budget is counted once: one restart for the lost host, none for the etcd leader.
+  EXPECT_THAT(coordinator, HasSubstr("exited 0 in round 1 (1 restart used)")) << Describe();
+  for (int i : {1, 2}) {
+    EXPECT_THAT(agent(i).Output(), Not(HasSubstr("no longer holds the coordinator role"))) << Describe();
+  }
+  EXPECT_FALSE(dir_.Exists("addr-0-2")) << Describe();
+}
+
+// Every agent must hold a lease of the role to coordinate; with etcd down at the start, none
+// can, and each says why instead of hanging.
+TEST_F(EtcdJobTest, WithEveryEtcdMemberDownTheAgentsSayWhyAndExit3) {
+  WriteJob("4s");
+  for (int m = 0; m < etcd_->size(); ++m) etcd_->Kill(m);
+  std::string toml = dir_.Read("job.toml");
+  toml.replace(toml.find("rendezvous = \"60s\""), 18, "rendezvous = \"8s\"");
+  dir_.Write("job.toml", toml);
+  Start(0);
+  Start(1);
+  EXPECT_EQ(agent(0).Wait(30s), 3) << Describe();
+  EXPECT_EQ(agent(1).Wait(10s), 3) << Describe();
+  EXPECT_THAT(agent(1).Output(), HasSubstr(etcd_->ClientUrl(0))) << Describe();
+}
+
+}  // namespace
+}  // namespace ddprun::e2e
