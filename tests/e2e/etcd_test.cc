@@ -3,7 +3,15 @@
 // agent and its workers are killed with SIGKILL, then the etcd leader: the job goes on under
 // another coordinator, on another host, with its restart budget counted once.
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
 
 #include <memory>
 #include <vector>
@@ -145,6 +153,133 @@ TEST_F(EtcdJobTest, WithEveryEtcdMemberDownTheAgentsSayWhyAndExit3) {
   EXPECT_EQ(agent(0).Wait(30s), 3) << Describe();
   EXPECT_EQ(agent(1).Wait(10s), 3) << Describe();
   EXPECT_THAT(agent(1).Output(), HasSubstr(etcd_->ClientUrl(0))) << Describe();
+}
+
+// A partition in network namespaces: host A (the coordinator's) is cut off from etcd, which
+// runs on host B, but not from B's agent. A must step down before its lease can end and its
+// workers must stop; B takes over and finishes the job alone (cluster.min_nodes = 1). The test
+// process itself moves into B's namespace, so that etcd and B's agent run there and the
+// cluster's health checks reach them. Needs root, iproute2 and iptables; skipped otherwise.
+class EtcdPartitionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    if (Shell("command -v ip") != 0 || Shell("command -v iptables") != 0) {
+      GTEST_SKIP() << "iproute2 (ip) or iptables is not installed";
+    }
+    const int k = 1 + ::getpid() % 250;
+    const std::string suffix = std::to_string(::getpid());
+    a_ = "ddprun-ea-" + suffix;
+    b_ = "ddprun-eb-" + suffix;
+    addr_a_ = "10.214." + std::to_string(k) + ".1";
+    addr_b_ = "10.214." + std::to_string(k) + ".2";
+    if (Shell("ip netns add " + a_) != 0) GTEST_SKIP() << "cannot create network namespaces here";
+    created_ = true;
+    const std::string va = "dea" + suffix, vb = "deb" + suffix;
+    const bool wired =
+        Shell("ip netns add " + b_) == 0 && Shell("ip link add " + va + " type veth peer name " + vb) == 0 &&
+        Shell("ip link set " + va + " netns " + a_) == 0 && Shell("ip link set " + vb + " netns " + b_) == 0 &&
+        Shell("ip -n " + a_ + " addr add " + addr_a_ + "/24 dev " + va) == 0 &&
+        Shell("ip -n " + b_ + " addr add " + addr_b_ + "/24 dev " + vb) == 0 &&
+        Shell("ip -n " + a_ + " link set " + va + " up") == 0 && Shell("ip -n " + b_ + " link set " + vb + " up") == 0 &&
+        Shell("ip -n " + a_ + " link set lo up") == 0 && Shell("ip -n " + b_ + " link set lo up") == 0;
+    if (!wired) GTEST_SKIP() << "cannot wire two namespaces with a veth pair here";
+    own_ns_ = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    const int b_ns = ::open(("/var/run/netns/" + b_).c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(own_ns_, 0);
+    ASSERT_GE(b_ns, 0);
+    ASSERT_EQ(::setns(b_ns, CLONE_NEWNET), 0) << std::strerror(errno);
+    ::close(b_ns);
+    in_b_ = true;
+
+    etcdtest::EtcdCluster::Options options;
+    options.host = addr_b_;
+    uint16_t next = 23790;
+    options.free_port = [&next] { return next++; };  // a namespace of our own: all free
+    std::string error;
+    etcd_ = etcdtest::EtcdCluster::Start(options, &error);
+    ASSERT_TRUE(etcd_) << error;
+  }
+  void TearDown() override {
+    agents_.clear();
+    etcd_.reset();
+    if (in_b_) {
+      ::setns(own_ns_, CLONE_NEWNET);
+      ::close(own_ns_);
+    }
+    if (created_) {
+      Shell("ip netns del " + a_);
+      Shell("ip netns del " + b_);
+    }
+  }
+  static int Shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
+  std::string Describe() const { return DescribeAgents(agents_) + "\n---- etcd ----\n" + etcd_->Logs(); }
+
+  ScratchDir dir_;
+  std::string a_, b_, addr_a_, addr_b_;
+  bool created_ = false;
+  bool in_b_ = false;
+  int own_ns_ = -1;
+  std::unique_ptr<etcdtest::EtcdCluster> etcd_;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
+};
+
+TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) {
+  std::string endpoints;
+  for (const std::string& url : etcd_->ClientUrls()) endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = \"cut\"\ncommand = [\"sh\", \"-c\", "
+    << TomlString("echo $MASTER_ADDR > addr-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+                  "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+                  "while [ ! -e finish ]; do sleep 0.1; done")
+    << "]\n[cluster]\nnodes = [\"" << addr_a_ << "\", \"" << addr_b_ << "\"]\nmin_nodes = 1\nmaster_port = 29518\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
+    << "[restart]\nmax_restarts = 2\nbackoff = \"0s\"\n"
+    << "[rendezvous]\nbackend = \"etcd\"\nendpoints = [" << endpoints << "]\nlease = \"3s\"\n"
+    << "[timeouts]\nrendezvous = \"60s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\nreplace = \"1s\"\n";
+  const std::string job = dir_.Write("job.toml", t.str());
+
+  // A first, so that it holds the role; then B (in this namespace).
+  agents_.push_back(std::make_unique<AgentProcess>(std::vector<std::string>{job}, dir_.path() + "/a.out",
+                                                   std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}},
+                                                   std::vector<std::string>{"ip", "netns", "exec", a_}));
+  AgentProcess& a = *agents_.back();
+  ASSERT_TRUE(WaitFor([&] { return a.Output().find("holds the coordinator role now") != std::string::npos; }, 20s))
+      << Describe();
+  agents_.push_back(std::make_unique<AgentProcess>(std::vector<std::string>{job}, dir_.path() + "/b.out",
+                                                   std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}}));
+  AgentProcess& b = *agents_.back();
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0"); }, 30s)) << Describe();
+  EXPECT_EQ(dir_.Read("addr-1-0"), addr_a_ + "\n");
+  const pid_t a_worker = std::stoi(dir_.Read("pid-0-0"));
+
+  // Cut A off from etcd (its packets to etcd's client ports are dropped), not from B.
+  const auto cut_at = std::chrono::steady_clock::now();
+  for (const std::string& url : etcd_->ClientUrls()) {
+    ASSERT_EQ(Shell("ip netns exec " + a_ + " iptables -A OUTPUT -p tcp -d " + addr_b_ + " --dport " +
+                    url.substr(url.rfind(':') + 1) + " -j DROP"),
+              0);
+  }
+  ASSERT_TRUE(WaitFor([&] { return a.Output().find("no longer holds the coordinator role") != std::string::npos; },
+                      10s))
+      << Describe();
+  const auto stepped_after = std::chrono::steady_clock::now() - cut_at;
+  EXPECT_LT(stepped_after, 3s) << "it must let the role go before its 3s lease can end in etcd";
+  EXPECT_THAT(a.Output(), HasSubstr("this agent no longer holds the coordinator role: it could not renew its etcd "
+                                    "lease (rendezvous.lease = 3s) in time"))
+      << Describe();
+  // Its worker stops (its agent lost its coordinator), before B's round starts.
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("addr-0-1"); }, 30s)) << Describe();
+  EXPECT_FALSE(ProcessAlive(a_worker)) << Describe();
+  EXPECT_EQ(dir_.Read("addr-0-1"), addr_b_ + "\n");  // rank 0 on B, the new coordinator's host
+  EXPECT_THAT(b.Output(), HasSubstr("taking over the job from node 0 (" + addr_a_ + ")")) << Describe();
+
+  // Heal, and let the job finish: both agents end with its code.
+  Shell("ip netns exec " + a_ + " iptables -F OUTPUT");
+  dir_.Write("finish", "");
+  EXPECT_EQ(b.Wait(60s), 0) << Describe();
+  EXPECT_EQ(a.Wait(60s), 0) << Describe();
+  EXPECT_THAT(b.Output(), HasSubstr("exited 0 in round 1 (1 restart used)")) << Describe();
 }
 
 }  // namespace
