@@ -481,7 +481,12 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
     conn->tls->async_handshake(ssl::stream_base::client, [weak = Weak(), conn](error_code handshake_ec) {
       auto self = weak.lock();
       if (!self || self->closed) return;
-      if (handshake_ec) return self->Failed(conn, handshake_ec, "TLS handshake failed: ");
+      if (handshake_ec) {
+        // OpenSSL's error says only "certificate verify failed"; the verify result says why.
+        const long verify = SSL_get_verify_result(conn->tls->native_handle());
+        const std::string why = verify == X509_V_OK ? "" : fmt::format(" ({})", X509_verify_cert_error_string(verify));
+        return self->Failed(conn, handshake_ec, "TLS handshake failed" + why + ": ");
+      }
       conn->connected = true;
       self->Send(conn);
     });

@@ -58,12 +58,20 @@ std::unique_ptr<EtcdCluster> EtcdCluster::Start(Options options, std::string* er
     return nullptr;
   }
   cluster->dir_ = templ;
+  if (cluster->options_.tls) {
+    if (const std::string problem = cluster->MakeCertificates(); !problem.empty()) {
+      if (error) *error = problem;
+      return nullptr;
+    }
+  }
   for (int i = 0; i < cluster->options_.members; ++i) {
     Member m;
     m.name = "m" + std::to_string(i);
     m.client_port = cluster->options_.free_port();
     m.peer_port = cluster->options_.free_port();
-    m.client_url = "http://127.0.0.1:" + std::to_string(m.client_port);
+    m.plain_port = cluster->options_.tls ? cluster->options_.free_port() : m.client_port;
+    m.client_url = std::string(cluster->options_.tls ? "https" : "http") + "://127.0.0.1:" +
+                   std::to_string(m.client_port);
     m.data_dir = cluster->dir_ + "/" + m.name;
     m.log_path = cluster->dir_ + "/" + m.name + ".log";
     if (!cluster->initial_cluster_.empty()) cluster->initial_cluster_ += ",";
@@ -83,6 +91,31 @@ std::unique_ptr<EtcdCluster> EtcdCluster::Start(Options options, std::string* er
   return cluster;
 }
 
+std::string EtcdCluster::MakeCertificates() const {
+  // EC keys: quick to make. Certificates for a day; the server's for 127.0.0.1 by its IP.
+  const std::string d = dir_;
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  // The server's certificate is a client's too: etcd's JSON gateway dials the member's own gRPC
+  // port with it, and --client-cert-auth checks it there.
+  std::ofstream(d + "/server.ext") << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n";
+  std::ofstream(d + "/client.ext") << "extendedKeyUsage=clientAuth\n";
+  const std::vector<std::string> commands = {
+      "openssl req -x509 " + key + " -keyout " + d + "/ca.key -out " + d + "/ca.pem -days 1 -subj /CN=ddprun-test-ca",
+      "openssl req " + key + " -keyout " + d + "/server.key -out " + d + "/server.csr -subj /CN=127.0.0.1",
+      "openssl x509 -req -in " + d + "/server.csr -CA " + d + "/ca.pem -CAkey " + d + "/ca.key -CAcreateserial -out " +
+          d + "/server.pem -days 1 -extfile " + d + "/server.ext",
+      "openssl req " + key + " -keyout " + d + "/client.key -out " + d + "/client.csr -subj /CN=ddprun-client",
+      "openssl x509 -req -in " + d + "/client.csr -CA " + d + "/ca.pem -CAkey " + d + "/ca.key -CAcreateserial -out " +
+          d + "/client.pem -days 1 -extfile " + d + "/client.ext",
+  };
+  for (const std::string& command : commands) {
+    if (std::system((command + " >>" + d + "/openssl.log 2>&1").c_str()) != 0) {
+      return "cannot make test certificates: " + command + "\n" + ReadFile(d + "/openssl.log");
+    }
+  }
+  return "";
+}
+
 EtcdCluster::~EtcdCluster() {
   for (int i = 0; i < size(); ++i) Kill(i);
   std::error_code ec;
@@ -97,7 +130,8 @@ bool EtcdCluster::Spawn(Member& m, bool first_start) {
       options_.etcd,
       "--name", m.name,
       "--data-dir", m.data_dir,
-      "--listen-client-urls", m.client_url,
+      "--listen-client-urls",
+      m.client_url + (options_.tls ? ",http://127.0.0.1:" + std::to_string(m.plain_port) : ""),
       "--advertise-client-urls", m.client_url,
       "--listen-peer-urls", peer_url,
       "--initial-advertise-peer-urls", peer_url,
@@ -109,6 +143,12 @@ bool EtcdCluster::Spawn(Member& m, bool first_start) {
       "--logger", "zap",
       "--log-outputs", "stderr",
   };
+  if (options_.tls) {
+    const std::vector<std::string> tls_args = {"--cert-file",       dir_ + "/server.pem", "--key-file",
+                                               dir_ + "/server.key", "--trusted-ca-file",  ca_file(),
+                                               "--client-cert-auth"};
+    args.insert(args.end(), tls_args.begin(), tls_args.end());
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -195,7 +235,7 @@ std::optional<std::string> EtcdCluster::Post(int member, const std::string& path
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(members_.at(static_cast<size_t>(member)).client_port);
+  addr.sin_port = htons(members_.at(static_cast<size_t>(member)).plain_port);
   std::string answer;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
     const std::string request = "POST " + path + " HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +

@@ -27,6 +27,9 @@ class EtcdCluster {
     std::chrono::milliseconds election{1000};
     /// Start() waits this long for every member to be up and to agree on a leader.
     std::chrono::milliseconds start_limit{30000};
+    /// Clients speak https and must show a certificate: a CA, a server certificate for
+    /// 127.0.0.1 and a client certificate are made with the openssl program (peers stay http).
+    bool tls = false;
   };
 
   /// Starts the members and waits until the cluster is healthy; nullopt and `error` (what
@@ -43,6 +46,10 @@ class EtcdCluster {
   /// The member whose client URL is `url`; -1 if none.
   int MemberOf(const std::string& url) const;
   pid_t pid(int member) const;
+  /// With Options::tls: the CA that signed every certificate, and a client's certificate and key.
+  std::string ca_file() const { return dir_ + "/ca.pem"; }
+  std::string client_cert_file() const { return dir_ + "/client.pem"; }
+  std::string client_key_file() const { return dir_ + "/client.key"; }
   bool Running(int member) const;
 
   /// The member that is leader now, as the running members agree (polled up to `limit`);
@@ -60,7 +67,8 @@ class EtcdCluster {
   std::string Log(int member) const;
   std::string Logs() const;
 
-  /// One blocking HTTP/1.0 POST of `body` to `path` of member i's client URL; the answer's body
+  /// One blocking HTTP/1.0 POST of `body` to `path` of member i (over plain http on a port of
+  /// its own when clients speak https); the answer's body
   /// if the status is 200, nullopt on any failure or after `limit`.
   std::optional<std::string> Post(int member, const std::string& path, const std::string& body,
                                   std::chrono::milliseconds limit) const;
@@ -70,6 +78,7 @@ class EtcdCluster {
     std::string name;
     uint16_t client_port = 0;
     uint16_t peer_port = 0;
+    uint16_t plain_port = 0;  // http on loopback, for Post; the client port unless tls
     std::string client_url;
     std::string data_dir;
     std::string log_path;
@@ -78,6 +87,8 @@ class EtcdCluster {
 
   EtcdCluster() = default;
   bool Spawn(Member& member, bool first_start);
+  /// Makes the CA and the certificates with openssl; what failed, or "".
+  std::string MakeCertificates() const;
   /// member_id and leader as member i's /v3/maintenance/status gives them.
   std::optional<std::pair<std::string, std::string>> Status(int member, std::chrono::milliseconds limit) const;
   std::optional<int> LeaderOnce() const;

@@ -26,7 +26,6 @@
 namespace ddprun::io {
 namespace {
 
-using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using etcdtest::EtcdCluster;
@@ -82,15 +81,21 @@ class EtcdStoreTest : public ::testing::Test {
     if (!EtcdInstalled()) GTEST_SKIP() << "etcd is not installed (Debian: etcd-server)";
     EtcdCluster::Options options;
     options.free_port = [] { return e2e::FreePort(); };
+    options.tls = tls_;
+    if (tls_ && std::system("command -v openssl >/dev/null 2>&1") != 0) GTEST_SKIP() << "openssl is not installed";
     std::string error;
     cluster_ = EtcdCluster::Start(options, &error);
     ASSERT_TRUE(cluster_) << error;
-    store_ = MakeStore(cluster_->ClientUrls());
+    if (!tls_) store_ = MakeStore(cluster_->ClientUrls());
   }
 
   Client MakeStore(std::vector<std::string> endpoints) {
     EtcdStore::Options options;
     options.endpoints = std::move(endpoints);
+    return MakeStore(options);
+  }
+
+  Client MakeStore(const EtcdStore::Options& options) {
     auto store = EtcdStore::Create(io_, options);
     EXPECT_TRUE(store) << (store ? "" : store.error());
     Client client;
@@ -128,6 +133,7 @@ class EtcdStoreTest : public ::testing::Test {
   }
   StoreResult AwaitOk(uint64_t id) { return AwaitOk(store_, id); }
 
+  bool tls_ = false;  // the cluster's clients speak https
   boost::asio::io_context io_;
   std::unique_ptr<EtcdCluster> cluster_;
   Client store_;
@@ -361,6 +367,47 @@ TEST_F(EtcdStoreTest, AnEndpointThatNeverAnswersCostsOneAttemptBound) {
   const StoreResult failed = Await(alone, alone->Get("/t/a"), 5s);
   EXPECT_EQ(failed.error, "no etcd endpoint answered within 3 s: etcd at " + silent + ": no answer within 1 s");
   ::close(fd);
+}
+
+class EtcdStoreTlsTest : public EtcdStoreTest {
+ protected:
+  EtcdStoreTlsTest() { tls_ = true; }
+};
+
+TEST_F(EtcdStoreTlsTest, HttpsWithTheClustersCaAndAClientCertificate) {
+  EtcdStore::Options options;
+  options.endpoints = cluster_->ClientUrls();
+  options.ca_file = cluster_->ca_file();
+  options.cert_file = cluster_->client_cert_file();
+  options.key_file = cluster_->client_key_file();
+  Client store = MakeStore(options);
+  ASSERT_TRUE(AwaitOk(store, store->PutIf("/t/tls", 0, {StorePut{"/t/tls", "secret", 0}})).succeeded);
+  const StoreResult got = AwaitOk(store, store->Get("/t/tls"));
+  ASSERT_TRUE(got.entry);
+  EXPECT_EQ(got.entry->value, "secret");
+  EXPECT_NE(AwaitOk(store, store->Grant(3s)).lease, 0);
+
+  // A failover goes through a new TLS connection to the next member.
+  cluster_->Kill(cluster_->MemberOf(store->PreferredEndpoint()));
+  EXPECT_EQ(AwaitOk(store, store->Get("/t/tls")).entry.value_or(host::StoreEntry{}).value, "secret");
+}
+
+TEST_F(EtcdStoreTlsTest, ACertificateThatDoesNotVerifyIsNamedInTheError) {
+  const std::string url = cluster_->ClientUrl(0);
+  EtcdStore::Options options;
+  options.endpoints = {url};
+  options.call_limit = 1s;
+  options.attempt_limit = 500ms;
+  // The system's CAs did not sign the test cluster's certificate.
+  Client unknown_ca = MakeStore(options);
+  const StoreResult refused = Await(unknown_ca, unknown_ca->Get("/t/a"), 5s);
+  EXPECT_THAT(refused.error, StartsWith("no etcd endpoint answered within 1 s: etcd at " + url +
+                                        ": TLS handshake failed (unable to get local issuer certificate): "));
+  // etcd asks for a client certificate (--client-cert-auth): without one, no answer.
+  options.ca_file = cluster_->ca_file();
+  Client no_client_cert = MakeStore(options);
+  const StoreResult rejected = Await(no_client_cert, no_client_cert->Get("/t/a"), 5s);
+  EXPECT_THAT(rejected.error, StartsWith("no etcd endpoint answered within 1 s: etcd at " + url + ": "));
 }
 
 TEST(EtcdStoreCreateTest, RefusesWhatIsNotAnEndpointAndTlsFilesItCannotLoad) {
