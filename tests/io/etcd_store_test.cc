@@ -26,6 +26,7 @@
 namespace ddprun::io {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using etcdtest::EtcdCluster;
@@ -375,6 +376,40 @@ TEST_F(EtcdStoreTest, AnEndpointThatNeverAnswersCostsOneAttemptBound) {
   const StoreResult failed = Await(alone, alone->Get("/t/a"), 5s);
   EXPECT_EQ(failed.error, "no etcd endpoint answered within 3 s: etcd at " + silent + ": no answer within 1 s");
   ::close(fd);
+}
+
+TEST_F(EtcdStoreTest, AuthenticatesAtEachMemberWithAUserAndPassword) {
+  if (std::system("command -v etcdctl >/dev/null 2>&1") != 0) GTEST_SKIP() << "etcdctl is not installed";
+  const std::string etcdctl = "ETCDCTL_API=3 etcdctl --endpoints=" + cluster_->ClientUrl(0) + " ";
+  ASSERT_EQ(std::system((etcdctl + "user add root:secret >/dev/null 2>&1").c_str()), 0);
+  ASSERT_EQ(std::system((etcdctl + "auth enable >/dev/null 2>&1").c_str()), 0);
+
+  EtcdStore::Options options;
+  options.endpoints = cluster_->ClientUrls();
+  options.user = "root";
+  options.password = "secret";
+  Client store = MakeStore(options);
+  ASSERT_TRUE(AwaitOk(store, store->PutIf("/t/auth", 0, {StorePut{"/t/auth", "v", 0}})).succeeded);
+  // A member's token is good at that member only (etcd's simple tokens): after a failover the
+  // store authenticates again at the next one.
+  const std::string first = store->PreferredEndpoint();
+  cluster_->Kill(cluster_->MemberOf(first));
+  const StoreResult got = AwaitOk(store, store->Get("/t/auth"));
+  EXPECT_NE(store->PreferredEndpoint(), first);
+  EXPECT_EQ(got.entry.value_or(host::StoreEntry{}).value, "v");
+
+  // A wrong password and no user are refusals, answered at once, not tried elsewhere.
+  options.password = "wrong";
+  Client wrong = MakeStore(options);
+  const auto start = SteadyClock::now();
+  const StoreResult refused = Await(wrong, wrong->Get("/t/auth"));
+  EXPECT_LT(SteadyClock::now() - start, 1s);
+  EXPECT_THAT(refused.error, AllOf(StartsWith("etcd at http://127.0.0.1:"),
+                                   HasSubstr(": cannot authenticate as \"root\": etcdserver: authentication "
+                                             "failed, invalid user ID or password (HTTP 400)")));
+  Client anonymous = MakeStore(cluster_->ClientUrls());
+  EXPECT_THAT(Await(anonymous, anonymous->Get("/t/auth")).error,
+              AllOf(StartsWith("etcd at http://127.0.0.1:"), HasSubstr(": etcdserver: user name is empty (HTTP 400)")));
 }
 
 class EtcdStoreTlsTest : public EtcdStoreTest {
