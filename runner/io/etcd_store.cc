@@ -286,6 +286,7 @@ struct Call {
   size_t tried_this_round = 0;
   std::map<size_t, std::string> errors;  // the last failure at each endpoint tried
   bool answered = false;
+  bool reauthenticated = false;
   asio::steady_timer timer;  // the call's deadline while it waits; the end of a pause
 };
 
@@ -619,7 +620,14 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
         Answer(*call, ErrorResult(*call, fmt::format("etcd at {}: {}", endpoints[index].name, outcome.error)));
         break;
       case Outcome::Type::kReauthenticate:
+        // The member forgot our token (it restarted; simple tokens live in its memory, for
+        // --auth-token-ttl): a new one from the same member, once per call.
         endpoints[index].token.clear();
+        if (!call->reauthenticated) {
+          call->reauthenticated = true;
+          ready.push_front(call);
+          break;
+        }
         [[fallthrough]];
       case Outcome::Type::kTryElsewhere:
         Retry(call, index, std::move(outcome.error));

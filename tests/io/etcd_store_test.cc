@@ -398,6 +398,15 @@ TEST_F(EtcdStoreTest, AuthenticatesAtEachMemberWithAUserAndPassword) {
   EXPECT_NE(store->PreferredEndpoint(), first);
   EXPECT_EQ(got.entry.value_or(host::StoreEntry{}).value, "v");
 
+  // A member that restarted forgot its tokens (and closed the keep-alive connection): the
+  // store opens a new connection, is told its token is invalid, and authenticates again there.
+  const int member = cluster_->MemberOf(store->PreferredEndpoint());
+  Client lone = MakeStore(EtcdStore::Options{{cluster_->ClientUrl(member)}, "", "", "", "root", "secret"});
+  EXPECT_EQ(AwaitOk(lone, lone->Get("/t/auth")).entry.value_or(host::StoreEntry{}).value, "v");
+  ASSERT_TRUE(cluster_->Restart(member));
+  ASSERT_TRUE(cluster_->WaitHealthy(20s)) << cluster_->Logs();
+  EXPECT_EQ(AwaitOk(lone, lone->Get("/t/auth")).entry.value_or(host::StoreEntry{}).value, "v");
+
   // A wrong password and no user are refusals, answered at once, not tried elsewhere.
   options.password = "wrong";
   Client wrong = MakeStore(options);
