@@ -35,9 +35,11 @@
 #include "base/host_name.h"
 #include "base/parse_int.h"
 #include "ddprun_version.h"
+#include "runner/core/exit_code.h"
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
 #include "runner/io/console_writer.h"
+#include "runner/io/etcd_store.h"
 #include "runner/io/event_file.h"
 #include "runner/io/guardian.h"
 #include "runner/io/journal.h"
@@ -534,9 +536,22 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   } else {
     events = *std::move(created);
   }
+  // rendezvous.backend = "etcd": the coordinator role and the job's state live in etcd, reached
+  // through its JSON gateway on this loop. Nothing connects yet; files it cannot load (TLS) are
+  // the job file's fault.
+  std::unique_ptr<EtcdStore> etcd;
+  if (spec.rendezvous.Etcd()) {
+    auto created = EtcdStore::Create(io, EtcdStore::FromSpec(spec.rendezvous));
+    if (!created) {
+      console.Summary("ddprun cannot use the job's etcd: " + created.error());
+      console_writer.FlushForExit(kExitFlushLimitMs);
+      return core::ToInt(core::ExitCode::kUsage);
+    }
+    etcd = *std::move(created);
+  }
   int exit_code = 70;
   host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
-                    events.get()};
+                    events.get(), etcd.get()};
   host::NodeHost node(spec, config, ports, [&](int code) {
     exit_code = code;
     io.stop();
