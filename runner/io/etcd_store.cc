@@ -556,9 +556,12 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
       }
       endpoint.token = token;
       if (!keep) {
+        // The call goes on a new connection (a TLS stream is not connected twice).
         conn->Close();
         conn->connected = false;
-        return Resolve(conn);  // the same attempt, on a new connection
+        auto call = conn->call;
+        Release(conn);
+        return Start(call, true);
       }
       return Send(conn);
     }
