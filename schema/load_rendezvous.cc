@@ -161,11 +161,12 @@ void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::
                   "write the endpoints as https://HOST:PORT to talk to etcd over TLS");
   }
   const SourceLoc lease_at = lease_node ? LocOf(*lease_node) : at;
-  if (rendezvous.lease < Seconds(2)) {
+  if (rendezvous.lease < Seconds(5)) {
     diags.Error(lease_at, "rendezvous.lease",
                 fmt::format("rendezvous.lease = \"{}\" is too short", FormatDuration(rendezvous.lease)),
-                "the coordinator renews it every third of it and steps down before it ends: give "
-                "etcd at least 2s (\"10s\" is the default)");
+                "the coordinator renews it every third of it and steps down a fifth of it before it "
+                "ends; a renewal must outlast an etcd leader election and a call's 3s bound: give "
+                "at least 5s (\"10s\" is the default)");
   } else if (rendezvous.lease >= timeouts.rendezvous) {
     diags.Error(lease_at, "rendezvous.lease",
                 fmt::format("rendezvous.lease = \"{}\" is not shorter than timeouts.rendezvous = \"{}\"",

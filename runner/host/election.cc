@@ -135,6 +135,11 @@ void Election::Campaign(TimePoint now) {
 
 void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
   if (result.id == 0) return;
+  if (result.id == revoke_id_) {
+    revoke_id_ = 0;
+    listener_.flushed();
+    return;
+  }
   if (result.id == keepalive_id_) {
     keepalive_id_ = 0;
     if (phase_ != Phase::kLeading) return;
@@ -179,7 +184,7 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
   }
   if (result.id != pending_) return;  // a revoke, or an answer we no longer wait for
   pending_ = 0;
-  const std::string etcd_error = result.error.empty() ? "" : "etcd: " + result.error;
+  const std::string& etcd_error = result.error;  // the store's words name etcd already
   switch (phase_) {
     case Phase::kLooking: {
       if (!result.error.empty()) return Fail(etcd_error);
@@ -201,6 +206,14 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       pending_ = store_.PutIf(role_key_, 0, {StorePut{role_key_, value_, lease_}});
       return;
     case Phase::kCampaigning:
+      if (result.error.empty() && !result.succeeded && result.entry && result.entry->lease == lease_) {
+        // The store tried the put again at another member after the first try had reached
+        // etcd: the key is ours, made by that first try.
+        role_revision_ = result.entry->create_revision;
+        phase_ = Phase::kReading;
+        pending_ = store_.Get(state_key_);
+        return;
+      }
       if (!result.error.empty() || !result.succeeded) {
         store_.Revoke(lease_);
         lease_ = 0;
@@ -285,7 +298,7 @@ void Election::StepDown(TimePoint now, const std::string& why) {
 
 void Election::Resign(TimePoint now) {
   (void)now;
-  if (lease_ != 0) store_.Revoke(lease_);
+  if (lease_ != 0) revoke_id_ = store_.Revoke(lease_);
   lease_ = 0;
   role_revision_ = 0;
   keepalive_id_ = 0;

@@ -50,7 +50,7 @@ class Election {
     std::function<void(const std::string& why)> step_down;
     /// CommitRound(round) is in the store.
     std::function<void(int round)> committed;
-    /// Every write is in the store (or can no longer be made).
+    /// Every write is in the store (or can no longer be made), or Resign's revoke was answered.
     std::function<void()> flushed;
   };
 
@@ -87,6 +87,9 @@ class Election {
   bool earlier_workers_may_run() const { return earlier_workers_may_run_; }
   /// Writes are waiting or in flight.
   bool Writing() const { return leading() && (dirty_ || write_id_ != 0); }
+  /// Resign's revoke is not answered yet (the store answers within its bound): an agent that
+  /// exits waits for it, so that the role's key goes with it.
+  bool Revoking() const { return revoke_id_ != 0; }
 
   void OnStoreResult(TimePoint now, const StoreResult& result);
   void OnTick(TimePoint now);
@@ -130,6 +133,7 @@ class Election {
   std::optional<int> written_commit_; // the commit the write in flight carries
   std::optional<TimePoint> retry_write_at_;
   bool earlier_workers_may_run_ = false;
+  uint64_t revoke_id_ = 0;
 };
 
 }  // namespace ddprun::host

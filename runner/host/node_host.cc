@@ -405,9 +405,15 @@ void NodeHost::Rearm() {
 void NodeHost::MaybeFinish() {
   if (finished_ || !agent_exit_) return;
   if (coordinator_ && !coordinator_done_) return;  // node 0 stays until the exit barrier passes
-  if (election_ && election_->Writing()) return;   // the job's state is not in etcd yet
+  if (election_) {
+    if (election_->Writing()) return;  // the job's state is not in etcd yet
+    if (!resigned_) {
+      resigned_ = true;
+      election_->Resign(ports_.clock->Now());
+    }
+    if (election_->Revoking()) return;  // the role's key goes before this agent does
+  }
   finished_ = true;
-  if (election_) election_->Resign(ports_.clock->Now());
   ports_.timer->Disarm();
   if (master_conn_) {
     ports_.transport->Close(*master_conn_);

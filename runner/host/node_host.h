@@ -105,6 +105,7 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   // coordinator keeps the failure, not its time (a display fact, never a decision).
   std::optional<int> failure_round_seen_;
   std::optional<TimePoint> failure_seen_at_;
+  bool resigned_ = false;  // etcd: this agent let the coordinator role go on its way out
   bool finished_ = false;
   std::vector<core::AgentEffect> agent_effects_;
   std::vector<core::CoordinatorEffect> coordinator_effects_;

@@ -70,12 +70,12 @@ std::unique_ptr<EtcdCluster> EtcdCluster::Start(Options options, std::string* er
     m.client_port = cluster->options_.free_port();
     m.peer_port = cluster->options_.free_port();
     m.plain_port = cluster->options_.tls ? cluster->options_.free_port() : m.client_port;
-    m.client_url = std::string(cluster->options_.tls ? "https" : "http") + "://127.0.0.1:" +
+    m.client_url = std::string(cluster->options_.tls ? "https" : "http") + "://" + cluster->options_.host + ":" +
                    std::to_string(m.client_port);
     m.data_dir = cluster->dir_ + "/" + m.name;
     m.log_path = cluster->dir_ + "/" + m.name + ".log";
     if (!cluster->initial_cluster_.empty()) cluster->initial_cluster_ += ",";
-    cluster->initial_cluster_ += m.name + "=http://127.0.0.1:" + std::to_string(m.peer_port);
+    cluster->initial_cluster_ += m.name + "=http://" + cluster->options_.host + ":" + std::to_string(m.peer_port);
     cluster->members_.push_back(std::move(m));
   }
   for (Member& m : cluster->members_) {
@@ -125,13 +125,13 @@ EtcdCluster::~EtcdCluster() {
 bool EtcdCluster::Spawn(Member& m, bool first_start) {
   const std::string ms_heartbeat = std::to_string(options_.heartbeat.count());
   const std::string ms_election = std::to_string(options_.election.count());
-  const std::string peer_url = "http://127.0.0.1:" + std::to_string(m.peer_port);
+  const std::string peer_url = "http://" + options_.host + ":" + std::to_string(m.peer_port);
   std::vector<std::string> args = {
       options_.etcd,
       "--name", m.name,
       "--data-dir", m.data_dir,
       "--listen-client-urls",
-      m.client_url + (options_.tls ? ",http://127.0.0.1:" + std::to_string(m.plain_port) : ""),
+      m.client_url + (options_.tls ? ",http://" + options_.host + ":" + std::to_string(m.plain_port) : ""),
       "--advertise-client-urls", m.client_url,
       "--listen-peer-urls", peer_url,
       "--initial-advertise-peer-urls", peer_url,
@@ -242,7 +242,10 @@ std::optional<std::pair<int, std::string>> EtcdCluster::Request(int member, cons
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr) != 1) {
+    ::close(fd);
+    return std::nullopt;
+  }
   addr.sin_port = htons(members_.at(static_cast<size_t>(member)).plain_port);
   std::string answer;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {

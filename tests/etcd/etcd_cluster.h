@@ -30,6 +30,9 @@ class EtcdCluster {
     /// Clients speak https and must show a certificate: a CA, a server certificate for
     /// 127.0.0.1 and a client certificate are made with the openssl program (peers stay http).
     bool tls = false;
+    /// The address every member listens on (an IPv4 address of this host, or of the network
+    /// namespace the test runs in).
+    std::string host = "127.0.0.1";
   };
 
   /// Starts the members and waits until the cluster is healthy; nullopt and `error` (what

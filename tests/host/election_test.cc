@@ -78,7 +78,22 @@ class FakeStore final : public Store {
     });
   }
   uint64_t PutIf(const std::string& key, int64_t create_revision, std::vector<StorePut> puts) override {
-    return Answer([this, key, create_revision, puts](StoreResult& r) {
+    if (retry_next_put) {
+      // The put reached etcd, its answer was lost, and the client tried it again elsewhere:
+      // the caller hears the second try's answer.
+      retry_next_put = false;
+      return Answer([this, key, create_revision, puts](StoreResult& r) {
+        Apply(key, create_revision, puts, r);
+        const uint64_t id = r.id;
+        r = StoreResult();
+        r.id = id;
+        Apply(key, create_revision, puts, r);
+      });
+    }
+    return Answer([this, key, create_revision, puts](StoreResult& r) { Apply(key, create_revision, puts, r); });
+  }
+  void Apply(const std::string& key, int64_t create_revision, const std::vector<StorePut>& puts, StoreResult& r) {
+    {
       auto it = etcd_.kv.find(key);
       const int64_t current = it == etcd_.kv.end() ? 0 : it->second.create_revision;
       if (current != create_revision) {
@@ -94,7 +109,7 @@ class FakeStore final : public Store {
         e.lease = put.lease;
       }
       r.succeeded = true;
-    });
+    }
   }
 
   /// Answers every call this client made so far (and those the answers lead to) at `now`.
@@ -129,6 +144,7 @@ class FakeStore final : public Store {
   }
 
   bool down = false;
+  bool retry_next_put = false;
 
  private:
   uint64_t Answer(std::function<void(StoreResult&)> apply) {
@@ -301,7 +317,7 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
   const std::string before = etcd_.kv.at(e1->state_key()).value;
   e1->Commit(At(Seconds(7)), 1, 1);
   Client(1).Deliver(*e1, At(Seconds(7)));
-  EXPECT_EQ(h1.Take(), "step down: another agent holds the coordinator role now\n");
+  EXPECT_EQ(h1.Take(), "step down: another agent holds the coordinator role now\nflushed\n");
   EXPECT_FALSE(e1->leading());
   EXPECT_EQ(etcd_.kv.at(e1->state_key()).value, before);
 }
@@ -315,7 +331,7 @@ TEST_F(ElectionTest, ACommitAnsweredTooLateIsNotActedOn) {
   e->Commit(At(Seconds(1)), 0, 0);
   // The answer comes when the lease may be about to end (6s - 1.2s after the grant).
   Client(0).Deliver(*e, At(Millis(4900)));
-  EXPECT_EQ(h.Take(), "step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time\n");
+  EXPECT_EQ(h.Take(), "step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time\nflushed\n");
 }
 
 TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh) {
@@ -385,8 +401,37 @@ TEST_F(ElectionTest, ALookupThatCannotReachEtcdFailsWithWhy) {
   Client(1).down = true;
   e->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e, At(Seconds(0)));
-  EXPECT_EQ(h.Take(), "lookup failed: etcd: etcd at http://127.0.0.1:2379: connection refused\n");
+  EXPECT_EQ(h.Take(), "lookup failed: etcd at http://127.0.0.1:2379: connection refused\n");
   EXPECT_FALSE(e->leading());
+}
+
+TEST_F(ElectionTest, ACampaignPutTriedTwiceByTheClientStillWins) {
+  Heard h;
+  auto e = Make(1, h);
+  Client(1).retry_next_put = true;
+  e->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e, At(Seconds(0)));
+  EXPECT_EQ(h.Take(), "lead afresh\nfound gpu-02:29500\n");
+  ASSERT_TRUE(e->leading());
+  EXPECT_TRUE(etcd_.kv.contains(e->role_key()));  // its lease was not revoked
+  e->Commit(At(Seconds(1)), 0, 0);
+  Client(1).Deliver(*e, At(Seconds(1)));
+  EXPECT_EQ(h.Take(), "committed 0\nflushed\n");  // fenced writes compare the right revision
+}
+
+TEST_F(ElectionTest, ResignRevokesTheLeaseAndSaysWhenEtcdHasIt) {
+  Heard h;
+  auto e = Make(0, h);
+  e->Lookup(At(Seconds(0)));
+  Client(0).Deliver(*e, At(Seconds(0)));
+  h.Take();
+  e->Resign(At(Seconds(1)));
+  EXPECT_TRUE(e->Revoking());
+  EXPECT_TRUE(etcd_.kv.contains(e->role_key()));
+  Client(0).Deliver(*e, At(Seconds(1)));
+  EXPECT_FALSE(e->Revoking());
+  EXPECT_FALSE(etcd_.kv.contains(e->role_key()));
+  EXPECT_EQ(h.Take(), "flushed\n");
 }
 
 TEST(JobStateTest, FormatAndParseRoundTrip) {

@@ -660,14 +660,14 @@ TEST(Loader, RendezvousDefaultsToTheAgentAndReadsEtcdSettings) {
 
   auto r = Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\n"
                           "endpoints = [\"http://10.0.0.1:2379\", \"https://[fd00::2]:2379/\"]\n"
-                          "prefix = \"/team/ddprun\"\nlease = \"4s\"\nuser = \"trainer\"\n"));
+                          "prefix = \"/team/ddprun\"\nlease = \"5s\"\nuser = \"trainer\"\n"));
   ASSERT_TRUE(r.spec) << Diags(r);
   EXPECT_EQ(Diags(r), "");
   const auto& rv = r.spec->rendezvous;
   EXPECT_TRUE(rv.Etcd());
   EXPECT_EQ(rv.endpoints, (std::vector<std::string>{"http://10.0.0.1:2379", "https://[fd00::2]:2379/"}));
   EXPECT_EQ(rv.prefix, "/team/ddprun");
-  EXPECT_EQ(rv.lease, Seconds(4));
+  EXPECT_EQ(rv.lease, Seconds(5));
   EXPECT_EQ(rv.user, "trainer");
 }
 
@@ -692,10 +692,11 @@ TEST(Loader, RendezvousErrorsPointAtTheValueAndSayWhatToWrite) {
             std::string::npos);
 
   const std::string etcd = "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"http://e:2379\"]\n";
-  EXPECT_EQ(Diags(Parse(WithBase(etcd + "lease = \"1s\"\n"))),
-            "15:9: error: rendezvous.lease = \"1s\" is too short\n"
-            "  hint: the coordinator renews it every third of it and steps down before it ends: give "
-            "etcd at least 2s (\"10s\" is the default)\n");
+  EXPECT_EQ(Diags(Parse(WithBase(etcd + "lease = \"4s\"\n"))),
+            "15:9: error: rendezvous.lease = \"4s\" is too short\n"
+            "  hint: the coordinator renews it every third of it and steps down a fifth of it before "
+            "it ends; a renewal must outlast an etcd leader election and a call's 3s bound: give at "
+            "least 5s (\"10s\" is the default)\n");
   EXPECT_NE(Diags(Parse(WithBase(etcd + "lease = \"20m\"\n")))
                 .find("rendezvous.lease = \"20m\" is not shorter than timeouts.rendezvous = \"15m\""),
             std::string::npos);
