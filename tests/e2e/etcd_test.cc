@@ -171,27 +171,14 @@ TEST_F(EtcdJobTest, WithEveryEtcdMemberDownTheAgentsSayWhyAndExit3) {
 class EtcdPartitionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (Shell("command -v ip") != 0 || Shell("command -v iptables") != 0) {
-      GTEST_SKIP() << "iproute2 (ip) or iptables is not installed";
-    }
-    const int k = 1 + ::getpid() % 250;
-    const std::string suffix = std::to_string(::getpid());
-    a_ = "ddprun-ea-" + suffix;
-    b_ = "ddprun-eb-" + suffix;
-    addr_a_ = "10.214." + std::to_string(k) + ".1";
-    addr_b_ = "10.214." + std::to_string(k) + ".2";
-    if (Shell("ip netns add " + a_) != 0) GTEST_SKIP() << "cannot create network namespaces here";
-    created_ = true;
-    const std::string va = "dea" + suffix, vb = "deb" + suffix;
-    const bool wired =
-        Shell("ip netns add " + b_) == 0 && Shell("ip link add " + va + " type veth peer name " + vb) == 0 &&
-        Shell("ip link set " + va + " netns " + a_) == 0 && Shell("ip link set " + vb + " netns " + b_) == 0 &&
-        Shell("ip -n " + a_ + " addr add " + addr_a_ + "/24 dev " + va) == 0 &&
-        Shell("ip -n " + b_ + " addr add " + addr_b_ + "/24 dev " + vb) == 0 &&
-        Shell("ip -n " + a_ + " link set " + va + " up") == 0 && Shell("ip -n " + b_ + " link set " + vb + " up") == 0 &&
-        Shell("ip -n " + a_ + " link set lo up") == 0 && Shell("ip -n " + b_ + " link set lo up") == 0;
-    if (!wired) GTEST_SKIP() << "cannot wire two namespaces with a veth pair here";
+    std::string why;
+    hosts_ = NetnsPair::Create("e", 214, &why);
+    if (!hosts_) GTEST_SKIP() << why;
+    if (Shell("command -v iptables") != 0) GTEST_SKIP() << "iptables is not installed";
+    a_ = hosts_->a();
+    b_ = hosts_->b();
+    addr_a_ = hosts_->addr_a();
+    addr_b_ = hosts_->addr_b();
     own_ns_ = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
     const int b_ns = ::open(("/var/run/netns/" + b_).c_str(), O_RDONLY | O_CLOEXEC);
     ASSERT_GE(own_ns_, 0);
@@ -215,17 +202,13 @@ class EtcdPartitionTest : public ::testing::Test {
       ::setns(own_ns_, CLONE_NEWNET);
       ::close(own_ns_);
     }
-    if (created_) {
-      Shell("ip netns del " + a_);
-      Shell("ip netns del " + b_);
-    }
+    hosts_.reset();
   }
-  static int Shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
   std::string Describe() const { return DescribeAgents(agents_) + "\n---- etcd ----\n" + etcd_->Logs(); }
 
   ScratchDir dir_;
+  std::unique_ptr<NetnsPair> hosts_;
   std::string a_, b_, addr_a_, addr_b_;
-  bool created_ = false;
   bool in_b_ = false;
   int own_ns_ = -1;
   std::unique_ptr<etcdtest::EtcdCluster> etcd_;

@@ -285,4 +285,50 @@ std::map<std::string, std::string> ParseEnvDump(const std::string& text) {
   return env;
 }
 
+int Shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
+
+std::unique_ptr<NetnsPair> NetnsPair::Create(const std::string& tag, int net, std::string* why) {
+  if (::geteuid() != 0) {
+    *why = "needs root to create network namespaces";
+    return nullptr;
+  }
+  if (Shell("command -v ip") != 0) {
+    *why = "iproute2 (ip) is not installed";
+    return nullptr;
+  }
+  std::unique_ptr<NetnsPair> pair(new NetnsPair());
+  const int k = 1 + ::getpid() % 250;
+  const std::string suffix = std::to_string(::getpid());
+  pair->a_ = "ddprun-" + tag + "a-" + suffix;
+  pair->b_ = "ddprun-" + tag + "b-" + suffix;
+  pair->addr_a_ = "10." + std::to_string(net) + "." + std::to_string(k) + ".1";
+  pair->addr_b_ = "10." + std::to_string(net) + "." + std::to_string(k) + ".2";
+  pair->a_made_ = Shell("ip netns add " + pair->a_) == 0;
+  if (!pair->a_made_) {
+    *why = "cannot create network namespaces here";
+    return nullptr;
+  }
+  pair->b_made_ = Shell("ip netns add " + pair->b_) == 0;
+  const std::string va = "d" + tag + "a" + suffix, vb = "d" + tag + "b" + suffix;
+  const std::string& a = pair->a_;
+  const std::string& b = pair->b_;
+  const bool wired =
+      pair->b_made_ && Shell("ip link add " + va + " type veth peer name " + vb) == 0 &&
+      Shell("ip link set " + va + " netns " + a) == 0 && Shell("ip link set " + vb + " netns " + b) == 0 &&
+      Shell("ip -n " + a + " addr add " + pair->addr_a_ + "/24 dev " + va) == 0 &&
+      Shell("ip -n " + b + " addr add " + pair->addr_b_ + "/24 dev " + vb) == 0 &&
+      Shell("ip -n " + a + " link set " + va + " up") == 0 && Shell("ip -n " + b + " link set " + vb + " up") == 0 &&
+      Shell("ip -n " + a + " link set lo up") == 0 && Shell("ip -n " + b + " link set lo up") == 0;
+  if (!wired) {
+    *why = "cannot wire two namespaces with a veth pair here";
+    return nullptr;
+  }
+  return pair;
+}
+
+NetnsPair::~NetnsPair() {
+  if (a_made_) Shell("ip netns del " + a_);
+  if (b_made_) Shell("ip netns del " + b_);
+}
+
 }  // namespace ddprun::e2e

@@ -115,4 +115,29 @@ bool WaitFor(Predicate predicate, std::chrono::milliseconds limit) {
 /// Reads `KEY=VALUE` lines (as `env` prints them) into a map.
 std::map<std::string, std::string> ParseEnvDump(const std::string& text);
 
+/// Runs `command` with sh, its output discarded; its exit status.
+int Shell(const std::string& command);
+
+/// Two hosts on one machine: network namespaces A and B joined by a veth pair, with the
+/// addresses 10.<net>.<k>.1 and .2 (k from the pid, so that test processes do not collide) and
+/// loopback up; deleted by the destructor. Needs root and iproute2.
+class NetnsPair {
+ public:
+  /// nullptr and `why` when this machine cannot make them (for GTEST_SKIP).
+  static std::unique_ptr<NetnsPair> Create(const std::string& tag, int net, std::string* why);
+  ~NetnsPair();
+  NetnsPair(const NetnsPair&) = delete;
+  NetnsPair& operator=(const NetnsPair&) = delete;
+
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+  const std::string& addr_a() const { return addr_a_; }
+  const std::string& addr_b() const { return addr_b_; }
+
+ private:
+  NetnsPair() = default;
+  std::string a_, b_, addr_a_, addr_b_;
+  bool a_made_ = false, b_made_ = false;
+};
+
 }  // namespace ddprun::e2e

@@ -23,40 +23,21 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
 
-int Shell(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
-
 class NetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (Shell("command -v ip") != 0) GTEST_SKIP() << "iproute2 (ip) is not installed";
+    std::string why;
+    hosts_ = NetnsPair::Create("", 213, &why);
+    if (!hosts_) GTEST_SKIP() << why;
     if (Shell("command -v iptables") != 0) GTEST_SKIP() << "iptables is not installed";
-    // Unique names and a /24 of our own per test process.
-    const int k = 1 + ::getpid() % 250;
-    suffix_ = std::to_string(::getpid());
-    a_ = "ddprun-a-" + suffix_;
-    b_ = "ddprun-b-" + suffix_;
-    addr_a_ = "10.213." + std::to_string(k) + ".1";
-    addr_b_ = "10.213." + std::to_string(k) + ".2";
-    if (Shell("ip netns add " + a_) != 0) GTEST_SKIP() << "cannot create network namespaces here";
-    created_ = true;
-    const std::string va = "dda" + suffix_, vb = "ddb" + suffix_;
-    const bool ok =
-        Shell("ip netns add " + b_) == 0 &&
-        Shell("ip link add " + va + " type veth peer name " + vb) == 0 &&
-        Shell("ip link set " + va + " netns " + a_) == 0 && Shell("ip link set " + vb + " netns " + b_) == 0 &&
-        Shell("ip -n " + a_ + " addr add " + addr_a_ + "/24 dev " + va) == 0 &&
-        Shell("ip -n " + b_ + " addr add " + addr_b_ + "/24 dev " + vb) == 0 &&
-        Shell("ip -n " + a_ + " link set " + va + " up") == 0 && Shell("ip -n " + b_ + " link set " + vb + " up") == 0 &&
-        Shell("ip -n " + a_ + " link set lo up") == 0 && Shell("ip -n " + b_ + " link set lo up") == 0;
-    if (!ok) GTEST_SKIP() << "cannot wire two namespaces with a veth pair here";
+    a_ = hosts_->a();
+    b_ = hosts_->b();
+    addr_a_ = hosts_->addr_a();
+    addr_b_ = hosts_->addr_b();
   }
   void TearDown() override {
     agents_.clear();  // kills what still runs, inside the namespaces
-    if (created_) {
-      Shell("ip netns del " + a_);
-      Shell("ip netns del " + b_);
-    }
+    hosts_.reset();
     for (const auto& ns : hosts_files_) {
       std::error_code ec;
       std::filesystem::remove_all("/etc/netns/" + ns, ec);
@@ -90,8 +71,8 @@ class NetnsTest : public ::testing::Test {
 
   static constexpr int kPort = 29517;
   ScratchDir dir_;
-  std::string suffix_, a_, b_, addr_a_, addr_b_;
-  bool created_ = false;
+  std::unique_ptr<NetnsPair> hosts_;
+  std::string a_, b_, addr_a_, addr_b_;
   std::vector<std::string> hosts_files_;
   std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
