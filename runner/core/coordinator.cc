@@ -597,11 +597,14 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   // a smaller round), so its own rendezvous backstop is off.
   out.push_back(SendTo{conn_id, wire::JoinAck{nnodes, spec_.cluster.CanReplace()}});
   std::string joined_line =
-      slot.position < 0 ? fmt::format("{} joined from {}; it waits to take the node rank of a "
-                                      "node that is lost",
-                                      NodeName(join.node_rank), from)
-                        : fmt::format("{} joined from {} ({}/{})", NodeName(join.node_rank), from,
-                                      joined_count(), agents);
+      slot.position < 0
+          ? fmt::format("{} joined from {}; it waits to take the node rank of a node that is lost",
+                        NodeName(join.node_rank), from)
+      : slot.position != join.node_rank && join.node_rank < nnodes
+          // etcd: the coordinator's agent plays node rank 0, and node 0's agent its place.
+          ? fmt::format("{} joined from {} ({}/{}); it plays node rank {}{}", AgentName(join.node_rank), from,
+                        joined_count(), agents, slot.position, slot.position == 0 ? ", the coordinator's" : "")
+          : fmt::format("{} joined from {} ({}/{})", NodeName(join.node_rank), from, joined_count(), agents);
   if (slot.position >= 0 && (phase_ == Phase::kStarting || phase_ == Phase::kRunning)) {
     joined_line += fmt::format("; round {} runs without it, it takes part from the next round", round_);
   }

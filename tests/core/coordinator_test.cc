@@ -1087,8 +1087,10 @@ class EtcdCoordinatorTest : public CoordinatorTest {
 
 TEST_F(EtcdCoordinatorTest, RankZeroAndMasterAddrFollowTheCoordinatorsAgent) {
   coordinator_->PlaceRankZero(1, "gpu-02");
-  Join(0s, 0);
+  EXPECT_EQ(FindLog(Join(0s, 0), "joined"), "node 0 (gpu-01) joined from 10.0.0.1 (1/2); it plays node rank 1");
   const Effects joined = Join(0s, 1);
+  EXPECT_EQ(FindLog(joined, "joined"),
+            "node 1 (gpu-02) joined from 10.0.0.2 (2/2); it plays node rank 0, the coordinator's");
   // Nothing starts until etcd has the round: a deposed coordinator never gets this far.
   ASSERT_EQ(All<CommitRound>(joined).size(), 1u) << test::Describe(joined);
   EXPECT_EQ(All<CommitRound>(joined)[0].round, 0);

@@ -69,7 +69,7 @@ class EtcdJobTest : public ::testing::Test {
   }
 
   AgentProcess& Start(int agent) {
-    const std::string out = dir_.path() + "/agent-" + std::to_string(agent) + ".out";
+    const std::string out = dir_.path() + "/agent-" + std::to_string(agents_.size()) + ".out";
     agents_.push_back(std::make_unique<AgentProcess>(
         std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(agent)}, out));
     return *agents_.back();
@@ -122,6 +122,11 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
   EXPECT_EQ(dir_.Read("addr-0-1"), holder_host + "\n");
   EXPECT_EQ(dir_.Read("addr-1-1"), holder_host + "\n");
 
+  // The dead host comes back: its agent finds the new holder in etcd and waits to take part
+  // from the next restart (its rank is the spare's now).
+  Start(0);
+  ASSERT_TRUE(OutputHas(agent(holder), "node 0 (127.0.0.1) joined", 20s)) << Describe();
+
   // The etcd leader dies while round 1 runs: the coordinator renews its lease through another
   // member, after the election, without stepping down.
   const auto leader = etcd_->Leader(10s);
@@ -131,8 +136,10 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
   WaitFor([] { return false; }, 6s);  // more than a lease: a renewal that failed would show
   dir_.Write("finish", "");
 
+  // Every agent that runs ends with the job's code.
   EXPECT_EQ(agent(1).Wait(60s), 0) << Describe();
   EXPECT_EQ(agent(2).Wait(10s), 0) << Describe();
+  EXPECT_EQ(agent(3).Wait(10s), 0) << Describe();
   const std::string coordinator = agent(holder).Output();
   EXPECT_THAT(coordinator, HasSubstr("taking over the job from node 0 (127.0.0.1): round 1 next, 0 of 2 "
                                      "restarts used"))
@@ -142,7 +149,7 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
       << Describe();
   // The budget is counted once: one restart for the lost host, none for the etcd leader.
   EXPECT_THAT(coordinator, HasSubstr("exited 0 in round 1 (1 restart used)")) << Describe();
-  for (int i : {1, 2}) {
+  for (int i : {1, 2, 3}) {
     EXPECT_THAT(agent(i).Output(), Not(HasSubstr("no longer holds the coordinator role"))) << Describe();
   }
   EXPECT_FALSE(dir_.Exists("addr-0-2")) << Describe();
