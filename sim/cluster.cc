@@ -43,7 +43,13 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
   if (spec_.rendezvous.Etcd()) {
-    etcd_ = std::make_unique<SimEtcd>(*this, spec_, options.network, options.seed,
+    SimEtcd::Hooks hooks;
+    hooks.now_ns = [this] { return now_ns_; };
+    hooks.deliver = [this](uint32_t node, uint32_t incarnation, host::StoreResult result) {
+      DeliverStore(node, incarnation, std::move(result));
+    };
+    hooks.print = [this](std::optional<uint32_t> node, const std::string& text) { PrintSim(node, text); };
+    etcd_ = std::make_unique<SimEtcd>(queue_, std::move(hooks), spec_, options.network, options.seed,
                                       options.sabotage == SimOptions::Sabotage::kStoreIgnoresFencing);
     invariants_.SetRankZeroAnywhere();
   }

@@ -19,9 +19,10 @@ int64_t Ns(Duration d) { return d.count(); }
 
 }  // namespace
 
-SimEtcd::SimEtcd(Cluster& cluster, const JobSpec& spec, const NetworkOptions& network, uint64_t seed,
-                 bool ignore_fencing)
-    : cluster_(cluster),
+SimEtcd::SimEtcd(EventQueue& queue, Hooks hooks, const JobSpec& spec, const NetworkOptions& network,
+                 uint64_t seed, bool ignore_fencing)
+    : queue_(queue),
+      hooks_(std::move(hooks)),
       spec_(spec),
       network_(network),
       rng_(seed, 7),
@@ -36,7 +37,7 @@ int64_t SimEtcd::Latency() {
 
 bool SimEtcd::Available() const {
   const auto up = std::count(down_.begin(), down_.end(), 0);
-  return up * 2 > kEtcdMembers && has_leader_ && cluster_.now_ns() >= electing_until_ns_;
+  return up * 2 > kEtcdMembers && has_leader_ && Now() >= electing_until_ns_;
 }
 
 std::string SimEtcd::Unanswered() const {
@@ -44,13 +45,13 @@ std::string SimEtcd::Unanswered() const {
                      fmt::join(spec_.rendezvous.endpoints, ", "));
 }
 
-void SimEtcd::Request(uint32_t node, uint64_t id, Op op) {
+void SimEtcd::Request(uint32_t node, uint32_t incarnation, uint64_t id, Op op) {
   if (cut_.size() <= node) cut_.resize(node + 1, 0);
   const uint64_t seq = next_seq_++;
-  const int64_t deadline = cluster_.now_ns() + Ns(kStoreCallBound);
-  pending_.emplace(seq, Pending{node, cluster_.node(node).incarnation, id, std::move(op), deadline, false});
-  cluster_.queue().PushCall(TimePoint(Duration(cluster_.now_ns() + Latency())), [this, seq] { Arrive(seq); });
-  cluster_.queue().PushCall(TimePoint(Duration(deadline)), [this, seq] { Expire(seq); });
+  const int64_t deadline = Now() + Ns(kStoreCallBound);
+  pending_.emplace(seq, Pending{node, incarnation, id, std::move(op), deadline, false});
+  queue_.PushCall(TimePoint(Duration(Now() + Latency())), [this, seq] { Arrive(seq); });
+  queue_.PushCall(TimePoint(Duration(deadline)), [this, seq] { Expire(seq); });
 }
 
 void SimEtcd::Arrive(uint64_t seq) {
@@ -69,13 +70,13 @@ void SimEtcd::TryServe(uint64_t seq) {
   p.waiting = false;
   host::StoreResult result = Apply(p.op);
   result.id = p.id;
-  cluster_.queue().PushCall(TimePoint(Duration(cluster_.now_ns() + Latency())),
+  queue_.PushCall(TimePoint(Duration(Now() + Latency())),
                             [this, seq, result] { Answer(seq, result); });
 }
 
 host::StoreResult SimEtcd::Apply(const Op& op) {
   host::StoreResult result;
-  const int64_t now = cluster_.now_ns();
+  const int64_t now = Now();
   if (const auto* grant = std::get_if<GrantOp>(&op)) {
     // TTLs are whole seconds, at least etcd's minimum.
     const auto seconds = std::chrono::ceil<std::chrono::seconds>(std::max(grant->ttl, kMinTtl));
@@ -136,7 +137,7 @@ void SimEtcd::Answer(uint64_t seq, host::StoreResult result) {
   if (cut_[it->second.node] > 0) return;
   const Pending p = std::move(it->second);
   pending_.erase(it);
-  cluster_.DeliverStore(p.node, p.incarnation, std::move(result));
+  hooks_.deliver(p.node, p.incarnation, std::move(result));
 }
 
 void SimEtcd::Expire(uint64_t seq) {
@@ -147,7 +148,7 @@ void SimEtcd::Expire(uint64_t seq) {
   host::StoreResult result;
   result.id = p.id;
   result.error = Unanswered();
-  cluster_.DeliverStore(p.node, p.incarnation, std::move(result));
+  hooks_.deliver(p.node, p.incarnation, std::move(result));
 }
 
 void SimEtcd::ServeWaiting() {
@@ -175,12 +176,12 @@ void SimEtcd::DeleteLease(int64_t lease) {
 }
 
 void SimEtcd::ScheduleExpiry(int64_t lease, int64_t at_ns) {
-  cluster_.queue().PushCall(TimePoint(Duration(at_ns)), [this, lease] { CheckExpiry(lease); });
+  queue_.PushCall(TimePoint(Duration(at_ns)), [this, lease] { CheckExpiry(lease); });
 }
 
 void SimEtcd::CheckExpiry(int64_t lease) {
   auto it = leases_.find(lease);
-  if (it == leases_.end() || it->second.expiry_ns > cluster_.now_ns()) return;
+  if (it == leases_.end() || it->second.expiry_ns > Now()) return;
   // Only a leader expires leases; the next one renews them all (BeginElection).
   if (!Available()) return;
   DeleteLease(lease);
@@ -188,16 +189,16 @@ void SimEtcd::CheckExpiry(int64_t lease) {
 
 void SimEtcd::BeginElection(Duration duration) {
   has_leader_ = true;
-  electing_until_ns_ = std::max(electing_until_ns_, cluster_.now_ns() + Ns(duration));
+  electing_until_ns_ = std::max(electing_until_ns_, Now() + Ns(duration));
   const int64_t until = electing_until_ns_;
-  cluster_.queue().PushCall(TimePoint(Duration(until)), [this, until] {
+  queue_.PushCall(TimePoint(Duration(until)), [this, until] {
     if (electing_until_ns_ != until || !Available()) return;
     // The new leader starts every lease's TTL afresh (etcd's lease promotion).
     for (auto& [id, lease] : leases_) {
-      lease.expiry_ns = cluster_.now_ns() + Ns(lease.ttl);
+      lease.expiry_ns = Now() + Ns(lease.ttl);
       ScheduleExpiry(id, lease.expiry_ns);
     }
-    cluster_.PrintSim(std::nullopt, "etcd: a leader is elected; requests are served again");
+    hooks_.print(std::nullopt, "etcd: a leader is elected; requests are served again");
     ServeWaiting();
   });
 }
@@ -205,7 +206,7 @@ void SimEtcd::BeginElection(Duration duration) {
 void SimEtcd::UpdateLeader() {
   const auto up = std::count(down_.begin(), down_.end(), 0);
   if (up * 2 <= kEtcdMembers) {
-    if (has_leader_) cluster_.PrintSim(std::nullopt, "etcd: no quorum; requests wait, then fail");
+    if (has_leader_) hooks_.print(std::nullopt, "etcd: no quorum; requests wait, then fail");
     has_leader_ = false;
     return;
   }
@@ -218,33 +219,33 @@ void SimEtcd::UpdateLeader() {
 void SimEtcd::MemberDown(int member, std::optional<Duration> duration) {
   const auto m = static_cast<size_t>(member % kEtcdMembers);
   ++down_[m];
-  cluster_.PrintSim(std::nullopt, fmt::format("etcd: member {} ({}) is down{}", m,
+  hooks_.print(std::nullopt, fmt::format("etcd: member {} ({}) is down{}", m,
                                               m < spec_.rendezvous.endpoints.size() ? spec_.rendezvous.endpoints[m]
                                                                                     : "?",
                                               duration ? " for " + FormatDuration(*duration) : ""));
   UpdateLeader();
   if (!duration) return;
-  cluster_.queue().PushCall(cluster_.now() + *duration, [this, m] {
+  queue_.PushCall(TimePoint(Duration(Now() + Ns(*duration))), [this, m] {
     --down_[m];
-    if (down_[m] == 0) cluster_.PrintSim(std::nullopt, fmt::format("etcd: member {} is back", m));
+    if (down_[m] == 0) hooks_.print(std::nullopt, fmt::format("etcd: member {} is back", m));
     UpdateLeader();
   });
 }
 
 void SimEtcd::LeaderLost(Duration duration) {
-  cluster_.PrintSim(std::nullopt, fmt::format("etcd: the leader is lost; an election takes {}", FormatDuration(duration)));
+  hooks_.print(std::nullopt, fmt::format("etcd: the leader is lost; an election takes {}", FormatDuration(duration)));
   if (has_leader_) BeginElection(duration);
 }
 
 void SimEtcd::Partition(uint32_t node, std::optional<Duration> duration) {
   if (cut_.size() <= node) cut_.resize(node + 1, 0);
   ++cut_[node];
-  cluster_.PrintSim(node, fmt::format("etcd: this host is cut off from etcd{}",
+  hooks_.print(node, fmt::format("etcd: this host is cut off from etcd{}",
                                       duration ? " for " + FormatDuration(*duration) : ""));
   if (!duration) return;
-  cluster_.queue().PushCall(cluster_.now() + *duration, [this, node] {
+  queue_.PushCall(TimePoint(Duration(Now() + Ns(*duration))), [this, node] {
     --cut_[node];
-    if (cut_[node] == 0) cluster_.PrintSim(node, "etcd: this host reaches etcd again");
+    if (cut_[node] == 0) hooks_.print(node, "etcd: this host reaches etcd again");
     ServeWaiting();
   });
 }
@@ -259,7 +260,7 @@ std::optional<host::StoreEntry> SimEtcd::Peek(const std::string& key) const {
 
 uint64_t SimStoreClient::Send(SimEtcd::Op op) {
   const uint64_t id = next_id_++;
-  cluster_->etcd().Request(node_, id, std::move(op));
+  cluster_->etcd().Request(node_, cluster_->node(node_).incarnation, id, std::move(op));
   return id;
 }
 

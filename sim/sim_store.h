@@ -14,6 +14,7 @@
 // client at no cost, and watches are not modelled (ddprun does not use them). Internal to sim/.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "runner/host/ports.h"
 #include "schema/job_spec.h"
+#include "sim/event_queue.h"
 #include "sim/prng.h"
 #include "sim/simulation.h"
 
@@ -37,7 +39,15 @@ inline constexpr int kEtcdMembers = 3;
 
 class SimEtcd {
  public:
-  SimEtcd(Cluster& cluster, const JobSpec& spec, const NetworkOptions& network, uint64_t seed,
+  /// What the model needs of the simulator (the Cluster; a test drives its own queue).
+  struct Hooks {
+    std::function<int64_t()> now_ns;
+    /// An answer reaches `node`'s agent of `incarnation` (if it is still that one).
+    std::function<void(uint32_t node, uint32_t incarnation, host::StoreResult result)> deliver;
+    /// A "sim:" line (no node) or one on a node's behalf.
+    std::function<void(std::optional<uint32_t> node, const std::string& text)> print;
+  };
+  SimEtcd(EventQueue& queue, Hooks hooks, const JobSpec& spec, const NetworkOptions& network, uint64_t seed,
           bool ignore_fencing);
 
   // ---- the client calls (SimStoreClient): each returns the id its answer carries ----
@@ -59,8 +69,8 @@ class SimEtcd {
     std::vector<host::StorePut> puts;
   };
   using Op = std::variant<GrantOp, KeepAliveOp, RevokeOp, GetOp, PutIfOp>;
-  /// Sends `op` from `node`'s agent; `id` is the client's id for it.
-  void Request(uint32_t node, uint64_t id, Op op);
+  /// Sends `op` from `node`'s agent (of `incarnation`); `id` is the client's id for it.
+  void Request(uint32_t node, uint32_t incarnation, uint64_t id, Op op);
 
   // ---- faults (sim/faults.cc) ----
   /// Member `member` stops for `duration` (nullopt: for good).
@@ -106,7 +116,10 @@ class SimEtcd {
   void BeginElection(Duration duration);
   std::string Unanswered() const;
 
-  Cluster& cluster_;
+  int64_t Now() const { return hooks_.now_ns(); }
+
+  EventQueue& queue_;
+  Hooks hooks_;
   const JobSpec& spec_;
   NetworkOptions network_;
   Prng rng_;
