@@ -114,7 +114,8 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
         fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
         fault.duration = seconds_between(Seconds(1), Minutes(3));
       } else {
-        // Node 0 holds the coordinator role first: its host dies, for good or for a while.
+        // Node 0's host dies, for good or for a while: the coordinator's, when node 0's agent
+        // won the first campaign (a race).
         fault.kind = FaultKind::kNodeCrash;
         fault.node = 0;
         if (rng.Below(2) == 0) fault.reboot_after = seconds_between(Seconds(20), Minutes(5));
