@@ -232,7 +232,7 @@ void Cluster::OnNodeExit(uint32_t index, int code) {
   PrintSim(index, fmt::format("agent exited with code {}", code));
   AddMark(index, MarkKind::kExit, fmt::format("exit {}", code));
   std::optional<RoundKey> round;
-  if (n.host && n.host->agent().round() >= 0) round = RoundKey{coordinator_incarnation_, n.host->agent().round()};
+  if (n.host && n.host->agent().round() >= 0) round = RoundKey{RoundEpochOf(index), n.host->agent().round()};
   invariants_.AgentExited(index, code, round);
   // The process is gone: the kernel closes its sockets (FIN) once this event is over.
   queue_.PushCall(now(), [this, index] { ReleaseNode(index); });
@@ -368,6 +368,24 @@ void Cluster::DeliverStore(uint32_t index, uint32_t incarnation, host::StoreResu
   SetPhase(index);
 }
 
+uint64_t Cluster::RoundEpochOf(uint32_t index) const {
+  if (!etcd_) return coordinator_incarnation_;
+  const Node& n = *nodes_[index];
+  if (!n.host || !n.host->election()) return 0;
+  auto it = launch_of_key_.find(n.host->election()->state_key());
+  return it == launch_of_key_.end() ? 0 : it->second;
+}
+
+uint64_t Cluster::LaunchOf(const host::Election& election) {
+  // The new holder read the state just before it took the role, and nothing has written it
+  // since: its own first writes are still on their way.
+  const auto entry = etcd_->Peek(election.state_key());
+  const auto state = entry ? host::JobState::Parse(entry->value) : std::nullopt;
+  uint64_t& launch = launch_of_key_[election.state_key()];
+  if (launch == 0 || !state || state->done) launch = ++launches_;
+  return launch;
+}
+
 void Cluster::ObserveCoordinators() {
   if (seen_coordinators_.size() < nodes_.size()) seen_coordinators_.resize(nodes_.size());
   int restarts = most_restarts_;
@@ -380,20 +398,27 @@ void Cluster::ObserveCoordinators() {
       if (seen.coordinator) invariants_.CoordinatorGone(seen.epoch);
       seen = SeenCoordinator{};
       seen.coordinator = coordinator;
-      if (coordinator) seen.epoch = ++coordinator_epochs_;
+      if (coordinator) {
+        seen.epoch = ++coordinator_epochs_;
+        seen.launch = LaunchOf(*nodes_[i]->host->election());
+      }
     }
     if (!coordinator) continue;
     restarts = std::max(restarts, coordinator->restarts_used());
     // BeginRound moves the coordinator to kRunning with its StartRounds sent in the same step.
     if (coordinator->phase() == core::Coordinator::Phase::kRunning && coordinator->round() != seen.started) {
       seen.started = coordinator->round();
-      invariants_.CoordinatorStartedRound(seen.epoch, nodes_[i]->label, coordinator->round());
+      invariants_.CoordinatorStartedRound(seen.epoch, nodes_[i]->label, RoundKey{seen.launch, coordinator->round()});
     }
     if (coordinator->hang_judgements() != seen.judgements) {
       seen.judgements = coordinator->hang_judgements();
       ++stats_.hangs_judged;
       const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
-      invariants_.HangJudged(RoundKey{0, judged.round}, judged.culprits, judged.with_stack);
+      invariants_.HangJudged(RoundKey{seen.launch, judged.round}, judged.culprits, judged.with_stack);
+    }
+    if (!seen.ended && coordinator->exit_code()) {
+      seen.ended = true;
+      invariants_.CoordinatorEnded(now_ns_, seen.launch, nodes_[i]->label, *coordinator->exit_code());
     }
   }
   invariants_.CoordinatorRestarts(restarts);

@@ -70,8 +70,10 @@ class Cluster {
   SimStats& stats() { return stats_; }
   Invariants& invariants() { return invariants_; }
   Timeline* timeline() { return timeline_; }
-  /// The incarnation of the coordinator that now runs rounds (+1 per coordinator started).
-  uint64_t coordinator_incarnation() const { return coordinator_incarnation_; }
+  /// What tells the rounds of `node`'s agent apart from other rounds of the same number: the
+  /// incarnation of the coordinator that now runs rounds (+1 per coordinator started); with
+  /// etcd, where rounds go on across coordinators, the launch of the job its agent runs.
+  uint64_t RoundEpochOf(uint32_t node) const;
   std::string NodeLabel(uint32_t index) const { return nodes_[index]->label; }
   /// The agent (node index) whose workers last played node rank `node_rank`.
   uint32_t HolderOf(int node_rank) const { return holders_[static_cast<size_t>(node_rank)]; }
@@ -176,7 +178,14 @@ class Cluster {
     uint64_t epoch = 0;              // 1, 2, ...: the order coordinators appeared in
     int started = -1;                // the last round it started
     uint64_t judgements = 0;
+    bool ended = false;              // its verdict was reported
+    uint64_t launch = 0;             // the launch of the job it runs (LaunchOf)
   };
+  /// etcd: the launch of the job a coordinator that just took the role runs, from what etcd
+  /// holds under its state key: the one there, or a new one when there is none or it ended.
+  uint64_t LaunchOf(const host::Election& election);
+  std::map<std::string, uint64_t> launch_of_key_;  // state key -> its current launch
+  uint64_t launches_ = 0;
   std::vector<SeenCoordinator> seen_coordinators_;
   uint64_t coordinator_epochs_ = 0;
   int most_restarts_ = 0;              // etcd: the most restarts any coordinator counted

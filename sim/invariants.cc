@@ -90,14 +90,25 @@ void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) { nodes_[no
 
 void Invariants::CoordinatorRestarts(int used) { restarts_ = used; }
 
-void Invariants::CoordinatorStartedRound(uint64_t epoch, std::string label, int round) {
+void Invariants::CoordinatorStartedRound(uint64_t epoch, std::string label, RoundKey round) {
   Observation o;
   o.kind = Kind::kLeads;
   o.pid = epoch;
-  o.code = round;
+  o.round = round;
   o.node = static_cast<uint32_t>(labels_.size());
   labels_.push_back(std::move(label));
   log_.push_back(o);
+}
+
+// The job ends once: every coordinator that ends it (a new holder of an ended job tells the
+// same verdict again) tells the same exit code. Checked at once: a verdict is not an event of
+// the ledger.
+void Invariants::CoordinatorEnded(int64_t now_ns, uint64_t launch, std::string label, int exit_code) {
+  auto [it, inserted] = verdicts_.emplace(launch, std::make_pair(exit_code, label));
+  if (inserted || it->second.first == exit_code) return;
+  Fail(now_ns, fmt::format("the job ends once: the coordinator on {} ended it with exit code {}, the one on {} "
+                           "with {}",
+                           it->second.second, it->second.first, label, exit_code));
 }
 
 void Invariants::CoordinatorGone(uint64_t epoch) {
@@ -211,8 +222,8 @@ void Invariants::AfterEvent(int64_t now_ns) {
       case Kind::kLeads: {
         Coordinator& c = coordinators_[o.pid];
         c.label = labels_[o.node];
-        CheckCoordinatorStart(now_ns, o.pid, o.code);
-        c.started = o.code;
+        CheckCoordinatorStart(now_ns, o.pid, *o.round);
+        c.started = *o.round;
         break;
       }
       case Kind::kGone:
@@ -409,28 +420,32 @@ void Invariants::CheckStore(int64_t now_ns, const Observation& o) {
 //      its predecessor's workers are gone (TakeOver waits out their agents' lease).
 // A coordinator counts as existing from when its agent takes the role until it steps down,
 // crashes or exits; the simulator reads that after every event (Cluster::ObserveCoordinators).
-void Invariants::CheckCoordinatorStart(int64_t now_ns, uint64_t epoch, int round) {
+void Invariants::CheckCoordinatorStart(int64_t now_ns, uint64_t epoch, const RoundKey& round) {
   const std::string& label = coordinators_[epoch].label;
   auto [it, inserted] = round_starters_.emplace(round, std::make_pair(epoch, label));
   if (!inserted && it->second.first != epoch) {
     return Fail(now_ns, fmt::format("two coordinators act at once: round {} was started by the coordinator "
                                     "on {} and again by the one on {}",
-                                    round, it->second.second, label));
+                                    round.round, it->second.second, label));
   }
   while (round_starters_.size() > 64) round_starters_.erase(round_starters_.begin());
   for (const auto& [other, c] : coordinators_) {
-    if (other == epoch || c.started < round) continue;
+    // Another launch of the job (an agent that started after the end) is another job.
+    if (other == epoch || !c.started || c.started->coordinator != round.coordinator ||
+        c.started->round < round.round) {
+      continue;
+    }
     return Fail(now_ns, fmt::format("two coordinators act at once: the coordinator on {} starts round {} "
                                     "while the one on {}, which still holds its state, started round {}",
-                                    label, round, c.label, c.started));
+                                    label, round.round, c.label, c.started->round));
   }
   for (const auto& [key, r] : rounds_) {
-    if (r.live == 0 || key.round == round) continue;
-    auto starter = round_starters_.find(key.round);
+    if (r.live == 0 || key == round) continue;
+    auto starter = round_starters_.find(key);
     if (starter == round_starters_.end() || starter->second.first == epoch) continue;
     return Fail(now_ns, fmt::format("two coordinators act at once: the coordinator on {} starts round {} "
                                     "while {} worker(s) of round {}, which the one on {} started, still run",
-                                    label, round, r.live, key.round, starter->second.second));
+                                    label, round.round, r.live, key.round, starter->second.second));
   }
 }
 

@@ -102,7 +102,7 @@ const Workers::Gang* Workers::CurrentGang() const {
 
 void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch) {
   const Node& n = cluster_.node(index);
-  const uint64_t coordinator = cluster_.coordinator_incarnation();
+  const uint64_t coordinator = cluster_.RoundEpochOf(index);
   Gang* g = CurrentGang();
   if (!g || g->coordinator != coordinator || g->round != round) {
     if (g) g->workers.clear();
