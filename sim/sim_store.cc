@@ -219,10 +219,9 @@ void SimEtcd::UpdateLeader() {
 void SimEtcd::MemberDown(int member, std::optional<Duration> duration) {
   const auto m = static_cast<size_t>(member % kEtcdMembers);
   ++down_[m];
-  hooks_.print(std::nullopt, fmt::format("etcd: member {} ({}) is down{}", m,
-                                              m < spec_.rendezvous.endpoints.size() ? spec_.rendezvous.endpoints[m]
-                                                                                    : "?",
-                                              duration ? " for " + FormatDuration(*duration) : ""));
+  const std::string endpoint = m < spec_.rendezvous.endpoints.size() ? spec_.rendezvous.endpoints[m] : "?";
+  hooks_.print(std::nullopt, fmt::format("etcd: member {} ({}) is down{}", m, endpoint,
+                                         duration ? " for " + FormatDuration(*duration) : ""));
   UpdateLeader();
   if (!duration) return;
   queue_.PushCall(TimePoint(Duration(Now() + Ns(*duration))), [this, m] {

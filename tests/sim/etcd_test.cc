@@ -150,6 +150,15 @@ TEST(EtcdTest, OneMemberDownOrALostLeaderChangesNothing) {
   EXPECT_THAT(run.output, Not(HasSubstr("no longer holds the coordinator role")));
 }
 
+TEST(EtcdTest, OneSeedGivesTheSameRunTwice) {
+  const std::vector<std::string> faults = {"node-crash@5m:node=0,reboot_after=1m", "etcd-leader-lost@7m",
+                                           "etcd-partition@9m:node=2,duration=30s"};
+  const SimRun a = Simulate(EtcdJob(), faults, 11);
+  const SimRun b = Simulate(EtcdJob(), faults, 11);
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_FALSE(a.result.violation);
+}
+
 TEST(EtcdTest, EtcdFaultsNeedAnEtcdJob) {
   const Status fits = FaultFitsJob(*ParseFaultFlag("etcd-partition@1m:node=1"), *ParseJobText(SmallJob(), "j").spec);
   EXPECT_EQ(fits.error(), "etcd-partition fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" "
