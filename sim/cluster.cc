@@ -401,6 +401,7 @@ void Cluster::ObserveCoordinators() {
       if (coordinator) {
         seen.epoch = ++coordinator_epochs_;
         seen.launch = LaunchOf(*nodes_[i]->host->election());
+        invariants_.SetCoordinatorNode(i);
       }
     }
     if (!coordinator) continue;

@@ -541,8 +541,8 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
   if (round.live == 0) return;
   const int64_t allowed = SilenceAllowed(round);
   const int64_t bound = allowed + bounds_.hangs->after_silence.count();
-  // A hung agent neither sees the silence nor stops its workers, and node 0's runs the
-  // coordinator: the bound starts again when the last of them resumed. One that never resumes
+  // A hung agent neither sees the silence nor stops its workers, and node 0's (with etcd,
+  // the holder's) runs the coordinator: the bound starts again when the last of them resumed. One that never resumes
   // is left to the lease checks (its guardian kills its workers; the others lose it).
   int64_t from = round.hung_since_ns;
   const Worker* late = nullptr;
@@ -555,7 +555,7 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
     }
     return true;
   };
-  if (!nodes_.empty() && !count_hang(nodes_[0])) return;
+  if (coordinator_node_ < nodes_.size() && !count_hang(nodes_[coordinator_node_])) return;
   for (uint64_t pid : round.pids) {
     auto it = workers_.find(pid);
     if (it == workers_.end()) continue;

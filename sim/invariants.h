@@ -101,6 +101,8 @@ class Invariants {
   /// rendezvous.backend = "etcd": whichever agent holds the coordinator role plays node rank 0,
   /// a spare included.
   void SetRankZeroAnywhere() { rank_zero_anywhere_ = true; }
+  /// etcd: the node whose agent now runs the coordinator (node 0 without etcd).
+  void SetCoordinatorNode(uint32_t node) { coordinator_node_ = node; }
 
   // ---- observations: recorded in order, checked by AfterEvent ----
   void WorkerStarted(WorkerStart start);
@@ -247,6 +249,7 @@ class Invariants {
   std::optional<RoundKey> latest_round_;  // the last round any worker started in
   int restarts_ = 0;
   bool rank_zero_anywhere_ = false;
+  uint32_t coordinator_node_ = 0;
   std::map<uint64_t, Coordinator> coordinators_;  // etcd: the coordinators that exist, by epoch
   std::map<RoundKey, std::pair<uint64_t, std::string>> round_starters_;  // round -> (epoch, label)
   std::vector<std::string> labels_;                // kLeads payloads of log_ (by Observation::pid)
