@@ -382,7 +382,8 @@ uint64_t Cluster::LaunchOf(const host::Election& election) {
   const auto entry = etcd_->Peek(election.state_key());
   const auto state = entry ? host::JobState::Parse(entry->value) : std::nullopt;
   uint64_t& launch = launch_of_key_[election.state_key()];
-  if (launch == 0 || !state || state->done) launch = ++launches_;
+  // No state yet is the first launch still (its first holder may have gone before writing).
+  if (launch == 0 || (state && state->done)) launch = ++launches_;
   return launch;
 }
 

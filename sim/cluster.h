@@ -182,7 +182,7 @@ class Cluster {
     uint64_t launch = 0;             // the launch of the job it runs (LaunchOf)
   };
   /// etcd: the launch of the job a coordinator that just took the role runs, from what etcd
-  /// holds under its state key: the one there, or a new one when there is none or it ended.
+  /// holds under its state key: the current one, or a new one when the state says it ended.
   uint64_t LaunchOf(const host::Election& election);
   std::map<std::string, uint64_t> launch_of_key_;  // state key -> its current launch
   uint64_t launches_ = 0;

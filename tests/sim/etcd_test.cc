@@ -159,6 +159,24 @@ TEST(EtcdTest, OneSeedGivesTheSameRunTwice) {
   EXPECT_FALSE(a.result.violation);
 }
 
+// The campaign is a PutIf on an absent role key. With the model's test knob that lets every
+// compare hold, the agents that start together all win the role; in a job that may shrink to
+// one node (cluster.min_nodes = 1), each starts round 0 with its own agent once the others are
+// away for timeouts.replace, and the invariant fires. Without the knob the same job is fine.
+TEST(EtcdTest, WithoutTheCompareTwoAgentsHoldTheRoleAndTwoCoordinatorsAct) {
+  std::string job = EtcdJob();
+  job.replace(job.find("nproc_per_node = 2\n"), 19, "nproc_per_node = 2\nmin_nodes = 1\n");
+  job.replace(job.find("replace = \"1m\"\n"), 14, "replace = \"10s\"\n");
+  const SimRun fenced = Simulate(job);
+  EXPECT_FALSE(fenced.result.violation) << *fenced.result.violation;
+  EXPECT_EQ(fenced.result.exit_code, 0);
+  const SimRun broken = Simulate(job, {}, std::nullopt, false, sim::SimOptions::Sabotage::kStoreIgnoresFencing);
+  EXPECT_EQ(broken.result.violation.value_or(""),
+            "two coordinators act at once: round 0 was started by the coordinator on node 0 and again by the one "
+            "on node 1 (at 10s)");
+  EXPECT_THAT(broken.output, HasSubstr("INVARIANT VIOLATED: two coordinators act at once"));
+}
+
 TEST(EtcdTest, EtcdFaultsNeedAnEtcdJob) {
   const Status fits = FaultFitsJob(*ParseFaultFlag("etcd-partition@1m:node=1"), *ParseJobText(SmallJob(), "j").spec);
   EXPECT_EQ(fits.error(), "etcd-partition fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" "
