@@ -176,7 +176,8 @@ int Main(int argc, char** argv) {
       "  ddprun simulate job.toml --replay logs/job   would the simulator have predicted that run?\n"
       "\n"
       "Fault kinds: node-crash, agent-hang, worker-exit, worker-hang, worker-slow,\n"
-      "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank.");
+      "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank,\n"
+      "etcd-member-down, etcd-leader-lost, etcd-partition (rendezvous.backend = \"etcd\").");
 
   ReportOptions report;
   int report_run = 0;

@@ -154,6 +154,13 @@ Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec) {
                             FaultKindName(fault.kind), *fault.local_rank,
                             spec.cluster.nproc_per_node - 1));
   }
+  const bool etcd_fault = fault.kind == FaultKind::kEtcdMemberDown || fault.kind == FaultKind::kEtcdLeaderLost ||
+                          fault.kind == FaultKind::kEtcdPartition;
+  if (etcd_fault && !spec.rendezvous.Etcd()) {
+    return Fail(fmt::format("{} fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" models "
+                            "an etcd cluster)",
+                            FaultKindName(fault.kind)));
+  }
   for (int peer : fault.peers) {
     if (peer < 0 || peer >= agents || peer == fault.node) {
       return Fail(fmt::format("{} fault: peer {} is not another node of the job (0..{})",

@@ -59,6 +59,10 @@ enum class FaultKind {
   kJobFileDiffers,
   kDuplicateNodeRank,
   kWorkerSlow,
+  // rendezvous.backend = "etcd" only: faults of the modelled etcd cluster (sim/sim_store.h).
+  kEtcdMemberDown,
+  kEtcdLeaderLost,
+  kEtcdPartition,
 };
 
 /// One scheduled fault of [[simulate.faults]] or `--fault kind@time:key=value,...`.

@@ -332,9 +332,10 @@ constexpr std::array<KeySpec, 11> kSimulateKeys = {{
      .doc = "The simulation gives up after this.", .default_value = "60d"},
 }};
 
-constexpr std::array<std::string_view, 10> kFaultKindNames = {
-    "node-crash",  "agent-hang",          "worker-exit", "worker-hang",      "worker-slow",
-    "partition",   "master-port-blocked", "slow-joiner", "job-file-differs", "duplicate-node-rank"};
+constexpr std::array<std::string_view, 13> kFaultKindNames = {
+    "node-crash",  "agent-hang",          "worker-exit",      "worker-hang",      "worker-slow",
+    "partition",   "master-port-blocked", "slow-joiner",      "job-file-differs", "duplicate-node-rank",
+    "etcd-member-down", "etcd-leader-lost", "etcd-partition"};
 
 // The ranges are those of any job; the loader lowers the node and rank bounds to the job's.
 constexpr std::array<KeySpec, 9> kFaultKeys = {{
@@ -342,7 +343,8 @@ constexpr std::array<KeySpec, 9> kFaultKeys = {{
      .required = true},
     {.name = "kind", .type = KeyType::kString, .doc = "What happens.",
      .values = kFaultKindNames, .required = true},
-    {.name = "node", .type = KeyType::kInteger, .doc = "The node it hits.",
+    {.name = "node", .type = KeyType::kInteger,
+     .doc = "The node it hits (etcd-member-down: the etcd member number node % 3).",
      .range = kNodeRankRange, .default_value = "0"},
     {.name = "local_rank", .type = KeyType::kInteger,
      .doc = "worker-exit, worker-hang, worker-slow: which worker (default 0).",
@@ -350,8 +352,8 @@ constexpr std::array<KeySpec, 9> kFaultKeys = {{
     {.name = "exit_code", .type = KeyType::kInteger, .doc = "worker-exit: the exit code.",
      .range = IntRange{0, 255}, .default_value = "1"},
     {.name = "duration", .type = KeyType::kDuration,
-     .doc = "agent-hang, worker-hang, worker-slow, partition, master-port-blocked, slow-joiner: "
-            "heals after this."},
+     .doc = "agent-hang, worker-hang, worker-slow, partition, master-port-blocked, slow-joiner, "
+            "etcd-member-down, etcd-leader-lost, etcd-partition: heals after this."},
     {.name = "reboot_after", .type = KeyType::kDuration,
      .doc = "node-crash: the node comes back after this."},
     {.name = "peers", .type = KeyType::kIntegerArray,
@@ -403,7 +405,7 @@ constexpr std::array<std::string_view, 2> kWorkerHangKeys = {"local_rank", "dura
 constexpr std::array<std::string_view, 2> kPartitionKeys = {"duration", "peers"};
 constexpr std::array<std::string_view, 3> kWorkerSlowKeys = {"local_rank", "duration", "percent"};
 
-constexpr std::array<FaultKindSpec, 10> kFaultKindSpecs = {{
+constexpr std::array<FaultKindSpec, 13> kFaultKindSpecs = {{
     {FaultKind::kNodeCrash, kFaultKindNames[0], kRebootAfter},
     {FaultKind::kAgentHang, kFaultKindNames[1], kDuration},
     {FaultKind::kWorkerExit, kFaultKindNames[2], kWorkerExitKeys},
@@ -414,6 +416,9 @@ constexpr std::array<FaultKindSpec, 10> kFaultKindSpecs = {{
     {FaultKind::kSlowJoiner, kFaultKindNames[7], kDuration},
     {FaultKind::kJobFileDiffers, kFaultKindNames[8], {}},
     {FaultKind::kDuplicateNodeRank, kFaultKindNames[9], {}},
+    {FaultKind::kEtcdMemberDown, kFaultKindNames[10], kDuration},
+    {FaultKind::kEtcdLeaderLost, kFaultKindNames[11], kDuration},
+    {FaultKind::kEtcdPartition, kFaultKindNames[12], kDuration},
 }};
 
 [[noreturn]] void NotInTable(std::string_view what) {

@@ -42,6 +42,17 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
   stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
+  if (spec_.rendezvous.Etcd()) {
+    SimEtcd::Hooks hooks;
+    hooks.now_ns = [this] { return now_ns_; };
+    hooks.deliver = [this](uint32_t node, uint32_t incarnation, host::StoreResult result) {
+      DeliverStore(node, incarnation, std::move(result));
+    };
+    hooks.print = [this](std::optional<uint32_t> node, const std::string& text) { PrintSim(node, text); };
+    etcd_ = std::make_unique<SimEtcd>(queue_, std::move(hooks), spec_, options.network, options.seed,
+                                      options.sabotage == SimOptions::Sabotage::kStoreIgnoresFencing);
+    invariants_.SetRankZeroAnywhere();
+  }
 }
 
 std::optional<HangBounds> HangBoundsOf(const JobSpec& spec) {
@@ -115,8 +126,16 @@ void Cluster::BuildNodes() {
   // Node 0's coordinator decides what the job is: when every node runs the same changed file,
   // no node differs, and the job they agree on is the one to check against.
   workers_.SetWorld(specs[0]->WorldSize());
-  invariants_.SetWorldBounds(specs[0]->cluster.min_nodes * specs[0]->cluster.nproc_per_node,
-                             specs[0]->WorldSize());
+  int min_world = specs[0]->cluster.min_nodes * specs[0]->cluster.nproc_per_node;
+  int max_world = specs[0]->WorldSize();
+  if (etcd_) {
+    // With etcd whichever agent takes the coordinator role first decides what the job is.
+    for (const JobSpec* s : specs) {
+      min_world = std::min(min_world, s->cluster.min_nodes * s->cluster.nproc_per_node);
+      max_world = std::max(max_world, s->WorldSize());
+    }
+  }
+  invariants_.SetWorldBounds(min_world, max_world);
   // One agent per JobSpec::Cluster::Agents(): the nodes, then the spares, each running the
   // same NodeHost. Node 0's lines (and its coordinator's) are always shown, whatever the
   // cluster's size.
@@ -148,7 +167,7 @@ void Cluster::StartNode(uint32_t index) {
   config.logs_dir = n.spec->logs.dir;
   config.inherited_env = {{"HOME", "/home/ddp"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}};
   host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console, &n.journal,
-                    index == 0 ? options_.node0_events : nullptr};
+                    index == 0 ? options_.node0_events : nullptr, etcd_ ? &n.store : nullptr};
   if (reboot) PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });
@@ -213,7 +232,7 @@ void Cluster::OnNodeExit(uint32_t index, int code) {
   PrintSim(index, fmt::format("agent exited with code {}", code));
   AddMark(index, MarkKind::kExit, fmt::format("exit {}", code));
   std::optional<RoundKey> round;
-  if (n.host && n.host->agent().round() >= 0) round = RoundKey{coordinator_incarnation_, n.host->agent().round()};
+  if (n.host && n.host->agent().round() >= 0) round = RoundKey{RoundEpochOf(index), n.host->agent().round()};
   invariants_.AgentExited(index, code, round);
   // The process is gone: the kernel closes its sockets (FIN) once this event is over.
   queue_.PushCall(now(), [this, index] { ReleaseNode(index); });
@@ -335,7 +354,86 @@ void Cluster::Dispatch(const Event& event) {
   }
 }
 
+void Cluster::DeliverStore(uint32_t index, uint32_t incarnation, host::StoreResult result) {
+  Node& n = *nodes_[index];
+  if (!n.up || n.incarnation != incarnation || !n.host) return;
+  if (n.hung_until_ns > now_ns_) {
+    // The answer waits in the agent's socket until it runs again.
+    if (n.hung_forever) return;
+    queue_.PushCall(TimePoint(Duration(n.hung_until_ns)),
+                    [this, index, incarnation, result] { DeliverStore(index, incarnation, result); });
+    return;
+  }
+  if (host::StoreEvents* events = n.store.events()) events->OnStoreResult(result);
+  SetPhase(index);
+}
+
+uint64_t Cluster::RoundEpochOf(uint32_t index) const {
+  if (!etcd_) return coordinator_incarnation_;
+  const Node& n = *nodes_[index];
+  if (!n.host || !n.host->election()) return 0;
+  auto it = launch_of_key_.find(n.host->election()->state_key());
+  return it == launch_of_key_.end() ? 0 : it->second;
+}
+
+uint64_t Cluster::LaunchOf(const host::Election& election) {
+  // The new holder read the state just before it took the role, and nothing has written it
+  // since: its own first writes are still on their way.
+  const auto entry = etcd_->Peek(election.state_key());
+  const auto state = entry ? host::JobState::Parse(entry->value) : std::nullopt;
+  uint64_t& launch = launch_of_key_[election.state_key()];
+  // No state yet is the first launch still (its first holder may have gone before writing).
+  if (launch == 0 || (state && state->done)) launch = ++launches_;
+  return launch;
+}
+
+void Cluster::ObserveCoordinators() {
+  if (seen_coordinators_.size() < nodes_.size()) seen_coordinators_.resize(nodes_.size());
+  int restarts = most_restarts_;
+  for (uint32_t i = 0; i < nodes_.size(); ++i) {
+    SeenCoordinator& seen = seen_coordinators_[i];
+    const core::Coordinator* coordinator = nodes_[i]->host ? nodes_[i]->host->coordinator() : nullptr;
+    if (coordinator != seen.coordinator) {
+      // A coordinator stepped down, its host crashed, or one took the role here: a pointer is
+      // compared with the one seen after the previous event only, never kept past its end.
+      if (seen.coordinator) invariants_.CoordinatorGone(seen.epoch);
+      seen = SeenCoordinator{};
+      seen.coordinator = coordinator;
+      if (coordinator) {
+        seen.epoch = ++coordinator_epochs_;
+        seen.launch = LaunchOf(*nodes_[i]->host->election());
+        invariants_.SetCoordinatorNode(i);
+      }
+    }
+    if (!coordinator) continue;
+    restarts = std::max(restarts, coordinator->restarts_used());
+    // BeginRound moves the coordinator to kRunning with its StartRounds sent in the same step.
+    if (coordinator->phase() == core::Coordinator::Phase::kRunning && coordinator->round() != seen.started) {
+      seen.started = coordinator->round();
+      invariants_.CoordinatorStartedRound(seen.epoch, nodes_[i]->label, RoundKey{seen.launch, coordinator->round()});
+    }
+    if (coordinator->hang_judgements() != seen.judgements) {
+      seen.judgements = coordinator->hang_judgements();
+      ++stats_.hangs_judged;
+      const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
+      invariants_.HangJudged(RoundKey{seen.launch, judged.round}, judged.culprits, judged.with_stack);
+    }
+    if (!seen.ended && coordinator->exit_code()) {
+      seen.ended = true;
+      invariants_.CoordinatorEnded(now_ns_, seen.launch, nodes_[i]->label, *coordinator->exit_code());
+    }
+  }
+  invariants_.CoordinatorRestarts(restarts);
+  if (restarts > most_restarts_) {
+    // The budget is the job's: a coordinator that takes over counts on from what is in etcd.
+    stats_.restarts_used = restarts;
+    most_restarts_ = restarts;
+    AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", restarts));
+  }
+}
+
 void Cluster::ObserveCoordinator() {
+  if (etcd_) return ObserveCoordinators();
   if (nodes_.empty() || !nodes_[0]->host) return;
   const core::Coordinator* coordinator = nodes_[0]->host->coordinator();
   if (!coordinator) return;

@@ -18,6 +18,7 @@
 #include "sim/network.h"
 #include "sim/node.h"
 #include "sim/prng.h"
+#include "sim/sim_store.h"
 #include "sim/simulation.h"
 #include "sim/timeline.h"
 #include "sim/workers.h"
@@ -52,6 +53,11 @@ class Cluster {
   void SetTransportEvents(uint32_t node, host::TransportEvents* events) { node_(node).tevents = events; }
   void SetProcessEvents(uint32_t node, host::ProcessEvents* events) { node_(node).pevents = events; }
   Network& network() { return network_; }
+  /// The modelled etcd (rendezvous.backend = "etcd" only).
+  SimEtcd& etcd() { return *etcd_; }
+  /// An answer of the etcd model reaches `node`'s agent, unless the agent it was meant for is
+  /// gone (crashed since: `incarnation` differs); a hung agent reads it when it resumes.
+  void DeliverStore(uint32_t node, uint32_t incarnation, host::StoreResult result);
   Workers& workers() { return workers_; }
   void ConsoleLog(uint32_t node, core::LogLevel level, std::string_view source, std::string_view text);
   void ConsoleSummary(uint32_t node, std::string_view text);
@@ -64,8 +70,10 @@ class Cluster {
   SimStats& stats() { return stats_; }
   Invariants& invariants() { return invariants_; }
   Timeline* timeline() { return timeline_; }
-  /// The incarnation of the coordinator that now runs rounds (+1 per coordinator started).
-  uint64_t coordinator_incarnation() const { return coordinator_incarnation_; }
+  /// What tells the rounds of `node`'s agent apart from other rounds of the same number: the
+  /// incarnation of the coordinator that now runs rounds (+1 per coordinator started); with
+  /// etcd, where rounds go on across coordinators, the launch of the job its agent runs.
+  uint64_t RoundEpochOf(uint32_t node) const;
   std::string NodeLabel(uint32_t index) const { return nodes_[index]->label; }
   /// The agent (node index) whose workers last played node rank `node_rank`.
   uint32_t HolderOf(int node_rank) const { return holders_[static_cast<size_t>(node_rank)]; }
@@ -115,6 +123,7 @@ class Cluster {
   void InjectPartition(const FaultSpec& fault);
   void InjectMasterPortBlocked(const FaultSpec& fault);
   void InjectDuplicateNodeRank(const FaultSpec& fault);
+  void InjectEtcdFault(const FaultSpec& fault);
   void ScheduleRandomNodeCrash(TimePoint from);
   void ScheduleRandomWorkerExit(TimePoint from);
   void ScheduleRandomWorkerHang(TimePoint from);
@@ -134,6 +143,9 @@ class Cluster {
   /// Prints the violation the invariants found (once) to the event log.
   void ReportViolation();
   void ObserveCoordinator();
+  /// rendezvous.backend = "etcd": any agent may run the coordinator, and rounds and the budget
+  /// go on across coordinators.
+  void ObserveCoordinators();
   SimResult Finish(RunEnd& end);
 
   const JobSpec& spec_;
@@ -159,6 +171,24 @@ class Cluster {
   Invariants invariants_;
   Network network_;
   Workers workers_;
+  std::unique_ptr<SimEtcd> etcd_;      // rendezvous.backend = "etcd"
+  // etcd: each coordinator the nodes' agents ran, as ObserveCoordinator saw it (by node).
+  struct SeenCoordinator {
+    const core::Coordinator* coordinator = nullptr;  // identity only, never dereferenced stale
+    uint64_t epoch = 0;              // 1, 2, ...: the order coordinators appeared in
+    int started = -1;                // the last round it started
+    uint64_t judgements = 0;
+    bool ended = false;              // its verdict was reported
+    uint64_t launch = 0;             // the launch of the job it runs (LaunchOf)
+  };
+  /// etcd: the launch of the job a coordinator that just took the role runs, from what etcd
+  /// holds under its state key: the current one, or a new one when the state says it ended.
+  uint64_t LaunchOf(const host::Election& election);
+  std::map<std::string, uint64_t> launch_of_key_;  // state key -> its current launch
+  uint64_t launches_ = 0;
+  std::vector<SeenCoordinator> seen_coordinators_;
+  uint64_t coordinator_epochs_ = 0;
+  int most_restarts_ = 0;              // etcd: the most restarts any coordinator counted
   bool violation_printed_ = false;
   uint64_t coordinator_incarnation_ = 0;
   int last_coordinator_restarts_ = 0;

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "schema/keys.h"
 #include "sim/cluster.h"
 
 namespace ddprun::sim {
@@ -69,6 +70,14 @@ void Cluster::ScheduleFaults() {
         break;
       case FaultKind::kWorkerExit:
         heal_ns = std::max(heal_ns, at);
+        break;
+      case FaultKind::kEtcdMemberDown:
+      case FaultKind::kEtcdLeaderLost:
+      case FaultKind::kEtcdPartition:
+        // etcd unreachable for good (or longer than the wait for a coordinator) can end the
+        // rendezvous with exit 3.
+        heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
+        if (fault.kind != FaultKind::kEtcdLeaderLost && long_outage(fault.duration)) rendezvous_fault_ = true;
         break;
       case FaultKind::kWorkerSlow:
         // Slowness for good heals never: the liveness bound allows for the slower training.
@@ -202,6 +211,9 @@ void Cluster::ScheduleFault(const FaultSpec& fault) {
       case FaultKind::kPartition: return InjectPartition(fault);
       case FaultKind::kMasterPortBlocked: return InjectMasterPortBlocked(fault);
       case FaultKind::kDuplicateNodeRank: return InjectDuplicateNodeRank(fault);
+      case FaultKind::kEtcdMemberDown:
+      case FaultKind::kEtcdLeaderLost:
+      case FaultKind::kEtcdPartition: return InjectEtcdFault(fault);
       case FaultKind::kSlowJoiner:      // the node's start time (ScheduleFaults)
       case FaultKind::kJobFileDiffers:  // the node's own spec (BuildNodes)
         return;
@@ -327,6 +339,28 @@ void Cluster::InjectMasterPortBlocked(const FaultSpec& fault) {
     if (network_.master_port_blocked_until() > now_ns_) return;
     PrintSim(std::nullopt, fmt::format("network: TCP port {} open again", spec_.cluster.master_port));
   });
+}
+
+void Cluster::InjectEtcdFault(const FaultSpec& fault) {
+  if (!etcd_) return PrintSim(std::nullopt, fmt::format("{} skipped: the job keeps no state in etcd",
+                                                        FaultKindName(fault.kind)));
+  const int64_t end = fault.duration ? now_ns_ + Ns(*fault.duration) : -1;
+  switch (fault.kind) {
+    case FaultKind::kEtcdMemberDown:
+      AddMark(Mark::kJob, MarkKind::kFault, "etcd member down", end);
+      return etcd_->MemberDown(fault.node, fault.duration);
+    case FaultKind::kEtcdLeaderLost:
+      AddMark(Mark::kJob, MarkKind::kFault, "etcd leader lost", end);
+      // An election takes a second or two unless the fault says how long.
+      return etcd_->LeaderLost(fault.duration.value_or(Millis(1500)));
+    case FaultKind::kEtcdPartition: {
+      const auto index = static_cast<uint32_t>(fault.node);
+      AddMark(index, MarkKind::kFault, "cut off from etcd", end);
+      return etcd_->Partition(index, fault.duration);
+    }
+    default:
+      return;
+  }
 }
 
 void Cluster::InjectDuplicateNodeRank(const FaultSpec& fault) {

@@ -90,6 +90,34 @@ void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) { nodes_[no
 
 void Invariants::CoordinatorRestarts(int used) { restarts_ = used; }
 
+void Invariants::CoordinatorStartedRound(uint64_t epoch, std::string label, RoundKey round) {
+  Observation o;
+  o.kind = Kind::kLeads;
+  o.pid = epoch;
+  o.round = round;
+  o.node = static_cast<uint32_t>(labels_.size());
+  labels_.push_back(std::move(label));
+  log_.push_back(o);
+}
+
+// The job ends once: every coordinator that ends it (a new holder of an ended job tells the
+// same verdict again) tells the same exit code. Checked at once: a verdict is not an event of
+// the ledger.
+void Invariants::CoordinatorEnded(int64_t now_ns, uint64_t launch, std::string label, int exit_code) {
+  auto [it, inserted] = verdicts_.emplace(launch, std::make_pair(exit_code, label));
+  if (inserted || it->second.first == exit_code) return;
+  Fail(now_ns, fmt::format("the job ends once: the coordinator on {} ended it with exit code {}, the one on {} "
+                           "with {}",
+                           it->second.second, it->second.first, label, exit_code));
+}
+
+void Invariants::CoordinatorGone(uint64_t epoch) {
+  Observation o;
+  o.kind = Kind::kGone;
+  o.pid = epoch;
+  log_.push_back(o);
+}
+
 void Invariants::StepBeacon(uint64_t pid, int64_t now_ns) {
   if (!bounds_.hangs) return;
   auto it = workers_.find(pid);
@@ -191,9 +219,20 @@ void Invariants::AfterEvent(int64_t now_ns) {
       case Kind::kJudged:
         CheckJudgement(now_ns, *o.round, ranks_[o.pid]);
         break;
+      case Kind::kLeads: {
+        Coordinator& c = coordinators_[o.pid];
+        c.label = labels_[o.node];
+        CheckCoordinatorStart(now_ns, o.pid, *o.round);
+        c.started = *o.round;
+        break;
+      }
+      case Kind::kGone:
+        coordinators_.erase(o.pid);
+        break;
     }
   }
   log_.clear();
+  labels_.clear();
   starts_.clear();
   ranks_.clear();
   checked_restarts_ = restarts_;
@@ -255,7 +294,7 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
     return Fail(now_ns, fmt::format("{}: GROUP_RANK={} is not a node rank of the job", label,
                                     start.node_rank_env));
   }
-  if (node.spare && node_rank == 0) {
+  if (node.spare && node_rank == 0 && !rank_zero_anywhere_) {
     return Fail(now_ns, fmt::format("a spare never plays node rank 0: {} starts rank {} of round {} as "
                                     "node rank 0",
                                     label, rank, start.round.round));
@@ -370,6 +409,46 @@ void Invariants::CheckStore(int64_t now_ns, const Observation& o) {
                            o.round->round, o.other.round, o.code));
 }
 
+// Two coordinators never act at once (etcd, where any agent may hold the coordinator role and
+// rounds and the budget go on across holders). Checked when a coordinator starts round R (its
+// StartRounds go out, after etcd recorded R under the role's fence):
+//   1. no other coordinator started R before (a round number is started by one coordinator);
+//   2. no other coordinator that still exists, and so believes it leads, started R or a later
+//      round: a deposed holder may linger (a hung agent, a host cut off from etcd) but never
+//      acts again, and a new holder starts only rounds after every one the old one started;
+//   3. no worker of a round another coordinator started still runs: a new holder starts once
+//      its predecessor's workers are gone (TakeOver waits out their agents' lease).
+// A coordinator counts as existing from when its agent takes the role until it steps down,
+// crashes or exits; the simulator reads that after every event (Cluster::ObserveCoordinators).
+void Invariants::CheckCoordinatorStart(int64_t now_ns, uint64_t epoch, const RoundKey& round) {
+  const std::string& label = coordinators_[epoch].label;
+  auto [it, inserted] = round_starters_.emplace(round, std::make_pair(epoch, label));
+  if (!inserted && it->second.first != epoch) {
+    return Fail(now_ns, fmt::format("two coordinators act at once: round {} was started by the coordinator "
+                                    "on {} and again by the one on {}",
+                                    round.round, it->second.second, label));
+  }
+  while (round_starters_.size() > 64) round_starters_.erase(round_starters_.begin());
+  for (const auto& [other, c] : coordinators_) {
+    // Another launch of the job (an agent that started after the end) is another job.
+    if (other == epoch || !c.started || c.started->coordinator != round.coordinator ||
+        c.started->round < round.round) {
+      continue;
+    }
+    return Fail(now_ns, fmt::format("two coordinators act at once: the coordinator on {} starts round {} "
+                                    "while the one on {}, which still holds its state, started round {}",
+                                    label, round.round, c.label, c.started->round));
+  }
+  for (const auto& [key, r] : rounds_) {
+    if (r.live == 0 || key == round) continue;
+    auto starter = round_starters_.find(key);
+    if (starter == round_starters_.end() || starter->second.first == epoch) continue;
+    return Fail(now_ns, fmt::format("two coordinators act at once: the coordinator on {} starts round {} "
+                                    "while {} worker(s) of round {}, which the one on {} started, still run",
+                                    label, round.round, r.live, key.round, starter->second.second));
+  }
+}
+
 int64_t Invariants::ResumedAt(const Node& node) const { return node.hang_end_ns; }
 
 void Invariants::CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round) {
@@ -462,8 +541,8 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
   if (round.live == 0) return;
   const int64_t allowed = SilenceAllowed(round);
   const int64_t bound = allowed + bounds_.hangs->after_silence.count();
-  // A hung agent neither sees the silence nor stops its workers, and node 0's runs the
-  // coordinator: the bound starts again when the last of them resumed. One that never resumes
+  // A hung agent neither sees the silence nor stops its workers, and node 0's (with etcd,
+  // the holder's) runs the coordinator: the bound starts again when the last of them resumed. One that never resumes
   // is left to the lease checks (its guardian kills its workers; the others lose it).
   int64_t from = round.hung_since_ns;
   const Worker* late = nullptr;
@@ -476,7 +555,7 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
     }
     return true;
   };
-  if (!nodes_.empty() && !count_hang(nodes_[0])) return;
+  if (coordinator_node_ < nodes_.size() && !count_hang(nodes_[coordinator_node_])) return;
   for (uint64_t pid : round.pids) {
     auto it = workers_.find(pid);
     if (it == workers_.end()) continue;

@@ -98,6 +98,12 @@ class Invariants {
     bounds_.max_world = max_world;
   }
 
+  /// rendezvous.backend = "etcd": whichever agent holds the coordinator role plays node rank 0,
+  /// a spare included.
+  void SetRankZeroAnywhere() { rank_zero_anywhere_ = true; }
+  /// etcd: the node whose agent now runs the coordinator (node 0 without etcd).
+  void SetCoordinatorNode(uint32_t node) { coordinator_node_ = node; }
+
   // ---- observations: recorded in order, checked by AfterEvent ----
   void WorkerStarted(WorkerStart start);
   /// The process ended; `exit_zero`: it exited with code 0 by itself.
@@ -116,6 +122,15 @@ class Invariants {
   void StoreConnected(uint64_t pid, RoundKey client, RoundKey store, uint16_t port);
   /// The coordinator's count of restarts used (read after every event).
   void CoordinatorRestarts(int used);
+  /// etcd: coordinator `epoch` (1, 2, ... in the order they appeared; `label` its agent) began
+  /// `round` (its launch of the job, and the number): its StartRounds went out.
+  void CoordinatorStartedRound(uint64_t epoch, std::string label, RoundKey round);
+  /// etcd: coordinator `epoch` is gone (it stepped down, or its agent crashed or exited).
+  void CoordinatorGone(uint64_t epoch);
+  /// etcd: the coordinator on `label` ended launch `launch` of the job with `exit_code` (told
+  /// every agent). A launch begins when a coordinator finds no state, or the state of an ended
+  /// launch, in etcd (an agent started after the end begins a new one, as a relaunch does).
+  void CoordinatorEnded(int64_t now_ns, uint64_t launch, std::string label, int exit_code);
 
   // ---- hung ranks (only with InvariantBounds::hangs) ----
   /// A step beacon of worker `pid` reached its agent (recorded at once: one per step per rank).
@@ -179,7 +194,14 @@ class Invariants {
     int64_t hung_until_ns = 0;      // INT64_MAX: for good
     int64_t hang_end_ns = -1;       // when its last finite hang ended
   };
-  enum class Kind : uint8_t { kStart, kEnd, kFailed, kExit, kStore, kHung, kResumed, kStacks, kJudged };
+  enum class Kind : uint8_t {
+    kStart, kEnd, kFailed, kExit, kStore, kHung, kResumed, kStacks, kJudged, kLeads, kGone
+  };
+  /// etcd: a coordinator as the invariants know it.
+  struct Coordinator {
+    std::string label;
+    std::optional<RoundKey> started;  // the last round it started
+  };
   struct Observation {
     Kind kind = Kind::kStart;
     uint32_t node = 0;
@@ -202,6 +224,7 @@ class Invariants {
   void CheckStore(int64_t now_ns, const Observation& o);
   void CheckStopBound(int64_t now_ns, const RoundKey& key, Round& round);
   void CheckLeases(int64_t now_ns);
+  void CheckCoordinatorStart(int64_t now_ns, uint64_t epoch, const RoundKey& round);
   void OnGangHung(int64_t now_ns, const RoundKey& key, std::vector<int> hung);
   /// The most silence an agent allows a rank of `round` now (hung ranks).
   int64_t SilenceAllowed(const Round& round) const;
@@ -225,6 +248,12 @@ class Invariants {
   std::map<RoundKey, Round> rounds_;
   std::optional<RoundKey> latest_round_;  // the last round any worker started in
   int restarts_ = 0;
+  bool rank_zero_anywhere_ = false;
+  uint32_t coordinator_node_ = 0;
+  std::map<uint64_t, Coordinator> coordinators_;  // etcd: the coordinators that exist, by epoch
+  std::map<RoundKey, std::pair<uint64_t, std::string>> round_starters_;  // round -> (epoch, label)
+  std::vector<std::string> labels_;                // kLeads payloads of log_ (by Observation::pid)
+  std::map<uint64_t, std::pair<int, std::string>> verdicts_;  // etcd: by launch, (code, coordinator)
   int checked_restarts_ = 0;
   int64_t next_due_ns_ = INT64_MAX;  // the earliest time bound to check
   int64_t next_lease_check_ns_ = INT64_MAX;

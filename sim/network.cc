@@ -32,10 +32,20 @@ std::pair<uint64_t, int> Network::Lookup(core::ConnId id) const {
   return {packed >> 1, static_cast<int>(packed & 1)};
 }
 
+std::optional<uint32_t> Network::MachineOf(const std::string& addr) const {
+  if (addr == spec_.cluster.master_addr) return 0;
+  for (int agent = 0; agent < job_nodes_; ++agent) {
+    if (spec_.cluster.HostOf(agent) == addr) return static_cast<uint32_t>(agent);
+  }
+  return std::nullopt;
+}
+
 Status Network::Listen(uint32_t index, const std::string& addr, uint16_t port) {
-  // master_addr belongs to node 0's machine: an agent on any other machine (a second agent
-  // claiming node rank 0) cannot bind it, as bind(2) answers EADDRNOTAVAIL there.
-  if (index != 0 && addr == spec_.cluster.master_addr) {
+  // master_addr belongs to node 0's machine, a listed host to its agent's: an agent on any
+  // other machine (a second agent claiming node rank 0) cannot bind it, as bind(2) answers
+  // EADDRNOTAVAIL there.
+  const auto machine = MachineOf(addr);
+  if (machine && *machine != index) {
     return Fail(fmt::format("cannot listen on {}:{}: {} is not an address of this machine", addr, port,
                        addr));
   }
@@ -62,8 +72,9 @@ core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t 
   done.target = c;
   const int64_t rtt = Latency() + Latency();
   // master_addr belongs to node 0's machine whether or not its agent listens yet.
-  const bool known = addr == spec_.cluster.master_addr;
-  const uint32_t server = 0;
+  const auto machine = MachineOf(addr);
+  const bool known = machine.has_value();
+  const uint32_t server = machine.value_or(0);
   auto fail = [&](core::ConnectError error, std::string detail, int64_t after) {
     conns_[c].connect_ok = false;
     conns_[c].error = error;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,7 +63,12 @@ class Network {
     uint16_t store_port = 0;
     uint32_t relay = 0;    // the node whose relay carried it (or that hosts the store)
   };
-  StoreReach ReachStore(uint32_t from, uint16_t port, uint64_t client_pid);
+  StoreReach ReachStore(uint32_t from, const std::string& addr, uint16_t port, uint64_t client_pid);
+
+  /// The machine (node index) an address belongs to: master_addr is node 0's, a host listed in
+  /// [cluster] is its agent's (with etcd the coordinator listens on its own host); nullopt:
+  /// no machine of the job.
+  std::optional<uint32_t> MachineOf(const std::string& addr) const;
   /// Client connections the relays carried so far (ended ones included).
   uint64_t relayed_connections() const { return relayed_total_; }
 

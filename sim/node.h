@@ -11,6 +11,7 @@
 
 #include "runner/host/node_host.h"
 #include "sim/sim_ports.h"
+#include "sim/sim_store.h"
 #include "sim/timeline.h"
 
 namespace ddprun::sim {
@@ -18,7 +19,7 @@ namespace ddprun::sim {
 struct Node {
   Node(Cluster* cluster, uint32_t at)
       : timer(cluster, at), transport(cluster, at), launcher(cluster, at), console(cluster, at),
-        journal(cluster) {}
+        journal(cluster), store(cluster, at) {}
   uint32_t index = 0;
   int rank = 0;                // the node rank its agent claims (a spare: nnodes + its index)
   bool extra = false;          // duplicate-node-rank impostor
@@ -34,6 +35,7 @@ struct Node {
   SimLauncher launcher;
   SimConsole console;
   SimJournal journal;          // the node's disk: kept across crashes
+  SimStoreClient store;        // its etcd client (rendezvous.backend = "etcd")
   std::unique_ptr<host::NodeHost> host;
   host::TransportEvents* tevents = nullptr;
   host::ProcessEvents* pevents = nullptr;

@@ -54,6 +54,8 @@ struct SimOptions {
                              // rank 0 the stack of a rank stuck elsewhere
     // Hot spares:
     kSparePlaysNodeZero,     // a spare's workers say (GROUP_RANK) they play node rank 0
+    // etcd (rendezvous.backend = "etcd"):
+    kStoreIgnoresFencing,    // the modelled etcd lets every PutIf's compare hold
   };
   Sabotage sabotage = Sabotage::kNone;
   /// Where node 0's agents (every incarnation) record their events, as a real node writes its

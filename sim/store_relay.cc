@@ -29,10 +29,14 @@ void Network::CloseStore(uint32_t node, uint16_t port, uint64_t pid) {
   if (it != stores_.end() && it->second.pid == pid) stores_.erase(it);
 }
 
-Network::StoreReach Network::ReachStore(uint32_t from, uint16_t port, uint64_t client_pid) {
+Network::StoreReach Network::ReachStore(uint32_t from, const std::string& addr, uint16_t port,
+                                        uint64_t client_pid) {
   StoreReach reach;
-  // The store client dials master_addr: node 0's machine in the simulated network.
-  const uint32_t server = 0;
+  // The store client dials MASTER_ADDR: node 0's machine, or with etcd the host of the agent
+  // that holds the coordinator role.
+  const auto machine = MachineOf(addr);
+  if (!machine) return reach;
+  const uint32_t server = *machine;
   const Node& host = cluster_.node(server);
   const bool blocked = port == spec_.cluster.master_port && from != server &&
                        port_blocked_until_ns_ > cluster_.now_ns();
@@ -40,7 +44,7 @@ Network::StoreReach Network::ReachStore(uint32_t from, uint16_t port, uint64_t c
   uint16_t store_port = port;
   uint32_t store_machine = server;
   if (port == spec_.cluster.master_port) {
-    auto listener = listeners_.find({spec_.cluster.master_addr, port});
+    auto listener = listeners_.find({addr, port});
     if (listener == listeners_.end()) return reach;
     const uint32_t relay = listener->second;
     const Node& agent = cluster_.node(relay);

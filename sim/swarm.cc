@@ -81,6 +81,48 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
     }
     faults.push_back(slow);
   }
+  // Jobs that keep their state in etcd also get etcd's faults and the loss of the first
+  // coordinator's host, drawn last for the same reason.
+  if (spec.rendezvous.Etcd()) {
+    auto seconds_between = [&](Duration lo, Duration hi) {
+      return Duration(rng.Between(lo, hi).count() / 1'000'000'000 * 1'000'000'000);
+    };
+    const uint64_t more = 1 + rng.Below(3);
+    for (uint64_t i = 0; i < more; ++i) {
+      FaultSpec fault;
+      fault.at = Duration(rng.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
+      const uint64_t pick = rng.Below(100);
+      if (pick < 25) {
+        fault.kind = FaultKind::kEtcdMemberDown;  // a quorum remains: nothing happens
+        fault.node = static_cast<int>(rng.Below(3));
+        fault.duration = seconds_between(Seconds(5), Minutes(3));
+      } else if (pick < 40) {
+        // Two members down at once: no quorum until one returns.
+        fault.kind = FaultKind::kEtcdMemberDown;
+        fault.node = static_cast<int>(rng.Below(3));
+        fault.duration = seconds_between(Seconds(5), Minutes(2));
+        FaultSpec second = fault;
+        second.node = (fault.node + 1 + static_cast<int>(rng.Below(2))) % 3;
+        second.at = fault.at + seconds_between(Duration(0), *fault.duration);
+        second.duration = seconds_between(Seconds(5), Minutes(2));
+        faults.push_back(second);
+      } else if (pick < 60) {
+        fault.kind = FaultKind::kEtcdLeaderLost;
+        fault.duration = seconds_between(Seconds(1), Seconds(2));
+      } else if (pick < 85) {
+        fault.kind = FaultKind::kEtcdPartition;
+        fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
+        fault.duration = seconds_between(Seconds(1), Minutes(3));
+      } else {
+        // Node 0's host dies, for good or for a while: the coordinator's, when node 0's agent
+        // won the first campaign (a race).
+        fault.kind = FaultKind::kNodeCrash;
+        fault.node = 0;
+        if (rng.Below(2) == 0) fault.reboot_after = seconds_between(Seconds(20), Minutes(5));
+      }
+      faults.push_back(fault);
+    }
+  }
   return faults;
 }
 

@@ -102,7 +102,7 @@ const Workers::Gang* Workers::CurrentGang() const {
 
 void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch) {
   const Node& n = cluster_.node(index);
-  const uint64_t coordinator = cluster_.coordinator_incarnation();
+  const uint64_t coordinator = cluster_.RoundEpochOf(index);
   Gang* g = CurrentGang();
   if (!g || g->coordinator != coordinator || g->round != round) {
     if (g) g->workers.clear();
@@ -141,6 +141,7 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   w.pid = next_pid_++;
   w.coordinator = g->coordinator;
   w.master_port = Port(Env(launch.env, "MASTER_PORT"));
+  w.master_addr = Env(launch.env, "MASTER_ADDR");
   // The round resumes from the last checkpoint: its first step is the one after it.
   w.last_step = progress_ns_ / step_ns_;
   // A spare plays the node rank the coordinator gave it: its ranks are that node's (the agent
@@ -730,7 +731,7 @@ void Workers::StoreConnect(uint32_t wi, uint64_t pid) {
   if (wi >= workers_.size()) return;
   Worker& w = workers_[wi];
   if (w.pid != pid || !w.running || w.signalled || w.hung) return;
-  const Network::StoreReach reach = cluster_.network().ReachStore(w.node, w.master_port, w.pid);
+  const Network::StoreReach reach = cluster_.network().ReachStore(w.node, w.master_addr, w.master_port, w.pid);
   if (reach.result == Network::StoreReach::Result::kConnected) {
     ++cluster_.stats().store_clients;
     cluster_.invariants().StoreConnected(w.pid, RoundKey{w.coordinator, w.round}, reach.store, reach.store_port);

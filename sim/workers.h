@@ -100,6 +100,7 @@ class Workers {
     int global_rank = 0;
     uint64_t pid = 0;
     uint64_t coordinator = 0;    // with `round`: the round's key
+    std::string master_addr;     // MASTER_ADDR: the machine rank 0's store is on
     uint16_t master_port = 0;    // MASTER_PORT: rank 0 hosts its store there, the others dial it
     int store_attempts = 0;
     bool running = true;

@@ -15,7 +15,8 @@ TEST(Faults, KindNamesRoundTrip) {
                          FaultKind::kWorkerHang, FaultKind::kPartition,
                          FaultKind::kMasterPortBlocked, FaultKind::kSlowJoiner,
                          FaultKind::kJobFileDiffers, FaultKind::kDuplicateNodeRank,
-                         FaultKind::kWorkerSlow}) {
+                         FaultKind::kWorkerSlow, FaultKind::kEtcdMemberDown, FaultKind::kEtcdLeaderLost,
+                         FaultKind::kEtcdPartition}) {
     EXPECT_EQ(ParseFaultKind(FaultKindName(kind)), kind);
   }
   EXPECT_EQ(FaultKindName(FaultKind::kMasterPortBlocked), "master-port-blocked");
@@ -76,7 +77,8 @@ TEST(Faults, JobFileErrors) {
             "  hint: e.g. at = \"40m\" (virtual time since the start)\n"
             "13:8: error: unknown fault kind \"disk-full\"\n"
             "  hint: known kinds: node-crash, agent-hang, worker-exit, worker-hang, worker-slow, "
-            "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank\n");
+            "partition, master-port-blocked, slow-joiner, job-file-differs, duplicate-node-rank, "
+            "etcd-member-down, etcd-leader-lost, etcd-partition\n");
   EXPECT_EQ(Diags(Parse(WithBase("[[simulate.faults]]\nat = 40\nkind = \"worker-exit\"\n"
                                  "local_rank = 2\n"))),
             "13:6: error: simulate.faults[0].at must be a duration string, not an integer\n"
@@ -171,7 +173,7 @@ TEST(Faults, FlagErrors) {
   EXPECT_EQ(error_of("disk-full@1m"),
             "unknown fault kind `disk-full` (known: node-crash, agent-hang, worker-exit, "
             "worker-hang, worker-slow, partition, master-port-blocked, slow-joiner, "
-            "job-file-differs, duplicate-node-rank)");
+            "job-file-differs, duplicate-node-rank, etcd-member-down, etcd-leader-lost, etcd-partition)");
   EXPECT_EQ(error_of("node-crash@40"), "`40` is not a duration (e.g. 90s, 40m, 1h30m)");
   EXPECT_EQ(error_of("node-crash@40m:nod=1"), "unknown fault key `nod`; did you mean `node`?");
   EXPECT_EQ(error_of("node-crash@40m:exit_code=1"),

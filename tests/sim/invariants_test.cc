@@ -126,6 +126,81 @@ TEST_F(InvariantsTest, RestartsBeyondTheBudget) {
   EXPECT_EQ(Violation(), "the coordinator used 3 restarts; restart.max_restarts = 2 (at 3m20s)");
 }
 
+// etcd: two coordinators never act at once (Invariants::CheckCoordinatorStart), each clause.
+TEST_F(InvariantsTest, ARoundNumberIsStartedByOneCoordinator) {
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 3});
+  invariants_.AfterEvent(20 * kSecond);
+  invariants_.CoordinatorGone(1);
+  invariants_.AfterEvent(30 * kSecond);
+  EXPECT_FALSE(invariants_.violation());
+  invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 3});
+  invariants_.AfterEvent(90 * kSecond);
+  EXPECT_EQ(Violation(), "two coordinators act at once: round 3 was started by the coordinator on node 0 and "
+                         "again by the one on node 1 (at 1m30s)");
+}
+
+TEST_F(InvariantsTest, NoRoundWhileAnotherCoordinatorThatStartedALaterOneStillLeads) {
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 3});
+  invariants_.AfterEvent(20 * kSecond);
+  // A new holder that goes on from the state continues with later rounds: fine while the old
+  // one lingers without acting (a hung agent).
+  invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 4});
+  invariants_.AfterEvent(90 * kSecond);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+  // The deposed one starts a round of its own (fencing failed).
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 5});
+  invariants_.AfterEvent(95 * kSecond);
+  invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 5});
+  invariants_.AfterEvent(96 * kSecond);
+  EXPECT_EQ(Violation(), "two coordinators act at once: round 5 was started by the coordinator on node 0 and "
+                         "again by the one on node 1 (at 1m36s)");
+}
+
+TEST_F(InvariantsTest, AnOldCoordinatorStartsNoRoundOnceANewOneStartedALaterOne) {
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 3});
+  invariants_.AfterEvent(20 * kSecond);
+  invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 4});
+  invariants_.AfterEvent(90 * kSecond);
+  // The old holder resumes and, unfenced, commits and starts the round it would have run next.
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 4});
+  invariants_.AfterEvent(91 * kSecond);
+  EXPECT_EQ(Violation(), "two coordinators act at once: round 4 was started by the coordinator on node 1 and "
+                         "again by the one on node 0 (at 1m31s)");
+}
+
+TEST_F(InvariantsTest, ANewCoordinatorStartsOnceTheOldOnesWorkersAreGone) {
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 0});
+  invariants_.AfterEvent(19 * kSecond);
+  StartRound(20, 0);
+  for (int rank : {0, 1, 3}) End(40, 0, rank, false);
+  invariants_.CoordinatorGone(1);
+  invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 1});
+  invariants_.AfterEvent(45 * kSecond);
+  EXPECT_EQ(Violation(), "two coordinators act at once: the coordinator on node 1 starts round 1 while 1 "
+                         "worker(s) of round 0, which the one on node 0 started, still run (at 45s)");
+}
+
+TEST_F(InvariantsTest, AStartWhileAnotherLeadsWithALaterRound) {
+  invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 7});
+  invariants_.AfterEvent(20 * kSecond);
+  invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 6});
+  invariants_.AfterEvent(21 * kSecond);
+  EXPECT_EQ(Violation(), "two coordinators act at once: the coordinator on node 1 starts round 6 while the "
+                         "one on node 0, which still holds its state, started round 7 (at 21s)");
+}
+
+TEST_F(InvariantsTest, TheJobEndsOnce) {
+  // A new holder of an ended job tells the same verdict again: fine.
+  invariants_.CoordinatorEnded(100 * kSecond, 1, "node 0", 1);
+  invariants_.CoordinatorEnded(120 * kSecond, 1, "node 1", 1);
+  // An agent started after the end begins a new launch, which ends on its own.
+  invariants_.CoordinatorEnded(125 * kSecond, 2, "node 2", 3);
+  EXPECT_FALSE(invariants_.violation());
+  invariants_.CoordinatorEnded(130 * kSecond, 1, "spare 0", 0);
+  EXPECT_EQ(Violation(), "the job ends once: the coordinator on node 0 ended it with exit code 1, the one on "
+                         "spare 0 with 0 (at 2m10s)");
+}
+
 TEST_F(InvariantsTest, AgentExitsWithWorkersRunning) {
   StartRound(20, 0);
   End(50, 0, 2, true);
