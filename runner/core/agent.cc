@@ -273,13 +273,20 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
   const uint16_t port = spec_.cluster.master_port;
   switch (failed.error) {
     case ConnectError::kRefused:
-      return fmt::format("connection to {} refused: node 0's agent is not listening yet, or "
+      return fmt::format("connection to {} refused: {} is not listening yet, or "
                          "master_port is wrong, or a firewall rejects TCP port {}",
-                         endpoint, port);
+                         endpoint,
+                         spec_.rendezvous.Etcd() ? "the agent that holds the coordinator role in etcd"
+                                                 : "node 0's agent",
+                         port);
     case ConnectError::kTimedOut:
       return fmt::format("connection to {} timed out: a firewall drops TCP port {} or the host is "
                          "down; open TCP port {} on {} for the other nodes",
-                         endpoint, port, port, spec_.cluster.master_addr);
+                         endpoint, port, port,
+                         spec_.rendezvous.Etcd() ? "every host of the job" : spec_.cluster.master_addr);
+    case ConnectError::kStore:
+      return fmt::format("cannot find the coordinator in etcd ({}): {}",
+                         fmt::join(spec_.rendezvous.endpoints, ", "), failed.detail);
     case ConnectError::kUnreachable:
       return fmt::format("{} is unreachable ({}): check cluster.master_addr and the routes",
                          spec_.cluster.master_addr, failed.detail);
@@ -289,10 +296,6 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
                          spec_.cluster.master_addr, failed.detail);
     case ConnectError::kOther:
       break;
-  }
-  if (spec_.rendezvous.Etcd() && failed.detail.starts_with("etcd")) {
-    return fmt::format("cannot find the coordinator in etcd ({}): {}",
-                       fmt::join(spec_.rendezvous.endpoints, ", "), failed.detail);
   }
   return fmt::format("cannot connect to {}: {}", endpoint, failed.detail);
 }

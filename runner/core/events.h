@@ -26,6 +26,7 @@ enum class ConnectError {
   kTimedOut,      // no answer: a firewall drops, or the host is down
   kUnreachable,   // no route to the host or network
   kNameNotResolved,
+  kStore,         // rendezvous.backend = "etcd": the holder of the coordinator role could not be read
   kOther,
 };
 

@@ -44,7 +44,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
     listener.lookup_failed = [this](const std::string& why) {
       if (!awaiting_coordinator_) return;
       awaiting_coordinator_ = false;
-      RunAgent(core::MasterConnectFailed{core::ConnectError::kOther, why});
+      RunAgent(core::MasterConnectFailed{core::ConnectError::kStore, why});
     };
     listener.lead = [this](const std::optional<JobState>& previous) { Lead(previous); };
     listener.step_down = [this](const std::string& why) { StepDown(why); };

@@ -34,7 +34,7 @@ num_nodes = 3
 [rendezvous]
 backend = "etcd"
 endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"]
-lease = "4s"
+lease = "5s"
 [restart]
 max_restarts = 3
 backoff = "10s"
@@ -51,8 +51,8 @@ worker_startup = "20s"
 }
 
 constexpr char kNode0Leads[] =
-    "coordinator: this agent holds the coordinator role now (etcd key /ddprun/e/e-951cf6f0/coordinator, "
-    "rendezvous.lease = 4s); it plays node rank 0, and 10.0.0.1 is every round's MASTER_ADDR\n";
+    "coordinator: this agent holds the coordinator role now (etcd key /ddprun/e/e-be067901/coordinator, "
+    "rendezvous.lease = 5s); it plays node rank 0, and 10.0.0.1 is every round's MASTER_ADDR\n";
 
 int CountOf(const std::string& text, const std::string& what) {
   int n = 0;
@@ -105,7 +105,7 @@ TEST(EtcdTest, TheCoordinatorCutOffFromEtcdStepsDownAndAnotherTakesOver) {
   // still reaches the other agents.
   EXPECT_THAT(run.output, HasSubstr("node 0: etcd: this host is cut off from etcd for 2m"));
   EXPECT_THAT(run.output, HasSubstr("coordinator: this agent no longer holds the coordinator role: it could "
-                                    "not renew its etcd lease (rendezvous.lease = 4s) in time; closing its "
+                                    "not renew its etcd lease (rendezvous.lease = 5s) in time; closing its "
                                     "agents' connections"));
   EXPECT_THAT(run.output, HasSubstr("node 0: lost the coordinator at 10.0.0.1:29500 (connection closed by "
                                     "the peer); stopping this node's workers"));
@@ -129,9 +129,9 @@ TEST(EtcdTest, WithoutAQuorumTheCoordinatorStepsDownAndTheJobWaitsForEtcd) {
   ASSERT_FALSE(run.result.violation) << *run.result.violation << "\n" << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("sim: etcd: no quorum; requests wait, then fail"));
-  EXPECT_THAT(run.output, HasSubstr("it could not renew its etcd lease (rendezvous.lease = 4s) in time"));
+  EXPECT_THAT(run.output, HasSubstr("it could not renew its etcd lease (rendezvous.lease = 5s) in time"));
   EXPECT_THAT(run.output, HasSubstr("cannot find the coordinator in etcd (http://10.0.0.1:2379, "
-                                    "http://10.0.0.2:2379, http://10.0.0.3:2379): etcd: no etcd endpoint "
+                                    "http://10.0.0.2:2379, http://10.0.0.3:2379): no etcd endpoint "
                                     "answered within 3s"));
   EXPECT_THAT(run.output, HasSubstr("sim: etcd: a leader is elected; requests are served again"));
   const size_t elected = run.output.find("sim: etcd: a leader is elected");

@@ -23,7 +23,7 @@ std::string EtcdJob() {
   return SmallJob(R"([rendezvous]
 backend = "etcd"
 endpoints = ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"]
-lease = "4s"
+lease = "5s"
 )",
                   2, 1, 2);
 }
