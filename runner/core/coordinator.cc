@@ -127,7 +127,16 @@ void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<Coor
                         fmt::format("taking over the job from {}: round {} next, {} of {} restarts "
                                     "used",
                                     legacy.holder, round_, restarts_used_, spec_.restart.max_restarts)});
-  if (!legacy.round_may_run) return;
+  if (!legacy.round_may_run) {
+    if (legacy.workers_may_run) {
+      // The previous holder counted the failed round, but a node of it was lost and its
+      // workers never confirmed stopped; that holder would have fenced their rank.
+      journal_fence_ = now + spec_.timeouts.LeaseBound();
+      fence_cause_ = fmt::format("round {} lost a node whose workers {} never saw stop", round_ - 1,
+                                 legacy.holder);
+    }
+    return;
+  }
   Failure failure;
   failure.round = round_ - 1;
   failure.node_rank = 0;
@@ -1152,7 +1161,12 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
                                       FormatDuration(spec_.RestartBackoff(restarts_used_)))});
     phase_ = Phase::kBackoff;
     phase_deadline_ = now + spec_.RestartBackoff(restarts_used_);
-    if (commit_rounds_) out.push_back(RecordRestart{round_, restarts_used_});
+    if (commit_rounds_) {
+      const bool unconfirmed = std::any_of(slots_.begin(), slots_.end(), [now](const Slot& s) {
+        return s.fenced_until && *s.fenced_until > now;
+      });
+      out.push_back(RecordRestart{round_, restarts_used_, unconfirmed});
+    }
     return;
   }
   EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes, never), out);

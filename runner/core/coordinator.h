@@ -62,6 +62,7 @@ class Coordinator {
     std::optional<int> exit_code; // it ended the job with this code...
     std::string summary;          // ...and told the agents this
     std::string holder;           // who held the role: "node 1 (gpu-02)"
+    bool workers_may_run = false; // RecordRestart::workers_may_run: a lost node's workers may run
   };
   /// Takes the job over from `legacy`: the round numbers and the restart budget go on. A round
   /// that may still run lost its coordinator: that is the round's failure (a lost node), it

@@ -114,6 +114,9 @@ struct CommitRound {
 struct RecordRestart {
   int next_round = 0;
   int restarts_used = 0;
+  /// A node of the stopped round was lost, so its workers were never confirmed stopped: a
+  /// coordinator that takes over from here must wait for their lease before its first round.
+  bool workers_may_run = false;
 };
 /// The job has ended with `exit_code`; `summary` is what every agent was told. A coordinator
 /// that takes over before every agent has heard it tells them the same (etcd); node 0's file

@@ -48,8 +48,9 @@ std::string AgentLabel(const JobSpec& spec, int agent) {
 // left when written: a holder that takes over counts it from then (a host stays out a little
 // longer, never shorter, by the time the takeover took).
 std::string JobState::Format() const {
-  std::string out = fmt::format("ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\ndone={}\nholder={}\n",
-                                next_round, restarts_used, running ? 1 : 0, done ? 1 : 0, holder);
+  std::string out = fmt::format(
+      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nunconfirmed={}\ndone={}\nholder={}\n", next_round,
+      restarts_used, running ? 1 : 0, unconfirmed ? 1 : 0, done ? 1 : 0, holder);
   for (const core::QuarantinedHost& q : quarantined) {
     const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(q.left).count();
     out += fmt::format("quarantine={} {} {}\n", std::max<int64_t>(left_ms, 0), q.times, q.host);
@@ -67,6 +68,7 @@ std::optional<JobState> JobState::Parse(const std::string& text) {
   state.next_round = *next;
   state.restarts_used = *restarts;
   state.running = Field(text, "running") == "1";
+  state.unconfirmed = Field(text, "unconfirmed") == "1";
   state.done = Field(text, "done") == "1";
   state.holder = Field(text, "holder");
   size_t begin = 0;
@@ -322,15 +324,17 @@ void Election::Commit(TimePoint now, int round, int restarts_used) {
   state_.next_round = round + 1;
   state_.restarts_used = restarts_used;
   state_.running = true;
+  state_.unconfirmed = false;  // the round starts only once its ranks' fences passed
   commit_round_ = round;
   dirty_ = true;
   MaybeWrite(now);
 }
 
-void Election::RecordRestart(TimePoint now, int next_round, int restarts_used) {
+void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) {
   state_.next_round = next_round;
   state_.restarts_used = restarts_used;
   state_.running = false;
+  state_.unconfirmed = workers_may_run;
   dirty_ = true;
   MaybeWrite(now);
 }

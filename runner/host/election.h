@@ -23,6 +23,7 @@ struct JobState {
   int next_round = 0;
   int restarts_used = 0;
   bool running = false;           // a round was committed and its workers not seen to stop
+  bool unconfirmed = false;       // the last round was counted, but a lost node's workers may run
   bool done = false;              // the job ended and every agent heard it: a new launch starts afresh
   std::optional<int> exit_code;   // the job ended with this (done or not)
   std::string summary;            // what the agents were told at the end
@@ -74,7 +75,7 @@ class Election {
 
   // The coordinator's records, while leading: each rewrites the state, fenced.
   void Commit(TimePoint now, int round, int restarts_used);
-  void RecordRestart(TimePoint now, int next_round, int restarts_used);
+  void RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run);
   void RecordEnd(TimePoint now, int exit_code, const std::string& summary);
   void RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts);
   /// Every worker of the job is confirmed stopped.

@@ -153,6 +153,7 @@ void NodeHost::Lead(const std::optional<JobState>& previous) {
     legacy.next_round = previous->next_round;
     legacy.restarts_used = previous->restarts_used;
     legacy.round_may_run = previous->running;
+    legacy.workers_may_run = previous->unconfirmed;
     legacy.exit_code = previous->exit_code;
     legacy.summary = previous->summary;
     legacy.holder = previous->holder.empty() ? "the previous coordinator" : previous->holder;
@@ -356,7 +357,9 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* commit = std::get_if<core::CommitRound>(&effect)) {
       if (election_) election_->Commit(now, commit->round, commit->restarts_used);
     } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
-      if (election_) election_->RecordRestart(now, restart->next_round, restart->restarts_used);
+      if (election_) {
+        election_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
+      }
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
       if (election_) election_->RecordEnd(now, end->exit_code, end->summary);
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {

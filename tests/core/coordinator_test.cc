@@ -1121,6 +1121,7 @@ TEST_F(EtcdCoordinatorTest, ARestartAndTheEndAreRecordedInEtcd) {
   ASSERT_EQ(All<RecordRestart>(stopped).size(), 1u) << test::Describe(stopped);
   EXPECT_EQ(All<RecordRestart>(stopped)[0].next_round, 1);
   EXPECT_EQ(All<RecordRestart>(stopped)[0].restarts_used, 1);
+  EXPECT_FALSE(All<RecordRestart>(stopped)[0].workers_may_run);  // every node confirmed
   const Effects again = BeatUntil(1s, 12s);
   ASSERT_EQ(All<CommitRound>(again).size(), 1u) << test::Describe(again);
   EXPECT_EQ(All<CommitRound>(again)[0].round, 1);
@@ -1157,6 +1158,25 @@ TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTh
   const Effects after = BeatUntil(fence - 1s, fence + 1s);
   ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
   EXPECT_EQ(All<CommitRound>(after)[0].round, 3);
+  EXPECT_EQ(All<CommitRound>(after)[0].restarts_used, 1);
+}
+
+TEST_F(EtcdCoordinatorTest, TakingOverACountedRoundWithALostNodesWorkersWaitsWithoutARestart) {
+  std::vector<CoordinatorEffect> out;
+  Coordinator::Legacy legacy{2, 1, false, std::nullopt, "", "node 0 (gpu-01)"};
+  legacy.workers_may_run = true;
+  coordinator_->TakeOver(At(0s), legacy, out);
+  EXPECT_EQ(coordinator_->restarts_used(), 1);  // counted once, by the previous holder
+  Join(1s, 0);
+  const Effects all_in = Join(1s, 1);
+  EXPECT_TRUE(All<CommitRound>(all_in).empty());
+  EXPECT_NE(FindLog(all_in, "round 1 lost a node whose workers node 0 (gpu-01) never saw stop"), "")
+      << test::Describe(all_in);
+  const Duration fence = spec_->timeouts.LeaseBound();
+  EXPECT_TRUE(All<CommitRound>(BeatUntil(1s, fence - 1s)).empty());
+  const Effects after = BeatUntil(fence - 1s, fence + 1s);
+  ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
+  EXPECT_EQ(All<CommitRound>(after)[0].round, 2);
   EXPECT_EQ(All<CommitRound>(after)[0].restarts_used, 1);
 }
 

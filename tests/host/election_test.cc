@@ -342,7 +342,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   // The coordinator waits for each commit before it starts the round.
   e1->Commit(At(Seconds(0)), 0, 0);
   Client(1).Deliver(*e1, At(Seconds(0)));
-  e1->RecordRestart(At(Seconds(0)), 1, 1);
+  e1->RecordRestart(At(Seconds(0)), 1, 1, true);
   e1->RecordQuarantine(At(Seconds(0)), {core::QuarantinedHost{"gpu-03", Minutes(30), 3}});
   e1->Commit(At(Seconds(0)), 1, 1);
   Client(1).Deliver(*e1, At(Seconds(0)));
@@ -439,6 +439,7 @@ TEST(JobStateTest, FormatAndParseRoundTrip) {
   s.next_round = 7;
   s.restarts_used = 3;
   s.running = true;
+  s.unconfirmed = true;
   s.holder = "spare 0 (gpu-09)";
   s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
   s.exit_code = 1;
