@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The long swarm (issue 10): SEEDS seeds (default 100,000) from seed BASE (default 1000) on each
 # example job, on a 64-node job (bench/swarm64.toml) and on two jobs that detect hung ranks
-# (bench/swarm-hangs.toml, bench/swarm-hangs-auto.toml) and on one that shrinks and quarantines
-# (bench/swarm-shrink.toml), with --quiet, split over PARALLEL
-# processes (default: the number of CPUs). Prints every failed seed with its repro command,
-# then one line per job: seeds, failures, wall time. CI runs 5,000 seeds per example
-# (tests/sim/swarm_test.cc); this is the long version. Figures: docs/simulator.md.
-#   bench/swarm.sh [BUILD_DIR]      (default build/release; SEEDS=N BASE=N PARALLEL=N)
+# (bench/swarm-hangs.toml, bench/swarm-hangs-auto.toml), on one that shrinks and quarantines
+# (bench/swarm-shrink.toml) and on one whose coordinator lives in etcd (bench/swarm-etcd.toml),
+# with --quiet, split over PARALLEL processes (default: the number of CPUs); JOBS="a.toml
+# b.toml" runs those instead. Prints every failed seed with its repro command, then one line per
+# job: seeds, failures, wall time. CI runs 5,000 seeds per example (tests/sim/swarm_test.cc);
+# this is the long version. Figures: docs/simulator.md.
+#   bench/swarm.sh [BUILD_DIR]      (default build/release; SEEDS=N BASE=N PARALLEL=N JOBS=...)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
@@ -24,8 +25,9 @@ trap 'rm -rf "$out"' EXIT
 summary=()
 status=0
 chunk=$(( (seeds + parallel - 1) / parallel ))
-for job in examples/laptop.toml examples/lightning-2x8.toml examples/lightning-4x8.toml bench/swarm64.toml \
-    bench/swarm-hangs.toml bench/swarm-hangs-auto.toml bench/swarm-shrink.toml; do
+jobs="${JOBS:-examples/laptop.toml examples/lightning-2x8.toml examples/lightning-4x8.toml bench/swarm64.toml
+  bench/swarm-hangs.toml bench/swarm-hangs-auto.toml bench/swarm-shrink.toml bench/swarm-etcd.toml}"
+for job in $jobs; do
   start=$(date +%s.%N)
   pids=()
   for (( i = 0; i < parallel; i++ )); do

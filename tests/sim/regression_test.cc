@@ -153,5 +153,27 @@ TEST(RegressionTest, TheHangBoundAllowsWhatTheLastStepTaughtTheAgents) {
                                     "worker on every node"));
 }
 
+// Issue 16 (two coordinators act at once): the coordinator counted a restart after a node was
+// lost (its hung worker ignoring SIGTERM, never confirmed stopped), then lost etcd's quorum and
+// stepped down; the agent that took over read "round 0 counted" and started round 1 while that
+// worker still ran. The restart now records that a lost node's workers may run, and the new
+// holder waits for their lease.
+TEST(RegressionTest, ATakeoverAfterACountedRoundWithALostNodeWaitsForItsWorkers) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-etcd.toml");
+  std::stringstream job;
+  job << in.rdbuf();
+  const SimRun run = Simulate(job.str(),
+                              {"worker-hang@6m44s622ms:node=0,local_rank=0", "partition@11m48s438ms:node=1,duration=2m12s",
+                               "partition@8m29s951ms:node=3,duration=59s,peers=0",
+                               "node-crash@21m2s647ms:node=0,reboot_after=3m12s",
+                               "etcd-member-down@11m59s591ms:node=2,duration=1m46s",
+                               "etcd-member-down@11m14s591ms:node=0,duration=59s"},
+                              78365);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("taking over the job from node 1 (10.0.0.2): round 1 next, 1 of 6 restarts used"));
+  EXPECT_THAT(run.output, HasSubstr("waiting 47s before starting it: round 0 lost a node whose workers node 1 "
+                                    "(10.0.0.2) never saw stop"));
+}
+
 }  // namespace
 }  // namespace ddprun::testing
