@@ -236,6 +236,11 @@ void Coordinator::Apply(TimePoint now, const CoordinatorInput& input, std::vecto
   } else if (const auto* port = std::get_if<StorePortReady>(&input)) {
     if (phase_ != Phase::kStarting || port->round != round_) return;  // stale answer
     BeginRound(port->port, out);
+  } else if (std::holds_alternative<EndRecorded>(input)) {
+    if (phase_ != Phase::kEnding || !awaiting_end_record_) return;
+    awaiting_end_record_ = false;
+    Broadcast(wire::JobEnd{*exit_code_, end_summary_}, out);
+    MaybeDone(out);
   } else if (const auto* committed = std::get_if<RoundCommitted>(&input)) {
     if (phase_ != Phase::kStarting || committed->round != round_ || !awaiting_commit_) return;
     awaiting_commit_ = false;
@@ -574,6 +579,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; "
                                                        "telling it the outcome",
                                                        NodeName(join.node_rank))});
+    if (awaiting_end_record_) return;  // it hears the verdict with the others, once etcd has it
     out.push_back(SendTo{conn_id, wire::JobEnd{*exit_code_, end_summary_}});
     if (slot.end == EndState::kAway) slot.end = EndState::kTold;
     return;
@@ -1275,7 +1281,6 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
                          std::vector<CoordinatorEffect>& out) {
   exit_code_ = exit_code;
   end_summary_ = std::move(summary);
-  if (commit_rounds_) out.push_back(RecordEnd{exit_code, end_summary_});
   phase_ = Phase::kEnding;
   phase_deadline_ = now + spec_.timeouts.ExitBarrier();
   // Who must hear the verdict before we exit: every connected node (it acknowledges, or its
@@ -1292,6 +1297,12 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
                : slot.ever_joined && took_part ? EndState::kAway
                                                : EndState::kSettled;
     if (slot.end != EndState::kSettled) ++awaiting_end_;
+  }
+  if (commit_rounds_) {
+    // etcd: the verdict is told once the store has it (EndRecorded).
+    awaiting_end_record_ = true;
+    out.push_back(RecordEnd{exit_code, end_summary_});
+    return;
   }
   Broadcast(wire::JobEnd{exit_code, end_summary_}, out);
   MaybeDone(out);

@@ -298,6 +298,7 @@ class Coordinator {
   bool commit_rounds_ = false;
   bool awaiting_commit_ = false;      // CommitRound sent for round_, RoundCommitted not yet in
   bool took_over_ = false;            // TakeOver: the job began under another holder
+  bool awaiting_end_record_ = false;  // RecordEnd sent, EndRecorded not yet in: nobody is told
   std::string fence_cause_;           // why journal_fence_ holds the first round back
   std::string master_addr_;           // PlaceRankZero: every round's MASTER_ADDR; "": the file's
 };

@@ -61,9 +61,11 @@ struct Tick {};
 struct RoundCommitted {
   int round = 0;
 };
+/// With CommitRounds: the job's end (RecordEnd) is in the store; the agents may hear it now.
+struct EndRecorded {};
 
 using CoordinatorInput =
-    std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, RoundCommitted, Tick>;
+    std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, RoundCommitted, EndRecorded, Tick>;
 
 struct SendTo {
   ConnId conn = 0;
@@ -118,7 +120,9 @@ struct RecordRestart {
   /// coordinator that takes over from here must wait for their lease before its first round.
   bool workers_may_run = false;
 };
-/// The job has ended with `exit_code`; `summary` is what every agent was told. A coordinator
+/// The job has ended with `exit_code`; `summary` is what every agent will be told. With
+/// CommitRounds the agents hear it only once the store has it (EndRecorded): an end that was
+/// never recorded was never told, so a coordinator that takes over cannot contradict it. A coordinator
 /// that takes over before every agent has heard it tells them the same (etcd); node 0's file
 /// journal records only that rounds may no longer run (RecordJournal).
 struct RecordEnd {

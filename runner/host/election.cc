@@ -180,6 +180,11 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       listener_.committed(round);
       if (phase_ != Phase::kLeading) return;
     }
+    if (written_end_ && end_unacked_) {
+      end_unacked_ = false;
+      listener_.end_recorded();
+      if (phase_ != Phase::kLeading) return;
+    }
     MaybeWrite(now);
     if (!Writing()) listener_.flushed();
     return;
@@ -308,6 +313,8 @@ void Election::Resign(TimePoint now) {
   dirty_ = false;
   commit_round_.reset();
   written_commit_.reset();
+  end_unacked_ = false;
+  written_end_ = false;
   retry_write_at_.reset();
   Fail("this agent let the coordinator role go");
 }
@@ -317,6 +324,7 @@ void Election::MaybeWrite(TimePoint now) {
   if (retry_write_at_ && now < *retry_write_at_) return;
   dirty_ = false;
   written_commit_ = commit_round_;
+  written_end_ = end_unacked_;
   write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, state_.Format(), 0}});
 }
 
@@ -342,6 +350,7 @@ void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, b
 void Election::RecordEnd(TimePoint now, int exit_code, const std::string& summary) {
   state_.exit_code = exit_code;
   state_.summary = summary;
+  end_unacked_ = true;
   dirty_ = true;
   MaybeWrite(now);
 }

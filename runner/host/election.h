@@ -51,6 +51,8 @@ class Election {
     std::function<void(const std::string& why)> step_down;
     /// CommitRound(round) is in the store.
     std::function<void(int round)> committed;
+    /// RecordEnd's verdict is in the store.
+    std::function<void()> end_recorded;
     /// Every write is in the store (or can no longer be made), or Resign's revoke was answered.
     std::function<void()> flushed;
   };
@@ -132,6 +134,8 @@ class Election {
   uint64_t write_id_ = 0;
   std::optional<int> commit_round_;   // a CommitRound not yet answered
   std::optional<int> written_commit_; // the commit the write in flight carries
+  bool end_unacked_ = false;          // RecordEnd not yet in the store
+  bool written_end_ = false;          // the write in flight carries it
   std::optional<TimePoint> retry_write_at_;
   bool earlier_workers_may_run_ = false;
   uint64_t revoke_id_ = 0;

@@ -49,6 +49,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
     listener.lead = [this](const std::optional<JobState>& previous) { Lead(previous); };
     listener.step_down = [this](const std::string& why) { StepDown(why); };
     listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
+    listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
     listener.flushed = [this] { MaybeFinish(); };
     election_ = std::make_unique<Election>(spec, RunId(spec, config.fingerprint), config.node_rank,
                                            fmt::format("{}:{}", own_addr_, spec.cluster.master_port),

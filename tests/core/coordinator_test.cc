@@ -1132,6 +1132,8 @@ TEST_F(EtcdCoordinatorTest, ARestartAndTheEndAreRecordedInEtcd) {
   const Effects done = Send(13s, ConnOf(1), wire::NodeDone{1});
   ASSERT_EQ(All<RecordEnd>(done).size(), 1u) << test::Describe(done);
   EXPECT_EQ(All<RecordEnd>(done)[0].exit_code, 0);
+  EXPECT_TRUE(Sent<wire::JobEnd>(done).empty());  // told once etcd has it
+  EXPECT_EQ(Sent<wire::JobEnd>(Feed(13s, EndRecorded{})).size(), 2u);
 }
 
 TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTheOldWorkers) {
@@ -1188,9 +1190,11 @@ TEST_F(EtcdCoordinatorTest, TakingOverWithTheBudgetSpentEndsTheJobWithTheCause) 
   EXPECT_NE(All<RecordEnd>(out)[0].summary.find("the coordinator (node 1 (gpu-02)) was lost while round 1 ran"),
             std::string::npos)
       << All<RecordEnd>(out)[0].summary;
-  const Effects joined = Join(1s, 0);
-  ASSERT_EQ(Sent<wire::JobEnd>(joined).size(), 1u) << test::Describe(joined);
-  EXPECT_EQ(Sent<wire::JobEnd>(joined)[0].second.exit_code, 1);
+  // Nobody hears a verdict before etcd has it.
+  EXPECT_TRUE(Sent<wire::JobEnd>(Join(1s, 0)).empty());
+  const Effects recorded = Feed(1s, EndRecorded{});
+  ASSERT_EQ(Sent<wire::JobEnd>(recorded).size(), 1u) << test::Describe(recorded);
+  EXPECT_EQ(Sent<wire::JobEnd>(recorded)[0].second.exit_code, 1);
 }
 
 TEST_F(EtcdCoordinatorTest, TakingOverAnEndedJobTellsTheSameVerdict) {
@@ -1200,9 +1204,10 @@ TEST_F(EtcdCoordinatorTest, TakingOverAnEndedJobTellsTheSameVerdict) {
   EXPECT_EQ(FindLog(out, "had ended"),
             "the job had ended (exit code 0) when node 0 (gpu-01) was lost; telling every agent the "
             "verdict again");
-  const Effects joined = Join(1s, 1);
-  ASSERT_EQ(Sent<wire::JobEnd>(joined).size(), 1u) << test::Describe(joined);
-  EXPECT_EQ(Sent<wire::JobEnd>(joined)[0].second, (wire::JobEnd{0, "job \"demo\" finished"}));
+  EXPECT_TRUE(Sent<wire::JobEnd>(Join(1s, 1)).empty());
+  const Effects recorded = Feed(1s, EndRecorded{});
+  ASSERT_EQ(Sent<wire::JobEnd>(recorded).size(), 1u) << test::Describe(recorded);
+  EXPECT_EQ(Sent<wire::JobEnd>(recorded)[0].second, (wire::JobEnd{0, "job \"demo\" finished"}));
 }
 
 }  // namespace

@@ -187,6 +187,7 @@ struct Heard {
         },
         .step_down = [this](const std::string& why) { lines.push_back("step down: " + why); },
         .committed = [this](int round) { lines.push_back("committed " + std::to_string(round)); },
+        .end_recorded = [this] { lines.push_back("end recorded"); },
         .flushed = [this] { lines.push_back("flushed"); },
     };
   }

@@ -175,5 +175,25 @@ TEST(RegressionTest, ATakeoverAfterACountedRoundWithALostNodeWaitsForItsWorkers)
                                     "(10.0.0.2) never saw stop"));
 }
 
+// Issue 16 (the job ends once): etcd lost its quorum just as the job succeeded; the coordinator
+// told every agent "exit 0", stepped down (it could not renew) before etcd had the end, and the
+// agent that took over later read "round 0 running" and ended the job its own way (exit 3). The
+// verdict is now told only once etcd has it: here nobody heard it, the new holder ran round 1
+// again (from the last checkpoint), and every agent ended with the same code.
+TEST(RegressionTest, TheVerdictIsToldOnlyOnceEtcdHasIt) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-etcd.toml");
+  std::stringstream job;
+  job << in.rdbuf();
+  const SimRun run = Simulate(job.str(),
+                              {"duplicate-node-rank@20m23s192ms:node=4", "etcd-member-down@20m20s700ms:node=1,duration=15s",
+                               "etcd-member-down@19m56s700ms:node=0,duration=1m17s"},
+                              159264);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("round 0 failed: the coordinator (node 3 (10.0.0.4)) was lost while round 0 ran"));
+  EXPECT_THAT(run.output, HasSubstr("job \"swarm-etcd\" succeeded: all 8 ranks on 4 nodes exited 0 in round 1 (1 "
+                                    "restart used)"));
+}
+
 }  // namespace
 }  // namespace ddprun::testing
