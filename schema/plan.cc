@@ -226,12 +226,11 @@ std::string PlanHeader(const JobSpec& spec) {
   const bool etcd = spec.rendezvous.Etcd();
   if (etcd) {
     out += fmt::format("coordinator: whichever agent holds the role in etcd ({}; keys under "
-                       "{}/{}/{}/), on port {} of its host; its agent plays node rank 0, so rank 0 "
+                       "{}/), on port {} of its host; its agent plays node rank 0, so rank 0 "
                        "and MASTER_ADDR move with it (shown below as when node 0 holds it); a "
                        "lost holder is replaced within rendezvous.lease = {} and a few seconds\n",
-                       fmt::join(spec.rendezvous.endpoints, ", "),
-                       spec.rendezvous.prefix == "/" ? "" : spec.rendezvous.prefix, spec.job.name,
-                       RunId(spec), c.master_port, FormatDuration(spec.rendezvous.lease));
+                       fmt::join(spec.rendezvous.endpoints, ", "), EtcdKeyDir(spec, RunId(spec)),
+                       c.master_port, FormatDuration(spec.rendezvous.lease));
   } else {
     out += fmt::format("coordinator on node 0 at {}:{}\n", c.master_addr, c.master_port);
   }

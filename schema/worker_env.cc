@@ -53,6 +53,11 @@ std::string RunId(const JobSpec& spec, std::string_view fingerprint) {
   return fmt::format("{}-{}", spec.job.name, fingerprint.substr(0, 8));
 }
 
+std::string EtcdKeyDir(const JobSpec& spec, std::string_view run_id) {
+  const std::string& prefix = spec.rendezvous.prefix;
+  return fmt::format("{}/{}/{}", prefix == "/" ? "" : prefix, spec.job.name, run_id);
+}
+
 namespace {
 
 // A Python float literal that reads back as the same double: fmt's shortest round-trip

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/parse_int.h"
+#include "schema/worker_env.h"
 
 namespace ddprun::host {
 
@@ -99,8 +100,7 @@ Election::Election(const JobSpec& spec, const std::string& run_id, int agent, st
       endpoint_(std::move(endpoint)),
       store_(store),
       listener_(std::move(listener)) {
-  const std::string base = fmt::format("{}/{}/{}", spec.rendezvous.prefix == "/" ? "" : spec.rendezvous.prefix,
-                                       spec.job.name, run_id);
+  const std::string base = EtcdKeyDir(spec, run_id);
   role_key_ = base + "/coordinator";
   state_key_ = base + "/state";
   value_ = fmt::format("agent={}\nendpoint={}\nname={}", agent_, endpoint_, AgentLabel(spec, agent_));
