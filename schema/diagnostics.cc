@@ -207,6 +207,20 @@ std::string EscapeForTerminal(std::string_view text) {
   return out;
 }
 
+std::string EscapeLinesForTerminal(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find('\n', begin), text.size());
+    out += EscapeForTerminal(text.substr(begin, end - begin));
+    if (end == text.size()) break;
+    out += '\n';
+    begin = end + 1;
+  }
+  return out;
+}
+
 namespace {
 
 std::string Paint(std::string_view text, std::string_view color, bool enabled) {

@@ -54,6 +54,11 @@ std::string RenderDiagnostics(const Diagnostics& diagnostics, std::string_view s
 /// invisible code points as <U+001B>, bytes that are not UTF-8 as <FF>; tabs are kept.
 std::string EscapeForTerminal(std::string_view text);
 
+/// EscapeForTerminal line by line, keeping the line breaks: for multi-line text that comes
+/// from outside ddprun (a peer's message, a worker's traceback, a stack, a name) on its way to
+/// a terminal, so that nothing it holds can move the cursor, retitle the window or hide text.
+std::string EscapeLinesForTerminal(std::string_view text);
+
 /// The candidate closest to `word` when close enough to be a typo of it (optimal string
 /// alignment distance: 1 edit for words up to 4 characters, 2 up to 8, else 3), else nullopt.
 /// For "did you mean" hints on keys, flags and commands.

@@ -93,13 +93,15 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     // client: join at once; a coordinator with a secret answers with a Challenge. With a
     // secret this first join says nothing about the job until the coordinator has proved it
     // knows the secret.
-    link_ = Joining{false, Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32)};
+    link_ = Joining{config_.secret.empty(),
+                    Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32)};
     SendJoin("", out);
   } else if (const auto* failed = std::get_if<MasterConnectFailed>(&input)) {
     OnConnectFailed(now, *failed, out);
   } else if (const auto* message = std::get_if<MasterMessage>(&input)) {
     if (!Connected()) return;
-    last_heard_ = now;
+    // Only a peer that proved the secret is heard: an impostor's words move no clock.
+    if (Proven()) last_heard_ = now;
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
     if (!Connected()) return;
@@ -389,43 +391,87 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   MaybeStopped(out);
 }
 
-void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
+bool Agent::Proven() const {
+  const auto* joining = std::get_if<Joining>(&link_);
+  return joining == nullptr || joining->proven;
+}
+
+void Agent::RetryLater(TimePoint now, std::string error, Duration retry, bool same_story,
+                       std::vector<AgentEffect>& out) {
+  last_connect_error_ = std::move(error);
+  if (!same_story || !last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
+    last_connect_log_ = now;
+    Log(LogLevel::kWarn,
+        fmt::format("{}\nretrying every {} for {} more (until timeouts.rendezvous)",
+                    last_connect_error_, HumanDuration(retry),
+                    HumanDuration(std::max(rendezvous_deadline_ - now, Duration(0)))),
+        out);
+  }
+  out.push_back(DisconnectFromMaster{});
+  link_ = RetryWait{now + retry};
+}
+
+void Agent::OnUnproven(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
+  // Whatever an unproven peer says is not believed: not a verdict, not a refusal, not a
+  // round. Its text is never shown (it could say anything, escape codes included). The agent
+  // leaves the connection and tries again until timeouts.rendezvous, so an impostor on the
+  // port (or a node 0 without the secret) can delay this node but never end it or fool it.
+  const std::string endpoint = MasterEndpoint();
+  std::string error;
   if (const auto* challenge = std::get_if<wire::Challenge>(&message)) {
-    auto* joining = std::get_if<Joining>(&link_);
-    if (!joining || joining->challenged) return;
-    joining->challenged = true;
-    const std::string nonce = joining->nonce;
-    if (config_.secret.empty()) {
-      out.push_back(PrintSummary{fmt::format(
-          "the coordinator at {} requires a shared secret and this node has none\n"
-          "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
-          MasterEndpoint())});
-      Finish(now, ToInt(ExitCode::kRendezvous), out);
+    if (ConstantTimeEqual(challenge->proof,
+                          CoordinatorProof(config_.secret, std::get<Joining>(link_).nonce,
+                                           challenge->nonce))) {
+      std::get<Joining>(link_).proven = true;
+      last_heard_ = now;
+      SendJoin(challenge->nonce, out);
       return;
     }
-    if (!ConstantTimeEqual(challenge->proof,
-                           CoordinatorProof(config_.secret, nonce, challenge->nonce))) {
-      out.push_back(PrintSummary{fmt::format(
-          "the process listening on {} did not prove that it knows this node's shared secret: "
-          "either the secrets of this node and node 0 differ, or the listener is not this job's "
-          "coordinator (another job, or an impostor); nothing about this job was sent to it\n"
-          "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, and check "
-          "that nothing else listens on master_port",
-          MasterEndpoint())});
-      Finish(now, ToInt(ExitCode::kRendezvous), out);
-      return;
-    }
-    SendJoin(challenge->nonce, out);
-  } else if (std::holds_alternative<wire::JoinAck>(message) && !std::holds_alternative<Joining>(link_)) {
-    return;  // a second JoinAck on one connection: nothing to do
-  } else if (std::holds_alternative<wire::JoinAck>(message) && !config_.secret.empty() &&
-             !std::get<Joining>(link_).challenged) {
-    // Our secret means nothing to a coordinator that accepts anyone: refuse to run open.
-    out.push_back(PrintSummary{fmt::format(
-        "the coordinator at {} did not ask for the shared secret: node 0 runs without one\n"
+    error = fmt::format(
+        "the process listening on {} did not prove that it knows this node's shared secret: "
+        "either the secrets of this node and node 0 differ, or the listener is not this job's "
+        "coordinator (another job, or an impostor); nothing about this job was sent to it\n"
+        "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, and check "
+        "that nothing else listens on master_port",
+        endpoint);
+  } else if (std::holds_alternative<wire::JoinAck>(message)) {
+    // Our secret means nothing to a coordinator that accepts anyone: never run open.
+    error = fmt::format(
+        "the coordinator at {} did not ask for the shared secret: node 0 runs without one, or "
+        "the listener is not this job's coordinator; nothing about this job was sent to it\n"
         "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, or on none",
+        endpoint);
+  } else {
+    error = fmt::format(
+        "the process listening on {} answered with a {} message before proving that it knows "
+        "this node's shared secret; not believed (node 0 refuses a node with a secret when it "
+        "has none, and then says why in its own log; otherwise the listener is not this job's "
+        "coordinator); nothing about this job was sent to it\n"
+        "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node, or on none, "
+        "and check that nothing else listens on master_port",
+        endpoint, wire::MessageName(message));
+  }
+  const bool same_story = error == last_connect_error_;
+  RetryLater(now, std::move(error), std::max(spec_.timeouts.heartbeat, kMaxRetry), same_story, out);
+  refused_retrying_ = true;  // the next connection is the same story: its line is quiet
+}
+
+void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
+  if (!Proven()) {
+    OnUnproven(now, message, out);
+    return;
+  }
+  if (std::holds_alternative<wire::Challenge>(message)) {
+    // A proven peer (or any peer on an open channel) that challenges: only a coordinator with
+    // a secret does that, and this node has none. Once joined it is a confused peer: ignored.
+    if (!config_.secret.empty() || !std::holds_alternative<Joining>(link_)) return;
+    out.push_back(PrintSummary{fmt::format(
+        "the coordinator at {} requires a shared secret and this node has none\n"
+        "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
         MasterEndpoint())});
     Finish(now, ToInt(ExitCode::kRendezvous), out);
+  } else if (std::holds_alternative<wire::JoinAck>(message) && !std::holds_alternative<Joining>(link_)) {
+    return;  // a second JoinAck on one connection: nothing to do
   } else if (const auto* ack = std::get_if<wire::JoinAck>(&message)) {
     // Agents connect only once their workers are gone, so nothing of a round is open here.
     link_ = Joined{false, running_workers() > 0};
@@ -446,19 +492,9 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
       return;
     }
     // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
-    last_connect_error_ = "the coordinator refused this node: " + reject->reason;
-    const Duration retry = std::max(spec_.timeouts.heartbeat, kMaxRetry);
-    if (!refused_retrying_ || !last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
-      last_connect_log_ = now;
-      Log(LogLevel::kWarn,
-          fmt::format("{}\nretrying every {} for {} more (until timeouts.rendezvous)",
-                      last_connect_error_, HumanDuration(retry),
-                      HumanDuration(std::max(rendezvous_deadline_ - now, Duration(0)))),
-          out);
-    }
+    RetryLater(now, "the coordinator refused this node: " + reject->reason,
+               std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
     refused_retrying_ = true;
-    out.push_back(DisconnectFromMaster{});
-    link_ = RetryWait{now + retry};
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
     std::vector<std::string> names;
     for (int32_t n : progress->missing) {

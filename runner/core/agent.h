@@ -111,6 +111,14 @@ class Agent {
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
   void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
+  /// With a secret, before the peer proved it: only a Challenge with the right proof counts.
+  void OnUnproven(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
+  /// Leaves this connection and connects again after `retry`, keeping `error` for the
+  /// rendezvous summary; logs it now unless the same story was told less than 10 s ago.
+  void RetryLater(TimePoint now, std::string error, Duration retry, bool same_story,
+                  std::vector<AgentEffect>& out);
+  /// True unless this is a connection whose peer has not proved the shared secret yet.
+  bool Proven() const;
   void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
   void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
@@ -146,7 +154,10 @@ class Agent {
     TimePoint at;
   };
   struct Joining {                        // connected; the join is not acknowledged yet
-    bool challenged = false;              // the coordinator sent a Challenge (with a secret)
+    /// The peer proved it knows the shared secret (a Challenge with the right proof); always
+    /// true without a secret, where the channel is open. Until then nothing it sends is
+    /// believed, printed as fact or counted as hearing from the coordinator.
+    bool proven = false;
     std::string nonce;                    // this connection's nonce, with a secret
   };
   struct Joined {                         // connected and joined

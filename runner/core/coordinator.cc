@@ -62,6 +62,7 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
       fingerprint_(FingerprintOfCanonical(canonical_)),
       slots_(static_cast<size_t>(spec.cluster.Agents())),
       rendezvous_started_(start),
+      absence_origin_(start),
       rendezvous_deadline_(start + spec.timeouts.rendezvous),
       next_progress_(start + kProgressInterval),
       next_heartbeat_(start + spec.timeouts.heartbeat),
@@ -228,6 +229,7 @@ void Coordinator::Apply(TimePoint now, const CoordinatorInput& input, std::vecto
     auto it = conns_.find(closed->conn);
     if (it == conns_.end()) return;
     const int node_rank = it->second.node_rank;
+    if (node_rank < 0 && it->second.hello_rank >= 0) OnChallengeUnanswered(it->second, out);
     conns_.erase(it);
     if (node_rank >= 0 && slots_[static_cast<size_t>(node_rank)].conn == closed->conn) {
       SetSlotConn(slots_[static_cast<size_t>(node_rank)], std::nullopt, now);
@@ -321,6 +323,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
       if (now >= phase_deadline_) {
         phase_ = Phase::kRendezvous;
         rendezvous_started_ = now;
+        absence_origin_ = now;
         rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
         next_progress_ = now + kProgressInterval;
         MaybeStartRound(now, out);
@@ -508,6 +511,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
       return;
     }
     conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);
+    conn.hello_rank = join.node_rank;
     out.push_back(SendTo{conn_id, wire::Challenge{conn.nonce, CoordinatorProof(secret_, join.nonce, conn.nonce)}});
     return;
   }
@@ -518,9 +522,10 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
                              "secret\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same "
                              "secret on every node",
                              from, join.node_rank)
-               : fmt::format("a node from {} (claiming node rank {}) failed authentication: its "
-                             "shared secret differs from node 0's",
-                             from, join.node_rank));
+               : fmt::format("a node from {} (claiming node rank {}) failed the shared-secret "
+                             "challenge: its secret differs from node 0's",
+                             from, join.node_rank),
+           false, fmt::format("a peer from {} claiming this rank failed the shared-secret challenge", from));
     return;
   }
   if (join.node_rank < 0 || join.node_rank >= agents) {
@@ -549,9 +554,14 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   if (slot.conn && phase_ != Phase::kDone) {
     if (slot.instance == join.instance) {
       // The same agent reconnecting before we noticed its old connection died. It stopped its
-      // workers when it lost us, so a running round has lost this node.
+      // workers when it lost us, so a round it plays in has lost this node. Otherwise the
+      // connection was only replaced (an agent that gave up on a join we were too slow to
+      // answer): no loss, nothing to blame it for.
+      const bool round_lost = slot.plays >= 0 && (phase_ == Phase::kStarting ||
+                                                  phase_ == Phase::kRunning ||
+                                                  phase_ == Phase::kStopping);
       Drop(now, *slot.conn, out);
-      OnNodeLost(now, join.node_rank, "its connection dropped and it reconnected", out);
+      if (round_lost) OnNodeLost(now, join.node_rank, "its connection dropped and it reconnected", out);
     } else {
       // Retryable: a host that rebooted faster than its old connection was declared dead
       // looks exactly like this, and its slot frees after 3 silent heartbeats. A real
@@ -637,12 +647,40 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   MaybeStartRound(now, out);
 }
 
+void Coordinator::OnChallengeUnanswered(const Conn& conn, std::vector<CoordinatorEffect>& out) {
+  // An agent closes the connection after our Challenge when our proof does not match its
+  // secret. Its hello is unproven, so the rank it claimed is only named, never acted on.
+  if (conn.hello_rank >= static_cast<int>(slots_.size())) return;
+  Slot& slot = slots_[static_cast<size_t>(conn.hello_rank)];
+  if (slot.conn) return;
+  // Each retry comes from a new source port: the story is told per address, not per port.
+  const std::string_view addr = std::string_view(conn.peer_addr).substr(0, conn.peer_addr.rfind(':'));
+  std::string why = fmt::format("a peer from {} claiming this rank left without answering the "
+                                "shared-secret challenge: its secret differs from node 0's",
+                                addr);
+  if (slot.refused == why) return;  // said once; its retries tell the same story
+  out.push_back(LogLine{
+      LogLevel::kError,
+      fmt::format("a peer from {} claiming node rank {} closed the connection without answering "
+                  "the shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) differs "
+                  "from node 0's, or it is not this job's agent\nhint: set the same secret on "
+                  "every node",
+                  addr, conn.hello_rank)});
+  slot.refused = std::move(why);
+}
+
 void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out) {
   // Our own process did not run for longer than the loss bound (SIGSTOP, a VM pause, swap):
   // every peer looks silent, but the silence is ours. Give each connection a fresh loss bound
   // instead of blaming the nodes; the agents that lost us meanwhile close their connections
   // and rejoin. A running round cannot survive it: the other nodes stopped their workers.
   for (auto& [id, conn] : conns_) Heard(id, conn, now);
+  // Nor is anyone's absence ours: the clocks that give an absent node's rank away
+  // (timeouts.replace) do not count the time we did not run.
+  for (Slot& slot : slots_) {
+    if (slot.absent_since) slot.absent_since = std::min(*slot.absent_since + stall, now);
+  }
+  absence_origin_ = std::min(absence_origin_ + stall, now);
   const std::string what =
       fmt::format("node 0 ({}) stalled for {}: its agent and the coordinator did not run "
                   "(the process was stopped or paused: SIGSTOP, a VM pause, swapping, a stuck "
@@ -834,7 +872,7 @@ bool Coordinator::AssignPositions(TimePoint now, std::vector<CoordinatorEffect>&
       if (playable(away)) continue;
       // A quarantined host gives its rank up at once; an absent one after timeouts.replace.
       const bool quarantined = away.conn.has_value();
-      const TimePoint since = away.absent_since.value_or(rendezvous_started_);
+      const TimePoint since = away.absent_since.value_or(absence_origin_);
       const TimePoint due = quarantined ? now : since + spec_.timeouts.replace;
       if (next >= waiting.size()) break;
       if (now < due) {
@@ -879,7 +917,7 @@ bool Coordinator::ShrinkRound(TimePoint now, std::vector<CoordinatorEffect>& out
     if (slot.conn) {
       // A spare may still be on its way (agents start in any order): wait for one as long
       // as for an absent node, from the start of this rendezvous.
-      const TimePoint spare_due = rendezvous_started_ + spec_.timeouts.replace;
+      const TimePoint spare_due = absence_origin_ + spec_.timeouts.replace;
       if (spec_.cluster.spares > 0 && now < spare_due) {
         if (!replace_at_ || spare_due < *replace_at_) replace_at_ = spare_due;
         pending = true;
@@ -889,7 +927,13 @@ bool Coordinator::ShrinkRound(TimePoint now, std::vector<CoordinatorEffect>& out
       without.push_back(fmt::format("{}: its host is quarantined", NodeName(index)));
       continue;
     }
-    const TimePoint since = slot.absent_since.value_or(rendezvous_started_);
+    if (p == 0) {
+      // Rank 0 is the coordinator's own agent (it hosts rank 0's store): it is never left
+      // out, however late it joins (a slow start of its own process is not an absence).
+      pending = true;
+      continue;
+    }
+    const TimePoint since = slot.absent_since.value_or(absence_origin_);
     const TimePoint due = since + spec_.timeouts.replace;
     if (!can_shrink || now < due) {
       if (can_shrink && (!replace_at_ || due < *replace_at_)) replace_at_ = due;

@@ -155,6 +155,7 @@ class Coordinator {
     int node_rank = -1;       // -1 until joined
     TimePoint last_heard;
     std::string nonce;        // the Challenge sent to it, with a secret
+    int hello_rank = -1;      // the node rank its hello claimed (unproven), with a secret
   };
   struct Failure {
     int round = 0;
@@ -194,6 +195,9 @@ class Coordinator {
   void OnMessage(TimePoint now, ConnId conn, const wire::Message& message,
                  std::vector<CoordinatorEffect>& out);
   void OnJoin(TimePoint now, ConnId conn, const wire::Join& join, std::vector<CoordinatorEffect>& out);
+  /// A connection we challenged closed before it joined: name the rank its hello claimed in
+  /// the rendezvous summary as having another secret.
+  void OnChallengeUnanswered(const Conn& conn, std::vector<CoordinatorEffect>& out);
   void OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out);
   void OnNodeLost(TimePoint now, int node_rank, const std::string& why,
                   std::vector<CoordinatorEffect>& out);
@@ -273,6 +277,9 @@ class Coordinator {
   // skipped: O(1) per message where an ordered set cost O(log n) and an allocation.
   std::deque<std::pair<TimePoint, ConnId>> heard_;
   TimePoint rendezvous_started_;
+  /// Where the absence clock of a node that has not joined this rendezvous starts: its start,
+  /// moved on by every stall of our own (OnStalled).
+  TimePoint absence_origin_;
   TimePoint rendezvous_deadline_;
   TimePoint next_progress_;
   TimePoint next_heartbeat_;

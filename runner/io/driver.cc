@@ -47,6 +47,7 @@
 #include "runner/io/process_launcher.h"
 #include "runner/io/worker_module.h"
 #include "schema/canonical.h"
+#include "schema/diagnostics.h"
 #include "schema/worker_env.h"
 
 extern char** environ;
@@ -108,14 +109,17 @@ class TerminalConsole final : public host::Console {
     const bool paint = color_ && *tag != '\0';
     Print(fmt::format("[ddprun {} {}] {}{}{}{}\n", Clock(), who,
                       !paint ? "" : level == core::LogLevel::kError ? "\x1b[1;31m" : "\x1b[1;35m",
-                      tag, paint ? "\x1b[0m" : "", text));
+                      tag, paint ? "\x1b[0m" : "", EscapeLinesForTerminal(text)));
   }
   void Summary(std::string_view text) override {
     const std::string rule(72, '=');
     // This node's own facts (its log folder, logs it could not write) follow the job's words.
     std::string footer = footer_ ? footer_() : "";
     if (!footer.empty() && footer.back() == '\n') footer.pop_back();
-    Print(fmt::format("{}\n{}\n{}{}{}\n", rule, text, footer, footer.empty() ? "" : "\n", rule));
+    // The summary carries text from other nodes and from workers (tracebacks, a peer's
+    // reason): escaped, like every line this console prints.
+    Print(fmt::format("{}\n{}\n{}{}{}\n", rule, EscapeLinesForTerminal(text),
+                      EscapeLinesForTerminal(footer), footer.empty() ? "" : "\n", rule));
   }
   void SetSummaryFooter(std::function<std::string()> footer) { footer_ = std::move(footer); }
 

@@ -980,6 +980,31 @@ TEST_F(SecretCoordinatorTest, ACorrectProofJoinsAndEveryConnectionGetsItsOwnNonc
   EXPECT_EQ(Sent<wire::JoinAck>(e).size(), 1u) << test::Describe(e);
 }
 
+// Issue 25: with another secret on node 1, node 0 said only "never joined: node 1" and
+// suggested a firewall. An agent that leaves after our challenge found our proof wrong: node 0
+// says so once (its retries tell the same story) and names it in the rendezvous summary.
+TEST_F(SecretCoordinatorTest, ANodeThatLeavesAfterTheChallengeIsNamedAsHavingAnotherSecret) {
+  const std::string nonce0 = Challenged(0s, ConnOf(0));
+  wire::Join join0 = JoinOf(0);
+  join0.proof = JoinProof("s3cret", nonce0, 0, join0.fingerprint);
+  ASSERT_EQ(Sent<wire::JoinAck>(Send(0s, ConnOf(0), join0)).size(), 1u);
+  Challenged(0s, ConnOf(1));
+  const Effects left = Feed(0s, PeerClosed{ConnOf(1), "connection closed"});
+  EXPECT_EQ(FindLog(left, "challenge"),
+            "a peer from 10.0.0.9 claiming node rank 1 closed the connection without answering "
+            "the shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) differs from "
+            "node 0's, or it is not this job's agent\nhint: set the same secret on every node");
+  Challenged(2s, 300);
+  EXPECT_EQ(FindLog(Feed(2s, PeerClosed{300, "connection closed"}), "challenge"), "") << "said once";
+  const auto end = Sent<wire::JobEnd>(BeatUntil(2s, 15min, {0}));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].second.summary,
+            "rendezvous failed: 1/2 nodes joined within timeouts.rendezvous = 15m; refused: node 1 "
+            "(gpu-02): a peer from 10.0.0.9 claiming this rank left without answering the "
+            "shared-secret challenge: its secret differs from node 0's\nhint: the refused nodes "
+            "printed the reason too; fix it and start them again");
+}
+
 TEST_F(SecretCoordinatorTest, AWrongOrMissingProofIsRefusedBeforeAnythingElse) {
   const std::string nonce = Challenged(0s, ConnOf(1));
   wire::Join wrong = JoinOf(1);
@@ -989,8 +1014,8 @@ TEST_F(SecretCoordinatorTest, AWrongOrMissingProofIsRefusedBeforeAnythingElse) {
   Effects e = Send(1s, ConnOf(1), wrong);
   ASSERT_EQ(Sent<wire::Reject>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(Sent<wire::Reject>(e)[0].second.reason,
-            "a node from 10.0.0.9 (claiming node rank 1) failed authentication: its shared secret "
-            "differs from node 0's");
+            "a node from 10.0.0.9 (claiming node rank 1) failed the shared-secret challenge: its "
+            "secret differs from node 0's");
   EXPECT_EQ(All<CloseConn>(e).size(), 1u);
 
   Challenged(2s, 300);

@@ -388,5 +388,63 @@ TEST_F(QuarantineTest, WithNothingToTakeItsPlaceAQuarantinedHostTakesPartAfterAl
   ASSERT_EQ(Sent<wire::StartRound>(Feed(26s, StorePortReady{2, 41002})).size(), 2u);
 }
 
+// Issue 25: node 0's agent stalled 7 s at start (a slow NFS read of quarantine.state) and
+// round 0 ran without it ("node 1 plays node rank 0"). Rank 0 is the coordinator's own agent:
+// it is never left out, however late it joins.
+TEST_F(ShrinkTest, NodeRankZeroIsNeverLeftOutHoweverLateItsAgentJoins) {
+  Join(0s, 1);
+  Join(0s, 2);
+  const Effects wait = BeatUntil(0s, 60s, {{1, 0}, {2, 0}});
+  EXPECT_TRUE(All<ReserveStorePort>(wait).empty()) << test::Describe(wait);
+  EXPECT_EQ(FindLog(wait, "plays node rank 0"), "") << test::Describe(wait);
+  const Effects joined = Join(61s, 0);
+  ASSERT_EQ(All<ReserveStorePort>(joined).size(), 1u) << test::Describe(joined);
+  const auto starts = Sent<wire::StartRound>(Feed(61s, StorePortReady{0, 41000}));
+  ASSERT_EQ(starts.size(), 3u);
+  EXPECT_EQ(starts[0].first, Conn(0));
+  EXPECT_EQ(starts[0].second.nnodes, 0) << "the whole job";
+}
+
+// Issue 25: an agent that gave up on a join we were too slow to answer connects again; its
+// first connection was replaced, not lost: no "left" line, no restart, nothing to quarantine.
+TEST_F(ShrinkTest, AConnectionReplacedByTheSameAgentBeforeTheRoundIsNotALoss) {
+  Join(0s, 1);
+  Join(0s, 2);
+  // Agent 1 again, on a second connection, with the same instance as its first.
+  Feed(7s, PeerAccepted{Conn(1, 1), "10.0.0.2"});
+  const Effects again = Send(7s, 1,
+                             wire::Join{1, spec_->cluster.HostOf(1), spec_->cluster.nproc_per_node,
+                                        "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
+                                        1001, "", ""},
+                             1);
+  ASSERT_EQ(All<CloseConn>(again).size(), 1u) << test::Describe(again);
+  EXPECT_EQ(All<CloseConn>(again)[0].conn, Conn(1));
+  EXPECT_EQ(FindLog(again, "left"), "") << test::Describe(again);
+  EXPECT_EQ(Sent<wire::JoinAck>(again).size(), 1u) << test::Describe(again);
+  Join(7s, 0);
+  const auto starts = Sent<wire::StartRound>(Feed(7s, StorePortReady{0, 41000}));
+  ASSERT_EQ(starts.size(), 3u);
+  EXPECT_EQ(starts[1].first, Conn(1, 1));
+  EXPECT_EQ(coordinator_->Metrics().restarts_used, 0);
+}
+
+// Issue 25: the absence clock must not count the coordinator's own stall. Node 2 never came;
+// the coordinator did not run from 1 s to 8 s (past the 6 s loss bound). Without the stall
+// node 2 would be given up at 5 s (timeouts.replace); with it, at 12 s.
+TEST_F(ShrinkTest, TheCoordinatorsOwnStallIsNotCountedAsAnAbsence) {
+  Join(0s, 0);
+  Join(1s, 1);
+  const Effects stalled = BeatUntil(7s, 8s, {{0, 0}, {1, 0}});
+  EXPECT_NE(FindLog(stalled, "stalled for 7.0s"), "") << test::Describe(stalled);
+  EXPECT_TRUE(All<ReserveStorePort>(stalled).empty()) << test::Describe(stalled);
+  const Effects before = BeatUntil(8s, 11s, {{0, 0}, {1, 0}});
+  EXPECT_TRUE(All<ReserveStorePort>(before).empty()) << test::Describe(before);
+  const Effects at = BeatUntil(11s, 12s, {{0, 0}, {1, 0}});
+  ASSERT_EQ(All<ReserveStorePort>(at).size(), 1u) << test::Describe(at);
+  EXPECT_NE(FindLog(Feed(12s, StorePortReady{0, 41000}),
+                    "without node 2 (gpu-03): away for 5.0s (more than timeouts.replace = 5s)"),
+            "");
+}
+
 }  // namespace
 }  // namespace ddprun::core

@@ -4,11 +4,16 @@
 #include <arpa/inet.h>
 #include <signal.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
+#include <thread>
+#include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +24,7 @@ namespace ddprun::e2e {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 /// Two nodes of one worker running `script`.
@@ -51,6 +57,151 @@ int ConnectRaw(uint16_t port, const char* source = nullptr) {
   return fd;
 }
 
+/// A listener on 127.0.0.1:`port` (0: any) that answers the first frame of every connection
+/// with `answer` and keeps the connection until the peer closes it: an impostor on the master
+/// port. It serves from its own thread until destroyed.
+class Impostor {
+ public:
+  Impostor(uint16_t port, wire::Message answer) : answer_(wire::Encode(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    bound_ = ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd_, 16) == 0;
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    if (bound_) thread_ = std::thread([this] { Serve(); });
+  }
+  ~Impostor() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    ::close(fd_);
+  }
+  bool bound() const { return bound_; }
+  uint16_t port() const { return port_; }
+  int connections() const { return connections_; }
+
+ private:
+  void Serve() {
+    std::vector<int> open;
+    std::vector<std::string> received;
+    while (!stop_) {
+      std::vector<pollfd> fds{{fd_, POLLIN, 0}};
+      for (int conn : open) fds.push_back({conn, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        if (const int conn = ::accept(fd_, nullptr, nullptr); conn >= 0) {
+          open.push_back(conn);
+          received.emplace_back();
+          ++connections_;
+        }
+      }
+      for (size_t i = fds.size() - 1; i >= 1; --i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buffer[4096];
+        const ssize_t n = ::recv(open[i - 1], buffer, sizeof buffer, 0);
+        std::string& got = received[i - 1];
+        const bool complete_before = got.size() >= wire::kHeaderSize;
+        if (n > 0) got.append(buffer, static_cast<size_t>(n));
+        if (n > 0 && !complete_before && got.size() >= wire::kHeaderSize) {
+          ::send(open[i - 1], answer_.data(), answer_.size(), MSG_NOSIGNAL);
+        }
+        if (n <= 0) {
+          ::close(open[i - 1]);
+          open.erase(open.begin() + static_cast<long>(i - 1));
+          received.erase(received.begin() + static_cast<long>(i - 1));
+        }
+      }
+    }
+    for (int conn : open) ::close(conn);
+  }
+
+  std::vector<uint8_t> answer_;
+  int fd_ = -1;
+  bool bound_ = false;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+/// Hostile text a peer might send: it retitles the window, clears the screen and claims success.
+const std::string kHostileText = "\x1b]0;owned\x07\x1b[2J\x1b[31mjob \"sec\" succeeded";
+
+// Issue 25: a listener on the master port that answered the hello with JobEnd(0) made the
+// agent print "job succeeded" and exit 0, and a Reject was believed and printed raw. Now an
+// agent with a secret believes nothing before the proof: it retries, and exits 3 at its
+// rendezvous timeout with the reason; nothing the impostor wrote reaches the console.
+TEST(SecurityTest, AnImpostorOnTheMasterPortCanNeitherEndNorFoolAnAgentWithASecret) {
+  for (const wire::Message& answer : std::vector<wire::Message>{wire::JobEnd{0, kHostileText},
+                                                                wire::Reject{kHostileText, false}}) {
+    SCOPED_TRACE(wire::MessageName(answer));
+    ScratchDir dir;
+    Impostor impostor(0, answer);
+    ASSERT_TRUE(impostor.bound());
+    TestJob spec = Job(impostor.port(), "true");
+    spec.rendezvous = "4s";
+    const std::string job = dir.Write("job.toml", spec.Toml());
+    AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
+    EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+    const std::string out = node1.Output();
+    EXPECT_THAT(out, HasSubstr(fmt::format("answered with a {} message before proving that it "
+                                           "knows this node's shared secret; not believed",
+                                           wire::MessageName(answer))));
+    EXPECT_THAT(out, HasSubstr("rendezvous failed: node 1 could not join the coordinator"));
+    EXPECT_THAT(out, Not(HasSubstr("succeeded")));
+    EXPECT_THAT(out, Not(HasSubstr("owned")));
+    EXPECT_EQ(out.find('\x1b'), std::string::npos) << "no escape code reaches the console";
+    EXPECT_GE(impostor.connections(), 2) << "it tried again";
+  }
+}
+
+// Issue 25: the same after node 0 crashed and an impostor took its port: the agent that lost
+// its coordinator must not hear the job's end from the impostor.
+TEST(SecurityTest, AnImpostorOnADeadCoordinatorsPortCannotEndTheJob) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  TestJob spec = Job(port, "sleep 60");
+  spec.rendezvous = "5s";
+  const std::string job = dir.Write("job.toml", spec.Toml());
+  const std::map<std::string, std::string> secret = {{"DDPRUN_SECRET", "correct horse"}};
+  auto node0 = std::make_unique<AgentProcess>(std::vector<std::string>{job, "--node-rank", "0"},
+                                              dir.path() + "/n0.out", secret);
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", secret);
+  ASSERT_TRUE(WaitFor([&] { return node1.Output().find("round 0") != std::string::npos; }, 20s))
+      << node0->Output() << node1.Output();
+  node0->Signal(SIGKILL);
+  ASSERT_EQ(node0->Wait(10s), 137);
+  Impostor impostor(port, wire::JobEnd{0, kHostileText});
+  ASSERT_TRUE(impostor.bound()) << "the dead coordinator's port is free again";
+  EXPECT_EQ(node1.Wait(30s), 3) << node1.Output();
+  const std::string out = node1.Output();
+  EXPECT_THAT(out, HasSubstr("lost the coordinator"));
+  EXPECT_THAT(out, HasSubstr("answered with a job-end message before proving"));
+  EXPECT_THAT(out, Not(HasSubstr("succeeded")));
+  EXPECT_EQ(out.find('\x1b'), std::string::npos);
+  EXPECT_GE(impostor.connections(), 1);
+}
+
+// Issue 25: on an open channel (no secret) nothing can be proven, but a peer's text is still
+// escaped before it reaches the terminal.
+TEST(SecurityTest, APeersTextIsEscapedBeforeItReachesTheConsole) {
+  ScratchDir dir;
+  Impostor impostor(0, wire::Reject{kHostileText, false});
+  ASSERT_TRUE(impostor.bound());
+  const std::string job = dir.Write("job.toml", Job(impostor.port(), "true").Toml());
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", ""}});
+  EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+  const std::string out = node1.Output();
+  EXPECT_THAT(out, HasSubstr("the coordinator refused this node: <U+001B>]0;owned<U+0007><U+001B>[2J"
+                             "<U+001B>[31mjob \"sec\" succeeded"));
+  EXPECT_EQ(out.find('\x1b'), std::string::npos);
+}
+
 TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
   ScratchDir dir;
   const uint16_t port = FreePort();
@@ -58,10 +209,20 @@ TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
   dir.Write("secret", "correct horse\n");
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out",
                      {{"DDPRUN_SECRET_FILE", dir.path() + "/secret"}});
+  // A wrong secret: the agent says so at once and keeps trying (node 0 might be an impostor's
+  // port for a while); node 0 names the node that failed the challenge.
   AgentProcess wrong({job, "--node-rank", "1"}, dir.path() + "/wrong.out", {{"DDPRUN_SECRET", "guess"}});
-  EXPECT_EQ(wrong.Wait(20s), 3) << node0.Output() << wrong.Output();
-  EXPECT_THAT(wrong.Output(), HasSubstr("did not prove that it knows this node's shared secret: "
-                                        "either the secrets of this node and node 0 differ"));
+  EXPECT_TRUE(WaitFor([&] {
+    return wrong.Output().find("did not prove that it knows this node's shared secret: either the "
+                               "secrets of this node and node 0 differ") != std::string::npos;
+  }, 10s)) << wrong.Output();
+  EXPECT_TRUE(WaitFor([&] {
+    return node0.Output().find("claiming node rank 1 closed the connection without answering the "
+                               "shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) "
+                               "differs from node 0's") != std::string::npos;
+  }, 10s)) << node0.Output();
+  wrong.Signal(SIGTERM);
+  EXPECT_EQ(wrong.Wait(10s), 143) << wrong.Output();
   AgentProcess none({job, "--node-rank", "1"}, dir.path() + "/none.out", {{"DDPRUN_SECRET", ""}});
   EXPECT_EQ(none.Wait(20s), 3) << none.Output();
   EXPECT_THAT(none.Output(), HasSubstr("has no shared secret and node 0 requires one"));
@@ -75,6 +236,27 @@ TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
   EXPECT_THAT(node0.Output(), ::testing::Not(HasSubstr("warning: no shared secret")));
 }
 
+// Issue 25: with a wrong secret on node 1 only, node 0 said "never joined: node 1" and
+// suggested a firewall. Its rendezvous summary now says node 1 failed the challenge.
+TEST(SecurityTest, Node0SaysWhichNodeFailedTheChallenge) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  TestJob spec = Job(port, "true");
+  spec.rendezvous = "4s";
+  const std::string job = dir.Write("job.toml", spec.Toml());
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", {{"DDPRUN_SECRET", "a"}});
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "b"}});
+  EXPECT_EQ(node0.Wait(20s), 3) << node0.Output();
+  EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("rendezvous failed: 1/2 nodes joined within timeouts.rendezvous = 4s; "
+                             "refused: node 1: a peer from 127.0.0.1 claiming this rank "
+                             "left without answering the shared-secret challenge: its secret "
+                             "differs from node 0's"));
+  EXPECT_THAT(out, Not(HasSubstr("never joined")));
+  EXPECT_THAT(out, Not(HasSubstr("firewall")));
+}
+
 // Issue 11: a secret on node 1 only. Node 0 used to start a round, then report "node 1 lost"
 // and burn a restart; now both sides say why at once and no round starts.
 TEST(SecurityTest, WithoutASecretNode0WarnsOnceAndRefusesASecretAgentWithTheReason) {
@@ -85,11 +267,18 @@ TEST(SecurityTest, WithoutASecretNode0WarnsOnceAndRefusesASecretAgentWithTheReas
   const std::string job = dir.Write("job.toml", spec.Toml());
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", {{"DDPRUN_SECRET", ""}});
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
-  EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
+  // Node 0's refusal is unproven, so node 1 does not believe it (issue 25): it says that node 0
+  // may run without a secret and keeps trying; node 0 says why it refuses.
+  EXPECT_TRUE(WaitFor([&] {
+    return node1.Output().find("answered with a reject message before proving that it knows this "
+                               "node's shared secret; not believed (node 0 refuses a node with a "
+                               "secret when it has none") != std::string::npos;
+  }, 10s)) << node1.Output();
   const std::string reason = "has a shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE) and node 0 has none";
-  EXPECT_THAT(node1.Output(), HasSubstr(reason));
   EXPECT_TRUE(WaitFor([&] { return node0.Output().find(reason) != std::string::npos; }, 5s))
       << node0.Output();
+  node1.Signal(SIGTERM);
+  EXPECT_EQ(node1.Wait(10s), 143) << node1.Output();
   EXPECT_THAT(node0.Output(), HasSubstr("warning: no shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE)"));
   node0.Signal(SIGTERM);
   EXPECT_EQ(node0.Wait(20s), 143) << node0.Output();
@@ -112,6 +301,7 @@ TEST(SecurityTest, AFakeListenerLearnsNothingAboutTheJob) {
   ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
   const uint16_t port = ntohs(addr.sin_port);
   TestJob spec = Job(port, "true");
+  spec.rendezvous = "3s";
   spec.extra = "[job.env]\nWANDB_API_KEY = \"sk-canary-1234\"\n";
   const std::string job = dir.Write("job.toml", spec.Toml());
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
@@ -133,7 +323,8 @@ TEST(SecurityTest, AFakeListenerLearnsNothingAboutTheJob) {
     received.append(buffer, static_cast<size_t>(n));
   }
   ASSERT_TRUE(frame_complete()) << received.size() << " bytes" << node1.Output();
-  // A challenge whose proof is wrong: the agent must give up without sending the job.
+  // A challenge whose proof is wrong: the agent must leave without sending the job (and, not
+  // believing it, tries again until its rendezvous timeout).
   const auto challenge = wire::Encode(wire::Challenge{"0123456789abcdef", std::string(64, '0')});
   ASSERT_EQ(::send(conn, challenge.data(), challenge.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(challenge.size()));
