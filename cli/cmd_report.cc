@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/event_files.h"
+#include "schema/diagnostics.h"
 #include "report/event_log.h"
 #include "report/rebuild.h"
 #include "report/render.h"
@@ -48,10 +49,12 @@ int ReportCommand(const ReportOptions& options) {
   const auto chosen = ChooseRun(*runs, options.run, options.log_dir, "ddprun report", "this report is of");
   if (!chosen) return kExitUsage;
   const report::RebuiltRun rebuilt = report::RebuildTimeline((*runs)[*chosen]);
-  fmt::print("{}\n{} round{} begun, {} restart{} used, exit code {}\n", rebuilt.timeline.title, rebuilt.rounds,
+  // The title and notes come from event files in a shared folder: escaped for the terminal.
+  fmt::print("{}\n{} round{} begun, {} restart{} used, exit code {}\n",
+             EscapeLinesForTerminal(rebuilt.timeline.title), rebuilt.rounds,
              rebuilt.rounds == 1 ? "" : "s", rebuilt.restarts, rebuilt.restarts == 1 ? "" : "s",
              rebuilt.exit_code < 0 ? std::string("unknown") : std::to_string(rebuilt.exit_code));
-  for (const std::string& note : rebuilt.notes) fmt::print("note: {}\n", note);
+  for (const std::string& note : rebuilt.notes) fmt::print("note: {}\n", EscapeLinesForTerminal(note));
   std::fflush(stdout);
 
   bool written = true;

@@ -115,15 +115,17 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   std::ostringstream lines;
   const sim::SimResult result = sim::RunSimulation(spec, sim_options, options.quiet ? nullptr : &lines);
   if (!options.quiet) fmt::print("{}\n", lines.str());
-  fmt::print("replay of job \"{}\" from {} ({} event file{}): training {}, worker start-up {}\n", run.job,
+  // What the run's event files say (job name, notes, root causes) is escaped for the terminal.
+  fmt::print("replay of job \"{}\" from {} ({} event file{}): training {}, worker start-up {}\n",
+             EscapeLinesForTerminal(run.job),
              report::FormatUtc(run.first_unix_ms), run.files.size(), run.files.size() == 1 ? "" : "s",
              FormatDuration(plan.train_time), FormatDuration(plan.worker_startup));
   if (plan.faults.empty()) fmt::print("faults: none (the run had no failure)\n");
   for (const FaultSpec& fault : plan.faults) fmt::print("fault: --fault {}\n", sim::FormatFaultFlag(fault));
-  for (const std::string& note : plan.notes) fmt::print("note: {}\n", note);
+  for (const std::string& note : plan.notes) fmt::print("note: {}\n", EscapeLinesForTerminal(note));
   const auto comparison = report::CompareSequences(report::RoundSequence(report::NodeZeroRecords(run)),
                                                    report::RoundSequence(recorded.records()));
-  fmt::print("{}", comparison.text);
+  fmt::print("{}", EscapeLinesForTerminal(comparison.text));
   if (result.violation) fmt::print("the simulation broke an invariant: {}\n", *result.violation);
   std::fflush(stdout);
   if (result.violation) return kExitInternal;

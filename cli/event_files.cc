@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "schema/diagnostics.h"
+
 namespace ddprun::cli {
 namespace {
 
@@ -96,7 +98,7 @@ std::optional<size_t> ChooseRun(const std::vector<report::Run>& runs, std::optio
                chosen, run ? "" : ", the newest");
     for (int i = 0; i < count; ++i) {
       const report::Run& r = runs[static_cast<size_t>(i)];
-      fmt::print(stderr, "  {:>3}  job \"{}\" from {} to {}, {} event file{}\n", i + 1, r.job,
+      fmt::print(stderr, "  {:>3}  job \"{}\" from {} to {}, {} event file{}\n", i + 1, EscapeForTerminal(r.job),
                  report::FormatUtc(r.first_unix_ms), report::FormatUtc(r.last_unix_ms), r.files.size(),
                  r.files.size() == 1 ? "" : "s");
     }

@@ -14,7 +14,7 @@ ctest --preset ci -j "$(nproc)"
 # libFuzzer targets (clang), each for a bounded time on its seed corpus.
 if command -v clang++ >/dev/null; then
   cmake --preset fuzz >/dev/null
-  cmake --build --preset fuzz -j "$(nproc)" --target job_file_fuzz wire_fuzz core_fuzz
+  cmake --build --preset fuzz -j "$(nproc)" --target job_file_fuzz wire_fuzz core_fuzz auth_fuzz
   for target in build/fuzz/tests/fuzz/*_fuzz; do
     name=$(basename "$target")
     corpus="tests/fuzz/corpus/${name%_fuzz}"

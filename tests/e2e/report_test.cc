@@ -237,5 +237,24 @@ TEST_F(ReportTest, SeveralRunsInOneFolderAreListedAndOneIsChosen) {
                                         "/runs holds 2 runs\n"));
 }
 
+// Issue 25: event files sit in shared folders; what they say reaches the terminal escaped.
+TEST_F(ReportTest, WhatAnEventFileSaysIsEscapedOnTheTerminal) {
+  const std::string hostile = "\\u001b]0;owned\\u0007\\u001b[2Jj";
+  const auto run = [&](int64_t ms) {
+    return "{\"v\":1,\"event\":\"agent-start\",\"unix_ms\":" + std::to_string(1'800'000'000'000 + ms) +
+           ",\"mono_ms\":" + std::to_string(ms) + ",\"node\":0,\"host\":\"h\",\"job\":\"" + hostile +
+           "\",\"fingerprint\":\"f\",\"nnodes\":1,\"nproc\":1}\n"
+           "{\"v\":1,\"event\":\"agent-exit\",\"unix_ms\":" + std::to_string(1'800'000'001'000 + ms) +
+           ",\"mono_ms\":" + std::to_string(ms + 1000) + ",\"node\":0,\"host\":\"h\",\"exit_code\":0}\n";
+  };
+  dir_.Write("runs/a/events-node0.jsonl", run(0));
+  dir_.Write("runs/b/events-node0.jsonl", run(60'000));
+  AgentProcess& report = Run({"report", dir_.path() + "/runs", "--out", dir_.path() + "/r.html"}, "hostile");
+  EXPECT_EQ(report.Wait(10s), 0) << report.Output();
+  EXPECT_THAT(report.Output(), HasSubstr("job \"<U+001B>]0;owned<U+0007><U+001B>[2Jj\" from"));
+  EXPECT_THAT(report.Output(), HasSubstr("\n<U+001B>]0;owned<U+0007><U+001B>[2Jj: 1 node x 1 worker"));
+  EXPECT_EQ(report.Output().find('\x1b'), std::string::npos) << report.Output();
+}
+
 }  // namespace
 }  // namespace ddprun::e2e

@@ -91,6 +91,15 @@ TEST(Diagnostics, EscapesWhatIsNotPrintableUtf8) {
             "1 error, 0 warnings\n");
 }
 
+// Multi-line text from outside (a peer's reason, a traceback) keeps its lines, and nothing in
+// them reaches the terminal as a control sequence.
+TEST(Diagnostics, EscapesTextLineByLineKeepingLineBreaks) {
+  EXPECT_EQ(EscapeLinesForTerminal("Traceback:\n  \x1b]0;owned\x07 line\r\n\tboom\xff\n"),
+            "Traceback:\n  <U+001B>]0;owned<U+0007> line<U+000D>\n\tboom<FF>\n");
+  EXPECT_EQ(EscapeLinesForTerminal(""), "");
+  EXPECT_EQ(EscapeLinesForTerminal("\n\n"), "\n\n");
+}
+
 // A 10,000-character line is cut to a window around the caret with "..." at each cut.
 TEST(Diagnostics, ShowsAWindowOfALongLine) {
   std::string line;
