@@ -202,6 +202,23 @@ TEST(SecurityTest, APeersTextIsEscapedBeforeItReachesTheConsole) {
   EXPECT_EQ(out.find('\x1b'), std::string::npos);
 }
 
+// Issue 25: a worker's traceback is relayed to the root-cause summary on every node; what it
+// holds reaches the terminal escaped there (the workers' own live lines, off here with
+// logs.console = "none", are the job's output and pass as they are).
+TEST(SecurityTest, AWorkersTracebackIsEscapedInTheSummary) {
+  ScratchDir dir;
+  TestJob spec = Job(FreePort(), "printf 'Traceback\\033]0;owned\\007\\033[2J boom\\n' >&2; exit 1");
+  spec.nnodes = 1;
+  spec.max_restarts = 0;
+  spec.extra = "[logs]\nconsole = \"none\"\n";
+  const std::string job = dir.Write("job.toml", spec.Toml());
+  AgentProcess node0({job}, dir.path() + "/n0.out", {{"DDPRUN_SECRET", ""}});
+  EXPECT_EQ(node0.Wait(20s), 1) << node0.Output();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("Traceback<U+001B>]0;owned<U+0007><U+001B>[2J boom"));
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+}
+
 TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
   ScratchDir dir;
   const uint16_t port = FreePort();
