@@ -407,6 +407,7 @@ void Cluster::ObserveCoordinators() {
     }
     if (!coordinator) continue;
     restarts = std::max(restarts, coordinator->restarts_used());
+    ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
     // BeginRound moves the coordinator to kRunning with its StartRounds sent in the same step.
     if (coordinator->phase() == core::Coordinator::Phase::kRunning && coordinator->round() != seen.started) {
       seen.started = coordinator->round();
@@ -439,6 +440,7 @@ void Cluster::ObserveCoordinator() {
   if (!coordinator) return;
   const int restarts = coordinator->restarts_used();
   invariants_.CoordinatorRestarts(restarts);
+  ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
   // Node 0's coordinator only (an extra agent that claims rank 0 runs another job): its count
   // starts again from 0 when node 0 reboots.
   if (node0_incarnation_ != observed_incarnation_) {
@@ -492,6 +494,8 @@ SimResult Cluster::Run() {
   end.max_time = spec_.simulate.max_time;
   end.rendezvous_fault = rendezvous_fault_;
   end.unfinished_count = unfinished_;
+  end.stuck_for_good = workers_.RoundStuckForGood();
+  end.ended_by_rule = ended_by_rule_;
   for (const auto& n : nodes_) {
     if (unfinished_ == 0 || end.unfinished.size() >= 8) break;
     if (n->finished || n->hung_forever || (!n->up && !n->pending_start)) continue;
@@ -548,6 +552,7 @@ SimResult Cluster::Finish(RunEnd& end) {
   if (result.violation) result.exit_code = 70;
   result.repro = ReproCommand(options_);
   result.replacements = replacements_;
+  result.stuck_for_good = end.stuck_for_good && end.unfinished_count > 0;
   if (timeline_) {
     timeline_->end_ns = std::max(stats_.end_ns, now_ns_);
     for (auto& row : timeline_->segments) {

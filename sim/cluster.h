@@ -160,6 +160,7 @@ class Cluster {
   int64_t now_ns_ = 0;
   int64_t limit_ns_ = 0;
   bool liveness_limit_ = false;  // limit_ns_ is the liveness deadline, not max_time
+  bool ended_by_rule_ = false;   // a coordinator ended the job by restart.never_on
   int64_t random_faults_until_ns_ = 0;
   bool condense_ = false;
   std::optional<uint32_t> subject_;    // see Subject

@@ -615,6 +615,7 @@ void Invariants::AtEnd(int64_t now_ns, const RunEnd& end) {
     const std::string who =
         fmt::format("{}{}", fmt::join(end.unfinished, ", "),
                     end.unfinished_count > 8 ? fmt::format(" and {} more", end.unfinished_count - 8) : "");
+    if (end.stuck_for_good) return;  // nothing can end it: no end is owed
     if (end.deadlock) {
       return Fail(now_ns, fmt::format("hang: nothing left to happen but {} never finished", who));
     }
@@ -626,7 +627,7 @@ void Invariants::AtEnd(int64_t now_ns, const RunEnd& end) {
     return Fail(now_ns, fmt::format("hang: {} still running when simulate.max_time = {} was reached", who,
                                     FormatDuration(end.max_time)));
   }
-  if (end.exit_code == 1 && end.restarts_used < bounds_.max_restarts) {
+  if (end.exit_code == 1 && end.restarts_used < bounds_.max_restarts && !end.ended_by_rule) {
     return Fail(now_ns, fmt::format("the job failed (exit 1) with restarts left ({} of {} used)",
                                     end.restarts_used, bounds_.max_restarts));
   }

@@ -79,6 +79,12 @@ struct RunEnd {
   std::vector<std::string> unfinished;
   int64_t unfinished_count = 0;
   bool deadlock = false;        // the event queue ran dry
+  /// Every rank still running in the job's round hangs for good and nothing watches progress
+  /// (no timeouts.progress): no mechanism can end that round, so no end is owed. The product
+  /// says so instead: `check` warns when a job has no timeouts.progress.
+  bool stuck_for_good = false;
+  /// The job ended on a failure that restart.never_on names: exit 1 with restarts left, asked for.
+  bool ended_by_rule = false;
   bool liveness_limit = false;  // the run stopped at the liveness deadline, not max_time
   int64_t limit_ns = 0;
   Duration max_time{};

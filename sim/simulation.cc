@@ -109,8 +109,13 @@ std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const 
       groups[what].push_back(node.node_rank);
     }
   }
-  text += fmt::format("  outcome:           job exit code {}{}\n", result.exit_code,
-                      result.violation ? " (an invariant broke)" : "");
+  if (result.stuck_for_good) {
+    text += "  outcome:           the job never ends: every rank of its round hangs for good and "
+            "nothing watches progress (set timeouts.progress)\n";
+  } else {
+    text += fmt::format("  outcome:           job exit code {}{}\n", result.exit_code,
+                        result.violation ? " (an invariant broke)" : "");
+  }
   for (const auto& [what, ranks] : groups) text += fmt::format("                     {}: {}\n", RankRanges(ranks), what);
   for (const auto& line : extras) text += fmt::format("                     {}\n", line);
   for (const auto& line : result.replacements) text += fmt::format("  replaced:          {}\n", line);

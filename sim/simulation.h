@@ -110,6 +110,9 @@ struct SimResult {
   /// (node-0001) as node rank 1".
   std::vector<std::string> replacements;
   SimStats stats;
+  /// The run ended with every rank of the job's round hung for good and nothing watching
+  /// progress: the job never ends (no end is owed, RunEnd::stuck_for_good).
+  bool stuck_for_good = false;
 };
 
 /// Runs one simulation of `spec` (whose [simulate] faults, with the command line's already

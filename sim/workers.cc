@@ -95,6 +95,20 @@ Workers::Gang* Workers::CurrentGang() {
   return it == gangs_.end() ? nullptr : &it->second;
 }
 
+bool Workers::RoundStuckForGood() const {
+  if (watch_hangs_) return false;  // timeouts.progress ends a hung round
+  const Gang* g = CurrentGang();
+  if (!g || g->broken || g->completed) return false;  // a failure's stop SIGKILLs hung ranks
+  int running = 0;
+  for (uint32_t wi : g->workers) {
+    const Worker& w = workers_[wi];
+    if (w.gang != g->id || !w.running) continue;
+    if (!w.hung || !w.hung_for_good) return false;  // it will time out in a collective
+    ++running;
+  }
+  return running > 0;
+}
+
 const Workers::Gang* Workers::CurrentGang() const {
   auto it = gangs_.find(current_gang_);
   return it == gangs_.end() ? nullptr : &it->second;
@@ -423,6 +437,7 @@ void Workers::Hang(uint32_t index, int local_rank, std::optional<Duration> durat
     Worker& w = workers_[wi];
     if (w.local_rank != local_rank || !w.running || w.hung) continue;
     w.hung = true;
+    w.hung_for_good = !duration;
     ++cluster_.stats().worker_hangs;
     auto it = gangs_.find(w.gang);
     if (it != gangs_.end()) ++it->second.hung;

@@ -84,6 +84,9 @@ class Workers {
   /// What `node`'s workers are doing; nullopt when it has none. `round` is set with a phase.
   std::optional<NodePhase> PhaseOf(uint32_t node, int* round) const;
   bool job_completed() const { return job_completed_; }
+  /// Every rank still running in the current round hangs for good (a worker-hang without a
+  /// duration) and nothing watches progress: no mechanism can end that round.
+  bool RoundStuckForGood() const;
   /// Whether workers send progress beacons: only when the job can use them (timeouts.progress,
   /// or a worker-slow fault to report), so that other jobs run exactly as before beacons.
   bool beacons() const { return beacons_; }
@@ -106,6 +109,7 @@ class Workers {
     bool running = true;
     bool ready = false;
     bool hung = false;
+    bool hung_for_good = false;  // hung by a worker-hang without a duration
     bool term_pending = false;   // SIGTERM arrived while hung
     bool signalled = false;
     int64_t exit_at_ns = INT64_MAX;

@@ -161,6 +161,7 @@ void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<Coor
                                       failure.what, restarts_used_, spec_.restart.max_restarts)});
     return;
   }
+  ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, 0, 0, never), out);
 }
 
@@ -1219,6 +1220,7 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     }
     return;
   }
+  ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed), FailureSummary(failure, stopped_ranks, stopped_nodes, never), out);
 }
 

@@ -83,6 +83,9 @@ class Coordinator {
   int joined_count() const;
   /// Set once the job has ended: the exit code every agent was told.
   std::optional<int> exit_code() const { return exit_code_; }
+  /// The job failed on a failure that restart.never_on names: it ended with restarts left, as
+  /// asked (the simulator's liveness check owes no restart then).
+  bool ended_by_rule() const { return ended_by_rule_; }
   /// What the job looks like now, for node 0's metrics endpoint (runner/core/metrics.cc).
   CoordinatorMetrics Metrics() const;
   /// The round of the job's latest root cause; nullopt before any failure.
@@ -303,6 +306,7 @@ class Coordinator {
   std::string secret_;
   uint64_t nonce_seed_ = 0;
   bool commit_rounds_ = false;
+  bool ended_by_rule_ = false;  // see ended_by_rule()
   bool awaiting_commit_ = false;      // CommitRound sent for round_, RoundCommitted not yet in
   bool took_over_ = false;            // TakeOver: the job began under another holder
   bool awaiting_end_record_ = false;  // RecordEnd sent, EndRecorded not yet in: nobody is told

@@ -322,6 +322,29 @@ TEST_F(InvariantsTest, ExitOneWithRestartsLeft) {
   EXPECT_EQ(Violation(), "the job failed (exit 1) with restarts left (1 of 2 used) (at 5m00s)");
 }
 
+// Issue 26: a round whose ranks all hang for good with no timeouts.progress cannot be ended by
+// anything: no end is owed. The same run with an end owed is still a hang (above).
+TEST_F(InvariantsTest, NoEndIsOwedWhenEveryRankHangsForGoodWithoutAProgressTimeout) {
+  sim::RunEnd end;
+  end.liveness_limit = true;
+  end.limit_ns = 3600 * kSecond;
+  end.unfinished = {"node 0", "node 1"};
+  end.unfinished_count = 2;
+  end.stuck_for_good = true;
+  invariants_.AtEnd(3600 * kSecond, end);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+}
+
+// Issue 26: restart.never_on ends the job at once, with restarts left, by design.
+TEST_F(InvariantsTest, ExitOneWithRestartsLeftIsAskedForByNeverOn) {
+  sim::RunEnd end;
+  end.exit_code = 1;
+  end.restarts_used = 1;
+  end.ended_by_rule = true;
+  invariants_.AtEnd(300 * kSecond, end);
+  EXPECT_FALSE(invariants_.violation()) << Violation();
+}
+
 TEST_F(InvariantsTest, ExitThreeWithoutAFaultThatKeptANodeAway) {
   sim::RunEnd end;
   end.exit_code = 3;

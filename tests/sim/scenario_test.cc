@@ -181,5 +181,33 @@ TEST(ScenarioTest, SummaryGroupsIdenticalOutcomes) {
   EXPECT_THAT(run.output, Not(HasSubstr("INVARIANT")));
 }
 
+// Issue 26: every rank of the round hangs for good and the job has no timeouts.progress:
+// nothing can end the round, and the simulator does not call that a liveness failure.
+TEST(ScenarioTest, ARoundWhoseRanksAllHangForGoodWithoutProgressOwesNoEnd) {
+  const SimRun run = Simulate(SmallJob("", 3, 1), {"worker-hang@5m:node=0,local_rank=0",
+                                                   "worker-hang@5m:node=1,local_rank=0",
+                                                   "worker-hang@5m:node=2,local_rank=0"});
+  EXPECT_FALSE(run.result.violation) << *run.result.violation << run.output;
+  EXPECT_TRUE(run.result.stuck_for_good);
+  EXPECT_NE(run.output.find("outcome:           the job never ends: every rank of its round hangs for "
+                            "good and nothing watches progress (set timeouts.progress)\n"),
+            std::string::npos)
+      << run.output;
+  // One rank hangs, the others time out in their collective: an end is owed, and it comes.
+  const SimRun one = Simulate(SmallJob("", 3, 1), {"worker-hang@5m:node=1,local_rank=0"});
+  EXPECT_FALSE(one.result.violation) << *one.result.violation;
+  EXPECT_EQ(one.result.exit_code, 0) << one.output;
+}
+
+// Issue 26: restart.never_on ends the job at once when a worker exits 2, with restarts left.
+TEST(ScenarioTest, NeverOnEndsTheJobWithRestartsLeftWithoutALivenessFailure) {
+  const SimRun run = Simulate(SmallJob("", 3, 1).replace(SmallJob("", 3, 1).find("backoff"), 0,
+                                                         "never_on = [\"exit:2\"]\n"),
+                              {"worker-exit@5m:node=1,local_rank=0,exit_code=2"});
+  EXPECT_FALSE(run.result.violation) << *run.result.violation << run.output;
+  EXPECT_EQ(run.result.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("restart.never_on has \"exit:2\""), std::string::npos) << run.output;
+}
+
 }  // namespace
 }  // namespace ddprun::testing
