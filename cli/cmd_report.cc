@@ -1,11 +1,7 @@
 // `ddprun report LOGDIR`: a real run's page and trace from its event logs (docs/report.md).
-#include <algorithm>
-#include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <sstream>
+#include <functional>
 #include <string>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -19,11 +15,11 @@
 namespace ddprun::cli {
 namespace {
 
-namespace fs = std::filesystem;
-
-bool WriteFile(const std::string& path, const std::string& what, const std::string& text) {
+/// Writes straight into the file: a long run's page is megabytes, and a copy in memory too
+/// would add them to the report's peak.
+bool WriteFile(const std::string& path, const std::string& what, const std::function<void(std::ostream&)>& write) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file << text;
+  if (file) write(file);
   file.close();
   if (!file) {
     fmt::print(stderr, "ddprun report: cannot write the {} to {}\n", what, path);
@@ -49,6 +45,10 @@ int ReportCommand(const ReportOptions& options) {
   const auto chosen = ChooseRun(*runs, options.run, options.log_dir, "ddprun report", "this report is of");
   if (!chosen) return kExitUsage;
   const report::RebuiltRun rebuilt = report::RebuildTimeline((*runs)[*chosen]);
+  // The records are not needed past the timeline: their memory goes before the page is drawn.
+  runs->clear();
+  files->clear();
+  files->shrink_to_fit();
   // The title and notes come from event files in a shared folder: escaped for the terminal.
   fmt::print("{}\n{} round{} begun, {} restart{} used, exit code {}\n",
              EscapeLinesForTerminal(rebuilt.timeline.title), rebuilt.rounds,
@@ -57,16 +57,12 @@ int ReportCommand(const ReportOptions& options) {
   for (const std::string& note : rebuilt.notes) fmt::print("note: {}\n", EscapeLinesForTerminal(note));
   std::fflush(stdout);
 
-  bool written = true;
-  {
-    std::ostringstream page;
-    report::WriteHtmlReport(rebuilt.timeline, rebuilt.summary, page);
-    written &= WriteFile(options.out_path, "report", page.str());
-  }
+  bool written = WriteFile(options.out_path, "report", [&](std::ostream& out) {
+    report::WriteHtmlReport(rebuilt.timeline, rebuilt.summary, out);
+  });
   if (!options.trace_path.empty()) {
-    std::ostringstream trace;
-    report::WriteChromeTrace(rebuilt.timeline, trace);
-    written &= WriteFile(options.trace_path, "trace", trace.str());
+    written &= WriteFile(options.trace_path, "trace",
+                         [&](std::ostream& out) { report::WriteChromeTrace(rebuilt.timeline, out); });
   }
   return written ? kExitOk : kExitUsage;
 }

@@ -54,8 +54,7 @@ class RecordedEvents final : public host::EventLog {
     record.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
     record.mono_ms = record.unix_ms;
     for (const auto& [key, value] : event.fields) {
-      record.fields.emplace(std::string(key), std::visit([](const auto& v) { return report::EventRecord::Value(v); },
-                                                         value));
+      record.Set(key, std::visit([](const auto& v) { return report::EventRecord::Value(v); }, value));
     }
     records_.push_back(std::move(record));
   }

@@ -14,8 +14,9 @@
 
 namespace ddprun::cli {
 
-/// Every event file below `dir` (or `dir` itself, a file), read and parsed; the error names the
-/// file and line.
+/// Every event file below `dir` (or `dir` itself, a file), read a piece at a time as files in
+/// shared folders are (runner/io/safe_file.h) and parsed, its records within a bound on memory;
+/// the error names the file and line.
 Result<std::vector<report::EventFile>> LoadEventFiles(const std::string& dir);
 
 /// The index of the run `run` (1-based, oldest first; nullopt: the newest) of `runs`. With

@@ -90,6 +90,7 @@ class Builder {
       const EventRecord& first = file->records.front();
       const int64_t base = first.unix_ms - first.mono_ms;
       std::vector<Placed>& placed = placed_[file];
+      placed.reserve(file->records.size());
       for (const EventRecord& record : file->records) {
         const int64_t ms = std::max(base + record.mono_ms, t0_ms_);
         placed.push_back(Placed{(ms - t0_ms_) * kNsPerMs, &record});
@@ -138,6 +139,7 @@ class Builder {
       }
     }
     std::sort(master_lost_.begin(), master_lost_.end());
+    for (auto& [row, times] : lost_) std::sort(times.begin(), times.end());
   }
 
   void BuildRow(uint32_t row) {
@@ -147,10 +149,7 @@ class Builder {
     });
     for (size_t f = 0; f < files.size(); ++f) {
       const std::vector<Placed>& placed = placed_[files[f]];
-      const EventRecord& start = *placed.front().record;
-      if (f == 0) {
-        host_[row] = start.host;
-      }
+      if (f == 0) host_[row] = files[f]->host;
       if (files[f]->truncated) {
         out_.notes.push_back(fmt::format("{} reached its size bound: it ends with a \"truncated\" record, and "
                                          "this node's row ends there",
@@ -165,11 +164,9 @@ class Builder {
         const int64_t next_start = f + 1 < files.size() ? placed_[files[f + 1]].front().ns : end_ns_;
         int64_t down = last;
         const std::vector<int64_t>& seen = row == 0 ? master_lost_ : lost_[row];
-        for (int64_t t : seen) {
-          if (t >= last && t <= next_start) {
-            down = t;
-            break;
-          }
+        if (const auto noticed = std::lower_bound(seen.begin(), seen.end(), last);
+            noticed != seen.end() && *noticed <= next_start) {
+          down = *noticed;
         }
         if (files[f]->truncated) continue;  // its row ends at the bound, not in a crash
         SetPhase(row, down, NodePhase::kDown, -1);
@@ -320,7 +317,7 @@ class Builder {
   int64_t t0_ms_ = 0;
   int64_t end_ns_ = 0;
   bool any_training_ = false;
-  std::map<uint32_t, std::vector<int64_t>> lost_;  // node-lost times, by row
+  std::map<uint32_t, std::vector<int64_t>> lost_;  // node-lost times, by row, in order
   std::vector<int64_t> master_lost_;               // master-lost times of nodes other than 0
   std::map<int, RoundFacts> rounds_;
   std::string job_summary_;

@@ -1,8 +1,10 @@
 #include "report/replay.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -103,17 +105,26 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
     late.duration = since(times.front());
     plan.faults.push_back(late);
   }
-  auto find = [&](int node, std::string_view type, int64_t round, int64_t rank) -> const EventRecord* {
-    for (const EventFile* file : run.files) {
-      for (const EventRecord& r : file->records) {
-        if (r.node == node && r.type == type && r.Int("round") == round && r.Int("rank") == rank &&
-            !r.Flag("stopped")) {
-          return &r;
-        }
+  // Each rank's own exit or hang in each round, found in one pass (the first record of it,
+  // in file order), so that a run of many rounds costs in proportion to its records.
+  using RankEvent = std::tuple<int, std::string, int64_t, int64_t>;  // node, type, round, rank
+  std::map<RankEvent, const EventRecord*> rank_events;
+  for (const EventFile* file : run.files) {
+    for (const EventRecord& r : file->records) {
+      if ((r.type == "worker-exit" || r.type == "hang") && !r.Flag("stopped")) {
+        rank_events.emplace(RankEvent{r.node, r.type, r.Int("round"), r.Int("rank")}, &r);
       }
     }
-    return nullptr;
+  }
+  auto find = [&](int node, const char* type, int64_t round, int64_t rank) -> const EventRecord* {
+    const auto it = rank_events.find(RankEvent{node, type, round, rank});
+    return it == rank_events.end() ? nullptr : it->second;
   };
+  // Node 0's node-lost records by peer, in time order.
+  std::map<int64_t, std::vector<const EventRecord*>> lost_records;
+  for (const EventRecord* r : zero) {
+    if (r->type == "node-lost") lost_records[r->Int("peer")].push_back(r);
+  }
   // Each round's root cause, as last revised.
   std::map<int64_t, const EventRecord*> causes;
   for (const EventRecord* r : zero) {
@@ -126,25 +137,26 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
     const int peer = static_cast<int>(cause->Int("peer"));
     const int64_t rank = cause->Int("rank");
     if (Has(kinds, "lost-node")) {
-      // Lost when node 0 noticed; a silent one died a loss bound before that.
+      // Lost when node 0 last noticed it before the cause; a silent one died a loss bound
+      // before that.
       int64_t crash_ms = cause->unix_ms;
-      for (const EventRecord* r : zero) {
-        if (r->type == "node-lost" && r->Int("peer") == peer && r->unix_ms <= cause->unix_ms) {
-          crash_ms = r->unix_ms;
-          if (r->Text("reason").find("silent") != std::string::npos) {
-            crash_ms -= std::chrono::duration_cast<milliseconds>(loss_bound).count();
-          }
+      const std::vector<const EventRecord*>& lost = lost_records[peer];
+      const auto after = std::upper_bound(lost.begin(), lost.end(), cause->unix_ms,
+                                          [](int64_t ms, const EventRecord* r) { return ms < r->unix_ms; });
+      if (after != lost.begin()) {
+        const EventRecord* noticed = *std::prev(after);
+        crash_ms = noticed->unix_ms;
+        if (noticed->Text("reason").find("silent") != std::string::npos) {
+          crash_ms -= std::chrono::duration_cast<milliseconds>(loss_bound).count();
         }
       }
       FaultSpec crash;
       crash.kind = FaultKind::kNodeCrash;
       crash.at = since(crash_ms);
       crash.node = peer;
-      for (int64_t start : starts[peer]) {
-        if (start > crash_ms) {
-          crash.reboot_after = Duration(milliseconds(start - crash_ms));
-          break;
-        }
+      const std::vector<int64_t>& times = starts[peer];
+      if (const auto next = std::upper_bound(times.begin(), times.end(), crash_ms); next != times.end()) {
+        crash.reboot_after = Duration(milliseconds(*next - crash_ms));
       }
       plan.faults.push_back(crash);
     } else if (Has(kinds, "hang") && rank >= 0) {

@@ -619,6 +619,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     launch.global_rank = global;
     launch.env = WorkerEnvironment(spec_, position, config_.inherited_env);
     launch.log_path = RankLogPath(spec_, round_, global);
+    launch.error_path = RankErrorFilePath(spec_, round_, global);
     spawn.workers.push_back(std::move(launch));
     workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0, Beats{}};
     workers_[static_cast<size_t>(local)].beats.since = now;

@@ -188,7 +188,8 @@ struct WorkerLaunch {
   int local_rank = 0;
   int global_rank = 0;
   EnvList env;              // what ddprun adds; the host merges it over the inherited env
-  std::string log_path;     // relative to logs.dir
+  std::string log_path;     // relative to the run's folder, as is error_path
+  std::string error_path;   // TORCHELASTIC_ERROR_FILE, which the host reads when the worker exits
 };
 struct SpawnWorkers {
   int round = 0;

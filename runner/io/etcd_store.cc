@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/byte_size.h"
+
 namespace ddprun::io {
 
 namespace asio = boost::asio;
@@ -41,8 +43,15 @@ constexpr size_t kMaxIdlePerEndpoint = kMaxInFlight;
 // After every endpoint failed once, a call waits this long before the next round (an election
 // in etcd takes about its election timeout; hammering does not make it quicker).
 constexpr auto kRoundPause = std::chrono::milliseconds(100);
-// The answers the store needs are small; anything larger is not etcd answering us.
-constexpr uint64_t kMaxBodyBytes = 4u << 20;
+// The answers the store needs are small: the largest is a key's value, written by the store
+// in a request of at most kMaxRequestBytes. Anything larger is not etcd answering us.
+constexpr uint64_t kMaxBodyBytes = 2u << 20;
+// The shape of any answer of the gateway: a txn's range answer is the deepest,
+// {"responses":[{"response_range":{"kvs":[{...}]}}]}, 6 levels, and none has more than a few
+// dozen values. A JSON parser builds a tree of whatever it is given (4 MB of "[[[[" take an
+// agent to hundreds of MB), so the shape is checked before parsing.
+constexpr int kMaxAnswerDepth = 16;
+constexpr size_t kMaxAnswerValues = 4096;
 // A request body: keys and values of the job's state, well below etcd's own limit (1.5 MiB).
 constexpr size_t kMaxRequestBytes = 1u << 20;
 
@@ -134,6 +143,43 @@ std::optional<host::StoreEntry> EntryOf(const Json& kvs) {
   return entry;
 }
 
+/// Why `body` cannot be an answer of the gateway, found without parsing it: nesting or values
+/// past the bounds above, counted outside strings. "" when it may be one.
+std::string ShapeProblem(std::string_view body) {
+  int depth = 0;
+  size_t values = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxAnswerDepth) {
+        return fmt::format("an answer nested more than {} deep, which etcd never sends", kMaxAnswerDepth);
+      }
+      ++values;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    } else if (c == ',') {
+      ++values;
+    }
+    if (values > kMaxAnswerValues) {
+      return fmt::format("an answer of more than {} values, which etcd never sends", kMaxAnswerValues);
+    }
+  }
+  return "";
+}
+
 /// What an attempt's answer means for its call.
 struct Outcome {
   enum class Type { kAnswer, kTryElsewhere, kFail, kReauthenticate };
@@ -145,6 +191,11 @@ struct Outcome {
 /// Reads one answer of the gateway: `status` and `body` of the HTTP response to a `kind` call.
 Outcome Interpret(Kind kind, unsigned status, const std::string& body) {
   Outcome out;
+  if (std::string problem = ShapeProblem(body); !problem.empty()) {
+    out.type = Outcome::Type::kTryElsewhere;
+    out.error = std::move(problem);
+    return out;
+  }
   Json json = Json::parse(body, nullptr, false);
   // A unary error: {"error": "...", "message": "...", "code": 14}; a streaming one (keepalive):
   // {"error": {"grpc_code": 14, "http_code": 503, "message": "...", ...}}.
@@ -221,7 +272,7 @@ std::string Cause(const error_code& ec) {
   if (ec == asio::error::eof || ec == http::error::end_of_stream) return "it closed the connection";
   if (ec == asio::error::host_unreachable) return "host unreachable";
   if (ec == asio::error::network_unreachable) return "network unreachable";
-  if (ec == http::error::body_limit) return fmt::format("an answer over {} bytes", kMaxBodyBytes);
+  if (ec == http::error::body_limit) return "an answer over " + ByteSize(kMaxBodyBytes);
   return ec.message();
 }
 
@@ -545,7 +596,7 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
     const bool keep = response.keep_alive();
     Endpoint& endpoint = endpoints[conn->endpoint];
     if (conn->authenticating) {
-      const Json json = Json::parse(response.body(), nullptr, false);
+      const Json json = ShapeProblem(response.body()).empty() ? Json::parse(response.body(), nullptr, false) : Json();
       const std::string token = status == 200 ? StringField(json, "token") : "";
       if (token.empty()) {
         Outcome outcome = Interpret(conn->call->kind, status == 200 ? 500 : status, response.body());

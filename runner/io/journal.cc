@@ -15,6 +15,7 @@
 
 #include "base/wall_clock.h"
 #include "runner/io/log_files.h"
+#include "runner/io/safe_file.h"
 
 namespace ddprun::io {
 
@@ -43,20 +44,16 @@ std::string FileJournal::Format(bool rounds_may_run, int64_t unix_ms) {
 
 std::optional<Duration> FileJournal::SinceRoundsMayRun() {
   if (!folder_fd_.valid()) return std::nullopt;
-  UniqueFd fd(::openat(folder_fd_.get(), kFileName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return std::nullopt;
-    // Unreadable (a link planted in its place, permissions): assume the worst, a record now.
-    Report(fmt::format("cannot read {}/{}: {}; assuming workers of a previous run may still run",
-                       folder_, kFileName, std::strerror(errno)));
+  const auto text = ReadRegularFile(folder_fd_.get(), kFileName, folder_ + "/" + kFileName, kMaxJournalBytes);
+  if (!text) {
+    // Unreadable (something planted in its place, permissions): assume the worst, a record now.
+    Report(text.error() + "; assuming workers of a previous run may still run");
     return Duration::zero();
   }
-  char buffer[128] = {};
-  const ssize_t n = ::read(fd.get(), buffer, sizeof buffer - 1);
+  if (!*text) return std::nullopt;
   int may_run = -1;
   long long unix_ms = 0;
-  if (n <= 0 || std::sscanf(buffer, "ddprun-journal 1 rounds_may_run=%d unix_ms=%lld", &may_run,
-                            &unix_ms) != 2 ||
+  if (std::sscanf((*text)->c_str(), "ddprun-journal 1 rounds_may_run=%d unix_ms=%lld", &may_run, &unix_ms) != 2 ||
       (may_run != 0 && may_run != 1)) {
     Report(fmt::format("{}/{} is not a journal record; assuming workers of a previous run may "
                        "still run", folder_, kFileName));
@@ -69,24 +66,11 @@ std::optional<Duration> FileJournal::SinceRoundsMayRun() {
 }
 
 void FileJournal::Record(bool rounds_may_run) {
-  if (const std::string error = WriteWhole(kFileName, Format(rounds_may_run, UnixMillis())); !error.empty()) {
-    Report(error);
+  if (!folder_fd_.valid()) return;
+  if (Status written = ReplaceFile(folder_fd_.get(), folder_, kFileName, Format(rounds_may_run, UnixMillis()));
+      !written) {
+    Report(written.error());
   }
-}
-
-std::string FileJournal::WriteWhole(const char* name, const std::string& text) {
-  if (!folder_fd_.valid()) return "";
-  const std::string temp = std::string(name) + ".new";
-  UniqueFd fd(::openat(folder_fd_.get(), temp.c_str(),
-                       O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));
-  if (!fd.valid() || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    return fmt::format("cannot write {}/{}: {}", folder_, temp, std::strerror(errno));
-  }
-  if (fd.Reset() != 0) return fmt::format("cannot write {}/{}: {}", folder_, temp, std::strerror(errno));
-  if (::renameat(folder_fd_.get(), temp.c_str(), folder_fd_.get(), name) != 0) {
-    return fmt::format("cannot rename {}/{} to {}: {}", folder_, temp, name, std::strerror(errno));
-  }
-  return "";
 }
 
 std::string FileJournal::FormatQuarantine(const std::vector<core::QuarantinedHost>& hosts, int64_t unix_ms) {
@@ -140,36 +124,25 @@ std::vector<core::QuarantinedHost> FileJournal::ParseQuarantine(std::string_view
 
 std::vector<core::QuarantinedHost> FileJournal::Quarantined() {
   if (!folder_fd_.valid()) return {};
-  UniqueFd fd(::openat(folder_fd_.get(), kQuarantineFileName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno != ENOENT) {
-      ReportQuarantine(fmt::format("cannot read {}/{}: {}", folder_, kQuarantineFileName, std::strerror(errno)));
-    }
+  const auto text = ReadRegularFile(folder_fd_.get(), kQuarantineFileName, folder_ + "/" + kQuarantineFileName,
+                                    kMaxQuarantineBytes);
+  if (!text) {
+    ReportQuarantine(text.error());
     return {};
   }
-  std::string text(kMaxQuarantineBytes + 1, '\0');
-  size_t have = 0;
-  while (have < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + have, text.size() - have);
-    if (n <= 0) break;
-    have += static_cast<size_t>(n);
-  }
-  if (have > kMaxQuarantineBytes) {
-    ReportQuarantine(fmt::format("{}/{} is larger than {} bytes", folder_, kQuarantineFileName,
-                                 kMaxQuarantineBytes));
-    return {};
-  }
-  text.resize(have);
+  if (!*text) return {};
   std::string error;
-  auto hosts = ParseQuarantine(text, UnixMillis(), &error);
+  auto hosts = ParseQuarantine(**text, UnixMillis(), &error);
   if (!error.empty()) ReportQuarantine(fmt::format("{}/{}: {}", folder_, kQuarantineFileName, error));
   return hosts;
 }
 
 void FileJournal::RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) {
-  if (const std::string error = WriteWhole(kQuarantineFileName, FormatQuarantine(hosts, UnixMillis()));
-      !error.empty()) {
-    ReportQuarantine(error);
+  if (!folder_fd_.valid()) return;
+  if (Status written = ReplaceFile(folder_fd_.get(), folder_, kQuarantineFileName,
+                                   FormatQuarantine(hosts, UnixMillis()));
+      !written) {
+    ReportQuarantine(written.error());
   }
 }
 

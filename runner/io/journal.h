@@ -6,7 +6,8 @@
 //   ddprun-journal 1 rounds_may_run=1 unix_ms=1764763200123
 //
 // Written whole to a temporary file and renamed over the last one, so a crash leaves either
-// record, never half of one. Folders are opened without following links (log_files.h).
+// record, never half of one. Folders are opened without following links (log_files.h), and the
+// files without following links, without blocking, and within a bound (safe_file.h).
 
 #include <cstdint>
 #include <functional>
@@ -23,6 +24,8 @@ namespace ddprun::io {
 class FileJournal final : public host::Journal {
  public:
   static constexpr const char* kFileName = "coordinator.journal";
+  /// A record is one line of about 60 bytes; a larger file is not the journal.
+  static constexpr size_t kMaxJournalBytes = 4096;
 
   /// `folder` is <logs.dir>/<job>; created if missing. Problems are said once through `report`
   /// (the journal is a safety net: a job runs without it, only less safely after a crash).
@@ -52,8 +55,6 @@ class FileJournal final : public host::Journal {
 
  private:
   static bool UsableHost(std::string_view host);
-  /// Writes `text` to a temporary file and renames it over `name`; "" or what failed.
-  std::string WriteWhole(const char* name, const std::string& text);
   void Report(const std::string& text);
   void ReportQuarantine(const std::string& text);
 

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <csignal>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include <fcntl.h>
@@ -27,6 +26,7 @@
 #include "runner/io/log_files.h"
 #include "runner/io/output_splitter.h"
 #include "runner/io/process_tree.h"
+#include "runner/io/safe_file.h"
 
 namespace ddprun::io {
 
@@ -208,7 +208,7 @@ struct RealProcessLauncher::Worker {
   int exit_code = 0;
   int signal = 0;
   std::optional<off_t> stacks_from;  // the stacks file's size when its dump was asked for
-  std::string error_file;
+  std::string error_path;            // relative to the run folder; "" none
 };
 
 RealProcessLauncher::RealProcessLauncher(asio::io_context& io, Options options)
@@ -302,9 +302,7 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     return;
   }
   worker->log_fd = *std::move(log);
-  for (const auto& [name, value] : launch.env) {
-    if (name == "TORCHELASTIC_ERROR_FILE") worker->error_file = value;
-  }
+  worker->error_path = launch.error_path;
   auto plan = PrepareLaunch(options_.command, options_.workdir, options_.inherited_env, launch.env,
                             [](const std::string& path) { return ::access(path.c_str(), X_OK) == 0; });
   if (!plan) {
@@ -501,13 +499,17 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
   exited.exit_code = worker->exit_code;
   exited.signal = worker->signal;
   for (const auto& line : worker->splitters[1].tail()) exited.stderr_tail += line + "\n";
-  if (!worker->error_file.empty()) {
-    std::ifstream in(worker->error_file, std::ios::binary);
-    if (in) {
-      std::string text(kMaxErrorFile, '\0');
-      in.read(text.data(), static_cast<std::streamsize>(text.size()));
-      text.resize(static_cast<size_t>(in.gcount()));
-      exited.error_text = ReadableErrorFile(text);
+  if (!worker->error_path.empty()) {
+    // The worker may have left anything there: a link to a file it may not read itself, a
+    // FIFO that no one writes, gigabytes. Only a regular file within the bound is read; the
+    // refusal takes the error text's place, so that node 0 says why there is none.
+    const auto text = ReadRegularFile(run_fd_.get(), worker->error_path,
+                                      options_.logs_root + "/" + options_.run_folder + "/" + worker->error_path,
+                                      kMaxErrorFile);
+    if (!text) {
+      exited.error_text = "(not read: " + text.error() + ")";
+    } else if (*text) {
+      exited.error_text = ReadableErrorFile(**text);
     }
   }
   workers_.erase({worker->round, worker->local_rank});
@@ -522,11 +524,11 @@ void RealProcessLauncher::SignalAll(int round, int signal) {
 
 namespace {
 
-// "attempt-<k>/rank-<r>.stacks" in the run folder, opened without following a link.
+// "attempt-<k>/rank-<r>.stacks" in the run folder, when it is a regular file (safe_file.h).
 UniqueFd OpenStacksFile(int run_fd, int round, int global_rank) {
   if (run_fd < 0) return UniqueFd();
-  const std::string path = fmt::format("attempt-{}/rank-{}.stacks", round, global_rank);
-  return UniqueFd(::openat(run_fd, path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  auto opened = OpenRegularFile(run_fd, fmt::format("attempt-{}/rank-{}.stacks", round, global_rank), "");
+  return opened && *opened ? std::move(**opened) : UniqueFd();
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // End-to-end tests of hostile and unlucky environments around real agents on 127.0.0.1: a
 // console nobody reads, floods of short connections, too few file descriptors, a master port
-// taken by an outgoing connection.
+// taken by an outgoing connection, a rank's error file that is a link, a FIFO or too large.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -421,6 +421,73 @@ TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplainedWithOrWithout
                         "), where the kernel picks the local ports of outgoing connections\n"));
   ::close(accepted);
   ::close(server);
+}
+
+// ---- Hostile environments, part 2: files planted in a rank's error file's place ----------
+
+/// Every file below `folder`, read whole, one after the other (the rank logs and event logs).
+std::string EverythingBelow(const std::string& folder) {
+  std::string text;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(folder, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    std::ifstream in(it->path());
+    text += std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  return text;
+}
+
+// A worker replaces its error file with a link to a file it may not read itself (the agent
+// may run as another user, or as root). The agent must not read it: the link is named, and the
+// target's text reaches no console and no log.
+TEST(HostileTest, AnErrorFileThatIsALinkIsNotFollowedAndItsTargetGoesNowhere) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string secret = dir.Write("secret", "TOP-SECRET-0451\n");
+  const std::string job = dir.Write(
+      "job.toml", Job(port, "if [ $RANK = 1 ]; then ln -s " + secret + " $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30",
+                      Shape{1, 2, 0}));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  EXPECT_EQ(node0.Wait(30s), 1) << node0.Output();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("/attempt-0/rank-1.error.json is a symbolic link, not a regular file")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("TOP-SECRET"))) << out;
+  EXPECT_THAT(EverythingBelow(dir.path() + "/logs"), Not(HasSubstr("TOP-SECRET")));
+}
+
+// A worker leaves a FIFO as its error file. Reading it would wait for a writer forever: the
+// agent would stop beating and node 0 would declare the node lost. The agent must refuse it at
+// once and report the rank's exit as usual.
+TEST(HostileTest, AnErrorFileThatIsAFifoBlocksNoAgent) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job = dir.Write(
+      "job.toml", Job(port, "if [ $RANK = 3 ]; then mkfifo $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30", Shape{}));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
+  EXPECT_EQ(node1.Wait(30s), 1) << node1.Output();
+  EXPECT_EQ(node0.Wait(30s), 1) << node0.Output();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("rank 3 (node 1")) << out;
+  EXPECT_THAT(out, HasSubstr("/attempt-0/rank-3.error.json is a FIFO, not a regular file")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("lost"))) << out;
+}
+
+// A worker writes an error file far over its bound: it is refused with its bound, not read in
+// part (nor shown in part).
+TEST(HostileTest, AnOversizedErrorFileIsRefusedWithItsBound) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job = dir.Write(
+      "job.toml",
+      Job(port, "if [ $RANK = 1 ]; then yes OVERSIZED | head -c 1000000 > $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30",
+          Shape{1, 2, 0}));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  EXPECT_EQ(node0.Wait(30s), 1) << node0.Output();
+  const std::string out = node0.Output();
+  EXPECT_THAT(out, HasSubstr("/attempt-0/rank-1.error.json is larger than 64 KiB")) << out;
+  EXPECT_THAT(out, Not(HasSubstr("OVERSIZED"))) << out;
 }
 
 }  // namespace

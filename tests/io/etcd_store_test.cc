@@ -1,17 +1,23 @@
 // The real EtcdStore (runner/io/etcd_store.h) on a real Asio loop against a real 3-member etcd
 // cluster on 127.0.0.1: leases, gets and compare-and-put as the election uses them, failover
-// when the member in use or the leader is killed, and the bounds when no member answers.
+// when the member in use or the leader is killed, and the bounds when no member answers; and
+// against a fake endpoint whose answers no etcd gives (huge, deeply nested), the memory they
+// cost.
 
 #include "runner/io/etcd_store.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -488,6 +494,150 @@ TEST(EtcdStoreCreateTest, RefusesWhatIsNotAnEndpointAndTlsFilesItCannotLoad) {
               StartsWith("rendezvous.cert_file /nonexistent/cert.pem: "));
   // Plain http endpoints need no TLS files, and do not look at them.
   EXPECT_EQ(create({"http://127.0.0.1:2379"}, "/nonexistent/ca.pem"), "");
+}
+
+// ---- Answers that no etcd gives: bounded before they are parsed ---------------------------
+
+/// A field of this process's /proc/self/status ("VmHWM") in KiB; -1 when unreadable.
+long OwnStatusKiB(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+/// Answers one request on the connection `fd` with `body` (HTTP 200, JSON), then closes it.
+void AnswerWith(int fd, const std::string& body) {
+  char request[65536];
+  (void)::recv(fd, request, sizeof request, 0);  // a small POST: one read holds it
+  const std::string response = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < response.size()) {
+    const ssize_t n = ::send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the store stopped reading: its bound
+    sent += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+struct ChildAnswer {
+  long peak_growth_kib = -1;  // how much the child's peak memory grew while it asked
+  std::string error;          // the store's answer to the call
+};
+
+/// A real EtcdStore in a child process (so that its peak memory is its own) asks a fake
+/// endpoint for a key; every connection to the endpoint is answered with `body`.
+ChildAnswer GetFromAFakeEndpoint(const std::string& body) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(e2e::FreePort());
+  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(listener, 16), 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  int report[2];
+  EXPECT_EQ(::pipe2(report, O_CLOEXEC), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(report[0]);
+    ::close(listener);
+    const long before = OwnStatusKiB("VmHWM");
+    std::string error = "no answer";
+    {
+      boost::asio::io_context io;
+      EtcdStore::Options options;
+      options.endpoints = {url};
+      options.call_limit = 1s;
+      options.attempt_limit = 500ms;
+      auto store = EtcdStore::Create(io, options);
+      Answers answers;
+      if (store) {
+        (*store)->SetEvents(&answers);
+        const uint64_t id = (*store)->Get("/t/a");
+        const auto deadline = SteadyClock::now() + 5s;
+        while (!answers.Has(id) && SteadyClock::now() < deadline) {
+          if (io.stopped()) io.restart();
+          io.run_one_for(20ms);
+        }
+        if (answers.Has(id)) error = answers.Get(id).error;
+      }
+    }
+    const std::string text = std::to_string(OwnStatusKiB("VmHWM") - before) + "\n" + error;
+    (void)!::write(report[1], text.data(), text.size());
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  // Answer every connection until the child reports.
+  std::string text;
+  while (true) {
+    pollfd fds[2] = {{listener, POLLIN, 0}, {report[0], POLLIN, 0}};
+    if (::poll(fds, 2, 10'000) <= 0) break;
+    if (fds[1].revents != 0) {
+      char buffer[4096];
+      ssize_t n = 0;
+      while ((n = ::read(report[0], buffer, sizeof buffer)) > 0) text.append(buffer, static_cast<size_t>(n));
+      break;
+    }
+    if (const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC); fd >= 0) AnswerWith(fd, body);
+  }
+  ::close(report[0]);
+  ::close(listener);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ChildAnswer answer;
+  const size_t newline = text.find('\n');
+  if (newline == std::string::npos) return answer;
+  answer.peak_growth_kib = std::stol(text.substr(0, newline));
+  answer.error = text.substr(newline + 1);
+  return answer;
+}
+
+// Under AddressSanitizer freed memory sits in quarantine: the memory bounds are checked in the
+// normal builds only.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMeasuresMemory = false;
+#else
+constexpr bool kMeasuresMemory = true;
+#endif
+
+// Hostile environments, part 2: an endpoint (a hostile host, or a proxy gone wrong) answers 4 MB
+// of nested brackets, which a JSON parser turns into hundreds of MB. The store must refuse it
+// before parsing, as an error that names the endpoint, and stay within a few MB.
+TEST(EtcdStoreHostileTest, AHugeNestedAnswerIsAnErrorNamingTheEndpointAndCostsLittleMemory) {
+  const ChildAnswer answer = GetFromAFakeEndpoint(std::string(2'000'000, '[') + std::string(2'000'000, ']'));
+  EXPECT_THAT(answer.error, AllOf(StartsWith("no etcd endpoint answered within 1 s: etcd at http://127.0.0.1:"),
+                                  HasSubstr(": an answer over 2 MiB")));
+  if (kMeasuresMemory) {
+    EXPECT_LT(answer.peak_growth_kib, 16 * 1024) << "KiB";
+  }
+  RecordProperty("nested_4mb_peak_growth_kib", static_cast<int>(answer.peak_growth_kib));
+}
+
+TEST(EtcdStoreHostileTest, AnAnswerWithinTheSizeBoundButNestedDeepIsRefusedBeforeParsing) {
+  const ChildAnswer answer =
+      GetFromAFakeEndpoint("{\"kvs\":" + std::string(900'000, '[') + std::string(900'000, ']') + "}");
+  EXPECT_THAT(answer.error, AllOf(StartsWith("no etcd endpoint answered within 1 s: etcd at http://127.0.0.1:"),
+                                  HasSubstr(": an answer nested more than 16 deep, which etcd never sends")));
+  if (kMeasuresMemory) {
+    EXPECT_LT(answer.peak_growth_kib, 16 * 1024) << "KiB";
+  }
+  RecordProperty("nested_1800kb_peak_growth_kib", static_cast<int>(answer.peak_growth_kib));
+}
+
+TEST(EtcdStoreHostileTest, AnAnswerOfTooManyValuesIsRefusedBeforeParsing) {
+  std::string many = "{\"kvs\":[{}";
+  while (many.size() < 1'800'000) many += ",{}";
+  const ChildAnswer answer = GetFromAFakeEndpoint(many + "]}");
+  EXPECT_THAT(answer.error, AllOf(StartsWith("no etcd endpoint answered within 1 s: etcd at http://127.0.0.1:"),
+                                  HasSubstr(": an answer of more than 4096 values, which etcd never sends")));
+  if (kMeasuresMemory) {
+    EXPECT_LT(answer.peak_growth_kib, 16 * 1024) << "KiB";
+  }
+  RecordProperty("many_values_peak_growth_kib", static_cast<int>(answer.peak_growth_kib));
 }
 
 }  // namespace

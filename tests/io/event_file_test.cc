@@ -74,7 +74,7 @@ TEST_F(EventFileTest, EachRecordIsOneLineTheReaderParses) {
   const report::EventRecord& r = parsed->records[0];
   EXPECT_EQ(r.type, "worker-exit");
   EXPECT_EQ(r.node, 3);
-  EXPECT_EQ(r.host, "gpu-03");
+  EXPECT_EQ(parsed->host, "gpu-03");
   EXPECT_EQ(r.mono_ms, 1234);
   EXPECT_GT(r.unix_ms, 1'700'000'000'000);
   EXPECT_EQ(r.Int("round"), 2);

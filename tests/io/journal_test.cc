@@ -2,9 +2,13 @@
 
 #include "runner/io/journal.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <future>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -164,7 +168,85 @@ TEST_F(JournalTest, AQuarantineStateThatIsALinkIsNotFollowed) {
   fs::create_symlink(root_ + "/elsewhere", folder_ + "/" + FileJournal::kQuarantineFileName);
   EXPECT_TRUE(Open().Quarantined().empty());
   ASSERT_EQ(reports_.size(), 1u);
-  EXPECT_NE(reports_[0].find("cannot read"), std::string::npos) << reports_[0];
+  EXPECT_NE(reports_[0].find(folder_ + "/quarantine.state is a symbolic link, not a regular file"), std::string::npos)
+      << reports_[0];
+}
+
+// ---- Files planted in their place: nothing blocks, nothing over its bound is read --------
+
+/// Whether `call` returns within 5 s. When it does not (blocked opening the FIFO `fifo`), the
+/// FIFO's other end is opened and closed, which wakes the open: a reader then reads the end of
+/// the file, a writer gets EPIPE (SIGPIPE is ignored here), and the test goes on.
+template <typename Call>
+bool ReturnsWithoutBlockingOn(const std::string& fifo, Call call) {
+  ::signal(SIGPIPE, SIG_IGN);
+  auto done = std::async(std::launch::async, call);
+  if (done.wait_for(5s) == std::future_status::ready) return true;
+  ::close(::open(fifo.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  done.wait();
+  return false;
+}
+
+TEST_F(JournalTest, AFifoPlantedAsTheJournalIsRefusedWithoutBlocking) {
+  fs::create_directories(folder_);
+  const std::string fifo = folder_ + "/" + FileJournal::kFileName;
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  FileJournal journal = Open();
+  std::optional<Duration> since;
+  EXPECT_TRUE(ReturnsWithoutBlockingOn(fifo, [&] { since = journal.SinceRoundsMayRun(); }))
+      << "reading the journal waited for a writer of the FIFO";
+  EXPECT_EQ(since, Duration::zero());  // assume the worst
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("coordinator journal: " + fifo + " is a FIFO, not a regular file; assuming workers "
+                             "of a previous run may still run"),
+            std::string::npos)
+      << reports_[0];
+}
+
+TEST_F(JournalTest, AFifoPlantedAsTheQuarantineStateIsRefusedWithoutBlocking) {
+  fs::create_directories(folder_);
+  const std::string fifo = folder_ + "/" + FileJournal::kQuarantineFileName;
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  FileJournal journal = Open();
+  std::vector<core::QuarantinedHost> hosts;
+  EXPECT_TRUE(ReturnsWithoutBlockingOn(fifo, [&] { hosts = journal.Quarantined(); }))
+      << "reading the quarantine state waited for a writer of the FIFO";
+  EXPECT_TRUE(hosts.empty());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("quarantine state: " + fifo + " is a FIFO, not a regular file"), std::string::npos)
+      << reports_[0];
+}
+
+TEST_F(JournalTest, AFifoPlantedAsTheTemporaryFileIsReplacedNotWrittenThrough) {
+  fs::create_directories(folder_);
+  const std::string fifo = folder_ + "/" + FileJournal::kFileName + ".new";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  FileJournal journal = Open();
+  EXPECT_TRUE(ReturnsWithoutBlockingOn(fifo, [&] { journal.Record(true); }))
+      << "writing the journal waited for a reader of the FIFO";
+  EXPECT_EQ(ReadRecord().rfind("ddprun-journal 1 rounds_may_run=1 unix_ms=", 0), 0u) << ReadRecord();
+  EXPECT_TRUE(reports_.empty()) << reports_[0];
+}
+
+TEST_F(JournalTest, AnOversizedJournalIsRefusedNotReadInPart) {
+  // A good record first: a reader of only the beginning would take it.
+  WriteRecord(FileJournal::Format(false, NowMillis()) + std::string(1 << 20, ' '));
+  EXPECT_EQ(Open().SinceRoundsMayRun(), Duration::zero());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("coordinator journal: " + folder_ + "/coordinator.journal is larger than 4 KiB"),
+            std::string::npos)
+      << reports_[0];
+}
+
+TEST_F(JournalTest, AnOversizedQuarantineStateIsRefused) {
+  fs::create_directories(folder_);
+  std::ofstream(folder_ + "/" + FileJournal::kQuarantineFileName)
+      << "ddprun-quarantine 1\n" << std::string(FileJournal::kMaxQuarantineBytes, '\n');
+  EXPECT_TRUE(Open().Quarantined().empty());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("quarantine state: " + folder_ + "/quarantine.state is larger than 1 MiB"),
+            std::string::npos)
+      << reports_[0];
 }
 
 }  // namespace

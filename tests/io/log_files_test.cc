@@ -1,8 +1,12 @@
-// Files below logs.dir: created new, never through a planted link, never over a file.
+// Files below logs.dir: created new, never through a planted link, never over a file; read
+// back only when regular, without following links or blocking, within a bound (safe_file.h).
 
 #include "runner/io/log_files.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,6 +14,8 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+
+#include "runner/io/safe_file.h"
 
 namespace ddprun::io {
 namespace {
@@ -88,6 +94,61 @@ TEST_F(LogFilesTest, ARunFolderMustBeNew) {
   EXPECT_EQ(again.error(), "logs/job/run-1 exists already; ddprun writes only files it created in this run");
   const auto job = OpenFolderBelow(root_fd_.get(), "logs", "job", false);
   EXPECT_TRUE(job) << job.error();
+}
+
+// ---- Reading back (safe_file.h) ------------------------------------------------------------
+
+TEST_F(LogFilesTest, ARegularFileIsReadAndAMissingOneIsNone) {
+  Write("run/attempt-0/rank-1.error.json", "{}");
+  auto read = ReadRegularFile(root_fd_.get(), "run/attempt-0/rank-1.error.json", "shown", 64);
+  ASSERT_TRUE(read) << read.error();
+  EXPECT_EQ(read->value_or("none"), "{}");
+  auto missing = ReadRegularFile(root_fd_.get(), "run/attempt-0/rank-2.error.json", "shown", 64);
+  ASSERT_TRUE(missing) << missing.error();
+  EXPECT_FALSE(*missing);
+}
+
+TEST_F(LogFilesTest, WhatIsNotARegularFileIsRefusedAndNamed) {
+  Write("victim", "secret");
+  Write("run/attempt-0/placeholder", "");
+  fs::create_symlink(root_ + "/victim", root_ + "/run/attempt-0/link.json");
+  fs::create_directory_symlink(root_ + "/run/attempt-0", root_ + "/run/attempt-9");
+  ASSERT_EQ(::mkfifo((root_ + "/run/attempt-0/fifo.json").c_str(), 0600), 0);
+  fs::create_directory(root_ + "/run/attempt-0/folder.json");
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string socket_path = root_ + "/run/attempt-0/socket.json";
+  ASSERT_LT(socket_path.size(), sizeof addr.sun_path);
+  socket_path.copy(addr.sun_path, socket_path.size());
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  auto refusal = [&](const std::string& relative) {
+    auto read = ReadRegularFile(root_fd_.get(), relative, "logs/" + relative, 64);
+    return read ? std::string("read") : read.error();
+  };
+  EXPECT_EQ(refusal("run/attempt-0/link.json"), "logs/run/attempt-0/link.json is a symbolic link, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-0/fifo.json"), "logs/run/attempt-0/fifo.json is a FIFO, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-0/socket.json"), "logs/run/attempt-0/socket.json is a socket, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-0/folder.json"), "logs/run/attempt-0/folder.json is a folder, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-9/placeholder"),
+            "attempt-9 (on the way to logs/run/attempt-9/placeholder) is a symbolic link, not a folder");
+  ::close(listener);
+}
+
+TEST_F(LogFilesTest, AFileOverItsBoundIsRefusedWithTheBound) {
+  Write("big", std::string(2 * 1024 * 1024 + 1, 'x'));
+  auto read = ReadRegularFile(root_fd_.get(), "big", "logs/big", 2 * 1024 * 1024);
+  ASSERT_FALSE(read);
+  EXPECT_EQ(read.error(), "logs/big is larger than 2 MiB");
+}
+
+TEST_F(LogFilesTest, ReplacingAFileRemovesWhatWasPlantedAsItsTemporaryName) {
+  Write("victim", "keep");
+  fs::create_symlink(root_ + "/victim", root_ + "/state.new");
+  ASSERT_TRUE(ReplaceFile(root_fd_.get(), "logs", "state", "new text"));
+  EXPECT_EQ(Read("state"), "new text");
+  EXPECT_EQ(Read("victim"), "keep");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(root_ + "/state.new")));
 }
 
 }  // namespace

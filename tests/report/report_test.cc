@@ -1,8 +1,10 @@
 // The event log's reader and the timeline rebuilt from it (report/event_log.h, rebuild.h), and
-// the page at scale (report/render.h): errors word for word, runs told apart, a lost node, a
-// hang, beacons, and 2,048 nodes drawn in bands with the faulted ones on rows of their own.
+// the page at scale (report/render.h): errors word for word, packed fields, files read in
+// pieces and within a memory bound, runs told apart, a lost node, a hang, beacons, and 2,048
+// nodes drawn in bands with the faulted ones on rows of their own.
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -85,7 +87,7 @@ TEST(EventLogTest, FieldsReadByType) {
   const EventFile file = Parsed("f", Line("x", 0, 3, R"("n":4,"b":true,"s":"t","ns":[1,2],"ss":["a"],"e":[])"));
   const EventRecord& r = file.records.front();
   EXPECT_EQ(r.node, 3);
-  EXPECT_EQ(r.host, "h3");
+  EXPECT_EQ(file.host, "h3");
   EXPECT_EQ(r.unix_ms, 1'700'000'000'000);
   EXPECT_EQ(r.mono_ms, 5'000);
   EXPECT_EQ(r.Int("n"), 4);
@@ -95,6 +97,59 @@ TEST(EventLogTest, FieldsReadByType) {
   EXPECT_EQ(r.Ints("ns"), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(r.Texts("ss"), std::vector<std::string>{"a"});
   EXPECT_TRUE(r.Ints("e").empty());
+}
+
+TEST(EventLogTest, PackedFieldsKeepEveryValueExactly) {
+  EventRecord r;
+  r.Set("min", std::numeric_limits<int64_t>::min());
+  r.Set("max", std::numeric_limits<int64_t>::max());
+  r.Set("none", int64_t{-1});
+  r.Set("no", false);
+  r.Set("text", std::string("with \"quotes\", a \0 byte and \xff", 31));
+  r.Set("many", std::vector<int64_t>{0, -300, 1'700'000'000'000});
+  r.Set("words", std::vector<std::string>{"", std::string(300, 'x')});
+  EXPECT_EQ(r.Int("min"), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(r.Int("max"), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(r.Int("none", 5), -1);
+  EXPECT_FALSE(r.Flag("no"));
+  EXPECT_EQ(r.Int("no", 5), 5);
+  EXPECT_EQ(r.Text("text"), std::string("with \"quotes\", a \0 byte and \xff", 31));
+  EXPECT_EQ(r.Ints("many"), (std::vector<int64_t>{0, -300, 1'700'000'000'000}));
+  EXPECT_EQ(r.Texts("words"), (std::vector<std::string>{"", std::string(300, 'x')}));
+  EXPECT_EQ(r.Int("missing", 9), 9);
+  EXPECT_EQ(r.Text("many"), "");
+}
+
+TEST(EventLogTest, AFileFedInPiecesReadsAsAWholeOne) {
+  const std::string text = Start(0, 0) + Line("joined", 5, 0) + Line("x", 6, 0, R"("s":"a\nb")") + R"({"v":1,"ev)";
+  const EventFile whole = Parsed("f", text);
+  EventFileParser parser("f", 1 << 20);
+  for (char c : text) ASSERT_TRUE(parser.Feed(std::string_view(&c, 1)));
+  auto pieces = std::move(parser).Finish();
+  ASSERT_TRUE(pieces) << pieces.error();
+  ASSERT_EQ(pieces->records.size(), whole.records.size());
+  EXPECT_EQ(pieces->records[2].Text("s"), "a\nb");
+  EXPECT_EQ(pieces->torn, whole.torn);
+  EXPECT_EQ(pieces->held_bytes, whole.held_bytes);
+}
+
+// Hostile environments, part 2: what a folder's event files take in memory is bounded; past the
+// bound the reader stops, and says where and what to do.
+TEST(EventLogTest, RecordsPastTheMemoryBoundAndOverlongLinesAreRefused) {
+  std::string text = Start(0, 0);
+  for (int i = 0; i < 1000; ++i) text += Line("joined", i, 0);
+  EventFileParser parser("logs/j/events-node0.jsonl", 64 * 1024);
+  const Status fed = parser.Feed(text);
+  ASSERT_FALSE(fed);
+  EXPECT_THAT(fed.error(), ::testing::MatchesRegex(
+                               "logs/j/events-node0.jsonl:[0-9]+: the event files read so far take more than 64 "
+                               "KiB in memory, the most ddprun holds; pass a folder with fewer of them \\(one "
+                               "job's, or one run's\\)"));
+  EventFileParser long_lines("f", 1 << 30);
+  ASSERT_TRUE(long_lines.Feed(Start(0, 0)));
+  const std::string huge(EventFileParser::kMaxLineBytes, 'x');
+  EXPECT_TRUE(long_lines.Feed(huge.substr(0, 1000)));
+  EXPECT_EQ(long_lines.Feed(huge).error(), "f:2: a line longer than 4 MiB");
 }
 
 TEST(EventLogTest, FilesAreGroupedIntoRunsByTime) {
