@@ -29,7 +29,16 @@ struct WorkerPosition {
   std::string progress_token;   // DDPRUN_PROGRESS_TOKEN
   std::string stacks_file;      // DDPRUN_STACKS_FILE: where faulthandler writes this rank's stacks
   std::string python_dir;       // appended to PYTHONPATH: where `import ddprun` finds the module
+  // The interface the other nodes reach this node at (runner/io/net_interfaces.h), for
+  // GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME; "" leaves them out.
+  std::string socket_ifname;
 };
+
+/// The variables that name the interface of the workers' own sockets, each set to
+/// WorkerPosition::socket_ifname unless the user set it (job.env or the agent's environment).
+/// NCCL's gets a leading '=' (an exact name, where NCCL would take "eth1" as a prefix of "eth10").
+inline constexpr std::string_view kSocketIfnameNames[] = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+                                                         "TP_SOCKET_IFNAME"};
 
 /// Where faulthandler writes rank `global_rank`'s stacks: "attempt-<k>/rank-<r>.stacks".
 std::string RankStacksPath(const JobSpec& spec, int restart_count, int global_rank);

@@ -578,6 +578,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
       position.stacks_file = config_.logs_dir + "/" + RankStacksPath(spec_, round_, global);
     }
     position.python_dir = config_.python_dir;
+    position.socket_ifname = config_.socket_ifname;
     WorkerLaunch launch;
     launch.local_rank = local;
     launch.global_rank = global;

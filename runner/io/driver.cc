@@ -44,6 +44,7 @@
 #include "runner/io/guardian.h"
 #include "runner/io/journal.h"
 #include "runner/io/metrics_server.h"
+#include "runner/io/net_interfaces.h"
 #include "runner/io/process_launcher.h"
 #include "runner/io/worker_module.h"
 #include "schema/canonical.h"
@@ -266,6 +267,30 @@ size_t InheritedDescriptors() {
   return count;
 }
 
+/// The interface this node's workers bind their own sockets to (gloo, NCCL, TensorPipe): the
+/// one that holds this node's cluster.nodes address, else the one it sends from towards
+/// master_addr. nullopt for a job of one agent (its workers talk among themselves) and when
+/// neither is found.
+std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int node_rank) {
+  if (spec.cluster.Agents() <= 1) return std::nullopt;
+  std::vector<std::string> hosts = spec.cluster.nodes;
+  hosts.insert(hosts.end(), spec.cluster.spare_hosts.begin(), spec.cluster.spare_hosts.end());
+  std::vector<std::string> listed;
+  std::string listed_as;
+  if (node_rank >= 0 && static_cast<size_t>(node_rank) < hosts.size()) {
+    listed = ResolveAll(hosts[static_cast<size_t>(node_rank)]);
+    listed_as = node_rank < spec.cluster.nnodes
+                    ? fmt::format("cluster.nodes[{}]", node_rank)
+                    : fmt::format("cluster.spares[{}]", node_rank - spec.cluster.nnodes);
+  }
+  std::string route_source;
+  if (const auto master = ResolveAll(spec.cluster.master_addr); !master.empty()) {
+    route_source = RouteSourceAddress(master.front(), spec.cluster.master_port);
+  }
+  return ChooseSocketInterface(LocalInterfaces(), listed, listed_as, route_source,
+                               fmt::format("master_addr {}", spec.cluster.master_addr));
+}
+
 }  // namespace
 
 Result<SharedSecret> ReadSharedSecret() {
@@ -482,6 +507,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   }
   config.secret = secret->secret;
   const std::string secret_warning = secret->warning;
+  const auto socket_interface = WorkerSocketInterface(spec, options.node_rank);
+  if (socket_interface) config.socket_ifname = socket_interface->name;
 
   asio::io_context io;
   // Every console line of this agent, its workers' included, goes through this writer, so a
@@ -595,6 +622,28 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
               fmt::format("logs of this run: {}/ (also {}/{}/latest)", config.logs_dir, spec.logs.dir,
                           spec.job.name));
   if (!secret_warning.empty()) console.Log(core::LogLevel::kWarn, "agent", secret_warning);
+  if (spec.cluster.Agents() > 1) {
+    // Which interface the workers' sockets use, and which of the three names the user set.
+    std::vector<std::string> set, kept;
+    for (std::string_view view : kSocketIfnameNames) {
+      const std::string name(view);
+      const bool user = config.inherited_env.count(name) > 0 || spec.job.env.count(name) > 0;
+      (user ? kept : set).push_back(name);
+    }
+    if (socket_interface && !set.empty()) {
+      console.Log(core::LogLevel::kInfo, "agent",
+                  fmt::format("workers' sockets use interface {} ({}): {} set{}", socket_interface->name,
+                              socket_interface->reason, fmt::join(set, ", "),
+                              kept.empty() ? "" : fmt::format("; {} kept as set", fmt::join(kept, ", "))));
+    } else if (!socket_interface && !set.empty()) {
+      console.Log(core::LogLevel::kWarn, "agent",
+                  fmt::format("cannot tell which interface the other nodes reach this node at (no "
+                              "interface holds this node's cluster.nodes address or routes to "
+                              "master_addr {}); gloo and NCCL pick their own: if ranks cannot connect, "
+                              "set {} to that interface in this agent's environment",
+                              spec.cluster.master_addr, fmt::join(set, ", ")));
+    }
+  }
   if (config.secret.empty() && options.node_rank == 0) {
     console.Log(core::LogLevel::kWarn, "coordinator",
                 "no shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE): any host that can reach "
