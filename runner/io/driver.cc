@@ -206,9 +206,16 @@ std::vector<asio::ip::address> AllowedPeers(asio::io_context& io, const JobSpec&
     }
     for (const auto& entry : results) allowed.push_back(entry.endpoint().address());
   }
-  // Node 0's own agent may reach master_addr over loopback.
+  // Node 0's own agent may reach master_addr over loopback, or from any address of this host:
+  // on a stock host its own name in cluster.nodes resolves to 127.0.1.1 here, while its agent
+  // connects to master_addr (an address of a NIC) from that NIC's address.
   allowed.push_back(asio::ip::address_v4::loopback());
   allowed.push_back(asio::ip::address_v6::loopback());
+  for (const LocalInterface& local : LocalInterfaces()) {
+    error_code ec;
+    const auto address = asio::ip::make_address(local.address, ec);
+    if (!ec) allowed.push_back(address);
+  }
   return allowed;
 }
 
@@ -453,9 +460,11 @@ std::string LoopbackMasterProblem(const JobSpec& spec) {
       "cluster.master_addr \"{}\"{} is a loopback address on this host: {}; node 0 would listen on {}, "
       "where no other node can reach it, and another node would connect to itself\n"
       "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
-      "that address in /etc/hosts on every node",
+      "that address in /etc/hosts on every node{}",
       name, explicit_addr ? "" : " (cluster.nodes[0])", cause, ip,
-      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name);
+      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name,
+      // A line added below the 127.0.1.1 one is not enough: resolvers still give 127.0.1.1 first.
+      hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", hosts_ip));
 }
 
 int RunNode(const JobSpec& spec, const NodeRunOptions& options) {

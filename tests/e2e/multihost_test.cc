@@ -126,5 +126,59 @@ TEST_F(MultiHostTest, TorchGlooJobAcrossThreeStockHostsEndsWithIdenticalWeights)
   }
 }
 
+// What each rank writes in the shell jobs below: where it ran and what it was given.
+constexpr const char* kWhereAmI =
+    "[\"sh\", \"-c\", \"echo $RANK $(hostname) $MASTER_ADDR $GLOO_SOCKET_IFNAME > out-$RANK\"]";
+
+// Issue 27.3: nodes = ["gpu-01", ...] on stock hosts. Node 0 refuses to listen on 127.0.1.1 and
+// says to set master_addr; that fix used to leave node 0 unable to join its own job ("refused a
+// connection from <its own address>: not one of cluster.nodes") until the rendezvous timeout.
+TEST_F(MultiHostTest, HostNamesOnStockHostsFailAtOnceAndTheHintsMasterAddrFixWorks) {
+  MakeBed();
+  if (!bed_) return;
+  std::string job = WriteJob("nodes = " + NodesByName() + "\n", kWhereAmI, 1);
+  AgentProcess& first = StartOn(0, {job});
+  ASSERT_EQ(first.Wait(15s), 3) << first.Output();
+  EXPECT_THAT(first.Output(), HasSubstr("hint: set cluster.master_addr to an address of node 0 that the other "
+                                        "nodes reach (this host has " + bed_->host(0).mgmt_addr + ", " +
+                                        bed_->host(0).data_addr + "), or map gpu-01 to that address in "
+                                        "/etc/hosts on every node (on this host in place of 127.0.1.1)"));
+  agents_.clear();
+
+  job = WriteJob("nodes = " + NodesByName() + "\nmaster_addr = \"" + bed_->host(0).data_addr + "\"\n", kWhereAmI, 1);
+  for (int i = 2; i >= 0; --i) StartOn(i, {job});
+  for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
+  EXPECT_THAT(agents_[2]->Output(), Not(HasSubstr("refused a connection")));
+  for (int rank = 0; rank < 3; ++rank) {
+    const TestHost& h = bed_->host(rank);
+    EXPECT_EQ(bed_->Read(rank, "out-" + std::to_string(rank)),
+              std::to_string(rank) + " " + h.name + " " + bed_->host(0).data_addr + " " + h.data_if + "\n")
+        << Describe();
+  }
+  // The host name is 127.0.1.1 on its own host, so the interface comes from the route.
+  EXPECT_THAT(agents_[0]->Output(), HasSubstr("workers' sockets use interface enp2s0 (it holds 10.215.0.3, "
+                                              "this host's address towards master_addr 10.215.0.1)"));
+}
+
+TEST_F(MultiHostTest, HostNamesWorkWhenNodeZerosNameMapsToItsAddressInEtcHosts) {
+  MakeBed();
+  if (!bed_) return;
+  // The hint's other fix, as an administrator makes it: node 0's own line in place of 127.0.1.1.
+  std::string hosts = bed_->StockHostsFile(0);
+  const std::string own = "127.0.1.1\tgpu-01\n";
+  ASSERT_NE(hosts.find(own), std::string::npos);
+  hosts.replace(hosts.find(own), own.size(), bed_->host(0).data_addr + "\tgpu-01\n");
+  bed_->SetHostsFile(0, hosts);
+  const std::string job = WriteJob("nodes = " + NodesByName() + "\n", kWhereAmI, 1);
+  for (int i = 2; i >= 0; --i) StartOn(i, {job});
+  for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
+  for (int rank = 0; rank < 3; ++rank) {
+    const TestHost& h = bed_->host(rank);
+    EXPECT_EQ(bed_->Read(rank, "out-" + std::to_string(rank)),
+              std::to_string(rank) + " " + h.name + " gpu-01 " + h.data_if + "\n")
+        << Describe();
+  }
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
