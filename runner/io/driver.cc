@@ -45,6 +45,7 @@
 #include "runner/io/journal.h"
 #include "runner/io/metrics_server.h"
 #include "runner/io/net_interfaces.h"
+#include "runner/io/probe_listener.h"
 #include "runner/io/process_launcher.h"
 #include "runner/io/worker_module.h"
 #include "schema/canonical.h"
@@ -526,7 +527,13 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   RealClock clock;
   AsioTimer timer(io);
   // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
-  AsioTransport transport(io, std::max<Duration>(Seconds(3), 2 * spec.timeouts.heartbeat));
+  AsioTransport transport(io, spec.timeouts.ConnectTimeout());
+  // What the other nodes probe before the first round (rendezvous.probe): a port other than
+  // master_port at the address the workers' sockets use, as gloo and NCCL will listen.
+  ProbeListener probe_listener(io);
+  if (socket_interface && spec.rendezvous.probe != JobSpec::Rendezvous::Probe::kOff && spec.cluster.Agents() > 1) {
+    if (auto endpoint = probe_listener.Open(socket_interface->address)) config.probe_endpoint = *endpoint;
+  }
   RealProcessLauncher::Options launcher_options;
   launcher_options.command = spec.job.command;
   launcher_options.workdir = std::filesystem::absolute(job_dir / spec.job.workdir).lexically_normal().string();

@@ -180,5 +180,92 @@ TEST_F(MultiHostTest, HostNamesWorkWhenNodeZerosNameMapsToItsAddressInEtcHosts) 
   }
 }
 
+// Issue 27.2: a firewall on node 0 that lets only master_port through. Rendezvous succeeded,
+// round 0 started and the ranks waited in init_process_group for gloo's 30 minutes, without a
+// word. Now the agents probe each other before round 0, and the job ends at once naming the
+// pairs, the port and the fix.
+TEST_F(MultiHostTest, AFirewallThatOpensOnlyMasterPortStopsTheJobBeforeRoundZeroNamingThePairs) {
+  MakeBed();
+  if (!bed_) return;
+  ASSERT_TRUE(bed_->AcceptTcpOnly(0, {kMasterPort}));
+  const std::string job = WriteJob("nodes = " + NodesByAddress() + "\n", "[\"true\"]", 1);
+  for (int i = 2; i >= 0; --i) StartOn(i, {job});
+  const auto started = std::chrono::steady_clock::now();
+  for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 3) << Describe();
+  // One connect timeout (3 s) and the answers: well before the 30 s rendezvous timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 15s);
+  for (auto& agent : agents_) {
+    const std::string out = agent->Output();
+    EXPECT_THAT(out, HasSubstr("round 0 not started: pairs of nodes cannot connect on a port other than "
+                               "master_port, as gloo and NCCL must (they would wait in init_process_group "
+                               "until their timeout):\n  node 1 (10.215.0.2) cannot connect to node 0 "
+                               "(10.215.0.1) at 10.215.0.1:"));
+    EXPECT_THAT(out, HasSubstr(": timed out (a firewall drops it)\n  node 2 (10.215.0.3) cannot connect to "
+                               "node 0 (10.215.0.1) at 10.215.0.1:"));
+    EXPECT_THAT(out, HasSubstr("fix: gloo and NCCL connect between all nodes on ports they pick, not only "
+                               "master_port: let TCP from the job's nodes through the firewall of each node "
+                               "named above"));
+    EXPECT_THAT(out, Not(HasSubstr("starting 1 worker")));
+  }
+  // Node 0 itself reaches the others: no pair from node 0, and none between nodes 1 and 2.
+  EXPECT_THAT(agents_[2]->Output(), Not(HasSubstr("node 0 (10.215.0.1) cannot connect")));
+  EXPECT_THAT(agents_[2]->Output(), Not(HasSubstr("cannot connect to node 2")));
+}
+
+// rendezvous.probe = "warn": the job starts, gloo hangs in init_process_group, and the hang
+// verdict (the ranks never sent a first progress beacon) names the failed probe as the cause.
+TEST_F(MultiHostTest, UnderWarnAHangAfterAFailedProbeNamesTheProbeAsTheLikelyCause) {
+  if (!TorchAvailable()) {
+    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";
+  }
+  MakeBed(2);
+  if (!bed_) return;
+  ASSERT_TRUE(bed_->AcceptTcpOnly(0, {kMasterPort}));
+  const std::string job = WriteJob(
+      "nodes = " + NodesByAddress() + "\n",
+      "[\"/usr/bin/python3\", \"" + std::string(DDPRUN_SOURCE_DIR) +
+          "/examples/ddp_train.py\", \"--steps\", \"2\", \"--result-dir\", \".\"]",
+      1, "[rendezvous]\nprobe = \"warn\"\n",
+      "rendezvous = \"60s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\nprogress = \"30s\"\n"
+      "progress_start = \"10s\"\n");
+  StartOn(1, {job});
+  StartOn(0, {job});
+  EXPECT_EQ(agents_[1]->Wait(120s), 1) << Describe();
+  EXPECT_EQ(agents_[0]->Wait(30s), 1) << Describe();
+  const std::string out = agents_[1]->Output();
+  EXPECT_THAT(out, HasSubstr("some nodes cannot connect on a port other than master_port; gloo and NCCL will "
+                             "likely hang in init_process_group (rendezvous.probe = \"warn\" starts round 0 "
+                             "anyway):\n  node 1 (10.215.0.2) cannot connect to node 0 (10.215.0.1) at 10.215.0.1:"));
+  EXPECT_THAT(out, HasSubstr("hung: no progress for"));
+  EXPECT_THAT(agents_[0]->Output(), HasSubstr("  likely cause: before round 0 some nodes could not connect on a "
+                                              "port other than master_port (rendezvous.probe = \"warn\" started "
+                                              "the job anyway), so gloo and NCCL cannot connect either:\n"
+                                              "    node 1 (10.215.0.2) cannot connect to node 0 (10.215.0.1) at "
+                                              "10.215.0.1:"));
+}
+
+// `ddprun preflight` on every host of the bed: all pairs reachable on stock hosts; with node 0's
+// firewall open only for master_port, the pairs that cannot reach node 0 and the fix.
+TEST_F(MultiHostTest, PreflightAcrossTheHostsFindsAFirewallThatOpensOnlyMasterPort) {
+  MakeBed();
+  if (!bed_) return;
+  const std::string job = WriteJob("nodes = " + NodesByAddress() + "\n", "[\"false\"]", 1);
+  for (int i = 2; i >= 0; --i) StartOn(i, {"preflight", job});
+  for (auto& agent : agents_) EXPECT_EQ(agent->Wait(60s), 0) << Describe();
+  const std::string ok = agents_[2]->Output();
+  EXPECT_THAT(ok, HasSubstr("  n0       -            reachable    reachable   \n"));
+  EXPECT_THAT(ok, HasSubstr("\npreflight: OK\n"));
+  agents_.clear();
+
+  ASSERT_TRUE(bed_->AcceptTcpOnly(0, {kMasterPort}));
+  for (int i = 2; i >= 0; --i) StartOn(i, {"preflight", job});
+  EXPECT_EQ(agents_[2]->Wait(90s), 1) << Describe();
+  for (size_t i = 0; i < 2; ++i) agents_[i]->Wait(30s);
+  const std::string out = agents_[2]->Output();
+  EXPECT_THAT(out, HasSubstr("node 1 (10.215.0.2) cannot reach node 0 (10.215.0.1) over TCP"));
+  EXPECT_THAT(out, HasSubstr("node 2 (10.215.0.3) cannot reach node 0 (10.215.0.1) over TCP"));
+  EXPECT_THAT(out, HasSubstr("fix: open TCP ports on node 0 for node 1"));
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
