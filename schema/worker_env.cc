@@ -156,6 +156,8 @@ std::string RunLogFolder(const JobSpec& spec, const std::string& run) {
   return fmt::format("{}/{}", spec.job.name, run);
 }
 
+std::string NodeLatestLink(int node_rank) { return fmt::format("latest-n{}", node_rank); }
+
 std::string RankLogPath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
   return fmt::format("attempt-{}/rank-{}.log", restart_count, global_rank);
 }

@@ -91,6 +91,10 @@ std::string TrainerPythonString(std::string_view text);
 /// its own, so on a logs.dir shared by several nodes their folders never collide.
 std::string RunFolderName(int64_t unix_seconds, int node_rank, uint32_t random_id);
 std::string RunLogFolder(const JobSpec& spec, const std::string& run);
+/// "latest-n<node>": the link beside the run folders, "<job>/latest-n<node>", to the newest run
+/// of that node's agent. On a logs.dir that several nodes share, "<job>/latest" names whichever
+/// node started last; this one names the same node's run on every node, so summaries use it.
+std::string NodeLatestLink(int node_rank);
 
 /// Paths relative to the run's folder: "attempt-<k>/rank-<r>.log" and ".error.json".
 std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank);

@@ -9,6 +9,7 @@
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
 #include "schema/canonical.h"
+#include "schema/worker_env.h"
 
 namespace ddprun::core {
 namespace {
@@ -1345,8 +1346,8 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
                                         int stopped_nodes, const std::string& never_rule) const {
   if (spec_.job.is_preflight) {
     // The preflight's verdict is its rank's report (quoted below), not a training failure.
-    return fmt::format("preflight FAILED: {}\n{}logs: {}/{}/latest/attempt-{}/", failure.what,
-                       failure.detail, spec_.logs.dir, spec_.job.name, failure.round);
+    return fmt::format("preflight FAILED: {}\n{}logs: {}/{}/{}/attempt-{}/", failure.what, failure.detail,
+                       spec_.logs.dir, spec_.job.name, NodeLatestLink(failure.node_rank), failure.round);
   }
   std::string text = fmt::format("job \"{}\" FAILED in round {}", spec_.job.name, failure.round);
   if (!never_rule.empty()) {
@@ -1371,8 +1372,11 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   }
   if (!stragglers_seen_.empty()) text += StragglerNote() + "\n";
   if (const std::string q = QuarantineNote(last_input_); !q.empty()) text += q + "\n";
-  // Each node writes its own run folder (schema/worker_env.h); `latest` names it on every node.
-  text += fmt::format("logs: {}/{}/latest/attempt-{}/", spec_.logs.dir, spec_.job.name, failure.round);
+  // Each node writes its own run folder (schema/worker_env.h): the root cause's node's, by a
+  // link that names the same folder on a logs.dir that the nodes share.
+  text += fmt::format("logs: {}/{}/{}/attempt-{}/ (on node {}; each node keeps its own runs under {}/{}/latest-n<node>)",
+                      spec_.logs.dir, spec_.job.name, NodeLatestLink(failure.node_rank), failure.round,
+                      failure.node_rank, spec_.logs.dir, spec_.job.name);
   return text;
 }
 
@@ -1573,7 +1577,7 @@ Coordinator::Failure Coordinator::HangFailure() {
                                                          : fmt::format("ranks {}", RankRanges(verdict.culprits)),
                                     verdict.reason);
   detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads "
-                        "in {}/{}/latest/attempt-{}/rank-<r>.stacks):\n",
+                        "in {}/{}/latest-n<node>/attempt-{}/rank-<r>.stacks on the rank's node):\n",
                         spec_.logs.dir, spec_.job.name, round_);
   const std::vector<int> with_stacks(
       verdict.culprits.begin(),

@@ -635,8 +635,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                           spec.cluster.nproc_per_node == 1 ? "" : "s", spec.cluster.master_addr,
                           spec.cluster.master_port, config.fingerprint.substr(0, 12)));
   console.Log(core::LogLevel::kInfo, "agent",
-              fmt::format("logs of this run: {}/ (also {}/{}/latest)", config.logs_dir, spec.logs.dir,
-                          spec.job.name));
+              fmt::format("logs of this run: {}/ (also {}/{}/{})", config.logs_dir, spec.logs.dir,
+                          spec.job.name, NodeLatestLink(options.node_rank)));
   if (!secret_warning.empty()) console.Log(core::LogLevel::kWarn, "agent", secret_warning);
   if (spec.cluster.Agents() > 1) {
     // Which interface the workers' sockets use, and which of the three names the user set.

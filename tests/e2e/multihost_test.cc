@@ -244,6 +244,42 @@ TEST_F(MultiHostTest, UnderWarnAHangAfterAFailedProbeNamesTheProbeAsTheLikelyCau
                                               "10.215.0.1:"));
 }
 
+// Issue 27.4: a logs.dir on a folder every node shares (an NFS home). Each node writes its own
+// run folder; `latest` named whichever agent started last, and the summary's `logs:` line (and a
+// hang's stacks path) pointed into that node's folder. Now each node has its own link,
+// latest-n<node>, and the summary names the root cause's node.
+TEST_F(MultiHostTest, OnASharedLogsFolderTheSummaryPointsAtTheFailedRanksNode) {
+  MakeBed(3, /*shared_home=*/true);
+  if (!bed_) return;
+  const std::string job = WriteJob("nodes = " + NodesByAddress() + "\n",
+                                   "[\"sh\", \"-c\", \"echo rank $RANK here; [ $RANK != 3 ]\"]", 2);
+  // Node 0 starts last, so a single `latest` would name node 0's folder.
+  StartOn(1, {job});
+  StartOn(2, {job});
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(WaitFor([&] { return agents_[i]->Output().find("logs of this run") != std::string::npos; }, 10s));
+  }
+  StartOn(0, {job});
+  for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 1) << Describe();
+  const std::string logs_line = "logs: logs/mh/latest-n1/attempt-0/ (on node 1; each node keeps its own runs "
+                                "under logs/mh/latest-n<node>)";
+  for (auto& agent : agents_) EXPECT_THAT(agent->Output(), HasSubstr(logs_line)) << Describe();
+  // Every host sees the same folder; the line's folder holds the failed rank's log.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(bed_->Read(i, "logs/mh/latest-n1/attempt-0/rank-3.log"), "rank 3 here\n");
+  }
+  // The others were stopped, perhaps before they wrote a word; their logs are where their
+  // node's link says.
+  EXPECT_TRUE(std::filesystem::exists(bed_->HomeOf(0) + "/logs/mh/latest-n0/attempt-0/rank-0.log"));
+  EXPECT_TRUE(std::filesystem::exists(bed_->HomeOf(0) + "/logs/mh/latest-n2/attempt-0/rank-5.log"));
+  for (int node = 0; node < 3; ++node) {
+    const std::string link = std::filesystem::read_symlink(bed_->HomeOf(0) + "/logs/mh/latest-n" +
+                                                          std::to_string(node)).string();
+    EXPECT_THAT(link, HasSubstr("-n" + std::to_string(node) + "-")) << "relative, to this node's own run";
+  }
+  EXPECT_THAT(agents_[2]->Output(), HasSubstr("(also logs/mh/latest-n0)"));
+}
+
 // `ddprun preflight` on every host of the bed: all pairs reachable on stock hosts; with node 0's
 // firewall open only for master_port, the pairs that cannot reach node 0 and the fix.
 TEST_F(MultiHostTest, PreflightAcrossTheHostsFindsAFirewallThatOpensOnlyMasterPort) {
