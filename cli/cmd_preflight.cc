@@ -39,6 +39,9 @@ JobSpec PreflightSpec(const JobSpec& spec) {
   preflight.job.name = spec.job.name + "-preflight";
   preflight.job.is_preflight = true;
   preflight.restart.max_restarts = 0;
+  // Preflight's own workers probe every pair of nodes and report the whole table, with more
+  // (GPUs, NCCL) beside it: the agents' probe before the round would only stop it early.
+  preflight.rendezvous.probe = JobSpec::Rendezvous::Probe::kOff;
   return preflight;
 }
 

@@ -146,6 +146,11 @@ std::string CanonicalForm(const JobSpec& spec) {
     fields["quarantine.window"] = FormatDuration(spec.quarantine.window);
     fields["quarantine.cooldown"] = FormatDuration(spec.quarantine.cooldown);
   }
+  // Only when not the default, so that the fingerprints of existing job files stay as they were.
+  if (spec.rendezvous.probe != JobSpec::Rendezvous::Probe::kRefuse) {
+    fields["rendezvous.probe"] =
+        Quote(spec.rendezvous.probe == JobSpec::Rendezvous::Probe::kWarn ? "warn" : "off");
+  }
   // Only with etcd, so that other files keep their fingerprint. The TLS files and the user
   // may differ between hosts; where the state lives may not.
   if (spec.rendezvous.Etcd()) {

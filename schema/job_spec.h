@@ -150,6 +150,11 @@ struct JobSpec {
     std::string cert_file;  // https: client certificate (etcd's --client-cert-auth)
     std::string key_file;   // its private key
     std::string user;       // etcd authentication; the password comes from DDPRUN_ETCD_PASSWORD
+    /// Before the first round every agent connects to every other node on a port other than
+    /// master_port (as gloo and NCCL will): kRefuse ends the job (exit 3) when a pair cannot,
+    /// kWarn says so and starts the round, kOff skips the probe.
+    enum class Probe { kRefuse, kWarn, kOff };
+    Probe probe = Probe::kRefuse;
     bool Etcd() const { return backend == Backend::kEtcd; }
   } rendezvous;
 
@@ -211,6 +216,13 @@ struct JobSpec {
     /// or paused agent), the guardian SIGKILLs the workers itself, as the agent would have by
     /// then (it stops them at the loss bound and SIGKILLs them stop_grace later).
     Duration GuardianLease() const { return LossBound() + stop_grace; }
+    /// How long one connect may take before the agent calls it timed out (a firewall that
+    /// drops, a host that is down): a few heartbeats, at least 3 s. The agent then retries.
+    Duration ConnectTimeout() const { return std::max(Seconds(3), 2 * heartbeat); }
+    /// How long the coordinator waits for every node's probe of the others before the first
+    /// round (rendezvous.probe): the probes run at once, each within ConnectTimeout, and the
+    /// answer comes over a connection that may be slow.
+    Duration ProbeWait() const { return ConnectTimeout() + 2 * heartbeat; }
     /// How long the coordinator waits for every node's stacks before it stops a hung round:
     /// agents wait a second for faulthandler, then answer over a connection that may be slow.
     Duration StacksWait() const { return std::max(Seconds(5), 2 * heartbeat); }

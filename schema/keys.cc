@@ -239,10 +239,11 @@ constexpr std::array<KeySpec, 3> kQuarantineKeys = {{
 }};
 
 constexpr std::array<std::string_view, 2> kBackends = {"agent", "etcd"};
+constexpr std::array<std::string_view, 3> kProbeModes = {"refuse", "warn", "off"};
 constexpr std::array<std::string_view, 2> kEndpointExamples = {"http://10.0.0.1:2379",
                                                               "https://etcd-1.example:2379"};
 
-constexpr std::array<KeySpec, 8> kRendezvousKeys = {{
+constexpr std::array<KeySpec, 9> kRendezvousKeys = {{
     {.name = "backend", .type = KeyType::kString,
      .doc = "\"agent\": node 0's agent runs the coordinator and keeps its state; losing node 0's "
             "host stops the job until it returns. \"etcd\": the state (round, restart budget, "
@@ -271,6 +272,13 @@ constexpr std::array<KeySpec, 8> kRendezvousKeys = {{
     {.name = "user", .type = KeyType::kString,
      .doc = "etcd authentication: the user; its password comes from the environment variable "
             "DDPRUN_ETCD_PASSWORD, never from the job file."},
+    {.name = "probe", .type = KeyType::kString,
+     .doc = "Before the first round every agent connects to every other node on a port other "
+            "than master_port, as gloo and NCCL will (a firewall that lets only master_port "
+            "through makes them hang). \"refuse\": a pair that cannot connect ends the job with "
+            "exit 3, naming the pair, the port and the fix. \"warn\": say so and start the round; "
+            "a hang verdict then names it as the likely cause. \"off\": no probe.",
+     .values = kProbeModes, .default_value = "refuse"},
 }};
 
 constexpr std::array<std::string_view, 2> kConsoleModes = {"all", "none"};

@@ -194,6 +194,7 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       position.error_file = spec.logs.dir + "/" + RunLogFolder(spec, "<run>") + "/" +
                             RankErrorFilePath(spec, 0, rank.global_rank);
       position.run_id = run_id;
+      if (spec.cluster.Agents() > 1) position.socket_ifname = std::string(kSocketIfnamePlaceholder);
       rank.env = WorkerEnvironment(spec, position, {});
       // Under the relay rank 0 hosts the store on a port node 0's agent picks each round, so
       // no number written here would be true; say what it is instead.
@@ -201,6 +202,8 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
         if (name == "MASTER_PORT" && !spec.cluster.store_port && rank.global_rank == 0) {
           value = std::string(kRankZeroRelayPort);
         }
+        // NCCL's "=" (an exact name) is the agent's business; the plan shows the placeholder.
+        if (value == "=" + std::string(kSocketIfnamePlaceholder)) value = std::string(kSocketIfnamePlaceholder);
         // The plan is printed, pasted into tickets and piped to tools: no secrets in it.
         value = PrintableEnvValue(name, value);
       }
@@ -241,6 +244,20 @@ std::string PlanHeader(const JobSpec& spec) {
                        "private port node 0 picks each round (other ranks get MASTER_PORT={}); "
                        "code that derives ports from MASTER_PORT needs cluster.store_port\n",
                        c.master_port, c.master_port);
+  }
+  if (c.Agents() > 1) {
+    std::vector<std::string> set, kept;
+    for (std::string_view name : kSocketIfnameNames) {
+      (spec.job.env.count(std::string(name)) > 0 ? kept : set).push_back(std::string(name));
+    }
+    if (!set.empty()) {
+      out += fmt::format("worker sockets: {} name, on each node, the interface that holds its "
+                         "cluster.nodes address, or else the one it reaches master_addr through "
+                         "(NCCL's as \"=name\"), found by its agent when it starts{}; a variable "
+                         "set in job.env or in the agent's environment is kept\n",
+                         fmt::join(set, ", "),
+                         kept.empty() ? "" : fmt::format(" ({} from job.env)", fmt::join(kept, ", ")));
+    }
   }
   if (spec.job.code_check != JobSpec::CodeCheck::kOff) {
     const auto& code = spec.job.code;

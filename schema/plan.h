@@ -20,6 +20,10 @@ std::string ShellQuote(std::string_view word);
 /// each round, unknown before the round starts.
 inline constexpr std::string_view kRankZeroRelayPort = "<private port, picked each round>";
 
+/// The value of GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME in the plan of a
+/// job of several nodes: each agent finds the interface when it starts (runner/io/net_interfaces.h).
+inline constexpr std::string_view kSocketIfnamePlaceholder = "<interface found by this node's agent>";
+
 struct RankPlan {
   int global_rank = 0;
   int node_rank = 0;

@@ -156,6 +156,8 @@ std::string RunLogFolder(const JobSpec& spec, const std::string& run) {
   return fmt::format("{}/{}", spec.job.name, run);
 }
 
+std::string NodeLatestLink(int node_rank) { return fmt::format("latest-n{}", node_rank); }
+
 std::string RankLogPath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
   return fmt::format("attempt-{}/rank-{}.log", restart_count, global_rank);
 }
@@ -202,6 +204,13 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
     if (!set_somewhere(name)) env[name] = "1";
   }
   if (nproc > 1 && !set_somewhere("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+  if (!position.socket_ifname.empty()) {
+    for (std::string_view view : kSocketIfnameNames) {
+      const std::string name(view);
+      if (set_somewhere(name)) continue;
+      env[name] = (name == "NCCL_SOCKET_IFNAME" ? "=" : "") + position.socket_ifname;
+    }
+  }
   for (const auto& [key, value] : spec.trainer.settings) {
     env["PL_TRAINER_" + Upper(key)] = TrainerEnvValue(value);
   }

@@ -29,7 +29,16 @@ struct WorkerPosition {
   std::string progress_token;   // DDPRUN_PROGRESS_TOKEN
   std::string stacks_file;      // DDPRUN_STACKS_FILE: where faulthandler writes this rank's stacks
   std::string python_dir;       // appended to PYTHONPATH: where `import ddprun` finds the module
+  // The interface the other nodes reach this node at (runner/io/net_interfaces.h), for
+  // GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME; "" leaves them out.
+  std::string socket_ifname;
 };
+
+/// The variables that name the interface of the workers' own sockets, each set to
+/// WorkerPosition::socket_ifname unless the user set it (job.env or the agent's environment).
+/// NCCL's gets a leading '=' (an exact name, where NCCL would take "eth1" as a prefix of "eth10").
+inline constexpr std::string_view kSocketIfnameNames[] = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+                                                         "TP_SOCKET_IFNAME"};
 
 /// Where faulthandler writes rank `global_rank`'s stacks: "attempt-<k>/rank-<r>.stacks".
 std::string RankStacksPath(const JobSpec& spec, int restart_count, int global_rank);
@@ -82,6 +91,10 @@ std::string TrainerPythonString(std::string_view text);
 /// its own, so on a logs.dir shared by several nodes their folders never collide.
 std::string RunFolderName(int64_t unix_seconds, int node_rank, uint32_t random_id);
 std::string RunLogFolder(const JobSpec& spec, const std::string& run);
+/// "latest-n<node>": the link beside the run folders, "<job>/latest-n<node>", to the newest run
+/// of that node's agent. On a logs.dir that several nodes share, "<job>/latest" names whichever
+/// node started last; this one names the same node's run on every node, so summaries use it.
+std::string NodeLatestLink(int node_rank);
 
 /// Paths relative to the run's folder: "attempt-<k>/rank-<r>.log" and ".error.json".
 std::string RankLogPath(const JobSpec& spec, int restart_count, int global_rank);

@@ -125,6 +125,9 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     OnBeacon(now, beacon->beacon);
   } else if (const auto* stacks = std::get_if<WorkerStacks>(&input)) {
     if (stacks->round == round_) SendStacks(now, stacks->dumps, out);
+  } else if (const auto* probed = std::get_if<ProbesDone>(&input)) {
+    // To the coordinator that asked; one that was lost meanwhile asks again if it wants to.
+    if (IsJoined()) Send(wire::PeersProbed{probed->failures}, out);
   }
   MaybeReconnect(now, out);
 }
@@ -316,6 +319,7 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
   join.fingerprint = config_.fingerprint;
   join.canonical = config_.canonical;
   join.instance = config_.instance;
+  join.probe_endpoint = config_.probe_endpoint;
   if (!config_.secret.empty()) {
     join.proof = JoinProof(config_.secret, nonce, config_.node_rank, config_.fingerprint);
   }
@@ -513,6 +517,8 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
                     HumanDuration(Millis(progress->elapsed_ms)),
                     FormatDuration(Millis(progress->timeout_ms))),
         out);
+  } else if (const auto* probe = std::get_if<wire::ProbePeers>(&message)) {
+    out.push_back(ProbeEndpoints{probe->targets});
   } else if (const auto* start = std::get_if<wire::StartRound>(&message)) {
     StartWorkers(now, *start, out);
   } else if (const auto* dump = std::get_if<wire::DumpStacks>(&message)) {
@@ -614,6 +620,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
       position.stacks_file = config_.logs_dir + "/" + RankStacksPath(spec_, round_, global);
     }
     position.python_dir = config_.python_dir;
+    position.socket_ifname = config_.socket_ifname;
     WorkerLaunch launch;
     launch.local_rank = local;
     launch.global_rank = global;

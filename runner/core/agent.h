@@ -37,6 +37,12 @@ class Agent {
     std::string progress_addr;
     std::string progress_token;
     std::string python_dir;
+    // The interface the other nodes reach this one at, for the workers' GLOO_SOCKET_IFNAME,
+    // NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME (schema/worker_env.h); "" sets none.
+    std::string socket_ifname;
+    // "addr:port" where this host accepts probes from the other nodes (rendezvous.probe),
+    // sent in the Join; "" for none.
+    std::string probe_endpoint;
   };
 
   Agent(const JobSpec& spec, Config config);

@@ -9,6 +9,7 @@
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
 #include "schema/canonical.h"
+#include "schema/worker_env.h"
 
 namespace ddprun::core {
 namespace {
@@ -346,6 +347,8 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
       }
       break;
     case Phase::kStarting:
+      if (reach_ && now >= reach_->until) FinishReach(now, out);
+      break;
     case Phase::kDone:
       break;
   }
@@ -380,6 +383,9 @@ std::optional<TimePoint> Coordinator::NextDeadline() const {
     case Phase::kRunning:
       if (probe_) next = std::min(next, probe_->until);
       if (next_straggler_check_) next = std::min(next, *next_straggler_check_);
+      break;
+    case Phase::kStarting:
+      if (reach_) next = std::min(next, reach_->until);
       break;
     default:
       break;
@@ -467,6 +473,15 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     OnRankStacks(now, node_rank, *stacks, out);
   } else if (const auto* progress = std::get_if<wire::RankProgress>(&message)) {
     OnRankProgress(now, node_rank, *progress);
+  } else if (const auto* probed = std::get_if<wire::PeersProbed>(&message)) {
+    // Stale (a probe that ended, a node that rejoined): nobody waits for it.
+    if (!reach_ || reach_->waiting.erase(node_rank) == 0) return;
+    for (const wire::ProbeFailure& failure : probed->failures) {
+      reach_->problems[{node_rank, failure.target.node_rank}] =
+          fmt::format("{} cannot connect to {} at {}: {}", NodeName(node_rank), NodeName(failure.target.node_rank),
+                      failure.target.endpoint, failure.error);
+    }
+    if (reach_->waiting.empty()) FinishReach(now, out);
   } else {
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("dropping {}: unexpected {} from an agent",
                                                        NodeName(node_rank), wire::MessageName(message))});
@@ -614,6 +629,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     }
   }
   slot.host = join.host;
+  slot.probe_endpoint = join.probe_endpoint;
   slot.done = slot.stopped = false;
   slot.ever_joined = true;
   slot.refused.clear();
@@ -829,6 +845,11 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
     slots_[static_cast<size_t>(round_slots_[p])].plays = static_cast<int>(p);
   }
   phase_ = Phase::kStarting;
+  if (StartReach(now, out)) return;
+  CommitOrBegin(out);
+}
+
+void Coordinator::CommitOrBegin(std::vector<CoordinatorEffect>& out) {
   if (commit_rounds_) {
     // Fencing (etcd): only the holder of the coordinator role can record the round; a deposed
     // coordinator never hears RoundCommitted, so it never starts one.
@@ -837,6 +858,84 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
     return;
   }
   ReserveOrBegin(out);
+}
+
+// gloo and NCCL connect between all nodes on ports they pick, and a firewall that lets only
+// master_port through makes them wait in init_process_group for their own timeout (30 minutes
+// for gloo) without a word. So before the first round every node connects to every other one on
+// a port other than master_port: milliseconds when the way is open, and one connect timeout
+// when a firewall drops it.
+bool Coordinator::StartReach(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  if (reach_checked_ || spec_.rendezvous.probe == JobSpec::Rendezvous::Probe::kOff) return false;
+  std::vector<wire::ProbeTarget> targets;
+  for (int slot_index : round_slots_) {
+    const Slot& slot = slots_[static_cast<size_t>(slot_index)];
+    if (slot.conn && !slot.probe_endpoint.empty()) {
+      targets.push_back(wire::ProbeTarget{slot_index, slot.host, slot.probe_endpoint});
+    }
+  }
+  if (targets.size() < 2) {
+    reach_checked_ = true;  // nothing to probe: one node, or agents without an endpoint
+    return false;
+  }
+  Reach reach;
+  reach.until = now + spec_.timeouts.ProbeWait();
+  for (int slot_index : round_slots_) {
+    const Slot& slot = slots_[static_cast<size_t>(slot_index)];
+    if (!slot.conn) continue;
+    wire::ProbePeers probe;
+    for (const wire::ProbeTarget& target : targets) {
+      if (target.node_rank != slot_index) probe.targets.push_back(target);
+    }
+    out.push_back(SendTo{*slot.conn, std::move(probe)});
+    reach.waiting.insert(slot_index);
+  }
+  out.push_back(LogLine{LogLevel::kInfo,
+                        fmt::format("round {}: all {} nodes joined; checking that each reaches every other "
+                                    "one on a port other than master_port (rendezvous.probe)",
+                                    round_, round_slots_.size())});
+  reach_ = std::move(reach);
+  return true;
+}
+
+void Coordinator::FinishReach(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  DDPRUN_ASSERT(reach_.has_value() && phase_ == Phase::kStarting);
+  Reach reach = std::move(*reach_);
+  reach_.reset();
+  reach_checked_ = true;
+  for (int slot_index : reach.waiting) {
+    out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} did not report its probe of the other nodes "
+                                                       "within {}; starting without it",
+                                                       NodeName(slot_index),
+                                                       HumanDuration(spec_.timeouts.ProbeWait()))});
+  }
+  if (reach.problems.empty()) {
+    CommitOrBegin(out);
+    return;
+  }
+  std::vector<std::string> problems;
+  for (auto& [pair, line] : reach.problems) problems.push_back(std::move(line));
+  const std::string pairs = fmt::format("  {}", fmt::join(problems, "\n  "));
+  const std::string fix =
+      "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let "
+      "TCP from the job's nodes through the firewall of each node named above (e.g. iptables -I "
+      "INPUT -s <the nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it";
+  if (spec_.rendezvous.probe == JobSpec::Rendezvous::Probe::kRefuse) {
+    EndJob(now, ToInt(ExitCode::kRendezvous),
+           fmt::format("round {} not started: {} cannot connect on a port other than master_port, as gloo and "
+                       "NCCL must (they would wait in init_process_group until their timeout):\n{}\n{}\n"
+                       "(rendezvous.probe = \"warn\" starts the job anyway)",
+                       round_, problems.size() == 1 ? "a pair of nodes" : "pairs of nodes", pairs, fix),
+           out);
+    return;
+  }
+  out.push_back(LogLine{LogLevel::kWarn,
+                        fmt::format("some nodes cannot connect on a port other than master_port; gloo and NCCL "
+                                    "will likely hang in init_process_group (rendezvous.probe = \"warn\" starts "
+                                    "round {} anyway):\n{}\n{}",
+                                    round_, pairs, fix)});
+  reach_problems_ = std::move(problems);
+  CommitOrBegin(out);
 }
 
 void Coordinator::ReserveOrBegin(std::vector<CoordinatorEffect>& out) {
@@ -1142,6 +1241,7 @@ void Coordinator::ReviseRootCause(Failure failure, std::vector<CoordinatorEffect
 
 void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out) {
   DDPRUN_ASSERT(phase_ == Phase::kRunning || phase_ == Phase::kStarting);
+  reach_.reset();  // a node lost while the others probed: the next round probes again
   if (probe_) {
     // The round had stopped making progress before this. A lost node or our own stall
     // explains the silence; anything else came after the hang and is not its cause.
@@ -1292,8 +1392,8 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
                                         int stopped_nodes, const std::string& never_rule) const {
   if (spec_.job.is_preflight) {
     // The preflight's verdict is its rank's report (quoted below), not a training failure.
-    return fmt::format("preflight FAILED: {}\n{}logs: {}/{}/latest/attempt-{}/", failure.what,
-                       failure.detail, spec_.logs.dir, spec_.job.name, failure.round);
+    return fmt::format("preflight FAILED: {}\n{}logs: {}/{}/{}/attempt-{}/", failure.what, failure.detail,
+                       spec_.logs.dir, spec_.job.name, NodeLatestLink(failure.node_rank), failure.round);
   }
   std::string text = fmt::format("job \"{}\" FAILED in round {}", spec_.job.name, failure.round);
   if (!never_rule.empty()) {
@@ -1318,8 +1418,11 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   }
   if (!stragglers_seen_.empty()) text += StragglerNote() + "\n";
   if (const std::string q = QuarantineNote(last_input_); !q.empty()) text += q + "\n";
-  // Each node writes its own run folder (schema/worker_env.h); `latest` names it on every node.
-  text += fmt::format("logs: {}/{}/latest/attempt-{}/", spec_.logs.dir, spec_.job.name, failure.round);
+  // Each node writes its own run folder (schema/worker_env.h): the root cause's node's, by a
+  // link that names the same folder on a logs.dir that the nodes share.
+  text += fmt::format("logs: {}/{}/{}/attempt-{}/ (on node {}; each node keeps its own runs under {}/{}/latest-n<node>)",
+                      spec_.logs.dir, spec_.job.name, NodeLatestLink(failure.node_rank), failure.round,
+                      failure.node_rank, spec_.logs.dir, spec_.job.name);
   return text;
 }
 
@@ -1328,6 +1431,7 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
   exit_code_ = exit_code;
   end_summary_ = std::move(summary);
   phase_ = Phase::kEnding;
+  reach_.reset();
   phase_deadline_ = now + spec_.timeouts.ExitBarrier();
   // Who must hear the verdict before we exit: every connected node (it acknowledges, or its
   // connection closes after we told it), and every node that joined once and is away now (lost
@@ -1519,7 +1623,7 @@ Coordinator::Failure Coordinator::HangFailure() {
                                                          : fmt::format("ranks {}", RankRanges(verdict.culprits)),
                                     verdict.reason);
   detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads "
-                        "in {}/{}/latest/attempt-{}/rank-<r>.stacks):\n",
+                        "in {}/{}/latest-n<node>/attempt-{}/rank-<r>.stacks on the rank's node):\n",
                         spec_.logs.dir, spec_.job.name, round_);
   const std::vector<int> with_stacks(
       verdict.culprits.begin(),
@@ -1570,6 +1674,12 @@ Coordinator::Failure Coordinator::HangFailure() {
     detail += fmt::format("    node{} {} did not answer in time: {} ranks unknown\n",
                           unanswered.size() == 1 ? "" : "s", RankRanges(unanswered),
                           unanswered.size() * static_cast<size_t>(nproc));
+  }
+  if (!reach_problems_.empty()) {
+    detail += fmt::format("  likely cause: before round 0 some nodes could not connect on a port other than "
+                          "master_port (rendezvous.probe = \"warn\" started the job anyway), so gloo and NCCL "
+                          "cannot connect either:\n    {}\n",
+                          fmt::join(reach_problems_, "\n    "));
   }
   failure.detail = std::move(detail);
   return failure;

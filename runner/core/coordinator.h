@@ -8,6 +8,7 @@
 #include <optional>
 #include <deque>
 #include <unordered_map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,7 @@ class Coordinator {
     int plays = -1;           // the node rank it plays in the current round; -1: none. The
                               // same as `position` unless the round shrank (cluster.min_nodes)
     std::optional<TimePoint> absent_since;  // not connected since then (for timeouts.replace)
+    std::string probe_endpoint;  // from its Join: where the others probe it ("" none)
   };
   /// What the coordinator remembers of a host, for quarantine (keyed by host name: a host
   /// that reboots comes back with a new agent, and is the same host).
@@ -182,6 +184,15 @@ class Coordinator {
     int answers = 0;
     std::map<int, RankAtHang> ranks;  // by global rank
   };
+  /// Before the first round (rendezvous.probe): every node of the round connects to the
+  /// others' probe endpoints; the round starts once all have answered or `until` has passed.
+  struct Reach {
+    TimePoint until;
+    std::set<int> waiting;              // agents (slots) that have not answered yet
+    // One line per pair that could not connect, by (prober, target): in node order, whatever
+    // order the answers came in.
+    std::map<std::pair<int, int>, std::string> problems;
+  };
   /// A rank's last progress report, and whether it is reported as a straggler.
   struct RankSeen {
     int node_rank = 0;
@@ -205,6 +216,9 @@ class Coordinator {
   void OnNodeLost(TimePoint now, int node_rank, const std::string& why,
                   std::vector<CoordinatorEffect>& out);
   void Drop(TimePoint now, ConnId conn, std::vector<CoordinatorEffect>& out);
+  bool StartReach(TimePoint now, std::vector<CoordinatorEffect>& out);
+  void FinishReach(TimePoint now, std::vector<CoordinatorEffect>& out);
+  void CommitOrBegin(std::vector<CoordinatorEffect>& out);
   void MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out);
   /// Every node rank has a connected agent; with spares, a node rank whose agent has been away
   /// for timeouts.replace goes to a waiting spare first. False: the round must wait.
@@ -297,6 +311,9 @@ class Coordinator {
   TimePoint last_input_;              // to tell our own stall from silent peers
   bool done_emitted_ = false;
   std::optional<Probe> probe_;
+  std::optional<Reach> reach_;
+  bool reach_checked_ = false;              // the probe before the first round has run
+  std::vector<std::string> reach_problems_;  // what it found, kept under "warn" for a hang verdict
   std::unordered_map<int, RankSeen> ranks_seen_;  // this round's progress reports, by global rank
   std::optional<TimePoint> next_straggler_check_;
   std::vector<std::string> stragglers_seen_;     // every straggler reported in the job, for the summary

@@ -174,9 +174,14 @@ struct WorkerStacks {
   std::vector<std::string> dumps;
 };
 
+/// The host's answer to ProbeEndpoints: the targets it could not connect to, and how.
+struct ProbesDone {
+  std::vector<wire::ProbeFailure> failures;
+};
+
 using AgentInput = std::variant<MasterConnected, MasterConnectFailed, MasterMessage, MasterClosed,
                                 WorkerExited, WorkerSpawnFailed, SignalReceived, BeaconReceived,
-                                WorkerStacks, Tick>;
+                                WorkerStacks, ProbesDone, Tick>;
 
 struct ConnectToMaster {};
 struct SendToMaster {
@@ -220,8 +225,14 @@ struct AgentExit {
   int code = 0;
 };
 
+/// Connect to each target's probe endpoint (each within the connect timeout), close what
+/// connects, and answer with ProbesDone once every target has answered or timed out.
+struct ProbeEndpoints {
+  std::vector<wire::ProbeTarget> targets;
+};
+
 using AgentEffect = std::variant<ConnectToMaster, SendToMaster, DisconnectFromMaster, SpawnWorkers,
-                                 SignalWorkers, SignalForStacks, ReadStacks, LogLine, PrintSummary,
-                                 AgentExit>;
+                                 SignalWorkers, SignalForStacks, ReadStacks, ProbeEndpoints, LogLine,
+                                 PrintSummary, AgentExit>;
 
 }  // namespace ddprun::core

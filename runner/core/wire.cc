@@ -109,11 +109,12 @@ class Reader {
 void Put(Writer& w, const Join& m) {
   w.I32(m.node_rank); w.Str(m.host); w.I32(m.nproc); w.Str(m.ddprun_version);
   w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance); w.Str(m.proof); w.Str(m.nonce);
+  w.Str(m.probe_endpoint);
 }
 void Get(Reader& r, Join& m) {
   m.node_rank = r.I32(); m.host = r.Str(); m.nproc = r.I32(); m.ddprun_version = r.Str();
   m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64(); m.proof = r.Str();
-  m.nonce = r.Str();
+  m.nonce = r.Str(); m.probe_endpoint = r.Str();
 }
 void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); w.Bool(m.standby); }
 void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); m.standby = r.Bool(); }
@@ -185,6 +186,14 @@ void Put(Writer& w, const RankStacks& m) { w.I32(m.round); w.List(m.ranks); }
 void Get(Reader& r, RankStacks& m) { m.round = r.I32(); r.List(m.ranks); }
 void Put(Writer& w, const RankProgress& m) { w.I32(m.round); w.List(m.ranks); }
 void Get(Reader& r, RankProgress& m) { m.round = r.I32(); r.List(m.ranks); }
+void Put(Writer& w, const ProbeTarget& m) { w.I32(m.node_rank); w.Str(m.host); w.Str(m.endpoint); }
+void Get(Reader& r, ProbeTarget& m) { m.node_rank = r.I32(); m.host = r.Str(); m.endpoint = r.Str(); }
+void Put(Writer& w, const ProbePeers& m) { w.List(m.targets); }
+void Get(Reader& r, ProbePeers& m) { r.List(m.targets); }
+void Put(Writer& w, const ProbeFailure& m) { Put(w, m.target); w.Str(m.error); }
+void Get(Reader& r, ProbeFailure& m) { Get(r, m.target); m.error = r.Str(); }
+void Put(Writer& w, const PeersProbed& m) { w.List(m.failures); }
+void Get(Reader& r, PeersProbed& m) { r.List(m.failures); }
 
 template <typename T>
 void Writer::List(const std::vector<T>& v) {
@@ -229,7 +238,7 @@ const char* MessageName(const Message& message) {
       "join",       "join-ack", "reject",      "progress", "start-round",
       "worker-failed", "node-done", "stop-round", "round-stopped", "interrupted",
       "job-end",    "job-end-ack", "heartbeat", "challenge", "rank-hung", "dump-stacks",
-      "rank-stacks", "rank-progress"};
+      "rank-stacks", "rank-progress", "probe-peers", "peers-probed"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[message.index()];
 }

@@ -36,6 +36,10 @@ struct Join {
   /// nothing about the job; the coordinator must prove it knows the secret for this nonce
   /// before the agent sends the job (host, fingerprint, canonical form).
   std::string nonce;
+  /// "addr:port" where this agent accepts TCP connections on a port other than master_port,
+  /// at the address its workers' sockets use; the coordinator has every node probe it before
+  /// the first round. "" when the agent has none (then nobody probes it).
+  std::string probe_endpoint;
   bool operator==(const Join&) const = default;
 };
 
@@ -200,9 +204,37 @@ struct RankProgress {
   bool operator==(const RankProgress&) const = default;
 };
 
+/// A node to probe: its node rank, host and probe endpoint ("addr:port").
+struct ProbeTarget {
+  int32_t node_rank = 0;
+  std::string host;
+  std::string endpoint;
+  bool operator==(const ProbeTarget&) const = default;
+};
+
+/// Before the first round: connect to each of these and say which could not be reached.
+struct ProbePeers {
+  std::vector<ProbeTarget> targets;  // at most kMaxListItems
+  bool operator==(const ProbePeers&) const = default;
+};
+
+/// One target the sender could not reach, and how the connect failed ("timed out", ...).
+struct ProbeFailure {
+  ProbeTarget target;
+  std::string error;
+  bool operator==(const ProbeFailure&) const = default;
+};
+
+/// The answer to ProbePeers; no failures: every target was reached.
+struct PeersProbed {
+  std::vector<ProbeFailure> failures;
+  bool operator==(const PeersProbed&) const = default;
+};
+
 using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone,
                              StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat,
-                             Challenge, RankHung, DumpStacks, RankStacks, RankProgress>;
+                             Challenge, RankHung, DumpStacks, RankStacks, RankProgress, ProbePeers,
+                             PeersProbed>;
 
 /// A short name for logs and traces ("join", "start-round", ...).
 const char* MessageName(const Message& message);

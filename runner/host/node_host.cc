@@ -1,5 +1,8 @@
 #include "runner/host/node_host.h"
 
+#include <algorithm>
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "base/assert.h"
@@ -16,6 +19,29 @@ core::Agent::Config WithProgress(core::Agent::Config config, const ProcessLaunch
     config.progress_token = launcher.ProgressToken();
   }
   return config;
+}
+
+/// "host:port" or "[v6]:port" split; port 0 when there is none.
+std::pair<std::string, uint16_t> SplitEndpoint(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const auto port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
+  return {host, static_cast<uint16_t>(port >= 0 && port <= 65535 ? port : 0)};
+}
+
+/// A failed probe in the words of the probe's summary: what the system said and what it means.
+std::string ProbeError(core::ConnectError error, const std::string& detail) {
+  switch (error) {
+    case core::ConnectError::kRefused:
+      return "connection refused (a firewall rejects it)";
+    case core::ConnectError::kTimedOut:
+      return "timed out (a firewall drops it)";
+    case core::ConnectError::kUnreachable:
+      return "unreachable (no route to it)";
+    default:
+      return detail;
+  }
 }
 
 }  // namespace
@@ -111,13 +137,10 @@ void NodeHost::OnStoreResult(const StoreResult& result) {
 }
 
 void NodeHost::ConnectTo(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const auto port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
+  const auto [host, port] = SplitEndpoint(endpoint);
   agent_.SetCoordinatorEndpoint(endpoint);
   if (master_conn_) ports_.transport->Close(*master_conn_);
-  master_conn_ = ports_.transport->Connect(host, static_cast<uint16_t>(port));
+  master_conn_ = ports_.transport->Connect(host, port);
 }
 
 void NodeHost::Lead(const std::optional<JobState>& previous) {
@@ -202,15 +225,35 @@ void NodeHost::OnAccepted(ConnId conn, std::string peer_addr) {
 }
 
 void NodeHost::OnConnected(ConnId conn) {
+  if (probe_conns_.count(conn) > 0) {
+    ports_.transport->Close(conn);
+    ProbeAnswered(conn, "");
+    return;
+  }
   if (conn != master_conn_) return;
   decoders_[conn] = wire::Decoder{};
   RunAgent(core::MasterConnected{});
 }
 
 void NodeHost::OnConnectFailed(ConnId conn, core::ConnectError error, std::string detail) {
+  if (probe_conns_.count(conn) > 0) {
+    ProbeAnswered(conn, ProbeError(error, detail));
+    return;
+  }
   if (conn != master_conn_) return;
   master_conn_.reset();
   RunAgent(core::MasterConnectFailed{error, std::move(detail)});
+}
+
+void NodeHost::ProbeAnswered(ConnId conn, const std::string& error) {
+  auto it = probe_conns_.find(conn);
+  if (!error.empty()) probe_failures_.push_back(wire::ProbeFailure{it->second, error});
+  probe_conns_.erase(it);
+  if (!probe_conns_.empty()) return;
+  // In the order of the targets, whatever order the answers came in (the simulator replays it).
+  std::sort(probe_failures_.begin(), probe_failures_.end(),
+            [](const wire::ProbeFailure& a, const wire::ProbeFailure& b) { return a.target.node_rank < b.target.node_rank; });
+  RunAgent(core::ProbesDone{std::exchange(probe_failures_, {})});
 }
 
 void NodeHost::OnData(ConnId conn, std::span<const uint8_t> bytes) {
@@ -304,6 +347,21 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
       recorder_.AgentInput(now, stacks, agent_);
       agent_.Handle(now, stacks, effects);
       continue;
+    } else if (auto* probe = std::get_if<core::ProbeEndpoints>(&effect)) {
+      // A probe still in flight (the coordinator asked again) is forgotten: its answer would
+      // mix two probes.
+      for (const auto& [conn, target] : probe_conns_) ports_.transport->Close(conn);
+      probe_conns_.clear();
+      probe_failures_.clear();
+      for (const wire::ProbeTarget& target : probe->targets) {
+        const auto [host, port] = SplitEndpoint(target.endpoint);
+        probe_conns_.emplace(ports_.transport->Connect(host, port), target);
+      }
+      if (probe_conns_.empty()) {
+        core::ProbesDone done;
+        recorder_.AgentInput(now, done, agent_);
+        agent_.Handle(now, done, effects);
+      }
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "agent", log->text);
     } else if (auto* summary = std::get_if<core::PrintSummary>(&effect)) {

@@ -99,6 +99,11 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at
   // 16,384 connections on node 0.
   std::unordered_map<ConnId, wire::Decoder> decoders_;
+  // The agent's probe of the other nodes (core::ProbeEndpoints): connections in flight, by
+  // connection, and the targets that could not be reached so far.
+  std::map<ConnId, wire::ProbeTarget> probe_conns_;
+  std::vector<wire::ProbeFailure> probe_failures_;
+  void ProbeAnswered(ConnId conn, const std::string& error);
   std::optional<int> agent_exit_;
   bool coordinator_done_ = false;
   // When this host saw the coordinator's latest root cause appear, for the metrics: the

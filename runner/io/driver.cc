@@ -44,6 +44,8 @@
 #include "runner/io/guardian.h"
 #include "runner/io/journal.h"
 #include "runner/io/metrics_server.h"
+#include "runner/io/net_interfaces.h"
+#include "runner/io/probe_listener.h"
 #include "runner/io/process_launcher.h"
 #include "runner/io/worker_module.h"
 #include "schema/canonical.h"
@@ -209,9 +211,16 @@ std::vector<asio::ip::address> AllowedPeers(asio::io_context& io, const JobSpec&
     }
     for (const auto& entry : results) allowed.push_back(entry.endpoint().address());
   }
-  // Node 0's own agent may reach master_addr over loopback.
+  // Node 0's own agent may reach master_addr over loopback, or from any address of this host:
+  // on a stock host its own name in cluster.nodes resolves to 127.0.1.1 here, while its agent
+  // connects to master_addr (an address of a NIC) from that NIC's address.
   allowed.push_back(asio::ip::address_v4::loopback());
   allowed.push_back(asio::ip::address_v6::loopback());
+  for (const LocalInterface& local : LocalInterfaces()) {
+    error_code ec;
+    const auto address = asio::ip::make_address(local.address, ec);
+    if (!ec) allowed.push_back(address);
+  }
   return allowed;
 }
 
@@ -268,6 +277,30 @@ size_t InheritedDescriptors() {
   }
   ::closedir(dir);
   return count;
+}
+
+/// The interface this node's workers bind their own sockets to (gloo, NCCL, TensorPipe): the
+/// one that holds this node's cluster.nodes address, else the one it sends from towards
+/// master_addr. nullopt for a job of one agent (its workers talk among themselves) and when
+/// neither is found.
+std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int node_rank) {
+  if (spec.cluster.Agents() <= 1) return std::nullopt;
+  std::vector<std::string> hosts = spec.cluster.nodes;
+  hosts.insert(hosts.end(), spec.cluster.spare_hosts.begin(), spec.cluster.spare_hosts.end());
+  std::vector<std::string> listed;
+  std::string listed_as;
+  if (node_rank >= 0 && static_cast<size_t>(node_rank) < hosts.size()) {
+    listed = ResolveAll(hosts[static_cast<size_t>(node_rank)]);
+    listed_as = node_rank < spec.cluster.nnodes
+                    ? fmt::format("cluster.nodes[{}]", node_rank)
+                    : fmt::format("cluster.spares[{}]", node_rank - spec.cluster.nnodes);
+  }
+  std::string route_source;
+  if (const auto master = ResolveAll(spec.cluster.master_addr); !master.empty()) {
+    route_source = RouteSourceAddress(master.front(), spec.cluster.master_port);
+  }
+  return ChooseSocketInterface(LocalInterfaces(), listed, listed_as, route_source,
+                               fmt::format("master_addr {}", spec.cluster.master_addr));
 }
 
 }  // namespace
@@ -432,9 +465,11 @@ std::string LoopbackMasterProblem(const JobSpec& spec) {
       "cluster.master_addr \"{}\"{} is a loopback address on this host: {}; node 0 would listen on {}, "
       "where no other node can reach it, and another node would connect to itself\n"
       "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
-      "that address in /etc/hosts on every node",
+      "that address in /etc/hosts on every node{}",
       name, explicit_addr ? "" : " (cluster.nodes[0])", cause, ip,
-      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name);
+      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name,
+      // A line added below the 127.0.1.1 one is not enough: resolvers still give 127.0.1.1 first.
+      hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", hosts_ip));
 }
 
 int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
@@ -486,6 +521,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   }
   config.secret = secret->secret;
   const std::string secret_warning = secret->warning;
+  const auto socket_interface = WorkerSocketInterface(spec, options.node_rank);
+  if (socket_interface) config.socket_ifname = socket_interface->name;
 
   asio::io_context io;
   // Every console line of this agent, its workers' included, goes through this writer, so a
@@ -494,7 +531,13 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   RealClock clock;
   AsioTimer timer(io);
   // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
-  AsioTransport transport(io, std::max<Duration>(Seconds(3), 2 * spec.timeouts.heartbeat));
+  AsioTransport transport(io, spec.timeouts.ConnectTimeout());
+  // What the other nodes probe before the first round (rendezvous.probe): a port other than
+  // master_port at the address the workers' sockets use, as gloo and NCCL will listen.
+  ProbeListener probe_listener(io);
+  if (socket_interface && spec.rendezvous.probe != JobSpec::Rendezvous::Probe::kOff && spec.cluster.Agents() > 1) {
+    if (auto endpoint = probe_listener.Open(socket_interface->address)) config.probe_endpoint = *endpoint;
+  }
   RealProcessLauncher::Options launcher_options;
   launcher_options.command = spec.job.command;
   launcher_options.workdir = std::filesystem::absolute(job_dir / spec.job.workdir).lexically_normal().string();
@@ -596,9 +639,31 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                           spec.cluster.nproc_per_node == 1 ? "" : "s", spec.cluster.master_addr,
                           spec.cluster.master_port, config.fingerprint.substr(0, 12)));
   console.Log(core::LogLevel::kInfo, "agent",
-              fmt::format("logs of this run: {}/ (also {}/{}/latest)", config.logs_dir, spec.logs.dir,
-                          spec.job.name));
+              fmt::format("logs of this run: {}/ (also {}/{}/{})", config.logs_dir, spec.logs.dir,
+                          spec.job.name, NodeLatestLink(options.node_rank)));
   if (!secret_warning.empty()) console.Log(core::LogLevel::kWarn, "agent", secret_warning);
+  if (spec.cluster.Agents() > 1) {
+    // Which interface the workers' sockets use, and which of the three names the user set.
+    std::vector<std::string> set, kept;
+    for (std::string_view view : kSocketIfnameNames) {
+      const std::string name(view);
+      const bool user = config.inherited_env.count(name) > 0 || spec.job.env.count(name) > 0;
+      (user ? kept : set).push_back(name);
+    }
+    if (socket_interface && !set.empty()) {
+      console.Log(core::LogLevel::kInfo, "agent",
+                  fmt::format("workers' sockets use interface {} ({}): {} set{}", socket_interface->name,
+                              socket_interface->reason, fmt::join(set, ", "),
+                              kept.empty() ? "" : fmt::format("; {} kept as set", fmt::join(kept, ", "))));
+    } else if (!socket_interface && !set.empty()) {
+      console.Log(core::LogLevel::kWarn, "agent",
+                  fmt::format("cannot tell which interface the other nodes reach this node at (no "
+                              "interface holds this node's cluster.nodes address or routes to "
+                              "master_addr {}); gloo and NCCL pick their own: if ranks cannot connect, "
+                              "set {} to that interface in this agent's environment",
+                              spec.cluster.master_addr, fmt::join(set, ", ")));
+    }
+  }
   if (config.secret.empty() && options.node_rank == 0) {
     console.Log(core::LogLevel::kWarn, "coordinator",
                 "no shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE): any host that can reach "

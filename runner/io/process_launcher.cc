@@ -27,6 +27,7 @@
 #include "runner/io/output_splitter.h"
 #include "runner/io/process_tree.h"
 #include "runner/io/safe_file.h"
+#include "schema/worker_env.h"
 
 namespace ddprun::io {
 
@@ -255,15 +256,20 @@ Status RealProcessLauncher::OpenRunFolder() {
   if (!run_folder) return Fail(run_folder.error());
   run_fd_ = *std::move(run_folder);
   // `latest` is replaced in one rename, so a reader sees the old run or the new one, never no
-  // link; its target is relative, so it also works where logs.dir is mounted elsewhere.
-  const std::string temp = ".latest-" + run;
-  const bool linked = ::symlinkat(run.c_str(), job_fd.get(), temp.c_str()) == 0 &&
-                      ::renameat(job_fd.get(), temp.c_str(), job_fd.get(), "latest") == 0;
-  if (!linked) {
-    const int link_errno = errno;
-    ::unlinkat(job_fd.get(), temp.c_str(), 0);
-    if (options_.report) {
-      options_.report(fmt::format("cannot point {}/latest at this run: {}", job_path, std::strerror(link_errno)));
+  // link; its target is relative, so it also works where logs.dir is mounted elsewhere. On a
+  // logs.dir that several nodes share (an NFS home), `latest` names whichever node started
+  // last: `latest-n<node>` names this node's newest run whatever the others do, and it is what
+  // summaries point at (schema/worker_env.h, NodeLatestLink).
+  for (const std::string& name : {std::string("latest"), NodeLatestLink(options_.node_rank)}) {
+    const std::string temp = "." + name + "-" + run;
+    const bool linked = ::symlinkat(run.c_str(), job_fd.get(), temp.c_str()) == 0 &&
+                        ::renameat(job_fd.get(), temp.c_str(), job_fd.get(), name.c_str()) == 0;
+    if (!linked) {
+      const int link_errno = errno;
+      ::unlinkat(job_fd.get(), temp.c_str(), 0);
+      if (options_.report) {
+        options_.report(fmt::format("cannot point {}/{} at this run: {}", job_path, name, std::strerror(link_errno)));
+      }
     }
   }
   return {};

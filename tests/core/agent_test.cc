@@ -213,12 +213,31 @@ TEST_F(AgentTest, ConnectedAgentJoinsWithItsFingerprintAndInstance) {
   EXPECT_EQ(FindLog(e, "connected"), "connected to the coordinator at gpu-01:50000; joining as node 1");
   const auto joins = Sent<wire::Join>(e);
   ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
-  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, "", ""}));
+  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, "", "", ""}));
   EXPECT_EQ(agent_->phase(), Agent::Phase::kJoining);
 
   const Effects acked = Msg(1s, wire::JoinAck{2});
   EXPECT_EQ(test::LogTexts(acked), std::vector<std::string>{"node 1 joined; waiting for the other nodes"});
   EXPECT_EQ(agent_->phase(), Agent::Phase::kWaiting);
+}
+
+TEST_F(AgentTest, TheJoinCarriesTheProbeEndpointAndAProbeIsRunByTheHostAndAnswered) {
+  config_.probe_endpoint = "10.77.0.2:41001";
+  agent_ = std::make_unique<Agent>(*spec_, config_);
+  Start(0s);
+  const auto joins = Sent<wire::Join>(Feed(1s, MasterConnected{}));
+  ASSERT_EQ(joins.size(), 1u);
+  EXPECT_EQ(joins[0].probe_endpoint, "10.77.0.2:41001");
+  Msg(1s, wire::JoinAck{2});
+
+  const std::vector<wire::ProbeTarget> targets = {{0, "gpu-01", "10.77.0.1:41000"}};
+  const Effects probe = Msg(2s, wire::ProbePeers{targets});
+  const auto asked = All<ProbeEndpoints>(probe);
+  ASSERT_EQ(asked.size(), 1u) << test::Describe(probe);
+  EXPECT_EQ(asked[0].targets, targets);
+  const std::vector<wire::ProbeFailure> failures = {{targets[0], "timed out (a firewall drops it)"}};
+  const Effects answered = Feed(5s, ProbesDone{failures});
+  EXPECT_EQ(Sent<wire::PeersProbed>(answered), std::vector<wire::PeersProbed>{wire::PeersProbed{failures}});
 }
 
 TEST_F(AgentTest, ProgressIsPrintedWithTheMissingHosts) {

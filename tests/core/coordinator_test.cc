@@ -71,6 +71,7 @@ class CoordinatorTest : public ::testing::Test {
                       canonical_,
                       instance == 0 ? 1000 + static_cast<uint64_t>(node) : instance,
                       "",
+                      "",
                       ""};
   }
 
@@ -469,7 +470,7 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "  kind: signal:SIGSEGV\n"
             "  (it wrote nothing to stderr)\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest/attempt-1/");
+            "logs: logs/demo/latest-n1/attempt-1/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
   EXPECT_EQ(coordinator_->exit_code(), 1);
 }
 
@@ -502,7 +503,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
             "    | RuntimeError: NCCL communicator was aborted\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
-            "logs: logs/demo/latest/attempt-0/");
+            "logs: logs/demo/latest-n1/attempt-0/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
 }
 
 TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHintWithoutNccl) {
@@ -518,7 +519,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "    | Traceback (most recent call last):\n"
             "    | ValueError: x\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest/attempt-0/");
+            "logs: logs/demo/latest-n1/attempt-0/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
 }
 
 // Issue 12: the traceback was printed twice, from the error file and again from stderr.
@@ -539,7 +540,7 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
             "  last lines of its stderr (without the traceback shown above):\n"
             "    | loading data\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest/attempt-0/");
+            "logs: logs/demo/latest-n1/attempt-0/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
   // Only the traceback on stderr: no stderr section at all.
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
   const std::string summary = SummaryAfter(RankThreeFailed(0, traceback, traceback));
@@ -1057,7 +1058,7 @@ class CoordinatorNeverOnTest : public ::testing::Test {
       c_->Handle(test::At(0s),
                  PeerMessage{ConnId(100 + node),
                              wire::Join{node, "h", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
-                                        1000 + static_cast<uint64_t>(node), "", ""}},
+                                        1000 + static_cast<uint64_t>(node), "", "", ""}},
                  out);
     }
     c_->Handle(test::At(0s), StorePortReady{0, 41000}, out);
@@ -1233,6 +1234,131 @@ TEST_F(EtcdCoordinatorTest, TakingOverAnEndedJobTellsTheSameVerdict) {
   const Effects recorded = Feed(1s, EndRecorded{});
   ASSERT_EQ(Sent<wire::JobEnd>(recorded).size(), 1u) << test::Describe(recorded);
   EXPECT_EQ(Sent<wire::JobEnd>(recorded)[0].second, (wire::JobEnd{0, "job \"demo\" finished"}));
+}
+
+}  // namespace
+}  // namespace ddprun::core
+
+namespace ddprun::core {
+namespace {
+
+// rendezvous.probe: before the first round every node probes the others' probe endpoints.
+class ReachTest : public CoordinatorTest {
+ protected:
+  Effects JoinWithProbe(Duration at, int node) {
+    Connect(at, ConnOf(node), fmt::format("10.0.0.{}", node + 1));
+    wire::Join join = JoinOf(node);
+    join.probe_endpoint = fmt::format("10.0.0.{}:4100{}", node + 1, node);
+    return Send(at, ConnOf(node), join);
+  }
+  static wire::ProbeTarget Target(int node) {
+    return wire::ProbeTarget{node, fmt::format("gpu-0{}", node + 1), fmt::format("10.0.0.{}:4100{}", node + 1, node)};
+  }
+};
+
+TEST_F(ReachTest, EveryNodeProbesTheOthersBeforeTheFirstRoundWhichStartsWhenAllReachEachOther) {
+  JoinWithProbe(0s, 0);
+  const Effects joined = JoinWithProbe(1s, 1);
+  EXPECT_TRUE(All<ReserveStorePort>(joined).empty()) << "no round before the probe";
+  const auto probes = Sent<wire::ProbePeers>(joined);
+  ASSERT_EQ(probes.size(), 2u) << test::Describe(joined);
+  EXPECT_EQ(probes[0].first, ConnOf(0));
+  EXPECT_EQ(probes[0].second.targets, std::vector<wire::ProbeTarget>{Target(1)});
+  EXPECT_EQ(probes[1].first, ConnOf(1));
+  EXPECT_EQ(probes[1].second.targets, std::vector<wire::ProbeTarget>{Target(0)});
+  EXPECT_EQ(FindLog(joined, "checking"),
+            "round 0: all 2 nodes joined; checking that each reaches every other one on a port other "
+            "than master_port (rendezvous.probe)");
+  EXPECT_TRUE(All<ReserveStorePort>(Send(2s, ConnOf(1), wire::PeersProbed{})).empty());
+  const Effects all = Send(2s, ConnOf(0), wire::PeersProbed{});
+  EXPECT_EQ(All<ReserveStorePort>(all).size(), 1u) << test::Describe(all);
+
+  // Once per job: the next round starts without a probe.
+  Feed(2s, StorePortReady{0, 41000});
+  Send(3s, ConnOf(1), RankThreeFailed(0));
+  Send(3s, ConnOf(0), wire::RoundStopped{0, 2});
+  Send(3s, ConnOf(1), wire::RoundStopped{0, 2});
+  const Effects restart = Tick(13s);
+  EXPECT_TRUE(Sent<wire::ProbePeers>(restart).empty()) << test::Describe(restart);
+  EXPECT_EQ(All<ReserveStorePort>(restart).size(), 1u) << test::Describe(restart);
+}
+
+TEST_F(ReachTest, APairThatCannotConnectEndsTheJobWithExit3NamingThePairThePortAndTheFix) {
+  JoinWithProbe(0s, 0);
+  JoinWithProbe(0s, 1);
+  Send(1s, ConnOf(0), wire::PeersProbed{});
+  const Effects e =
+      Send(4s, ConnOf(1), wire::PeersProbed{{wire::ProbeFailure{Target(0), "timed out (a firewall drops it)"}}});
+  EXPECT_TRUE(All<ReserveStorePort>(e).empty());
+  const auto end = Sent<wire::JobEnd>(e);
+  ASSERT_EQ(end.size(), 2u) << test::Describe(e);
+  EXPECT_EQ(end[0].second.exit_code, 3);
+  EXPECT_EQ(end[0].second.summary,
+            "round 0 not started: a pair of nodes cannot connect on a port other than master_port, as gloo and "
+            "NCCL must (they would wait in init_process_group until their timeout):\n"
+            "  node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out (a firewall drops it)\n"
+            "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let TCP from "
+            "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
+            "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it\n"
+            "(rendezvous.probe = \"warn\" starts the job anyway)");
+}
+
+TEST_F(ReachTest, UnderWarnTheRoundStartsAndAHangVerdictNamesTheProbe) {
+  UseJob(Edit(kTwoNodeJob, "[timeouts]", "[rendezvous]\nprobe = \"warn\"\n[timeouts]\nprogress = \"1m\""));
+  JoinWithProbe(0s, 0);
+  JoinWithProbe(0s, 1);
+  Send(1s, ConnOf(0), wire::PeersProbed{});
+  const Effects e =
+      Send(1s, ConnOf(1), wire::PeersProbed{{wire::ProbeFailure{Target(0), "timed out (a firewall drops it)"}}});
+  EXPECT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(FindLog(e, "some nodes"),
+            "some nodes cannot connect on a port other than master_port; gloo and NCCL will likely hang in "
+            "init_process_group (rendezvous.probe = \"warn\" starts round 0 anyway):\n"
+            "  node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out (a firewall drops it)\n"
+            "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let TCP from "
+            "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
+            "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it");
+  Feed(1s, StorePortReady{0, 41000});
+  // Every rank sends no first beacon: node 1 reports rank 2 hung, both answer with stacks.
+  Send(2s, ConnOf(1), wire::RankHung{0, 2, 0, -1, 600'000, 600'000, true});
+  Send(2s, ConnOf(0), wire::RankStacks{0, {{0, -1, 600'000, ""}, {1, -1, 600'000, ""}}});
+  const Effects stop = Send(2s, ConnOf(1), wire::RankStacks{0, {{2, -1, 600'000, ""}, {3, -1, 600'000, ""}}});
+  const auto stops = Sent<wire::StopRound>(stop);
+  ASSERT_FALSE(stops.empty()) << test::Describe(stop);
+  EXPECT_NE(stops[0].second.cause.find(
+                "  likely cause: before round 0 some nodes could not connect on a port other than master_port "
+                "(rendezvous.probe = \"warn\" started the job anyway), so gloo and NCCL cannot connect either:\n"
+                "    node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out"),
+            std::string::npos)
+      << stops[0].second.cause;
+}
+
+TEST_F(ReachTest, ANodeThatDoesNotAnswerInTimeIsNamedAndTheRoundStarts) {
+  JoinWithProbe(0s, 0);
+  JoinWithProbe(0s, 1);
+  Send(1s, ConnOf(0), wire::PeersProbed{});
+  // ProbeWait: ConnectTimeout (4 s at a 2 s heartbeat) + 2 heartbeats.
+  EXPECT_TRUE(All<ReserveStorePort>(BeatUntil(1s, 7s)).empty());
+  EXPECT_TRUE(All<ReserveStorePort>(Beat(8s - kNs)).empty());
+  const Effects e = Tick(8s);
+  EXPECT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(FindLog(e, "did not report"),
+            "node 1 (gpu-02) did not report its probe of the other nodes within 8.0s; starting without it");
+  // A late answer is stale.
+  EXPECT_TRUE(Meaningful(Send(9s, ConnOf(1), wire::PeersProbed{})).empty());
+}
+
+TEST_F(ReachTest, NoProbeWhenOffOrWhenAgentsHaveNoEndpoint) {
+  Join(0s, 0);
+  Effects e = Join(0s, 1);
+  EXPECT_TRUE(Sent<wire::ProbePeers>(e).empty());
+  EXPECT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
+
+  UseJob(Edit(kTwoNodeJob, "[timeouts]", "[rendezvous]\nprobe = \"off\"\n[timeouts]"));
+  JoinWithProbe(0s, 0);
+  e = JoinWithProbe(0s, 1);
+  EXPECT_TRUE(Sent<wire::ProbePeers>(e).empty());
+  EXPECT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
 }
 
 }  // namespace

@@ -69,6 +69,7 @@ struct AgentNamer {
   std::string operator()(const ReadStacks& e) const {
     return fmt::format("read stacks of round {}", e.round);
   }
+  std::string operator()(const ProbeEndpoints& e) const { return fmt::format("probe {} endpoints", e.targets.size()); }
   std::string operator()(const LogLine& e) const { return Level(e.level) + ": " + e.text; }
   std::string operator()(const PrintSummary& e) const { return "summary: " + e.text; }
   std::string operator()(const AgentExit& e) const { return fmt::format("exit {}", e.code); }
@@ -134,7 +135,7 @@ CoordinatorDriver::Effects CoordinatorDriver::Join(Duration at, int agent, int g
                               wire::Join{agent, spec_->cluster.HostOf(agent), spec_->cluster.nproc_per_node,
                                          "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
                                          1000 + static_cast<uint64_t>(agent) + 100 * static_cast<uint64_t>(generation),
-                                         "", ""}});
+                                         "", "", ""}});
 }
 
 CoordinatorDriver::Effects CoordinatorDriver::Send(Duration at, int agent, wire::Message m, int generation) {

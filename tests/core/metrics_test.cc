@@ -123,7 +123,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
     Feed(at, PeerAccepted{ConnId(100 + node), "10.0.0.1"});
     Send(at, node, wire::Join{node, fmt::format("gpu-0{}", node + 1), spec_->cluster.nproc_per_node, "0.1.0",
                               FingerprintOfCanonical(canonical_), canonical_,
-                              1000 + static_cast<uint64_t>(node), "", ""});
+                              1000 + static_cast<uint64_t>(node), "", "", ""});
   }
   std::unique_ptr<JobSpec> spec_;
   std::string canonical_;

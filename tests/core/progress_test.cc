@@ -500,7 +500,7 @@ class CoordinatorProgressTest : public ::testing::Test {
       Feed(0s, PeerAccepted{ConnId(100 + node), "10.0.0.1"});
       Send(0s, node, wire::Join{node, fmt::format("gpu-0{}", node + 1), 2, "0.1.0",
                                 FingerprintOfCanonical(canonical_), canonical_,
-                                1000 + static_cast<uint64_t>(node), "", ""});
+                                1000 + static_cast<uint64_t>(node), "", "", ""});
     }
     const auto starts = Sent<wire::StartRound>(Feed(0s, StorePortReady{0, 41000}));
     ASSERT_EQ(starts.size(), 2u);

@@ -415,7 +415,7 @@ TEST_F(ShrinkTest, AConnectionReplacedByTheSameAgentBeforeTheRoundIsNotALoss) {
   const Effects again = Send(7s, 1,
                              wire::Join{1, spec_->cluster.HostOf(1), spec_->cluster.nproc_per_node,
                                         "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
-                                        1001, "", ""},
+                                        1001, "", "", ""},
                              1);
   ASSERT_EQ(All<CloseConn>(again).size(), 1u) << test::Describe(again);
   EXPECT_EQ(All<CloseConn>(again)[0].conn, Conn(1));

@@ -123,7 +123,7 @@ TEST_F(SparesTest, ANodeThatComesBackInTimeKeepsItsRank) {
   // The same agent comes back after 3 s (its workers are gone): no replacement, no fence.
   BeatUntil(10s, 13s, {{0, 0}, {2, 0}});
   Feed(13s, PeerAccepted{Conn(1, 1), "10.0.0.2"});
-  Send(13s, 1, wire::Join{1, "gpu-02", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_, 1001, "", ""}, 1);
+  Send(13s, 1, wire::Join{1, "gpu-02", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_, 1001, "", "", ""}, 1);
   Effects e = BeatUntil(13s, 20s, {{0, 0}, {1, 1}, {2, 0}});
   EXPECT_EQ(FindLog(e, "takes node rank"), "") << test::Describe(e);
   ASSERT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);

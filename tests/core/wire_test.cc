@@ -18,7 +18,7 @@ using Bytes = std::vector<uint8_t>;
 std::vector<Message> Samples() {
   return {
       Join{3, "gpu-04.cluster", 8, "0.1.0", std::string(64, 'f'), "cluster.nnodes = 4\n",
-           0xfedcba9876543210ull, std::string(64, 'a'), std::string(32, 'n')},
+           0xfedcba9876543210ull, std::string(64, 'a'), std::string(32, 'n'), "10.77.0.4:41234"},
       JoinAck{4},
       JoinAck{4, true},
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8", false},
@@ -40,6 +40,9 @@ std::vector<Message> Samples() {
                      RankState{13, -1, 61'000, ""}}},
       RankProgress{2, {RankRate{12, 4711, 180'000, 250'000, 2'100}, RankRate{13, 4700, -1, -1, 0}}},
       StartRound{8, 29501, 2'100, 1, 3, "gpu-02.cluster"},
+      ProbePeers{{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, ProbeTarget{2, "gpu-03", "[fd00::3]:41002"}}},
+      PeersProbed{{ProbeFailure{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, "timed out (a firewall drops it)"}}},
+      PeersProbed{},
   };
 }
 
@@ -130,11 +133,13 @@ TEST(WireTest, MessageNamesAreTheProtocolWords) {
   EXPECT_STREQ(MessageName(JobEndAck{}), "job-end-ack");
   EXPECT_STREQ(MessageName(Heartbeat{}), "heartbeat");
   EXPECT_STREQ(MessageName(Challenge{}), "challenge");
+  EXPECT_STREQ(MessageName(ProbePeers{}), "probe-peers");
+  EXPECT_STREQ(MessageName(PeersProbed{}), "peers-probed");
 }
 
 TEST(WireTest, ExtremeValuesRoundTrip) {
   const std::vector<Message> extremes = {
-      Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, "", ""},
+      Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, "", "", ""},
       Progress{0, 0, {}, INT64_MIN, INT64_MAX},
       WorkerFailed{INT32_MAX, -1, -2, INT32_MIN, INT32_MAX, "", ""},
       StartRound{0, 0, 0, -1, 0, std::string(300, 'h')},
@@ -249,7 +254,7 @@ TEST(WireTest, OversizedLengthIsAnErrorBeforeThePayloadArrives) {
 
 TEST(WireTest, UnknownTypeIsAnError) {
   EXPECT_EQ(ErrorOf(Frame(0, {})), "unknown message type 0");
-  EXPECT_EQ(ErrorOf(Frame(19, {})), "unknown message type 19");
+  EXPECT_EQ(ErrorOf(Frame(21, {})), "unknown message type 21");
   EXPECT_EQ(ErrorOf(Frame(255, {})), "unknown message type 255");
 }
 
@@ -300,12 +305,12 @@ TEST(WireTest, ShortPayloadIsMalformed) {
 
 TEST(WireTest, ErrorIsStickyAndLaterFramesAreNotDecoded) {
   Decoder decoder;
-  decoder.Feed(Frame(19, {}));
+  decoder.Feed(Frame(21, {}));
   Message m;
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
   decoder.Feed(Encode(Heartbeat{}));
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
-  EXPECT_EQ(decoder.error(), "unknown message type 19");
+  EXPECT_EQ(decoder.error(), "unknown message type 21");
 }
 
 TEST(WireTest, GoodFrameBeforeABadOneIsStillDelivered) {

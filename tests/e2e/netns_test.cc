@@ -133,7 +133,8 @@ TEST_F(NetnsTest, AMasterNameThatResolvesToLoopbackFailsAtOnceWithTheCauseAndThe
       "/etc/hosts maps ddprun-node-a to 127.0.1.1 (Debian and Ubuntu do that for the host's own name); "
       "node 0 would listen on 127.0.1.1, where no other node can reach it, and another node would "
       "connect to itself\nhint: set cluster.master_addr to an address of node 0 that the other nodes "
-      "reach (this host has " + addr_a_ + "), or map ddprun-node-a to that address in /etc/hosts on every node";
+      "reach (this host has " + addr_a_ + "), or map ddprun-node-a to that address in /etc/hosts on every node "
+      "(on this host in place of 127.0.1.1)";
   AgentProcess& node1 = RunIn(b_, {job, "--node-rank", "1"});
   AgentProcess& node0 = RunIn(a_, {job, "--node-rank", "0"});
   // At once: well before the 20 s rendezvous timeout that the old behaviour ran into.

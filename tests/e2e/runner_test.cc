@@ -524,7 +524,8 @@ TEST_F(RunnerTest, EachRunKeepsItsOwnLogsAndLatestNamesTheNewest) {
   EXPECT_EQ(dir_.Read(first + "/attempt-0/rank-0.log"), "run 1\n") << "the first run's log was touched";
   EXPECT_EQ(dir_.Read(second + "/attempt-0/rank-0.log"), "run 2\n");
   EXPECT_EQ(dir_.Read("logs/e2e/latest/attempt-0/rank-0.log"), "run 2\n");
-  EXPECT_THAT(agents_[1]->Output(), HasSubstr("logs of this run: " + dir_.path() + "/" + second + "/ (also logs/e2e/latest)"));
+  EXPECT_EQ(dir_.Read("logs/e2e/latest-n0/attempt-0/rank-0.log"), "run 2\n");
+  EXPECT_THAT(agents_[1]->Output(), HasSubstr("logs of this run: " + dir_.path() + "/" + second + "/ (also logs/e2e/latest-n0)"));
 }
 
 // Issue 11 item 5: a link planted where ddprun makes the job's log folder is not followed; the

@@ -256,7 +256,7 @@ window = "4s"
 wire::Message Forge(Input& in) {
   switch (in.Below(18)) {
     case 0: return wire::Join{static_cast<int32_t>(in.Below(3)), in.Text(), static_cast<int32_t>(in.Below(4)),
-                              DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text()};
+                              DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text(), in.Text()};
     case 1: return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
     case 2: return wire::Reject{in.Text(), in.Below(2) == 1};
     case 3: return wire::Progress{static_cast<int32_t>(in.Below(3)), 2, {1}, in.Int(), in.Int()};

@@ -57,6 +57,7 @@ ca_file = "ca.pem"
 cert_file = "client.pem"
 key_file = "client-key.pem"
 user = "ddprun"
+probe = "warn"
 [timeouts]
 rendezvous = "15m"
 heartbeat = "2s"
@@ -262,7 +263,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 25);
+  EXPECT_EQ(checked, 26);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");

@@ -424,7 +424,7 @@ TEST(Loader, HintsThatWork) {
   EXPECT_EQ(Diags(Parse(head + "nnodes = 1\n[rendezvous]\ntimeout = \"5m\"\n")),
             "8:1: error: unknown key `rendezvous.timeout`\n"
             "  hint: known keys in [rendezvous]: backend, endpoints, prefix, lease, ca_file, "
-            "cert_file, key_file, user; `rendezvous` is also a key of [timeouts]: "
+            "cert_file, key_file, user, probe; `rendezvous` is also a key of [timeouts]: "
             "`timeouts.rendezvous`\n");
   // A table named after a key that has no table of its own still says where the key goes.
   EXPECT_EQ(Diags(Parse(head + "nnodes = 1\n[heartbeat]\nevery = \"5s\"\n")),

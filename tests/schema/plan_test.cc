@@ -97,7 +97,8 @@ TEST(Plan, TextShowsCommonEnvOncePerNodeAndPerRankColumns) {
   const std::string text = RenderPlanText(spec, MakePlan(spec, 1));
   EXPECT_NE(text.find("job resnet50: 2 nodes x 2 processes = world size 4\n"), std::string::npos);
   EXPECT_NE(text.find("      3     1  10.10.10.17      1  cuda:5\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("node 1 (10.10.10.17):\n  environment of every worker:\n    GROUP_RANK=1\n"),
+  EXPECT_NE(text.find("node 1 (10.10.10.17):\n  environment of every worker:\n"
+                      "    GLOO_SOCKET_IFNAME=<interface found by this node's agent>\n    GROUP_RANK=1\n"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("    RANK LOCAL_RANK ROLE_RANK TORCHELASTIC_ERROR_FILE\n"
@@ -107,6 +108,34 @@ TEST(Plan, TextShowsCommonEnvOncePerNodeAndPerRankColumns) {
   // Per-rank variables are not repeated in the common block.
   EXPECT_EQ(text.find("    RANK=2"), std::string::npos);
   EXPECT_NE(text.find("  torchrun: NCCL_DEBUG=WARN"), std::string::npos);
+}
+
+TEST(Plan, SocketInterfacesAreFoundPerNodeAtRunTimeAndSaidSo) {
+  JobSpec spec = Load(kGpuJob);
+  auto env_of = [](const RankPlan& r, const std::string& name) {
+    for (const auto& [k, v] : r.env) {
+      if (k == name) return v;
+    }
+    return std::string("(missing)");
+  };
+  const Plan plan = MakePlan(spec, std::nullopt);
+  for (const char* name : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME"}) {
+    EXPECT_EQ(env_of(plan.nodes[1].ranks[0], name), kSocketIfnamePlaceholder) << name;
+  }
+  const std::string text = RenderPlanText(spec, plan);
+  EXPECT_NE(text.find("worker sockets: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME name, on "
+                      "each node, the interface that holds its cluster.nodes address, or else the one it "
+                      "reaches master_addr through (NCCL's as \"=name\"), found by its agent when it "
+                      "starts; a variable set in job.env or in the agent's environment is kept\n"),
+            std::string::npos)
+      << text;
+  // One the job file sets is the job file's; a job of one node gets none.
+  spec.job.env["NCCL_SOCKET_IFNAME"] = "ib";
+  EXPECT_EQ(env_of(MakePlan(spec, 0).nodes[0].ranks[0], "NCCL_SOCKET_IFNAME"), "ib");
+  EXPECT_NE(RenderPlanText(spec, MakePlan(spec, 0)).find(" (NCCL_SOCKET_IFNAME from job.env)"), std::string::npos);
+  spec.cluster.nnodes = 1;
+  spec.cluster.nodes = {"10.10.10.16"};
+  EXPECT_EQ(env_of(MakePlan(spec, 0).nodes[0].ranks[0], "GLOO_SOCKET_IFNAME"), "(missing)");
 }
 
 TEST(Plan, JsonHasEveryRank) {

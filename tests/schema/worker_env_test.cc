@@ -109,6 +109,29 @@ TEST(WorkerEnv, UnlessSetVariablesYieldToTheAgentEnvironment) {
   EXPECT_EQ(m.at("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
 }
 
+TEST(WorkerEnv, SocketInterfaceNamesGlooNcclAndTensorPipeUnlessTheUserSetThem) {
+  WorkerPosition position;
+  EnvList env = WorkerEnvironment(TwoByTwo(), position, {});
+  std::map<std::string, std::string> m(env.begin(), env.end());
+  EXPECT_EQ(m.count("GLOO_SOCKET_IFNAME"), 0u) << "no interface given, none set";
+
+  position.socket_ifname = "ens3";
+  env = WorkerEnvironment(TwoByTwo(), position, {});
+  m = {env.begin(), env.end()};
+  EXPECT_EQ(m.at("GLOO_SOCKET_IFNAME"), "ens3");
+  EXPECT_EQ(m.at("NCCL_SOCKET_IFNAME"), "=ens3") << "exact, not a prefix of ens30";
+  EXPECT_EQ(m.at("TP_SOCKET_IFNAME"), "ens3");
+
+  // Each one the user set (the agent's environment or job.env) is theirs; the others are set.
+  JobSpec spec = TwoByTwo();
+  spec.job.env["NCCL_SOCKET_IFNAME"] = "ib0";
+  env = WorkerEnvironment(spec, position, {{"GLOO_SOCKET_IFNAME", "eth9"}});
+  m = {env.begin(), env.end()};
+  EXPECT_EQ(m.count("GLOO_SOCKET_IFNAME"), 0u) << "inherited from the agent, not repeated";
+  EXPECT_EQ(m.at("NCCL_SOCKET_IFNAME"), "ib0");
+  EXPECT_EQ(m.at("TP_SOCKET_IFNAME"), "ens3");
+}
+
 TEST(WorkerEnv, OneProcessPerNodeGetsNoOmpNumThreads) {
   JobSpec spec = TwoByTwo();
   spec.cluster.nproc_per_node = 1;

@@ -1,0 +1,53 @@
+#pragma once
+// This host's network interfaces, and which one a node's workers must use for their own
+// sockets (gloo, NCCL, TensorPipe): the one that holds the address the other nodes reach this
+// node at. Left to themselves, gloo binds whatever the host's own name resolves to (127.0.1.1
+// on a stock Debian or Ubuntu host) and NCCL takes the first interface that is not loopback
+// (often a management NIC the other nodes cannot reach).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::io {
+
+/// One address of one interface, as getifaddrs lists them (an interface with two addresses
+/// appears twice), in the kernel's order.
+struct LocalInterface {
+  std::string name;     // "ens3"
+  std::string address;  // "10.77.0.1", "fe80::1" (IPv6 without the zone)
+};
+
+/// This host's interfaces with an IPv4 or IPv6 address; empty when getifaddrs fails.
+std::vector<LocalInterface> LocalInterfaces();
+
+/// The interface a node's workers bind their sockets to, and why (for the agent's log).
+struct SocketInterface {
+  std::string name;
+  std::string address;  // the address it holds that decided it
+  std::string reason;   // e.g. "it holds 10.77.0.2, cluster.nodes[1]"
+};
+
+/// Pure. `listed`: what this node's cluster.nodes entry resolves to on this host (empty when
+/// nodes are not listed); `listed_as` names that entry for the reason ("cluster.nodes[1]").
+/// `route_source`: the address this host sends from towards master_addr ("" if unknown),
+/// described by `route_as` ("master_addr 10.77.0.1"). Picks the interface that holds the
+/// first listed address that is not loopback; else the one that holds `route_source` (a
+/// host name that is loopback here, as a stock /etc/hosts maps the host's own name, says
+/// nothing about where the others reach it); else nullopt. Loopback is chosen only through
+/// `route_source`, that is when the master itself is on this machine's loopback (one machine).
+std::optional<SocketInterface> ChooseSocketInterface(const std::vector<LocalInterface>& interfaces,
+                                                     const std::vector<std::string>& listed,
+                                                     const std::string& listed_as,
+                                                     const std::string& route_source,
+                                                     const std::string& route_as);
+
+/// The address this host would send from to `address`:`port` (a UDP socket connected there:
+/// the kernel picks the route, no packet is sent); "" when there is no route.
+std::string RouteSourceAddress(const std::string& address, uint16_t port);
+
+/// The addresses `host` resolves to here (an address stays itself); empty when it does not.
+std::vector<std::string> ResolveAll(const std::string& host);
+
+}  // namespace ddprun::io
