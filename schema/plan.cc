@@ -289,10 +289,10 @@ std::string PlanHeader(const JobSpec& spec) {
                        FormatDuration(*t.progress), FormatDuration(t.progress_start));
   } else {
     // Issue 26: say what that means, since nothing else will end such a round.
-    out += "hung ranks: not detected (set timeouts.progress and call ddprun.progress() in the "
-           "training loop)\nwarning: without timeouts.progress a round whose ranks all hang (a "
-           "deadlock, a collective that never returns) runs until someone stops the job: no other "
-           "timeout ends it (see docs/job-file.md, [timeouts])\n";
+    out += "hung ranks: NOT detected: without timeouts.progress a round whose ranks all hang (a "
+           "deadlock, a collective that never returns) runs until someone stops the job, since no "
+           "other timeout ends it; set timeouts.progress and call ddprun.progress() in the "
+           "training loop (docs/job-file.md, [timeouts])\n";
   }
   if (c.spares > 0) {
     out += fmt::format("spares: {} ({}) wait and take the node rank of a node away for longer "

@@ -436,11 +436,11 @@ TEST(Cli, CheckSaysHowHungRanksAreDetected) {
                            "[cluster]\nnnodes = 2\n[timeouts]\n";
   const Output off = RunDdprun("check " + TempFile("progress-off.toml", base));
   ASSERT_EQ(off.exit_code, 0) << off.out;
-  EXPECT_NE(off.out.find("hung ranks: not detected (set timeouts.progress and call "
-                         "ddprun.progress() in the training loop)\nwarning: without "
-                         "timeouts.progress a round whose ranks all hang (a deadlock, a collective "
-                         "that never returns) runs until someone stops the job: no other timeout "
-                         "ends it (see docs/job-file.md, [timeouts])\n"),
+  EXPECT_NE(off.out.find("hung ranks: NOT detected: without timeouts.progress a round whose ranks "
+                         "all hang (a deadlock, a collective that never returns) runs until someone "
+                         "stops the job, since no other timeout ends it; set timeouts.progress and "
+                         "call ddprun.progress() in the training loop (docs/job-file.md, "
+                         "[timeouts])\n"),
             std::string::npos)
       << off.out;
   const Output fixed = RunDdprun("check " + TempFile("progress-fixed.toml", base + "progress = \"5m\"\n"));
