@@ -207,9 +207,11 @@ struct JobSpec {
     /// has its workers stopped within the stop bound. After this, the previous holder of the
     /// rank is certainly gone, so the rank may be given to another agent.
     Duration LeaseBound() const { return LossBound() + heartbeat + StopBound(); }
-    /// The guardian's lease: when the agent's event loop has not run for this long (a stopped
-    /// or paused agent), the guardian SIGKILLs the workers itself, as the agent would have by
-    /// then (it stops them at the loss bound and SIGKILLs them stop_grace later).
+    /// The workers' lease, counted from the agent's last word from the coordinator: the agent
+    /// stops them at the loss bound and SIGKILLs them stop_grace later. Its guardian, which
+    /// runs when the agent does not (a stopped or paused agent), SIGKILLs them at the same time
+    /// (core::RenewLease). Counted from the last word, not from when the agent last ran: an
+    /// agent paused in the middle of its stop must not extend its workers' lease by the pause.
     Duration GuardianLease() const { return LossBound() + stop_grace; }
     /// How long the coordinator waits for every node's stacks before it stops a hung round:
     /// agents wait a second for faulthandler, then answer over a connection that may be slow.

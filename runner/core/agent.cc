@@ -81,7 +81,7 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
   ExpireDeadlines(now, out);
   if (Exited()) return;
   if (std::holds_alternative<MasterConnected>(input)) {
-    last_heard_ = now;
+    Heard(now, out);
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
     retry_delay_ = kFirstRetry;
     // While a refused join is retried, each new connection is the same story: said once.
@@ -99,7 +99,7 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     OnConnectFailed(now, *failed, out);
   } else if (const auto* message = std::get_if<MasterMessage>(&input)) {
     if (!Connected()) return;
-    last_heard_ = now;
+    Heard(now, out);
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
     if (!Connected()) return;
@@ -125,6 +125,13 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     if (stacks->round == round_) SendStacks(now, stacks->dumps, out);
   }
   MaybeReconnect(now, out);
+}
+
+void Agent::Heard(TimePoint now, std::vector<AgentEffect>& out) {
+  last_heard_ = now;
+  // The workers' lease, renewed first: what runs when this agent does not (its guardian) must
+  // never hold an older one than the workers this word may start (DESIGN.md section 10).
+  out.push_back(RenewLease{KillBy()});
 }
 
 std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
@@ -374,7 +381,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   // The lease is anchored on the last word from the coordinator, not on when we noticed: an
   // agent that was itself stalled (SIGSTOP, a VM pause) notices late, and must still have its
   // workers gone by the time the coordinator may give their ranks to another agent.
-  const TimePoint kill_by = last_heard_ + spec_.timeouts.LossBound() + spec_.timeouts.stop_grace;
+  const TimePoint kill_by = KillBy();
   std::optional<TimePoint>& kill_at = stop_->kill_at;  // StopWorkers above began the stop
   if (kill_at && kill_by <= now) {
     KillWorkers(now, fmt::format("last heard from the coordinator {} ago (this agent did not run "

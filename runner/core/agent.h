@@ -113,6 +113,11 @@ class Agent {
   void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
   void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
+  /// A word from the coordinator (or a connection to it): the workers' lease is renewed.
+  void Heard(TimePoint now, std::vector<AgentEffect>& out);
+  /// When this node's workers must be gone unless the coordinator is heard again: the last
+  /// word + the loss bound + stop_grace. The agent's own SIGKILL and its guardian's both use it.
+  TimePoint KillBy() const { return last_heard_ + spec_.timeouts.GuardianLease(); }
   void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
                     std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);

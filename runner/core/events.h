@@ -218,9 +218,18 @@ struct PrintSummary {
 struct AgentExit {
   int code = 0;
 };
+/// The lease of this node's workers now ends at `kill_at`: the last word from the coordinator
+/// + the loss bound + stop_grace (JobSpec::Timeouts::GuardianLease), when the agent SIGKILLs
+/// whatever still runs of them unless it hears from the coordinator again. The host hands it to
+/// what runs when the agent does not (the guardian, runner/io/guardian.h), which SIGKILLs them
+/// then unless renewed. Emitted whenever the agent hears from the coordinator, before anything
+/// that word makes it do (a spawn included).
+struct RenewLease {
+  TimePoint kill_at;
+};
 
 using AgentEffect = std::variant<ConnectToMaster, SendToMaster, DisconnectFromMaster, SpawnWorkers,
                                  SignalWorkers, SignalForStacks, ReadStacks, LogLine, PrintSummary,
-                                 AgentExit>;
+                                 AgentExit, RenewLease>;
 
 }  // namespace ddprun::core

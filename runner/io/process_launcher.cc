@@ -545,6 +545,10 @@ void RealProcessLauncher::SignalForStacks(int round, const std::vector<std::pair
   }
 }
 
+void RealProcessLauncher::RenewLease(TimePoint kill_at) {
+  if (options_.guardian) options_.guardian->RenewLease(kill_at);
+}
+
 std::vector<std::string> RealProcessLauncher::ReadStacks(int round) {
   std::vector<std::string> dumps;
   for (auto& [key, worker] : workers_) {
