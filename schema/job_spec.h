@@ -212,9 +212,11 @@ struct JobSpec {
     /// has its workers stopped within the stop bound. After this, the previous holder of the
     /// rank is certainly gone, so the rank may be given to another agent.
     Duration LeaseBound() const { return LossBound() + heartbeat + StopBound(); }
-    /// The guardian's lease: when the agent's event loop has not run for this long (a stopped
-    /// or paused agent), the guardian SIGKILLs the workers itself, as the agent would have by
-    /// then (it stops them at the loss bound and SIGKILLs them stop_grace later).
+    /// The workers' lease, counted from the agent's last word from the coordinator: the agent
+    /// stops them at the loss bound and SIGKILLs them stop_grace later. Its guardian, which
+    /// runs when the agent does not (a stopped or paused agent), SIGKILLs them at the same time
+    /// (core::RenewLease). Counted from the last word, not from when the agent last ran: an
+    /// agent paused in the middle of its stop must not extend its workers' lease by the pause.
     Duration GuardianLease() const { return LossBound() + stop_grace; }
     /// How long one connect may take before the agent calls it timed out (a firewall that
     /// drops, a host that is down): a few heartbeats, at least 3 s. The agent then retries.

@@ -203,6 +203,7 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
   n.armed_ns.reset();
   n.queued_ns.reset();
   n.hung_until_ns = 0;
+  n.lease_kill_at_ns = -1;  // its guardian died with it, and its workers
   invariants_.AgentGone(index);
   if (n.hung_forever) {
     n.hung_forever = false;
@@ -721,6 +722,9 @@ void SimLauncher::SignalForStacks(int round, const std::vector<std::pair<int, in
 }
 std::vector<std::string> SimLauncher::ReadStacks(int round) {
   return cluster_->workers().ReadStacks(node_, round);
+}
+void SimLauncher::RenewLease(TimePoint kill_at) {
+  cluster_->node(node_).lease_kill_at_ns = kill_at.time_since_epoch().count();
 }
 // Simulated workers beacon straight into the agent (Workers::Beacon); the address only has
 // to be non-empty for the agent to set up the contract.

@@ -256,24 +256,30 @@ void Cluster::InjectAgentHang(const FaultSpec& fault) {
   });
 }
 
-// The guardian, a process of its own, keeps running while the agent is stopped. The agent pings
-// it from its event loop; when the pings stop for the loss bound + stop_grace (when the agent,
-// had it run, would have SIGKILLed its workers), the guardian SIGKILLs them itself, so the
-// rank's lease holds even for a paused agent (runner/io/guardian.h).
+// The guardian, a process of its own, keeps running while the agent is stopped. It holds the
+// lease the agent last renewed (core::RenewLease: its last word from the coordinator + the loss
+// bound + stop_grace) and SIGKILLs the workers when it ends, so the rank's lease holds even for
+// a paused agent (runner/io/guardian.h). Only a hung agent needs it: one that runs SIGKILLs its
+// workers itself at that time (Agent::KillBy), which the model lets it do. The lease is the one
+// renewed before the hang, never the hang's start: an agent hung in the middle of its own stop
+// has no more time than it had.
 void Cluster::ScheduleGuardianLease(uint32_t index) {
-  const uint32_t incarnation = nodes_[index]->incarnation;
+  const Node& n = *nodes_[index];
+  if (n.lease_kill_at_ns < 0) return;  // it never heard from a coordinator: no workers
+  const uint32_t incarnation = n.incarnation;
   const int64_t hung_since = now_ns_;
-  const Duration lease = spec_.timeouts.GuardianLease();
-  queue_.PushCall(TimePoint(Duration(now_ns_ + Ns(lease))), [this, index, incarnation, hung_since, lease] {
+  const int64_t kill_at = std::max(now_ns_, n.lease_kill_at_ns);
+  queue_.PushCall(TimePoint(Duration(kill_at)), [this, index, incarnation, hung_since] {
     Node& m = *nodes_[index];
     if (m.incarnation != incarnation || !m.up || !m.Hung(now_ns_)) return;
-    // Still hung since the fault began (a resume in between would have pinged the guardian).
+    // Still hung since the fault began (a resume in between may have renewed the lease).
     if (m.last_hang_end_ns > hung_since) return;
     const int killed = workers_.GuardianKill(index);
     if (killed > 0) {
-      PrintSim(index, fmt::format("the agent has not run for {}: its guardian SIGKILLs its {} "
-                                  "worker{}",
-                                  FormatDuration(lease), killed, killed == 1 ? "" : "s"));
+      const Duration since_word = Duration(now_ns_ - m.lease_kill_at_ns) + spec_.timeouts.GuardianLease();
+      PrintSim(index, fmt::format("the agent is hung and its workers' lease ran out ({} after its last word "
+                                  "from the coordinator): its guardian SIGKILLs its {} worker{}",
+                                  HumanDuration(since_word), killed, killed == 1 ? "" : "s"));
     }
   });
 }

@@ -350,7 +350,7 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   round.pids.push_back(start.pid);
   // The lease starts with the order that started the worker.
   node.last_heard_ns = std::max(node.last_heard_ns, now_ns);
-  const int64_t expiry = std::max(node.last_heard_ns, ResumedAt(node)) + bounds_.lease.count();
+  const int64_t expiry = node.last_heard_ns + bounds_.lease.count();
   if (expiry < next_lease_check_ns_) {
     next_lease_check_ns_ = expiry;
     Schedule(expiry);
@@ -487,17 +487,20 @@ void Invariants::CheckLeases(int64_t now_ns) {
   const int64_t lease = bounds_.lease.count();
   int64_t next = INT64_MAX;
   for (const Node& node : nodes_) {
-    if (node.live.empty() || node.hung_until_ns == INT64_MAX) continue;
-    // A hung agent cannot kill its workers: the lease runs again from the moment it resumes.
-    const int64_t from = HungAt(node, now_ns) ? node.hung_until_ns
-                                              : std::max(node.last_heard_ns, ResumedAt(node));
+    if (node.live.empty()) continue;
+    // The lease runs from the last word the agent heard, whether it runs or not: one that
+    // runs SIGKILLs its workers at the loss bound + stop_grace after it, and the guardian of
+    // one that is hung (for good or not) does the same. A pause does not extend it.
+    const int64_t from = node.last_heard_ns;
     const int64_t expiry = from + lease;
     if (expiry <= now_ns) {
       const Worker& w = workers_.at(node.live.front());
       return Fail(now_ns, fmt::format("rank {} on {} (pid {}) still runs {} after its agent last heard from "
-                                      "the coordinator or resumed; an agent stops its workers within {}",
-                                      w.global_rank, node.label, w.pid,
-                                      HumanDuration(Duration(now_ns - from)), HumanDuration(bounds_.lease)));
+                                      "the coordinator{}; an agent (or the guardian of a hung one) stops its "
+                                      "workers within {}",
+                                      w.global_rank, node.label, w.pid, HumanDuration(Duration(now_ns - from)),
+                                      HungAt(node, now_ns) ? " (the agent is hung)" : "",
+                                      HumanDuration(bounds_.lease)));
     }
     next = std::min(next, expiry);
   }

@@ -47,7 +47,8 @@ struct InvariantBounds {
   /// slack); a hung agent cannot stop anything, so the bound starts again when it resumes.
   Duration stop_bound{};
   /// A worker runs at most this long after its agent last heard from the coordinator (loss
-  /// detection + stop_grace + SIGKILL + slack): the lease that fencing relies on.
+  /// detection + stop_grace + SIGKILL + slack), whether the agent runs or is hung (its guardian
+  /// then kills it): the lease that fencing relies on.
   Duration lease{};
   /// Set when the job detects hung ranks (timeouts.progress).
   std::optional<HangBounds> hangs;

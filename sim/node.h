@@ -48,6 +48,9 @@ struct Node {
   int64_t hung_until_ns = 0;   // agent hang: its events wait until then
   bool hung_forever = false;
   int64_t last_hang_end_ns = -1;
+  /// The lease its agent last gave its workers (core::RenewLease): its guardian SIGKILLs them
+  /// then if the agent is hung. -1: none yet.
+  int64_t lease_kill_at_ns = -1;
   uint64_t timer_gen = 0;
   std::optional<int64_t> armed_ns;
   std::optional<int64_t> queued_ns;

@@ -61,6 +61,8 @@ class SimLauncher final : public host::ProcessLauncher {
   void SignalAll(int round, int signal) override;
   void SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) override;
   std::vector<std::string> ReadStacks(int round) override;
+  /// Notes the lease for the node's guardian (Cluster::ScheduleGuardianLease).
+  void RenewLease(TimePoint kill_at) override;
   std::string ProgressAddress() const override;
   std::string ProgressToken() const override;
 

@@ -81,7 +81,9 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
   ExpireDeadlines(now, out);
   if (Exited()) return;
   if (std::holds_alternative<MasterConnected>(input)) {
-    last_heard_ = now;
+    // A connection is not a word from the coordinator: the link's silence clock starts, the
+    // workers' lease does not move (anything may listen on the port).
+    link_heard_ = now;
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
     retry_delay_ = kFirstRetry;
     // While a refused join is retried, each new connection is the same story: said once.
@@ -100,8 +102,9 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
     OnConnectFailed(now, *failed, out);
   } else if (const auto* message = std::get_if<MasterMessage>(&input)) {
     if (!Connected()) return;
-    // Only a peer that proved the secret is heard: an impostor's words move no clock.
-    if (Proven()) last_heard_ = now;
+    // Only a peer that proved the secret is heard: an impostor's words renew no lease.
+    link_heard_ = now;
+    if (Proven()) Heard(now, out);
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
     if (!Connected()) return;
@@ -132,6 +135,13 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
   MaybeReconnect(now, out);
 }
 
+void Agent::Heard(TimePoint now, std::vector<AgentEffect>& out) {
+  last_heard_ = now;
+  // The workers' lease, renewed first: what runs when this agent does not (its guardian) must
+  // never hold an older one than the workers this word may start (DESIGN.md section 10).
+  out.push_back(RenewLease{KillBy()});
+}
+
 std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
   if (Exited()) return std::nullopt;
   switch (deadline) {
@@ -147,7 +157,7 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
     case Deadline::kLoss:
       // Lost once silent for more than the loss bound: the first instant past it.
       if (!Connected()) return std::nullopt;
-      return last_heard_ + spec_.timeouts.LossBound() + Duration(1);
+      return link_heard_ + spec_.timeouts.LossBound() + Duration(1);
     case Deadline::kRetry:
       // A node rejoins only once its workers are gone: the coordinator counts on that.
       if (leaving_ || running_workers() > 0) return std::nullopt;
@@ -243,7 +253,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
     if (leaving_) {
       MaybeStopped(out);
     } else {
-      OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - last_heard_)),
+      OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - link_heard_)),
                    was_joined, out);
     }
   }
@@ -380,7 +390,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   // The lease is anchored on the last word from the coordinator, not on when we noticed: an
   // agent that was itself stalled (SIGSTOP, a VM pause) notices late, and must still have its
   // workers gone by the time the coordinator may give their ranks to another agent.
-  const TimePoint kill_by = last_heard_ + spec_.timeouts.LossBound() + spec_.timeouts.stop_grace;
+  const TimePoint kill_by = KillBy();
   std::optional<TimePoint>& kill_at = stop_->kill_at;  // StopWorkers above began the stop
   if (kill_at && kill_by <= now) {
     KillWorkers(now, fmt::format("last heard from the coordinator {} ago (this agent did not run "
@@ -427,7 +437,7 @@ void Agent::OnUnproven(TimePoint now, const wire::Message& message, std::vector<
                           CoordinatorProof(config_.secret, std::get<Joining>(link_).nonce,
                                            challenge->nonce))) {
       std::get<Joining>(link_).proven = true;
-      last_heard_ = now;
+      Heard(now, out);
       SendJoin(challenge->nonce, out);
       return;
     }

@@ -127,6 +127,11 @@ class Agent {
   bool Proven() const;
   void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
+  /// A word from the coordinator (or a connection to it): the workers' lease is renewed.
+  void Heard(TimePoint now, std::vector<AgentEffect>& out);
+  /// When this node's workers must be gone unless the coordinator is heard again: the last
+  /// word + the loss bound + stop_grace. The agent's own SIGKILL and its guardian's both use it.
+  TimePoint KillBy() const { return last_heard_ + spec_.timeouts.GuardianLease(); }
   void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
                     std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);
@@ -207,7 +212,8 @@ class Agent {
   std::string last_connect_error_;
   std::string coordinator_endpoint_;  // "": cluster.master_addr:master_port
   bool refused_retrying_ = false;  // a join was refused for now; it is being retried
-  TimePoint last_heard_;
+  TimePoint last_heard_;   // the coordinator's last (proven) word: the workers' lease counts from it
+  TimePoint link_heard_;   // the connection's last sign of life (a connect, any message): its silence
   TimePoint next_heartbeat_;
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;

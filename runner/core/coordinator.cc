@@ -184,7 +184,17 @@ void Coordinator::SetSlotConn(Slot& slot, std::optional<ConnId> conn, TimePoint 
   const bool workers_may_run = slot.plays >= 0 &&
                                (phase_ == Phase::kStarting || phase_ == Phase::kRunning ||
                                 (phase_ == Phase::kStopping && !slot.stopped));
-  if (slot.conn && !conn && workers_may_run) slot.fenced_until = now + spec_.timeouts.LeaseBound();
+  if (slot.conn && !conn && workers_may_run) {
+    const TimePoint until = now + spec_.timeouts.LeaseBound();
+    if (!slot.fence) {
+      slot.fence = Slot::Fence{until, slot.instance};
+    } else {
+      // An earlier holder's fence still stands: both agents' workers may run, and only the
+      // later lease's end frees the rank whoever rejoins.
+      slot.fence->until = std::max(slot.fence->until, until);
+      if (slot.fence->holder != slot.instance) slot.fence->holder = 0;
+    }
+  }
   if (slot.conn && !conn) slot.absent_since = now;
   if (conn) slot.absent_since.reset();
   slot.conn = conn;
@@ -610,14 +620,12 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     if (slot.end == EndState::kAway) slot.end = EndState::kTold;
     return;
   }
-  if (slot.instance != join.instance) {
-    // A different agent takes the rank (a rebooted host, or a second agent started for it):
-    // the previous holder's fence stands until its lease has run out.
-    slot.instance = join.instance;
-  } else if (slot.fenced_until) {
-    // The same agent rejoins: agents rejoin only once their workers are gone.
-    slot.fenced_until.reset();
-  }
+  // The fence is the fenced agent's: only that agent rejoining lifts it (agents rejoin only
+  // once their workers are gone). Any other agent that takes the rank (a rebooted host, a
+  // second agent started for it), however often it joins and leaves, waits until the fenced
+  // agent's lease has run out.
+  if (slot.fence && slot.fence->holder == join.instance) slot.fence.reset();
+  slot.instance = join.instance;
   if (join.canonical != canonical_) {
     // Same fingerprint, other advisory lines (job.code_check = "warn"): say what differs.
     const std::string lines = DifferenceLines(canonical_, join.canonical, join.node_rank);
@@ -803,14 +811,14 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
   std::optional<TimePoint> gate;
   std::vector<int> fenced;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    const auto& until = slots_[i].fenced_until;
-    if (!until) continue;
-    if (*until <= now) {
-      slots_[i].fenced_until.reset();
+    const auto& fence = slots_[i].fence;
+    if (!fence) continue;
+    if (fence->until <= now) {
+      slots_[i].fence.reset();
       continue;
     }
     fenced.push_back(static_cast<int>(i));
-    if (!gate || *until > *gate) gate = until;
+    if (!gate || fence->until > *gate) gate = fence->until;
   }
   if (journal_fence_ && *journal_fence_ <= now) journal_fence_.reset();
   if (journal_fence_ && (!gate || *journal_fence_ > *gate)) gate = journal_fence_;
@@ -1314,7 +1322,7 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
     phase_deadline_ = now + spec_.RestartBackoff(restarts_used_);
     if (commit_rounds_) {
       const bool unconfirmed = std::any_of(slots_.begin(), slots_.end(), [now](const Slot& s) {
-        return s.fenced_until && *s.fenced_until > now;
+        return s.fence && s.fence->until > now;
       });
       out.push_back(RecordRestart{round_, restarts_used_, unconfirmed});
     }

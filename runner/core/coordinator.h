@@ -139,9 +139,13 @@ class Coordinator {
     std::string refused;      // why its last join was refused, for the rendezvous summary
     std::string left;         // why it was lost after joining
     EndState end = EndState::kSettled;
-    // Set when the node was lost while its workers might run: no round starts before this
-    // unless the same agent rejoins (it rejoins only once its workers are gone).
-    std::optional<TimePoint> fenced_until;
+    // Set when the node was lost while its workers might run: no round starts before `until`
+    // unless the agent whose workers they are rejoins (it rejoins only once they are gone).
+    struct Fence {
+      TimePoint until;
+      uint64_t holder = 0;  // that agent's instance; 0: workers of two agents (only time ends it)
+    };
+    std::optional<Fence> fence;
     int position = -1;        // the node rank it holds; -1: none (a waiting spare)
     int plays = -1;           // the node rank it plays in the current round; -1: none. The
                               // same as `position` unless the round shrank (cluster.min_nodes)

@@ -224,6 +224,15 @@ struct PrintSummary {
 struct AgentExit {
   int code = 0;
 };
+/// The lease of this node's workers now ends at `kill_at`: the last word from the coordinator
+/// + the loss bound + stop_grace (JobSpec::Timeouts::GuardianLease), when the agent SIGKILLs
+/// whatever still runs of them unless it hears from the coordinator again. The host hands it to
+/// what runs when the agent does not (the guardian, runner/io/guardian.h), which SIGKILLs them
+/// then unless renewed. Emitted whenever the agent hears from the coordinator, before anything
+/// that word makes it do (a spawn included).
+struct RenewLease {
+  TimePoint kill_at;
+};
 
 /// Connect to each target's probe endpoint (each within the connect timeout), close what
 /// connects, and answer with ProbesDone once every target has answered or timed out.
@@ -233,6 +242,6 @@ struct ProbeEndpoints {
 
 using AgentEffect = std::variant<ConnectToMaster, SendToMaster, DisconnectFromMaster, SpawnWorkers,
                                  SignalWorkers, SignalForStacks, ReadStacks, ProbeEndpoints, LogLine,
-                                 PrintSummary, AgentExit>;
+                                 PrintSummary, AgentExit, RenewLease>;
 
 }  // namespace ddprun::core

@@ -368,6 +368,8 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
       ports_.console->Summary(summary->text);
     } else if (auto* exit = std::get_if<core::AgentExit>(&effect)) {
       agent_exit_ = exit->code;
+    } else if (auto* lease = std::get_if<core::RenewLease>(&effect)) {
+      ports_.launcher->RenewLease(lease->kill_at);
     }
   }
   effects.clear();

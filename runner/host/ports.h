@@ -89,6 +89,11 @@ class ProcessLauncher {
   /// What each rank's stacks file of `round` got since SignalForStacks, by local rank ("" for
   /// none); bounded per rank. Returns at once (a read of small local files).
   virtual std::vector<std::string> ReadStacks(int round) = 0;
+  /// The workers' lease now ends at `kill_at` (core::RenewLease): from then on, unless renewed,
+  /// every worker still running is SIGKILLed, even when this agent's own loop does not run (a
+  /// stopped or paused agent). The real launcher tells its guardian; the simulator's kills the
+  /// workers of a hung agent then.
+  virtual void RenewLease(TimePoint kill_at) = 0;
   /// Where workers send progress beacons ("127.0.0.1:port"), and the token they must carry;
   /// "" when this launcher takes none.
   virtual std::string ProgressAddress() const { return ""; }

@@ -605,19 +605,6 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   });
   timer.SetCallback([&] { node.OnTimer(); });
 
-  // The guardian's lease: pinged from this loop every heartbeat, it SIGKILLs the workers when
-  // the loop has not run for the loss bound + stop_grace (the agent is stopped or paused and
-  // cannot stop them itself), so a rank's lease holds even then (docs/running.md, fencing).
-  guardian.SetLease(std::chrono::duration_cast<std::chrono::milliseconds>(spec.timeouts.GuardianLease()));
-  asio::steady_timer guardian_ping(io);
-  std::function<void(error_code)> ping = [&](error_code ec) {
-    if (ec) return;
-    guardian.Ping();
-    guardian_ping.expires_after(spec.timeouts.heartbeat);
-    guardian_ping.async_wait(ping);
-  };
-  ping({});
-
   // SIGHUP (a closed terminal or ssh session) is an interrupt like the others: the job ends
   // everywhere with 129 and a summary, instead of this agent vanishing as if it crashed.
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);

@@ -24,8 +24,10 @@
 namespace ddprun::io {
 namespace {
 
-// Fixed-size records so a read never sees half a command: op ('+' or '-') and a pgid. A write
-// of this size to a pipe is atomic, so workers registering themselves never interleave.
+// Fixed-size records so a read never sees half a command: op and a value. '+' and '-' record
+// and forget a worker (the value is its pgid), 'K' renews the workers' lease (the value is
+// the time left, in ms), '.' says the agent is exiting. A write of this size to a pipe is
+// atomic, so workers registering themselves never interleave.
 struct Record {
   char op;
   int32_t pgid;
@@ -64,8 +66,7 @@ int64_t MonotonicMs() {
   std::vector<pid_t> groups;          // registered workers: pid == pgid
   std::vector<ProcessEntry> known;    // the agent's descendants at the last look
   int64_t next_scan = 0;
-  int64_t lease_ms = 0;               // 0: no lease (set by an 'L' record)
-  int64_t last_word = MonotonicMs();  // any record counts as the agent being alive
+  int64_t kill_at = -1;               // the workers' lease ends then; -1: none yet ('K' records)
   Record record{};
   // The workers' process groups and what is below them, SIGKILLed.
   auto kill_workers = [&] {
@@ -86,25 +87,26 @@ int64_t MonotonicMs() {
     }
     // The lease: an agent that is alive but does not run (SIGSTOP, a VM pause of the agent's
     // cgroup, a stuck system call) cannot stop its workers, and the coordinator will soon give
-    // their ranks to another agent. Past the loss bound + stop_grace without a word from it,
-    // the guardian SIGKILLs them, as the agent itself would have by then.
-    if (lease_ms > 0 && !groups.empty() && now - last_word > lease_ms) {
+    // their ranks to another agent. When the lease the agent last renewed ends (the loss bound
+    // + stop_grace after its last word from the coordinator), the guardian SIGKILLs them, as
+    // the agent itself does then if it runs. The lease is counted from that word, never from
+    // the agent's last record: an agent paused in the middle of its own stop would otherwise
+    // give its workers the whole lease again, past the coordinator's fence.
+    if (kill_at >= 0 && !groups.empty() && now >= kill_at) {
       kill_workers();
       groups.clear();
     }
     int64_t wake = next_scan;
-    if (lease_ms > 0 && !groups.empty()) wake = std::min(wake, last_word + lease_ms + 1);
+    if (kill_at >= 0 && !groups.empty()) wake = std::min(wake, kill_at);
     pollfd pfd{read_fd, POLLIN, 0};
     const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, wake - now)));
     if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
     const ssize_t n = ::read(read_fd, &record, sizeof record);
     if (n == static_cast<ssize_t>(sizeof record)) {
-      last_word = MonotonicMs();
-      if (record.op == 'L') {
-        lease_ms = record.pgid;
+      if (record.op == 'K') {
+        kill_at = MonotonicMs() + std::max<int32_t>(0, record.pgid);
         continue;
       }
-      if (record.op == '~') continue;  // a ping: the agent's loop runs
       auto it = std::find(groups.begin(), groups.end(), record.pgid);
       if (record.op == '+' && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
       if (record.op == '-' && it != groups.end()) groups.erase(it);
@@ -224,12 +226,17 @@ void Guardian::Watch(pid_t pgid) {
 
 void Guardian::Release() { released_ = true; }
 
-void Guardian::SetLease(std::chrono::milliseconds lease) {
-  lease_ = std::clamp<int64_t>(lease.count(), 1, INT32_MAX);
-  Write('L', static_cast<pid_t>(lease_));
+void Guardian::RenewLease(std::chrono::steady_clock::time_point kill_at) {
+  kill_at_ = kill_at;
+  WriteLease();
 }
 
-void Guardian::Ping() { Write('~', 0); }
+void Guardian::WriteLease() {
+  if (!kill_at_) return;
+  // The time left, rounded up: the guardian never kills before the agent itself would.
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(*kill_at_ - std::chrono::steady_clock::now());
+  Write('K', static_cast<pid_t>(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
+}
 
 void Guardian::Forget(pid_t pgid) {
   watched_.erase(pgid);
@@ -266,7 +273,7 @@ void Guardian::OnDeath() {
   std::string text = fmt::format("the guardian process (pid {}) {}", old_pid, DescribeStatus(status));
   if (const Status started = Start(); started) {
     for (pid_t pgid : watched_) Write('+', pgid);
-    if (lease_ > 0) Write('L', static_cast<pid_t>(lease_));
+    WriteLease();
     text += fmt::format("; started a new one (pid {}), so processes the workers started still "
                         "cannot outlive this agent",
                         pid_);

@@ -5,13 +5,17 @@
 // terminal do not reach it; it reads /proc every kGuardianScanInterval for every descendant of
 // the agent (the agent is a child subreaper, so orphans of workers stay below it); when the
 // agent's end of the pipe closes it stops and kills the workers and everything below them, and
-// what it saw at its last look. The agent watches the guardian and starts a new one if it dies.
+// what it saw at its last look. It also holds the workers' lease, which the agent renews on
+// every word from the coordinator (RenewLease): when it ends, the guardian SIGKILLs the workers
+// of an agent that is alive but does not run. The agent watches the guardian and starts a new
+// one if it dies.
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -52,12 +56,12 @@ class Guardian {
   /// without its own look at /proc (the agent's exit is that much faster).
   void Release();
 
-  /// From now on the guardian SIGKILLs the workers when it hears nothing from the agent (no
-  /// Ping, no record) for `lease`: the agent is alive but does not run, so it cannot stop them
-  /// itself. The agent sets the loss bound + stop_grace (JobSpec::Timeouts::GuardianLease).
-  void SetLease(std::chrono::milliseconds lease);
-  /// Says the agent's event loop runs; call it well within the lease (every heartbeat).
-  void Ping();
+  /// The workers' lease now ends at `kill_at` (core::RenewLease: the agent's last word from
+  /// the coordinator + the loss bound + stop_grace). If no later one comes by then, the
+  /// guardian SIGKILLs the workers itself: the agent may be alive but not run (SIGSTOP, a VM
+  /// pause), so it cannot, and the coordinator may give their ranks to another agent soon
+  /// after. Until the first call there is no lease.
+  void RenewLease(std::chrono::steady_clock::time_point kill_at);
 
   /// From now on, notices the guardian's death on `io`, starts a new one (telling it the
   /// workers it must know) and reports it with `report`, a sentence for the console.
@@ -73,6 +77,7 @@ class Guardian {
   struct Supervision;
   Status Start();
   void Write(char op, pid_t pgid);
+  void WriteLease();
   void WatchDeath();
   void OnDeath();
 
@@ -80,7 +85,7 @@ class Guardian {
   pid_t pid_ = -1;
   std::set<pid_t> watched_;  // resent to a replacement guardian
   bool released_ = false;
-  int64_t lease_ = 0;  // ms, resent to a replacement guardian
+  std::optional<std::chrono::steady_clock::time_point> kill_at_;  // resent to a replacement guardian
   std::unique_ptr<Supervision> supervision_;
 };
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,6 +86,12 @@ StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const cha
         (::dup2(dev_null.get(), 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0)) {
       failed = {StartStep::kStdio, errno};
     }
+    // Nothing of the agent's but stdio crosses exec: Asio's sockets are not close-on-exec, and
+    // a worker holding the master port's listener or the agent's connections would keep them
+    // alive after the agent died (a restarted node 0 could not listen; the coordinator would
+    // not see the agent's connection close). The flag marks them close-on-exec, so a failed
+    // step can still be reported through the status pipe.
+    if (failed.step == StartStep::kNone) ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
     if (failed.step == StartStep::kNone && ::chdir(workdir) != 0) failed = {StartStep::kWorkdir, errno};
     // The agent raised its own descriptor limit; the worker gets the one it was started with.
     if (failed.step == StartStep::kNone && nofile.rlim_cur != 0) ::setrlimit(RLIMIT_NOFILE, &nofile);
@@ -551,6 +558,10 @@ void RealProcessLauncher::SignalForStacks(int round, const std::vector<std::pair
     // have no handler for it.
     ::kill(worker.pid, signal);
   }
+}
+
+void RealProcessLauncher::RenewLease(TimePoint kill_at) {
+  if (options_.guardian) options_.guardian->RenewLease(kill_at);
 }
 
 std::vector<std::string> RealProcessLauncher::ReadStacks(int round) {

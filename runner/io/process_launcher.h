@@ -76,6 +76,9 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void SignalAll(int round, int signal) override;
   void SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) override;
   std::vector<std::string> ReadStacks(int round) override;
+  /// Tells the guardian; without one (it could not be forked) nothing enforces the lease
+  /// while the agent does not run.
+  void RenewLease(TimePoint kill_at) override;
   std::string ProgressAddress() const override;
   std::string ProgressToken() const override;
 

@@ -477,6 +477,39 @@ TEST_F(AgentTest, AnAgentThatNoticesTheLossLateStillKillsItsWorkersWithinItsLeas
   EXPECT_EQ(agent_->NextDeadline(), At(37s));
 }
 
+// The workers' lease for the guardian: renewed by every word from the coordinator (and the
+// connection), before what that word makes the agent do, at the same time as the agent's own
+// SIGKILL would come; never by the agent merely running. Found by the swarm (seed 600612 of
+// examples/lightning-2x8.toml): the guardian counted from the agent's last loop, so an agent
+// paused in the middle of its own stop gave its worker a whole lease more, past the fence.
+TEST_F(AgentTest, EveryWordFromTheCoordinatorRenewsTheWorkersLeaseBeforeAnythingElse) {
+  Start(0s);
+  const Effects connected = Feed(0s, MasterConnected{});
+  ASSERT_FALSE(connected.empty());
+  ASSERT_TRUE(std::holds_alternative<RenewLease>(connected.front())) << test::Describe(connected);
+  // Loss bound 6 s + stop_grace 30 s.
+  EXPECT_EQ(std::get<RenewLease>(connected.front()).kill_at, At(36s));
+  Msg(0s, wire::JoinAck{2});
+  const Effects start = Msg(5s, wire::StartRound{0, 41000});
+  const auto first = [&start](auto is) { return std::find_if(start.begin(), start.end(), is) - start.begin(); };
+  const auto renewal = first([](const AgentEffect& e) { return std::holds_alternative<RenewLease>(e); });
+  const auto spawn = first([](const AgentEffect& e) { return std::holds_alternative<SpawnWorkers>(e); });
+  ASSERT_LT(spawn, std::ssize(start)) << test::Describe(start);
+  EXPECT_LT(renewal, spawn) << test::Describe(start);
+  EXPECT_EQ(All<RenewLease>(start).at(0).kill_at, At(41s));
+  EXPECT_EQ(All<RenewLease>(Msg(6s, wire::Heartbeat{})).at(0).kill_at, At(42s));
+  // The agent runs (its own heartbeats, a worker's exit) without a word: no renewal.
+  EXPECT_TRUE(All<RenewLease>(Tick(8s)).empty());
+  EXPECT_TRUE(All<RenewLease>(Exit(9s, 0, 0)).empty());
+  // It loses the coordinator, stops its workers, and its SIGKILL comes when the lease ends.
+  Tick(12s + kNs);
+  EXPECT_EQ(agent_->NextDeadline(), At(42s));
+  const Effects kill = Tick(42s);
+  ASSERT_EQ(All<SignalWorkers>(kill).size(), 1u) << test::Describe(kill);
+  EXPECT_EQ(All<SignalWorkers>(kill)[0].signal, SIGKILL);
+  EXPECT_TRUE(All<RenewLease>(kill).empty()) << test::Describe(kill);
+}
+
 TEST_F(AgentTest, GivesUpRejoiningAfterTheRendezvousTimeout) {
   Running(0s);
   Feed(5s, MasterClosed{""});

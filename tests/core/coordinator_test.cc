@@ -716,6 +716,52 @@ TEST_F(CoordinatorTest, RankOfALostNodeIsFencedUntilItsLeaseEndsForADifferentAge
   EXPECT_EQ(All<ReserveStorePort>(start)[0].round, 1);
 }
 
+// Found by the swarm (seed 610917 of bench/swarm-hangs.toml): the fence belongs to the agent it
+// fences. A second agent that took the rank, lost its connection and joined again (with the same
+// instance) was taken for the fenced agent rejoining, which lifted the fence while the old
+// agent's hung worker still ran. Only the fenced agent itself lifts it, by rejoining.
+TEST_F(CoordinatorTest, AFenceHoldsWhenTheNewHolderOfTheRankJoinsAgain) {
+  StartFirstRound(0s);
+  Feed(1s, PeerClosed{ConnOf(1), "connection reset by peer"});
+  Send(2s, ConnOf(0), wire::RoundStopped{0, 2});
+  BeatUntil(2s, 12s, {0});  // backoff 10s
+  Connect(13s, 201, "10.0.0.9");
+  Send(13s, 201, JoinOf(1, /*instance=*/77));
+  Feed(14s, PeerClosed{201, "connection reset by peer"});
+  Send(14s, ConnOf(0), wire::Heartbeat{});
+  Connect(15s, 202, "10.0.0.9");
+  const Effects again = Send(15s, 202, JoinOf(1, /*instance=*/77));
+  EXPECT_TRUE(All<ReserveStorePort>(again).empty()) << test::Describe(again);
+  Effects quiet;
+  for (Duration t = 16s; t < 49s; t += 1s) {
+    Send(t, ConnOf(0), wire::Heartbeat{});
+    const Effects e = Meaningful(Send(t, 202, wire::Heartbeat{}));
+    quiet.insert(quiet.end(), e.begin(), e.end());
+  }
+  EXPECT_TRUE(quiet.empty()) << test::Describe(quiet);
+  // Lost at 1s: the lease of its workers ends at 1s + 48s.
+  EXPECT_EQ(coordinator_->NextDeadline(), At(49s));
+  const Effects start = Tick(49s);
+  ASSERT_EQ(All<ReserveStorePort>(start).size(), 1u) << test::Describe(start);
+}
+
+// ... and the fenced agent rejoining lifts it at once: agents rejoin only once their workers
+// are gone, even after a different agent held the rank meanwhile.
+TEST_F(CoordinatorTest, TheFencedAgentRejoiningLiftsItsFence) {
+  StartFirstRound(0s);
+  Feed(1s, PeerClosed{ConnOf(1), "connection reset by peer"});
+  Send(2s, ConnOf(0), wire::RoundStopped{0, 2});
+  BeatUntil(2s, 12s, {0});
+  Connect(13s, 201, "10.0.0.9");
+  Send(13s, 201, JoinOf(1, /*instance=*/77));
+  Feed(14s, PeerClosed{201, "connection reset by peer"});
+  Send(14s, ConnOf(0), wire::Heartbeat{});
+  Connect(15s, 202, "10.0.0.2");
+  const Effects back = Send(15s, 202, JoinOf(1));  // node 1's own agent, instance 1001
+  ASSERT_EQ(All<ReserveStorePort>(back).size(), 1u) << test::Describe(back);
+  EXPECT_EQ(All<ReserveStorePort>(back)[0].round, 1);
+}
+
 // Node 0's journal: "workers may run" from the first round on, refreshed every heartbeat, and
 // "the job ended" only once every node confirmed.
 TEST_F(CoordinatorTest, TheJournalSaysWorkersMayRunEveryHeartbeatUntilEveryNodeConfirmedTheEnd) {

@@ -73,6 +73,10 @@ struct AgentNamer {
   std::string operator()(const LogLine& e) const { return Level(e.level) + ": " + e.text; }
   std::string operator()(const PrintSummary& e) const { return "summary: " + e.text; }
   std::string operator()(const AgentExit& e) const { return fmt::format("exit {}", e.code); }
+  std::string operator()(const RenewLease& e) const {
+    return fmt::format("renew lease: kill at {} ms",
+                       std::chrono::duration_cast<std::chrono::milliseconds>(e.kill_at.time_since_epoch()).count());
+  }
 };
 
 template <typename Effect, typename Namer>
@@ -101,6 +105,7 @@ std::vector<AgentEffect> Meaningful(const std::vector<AgentEffect>& effects) {
   for (const AgentEffect& e : effects) {
     const auto* send = std::get_if<SendToMaster>(&e);
     if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;
+    if (std::holds_alternative<RenewLease>(e)) continue;  // with every word from the coordinator
     kept.push_back(e);
   }
   return kept;

@@ -117,7 +117,8 @@ std::vector<M> Sent(const std::vector<AgentEffect>& effects) {
 /// (RecordJournal with rounds_may_run), which depend only on the clock.
 std::vector<CoordinatorEffect> Meaningful(const std::vector<CoordinatorEffect>& effects);
 
-/// The agent's effects without its own periodic heartbeats.
+/// The agent's effects without its own periodic heartbeats and the lease renewals that come
+/// with every word from the coordinator.
 std::vector<AgentEffect> Meaningful(const std::vector<AgentEffect>& effects);
 
 /// A human listing of effects for failure messages.

@@ -358,6 +358,28 @@ TEST(HostileTest, TheSoftDescriptorLimitIsRaisedForTheAgentAndNotForWorkers) {
   EXPECT_EQ(node0.Wait(20s), 0) << node0.Output();
 }
 
+// A worker inherits nothing of its agent's but stdio: Asio's sockets are not close-on-exec, and
+// a worker that held node 0's master-port listener or its agents' connections kept them alive
+// after its agent was killed (found while testing an impostor on a dead coordinator's port:
+// the port could not be bound again until the worker was gone).
+TEST(HostileTest, AWorkerHoldsNoSocketOfItsAgent) {
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::string job = dir.Write(
+      "job.toml", Job(port, "for f in /proc/$$/fd/*; do echo $f $(readlink $f); done > " + dir.path() +
+                                "/fds-$RANK",
+                      Shape{2, 1, 0}));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
+  EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
+  EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
+  for (const std::string rank : {"0", "1"}) {
+    const std::string fds = dir.Read("fds-" + rank);
+    EXPECT_THAT(fds, HasSubstr("/0 ")) << "the listing ran";
+    EXPECT_THAT(fds, Not(HasSubstr("socket:"))) << "rank " << rank << ":\n" << fds;
+  }
+}
+
 // Issue 11.8: master_port is the local port of an outgoing connection (it is inside the
 // ephemeral range); the message says so and names the process, rather than "in use" alone;
 // and once no process holds that connection, it says that.

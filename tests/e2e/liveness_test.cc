@@ -141,6 +141,61 @@ TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAStoppedAgentWhenItsLeaseRunsOu
   EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
 }
 
+// The swarm's seed 600612 of examples/lightning-2x8.toml on real agents. Node 1's agent loses
+// the coordinator (a 2 s pause stands in for a partition) and begins its stop, but its workers
+// ignore SIGTERM; 13 s later, before its SIGKILL, it is frozen (SIGSTOP), and a second agent has
+// taken node rank 1. The fence lets round 1 start a heartbeat + the kill allowance (10 s) after
+// the old workers' lease, which ends the loss bound + stop_grace (0.75 s + 20 s) after the
+// agent's last word from the coordinator. The guardian used to count that lease from the
+// agent's last loop (the freeze), so the old workers ran until about 35 s, into round 1 (about
+// 32 s); it now kills them when the lease ends, while the agent is still frozen. Each new holder
+// of rank 2 or 3 checks that the old one no longer runs (a zombie the stopped agent cannot reap
+// does not).
+TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAnAgentFrozenInTheMiddleOfItsStop) {
+  TestJob job;
+  job.name = "live";
+  job.master_port = FreePort();
+  job.max_restarts = 1;
+  job.backoff = "0s";
+  job.rendezvous = "30s";
+  job.stop_grace = "20s";
+  job.script =
+      "if [ $TORCHELASTIC_RESTART_COUNT != 0 ]; then if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
+      "if [ -e /proc/$old ] && ! grep -q '^State:.Z' /proc/$old/status 2>/dev/null; then "
+      "echo rank $RANK overlaps $old >> overlap.txt; fi; fi; "
+      "elif [ $GROUP_RANK = 1 ]; then trap '' TERM; echo $$ > old-$RANK.pid; sleep 120 & wait; sleep 120; "
+      "else sleep 120 & wait; fi";
+  dir_.Write("job.toml", job.Toml());
+  AgentProcess& node0 = Start(0);
+  AgentProcess& node1 = Start(1);
+  std::vector<pid_t> old;
+  for (const char* name : {"old-2.pid", "old-3.pid"}) {
+    ASSERT_TRUE(WaitFor([&] { return dir_.Exists(name) && dir_.Read(name).ends_with("\n"); }, 10s)) << Describe();
+    old.push_back(std::stoi(dir_.Read(name)));
+  }
+  const auto lost_at = std::chrono::steady_clock::now();
+  node1.Signal(SIGSTOP);
+  AgentProcess& second = Start(1);  // refused while node 1 holds the rank, then takes it
+  ASSERT_TRUE(OutputHas(node0, "round 0 failed: node 1 (", 10s)) << Describe();
+  WaitFor([] { return false; }, 2s);
+  node1.Signal(SIGCONT);  // it notices the loss and sends SIGTERM, which its workers ignore
+  ASSERT_TRUE(OutputHas(node1, "lost the coordinator", 5s)) << Describe();
+  WaitFor([] { return false; }, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    lost_at + 15s - std::chrono::steady_clock::now()));
+  node1.Signal(SIGSTOP);  // frozen 5 s before its own SIGKILL
+  for (pid_t pid : old) ASSERT_TRUE(ProcessAlive(pid)) << "worker " << pid << " ended before the freeze";
+  ASSERT_TRUE(OutputHas(node0, "round 1: all 2 nodes joined; starting", 40s)) << Describe();
+  for (pid_t pid : old) {
+    EXPECT_FALSE(ProcessAlive(pid)) << "worker " << pid << " of the frozen agent still runs in round 1";
+  }
+  node1.Signal(SIGCONT);  // its rank is taken: it ends by itself
+  EXPECT_EQ(node0.Wait(30s), 0) << Describe();
+  EXPECT_EQ(second.Wait(10s), 0) << Describe();
+  EXPECT_FALSE(dir_.Exists("overlap.txt")) << dir_.Read("overlap.txt") << Describe();
+  EXPECT_THAT(node0.Output(), HasSubstr("round 1: all 2 nodes joined; waiting ")) << Describe();
+  EXPECT_TRUE(node1.Wait(30s).has_value()) << Describe();
+}
+
 // Issue 11: SIGHUP (a closed terminal or ssh session) ended an agent with 129 and no summary,
 // and the other nodes took it for a crash. It is an interrupt like SIGINT and SIGTERM.
 TEST_F(LivenessTest, SighupIsAnInterruptThatEndsTheJobEverywhereWith129) {

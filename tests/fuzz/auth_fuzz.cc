@@ -4,9 +4,10 @@
 // peer sends a message: any message of the protocol with fields from the input, a Challenge
 // whose proof is made with another secret (for the agent's real nonce) or is raw bytes, or
 // frames decoded from raw bytes. Whatever the peer does, the agent must never start a worker,
-// send anything about the job (host, fingerprint, canonical form, proof), print a summary
-// other than its own rendezvous failure, exit other than with 3, log text the peer chose, or
-// ask to be woken before the input it just handled. Any violation aborts.
+// send anything about the job (host, fingerprint, canonical form, proof), renew the workers'
+// lease, print a summary other than its own rendezvous failure, exit other than with 3, log
+// text the peer chose, or ask to be woken before the input it just handled. Any violation
+// aborts.
 //   cmake --preset fuzz && cmake --build --preset fuzz --target auth_fuzz
 //   build/fuzz/tests/fuzz/auth_fuzz -runs=1000000 tests/fuzz/corpus/auth
 #include <cstddef>
@@ -125,6 +126,7 @@ struct Driver {
       if (std::holds_alternative<core::ConnectToMaster>(effect)) connect_pending = true;
       if (std::holds_alternative<core::DisconnectFromMaster>(effect)) connected = false;
       if (std::holds_alternative<core::SpawnWorkers>(effect)) Violated("an unproven peer started a worker");
+      if (std::holds_alternative<core::RenewLease>(effect)) Violated("an unproven peer renewed the workers' lease");
       if (const auto* send = std::get_if<core::SendToMaster>(&effect)) {
         if (const auto* join = std::get_if<wire::Join>(&send->message)) {
           if (!join->host.empty() || !join->fingerprint.empty() || !join->canonical.empty() || !join->proof.empty()) {

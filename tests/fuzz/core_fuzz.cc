@@ -119,6 +119,7 @@ class FuzzNode final : public host::Clock, public host::Timer, public host::Tran
     }
   }
   void SignalForStacks(int, const std::vector<std::pair<int, int>>&) override {}
+  void RenewLease(TimePoint) override {}
   std::vector<std::string> ReadStacks(int) override {
     return {"Current thread 0x1 (most recent call first):\n  File \"/t.py\", line 57 in load\n"
             "  File \"/t.py\", line 9 in <module>\n",

@@ -85,6 +85,7 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   void SignalAll(int, int) override {}
   void SignalForStacks(int, const std::vector<std::pair<int, int>>&) override {}
   std::vector<std::string> ReadStacks(int) override { return {}; }
+  void RenewLease(TimePoint kill_at) override { leases.push_back(kill_at); }
   // Console
   void Log(core::LogLevel, std::string_view source, std::string_view text) override {
     lines.push_back(std::string(source) + ": " + std::string(text));
@@ -146,6 +147,7 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   std::map<ConnId, ConnId> peer;
   std::deque<std::function<void()>> later;
   std::vector<std::pair<int, int>> spawned;  // (round, local rank)
+  std::vector<TimePoint> leases;            // RenewLease, in order
   std::vector<std::string> lines;
   std::optional<Duration> journal_since;
   std::vector<core::QuarantinedHost> quarantined;
@@ -218,6 +220,17 @@ TEST_F(NodeHostTest, ARecordThatWorkersMayRunDelaysTheFirstRoundUntilItsLeaseEnd
   EXPECT_TRUE(fake_.spawned.empty()) << "started before the lease of the last record ended";
   RunUntil(At(8s));
   EXPECT_EQ(fake_.spawned.size(), 2u);
+}
+
+// Every word from the coordinator renews the workers' lease on the launcher (its guardian), the
+// loss bound + stop_grace (6 s + 30 s) after it.
+TEST_F(NodeHostTest, EveryWordFromTheCoordinatorRenewsTheWorkersLeaseOnTheLauncher) {
+  Start();
+  ASSERT_EQ(fake_.spawned.size(), 2u);
+  ASSERT_FALSE(fake_.leases.empty());
+  EXPECT_EQ(fake_.leases.back(), At(36s));
+  RunUntil(At(5s));  // heartbeats at 2 s and 4 s
+  EXPECT_EQ(fake_.leases.back(), At(40s));
 }
 
 TEST_F(NodeHostTest, ARecordOlderThanTheLeaseDelaysNothing) {

@@ -237,8 +237,8 @@ TEST_F(InvariantsTest, WorkerStillRunningPastTheStopBound) {
 
 TEST_F(InvariantsTest, StopBoundStartsAgainWhenAHungAgentResumes) {
   StartRound(20, 0);
-  invariants_.AgentHung(1, 150 * kSecond);
-  Heartbeats(20, 98, {0});
+  Heartbeats(20, 98);
+  invariants_.AgentHung(1, 150 * kSecond);  // resumes within its lease (last heard at 98 s)
   End(100, 0, 0, false);
   invariants_.RoundFailed(RoundKey{1, 0});
   invariants_.AfterEvent(100 * kSecond);
@@ -260,18 +260,33 @@ TEST_F(InvariantsTest, WorkerOutlivesItsAgentsLease) {
   Heartbeats(20, 100);
   Heartbeats(102, 300, {0});
   EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
-                         "coordinator or resumed; an agent stops its workers within 1m06s (at 2m46s)");
+                         "coordinator; an agent (or the guardian of a hung one) stops its workers within 1m06s "
+                         "(at 2m46s)");
 }
 
-TEST_F(InvariantsTest, LeaseWaitsForAHungAgent) {
+// A hung agent cannot stop its workers, but its guardian kills them when their lease ends: the
+// lease runs from the last word heard, not from when the agent resumes (it used to, which let a
+// guardian that counted from the agent's pause pass the checks).
+TEST_F(InvariantsTest, TheLeaseHoldsWhileTheAgentIsHung) {
   StartRound(20, 0);
   Heartbeats(20, 100);
   invariants_.AgentHung(1, 200 * kSecond);
-  Heartbeats(102, 264, {0});
+  Heartbeats(102, 164, {0});
   EXPECT_FALSE(invariants_.violation()) << Violation();
-  Heartbeats(266, 268, {0});
+  Heartbeats(166, 166, {0});
   EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
-                         "coordinator or resumed; an agent stops its workers within 1m06s (at 4m26s)");
+                         "coordinator (the agent is hung); an agent (or the guardian of a hung one) stops its "
+                         "workers within 1m06s (at 2m46s)");
+}
+
+TEST_F(InvariantsTest, TheLeaseHoldsForAnAgentHungForGood) {
+  StartRound(20, 0);
+  Heartbeats(20, 100);
+  invariants_.AgentHung(1, INT64_MAX);
+  Heartbeats(102, 166, {0});
+  EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
+                         "coordinator (the agent is hung); an agent (or the guardian of a hung one) stops its "
+                         "workers within 1m06s (at 2m46s)");
 }
 
 TEST_F(InvariantsTest, StoreRelayConnectsAClientToAnotherRoundsStore) {
@@ -578,8 +593,8 @@ TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease)
   const SimRun run = Simulate(SmallJob(), {"partition@6m:node=1,duration=5m"}, std::nullopt, false,
                               Sabotage::kUnkillableWorkers);
   EXPECT_EQ(run.result.violation.value_or(""), "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
-                                               "heard from the coordinator or resumed; an agent stops its workers "
-                                               "within 1m06s (at 7m04s)");
+                                               "heard from the coordinator; an agent (or the guardian of a hung "
+                                               "one) stops its workers within 1m06s (at 7m04s)");
 }
 
 TEST(InvariantsFireInTheSimulatorTest, ASparePlayingNodeRankZero) {

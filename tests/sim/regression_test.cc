@@ -89,7 +89,8 @@ TEST(RegressionTest, AnAgentThatResumesLateStillStopsItsWorkersWithinTheLease) {
 }
 
 // Found by the 100,000-seed swarm: a hung agent's workers must not outlive its lease while it
-// stays hung; the guardian SIGKILLs them.
+// stays hung; the guardian SIGKILLs them (36 s after the agent's last word from the coordinator,
+// at 6m44s, just before it hung).
 TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentHungPastItsLease) {
   const SimRun run = Simulate(Example("lightning-2x8.toml"),
                               {"duplicate-node-rank@6m49s127ms:node=1",
@@ -98,8 +99,9 @@ TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentHungPastItsLease) {
                                "worker-hang@7m17s894ms:node=0,local_rank=2"},
                               91688);
   EXPECT_FALSE(run.result.violation) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("[   7m20.847s] node 1: the agent has not run for 36s: its "
-                                    "guardian SIGKILLs its 1 worker"));
+  EXPECT_THAT(run.output, HasSubstr("[   7m20.000s] node 1: the agent is hung and its workers' lease ran out "
+                                    "(36s after its last word from the coordinator): its guardian SIGKILLs "
+                                    "its 1 worker"));
 }
 
 // Issue 10, the last seed of the 100,000-seed swarm on lightning-2x8: node 0 crashed and
@@ -193,6 +195,58 @@ TEST(RegressionTest, TheVerdictIsToldOnlyOnceEtcdHasIt) {
   EXPECT_THAT(run.output, HasSubstr("round 0 failed: the coordinator (node 3 (10.0.0.4)) was lost while round 0 ran"));
   EXPECT_THAT(run.output, HasSubstr("job \"swarm-etcd\" succeeded: all 8 ranks on 4 nodes exited 0 in round 1 (1 "
                                     "restart used)"));
+}
+
+// One round at a time, without etcd: node 1's agent lost the coordinator (a partition) while
+// its hung worker ignored SIGTERM, and froze (agent-hang) 18 s into its stop, before its SIGKILL
+// at 10m50s; a second agent took rank 1. The guardian counted its lease from the agent's last
+// loop (the freeze), not from its last word from the coordinator, so it would have killed the
+// worker only at 11m08.7s, after the fence let round 1 start (11m08s). The lease the agent
+// renews on every word from the coordinator now ends at its own SIGKILL time.
+TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentFrozenInTheMiddleOfItsStop) {
+  const SimRun run = Simulate(Example("lightning-2x8.toml"),
+                              {"agent-hang@10m32s703ms:node=1,duration=2m57s",
+                               "partition@10m15s42ms:node=1,duration=13s",
+                               "worker-hang@8m26s898ms:node=1,local_rank=0",
+                               "duplicate-node-rank@10m4s844ms:node=1"},
+                              600612);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 0) << run.output;
+  // Last heard at 10m14s: loss bound 6 s + stop_grace 30 s.
+  const size_t kill = run.output.find("[  10m50.000s] node 1: the agent is hung and its workers' lease ran "
+                                      "out (36s after its last word from the coordinator): its guardian "
+                                      "SIGKILLs its 1 worker");
+  const size_t start = run.output.find("coordinator: round 1: all 2 nodes joined; starting 16 workers");
+  ASSERT_NE(kill, std::string::npos) << run.output;
+  ASSERT_NE(start, std::string::npos) << run.output;
+  EXPECT_LT(kill, start) << "round 1 started before the old worker was killed";
+}
+
+// One holder per rank, without etcd: node 0 (the coordinator) froze for 24 s; node 1's agent
+// lost it and stopped its workers, one hung and ignoring SIGTERM. When node 0 resumed, the
+// second agent for rank 1 had queued several joins: the first took the rank (the old agent's
+// fence stood), the next ones came from the same new agent and were taken for the fenced agent
+// rejoining, which lifted the fence: round 3 started 0.5 s before the old worker's SIGKILL. The
+// fence now names the agent it fences.
+TEST(RegressionTest, ASecondAgentJoiningAgainDoesNotLiftTheFenceOfTheOldOne) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-hangs.toml");
+  std::stringstream job;
+  job << in.rdbuf();
+  const SimRun run = Simulate(job.str(),
+                              {"worker-exit@18m33s674ms:node=1,local_rank=0,exit_code=83",
+                               "duplicate-node-rank@5m43s716ms:node=1",
+                               "agent-hang@12m37s547ms:node=0,duration=24s",
+                               "worker-exit@1m16s215ms:node=2,local_rank=1,exit_code=245",
+                               "worker-slow@19m45s19ms:node=2,local_rank=3,percent=167"},
+                              610917);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("[  13m11.547s] coordinator: round 3: all 3 nodes joined; waiting 37s before "
+                                    "starting it: node 1 (node-0003) was lost while its workers ran"));
+  const size_t kill = run.output.find("[  13m12.000s] node 1: 1 worker still running 29s after SIGTERM; sending SIGKILL");
+  const size_t start = run.output.find("coordinator: round 3: all 3 nodes joined; starting 12 workers");
+  ASSERT_NE(kill, std::string::npos) << run.output;
+  ASSERT_NE(start, std::string::npos) << run.output;
+  EXPECT_LT(kill, start) << "round 3 started before the old worker was killed";
 }
 
 }  // namespace
