@@ -146,7 +146,11 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
       if (after != lost.begin()) {
         const EventRecord* noticed = *std::prev(after);
         crash_ms = noticed->unix_ms;
-        if (noticed->Text("reason").find("silent") != std::string::npos) {
+        // Event logs before typed causes said it only in the reason's words.
+        const std::string loss = noticed->Text("cause");
+        const bool silent = !loss.empty() ? loss == "silent"
+                                           : noticed->Text("reason").find("silent") != std::string::npos;
+        if (silent) {
           crash_ms -= std::chrono::duration_cast<milliseconds>(loss_bound).count();
         }
       }
