@@ -381,7 +381,7 @@ uint64_t Cluster::LaunchOf(const host::Election& election) {
   // The new holder read the state just before it took the role, and nothing has written it
   // since: its own first writes are still on their way.
   const auto entry = etcd_->Peek(election.state_key());
-  const auto state = entry ? host::JobState::Parse(entry->value) : std::nullopt;
+  const auto state = entry ? host::ParseJobRecord(entry->value) : std::nullopt;
   uint64_t& launch = launch_of_key_[election.state_key()];
   // No state yet is the first launch still (its first holder may have gone before writing).
   if (launch == 0 || (state && state->done)) launch = ++launches_;

@@ -68,38 +68,39 @@ void Coordinator::PlaceRankZero(int agent, std::string addr) {
   roster_.PlaceRankZero(agent);
 }
 
-void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<CoordinatorEffect>& out) {
+void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<CoordinatorEffect>& out) {
+  const std::string holder = record.holder.empty() ? "the previous coordinator" : record.holder;
   DDPRUN_ASSERT(phase() == Phase::kRendezvous && round_ == 0);
-  round_ = legacy.next_round;
-  restarts_used_ = legacy.restarts_used;
+  round_ = record.next_round;
+  restarts_used_ = record.restarts_used;
   // Every node of the job may have run the last round: the verdict waits for them, and any of
   // them may hear it (the earlier holder knew their instances; this one does not).
   for (int agent : roster_.holders()) roster_.at(agent).ever_joined = true;
   took_over_ = true;
-  if (legacy.exit_code) {
+  if (record.exit_code) {
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("the job had ended (exit code {}) when {} was lost; telling "
                                                        "every agent the verdict again",
-                                                       *legacy.exit_code, legacy.holder)});
-    EndJob(now, *legacy.exit_code, legacy.summary, out);
+                                                       *record.exit_code, holder)});
+    EndJob(now, *record.exit_code, record.summary, out);
     return;
   }
   out.push_back(LogLine{LogLevel::kWarn, fmt::format("taking over the job from {}: round {} next, {} of {} restarts "
                                                      "used",
-                                                     legacy.holder, round_, restarts_used_,
+                                                     holder, round_, restarts_used_,
                                                      spec_.restart.max_restarts)});
-  if (!legacy.round_may_run) {
-    if (legacy.workers_may_run) {
+  if (!record.round_may_run) {
+    if (record.workers_may_run) {
       // The previous holder counted the failed round, but a node of it was lost and its
       // workers never confirmed stopped; that holder would have fenced their rank.
       journal_fence_ = now + spec_.timeouts.LeaseBound();
-      fence_cause_ = fmt::format("round {} lost a node whose workers {} never saw stop", round_ - 1, legacy.holder);
+      fence_cause_ = fmt::format("round {} lost a node whose workers {} never saw stop", round_ - 1, holder);
     }
     return;
   }
   RoundFailure failure;
   failure.round = round_ - 1;
   failure.node_rank = 0;
-  failure.what = fmt::format("the coordinator ({}) was lost while round {} ran", legacy.holder, round_ - 1);
+  failure.what = fmt::format("the coordinator ({}) was lost while round {} ran", holder, round_ - 1);
   failure.detail = fmt::format("  its etcd lease (rendezvous.lease = {}) ended: its host died, its agent "
                                "was killed, or it was cut off from etcd\n",
                                FormatDuration(spec_.rendezvous.lease));
@@ -109,7 +110,7 @@ void Coordinator::TakeOver(TimePoint now, const Legacy& legacy, std::vector<Coor
   // The old round's workers stop within their agents' lease of their last word from the old
   // coordinator, which was before now.
   journal_fence_ = now + spec_.timeouts.LeaseBound();
-  fence_cause_ = fmt::format("the previous coordinator ({}) was lost while round {} ran", legacy.holder,
+  fence_cause_ = fmt::format("the previous coordinator ({}) was lost while round {} ran", holder,
                              failure.round);
   const std::string never = NeverRestartRule(spec_, failure);
   const bool restart = never.empty() && restarts_used_ < spec_.restart.max_restarts;

@@ -59,22 +59,13 @@ class Coordinator {
   /// MASTER_ADDR is `addr`. Before the first input.
   void PlaceRankZero(int agent, std::string addr);
 
-  /// What an earlier holder of the coordinator role left in the job's store (etcd).
-  struct Legacy {
-    int next_round = 0;           // the number the next round takes
-    int restarts_used = 0;
-    bool round_may_run = false;   // it committed a round whose workers it never saw stop
-    std::optional<int> exit_code; // it ended the job with this code...
-    std::string summary;          // ...and told the agents this
-    std::string holder;           // who held the role: "node 1 (gpu-02)"
-    bool workers_may_run = false; // RecordRestart::workers_may_run: a lost node's workers may run
-  };
-  /// Takes the job over from `legacy`: the round numbers and the restart budget go on. A round
+  /// Takes the job over from `record`, what an earlier holder of the coordinator role left in
+  /// the job's store (etcd): the round numbers and the restart budget go on. A round
   /// that may still run lost its coordinator: that is the round's failure (a lost node), it
   /// spends a restart, and no round starts until the old workers are certainly gone (their
   /// agents' lease). A job that had ended ends again with the same verdict. Before the first
   /// input, after PlaceRankZero.
-  void TakeOver(TimePoint now, const Legacy& legacy, std::vector<CoordinatorEffect>& out);
+  void TakeOver(TimePoint now, const JobRecord& record, std::vector<CoordinatorEffect>& out);
 
   /// Feeds one input; appends the effects to `out`. Expired deadlines are handled first.
   void Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);

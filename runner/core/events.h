@@ -3,6 +3,7 @@
 // simulated ports) turn port callbacks into inputs and execute effects; nothing else crosses.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -129,6 +130,22 @@ struct RecordRestart {
 struct RecordEnd {
   int exit_code = 0;
   std::string summary;
+};
+
+/// The job as its store keeps it (rendezvous.backend = "etcd": written by whoever holds the
+/// coordinator role, from CommitRound, RecordRestart, RecordEnd and RecordQuarantine), and what
+/// a coordinator that takes the role over continues from (Coordinator::TakeOver).
+struct JobRecord {
+  int next_round = 0;              // the number the next round takes
+  int restarts_used = 0;
+  bool round_may_run = false;      // a round was committed and its workers were not seen to stop
+  bool workers_may_run = false;    // the last round was counted, but a lost node's workers may run
+  bool done = false;               // the job ended and every agent heard it: a new launch starts afresh
+  std::optional<int> exit_code;    // the job ended with this (done or not)...
+  std::string summary;             // ...and its agents were told this
+  std::string holder;              // who wrote it: "node 1 (gpu-02)"
+  std::vector<QuarantinedHost> quarantined;
+  bool operator==(const JobRecord&) const = default;
 };
 
 // ---- What the coordinator observed ------------------------------------------------------

@@ -48,28 +48,28 @@ std::string AgentLabel(const JobSpec& spec, int agent) {
 // One field per line, the summary last (it spans lines). Quarantined hosts carry the time
 // left when written: a holder that takes over counts it from then (a host stays out a little
 // longer, never shorter, by the time the takeover took).
-std::string JobState::Format() const {
+std::string FormatJobRecord(const core::JobRecord& r) {
   std::string out = fmt::format(
-      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nunconfirmed={}\ndone={}\nholder={}\n", next_round,
-      restarts_used, running ? 1 : 0, unconfirmed ? 1 : 0, done ? 1 : 0, holder);
-  for (const core::QuarantinedHost& q : quarantined) {
+      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nunconfirmed={}\ndone={}\nholder={}\n", r.next_round,
+      r.restarts_used, r.round_may_run ? 1 : 0, r.workers_may_run ? 1 : 0, r.done ? 1 : 0, r.holder);
+  for (const core::QuarantinedHost& q : r.quarantined) {
     const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(q.left).count();
     out += fmt::format("quarantine={} {} {}\n", std::max<int64_t>(left_ms, 0), q.times, q.host);
   }
-  if (exit_code) out += fmt::format("exit={}\nsummary={}", *exit_code, summary);
+  if (r.exit_code) out += fmt::format("exit={}\nsummary={}", *r.exit_code, r.summary);
   return out;
 }
 
-std::optional<JobState> JobState::Parse(const std::string& text) {
+std::optional<core::JobRecord> ParseJobRecord(const std::string& text) {
   if (Field(text, "ddprun-state") != "1") return std::nullopt;
-  JobState state;
+  core::JobRecord state;
   const auto next = IntField(text, "next_round");
   const auto restarts = IntField(text, "restarts");
   if (!next || !restarts) return std::nullopt;
   state.next_round = *next;
   state.restarts_used = *restarts;
-  state.running = Field(text, "running") == "1";
-  state.unconfirmed = Field(text, "unconfirmed") == "1";
+  state.round_may_run = Field(text, "running") == "1";
+  state.workers_may_run = Field(text, "unconfirmed") == "1";
   state.done = Field(text, "done") == "1";
   state.holder = Field(text, "holder");
   size_t begin = 0;
@@ -244,12 +244,12 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
         lease_ = 0;
         return Fail(etcd_error);
       }
-      std::optional<JobState> previous;
-      if (result.entry) previous = JobState::Parse(result.entry->value);
+      std::optional<core::JobRecord> previous;
+      if (result.entry) previous = ParseJobRecord(result.entry->value);
       if (previous && previous->done) {
         // An earlier launch of the job ended: this one starts afresh, its quarantine kept.
         state_.quarantined = previous->quarantined;
-        earlier_workers_may_run_ = previous->running;
+        earlier_workers_may_run_ = previous->round_may_run;
         previous.reset();
       } else if (previous) {
         state_ = *previous;
@@ -325,14 +325,14 @@ void Election::MaybeWrite(TimePoint now) {
   dirty_ = false;
   written_commit_ = commit_round_;
   written_end_ = end_unacked_;
-  write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, state_.Format(), 0}});
+  write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, FormatJobRecord(state_), 0}});
 }
 
 void Election::Commit(TimePoint now, int round, int restarts_used) {
   state_.next_round = round + 1;
   state_.restarts_used = restarts_used;
-  state_.running = true;
-  state_.unconfirmed = false;  // the round starts only once its ranks' fences passed
+  state_.round_may_run = true;
+  state_.workers_may_run = false;  // the round starts only once its ranks' fences passed
   commit_round_ = round;
   dirty_ = true;
   MaybeWrite(now);
@@ -341,8 +341,8 @@ void Election::Commit(TimePoint now, int round, int restarts_used) {
 void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) {
   state_.next_round = next_round;
   state_.restarts_used = restarts_used;
-  state_.running = false;
-  state_.unconfirmed = workers_may_run;
+  state_.round_may_run = false;
+  state_.workers_may_run = workers_may_run;
   dirty_ = true;
   MaybeWrite(now);
 }
@@ -362,7 +362,7 @@ void Election::RecordQuarantine(TimePoint now, const std::vector<core::Quarantin
 }
 
 void Election::RecordStopped(TimePoint now) {
-  state_.running = false;
+  state_.round_may_run = false;
   dirty_ = true;
   MaybeWrite(now);
 }

@@ -18,23 +18,10 @@
 
 namespace ddprun::host {
 
-/// The job's state as the store keeps it under <prefix>/<job>/<run id>/state.
-struct JobState {
-  int next_round = 0;
-  int restarts_used = 0;
-  bool running = false;           // a round was committed and its workers not seen to stop
-  bool unconfirmed = false;       // the last round was counted, but a lost node's workers may run
-  bool done = false;              // the job ended and every agent heard it: a new launch starts afresh
-  std::optional<int> exit_code;   // the job ended with this (done or not)
-  std::string summary;            // what the agents were told at the end
-  std::string holder;             // who wrote this: "node 1 (gpu-02)"
-  std::vector<core::QuarantinedHost> quarantined;
-  bool operator==(const JobState&) const = default;
-
-  std::string Format() const;
-  /// nullopt when `text` is not a state this version wrote.
-  static std::optional<JobState> Parse(const std::string& text);
-};
+/// The job's record as the store keeps it under <prefix>/<job>/<run id>/state: one field per
+/// line. ParseJobRecord gives nullopt for a text this version did not write.
+std::string FormatJobRecord(const core::JobRecord& record);
+std::optional<core::JobRecord> ParseJobRecord(const std::string& text);
 
 class Election {
  public:
@@ -46,7 +33,7 @@ class Election {
     std::function<void(const std::string& why)> lookup_failed;
     /// This agent holds the role now; `state` is what the previous holder left (nullopt: none,
     /// or a job that was done).
-    std::function<void(const std::optional<JobState>& state)> lead;
+    std::function<void(const std::optional<core::JobRecord>& state)> lead;
     /// This agent no longer holds the role (its lease may have ended, or another holds it).
     std::function<void(const std::string& why)> step_down;
     /// CommitRound(round) is in the store.
@@ -67,7 +54,7 @@ class Election {
   void Lookup(TimePoint now);
   bool leading() const { return phase_ == Phase::kLeading; }
   /// The job's state as this holder last wrote it (or read it when it took over).
-  const JobState& state() const { return state_; }
+  const core::JobRecord& state() const { return state_; }
   const std::string& endpoint() const { return endpoint_; }
 
   /// Lets the role go without a step_down (the job is over here, or this agent cannot serve
@@ -129,7 +116,7 @@ class Election {
   TimePoint keepalive_sent_{};
   TimePoint next_keepalive_{};
   TimePoint valid_until_{};       // our lease certainly lives until then (from the send times)
-  JobState state_;
+  core::JobRecord state_;
   bool dirty_ = false;
   uint64_t write_id_ = 0;
   std::optional<int> commit_round_;   // a CommitRound not yet answered

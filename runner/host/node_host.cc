@@ -72,7 +72,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       awaiting_coordinator_ = false;
       RunAgent(core::MasterConnectFailed{core::ConnectError::kStore, why});
     };
-    listener.lead = [this](const std::optional<JobState>& previous) { Lead(previous); };
+    listener.lead = [this](const std::optional<core::JobRecord>& previous) { Lead(previous); };
     listener.step_down = [this](const std::string& why) { StepDown(why); };
     listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
     listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
@@ -143,7 +143,7 @@ void NodeHost::ConnectTo(const std::string& endpoint) {
   master_conn_ = ports_.transport->Connect(host, port);
 }
 
-void NodeHost::Lead(const std::optional<JobState>& previous) {
+void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
   const TimePoint now = ports_.clock->Now();
   if (!listening_) {
     const Status listening = ports_.transport->Listen(own_addr_, spec_.cluster.master_port);
@@ -172,17 +172,7 @@ void NodeHost::Lead(const std::optional<JobState>& previous) {
     coordinator_->AfterUncleanEnd(now, Duration::zero(), coordinator_effects_,
                                   "the previous launch of this job (etcd)");
   }
-  if (previous) {
-    core::Coordinator::Legacy legacy;
-    legacy.next_round = previous->next_round;
-    legacy.restarts_used = previous->restarts_used;
-    legacy.round_may_run = previous->running;
-    legacy.workers_may_run = previous->unconfirmed;
-    legacy.exit_code = previous->exit_code;
-    legacy.summary = previous->summary;
-    legacy.holder = previous->holder.empty() ? "the previous coordinator" : previous->holder;
-    coordinator_->TakeOver(now, legacy, coordinator_effects_);
-  }
+  if (previous) coordinator_->TakeOver(now, *previous, coordinator_effects_);
   if (!election_->state().quarantined.empty()) {
     coordinator_->RestoreQuarantine(election_->state().quarantined, coordinator_effects_);
   }

@@ -73,7 +73,7 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   void RunAgent(const core::AgentInput& input);
   /// With etcd: this agent now holds the coordinator role; `previous` is what the last holder
   /// left in the store.
-  void Lead(const std::optional<JobState>& previous);
+  void Lead(const std::optional<core::JobRecord>& previous);
   void StepDown(const std::string& why);
   /// Connects the agent to the coordinator at "host:port".
   void ConnectTo(const std::string& endpoint);

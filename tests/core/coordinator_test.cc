@@ -1157,6 +1157,21 @@ class EtcdCoordinatorTest : public CoordinatorTest {
   }
 };
 
+// What an earlier holder of the coordinator role left in the job's store.
+JobRecord Left(int next_round, int restarts_used, std::string holder, bool round_may_run = false) {
+  JobRecord record;
+  record.next_round = next_round;
+  record.restarts_used = restarts_used;
+  record.holder = std::move(holder);
+  record.round_may_run = round_may_run;
+  return record;
+}
+JobRecord Ended(JobRecord record, int exit_code, std::string summary) {
+  record.exit_code = exit_code;
+  record.summary = std::move(summary);
+  return record;
+}
+
 TEST_F(EtcdCoordinatorTest, RankZeroAndMasterAddrFollowTheCoordinatorsAgent) {
   coordinator_->PlaceRankZero(1, "gpu-02");
   EXPECT_EQ(FindLog(Join(0s, 0), "joined"), "node 0 (gpu-01) joined from 10.0.0.1 (1/2); it plays node rank 1");
@@ -1211,7 +1226,7 @@ TEST_F(EtcdCoordinatorTest, ARestartAndTheEndAreRecordedInEtcd) {
 TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTheOldWorkers) {
   std::vector<CoordinatorEffect> out;
   coordinator_->PlaceRankZero(1, "gpu-02");
-  coordinator_->TakeOver(At(0s), Coordinator::Legacy{3, 0, true, std::nullopt, "", "node 0 (gpu-01)"}, out);
+  coordinator_->TakeOver(At(0s), Left(3, 0, "node 0 (gpu-01)", /*round_may_run=*/true), out);
   EXPECT_EQ(FindLog(out, "taking over"),
             "taking over the job from node 0 (gpu-01): round 3 next, 0 of 1 restarts used");
   EXPECT_EQ(FindLog(out, "round 2 failed"),
@@ -1237,9 +1252,9 @@ TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTh
 
 TEST_F(EtcdCoordinatorTest, TakingOverACountedRoundWithALostNodesWorkersWaitsWithoutARestart) {
   std::vector<CoordinatorEffect> out;
-  Coordinator::Legacy legacy{2, 1, false, std::nullopt, "", "node 0 (gpu-01)"};
-  legacy.workers_may_run = true;
-  coordinator_->TakeOver(At(0s), legacy, out);
+  JobRecord left = Left(2, 1, "node 0 (gpu-01)");
+  left.workers_may_run = true;
+  coordinator_->TakeOver(At(0s), left, out);
   EXPECT_EQ(coordinator_->restarts_used(), 1);  // counted once, by the previous holder
   Join(1s, 0);
   const Effects all_in = Join(1s, 1);
@@ -1256,7 +1271,7 @@ TEST_F(EtcdCoordinatorTest, TakingOverACountedRoundWithALostNodesWorkersWaitsWit
 
 TEST_F(EtcdCoordinatorTest, TakingOverWithTheBudgetSpentEndsTheJobWithTheCause) {
   std::vector<CoordinatorEffect> out;
-  coordinator_->TakeOver(At(0s), Coordinator::Legacy{2, 1, true, std::nullopt, "", "node 1 (gpu-02)"}, out);
+  coordinator_->TakeOver(At(0s), Left(2, 1, "node 1 (gpu-02)", /*round_may_run=*/true), out);
   ASSERT_EQ(All<RecordEnd>(out).size(), 1u) << test::Describe(out);
   EXPECT_EQ(All<RecordEnd>(out)[0].exit_code, 1);
   EXPECT_NE(All<RecordEnd>(out)[0].summary.find("the coordinator (node 1 (gpu-02)) was lost while round 1 ran"),
@@ -1271,7 +1286,7 @@ TEST_F(EtcdCoordinatorTest, TakingOverWithTheBudgetSpentEndsTheJobWithTheCause) 
 
 TEST_F(EtcdCoordinatorTest, TakingOverAnEndedJobTellsTheSameVerdict) {
   std::vector<CoordinatorEffect> out;
-  coordinator_->TakeOver(At(0s), Coordinator::Legacy{1, 0, false, 0, "job \"demo\" finished", "node 0 (gpu-01)"},
+  coordinator_->TakeOver(At(0s), Ended(Left(1, 0, "node 0 (gpu-01)"), 0, "job \"demo\" finished"),
                          out);
   EXPECT_EQ(FindLog(out, "had ended"),
             "the job had ended (exit code 0) when node 0 (gpu-01) was lost; telling every agent the "

@@ -175,13 +175,13 @@ lease = "6s"
 // What one agent's election told it, in order.
 struct Heard {
   std::vector<std::string> lines;
-  std::optional<JobState> led_with;
+  std::optional<core::JobRecord> led_with;
 
   Election::Listener Listener() {
     return Election::Listener{
         .found = [this](const std::string& e) { lines.push_back("found " + e); },
         .lookup_failed = [this](const std::string& why) { lines.push_back("lookup failed: " + why); },
-        .lead = [this](const std::optional<JobState>& s) {
+        .lead = [this](const std::optional<core::JobRecord>& s) {
           led_with = s;
           lines.push_back(s ? "lead, round " + std::to_string(s->next_round) : "lead afresh");
         },
@@ -310,7 +310,7 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
   Client(2).Deliver(*e2, At(Seconds(7)));
   EXPECT_EQ(h2.Take(), "lead, round 1\nfound gpu-03:29500\n");
   ASSERT_TRUE(h2.led_with);
-  EXPECT_TRUE(h2.led_with->running);
+  EXPECT_TRUE(h2.led_with->round_may_run);
   EXPECT_EQ(h2.led_with->holder, "node 1 (gpu-02)");
 
   // e1 wakes up and tries to commit its next round: the compare on the role key's create
@@ -359,7 +359,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   ASSERT_TRUE(h0.led_with);
   EXPECT_EQ(h0.led_with->next_round, 2);
   EXPECT_EQ(h0.led_with->restarts_used, 1);
-  EXPECT_TRUE(h0.led_with->running);
+  EXPECT_TRUE(h0.led_with->round_may_run);
   ASSERT_EQ(h0.led_with->quarantined.size(), 1u);
   EXPECT_EQ(h0.led_with->quarantined[0].host, "gpu-03");
   EXPECT_EQ(h0.led_with->quarantined[0].times, 3);
@@ -435,22 +435,22 @@ TEST_F(ElectionTest, ResignRevokesTheLeaseAndSaysWhenEtcdHasIt) {
   EXPECT_EQ(h.Take(), "flushed\n");
 }
 
-TEST(JobStateTest, FormatAndParseRoundTrip) {
-  JobState s;
+TEST(JobRecordTest, FormatAndParseRoundTrip) {
+  core::JobRecord s;
   s.next_round = 7;
   s.restarts_used = 3;
-  s.running = true;
-  s.unconfirmed = true;
+  s.round_may_run = true;
+  s.workers_may_run = true;
   s.holder = "spare 0 (gpu-09)";
   s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
   s.exit_code = 1;
   s.summary = "job \"x\" FAILED\nroot cause: rank 3\nsummary=not a field\n";
-  const auto back = JobState::Parse(s.Format());
+  const auto back = ParseJobRecord(FormatJobRecord(s));
   ASSERT_TRUE(back);
   EXPECT_EQ(*back, s);
-  EXPECT_FALSE(JobState::Parse("something else"));
-  EXPECT_FALSE(JobState::Parse("ddprun-state=2\nnext_round=1\nrestarts=0\n"));
-  EXPECT_FALSE(JobState::Parse("ddprun-state=1\nnext_round=x\nrestarts=0\n"));
+  EXPECT_FALSE(ParseJobRecord("something else"));
+  EXPECT_FALSE(ParseJobRecord("ddprun-state=2\nnext_round=1\nrestarts=0\n"));
+  EXPECT_FALSE(ParseJobRecord("ddprun-state=1\nnext_round=x\nrestarts=0\n"));
 }
 
 }  // namespace
