@@ -53,6 +53,7 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   }
   const std::optional<int> node_rank = detected->rank;
   job.run.node_rank = *node_rank;
+  job.run.rank_source = detected->how;
   // A listed node or spare is known by its entry; otherwise by the host's own name.
   job.run.host = job.spec.cluster.HostOf(*node_rank);
   if (job.run.host.empty()) job.run.host = LocalHostName();
@@ -70,6 +71,9 @@ int RunCommand(const RunOptions& options) {
   auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.verbose = options.verbose;
+  job->run.controlled_by_up = options.under_up;
+  // Under `up` the job's summary is printed once, by node 0 (the coordinator's node).
+  job->run.print_job_summary = !options.under_up || job->run.node_rank == 0;
   return io::RunNode(job->spec, job->run);
 }
 

@@ -21,11 +21,11 @@
 namespace ddprun::cli {
 namespace {
 
-constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check",  "preflight",
-                                             "schema", "init",     "report", "__preflight-worker"};
+constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check", "preflight", "schema",
+                                             "init",   "report",   "up",    "__preflight-worker"};
 // What a mistyped command is compared with (the hidden one is not suggested).
 constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check", "preflight",
-                                                   "schema", "init",     "report"};
+                                                   "schema", "init",     "report", "up"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {
@@ -113,6 +113,7 @@ int Main(int argc, char** argv) {
       "  ddprun check job.toml        validate and print ranks, environment, torchrun commands\n"
       "  ddprun job.toml              on every node: start this node's agent\n"
       "  ddprun job.toml -- --lr 0.1  the same, appending `--lr 0.1` to job.command\n"
+      "  ddprun up job.toml           from one machine: every node's agent over ssh\n"
       "  ddprun --simulate job.toml   the whole cluster with faults, in virtual time\n"
       "  ddprun report logs/job       a real run's timeline page from its event logs\n"
       "  ddprun schema > job-file.schema.json\n"
@@ -130,6 +131,8 @@ int Main(int argc, char** argv) {
                           "host's position in cluster.nodes)")
           ->check(CLI::NonNegativeNumber);
   run_cmd->add_flag("-v,--verbose", run.verbose, "Log the protocol as it happens");
+  // Hidden: what `ddprun up` passes to each agent it starts (stdin is the link to it).
+  run_cmd->add_flag("--under-up", run.under_up, "")->group("");
   run_cmd->footer(
       "Examples:\n"
       "  ddprun run job.toml                  node rank from the host name in cluster.nodes\n"
@@ -138,6 +141,28 @@ int Main(int argc, char** argv) {
       "  DDPRUN_NODE_RANK=1 ddprun job.toml\n"
       "  ddprun job.toml -- --lr 0.1          append arguments to job.command (every node\n"
       "                                       must pass the same: they are part of the job)");
+
+  UpOptions up;
+  CLI::App* up_cmd = app.add_subcommand("up", "From one machine: start, watch and stop every node's agent over ssh");
+  up_cmd->add_option("job", up.job_path,
+                     "The job file; the nodes read it at the same path (a shared or checked-out folder), "
+                     "or --copy puts it there")
+      ->required();
+  up_cmd->add_flag("--copy", up.copy, "Copy the job file to the same path on every host first");
+  up_cmd->add_option("--remote-ddprun", up.remote_ddprun,
+                     "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
+  up_cmd->add_option("--connect-timeout", up.connect_timeout_s, "Seconds ssh waits for each host (default 10)")
+      ->check(CLI::Range(1, 600));
+  up_cmd->footer(
+      "Runs `ssh HOST ddprun run job.toml --node-rank K` for every host of cluster.nodes and\n"
+      "cluster.spares, with your own ssh configuration; DDPRUN_SSH_COMMAND replaces `ssh` and\n"
+      "its options (as GIT_SSH_COMMAND does for git). Ctrl-C stops the job on every node.\n"
+      "\n"
+      "Examples:\n"
+      "  ddprun up job.toml\n"
+      "  ddprun up job.toml -- --lr 0.1\n"
+      "  ddprun up job.toml --copy --remote-ddprun /opt/ddprun/bin/ddprun\n"
+      "  DDPRUN_SSH_COMMAND=\"ssh -F cluster.sshconfig\" ddprun up job.toml");
 
   SimulateOptions sim;
   uint64_t sim_seed = 0;
@@ -309,15 +334,15 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     const CLI::App* command = &app;
-    for (const CLI::App* sub : {run_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd, report_cmd}) {
+    for (const CLI::App* sub : {run_cmd, up_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd, report_cmd}) {
       if (args.size() > 1 && sub->get_name() == args[1]) command = sub;
     }
     std::fputs(FlagHints(*command, args).c_str(), stderr);
     return kExitUsage;
   }
   if (!script_args.empty() && !run_cmd->parsed() && !check_cmd->parsed() &&
-      !preflight_cmd->parsed()) {
-    std::fputs("ddprun: error: arguments after `--` are for the script: only `run`, `check` "
+      !preflight_cmd->parsed() && !up_cmd->parsed()) {
+    std::fputs("ddprun: error: arguments after `--` are for the script: only `run`, `up`, `check` "
                "and `preflight` take them\n",
                stderr);
     return kExitUsage;
@@ -328,6 +353,10 @@ int Main(int argc, char** argv) {
     run.script_args = script_args;
     if (*run_rank_opt) run.node_rank = run_node_rank;
     return RunCommand(run);
+  }
+  if (up_cmd->parsed()) {
+    up.script_args = script_args;
+    return UpCommand(up);
   }
   if (sim_cmd->parsed()) {
     if (*seed_opt) sim.seed = sim_seed;

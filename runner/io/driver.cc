@@ -39,6 +39,7 @@
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
 #include "runner/io/console_writer.h"
+#include "runner/io/controller_link.h"
 #include "runner/io/etcd_store.h"
 #include "runner/io/event_file.h"
 #include "runner/io/guardian.h"
@@ -118,12 +119,17 @@ class TerminalConsole final : public host::Console {
     // This node's own facts (its log folder, logs it could not write) follow the job's words.
     std::string footer = footer_ ? footer_() : "";
     if (!footer.empty() && footer.back() == '\n') footer.pop_back();
+    if (!job_summary_) {
+      if (!footer.empty()) Log(core::LogLevel::kInfo, "agent", footer);
+      return;
+    }
     // The summary carries text from other nodes and from workers (tracebacks, a peer's
     // reason): escaped, like every line this console prints.
     Print(fmt::format("{}\n{}\n{}{}{}\n", rule, EscapeLinesForTerminal(text),
                       EscapeLinesForTerminal(footer), footer.empty() ? "" : "\n", rule));
   }
   void SetSummaryFooter(std::function<std::string()> footer) { footer_ = std::move(footer); }
+  void OmitJobSummary() { job_summary_ = false; }
 
  private:
   static std::string Clock() {
@@ -139,6 +145,7 @@ class TerminalConsole final : public host::Console {
   int node_rank_;
   bool verbose_;
   bool color_;
+  bool job_summary_ = true;
   std::function<std::string()> footer_;
 };
 
@@ -558,6 +565,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   };
   RealProcessLauncher launcher(io, launcher_options);
   console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
+  if (!options.print_job_summary) console.OmitJobSummary();
 
   // Node 0's journal lets a coordinator started again here (a reboot, a killed agent) wait for
   // the workers of the previous one to be gone before its first round (docs/running.md).
@@ -614,6 +622,15 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
+  std::unique_ptr<ControllerLink> controller;
+  if (options.controlled_by_up) {
+    auto watched = ControllerLink::Watch(io, [&node](int signal) { node.OnSignal(signal); });
+    if (!watched) {
+      std::fprintf(stderr, "ddprun: error: %s\n", watched.error().c_str());
+      return 70;
+    }
+    controller = *std::move(watched);
+  }
 
   const bool spare = options.node_rank >= spec.cluster.nnodes;
   console.Log(core::LogLevel::kInfo, "agent",
@@ -689,7 +706,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console.Log(core::LogLevel::kWarn, "agent", loopback);
   }
   if (const Status started = node.Start(); !started) {
-    console.Summary("ddprun cannot start node 0's coordinator: " + started.error());
+    console.Summary("ddprun cannot start node 0's coordinator: " + started.error() +
+                    (options.rank_source.empty() ? "" : "\n(this agent is node 0: " + options.rank_source + ")"));
     console_writer.FlushForExit(kExitFlushLimitMs);
     return 3;
   }

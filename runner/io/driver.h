@@ -18,6 +18,14 @@ struct NodeRunOptions {
   /// When set, the console shows only this global rank's output, without the `[n0 r0] `
   /// prefix, whatever logs.console says (preflight's report); the log files keep everything.
   std::optional<int> raw_console_rank;
+  /// How the node rank was found ("--node-rank", "this host (gpu-02) is cluster.nodes[1]"),
+  /// for a message that blames the rank; "" when unknown.
+  std::string rank_source;
+  /// Started by `ddprun up`: stdin is the link to it (runner/io/controller_link.h).
+  bool controlled_by_up = false;
+  /// False on every node but node 0 under `ddprun up`: that node prints only its own footer
+  /// (its log folder), since `up` shows one stream and the job's summary once.
+  bool print_job_summary = true;
 };
 
 struct SharedSecret {
