@@ -51,6 +51,7 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
     std::fprintf(stderr, "ddprun: error: %s\n", detected.error().c_str());
     return std::nullopt;
   }
+  if (!detected->warning.empty()) std::fprintf(stderr, "ddprun: warning: %s\n", detected->warning.c_str());
   const std::optional<int> node_rank = detected->rank;
   job.run.node_rank = *node_rank;
   job.run.rank_source = detected->how;

@@ -40,6 +40,7 @@
 #include "runner/io/asio_transport.h"
 #include "runner/io/console_writer.h"
 #include "runner/io/controller_link.h"
+#include "runner/io/node_identity_slurm.h"
 #include "runner/io/etcd_store.h"
 #include "runner/io/event_file.h"
 #include "runner/io/guardian.h"
@@ -337,7 +338,7 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
   const int nnodes = spec.cluster.nnodes;
   const int agents = spec.cluster.Agents();
   auto in_range = [&](int rank, const std::string& source) -> Result<DetectedRank> {
-    if (rank >= 0 && rank < agents) return DetectedRank{rank, source};
+    if (rank >= 0 && rank < agents) return DetectedRank{rank, source, ""};
     if (spec.cluster.spares > 0) {
       return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks "
                               "0..{}) and {} spare{} (ranks {}..{})",
@@ -349,13 +350,23 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
                             rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
   };
   if (flag) return in_range(*flag, "--node-rank");
-  for (const char* var : {"DDPRUN_NODE_RANK", "SLURM_NODEID"}) {
-    // An empty variable counts as unset, as shells and schedulers often leave them.
-    if (const char* value = std::getenv(var); value && *value) {
-      if (auto rank = ParseRank(value)) return in_range(*rank, var);
-      return Fail(fmt::format("{}=\"{}\" is not a node rank (a non-negative integer)", var, value));
-    }
+  // An empty variable counts as unset, as shells and schedulers often leave them.
+  if (const char* value = std::getenv("DDPRUN_NODE_RANK"); value && *value) {
+    if (auto rank = ParseRank(value)) return in_range(*rank, "DDPRUN_NODE_RANK");
+    return Fail(fmt::format("DDPRUN_NODE_RANK=\"{}\" is not a node rank (a non-negative integer)", value));
   }
+  if (const char* value = std::getenv("SLURM_NODEID"); value && *value) {
+    auto rank = RankFromSlurmNodeId(spec, value, DetectNodeRankByHost(spec));
+    if (!rank) return rank;
+    auto checked = in_range(rank->rank, rank->how);
+    if (checked) checked->warning = rank->warning;
+    return checked;
+  }
+  return DetectNodeRankByHost(spec);
+}
+
+Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
+  const int nnodes = spec.cluster.nnodes;
   if (spec.cluster.nodes.empty()) {
     return Fail("cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
                 "--node-rank N or set DDPRUN_NODE_RANK on each node");
@@ -377,9 +388,9 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
   if (matches.size() == 1) {
     if (matches[0] >= nnodes) {
       return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.spares[{}]", host,
-                                                  matches[0] - nnodes)};
+                                                  matches[0] - nnodes), ""};
     }
-    return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0])};
+    return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0]), ""};
   }
   if (matches.empty()) {
     return Fail(fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
@@ -521,6 +532,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // Workers run user code: they do not need the job's secret.
   config.inherited_env.erase("DDPRUN_SECRET");
   config.inherited_env.erase("DDPRUN_SECRET_FILE");
+  // Nor srun's task layout, which Lightning and Accelerate would read as the process layout.
+  RemoveSlurmTaskLayout(config.inherited_env);
   const auto secret = ReadSharedSecret();
   if (!secret) {
     std::fprintf(stderr, "ddprun: error: %s\n", secret.error().c_str());

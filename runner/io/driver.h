@@ -45,8 +45,11 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options);
 struct DetectedRank {
   int rank = 0;
   std::string how;  // "--node-rank", "DDPRUN_NODE_RANK", "this host (gpu-02) is cluster.nodes[1]"
+  std::string warning;  // a source that was overruled (SLURM_NODEID), for the user; "" if none
 };
 Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag);
+/// This node's rank from its host name or addresses alone (cluster.nodes and spares).
+Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec);
 
 /// Why cluster.master_addr cannot work for a job of several hosts when seen from this host: a
 /// host name (not an address, not "localhost") that resolves here to a loopback address, as
