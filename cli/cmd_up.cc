@@ -15,6 +15,7 @@
 #include "runner/io/remote_processes.h"
 #include "runner/io/ssh_command.h"
 #include "schema/diagnostics.h"
+#include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {
@@ -94,7 +95,7 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::strin
 int UpCommand(const UpOptions& options) {
   std::error_code ec;
   const std::string job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
-  LoadResult loaded = LoadJobFile(options.job_path);
+  LoadResult loaded = LoadJobFile(options.job_path, io::MachineLoadContext());
   if (!loaded.diagnostics.items.empty()) {
     const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);

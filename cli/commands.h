@@ -84,6 +84,7 @@ struct InitOptions {
   int gpus_per_node = 1;            // 0: a CPU job with one worker per node
   int master_port = 29500;
   bool force = false;               // overwrite an existing file
+  bool slurm = false;               // --slurm: hosts from the allocation, and an sbatch script
 };
 
 /// The hidden `ddprun __preflight-worker`: what `preflight` runs as every rank.

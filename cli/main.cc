@@ -271,11 +271,16 @@ int Main(int argc, char** argv) {
   init_cmd->add_option("--master-port", init.master_port, "Default 29500")
       ->check(CLI::Range(1, 65535));
   init_cmd->add_flag("--force", init.force, "Overwrite an existing file");
+  init_cmd->add_flag("--slurm", init.slurm,
+                     "Take the hosts from the SLURM allocation (cluster.hosts_from) and write an sbatch "
+                     "script beside the job file (job.toml -> job.sbatch)")
+      ->excludes(init_nodes_opt);
   init_cmd->footer(
       "Examples:\n"
       "  ddprun init --nodes gpu-01,gpu-02 --gpus 8 --script train.py\n"
       "  ddprun init --nnodes 4 --gpus 8 -o big.toml\n"
-      "  ddprun init --gpus 0                      one node, one CPU worker");
+      "  ddprun init --gpus 0                      one node, one CPU worker\n"
+      "  ddprun init --slurm --nnodes 4 --gpus 8   and job.sbatch: sbatch job.sbatch");
 
   PreflightOptions preflight;
   int preflight_node_rank = 0;

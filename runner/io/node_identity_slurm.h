@@ -11,6 +11,7 @@
 
 #include "base/result.h"
 #include "runner/io/driver.h"
+#include "schema/loader.h"
 
 namespace ddprun::io {
 
@@ -30,5 +31,18 @@ Result<DetectedRank> RankFromSlurmNodeId(const JobSpec& spec, const std::string&
 /// which ddprun sets) comes first. Removed from the workers' environment; the allocation's
 /// facts (SLURM_JOB_ID, SLURM_JOB_NODELIST, ...) stay.
 void RemoveSlurmTaskLayout(std::map<std::string, std::string>& env);
+
+/// The hosts of the allocation this process runs in: SLURM_JOB_NODELIST expanded by the real
+/// `scontrol show hostnames` (no hostlist parser of our own), in SLURM's order.
+Result<std::vector<std::string>> SlurmAllocationHosts();
+
+/// What the job file loader is told about this machine: inside a SLURM allocation
+/// (SLURM_JOB_NODELIST set), where cluster.hosts_from = "slurm" takes its hosts.
+LoadContext MachineLoadContext();
+
+/// Under srun, a job file that lists its hosts must name the allocation's hosts (by name, short
+/// name or an address the name resolves to): each allocation host is one of cluster.nodes or
+/// cluster.spares. An error names both lists and the hosts that differ.
+Status CheckListedHostsAgainstAllocation(const JobSpec& spec, const std::vector<std::string>& allocation);
 
 }  // namespace ddprun::io

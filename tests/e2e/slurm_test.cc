@@ -113,12 +113,16 @@ class SlurmTest : public ::testing::Test {
     for (const std::string& part : NsenterPrefix(i)) line += ShellQuote(part) + " ";
     return ShellOutput(line + "sh -c " + ShellQuote(command) + " 2>&1", output);
   }
-  /// `srun ... ddprun job.toml` on host 0, in the background; its output in srun-<n>.out.
-  AgentProcess& Srun(const std::string& job) {
+  /// `srun ... ddprun args` (or `launcher ... ddprun args`) on host 0, in the background; its
+  /// output in srun-<n>.out.
+  AgentProcess& Srun(const std::string& job,
+                     std::vector<std::string> launcher = {"srun", "-N3", "--ntasks-per-node=1", "--job-name=ddprun-e2e"},
+                     std::vector<std::string> args = {}) {
     std::vector<std::string> prefix = NsenterPrefix(0);
-    for (const char* word : {"srun", "-N3", "--ntasks-per-node=1", "--job-name=ddprun-e2e"}) prefix.push_back(word);
+    prefix.insert(prefix.end(), launcher.begin(), launcher.end());
+    args.push_back(job);
     agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{job}, dir_.path() + "/srun-" + std::to_string(agents_.size()) + ".out",
+        args, dir_.path() + "/srun-" + std::to_string(agents_.size()) + ".out",
         std::map<std::string, std::string>{{"SLURM_CONF", conf_}, {"DDPRUN_NODE_RANK", ""}}, prefix));
     return *agents_.back();
   }
@@ -206,6 +210,84 @@ TEST_F(SlurmTest, ScancelStopsEveryNodesWorkersWithinStopGrace) {
               << " ms\n" << srun.Output();
   }
   EXPECT_THAT(srun.Output(), HasSubstr("received SIGTERM"));
+}
+
+// cluster.hosts_from = "slurm": the hosts, their count and master_addr come from the allocation
+// through the real `scontrol show hostnames`; `check` shows them inside an allocation and says
+// what it cannot know outside one.
+TEST_F(SlurmTest, HostsFromSlurmTakesTheAllocationsHosts) {
+  if (!bed_) return;
+  // Host names that resolve to the data addresses on every host, as a cluster's DNS would.
+  std::string hosts = "127.0.0.1 localhost\n";
+  for (const TestHost& h : bed_->hosts()) hosts += h.data_addr + " " + h.name + "\n";
+  for (int i = 0; i < 3; ++i) bed_->SetHostsFile(i, hosts);
+  const std::string job = bed_->Write(
+      "job.toml",
+      "version = 1\n[job]\nname = \"alloc\"\ncommand = [\"/bin/sh\", \"-c\", \"echo rank $RANK of $WORLD_SIZE on "
+      "$(hostname) master $MASTER_ADDR\"]\n[cluster]\nhosts_from = \"slurm\"\nmaster_port = 29500\n"
+      "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 3\n"
+      "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n");
+  std::string outside;
+  EXPECT_EQ(RunOn(0, std::string(DDPRUN_BINARY) + " check " + job, &outside), 0) << outside;
+  EXPECT_THAT(outside, HasSubstr("not in a SLURM allocation (SLURM_JOB_NODELIST is not set): the hosts are known "
+                                 "only under srun or sbatch; shown here as 3 nodes without names"));
+
+  AgentProcess& check = Srun(job, {"salloc", "-N3", "--job-name=ddprun-e2e"}, {"check"});
+  ASSERT_EQ(check.Wait(60s), 0) << check.Output();
+  EXPECT_THAT(check.Output(), Not(HasSubstr("not in a SLURM allocation")));
+  for (const TestHost& h : bed_->hosts()) EXPECT_THAT(check.Output(), HasSubstr(h.name));
+
+  AgentProcess& srun = Srun(job);
+  ASSERT_EQ(srun.Wait(120s), 0) << srun.Output();
+  EXPECT_THAT(srun.Output(), HasSubstr("rank 0 of 6 on gpu-01 master gpu-01"));
+  EXPECT_THAT(srun.Output(), HasSubstr("rank 5 of 6 on gpu-03 master gpu-01"));
+  EXPECT_THAT(srun.Output(), HasSubstr("node 1 of 3 (gpu-02), 2 workers here, master gpu-01:29500"));
+}
+
+// `ddprun init --slurm` writes a job file and an sbatch script that `sbatch` runs as written.
+TEST_F(SlurmTest, InitSlurmWritesAnSbatchScriptThatRuns) {
+  if (!bed_) return;
+  std::string hosts = "127.0.0.1 localhost\n";
+  for (const TestHost& h : bed_->hosts()) hosts += h.data_addr + " " + h.name + "\n";
+  for (int i = 0; i < 3; ++i) bed_->SetHostsFile(i, hosts);
+  bed_->Write("work.sh", "#!/bin/sh\necho \"rank $RANK of $WORLD_SIZE on $(hostname) args $*\"\n");
+  ::chmod((bed_->HomeOf(0) + "/work.sh").c_str(), 0755);
+  const std::string ddprun_dir = std::filesystem::path(DDPRUN_BINARY).parent_path().string();
+  std::string output;
+  ASSERT_EQ(RunOn(0, std::string(DDPRUN_BINARY) + " init --slurm --nnodes 3 --gpus 0 --script ./work.sh --name bed",
+                  &output),
+            0)
+      << output;
+  EXPECT_THAT(output, HasSubstr("wrote job.toml and job.sbatch; next: ddprun check job.toml, then sbatch job.sbatch"));
+  const std::string script = bed_->Read(0, "job.sbatch");
+  EXPECT_THAT(script, HasSubstr("#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1"));
+  EXPECT_THAT(bed_->Read(0, "job.toml"), HasSubstr("hosts_from = \"slurm\""));
+  ASSERT_EQ(RunOn(0, "PATH=" + ddprun_dir + ":$PATH sbatch --wait job.sbatch --lr 0.1", &output), 0)
+      << output << dir_.Read("slurmctld.log");
+  std::string batch_output;
+  for (const auto& entry : std::filesystem::directory_iterator(bed_->HomeOf(0))) {
+    if (entry.path().filename().string().starts_with("bed-")) batch_output = bed_->Read(0, entry.path().filename());
+  }
+  EXPECT_THAT(batch_output, HasSubstr("rank 0 of 3 on gpu-01 args --lr 0.1"));
+  EXPECT_THAT(batch_output, HasSubstr("rank 2 of 3 on gpu-03 args --lr 0.1"));
+  EXPECT_THAT(batch_output, HasSubstr("job \"bed\" succeeded"));
+}
+
+// A job file that lists hosts other than the allocation's: every task says which, before any
+// worker starts.
+TEST_F(SlurmTest, ListedHostsThatAreNotTheAllocationsAreAnError) {
+  if (!bed_) return;
+  const std::string job = bed_->Write(
+      "job.toml", "version = 1\n[job]\nname = \"other\"\ncommand = [\"/bin/sh\", \"-c\", \"echo worker-ran\"]\n"
+                  "[cluster]\nnodes = [\"" + bed_->host(0).data_addr + "\", \"" + bed_->host(1).data_addr +
+                  "\", \"192.0.2.50\"]\nmaster_port = 29500\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\n"
+                  "num_nodes = 3\n");
+  AgentProcess& srun = Srun(job);
+  ASSERT_TRUE(srun.Wait(60s).has_value());
+  EXPECT_THAT(srun.Output(), HasSubstr("ddprun: error: the SLURM allocation's hosts (gpu-01, gpu-02, gpu-03) are not "
+                                       "the job file's (cluster.nodes [" + bed_->host(0).data_addr + ", " +
+                                       bed_->host(1).data_addr + ", 192.0.2.50]): gpu-03 is not in the job file"));
+  EXPECT_THAT(srun.Output(), Not(HasSubstr("worker-ran")));
 }
 
 }  // namespace
