@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -90,38 +92,183 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::strin
   return ok;
 }
 
-}  // namespace
+/// The job as `up`, `status` and `down` see it: loaded, with hosts ssh can be given.
+struct UpJob {
+  JobSpec spec;
+  std::string job_path;  // absolute: the same path on every host
+  std::string source_text;
+};
 
-int UpCommand(const UpOptions& options) {
+std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command) {
   std::error_code ec;
-  const std::string job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
+  UpJob job;
+  job.job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
   LoadResult loaded = LoadJobFile(options.job_path, io::MachineLoadContext());
   if (!loaded.diagnostics.items.empty()) {
     const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
-  if (!loaded.spec) return kExitUsage;
-  JobSpec spec = std::move(*loaded.spec);
-  AppendScriptArgs(spec, options.script_args);
+  if (!loaded.spec) return std::nullopt;
+  job.spec = std::move(*loaded.spec);
+  job.source_text = std::move(loaded.source_text);
+  AppendScriptArgs(job.spec, options.script_args);
+  const JobSpec& spec = job.spec;
   if (spec.cluster.nodes.empty()) {
     std::fprintf(stderr,
-                 "ddprun up: error: %s gives cluster.nnodes but not the hosts; `up` needs them to know "
-                 "where to start the agents\n  hint: list them in cluster.nodes (host names or addresses, "
+                 "ddprun %s: error: %s gives cluster.nnodes but not the hosts; `%s` needs them to know "
+                 "where the agents run\n  hint: list them in cluster.nodes (host names or addresses, "
                  "as ssh reaches them)\n",
-                 options.job_path.c_str());
-    return kExitUsage;
+                 command, options.job_path.c_str(), command);
+    return std::nullopt;
   }
   if (static_cast<int>(spec.cluster.spare_hosts.size()) < spec.cluster.spares) {
-    std::fprintf(stderr, "ddprun up: error: cluster.spares gives a count, not hosts; `up` needs the spares' "
-                         "host names\n");
-    return kExitUsage;
+    std::fprintf(stderr, "ddprun %s: error: cluster.spares gives a count, not hosts; `%s` needs the spares' "
+                         "host names\n", command, command);
+    return std::nullopt;
   }
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     if (const Status checked = io::CheckDestination(spec.cluster.HostOf(agent)); !checked) {
-      std::fprintf(stderr, "ddprun up: error: %s\n", checked.error().c_str());
-      return kExitUsage;
+      std::fprintf(stderr, "ddprun %s: error: %s\n", command, checked.error().c_str());
+      return std::nullopt;
     }
   }
+  return job;
+}
+
+/// Where agent `agent` of a detached job keeps its pid and console (ssh_command.h).
+io::DetachedFiles FilesOf(const UpJob& job, int agent) {
+  const std::filesystem::path dir = std::filesystem::path(job.job_path).parent_path();
+  const std::string base = (dir / job.spec.logs.dir / job.spec.job.name).lexically_normal().string();
+  return {fmt::format("{}/up-n{}.pid", base, agent), fmt::format("{}/up-n{}.console", base, agent)};
+}
+
+/// One remote line per host at once, through ssh, collected; the outcomes in host order.
+std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& options,
+                                          const std::function<std::string(int)>& line, int extra_wait_s) {
+  const std::string ssh_command = Env("DDPRUN_SSH_COMMAND");
+  std::vector<io::RemoteChild> children;
+  for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
+    io::RemoteChild child;
+    child.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), job.spec.cluster.HostOf(agent),
+                             line(agent));
+    children.push_back(std::move(child));
+  }
+  io::RunLimits limits;
+  limits.deadline = std::chrono::seconds(options.connect_timeout_s + 5 + extra_wait_s);
+  return io::RunRemoteChildren(children, limits).children;
+}
+
+/// The "state: ..." line of a status or down answer ("" when there is none).
+std::string StateOf(const std::string& out) {
+  const size_t at = out.find("state: ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 7, out.find('\n', at) - at - 7);
+}
+
+/// ssh's own failure for a status or down answer that has no state line.
+std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& child, const UpOptions& options) {
+  const io::ProbeOutcome read = io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err,
+                                              "ddprun", job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
+  return read.ok ? "no answer" : read.what + "\n  " + read.fix;
+}
+
+int StartDetached(const UpJob& job, const UpOptions& options) {
+  const auto started = OnEveryHost(job, options, [&](int agent) {
+    io::AgentCommand command;
+    command.remote_ddprun = options.remote_ddprun;
+    command.job_path = job.job_path;
+    command.node_rank = agent;
+    command.script_args = options.script_args;
+    command.secret_file = Env("DDPRUN_SECRET_FILE");
+    return io::DetachedAgentLine(command, FilesOf(job, agent));
+  }, 0);
+  int failed = 0;
+  for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = started[static_cast<size_t>(agent)];
+    const size_t at = child.out.find("started ");
+    if (child.exit_status == 0 && at != std::string::npos) {
+      std::fprintf(stderr, "ddprun up: %s: agent started, pid %s; console in %s\n", Who(job.spec, agent).c_str(),
+                   child.out.substr(at + 8, child.out.find('\n', at) - at - 8).c_str(),
+                   FilesOf(job, agent).console.c_str());
+    } else {
+      ++failed;
+      std::fprintf(stderr, "ddprun up: error: %s: cannot start the agent: %s\n", Who(job.spec, agent).c_str(),
+                   SshFailure(job, agent, child, options).c_str());
+    }
+  }
+  if (failed > 0) {
+    std::fprintf(stderr, "ddprun up: `ddprun down %s` stops the agents that did start\n", options.job_path.c_str());
+    return kExitRendezvous;
+  }
+  std::fprintf(stderr, "ddprun up: detached; `ddprun status %s` shows the agents, `ddprun down %s` stops the job\n",
+               options.job_path.c_str(), options.job_path.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+int StatusCommand(const UpOptions& options) {
+  const auto job = LoadUpJob(options, "status");
+  if (!job) return kExitUsage;
+  const auto answers = OnEveryHost(*job, options, [&](int agent) { return io::StatusLine(job->job_path, FilesOf(*job, agent)); }, 0);
+  int running = 0;
+  for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
+    const std::string state = StateOf(child.out);
+    if (state.empty()) {
+      std::printf("%s: unknown: %s\n", Who(job->spec, agent).c_str(), SshFailure(*job, agent, child, options).c_str());
+      continue;
+    }
+    if (state.starts_with("running")) ++running;
+    std::printf("%s: %s\n", Who(job->spec, agent).c_str(),
+                state.starts_with("running")  ? ("running, pid " + state.substr(8)).c_str()
+                : state.starts_with("exited") ? ("not running (pid " + state.substr(7) + " has exited)").c_str()
+                                              : "never started by `ddprun up --detach`");
+    std::istringstream lines(child.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("log: ")) std::printf("    %s\n", line.substr(5).c_str());
+    }
+  }
+  // 0 when every agent runs, 1 when none or some do not (the job is over or broken).
+  return running == job->spec.cluster.Agents() ? kExitOk : kExitJobFailed;
+}
+
+int DownCommand(const UpOptions& options) {
+  const auto job = LoadUpJob(options, "down");
+  if (!job) return kExitUsage;
+  const int wait_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) + 5;
+  const auto answers = OnEveryHost(*job, options, [&](int agent) {
+    return io::DownLine(job->job_path, FilesOf(*job, agent), wait_s);
+  }, wait_s);
+  bool ok = true;
+  for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
+    const std::string state = StateOf(child.out);
+    std::string said;
+    if (state.empty()) {
+      ok = false;
+      said = "unknown: " + SshFailure(*job, agent, child, options);
+    } else if (state.starts_with("stopped")) {
+      said = "stopped (pid " + state.substr(8) + ")";
+    } else if (state.starts_with("not-running")) {
+      said = "was not running (pid " + state.substr(12) + ")";
+    } else if (state.starts_with("never-started")) {
+      said = "no agent started by `ddprun up --detach` here";
+    } else {
+      ok = false;
+      said = "still running (pid " + state.substr(14) + ") after SIGTERM and " + std::to_string(wait_s) + " s";
+    }
+    std::printf("%s: %s\n", Who(job->spec, agent).c_str(), said.c_str());
+  }
+  return ok ? kExitOk : kExitJobFailed;
+}
+
+int UpCommand(const UpOptions& options) {
+  auto loaded_job = LoadUpJob(options, "up");
+  if (!loaded_job) return kExitUsage;
+  const UpJob& job = *loaded_job;
+  const std::string& job_path = job.job_path;
+  const JobSpec& spec = job.spec;
   const std::string ssh_command = Env("DDPRUN_SSH_COMMAND");
   if (!Env("DDPRUN_SECRET").empty()) {
     // On a command line it would show in every host's process list.
@@ -134,10 +281,12 @@ int UpCommand(const UpOptions& options) {
                spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
   if (!ProbeHosts(spec, options, ssh_command, job_path)) return kExitRendezvous;
   if (options.copy) {
-    if (!CopyJobFile(spec, options, ssh_command, job_path, loaded.source_text)) return kExitRendezvous;
+    if (!CopyJobFile(spec, options, ssh_command, job_path, job.source_text)) return kExitRendezvous;
     std::fprintf(stderr, "ddprun up: copied %s to %d host%s\n", job_path.c_str(), spec.cluster.Agents(),
                  spec.cluster.Agents() == 1 ? "" : "s");
   }
+
+  if (options.detach) return StartDetached(job, options);
 
   std::vector<io::RemoteChild> agents;
   size_t width = 0;

@@ -72,6 +72,7 @@ struct UpOptions {
   std::string remote_ddprun = "ddprun";  // --remote-ddprun: the program on the hosts
   bool copy = false;                     // --copy: the job file to the same path on every host
   int connect_timeout_s = 10;            // --connect-timeout
+  bool detach = false;                   // --detach: leave the agents running (nohup + setsid)
 };
 
 /// `ddprun init`: a starter job file.
@@ -103,6 +104,9 @@ int InitCommand(const InitOptions& options);
 int SchemaCommand();
 int RunCommand(const RunOptions& options);
 int UpCommand(const UpOptions& options);
+/// `ddprun status job.toml` / `ddprun down job.toml`: the agents `up --detach` left running.
+int StatusCommand(const UpOptions& options);
+int DownCommand(const UpOptions& options);
 int SimulateCommand(const SimulateOptions& options);
 int ReportCommand(const ReportOptions& options);
 int PreflightCommand(const PreflightOptions& options);

@@ -21,11 +21,11 @@
 namespace ddprun::cli {
 namespace {
 
-constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check", "preflight", "schema",
-                                             "init",   "report",   "up",    "__preflight-worker"};
+constexpr std::string_view kSubcommands[] = {"run",  "simulate", "check", "preflight", "schema", "init",
+                                             "report", "up",     "status", "down",   "__preflight-worker"};
 // What a mistyped command is compared with (the hidden one is not suggested).
-constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check", "preflight",
-                                                   "schema", "init",     "report", "up"};
+constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check",  "preflight", "schema",
+                                                   "init",   "report",   "up",     "status",    "down"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {
@@ -149,6 +149,9 @@ int Main(int argc, char** argv) {
                      "or --copy puts it there")
       ->required();
   up_cmd->add_flag("--copy", up.copy, "Copy the job file to the same path on every host first");
+  up_cmd->add_flag("--detach", up.detach,
+                   "Start the agents and return: each runs on under setsid + nohup, its pid and console "
+                   "in <logs.dir>/<job>/up-n<K>.{pid,console}; see `ddprun status` and `ddprun down`");
   up_cmd->add_option("--remote-ddprun", up.remote_ddprun,
                      "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
   up_cmd->add_option("--connect-timeout", up.connect_timeout_s, "Seconds ssh waits for each host (default 10)")
@@ -162,7 +165,21 @@ int Main(int argc, char** argv) {
       "  ddprun up job.toml\n"
       "  ddprun up job.toml -- --lr 0.1\n"
       "  ddprun up job.toml --copy --remote-ddprun /opt/ddprun/bin/ddprun\n"
-      "  DDPRUN_SSH_COMMAND=\"ssh -F cluster.sshconfig\" ddprun up job.toml");
+      "  DDPRUN_SSH_COMMAND=\"ssh -F cluster.sshconfig\" ddprun up job.toml\n"
+      "  ddprun up job.toml --detach; ddprun status job.toml; ddprun down job.toml");
+
+  UpOptions status;
+  CLI::App* status_cmd = app.add_subcommand("status", "Show the agents `ddprun up --detach` started (over ssh)");
+  status_cmd->add_option("job", status.job_path, "The job file")->required();
+  status_cmd->add_option("--connect-timeout", status.connect_timeout_s, "Seconds ssh waits for each host")
+      ->check(CLI::Range(1, 600));
+  status_cmd->footer("Exit codes: 0 every agent runs, 1 not every agent runs, 2 job file error.");
+  UpOptions down;
+  CLI::App* down_cmd = app.add_subcommand("down", "Stop a job `ddprun up --detach` started (SIGTERM to every agent)");
+  down_cmd->add_option("job", down.job_path, "The job file")->required();
+  down_cmd->add_option("--connect-timeout", down.connect_timeout_s, "Seconds ssh waits for each host")
+      ->check(CLI::Range(1, 600));
+  down_cmd->footer("Each agent stops its workers within timeouts.stop_grace; exit 0 when none is left running.");
 
   SimulateOptions sim;
   uint64_t sim_seed = 0;
@@ -363,6 +380,8 @@ int Main(int argc, char** argv) {
     up.script_args = script_args;
     return UpCommand(up);
   }
+  if (status_cmd->parsed()) return StatusCommand(status);
+  if (down_cmd->parsed()) return DownCommand(down);
   if (sim_cmd->parsed()) {
     if (*seed_opt) sim.seed = sim_seed;
     if (*nodes_opt) sim.nodes = sim_nodes;

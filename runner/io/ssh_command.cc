@@ -155,4 +155,49 @@ std::string AgentRemoteLine(const AgentCommand& agent) {
   return line;
 }
 
+namespace {
+
+// Whether $pid is the agent of `job_path`: alive, and its command line names the job file.
+std::string IsAgentTest(const std::string& job_path) {
+  return fmt::format("kill -0 \"$pid\" 2>/dev/null && tr '\\0' ' ' < /proc/\"$pid\"/cmdline | grep -qF -- {}",
+                     ShellQuote(job_path));
+}
+
+}  // namespace
+
+std::string DetachedAgentLine(const AgentCommand& agent, const DetachedFiles& files) {
+  const std::string dir = std::filesystem::path(agent.job_path).parent_path().string();
+  const std::string state_dir = std::filesystem::path(files.pid_file).parent_path().string();
+  std::string run = fmt::format("{} run {} --node-rank {}", ShellQuote(agent.remote_ddprun),
+                                ShellQuote(agent.job_path), agent.node_rank);
+  if (!agent.script_args.empty()) {
+    run += " --";
+    for (const std::string& arg : agent.script_args) run += " " + ShellQuote(arg);
+  }
+  // The background command is a simple command, so the shell's child applies the redirections
+  // and execs: nothing keeps the ssh session's stdout open and ssh returns at once.
+  std::string line = fmt::format("cd {} && mkdir -p {} || exit 1; ", ShellQuote(dir.empty() ? "." : dir), ShellQuote(state_dir));
+  if (!agent.secret_file.empty()) line += "DDPRUN_SECRET_FILE=" + ShellQuote(agent.secret_file) + " ";
+  line += fmt::format("setsid nohup {} </dev/null >{} 2>&1 & pid=$!; echo \"$pid\" > {} && echo \"started $pid\"", run,
+                      ShellQuote(files.console), ShellQuote(files.pid_file));
+  return line;
+}
+
+std::string StatusLine(const std::string& job_path, const DetachedFiles& files) {
+  return fmt::format(
+      "if ! test -r {0}; then echo 'state: never-started'; exit 0; fi; pid=$(cat {0}); "
+      "if {1}; then echo \"state: running $pid\"; else echo \"state: exited $pid\"; fi; "
+      "tail -n 3 {2} 2>/dev/null | sed 's/^/log: /'",
+      ShellQuote(files.pid_file), IsAgentTest(job_path), ShellQuote(files.console));
+}
+
+std::string DownLine(const std::string& job_path, const DetachedFiles& files, int wait_s) {
+  return fmt::format(
+      "if ! test -r {0}; then echo 'state: never-started'; exit 0; fi; pid=$(cat {0}); "
+      "if ! {1}; then echo \"state: not-running $pid\"; exit 0; fi; kill -TERM \"$pid\"; i=0; "
+      "while [ $i -lt {2} ]; do if ! kill -0 \"$pid\" 2>/dev/null; then echo \"state: stopped $pid\"; exit 0; fi; "
+      "sleep 0.2; i=$((i+1)); done; echo \"state: still-running $pid\"; exit 1",
+      ShellQuote(files.pid_file), IsAgentTest(job_path), wait_s * 5);
+}
+
 }  // namespace ddprun::io

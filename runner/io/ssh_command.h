@@ -58,4 +58,22 @@ struct AgentCommand {
 };
 std::string AgentRemoteLine(const AgentCommand& agent);
 
+/// `up --detach`: where a detached agent's pid and console go on its host. The job file lies at
+/// the same path on every host, so these do too: <logs.dir>/<job.name>/up-n<K>.{pid,console}.
+struct DetachedFiles {
+  std::string pid_file;
+  std::string console;
+};
+/// The remote line that starts one agent detached: its own session (setsid: no terminal, no
+/// SIGHUP when ssh ends), stdin from /dev/null, console to a file; prints "started <pid>".
+std::string DetachedAgentLine(const AgentCommand& agent, const DetachedFiles& files);
+/// The remote line of `ddprun status`: "state: running <pid>", "state: exited <pid>" or
+/// "state: never-started", then the console's last lines as "log: ...". A pid counts only while
+/// its command line still names the job file (a reused pid is not the agent).
+std::string StatusLine(const std::string& job_path, const DetachedFiles& files);
+/// The remote line of `ddprun down`: SIGTERM to the agent (which stops the job's workers within
+/// stop_grace), then waits up to `wait_s` for it: "state: stopped <pid>", "state: not-running
+/// <pid>", "state: never-started", or "state: still-running <pid>" (exit 1).
+std::string DownLine(const std::string& job_path, const DetachedFiles& files, int wait_s);
+
 }  // namespace ddprun::io

@@ -293,5 +293,41 @@ TEST_F(UpTest, CopyPutsTheJobFileOnHostsWithoutASharedFolder) {
   EXPECT_EQ(bed_->Read(1, name), bed_->Read(0, name));
 }
 
+// `up --detach` returns with the agents running on under setsid + nohup; `status` finds them
+// by their pid files and `down` stops the job, leaving nothing on any host.
+TEST_F(UpTest, DetachStatusAndDownFindTheAgentsAgain) {
+  MakeBed(std::vector<SshHost>(2));
+  if (!bed_) return;
+  const std::string job =
+      bed_->Write("job.toml", JobText(NodesByAddress(2), 2, "echo $$ > worker-$RANK.pid; exec sleep 300"));
+  AgentProcess& up = Up({"up", job, "--detach"});
+  ASSERT_EQ(up.Wait(30s), 0) << up.Output();
+  EXPECT_THAT(up.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): agent started, pid "));
+  ASSERT_TRUE(WaitFor([&] { return !bed_->Read(0, "worker-1.pid").empty() && !bed_->Read(0, "worker-0.pid").empty(); },
+                      60s))
+      << bed_->Read(0, "logs/up/up-n0.console") << bed_->Read(0, "logs/up/up-n1.console");
+  const pid_t worker = std::stoi(bed_->Read(0, "worker-1.pid"));
+  EXPECT_TRUE(ProcessAlive(worker));
+
+  AgentProcess& status = Up({"status", job});
+  ASSERT_EQ(status.Wait(30s), 0) << status.Output();
+  EXPECT_THAT(status.Output(), HasSubstr(bed_->host(0).data_addr + " (node 0): running, pid "));
+  EXPECT_THAT(status.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): running, pid "));
+  EXPECT_THAT(status.Output(), HasSubstr("round 0: starting 1 worker"));
+
+  AgentProcess& down = Up({"down", job});
+  ASSERT_EQ(down.Wait(30s), 0) << down.Output();
+  EXPECT_THAT(down.Output(), HasSubstr(bed_->host(0).data_addr + " (node 0): "));
+  EXPECT_THAT(down.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): "));
+  EXPECT_THAT(down.Output(), Not(HasSubstr("still running")));
+  EXPECT_FALSE(ProcessAlive(worker));
+  EXPECT_TRUE(WaitFor([&] { return NothingLeftOnAnyHost(); }, 10s)) << Leftovers();
+
+  AgentProcess& after = Up({"status", job});
+  ASSERT_EQ(after.Wait(30s), 1) << after.Output();
+  EXPECT_THAT(after.Output(), HasSubstr(bed_->host(0).data_addr + " (node 0): not running (pid "));
+  EXPECT_THAT(bed_->Read(0, "logs/up/up-n0.console"), HasSubstr("received SIGTERM"));
+}
+
 }  // namespace
 }  // namespace ddprun::e2e
