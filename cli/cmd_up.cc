@@ -113,6 +113,13 @@ std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command) {
   job.source_text = std::move(loaded.source_text);
   AppendScriptArgs(job.spec, options.script_args);
   const JobSpec& spec = job.spec;
+  if (spec.cluster.nodes.empty() && spec.cluster.hosts_from_slurm) {
+    std::fprintf(stderr,
+                 "ddprun %s: error: %s takes its hosts from a SLURM allocation (cluster.hosts_from = \"slurm\")\n"
+                 "  hint: start it with srun or sbatch (docs/running.md, \"Under SLURM\"), or list cluster.nodes\n",
+                 command, options.job_path.c_str());
+    return std::nullopt;
+  }
   if (spec.cluster.nodes.empty()) {
     std::fprintf(stderr,
                  "ddprun %s: error: %s gives cluster.nnodes but not the hosts; `%s` needs them to know "
