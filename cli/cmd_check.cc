@@ -12,6 +12,7 @@
 #include "runner/io/driver.h"
 #include "schema/diagnostics.h"
 #include "schema/json_schema.h"
+#include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
 #include "schema/plan.h"
 
@@ -29,7 +30,7 @@ std::string ReadProcLine(const char* path) {
 }  // namespace
 
 int CheckCommand(const CheckOptions& options) {
-  LoadResult result = LoadJobFile(options.job_path);
+  LoadResult result = LoadJobFile(options.job_path, io::MachineLoadContext());
   if (result.spec) AppendScriptArgs(*result.spec, options.script_args);
   if (result.spec) {
     // The workers start in job.workdir; a folder missing here is likely missing on the nodes

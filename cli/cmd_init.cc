@@ -56,6 +56,37 @@ std::string NameFromScript(std::string_view script) {
   return name.empty() || name.size() > 64 ? "train" : name;
 }
 
+/// job.toml -> job.sbatch, beside it.
+std::string SbatchName(const std::string& job_path) {
+  const size_t slash = job_path.find_last_of('/');
+  const size_t dot = job_path.find_last_of('.');
+  const std::string stem = dot != std::string::npos && (slash == std::string::npos || dot > slash)
+                               ? job_path.substr(0, dot)
+                               : job_path;
+  return stem + ".sbatch";
+}
+
+/// `init --slurm`: the sbatch script that runs the job file, one ddprun agent per node.
+std::string SbatchScript(const InitOptions& o, const std::string& name, int nnodes) {
+  const std::string job = o.output.substr(o.output.find_last_of('/') + 1);
+  std::string t = "#!/bin/bash\n";
+  t += fmt::format("# Runs {} with one ddprun agent per node (docs/running.md, \"Under SLURM\"); written\n"
+                   "# by `ddprun init --slurm`. Submit from this folder: sbatch {} [script arguments]\n",
+                   job, SbatchName(o.output).substr(SbatchName(o.output).find_last_of('/') + 1));
+  t += fmt::format("#SBATCH --job-name={}\n", name);
+  t += fmt::format("#SBATCH --nodes={}\n", nnodes);
+  t += "#SBATCH --ntasks-per-node=1            # one agent per node; it starts the node's workers\n";
+  if (o.gpus_per_node > 0) t += fmt::format("#SBATCH --gpus-per-node={}\n", o.gpus_per_node);
+  t += "#SBATCH --exclusive                    # the node's CPUs for its workers\n";
+  t += "#SBATCH --output=%x-%j.out\n";
+  t += "set -euo pipefail\n";
+  t += "# scancel sends SIGTERM to every agent, which stops its workers within timeouts.stop_grace\n";
+  t += "# (keep it below the cluster's KillWait). --cpu-bind=none: workers are not pinned to the\n";
+  t += "# agent's task.\n";
+  t += fmt::format("srun --cpu-bind=none ddprun {} ${{1+-- \"$@\"}}\n", job);
+  return t;
+}
+
 std::string StarterJobFile(const InitOptions& o) {
   const bool gpu = o.gpus_per_node > 0;
   const int procs = gpu ? o.gpus_per_node : 1;
@@ -70,7 +101,8 @@ std::string StarterJobFile(const InitOptions& o) {
   t += fmt::format("#   ddprun check {}    validate it and print ranks, environment, torchrun "
                    "commands\n",
                    file);
-  t += nnodes == 1 || !o.nodes.empty()
+  t += o.slurm ? fmt::format("#   sbatch {}    one agent per node of the allocation (srun)\n", SbatchName(o.output))
+       : nnodes == 1 || !o.nodes.empty()
            ? fmt::format("#   ddprun {}          on every node: the same command everywhere\n",
                          file)
            : fmt::format("#   ddprun {} --node-rank N    on node N (0 is the master)\n", file);
@@ -83,7 +115,10 @@ std::string StarterJobFile(const InitOptions& o) {
   t += "workdir = \".\"                  # relative to this file\n";
   t += "# env = { NCCL_DEBUG = \"WARN\" }  # extra variables for every worker\n\n";
   t += "[cluster]\n";
-  if (!o.nodes.empty()) {
+  if (o.slurm) {
+    t += "hosts_from = \"slurm\"            # the allocation's hosts (scontrol show hostnames), in "
+         "SLURM's order\n";
+  } else if (!o.nodes.empty()) {
     t += fmt::format("nodes = {}   # node rank = position; each node finds itself by host name\n",
                      TomlList(o.nodes));
   } else {
@@ -116,6 +151,29 @@ std::string StarterJobFile(const InitOptions& o) {
   t += "dir = \"logs\"                     # logs/<job>/... per rank, relative to this file\n";
   t += "console = \"all\"                  # or \"none\", or a list of global ranks, e.g. [0]\n";
   return t;
+}
+
+/// Writes `text` to a new file (or over one with `force`).
+Status WriteNewFile(const std::string& path, const std::string& text, mode_t mode, bool force) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (force ? O_TRUNC : O_EXCL), mode);
+  if (fd < 0) {
+    const int error = errno;
+    return Fail(fmt::format("cannot write {}: {}{}", path, std::strerror(error),
+                            error == EEXIST ? " (--force overwrites it)" : ""));
+  }
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      ::close(fd);
+      return Fail(fmt::format("cannot write {}: {}", path, std::strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) return Fail(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+  return {};
 }
 
 }  // namespace
@@ -160,6 +218,17 @@ int InitCommand(const InitOptions& options) {
   if (::close(fd) != 0) {
     fmt::print(stderr, "ddprun init: cannot write {}: {}\n", options.output, std::strerror(errno));
     return kExitUsage;
+  }
+  if (options.slurm) {
+    const std::string path = SbatchName(options.output);
+    const int nnodes = options.nodes.empty() ? options.nnodes : static_cast<int>(options.nodes.size());
+    const std::string name = options.name.empty() ? NameFromScript(options.script) : options.name;
+    if (const Status wrote = WriteNewFile(path, SbatchScript(options, name, nnodes), 0755, options.force); !wrote) {
+      fmt::print(stderr, "ddprun init: {}\n", wrote.error());
+      return kExitUsage;
+    }
+    fmt::print("wrote {} and {}; next: ddprun check {}, then sbatch {}\n", options.output, path, options.output, path);
+    return kExitOk;
   }
   fmt::print("wrote {}; next: ddprun check {}\n", options.output, options.output);
   return kExitOk;

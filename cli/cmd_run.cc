@@ -8,6 +8,7 @@
 #include "cli/code_identity.h"
 #include "cli/commands.h"
 #include "cli/node_job.h"
+#include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {
@@ -23,7 +24,7 @@ bool EnvSet(const char* name) {
 
 std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<int> node_rank_flag,
                                    const std::vector<std::string>& script_args) {
-  LoadResult loaded = LoadJobFile(job_path);
+  LoadResult loaded = LoadJobFile(job_path, io::MachineLoadContext());
   if (!loaded.diagnostics.items.empty()) {
     const std::string text = RenderDiagnostics(loaded.diagnostics, job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);
@@ -38,6 +39,20 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   }
   NodeJob job{std::move(*loaded.spec), {}};
   AppendScriptArgs(job.spec, script_args);
+  // A task of an srun step in an allocation: the hosts the job file lists must be the
+  // allocation's (cluster.hosts_from = "slurm" took them from it already).
+  if (EnvSet("SLURM_JOB_NODELIST") && EnvSet("SLURM_STEP_ID") && !job.spec.cluster.hosts_from_slurm &&
+      !job.spec.cluster.nodes.empty()) {
+    const auto allocation = io::SlurmAllocationHosts();
+    if (!allocation) {
+      std::fprintf(stderr, "ddprun: error: %s\n", allocation.error().c_str());
+      return std::nullopt;
+    }
+    if (const Status same = io::CheckListedHostsAgainstAllocation(job.spec, *allocation); !same) {
+      std::fprintf(stderr, "ddprun: error: %s\n", same.error().c_str());
+      return std::nullopt;
+    }
+  }
 
   // A job of one node has one possible rank: it needs no flag, variable or host match (the
   // one listed host may be a name this machine does not answer to, e.g. "localhost" vs its
@@ -51,8 +66,10 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
     std::fprintf(stderr, "ddprun: error: %s\n", detected.error().c_str());
     return std::nullopt;
   }
+  if (!detected->warning.empty()) std::fprintf(stderr, "ddprun: warning: %s\n", detected->warning.c_str());
   const std::optional<int> node_rank = detected->rank;
   job.run.node_rank = *node_rank;
+  job.run.rank_source = detected->how;
   // A listed node or spare is known by its entry; otherwise by the host's own name.
   job.run.host = job.spec.cluster.HostOf(*node_rank);
   if (job.run.host.empty()) job.run.host = LocalHostName();
@@ -70,6 +87,9 @@ int RunCommand(const RunOptions& options) {
   auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.verbose = options.verbose;
+  job->run.controlled_by_up = options.under_up;
+  // Under `up` the job's summary is printed once, by node 0 (the coordinator's node).
+  job->run.print_job_summary = !options.under_up || job->run.node_rank == 0;
   return io::RunNode(job->spec, job->run);
 }
 

@@ -35,6 +35,7 @@ struct RunOptions {
   std::vector<std::string> script_args;  // after `--`: appended to job.command on this node
   std::optional<int> node_rank;  // --node-rank; else DDPRUN_NODE_RANK, SLURM_NODEID, host match
   bool verbose = false;
+  bool under_up = false;  // hidden --under-up: started by `ddprun up` (stdin is its link)
 };
 
 struct SimulateOptions {
@@ -64,6 +65,16 @@ struct PreflightOptions {
   std::optional<int> node_rank;
 };
 
+/// `ddprun up`: every node's agent from this machine, over ssh.
+struct UpOptions {
+  std::string job_path;
+  std::vector<std::string> script_args;  // after `--`: passed to every agent
+  std::string remote_ddprun = "ddprun";  // --remote-ddprun: the program on the hosts
+  bool copy = false;                     // --copy: the job file to the same path on every host
+  int connect_timeout_s = 10;            // --connect-timeout
+  bool detach = false;                   // --detach: leave the agents running (nohup + setsid)
+};
+
 /// `ddprun init`: a starter job file.
 struct InitOptions {
   std::string output = "job.toml";
@@ -74,6 +85,7 @@ struct InitOptions {
   int gpus_per_node = 1;            // 0: a CPU job with one worker per node
   int master_port = 29500;
   bool force = false;               // overwrite an existing file
+  bool slurm = false;               // --slurm: hosts from the allocation, and an sbatch script
 };
 
 /// The hidden `ddprun __preflight-worker`: what `preflight` runs as every rank.
@@ -91,6 +103,10 @@ int CheckCommand(const CheckOptions& options);
 int InitCommand(const InitOptions& options);
 int SchemaCommand();
 int RunCommand(const RunOptions& options);
+int UpCommand(const UpOptions& options);
+/// `ddprun status job.toml` / `ddprun down job.toml`: the agents `up --detach` left running.
+int StatusCommand(const UpOptions& options);
+int DownCommand(const UpOptions& options);
 int SimulateCommand(const SimulateOptions& options);
 int ReportCommand(const ReportOptions& options);
 int PreflightCommand(const PreflightOptions& options);

@@ -21,11 +21,11 @@
 namespace ddprun::cli {
 namespace {
 
-constexpr std::string_view kSubcommands[] = {"run",    "simulate", "check",  "preflight",
-                                             "schema", "init",     "report", "__preflight-worker"};
+constexpr std::string_view kSubcommands[] = {"run",  "simulate", "check", "preflight", "schema", "init",
+                                             "report", "up",     "status", "down",   "__preflight-worker"};
 // What a mistyped command is compared with (the hidden one is not suggested).
-constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check", "preflight",
-                                                   "schema", "init",     "report"};
+constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check",  "preflight", "schema",
+                                                   "init",   "report",   "up",     "status",    "down"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {
@@ -113,6 +113,7 @@ int Main(int argc, char** argv) {
       "  ddprun check job.toml        validate and print ranks, environment, torchrun commands\n"
       "  ddprun job.toml              on every node: start this node's agent\n"
       "  ddprun job.toml -- --lr 0.1  the same, appending `--lr 0.1` to job.command\n"
+      "  ddprun up job.toml           from one machine: every node's agent over ssh\n"
       "  ddprun --simulate job.toml   the whole cluster with faults, in virtual time\n"
       "  ddprun report logs/job       a real run's timeline page from its event logs\n"
       "  ddprun schema > job-file.schema.json\n"
@@ -130,6 +131,8 @@ int Main(int argc, char** argv) {
                           "host's position in cluster.nodes)")
           ->check(CLI::NonNegativeNumber);
   run_cmd->add_flag("-v,--verbose", run.verbose, "Log the protocol as it happens");
+  // Hidden: what `ddprun up` passes to each agent it starts (stdin is the link to it).
+  run_cmd->add_flag("--under-up", run.under_up, "")->group("");
   run_cmd->footer(
       "Examples:\n"
       "  ddprun run job.toml                  node rank from the host name in cluster.nodes\n"
@@ -138,6 +141,45 @@ int Main(int argc, char** argv) {
       "  DDPRUN_NODE_RANK=1 ddprun job.toml\n"
       "  ddprun job.toml -- --lr 0.1          append arguments to job.command (every node\n"
       "                                       must pass the same: they are part of the job)");
+
+  UpOptions up;
+  CLI::App* up_cmd = app.add_subcommand("up", "From one machine: start, watch and stop every node's agent over ssh");
+  up_cmd->add_option("job", up.job_path,
+                     "The job file; the nodes read it at the same path (a shared or checked-out folder), "
+                     "or --copy puts it there")
+      ->required();
+  up_cmd->add_flag("--copy", up.copy, "Copy the job file to the same path on every host first");
+  up_cmd->add_flag("--detach", up.detach,
+                   "Start the agents and return: each runs on under setsid + nohup, its pid and console "
+                   "in <logs.dir>/<job>/up-n<K>.{pid,console}; see `ddprun status` and `ddprun down`");
+  up_cmd->add_option("--remote-ddprun", up.remote_ddprun,
+                     "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
+  up_cmd->add_option("--connect-timeout", up.connect_timeout_s, "Seconds ssh waits for each host (default 10)")
+      ->check(CLI::Range(1, 600));
+  up_cmd->footer(
+      "Runs `ssh HOST ddprun run job.toml --node-rank K` for every host of cluster.nodes and\n"
+      "cluster.spares, with your own ssh configuration; DDPRUN_SSH_COMMAND replaces `ssh` and\n"
+      "its options (as GIT_SSH_COMMAND does for git). Ctrl-C stops the job on every node.\n"
+      "\n"
+      "Examples:\n"
+      "  ddprun up job.toml\n"
+      "  ddprun up job.toml -- --lr 0.1\n"
+      "  ddprun up job.toml --copy --remote-ddprun /opt/ddprun/bin/ddprun\n"
+      "  DDPRUN_SSH_COMMAND=\"ssh -F cluster.sshconfig\" ddprun up job.toml\n"
+      "  ddprun up job.toml --detach; ddprun status job.toml; ddprun down job.toml");
+
+  UpOptions status;
+  CLI::App* status_cmd = app.add_subcommand("status", "Show the agents `ddprun up --detach` started (over ssh)");
+  status_cmd->add_option("job", status.job_path, "The job file")->required();
+  status_cmd->add_option("--connect-timeout", status.connect_timeout_s, "Seconds ssh waits for each host")
+      ->check(CLI::Range(1, 600));
+  status_cmd->footer("Exit codes: 0 every agent runs, 1 not every agent runs, 2 job file error.");
+  UpOptions down;
+  CLI::App* down_cmd = app.add_subcommand("down", "Stop a job `ddprun up --detach` started (SIGTERM to every agent)");
+  down_cmd->add_option("job", down.job_path, "The job file")->required();
+  down_cmd->add_option("--connect-timeout", down.connect_timeout_s, "Seconds ssh waits for each host")
+      ->check(CLI::Range(1, 600));
+  down_cmd->footer("Each agent stops its workers within timeouts.stop_grace; exit 0 when none is left running.");
 
   SimulateOptions sim;
   uint64_t sim_seed = 0;
@@ -246,11 +288,16 @@ int Main(int argc, char** argv) {
   init_cmd->add_option("--master-port", init.master_port, "Default 29500")
       ->check(CLI::Range(1, 65535));
   init_cmd->add_flag("--force", init.force, "Overwrite an existing file");
+  init_cmd->add_flag("--slurm", init.slurm,
+                     "Take the hosts from the SLURM allocation (cluster.hosts_from) and write an sbatch "
+                     "script beside the job file (job.toml -> job.sbatch)")
+      ->excludes(init_nodes_opt);
   init_cmd->footer(
       "Examples:\n"
       "  ddprun init --nodes gpu-01,gpu-02 --gpus 8 --script train.py\n"
       "  ddprun init --nnodes 4 --gpus 8 -o big.toml\n"
-      "  ddprun init --gpus 0                      one node, one CPU worker");
+      "  ddprun init --gpus 0                      one node, one CPU worker\n"
+      "  ddprun init --slurm --nnodes 4 --gpus 8   and job.sbatch: sbatch job.sbatch");
 
   PreflightOptions preflight;
   int preflight_node_rank = 0;
@@ -309,15 +356,15 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     const CLI::App* command = &app;
-    for (const CLI::App* sub : {run_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd, report_cmd}) {
+    for (const CLI::App* sub : {run_cmd, up_cmd, sim_cmd, check_cmd, init_cmd, preflight_cmd, report_cmd}) {
       if (args.size() > 1 && sub->get_name() == args[1]) command = sub;
     }
     std::fputs(FlagHints(*command, args).c_str(), stderr);
     return kExitUsage;
   }
   if (!script_args.empty() && !run_cmd->parsed() && !check_cmd->parsed() &&
-      !preflight_cmd->parsed()) {
-    std::fputs("ddprun: error: arguments after `--` are for the script: only `run`, `check` "
+      !preflight_cmd->parsed() && !up_cmd->parsed()) {
+    std::fputs("ddprun: error: arguments after `--` are for the script: only `run`, `up`, `check` "
                "and `preflight` take them\n",
                stderr);
     return kExitUsage;
@@ -329,6 +376,12 @@ int Main(int argc, char** argv) {
     if (*run_rank_opt) run.node_rank = run_node_rank;
     return RunCommand(run);
   }
+  if (up_cmd->parsed()) {
+    up.script_args = script_args;
+    return UpCommand(up);
+  }
+  if (status_cmd->parsed()) return StatusCommand(status);
+  if (down_cmd->parsed()) return DownCommand(down);
   if (sim_cmd->parsed()) {
     if (*seed_opt) sim.seed = sim_seed;
     if (*nodes_opt) sim.nodes = sim_nodes;

@@ -109,6 +109,8 @@ struct JobSpec {
 
   struct Cluster {
     std::vector<std::string> nodes;  // empty when only nnodes is given
+    /// cluster.hosts_from = "slurm": `nodes` are the SLURM allocation's hosts (when known).
+    bool hosts_from_slurm = false;
     int nnodes = 0;                  // always set: len(nodes) or `nnodes`
     std::string master_addr;         // default nodes[0], or 127.0.0.1 without nodes
     uint16_t master_port = 29500;

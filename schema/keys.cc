@@ -75,11 +75,18 @@ constexpr std::array<KeySpec, 5> kJobKeys = {{
      .values = kCodeChecks, .default_value = "off"},
 }};
 
-constexpr std::array<KeySpec, 8> kClusterKeys = {{
+constexpr std::array<std::string_view, 1> kHostSources = {"slurm"};
+
+constexpr std::array<KeySpec, 9> kClusterKeys = {{
     {.name = "nodes", .type = KeyType::kStringArray,
      .doc = "Host names or addresses of the nodes; a node's rank is its position. Give this "
             "or nnodes.",
      .min_items = 1, .unique = true, .nonempty_items = true},
+    {.name = "hosts_from", .type = KeyType::kString,
+     .doc = "\"slurm\": the nodes are the hosts of the SLURM allocation the job runs in "
+            "(SLURM_JOB_NODELIST, expanded by `scontrol show hostnames`), in SLURM's order; "
+            "in place of nodes. master_addr defaults to the first; nnodes, when given, must match.",
+     .values = kHostSources},
     {.name = "nnodes", .type = KeyType::kInteger,
      .doc = "Number of nodes, when they are not listed (each node then needs --node-rank or "
             "DDPRUN_NODE_RANK).",
@@ -109,7 +116,7 @@ constexpr std::array<KeySpec, 8> kClusterKeys = {{
             "Default: nnodes (every round needs every node).",
      .range = IntRange{1, kMaxNodes}},
 }};
-constexpr std::array<std::string_view, 2> kClusterNeeds = {"nodes", "nnodes"};
+constexpr std::array<std::string_view, 3> kClusterNeeds = {"nodes", "nnodes", "hosts_from"};
 
 // Accepted accelerators; "tpu" is known to the loader too, but only to refuse it.
 constexpr std::array<std::string_view, 5> kAccelerators = {"cpu", "gpu", "cuda", "auto", "mps"};

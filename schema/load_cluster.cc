@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "schema/sections.h"
 
@@ -100,9 +101,80 @@ bool LoadNodes(const toml::node& node, TomlReader& reader, std::vector<std::stri
   return ok;
 }
 
+// cluster.hosts_from = "slurm": the allocation's hosts in place of cluster.nodes, asked of
+// `slurm_hosts` (the CLI runs `scontrol show hostnames`). Outside an allocation the job keeps
+// its count (nnodes, else 1) without names, and a warning says so: `check` on a login node.
+// Returns whether cluster.nodes was filled.
+bool LoadHostsFromSlurm(const toml::table& table, const toml::node& from_node, TomlReader& reader,
+                        const std::function<Result<std::vector<std::string>>()>& slurm_hosts,
+                        std::optional<int> num_nodes, JobSpec::Cluster& c) {
+  Diagnostics& diags = reader.diags();
+  const auto from = reader.String(from_node, "cluster.hosts_from");
+  if (!from) return false;
+  if (*from != "slurm") {
+    diags.Error(LocOf(from_node), "cluster.hosts_from",
+                fmt::format("cluster.hosts_from = {} is not a source of hosts ddprun knows", Show(from_node)),
+                "the one source is \"slurm\" (the allocation the job runs in)");
+    return false;
+  }
+  c.hosts_from_slurm = true;
+  if (const toml::node* nodes_node = reader.Node(&table, "nodes", "cluster.nodes")) {
+    diags.Error(LocOf(*nodes_node), "cluster.nodes",
+                "cluster.nodes and cluster.hosts_from both give the hosts",
+                "keep one: the listed hosts, or hosts_from = \"slurm\" for the allocation's");
+    return false;
+  }
+  const toml::node* nnodes_node = reader.Node(&table, "nnodes", "cluster.nnodes");
+  std::optional<int64_t> nnodes;
+  if (nnodes_node) nnodes = reader.Integer(*nnodes_node, "cluster.nnodes", *Key("cluster.nnodes").range);
+  if (!slurm_hosts) {
+    c.nnodes = nnodes ? static_cast<int>(*nnodes) : num_nodes.value_or(1);
+    diags.Warning(LocOf(from_node), "cluster.hosts_from",
+                  fmt::format("not in a SLURM allocation (SLURM_JOB_NODELIST is not set): the hosts "
+                              "are known only under srun or sbatch; shown here as {} node{} without names",
+                              c.nnodes, c.nnodes == 1 ? "" : "s"),
+                  "run `ddprun check` inside the allocation (salloc) to see its hosts");
+    return false;
+  }
+  auto hosts = slurm_hosts();
+  if (!hosts) {
+    diags.Error(LocOf(from_node), "cluster.hosts_from",
+                "cannot read the SLURM allocation's hosts: " + hosts.error());
+    return false;
+  }
+  const size_t max_nodes = static_cast<size_t>(Key("cluster.nnodes").range->max);
+  if (hosts->empty() || hosts->size() > max_nodes) {
+    diags.Error(LocOf(from_node), "cluster.hosts_from",
+                fmt::format("the SLURM allocation has {} hosts (1..{} allowed)", hosts->size(), max_nodes));
+    return false;
+  }
+  for (const std::string& host : *hosts) {
+    if (!IsHostOrIp(host)) {
+      diags.Error(LocOf(from_node), "cluster.hosts_from",
+                  fmt::format("the SLURM allocation names host \"{}\", which is not a host name", host));
+      return false;
+    }
+  }
+  c.nodes = *std::move(hosts);
+  c.nnodes = static_cast<int>(c.nodes.size());
+  if (nnodes && *nnodes != c.nnodes) {
+    diags.Error(LocOf(*nnodes_node), "cluster.nnodes",
+                fmt::format("cluster.nnodes = {} but the SLURM allocation has {} host{} ({})", *nnodes,
+                            c.nnodes, c.nnodes == 1 ? "" : "s", fmt::join(c.nodes, ", ")),
+                "ask SLURM for that many nodes (sbatch -N), or remove cluster.nnodes");
+    return false;
+  }
+  return true;
+}
+
 // cluster.nodes and cluster.nnodes: one of them, and they agree when both are given.
 // Returns whether cluster.nodes was read.
-bool LoadNodeCount(const toml::table& table, TomlReader& reader, JobSpec::Cluster& c) {
+bool LoadNodeCount(const toml::table& table, TomlReader& reader,
+                   const std::function<Result<std::vector<std::string>>()>& slurm_hosts,
+                   std::optional<int> num_nodes, JobSpec::Cluster& c) {
+  if (const toml::node* from_node = reader.Node(&table, "hosts_from", "cluster.hosts_from")) {
+    return LoadHostsFromSlurm(table, *from_node, reader, slurm_hosts, num_nodes, c);
+  }
   const toml::node* nodes_node = reader.Node(&table, "nodes", "cluster.nodes");
   const bool nodes_ok = nodes_node && LoadNodes(*nodes_node, reader, c.nodes);
 
@@ -297,6 +369,7 @@ void LoadMinNodes(const toml::table& table, TomlReader& reader, JobSpec::Cluster
 
 ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
                          const JobSpec::Trainer& trainer, const TrainerFacts& trainer_facts,
+                         const std::function<Result<std::vector<std::string>>()>& slurm_hosts,
                          JobSpec::Cluster& cluster) {
   ClusterFacts facts;
   const toml::table* table = reader.Table(root, "cluster", "cluster");
@@ -308,7 +381,7 @@ ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
     return facts;
   }
   reader.CheckKeys(*table, SectionNamed("cluster"), "cluster");
-  const bool nodes_ok = LoadNodeCount(*table, reader, cluster);
+  const bool nodes_ok = LoadNodeCount(*table, reader, slurm_hosts, trainer.num_nodes, cluster);
   LoadMasterAddr(*table, reader, nodes_ok, cluster);
   LoadPorts(*table, reader, cluster);
   LoadSpares(*table, reader, nodes_ok, cluster);

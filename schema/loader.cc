@@ -23,13 +23,13 @@ namespace {
 // - every section before CheckAcrossSections, which compares [trainer] with [cluster] and
 //   [restart] with [timeouts] once both sides hold their final values.
 // Diagnostics are printed sorted by position, so this order does not show in the output.
-void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnostics) {
+void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnostics, const LoadContext& context) {
   TomlReader reader(diagnostics, spec.locations);
   reader.CheckKeys(root, SectionNamed(""), "");
   LoadVersion(root, reader);
   LoadJob(root, reader, spec.job);
   const TrainerFacts trainer = LoadTrainer(root, reader, spec.trainer);
-  const ClusterFacts cluster = LoadCluster(root, reader, spec.trainer, trainer, spec.cluster);
+  const ClusterFacts cluster = LoadCluster(root, reader, spec.trainer, trainer, context.slurm_hosts, spec.cluster);
   LoadRestart(root, reader, spec.restart);
   LoadTimeouts(root, reader, spec.timeouts);
   LoadRendezvous(root, reader, spec.cluster, spec.timeouts, spec.rendezvous);
@@ -44,7 +44,7 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
 
 }  // namespace
 
-LoadResult ParseJobText(std::string_view text, std::string_view source_name) {
+LoadResult ParseJobText(std::string_view text, std::string_view source_name, const LoadContext& context) {
   LoadResult result;
   result.source_text = std::string(text.substr(0, std::min(text.size(), kMaxFileBytes + 1)));
   if (!PreScan(text, result.diagnostics)) return result;
@@ -65,12 +65,12 @@ LoadResult ParseJobText(std::string_view text, std::string_view source_name) {
 
   JobSpec spec;
   spec.source_name = std::string(source_name);
-  LoadSections(root, spec, result.diagnostics);
+  LoadSections(root, spec, result.diagnostics, context);
   if (!result.diagnostics.HasErrors()) result.spec = std::move(spec);
   return result;
 }
 
-LoadResult LoadJobFile(const std::string& path) {
+LoadResult LoadJobFile(const std::string& path, const LoadContext& context) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     LoadResult result;
@@ -87,7 +87,7 @@ LoadResult LoadJobFile(const std::string& path) {
     result.diagnostics.Error({}, "", fmt::format("cannot read job file {}", path));
     return result;
   }
-  return ParseJobText(text, path);
+  return ParseJobText(text, path, context);
 }
 
 void AppendScriptArgs(JobSpec& spec, const std::vector<std::string>& args) {

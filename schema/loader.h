@@ -12,6 +12,9 @@
 #include "schema/ephemeral_ports.h"
 #include "schema/faults.h"
 #include "schema/job_spec.h"
+#include <functional>
+
+#include "base/result.h"
 #include "schema/keys.h"
 
 namespace ddprun {
@@ -22,12 +25,19 @@ struct LoadResult {
   std::string source_text;       // what was read, for rendering the diagnostics
 };
 
+/// What the loader is told about the machine it runs on (it reads nothing itself).
+struct LoadContext {
+  /// cluster.hosts_from = "slurm": the allocation's hosts, in SLURM's order, or why they are
+  /// not known. Not called when the file does not ask; unset: outside an allocation.
+  std::function<Result<std::vector<std::string>>()> slurm_hosts;
+};
+
 /// Parses and validates job file text. Never throws, never crashes, bounded in time and memory
 /// for any input (binary, truncated, deeply nested, huge numbers).
-LoadResult ParseJobText(std::string_view text, std::string_view source_name);
+LoadResult ParseJobText(std::string_view text, std::string_view source_name, const LoadContext& context = {});
 
 /// Reads `path` (at most 1 MiB) and parses it; a missing or unreadable file is a diagnostic.
-LoadResult LoadJobFile(const std::string& path);
+LoadResult LoadJobFile(const std::string& path, const LoadContext& context = {});
 
 /// Appends `args` (what followed `--` on the ddprun command line) to job.command. Called
 /// before the fingerprint is computed, so every node must be given the same arguments.

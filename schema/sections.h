@@ -5,9 +5,11 @@
 // schema/loader.cc calls them in the order that makes those inputs available and says why.
 // Internal to the loader: includes toml++ through toml_access.h.
 
+#include <functional>
 #include <map>
 #include <string>
 
+#include "base/result.h"
 #include "schema/faults.h"
 #include "schema/job_spec.h"
 #include "schema/toml_access.h"
@@ -41,8 +43,10 @@ struct ClusterFacts {
 };
 
 /// [cluster]. nproc_per_node defaults to trainer.devices, so [trainer] is loaded first.
+/// `slurm_hosts` answers cluster.hosts_from = "slurm" (schema/loader.h LoadContext).
 ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
                          const JobSpec::Trainer& trainer, const TrainerFacts& trainer_facts,
+                         const std::function<Result<std::vector<std::string>>()>& slurm_hosts,
                          JobSpec::Cluster& cluster);
 
 /// [restart].

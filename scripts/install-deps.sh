@@ -14,6 +14,8 @@ packages=(
   strace  # delays a system call of a real agent in tests/e2e (a slow NFS read at start)
   etcd-server etcd-client  # [rendezvous] backend = "etcd": the 3-member cluster in tests/e2e
   chromium  # the browser test of the report pages (tests/browser); skipped without it
+  openssh-server openssh-client  # `ddprun up` through real sshd on the test bed (tests/e2e/up_test.cc)
+  slurmctld slurmd slurm-client munge  # `srun ddprun` under a real SLURM (tests/e2e/slurm_test.cc)
 )
 if [[ "${DDPRUN_WITH_TORCH:-0}" == 1 ]]; then
   packages+=(python3-torch)

@@ -144,7 +144,7 @@ Status AsioTransport::Listen(const std::string& addr, uint16_t port) {
                                           "in the job file (on every node)");
       case ListenError::Kind::kNotHere:
         return ddprun::Fail(error->text + "\nhint: node 0 must run on the host of cluster.master_addr; "
-                                          "check the node rank (--node-rank) and master_addr");
+                                          "check master_addr, and how this agent got node rank 0");
       case ListenError::Kind::kOther:
         return ddprun::Fail(error->text);
     }

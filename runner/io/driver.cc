@@ -39,6 +39,8 @@
 #include "runner/host/node_host.h"
 #include "runner/io/asio_transport.h"
 #include "runner/io/console_writer.h"
+#include "runner/io/controller_link.h"
+#include "runner/io/node_identity_slurm.h"
 #include "runner/io/etcd_store.h"
 #include "runner/io/event_file.h"
 #include "runner/io/guardian.h"
@@ -118,12 +120,17 @@ class TerminalConsole final : public host::Console {
     // This node's own facts (its log folder, logs it could not write) follow the job's words.
     std::string footer = footer_ ? footer_() : "";
     if (!footer.empty() && footer.back() == '\n') footer.pop_back();
+    if (!job_summary_) {
+      if (!footer.empty()) Log(core::LogLevel::kInfo, "agent", footer);
+      return;
+    }
     // The summary carries text from other nodes and from workers (tracebacks, a peer's
     // reason): escaped, like every line this console prints.
     Print(fmt::format("{}\n{}\n{}{}{}\n", rule, EscapeLinesForTerminal(text),
                       EscapeLinesForTerminal(footer), footer.empty() ? "" : "\n", rule));
   }
   void SetSummaryFooter(std::function<std::string()> footer) { footer_ = std::move(footer); }
+  void OmitJobSummary() { job_summary_ = false; }
 
  private:
   static std::string Clock() {
@@ -139,6 +146,7 @@ class TerminalConsole final : public host::Console {
   int node_rank_;
   bool verbose_;
   bool color_;
+  bool job_summary_ = true;
   std::function<std::string()> footer_;
 };
 
@@ -330,7 +338,7 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
   const int nnodes = spec.cluster.nnodes;
   const int agents = spec.cluster.Agents();
   auto in_range = [&](int rank, const std::string& source) -> Result<DetectedRank> {
-    if (rank >= 0 && rank < agents) return DetectedRank{rank, source};
+    if (rank >= 0 && rank < agents) return DetectedRank{rank, source, ""};
     if (spec.cluster.spares > 0) {
       return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks "
                               "0..{}) and {} spare{} (ranks {}..{})",
@@ -342,13 +350,23 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
                             rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
   };
   if (flag) return in_range(*flag, "--node-rank");
-  for (const char* var : {"DDPRUN_NODE_RANK", "SLURM_NODEID"}) {
-    // An empty variable counts as unset, as shells and schedulers often leave them.
-    if (const char* value = std::getenv(var); value && *value) {
-      if (auto rank = ParseRank(value)) return in_range(*rank, var);
-      return Fail(fmt::format("{}=\"{}\" is not a node rank (a non-negative integer)", var, value));
-    }
+  // An empty variable counts as unset, as shells and schedulers often leave them.
+  if (const char* value = std::getenv("DDPRUN_NODE_RANK"); value && *value) {
+    if (auto rank = ParseRank(value)) return in_range(*rank, "DDPRUN_NODE_RANK");
+    return Fail(fmt::format("DDPRUN_NODE_RANK=\"{}\" is not a node rank (a non-negative integer)", value));
   }
+  if (const char* value = std::getenv("SLURM_NODEID"); value && *value) {
+    auto rank = RankFromSlurmNodeId(spec, value, DetectNodeRankByHost(spec));
+    if (!rank) return rank;
+    auto checked = in_range(rank->rank, rank->how);
+    if (checked) checked->warning = rank->warning;
+    return checked;
+  }
+  return DetectNodeRankByHost(spec);
+}
+
+Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
+  const int nnodes = spec.cluster.nnodes;
   if (spec.cluster.nodes.empty()) {
     return Fail("cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
                 "--node-rank N or set DDPRUN_NODE_RANK on each node");
@@ -370,9 +388,9 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
   if (matches.size() == 1) {
     if (matches[0] >= nnodes) {
       return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.spares[{}]", host,
-                                                  matches[0] - nnodes)};
+                                                  matches[0] - nnodes), ""};
     }
-    return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0])};
+    return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0]), ""};
   }
   if (matches.empty()) {
     return Fail(fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
@@ -514,6 +532,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // Workers run user code: they do not need the job's secret.
   config.inherited_env.erase("DDPRUN_SECRET");
   config.inherited_env.erase("DDPRUN_SECRET_FILE");
+  // Nor srun's task layout, which Lightning and Accelerate would read as the process layout.
+  RemoveSlurmTaskLayout(config.inherited_env);
   const auto secret = ReadSharedSecret();
   if (!secret) {
     std::fprintf(stderr, "ddprun: error: %s\n", secret.error().c_str());
@@ -558,6 +578,7 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   };
   RealProcessLauncher launcher(io, launcher_options);
   console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
+  if (!options.print_job_summary) console.OmitJobSummary();
 
   // Node 0's journal lets a coordinator started again here (a reboot, a killed agent) wait for
   // the workers of the previous one to be gone before its first round (docs/running.md).
@@ -614,6 +635,15 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
+  std::unique_ptr<ControllerLink> controller;
+  if (options.controlled_by_up) {
+    auto watched = ControllerLink::Watch(io, [&node](int signal) { node.OnSignal(signal); });
+    if (!watched) {
+      std::fprintf(stderr, "ddprun: error: %s\n", watched.error().c_str());
+      return 70;
+    }
+    controller = *std::move(watched);
+  }
 
   const bool spare = options.node_rank >= spec.cluster.nnodes;
   console.Log(core::LogLevel::kInfo, "agent",
@@ -689,7 +719,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console.Log(core::LogLevel::kWarn, "agent", loopback);
   }
   if (const Status started = node.Start(); !started) {
-    console.Summary("ddprun cannot start node 0's coordinator: " + started.error());
+    console.Summary("ddprun cannot start node 0's coordinator: " + started.error() +
+                    (options.rank_source.empty() ? "" : "\n(this agent is node 0: " + options.rank_source + ")"));
     console_writer.FlushForExit(kExitFlushLimitMs);
     return 3;
   }

@@ -18,6 +18,14 @@ struct NodeRunOptions {
   /// When set, the console shows only this global rank's output, without the `[n0 r0] `
   /// prefix, whatever logs.console says (preflight's report); the log files keep everything.
   std::optional<int> raw_console_rank;
+  /// How the node rank was found ("--node-rank", "this host (gpu-02) is cluster.nodes[1]"),
+  /// for a message that blames the rank; "" when unknown.
+  std::string rank_source;
+  /// Started by `ddprun up`: stdin is the link to it (runner/io/controller_link.h).
+  bool controlled_by_up = false;
+  /// False on every node but node 0 under `ddprun up`: that node prints only its own footer
+  /// (its log folder), since `up` shows one stream and the job's summary once.
+  bool print_job_summary = true;
 };
 
 struct SharedSecret {
@@ -37,8 +45,11 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options);
 struct DetectedRank {
   int rank = 0;
   std::string how;  // "--node-rank", "DDPRUN_NODE_RANK", "this host (gpu-02) is cluster.nodes[1]"
+  std::string warning;  // a source that was overruled (SLURM_NODEID), for the user; "" if none
 };
 Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag);
+/// This node's rank from its host name or addresses alone (cluster.nodes and spares).
+Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec);
 
 /// Why cluster.master_addr cannot work for a job of several hosts when seen from this host: a
 /// host name (not an address, not "localhost") that resolves here to a loopback address, as

@@ -135,6 +135,10 @@ TEST(KeyTable, TheLoaderReadsExactlyTheTablesKeys) {
   EXPECT_EQ(Diags(r), "");
   std::set<std::string> read;
   for (const auto& [path, loc] : r.spec->locations) read.insert(TableKeyOf(path));
+  // cluster.hosts_from excludes cluster.nodes, so it has a job of its own.
+  auto slurm = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"true\"]\n[cluster]\nhosts_from = \"slurm\"\n");
+  ASSERT_TRUE(slurm.spec) << Diags(slurm);
+  for (const auto& [path, loc] : slurm.spec->locations) read.insert(TableKeyOf(path));
   EXPECT_EQ(read, TableKeys());
 }
 

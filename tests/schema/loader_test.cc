@@ -115,7 +115,7 @@ TEST(Loader, UnknownKeysEverywhereWithSuggestions) {
             "10:1: error: unknown key `cluster.devices`\n"
             "  hint: `devices` belongs in [trainer]: did you mean `trainer.devices`?\n"
             "11:1: error: unknown key `cluster.zzzzzzzz`\n"
-            "  hint: known keys in [cluster]: nodes, nnodes, master_addr, master_port, "
+            "  hint: known keys in [cluster]: nodes, hosts_from, nnodes, master_addr, master_port, "
             "nproc_per_node, store_port, spares, min_nodes\n"
             "12:2: error: unknown table [clustr]\n"
             "  hint: did you mean [cluster]?\n");

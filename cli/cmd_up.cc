@@ -1,0 +1,345 @@
+// `ddprun up job.toml`: the whole job from one machine. Checks every host over ssh first (in
+// parallel, within seconds), then starts one agent per host with its node rank, streams their
+// output as one, and turns Ctrl-C, SIGTERM and a lost session into a stop on every node.
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "ddprun_version.h"
+#include "runner/io/remote_processes.h"
+#include "runner/io/ssh_command.h"
+#include "schema/diagnostics.h"
+#include "runner/io/node_identity_slurm.h"
+#include "schema/loader.h"
+
+namespace ddprun::cli {
+namespace {
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+/// "gpu-02 (node 1)", "gpu-05 (spare 0)".
+std::string Who(const JobSpec& spec, int agent) {
+  const std::string host = spec.cluster.HostOf(agent);
+  return agent < spec.cluster.nnodes ? fmt::format("{} (node {})", host, agent)
+                                     : fmt::format("{} (spare {})", host, agent - spec.cluster.nnodes);
+}
+
+/// The probe of every host at once; true when all answered well, else each failure printed.
+bool ProbeHosts(const JobSpec& spec, const UpOptions& options, const std::string& ssh_command,
+                const std::string& job_path) {
+  std::vector<io::RemoteChild> probes;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    io::RemoteChild probe;
+    probe.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
+                             io::ProbeCommand(options.remote_ddprun, job_path, options.copy));
+    probes.push_back(std::move(probe));
+  }
+  io::RunLimits limits;
+  limits.deadline = std::chrono::seconds(options.connect_timeout_s + 5);
+  const io::RunOutcome outcome = io::RunRemoteChildren(probes, limits);
+  if (outcome.interrupted_by) return false;
+  int failed = 0;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = outcome.children[static_cast<size_t>(agent)];
+    const io::ProbeOutcome read =
+        io::ReadProbe(spec.cluster.HostOf(agent), child.exit_status, child.out, child.err, options.remote_ddprun,
+                      job_path, DDPRUN_VERSION, options.connect_timeout_s);
+    if (read.ok) continue;
+    ++failed;
+    std::fprintf(stderr, "ddprun up: error: %s: %s\n  %s\n", Who(spec, agent).c_str(), read.what.c_str(),
+                 read.fix.c_str());
+  }
+  if (failed > 0) {
+    std::fprintf(stderr, "ddprun up: %d of %d host%s not ready; no agent was started\n", failed,
+                 spec.cluster.Agents(), spec.cluster.Agents() == 1 ? " is" : "s are");
+  }
+  return failed == 0;
+}
+
+/// `--copy`: the job file to the same path on every host.
+bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::string& ssh_command,
+                 const std::string& job_path, const std::string& text) {
+  std::vector<io::RemoteChild> copies;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    io::RemoteChild copy;
+    copy.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
+                            io::CopyCommand(job_path, agent));
+    copy.input = text;
+    copies.push_back(std::move(copy));
+  }
+  io::RunLimits limits;
+  limits.deadline = std::chrono::seconds(options.connect_timeout_s + 30);
+  const io::RunOutcome outcome = io::RunRemoteChildren(copies, limits);
+  bool ok = !outcome.interrupted_by;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = outcome.children[static_cast<size_t>(agent)];
+    if (child.exit_status == 0) continue;
+    ok = false;
+    std::fprintf(stderr, "ddprun up: error: %s: cannot copy the job file to %s: %s\n", Who(spec, agent).c_str(),
+                 job_path.c_str(), child.err.empty() ? "(no message)" : child.err.c_str());
+  }
+  return ok;
+}
+
+/// The job as `up`, `status` and `down` see it: loaded, with hosts ssh can be given.
+struct UpJob {
+  JobSpec spec;
+  std::string job_path;  // absolute: the same path on every host
+  std::string source_text;
+};
+
+std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command) {
+  std::error_code ec;
+  UpJob job;
+  job.job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
+  LoadResult loaded = LoadJobFile(options.job_path, io::MachineLoadContext());
+  if (!loaded.diagnostics.items.empty()) {
+    const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false);
+    std::fwrite(text.data(), 1, text.size(), stderr);
+  }
+  if (!loaded.spec) return std::nullopt;
+  job.spec = std::move(*loaded.spec);
+  job.source_text = std::move(loaded.source_text);
+  AppendScriptArgs(job.spec, options.script_args);
+  const JobSpec& spec = job.spec;
+  if (spec.cluster.nodes.empty() && spec.cluster.hosts_from_slurm) {
+    std::fprintf(stderr,
+                 "ddprun %s: error: %s takes its hosts from a SLURM allocation (cluster.hosts_from = \"slurm\")\n"
+                 "  hint: start it with srun or sbatch (docs/running.md, \"Under SLURM\"), or list cluster.nodes\n",
+                 command, options.job_path.c_str());
+    return std::nullopt;
+  }
+  if (spec.cluster.nodes.empty()) {
+    std::fprintf(stderr,
+                 "ddprun %s: error: %s gives cluster.nnodes but not the hosts; `%s` needs them to know "
+                 "where the agents run\n  hint: list them in cluster.nodes (host names or addresses, "
+                 "as ssh reaches them)\n",
+                 command, options.job_path.c_str(), command);
+    return std::nullopt;
+  }
+  if (static_cast<int>(spec.cluster.spare_hosts.size()) < spec.cluster.spares) {
+    std::fprintf(stderr, "ddprun %s: error: cluster.spares gives a count, not hosts; `%s` needs the spares' "
+                         "host names\n", command, command);
+    return std::nullopt;
+  }
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    if (const Status checked = io::CheckDestination(spec.cluster.HostOf(agent)); !checked) {
+      std::fprintf(stderr, "ddprun %s: error: %s\n", command, checked.error().c_str());
+      return std::nullopt;
+    }
+  }
+  return job;
+}
+
+/// Where agent `agent` of a detached job keeps its pid and console (ssh_command.h).
+io::DetachedFiles FilesOf(const UpJob& job, int agent) {
+  const std::filesystem::path dir = std::filesystem::path(job.job_path).parent_path();
+  const std::string base = (dir / job.spec.logs.dir / job.spec.job.name).lexically_normal().string();
+  return {fmt::format("{}/up-n{}.pid", base, agent), fmt::format("{}/up-n{}.console", base, agent)};
+}
+
+/// One remote line per host at once, through ssh, collected; the outcomes in host order.
+std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& options,
+                                          const std::function<std::string(int)>& line, int extra_wait_s) {
+  const std::string ssh_command = Env("DDPRUN_SSH_COMMAND");
+  std::vector<io::RemoteChild> children;
+  for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
+    io::RemoteChild child;
+    child.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), job.spec.cluster.HostOf(agent),
+                             line(agent));
+    children.push_back(std::move(child));
+  }
+  io::RunLimits limits;
+  limits.deadline = std::chrono::seconds(options.connect_timeout_s + 5 + extra_wait_s);
+  return io::RunRemoteChildren(children, limits).children;
+}
+
+/// The "state: ..." line of a status or down answer ("" when there is none).
+std::string StateOf(const std::string& out) {
+  const size_t at = out.find("state: ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 7, out.find('\n', at) - at - 7);
+}
+
+/// ssh's own failure for a status or down answer that has no state line.
+std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& child, const UpOptions& options) {
+  const io::ProbeOutcome read = io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err,
+                                              "ddprun", job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
+  return read.ok ? "no answer" : read.what + "\n  " + read.fix;
+}
+
+int StartDetached(const UpJob& job, const UpOptions& options) {
+  const auto started = OnEveryHost(job, options, [&](int agent) {
+    io::AgentCommand command;
+    command.remote_ddprun = options.remote_ddprun;
+    command.job_path = job.job_path;
+    command.node_rank = agent;
+    command.script_args = options.script_args;
+    command.secret_file = Env("DDPRUN_SECRET_FILE");
+    return io::DetachedAgentLine(command, FilesOf(job, agent));
+  }, 0);
+  int failed = 0;
+  for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = started[static_cast<size_t>(agent)];
+    const size_t at = child.out.find("started ");
+    if (child.exit_status == 0 && at != std::string::npos) {
+      std::fprintf(stderr, "ddprun up: %s: agent started, pid %s; console in %s\n", Who(job.spec, agent).c_str(),
+                   child.out.substr(at + 8, child.out.find('\n', at) - at - 8).c_str(),
+                   FilesOf(job, agent).console.c_str());
+    } else {
+      ++failed;
+      std::fprintf(stderr, "ddprun up: error: %s: cannot start the agent: %s\n", Who(job.spec, agent).c_str(),
+                   SshFailure(job, agent, child, options).c_str());
+    }
+  }
+  if (failed > 0) {
+    std::fprintf(stderr, "ddprun up: `ddprun down %s` stops the agents that did start\n", options.job_path.c_str());
+    return kExitRendezvous;
+  }
+  std::fprintf(stderr, "ddprun up: detached; `ddprun status %s` shows the agents, `ddprun down %s` stops the job\n",
+               options.job_path.c_str(), options.job_path.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+int StatusCommand(const UpOptions& options) {
+  const auto job = LoadUpJob(options, "status");
+  if (!job) return kExitUsage;
+  const auto answers = OnEveryHost(*job, options, [&](int agent) { return io::StatusLine(job->job_path, FilesOf(*job, agent)); }, 0);
+  int running = 0;
+  for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
+    const std::string state = StateOf(child.out);
+    if (state.empty()) {
+      std::printf("%s: unknown: %s\n", Who(job->spec, agent).c_str(), SshFailure(*job, agent, child, options).c_str());
+      continue;
+    }
+    if (state.starts_with("running")) ++running;
+    std::printf("%s: %s\n", Who(job->spec, agent).c_str(),
+                state.starts_with("running")  ? ("running, pid " + state.substr(8)).c_str()
+                : state.starts_with("exited") ? ("not running (pid " + state.substr(7) + " has exited)").c_str()
+                                              : "never started by `ddprun up --detach`");
+    std::istringstream lines(child.out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("log: ")) std::printf("    %s\n", line.substr(5).c_str());
+    }
+  }
+  // 0 when every agent runs, 1 when none or some do not (the job is over or broken).
+  return running == job->spec.cluster.Agents() ? kExitOk : kExitJobFailed;
+}
+
+int DownCommand(const UpOptions& options) {
+  const auto job = LoadUpJob(options, "down");
+  if (!job) return kExitUsage;
+  const int wait_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) + 5;
+  const auto answers = OnEveryHost(*job, options, [&](int agent) {
+    return io::DownLine(job->job_path, FilesOf(*job, agent), wait_s);
+  }, wait_s);
+  bool ok = true;
+  for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
+    const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
+    const std::string state = StateOf(child.out);
+    std::string said;
+    if (state.empty()) {
+      ok = false;
+      said = "unknown: " + SshFailure(*job, agent, child, options);
+    } else if (state.starts_with("stopped")) {
+      said = "stopped (pid " + state.substr(8) + ")";
+    } else if (state.starts_with("not-running")) {
+      said = "was not running (pid " + state.substr(12) + ")";
+    } else if (state.starts_with("never-started")) {
+      said = "no agent started by `ddprun up --detach` here";
+    } else {
+      ok = false;
+      said = "still running (pid " + state.substr(14) + ") after SIGTERM and " + std::to_string(wait_s) + " s";
+    }
+    std::printf("%s: %s\n", Who(job->spec, agent).c_str(), said.c_str());
+  }
+  return ok ? kExitOk : kExitJobFailed;
+}
+
+int UpCommand(const UpOptions& options) {
+  auto loaded_job = LoadUpJob(options, "up");
+  if (!loaded_job) return kExitUsage;
+  const UpJob& job = *loaded_job;
+  const std::string& job_path = job.job_path;
+  const JobSpec& spec = job.spec;
+  const std::string ssh_command = Env("DDPRUN_SSH_COMMAND");
+  if (!Env("DDPRUN_SECRET").empty()) {
+    // On a command line it would show in every host's process list.
+    std::fputs("ddprun up: warning: DDPRUN_SECRET is not sent over ssh; the agents use their own "
+               "environment. Use DDPRUN_SECRET_FILE on a folder every node sees (its path is passed on)\n",
+               stderr);
+  }
+
+  std::fprintf(stderr, "ddprun up: checking %d host%s over %s ...\n", spec.cluster.Agents(),
+               spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
+  if (!ProbeHosts(spec, options, ssh_command, job_path)) return kExitRendezvous;
+  if (options.copy) {
+    if (!CopyJobFile(spec, options, ssh_command, job_path, job.source_text)) return kExitRendezvous;
+    std::fprintf(stderr, "ddprun up: copied %s to %d host%s\n", job_path.c_str(), spec.cluster.Agents(),
+                 spec.cluster.Agents() == 1 ? "" : "s");
+  }
+
+  if (options.detach) return StartDetached(job, options);
+
+  std::vector<io::RemoteChild> agents;
+  size_t width = 0;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) width = std::max(width, spec.cluster.HostOf(agent).size());
+  std::string legend;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    const std::string host = spec.cluster.HostOf(agent);
+    io::AgentCommand command;
+    command.remote_ddprun = options.remote_ddprun;
+    command.job_path = job_path;
+    command.node_rank = agent;
+    command.script_args = options.script_args;
+    command.secret_file = Env("DDPRUN_SECRET_FILE");
+    io::RemoteChild child;
+    child.argv = io::SshArgv(ssh_command, io::AgentSshOptions(options.connect_timeout_s), host,
+                             io::AgentRemoteLine(command));
+    child.hold_stdin = true;
+    child.stream = true;
+    child.prefix = fmt::format("{:<{}} | ", host, width);
+    agents.push_back(std::move(child));
+    legend += fmt::format("{}n{} {}", legend.empty() ? "" : ", ", agent, host);
+  }
+  std::fprintf(stderr, "ddprun up: starting the agents: %s\n", legend.c_str());
+  io::RunLimits limits;
+  limits.stop_wait = std::chrono::duration_cast<std::chrono::milliseconds>(spec.timeouts.StopBound()) +
+                     std::chrono::seconds(10);
+  const io::RunOutcome outcome = io::RunRemoteChildren(agents, limits);
+
+  // The job's exit code is what every agent returns; node 0's first, as it ran the coordinator.
+  std::optional<int> job_code;
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    const int status = outcome.children[static_cast<size_t>(agent)].exit_status;
+    if (status == 255 || status < 0) {
+      std::fprintf(stderr, "ddprun up: %s: the ssh session ended without the agent's exit code (exit %d)\n",
+                   Who(spec, agent).c_str(), status);
+      continue;
+    }
+    if (status == 127) {
+      std::fprintf(stderr, "ddprun up: %s: %s\n", Who(spec, agent).c_str(),
+                   outcome.children[static_cast<size_t>(agent)].err.c_str());
+    }
+    if (!job_code) job_code = status;
+  }
+  if (job_code) return *job_code;
+  if (outcome.interrupted_by) return core::InterruptedExitCode(outcome.interrupted_by);
+  return kExitJobFailed;
+}
+
+}  // namespace ddprun::cli

@@ -1,0 +1,45 @@
+#pragma once
+// The local side of `ddprun up`: runs one ssh client per host at once, each in its own process
+// group (so the terminal's Ctrl-C reaches `up` alone, which then decides), and either collects
+// their output (the probe, the copy) or streams it line by line with each host's prefix into
+// one stream (the agents). Interrupts (SIGINT, SIGTERM, SIGHUP) are read here, in the loop,
+// and turned into stop requests on each agent's link (runner/io/controller_link.h).
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddprun::io {
+
+struct RemoteChild {
+  std::vector<std::string> argv;
+  std::string input;          // written to its stdin (e.g. the job file for --copy)
+  bool hold_stdin = false;    // keep stdin open after `input`: the agent's link to `up`
+  std::string prefix;         // streamed lines start with it ("gpu-02: ")
+  bool stream = false;        // print lines as they come; else collect them
+};
+
+struct ChildOutcome {
+  int exit_status = -1;  // the exit code; 128 + N when killed by signal N; -1 killed at the deadline
+  std::string out;       // collected (stream = false)
+  std::string err;
+};
+
+struct RunLimits {
+  /// Collecting children are killed after this long (their outcome is -1).
+  std::chrono::milliseconds deadline{std::chrono::hours(24 * 365)};
+  /// After the first interrupt, how long the agents get to stop before their ssh clients are
+  /// killed (stop_grace and a margin).
+  std::chrono::milliseconds stop_wait{std::chrono::seconds(30)};
+};
+
+struct RunOutcome {
+  std::vector<ChildOutcome> children;  // in the order given
+  int interrupted_by = 0;              // the first signal received, 0 if none
+};
+
+/// Starts every child, waits for all of them, returns their outcomes. A child that cannot be
+/// started gets exit status 127 and the reason in `err`.
+RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const RunLimits& limits);
+
+}  // namespace ddprun::io

@@ -1,0 +1,79 @@
+#pragma once
+// What `ddprun up` runs through the OpenSSH client, and how it reads ssh's failures: pure
+// functions (no process is started here), so the words a user sees are tested one by one.
+//
+// The ssh program is the user's own `ssh` with the user's configuration (keys, ports, jump
+// hosts, ControlMaster). DDPRUN_SSH_COMMAND replaces it and its options, as GIT_SSH_COMMAND
+// does for git: it is run by /bin/sh with the destination and the remote command appended.
+
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+
+namespace ddprun::io {
+
+/// ssh options `up` adds for its first pass (the probe): no prompt that nobody would answer,
+/// and a bounded wait. Options given first win in ssh, so DDPRUN_SSH_COMMAND (and `-o` in it)
+/// can override these; the user's ssh config cannot, which is what a launcher needs.
+std::vector<std::string> ProbeSshOptions(int connect_timeout_s);
+/// For the agents' sessions: no prompt, and the client notices a dead connection.
+std::vector<std::string> AgentSshOptions(int connect_timeout_s);
+
+/// The argv that runs `remote_command` (a line for the remote user's shell) on `host`.
+/// `ssh_command` is DDPRUN_SSH_COMMAND ("" for plain `ssh`).
+std::vector<std::string> SshArgv(const std::string& ssh_command, const std::vector<std::string>& options,
+                                 const std::string& host, const std::string& remote_command);
+
+/// A host name ssh would read as an option ("-oProxyCommand=..."): refused before any ssh runs.
+Status CheckDestination(const std::string& host);
+
+/// The remote line of the probe: prints `ddprun --version`, then whether the job file is there.
+/// Exit 127 when `ddprun` is not found.
+std::string ProbeCommand(const std::string& remote_ddprun, const std::string& job_path, bool job_copied);
+
+/// What the probe of one host found.
+struct ProbeOutcome {
+  bool ok = false;
+  std::string what;  // what failed, one line ("ssh cannot resolve the host name (DNS)")
+  std::string fix;   // what to do ("hint: ...")
+};
+/// Reads one host's probe: ssh's exit status (-1 when it was killed at the deadline), its
+/// stdout and stderr; `local_version` is this ddprun's version.
+ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out, const std::string& err,
+                       const std::string& remote_ddprun, const std::string& job_path,
+                       const std::string& local_version, int connect_timeout_s);
+
+/// The remote line that copies stdin into `job_path` (atomically: a temporary file, then
+/// rename), for `up --copy`. `tag` makes the temporary name unique when hosts share a folder.
+std::string CopyCommand(const std::string& job_path, int tag);
+
+/// The remote line that runs one agent under `up`.
+struct AgentCommand {
+  std::string remote_ddprun = "ddprun";
+  std::string job_path;
+  int node_rank = 0;
+  std::vector<std::string> script_args;
+  std::string secret_file;  // DDPRUN_SECRET_FILE to pass on ("" none)
+};
+std::string AgentRemoteLine(const AgentCommand& agent);
+
+/// `up --detach`: where a detached agent's pid and console go on its host. The job file lies at
+/// the same path on every host, so these do too: <logs.dir>/<job.name>/up-n<K>.{pid,console}.
+struct DetachedFiles {
+  std::string pid_file;
+  std::string console;
+};
+/// The remote line that starts one agent detached: its own session (setsid: no terminal, no
+/// SIGHUP when ssh ends), stdin from /dev/null, console to a file; prints "started <pid>".
+std::string DetachedAgentLine(const AgentCommand& agent, const DetachedFiles& files);
+/// The remote line of `ddprun status`: "state: running <pid>", "state: exited <pid>" or
+/// "state: never-started", then the console's last lines as "log: ...". A pid counts only while
+/// its command line still names the job file (a reused pid is not the agent).
+std::string StatusLine(const std::string& job_path, const DetachedFiles& files);
+/// The remote line of `ddprun down`: SIGTERM to the agent (which stops the job's workers within
+/// stop_grace), then waits up to `wait_s` for it: "state: stopped <pid>", "state: not-running
+/// <pid>", "state: never-started", or "state: still-running <pid>" (exit 1).
+std::string DownLine(const std::string& job_path, const DetachedFiles& files, int wait_s);
+
+}  // namespace ddprun::io
