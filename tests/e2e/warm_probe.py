@@ -10,6 +10,7 @@ import random
 import resource
 import signal
 import sys
+import time
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -61,10 +62,15 @@ def main():
         "random": random.random(),
         "torch_seed": torch.initial_seed(),
     }
-    with open(os.path.join(sys.argv[1], "probe-%d-%d.json" % (rank, attempt)), "w") as f:
+    path = os.path.join(sys.argv[1], "probe-%d-%d.json" % (rank, attempt))
+    with open(path + ".tmp", "w") as f:
         json.dump(seen, f, sort_keys=True)
+    os.replace(path + ".tmp", path)
     print("probe rank %d attempt %d" % (rank, attempt), flush=True)
     if rank == 1 and attempt == 0:
+        # Rank 0 must have written its probe before this failure stops it.
+        while not os.path.exists(os.path.join(sys.argv[1], "probe-0-0.json")):
+            time.sleep(0.02)
         raise ValueError("warm probe fails on purpose")
 
 

@@ -114,6 +114,13 @@ TestJob ProbeJob(const std::string& name, const std::string& job_extra) {
 // its beacon socket, its store port).
 Json Comparable(Json probe, const std::string& run_folder) {
   for (const char* key : {"random", "torch_seed", "ppid"}) probe.erase(key);
+  // The stacks file (in the run's folder) and the beacon socket `import ddprun` opened.
+  for (auto& [fd, target] : probe["fds"].items()) {
+    std::string text = target.get<std::string>();
+    if (const size_t at = text.find(run_folder); at != std::string::npos) text.replace(at, run_folder.size(), "<run>");
+    if (text.starts_with("socket:")) text = "socket";
+    target = text;
+  }
   Json& env = probe["env"];
   for (const char* key : {"DDPRUN_PROGRESS_ADDR", "DDPRUN_PROGRESS_TOKEN", "MASTER_PORT"}) env.erase(key);
   for (auto& [name, value] : env.items()) {
@@ -147,6 +154,7 @@ TEST_F(WarmTest, ForkedWorkersSeeWhatColdWorkersSee) {
     for (int rank : {0, 1}) {
       SCOPED_TRACE(fmt::format("rank {} attempt {}", rank, attempt));
       const std::string name = fmt::format("probe-{}-{}.json", rank, attempt);
+      ASSERT_TRUE(dir_.Exists("probes-cold/" + name) && dir_.Exists("probes-warm/" + name)) << name << Describe();
       const Json cold_probe = Json::parse(dir_.Read("probes-cold/" + name));
       const Json warm_probe = Json::parse(dir_.Read("probes-warm/" + name));
       EXPECT_EQ(cold_probe["ppid"], cold.pid());
@@ -381,7 +389,7 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{"no_such_module", "", "workers start cold: cannot import the preloaded modules: ModuleNotFoundError"},
         Refusal{"opens_file", "[\"sh\", \"-c\", \"echo shell worker\"]",
                 "workers start cold although job.preload is set: job.command does not run a Python interpreter"}),
-    [](const auto& info) { return std::to_string(info.index); });
+    [](const ::testing::TestParamInfo<Refusal>& param) { return std::to_string(param.index); });
 
 }  // namespace
 }  // namespace ddprun::e2e

@@ -238,7 +238,9 @@ def _run_main(config):
     """Runs the script or module as `__main__`, as the interpreter would, and exits as it would."""
     import types
     main = types.ModuleType("__main__")
+    # What the interpreter's own __main__ holds before the script runs.
     main.__dict__["__builtins__"] = __builtins__
+    main.__dict__["__annotations__"] = {}
     sys.modules["__main__"] = main
     path0 = _worker_path0(config)
     if path0 is not None:
