@@ -110,9 +110,13 @@ Status WarmTemplate::Launch() {
     }
     ::close_range(kTemplateControlFd + 1, ~0U, CLOSE_RANGE_CLOEXEC);
     if (::chdir(workdir) != 0) ::_exit(126);
+    // The dispositions a cold worker gets from exec: the agent handles SIGINT, SIGTERM and
+    // SIGHUP (asio's signal_set, which may not be installed yet when the template starts) and
+    // ignores SIGPIPE, so a cold worker starts with all four at SIG_DFL, whatever the agent
+    // inherited (nohup, a background job's ignored SIGINT).
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    ::sigaction(SIGPIPE, &dfl, nullptr);
+    for (const int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
