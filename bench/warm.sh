@@ -9,7 +9,7 @@
 #                 sampled while round 1 trains (pages the workers share with the template
 #                 count once, split among them)
 # For ddprun, the event logs of both nodes split the restart into its steps (restart-* rows).
-#   RUNS (default 3), TR_RUNS (torchrun, default 1)
+#   RUNS (default 3), TR_RUNS (torchrun, default 1), MODES (default "cold warm torchrun")
 source "$(dirname "$0")/common.sh"
 RUNS=${RUNS:-3}
 TR_RUNS=${TR_RUNS:-1}
@@ -30,7 +30,7 @@ kill_recorded() {  # kills the recorded workers that still run w_torch.py (or th
   local p
   [[ -f "$BENCH_MARKS.pids" ]] || return 0
   for p in $(cat "$BENCH_MARKS.pids"); do
-    if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q 'w_torch\|template.py'; then kill -KILL "$p" 2>/dev/null || true; fi
+    if tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q 'w_torch\|template.py'; then kill -KILL "$p" 2>/dev/null || true; fi
   done
 }
 
@@ -63,7 +63,7 @@ one_run() {  # MODE DIR
     local kids template="" workers=() k
     kids=$(children_of "$agent")
     for k in $kids; do
-      if tr '\0' ' ' <"/proc/$k/cmdline" 2>/dev/null | grep -q 'template.py' && ! grep -q "^$k\$" "$BENCH_MARKS.pids"; then
+      if tr '\0' ' ' 2>/dev/null <"/proc/$k/cmdline" | grep -q 'template.py' && ! grep -q "^$k\$" "$BENCH_MARKS.pids"; then
         template=$k
       elif grep -q "^$k\$" "$BENCH_MARKS.pids"; then
         workers+=("$k")
@@ -83,23 +83,24 @@ one_run() {  # MODE DIR
     [[ -n $sampled ]] && echo "$sampled" >>"$dir/memory"
     if [[ $mode != torchrun ]]; then
       # The steps of the restart from both nodes' event logs (monotonic times of one clock).
-      "$PYTHON" - "$run" >>"$dir/steps" <<'PY'
+      "$PYTHON" - "$run" "$fail" >>"$dir/steps" <<'PY' || log "$mode: no event-log steps"
 import glob, json, sys
 events = []
 for path in glob.glob(sys.argv[1] + "/logs/*/latest-n*/events-node*.jsonl"):
     events += [json.loads(line) for line in open(path)]
-t = lambda e: e["t_mono_ms"] if "t_mono_ms" in e else e.get("mono_ms", e.get("t", 0))
+t = lambda e: e["unix_ms"]
 def first(kind, **match):
     found = [t(e) for e in events if e["event"] == kind and all(e.get(k) == v for k, v in match.items())]
     return min(found) if found else None
 def last(kind, **match):
     found = [t(e) for e in events if e["event"] == kind and all(e.get(k) == v for k, v in match.items())]
     return max(found) if found else None
-fail = first("worker-exit", round=0, rank=3)
+fail_mark = float(sys.argv[2]) * 1000.0  # rank 3's "fail" mark (epoch ms), just before it raises
+exit_seen = first("worker-exit", round=0, rank=3)
 stopped = last("worker-exit", round=0)
 begin = first("workers-start", round=1)
 started = last("workers-started", round=1)
-print(" ".join("%.1f" % (x - fail) if x is not None and fail is not None else "-" for x in (stopped, begin, started)))
+print(" ".join("%.1f" % (x - fail_mark) if x is not None else "-" for x in (exit_seen, stopped, begin, started)))
 PY
     fi
   else
@@ -110,7 +111,7 @@ PY
   kill_recorded
 }
 
-for mode in cold warm torchrun; do
+for mode in ${MODES:-cold warm torchrun}; do
   dir=$(scratch "warm-$mode")
   runs=$RUNS
   [[ $mode == torchrun ]] && runs=$TR_RUNS
@@ -123,7 +124,7 @@ for mode in cold warm torchrun; do
   if [[ $mode == torchrun ]]; then
     cmd="GLOO_SOCKET_IFNAME=lo $(printf '%s ' "${TORCHRUN[@]}")--nnodes 2 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P --rdzv_id X --max_restarts 1 bench/w_torch.py (on 2 agents)"
   else
-    cmd="STEPS=$STEPS STEP_S=$STEP_S FAIL_STEP=$FAIL_STEP GLOO_SOCKET_IFNAME=lo $(rel "$DDPRUN") job.toml --node-rank 0|1 (nnodes = 2, devices = 2, max_restarts = 1, backoff = \"0s\", command = [\"python3\", \"bench/w_torch.py\"]$([[ $mode == warm ]] && echo ', preload = ["torch", "torch.distributed", "torch.nn.parallel"]'))"
+    cmd="STEPS=$STEPS STEP_S=$STEP_S FAIL_STEP=$FAIL_STEP GLOO_SOCKET_IFNAME=lo $(rel "$DDPRUN") job.toml --node-rank 0|1 (nnodes = 2, devices = 2, max_restarts = 1, backoff = \"0s\", command = [\"python3\", \"bench/w_torch.py\"]$(if [[ $mode == warm ]]; then echo ', preload = ["torch", "torch.distributed", "torch.nn.parallel"]'; fi))"
   fi
   awk '{print $1}' "$dir/times" 2>/dev/null | record_stats warm-first "$S" "agents start -> every rank trained its first step" "$name" s "$cmd"
   awk '{print $2}' "$dir/times" 2>/dev/null | record_stats warm-restart "$S" "failure -> every rank trained its first step of round 1" "$name" s "$cmd"
@@ -133,9 +134,10 @@ for mode in cold warm torchrun; do
   fi
   awk '{print $3 / 1024}' "$dir/memory" 2>/dev/null | record_stats warm-pss-workers "$S" "node 0: its 2 workers' PSS together" "$name" MiB "$cmd"
   if [[ $mode != torchrun ]]; then
-    awk '{print $1 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-stopped "$S" "failure -> the last worker of round 0 reported gone (event log)" "$name" s "$cmd"
-    awk '{print $2 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-begin "$S" "failure -> the first agent asks for round 1's workers (event log)" "$name" s "$cmd"
-    awk '{print $3 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-started "$S" "failure -> the last of round 1's processes exists (event log)" "$name" s "$cmd"
+    awk '{print $1 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-exit "$S" "failure (rank 3 raises) -> its agent has its exit (event log)" "$name" s "$cmd"
+    awk '{print $2 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-stopped "$S" "failure -> the last worker of round 0 is gone (event log)" "$name" s "$cmd"
+    awk '{print $3 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-begin "$S" "failure -> the first agent asks for round 1's workers (event log)" "$name" s "$cmd"
+    awk '{print $4 / 1000}' "$dir/steps" 2>/dev/null | record_stats warm-step-started "$S" "failure -> the last of round 1's processes exists (event log)" "$name" s "$cmd"
   fi
 done
 log "results in $RESULTS"

@@ -195,8 +195,13 @@ def _become_worker(request, fds, ctrl):
                     os.close(fd)
                 except OSError:
                     pass
-        os.closerange(3, report)
-        os.closerange(report + 1, 1 << 16)
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2 and fd != report:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # the listing's own descriptor
         # The environment, wholesale: what the cold worker's exec would have given.
         step = "environment"
         os.environ.clear()
