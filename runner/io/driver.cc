@@ -557,8 +557,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     console.Log(core::LogLevel::kError, "agent", text);
   };
   // job.preload: workers are forked from a template that imported these (warm_template.h).
-  launcher_options.preload = spec.job.preload;
-  if (!spec.job.preload.empty()) {
+  // (not for `ddprun preflight`, whose workers are its own program).
+  if (!spec.job.is_preflight) launcher_options.preload = spec.job.preload;
+  if (!launcher_options.preload.empty()) {
     launcher_options.template_script = DdprunWarmTemplate().value_or("");
     WorkerPosition position;
     position.node_rank = options.node_rank;

@@ -1,8 +1,8 @@
 // Warm starts (job.preload) with real agents and real Python: a forked worker sees what a cold
 // one sees, a DDP job trains to the same weights warm and cold and restarts warm, a hung warm
-// rank is named with its stack, a killed template is replaced while rounds start cold, and
-// templates that are not safe to fork (a thread, an open file) or commands that are not Python
-// start cold and say why.
+// rank is named with its stack, a killed or unanswering template is replaced while rounds start
+// cold, and templates that are not safe to fork (a thread, an open file, a failed import) or
+// commands that are not Python start cold and say why.
 
 #include <csignal>
 #include <cstdlib>
@@ -340,6 +340,53 @@ TEST_F(WarmTest, KilledTemplateIsReplacedAndTheRoundMeanwhileStartsCold) {
   EXPECT_EQ(records.at(0)["warm"], 2) << records.at(0).dump();
   EXPECT_EQ(records.at(1)["cold"], 2) << records.at(1).dump();
   EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("still importing")) << records.at(1).dump();
+  EXPECT_FALSE(ProcessAlive(template_pid));
+}
+
+// A template that stops answering (SIGSTOP stands in for a hang) is killed after 5 s and
+// replaced; that round's workers start cold. Needs no torch: the preload is the standard json.
+TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
+  dir_.Write("worker.py",
+             "import os, sys, time\n"
+             "if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+             "    while not os.path.exists('fail'):\n"
+             "        time.sleep(0.05)\n"
+             "    sys.exit(3)\n"
+             "print('ran in round', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\n");
+  TestJob job;
+  job.name = "hung-template";
+  job.nnodes = 1;
+  job.devices = 2;
+  job.master_port = FreePort();
+  job.command = TomlArray({"/usr/bin/python3", "worker.py"});
+  job.job_extra = "preload = [\"json\"]\n";
+  job.max_restarts = 1;
+  job.backoff = "0s";
+  job.heartbeat = "1s";  // the agent's loop waits up to 5 s for the template's answer
+  job.rendezvous = "60s";
+  dir_.Write("job.toml", job.Toml());
+  AgentProcess& agent = Start("job.toml", 0);
+  std::smatch m;
+  std::string out;
+  ASSERT_TRUE(WaitFor([&] {
+    out = agent.Output();
+    return std::regex_search(out, m, std::regex("workers start warm: a template \\(pid ([0-9]+)\\)")) &&
+           out.find("[n0 r0] ran in round 0") != std::string::npos;
+  }, 60s)) << Describe();
+  const pid_t template_pid = std::stoi(m[1]);
+  ASSERT_EQ(::kill(template_pid, SIGSTOP), 0);
+  dir_.Write("fail", "");
+  ASSERT_EQ(agent.Wait(60s), 0) << Describe();
+  out = agent.Output();
+  EXPECT_THAT(out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 5 s: taken for "
+                                         "hung and killed", template_pid)))
+      << Describe();
+  EXPECT_THAT(out, HasSubstr("[n0 r1] ran in round 1")) << Describe();
+  const auto records = StartRecords(RunFolder(out), 0);
+  ASSERT_EQ(records.size(), 2u) << Describe();
+  EXPECT_EQ(records.at(0)["warm"], 2) << records.at(0).dump();
+  EXPECT_EQ(records.at(1)["cold"], 2) << records.at(1).dump();
+  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("did not answer within 5 s"));
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
