@@ -35,8 +35,9 @@ namespace ddprun::io {
 class Guardian;
 
 /// How long a ready template may take to answer a request to fork a worker before it is taken
-/// for hung (a fork of a large interpreter takes milliseconds).
-inline constexpr std::chrono::seconds kAnswerLimit{5};
+/// for hung (a fork of a large interpreter takes milliseconds). The agent waits for the answer
+/// on its loop, so this also bounds how long a hung template can hold up heartbeats.
+inline constexpr std::chrono::seconds kAnswerLimit{2};
 /// After this many templates that died or hung, workers start cold for the rest of the job.
 inline constexpr int kMaxTemplateFailures = 3;
 

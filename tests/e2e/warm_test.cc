@@ -343,7 +343,7 @@ TEST_F(WarmTest, KilledTemplateIsReplacedAndTheRoundMeanwhileStartsCold) {
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
-// A template that stops answering (SIGSTOP stands in for a hang) is killed after 5 s and
+// A template that stops answering (SIGSTOP stands in for a hang) is killed after 2 s and
 // replaced; that round's workers start cold. Needs no torch: the preload is the standard json.
 TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   dir_.Write("worker.py",
@@ -362,7 +362,7 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   job.job_extra = "preload = [\"json\"]\n";
   job.max_restarts = 1;
   job.backoff = "0s";
-  job.heartbeat = "1s";  // the agent's loop waits up to 5 s for the template's answer
+  job.heartbeat = "1s";  // the agent's loop waits up to 2 s for the template's answer
   job.rendezvous = "60s";
   dir_.Write("job.toml", job.Toml());
   AgentProcess& agent = Start("job.toml", 0);
@@ -378,7 +378,7 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   dir_.Write("fail", "");
   ASSERT_EQ(agent.Wait(60s), 0) << Describe();
   out = agent.Output();
-  EXPECT_THAT(out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 5 s: taken for "
+  EXPECT_THAT(out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 2 s: taken for "
                                          "hung and killed", template_pid)))
       << Describe();
   EXPECT_THAT(out, HasSubstr("[n0 r1] ran in round 1")) << Describe();
@@ -386,7 +386,7 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   ASSERT_EQ(records.size(), 2u) << Describe();
   EXPECT_EQ(records.at(0)["warm"], 2) << records.at(0).dump();
   EXPECT_EQ(records.at(1)["cold"], 2) << records.at(1).dump();
-  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("did not answer within 5 s"));
+  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("did not answer within 2 s"));
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
