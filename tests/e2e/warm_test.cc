@@ -374,7 +374,7 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
            out.find("[n0 r0] ran in round 0") != std::string::npos;
   }, 60s)) << Describe();
   const pid_t template_pid = std::stoi(m[1]);
-  ASSERT_EQ(::kill(template_pid, SIGSTOP), 0);
+  ASSERT_EQ(::kill(template_pid, SIGSTOP), 0) << Describe();
   dir_.Write("fail", "");
   ASSERT_EQ(agent.Wait(60s), 0) << Describe();
   out = agent.Output();

@@ -123,9 +123,11 @@ def _fork_worker(request, fds, ctrl):
     if middle == 0:
         try:
             os.close(read_end)
+            # Our own pid, taken before the fork: the worker's getppid() may already be the
+            # agent's by the time it looks, if we have exited.
+            request["_middle"] = os.getpid()
+            request["_report"] = write_end
             if os.fork() == 0:
-                request["_middle"] = os.getppid()
-                request["_report"] = write_end
                 return None
         except BaseException:
             pass
