@@ -15,6 +15,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,11 @@ struct WarmTemplate::Watch {
   asio::posix::stream_descriptor descriptor;
 };
 
+struct WarmTemplate::FirstWait {
+  explicit FirstWait(asio::io_context& io) : timer(io) {}
+  asio::steady_timer timer;
+};
+
 WarmTemplate::WarmTemplate(asio::io_context& io, Options options) : io_(io), options_(std::move(options)) {}
 
 WarmTemplate::~WarmTemplate() { Kill(); }
@@ -54,7 +60,21 @@ void WarmTemplate::Start() {
     cold_reason_ = launched.error();
     state_ = State::kRefused;
     if (options_.say) options_.say(true, "workers start cold: " + cold_reason_);
+    return;
   }
+  // Imports that never end must not hold round 0 for ever.
+  first_wait_ = std::make_unique<FirstWait>(io_);
+  first_wait_->timer.expires_after(kFirstWaitLimit);
+  first_wait_->timer.async_wait([this](error_code ec) {
+    if (ec || state_ != State::kStarting || attempt_ != 1) return;
+    first_wait_over_ = true;
+    if (options_.say) {
+      options_.say(true, fmt::format("warm starts: the template is still importing after {} s; the workers that "
+                                     "waited for it start cold, and later rounds are forked once it is ready",
+                                     kFirstWaitLimit.count()));
+    }
+    Settle();
+  });
 }
 
 Status WarmTemplate::Launch() {
@@ -307,6 +327,7 @@ Result<pid_t> WarmTemplate::Fork(const Request& request, int stdin_fd, int out_f
 
 void WarmTemplate::Kill() {
   watch_.reset();
+  first_wait_.reset();
   if (pid_ > 0) {
     if (pidfd_.valid()) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
     int status = 0;

@@ -38,6 +38,9 @@ class Guardian;
 /// for hung (a fork of a large interpreter takes milliseconds). The agent waits for the answer
 /// on its loop, so this also bounds how long a hung template can hold up heartbeats.
 inline constexpr std::chrono::seconds kAnswerLimit{2};
+/// How long round 0's workers wait for the first template's imports; then they start cold and
+/// the template, still importing, serves later rounds once it is ready.
+inline constexpr std::chrono::seconds kFirstWaitLimit{120};
 /// After this many templates that died or hung, workers start cold for the rest of the job.
 inline constexpr int kMaxTemplateFailures = 3;
 
@@ -71,7 +74,7 @@ class WarmTemplate {
   void Start();
   State state() const { return state_; }
   /// Whether a request should wait for the template: only the first one, while it imports.
-  bool FirstStarting() const { return state_ == State::kStarting && attempt_ == 1; }
+  bool FirstStarting() const { return state_ == State::kStarting && attempt_ == 1 && !first_wait_over_; }
   /// Why workers start cold now ("" when the template is ready).
   const std::string& cold_reason() const { return cold_reason_; }
   /// The running template's pid, or -1.
@@ -111,6 +114,9 @@ class WarmTemplate {
   std::string cold_reason_ = "the template has not started";
   struct Watch;
   std::unique_ptr<Watch> watch_;
+  struct FirstWait;
+  std::unique_ptr<FirstWait> first_wait_;
+  bool first_wait_over_ = false;
   std::chrono::steady_clock::time_point started_at_{};
 };
 
