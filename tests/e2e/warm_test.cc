@@ -390,6 +390,30 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
+// `python -m package.module` warm: runpy gives the module __main__ with its spec, the module's
+// path as argv[0] and the working folder as sys.path[0], as the interpreter does. No torch needed.
+TEST_F(WarmTest, ModuleCommandRunsAsPythonDashMWould) {
+  dir_.Write("pkg/__init__.py", "");
+  dir_.Write("pkg/train.py",
+             "import sys\nprint('module', __name__, __file__, sys.argv, sys.path[0], __spec__.name, flush=True)\n");
+  TestJob job;
+  job.name = "dash-m";
+  job.nnodes = 1;
+  job.devices = 1;
+  job.master_port = FreePort();
+  job.command = TomlArray({"/usr/bin/python3", "-m", "pkg.train", "x"});
+  job.job_extra = "preload = [\"json\"]\n";
+  dir_.Write("job.toml", job.Toml());
+  AgentProcess& agent = Start("job.toml", 0);
+  ASSERT_EQ(agent.Wait(60s), 0) << Describe();
+  const std::string& d = dir_.path();
+  EXPECT_THAT(agent.Output(), HasSubstr("workers start warm")) << Describe();
+  EXPECT_THAT(agent.Output(), HasSubstr(fmt::format("[n0 r0] module __main__ {}/pkg/train.py ['{}/pkg/train.py', 'x'] {} "
+                                                    "pkg.train\n", d, d, d)))
+      << Describe();
+  EXPECT_EQ(StartRecords(RunFolder(agent.Output()), 0).at(0)["warm"], 1);
+}
+
 // Templates that are not safe to fork are refused once, with the reason; the job runs cold.
 // These need no torch: the preloads are small modules of the test's own.
 struct Refusal {
