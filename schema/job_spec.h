@@ -101,6 +101,9 @@ struct JobSpec {
     std::string workdir = ".";                  // as written; relative to the job file
     std::map<std::string, std::string> env;     // sorted by name
     CodeCheck code_check = CodeCheck::kOff;
+    /// Modules a template interpreter imports before the first round; workers are forked
+    /// from it (warm starts, runner/io/warm_template.h). Empty: every worker starts cold.
+    std::vector<std::string> preload;
     Code code;                                  // filled by the CLI when code_check is on
     /// Set by `ddprun preflight` for the job it runs (not part of the file): a failure is the
     /// preflight's verdict, not a training job's.

@@ -53,7 +53,7 @@ constexpr std::array<KeySpec, 12> kTopKeys = {{
 
 constexpr std::array<std::string_view, 3> kCodeChecks = {"off", "warn", "refuse"};
 
-constexpr std::array<KeySpec, 5> kJobKeys = {{
+constexpr std::array<KeySpec, 6> kJobKeys = {{
     {.name = "name", .type = KeyType::kString,
      .doc = "Job name: prefix of TORCHELASTIC_RUN_ID and the log folder.", .required = true,
      .max_length = kMaxNameLength, .pattern = "^[A-Za-z0-9._-]+$"},
@@ -73,6 +73,13 @@ constexpr std::array<KeySpec, 5> kJobKeys = {{
             "0's is refused at join, naming what differs. \"warn\": the same comparison, but "
             "the node joins and node 0 logs what differs.",
      .values = kCodeChecks, .default_value = "off"},
+    {.name = "preload", .type = KeyType::kStringArray,
+     .doc = "Warm starts: Python modules (e.g. [\"torch\", \"lightning\"]) that a template "
+            "interpreter on each node imports while the nodes join; every worker of every round is "
+            "forked from it instead of starting Python and importing them again. Only for a "
+            "job.command that runs python; unset: workers start cold.",
+     .pattern = "^[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*$", .unique = true,
+     .nonempty_items = true},
 }};
 
 constexpr std::array<std::string_view, 1> kHostSources = {"slurm"};

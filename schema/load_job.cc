@@ -81,6 +81,56 @@ void LoadCodeCheck(const toml::node& node, TomlReader& reader, JobSpec::CodeChec
   }
 }
 
+bool IsModuleName(std::string_view name) {
+  bool start = true;
+  for (const char c : name) {
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (c == '.') {
+      if (start) return false;
+      start = true;
+    } else if (letter || (digit && !start)) {
+      start = false;
+    } else {
+      return false;
+    }
+  }
+  return !start;
+}
+
+void LoadPreload(const toml::node& node, TomlReader& reader, std::vector<std::string>& out) {
+  const toml::array* array = node.as_array();
+  if (!array) {
+    reader.TypeError(node, "job.preload", "an array of module names", "e.g. preload = [\"torch\", \"lightning\"]");
+    return;
+  }
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string path = fmt::format("job.preload[{}]", i);
+    const toml::node& item = *array->get(i);
+    reader.Record(path, item);
+    const auto name = reader.String(item, path);
+    if (!name) continue;
+    if (!IsModuleName(*name)) {
+      reader.diags().Error(LocOf(item), "job.preload",
+                           fmt::format("job.preload: \"{}\" is not a Python module name", *name),
+                           "write the name `import` takes, e.g. \"torch\" or \"torch.distributed\"");
+      continue;
+    }
+    if (*name == "ddprun" || name->starts_with("ddprun.")) {
+      reader.diags().Error(LocOf(item), "job.preload",
+                           fmt::format("job.preload may not list \"{}\"", *name),
+                           "ddprun's module reads each worker's own environment when it is imported; "
+                           "the worker imports it itself");
+      continue;
+    }
+    if (std::find(out.begin(), out.end(), *name) != out.end()) {
+      reader.diags().Error(LocOf(item), "job.preload", fmt::format("job.preload lists \"{}\" twice", *name));
+      continue;
+    }
+    out.push_back(*name);
+  }
+}
+
 }  // namespace
 
 void LoadVersion(const toml::table& root, TomlReader& reader) {
@@ -126,6 +176,9 @@ void LoadJob(const toml::table& root, TomlReader& reader, JobSpec::Job& job) {
   }
   if (const toml::node* node = reader.Node(table, "code_check", "job.code_check")) {
     LoadCodeCheck(*node, reader, job.code_check);
+  }
+  if (const toml::node* node = reader.Node(table, "preload", "job.preload")) {
+    LoadPreload(*node, reader, job.preload);
   }
   LoadEnv(*table, reader, job.env);
 }

@@ -8,6 +8,7 @@
 
 #include "schema/canonical.h"
 #include "schema/loader.h"
+#include "schema/python_command.h"
 
 namespace ddprun {
 namespace {
@@ -268,6 +269,7 @@ std::string PlanHeader(const JobSpec& spec) {
                        code.git_commit.empty() ? "-" : code.git_commit.substr(0, 12),
                        code.git_dirty ? " (dirty)" : "");
   }
+  out += WorkerStartText(spec.job.command, spec.job.preload) + "\n";
   if (spec.restart.backoff_max) {
     out += fmt::format("restarts: up to {} job-wide, backoff {} doubling up to {}\n",
                        spec.restart.max_restarts, FormatDuration(spec.restart.backoff),
@@ -468,6 +470,14 @@ Json PlanToJson(const JobSpec& spec, const Plan& plan) {
   j["job"] = spec.job.name;
   j["run_id"] = RunId(spec);
   j["fingerprint"] = Fingerprint(spec);
+  {
+    Json start;
+    start["preload"] = spec.job.preload;
+    const auto parsed = ParsePythonCommand(spec.job.command);
+    start["warm"] = !spec.job.preload.empty() && parsed.ok();
+    if (!spec.job.preload.empty() && !parsed) start["cold_reason"] = parsed.error();
+    j["worker_start"] = std::move(start);
+  }
   j["nnodes"] = spec.cluster.nnodes;
   j["nproc_per_node"] = spec.cluster.nproc_per_node;
   j["world_size"] = spec.WorldSize();

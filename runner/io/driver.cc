@@ -576,6 +576,21 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   launcher_options.report = [&console](const std::string& text) {
     console.Log(core::LogLevel::kError, "agent", text);
   };
+  // job.preload: workers are forked from a template that imported these (warm_template.h).
+  // (not for `ddprun preflight`, whose workers are its own program).
+  if (!spec.job.is_preflight) launcher_options.preload = spec.job.preload;
+  if (!launcher_options.preload.empty()) {
+    launcher_options.template_script = DdprunWarmTemplate().value_or("");
+    WorkerPosition position;
+    position.node_rank = options.node_rank;
+    position.run_id = "-";
+    position.python_dir = config.python_dir;
+    position.socket_ifname = config.socket_ifname;
+    launcher_options.template_env = WorkerEnvironment(spec, position, config.inherited_env);
+  }
+  launcher_options.note = [&console](bool warning, const std::string& text) {
+    console.Log(warning ? core::LogLevel::kWarn : core::LogLevel::kInfo, "agent", text);
+  };
   RealProcessLauncher launcher(io, launcher_options);
   console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
   if (!options.print_job_summary) console.OmitJobSummary();
@@ -603,7 +618,10 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     log_warning("no event log for this run: " + created.error());
   } else {
     events = *std::move(created);
+    launcher.SetStartEvents([&events, &clock](const host::Event& event) { events->Record(clock.Now(), event); });
   }
+  // The template's imports overlap the rendezvous.
+  launcher.StartWarm();
   // rendezvous.backend = "etcd": the coordinator role and the job's state live in etcd, reached
   // through its JSON gateway on this loop. Nothing connects yet; files it cannot load (TLS) are
   // the job file's fault.

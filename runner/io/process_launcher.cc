@@ -28,6 +28,7 @@
 #include "runner/io/output_splitter.h"
 #include "runner/io/process_tree.h"
 #include "runner/io/safe_file.h"
+#include "runner/io/warm_template.h"
 #include "schema/worker_env.h"
 
 namespace ddprun::io {
@@ -217,11 +218,25 @@ struct RealProcessLauncher::Worker {
   int signal = 0;
   std::optional<off_t> stacks_from;  // the stacks file's size when its dump was asked for
   std::string error_path;            // relative to the run folder; "" none
+  std::unique_ptr<PendingStart> pending;  // until started: what starting it needs
+};
+
+struct RealProcessLauncher::PendingStart {
+  LaunchPlan plan;
+  std::array<UniqueFd, 2> read_ends, write_ends;  // stdout, stderr
+  int signal = 0;  // a stop that came before the worker started
 };
 
 RealProcessLauncher::RealProcessLauncher(asio::io_context& io, Options options)
-    : io_(io), options_(std::move(options)), reap_timer_(std::make_unique<asio::steady_timer>(io)) {
+    : io_(io),
+      options_(std::move(options)),
+      reap_timer_(std::make_unique<asio::steady_timer>(io)),
+      round_starts_(!options_.preload.empty()) {
+  if (!options_.preload.empty()) {
+    if (auto parsed = ParsePythonCommand(options_.command)) python_command_ = *std::move(parsed);
+  }
   auto beacons = BeaconSocket::Open(io_, [this](const core::Beacon& beacon) {
+    if (beacon.kind == core::BeaconKind::kStep) round_starts_.Stepped(beacon.round, std::chrono::steady_clock::now());
     if (events_) events_->OnBeacon(beacon);
   });
   if (beacons) {
@@ -295,8 +310,14 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   worker->round = round;
   worker->local_rank = launch.local_rank;
   worker->global_rank = launch.global_rank;
+  // The round's start is timed from its first worker to its last (runner/io/warm_rounds.h);
+  // the effect asks for all of them in one go, so a posted handler runs once it is done.
+  if (round_starts_.Requested(round, std::chrono::steady_clock::now())) {
+    asio::post(io_, [this, round] { round_starts_.Closed(round, std::chrono::steady_clock::now()); });
+  }
 
   auto fail = [&](const std::string& why) {
+    round_starts_.Started(round, std::chrono::steady_clock::now(), false, true, "");
     asio::post(io_, [this, round, local = launch.local_rank, why] {
       if (events_) events_->OnWorkerSpawnFailed(core::WorkerSpawnFailed{round, local, why});
     });
@@ -322,41 +343,97 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     fail(plan.error());
     return;
   }
-  // Everything the child needs is prepared here: between vfork and exec it may not allocate.
-  std::vector<char*> argv;
-  for (auto& a : plan->argv) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (auto& e : plan->env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::array<UniqueFd, 2> read_ends, write_ends;
+  auto pending = std::make_unique<PendingStart>();
+  pending->plan = *std::move(plan);
   for (size_t s = 0; s < 2; ++s) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       fail(fmt::format("cannot create pipes: {}", std::strerror(errno)));
       return;
     }
-    read_ends[s].Reset(fds[0]);
-    write_ends[s].Reset(fds[1]);
+    pending->read_ends[s].Reset(fds[0]);
+    pending->write_ends[s].Reset(fds[1]);
   }
-  const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
-  const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
-                                                 write_ends[0].get(), write_ends[1].get(), guardian_fd,
-                                                 options_.worker_nofile, worker->pid);
-  write_ends[0].Reset();
-  write_ends[1].Reset();
-  if (started.step != StartStep::kNone) {
-    fail(DescribeStartFailure(started, plan->executable, options_.workdir));
+  worker->pending = std::move(pending);
+  workers_[{round, launch.local_rank}] = worker;
+  // The first template may still be importing: its workers wait for it (a cold start would
+  // import the same modules meanwhile); a replacement's do not.
+  if (warm_ && warm_->FirstStarting()) {
+    waiting_.push_back(worker);
     return;
   }
+  StartWorker(worker);
+}
+
+void RealProcessLauncher::StartWaiting() {
+  std::vector<std::shared_ptr<Worker>> waiting;
+  waiting.swap(waiting_);
+  for (const auto& worker : waiting) {
+    if (worker->pending && !killed_all_) StartWorker(worker);
+  }
+}
+
+void RealProcessLauncher::StartWorker(const std::shared_ptr<Worker>& worker) {
+  PendingStart& pending = *worker->pending;
+  const LaunchPlan& plan = pending.plan;
+  const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
+  bool warm = false;
+  std::string cold_reason;
+  if (warm_ && python_command_) {
+    const WarmTemplate::Request request =
+        WarmRequest(*python_command_, plan, options_.workdir, options_.worker_nofile);
+    UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    auto forked = warm_->Fork(request, dev_null.get(), pending.write_ends[0].get(), pending.write_ends[1].get(),
+                              guardian_fd);
+    if (forked) {
+      worker->pid = *forked;
+      warm = true;
+    } else {
+      cold_reason = forked.error();
+    }
+  }
+  if (!warm) {
+    // Everything the child needs is prepared here: between vfork and exec it may not allocate.
+    std::vector<std::string> args = plan.argv, env = plan.env;
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
+                                                   pending.write_ends[0].get(), pending.write_ends[1].get(),
+                                                   guardian_fd, options_.worker_nofile, worker->pid);
+    if (started.step != StartStep::kNone) {
+      const std::string why = DescribeStartFailure(started, plan.executable, options_.workdir);
+      workers_.erase({worker->round, worker->local_rank});
+      worker->pending.reset();
+      round_starts_.Started(worker->round, std::chrono::steady_clock::now(), false, true, "");
+      asio::post(io_, [this, round = worker->round, local = worker->local_rank, why] {
+        if (events_) events_->OnWorkerSpawnFailed(core::WorkerSpawnFailed{round, local, why});
+      });
+      return;
+    }
+  }
+  round_starts_.Started(worker->round, std::chrono::steady_clock::now(), warm, false, cold_reason);
+  Attach(worker);
+}
+
+void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
+  PendingStart& pending = *worker->pending;
+  pending.write_ends[0].Reset();
+  pending.write_ends[1].Reset();
   error_code ec;
-  worker->out.assign(read_ends[0].Release(), ec);
-  worker->err.assign(read_ends[1].Release(), ec);
+  worker->out.assign(pending.read_ends[0].Release(), ec);
+  worker->err.assign(pending.read_ends[1].Release(), ec);
+  const int stop_signal = pending.signal;
+  worker->pending.reset();
   bp::process process(io_.get_executor(), worker->pid);
   worker->process.emplace(std::move(process));
   if (options_.guardian) options_.guardian->Watch(worker->pid);
-  workers_[{round, launch.local_rank}] = worker;
   ArmReap();
+  // A stop that came while the worker waited for the template reaches it now.
+  if (stop_signal != 0) ::kill(-worker->pid, stop_signal);
 
   worker->process->async_wait([this, worker](error_code wait_ec, int) {
     worker->exited = true;
@@ -531,7 +608,12 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
 
 void RealProcessLauncher::SignalAll(int round, int signal) {
   for (auto& [key, worker] : workers_) {
-    if (key.first == round && !worker->exited && worker->pid > 0) ::kill(-worker->pid, signal);
+    if (key.first != round || worker->exited) continue;
+    if (worker->pending) {
+      worker->pending->signal = signal;
+    } else if (worker->pid > 0) {
+      ::kill(-worker->pid, signal);
+    }
   }
 }
 
@@ -549,7 +631,7 @@ UniqueFd OpenStacksFile(int run_fd, int round, int global_rank) {
 void RealProcessLauncher::SignalForStacks(int round, const std::vector<std::pair<int, int>>& targets) {
   for (const auto& [local_rank, signal] : targets) {
     auto it = workers_.find({round, local_rank});
-    if (it == workers_.end() || it->second->exited || it->second->pid <= 0) continue;
+    if (it == workers_.end() || it->second->exited || it->second->pending || it->second->pid <= 0) continue;
     Worker& worker = *it->second;
     struct stat st {};
     UniqueFd fd = OpenStacksFile(run_fd_.get(), round, worker.global_rank);
@@ -583,16 +665,41 @@ std::vector<std::string> RealProcessLauncher::ReadStacks(int round) {
 
 void RealProcessLauncher::KillAll() {
   for (auto& [key, worker] : workers_) {
-    if (!worker->exited && worker->pid > 0) ::kill(-worker->pid, SIGKILL);
+    if (!worker->exited && !worker->pending && worker->pid > 0) ::kill(-worker->pid, SIGKILL);
   }
+  waiting_.clear();
+  if (warm_) warm_->Kill();
   SweepStrays();
   killed_all_ = true;
+}
+
+void RealProcessLauncher::StartWarm() {
+  if (options_.preload.empty() || warm_) return;
+  auto say = [this](bool warning, const std::string& text) {
+    if (options_.note) options_.note(warning, text);
+  };
+  auto warm = WarmTemplateOptions(options_.command, options_.preload, options_.template_script, options_.workdir,
+                                  options_.inherited_env, options_.template_env);
+  if (!warm) {
+    say(true, warm.error());
+    return;
+  }
+  warm->guardian = options_.guardian;
+  warm->open_log = [this](int attempt) -> Result<UniqueFd> {
+    if (!run_fd_.valid()) return Fail("no run folder");
+    return OpenLogFile(fmt::format("warm-template-{}.log", attempt));
+  };
+  warm->say = say;
+  warm->settled = [this] { asio::post(io_, [this] { StartWaiting(); }); };
+  warm_ = std::make_unique<WarmTemplate>(io_, *std::move(warm));
+  warm_->Start();
 }
 
 std::string RealProcessLauncher::SummaryLines() const {
   std::string text;
   if (run_fd_.valid()) text += fmt::format("logs on this node: {}/{}/\n", options_.logs_root, options_.run_folder);
   for (const std::string& problem : log_problems_) text += "log file incomplete: " + problem + "\n";
+  text += round_starts_.SummaryLine();
   return text;
 }
 
@@ -608,7 +715,12 @@ void RealProcessLauncher::SweepStrays() {
   const pid_t guardian = options_.guardian ? options_.guardian->pid() : 0;
   // Workers not yet reported are zombies (already waited for by Boost.Process) or running;
   // KillAll has just killed the running ones, and killing a zombie does nothing.
-  if (KillTrees([&](const ProcessEntry& entry) { return entry.ppid == self; }, guardian) == 0) return;
+  // The template stays: it serves the next round.
+  const pid_t warm_template = warm_ ? warm_->pid() : -1;
+  if (KillTrees([&](const ProcessEntry& entry) { return entry.ppid == self && entry.pid != warm_template; },
+                guardian) == 0) {
+    return;
+  }
   ReapStrays();
   ArmReap();  // the killed ones become zombies a moment later
 }
@@ -632,6 +744,7 @@ void RealProcessLauncher::ReapStrays() {
   const pid_t guardian = options_.guardian ? options_.guardian->pid() : 0;
   for (const ProcessEntry& entry : ReadProcessTable()) {
     if (entry.ppid != self || entry.pid == guardian || entry.state != 'Z') continue;
+    if (warm_ && entry.pid == warm_->pid()) continue;  // WarmTemplate waits for its own
     bool is_worker = false;
     for (const auto& [key, worker] : workers_) is_worker = is_worker || worker->pid == entry.pid;
     if (is_worker) continue;

@@ -16,7 +16,9 @@
 
 #include "runner/host/ports.h"
 #include "base/unique_fd.h"
+#include "runner/io/warm_rounds.h"
 #include "schema/job_spec.h"
+#include "schema/python_command.h"
 
 namespace boost::asio {
 class io_context;
@@ -27,6 +29,7 @@ namespace ddprun::io {
 class BeaconSocket;
 class ConsoleWriter;
 class Guardian;
+class WarmTemplate;
 
 /// What execve needs for one worker, computed before vfork (the child may not allocate).
 struct LaunchPlan {
@@ -66,6 +69,15 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     ConsoleWriter* console_writer = nullptr;
     /// RLIMIT_NOFILE for workers (the agent raises its own); rlim_cur 0: inherit the agent's.
     rlimit worker_nofile{};
+    /// job.preload: warm starts (runner/io/warm_template.h) when set and job.command runs python.
+    std::vector<std::string> preload;
+    /// worker/warm/template.py as installed beside the binary; "" when it was not found.
+    std::string template_script;
+    /// What the template imports under, over `inherited_env`: a worker's variables (local rank
+    /// 0 of round 0), so that imports see what workers would (OMP_NUM_THREADS, PYTHONPATH).
+    EnvList template_env;
+    /// Says something worth a line that is not an error (warm or cold starts and why).
+    std::function<void(bool warning, const std::string&)> note;
   };
 
   RealProcessLauncher(boost::asio::io_context& io, Options options);
@@ -86,6 +98,13 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   /// (the agent is going away; no Spawn after this).
   void KillAll();
 
+  /// Starts the warm-start template when job.preload asks for one (at agent start, after
+  /// OpenRunFolder, so that its imports overlap the rendezvous), or says once why workers
+  /// start cold.
+  void StartWarm();
+  /// Where each round's "workers-started" record goes (the event log).
+  void SetStartEvents(std::function<void(const host::Event&)> sink) { round_starts_.SetSink(std::move(sink)); }
+
   /// Creates this run's log folder (and points `latest` at it) unless done already: the first
   /// spawn does it, or the driver earlier, for the event log that lives beside the rank logs.
   Status OpenRunFolder();
@@ -98,6 +117,13 @@ class RealProcessLauncher final : public host::ProcessLauncher {
 
  private:
   struct Worker;
+  struct PendingStart;
+  /// Starts a prepared worker: forked from the template when it is ready, else cold.
+  void StartWorker(const std::shared_ptr<Worker>& worker);
+  /// Waits for, reads and reports a started worker (warm and cold alike).
+  void Attach(const std::shared_ptr<Worker>& worker);
+  /// Starts the workers that waited for the first template to finish its imports.
+  void StartWaiting();
   Result<UniqueFd> OpenLogFile(const std::string& relative);
   void StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr);
   void OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr, const char* data, size_t size);
@@ -125,6 +151,10 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   bool reap_armed_ = false;
   bool killed_all_ = false;
   std::unique_ptr<BeaconSocket> beacons_;  // null: no progress socket (said at start)
+  std::unique_ptr<WarmTemplate> warm_;     // null: every worker starts cold
+  std::vector<std::shared_ptr<Worker>> waiting_;  // for the first template's imports
+  RoundStartLog round_starts_;
+  std::optional<PythonCommand> python_command_;  // job.command read as Python, with job.preload
 };
 
 /// Turns a TORCHELASTIC_ERROR_FILE's JSON (torchelastic's nested or flat form) into readable

@@ -24,5 +24,20 @@ std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path) {
   return canonical.string();
 }
 
+std::optional<std::string> DdprunWarmTemplate() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec || exe.empty()) return std::nullopt;
+  return DdprunWarmTemplateFor(exe.string());
+}
+
+std::optional<std::string> DdprunWarmTemplateFor(const std::string& exe_path) {
+  const fs::path script = fs::path(exe_path).parent_path() / ".." / "share" / "ddprun" / "warm" / "template.py";
+  std::error_code ec;
+  if (!fs::is_regular_file(script, ec)) return std::nullopt;
+  const fs::path canonical = fs::canonical(script, ec);
+  if (ec) return std::nullopt;
+  return canonical.string();
+}
 
 }  // namespace ddprun::io

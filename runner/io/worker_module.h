@@ -16,5 +16,11 @@ std::optional<std::string> DdprunPythonDir();
 /// executable itself need not exist.
 std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path);
 
+/// The warm-start template (job.preload), staged and installed beside the module as
+/// <exe dir>/../share/ddprun/warm/template.py, outside the workers' PYTHONPATH: canonical and
+/// absolute, or nullopt when it is not there.
+std::optional<std::string> DdprunWarmTemplate();
+std::optional<std::string> DdprunWarmTemplateFor(const std::string& exe_path);
+
 
 }  // namespace ddprun::io

@@ -28,6 +28,7 @@ command = ["python", "train.py"]
 workdir = "."
 env = { A = "1" }
 code_check = "off"
+preload = ["torch"]
 [cluster]
 nodes = ["a", "b"]
 nnodes = 2

@@ -1,0 +1,381 @@
+#include "runner/io/warm_template.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runner/io/guardian.h"
+
+namespace ddprun::io {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+using Json = nlohmann::json;
+
+namespace {
+
+// The template's end of the socket, as the template script expects it.
+constexpr int kTemplateControlFd = 3;
+constexpr size_t kMaxAnswer = 64 * 1024;
+
+std::string DescribeStatus(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  return "ended";
+}
+
+}  // namespace
+
+struct WarmTemplate::Watch {
+  explicit Watch(asio::io_context& io) : descriptor(io) {}
+  asio::posix::stream_descriptor descriptor;
+};
+
+struct WarmTemplate::FirstWait {
+  explicit FirstWait(asio::io_context& io) : timer(io) {}
+  asio::steady_timer timer;
+};
+
+WarmTemplate::WarmTemplate(asio::io_context& io, Options options) : io_(io), options_(std::move(options)) {}
+
+WarmTemplate::~WarmTemplate() { Kill(); }
+
+void WarmTemplate::Start() {
+  if (const Status launched = Launch(); !launched) {
+    cold_reason_ = launched.error();
+    state_ = State::kRefused;
+    if (options_.say) options_.say(true, "workers start cold: " + cold_reason_);
+    return;
+  }
+  // Imports that never end must not hold round 0 for ever.
+  first_wait_ = std::make_unique<FirstWait>(io_);
+  first_wait_->timer.expires_after(kFirstWaitLimit);
+  first_wait_->timer.async_wait([this](error_code ec) {
+    if (ec || state_ != State::kStarting || attempt_ != 1) return;
+    first_wait_over_ = true;
+    if (options_.say) {
+      options_.say(true, fmt::format("warm starts: the template is still importing after {} s; the workers that "
+                                     "waited for it start cold, and later rounds are forked once it is ready",
+                                     kFirstWaitLimit.count()));
+    }
+    Settle();
+  });
+}
+
+Status WarmTemplate::Launch() {
+  ++attempt_;
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    return Fail(fmt::format("cannot create the template's socket: {}", std::strerror(errno)));
+  }
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+  UniqueFd log;
+  if (options_.open_log) {
+    if (auto opened = options_.open_log(attempt_)) log = *std::move(opened);
+  }
+  if (!log.valid()) log.Reset(::open("/dev/null", O_WRONLY | O_CLOEXEC));
+  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+
+  Json config;
+  config["module"] = options_.command.module;
+  config["target"] = options_.command.target;
+  config["preload"] = options_.preload;
+  std::vector<std::string> args;
+  args.push_back(options_.executable);
+  args.insert(args.end(), options_.command.options.begin(), options_.command.options.end());
+  args.push_back(options_.template_script);
+  // The settings go through the socket, not argv: `ps` shows a plain command line.
+  const std::string config_text = config.dump();
+  std::vector<std::string> env = options_.env;
+  // Everything the child needs is prepared before fork: the agent may have threads, so the
+  // child only makes system calls until exec.
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
+  const char* workdir = options_.workdir.c_str();
+  const int sock = theirs.get(), out = log.get(), in = dev_null.get();
+
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Its own process group, like a worker: Ctrl-C at the agent's terminal does not reach it.
+    ::setpgid(0, 0);
+    if (!(guardian_fd >= 0 && Guardian::RegisterFromChild(guardian_fd, ::getpid()))) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    }
+    if (in >= 0) ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    if (sock == kTemplateControlFd) {
+      ::fcntl(sock, F_SETFD, 0);
+    } else {
+      ::dup2(sock, kTemplateControlFd);
+    }
+    ::close_range(kTemplateControlFd + 1, ~0U, CLOSE_RANGE_CLOEXEC);
+    if (::chdir(workdir) != 0) ::_exit(126);
+    // The dispositions a cold worker gets from exec: the agent handles SIGINT, SIGTERM and
+    // SIGHUP (asio's signal_set, which may not be installed yet when the template starts) and
+    // ignores SIGPIPE, so a cold worker starts with all four at SIG_DFL, whatever the agent
+    // inherited (nohup, a background job's ignored SIGINT).
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (const int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  if (child < 0) return Fail(fmt::format("cannot start the template: {}", std::strerror(errno)));
+  pid_ = child;
+  pidfd_.Reset(static_cast<int>(::syscall(SYS_pidfd_open, child, 0)));
+  if (options_.guardian) options_.guardian->Watch(child);
+  control_ = std::move(ours);
+  // Queued in the socket until the template reads it; a failed send shows as its exit.
+  [[maybe_unused]] const ssize_t sent = ::send(control_.get(), config_text.data(), config_text.size(), MSG_NOSIGNAL);
+  state_ = State::kStarting;
+  cold_reason_ = "the template is still importing " + fmt::format("{}", fmt::join(options_.preload, ", "));
+  started_at_ = std::chrono::steady_clock::now();
+  watch_ = std::make_unique<Watch>(io_);
+  error_code ec;
+  watch_->descriptor.assign(::dup(control_.get()), ec);
+  WatchSocket();
+  return {};
+}
+
+void WarmTemplate::WatchSocket() {
+  if (!watch_) return;
+  Watch* watch = watch_.get();
+  watch_->descriptor.async_wait(asio::posix::stream_descriptor::wait_read, [this, watch](error_code ec) {
+    if (ec || watch != watch_.get()) return;  // closed or replaced
+    OnReadable();
+  });
+}
+
+void WarmTemplate::OnReadable() {
+  std::string buffer(kMaxAnswer, '\0');
+  const ssize_t n = ::recv(control_.get(), buffer.data(), buffer.size(), MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    WatchSocket();
+    return;
+  }
+  if (n <= 0) {
+    Down("the template exited", /*replace=*/true);
+    return;
+  }
+  buffer.resize(static_cast<size_t>(n));
+  const Json message = Json::parse(buffer, nullptr, /*allow_exceptions=*/false);
+  if (state_ != State::kStarting || !message.is_object() || !message.contains("ready")) {
+    WatchSocket();  // nothing else comes unasked
+    return;
+  }
+  if (message["ready"] == true) {
+    state_ = State::kReady;
+    cold_reason_.clear();
+    const double import_s = message.value("import_s", 0.0);
+    if (options_.say) {
+      options_.say(false, fmt::format("workers start warm: a template (pid {}) imported {} in {:.2f} s; "
+                                      "each worker is forked from it",
+                                      pid_, fmt::join(options_.preload, ", "), import_s));
+    }
+    WatchSocket();
+    Settle();
+    return;
+  }
+  // A refusal is the same for every template of this job: say it once and run cold.
+  cold_reason_ = message.value("reason", std::string("the template refused"));
+  Down(cold_reason_, /*replace=*/false);
+  state_ = State::kRefused;
+}
+
+void WarmTemplate::Down(const std::string& why, bool replace) {
+  const pid_t pid = pid_;
+  std::string status_text;
+  if (pid > 0) {
+    int status = 0;
+    pid_t reaped = ::waitpid(pid, &status, WNOHANG);
+    if (reaped == 0) {
+      if (pidfd_.valid()) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+      reaped = ::waitpid(pid, &status, 0);
+    }
+    if (reaped == pid && replace) status_text = " (" + DescribeStatus(status) + ")";
+    if (options_.guardian) options_.guardian->Forget(pid);
+  }
+  pid_ = -1;
+  pidfd_.Reset();
+  control_.Reset();
+  watch_.reset();
+  const bool was_starting = state_ == State::kStarting;
+  state_ = State::kDown;
+  if (!replace) {
+    if (options_.say) options_.say(true, "workers start cold: " + why);
+    if (was_starting) Settle();
+    return;
+  }
+  ++failures_;
+  cold_reason_ = why + status_text;
+  const bool again = failures_ < kMaxTemplateFailures;
+  if (options_.say) {
+    options_.say(true, fmt::format("warm starts: {}; {}", cold_reason_,
+                                   again ? "a new template is starting, and workers start cold until it is ready"
+                                         : fmt::format("that is {} templates lost: workers start cold for the rest of the job",
+                                                       failures_)));
+  }
+  if (was_starting) Settle();
+  if (again) {
+    if (const Status launched = Launch(); !launched) {
+      cold_reason_ = launched.error();
+      if (options_.say) options_.say(true, "workers start cold: " + cold_reason_);
+    }
+  }
+}
+
+void WarmTemplate::Settle() {
+  if (options_.settled) options_.settled();
+}
+
+Result<pid_t> WarmTemplate::Fork(const Request& request, int stdin_fd, int out_fd, int err_fd, int guardian_fd) {
+  if (state_ != State::kReady) return Fail(cold_reason_);
+  Json message;
+  message["argv"] = request.argv;
+  message["orig_argv"] = request.orig_argv;
+  Json env = Json::object();
+  for (const std::string& entry : request.env) {
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  message["env"] = std::move(env);
+  message["cwd"] = request.cwd;
+  message["agent"] = ::getpid();
+  if (request.nofile.rlim_cur != 0) {
+    message["nofile"] = {request.nofile.rlim_cur, request.nofile.rlim_max};
+  } else {
+    message["nofile"] = nullptr;
+  }
+  const std::string text = message.dump();
+  int fds[4] = {stdin_fd, out_fd, err_fd, guardian_fd};
+  const size_t nfds = guardian_fd >= 0 ? 4 : 3;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+  cmsghdr* header = CMSG_FIRSTHDR(&msg);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+  std::memcpy(CMSG_DATA(header), fds, nfds * sizeof(int));
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(control_.get(), &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0) {
+    const std::string why = fmt::format("cannot reach the template: {}", std::strerror(errno));
+    Down(why, /*replace=*/true);
+    return Fail(why);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kAnswerLimit;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      const std::string why = fmt::format("the template (pid {}) did not answer within {} s: taken for hung and killed",
+                                          pid_, kAnswerLimit.count());
+      Down(why, /*replace=*/true);
+      return Fail(why);
+    }
+    pollfd p{control_.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    std::string buffer(kMaxAnswer, '\0');
+    const ssize_t n = ::recv(control_.get(), buffer.data(), buffer.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) {
+      Down("the template exited", /*replace=*/true);
+      return Fail(cold_reason_);
+    }
+    buffer.resize(static_cast<size_t>(n));
+    const Json answer = Json::parse(buffer, nullptr, /*allow_exceptions=*/false);
+    if (answer.is_object() && answer.contains("pid") && answer["pid"].is_number_integer()) {
+      return static_cast<pid_t>(answer["pid"].get<int64_t>());
+    }
+    if (answer.is_object() && answer.contains("error") && answer["error"].is_string()) {
+      return Fail("the forked worker could not start: " + answer["error"].get<std::string>());
+    }
+    // Anything else is not an answer to this request; keep waiting.
+  }
+}
+
+void WarmTemplate::Kill() {
+  watch_.reset();
+  first_wait_.reset();
+  if (pid_ > 0) {
+    if (pidfd_.valid()) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    if (options_.guardian) options_.guardian->Forget(pid_);
+  }
+  pid_ = -1;
+  pidfd_.Reset();
+  control_.Reset();
+  state_ = State::kDown;
+}
+
+Result<WarmTemplate::Options> WarmTemplateOptions(const std::vector<std::string>& command,
+                                                  const std::vector<std::string>& preload,
+                                                  const std::string& template_script, const std::string& workdir,
+                                                  const std::map<std::string, std::string>& inherited,
+                                                  const EnvList& template_env) {
+  auto parsed = ParsePythonCommand(command);
+  if (!parsed) return Fail("workers start cold although job.preload is set: " + parsed.error());
+  if (template_script.empty()) {
+    return Fail("workers start cold: ddprun's template script (share/ddprun/warm/template.py) is not installed "
+                "beside this binary");
+  }
+  auto plan = PrepareLaunch(command, workdir, inherited, template_env,
+                            [](const std::string& path) { return ::access(path.c_str(), X_OK) == 0; });
+  if (!plan) return Fail("workers start cold: " + plan.error());
+  WarmTemplate::Options options;
+  options.command = *std::move(parsed);
+  options.executable = plan->executable;
+  options.preload = preload;
+  options.template_script = template_script;
+  options.workdir = workdir;
+  options.env = plan->env;
+  return options;
+}
+
+WarmTemplate::Request WarmRequest(const PythonCommand& command, const LaunchPlan& plan, const std::string& workdir,
+                                  const rlimit& nofile) {
+  WarmTemplate::Request request;
+  // sys.argv as the interpreter leaves it before __main__ runs; for -m, runpy puts the
+  // module's path in place of "-m".
+  request.argv.push_back(command.module ? "-m" : command.target);
+  request.argv.insert(request.argv.end(), command.args.begin(), command.args.end());
+  request.orig_argv = plan.argv;
+  request.env = plan.env;
+  request.cwd = workdir;
+  request.nofile = nofile;
+  return request;
+}
+
+}  // namespace ddprun::io

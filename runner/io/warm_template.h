@@ -1,0 +1,136 @@
+#pragma once
+// Warm starts (job.preload): a template Python process per agent that has imported the
+// preloaded modules, from which every worker is forked (worker/warm/template.py). The worker
+// leaves the template by a double fork and is reparented to the agent, a child subreaper, so the
+// launcher waits for it, signals it and reads its pipes exactly as for a cold worker.
+//
+// The template is used only when it said it is safe to fork (one thread, no CUDA context, no
+// open files besides stdio and its socket); otherwise it is refused once for the job. A
+// template that dies or does not answer a request within kAnswerLimit is killed and replaced;
+// workers start cold until the replacement is ready. Whether a worker starts warm or cold is
+// this driver's choice: the core only asks for workers.
+
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "base/unique_fd.h"
+#include "runner/io/process_launcher.h"
+#include "schema/python_command.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::io {
+
+class Guardian;
+
+/// How long a ready template may take to answer a request to fork a worker before it is taken
+/// for hung (a fork of a large interpreter takes milliseconds). The agent waits for the answer
+/// on its loop, so this also bounds how long a hung template can hold up heartbeats.
+inline constexpr std::chrono::seconds kAnswerLimit{2};
+/// How long round 0's workers wait for the first template's imports; then they start cold and
+/// the template, still importing, serves later rounds once it is ready.
+inline constexpr std::chrono::seconds kFirstWaitLimit{120};
+/// After this many templates that died or hung, workers start cold for the rest of the job.
+inline constexpr int kMaxTemplateFailures = 3;
+
+class WarmTemplate {
+ public:
+  struct Options {
+    PythonCommand command;             // job.command read as Python
+    std::string executable;            // the interpreter, resolved on PATH
+    std::vector<std::string> preload;  // job.preload
+    std::string template_script;       // <share>/ddprun/warm/template.py
+    std::string workdir;               // absolute
+    std::vector<std::string> env;      // NAME=value: the environment the template imports under
+    Guardian* guardian = nullptr;
+    /// Opens a new file for the template's own output (the run folder's warm-template-<n>.log).
+    std::function<Result<UniqueFd>(int attempt)> open_log;
+    /// A console line (warnings and the one line that says the template is ready).
+    std::function<void(bool warning, const std::string&)> say;
+    /// Called when the template became ready, or could not (refused, died, hung): the launcher
+    /// starts the workers that waited for it.
+    std::function<void()> settled;
+  };
+
+  enum class State { kStarting, kReady, kDown, kRefused };
+
+  WarmTemplate(boost::asio::io_context& io, Options options);
+  ~WarmTemplate();
+  WarmTemplate(const WarmTemplate&) = delete;
+  WarmTemplate& operator=(const WarmTemplate&) = delete;
+
+  /// Starts the first template (at agent start: its imports overlap the rendezvous).
+  void Start();
+  State state() const { return state_; }
+  /// Whether a request should wait for the template: only the first one, while it imports.
+  bool FirstStarting() const { return state_ == State::kStarting && attempt_ == 1 && !first_wait_over_; }
+  /// Why workers start cold now ("" when the template is ready).
+  const std::string& cold_reason() const { return cold_reason_; }
+  /// The running template's pid, or -1.
+  pid_t pid() const { return pid_; }
+
+  struct Request {
+    std::vector<std::string> argv;       // sys.argv as the cold interpreter would have it
+    std::vector<std::string> orig_argv;  // the exec argv of the cold worker
+    std::vector<std::string> env;        // NAME=value
+    std::string cwd;
+    rlimit nofile{};                     // rlim_cur 0: keep the template's
+  };
+  /// Forks one worker: its stdin, stdout and stderr become the given descriptors; it registers
+  /// with the guardian through `guardian_fd` (-1: none). Returns its pid, a child of this
+  /// process by the time it is returned. On failure the template is replaced when it is at
+  /// fault (dead, hung) and the caller starts the worker cold.
+  Result<pid_t> Fork(const Request& request, int stdin_fd, int out_fd, int err_fd, int guardian_fd);
+
+  /// SIGKILLs the template (the agent exits).
+  void Kill();
+
+ private:
+  Status Launch();
+  void WatchSocket();
+  void OnReadable();
+  void Down(const std::string& why, bool replace);
+  void Settle();
+
+  boost::asio::io_context& io_;
+  Options options_;
+  State state_ = State::kDown;
+  int attempt_ = 0;
+  int failures_ = 0;
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+  UniqueFd control_;
+  std::string cold_reason_ = "the template has not started";
+  struct Watch;
+  std::unique_ptr<Watch> watch_;
+  struct FirstWait;
+  std::unique_ptr<FirstWait> first_wait_;
+  bool first_wait_over_ = false;
+  std::chrono::steady_clock::time_point started_at_{};
+};
+
+/// The template's settings for job.command, or why workers start cold (a sentence that says
+/// so): not a Python command, the template script not installed, the interpreter not found.
+/// `template_env` is added over `inherited`, as a worker's variables are.
+Result<WarmTemplate::Options> WarmTemplateOptions(const std::vector<std::string>& command,
+                                                  const std::vector<std::string>& preload,
+                                                  const std::string& template_script, const std::string& workdir,
+                                                  const std::map<std::string, std::string>& inherited,
+                                                  const EnvList& template_env);
+
+/// What a cold start of `plan` would give the interpreter, as a request to the template.
+WarmTemplate::Request WarmRequest(const PythonCommand& command, const LaunchPlan& plan, const std::string& workdir,
+                                  const rlimit& nofile);
+
+}  // namespace ddprun::io
