@@ -4,7 +4,7 @@
 // every part, never passes on a skip. docs/testing.md says how to use it.
 //
 //   void SetUp() override {
-//     DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcd"), "etcd is not installed (Debian: etcd-server)");
+//     DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcd"), "etcd is not installed");
 //   }
 //
 // Header only: every test binary already has the source tree on its include path.
@@ -105,18 +105,18 @@ inline constexpr std::string_view kTorchMissing =
 /// `part` and skips it otherwise, with `why` (anything `<<` takes); returns from the function
 /// either way. When `available` is true it does nothing, except failing on a DDPRUN_REQUIRE
 /// that names an unknown part. `part` must be one of ddprun::test::kRequirableParts.
-#define DDPRUN_REQUIRE_OR_SKIP(part, available, why)                                                     \
-  do {                                                                                                   \
+#define DDPRUN_REQUIRE_OR_SKIP(part, available, why)                                                    \
+  do {                                                                                                  \
     static_assert(sizeof(part) > 1, "DDPRUN_REQUIRE_OR_SKIP takes the part's name as a literal");       \
-    const ::ddprun::test::Requirements ddprun_requirements = ::ddprun::test::RequirementsFromEnvironment(); \
-    if (!::ddprun::test::KnownPart(part)) {                                                              \
-      GTEST_FAIL() << "DDPRUN_REQUIRE_OR_SKIP(\"" << (part) << "\"): no such part in kRequirableParts";  \
-    }                                                                                                    \
+    const auto ddprun_requirements = ::ddprun::test::RequirementsFromEnvironment();                     \
+    if (!::ddprun::test::KnownPart(part)) {                                                             \
+      GTEST_FAIL() << "DDPRUN_REQUIRE_OR_SKIP(\"" << (part) << "\"): no such part in kRequirableParts"; \
+    }                                                                                                   \
     if (!ddprun_requirements.error.empty()) GTEST_FAIL() << ddprun_requirements.error;                  \
-    if (!(available)) {                                                                                  \
+    if (!(available)) {                                                                                 \
       if (::ddprun::test::Names(ddprun_requirements, part)) {                                           \
-        GTEST_FAIL() << "DDPRUN_REQUIRE names " << (part) << ", which this machine lacks: " << why;      \
-      }                                                                                                  \
+        GTEST_FAIL() << "DDPRUN_REQUIRE names " << (part) << ", which this machine lacks: " << why;     \
+      }                                                                                                 \
       GTEST_SKIP() << why << " (with DDPRUN_REQUIRE=" << (part) << " this fails instead)";              \
-    }                                                                                                    \
+    }                                                                                                   \
   } while (false)

@@ -107,7 +107,8 @@ TEST(RequireOrSkipTest, AMissingPartSkipsWithItsReasonWhenNotRequired) {
   const auto reported = Reported(NeedsMissingEtcd);
   ASSERT_EQ(reported.size(), 1u);
   EXPECT_TRUE(reported[0].skipped());
-  EXPECT_THAT(reported[0].message(), HasSubstr("etcd is not installed (with DDPRUN_REQUIRE=etcd this fails instead)"));
+  EXPECT_THAT(reported[0].message(),
+              HasSubstr("etcd is not installed (with DDPRUN_REQUIRE=etcd this fails instead)"));
   EXPECT_FALSE(reached_end);
 }
 
@@ -116,7 +117,8 @@ TEST(RequireOrSkipTest, AMissingPartFailsWhenRequired) {
   const auto reported = Reported(NeedsMissingEtcd);
   ASSERT_EQ(reported.size(), 1u);
   EXPECT_TRUE(reported[0].fatally_failed());
-  EXPECT_THAT(reported[0].message(), HasSubstr("DDPRUN_REQUIRE names etcd, which this machine lacks: etcd is not installed"));
+  EXPECT_THAT(reported[0].message(),
+              HasSubstr("DDPRUN_REQUIRE names etcd, which this machine lacks: etcd is not installed"));
   EXPECT_FALSE(reached_end);
 }
 
@@ -146,7 +148,8 @@ TEST(RequireOrSkipTest, AnUnknownPartFailsEvenWhereEverythingIsPresent) {
   const auto reported = Reported(NeedsAnUnknownPart);
   ASSERT_EQ(reported.size(), 1u);
   EXPECT_TRUE(reported[0].fatally_failed());
-  EXPECT_THAT(reported[0].message(), HasSubstr("DDPRUN_REQUIRE_OR_SKIP(\"etdc\"): no such part in kRequirableParts"));
+  EXPECT_THAT(reported[0].message(),
+              HasSubstr("DDPRUN_REQUIRE_OR_SKIP(\"etdc\"): no such part in kRequirableParts"));
 }
 
 }  // namespace
