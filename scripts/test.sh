@@ -1,27 +1,75 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds ddprun with warnings as errors, and runs every test
-# (unit, sim, e2e), then the fuzz targets for a bounded time. This is what CI runs.
+# Installs what is missing, builds ddprun with warnings as errors and runs every test (unit,
+# sim, io, e2e, browser), then builds the unit, sim and io tests with ASan + UBSan and runs them
+# again, then the fuzz targets for a bounded time. This is what CI runs (.ci/run);
+# docs/testing.md says what each stage covers and how long it takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The e2e tests run a real PyTorch DDP job; install torch unless told not to.
-DDPRUN_WITH_TORCH="${DDPRUN_WITH_TORCH:-1}" scripts/install-deps.sh
+with_torch="${DDPRUN_WITH_TORCH:-1}"
+DDPRUN_WITH_TORCH="$with_torch" scripts/install-deps.sh
 
-cmake --preset ci >/dev/null
-cmake --build --preset ci -j "$(nproc)"
-# The multi-host tests (tests/e2e/testbed.h) build hosts out of namespaces, which needs root.
-# As root, a bed that cannot be built fails those tests instead of skipping them; otherwise
-# say here, once, that they are skipped and why.
-if [ "$(id -u)" = 0 ]; then
-  export DDPRUN_REQUIRE_TESTBED=1
-else
-  echo "note: not root: the multi-host test bed tests (testbed_e2e_test, multihost_e2e_test, netns_e2e_test) are skipped"
+# Tests that need a part of the machine (etcd, the namespace test bed, torch, chromium) skip
+# without it, unless DDPRUN_REQUIRE names the part: then they fail (tests/support/require.h).
+# Unless the caller says otherwise (DDPRUN_REQUIRE= runs with skips), require what
+# install-deps.sh has just installed, so that a missing part fails the run instead of
+# passing it with skips. The test bed also needs root.
+if [ -z "${DDPRUN_REQUIRE+set}" ]; then
+  DDPRUN_REQUIRE="etcd,chromium"
+  if [ "$with_torch" = 1 ]; then DDPRUN_REQUIRE+=",torch"; fi
+  if [ "$(id -u)" = 0 ]; then
+    DDPRUN_REQUIRE+=",testbed"
+  else
+    echo "note: not root: the test bed tests (namespaces, iptables, a full disk) are skipped"
+  fi
 fi
+export DDPRUN_REQUIRE
+echo "test.sh: DDPRUN_REQUIRE=$DDPRUN_REQUIRE"
+
+# ccache where it is installed: a rebuild of unchanged sources costs seconds. Not required.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+
+SECONDS=0
+cmake --preset ci "${launcher[@]}" >/dev/null
+cmake --build --preset ci -j "$(nproc)"
+echo "test.sh: ci build ${SECONDS}s"
+SECONDS=0
 ctest --preset ci -j "$(nproc)"
+echo "test.sh: ci tests ${SECONDS}s"
+
+# The unit, sim and io tests (not e2e: their timing bounds assume an optimised ddprun) under
+# AddressSanitizer and UndefinedBehaviorSanitizer; the asan test preset sets halt_on_error and
+# runs only those labels. The first report ends the process that has it. ASan's (and LSan's)
+# also go to files, so that one in a ddprun that a test runs as a child process fails the run
+# even where the test accepted that child's exit status; UBSan's runtime ignores log_path when
+# it runs beside ASan, so the preset makes its reports abort (SIGABRT), which no test takes for
+# an ordinary exit.
+SECONDS=0
+cmake --preset asan "${launcher[@]}" >/dev/null
+cmake --build --preset asan -j "$(nproc)" --target sanitized_tests
+echo "test.sh: asan build ${SECONDS}s"
+SECONDS=0
+reports=$(mktemp -d)
+export ASAN_OPTIONS="log_path=$reports/asan"
+status=0
+ctest --preset asan -j "$(nproc)" || status=$?
+if compgen -G "$reports/*" >/dev/null; then
+  echo "test.sh: sanitizer reports:"
+  cat "$reports"/*
+  status=1
+fi
+rm -rf "$reports"
+unset ASAN_OPTIONS
+echo "test.sh: asan tests ${SECONDS}s"
+if [ "$status" != 0 ]; then exit "$status"; fi
 
 # libFuzzer targets (clang), each for a bounded time on its seed corpus.
 if command -v clang++ >/dev/null; then
-  cmake --preset fuzz >/dev/null
+  cmake --preset fuzz "${launcher[@]}" >/dev/null
   cmake --build --preset fuzz -j "$(nproc)" --target job_file_fuzz wire_fuzz core_fuzz auth_fuzz
   for target in build/fuzz/tests/fuzz/*_fuzz; do
     name=$(basename "$target")

@@ -280,6 +280,9 @@ void Decoder::Feed(std::span<const uint8_t> bytes) {
 bool Decoder::LooksForeign() const {
   const size_t have = buffer_.size() - offset_;
   const size_t n = have < 4 ? have : 4;
+  // Nothing buffered: an empty vector's data() may be null, and memcmp on null is undefined
+  // even for 0 bytes (UBSan reported it).
+  if (n == 0) return false;
   return std::memcmp(buffer_.data() + offset_, kMagic, n) != 0;
 }
 

@@ -1,6 +1,7 @@
 // The report pages in a real browser: headless Chromium opens a simulated run's page and a real
 // run's page (`ddprun report`), runs their script without an error, and zooms. Skipped, with
-// the reason, where Chromium is not installed (scripts/install-deps.sh installs it).
+// the reason, where Chromium is not installed (scripts/install-deps.sh installs it), unless
+// DDPRUN_REQUIRE names chromium.
 
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -50,7 +52,8 @@ class BrowserTest : public ::testing::Test {
  protected:
   void SetUp() override {
     chromium_ = FindChromium();
-    if (chromium_.empty()) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh installs it)";
+    DDPRUN_REQUIRE_OR_SKIP("chromium", !chromium_.empty(),
+                           "chromium is not installed (scripts/install-deps.sh installs it)");
   }
   /// Opens `page` headless and returns its DOM after load and the console's "Uncaught" lines.
   Loaded Open(const std::string& page) {

@@ -16,6 +16,7 @@
 
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -40,47 +41,23 @@ std::string EnvOf(const WorkerLaunch& launch, const std::string& name) {
   return "(unset)";
 }
 
-class AgentTest : public ::testing::Test {
+class AgentTest : public ::testing::Test, public test::AgentDriver {
  protected:
   void SetUp() override { UseJob(kTwoNodeJob); }
 
   void UseJob(std::string_view toml, std::string secret = "") {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
     Agent::Config config;
     config.node_rank = 1;
     config.host = "gpu-02";
-    config.canonical = CanonicalForm(*spec_);
-    config.fingerprint = Fingerprint(*spec_);
     config.instance = 4242;
     config.ddprun_version = "0.1.0";
     config.logs_dir = "/var/log/ddprun";
     config.inherited_env = {{"PATH", "/usr/bin"}};
     config.secret = std::move(secret);
-    config_ = config;
-    agent_ = std::make_unique<Agent>(*spec_, std::move(config));
-  }
-
-  Effects Feed(Duration at, const AgentInput& input) {
-    Effects out;
-    agent_->Handle(At(at), input, out);
-    CheckDeadline(at);
-    return out;
-  }
-  void CheckDeadline(Duration at) {
-    // The driver sleeps until NextDeadline: one in the past would spin it forever.
-    if (auto next = agent_->NextDeadline()) {
-      EXPECT_GT(*next, At(at)) << "NextDeadline not in the future after handling at "
-                               << at.count() << "ns";
-    }
-  }
-  Effects Start(Duration at) {
-    Effects out;
-    agent_->Start(At(at), out);
-    CheckDeadline(at);
-    return out;
+    Use(toml, std::move(config));
   }
   Effects Tick(Duration at) { return Feed(at, core::Tick{}); }
-  Effects Msg(Duration at, wire::Message m) { return Feed(at, MasterMessage{std::move(m)}); }
+
   Effects Exit(Duration at, int local, int code, int signal = 0, std::string tail = "",
                int round = 0) {
     return Feed(at, WorkerExited{round, local, code, signal, std::move(tail), ""});
@@ -121,10 +98,6 @@ class AgentTest : public ::testing::Test {
       if (!All<ConnectToMaster>(e).empty()) Feed(at, MasterConnectFailed{error, "Connection refused"});
     }
   }
-
-  std::unique_ptr<JobSpec> spec_;
-  Agent::Config config_;
-  std::unique_ptr<Agent> agent_;
 };
 
 const std::string kRefusedAdvice =

@@ -15,6 +15,7 @@
 
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -34,27 +35,15 @@ constexpr Duration kNs = Duration(1);
 
 ConnId ConnOf(int node) { return 100 + static_cast<ConnId>(node); }
 
-class CoordinatorTest : public ::testing::Test {
+// The shared driver (its Feed checks the next deadline), with this file's vocabulary: nodes by
+// connection id, and joins whose instance a test may choose.
+class CoordinatorTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
   void SetUp() override { UseJob(kTwoNodeJob); }
 
-  void UseJob(std::string_view toml) {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
-    canonical_ = CanonicalForm(*spec_);
-    coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
-  }
-
-  Effects Feed(Duration at, const CoordinatorInput& input) {
-    Effects out;
-    coordinator_->Handle(At(at), input, out);
-    // The driver sleeps until NextDeadline: one in the past would spin it forever.
-    if (auto next = coordinator_->NextDeadline()) {
-      EXPECT_GT(*next, At(at)) << "NextDeadline not in the future after handling at "
-                               << at.count() << "ns";
-    }
-    return out;
-  }
+  void UseJob(std::string_view toml) { Use(toml); }
   Effects Tick(Duration at) { return Feed(at, core::Tick{}); }
+
   Effects Send(Duration at, ConnId conn, wire::Message message) {
     return Feed(at, PeerMessage{conn, std::move(message)});
   }
@@ -73,11 +62,6 @@ class CoordinatorTest : public ::testing::Test {
                       "",
                       "",
                       ""};
-  }
-
-  Effects Join(Duration at, int node) {
-    Connect(at, ConnOf(node), fmt::format("10.0.0.{}", node + 1));
-    return Send(at, ConnOf(node), JoinOf(node));
   }
 
   /// Both nodes join at `at` and the host answers the store port reservation.
@@ -112,10 +96,6 @@ class CoordinatorTest : public ::testing::Test {
                                      std::string error_file = "") const {
     return wire::WorkerFailed{round, 3, 1, 1, 0, std::move(stderr_tail), std::move(error_file)};
   }
-
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> coordinator_;
 };
 
 TEST_F(CoordinatorTest, JoinIsAcknowledgedAndLogged) {
@@ -1090,37 +1070,20 @@ namespace ddprun::core {
 namespace {
 
 // restart.never_on: a failure that no restart can fix ends the job at once, budget unspent.
-class CoordinatorNeverOnTest : public ::testing::Test {
+class CoordinatorNeverOnTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
   /// Both nodes of kTwoNodeJob with `never_on` joined, round 0 running.
   void Start(const std::string& never_on) {
-    spec_ = std::make_unique<JobSpec>(test::SpecFromToml(
-        test::Edit(test::kTwoNodeJob, "backoff = \"10s\"", "backoff = \"10s\"\nnever_on = " + never_on)));
-    canonical_ = CanonicalForm(*spec_);
-    c_ = std::make_unique<Coordinator>(*spec_, canonical_, test::At(0s));
-    std::vector<CoordinatorEffect> out;
-    for (int node : {0, 1}) {
-      c_->Handle(test::At(0s), PeerAccepted{ConnId(100 + node), "10.0.0.1"}, out);
-      c_->Handle(test::At(0s),
-                 PeerMessage{ConnId(100 + node),
-                             wire::Join{node, "h", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
-                                        1000 + static_cast<uint64_t>(node), "", "", ""}},
-                 out);
-    }
-    c_->Handle(test::At(0s), StorePortReady{0, 41000}, out);
+    Use(test::Edit(test::kTwoNodeJob, "backoff = \"10s\"", "backoff = \"10s\"\nnever_on = " + never_on));
+    for (int node : {0, 1}) Join(0s, node);
+    Feed(0s, StorePortReady{0, 41000});
   }
   /// Rank 3 fails with `stderr_tail`; both nodes confirm the stop. The last effects.
   std::vector<CoordinatorEffect> FailAndStop(const std::string& stderr_tail) {
-    std::vector<CoordinatorEffect> out;
-    c_->Handle(test::At(1s), PeerMessage{101, wire::WorkerFailed{0, 3, 1, 1, 0, stderr_tail, ""}}, out);
-    c_->Handle(test::At(1s), PeerMessage{100, wire::RoundStopped{0, 2}}, out);
-    out.clear();
-    c_->Handle(test::At(1s), PeerMessage{101, wire::RoundStopped{0, 1}}, out);
-    return out;
+    Send(1s, 1, wire::WorkerFailed{0, 3, 1, 1, 0, stderr_tail, ""});
+    Send(1s, 0, wire::RoundStopped{0, 2});
+    return Send(1s, 1, wire::RoundStopped{0, 1});
   }
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> c_;
 };
 
 TEST_F(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
@@ -1129,7 +1092,7 @@ TEST_F(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
   const auto end = test::Sent<wire::JobEnd>(out);
   ASSERT_EQ(end.size(), 2u) << test::Describe(out);
   EXPECT_EQ(end[0].second.exit_code, 1);
-  EXPECT_EQ(c_->restarts_used(), 0);
+  EXPECT_EQ(coordinator_->restarts_used(), 0);
   const std::string& summary = end[0].second.summary;
   EXPECT_EQ(summary.substr(0, summary.find('\n')),
             "job \"demo\" FAILED in round 0, not restarted: restart.never_on has \"SyntaxError\" (1 of "
@@ -1142,8 +1105,8 @@ TEST_F(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
 TEST_F(CoordinatorNeverOnTest, AnotherFailureStillRestarts) {
   Start("[\"SyntaxError\"]");
   FailAndStop("ValueError: bad lr\n");
-  EXPECT_EQ(c_->restarts_used(), 1);
-  EXPECT_EQ(c_->phase(), Coordinator::Phase::kBackoff);
+  EXPECT_EQ(coordinator_->restarts_used(), 1);
+  EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kBackoff);
 }
 
 // rendezvous.backend = "etcd": the coordinator runs wherever the role's holder is, records each

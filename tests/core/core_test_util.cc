@@ -136,46 +136,4 @@ std::string Describe(const std::vector<CoordinatorEffect>& effects) {
 
 std::string Describe(const std::vector<AgentEffect>& effects) { return List(effects, AgentNamer{}); }
 
-void CoordinatorDriver::Use(const std::string& toml) {
-  spec_ = std::make_unique<JobSpec>(SpecFromToml(toml));
-  canonical_ = CanonicalForm(*spec_);
-  coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(Duration::zero()));
-  last_ = Duration::zero();
-}
-
-CoordinatorDriver::Effects CoordinatorDriver::Feed(Duration at, const CoordinatorInput& input) {
-  last_ = at;
-  Effects out;
-  coordinator_->Handle(At(at), input, out);
-  if (auto next = coordinator_->NextDeadline()) {
-    EXPECT_GT(*next, At(at));
-  }
-  return out;
-}
-
-CoordinatorDriver::Effects CoordinatorDriver::Join(Duration at, int agent, int generation) {
-  Feed(at, PeerAccepted{Conn(agent, generation), fmt::format("10.0.0.{}", agent + 1)});
-  return Feed(at, PeerMessage{Conn(agent, generation),
-                              wire::Join{agent, spec_->cluster.HostOf(agent), spec_->cluster.nproc_per_node,
-                                         "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
-                                         1000 + static_cast<uint64_t>(agent) + 100 * static_cast<uint64_t>(generation),
-                                         "", "", ""}});
-}
-
-CoordinatorDriver::Effects CoordinatorDriver::Send(Duration at, int agent, wire::Message m, int generation) {
-  return Feed(at, PeerMessage{Conn(agent, generation), std::move(m)});
-}
-
-CoordinatorDriver::Effects CoordinatorDriver::BeatUntil(Duration from, Duration to,
-                                                        std::vector<std::pair<int, int>> agents) {
-  Effects all;
-  for (Duration t = from + std::chrono::seconds(1); t <= to; t += std::chrono::seconds(1)) {
-    for (auto [agent, generation] : agents) {
-      Effects e = Send(t, agent, wire::Heartbeat{}, generation);
-      all.insert(all.end(), e.begin(), e.end());
-    }
-  }
-  return all;
-}
-
 }  // namespace ddprun::core::test

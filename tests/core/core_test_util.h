@@ -1,10 +1,10 @@
 #pragma once
 // Helpers shared by the core tests: job specs from TOML text, and filters over effect lists
-// (one copy each, so the coordinator and agent tests filter alike).
+// (one copy each, so the coordinator and agent tests filter alike). The drivers that feed the
+// state machines are in tests/core/drivers.h.
 
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -122,28 +122,6 @@ std::vector<CoordinatorEffect> Meaningful(const std::vector<CoordinatorEffect>& 
 std::vector<AgentEffect> Meaningful(const std::vector<AgentEffect>& effects);
 
 /// A human listing of effects for failure messages.
-/// A coordinator of one job fed by hand, as its agents (nodes, then spares) would: agent k
-/// connects as conn 100 + k + 10 x generation from 10.0.0.(k + 1), and joins with the job's
-/// fingerprint, its host from the job file, and an instance per generation.
-class CoordinatorDriver {
- public:
-  using Effects = std::vector<CoordinatorEffect>;
-  /// A fresh coordinator of `toml`'s job, started at 0 s.
-  void Use(const std::string& toml);
-  /// Feeds `input` at `at`; the next deadline must lie after it.
-  Effects Feed(Duration at, const CoordinatorInput& input);
-  static ConnId Conn(int agent, int generation = 0) { return ConnId(100 + agent + 10 * generation); }
-  Effects Join(Duration at, int agent, int generation = 0);
-  Effects Send(Duration at, int agent, wire::Message m, int generation = 0);
-  /// Heartbeats from `agents` ({agent, generation}) every second in (from, to]; every effect.
-  Effects BeatUntil(Duration from, Duration to, std::vector<std::pair<int, int>> agents);
-
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> coordinator_;
-  Duration last_{};  // the time of the last input
-};
-
 std::string Describe(const std::vector<CoordinatorEffect>& effects);
 std::string Describe(const std::vector<AgentEffect>& effects);
 

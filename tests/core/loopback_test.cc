@@ -17,6 +17,7 @@
 #include "runner/core/wire.h"
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -28,11 +29,12 @@ using test::SpecFromToml;
 
 /// Delivers every message through wire::Encode and a per-direction Decoder, in order and
 /// without delay; time moves only in Advance. Workers exit when the test says so, or at
-/// once when signalled.
+/// once when signalled. The state machines are fed through the shared drivers, which check
+/// every next deadline.
 class Loopback {
  public:
   struct Node {
-    std::unique_ptr<Agent> agent;
+    test::AgentDriver agent;
     std::optional<ConnId> conn;        // the coordinator's id for this agent's connection
     wire::Decoder from_master;
     std::map<int, bool> running;       // local rank -> running, for the current round
@@ -43,30 +45,24 @@ class Loopback {
     std::optional<int> exit_code;
   };
 
-  explicit Loopback(const JobSpec& spec) : spec_(spec), canonical_(CanonicalForm(spec)) {
-    coordinator_ = std::make_unique<Coordinator>(spec_, canonical_, now_);
+  explicit Loopback(const JobSpec& spec) : spec_(spec) {
+    coordinator_.Use(spec_);
     for (int n = 0; n < spec_.cluster.nnodes; ++n) {
       Agent::Config config;
       config.node_rank = n;
       config.host = spec_.cluster.nodes.at(static_cast<size_t>(n));
-      config.canonical = canonical_;
-      config.fingerprint = FingerprintOfCanonical(canonical_);
       config.instance = 500 + static_cast<uint64_t>(n);
       config.ddprun_version = "0.1.0";
       config.logs_dir = "/logs";
       nodes_.push_back(std::make_unique<Node>());
-      nodes_.back()->agent = std::make_unique<Agent>(spec_, std::move(config));
+      nodes_.back()->agent.Use(spec_, std::move(config));
     }
-    for (int n = 0; n < spec_.cluster.nnodes; ++n) {
-      std::vector<AgentEffect> out;
-      node(n).agent->Start(now_, out);
-      Apply(n, out);
-    }
+    for (int n = 0; n < spec_.cluster.nnodes; ++n) Apply(n, node(n).agent.Start(Now()));
     Drain();
   }
 
   Node& node(int n) { return *nodes_.at(static_cast<size_t>(n)); }
-  Coordinator& coordinator() { return *coordinator_; }
+  Coordinator& coordinator() { return *coordinator_.coordinator_; }
   std::optional<int> coordinator_exit() const { return coordinator_exit_; }
   const std::vector<std::string>& coordinator_logs() const { return coordinator_logs_; }
   TimePoint now() const { return now_; }
@@ -101,9 +97,9 @@ class Loopback {
   void Advance(Duration by) {
     const TimePoint until = now_ + by;
     for (int guard = 0; guard < 1'000'000; ++guard) {
-      std::optional<TimePoint> next = coordinator_->NextDeadline();
+      std::optional<TimePoint> next = coordinator().NextDeadline();
       for (const auto& n : nodes_) {
-        const auto t = n->agent->NextDeadline();
+        const auto t = n->agent.agent_->NextDeadline();
         if (t && (!next || *t < *next)) next = t;
       }
       if (!next || *next > until) {
@@ -112,9 +108,9 @@ class Loopback {
       }
       ASSERT_GT(*next, now_ - Duration(1)) << "a deadline in the past";
       now_ = *next;
-      if (coordinator_->NextDeadline() == now_) ToCoordinator(Tick{});
+      if (coordinator().NextDeadline() == now_) ToCoordinator(Tick{});
       for (int n = 0; n < static_cast<int>(nodes_.size()); ++n) {
-        if (node(n).agent->NextDeadline() == now_) ToAgent(n, Tick{});
+        if (node(n).agent.agent_->NextDeadline() == now_) ToAgent(n, Tick{});
       }
       Drain();
     }
@@ -135,14 +131,10 @@ class Loopback {
       Event event = std::move(queue_.front());
       queue_.pop_front();
       if (auto* input = std::get_if<CoordinatorInput>(&event)) {
-        std::vector<CoordinatorEffect> out;
-        coordinator_->Handle(now_, *input, out);
-        Apply(out);
+        Apply(coordinator_.Feed(Now(), *input));
       } else {
         auto& [n, agent_input] = std::get<std::pair<int, AgentInput>>(event);
-        std::vector<AgentEffect> out;
-        node(n).agent->Handle(now_, agent_input, out);
-        Apply(n, out);
+        Apply(n, node(n).agent.Feed(Now(), agent_input));
       }
     }
   }
@@ -238,10 +230,12 @@ class Loopback {
     }
   }
 
+  /// now_ as the drivers take it.
+  Duration Now() const { return now_.time_since_epoch(); }
+
   const JobSpec& spec_;
-  std::string canonical_;
   TimePoint now_ = AtOffset(Duration(0));
-  std::unique_ptr<Coordinator> coordinator_;
+  test::CoordinatorDriver coordinator_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::map<ConnId, wire::Decoder> to_master_;
   ConnId next_conn_ = 1;

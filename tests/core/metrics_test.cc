@@ -14,6 +14,7 @@
 #include "runner/core/coordinator.h"
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -28,33 +29,24 @@ using test::SpecFromToml;
 // heartbeat 2 s and a 16 s straggler window: a progress report every 2 s, 8 per window.
 constexpr std::string_view kWindow = "stop_grace = \"30s\"\n[stragglers]\nwindow = \"16s\"\n";
 
-class AgentMetricsTest : public ::testing::Test {
+class AgentMetricsTest : public ::testing::Test, public test::AgentDriver {
  protected:
-  AgentMetricsTest() : spec_(SpecFromToml(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", kWindow))) {
+  AgentMetricsTest() {
     Agent::Config config;
     config.node_rank = 1;
     config.host = "gpu-02";
-    config.canonical = CanonicalForm(spec_);
-    config.fingerprint = Fingerprint(spec_);
     config.ddprun_version = "0.1.0";
     config.progress_addr = "127.0.0.1:39999";
     config.progress_token = "tok";
-    agent_ = std::make_unique<Agent>(spec_, std::move(config));
-  }
-  void Feed(Duration at, const AgentInput& input) {
-    std::vector<AgentEffect> out;
-    agent_->Handle(At(at), input, out);
+    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", kWindow), std::move(config));
   }
   void Beat(Duration at, int local, int64_t step, int64_t busy_us, BeaconKind kind = BeaconKind::kStep) {
     Feed(at, BeaconReceived{Beacon{0, local, kind, step, busy_us, 0}});
   }
-  JobSpec spec_;
-  std::unique_ptr<Agent> agent_;
 };
 
 TEST_F(AgentMetricsTest, BeforeTheFirstRoundTheNodeHasNoRanks) {
-  std::vector<AgentEffect> out;
-  agent_->Start(At(0s), out);
+  Start(0s);
   AgentMetrics expected;
   expected.node_rank = 1;
   expected.host = "gpu-02";
@@ -69,8 +61,7 @@ TEST_F(AgentMetricsTest, BeforeTheFirstRoundTheNodeHasNoRanks) {
 }
 
 TEST_F(AgentMetricsTest, RanksShowTheirLastStepSilenceAndWindowedTimes) {
-  std::vector<AgentEffect> out;
-  agent_->Start(At(0s), out);
+  Start(0s);
   Feed(0s, MasterConnected{});
   Feed(0s, MasterMessage{wire::JoinAck{2}});
   Feed(0s, MasterMessage{wire::StartRound{0, 41000}});
@@ -103,31 +94,10 @@ TEST_F(AgentMetricsTest, RanksShowTheirLastStepSilenceAndWindowedTimes) {
   EXPECT_EQ(after.ranks[0].since_beacon, std::optional<Duration>(1s));
 }
 
-class CoordinatorMetricsTest : public ::testing::Test {
+class CoordinatorMetricsTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
   CoordinatorMetricsTest() { UseJob(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", kWindow)); }
-  void UseJob(const std::string& text) {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(text));
-    canonical_ = CanonicalForm(*spec_);
-    coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
-  }
-  std::vector<CoordinatorEffect> Feed(Duration at, const CoordinatorInput& input) {
-    std::vector<CoordinatorEffect> out;
-    coordinator_->Handle(At(at), input, out);
-    return out;
-  }
-  std::vector<CoordinatorEffect> Send(Duration at, int node, wire::Message m) {
-    return Feed(at, PeerMessage{ConnId(100 + node), std::move(m)});
-  }
-  void Join(Duration at, int node) {
-    Feed(at, PeerAccepted{ConnId(100 + node), "10.0.0.1"});
-    Send(at, node, wire::Join{node, fmt::format("gpu-0{}", node + 1), spec_->cluster.nproc_per_node, "0.1.0",
-                              FingerprintOfCanonical(canonical_), canonical_,
-                              1000 + static_cast<uint64_t>(node), "", "", ""});
-  }
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> coordinator_;
+  void UseJob(const std::string& text) { Use(text); }
 };
 
 TEST_F(CoordinatorMetricsTest, FromRendezvousThroughAFailureToTheRestart) {

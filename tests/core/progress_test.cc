@@ -16,6 +16,7 @@
 #include "runner/core/coordinator.h"
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -207,32 +208,20 @@ TEST(FindHungRanksTest, RankRangesAreCompact) {
 
 using AgentEffects = std::vector<AgentEffect>;
 
-class AgentProgressTest : public ::testing::Test {
+class AgentProgressTest : public ::testing::Test, public test::AgentDriver {
  protected:
   void UseJob(std::string_view timeouts) {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n",
-                                                        std::string("stop_grace = \"30s\"\n") + std::string(timeouts))));
     Agent::Config config;
     config.node_rank = 1;
     config.host = "gpu-02";
-    config.canonical = CanonicalForm(*spec_);
-    config.fingerprint = Fingerprint(*spec_);
     config.instance = 4242;
     config.logs_dir = "/var/log/ddprun/demo/run";
     config.progress_addr = "127.0.0.1:39999";
     config.progress_token = "tok";
     config.python_dir = "/opt/ddprun/share/ddprun/python";
-    agent_ = std::make_unique<Agent>(*spec_, std::move(config));
+    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", std::string("stop_grace = \"30s\"\n") + std::string(timeouts)),
+        std::move(config));
   }
-  AgentEffects Feed(Duration at, const AgentInput& input) {
-    AgentEffects out;
-    agent_->Handle(At(at), input, out);
-    if (auto next = agent_->NextDeadline()) {
-      EXPECT_GT(*next, At(at));
-    }
-    return out;
-  }
-  AgentEffects Msg(Duration at, wire::Message m) { return Feed(at, MasterMessage{std::move(m)}); }
   AgentEffects Beat(Duration at, int local, int64_t step, int64_t busy_us = -1,
                     BeaconKind kind = BeaconKind::kStep, int round = 0) {
     return Feed(at, BeaconReceived{Beacon{round, local, kind, step, busy_us, 12}});
@@ -240,8 +229,7 @@ class AgentProgressTest : public ::testing::Test {
   /// Joined at 0 and running round 0 (ranks 2 and 3); the master beats every second so
   /// that it is never lost, up to `until`.
   SpawnWorkers Running() {
-    AgentEffects out;
-    agent_->Start(At(0s), out);
+    Start(0s);
     Feed(0s, MasterConnected{});
     Msg(0s, wire::JoinAck{2});
     const auto spawns = All<SpawnWorkers>(Msg(0s, wire::StartRound{0, 41000}));
@@ -264,8 +252,6 @@ class AgentProgressTest : public ::testing::Test {
     }
     return all;
   }
-  std::unique_ptr<JobSpec> spec_;
-  std::unique_ptr<Agent> agent_;
 };
 
 std::string EnvOf(const WorkerLaunch& launch, const std::string& name) {
@@ -476,45 +462,19 @@ TEST_F(AgentProgressTest, ProgressReportsCarryWindowedStepAndWorkTimes) {
 
 using CoordEffects = std::vector<CoordinatorEffect>;
 
-class CoordinatorProgressTest : public ::testing::Test {
+class CoordinatorProgressTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
   void UseJob(std::string_view extra) {
-    spec_ = std::make_unique<JobSpec>(SpecFromToml(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n",
-                                                        std::string("stop_grace = \"30s\"\n") + std::string(extra))));
-    canonical_ = CanonicalForm(*spec_);
-    coordinator_ = std::make_unique<Coordinator>(*spec_, canonical_, At(0s));
-  }
-  CoordEffects Feed(Duration at, const CoordinatorInput& input) {
-    CoordEffects out;
-    coordinator_->Handle(At(at), input, out);
-    if (auto next = coordinator_->NextDeadline()) {
-      EXPECT_GT(*next, At(at));
-    }
-    return out;
-  }
-  CoordEffects Send(Duration at, int node, wire::Message m) {
-    return Feed(at, PeerMessage{ConnId(100 + node), std::move(m)});
+    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", std::string("stop_grace = \"30s\"\n") + std::string(extra)));
   }
   void StartRound() {
-    for (int node : {0, 1}) {
-      Feed(0s, PeerAccepted{ConnId(100 + node), "10.0.0.1"});
-      Send(0s, node, wire::Join{node, fmt::format("gpu-0{}", node + 1), 2, "0.1.0",
-                                FingerprintOfCanonical(canonical_), canonical_,
-                                1000 + static_cast<uint64_t>(node), "", "", ""});
-    }
+    for (int node : {0, 1}) Join(0s, node);
     const auto starts = Sent<wire::StartRound>(Feed(0s, StorePortReady{0, 41000}));
     ASSERT_EQ(starts.size(), 2u);
   }
-  void BeatUntil(Duration from, Duration to) {
-    for (Duration t = from + 1s; t <= to; t += 1s) {
-      Send(t, 0, wire::Heartbeat{});
-      Send(t, 1, wire::Heartbeat{});
-    }
-  }
+  /// Both nodes beat every second in (from, to].
+  void BeatUntil(Duration from, Duration to) { CoordinatorDriver::BeatUntil(from, to, {{0, 0}, {1, 0}}); }
   static std::string Stack(const std::vector<Frame>& frames) { return FormatFrames(frames); }
-  std::unique_ptr<JobSpec> spec_;
-  std::string canonical_;
-  std::unique_ptr<Coordinator> coordinator_;
 };
 
 TEST_F(CoordinatorProgressTest, AHungRankIsNamedFromEveryRanksStackAndTheRoundStopsWithIt) {

@@ -15,6 +15,7 @@
 #include "runner/core/coordinator.h"
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -178,20 +179,16 @@ TEST_F(ShrinkTest, WithoutMinNodesTheRoundWaitsForEveryNodeAsBefore) {
 
 // The agent of a smaller round: its place, the round's world size, and Lightning's num_nodes.
 TEST(ShrinkAgentTest, TheWorkersOfASmallerRoundGetItsWorldSizeAndNumNodes) {
-  const JobSpec spec = SpecFromToml(kShrinkJob);
   Agent::Config config;
   config.node_rank = 2;
   config.host = "gpu-03";
-  config.canonical = CanonicalForm(spec);
-  config.fingerprint = Fingerprint(spec);
   config.logs_dir = "/logs";
-  Agent agent(spec, config);
-  std::vector<AgentEffect> out;
-  agent.Start(At(0s), out);
-  agent.Handle(At(0s), MasterConnected{}, out);
-  agent.Handle(At(0s), MasterMessage{wire::JoinAck{3, true}}, out);
-  out.clear();
-  agent.Handle(At(1s), MasterMessage{wire::StartRound{1, 41001, 0, 1, 2}}, out);
+  test::AgentDriver agent;
+  agent.Use(kShrinkJob, config);
+  agent.Start(0s);
+  agent.Feed(0s, MasterConnected{});
+  agent.Msg(0s, wire::JoinAck{3, true});
+  const std::vector<AgentEffect> out = agent.Msg(1s, wire::StartRound{1, 41001, 0, 1, 2});
   const auto spawns = All<SpawnWorkers>(out);
   ASSERT_EQ(spawns.size(), 1u) << test::Describe(out);
   ASSERT_EQ(spawns[0].workers.size(), 2u);
@@ -211,13 +208,12 @@ TEST(ShrinkAgentTest, TheWorkersOfASmallerRoundGetItsWorldSizeAndNumNodes) {
   EXPECT_EQ(env(w, "PL_TRAINER_NUM_NODES"), "2");
   EXPECT_NE(FindLog(out, "round 1: starting 2 workers (ranks 2..3 of 4)"), "") << test::Describe(out);
   // A round smaller than min_nodes (or larger than the job) is refused.
-  Agent other(spec, config);
-  std::vector<AgentEffect> o;
-  other.Start(At(0s), o);
-  other.Handle(At(0s), MasterConnected{}, o);
-  other.Handle(At(0s), MasterMessage{wire::JoinAck{3, true}}, o);
-  o.clear();
-  other.Handle(At(1s), MasterMessage{wire::StartRound{0, 41000, 0, 0, 1}}, o);
+  test::AgentDriver other;
+  other.Use(kShrinkJob, config);
+  other.Start(0s);
+  other.Feed(0s, MasterConnected{});
+  other.Msg(0s, wire::JoinAck{3, true});
+  const std::vector<AgentEffect> o = other.Msg(1s, wire::StartRound{0, 41000, 0, 0, 1});
   EXPECT_TRUE(All<SpawnWorkers>(o).empty());
   EXPECT_NE(FindLog(o, "but the job has 3 nodes (at least 2 per round); ignoring"), "") << test::Describe(o);
 }

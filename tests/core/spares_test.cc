@@ -14,6 +14,7 @@
 #include "runner/core/coordinator.h"
 #include "schema/canonical.h"
 #include "tests/core/core_test_util.h"
+#include "tests/core/drivers.h"
 
 namespace ddprun::core {
 namespace {
@@ -164,24 +165,20 @@ TEST_F(SparesTest, WithoutASpareTheRoundWaitsForTheNodeAsBefore) {
 
 // The agent of a spare plays the node rank it is given.
 TEST(SpareAgentTest, TheSparesWorkersGetTheReplacedNodesRanks) {
-  const JobSpec spec = SpecFromToml(SpareJob());
   Agent::Config config;
   config.node_rank = 2;
   config.host = "gpu-09";
-  config.canonical = CanonicalForm(spec);
-  config.fingerprint = Fingerprint(spec);
   config.logs_dir = "/logs";
-  Agent agent(spec, config);
-  std::vector<AgentEffect> out;
-  agent.Start(At(0s), out);
-  agent.Handle(At(0s), MasterConnected{}, out);
-  agent.Handle(At(0s), MasterMessage{wire::JoinAck{2, true}}, out);
+  test::AgentDriver agent;
+  agent.Use(SpareJob(), config);
+  std::vector<AgentEffect> out = agent.Start(0s);
+  test::Append(out, agent.Feed(0s, MasterConnected{}));
+  test::Append(out, agent.Msg(0s, wire::JoinAck{2, true}));
   EXPECT_NE(FindLog(out, "spare 0 joined; it waits to take the node rank of a node that is lost"), "");
   // A standby agent waits as long as the coordinator beats: no rendezvous backstop.
-  for (Duration t = 1s; t <= 40min; t += 1s) agent.Handle(At(t), MasterMessage{wire::Heartbeat{}}, out);
-  EXPECT_FALSE(agent.exit_code());
-  out.clear();
-  agent.Handle(At(40min), MasterMessage{wire::StartRound{1, 41001, 0, 1}}, out);
+  for (Duration t = 1s; t <= 40min; t += 1s) agent.Msg(t, wire::Heartbeat{});
+  EXPECT_FALSE(agent.agent_->exit_code());
+  out = agent.Msg(40min, wire::StartRound{1, 41001, 0, 1});
   const auto spawns = All<SpawnWorkers>(out);
   ASSERT_EQ(spawns.size(), 1u) << test::Describe(out);
   ASSERT_EQ(spawns[0].workers.size(), 2u);
@@ -199,13 +196,12 @@ TEST(SpareAgentTest, TheSparesWorkersGetTheReplacedNodesRanks) {
   EXPECT_EQ(env(spawns[0].workers[1], "WORLD_SIZE"), "4");
   EXPECT_NE(FindLog(out, "round 1: this agent (spare 0) takes node rank 1 from now on"), "") << test::Describe(out);
   // A node rank the job does not have is refused.
-  Agent other(spec, config);
-  std::vector<AgentEffect> o;
-  other.Start(At(0s), o);
-  other.Handle(At(0s), MasterConnected{}, o);
-  other.Handle(At(0s), MasterMessage{wire::JoinAck{2, true}}, o);
-  o.clear();
-  other.Handle(At(1s), MasterMessage{wire::StartRound{0, 41000, 0, 5}}, o);
+  test::AgentDriver other;
+  other.Use(SpareJob(), config);
+  other.Start(0s);
+  other.Feed(0s, MasterConnected{});
+  other.Msg(0s, wire::JoinAck{2, true});
+  const std::vector<AgentEffect> o = other.Msg(1s, wire::StartRound{0, 41000, 0, 5});
   EXPECT_TRUE(All<SpawnWorkers>(o).empty());
 }
 

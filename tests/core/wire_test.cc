@@ -220,6 +220,18 @@ TEST(WireTest, BadMagicIsAnErrorFromTheFirstByte) {
   EXPECT_TRUE(decoder.LooksForeign());
 }
 
+// Found by the ASan + UBSan stage of scripts/test.sh: with nothing buffered, LooksForeign passed
+// memcmp a null pointer (undefined behaviour even for 0 bytes); under UBSan this test aborted.
+TEST(WireTest, ADecoderWithNothingBufferedIsNotForeign) {
+  const Decoder fresh;
+  EXPECT_FALSE(fresh.LooksForeign());
+  Decoder emptied;
+  emptied.Feed(Encode(Heartbeat{}));
+  Message m;
+  ASSERT_EQ(emptied.Next(m), Decoder::Status::kMessage);
+  EXPECT_FALSE(emptied.LooksForeign());
+}
+
 TEST(WireTest, LooksForeignTellsStoreClientsFromAgents) {
   Decoder empty;
   EXPECT_FALSE(empty.LooksForeign());

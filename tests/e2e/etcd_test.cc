@@ -22,6 +22,7 @@
 
 #include "tests/e2e/harness.h"
 #include "tests/etcd/etcd_cluster.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -192,8 +193,8 @@ class EtcdPartitionTest : public ::testing::Test {
   void SetUp() override {
     std::string why;
     hosts_ = NetnsPair::Create("e", 214, &why);
-    if (!hosts_) GTEST_SKIP() << why;
-    if (Shell("command -v iptables") != 0) GTEST_SKIP() << "iptables is not installed";
+    DDPRUN_REQUIRE_OR_SKIP("testbed", hosts_ != nullptr, why);
+    DDPRUN_REQUIRE_OR_SKIP("testbed", test::CommandExists("iptables"), "iptables is not installed");
     a_ = hosts_->a();
     b_ = hosts_->b();
     addr_a_ = hosts_->addr_a();

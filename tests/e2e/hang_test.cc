@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -29,14 +30,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC, as Python's time.monotonic()
 using Seconds = std::chrono::duration<double>;
 
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
-}
-
-#define SKIP_WITHOUT_TORCH()                                                                      \
-  if (!TorchAvailable()) {                                                                        \
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)"; \
-  }
+#define SKIP_WITHOUT_TORCH() DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing)
 
 std::string TomlArray(const std::vector<std::string>& items) {
   std::string out = "[";

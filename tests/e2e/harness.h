@@ -124,7 +124,7 @@ int Shell(const std::string& command);
 /// loopback up; deleted by the destructor. Needs root and iproute2.
 class NetnsPair {
  public:
-  /// nullptr and `why` when this machine cannot make them (for GTEST_SKIP).
+  /// nullptr and `why` when this machine cannot make them (for DDPRUN_REQUIRE_OR_SKIP).
   static std::unique_ptr<NetnsPair> Create(const std::string& tag, int net, std::string* why);
   ~NetnsPair();
   NetnsPair(const NetnsPair&) = delete;

@@ -1,8 +1,8 @@
 // Jobs on the multi-host test bed (testbed.h): three hosts with their own names, stock Debian
 // /etc/hosts, a management NIC the others cannot reach, firewalls and a shared home; a real
 // torch gloo job across them, the job files the README and docs/running.md describe, and
-// `ddprun preflight`. Needs root (else each test is skipped, or fails under
-// DDPRUN_REQUIRE_TESTBED=1, with the reason).
+// `ddprun preflight`. Needs root (else each test is skipped, or fails when DDPRUN_REQUIRE names
+// testbed, with the reason).
 
 #include <unistd.h>
 
@@ -17,6 +17,7 @@
 
 #include "tests/e2e/harness.h"
 #include "tests/e2e/testbed.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -24,10 +25,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
-}
 
 /// The master port: every bed has its own network namespaces, so any port is free there.
 constexpr int kMasterPort = 29500;
@@ -41,7 +38,7 @@ class MultiHostTest : public ::testing::Test {
     options.shared_home = shared_home;
     std::string why;
     bed_ = Testbed::Create(options, &why);
-    if (!bed_) DDPRUN_TESTBED_UNAVAILABLE(why);
+    DDPRUN_REQUIRE_OR_SKIP("testbed", bed_ != nullptr, why);
   }
   void TearDown() override {
     agents_.clear();  // kills what still runs, before the bed goes
@@ -90,9 +87,7 @@ class MultiHostTest : public ::testing::Test {
 // Each agent now gives its workers the interface its peers reach it at, named differently on
 // each host (ens3, eth1, enp2s0), past a management NIC listed first.
 TEST_F(MultiHostTest, TorchGlooJobAcrossThreeStockHostsEndsWithIdenticalWeights) {
-  if (!TorchAvailable()) {
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";
-  }
+  DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   MakeBed();
   if (!bed_) return;
   const std::string job = WriteJob(
@@ -215,9 +210,7 @@ TEST_F(MultiHostTest, AFirewallThatOpensOnlyMasterPortStopsTheJobBeforeRoundZero
 // rendezvous.probe = "warn": the job starts, gloo hangs in init_process_group, and the hang
 // verdict (the ranks never sent a first progress beacon) names the failed probe as the cause.
 TEST_F(MultiHostTest, UnderWarnAHangAfterAFailedProbeNamesTheProbeAsTheLikelyCause) {
-  if (!TorchAvailable()) {
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";
-  }
+  DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   MakeBed(2);
   if (!bed_) return;
   ASSERT_TRUE(bed_->AcceptTcpOnly(0, {kMasterPort}));

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -28,8 +29,8 @@ class NetnsTest : public ::testing::Test {
   void SetUp() override {
     std::string why;
     hosts_ = NetnsPair::Create("", 213, &why);
-    if (!hosts_) GTEST_SKIP() << why;
-    if (Shell("command -v iptables") != 0) GTEST_SKIP() << "iptables is not installed";
+    DDPRUN_REQUIRE_OR_SKIP("testbed", hosts_ != nullptr, why);
+    DDPRUN_REQUIRE_OR_SKIP("testbed", test::CommandExists("iptables"), "iptables is not installed");
     a_ = hosts_->a();
     b_ = hosts_->b();
     addr_a_ = hosts_->addr_a();

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -558,9 +559,8 @@ TEST_F(RunnerTest, AFullDiskIsReportedOnTheConsoleAndInTheSummary) {
   std::filesystem::create_directories(probe);
   const std::string mount = "unshare -m --propagation private sh -c 'mount -t tmpfs -o size=64k tmpfs " +
                             probe + "' 2>/dev/null";
-  if (std::system(mount.c_str()) != 0) {
-    GTEST_SKIP() << "needs root and mount namespaces (unshare -m, mount -t tmpfs) for a small full disk";
-  }
+  DDPRUN_REQUIRE_OR_SKIP("testbed", std::system(mount.c_str()) == 0,
+                         "needs root and mount namespaces (unshare -m, mount -t tmpfs) for a small full disk");
   TestJob o = Job();
   o.nnodes = 1;
   o.devices = 1;

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -24,10 +25,6 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
-
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
-}
 
 // 2 nodes x 2 workers running `script`, and one spare (agent 2) that takes the rank of a node
 // away for more than 1 s. max_restarts = 2: the loss of node 1 uses one restart.
@@ -170,9 +167,7 @@ TEST_F(SparesTest, ASpareThatIsNeverNeededEndsWithTheJob) {
 // examples/ddp_train.py with a checkpoint after every step: node 1's host dies mid-training,
 // the spare takes its rank, and round 1 resumes from the last checkpoint and trains to the end.
 TEST_F(SparesTest, ADdpJobResumesFromItsCheckpointOnTheSpare) {
-  if (!TorchAvailable()) {
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";
-  }
+  DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   // The shell execs Python, so the pid it writes is the worker's.
   const std::string script =
       "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; exec /usr/bin/python3 " +

@@ -39,11 +39,6 @@ int ShellOutput(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-bool TestbedRequired() {
-  const char* value = std::getenv("DDPRUN_REQUIRE_TESTBED");
-  return value && std::string(value) == "1";
-}
-
 namespace {
 
 /// The pid in a bed's namespace name ("ddprun-tb<tag>-<pid>-<part>"), or -1.

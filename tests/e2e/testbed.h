@@ -48,7 +48,7 @@ struct TestHost {
 class Testbed {
  public:
   /// nullptr and `why` when this machine cannot host the bed (not root, no iproute2, no
-  /// namespaces, no veth or bridge): for GTEST_SKIP with the reason.
+  /// namespaces, no veth or bridge): for DDPRUN_REQUIRE_OR_SKIP("testbed", ...) with the reason.
   static std::unique_ptr<Testbed> Create(const TestbedOptions& options, std::string* why);
   ~Testbed();
   Testbed(const Testbed&) = delete;
@@ -104,21 +104,6 @@ class Testbed {
 /// Runs `command` with sh on this machine; its exit status (-1 when it could not run), and its
 /// output (stdout and stderr) in `output` when given.
 int ShellOutput(const std::string& command, std::string* output);
-
-/// Whether a test that needs the bed must fail rather than skip when the bed cannot be built:
-/// DDPRUN_REQUIRE_TESTBED=1 (scripts/test.sh sets it when it runs as root), so that CI never
-/// skips these tests silently.
-bool TestbedRequired();
-
-/// In a test body or SetUp: skips the test with `why`, or fails it when TestbedRequired().
-#define DDPRUN_TESTBED_UNAVAILABLE(why)                                                \
-  do {                                                                                \
-    if (::ddprun::e2e::TestbedRequired()) {                                           \
-      GTEST_FAIL() << "DDPRUN_REQUIRE_TESTBED=1 and " << (why);                       \
-    } else {                                                                          \
-      GTEST_SKIP() << (why);                                                          \
-    }                                                                                 \
-  } while (false)
 
 /// `text` quoted for sh.
 std::string ShellQuote(const std::string& text);

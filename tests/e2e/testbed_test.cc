@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/testbed.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -43,7 +44,7 @@ class TestbedTest : public ::testing::Test {
     options.shared_home = shared_home;
     std::string why;
     bed_ = Testbed::Create(options, &why);
-    if (!bed_) DDPRUN_TESTBED_UNAVAILABLE(why);
+    DDPRUN_REQUIRE_OR_SKIP("testbed", bed_ != nullptr, why);
   }
   /// Starts a listener on host `i` (it runs until the bed is gone).
   void Listen(int i, int port) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -16,14 +17,8 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
-}
-
 TEST(TorchTest, DdpTrainsThroughTheRelayAndAgainAfterAForcedRestart) {
-  if (!TorchAvailable()) {
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";
-  }
+  DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   ScratchDir dir;
   const uint16_t port = FreePort();
   dir.Write("results/.keep", "");

@@ -1,5 +1,6 @@
 // GPU checks: preflight's hand-declared CUDA/NCCL ABI against the real headers (at compile
-// time), and `ddprun preflight` with its NCCL all-reduce on this machine's GPUs (skips without).
+// time), and `ddprun preflight` with its NCCL all-reduce on this machine's GPUs (skips without,
+// unless DDPRUN_REQUIRE names gpu, as tests/gpu/run.sh sets it).
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "preflight/cuda_loader.h"
+#include "tests/support/require.h"
 
 namespace ddprun::preflight {
 namespace {
@@ -37,7 +39,7 @@ int GpuCount() {
 }
 
 TEST(Gpu, RuntimeAndNcclLoadByDlopen) {
-  if (GpuCount() == 0) GTEST_SKIP() << "no GPU here (or no driver)";
+  DDPRUN_REQUIRE_OR_SKIP("gpu", GpuCount() > 0, "no GPU here (or no driver)");
   EXPECT_TRUE(LoadCudaRuntime().Loaded()) << LoadCudaRuntime().error;
   const Nccl& nccl = LoadNccl();
   ASSERT_TRUE(nccl.Loaded()) << nccl.error;
@@ -48,7 +50,7 @@ TEST(Gpu, RuntimeAndNcclLoadByDlopen) {
 
 TEST(Gpu, PreflightAllReduceOnEveryGpu) {
   const int gpus = GpuCount();
-  if (gpus == 0) GTEST_SKIP() << "no GPU here (or no driver): nothing to all-reduce";
+  DDPRUN_REQUIRE_OR_SKIP("gpu", gpus > 0, "no GPU here (or no driver): nothing to all-reduce");
   char dir_template[] = "/tmp/ddprun-gpu-XXXXXX";
   ASSERT_NE(::mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;

@@ -20,7 +20,7 @@ if [ "${gpus:-0}" -eq 0 ]; then
 fi
 echo "run.sh: $gpus GPU(s)"
 
-ctest --test-dir "$build" -L gpu --output-on-failure
+DDPRUN_REQUIRE=gpu ctest --test-dir "$build" -L gpu --output-on-failure
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -1,13 +1,19 @@
-// host::Election against an in-memory store with etcd's semantics (revisions, leases that end
-// in the test's time, a put that compares a create revision): who leads, what a new holder
+// host::Election against the simulator's etcd model (sim/sim_store.h: revisions, leases that
+// end in virtual time, a put that compares a create revision): who leads, what a new holder
 // reads, when a holder steps down, and that a deposed holder's writes are refused.
 #include "runner/host/election.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
+#include <memory>
+#include <optional>
+#include <set>
 
+#include "sim/event_queue.h"
+#include "sim/sim_store.h"
 #include "tests/core/core_test_util.h"
 
 namespace ddprun::host {
@@ -15,130 +21,109 @@ namespace {
 
 TimePoint At(Duration d) { return TimePoint{} + d; }
 
-// etcd's v3 semantics, in memory, shared by every agent's client.
-struct FakeEtcd {
-  struct Lease {
-    Duration ttl;
-    TimePoint expires;
-  };
-  /// Moves etcd's clock: leases that end take their keys.
-  void Advance(TimePoint t) {
-    now = t;
-    for (auto it = leases.begin(); it != leases.end();) {
-      const int64_t id = it->first;
-      ++it;
-      if (leases.at(id).expires <= t) End(id);
-    }
-  }
-  void End(int64_t lease) {
-    leases.erase(lease);
-    for (auto it = kv.begin(); it != kv.end();) it = it->second.lease == lease ? kv.erase(it) : std::next(it);
+// The job's etcd: the simulator's model on its own event queue, without network delay, so that
+// a call takes effect when the test runs etcd's clock up to the moment it delivers answers (the
+// call's linearization point), and a test decides what happens in between.
+class Etcd {
+ public:
+  explicit Etcd(const JobSpec& spec) {
+    sim::SimEtcd::Hooks hooks;
+    hooks.now_ns = [this] { return now_ns_; };
+    hooks.deliver = [this](uint32_t node, uint32_t incarnation, StoreResult result) {
+      auto it = inboxes_.find(node);
+      // An answer to a client that was replaced since (a restarted agent) is dropped.
+      if (it != inboxes_.end() && it->second.incarnation == incarnation) it->second.answers.push_back(std::move(result));
+    };
+    hooks.print = [](std::optional<uint32_t>, const std::string&) {};
+    const sim::NetworkOptions instant{.latency_min = Duration(0), .latency_max = Duration(0), .loss = 0};
+    model_ = std::make_unique<sim::SimEtcd>(queue_, std::move(hooks), spec, instant, 1, false);
   }
 
-  std::map<std::string, StoreEntry> kv;
-  std::map<int64_t, Lease> leases;
-  TimePoint now{};
-  int64_t next_lease = 0;
-  int64_t revision = 1;
+  /// Moves etcd's clock to `t` (never back): serves every call that arrived, ends leases.
+  void RunUntil(TimePoint t) {
+    const int64_t until = std::max(now_ns_, t.time_since_epoch().count());
+    while (!queue_.Empty() && queue_.NextTime().time_since_epoch().count() <= until) {
+      const sim::Event event = queue_.Pop();
+      now_ns_ = event.time_ns;
+      queue_.TakeCall(event.target)();
+    }
+    now_ns_ = until;
+  }
+  bool Holds(const std::string& key) const { return model_->Peek(key).has_value(); }
+  std::optional<StoreEntry> Peek(const std::string& key) const { return model_->Peek(key); }
+
+  /// Node `node`'s client from now on; answers to its earlier clients are dropped.
+  uint32_t Register(uint32_t node) { return ++inboxes_[node].incarnation; }
+  std::deque<StoreResult>& Answers(uint32_t node) { return inboxes_[node].answers; }
+  void Request(uint32_t node, uint32_t incarnation, uint64_t id, sim::SimEtcd::Op op) {
+    model_->Request(node, incarnation, id, std::move(op));
+  }
+
   int keepalives = 0;
   int revokes = 0;
+
+ private:
+  struct Inbox {
+    uint32_t incarnation = 0;
+    std::deque<StoreResult> answers;
+  };
+  sim::EventQueue queue_;
+  int64_t now_ns_ = 0;
+  std::unique_ptr<sim::SimEtcd> model_;
+  std::map<uint32_t, Inbox> inboxes_;
 };
 
-// One agent's client. A call takes effect when the test delivers its answer (its
-// linearization point), so that a test decides what happens in between; `down` answers every
-// call with an error, as an unreachable etcd does.
-class FakeStore final : public Store {
+// One agent's client of the model. What it adds is a client's own behaviour, which the model
+// leaves to the client: `down` answers every call with a connection error without reaching
+// etcd (no endpoint accepts), and `retry_next_put` loses the answer of a put that reached etcd
+// and tries it again, as the real client does on another endpoint.
+class ModelClient final : public Store {
  public:
-  explicit FakeStore(FakeEtcd& etcd) : etcd_(etcd) {}
+  ModelClient(Etcd& etcd, uint32_t node) : etcd_(etcd), node_(node), incarnation_(etcd.Register(node)) {}
 
   void SetEvents(StoreEvents*) override {}
-  uint64_t Grant(Duration ttl) override {
-    return Answer([this, ttl](StoreResult& r) {
-      r.lease = ++etcd_.next_lease;
-      r.ttl = ttl;
-      etcd_.leases[r.lease] = FakeEtcd::Lease{ttl, etcd_.now + ttl};
-    });
-  }
+  uint64_t Grant(Duration ttl) override { return Send(sim::SimEtcd::GrantOp{ttl}); }
   uint64_t KeepAlive(int64_t lease) override {
     ++etcd_.keepalives;
-    return Answer([this, lease](StoreResult& r) {
-      auto it = etcd_.leases.find(lease);
-      if (it == etcd_.leases.end()) return;
-      it->second.expires = etcd_.now + it->second.ttl;
-      r.ttl = it->second.ttl;
-    });
+    return Send(sim::SimEtcd::KeepAliveOp{lease});
   }
   uint64_t Revoke(int64_t lease) override {
     ++etcd_.revokes;
-    return Answer([this, lease](StoreResult&) { etcd_.End(lease); });
+    return Send(sim::SimEtcd::RevokeOp{lease});
   }
-  uint64_t Get(const std::string& key) override {
-    return Answer([this, key](StoreResult& r) {
-      if (auto it = etcd_.kv.find(key); it != etcd_.kv.end()) r.entry = it->second;
-    });
-  }
+  uint64_t Get(const std::string& key) override { return Send(sim::SimEtcd::GetOp{key}); }
   uint64_t PutIf(const std::string& key, int64_t create_revision, std::vector<StorePut> puts) override {
+    sim::SimEtcd::PutIfOp op{key, create_revision, std::move(puts)};
     if (retry_next_put) {
       // The put reached etcd, its answer was lost, and the client tried it again elsewhere:
       // the caller hears the second try's answer.
       retry_next_put = false;
-      return Answer([this, key, create_revision, puts](StoreResult& r) {
-        Apply(key, create_revision, puts, r);
-        const uint64_t id = r.id;
-        r = StoreResult();
-        r.id = id;
-        Apply(key, create_revision, puts, r);
-      });
+      lost_.insert(Send(op));
     }
-    return Answer([this, key, create_revision, puts](StoreResult& r) { Apply(key, create_revision, puts, r); });
-  }
-  void Apply(const std::string& key, int64_t create_revision, const std::vector<StorePut>& puts, StoreResult& r) {
-    {
-      auto it = etcd_.kv.find(key);
-      const int64_t current = it == etcd_.kv.end() ? 0 : it->second.create_revision;
-      if (current != create_revision) {
-        if (it != etcd_.kv.end()) r.entry = it->second;
-        return;
-      }
-      ++etcd_.revision;
-      for (const StorePut& put : puts) {
-        StoreEntry& e = etcd_.kv[put.key];
-        if (e.create_revision == 0) e.create_revision = etcd_.revision;
-        e.mod_revision = etcd_.revision;
-        e.value = put.value;
-        e.lease = put.lease;
-      }
-      r.succeeded = true;
-    }
+    return Send(std::move(op));
   }
 
   /// Answers every call this client made so far (and those the answers lead to) at `now`.
   void Deliver(Election& election, TimePoint now) {
-    etcd_.Advance(now);
-    while (!queue_.empty()) {
-      auto [id, apply] = std::move(queue_.front());
-      queue_.pop_front();
-      StoreResult r;
-      r.id = id;
-      if (down) {
-        r.error = "etcd at http://127.0.0.1:2379: connection refused";
-      } else {
-        apply(r);
-        r.revision = etcd_.revision;
-      }
-      election.OnStoreResult(now, r);
+    while (DeliverOne(election, now)) {
     }
   }
   /// Answers only the oldest call.
   bool DeliverOne(Election& election, TimePoint now) {
-    if (queue_.empty()) return false;
-    etcd_.Advance(now);
-    auto [id, apply] = std::move(queue_.front());
-    queue_.pop_front();
-    StoreResult r;
-    r.id = id;
-    apply(r);
-    r.revision = etcd_.revision;
+    etcd_.RunUntil(now);
+    std::deque<StoreResult>& answers = etcd_.Answers(node_);
+    while (!answers.empty() && lost_.erase(answers.front().id) > 0) answers.pop_front();
+    if (!refused_.empty()) {
+      StoreResult r;
+      r.id = refused_.front();
+      refused_.pop_front();
+      r.error = "etcd at http://127.0.0.1:2379: connection refused";
+      election.OnStoreResult(now, r);
+      return true;
+    }
+    if (answers.empty()) return false;
+    StoreResult r = std::move(answers.front());
+    answers.pop_front();
     election.OnStoreResult(now, r);
     return true;
   }
@@ -147,14 +132,22 @@ class FakeStore final : public Store {
   bool retry_next_put = false;
 
  private:
-  uint64_t Answer(std::function<void(StoreResult&)> apply) {
-    queue_.emplace_back(++next_id_, std::move(apply));
-    return next_id_;
+  uint64_t Send(sim::SimEtcd::Op op) {
+    const uint64_t id = ++next_id_;
+    if (down) {
+      refused_.push_back(id);
+    } else {
+      etcd_.Request(node_, incarnation_, id, std::move(op));
+    }
+    return id;
   }
 
-  FakeEtcd& etcd_;
-  std::deque<std::pair<uint64_t, std::function<void(StoreResult&)>>> queue_;
+  Etcd& etcd_;
+  uint32_t node_;
+  uint32_t incarnation_;
   uint64_t next_id_ = 0;
+  std::deque<uint64_t> refused_;  // calls `down` answers with an error
+  std::set<uint64_t> lost_;       // calls whose answer never reaches the caller
 };
 
 constexpr std::string_view kJob = R"(version = 1
@@ -201,19 +194,19 @@ struct Heard {
 
 class ElectionTest : public ::testing::Test {
  protected:
-  ElectionTest() : spec_(core::test::SpecFromToml(std::string(kJob))) {}
+  ElectionTest() : spec_(core::test::SpecFromToml(std::string(kJob))), etcd_(spec_) {}
 
   std::unique_ptr<Election> Make(int agent, Heard& heard) {
     auto& client = clients_[agent];
-    client = std::make_unique<FakeStore>(etcd_);
+    client = std::make_unique<ModelClient>(etcd_, static_cast<uint32_t>(agent));
     return std::make_unique<Election>(spec_, "llm-1a2b", agent,
                                       spec_.cluster.HostOf(agent) + ":29500", *client, heard.Listener());
   }
-  FakeStore& Client(int agent) { return *clients_.at(agent); }
+  ModelClient& Client(int agent) { return *clients_.at(agent); }
 
   JobSpec spec_;
-  FakeEtcd etcd_;
-  std::map<int, std::unique_ptr<FakeStore>> clients_;
+  Etcd etcd_;
+  std::map<int, std::unique_ptr<ModelClient>> clients_;
 };
 
 TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
@@ -227,8 +220,8 @@ TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
   Client(1).Deliver(*e1, At(Seconds(0)));
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\n");
   EXPECT_TRUE(e1->leading());
-  ASSERT_TRUE(etcd_.kv.contains(e1->role_key()));
-  EXPECT_NE(etcd_.kv.at(e1->role_key()).lease, 0);  // the role goes with the lease
+  ASSERT_TRUE(etcd_.Holds(e1->role_key()));
+  EXPECT_NE(etcd_.Peek(e1->role_key()).value_or(StoreEntry{}).lease, 0);  // the role goes with the lease
 
   e2->Lookup(At(Seconds(1)));
   Client(2).Deliver(*e2, At(Seconds(1)));
@@ -272,7 +265,7 @@ TEST_F(ElectionTest, AHolderRenewsItsLeaseAndStepsDownBeforeItCanEnd) {
   }
   EXPECT_TRUE(e->leading());
   EXPECT_GE(etcd_.keepalives, 14);
-  EXPECT_TRUE(etcd_.kv.contains(e->role_key()));
+  EXPECT_TRUE(etcd_.Holds(e->role_key()));
 
   // etcd stops answering: the holder steps down lease - max(lease/5, 400ms) after the last
   // renewal it sent that was answered, before etcd can hand the role to another agent.
@@ -304,8 +297,8 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\n");
 
   // e1 is paused past its lease (it never ticked): etcd ends it, e2 takes the role.
-  etcd_.Advance(At(Seconds(7)));
-  EXPECT_FALSE(etcd_.kv.contains(e1->role_key()));
+  etcd_.RunUntil(At(Seconds(7)));
+  EXPECT_FALSE(etcd_.Holds(e1->role_key()));
   e2->Lookup(At(Seconds(7)));
   Client(2).Deliver(*e2, At(Seconds(7)));
   EXPECT_EQ(h2.Take(), "lead, round 1\nfound gpu-03:29500\n");
@@ -315,12 +308,12 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
 
   // e1 wakes up and tries to commit its next round: the compare on the role key's create
   // revision fails, nothing is written, and it steps down without "committed".
-  const std::string before = etcd_.kv.at(e1->state_key()).value;
+  const std::string before = etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value;
   e1->Commit(At(Seconds(7)), 1, 1);
   Client(1).Deliver(*e1, At(Seconds(7)));
   EXPECT_EQ(h1.Take(), "step down: another agent holds the coordinator role now\nflushed\n");
   EXPECT_FALSE(e1->leading());
-  EXPECT_EQ(etcd_.kv.at(e1->state_key()).value, before);
+  EXPECT_EQ(etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value, before);
 }
 
 TEST_F(ElectionTest, ACommitAnsweredTooLateIsNotActedOn) {
@@ -350,7 +343,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\ncommitted 1\nflushed\n");
   e1->Resign(At(Seconds(1)));
   Client(1).Deliver(*e1, At(Seconds(1)));
-  EXPECT_FALSE(etcd_.kv.contains(e1->role_key()));  // revoked: no wait for the lease
+  EXPECT_FALSE(etcd_.Holds(e1->role_key()));  // revoked: no wait for the lease
 
   Heard h0;
   auto e0 = Make(0, h0);
@@ -414,7 +407,7 @@ TEST_F(ElectionTest, ACampaignPutTriedTwiceByTheClientStillWins) {
   Client(1).Deliver(*e, At(Seconds(0)));
   EXPECT_EQ(h.Take(), "lead afresh\nfound gpu-02:29500\n");
   ASSERT_TRUE(e->leading());
-  EXPECT_TRUE(etcd_.kv.contains(e->role_key()));  // its lease was not revoked
+  EXPECT_TRUE(etcd_.Holds(e->role_key()));  // its lease was not revoked
   e->Commit(At(Seconds(1)), 0, 0);
   Client(1).Deliver(*e, At(Seconds(1)));
   EXPECT_EQ(h.Take(), "committed 0\nflushed\n");  // fenced writes compare the right revision
@@ -428,10 +421,10 @@ TEST_F(ElectionTest, ResignRevokesTheLeaseAndSaysWhenEtcdHasIt) {
   h.Take();
   e->Resign(At(Seconds(1)));
   EXPECT_TRUE(e->Revoking());
-  EXPECT_TRUE(etcd_.kv.contains(e->role_key()));
+  EXPECT_TRUE(etcd_.Holds(e->role_key()));
   Client(0).Deliver(*e, At(Seconds(1)));
   EXPECT_FALSE(e->Revoking());
-  EXPECT_FALSE(etcd_.kv.contains(e->role_key()));
+  EXPECT_FALSE(etcd_.Holds(e->role_key()));
   EXPECT_EQ(h.Take(), "flushed\n");
 }
 

@@ -28,6 +28,7 @@
 
 #include "tests/e2e/harness.h"
 #include "tests/etcd/etcd_cluster.h"
+#include "tests/support/require.h"
 
 namespace ddprun::io {
 namespace {
@@ -58,8 +59,6 @@ class Answers final : public host::StoreEvents {
   std::map<uint64_t, int> count_;
 };
 
-bool EtcdInstalled() { return std::system("command -v etcd >/dev/null 2>&1") == 0; }
-
 /// Sockets this process holds now.
 int OpenSockets() {
   int count = 0;
@@ -85,11 +84,12 @@ struct Client {
 class EtcdStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!EtcdInstalled()) GTEST_SKIP() << "etcd is not installed (Debian: etcd-server)";
+    DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcd"), "etcd is not installed (Debian: etcd-server)");
     EtcdCluster::Options options;
     options.free_port = [] { return e2e::FreePort(); };
     options.tls = tls_;
-    if (tls_ && std::system("command -v openssl >/dev/null 2>&1") != 0) GTEST_SKIP() << "openssl is not installed";
+    // The TLS cluster's certificates are made with openssl.
+    DDPRUN_REQUIRE_OR_SKIP("etcd", !tls_ || test::CommandExists("openssl"), "openssl is not installed");
     std::string error;
     cluster_ = EtcdCluster::Start(options, &error);
     ASSERT_TRUE(cluster_) << error;
@@ -385,7 +385,7 @@ TEST_F(EtcdStoreTest, AnEndpointThatNeverAnswersCostsOneAttemptBound) {
 }
 
 TEST_F(EtcdStoreTest, AuthenticatesAtEachMemberWithAUserAndPassword) {
-  if (std::system("command -v etcdctl >/dev/null 2>&1") != 0) GTEST_SKIP() << "etcdctl is not installed";
+  DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcdctl"), "etcdctl is not installed (Debian: etcd-client)");
   const std::string etcdctl = "ETCDCTL_API=3 etcdctl --endpoints=" + cluster_->ClientUrl(0) + " ";
   ASSERT_EQ(std::system((etcdctl + "user add root:secret >/dev/null 2>&1").c_str()), 0);
   ASSERT_EQ(std::system((etcdctl + "auth enable >/dev/null 2>&1").c_str()), 0);

@@ -100,12 +100,16 @@ TEST(EventLogTest, FieldsReadByType) {
 }
 
 TEST(EventLogTest, PackedFieldsKeepEveryValueExactly) {
+  // The literal's own length, its \0 included (it was read as 31 bytes of a 29-byte literal,
+  // past its end: ASan found it in CI's sanitizer stage).
+  constexpr char kText[] = "with \"quotes\", a \0 byte and \xff";
+  const std::string text(kText, sizeof kText - 1);
   EventRecord r;
   r.Set("min", std::numeric_limits<int64_t>::min());
   r.Set("max", std::numeric_limits<int64_t>::max());
   r.Set("none", int64_t{-1});
   r.Set("no", false);
-  r.Set("text", std::string("with \"quotes\", a \0 byte and \xff", 31));
+  r.Set("text", text);
   r.Set("many", std::vector<int64_t>{0, -300, 1'700'000'000'000});
   r.Set("words", std::vector<std::string>{"", std::string(300, 'x')});
   EXPECT_EQ(r.Int("min"), std::numeric_limits<int64_t>::min());
@@ -113,7 +117,7 @@ TEST(EventLogTest, PackedFieldsKeepEveryValueExactly) {
   EXPECT_EQ(r.Int("none", 5), -1);
   EXPECT_FALSE(r.Flag("no"));
   EXPECT_EQ(r.Int("no", 5), 5);
-  EXPECT_EQ(r.Text("text"), std::string("with \"quotes\", a \0 byte and \xff", 31));
+  EXPECT_EQ(r.Text("text"), text);
   EXPECT_EQ(r.Ints("many"), (std::vector<int64_t>{0, -300, 1'700'000'000'000}));
   EXPECT_EQ(r.Texts("words"), (std::vector<std::string>{"", std::string(300, 'x')}));
   EXPECT_EQ(r.Int("missing", 9), 9);
