@@ -39,6 +39,9 @@ struct SimOptions {
   std::string job_path = "job.toml";
   std::vector<FaultSpec> flag_faults;
   std::optional<int> nodes_override;
+  /// --set changes to the job file ("cluster.spares=2"; "cluster.nodes=" removes the key), as
+  /// the repro line repeats them.
+  std::vector<std::string> overrides;
   /// Test-only: node 1's side of the simulated world misbehaves, so tests can watch an
   /// invariant fire through the whole simulator (tests/sim/invariants_test.cc). The CLI never
   /// sets it.
