@@ -244,7 +244,8 @@ int SimulateCommand(const SimulateOptions& options) {
       fmt::print(stderr, "ddprun simulate: --swarm {} is out of range (1..1000000)\n", *options.swarm);
       return kExitUsage;
     }
-    const sim::SwarmResult swarm = sim::RunSwarm(spec, sim_options, *options.swarm, std::cout);
+    const sim::SwarmResult swarm =
+        sim::RunSwarm(spec, sim_options, *options.swarm, std::cout, options.vary_shape ? &job_text : nullptr);
     std::cout.flush();
     return swarm.failures > 0 ? kExitInternal : kExitOk;
   }
