@@ -482,6 +482,14 @@ SimResult Cluster::Run() {
     now_ns_ = event.time_ns;
     Dispatch(event);
     ++stats_.events;
+    switch (event.kind) {
+      case EventKind::kTimer: ++stats_.timer_events; break;
+      case EventKind::kPump: ++stats_.delivery_events; break;
+      case EventKind::kWorkerReady: case EventKind::kWorkerExit: case EventKind::kWorkerNotify:
+      case EventKind::kTrainingDone: case EventKind::kPeerFailure: case EventKind::kCollectiveTimeout:
+      case EventKind::kStoreConnect: case EventKind::kBeacons: ++stats_.worker_events; break;
+      default: break;
+    }
     ObserveCoordinator();
     invariants_.AfterEvent(now_ns_);
     ReportViolation();

@@ -80,6 +80,12 @@ struct NodeOutcome {
 
 struct SimStats {
   uint64_t events = 0;
+  /// Events by what they were, for the scale benchmark's account of where the time goes:
+  /// timers (an agent's or the coordinator's deadline: mostly heartbeats), deliveries of bytes,
+  /// workers (start, exit, training, beacons, store) and the rest (connects, faults, checks).
+  uint64_t timer_events = 0;
+  uint64_t delivery_events = 0;
+  uint64_t worker_events = 0;
   uint64_t messages = 0;                 // frames sent by all agents and the coordinator
   uint64_t bytes = 0;
   std::vector<uint64_t> messages_by_node;  // frames each job node sent (index = node rank)
