@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   }
   ddprun::JobSpec spec = *loaded.spec;
   const int nodes = std::atoi(argv[2]);
+  // As --nodes does: a job that runs only whole stays whole (min_nodes = nnodes).
+  if (spec.cluster.min_nodes == spec.cluster.nnodes || spec.cluster.min_nodes > nodes) spec.cluster.min_nodes = nodes;
   spec.cluster.nnodes = nodes;
   spec.cluster.nodes.clear();
   spec.trainer.num_nodes = nodes;
