@@ -32,6 +32,12 @@ std::string Xml(std::string_view text) {
   return out;
 }
 
+// " (with --set a=1 --set b=2)" for the changes every setting has; "" when none.
+std::string WithFixed(const SweepResult& sweep) {
+  if (sweep.fixed.empty()) return "";
+  return fmt::format(" (with --set {})", fmt::join(sweep.fixed, " --set "));
+}
+
 std::string Label(const SweepResult& sweep, const SweepRow& row) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < row.values.size(); ++i) parts.push_back(fmt::format("{}={}", sweep.keys[i], row.values[i]));
@@ -111,6 +117,7 @@ Result<SweepResult> RunSweep(std::string_view job_text, const std::string& job_p
   sweep.first_seed = first_seed;
   sweep.seeds = seeds;
   for (const SweepAxis& axis : axes) sweep.keys.push_back(axis.key);
+  for (const JobOverride& change : fixed) sweep.fixed.push_back(FormatJobOverride(change));
   size_t settings = 1;
   for (const SweepAxis& axis : axes) settings *= axis.values.size();
   if (settings > 1000) return Fail(fmt::format("the sweep has {} settings; at most 1000", settings));
@@ -150,8 +157,8 @@ Result<SweepResult> RunSweep(std::string_view job_text, const std::string& job_p
 }
 
 std::string FormatSweepTable(const SweepResult& sweep) {
-  std::string text = fmt::format("sweep of {}: {} setting{} x {} seed{} ({}..{}), the job's own faults only\n\n",
-                                 sweep.job_path, sweep.rows.size(), sweep.rows.size() == 1 ? "" : "s", sweep.seeds,
+  std::string text = fmt::format("sweep of {}{}: {} setting{} x {} seed{} ({}..{}), the job's own faults only\n\n",
+                                 sweep.job_path, WithFixed(sweep), sweep.rows.size(), sweep.rows.size() == 1 ? "" : "s", sweep.seeds,
                                  sweep.seeds == 1 ? "" : "s", sweep.first_seed,
                                  sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
   std::vector<std::string> header = sweep.keys;
@@ -206,11 +213,11 @@ std::string SweepChartSvg(const SweepResult& sweep) {
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"sweep-chart\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"13\">\n"
-      "<title>Goodput per setting: {2}</title>\n"
-      "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">Goodput per setting: {2}</text>\n"
+      "<title>Goodput per setting: {2}{6}</title>\n"
+      "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">Goodput per setting: {2}{6}</text>\n"
       "<text x=\"10\" y=\"42\" fill=\"#555\">{3} seeds each ({4}..{5}); bar: mean, whisker: p10-p90, tick: median</text>\n",
       kWidth, height, Xml(sweep.job_path), sweep.seeds, sweep.first_seed,
-      sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
+      sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1, Xml(WithFixed(sweep)));
   const int axis_y = kTop + kRow * static_cast<int>(sweep.rows.size()) + 6;
   for (int tick = static_cast<int>(std::lround(low * 100)); tick <= 100; tick += low >= 0.5 ? 5 : 10) {
     const int tx = x(tick / 100.0);

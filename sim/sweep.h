@@ -46,6 +46,7 @@ struct SweepRow {
 struct SweepResult {
   std::string job_path;
   std::vector<std::string> keys;
+  std::vector<std::string> fixed;   // --set changes every setting has ("key=value")
   uint64_t first_seed = 1;
   int seeds = 0;
   std::vector<SweepRow> rows;

@@ -73,7 +73,7 @@ TEST(SweepCliTest, PrintsTheGoodputTableWordForWord) {
   const Result run = Ddprun(kSmallSweep);
   EXPECT_EQ(run.code, 0);
   EXPECT_EQ(run.output,
-            "sweep of examples/laptop.toml: 4 settings x 3 seeds (7..9), the job's own faults only\n"
+            "sweep of examples/laptop.toml (with --set simulate.worker_mtbf=1h): 4 settings x 3 seeds (7..9), the job's own faults only\n"
             "\n"
             "| restart.backoff | simulate.checkpoint_every | runs | finished (exit 0) | other exits | goodput mean | p10 "
             "| median | p90 | restarts (mean) | work lost (mean) | downtime (mean) | training kept |\n"
