@@ -6,7 +6,8 @@
 # with --quiet, split over PARALLEL processes (default: the number of CPUs); JOBS="a.toml
 # b.toml" runs those instead. Prints every failed seed with its repro command, then one line per
 # job: seeds, failures, wall time. CI runs 5,000 seeds per example (tests/sim/swarm_test.cc);
-# this is the long version. Figures: docs/simulator.md.
+# this is the long version. Figures: docs/simulator.md. SWARM_ARGS adds flags to every run
+# (bench/swarm-shapes.sh passes --vary-shape); DDPRUN=path runs that binary instead.
 #   bench/swarm.sh [BUILD_DIR]      (default build/release; SEEDS=N BASE=N PARALLEL=N JOBS=...)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,11 +16,12 @@ build="${1:-$root/build/release}"
 seeds="${SEEDS:-100000}"
 base="${BASE:-1000}"
 parallel="${PARALLEL:-$(nproc)}"
-if [[ ! -x "$build/cli/ddprun" ]]; then
+if [[ -z "${DDPRUN:-}" && ! -x "$build/cli/ddprun" ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$build" --target ddprun
 fi
-ddprun="$build/cli/ddprun"
+ddprun="${DDPRUN:-$build/cli/ddprun}"
+read -r -a extra <<< "${SWARM_ARGS:-}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 summary=()
@@ -34,7 +36,7 @@ for job in $jobs; do
     first=$(( i * chunk ))
     (( first >= seeds )) && break
     count=$(( seeds - first < chunk ? seeds - first : chunk ))
-    (cd "$root" && exec "$ddprun" --simulate "$job" --swarm "$count" --seed $(( base + first )) --quiet) \
+    (cd "$root" && exec "$ddprun" --simulate "$job" --swarm "$count" --seed $(( base + first )) --quiet ${extra[@]+"${extra[@]}"}) \
       > "$out/part.$i" 2>&1 &
     pids+=($!)
   done

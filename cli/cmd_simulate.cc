@@ -16,8 +16,10 @@
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
 #include "report/render.h"
+#include "sim/job_overrides.h"
 #include "sim/simulation.h"
 #include "sim/swarm.h"
+#include "sim/sweep.h"
 
 namespace ddprun::cli {
 namespace {
@@ -146,10 +148,62 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   return comparison.match ? kExitOk : kExitJobFailed;
 }
 
+// `--sweep`: the grid over the same seeds, a table on stdout and the chart in a file.
+int Sweep(const std::string& job_text, const std::vector<sim::JobOverride>& fixed, uint64_t first_seed,
+          const SimulateOptions& options) {
+  std::vector<sim::SweepAxis> axes;
+  for (const std::string& text : options.sweeps) {
+    auto axis = sim::ParseSweepFlag(text);
+    if (!axis) {
+      fmt::print(stderr, "ddprun simulate: --sweep {}: {}\n", text, axis.error());
+      return kExitUsage;
+    }
+    axes.push_back(std::move(*axis));
+  }
+  const int seeds = options.seeds.value_or(20);
+  if (seeds > 1'000'000) {
+    fmt::print(stderr, "ddprun simulate: --seeds {} is out of range (1..1000000)\n", seeds);
+    return kExitUsage;
+  }
+  const std::string& chart = options.chart_path;
+  const bool svg = chart.size() >= 4 && chart.compare(chart.size() - 4, 4, ".svg") == 0;
+  const bool html = chart.size() >= 5 && chart.compare(chart.size() - 5, 5, ".html") == 0;
+  if (!chart.empty() && !svg && !html) {
+    fmt::print(stderr, "ddprun simulate: --chart {}: name the file .svg (the chart) or .html (chart and table)\n", chart);
+    return kExitUsage;
+  }
+  auto sweep = sim::RunSweep(job_text, options.job_path, fixed, axes, first_seed, seeds);
+  if (!sweep) {
+    fmt::print(stderr, "ddprun simulate: --sweep: {}", sweep.error());
+    return kExitUsage;
+  }
+  fmt::print("{}", sim::FormatSweepTable(*sweep));
+  std::fflush(stdout);
+  if (!chart.empty() && !WriteFile(chart, "chart", [&](std::ostream& out) {
+        out << (svg ? sim::SweepChartSvg(*sweep) : sim::SweepChartHtml(*sweep));
+      })) {
+    return kExitUsage;
+  }
+  return sweep->violations > 0 ? kExitInternal : kExitOk;
+}
+
 }  // namespace
 
 int SimulateCommand(const SimulateOptions& options) {
   LoadResult loaded = LoadJobFile(options.job_path);
+  std::vector<sim::JobOverride> sets;
+  for (const std::string& text : options.sets) {
+    auto change = sim::ParseJobOverride(text);
+    if (!change) {
+      fmt::print(stderr, "ddprun simulate: --set {}: {}\n", text, change.error());
+      return kExitUsage;
+    }
+    sets.push_back(std::move(*change));
+  }
+  // --set edits the file's text and the loader checks the result like any job file.
+  const std::string job_text = sets.empty() || !loaded.spec ? loaded.source_text
+                                                            : sim::ApplyJobOverrides(loaded.source_text, sets);
+  if (!sets.empty() && loaded.spec) loaded = ParseJobText(job_text, options.job_path);
   std::fputs(RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false).c_str(),
              stderr);
   if (!loaded.spec) return kExitUsage;
@@ -159,6 +213,7 @@ int SimulateCommand(const SimulateOptions& options) {
   sim_options.seed = options.seed.value_or(spec.simulate.seed);
   sim_options.quiet = options.quiet;
   sim_options.job_path = options.job_path;
+  for (const sim::JobOverride& change : sets) sim_options.overrides.push_back(sim::FormatJobOverride(change));
   sim_options.record_timeline = !options.trace_path.empty() || !options.report_path.empty();
   if (options.nodes) {
     const int n = *options.nodes;
@@ -167,7 +222,9 @@ int SimulateCommand(const SimulateOptions& options) {
       return kExitUsage;
     }
     // A scale rehearsal of the same job: the node list (if any) gives way to a count; node 0
-    // keeps master_addr.
+    // keeps master_addr. A job that runs only whole (min_nodes = nnodes, the default) stays
+    // whole at the new size; one that may shrink keeps its minimum, at most the new size.
+    if (spec.cluster.min_nodes == spec.cluster.nnodes || spec.cluster.min_nodes > n) spec.cluster.min_nodes = n;
     spec.cluster.nnodes = n;
     spec.cluster.nodes.clear();
     spec.trainer.num_nodes = n;
@@ -190,13 +247,22 @@ int SimulateCommand(const SimulateOptions& options) {
   }
 
   if (!options.replay_dir.empty()) return Replay(std::move(spec), std::move(sim_options), options);
+  if (!options.sweeps.empty()) {
+    if (options.nodes || !options.faults.empty()) {
+      fmt::print(stderr, "ddprun simulate: --sweep runs the job's own faults only; use --set to change the job "
+                         "(cluster.nnodes=N) and [[simulate.faults]] for faults\n");
+      return kExitUsage;
+    }
+    return Sweep(job_text, sets, sim_options.seed, options);
+  }
 
   if (options.swarm) {
     if (*options.swarm < 1 || *options.swarm > 1'000'000) {
       fmt::print(stderr, "ddprun simulate: --swarm {} is out of range (1..1000000)\n", *options.swarm);
       return kExitUsage;
     }
-    const sim::SwarmResult swarm = sim::RunSwarm(spec, sim_options, *options.swarm, std::cout);
+    const sim::SwarmResult swarm =
+        sim::RunSwarm(spec, sim_options, *options.swarm, std::cout, options.vary_shape ? &job_text : nullptr);
     std::cout.flush();
     return swarm.failures > 0 ? kExitInternal : kExitOk;
   }

@@ -46,6 +46,11 @@ struct SimulateOptions {
   std::string trace_path;                // --trace FILE (Chrome trace JSON)
   std::string report_path;               // --report FILE.html
   std::optional<int> swarm;              // --swarm N seeds
+  bool vary_shape = false;               // --vary-shape with --swarm: each seed its own job shape
+  std::vector<std::string> sets;         // --set key=value: change the job file's key
+  std::vector<std::string> sweeps;       // --sweep key=v1,v2,...: the grid of settings
+  std::optional<int> seeds;              // --seeds N with --sweep
+  std::string chart_path;                // --chart FILE (.svg or .html) with --sweep
   bool quiet = false;                    // summary only, no per-event lines
   std::string replay_dir;                // --replay LOGDIR: predicted versus actual
   std::optional<int> run;                // --run N with --replay: the Nth run found, oldest first

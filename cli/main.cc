@@ -198,6 +198,21 @@ int Main(int argc, char** argv) {
   CLI::Option* swarm_opt = sim_cmd->add_option("--swarm", sim_swarm, "Run N seeds and summarise")
                                ->check(CLI::PositiveNumber);
   sim_cmd->add_flag("-q,--quiet", sim.quiet, "Print the summary only");
+  sim_cmd->add_option("--set", sim.sets, "Change a key of the job file: key=value (key= removes it); repeatable");
+  sim_cmd->add_flag("--vary-shape", sim.vary_shape,
+                        "With --swarm: each seed also draws its own job shape (nodes, processes, timeouts, "
+                        "spares, min_nodes, etcd)")
+          ->needs(swarm_opt);
+  CLI::Option* sweep_opt = sim_cmd->add_option(
+      "--sweep", sim.sweeps,
+      "Run a grid of settings: key=v1,v2,...; repeatable (each --sweep is one axis); prints a goodput table");
+  int sim_seeds = 0;
+  CLI::Option* seeds_opt = sim_cmd->add_option("--seeds", sim_seeds, "With --sweep: seeds per setting (default 20)")
+                               ->check(CLI::PositiveNumber)
+                               ->needs(sweep_opt);
+  sim_cmd->add_option("--chart", sim.chart_path, "With --sweep: write the chart (FILE.svg, or FILE.html with the table)")
+      ->needs(sweep_opt);
+  sweep_opt->excludes(swarm_opt);
   int sim_run = 0;
   CLI::Option* replay_opt = sim_cmd->add_option(
       "--replay", sim.replay_dir,
@@ -208,12 +223,14 @@ int Main(int argc, char** argv) {
           ->check(CLI::PositiveNumber)
           ->needs(replay_opt);
   replay_opt->excludes(swarm_opt);
+  replay_opt->excludes(sweep_opt);
   sim_cmd->footer(
       "Examples:\n"
       "  ddprun --simulate examples/laptop.toml\n"
       "  ddprun simulate job.toml --seed 42 --fault node-crash@40m:node=1\n"
       "  ddprun simulate job.toml --fault worker-exit@90s:node=1,local_rank=0,exit_code=3\n"
       "  ddprun simulate job.toml --nodes 64 --swarm 100 --quiet\n"
+      "  ddprun simulate job.toml --sweep spares=0,1,2 --sweep simulate.checkpoint_every=10m,1h --seeds 50 --chart sweep.html\n"
       "  ddprun simulate job.toml --trace trace.json --report report.html\n"
       "  ddprun simulate job.toml --replay logs/job   would the simulator have predicted that run?\n"
       "\n"
@@ -386,6 +403,7 @@ int Main(int argc, char** argv) {
     if (*seed_opt) sim.seed = sim_seed;
     if (*nodes_opt) sim.nodes = sim_nodes;
     if (*swarm_opt) sim.swarm = sim_swarm;
+    if (*seeds_opt) sim.seeds = sim_seeds;
     if (*sim_run_opt) sim.run = sim_run;
     return SimulateCommand(sim);
   }

@@ -24,10 +24,14 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
       hang_rng_(options.seed, 6),
       clock_(this),
       invariants_(
-          InvariantBounds{
-              spec.restart.max_restarts, spec.WorldSize(),
-              spec.timeouts.stop_grace + 3 * spec.timeouts.heartbeat + kStopSlack,
-              3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack, HangBoundsOf(spec)},
+          InvariantBounds{spec.restart.max_restarts,
+                          spec.WorldSize(),
+                          spec.timeouts.stop_grace + 3 * spec.timeouts.heartbeat + kStopSlack,
+                          3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack,
+                          HangBoundsOf(spec),
+                          0,
+                          0,
+                          spec.timeouts.heartbeat + Seconds(1)},
           [this](int64_t at_ns) {
             Event check;
             check.kind = EventKind::kCheck;
@@ -482,6 +486,14 @@ SimResult Cluster::Run() {
     now_ns_ = event.time_ns;
     Dispatch(event);
     ++stats_.events;
+    switch (event.kind) {
+      case EventKind::kTimer: ++stats_.timer_events; break;
+      case EventKind::kPump: ++stats_.delivery_events; break;
+      case EventKind::kWorkerReady: case EventKind::kWorkerExit: case EventKind::kWorkerNotify:
+      case EventKind::kTrainingDone: case EventKind::kPeerFailure: case EventKind::kCollectiveTimeout:
+      case EventKind::kStoreConnect: case EventKind::kBeacons: ++stats_.worker_events; break;
+      default: break;
+    }
     ObserveCoordinator();
     invariants_.AfterEvent(now_ns_);
     ReportViolation();

@@ -86,7 +86,11 @@ void Invariants::AgentGone(uint32_t node) {
   n.hang_end_ns = -1;
 }
 
-void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) { nodes_[node].last_heard_ns = now_ns; }
+void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) {
+  Node& n = nodes_[node];
+  if (now_ns - n.last_heard_ns > bounds_.cut_off.count()) n.reheard_ns = now_ns;
+  n.last_heard_ns = now_ns;
+}
 
 void Invariants::CoordinatorRestarts(int used) { restarts_ = used; }
 
@@ -467,7 +471,13 @@ void Invariants::CheckStopBound(int64_t now_ns, const RoundKey& key, Round& roun
       recheck = std::max(recheck, node.hung_until_ns + bound);
       continue;
     }
-    const int64_t due = std::max(*round.failed_ns, ResumedAt(node)) + bound;
+    // Cut off from the coordinator: the lease (CheckLeases) bounds its workers until it hears
+    // again, and the bound starts again then.
+    if (now_ns - node.last_heard_ns > bounds_.cut_off.count()) {
+      recheck = std::max(recheck, node.last_heard_ns + bounds_.lease.count());
+      continue;
+    }
+    const int64_t due = std::max({*round.failed_ns, ResumedAt(node), node.reheard_ns}) + bound;
     if (due > now_ns) {
       recheck = std::max(recheck, due);
       continue;

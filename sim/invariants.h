@@ -56,6 +56,12 @@ struct InvariantBounds {
   /// cluster.min_nodes x nproc_per_node .. nnodes x nproc_per_node.
   int min_world = 0;
   int max_world = 0;
+  /// An agent that heard nothing from the coordinator for longer than this (a heartbeat and a
+  /// second: the coordinator beats every heartbeat) is cut off from it, by a partition or
+  /// because the coordinator's host died before it stopped the round: it learns of the stop
+  /// only by losing the coordinator, so its workers answer to the lease until it hears again,
+  /// and the stop bound starts again when it does. The default: never cut off.
+  Duration cut_off = Duration::max();
 };
 
 /// A worker process as it starts, with what the agent put in its environment.
@@ -200,6 +206,7 @@ class Invariants {
     int64_t last_heard_ns = 0;
     int64_t hung_until_ns = 0;      // INT64_MAX: for good
     int64_t hang_end_ns = -1;       // when its last finite hang ended
+    int64_t reheard_ns = -1;        // when it last heard the coordinator again after a cut-off
   };
   enum class Kind : uint8_t {
     kStart, kEnd, kFailed, kExit, kStore, kHung, kResumed, kStacks, kJudged, kLeads, kGone

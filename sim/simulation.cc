@@ -51,6 +51,11 @@ std::string FormatFaultFlag(const FaultSpec& fault) {
 std::string ReproCommand(const SimOptions& options) {
   std::string command = fmt::format("ddprun --simulate {} --seed {}", options.job_path, options.seed);
   if (options.nodes_override) command += fmt::format(" --nodes {}", *options.nodes_override);
+  for (const std::string& change : options.overrides) {
+    // Host lists and URLs need the shell's quotes; plain values read better without.
+    const bool plain = change.find_first_of(" \"'[]$\\`;&|<>(){}*?!#~") == std::string::npos;
+    command += plain ? " --set " + change : " --set '" + change + "'";
+  }
   for (const FaultSpec& fault : options.flag_faults) command += " --fault " + FormatFaultFlag(fault);
   return command;
 }

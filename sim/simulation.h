@@ -39,6 +39,9 @@ struct SimOptions {
   std::string job_path = "job.toml";
   std::vector<FaultSpec> flag_faults;
   std::optional<int> nodes_override;
+  /// --set changes to the job file ("cluster.spares=2"; "cluster.nodes=" removes the key), as
+  /// the repro line repeats them.
+  std::vector<std::string> overrides;
   /// Test-only: node 1's side of the simulated world misbehaves, so tests can watch an
   /// invariant fire through the whole simulator (tests/sim/invariants_test.cc). The CLI never
   /// sets it.
@@ -79,6 +82,12 @@ struct NodeOutcome {
 
 struct SimStats {
   uint64_t events = 0;
+  /// Events by what they were, for the scale benchmark's account of where the time goes:
+  /// timers (an agent's or the coordinator's deadline: mostly heartbeats), deliveries of bytes,
+  /// workers (start, exit, training, beacons, store) and the rest (connects, faults, checks).
+  uint64_t timer_events = 0;
+  uint64_t delivery_events = 0;
+  uint64_t worker_events = 0;
   uint64_t messages = 0;                 // frames sent by all agents and the coordinator
   uint64_t bytes = 0;
   std::vector<uint64_t> messages_by_node;  // frames each job node sent (index = node rank)

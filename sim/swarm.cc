@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "schema/diagnostics.h"
 #include "schema/loader.h"
 #include "sim/prng.h"
 
@@ -126,7 +127,73 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
   return faults;
 }
 
-SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std::ostream& out) {
+std::vector<JobOverride> DrawSwarmShape(uint64_t seed) {
+  Prng rng(seed, 0x5348);  // its own stream, as the faults' is
+  auto pick = [&](std::initializer_list<const char*> values) {
+    return std::string(values.begin()[rng.Below(values.size())]);
+  };
+  std::vector<JobOverride> shape;
+  auto set = [&](const char* key, std::string value) { shape.push_back(JobOverride{key, std::move(value), false}); };
+  // Mostly small jobs (where every node's fault matters), some up to 64 nodes.
+  const uint64_t size = rng.Below(100);
+  const int nnodes = static_cast<int>(size < 45 ? 1 + rng.Below(4) : size < 80 ? 5 + rng.Below(12) : 17 + rng.Below(48));
+  const int nproc = static_cast<int>(1 + rng.Below(8));
+  const uint64_t spare_pick = rng.Below(100);
+  const int spares = spare_pick < 60 ? 0 : static_cast<int>(1 + rng.Below(3));
+  const bool etcd = rng.Below(100) < 20;
+  if (etcd) {
+    // etcd names every host: the coordinator listens on whichever one holds the role.
+    shape.push_back(JobOverride{"cluster.nnodes", "", true});
+    shape.push_back(JobOverride{"cluster.master_addr", "", true});
+    std::vector<std::string> hosts;
+    for (int i = 0; i < nnodes; ++i) hosts.push_back(fmt::format("\"10.0.{}.{}\"", i / 200, 1 + i % 200));
+    set("cluster.nodes", fmt::format("[{}]", fmt::join(hosts, ", ")));
+    std::vector<std::string> spare_hosts;
+    for (int i = 0; i < spares; ++i) spare_hosts.push_back(fmt::format("\"10.1.0.{}\"", 1 + i));
+    if (spares > 0) set("cluster.spares", fmt::format("[{}]", fmt::join(spare_hosts, ", ")));
+    set("rendezvous.backend", "etcd");
+    set("rendezvous.endpoints", "[\"http://10.9.0.1:2379\", \"http://10.9.0.2:2379\", \"http://10.9.0.3:2379\"]");
+    set("rendezvous.lease", pick({"5s", "10s", "20s"}));
+  } else {
+    set("cluster.nnodes", std::to_string(nnodes));
+    if (spares > 0) set("cluster.spares", std::to_string(spares));
+  }
+  set("cluster.nproc_per_node", std::to_string(nproc));
+  const bool shrinks = nnodes > 1 && rng.Below(100) < 35;
+  if (shrinks) {
+    set("cluster.min_nodes", std::to_string(1 + rng.Below(static_cast<uint64_t>(nnodes - 1))));
+  }
+  const std::string heartbeat = pick({"250ms", "500ms", "1s", "2s", "5s", "10s", "30s"});
+  set("timeouts.heartbeat", heartbeat);
+  set("timeouts.stop_grace", pick({"1s", "5s", "10s", "30s", "1m", "2m"}));
+  set("timeouts.rendezvous", pick({"5m", "10m", "30m"}));
+  if (spares > 0 || shrinks || rng.Below(2) == 0) {
+    set("timeouts.replace", pick({"10s", "1m", "5m"}));
+  }
+  set("restart.max_restarts", std::to_string(rng.Below(9)));
+  set("restart.backoff", pick({"1s", "10s", "30s", "2m"}));
+  const uint64_t progress = rng.Below(100);
+  if (progress < 20) {
+    // The loader wants at least 2 heartbeats: ranks report their progress once per heartbeat.
+    set("timeouts.progress", heartbeat == "30s" ? pick({"2m", "5m"}) : pick({"30s", "2m", "5m"}));
+  } else if (progress < 30) {
+    set("timeouts.progress", "auto");
+  }
+  // Failure rates for the whole run, besides the swarm's 1-4 scheduled faults.
+  set("simulate.checkpoint_every", pick({"1m", "5m", "10m"}));
+  const std::string node_mtbf = pick({"", "", "4h", "12h", "48h"});
+  if (!node_mtbf.empty()) {
+    set("simulate.node_mtbf", node_mtbf);
+    set("simulate.node_never_returns_percent", pick({"0", "10", "33"}));
+  }
+  const std::string worker_mtbf = pick({"", "", "8h", "40h"});
+  if (!worker_mtbf.empty()) set("simulate.worker_mtbf", worker_mtbf);
+  if (rng.Below(100) < 20) set("simulate.worker_hang_mtbf", pick({"4h", "16h"}));
+  return shape;
+}
+
+SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std::ostream& out,
+                     const std::string* shape_of) {
   SwarmResult swarm;
   std::vector<double> goodput;
   std::map<int, int> exits;
@@ -135,7 +202,23 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
     options.seed = base.seed + static_cast<uint64_t>(i);
     options.quiet = true;
     JobSpec job = spec;
-    for (const FaultSpec& fault : DrawSwarmFaults(spec, options.seed)) {
+    if (shape_of) {
+      const std::vector<JobOverride> shape = DrawSwarmShape(options.seed);
+      LoadResult loaded = ParseJobText(ApplyJobOverrides(*shape_of, shape), base.job_path);
+      for (const JobOverride& change : shape) options.overrides.push_back(FormatJobOverride(change));
+      if (!loaded.spec) {
+        ++swarm.shapes_refused;
+        ++swarm.failures;
+        swarm.failed_seeds.push_back(options.seed);
+        out << fmt::format("seed {}: SHAPE REFUSED by the loader:\n{}  shape: --set {}\n", options.seed,
+                           RenderDiagnostics(loaded.diagnostics, base.job_path, loaded.source_text, false),
+                           fmt::join(options.overrides, " --set "));
+        continue;
+      }
+      job = std::move(*loaded.spec);
+    }
+    const JobSpec& shaped = job;
+    for (const FaultSpec& fault : DrawSwarmFaults(shaped, options.seed)) {
       job.simulate.faults.push_back(fault);
       options.flag_faults.push_back(fault);
     }
@@ -158,8 +241,9 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
                          result.stats.restarts_used == 1 ? "" : "s", fmt::join(kinds, ", "));
     }
   }
-  out << fmt::format("swarm: {} seeds ({}..{}), {} failed\n", swarm.runs, base.seed,
+  out << fmt::format("swarm: {} seeds ({}..{}), {} failed\n", count, base.seed,
                      base.seed + static_cast<uint64_t>(count) - 1, swarm.failures);
+  if (shape_of) out << fmt::format("swarm shapes: {} refused by the loader\n", swarm.shapes_refused);
   // Goodput (useful training / wall time, as each run's summary has it) across the seeds.
   std::sort(goodput.begin(), goodput.end());
   double sum = 0;
