@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/plural.h"
 namespace ddprun::preflight {
 
 namespace {
@@ -286,8 +287,8 @@ VerdictPart AllReducePart(const Expectations& expect, const Findings& findings) 
     if (report.rank == 0 && !report.bandwidth.empty()) rows = &report.bandwidth;
   }
   if (rows) {
-    part.text += fmt::format("\nNCCL all-reduce (float, sum, {} ranks)\n",
-                             expect.nnodes * expect.nproc_per_node);
+    part.text += fmt::format("\nNCCL all-reduce (float, sum, {})\n",
+                             Counted(static_cast<size_t>(expect.nnodes * expect.nproc_per_node), "rank"));
     part.text += fmt::format("  {:>10} {:>12} {:>12} {:>13} {:>13}\n", "size", "count",
                              "time (us)", "algbw (GB/s)", "busbw (GB/s)");
     for (const BandwidthRow& row : *rows) {

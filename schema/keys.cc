@@ -53,7 +53,7 @@ constexpr std::array<KeySpec, 12> kTopKeys = {{
 
 constexpr std::array<std::string_view, 3> kCodeChecks = {"off", "warn", "refuse"};
 
-constexpr std::array<KeySpec, 5> kJobKeys = {{
+constexpr std::array<KeySpec, 6> kJobKeys = {{
     {.name = "name", .type = KeyType::kString,
      .doc = "Job name: prefix of TORCHELASTIC_RUN_ID and the log folder.", .required = true,
      .max_length = kMaxNameLength, .pattern = "^[A-Za-z0-9._-]+$"},
@@ -72,6 +72,14 @@ constexpr std::array<KeySpec, 5> kJobKeys = {{
             "git commit (and dirty state) of the workdir; a node whose code differs from node "
             "0's is refused at join, naming what differs. \"warn\": the same comparison, but "
             "the node joins and node 0 logs what differs.",
+     .values = kCodeChecks, .default_value = "off"},
+    {.name = "library_check", .type = KeyType::kString,
+     .doc = "\"refuse\": each node sends what its job.command's Python would use (the Python "
+            "version; the torch, lightning, pytorch_lightning and NCCL versions from installed "
+            "package metadata; the CUDA version torch was built with), read once before the "
+            "agent starts; a node with other versions than node 0's is refused at join, "
+            "naming them. \"warn\": the same comparison, but the node joins and node 0 logs "
+            "what differs.",
      .values = kCodeChecks, .default_value = "off"},
 }};
 

@@ -5,10 +5,13 @@
 #include <fmt/format.h>
 
 #include "base/assert.h"
+#include "base/plural.h"
 #include "runner/core/auth.h"
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
+#include "runner/core/log_pointers.h"
 #include "schema/canonical.h"
+#include "schema/join_mismatch.h"
 #include "schema/worker_env.h"
 
 namespace ddprun::core {
@@ -40,19 +43,6 @@ std::string WithoutTraceback(const std::string& stderr_tail, const std::string& 
   std::string rest = stderr_tail.substr(0, begin) + stderr_tail.substr(end);
   if (rest.find_first_not_of(" \n") == std::string::npos) return "";
   return rest;
-}
-
-// One "\n  key: node N has X, node 0 has Y" line per field that differs, the same for a refused
-// join and a code_check warning; advisory keys are named as the user knows them ("code.…").
-std::string DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank) {
-  std::string lines;
-  for (const auto& d : DiffCanonical(ours, theirs)) {
-    const bool advisory = d.key.rfind(kAdvisoryPrefix, 0) == 0;
-    lines += fmt::format("\n  {}: node {} has {}, node 0 has {}",
-                         advisory ? d.key.substr(kAdvisoryPrefix.size()) : d.key, node_rank,
-                         d.theirs, d.ours);
-  }
-  return lines;
 }
 
 }  // namespace
@@ -444,10 +434,10 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
       const size_t nodes = round_slots_.size();
       const std::string quarantined = QuarantineNote(now);
       EndJob(now, ToInt(ExitCode::kOk),
-             fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} "
+             fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} "
                          "({} restart{} used){}{}{}",
-                         spec_.job.name, static_cast<int>(nodes) * spec_.cluster.nproc_per_node,
-                         nodes, round_, restarts_used_, restarts_used_ == 1 ? "" : "s",
+                         spec_.job.name, AllOf(nodes * static_cast<size_t>(spec_.cluster.nproc_per_node), "rank"),
+                         Counted(nodes, "node"), round_, restarts_used_, restarts_used_ == 1 ? "" : "s",
                          nodes < slot_at_.size()
                              ? fmt::format("\n  the round ran with {} of the job's {} nodes "
                                            "(cluster.min_nodes = {}): {}",
@@ -567,13 +557,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
     return;
   }
   if (join.fingerprint != fingerprint_) {
-    std::string lines = DifferenceLines(canonical_, join.canonical, join.node_rank);
-    if (lines.empty()) lines = "\n  (the canonical forms agree; the fingerprints do not)";
-    refuse(fmt::format("node {} (host {}) runs a different job file than node 0:{}\n"
-                       "hint: use the same job file on every node (ddprun check prints its "
-                       "fingerprint)",
-                       join.node_rank, join.host, lines),
-           false, "it runs a different job file");
+    JoinRefusal refusal = DescribeRefusedJoin(canonical_, join.canonical, join.node_rank, join.host);
+    refuse(refusal.message, false, std::move(refusal.why));
     return;
   }
   Slot& slot = slots_[static_cast<size_t>(join.node_rank)];
@@ -627,14 +612,9 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
   if (slot.fence && slot.fence->holder == join.instance) slot.fence.reset();
   slot.instance = join.instance;
   if (join.canonical != canonical_) {
-    // Same fingerprint, other advisory lines (job.code_check = "warn"): say what differs.
-    const std::string lines = DifferenceLines(canonical_, join.canonical, join.node_rank);
-    if (!lines.empty()) {
-      out.push_back(LogLine{LogLevel::kWarn,
-                            fmt::format("node {} (host {}) runs different code than node 0 "
-                                        "(job.code_check = \"warn\" lets it join):{}",
-                                        join.node_rank, join.host, lines)});
-    }
+    // Same fingerprint, other advisory lines (code_check or library_check = "warn").
+    std::string warning = DescribeAdvisoryDifference(canonical_, join.canonical, join.node_rank, join.host);
+    if (!warning.empty()) out.push_back(LogLine{LogLevel::kWarn, std::move(warning)});
   }
   slot.host = join.host;
   slot.probe_endpoint = join.probe_endpoint;
@@ -827,20 +807,20 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
       if (gate == journal_fence_) {
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {}, so "
+            fmt::format("round {}: {} joined; waiting {} before starting it: {}, so "
                         "workers of its rounds may still run until their agents' lease ends (loss "
                         "bound + stop_grace + SIGKILL after its last record)",
-                        round_, round_slots_.size(), HumanDuration(*gate - now), fence_cause_)});
+                        round_, AllOf(round_slots_.size(), "node"), HumanDuration(*gate - now), fence_cause_)});
       } else {
         std::vector<std::string> names;
         for (int n : fenced) names.push_back(NodeName(n));
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {} was "
+            fmt::format("round {}: {} joined; waiting {} before starting it: {} was "
                         "lost while its workers ran and a different agent now holds its rank, "
                         "so the old workers may still run until their agent's lease ends (loss "
                         "bound + stop_grace + SIGKILL)",
-                        round_, round_slots_.size(), HumanDuration(*gate - now),
+                        round_, AllOf(round_slots_.size(), "node"), HumanDuration(*gate - now),
                         fmt::join(names, ", "))});
       }
     }
@@ -1174,14 +1154,16 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
       }
     }
     out.push_back(LogLine{LogLevel::kWarn,
-                          fmt::format("round {}: starting {} workers on {} of the job's {} nodes "
+                          fmt::format("round {}: starting {} on {} of the job's {} nodes "
                                       "(cluster.min_nodes = {}): {}{}",
-                                      round_, world, nodes, slot_at_.size(), spec_.cluster.min_nodes,
+                                      round_, Counted(static_cast<size_t>(world), "worker"), nodes,
+                                      slot_at_.size(), spec_.cluster.min_nodes,
                                       shrunk_note_,
                                       moved.empty() ? "" : fmt::format("; {}", fmt::join(moved, ", ")))});
   } else {
     out.push_back(LogLine{LogLevel::kInfo,
-                          nodes == 1 ? fmt::format("round {}: starting {} workers", round_, world)
+                          nodes == 1 ? fmt::format("round {}: starting {}", round_,
+                                                   Counted(static_cast<size_t>(world), "worker"))
                                      : fmt::format("round {}: all {} nodes joined; starting {} workers",
                                                    round_, nodes, world)});
   }
@@ -1428,9 +1410,7 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   if (const std::string q = QuarantineNote(last_input_); !q.empty()) text += q + "\n";
   // Each node writes its own run folder (schema/worker_env.h): the root cause's node's, by a
   // link that names the same folder on a logs.dir that the nodes share.
-  text += fmt::format("logs: {}/{}/{}/attempt-{}/ (on node {}; each node keeps its own runs under {}/{}/latest-n<node>)",
-                      spec_.logs.dir, spec_.job.name, NodeLatestLink(failure.node_rank), failure.round,
-                      failure.node_rank, spec_.logs.dir, spec_.job.name);
+  text += LogsPointer(spec_, NodeName(failure.node_rank), failure.node_rank, failure.round, failure.global_rank);
   return text;
 }
 
@@ -1630,9 +1610,9 @@ Coordinator::Failure Coordinator::HangFailure() {
                                                          ? fmt::format("rank {}", culprit.global_rank)
                                                          : fmt::format("ranks {}", RankRanges(verdict.culprits)),
                                     verdict.reason);
-  detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads "
-                        "in {}/{}/latest-n<node>/attempt-{}/rank-<r>.stacks on the rank's node):\n",
-                        spec_.logs.dir, spec_.job.name, round_);
+  detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads: {}):\n",
+                        StacksPointer(spec_, NodeName(culprit.node_rank), culprit.node_rank, round_,
+                                      culprit.global_rank));
   const std::vector<int> with_stacks(
       verdict.culprits.begin(),
       verdict.culprits.begin() + static_cast<std::ptrdiff_t>(std::min(verdict.culprits.size(), kMaxCulpritStacks)));
@@ -1679,9 +1659,9 @@ Coordinator::Failure Coordinator::HangFailure() {
     if (!probe.answered[static_cast<size_t>(round_slots_[p])]) unanswered.push_back(static_cast<int>(p));
   }
   if (!unanswered.empty()) {
-    detail += fmt::format("    node{} {} did not answer in time: {} ranks unknown\n",
+    detail += fmt::format("    node{} {} did not answer in time: {} unknown\n",
                           unanswered.size() == 1 ? "" : "s", RankRanges(unanswered),
-                          unanswered.size() * static_cast<size_t>(nproc));
+                          Counted(unanswered.size() * static_cast<size_t>(nproc), "rank"));
   }
   if (!reach_problems_.empty()) {
     detail += fmt::format("  likely cause: before round 0 some nodes could not connect on a port other than "

@@ -223,7 +223,7 @@ TEST(Cli, CheckHidesSecretLookingValues) {
     EXPECT_NE(o->out.find("WARN"), std::string::npos) << o->out;
   }
   EXPECT_NE(text.out.find("    WANDB_API_KEY=<hidden>\n"), std::string::npos) << text.out;
-  EXPECT_NE(text.out.find("torchrun: HF_TOKEN='<hidden>' MY_SECRET_THING='<hidden>' "
+  EXPECT_NE(text.out.find(" && HF_TOKEN='<hidden>' MY_SECRET_THING='<hidden>' "
                           "NCCL_DEBUG=WARN WANDB_API_KEY='<hidden>' db_password='<hidden>' "
                           "torchrun "),
             std::string::npos)

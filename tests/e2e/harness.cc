@@ -108,6 +108,7 @@ std::string TestJob::Toml() const {
     << (command.empty() ? "[\"sh\", \"-c\", " + TomlString(script) + "]" : command) << "\n";
   if (!workdir.empty()) t << "workdir = " << TomlString(workdir) << "\n";
   if (!code_check.empty()) t << "code_check = " << TomlString(code_check) << "\n";
+  if (!library_check.empty()) t << "library_check = " << TomlString(library_check) << "\n";
   t << "[cluster]\n";
   if (nodes.empty()) {
     t << "nnodes = " << nnodes << "\n";
