@@ -1,5 +1,6 @@
 #include "cli/torchrun_habits.h"
 
+#include <filesystem>
 #include <span>
 #include <string_view>
 
@@ -51,6 +52,8 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
       if (!script.empty()) break;
       continue;
     }
+    // ddprun's own --node-rank is also torchrun's (spelt --node_rank there).
+    if (arg.starts_with("--node-rank")) continue;
     std::string name = arg.substr(2, arg.find('=') - 2);
     for (char& c : name) {
       if (c == '-') c = '_';
@@ -70,7 +73,12 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
     if (name == "nnodes") nnodes = value.substr(value.find(':') + 1);  // "2:4": up to 4
   }
   const bool python_script = script.ends_with(".py");
-  if (!python_script && (first_option.empty() || script.ends_with(".toml"))) return std::nullopt;
+  // A job file given with a torchrun option is left to the option parser, which names the option.
+  std::error_code ec;
+  if (!python_script && (first_option.empty() || script.ends_with(".toml") ||
+                         (!script.empty() && std::filesystem::is_regular_file(script, ec)))) {
+    return std::nullopt;
+  }
 
   std::string init = "ddprun init --script " + ShellQuote(script.empty() ? "train.py" : script);
   if (AllDigits(nnodes)) init += " --nnodes " + nnodes;

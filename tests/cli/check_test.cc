@@ -323,6 +323,8 @@ TEST(Cli, InitWritesAValidStarterJobFile) {
   const auto dir = std::filesystem::temp_directory_path() / "ddprun-cli-test-init";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  // The script of a command written as a path must exist, or check warns (a binary not built).
+  std::ofstream(dir / "run.sh") << "#!/bin/sh\n";
   const std::string listed = (dir / "listed.toml").string();
   const std::string counted = (dir / "counted.toml").string();
   const std::string cpu = (dir / "cpu.toml").string();

@@ -28,6 +28,7 @@ command = ["python", "train.py"]
 workdir = "."
 env = { A = "1" }
 code_check = "off"
+library_check = "off"
 [cluster]
 nodes = ["a", "b"]
 nnodes = 2
