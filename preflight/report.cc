@@ -155,9 +155,9 @@ void CheckNodeGpus(const Expectations& expect, const Findings& findings, int nod
         info.gpu_count));
   } else if (info.gpu_count > expect.nproc_per_node) {
     notes.push_back(fmt::format(
-        "{} has {} GPUs and runs {} ranks: {} GPU{} stay idle (set cluster.nproc_per_node/"
+        "{} has {} GPUs and runs {}: {} GPU{} stay idle (set cluster.nproc_per_node/"
         "trainer.devices = {} to use them all)",
-        name, info.gpu_count, expect.nproc_per_node, info.gpu_count - expect.nproc_per_node,
+        name, info.gpu_count, Counted(static_cast<size_t>(expect.nproc_per_node), "rank"), info.gpu_count - expect.nproc_per_node,
         info.gpu_count - expect.nproc_per_node == 1 ? "" : "s", info.gpu_count));
   }
   if (info.nccl_version == 0) {

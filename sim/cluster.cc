@@ -470,7 +470,7 @@ SimResult Cluster::Run() {
     timeline_->title = fmt::format("{}: {} x {}{}, seed {}", spec_.job.name,
                                    Counted(static_cast<size_t>(job_nodes_), "node"),
                                    Counted(static_cast<size_t>(spec_.cluster.nproc_per_node), "worker"),
-                                   agents_ > job_nodes_ ? fmt::format(", {} spares", agents_ - job_nodes_) : "",
+                                   agents_ > job_nodes_ ? ", " + Counted(static_cast<size_t>(agents_ - job_nodes_), "spare") : "",
                                    options_.seed);
   }
   bool deadlock = false;
