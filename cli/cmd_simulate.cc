@@ -43,8 +43,9 @@ bool WriteFile(const std::string& path, const std::string& what,
   return true;
 }
 
-// Node 0's events in the simulation, kept as a real node's file would hold them (virtual time
-// for both clocks), for RoundSequence.
+// Node 0's events in the simulation, with the coordinator's records of the other nodes (with
+// etcd the role moves), kept as a real node's file would hold them (virtual time for both
+// clocks), for RoundSequence.
 class RecordedEvents final : public host::EventLog {
  public:
   void Record(TimePoint now, const host::Event& event) override {
@@ -58,6 +59,18 @@ class RecordedEvents final : public host::EventLog {
     }
     records_.push_back(std::move(record));
   }
+  /// Another node's events: only its coordinator's records (with etcd it may hold the role).
+  class OtherNode final : public host::EventLog {
+   public:
+    explicit OtherNode(RecordedEvents& into) : into_(into) {}
+    void Record(TimePoint now, const host::Event& event) override {
+      if (report::IsCoordinatorRecord(event.type)) into_.Record(now, event);
+    }
+
+   private:
+    RecordedEvents& into_;
+  };
+
   std::vector<const report::EventRecord*> records() const {
     std::vector<const report::EventRecord*> all;
     for (const auto& r : records_) all.push_back(&r);
@@ -110,7 +123,9 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   }
   sim_options.flag_faults = spec.simulate.faults;
   RecordedEvents recorded;
+  RecordedEvents::OtherNode others(recorded);
   sim_options.node0_events = &recorded;
+  sim_options.other_events = &others;
   std::ostringstream lines;
   const sim::SimResult result = sim::RunSimulation(spec, sim_options, options.quiet ? nullptr : &lines);
   if (!options.quiet) fmt::print("{}\n", lines.str());
@@ -122,7 +137,7 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   if (plan.faults.empty()) fmt::print("faults: none (the run had no failure)\n");
   for (const FaultSpec& fault : plan.faults) fmt::print("fault: --fault {}\n", sim::FormatFaultFlag(fault));
   for (const std::string& note : plan.notes) fmt::print("note: {}\n", EscapeLinesForTerminal(note));
-  const auto comparison = report::CompareSequences(report::RoundSequence(report::NodeZeroRecords(run)),
+  const auto comparison = report::CompareSequences(report::RoundSequence(report::CoordinatorRecords(run)),
                                                    report::RoundSequence(recorded.records()));
   fmt::print("{}", EscapeLinesForTerminal(comparison.text));
   if (result.violation) fmt::print("the simulation broke an invariant: {}\n", *result.violation);

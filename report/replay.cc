@@ -33,11 +33,21 @@ bool Has(const std::vector<std::string>& kinds, std::string_view kind) {
 
 }  // namespace
 
-std::vector<const EventRecord*> NodeZeroRecords(const Run& run) {
+bool IsCoordinatorRecord(std::string_view type) {
+  static constexpr std::string_view kTypes[] = {"round-begin", "round-failed", "restart",   "job-result",
+                                                "node-joined", "node-refused", "node-lost", "hang-probe",
+                                                "replace",     "quarantine",   "coordinator-done"};
+  return std::find(std::begin(kTypes), std::end(kTypes), type) != std::end(kTypes);
+}
+
+std::vector<const EventRecord*> CoordinatorRecords(const Run& run) {
   std::vector<const EventRecord*> records;
   for (const EventFile* file : run.files) {
-    if (file->records.empty() || file->records.front().node != 0) continue;
-    for (const EventRecord& record : file->records) records.push_back(&record);
+    if (file->records.empty()) continue;
+    const bool node_zero = file->records.front().node == 0;
+    for (const EventRecord& record : file->records) {
+      if (node_zero || IsCoordinatorRecord(record.type)) records.push_back(&record);
+    }
   }
   std::stable_sort(records.begin(), records.end(),
                    [](const EventRecord* a, const EventRecord* b) { return a->unix_ms < b->unix_ms; });
@@ -77,7 +87,7 @@ std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& re
 
 ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   ReplayPlan plan;
-  const std::vector<const EventRecord*> zero = NodeZeroRecords(run);
+  const std::vector<const EventRecord*> zero = CoordinatorRecords(run);
   // The simulation's 0 is node 0's agent start (the coordinator's), else the run's first record.
   int64_t t0 = run.first_unix_ms;
   for (const EventRecord* r : zero) {
@@ -147,7 +157,11 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
       if (after != lost.begin()) {
         const EventRecord* noticed = *std::prev(after);
         crash_ms = noticed->unix_ms;
-        if (noticed->Text("reason").find("silent") != std::string::npos) {
+        // Event logs before typed causes said it only in the reason's words.
+        const std::string loss = noticed->Text("cause");
+        const bool silent = !loss.empty() ? loss == "silent"
+                                           : noticed->Text("reason").find("silent") != std::string::npos;
+        if (silent) {
           crash_ms -= std::chrono::duration_cast<milliseconds>(loss_bound).count();
         }
       }

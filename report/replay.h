@@ -28,11 +28,17 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec);
 
 /// The run as node 0's coordinator recorded it, one line per step, in the words both sides
 /// share: "round 0 begins on 2 nodes", "round 0 fails: rank 3 (node 1), exit:7", "restart 1 of 2",
-/// "the job ends with exit code 0". `records` are node 0's, in order.
+/// "the job ends with exit code 0". `records` are CoordinatorRecords, in order.
 std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& records);
 
-/// The records of node 0's file(s) in `run`, in order; empty when node 0 wrote none.
-std::vector<const EventRecord*> NodeZeroRecords(const Run& run);
+/// Whether a record of type `type` is the coordinator's (a round, a restart, a node joined or
+/// lost, the job's result), not an agent's.
+bool IsCoordinatorRecord(std::string_view type);
+
+/// The job as its coordinator recorded it, with node 0's own records, in time order; empty
+/// when no file holds them. Without etcd the coordinator is node 0's; with etcd the role moves
+/// to another agent when its holder is lost, and that agent records the job from then on.
+std::vector<const EventRecord*> CoordinatorRecords(const Run& run);
 
 struct SequenceComparison {
   bool match = false;

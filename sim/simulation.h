@@ -61,6 +61,8 @@ struct SimOptions {
   /// Where node 0's agents (every incarnation) record their events, as a real node writes its
   /// event log (docs/report.md); null: nowhere. `--replay` compares it with a real run's.
   host::EventLog* node0_events = nullptr;
+  /// Every other node's events (with etcd the coordinator role moves to another node); nullptr: none.
+  host::EventLog* other_events = nullptr;
 };
 
 /// How one node ended.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -130,9 +131,79 @@ struct RecordEnd {
   std::string summary;
 };
 
+// ---- What the coordinator observed ------------------------------------------------------
+// Facts for observers (node 0's event log, its metrics, the simulator's checks, replay), typed so
+// that nobody downstream parses a sentence the coordinator wrote. No driver acts on them.
+
+/// Why the coordinator counts a joined agent as lost.
+enum class LossReason {
+  kClosed,              // its connection closed (reset, refused, end of stream)
+  kSilent,              // no word for longer than the loss bound (3 heartbeats)
+  kReconnected,         // the same agent joined again on a new connection
+  kProtocolError,       // it sent a message an agent must not send
+  kNoStopConfirmation,  // it did not confirm that its workers stopped within the exit barrier
+};
+/// "closed", "silent", "reconnected", "protocol-error", "no-stop-confirmation": the event log's
+/// `cause` of a node-lost record.
+std::string_view LossReasonName(LossReason reason);
+
+namespace observed {
+struct NodeJoined {
+  int agent = 0;  // the node rank it was started with (spares after the nodes)
+  std::string host;
+  bool spare = false;
+};
+struct NodeRefused {
+  int agent = -1;  // the node rank its join claimed; -1 unknown
+  std::string reason;
+};
+struct NodeLost {
+  int agent = 0;
+  LossReason reason = LossReason::kClosed;
+  std::string detail;  // one line: the connection's error, how long it was silent
+};
+struct RoundStarted {
+  int round = 0;
+  int restarts_used = 0;
+  int nodes = 0;  // the nodes that play it
+  /// Spares that play a node rank in place of its holder: (agent, node rank).
+  std::vector<std::pair<int, int>> replaced;
+};
+/// A round's root cause, or a better one for the same round (a revision).
+struct RoundFailed {
+  int round = 0;
+  int agent = 0;         // where it happened, or the agent that was lost
+  int global_rank = -1;  // -1: a node, not a rank
+  std::vector<std::string> kinds;
+  std::string what;
+  bool last = false;     // no restart is left
+};
+struct RestartSpent {
+  int restart = 0;  // 1 for the first
+  int next_round = 0;
+  Duration backoff{};
+};
+struct HangProbed {
+  int round = 0;
+};
+/// The verdict the agents are told (with etcd, once the job's store holds it).
+struct JobEnded {
+  int exit_code = 0;
+  int restarts_used = 0;
+  std::string summary;
+};
+}  // namespace observed
+
+using Observation = std::variant<observed::NodeJoined, observed::NodeRefused, observed::NodeLost,
+                                 observed::RoundStarted, observed::RoundFailed, observed::RestartSpent,
+                                 observed::HangProbed, observed::JobEnded>;
+struct Observed {
+  Observation what;
+};
+
 using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone,
                                        RecordJournal, RecordQuarantine, CommitRound, RecordRestart,
-                                       RecordEnd>;
+                                       RecordEnd, Observed>;
 
 // ---- Agent ----------------------------------------------------------------------------
 

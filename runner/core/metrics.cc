@@ -55,29 +55,28 @@ AgentMetrics Agent::Metrics(TimePoint now) const {
 
 CoordinatorMetrics Coordinator::Metrics() const {
   CoordinatorMetrics m;
-  m.phase = kCoordinatorPhaseNames[static_cast<size_t>(phase_)];
+  m.phase = kCoordinatorPhaseNames[static_cast<size_t>(phase())];
   m.round = round_;
   m.restarts_used = restarts_used_;
   m.restarts_allowed = spec_.restart.max_restarts;
   m.nodes = spec_.cluster.nnodes;
   m.spares = spec_.cluster.spares;
-  m.nodes_joined = joined_;
-  for (const Slot& slot : slots_) {
+  m.nodes_joined = roster_.connected();
+  for (const AgentSlot& slot : roster_.slots()) {
     if (slot.ever_joined && !slot.conn) ++m.nodes_away;
     if (slot.conn && slot.position < 0) ++m.spares_waiting;
   }
-  m.round_nodes = static_cast<int>(round_slots_.size());
-  for (const auto& [host, h] : hosts_) {
-    if (h.until && *h.until > last_input_) ++m.hosts_quarantined;
-  }
+  m.round_nodes = static_cast<int>(roster_.players().size());
+  m.hosts_quarantined = placement_.book().Sitting(last_input_);
   if (last_failure_) {
     m.last_failure_round = last_failure_->round;
     if (!last_failure_->kinds.empty()) m.last_failure_kind = last_failure_->kinds.front();
   }
-  m.ranks_reported = ranks_seen_.size();
+  const auto& ranks_seen = hangs_.ranks_seen();
+  m.ranks_reported = ranks_seen.size();
   std::vector<ReportedRankMetrics> ranks;
-  ranks.reserve(ranks_seen_.size());
-  for (const auto& [global_rank, seen] : ranks_seen_) {
+  ranks.reserve(ranks_seen.size());
+  for (const auto& [global_rank, seen] : ranks_seen) {
     if (seen.straggling) ++m.stragglers;
     ranks.push_back({global_rank, seen.node_rank, seen.rate.step, Micros(seen.rate.step_us),
                      Micros(seen.rate.work_us), seen.straggling});

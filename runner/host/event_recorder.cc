@@ -196,141 +196,83 @@ void EventRecorder::AgentDone(TimePoint now) {
   Record(now, Event{"master-lost", {}}.Add("reason", std::string("no word from the coordinator for 3 heartbeats")));
 }
 
-void EventRecorder::CoordinatorInput(TimePoint now, const core::CoordinatorInput& input,
-                                     const core::Coordinator& coordinator) {
+void EventRecorder::CoordinatorEffect(TimePoint now, const core::CoordinatorEffect& effect) {
   if (!log_) return;
-  using Phase = core::Coordinator::Phase;
-  ending_ = coordinator.phase() == Phase::kEnding || coordinator.phase() == Phase::kDone;
-  coordinator_input_ = CoordinatorInputKind::kOther;
-  if (std::holds_alternative<core::Tick>(input)) {
-    coordinator_input_ = CoordinatorInputKind::kTick;
-  } else if (const auto* message = std::get_if<core::PeerMessage>(&input)) {
-    if (const auto* join = std::get_if<wire::Join>(&message->message)) {
-      coordinator_input_ = CoordinatorInputKind::kJoin;
-      joining_[message->conn] = join->node_rank;
-      if (!join->host.empty()) joining_host_[message->conn] = Cut(join->host, kMaxLine);
+  if (const auto* done = std::get_if<core::CoordinatorDone>(&effect)) {
+    Record(now, Event{"coordinator-done", {}}.Add("exit_code", int64_t{done->exit_code}));
+  } else if (const auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
+    // The hosts that sit out now, and for how long.
+    std::vector<std::string> hosts;
+    std::vector<int64_t> left_ms;
+    for (const core::QuarantinedHost& h : quarantine->hosts) {
+      if (h.left <= Duration::zero()) continue;
+      hosts.push_back(h.host);
+      left_ms.push_back(Ms(h.left));
     }
-  } else if (const auto* closed = std::get_if<core::PeerClosed>(&input)) {
-    joining_.erase(closed->conn);
-    joining_host_.erase(closed->conn);
-    auto it = joined_.find(closed->conn);
-    if (it != joined_.end()) {
-      if (!ending_) {
-        Record(now, Event{"node-lost", {}}
-                        .Add("peer", int64_t{it->second})
-                        .Add("reason", FirstLine(closed->reason.empty() ? "connection closed" : closed->reason)));
-      }
-      joined_.erase(it);
-    }
+    Record(now, Event{"quarantine", {}}.Add("hosts", std::move(hosts)).Add("left_ms", std::move(left_ms)));
+  } else if (const auto* observed = std::get_if<core::Observed>(&effect)) {
+    std::visit([&](const auto& o) { Observe(now, o); }, observed->what);
   }
 }
 
-void EventRecorder::CoordinatorEffect(TimePoint now, const core::CoordinatorEffect& effect,
-                                      const core::Coordinator& coordinator) {
-  if (!log_) return;
-  if (const auto* close = std::get_if<core::CloseConn>(&effect)) {
-    joining_.erase(close->conn);
-    joining_host_.erase(close->conn);
-    auto it = joined_.find(close->conn);
-    if (it == joined_.end()) return;
-    if (!ending_) {
-      // The coordinator drops a joined connection when its node went silent (on a tick), when
-      // the same node joined again on a new one, or on a protocol error.
-      const char* reason = coordinator_input_ == CoordinatorInputKind::kTick   ? "silent for 3 heartbeats"
-                           : coordinator_input_ == CoordinatorInputKind::kJoin ? "it joined again on a new connection"
-                                                                                : "dropped by the coordinator";
-      Record(now, Event{"node-lost", {}}.Add("peer", int64_t{it->second}).Add("reason", std::string(reason)));
-    }
-    joined_.erase(it);
-    return;
-  }
-  const auto* send = std::get_if<core::SendTo>(&effect);
-  if (!send) {
-    if (const auto* done = std::get_if<core::CoordinatorDone>(&effect)) {
-      Record(now, Event{"coordinator-done", {}}.Add("exit_code", int64_t{done->exit_code}));
-    } else if (const auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
-      // The hosts that sit out now, and for how long.
-      std::vector<std::string> hosts;
-      std::vector<int64_t> left_ms;
-      for (const core::QuarantinedHost& h : quarantine->hosts) {
-        if (h.left <= Duration::zero()) continue;
-        hosts.push_back(h.host);
-        left_ms.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count());
-      }
-      Record(now, Event{"quarantine", {}}.Add("hosts", std::move(hosts)).Add("left_ms", std::move(left_ms)));
-    }
-    return;
-  }
-  const wire::Message& m = send->message;
-  if (std::holds_alternative<wire::JoinAck>(m)) {
-    auto it = joining_.find(send->conn);
-    if (it == joining_.end()) return;
-    const int peer = it->second;
-    joined_[send->conn] = peer;
-    auto host = joining_host_.find(send->conn);
-    Record(now, Event{"node-joined", {}}
-                    .Add("peer", int64_t{peer})
-                    .Add("peer_host", host == joining_host_.end() ? std::string() : host->second)
-                    .Add("spare", peer >= spec_.cluster.nnodes));
-    joining_.erase(it);
-    if (host != joining_host_.end()) joining_host_.erase(host);
-  } else if (const auto* reject = std::get_if<wire::Reject>(&m)) {
-    auto it = joining_.find(send->conn);
-    Record(now, Event{"node-refused", {}}
-                    .Add("peer", int64_t{it == joining_.end() ? -1 : it->second})
-                    .Add("reason", FirstLine(reject->reason)));
-  } else if (const auto* start = std::get_if<wire::StartRound>(&m)) {
-    if (start->round != round_begun_) {
-      round_begun_ = start->round;
-      Record(now, Event{"round-begin", {}}
-                      .Add("round", int64_t{start->round})
-                      .Add("restarts_used", int64_t{coordinator.restarts_used()})
-                      .Add("nodes", int64_t{start->nnodes > 0 ? start->nnodes : spec_.cluster.nnodes}));
-    }
-    // In a smaller round (cluster.min_nodes) the nodes close ranks: that replaces no one.
-    auto it = joined_.find(send->conn);
-    if (start->node_rank >= 0 && start->nnodes == 0 && it != joined_.end() && it->second != start->node_rank) {
-      Record(now, Event{"replace", {}}
-                      .Add("round", int64_t{start->round})
-                      .Add("spare", int64_t{it->second})
-                      .Add("plays", int64_t{start->node_rank}));
-    }
-  } else if (std::holds_alternative<wire::StopRound>(m)) {
-    // Broadcast to every node: one record per root cause (a revision is a new one).
-    const auto cause = coordinator.last_root_cause();
-    if (!cause || cause->what == cause_recorded_) return;
-    cause_recorded_ = cause->what;
-    Record(now, Event{"round-failed", {}}
-                    .Add("round", int64_t{cause->round})
-                    .Add("peer", int64_t{cause->node_rank})
-                    .Add("rank", int64_t{cause->global_rank})
-                    .Add("kinds", cause->kinds)
-                    .Add("cause", Cut(cause->what, kMaxText))
-                    .Add("last", std::get<wire::StopRound>(m).last));
-  } else if (const auto* end = std::get_if<wire::JobEnd>(&m)) {
-    if (job_result_recorded_) return;
-    job_result_recorded_ = true;
-    Record(now, Event{"job-result", {}}
-                    .Add("exit_code", int64_t{end->exit_code})
-                    .Add("restarts_used", int64_t{coordinator.restarts_used()})
-                    .Add("summary", Cut(end->summary, kMaxText)));
-  } else if (const auto* dump = std::get_if<wire::DumpStacks>(&m)) {
-    if (dump->round == probe_round_) return;
-    probe_round_ = dump->round;
-    Record(now, Event{"hang-probe", {}}.Add("round", int64_t{dump->round}));
+void EventRecorder::Observe(TimePoint now, const core::observed::NodeJoined& o) {
+  Record(now, Event{"node-joined", {}}
+                  .Add("peer", int64_t{o.agent})
+                  .Add("peer_host", Cut(o.host, kMaxLine))
+                  .Add("spare", o.spare));
+}
+
+void EventRecorder::Observe(TimePoint now, const core::observed::NodeRefused& o) {
+  Record(now, Event{"node-refused", {}}.Add("peer", int64_t{o.agent}).Add("reason", FirstLine(o.reason)));
+}
+
+void EventRecorder::Observe(TimePoint now, const core::observed::NodeLost& o) {
+  Record(now, Event{"node-lost", {}}
+                  .Add("peer", int64_t{o.agent})
+                  .Add("cause", std::string(core::LossReasonName(o.reason)))
+                  .Add("reason", FirstLine(o.detail)));
+}
+
+void EventRecorder::Observe(TimePoint now, const core::observed::RoundStarted& o) {
+  Record(now, Event{"round-begin", {}}
+                  .Add("round", int64_t{o.round})
+                  .Add("restarts_used", int64_t{o.restarts_used})
+                  .Add("nodes", int64_t{o.nodes}));
+  for (const auto& [spare, plays] : o.replaced) {
+    Record(now, Event{"replace", {}}
+                    .Add("round", int64_t{o.round})
+                    .Add("spare", int64_t{spare})
+                    .Add("plays", int64_t{plays}));
   }
 }
 
-void EventRecorder::CoordinatorDone(TimePoint now, const core::Coordinator& coordinator) {
-  if (!log_) return;
-  while (restarts_seen_ < coordinator.restarts_used()) {
-    ++restarts_seen_;
-    Record(now, Event{"restart", {}}
-                    .Add("restart", int64_t{restarts_seen_})
-                    .Add("max_restarts", int64_t{spec_.restart.max_restarts})
-                    .Add("round", int64_t{coordinator.round()})
-                    .Add("backoff_ms", Ms(spec_.RestartBackoff(restarts_seen_))));
-  }
+void EventRecorder::Observe(TimePoint now, const core::observed::RoundFailed& o) {
+  Record(now, Event{"round-failed", {}}
+                  .Add("round", int64_t{o.round})
+                  .Add("peer", int64_t{o.agent})
+                  .Add("rank", int64_t{o.global_rank})
+                  .Add("kinds", o.kinds)
+                  .Add("cause", Cut(o.what, kMaxText))
+                  .Add("last", o.last));
+}
+
+void EventRecorder::Observe(TimePoint now, const core::observed::RestartSpent& o) {
+  Record(now, Event{"restart", {}}
+                  .Add("restart", int64_t{o.restart})
+                  .Add("max_restarts", int64_t{spec_.restart.max_restarts})
+                  .Add("round", int64_t{o.next_round})
+                  .Add("backoff_ms", Ms(o.backoff)));
+}
+
+void EventRecorder::Observe(TimePoint now, const core::observed::HangProbed& o) {
+  Record(now, Event{"hang-probe", {}}.Add("round", int64_t{o.round}));
+}
+
+void EventRecorder::Observe(TimePoint now, const core::observed::JobEnded& o) {
+  Record(now, Event{"job-result", {}}
+                  .Add("exit_code", int64_t{o.exit_code})
+                  .Add("restarts_used", int64_t{o.restarts_used})
+                  .Add("summary", Cut(o.summary, kMaxText)));
 }
 
 }  // namespace ddprun::host

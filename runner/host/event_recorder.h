@@ -3,7 +3,8 @@
 // the agent and the coordinator and the effects it executes for them, and turns the ones a
 // reader of the run needs into Events (joins, rounds, workers started and exited, failures with
 // their kinds and root cause, stops, restarts, hangs, spares, the end). It only observes: it
-// never feeds the state machines, and reads the coordinator through public accessors only.
+// never feeds the state machines. Node 0's coordinator says what happened in typed
+// observations (core::Observed); nothing here guesses it from inputs or parses its words.
 
 #include <cstdint>
 #include <map>
@@ -35,16 +36,19 @@ class EventRecorder {
   void AgentEffect(TimePoint now, const core::AgentEffect& effect);
   /// After the agent's effects of one input were executed.
   void AgentDone(TimePoint now);
-  /// Before the coordinator handles `input`.
-  void CoordinatorInput(TimePoint now, const core::CoordinatorInput& input,
-                        const core::Coordinator& coordinator);
-  void CoordinatorEffect(TimePoint now, const core::CoordinatorEffect& effect,
-                         const core::Coordinator& coordinator);
-  /// After the coordinator's effects of one input were executed.
-  void CoordinatorDone(TimePoint now, const core::Coordinator& coordinator);
+  /// Node 0: each effect of the coordinator; its observations (core::Observed) become records.
+  void CoordinatorEffect(TimePoint now, const core::CoordinatorEffect& effect);
 
  private:
   void Record(TimePoint now, const Event& event) { log_->Record(now, event); }
+  void Observe(TimePoint now, const core::observed::NodeJoined& o);
+  void Observe(TimePoint now, const core::observed::NodeRefused& o);
+  void Observe(TimePoint now, const core::observed::NodeLost& o);
+  void Observe(TimePoint now, const core::observed::RoundStarted& o);
+  void Observe(TimePoint now, const core::observed::RoundFailed& o);
+  void Observe(TimePoint now, const core::observed::RestartSpent& o);
+  void Observe(TimePoint now, const core::observed::HangProbed& o);
+  void Observe(TimePoint now, const core::observed::JobEnded& o);
   int GlobalRank(int round, int local_rank) const;
 
   const JobSpec& spec_;
@@ -62,20 +66,6 @@ class EventRecorder {
   int training_round_ = -1;              // the round whose first step beacon was recorded
   int signalled_round_ = -1;             // the round whose workers ddprun signalled
   int plays_ = -1;                       // from the last StartRound
-
-  // ---- The coordinator's side (node 0).
-  enum class CoordinatorInputKind { kTick, kJoin, kOther };
-  CoordinatorInputKind coordinator_input_ = CoordinatorInputKind::kOther;
-  bool ending_ = false;                  // the coordinator was ending or done before the input
-  // Looked up per effect and never iterated for a decision: hashing keeps O(1) at scale.
-  std::unordered_map<core::ConnId, int> joining_;  // conn -> the node rank its Join claimed
-  std::unordered_map<core::ConnId, std::string> joining_host_;
-  std::unordered_map<core::ConnId, int> joined_;   // conn -> node rank, once acknowledged
-  int round_begun_ = -1;
-  std::string cause_recorded_;           // the last root cause written (revisions are new ones)
-  int probe_round_ = -1;
-  int restarts_seen_ = 0;
-  bool job_result_recorded_ = false;
 };
 
 }  // namespace ddprun::host

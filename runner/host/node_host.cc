@@ -382,15 +382,10 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   if (finished_ || !coordinator_) return;
   std::vector<core::CoordinatorEffect>& effects = coordinator_effects_;  // as in RunAgent
   const TimePoint now = ports_.clock->Now();
-  recorder_.CoordinatorInput(now, input, *coordinator_);
   coordinator_->Handle(now, input, effects);
-  if (const auto failed = coordinator_->last_failure_round(); failed != failure_round_seen_) {
-    failure_round_seen_ = failed;
-    failure_seen_at_ = now;
-  }
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
-    recorder_.CoordinatorEffect(now, effect, *coordinator_);
+    recorder_.CoordinatorEffect(now, effect);
     if (auto* send = std::get_if<core::SendTo>(&effect)) {
       ports_.transport->Send(send->conn, wire::Encode(send->message));
     } else if (auto* close = std::get_if<core::CloseConn>(&effect)) {
@@ -423,6 +418,13 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       }
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
       if (election_) election_->RecordEnd(now, end->exit_code, end->summary);
+    } else if (auto* observed = std::get_if<core::Observed>(&effect)) {
+      // A revised root cause is the same failure: the clock counts from the round's first.
+      const auto* failed = std::get_if<core::observed::RoundFailed>(&observed->what);
+      if (failed && failure_round_seen_ != failed->round) {
+        failure_round_seen_ = failed->round;
+        failure_seen_at_ = now;
+      }
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
@@ -431,7 +433,6 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     }
   }
   effects.clear();
-  recorder_.CoordinatorDone(now, *coordinator_);
   MaybeFinish();
   if (!finished_) Rearm();
 }
@@ -443,7 +444,7 @@ NodeMetrics NodeHost::Metrics() const {
   metrics.agent = agent_.Metrics(now);
   if (coordinator_) {
     metrics.coordinator = coordinator_->Metrics();
-    if (failure_round_seen_ && failure_seen_at_) metrics.since_last_failure = now - *failure_seen_at_;
+    if (failure_seen_at_) metrics.since_last_failure = now - *failure_seen_at_;
   }
   return metrics;
 }

@@ -826,7 +826,7 @@ TEST_F(CoordinatorTest, AfterUncleanEndOnceARoundRanAborts) {
   StartFirstRound(0s);
   Effects out;
   EXPECT_DEATH(coordinator_->AfterUncleanEnd(At(1s), 1s, out),
-               "assertion failed: phase_ == Phase::kRendezvous && round_ == 0");
+               "assertion failed: phase\\(\\) == Phase::kRendezvous && round_ == 0");
 }
 
 TEST_F(CoordinatorTest, AJournalRecordOlderThanTheLeaseDelaysNothing) {

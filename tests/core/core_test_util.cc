@@ -49,6 +49,25 @@ struct CoordinatorNamer {
   std::string operator()(const RecordEnd& e) const {
     return fmt::format("record end: exit {}", e.exit_code);
   }
+  std::string operator()(const Observed& e) const {
+    return std::visit(
+        [](const auto& o) -> std::string {
+          using O = std::decay_t<decltype(o)>;
+          if constexpr (std::is_same_v<O, observed::NodeJoined>) return fmt::format("observed: agent {} joined", o.agent);
+          if constexpr (std::is_same_v<O, observed::NodeRefused>) return fmt::format("observed: agent {} refused", o.agent);
+          if constexpr (std::is_same_v<O, observed::NodeLost>) {
+            return fmt::format("observed: agent {} lost ({}: {})", o.agent, LossReasonName(o.reason), o.detail);
+          }
+          if constexpr (std::is_same_v<O, observed::RoundStarted>) return fmt::format("observed: round {} started", o.round);
+          if constexpr (std::is_same_v<O, observed::RoundFailed>) {
+            return fmt::format("observed: round {} failed: {}", o.round, o.what);
+          }
+          if constexpr (std::is_same_v<O, observed::RestartSpent>) return fmt::format("observed: restart {}", o.restart);
+          if constexpr (std::is_same_v<O, observed::HangProbed>) return fmt::format("observed: round {} probed", o.round);
+          if constexpr (std::is_same_v<O, observed::JobEnded>) return fmt::format("observed: job ended, exit {}", o.exit_code);
+        },
+        e.what);
+  }
 };
 
 struct AgentNamer {

@@ -153,6 +153,18 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
     EXPECT_THAT(agent(i).Output(), Not(HasSubstr("no longer holds the coordinator role"))) << Describe();
   }
   EXPECT_FALSE(dir_.Exists("addr-0-2")) << Describe();
+
+  // The event logs tell the takeover as it happened: the coordinators' typed observations are
+  // in the files of the nodes that held the role, and the replay reads them all.
+  AgentProcess replay({"--simulate", dir_.path() + "/job.toml", "--replay", dir_.path() + "/logs/etcd", "--quiet"},
+                      dir_.path() + "/replay.out");
+  replay.Wait(60s);
+  const std::string replayed = replay.Output();
+  EXPECT_THAT(replayed, Not(HasSubstr("the run had no failure"))) << replayed;
+  EXPECT_THAT(replayed, HasSubstr("fault: --fault node-crash@")) << replayed;
+  EXPECT_THAT(replayed, HasSubstr("round 0 fails: node 0, lost-node")) << replayed;
+  EXPECT_THAT(replayed, HasSubstr("restart 1 of 2")) << replayed;
+  EXPECT_THAT(replayed, HasSubstr("the job ends with exit code 0")) << replayed;
 }
 
 // Every agent must hold a lease of the role to coordinate; with etcd down at the start, none

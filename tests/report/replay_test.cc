@@ -79,7 +79,7 @@ TEST(ReplayTest, TheSequenceIsNodeZerosRoundsWithTheLastRevisionOfEachRootCause)
   Files f;
   f.Add("n0", NodeZero());
   const report::Run& run = f.Group();
-  EXPECT_THAT(RoundSequence(NodeZeroRecords(run)),
+  EXPECT_THAT(RoundSequence(CoordinatorRecords(run)),
               ElementsAre("round 0 begins on 3 nodes", "round 0 fails: rank 3 (node 1), exit:7", "restart 1 of 5",
                           "round 1 begins on 3 nodes", "round 1 fails: node 2, lost-node", "restart 2 of 5",
                           "round 2 begins on 3 nodes", "round 2 fails: rank 1 (node 0), hang", "restart 3 of 5",

@@ -1,0 +1,108 @@
+#include "runner/core/admission.h"
+
+#include <fmt/format.h>
+
+#include "runner/core/auth.h"
+#include "schema/canonical.h"
+#include "schema/join_mismatch.h"
+
+namespace ddprun::core {
+
+JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
+  using Outcome = JoinVerdict::Outcome;
+  auto refuse = [](std::string reason, bool retry = false, std::string why = "") {
+    JoinVerdict v;
+    v.outcome = Outcome::kRefuse;
+    v.reason = std::move(reason);
+    v.retry = retry;
+    v.why = std::move(why);
+    return v;
+  };
+  const int nnodes = facts.nnodes;
+  const int agents = facts.agents;
+  const std::string_view from = facts.from;
+  // The agent speaks first (so the relay can tell it from a store client); with a secret its
+  // first join is answered with a Challenge, and the second must carry the proof for it.
+  if (facts.secret.empty() && !join.nonce.empty()) {
+    // Said to the agent before it is counted: nobody mistakes it for a lost node.
+    return refuse(fmt::format("node {} (from {}) has a shared secret (DDPRUN_SECRET or "
+                              "DDPRUN_SECRET_FILE) and node 0 has none\nhint: set the same secret on "
+                              "every node, or on none",
+                              join.node_rank, from),
+                  false, "it has a shared secret and node 0 has none");
+  }
+  if (!facts.secret.empty() && facts.nonce.empty()) {
+    if (join.nonce.empty()) {
+      return refuse(fmt::format("node {} (host {}, from {}) has no shared secret and node 0 requires "
+                                "one\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same secret "
+                                "on every node",
+                                join.node_rank, join.host, from),
+                    false, "it has no shared secret and node 0 requires one");
+    }
+    JoinVerdict v;
+    v.outcome = Outcome::kChallenge;
+    return v;
+  }
+  if (!facts.secret.empty() &&
+      !ConstantTimeEqual(join.proof, JoinProof(std::string(facts.secret), std::string(facts.nonce), join.node_rank,
+                                               join.fingerprint))) {
+    return refuse(join.proof.empty()
+                      ? fmt::format("a node from {} (claiming node rank {}) sent no proof of the shared "
+                                    "secret\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same "
+                                    "secret on every node",
+                                    from, join.node_rank)
+                      : fmt::format("a node from {} (claiming node rank {}) failed the shared-secret "
+                                    "challenge: its secret differs from node 0's",
+                                    from, join.node_rank),
+                  false, fmt::format("a peer from {} claiming this rank failed the shared-secret challenge", from));
+  }
+  if (join.node_rank < 0 || join.node_rank >= agents) {
+    return refuse(agents > nnodes
+                      ? fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
+                                    "(ranks 0..{}) and {} spare{} (ranks {}..{})",
+                                    join.node_rank, join.host, from, nnodes, nnodes == 1 ? "" : "s", nnodes - 1,
+                                    agents - nnodes, agents - nnodes == 1 ? "" : "s", nnodes, agents - 1)
+                      : fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
+                                    "(ranks 0..{})",
+                                    join.node_rank, join.host, from, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
+  }
+  const std::string canonical(facts.canonical);
+  if (join.fingerprint != facts.fingerprint) {
+    // Named as what differs: the job file, the code, the arguments after `--`, the libraries.
+    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, join.node_rank, join.host);
+    return refuse(std::move(refusal.message), false, std::move(refusal.why));
+  }
+  const AgentSlot& slot = *facts.claimed;
+  JoinVerdict verdict;
+  if (slot.conn && !facts.done) {
+    if (slot.instance != join.instance) {
+      // Retryable: a host that rebooted faster than its old connection was declared dead
+      // looks exactly like this, and its slot frees after 3 silent heartbeats. A real
+      // duplicate keeps being refused until its rendezvous timeout.
+      return refuse(fmt::format("node rank {} is claimed twice: by host {} (already joined) and by host "
+                                "{} from {}\nhint: every node needs its own rank; check --node-rank, "
+                                "DDPRUN_NODE_RANK or cluster.nodes",
+                                join.node_rank, slot.host, join.host, from),
+                    /*retry=*/true);
+    }
+    // The same agent reconnecting before we noticed its old connection died.
+    verdict.replaces_connection = true;
+  }
+  if (facts.job_over) {
+    // Only the agents that took part hear the verdict; one that arrives after the end (a
+    // second agent for a rank, a node started too late) did not run this job.
+    if (!(slot.ever_joined && (facts.took_over || slot.instance == join.instance))) {
+      return refuse(fmt::format("node {} (host {}) joined after the job ended", join.node_rank, join.host));
+    }
+    verdict.outcome = Outcome::kHearVerdict;
+    return verdict;
+  }
+  verdict.outcome = Outcome::kAdmit;
+  // Same fingerprint, other advisory lines (code_check or library_check = "warn").
+  if (join.canonical != canonical) {
+    verdict.differences = DescribeAdvisoryDifference(canonical, join.canonical, join.node_rank, join.host);
+  }
+  return verdict;
+}
+
+}  // namespace ddprun::core
