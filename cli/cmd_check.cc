@@ -9,6 +9,8 @@
 
 #include "cli/code_identity.h"
 #include "cli/commands.h"
+#include "cli/job_python.h"
+#include "cli/library_identity.h"
 #include "runner/io/driver.h"
 #include "schema/diagnostics.h"
 #include "schema/json_schema.h"
@@ -25,6 +27,24 @@ std::string ReadProcLine(const char* path) {
   std::string line;
   if (in) std::getline(in, line);
   return line.size() > 4096 ? std::string() : line;
+}
+
+// A program written as a path (`./train.sh`, `build/train`, `/opt/venv/bin/python`) that is
+// not there: likely missing on the nodes too (not built yet, a typo), and the run would only
+// say that the worker cannot start. A bare name is looked up on each node's PATH, not here.
+void WarnAboutMissingProgram(const JobSpec& spec, const std::string& workdir, Diagnostics& diags) {
+  const CommandShape shape = ShapeOf(spec.job.command);
+  if (shape.program >= spec.job.command.size()) return;
+  const std::string& program = spec.job.command[shape.program];
+  if (program.find('/') == std::string::npos || !FindProgram(program, "", workdir).empty()) return;
+  const std::string key = fmt::format("job.command[{}]", shape.program);
+  const std::string where =
+      program.starts_with("/") ? std::string()
+                               : fmt::format(" ({})", (std::filesystem::path(workdir) / program).lexically_normal().string());
+  diags.Warning(spec.LocationOf(key), key,
+                fmt::format("{} = \"{}\" does not exist here{}", key, program, where),
+                "the workers run it on every node; build or install it first (relative paths "
+                "are relative to job.workdir), or fix the path");
 }
 
 }  // namespace
@@ -46,14 +66,22 @@ int CheckCommand(const CheckOptions& options) {
                       workdir.string()),
           "the workers start in it on every node; create it, or make sure it exists on the "
           "nodes");
+    } else {
+      WarnAboutMissingProgram(*result.spec, workdir.string(), result.diagnostics);
     }
   }
-  if (result.spec && result.spec->job.code_check != JobSpec::CodeCheck::kOff) {
-    // The same code fields as `run` computes, so the plan's run id is the one the job gets.
+  if (result.spec) {
+    // The same code and library fields as `run` computes, so the plan's run id is the one the
+    // job gets.
     const std::filesystem::path file_dir = std::filesystem::path(options.job_path).parent_path();
     const std::filesystem::path dir = file_dir.empty() ? "." : file_dir;
-    result.spec->job.code =
-        FindCode(*result.spec, (dir / result.spec->job.workdir).lexically_normal().string());
+    const std::string workdir = (dir / result.spec->job.workdir).lexically_normal().string();
+    if (result.spec->job.code_check != JobSpec::CodeCheck::kOff) {
+      result.spec->job.code = FindCode(*result.spec, workdir);
+    }
+    if (result.spec->job.library_check != JobSpec::CodeCheck::kOff) {
+      result.spec->job.libraries = FindLibraries(*result.spec, workdir);
+    }
   }
   if (result.spec) {
     // Read here, not in schema/, which stays free of the machine it runs on. Linux's default

@@ -3,6 +3,7 @@
 // the gang stop and per-rank logs from the real runner.
 
 #include "cli/commands.h"
+#include "cli/job_python.h"
 #include "cli/node_job.h"
 #include "runner/io/driver.h"
 #include "preflight/worker.h"
@@ -10,13 +11,11 @@
 namespace ddprun::cli {
 namespace {
 
-/// The interpreter whose torch and Lightning the job uses: job.command[0] when it is a Python
-/// ("python", "python3.11", "/opt/venv/bin/python"), else the python3 on PATH.
+/// The interpreter whose torch and Lightning the job uses: the Python job.command runs
+/// ("python3.11", "/opt/venv/bin/python", also through /usr/bin/env), else the python3 on PATH.
 std::string JobPython(const JobSpec& spec) {
-  if (spec.job.command.empty()) return "python3";
-  const std::string& program = spec.job.command.front();
-  const std::string base = program.substr(program.find_last_of('/') + 1);
-  return base.starts_with("python") ? program : "python3";
+  const CommandShape shape = ShapeOf(spec.job.command);
+  return shape.python ? spec.job.command[shape.program] : "python3";
 }
 
 /// The job as preflight runs it: same nodes, ranks and ports, the preflight worker as command.

@@ -7,9 +7,11 @@
 #include "base/host_name.h"
 #include "cli/code_identity.h"
 #include "cli/commands.h"
+#include "cli/library_identity.h"
 #include "cli/node_job.h"
 #include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
+#include "schema/plan.h"
 
 namespace ddprun::cli {
 namespace {
@@ -74,11 +76,16 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   job.run.host = job.spec.cluster.HostOf(*node_rank);
   if (job.run.host.empty()) job.run.host = LocalHostName();
   job.run.job_dir = std::filesystem::path(job_path).parent_path().string();
+  // Before the agent computes the fingerprint, so that code and libraries are part of it.
+  const std::filesystem::path dir = job.run.job_dir.empty() ? "." : job.run.job_dir;
+  const std::string workdir = (dir / job.spec.job.workdir).lexically_normal().string();
   if (job.spec.job.code_check != JobSpec::CodeCheck::kOff) {
-    // Before the agent computes the fingerprint, so that the code is part of it.
-    const std::filesystem::path dir = job.run.job_dir.empty() ? "." : job.run.job_dir;
-    job.spec.job.code = FindCode(job.spec, (dir / job.spec.job.workdir).lexically_normal().string());
+    job.spec.job.code = FindCode(job.spec, workdir);
     std::fprintf(stderr, "ddprun: %s\n", DescribeCode(job.spec.job.code).c_str());
+  }
+  if (job.spec.job.library_check != JobSpec::CodeCheck::kOff) {
+    job.spec.job.libraries = FindLibraries(job.spec, workdir);
+    std::fprintf(stderr, "ddprun: libraries: %s\n", DescribeLibraries(job.spec.job.libraries).c_str());
   }
   return job;
 }

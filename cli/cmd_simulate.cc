@@ -222,12 +222,10 @@ int SimulateCommand(const SimulateOptions& options) {
       return kExitUsage;
     }
     // A scale rehearsal of the same job: the node list (if any) gives way to a count; node 0
-    // keeps master_addr. A job that runs only whole (min_nodes = nnodes, the default) stays
-    // whole at the new size; one that may shrink keeps its minimum, at most the new size.
-    if (spec.cluster.min_nodes == spec.cluster.nnodes || spec.cluster.min_nodes > n) spec.cluster.min_nodes = n;
-    spec.cluster.nnodes = n;
-    spec.cluster.nodes.clear();
-    spec.trainer.num_nodes = n;
+    // keeps master_addr, and what follows from the node count follows the new one.
+    for (const std::string& change : ResizeCluster(spec, n)) {
+      fmt::print(stderr, "ddprun simulate: --nodes {}: {}\n", n, change);
+    }
     sim_options.nodes_override = n;
   }
   for (const std::string& text : options.faults) {

@@ -15,6 +15,7 @@
 
 #include "ddprun_version.h"
 #include "cli/commands.h"
+#include "cli/torchrun_habits.h"
 #include "schema/diagnostics.h"
 #include "schema/plan.h"
 
@@ -119,7 +120,7 @@ int Main(int argc, char** argv) {
       "  ddprun schema > job-file.schema.json\n"
       "\n"
       "Exit codes: 0 ok, 1 job failed, 2 usage or job file error, 3 rendezvous failed,\n"
-      "130/143 interrupted, 70 internal error.");
+      "129/130/143 interrupted (SIGHUP/SIGINT/SIGTERM), 70 internal error.");
 
   RunOptions run;
   int run_node_rank = 0;
@@ -351,6 +352,10 @@ int Main(int argc, char** argv) {
 
   std::vector<std::string> args(argv, argv + argc);
   const std::vector<std::string> script_args = TakeScriptArgs(args);
+  if (auto pointer = TorchrunHabitPointer(args)) {
+    std::fputs(pointer->c_str(), stderr);
+    return kExitUsage;
+  }
   if (auto command = MistypedSubcommand(args)) {
     fmt::print(stderr,
                "ddprun: error: `{}` is neither a command nor a job file; did you mean `ddprun "

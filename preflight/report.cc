@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/plural.h"
 namespace ddprun::preflight {
 
 namespace {
@@ -154,9 +155,9 @@ void CheckNodeGpus(const Expectations& expect, const Findings& findings, int nod
         info.gpu_count));
   } else if (info.gpu_count > expect.nproc_per_node) {
     notes.push_back(fmt::format(
-        "{} has {} GPUs and runs {} ranks: {} GPU{} stay idle (set cluster.nproc_per_node/"
+        "{} has {} GPUs and runs {}: {} GPU{} stay idle (set cluster.nproc_per_node/"
         "trainer.devices = {} to use them all)",
-        name, info.gpu_count, expect.nproc_per_node, info.gpu_count - expect.nproc_per_node,
+        name, info.gpu_count, Counted(static_cast<size_t>(expect.nproc_per_node), "rank"), info.gpu_count - expect.nproc_per_node,
         info.gpu_count - expect.nproc_per_node == 1 ? "" : "s", info.gpu_count));
   }
   if (info.nccl_version == 0) {
@@ -286,8 +287,8 @@ VerdictPart AllReducePart(const Expectations& expect, const Findings& findings) 
     if (report.rank == 0 && !report.bandwidth.empty()) rows = &report.bandwidth;
   }
   if (rows) {
-    part.text += fmt::format("\nNCCL all-reduce (float, sum, {} ranks)\n",
-                             expect.nnodes * expect.nproc_per_node);
+    part.text += fmt::format("\nNCCL all-reduce (float, sum, {})\n",
+                             Counted(static_cast<size_t>(expect.nnodes * expect.nproc_per_node), "rank"));
     part.text += fmt::format("  {:>10} {:>12} {:>12} {:>13} {:>13}\n", "size", "count",
                              "time (us)", "algbw (GB/s)", "busbw (GB/s)");
     for (const BandwidthRow& row : *rows) {

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "base/plural.h"
 namespace ddprun::report {
 namespace {
 
@@ -59,7 +60,7 @@ std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& re
   for (const EventRecord* r : records) {
     if (r->type == "round-begin") {
       const int64_t nodes = r->Int("nodes");
-      steps.push_back(nodes > 0 ? fmt::format("round {} begins on {} nodes", r->Int("round"), nodes)
+      steps.push_back(nodes > 0 ? fmt::format("round {} begins on {}", r->Int("round"), Counted(static_cast<size_t>(nodes), "node"))
                                 : fmt::format("round {} begins", r->Int("round")));
     } else if (r->type == "round-failed") {
       const int64_t round = r->Int("round");

@@ -1,5 +1,6 @@
 #include "schema/canonical.h"
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
@@ -87,7 +88,12 @@ std::string CanonicalForm(const JobSpec& spec) {
   std::map<std::string, std::string> fields;
   fields["version"] = fmt::format("{}", spec.version);
   fields["job.name"] = Quote(spec.job.name);
-  fields["job.command"] = QuoteList(spec.job.command);
+  // The arguments after `--` apart (only when given, so that other jobs keep their
+  // fingerprint): a node started with other ones is told so.
+  const size_t extra = std::min(spec.script_args.size(), spec.job.command.size());
+  fields["job.command"] = QuoteList(std::vector<std::string>(
+      spec.job.command.begin(), spec.job.command.end() - static_cast<std::ptrdiff_t>(extra)));
+  if (!spec.script_args.empty()) fields["job.script_args"] = QuoteList(spec.script_args);
   fields["job.workdir"] = Quote(spec.job.workdir);
   for (const auto& [name, value] : spec.job.env) fields["job.env." + name] = Quote(value);
   // Only when on, so that files without it keep their fingerprint. The code fields then make
@@ -101,6 +107,19 @@ std::string CanonicalForm(const JobSpec& spec) {
     fields[prefix + "script_sha256"] = Quote(spec.job.code.script_sha256);
     fields[prefix + "git_commit"] = Quote(spec.job.code.git_commit);
     fields[prefix + "git_dirty"] = spec.job.code.git_dirty ? "true" : "false";
+  }
+  // The same for job.library_check, whose lines name what was found ("" where nothing was).
+  if (spec.job.library_check != JobSpec::CodeCheck::kOff) {
+    const bool refuse = spec.job.library_check == JobSpec::CodeCheck::kRefuse;
+    const std::string prefix = refuse ? "libraries." : std::string(kAdvisoryPrefix) + "libraries.";
+    const auto& libraries = spec.job.libraries;
+    fields["job.library_check"] = Quote(refuse ? "refuse" : "warn");
+    fields[prefix + "python"] = Quote(libraries.python);
+    fields[prefix + "torch"] = Quote(libraries.torch);
+    fields[prefix + "lightning"] = Quote(libraries.lightning);
+    fields[prefix + "pytorch_lightning"] = Quote(libraries.pytorch_lightning);
+    fields[prefix + "nccl"] = Quote(libraries.nccl);
+    fields[prefix + "cuda"] = Quote(libraries.cuda);
   }
   // Both spellings of the cluster size (a host list or a count) mean something different for
   // rank assignment, so the list is kept when given; nnodes is always there.

@@ -321,4 +321,11 @@ std::string RenderDiagnostics(const Diagnostics& diagnostics, std::string_view s
   return out;
 }
 
+std::string ShownName(std::string_view name) {
+  if (name.size() <= kShownNameMax) return std::string(name);
+  size_t cut = 40;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return fmt::format("{}... ({} bytes)", name.substr(0, cut), name.size());
+}
+
 }  // namespace ddprun

@@ -65,6 +65,12 @@ std::string EscapeLinesForTerminal(std::string_view text);
 std::optional<std::string_view> ClosestName(std::string_view word,
                                             std::span<const std::string_view> candidates);
 
+/// A name from the user's file (a key, a [trainer] argument, a variable) as a message shows
+/// it: whole up to kShownNameMax bytes, else its first 40 and how long it is
+/// ("aaaa... (10000 bytes)"), never cut inside a UTF-8 character.
+inline constexpr size_t kShownNameMax = 64;
+std::string ShownName(std::string_view name);
+
 /// "2 errors, 1 warning"; "" when there are none.
 std::string DiagnosticsSummary(const Diagnostics& diagnostics);
 

@@ -82,7 +82,8 @@ struct FaultSpec {
 struct JobSpec {
   int version = 1;
 
-  /// What job.code_check compares between nodes at join (see CodeIdentity in cli).
+  /// What job.code_check (and job.library_check) do with a node that differs from node 0 at
+  /// join (see cli/code_identity.h and cli/library_identity.h).
   enum class CodeCheck { kOff, kWarn, kRefuse };
 
   /// The code a node would run, as the CLI found it before the agent started; part of the
@@ -92,7 +93,25 @@ struct JobSpec {
     std::string script_sha256;  // its SHA-256, lower-case hex ("" if none or unreadable)
     std::string git_commit;     // HEAD of the workdir's git repository ("" if not one)
     bool git_dirty = false;     // tracked files differ from HEAD
+    /// For people, not compared: what `script` is ("the script python3 runs", "module
+    /// pkg.train as python -m finds it", "the program"), or why there is none.
+    std::string what;
     bool operator==(const Code&) const = default;
+  };
+
+  /// The Python and libraries a node's job.command would use, as the CLI found them before
+  /// the agent started (installed package metadata; "" where not found). Part of the canonical
+  /// form when job.library_check is on.
+  struct Libraries {
+    std::string interpreter;        // resolved path ("" when job.command runs no Python)
+    std::string python;             // "3.11.2"
+    std::string torch;              // "2.3.1+cu121"
+    std::string lightning;          // the `lightning` package
+    std::string pytorch_lightning;  // the `pytorch_lightning` package
+    std::string nccl;               // nvidia-nccl-cu* wheel version
+    std::string cuda;               // torch/version.py's cuda (what torch was built with)
+    std::string note;               // why something could not be read ("" when all went well)
+    bool operator==(const Libraries&) const = default;
   };
 
   struct Job {
@@ -105,6 +124,8 @@ struct JobSpec {
     /// from it (warm starts, runner/io/warm_template.h). Empty: every worker starts cold.
     std::vector<std::string> preload;
     Code code;                                  // filled by the CLI when code_check is on
+    CodeCheck library_check = CodeCheck::kOff;
+    Libraries libraries;                        // filled by the CLI when library_check is on
     /// Set by `ddprun preflight` for the job it runs (not part of the file): a failure is the
     /// preflight's verdict, not a training job's.
     bool is_preflight = false;
@@ -291,6 +312,9 @@ struct JobSpec {
   std::vector<std::string> script_args;
   /// The file it came from, as given on the command line ("" for in-memory sources).
   std::string source_name;
+  /// The absolute folder of that file ("" for in-memory sources): job.workdir is relative to
+  /// it, and the plan's torchrun lines `cd` there so they work from any folder.
+  std::string source_dir;
   /// Key path ("cluster.master_port", "job.command[1]") -> where the value was written.
   std::map<std::string, SourceLoc> locations;
 

@@ -80,6 +80,14 @@ constexpr std::array<KeySpec, 6> kJobKeys = {{
             "job.command that runs python; unset: workers start cold.",
      .pattern = "^[A-Za-z_][A-Za-z0-9_]*(\\.[A-Za-z_][A-Za-z0-9_]*)*$", .unique = true,
      .nonempty_items = true},
+    {.name = "library_check", .type = KeyType::kString,
+     .doc = "\"refuse\": each node sends what its job.command's Python would use (the Python "
+            "version; the torch, lightning, pytorch_lightning and NCCL versions from installed "
+            "package metadata; the CUDA version torch was built with), read once before the "
+            "agent starts; a node with other versions than node 0's is refused at join, "
+            "naming them. \"warn\": the same comparison, but the node joins and node 0 logs "
+            "what differs.",
+     .values = kCodeChecks, .default_value = "off"},
 }};
 
 constexpr std::array<std::string_view, 1> kHostSources = {"slurm"};

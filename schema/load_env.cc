@@ -54,8 +54,8 @@ std::string OwnedNameHint(const std::string& name) {
 bool CheckEnvName(const toml::key& key, const std::string& name, const std::string& path,
                   Diagnostics& diags) {
   if (!IsValidEnvName(name)) {
-    diags.Error(LocOf(key.source()), path,
-                fmt::format("`{}` is not a valid environment variable name", name),
+    diags.Error(LocOf(key.source()), ShownName(path),
+                fmt::format("`{}` is not a valid environment variable name", ShownName(name)),
                 "use letters, digits and '_', not starting with a digit");
     return false;
   }

@@ -62,8 +62,10 @@ void LoadCommand(const toml::node& node, TomlReader& reader, std::vector<std::st
   if (ok) out = std::move(command);
 }
 
-void LoadCodeCheck(const toml::node& node, TomlReader& reader, JobSpec::CodeCheck& out) {
-  auto mode = reader.String(node, "job.code_check");
+// job.code_check and job.library_check: "off", "warn" or "refuse".
+void LoadCheckMode(const toml::node& node, TomlReader& reader, const std::string& path,
+                   const char* what_refuse_does, JobSpec::CodeCheck& out) {
+  auto mode = reader.String(node, path);
   if (!mode) return;
   if (*mode == "off") {
     out = JobSpec::CodeCheck::kOff;
@@ -72,12 +74,12 @@ void LoadCodeCheck(const toml::node& node, TomlReader& reader, JobSpec::CodeChec
   } else if (*mode == "refuse") {
     out = JobSpec::CodeCheck::kRefuse;
   } else {
-    reader.diags().Error(
-        LocOf(node), "job.code_check",
-        fmt::format("job.code_check = {} is not {}", Show(node),
-                    QuotedAlternatives(Key("job.code_check").values)),
-        "\"refuse\" refuses a node whose script or git commit differs from node 0's; \"warn\" "
-        "lets it join and says what differs");
+    reader.diags().Error(LocOf(node), path,
+                         fmt::format("{} = {} is not {}", path, Show(node),
+                                     QuotedAlternatives(Key(path).values)),
+                         fmt::format("\"refuse\" refuses a node whose {} from node 0's; \"warn\" "
+                                     "lets it join and says what differs",
+                                     what_refuse_does));
   }
 }
 
@@ -175,7 +177,12 @@ void LoadJob(const toml::table& root, TomlReader& reader, JobSpec::Job& job) {
     if (auto dir = reader.String(*node, "job.workdir")) job.workdir = *dir;
   }
   if (const toml::node* node = reader.Node(table, "code_check", "job.code_check")) {
-    LoadCodeCheck(*node, reader, job.code_check);
+    LoadCheckMode(*node, reader, "job.code_check", "script or git commit differs",
+                  job.code_check);
+  }
+  if (const toml::node* node = reader.Node(table, "library_check", "job.library_check")) {
+    LoadCheckMode(*node, reader, "job.library_check",
+                  "Python, torch, Lightning, NCCL or CUDA version differs", job.library_check);
   }
   if (const toml::node* node = reader.Node(table, "preload", "job.preload")) {
     LoadPreload(*node, reader, job.preload);

@@ -31,6 +31,17 @@ void CheckHeartbeat(const JobSpec::Timeouts& t, TomlReader& reader) {
   if (t.heartbeat <= Duration::zero()) {
     diags.Error(reader.LocationOf("timeouts.heartbeat"), "timeouts.heartbeat",
                 "timeouts.heartbeat must be longer than 0s", "e.g. heartbeat = \"2s\"");
+  } else if (t.rendezvous > Duration::zero() && 3 * t.heartbeat >= t.rendezvous &&
+             reader.LocationOf("timeouts.heartbeat").line == 0) {
+    // Only rendezvous is written: the heartbeat is the default, so the rendezvous is the value
+    // to point at.
+    diags.Error(reader.LocationOf("timeouts.rendezvous"), "timeouts.rendezvous",
+                fmt::format("timeouts.rendezvous = {} is too short for the default timeouts.heartbeat = "
+                            "{} (not set in this file): a node is declared lost after 3 missed "
+                            "beats ({})",
+                            FormatDuration(t.rendezvous), FormatDuration(t.heartbeat),
+                            FormatDuration(3 * t.heartbeat)),
+                HeartbeatHint(t.heartbeat, t.rendezvous));
   } else if (t.rendezvous > Duration::zero() && 3 * t.heartbeat >= t.rendezvous) {
     diags.Error(reader.LocationOf("timeouts.heartbeat"), "timeouts.heartbeat",
                 fmt::format("timeouts.heartbeat = {} is too long for timeouts.rendezvous = {}: "

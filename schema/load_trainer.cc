@@ -322,7 +322,7 @@ bool CheckStrategy(const toml::node& node, const TrainerValue& value, TomlReader
 bool CheckTrainerKey(const std::string& key, SourceLoc loc, const std::string& path,
                      Diagnostics& diags) {
   if (!IsValidTrainerKey(key)) {
-    diags.Error(loc, path, fmt::format("`{}` is not a valid [trainer] key", key),
+    diags.Error(loc, ShownName(path), fmt::format("`{}` is not a valid [trainer] key", ShownName(key)),
                 "Lightning's Trainer arguments are lower-case names like max_epochs");
     return false;
   }
@@ -330,10 +330,10 @@ bool CheckTrainerKey(const std::string& key, SourceLoc loc, const std::string& p
   if (!IsOneOf(lightning, key)) {
     std::string hint;
     if (auto close = ClosestName(key, lightning)) hint = fmt::format("did you mean `{}`?", *close);
-    diags.Warning(loc, path,
+    diags.Warning(loc, ShownName(path),
                   fmt::format("trainer.{} is not an argument of Lightning's Trainer; Lightning "
                               "ignores PL_TRAINER_{}",
-                              key, UpperCase(key)),
+                              ShownName(key), ShownName(UpperCase(key))),
                   std::move(hint));
   }
   return true;

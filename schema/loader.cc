@@ -3,6 +3,7 @@
 #include "schema/loader.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -87,12 +88,45 @@ LoadResult LoadJobFile(const std::string& path, const LoadContext& context) {
     result.diagnostics.Error({}, "", fmt::format("cannot read job file {}", path));
     return result;
   }
-  return ParseJobText(text, path, context);
+  LoadResult result = ParseJobText(text, path, context);
+  if (result.spec) {
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+    if (!ec) result.spec->source_dir = absolute.parent_path().lexically_normal().string();
+  }
+  return result;
 }
 
 void AppendScriptArgs(JobSpec& spec, const std::vector<std::string>& args) {
   spec.job.command.insert(spec.job.command.end(), args.begin(), args.end());
   spec.script_args.insert(spec.script_args.end(), args.begin(), args.end());
+}
+
+std::vector<std::string> ResizeCluster(JobSpec& spec, int nnodes) {
+  std::vector<std::string> changed;
+  JobSpec::Cluster& c = spec.cluster;
+  const int before = c.nnodes;
+  if (spec.LocationOf("cluster.min_nodes").line > 0 && before > 0 && c.min_nodes < before) {
+    // Rounded up: a rehearsal must not tolerate more loss than the file's share allows.
+    const int64_t scaled = (static_cast<int64_t>(c.min_nodes) * nnodes + before - 1) / before;
+    const int min_nodes = static_cast<int>(std::clamp<int64_t>(scaled, 1, nnodes));
+    if (min_nodes != c.min_nodes) {
+      changed.push_back(fmt::format("cluster.min_nodes = {} of {} nodes becomes {} of {}",
+                                    c.min_nodes, before, min_nodes, nnodes));
+    }
+    c.min_nodes = min_nodes;
+  } else {
+    c.min_nodes = nnodes;
+  }
+  c.nnodes = nnodes;
+  c.nodes.clear();
+  if (spec.trainer.num_nodes) {
+    spec.trainer.num_nodes = nnodes;
+    for (auto& [key, value] : spec.trainer.settings) {
+      if (key == "num_nodes") value.value = int64_t{nnodes};
+    }
+  }
+  return changed;
 }
 
 }  // namespace ddprun

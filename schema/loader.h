@@ -43,4 +43,11 @@ LoadResult LoadJobFile(const std::string& path, const LoadContext& context = {})
 /// before the fingerprint is computed, so every node must be given the same arguments.
 void AppendScriptArgs(JobSpec& spec, const std::vector<std::string>& args);
 
+/// The same job on `nnodes` nodes (`--simulate --nodes N`): the host list gives way to a
+/// count, and what the loader derives from the node count is derived again: trainer.num_nodes
+/// follows, cluster.min_nodes is nnodes when the file left it out and keeps its share of the
+/// nodes when the file set it (12 of 16 becomes 1,536 of 2,048). Returns one line per value
+/// the file set that changed, for the user to see.
+std::vector<std::string> ResizeCluster(JobSpec& spec, int nnodes);
+
 }  // namespace ddprun

@@ -1,6 +1,7 @@
 #include "schema/plan.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
@@ -88,7 +89,15 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::strin
   for (size_t i = first; i < command.size(); ++i) words.push_back(command[i]);
 
   std::string line;
-  if (spec.job.workdir != ".") line = fmt::format("cd {} && ", ShellQuote(spec.job.workdir));
+  // The workers' folder, absolute when the job file's is known, so that the line works from
+  // any folder (job.workdir is relative to the job file, not to where it is pasted).
+  if (!spec.source_dir.empty()) {
+    std::string dir = (std::filesystem::path(spec.source_dir) / spec.job.workdir).lexically_normal().string();
+    if (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    line = fmt::format("cd {} && ", ShellQuote(dir));
+  } else if (spec.job.workdir != ".") {
+    line = fmt::format("cd {} && ", ShellQuote(spec.job.workdir));
+  }
   for (size_t i = 0; i < words.size(); ++i) {
     if (i > 0) line += ' ';
     // VAR=value prefixes: quote the value only, so the shell still sees an assignment.
@@ -147,6 +156,29 @@ std::string ValueOf(const EnvList& env, const std::string& name) {
 }
 
 }  // namespace
+
+std::string DescribeCodeFields(const JobSpec::Code& code) {
+  std::string text =
+      code.script.empty()
+          ? fmt::format("nothing to hash ({})", code.what.empty() ? "no file named in job.command" : code.what)
+          : fmt::format("{} sha256 {}{}", code.script,
+                        code.script_sha256.empty() ? std::string("(not read)") : code.script_sha256.substr(0, 12),
+                        code.what.empty() ? std::string() : " (" + code.what + ")");
+  text += code.git_commit.empty()
+              ? ", workdir not in a git repository"
+              : fmt::format(", git {}{}", code.git_commit.substr(0, 12), code.git_dirty ? " (dirty)" : "");
+  return text;
+}
+
+std::string DescribeLibraries(const JobSpec::Libraries& libraries) {
+  auto shown = [](const std::string& version) { return version.empty() ? std::string("-") : version; };
+  std::string text = fmt::format(
+      "python {}{}, torch {}, lightning {}, pytorch_lightning {}, nccl {}, cuda {}", shown(libraries.python),
+      libraries.interpreter.empty() ? std::string() : " (" + libraries.interpreter + ")", shown(libraries.torch),
+      shown(libraries.lightning), shown(libraries.pytorch_lightning), shown(libraries.nccl), shown(libraries.cuda));
+  if (!libraries.note.empty()) text += " (" + libraries.note + ")";
+  return text;
+}
 
 std::string ShellQuote(std::string_view word) {
   const bool safe = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
@@ -261,13 +293,14 @@ std::string PlanHeader(const JobSpec& spec) {
     }
   }
   if (spec.job.code_check != JobSpec::CodeCheck::kOff) {
-    const auto& code = spec.job.code;
-    out += fmt::format("code (nodes that differ are {}): script {} sha256 {}, git {}{}\n",
+    out += fmt::format("code (nodes that differ are {}): {}\n",
                        spec.job.code_check == JobSpec::CodeCheck::kRefuse ? "refused" : "warned about",
-                       code.script.empty() ? "(none found)" : code.script,
-                       code.script_sha256.empty() ? "-" : code.script_sha256.substr(0, 12),
-                       code.git_commit.empty() ? "-" : code.git_commit.substr(0, 12),
-                       code.git_dirty ? " (dirty)" : "");
+                       DescribeCodeFields(spec.job.code));
+  }
+  if (spec.job.library_check != JobSpec::CodeCheck::kOff) {
+    out += fmt::format("libraries (nodes that differ are {}): {}\n",
+                       spec.job.library_check == JobSpec::CodeCheck::kRefuse ? "refused" : "warned about",
+                       DescribeLibraries(spec.job.libraries));
   }
   out += WorkerStartText(spec.job.command, spec.job.preload) + "\n";
   if (spec.restart.backoff_max) {

@@ -16,6 +16,14 @@ namespace ddprun {
 /// lines of the plan and for commands ddprun itself runs through a shell.
 std::string ShellQuote(std::string_view word);
 
+/// What job.code_check found, for people: "train.py sha256 1a2b3c4d5e6f (the script python3
+/// runs), git 0a1b2c3d4e5f (dirty)", or "nothing to hash (why), git ...".
+std::string DescribeCodeFields(const JobSpec::Code& code);
+
+/// What job.library_check found, for people: "python 3.11.2 (/usr/bin/python3.11), torch
+/// 2.3.1, lightning -, pytorch_lightning -, nccl -, cuda -" ("-": not installed or not found).
+std::string DescribeLibraries(const JobSpec::Libraries& libraries);
+
 /// Rank 0's MASTER_PORT in the plan under the store relay: a free port node 0's agent picks
 /// each round, unknown before the round starts.
 inline constexpr std::string_view kRankZeroRelayPort = "<private port, picked each round>";

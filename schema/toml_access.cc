@@ -116,8 +116,10 @@ void TomlReader::CheckKeys(const toml::table& table, const SectionSpec& section,
                            std::string_view prefix) {
   const auto allowed = section.known_names;
   for (auto&& [key, node] : table) {
-    const std::string_view name = key.str();
-    if (Contains(allowed, name)) continue;
+    if (Contains(allowed, key.str())) continue;
+    // A key of any length may be written; messages show a bounded one.
+    const std::string shown = ShownName(key.str());
+    const std::string_view name = shown;
     const bool table_header = prefix.empty() && node.is_table();
     std::string hint;
     if (auto close = ClosestName(name, allowed)) {
@@ -186,8 +188,16 @@ std::optional<int64_t> TomlReader::Integer(const toml::node& node, const std::st
       if (integer_text) {
         hint = fmt::format("write the number without quotes: {} = {}", LastKey(path), *s);
       } else if (path == "cluster.nnodes" && s->find(':') != std::string::npos) {
-        hint = "ddprun runs a fixed number of nodes (no MIN:MAX range as in torchrun's "
-               "--nnodes); write a number, e.g. nnodes = 2";
+        // torchrun's elastic MIN:MAX is ddprun's nnodes (the most) and min_nodes (the fewest).
+        const std::string low = s->substr(0, s->find(':'));
+        const std::string high = s->substr(s->find(':') + 1);
+        const bool digits = !low.empty() && !high.empty() && low.size() <= 5 && high.size() <= 5 &&
+                            low.find_first_not_of("0123456789") == std::string::npos &&
+                            high.find_first_not_of("0123456789") == std::string::npos;
+        hint = fmt::format("nnodes is a number, not torchrun's MIN:MAX range: write nnodes = {} "
+                           "and min_nodes = {} (cluster.min_nodes lets rounds run with fewer "
+                           "nodes when some are lost)",
+                           digits ? high : "MAX", digits ? low : "MIN");
       }
     }
     TypeError(node, path, "an integer", std::move(hint));

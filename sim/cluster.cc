@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "base/plural.h"
 #include "ddprun_version.h"
 #include "schema/canonical.h"
 #include "schema/loader.h"
@@ -470,9 +471,10 @@ SimResult Cluster::Run() {
   BuildNodes();
   ScheduleFaults();
   if (timeline_) {
-    timeline_->title = fmt::format("{}: {} nodes x {} workers{}, seed {}", spec_.job.name, job_nodes_,
-                                   spec_.cluster.nproc_per_node,
-                                   agents_ > job_nodes_ ? fmt::format(", {} spares", agents_ - job_nodes_) : "",
+    timeline_->title = fmt::format("{}: {} x {}{}, seed {}", spec_.job.name,
+                                   Counted(static_cast<size_t>(job_nodes_), "node"),
+                                   Counted(static_cast<size_t>(spec_.cluster.nproc_per_node), "worker"),
+                                   agents_ > job_nodes_ ? ", " + Counted(static_cast<size_t>(agents_ - job_nodes_), "spare") : "",
                                    options_.seed);
   }
   bool deadlock = false;

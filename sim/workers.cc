@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "base/plural.h"
 #include "runner/core/failure.h"
 #include "sim/cluster.h"
 
@@ -614,8 +615,8 @@ void Workers::UpdateTraining() {
     if (!cluster_.stats().first_training_ns) cluster_.stats().first_training_ns = now;
     if (timeline) timeline->training.emplace_back(now, -1);
     cluster_.PrintSim(std::nullopt,
-                      fmt::format("training: round {}: all {} ranks up; training from {} of {}", g->round,
-                                  g->world, HumanDuration(Duration(progress_ns_)),
+                      fmt::format("training: round {}: {} up; training from {} of {}", g->round,
+                                  AllOf(static_cast<size_t>(g->world), "rank"), HumanDuration(Duration(progress_ns_)),
                                   HumanDuration(Duration(train_time_ns_))));
     cluster_.SetAllPhases();
   } else if (!active && g->training) {

@@ -4,18 +4,9 @@
 
 #include "runner/core/auth.h"
 #include "schema/canonical.h"
+#include "schema/join_mismatch.h"
 
 namespace ddprun::core {
-
-std::string DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank) {
-  std::string lines;
-  for (const auto& d : DiffCanonical(ours, theirs)) {
-    const bool advisory = d.key.rfind(kAdvisoryPrefix, 0) == 0;
-    lines += fmt::format("\n  {}: node {} has {}, node 0 has {}",
-                         advisory ? d.key.substr(kAdvisoryPrefix.size()) : d.key, node_rank, d.theirs, d.ours);
-  }
-  return lines;
-}
 
 JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   using Outcome = JoinVerdict::Outcome;
@@ -77,13 +68,9 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   }
   const std::string canonical(facts.canonical);
   if (join.fingerprint != facts.fingerprint) {
-    std::string lines = DifferenceLines(canonical, join.canonical, join.node_rank);
-    if (lines.empty()) lines = "\n  (the canonical forms agree; the fingerprints do not)";
-    return refuse(fmt::format("node {} (host {}) runs a different job file than node 0:{}\n"
-                              "hint: use the same job file on every node (ddprun check prints its "
-                              "fingerprint)",
-                              join.node_rank, join.host, lines),
-                  false, "it runs a different job file");
+    // Named as what differs: the job file, the code, the arguments after `--`, the libraries.
+    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, join.node_rank, join.host);
+    return refuse(std::move(refusal.message), false, std::move(refusal.why));
   }
   const AgentSlot& slot = *facts.claimed;
   JoinVerdict verdict;
@@ -111,8 +98,10 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
     return verdict;
   }
   verdict.outcome = Outcome::kAdmit;
-  // Same fingerprint, other advisory lines (job.code_check = "warn"): say what differs.
-  if (join.canonical != canonical) verdict.differences = DifferenceLines(canonical, join.canonical, join.node_rank);
+  // Same fingerprint, other advisory lines (code_check or library_check = "warn").
+  if (join.canonical != canonical) {
+    verdict.differences = DescribeAdvisoryDifference(canonical, join.canonical, join.node_rank, join.host);
+  }
   return verdict;
 }
 

@@ -39,16 +39,13 @@ struct JoinVerdict {
   /// The same agent on a new connection before its old one was seen to close: the old one
   /// is dropped first.
   bool replaces_connection = false;
-  /// kAdmit: advisory lines that differ (job.code_check = "warn"), "\n  key: ..." each; "" none.
+  /// kAdmit: the warning node 0 logs when advisory lines differ (job.code_check or
+  /// job.library_check = "warn"; schema/join_mismatch.h); "" none.
   std::string differences;
 };
 
 /// Authentication first (a peer without the secret learns nothing about the job), then the
 /// rank's range, the job file, a rank claimed twice, and a join after the end.
 JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join);
-
-/// One "\n  key: node N has X, node 0 has Y" line per field that differs; advisory keys are
-/// named as the user knows them ("code.…").
-std::string DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank);
 
 }  // namespace ddprun::core

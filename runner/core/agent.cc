@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "base/assert.h"
+#include "base/plural.h"
 #include "runner/core/auth.h"
 #include "runner/core/exit_code.h"
 #include "runner/core/failure.h"
@@ -692,8 +693,8 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
              std::all_of(workers_.begin(), workers_.end(),
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
     told_ = Told::kDone;
-    Log(LogLevel::kInfo, fmt::format("round {}: all {} workers of node {} exited 0", round_,
-                                     workers_.size(), node_rank_),
+    Log(LogLevel::kInfo, fmt::format("round {}: {} of node {} exited 0", round_,
+                                     AllOf(workers_.size(), "worker"), node_rank_),
         out);
     Send(wire::NodeDone{round_}, out);
   }

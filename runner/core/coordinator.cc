@@ -126,7 +126,7 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
   ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed),
          FailureText(spec_, failure, {0, 0, never, restarts_used_, hangs_.StragglerNote(),
-                                      placement_.book().Note(last_input_)}),
+                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank)}),
          out);
 }
 
@@ -487,11 +487,7 @@ void Coordinator::Admit(TimePoint now, ConnId conn_id, const wire::Join& join, c
   // agent's lease has run out.
   if (slot.fence && slot.fence->holder == join.instance) slot.fence.reset();
   slot.instance = join.instance;
-  if (!differences.empty()) {
-    out.push_back(LogLine{LogLevel::kWarn, fmt::format("node {} (host {}) runs different code than node 0 "
-                                                       "(job.code_check = \"warn\" lets it join):{}",
-                                                       agent, join.host, differences)});
-  }
+  if (!differences.empty()) out.push_back(LogLine{LogLevel::kWarn, differences});
   slot.host = join.host;
   slot.probe_endpoint = join.probe_endpoint;
   slot.done = slot.stopped = false;

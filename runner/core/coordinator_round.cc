@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "base/assert.h"
+#include "base/plural.h"
 #include "runner/core/coordinator.h"
 #include "runner/core/coordinator_text.h"
 #include "runner/core/exit_code.h"
@@ -53,20 +54,20 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
       if (gate == journal_fence_) {
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {}, so "
+            fmt::format("round {}: {} joined; waiting {} before starting it: {}, so "
                         "workers of its rounds may still run until their agents' lease ends (loss "
                         "bound + stop_grace + SIGKILL after its last record)",
-                        round_, nodes, HumanDuration(*gate - now), fence_cause_)});
+                        round_, AllOf(nodes, "node"), HumanDuration(*gate - now), fence_cause_)});
       } else {
         std::vector<std::string> names;
         for (int agent : fenced) names.push_back(roster_.NodeName(agent));
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {} was "
+            fmt::format("round {}: {} joined; waiting {} before starting it: {} was "
                         "lost while its workers ran and a different agent now holds its rank, "
                         "so the old workers may still run until their agent's lease ends (loss "
                         "bound + stop_grace + SIGKILL)",
-                        round_, nodes, HumanDuration(*gate - now), fmt::join(names, ", "))});
+                        round_, AllOf(nodes, "node"), HumanDuration(*gate - now), fmt::join(names, ", "))});
       }
     }
     rendezvous->gate = gate;
@@ -208,13 +209,15 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
       }
     }
     out.push_back(LogLine{LogLevel::kWarn,
-                          fmt::format("round {}: starting {} workers on {} of the job's {} nodes "
+                          fmt::format("round {}: starting {} on {} of the job's {} nodes "
                                       "(cluster.min_nodes = {}): {}{}",
-                                      round_, world, nodes, all, spec_.cluster.min_nodes, placement_.shrunk_note(),
+                                      round_, Counted(static_cast<size_t>(world), "worker"), nodes, all,
+                                      spec_.cluster.min_nodes, placement_.shrunk_note(),
                                       moved.empty() ? "" : fmt::format("; {}", fmt::join(moved, ", ")))});
   } else {
     out.push_back(LogLine{LogLevel::kInfo,
-                          nodes == 1 ? fmt::format("round {}: starting {} workers", round_, world)
+                          nodes == 1 ? fmt::format("round {}: starting {}", round_,
+                                                   Counted(static_cast<size_t>(world), "worker"))
                                      : fmt::format("round {}: all {} nodes joined; starting {} workers", round_,
                                                    nodes, world)});
   }
@@ -354,7 +357,7 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
   ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed),
          FailureText(spec_, failure, {stopped_ranks, stopped_nodes, never, restarts_used_, hangs_.StragglerNote(),
-                                      placement_.book().Note(last_input_)}),
+                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank)}),
          out);
 }
 

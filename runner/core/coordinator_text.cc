@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "base/plural.h"
 #include "runner/core/failure.h"
+#include "runner/core/log_pointers.h"
 #include "schema/duration.h"
 #include "schema/worker_env.h"
 
@@ -124,8 +126,9 @@ std::string RendezvousFailureText(const JobSpec& spec, const Roster& roster) {
 std::string SuccessText(const JobSpec& spec, const Roster& roster, const SuccessFacts& facts) {
   const size_t nodes = roster.players().size();
   const size_t all = roster.holders().size();
-  return fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} ({} restart{} used){}{}{}",
-                     spec.job.name, static_cast<int>(nodes) * spec.cluster.nproc_per_node, nodes, facts.round,
+  return fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used){}{}{}",
+                     spec.job.name, AllOf(nodes * static_cast<size_t>(spec.cluster.nproc_per_node), "rank"),
+                     Counted(nodes, "node"), facts.round,
                      facts.restarts_used, facts.restarts_used == 1 ? "" : "s",
                      nodes < all ? fmt::format("\n  the round ran with {} of the job's {} nodes "
                                                "(cluster.min_nodes = {}): {}",
@@ -165,9 +168,7 @@ std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const 
   if (!facts.quarantine_note.empty()) text += facts.quarantine_note + "\n";
   // Each node writes its own run folder (schema/worker_env.h): the root cause's node's, by a
   // link that names the same folder on a logs.dir that the nodes share.
-  text += fmt::format("logs: {}/{}/{}/attempt-{}/ (on node {}; each node keeps its own runs under {}/{}/latest-n<node>)",
-                      spec.logs.dir, spec.job.name, NodeLatestLink(failure.node_rank), failure.round,
-                      failure.node_rank, spec.logs.dir, spec.job.name);
+  text += LogsPointer(spec, facts.node_name, failure.node_rank, failure.round, failure.global_rank);
   return text;
 }
 

@@ -38,6 +38,7 @@ struct FailureFacts {
   int restarts_used = 0;
   std::string straggler_note;
   std::string quarantine_note;
+  std::string node_name;        // the root cause's node as summaries name it: "node 1 (gpu-02)"
 };
 std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const FailureFacts& facts);
 

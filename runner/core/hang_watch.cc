@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "base/assert.h"
+#include "base/plural.h"
+#include "runner/core/log_pointers.h"
 #include "schema/duration.h"
 
 namespace ddprun::core {
@@ -122,9 +124,9 @@ RoundFailure HangWatch::Verdict(int round, const std::vector<std::string>& reach
                                    verdict.culprits.size() == 1 ? fmt::format("rank {}", culprit.global_rank)
                                                                 : fmt::format("ranks {}", RankRanges(verdict.culprits)),
                                    verdict.reason);
-  detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads "
-                        "in {}/{}/latest-n<node>/attempt-{}/rank-<r>.stacks on the rank's node):\n",
-                        spec_.logs.dir, spec_.job.name, round);
+  detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads: {}):\n",
+                        StacksPointer(spec_, roster_.NodeName(culprit.node_rank), culprit.node_rank, round,
+                                      culprit.global_rank));
   const std::vector<int> with_stacks(
       verdict.culprits.begin(),
       verdict.culprits.begin() + static_cast<std::ptrdiff_t>(std::min(verdict.culprits.size(), kMaxCulpritStacks)));
@@ -171,9 +173,9 @@ RoundFailure HangWatch::Verdict(int round, const std::vector<std::string>& reach
     if (!probe.answered[static_cast<size_t>(players[p])]) unanswered.push_back(static_cast<int>(p));
   }
   if (!unanswered.empty()) {
-    detail += fmt::format("    node{} {} did not answer in time: {} ranks unknown\n",
+    detail += fmt::format("    node{} {} did not answer in time: {} unknown\n",
                           unanswered.size() == 1 ? "" : "s", RankRanges(unanswered),
-                          unanswered.size() * static_cast<size_t>(nproc));
+                          Counted(unanswered.size() * static_cast<size_t>(nproc), "rank"));
   }
   if (!reach_problems.empty()) {
     detail += fmt::format("  likely cause: before round 0 some nodes could not connect on a port other than "

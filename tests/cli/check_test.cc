@@ -223,7 +223,7 @@ TEST(Cli, CheckHidesSecretLookingValues) {
     EXPECT_NE(o->out.find("WARN"), std::string::npos) << o->out;
   }
   EXPECT_NE(text.out.find("    WANDB_API_KEY=<hidden>\n"), std::string::npos) << text.out;
-  EXPECT_NE(text.out.find("torchrun: HF_TOKEN='<hidden>' MY_SECRET_THING='<hidden>' "
+  EXPECT_NE(text.out.find(" && HF_TOKEN='<hidden>' MY_SECRET_THING='<hidden>' "
                           "NCCL_DEBUG=WARN WANDB_API_KEY='<hidden>' db_password='<hidden>' "
                           "torchrun "),
             std::string::npos)
@@ -323,6 +323,8 @@ TEST(Cli, InitWritesAValidStarterJobFile) {
   const auto dir = std::filesystem::temp_directory_path() / "ddprun-cli-test-init";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  // The script of a command written as a path must exist, or check warns (a binary not built).
+  std::ofstream(dir / "run.sh") << "#!/bin/sh\n";
   const std::string listed = (dir / "listed.toml").string();
   const std::string counted = (dir / "counted.toml").string();
   const std::string cpu = (dir / "cpu.toml").string();

@@ -13,6 +13,7 @@
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int code = -1;
@@ -107,6 +108,39 @@ TEST(CliTest, SwarmReportsEverySeed) {
   EXPECT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("swarm: 5 seeds (40..44), 0 failed"));
   EXPECT_THAT(run.output, HasSubstr("swarm goodput: mean "));
+}
+
+}  // namespace
+
+namespace {
+
+const std::string kScale = std::string(DDPRUN_SOURCE_DIR) + "/bench/sim_scale.toml";
+
+// --nodes re-derives what follows from the node count: the file's 16 nodes with no min_nodes
+// means every node is needed at 64 too (a lost node is waited for, not left out).
+TEST(CliTest, NodesOverrideScalesTheDefaultMinNodes) {
+  const Result run = RunDdprun("--simulate " + kScale + " --nodes 64 --fault node-crash@1m:node=5");
+  EXPECT_EQ(run.code, 3) << run.output;
+  EXPECT_THAT(run.output, Not(HasSubstr("cluster.min_nodes")));
+  EXPECT_THAT(run.output, Not(HasSubstr("of the job's 64 nodes")));
+  EXPECT_THAT(run.output, HasSubstr("rendezvous failed: 63/64 nodes joined within timeouts.rendezvous = 15m"))
+      << run.output.substr(run.output.size() > 3000 ? run.output.size() - 3000 : 0);
+}
+
+// A min_nodes the file sets keeps its share of the nodes, and the change is said.
+TEST(CliTest, NodesOverrideScalesAnExplicitMinNodes) {
+  std::ifstream in(kScale);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string toml = text.str();
+  toml.replace(toml.find("nnodes = 16\n"), 12, "nnodes = 16\nmin_nodes = 12\n");
+  const std::string path = ::testing::TempDir() + "/sim_scale_min_nodes.toml";
+  std::ofstream(path) << toml;
+  const Result run = RunDdprun("--simulate " + path + " --nodes 64 --fault node-crash@1m:node=5");
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("ddprun simulate: --nodes 64: cluster.min_nodes = 12 of 16 nodes becomes 48 of 64\n"));
+  EXPECT_THAT(run.output, HasSubstr("] coordinator: round 1: starting 504 workers on 63 of the job's 64 nodes "
+                                    "(cluster.min_nodes = 48): without node 5 (node-0005)"));
 }
 
 }  // namespace

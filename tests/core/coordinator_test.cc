@@ -450,7 +450,8 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "  kind: signal:SIGSEGV\n"
             "  (it wrote nothing to stderr)\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest-n1/attempt-1/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
+            "logs: logs/demo/latest-n1/attempt-1/rank-2.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "own runs under logs/demo/latest-n<node>");
   EXPECT_EQ(coordinator_->exit_code(), 1);
 }
 
@@ -483,7 +484,8 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
             "    | RuntimeError: NCCL communicator was aborted\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
-            "logs: logs/demo/latest-n1/attempt-0/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
+            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "own runs under logs/demo/latest-n<node>");
 }
 
 TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHintWithoutNccl) {
@@ -499,7 +501,8 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "    | Traceback (most recent call last):\n"
             "    | ValueError: x\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest-n1/attempt-0/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
+            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "own runs under logs/demo/latest-n<node>");
 }
 
 // Issue 12: the traceback was printed twice, from the error file and again from stderr.
@@ -520,7 +523,8 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
             "  last lines of its stderr (without the traceback shown above):\n"
             "    | loading data\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest-n1/attempt-0/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
+            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "own runs under logs/demo/latest-n<node>");
   // Only the traceback on stderr: no stderr section at all.
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
   const std::string summary = SummaryAfter(RankThreeFailed(0, traceback, traceback));

@@ -154,8 +154,8 @@ TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
   ASSERT_TRUE(code1.has_value()) << node1.Output();
   EXPECT_EQ(*code1, 3) << node1.Output();
   EXPECT_THAT(node1.Output(),
-              HasSubstr("job.command: node 1 has [\"true\", \"--lr\", \"0.2\"], node 0 has "
-                        "[\"true\", \"--lr\", \"0.1\"]"))
+              HasSubstr("arguments after `--`: node 1 has [\"--lr\", \"0.2\"], node 0 has "
+                        "[\"--lr\", \"0.1\"]"))
       << node1.Output();
   // Node 0 would wait for a node 1 until the rendezvous timeout; the destructor stops it.
 }
@@ -184,7 +184,7 @@ TEST(CliRun, CodeCheckRefusesANodeWithAnotherScript) {
     const auto code1 = node1.Wait(30s);
     ASSERT_TRUE(code1.has_value()) << node1.Output();
     EXPECT_EQ(*code1, 3) << node1.Output();
-    EXPECT_THAT(node1.Output(), HasSubstr("code.script_sha256: node 1 has \"")) << node1.Output();
+    EXPECT_THAT(node1.Output(), HasSubstr("code.script_sha256 of \"train.sh\": node 1 has \"")) << node1.Output();
   }  // node 0, still waiting for a node 1, is stopped here
   dir.Write("n1/train.sh", "echo v1\n");
   AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/b0.txt");
@@ -210,7 +210,7 @@ TEST(CliRun, CodeCheckWarnLetsANodeWithAnotherScriptJoinAndSaysSo) {
   EXPECT_EQ(*code0, 0) << node0.Output();
   EXPECT_EQ(*code1, 0) << node1.Output();
   EXPECT_THAT(node0.Output(), HasSubstr("runs different code than node 0 (job.code_check = \"warn\" "
-                                        "lets it join):\n  code.script_sha256: node 1 has \""))
+                                        "lets it join):\n  code.script_sha256 of \"train.sh\": node 1 has \""))
       << node0.Output();
 }
 

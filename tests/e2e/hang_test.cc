@@ -176,7 +176,10 @@ TEST_F(HangTest, RankBlockedBeforeAnAllReduceIsNamedWithItsStackAndTheJobRestart
                                    R"(no progress for [0-9.]+s after step 2 \(timeouts\.progress = 5s\))"))
         << Describe();
     EXPECT_THAT(out, HasSubstr("  why rank 3: the only rank not waiting for the others\n")) << Describe();
-    EXPECT_THAT(out, HasSubstr("all threads in logs/hang/latest-n<node>/attempt-0/rank-<r>.stacks on the rank's node):\n")) << Describe();
+    EXPECT_THAT(out, ContainsRegex(R"(all threads: rank 3's in logs/hang/latest-n1/attempt-0/rank-3\.stacks on node 1 )"
+                                   R"(\([^)]+\), in its job file's folder, every rank's in )"
+                                   R"(latest-n<node>/attempt-0/rank-<r>\.stacks on its node\):)" "\n"))
+        << Describe();
     EXPECT_THAT(out, ContainsRegex("\n" R"(    rank 3, last step 2, silent [0-9.]+s: in wait at ddp_train\.py:[0-9]+)" "\n"))
         << Describe();
     EXPECT_THAT(out, ContainsRegex("\n" R"(      File "[^"]*/examples/ddp_train\.py", line [0-9]+ in wait_forever)" "\n"))

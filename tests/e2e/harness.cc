@@ -109,6 +109,7 @@ std::string TestJob::Toml() const {
   if (!workdir.empty()) t << "workdir = " << TomlString(workdir) << "\n";
   if (!code_check.empty()) t << "code_check = " << TomlString(code_check) << "\n";
   t << job_extra;
+  if (!library_check.empty()) t << "library_check = " << TomlString(library_check) << "\n";
   t << "[cluster]\n";
   if (nodes.empty()) {
     t << "nnodes = " << nnodes << "\n";

@@ -28,6 +28,7 @@ struct TestJob {
   std::string workdir;           // job.workdir
   std::string code_check;        // job.code_check
   std::string job_extra;         // more [job] lines, e.g. "preload = [\"torch\"]\n"
+  std::string library_check;     // job.library_check
   int nnodes = 2;                // cluster.nnodes (left out with `nodes`) and trainer.num_nodes
   std::vector<std::string> nodes;  // cluster.nodes, in place of cluster.nnodes
   uint16_t master_port = 0;

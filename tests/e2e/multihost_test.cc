@@ -22,6 +22,7 @@
 namespace ddprun::e2e {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
@@ -254,9 +255,13 @@ TEST_F(MultiHostTest, OnASharedLogsFolderTheSummaryPointsAtTheFailedRanksNode) {
   }
   StartOn(0, {job});
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 1) << Describe();
-  const std::string logs_line = "logs: logs/mh/latest-n1/attempt-0/ (on node 1; each node keeps its own runs "
-                                "under logs/mh/latest-n<node>)";
-  for (auto& agent : agents_) EXPECT_THAT(agent->Output(), HasSubstr(logs_line)) << Describe();
+  // The failed rank's file, on the node (and host) that ran it.
+  for (auto& agent : agents_) {
+    EXPECT_THAT(agent->Output(), ContainsRegex(R"(logs: logs/mh/latest-n1/attempt-0/rank-3\.log on node 1 \([^)]+\), )"
+                                               R"(in its job file's folder; each node keeps its own runs under )"
+                                               R"(logs/mh/latest-n<node>)"))
+        << Describe();
+  }
   // Every host sees the same folder; the line's folder holds the failed rank's log.
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(bed_->Read(i, "logs/mh/latest-n1/attempt-0/rank-3.log"), "rank 3 here\n");

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "schema/canonical.h"
+#include "schema/join_mismatch.h"
+#include "schema/loader.h"
 #include "tests/schema/test_util.h"
 
 namespace ddprun {
@@ -189,6 +191,67 @@ TEST(Canonical, WarnKeepsTheCodeOutOfTheFingerprint) {
   JobSpec refuse = a;
   refuse.job.code_check = JobSpec::CodeCheck::kRefuse;
   EXPECT_NE(Fingerprint(a), Fingerprint(refuse));
+}
+
+// job.library_check works as code_check: off leaves existing fingerprints alone, refuse makes
+// the versions part of the fingerprint, warn keeps them advisory.
+TEST(Canonical, LibraryFieldsOnlyWithLibraryCheck) {
+  JobSpec off = Load(kJob);
+  off.job.libraries.torch = "2.3.1";
+  EXPECT_EQ(CanonicalForm(off), CanonicalForm(Load(kJob)));
+  JobSpec warn = off;
+  warn.job.library_check = JobSpec::CodeCheck::kWarn;
+  JobSpec other = warn;
+  other.job.libraries.torch = "2.4.0";
+  EXPECT_EQ(Fingerprint(warn), Fingerprint(other));
+  EXPECT_EQ(DiffCanonical(CanonicalForm(warn), CanonicalForm(other)),
+            (std::vector<FieldDifference>{{"advisory.libraries.torch", "\"2.3.1\"", "\"2.4.0\""}}));
+  warn.job.library_check = other.job.library_check = JobSpec::CodeCheck::kRefuse;
+  EXPECT_NE(Fingerprint(warn), Fingerprint(other));
+}
+
+// The arguments after `--` are a line of their own, only when given.
+TEST(Canonical, ScriptArgumentsApartFromTheCommand) {
+  JobSpec a = Load(kJob);
+  const std::string without = CanonicalForm(a);
+  AppendScriptArgs(a, {"--lr", "0.1"});
+  EXPECT_EQ(DiffCanonical(without, CanonicalForm(a)),
+            (std::vector<FieldDifference>{{"job.script_args", "(not set)", "[\"--lr\", \"0.1\"]"}}));
+}
+
+// A refusal names each kind of difference with its own hint, and only "job file" for the file.
+TEST(JoinMismatch, NamesCodeArgumentsAndLibrariesAsWhatTheyAre) {
+  JobSpec ours = Load(kJob);
+  ours.job.code_check = JobSpec::CodeCheck::kRefuse;
+  ours.job.library_check = JobSpec::CodeCheck::kRefuse;
+  ours.job.code.script = "train.py";
+  ours.job.code.script_sha256 = "aa";
+  ours.job.libraries.torch = "2.3.1";
+  JobSpec theirs = ours;
+  theirs.job.code.script_sha256 = "bb";
+  EXPECT_EQ(DescribeRefusedJoin(CanonicalForm(ours), CanonicalForm(theirs), 1, "gpu-02").message,
+            "node 1 (host gpu-02) runs different code than node 0 (job.code_check = \"refuse\"):\n"
+            "  code.script_sha256 of \"train.py\": node 1 has \"bb\", node 0 has \"aa\"\n"
+            "hint: deploy the same code to every node (ddprun check prints the script's sha256 and "
+            "the git commit it finds), or set job.code_check = \"warn\" to let such a node run");
+  theirs.job.libraries.torch = "2.4.0";
+  AppendScriptArgs(theirs, {"--lr", "0.2"});
+  theirs.cluster.master_port = 50001;
+  const JoinRefusal all = DescribeRefusedJoin(CanonicalForm(ours), CanonicalForm(theirs), 1, "gpu-02");
+  EXPECT_EQ(all.message,
+            "node 1 (host gpu-02) differs from node 0 in its job file, its code, its arguments after "
+            "`--` and its library versions:\n"
+            "  cluster.master_port: node 1 has 50001, node 0 has 50000\n"
+            "  code.script_sha256 of \"train.py\": node 1 has \"bb\", node 0 has \"aa\"\n"
+            "  arguments after `--`: node 1 has [\"--lr\", \"0.2\"], node 0 has none\n"
+            "  libraries.torch: node 1 has \"2.4.0\", node 0 has \"2.3.1\"\n"
+            "hint: use the same job file on every node (ddprun check prints its fingerprint)\n"
+            "hint: deploy the same code to every node (ddprun check prints the script's sha256 and "
+            "the git commit it finds), or set job.code_check = \"warn\" to let such a node run\n"
+            "hint: start ddprun with the same arguments after `--` on every node\n"
+            "hint: install the same versions on every node (ddprun check lists what it finds here), "
+            "or set job.library_check = \"warn\" to let such a node run");
+  EXPECT_EQ(all.why, "it differs in its job file, its code, its arguments after `--` and its library versions");
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ workdir = "."
 env = { A = "1" }
 code_check = "off"
 preload = ["torch"]
+library_check = "off"
 [cluster]
 nodes = ["a", "b"]
 nnodes = 2

@@ -394,6 +394,14 @@ TEST(Loader, TimeoutConsistency) {
             "node is declared lost after 3 missed beats (6s)\n"
             "  hint: make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"600ms\", or "
             "rendezvous = \"20s\"\n");
+  // Only rendezvous written: the heartbeat is the default, named so, at the rendezvous line.
+  EXPECT_EQ(Diags(Parse(WithBase("[timeouts]\nrendezvous = \"5s\"\nstop_grace = \"1s\"\n"
+                                 "[restart]\nbackoff = \"1s\"\n"))),
+            "13:14: error: timeouts.rendezvous = 5s is too short for the default "
+            "timeouts.heartbeat = 2s (not set in this file): a node is declared lost after 3 "
+            "missed beats (6s)\n"
+            "  hint: make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"500ms\", or "
+            "rendezvous = \"20s\"\n");
   // A default the user never wrote is named as a default, at the setting they did write.
   EXPECT_EQ(Diags(Parse(WithBase("[timeouts]\nrendezvous = \"20s\"\n"))),
             "13:14: warning: the default timeouts.stop_grace = 30s is longer than "
@@ -417,8 +425,9 @@ TEST(Loader, HintsThatWork) {
   const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n";
   EXPECT_EQ(Diags(Parse(head + "nnodes = \"2:4\"\n")),
             "6:10: error: cluster.nnodes must be an integer, not a string\n"
-            "  hint: ddprun runs a fixed number of nodes (no MIN:MAX range as in torchrun's "
-            "--nnodes); write a number, e.g. nnodes = 2\n");
+            "  hint: nnodes is a number, not torchrun's MIN:MAX range: write nnodes = 4 and "
+            "min_nodes = 2 (cluster.min_nodes lets rounds run with fewer nodes when some are "
+            "lost)\n");
   EXPECT_EQ(Diags(Parse(head + "nnodes = \"two\"\n")),
             "6:10: error: cluster.nnodes must be an integer, not a string\n");
   EXPECT_EQ(Diags(Parse(head + "nnodes = 1\n[rendezvous]\ntimeout = \"5m\"\n")),
