@@ -1244,7 +1244,7 @@ void Coordinator::ReviseRootCause(Failure failure, std::vector<CoordinatorEffect
   last_failure_ = failure_;
   // Every node hears the root cause again, so no node is left with the consequence.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
-  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last}, out);
+  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last, failure_->global_rank}, out);
 }
 
 void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<CoordinatorEffect>& out) {
@@ -1282,7 +1282,7 @@ void Coordinator::BeginStop(TimePoint now, Failure failure, std::vector<Coordina
   }
   // Every node hears the root cause with its traceback, also when a restart follows.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
-  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last}, out);
+  Broadcast(wire::StopRound{round_, failure_->what + "\n" + failure_->detail, last, failure_->global_rank}, out);
   MaybeFinishStop(now, out);
 }
 

@@ -113,6 +113,9 @@ struct StopRound {
   /// No restart will follow (the budget is spent): the job's summary repeats the cause with
   /// its traceback, so the agent logs only its first line.
   bool last = false;
+  /// The root cause's global rank; -1 when it is not one rank's failure (a lost node, a
+  /// stall). Agents show the other ranks' consequence errors as one line (agent.cc).
+  int32_t cause_rank = -1;
   bool operator==(const StopRound&) const = default;
 };
 

@@ -556,6 +556,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   launcher_options.report = [&console](const std::string& text) {
     console.Log(core::LogLevel::kError, "agent", text);
   };
+  launcher_options.note = [&console](const std::string& text) {
+    console.Log(core::LogLevel::kInfo, "agent", text);
+  };
   RealProcessLauncher launcher(io, launcher_options);
   console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
 

@@ -1,5 +1,6 @@
 #include "runner/io/process_launcher.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -191,7 +192,7 @@ struct RealProcessLauncher::Worker {
         drain_timer(io),
         progress_timer(io),
         show(shown),
-        splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true)} {}
+        splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true, /*triage=*/true)} {}
   int round = 0;
   int local_rank = 0;
   int global_rank = 0;
@@ -295,6 +296,7 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   worker->round = round;
   worker->local_rank = launch.local_rank;
   worker->global_rank = launch.global_rank;
+  TrackForConsole(round, worker);
 
   auto fail = [&](const std::string& why) {
     asio::post(io_, [this, round, local = launch.local_rank, why] {
@@ -459,7 +461,10 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
     auto deadline = splitter.ProgressDeadline();
     if (deadline && (!next || *deadline < *next)) next = deadline;
   }
-  if (!next || worker->progress_armed == next || worker->reported) return;
+  // After its report, a worker's timer only serves lines held for a verdict (stderr).
+  if (!next || worker->progress_armed == next || (worker->reported && worker->splitters[1].filter().Settled())) {
+    return;
+  }
   worker->progress_armed = next;
   worker->progress_timer.expires_at(*next);
   worker->progress_timer.async_wait([this, worker](error_code ec) {
@@ -472,6 +477,7 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
       if (!console.empty()) Show(s == 1, console);
     }
     ArmProgress(worker);
+    MaybeDigest(worker->round);
   });
 }
 
@@ -502,6 +508,8 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
     }
   }
   CloseLog(*worker);
+  worker->progress_armed.reset();
+  ArmProgress(worker);  // for lines the stderr filter still holds
   error_code ignored;
   worker->out.close(ignored);
   worker->err.close(ignored);
@@ -527,6 +535,51 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
   }
   workers_.erase({worker->round, worker->local_rank});
   if (events_) events_->OnWorkerExited(exited);
+  MaybeDigest(worker->round);
+}
+
+void RealProcessLauncher::TrackForConsole(int round, const std::shared_ptr<Worker>& worker) {
+  // Earlier rounds are forgotten once nothing of theirs waits for the console.
+  for (auto it = rounds_.begin(); it != rounds_.end() && it->first < round;) {
+    const bool settled = std::all_of(it->second.workers.begin(), it->second.workers.end(),
+                                     [](const std::shared_ptr<Worker>& w) {
+                                       return w->reported && w->splitters[1].filter().Settled();
+                                     });
+    it = settled ? rounds_.erase(it) : std::next(it);
+  }
+  rounds_[round].workers.push_back(worker);
+}
+
+void RealProcessLauncher::RootCauseKnown(int round, int cause_rank) {
+  const auto it = rounds_.find(round);
+  if (it == rounds_.end()) return;
+  it->second.cause_rank = cause_rank;
+  for (const std::shared_ptr<Worker>& worker : it->second.workers) {
+    std::string& console = console_buffer_;
+    console.clear();
+    worker->splitters[1].Verdict(worker->global_rank == cause_rank, console);
+    if (!console.empty()) Show(true, console);
+  }
+  MaybeDigest(round);
+}
+
+void RealProcessLauncher::MaybeDigest(int round) {
+  const auto it = rounds_.find(round);
+  if (it == rounds_.end() || !it->second.cause_rank || it->second.digest_told) return;
+  std::vector<CollapsedRank> collapsed;
+  std::string folder;
+  for (const std::shared_ptr<Worker>& worker : it->second.workers) {
+    const ConsequenceFilter& filter = worker->splitters[1].filter();
+    if (!worker->reported || !filter.Settled()) return;  // more may come, or be collapsed
+    if (filter.collapsed_lines() == 0) continue;
+    collapsed.push_back({worker->global_rank, filter.collapsed_lines(), filter.collapsed_lost_peer(),
+                         filter.collapsed_the_stop()});
+    if (folder.empty()) folder = std::filesystem::path(worker->log_path).parent_path().string();
+  }
+  it->second.digest_told = true;
+  if (!collapsed.empty() && options_.note) {
+    options_.note(ConsequenceDigest(round, *it->second.cause_rank, collapsed, folder));
+  }
 }
 
 void RealProcessLauncher::SignalAll(int round, int signal) {
