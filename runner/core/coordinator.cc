@@ -445,7 +445,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
       const std::string quarantined = QuarantineNote(now);
       EndJob(now, ToInt(ExitCode::kOk),
              fmt::format("job \"{}\" succeeded: all {} ranks on {} nodes exited 0 in round {} "
-                         "({} restart{} used){}{}{}",
+                         "({} restart{} used){}{}{}{}",
                          spec_.job.name, static_cast<int>(nodes) * spec_.cluster.nproc_per_node,
                          nodes, round_, restarts_used_, restarts_used_ == 1 ? "" : "s",
                          nodes < slot_at_.size()
@@ -455,7 +455,8 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
                                            shrunk_note_)
                              : "",
                          stragglers_seen_.empty() ? "" : "\n" + StragglerNote(),
-                         quarantined.empty() ? "" : "\n" + quarantined),
+                         quarantined.empty() ? "" : "\n" + quarantined,
+                         earlier_causes_.empty() ? "" : "\n" + EarlierCausesNote()),
              out);
     }
   } else if (const auto* stopped = std::get_if<wire::RoundStopped>(&message)) {
@@ -1311,6 +1312,8 @@ void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>&
                                       never, spec_.restart.max_restarts - restarts_used_,
                                       spec_.restart.max_restarts)});
   } else if (restarts_used_ < spec_.restart.max_restarts) {
+    earlier_causes_.push_back(fmt::format("round {}: {}{}", failure.round, failure.what,
+                                          failure.kinds.empty() ? "" : " (" + failure.kinds.front() + ")"));
     ++restarts_used_;
     ++round_;
     out.push_back(LogLine{LogLevel::kWarn,
@@ -1396,6 +1399,16 @@ std::string Coordinator::NeverRestartRule(const Failure& failure) const {
   return "";
 }
 
+std::string Coordinator::EarlierCausesNote() const {
+  // The newest few; a job restarted a hundred times says how many more there were.
+  constexpr size_t kShown = 5;
+  const size_t skipped = earlier_causes_.size() > kShown ? earlier_causes_.size() - kShown : 0;
+  std::string text = "earlier rounds' root causes:";
+  if (skipped > 0) text += fmt::format("\n  ({} earlier ones in the event log)", skipped);
+  for (size_t i = skipped; i < earlier_causes_.size(); ++i) text += "\n  " + earlier_causes_[i];
+  return text;
+}
+
 std::string Coordinator::FailureSummary(const Failure& failure, int stopped_ranks,
                                         int stopped_nodes, const std::string& never_rule) const {
   if (spec_.job.is_preflight) {
@@ -1426,6 +1439,7 @@ std::string Coordinator::FailureSummary(const Failure& failure, int stopped_rank
   }
   if (!stragglers_seen_.empty()) text += StragglerNote() + "\n";
   if (const std::string q = QuarantineNote(last_input_); !q.empty()) text += q + "\n";
+  if (!earlier_causes_.empty()) text += EarlierCausesNote() + "\n";
   // Each node writes its own run folder (schema/worker_env.h): the root cause's node's, by a
   // link that names the same folder on a logs.dir that the nodes share.
   text += fmt::format("logs: {}/{}/{}/attempt-{}/ (on node {}; each node keeps its own runs under {}/{}/latest-n<node>)",

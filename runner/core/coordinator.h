@@ -258,6 +258,9 @@ class Coordinator {
   void CheckStragglers(TimePoint now, std::vector<CoordinatorEffect>& out);
   /// "stragglers ..." lines for a summary, without a final newline; "" when none was seen.
   std::string StragglerNote() const;
+  /// "earlier rounds: round 0: rank 3 (...) exited with code 1 (RuntimeError); ...": the root
+  /// causes of the rounds that were restarted, for the job's final summary; "" when none.
+  std::string EarlierCausesNote() const;
   std::string RankName(int global_rank) const;
   void EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out);
   void SettleEnd(Slot& slot);
@@ -321,6 +324,7 @@ class Coordinator {
   std::unordered_map<int, RankSeen> ranks_seen_;  // this round's progress reports, by global rank
   std::optional<TimePoint> next_straggler_check_;
   std::vector<std::string> stragglers_seen_;     // every straggler reported in the job, for the summary
+  std::vector<std::string> earlier_causes_;      // each restarted round's root cause, for the summary
   int64_t longest_interval_ms_ = 0;              // learnt: the job's longest beacon interval
   uint64_t hang_judgements_ = 0;
   HangJudgement last_hang_judgement_;

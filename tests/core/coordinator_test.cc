@@ -351,8 +351,9 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
   ASSERT_EQ(stops.size(), 2u) << test::Describe(failed);
   // Every node hears the root cause with the failing rank's stderr, also when a restart follows.
   const std::string cause = what + "\n  last lines of its stderr:\n    | RuntimeError: boom\n";
-  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, cause}}));
-  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, cause}}));
+  // With the cause's rank, so that each node's console can collapse the other ranks' errors.
+  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, cause, false, 3}}));
+  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, cause, false, 3}}));
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping);
 
   // A second failure of the same round is a consequence, not news.
@@ -381,6 +382,15 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
   EXPECT_TRUE(Meaningful(Send(14s, ConnOf(1), wire::RoundStopped{0, 1})).empty());
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRunning);
   EXPECT_EQ(coordinator_->round(), 1);
+
+  // The job's summary still names the restarted round's root cause.
+  Send(15s, ConnOf(1), wire::NodeDone{1});
+  const auto end = Sent<wire::JobEnd>(Send(15s, ConnOf(0), wire::NodeDone{1}));
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_EQ(end[0].second.summary,
+            "job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)\n"
+            "earlier rounds' root causes:\n"
+            "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with code 1 (RuntimeError)");
 }
 
 TEST_F(CoordinatorTest, SecondConfirmationOfTheSameRoundDoesNotChangeTheCount) {
@@ -416,6 +426,8 @@ TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn
             "says only that it lost a peer");
   const auto stops = Sent<wire::StopRound>(revised);
   ASSERT_EQ(stops.size(), 2u) << test::Describe(revised);
+  EXPECT_EQ(stops[0].second.cause_rank, 3);
+  EXPECT_EQ(Sent<wire::StopRound>(first)[0].second.cause_rank, 2);
   EXPECT_EQ(stops[0].second.cause,
             "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1\n"
             "  error (from TORCHELASTIC_ERROR_FILE):\n"
@@ -470,6 +482,8 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "  kind: signal:SIGSEGV\n"
             "  (it wrote nothing to stderr)\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
+            "earlier rounds' root causes:\n"
+            "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with code 1 (RuntimeError)\n"
             "logs: logs/demo/latest-n1/attempt-1/ (on node 1; each node keeps its own runs under logs/demo/latest-n<node>)");
   EXPECT_EQ(coordinator_->exit_code(), 1);
 }
