@@ -14,6 +14,7 @@ packages=(
   strace  # delays a system call of a real agent in tests/e2e (a slow NFS read at start)
   etcd-server etcd-client  # [rendezvous] backend = "etcd": the 3-member cluster in tests/e2e
   chromium  # the browser test of the report pages (tests/browser); skipped without it
+  prometheus  # prometheus and promtool: the metrics endpoint scraped by a real server (tests/e2e)
 )
 if [[ "${DDPRUN_WITH_TORCH:-0}" == 1 ]]; then
   packages+=(python3-torch)

@@ -824,6 +824,8 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
   if (journal_fence_ && *journal_fence_ <= now) journal_fence_.reset();
   if (journal_fence_ && (!gate || *journal_fence_ > *gate)) gate = journal_fence_;
   if (gate) {
+    // Rounded up: "waiting 10s" must not precede a wait of 10.9 s.
+    const Duration wait = std::chrono::ceil<std::chrono::seconds>(*gate - now);
     if (round_gate_ != gate) {
       if (gate == journal_fence_) {
         out.push_back(LogLine{
@@ -831,18 +833,31 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
             fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {}, so "
                         "workers of its rounds may still run until their agents' lease ends (loss "
                         "bound + stop_grace + SIGKILL after its last record)",
-                        round_, round_slots_.size(), HumanDuration(*gate - now), fence_cause_)});
+                        round_, round_slots_.size(), HumanDuration(wait), fence_cause_)});
       } else {
-        std::vector<std::string> names;
-        for (int n : fenced) names.push_back(NodeName(n));
+        // Its rank went to another agent (a new agent of its host, or a spare), or a smaller
+        // round (cluster.min_nodes) simply goes on without it.
+        std::vector<std::string> replaced, left_out;
+        for (int n : fenced) {
+          const Slot& slot = slots_[static_cast<size_t>(n)];
+          const bool in_round = std::find(round_slots_.begin(), round_slots_.end(), n) != round_slots_.end();
+          (in_round || slot.position < 0 ? replaced : left_out).push_back(NodeName(n));
+        }
+        std::vector<std::string> why;
+        if (!replaced.empty()) {
+          why.push_back(fmt::format("{} was lost while its workers ran and a different agent now holds its rank",
+                                    fmt::join(replaced, ", ")));
+        }
+        if (!left_out.empty()) {
+          why.push_back(fmt::format("{} was lost while its workers ran and the round goes on without it",
+                                    fmt::join(left_out, ", ")));
+        }
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {} was "
-                        "lost while its workers ran and a different agent now holds its rank, "
-                        "so the old workers may still run until their agent's lease ends (loss "
-                        "bound + stop_grace + SIGKILL)",
-                        round_, round_slots_.size(), HumanDuration(*gate - now),
-                        fmt::join(names, ", "))});
+            fmt::format("round {}: all {} nodes joined; waiting {} before starting it: {}, so the "
+                        "old workers may still run until their agent's lease ends (loss bound + "
+                        "stop_grace + SIGKILL)",
+                        round_, round_slots_.size(), HumanDuration(wait), fmt::join(why, "; "))});
       }
     }
     round_gate_ = gate;
@@ -1620,9 +1635,12 @@ Coordinator::Failure Coordinator::HangFailure() {
     limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
   } else if (t.progress) {
     limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
-  } else {
+  } else if (probe.first.learnt) {
     limit = fmt::format("timeouts.progress = \"auto\", {} learnt from this job",
                         HumanDuration(Millis(probe.first.timeout_ms)));
+  } else {
+    limit = fmt::format("timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = {}",
+                        FormatDuration(t.progress_start));
   }
   Failure failure;
   failure.round = round_;

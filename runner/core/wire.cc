@@ -166,11 +166,11 @@ void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); w.Str(m.proof); }
 void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); m.proof = r.Str(); }
 void Put(Writer& w, const RankHung& m) {
   w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I64(m.step); w.I64(m.silent_ms);
-  w.I64(m.timeout_ms); w.Bool(m.first_beat);
+  w.I64(m.timeout_ms); w.Bool(m.first_beat); w.Bool(m.learnt);
 }
 void Get(Reader& r, RankHung& m) {
   m.round = r.I32(); m.global_rank = r.I32(); m.local_rank = r.I32(); m.step = r.I64();
-  m.silent_ms = r.I64(); m.timeout_ms = r.I64(); m.first_beat = r.Bool();
+  m.silent_ms = r.I64(); m.timeout_ms = r.I64(); m.first_beat = r.Bool(); m.learnt = r.Bool();
 }
 void Put(Writer& w, const DumpStacks& m) { w.I32(m.round); }
 void Get(Reader& r, DumpStacks& m) { m.round = r.I32(); }

@@ -165,6 +165,9 @@ struct RankHung {
   int64_t silent_ms = 0;    // since its last beacon, or since it started
   int64_t timeout_ms = 0;   // the timeout it went past
   bool first_beat = false;  // no step yet (or a phase): timeouts.progress_start applied
+  /// timeouts.progress = "auto" and the timeout was learnt from this job's beacons (without
+  /// it, nothing was learnt yet and timeouts.progress_start applied).
+  bool learnt = false;
   bool operator==(const RankHung&) const = default;
 };
 

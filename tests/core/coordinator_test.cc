@@ -700,6 +700,21 @@ TEST_F(CoordinatorTest, NodeAwayAtTheEndIsWaitedForAndHearsTheVerdictAfterIt) {
             "node 1 (host gpu-02) joined after the job ended");
 }
 
+// The wait is said rounded up: joined half a second later than below, 35.5 s are left.
+TEST_F(CoordinatorTest, TheFenceWaitIsSaidRoundedUp) {
+  StartFirstRound(0s);
+  Feed(1s, PeerClosed{ConnOf(1), "connection reset by peer"});
+  Send(2s, ConnOf(0), wire::RoundStopped{0, 2});
+  BeatUntil(2s, 13s, {0});
+  Connect(13s + 500ms, 201, "10.0.0.9");
+  const Effects joined = Send(13s + 500ms, 201, JoinOf(1, /*instance=*/77));
+  EXPECT_EQ(FindLog(joined, "waiting"),
+            "round 1: all 2 nodes joined; waiting 36s before starting it: node 1 (gpu-02) was "
+            "lost while its workers ran and a different agent now holds its rank, so the old "
+            "workers may still run until their agent's lease ends (loss bound + stop_grace + "
+            "SIGKILL)");
+}
+
 // Found by the swarm (issue 10): a node lost while its workers ran keeps its rank until its
 // lease has run out, so a different agent taking the rank cannot overlap the old workers.
 TEST_F(CoordinatorTest, RankOfALostNodeIsFencedUntilItsLeaseEndsForADifferentAgent) {
