@@ -296,7 +296,6 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   worker->round = round;
   worker->local_rank = launch.local_rank;
   worker->global_rank = launch.global_rank;
-  TrackForConsole(round, worker);
 
   auto fail = [&](const std::string& why) {
     asio::post(io_, [this, round, local = launch.local_rank, why] {
@@ -358,6 +357,7 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
   worker->process.emplace(std::move(process));
   if (options_.guardian) options_.guardian->Watch(worker->pid);
   workers_[{round, launch.local_rank}] = worker;
+  TrackForConsole(round, worker);
   ArmReap();
 
   worker->process->async_wait([this, worker](error_code wait_ec, int) {

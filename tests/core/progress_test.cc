@@ -401,8 +401,8 @@ TEST_F(AgentProgressTest, AutoBeforeWarmUpUsesTheStartTimeout) {
   EXPECT_FALSE(hung[0].learnt);
   EXPECT_FALSE(hung[0].first_beat);
   EXPECT_EQ(FindLog(e, "sent no progress beacon"),
-            "rank 0 (local rank 0) sent no progress beacon for 1m40s after step 2 (timeouts.progress = "
-            "\"auto\", nothing learnt yet: timeouts.progress_start = 100s); asking every rank where it "
+            "rank 2 (local rank 0) sent no progress beacon for 1m40s after step 2 (timeouts.progress = "
+            "\"auto\", nothing learnt yet: timeouts.progress_start = 1m40s); asking every rank where it "
             "is before the round is stopped");
 }
 
