@@ -111,7 +111,7 @@ Scrape Parse(const std::string& answer) {
       static const std::regex kCommon(R"(\{job_name="[^"]*",node="\d+"(,|\}))");
       std::string key = line.substr(0, line.rfind(' '));
       std::smatch common;
-      const std::string labels = key.substr(m[1].length());
+      const std::string labels = key.substr(static_cast<size_t>(m[1].length()));
       if (!std::regex_search(labels, common, kCommon) || common.position(0) != 0) {
         scrape.error = "no job_name and node labels in line " + std::to_string(number) + ": " + line;
       } else {

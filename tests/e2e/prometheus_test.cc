@@ -40,7 +40,8 @@ bool Required(const std::string& what) {
 std::string UrlEncode(const std::string& text) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;
-  for (const unsigned char c : text) {
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
     if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
       out += static_cast<char>(c);
     } else {
