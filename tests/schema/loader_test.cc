@@ -512,7 +512,8 @@ TEST(Loader, MetricsAreOffUnlessListenIsSet) {
             "13:10: error: metrics.listen = \"127.0.0.1:65535\" with metrics.ports = \"per-node\": agent 1 "
             "would listen on port 65536, out of range\n");
   EXPECT_EQ(Diags(Parse(WithBase("[metrics]\nlisten = \"0.0.0.0:9400\"\nports = \"each\"\n"))),
-            "14:9: error: metrics.ports = \"each\" is not one of \"same\", \"per-node\"\n");
+            "14:9: error: metrics.ports = \"each\" is neither \"same\" nor \"per-node\"\n"
+            "  hint: \"per-node\": node k listens on the port + k\n");
 }
 
 TEST(Loader, MetricsListenErrors) {
@@ -554,7 +555,7 @@ TEST(Loader, MetricsListenErrors) {
             "own address in cluster.nodes, or \"0.0.0.0:9400\"\n");
   EXPECT_EQ(diags("\"0.0.0.0:9400\"\nport = 1"),
             "14:1: error: unknown key `metrics.port`\n"
-            "  hint: known keys in [metrics]: listen\n");
+            "  hint: did you mean `ports`?\n");
   // "*" needs the nodes listed.
   EXPECT_EQ(Diags(Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 2\n"
                         "[metrics]\nlisten = \"*:9400\"\n")),
