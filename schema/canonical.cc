@@ -187,6 +187,7 @@ std::string CanonicalForm(const JobSpec& spec) {
   fields["logs.dir"] = Quote(spec.logs.dir);
   // Only when set, so that files without it keep their fingerprint.
   if (spec.metrics.Served()) fields["metrics.listen"] = Quote(spec.metrics.Listen());
+  if (spec.metrics.port_per_node) fields["metrics.ports"] = Quote("per-node");
 
   std::string out;
   for (const auto& [key, value] : fields) out += fmt::format("{} = {}\n", key, value);

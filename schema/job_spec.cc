@@ -43,6 +43,10 @@ std::string JobSpec::Metrics::Listen() const {
   return (v6 ? "[" + addr + "]" : addr) + ":" + std::to_string(port);
 }
 
+uint16_t JobSpec::MetricsPortOf(int node_rank) const {
+  return metrics.port_per_node ? static_cast<uint16_t>(metrics.port + node_rank) : metrics.port;
+}
+
 std::string JobSpec::MetricsAddressOf(int node_rank) const {
   if (metrics.addr != Metrics::kOwnNodeAddress) return metrics.addr;
   return cluster.HostOf(node_rank);

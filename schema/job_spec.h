@@ -285,6 +285,12 @@ struct JobSpec {
     static constexpr std::string_view kOwnNodeAddress = "*";
     std::string addr;   // an IP address as written ("0.0.0.0", "::", "127.0.0.1"), or "*"
     uint16_t port = 0;  // 0: no endpoint
+    /// metrics.ports = "per-node": agent k (a node, or spare nnodes + s) listens on port + k,
+    /// so that agents that share a host each serve.
+    bool port_per_node = false;
+    /// After the job's end, the endpoint stays up this long, or until one scrape has read the
+    /// final state, whichever comes first: the end is seen by a scraper. 0: none.
+    Duration linger = Seconds(15);
     bool Served() const { return port != 0; }
     /// "ADDR:PORT" as the file writes it ("[::]:9400" for IPv6).
     std::string Listen() const;
@@ -330,6 +336,8 @@ struct JobSpec {
   /// The address agent `node_rank` (a node or a spare) binds for metrics: metrics.addr, or for
   /// "*" its entry of cluster.nodes or cluster.spares (the loader refuses "*" without them).
   std::string MetricsAddressOf(int node_rank) const;
+  /// The port agent `node_rank` listens on for metrics (metrics.port, or + node_rank per node).
+  uint16_t MetricsPortOf(int node_rank) const;
   /// Where `key_path` was written; {0,0} for defaults.
   SourceLoc LocationOf(const std::string& key_path) const;
 };

@@ -318,7 +318,9 @@ constexpr std::array<KeySpec, 2> kLogKeys = {{
 constexpr std::array<std::string_view, 3> kListenExamples = {"0.0.0.0:9400", "127.0.0.1:9400",
                                                             "*:9400"};
 
-constexpr std::array<KeySpec, 1> kMetricsKeys = {{
+constexpr std::array<std::string_view, 2> kMetricsPortModes = {"same", "per-node"};
+
+constexpr std::array<KeySpec, 3> kMetricsKeys = {{
     {.name = "listen", .type = KeyType::kString,
      .doc = "ADDR:PORT where each node serves GET /metrics (Prometheus text format) for itself, "
             "node 0 also for the job. Every node reads the same value: ADDR is an IP address "
@@ -328,6 +330,14 @@ constexpr std::array<KeySpec, 1> kMetricsKeys = {{
             "listen warns and runs the job. Unset: no endpoint.",
      .examples = kListenExamples,
      .pattern = "^(\\*|[0-9.]+|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}$"},
+    {.name = "ports", .type = KeyType::kString,
+     .doc = "\"same\": every node listens on listen's PORT. \"per-node\": node k listens on "
+            "PORT + k (spare s on PORT + nnodes + s), so that several agents on one host each serve.",
+     .values = kMetricsPortModes, .default_value = "same"},
+    {.name = "linger", .type = KeyType::kDuration,
+     .doc = "After the job's end, the endpoint stays up this long, or until one scrape has read "
+            "the final phase, whichever is first, so that a scraper sees the end. \"0s\": none.",
+     .default_value = "15s"},
 }};
 
 constexpr std::array<KeySpec, 11> kSimulateKeys = {{

@@ -126,6 +126,24 @@ void LoadListen(const toml::node& node, TomlReader& reader, const JobSpec::Clust
                   fmt::format("metrics.listen = {}: port {} is a privileged port", shown, *port),
                   "binding it needs root; ports 1024..65535 do not");
   }
+  const int last_agent = cluster.nnodes + cluster.spares - 1;
+  if (metrics.port_per_node && *port + last_agent > range.max) {
+    diags.Error(loc, std::string(kPath),
+                fmt::format("metrics.listen = {} with metrics.ports = \"per-node\": agent {} would "
+                            "listen on port {}, out of range",
+                            shown, last_agent, *port + last_agent));
+    return;
+  }
+  if (kind == AddressKind::kLoopback && last_agent > 0 && !metrics.port_per_node) {
+    diags.Warning(loc, std::string(kPath),
+                  fmt::format("metrics.listen = {}: every node is listed at http://{}/metrics; "
+                              "agents that share a host cannot both listen there",
+                              shown, *text),
+                  fmt::format("set metrics.ports = \"per-node\" (node k listens on port {} + k), "
+                              "or listen on \"*:{}\" or \"0.0.0.0:{}\" when each node has a host "
+                              "of its own",
+                              *port, *port, *port));
+  }
   if (kind == AddressKind::kOneHost && cluster.nnodes > 1) {
     diags.Warning(loc, std::string(kPath),
                   fmt::format("metrics.listen = {}: {} is one host's address, but every node "
@@ -146,6 +164,18 @@ void LoadMetrics(const toml::table& root, TomlReader& reader, const JobSpec::Clu
   const toml::table* table = reader.Table(root, "metrics", "metrics");
   if (!table) return;
   reader.CheckKeys(*table, SectionNamed("metrics"), "metrics");
+  if (const toml::node* node = reader.Node(table, "ports", "metrics.ports")) {
+    if (const auto ports = reader.String(*node, "metrics.ports")) {
+      if (*ports == "per-node") {
+        metrics.port_per_node = true;
+      } else if (*ports != "same") {
+        reader.diags().Error(LocOf(*node), "metrics.ports",
+                             fmt::format("metrics.ports = {} is neither \"same\" nor \"per-node\"", Show(*node)),
+                             "\"per-node\": node k listens on the port + k");
+      }
+    }
+  }
+  reader.ReadDuration(table, "linger", "metrics", metrics.linger);
   if (const toml::node* node = reader.Node(table, "listen", "metrics.listen")) {
     LoadListen(*node, reader, cluster, metrics);
   }

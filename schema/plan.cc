@@ -34,7 +34,7 @@ std::string MetricsUrl(const JobSpec& spec, int node_rank) {
   std::string host = spec.MetricsAddressOf(node_rank);
   if (host == "0.0.0.0" || host == "::") host = HostOf(spec, node_rank);
   if (host.find(':') != std::string::npos) host = "[" + host + "]";
-  return fmt::format("http://{}:{}/metrics", host, spec.metrics.port);
+  return fmt::format("http://{}:{}/metrics", host, spec.MetricsPortOf(node_rank));
 }
 
 uint16_t WorkerMasterPort(const JobSpec& spec) {
@@ -361,9 +361,10 @@ std::string PlanHeader(const JobSpec& spec) {
         spec.metrics.addr == JobSpec::Metrics::kOwnNodeAddress
             ? fmt::format("port {} of its address in cluster.nodes", spec.metrics.port)
             : spec.metrics.Listen();
-    out += fmt::format("metrics: each node serves GET /metrics on {} for itself, node 0 also for "
+    const std::string per_node = spec.metrics.port_per_node ? " + its node rank" : "";
+    out += fmt::format("metrics: each node serves GET /metrics on {}{} for itself, node 0 also for "
                        "the job: {}\n",
-                       where, fmt::join(urls, ", "));
+                       where, per_node, fmt::join(urls, ", "));
   }
   return out;
 }

@@ -16,6 +16,7 @@ packages=(
   chromium  # the browser test of the report pages (tests/browser); skipped without it
   openssh-server openssh-client  # `ddprun up` through real sshd on the test bed (tests/e2e/up_test.cc)
   slurmctld slurmd slurm-client munge  # `srun ddprun` under a real SLURM (tests/e2e/slurm_test.cc)
+  prometheus  # prometheus and promtool: the metrics endpoint scraped by a real server (tests/e2e)
 )
 if [[ "${DDPRUN_WITH_TORCH:-0}" == 1 ]]; then
   packages+=(python3-torch)

@@ -543,6 +543,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     }
     while (!cause.empty() && cause.back() == '\n') cause.pop_back();
     Log(LogLevel::kError, fmt::format("round {} failed: {}", stop->round, cause), out);
+    out.push_back(RootCauseKnown{stop->round, stop->cause_rank});
     StopWorkers(now, out);
     MaybeStopped(out);
   } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {
@@ -867,12 +868,18 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
   const Duration allowed = SilenceAllowed(b);
   const auto& t = spec_.timeouts;
   std::string limit;
-  if (!b.stepped && allowed == t.progress_start) {
+  const bool start_limit = !b.stepped && allowed == t.progress_start;
+  const bool learnt = !t.progress && LearntTimeout().has_value();
+  if (start_limit) {
     limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
   } else if (t.progress) {
     limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
-  } else {
+  } else if (learnt) {
     limit = fmt::format("timeouts.progress = \"auto\": {}", HumanDuration(allowed));
+  } else {
+    // Fewer intervals seen than the warm-up needs: the start-up timeout stands in.
+    limit = fmt::format("timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = {}",
+                        FormatDuration(t.progress_start));
   }
   const int local = static_cast<int>(hung - workers_.data());
   const std::string since = b.after_phase ? "since its last phase"
@@ -885,7 +892,7 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
       out);
   told_ = Told::kFailure;
   Send(wire::RankHung{round_, hung->global_rank, local, b.step, Ms(now - b.since), Ms(allowed),
-                      !b.stepped},
+                      start_limit, learnt},
        out);
 }
 

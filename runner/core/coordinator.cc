@@ -126,7 +126,8 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
   ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed),
          FailureText(spec_, failure, {0, 0, never, restarts_used_, hangs_.StragglerNote(),
-                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank)}),
+                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank),
+                                      EarlierCausesNote(earlier_causes_)}),
          out);
 }
 

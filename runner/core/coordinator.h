@@ -239,6 +239,7 @@ class Coordinator {
   bool commit_rounds_ = false;
   bool took_over_ = false;           // TakeOver: the job began under another holder
   bool ended_by_rule_ = false;       // see ended_by_rule()
+  std::vector<std::string> earlier_causes_;  // the restarted rounds' root causes, for the summaries
   std::string master_addr_;          // PlaceRankZero: every round's MASTER_ADDR; "": the file's
 };
 

@@ -50,6 +50,8 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
   const std::optional<TimePoint> gate = RoundGate(now, fenced);
   const size_t nodes = roster_.players().size();
   if (gate) {
+    // Rounded up: "waiting 10s" must not precede a wait of 10.9 s.
+    const Duration wait = std::chrono::ceil<std::chrono::seconds>(*gate - now);
     if (rendezvous->gate != gate) {
       if (gate == journal_fence_) {
         out.push_back(LogLine{
@@ -57,17 +59,31 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
             fmt::format("round {}: {} joined; waiting {} before starting it: {}, so "
                         "workers of its rounds may still run until their agents' lease ends (loss "
                         "bound + stop_grace + SIGKILL after its last record)",
-                        round_, AllOf(nodes, "node"), HumanDuration(*gate - now), fence_cause_)});
+                        round_, AllOf(nodes, "node"), HumanDuration(wait), fence_cause_)});
       } else {
-        std::vector<std::string> names;
-        for (int agent : fenced) names.push_back(roster_.NodeName(agent));
+        // Its rank went to another agent (a new agent of its host, or a spare), or a smaller
+        // round (cluster.min_nodes) simply goes on without it.
+        std::vector<std::string> replaced, left_out;
+        const std::vector<int>& players = roster_.players();
+        for (int agent : fenced) {
+          const bool in_round = std::find(players.begin(), players.end(), agent) != players.end();
+          (in_round || roster_.at(agent).position < 0 ? replaced : left_out).push_back(roster_.NodeName(agent));
+        }
+        std::vector<std::string> why;
+        if (!replaced.empty()) {
+          why.push_back(fmt::format("{} was lost while its workers ran and a different agent now holds its rank",
+                                    fmt::join(replaced, ", ")));
+        }
+        if (!left_out.empty()) {
+          why.push_back(fmt::format("{} was lost while its workers ran and the round goes on without it",
+                                    fmt::join(left_out, ", ")));
+        }
         out.push_back(LogLine{
             LogLevel::kWarn,
-            fmt::format("round {}: {} joined; waiting {} before starting it: {} was "
-                        "lost while its workers ran and a different agent now holds its rank, "
-                        "so the old workers may still run until their agent's lease ends (loss "
-                        "bound + stop_grace + SIGKILL)",
-                        round_, AllOf(nodes, "node"), HumanDuration(*gate - now), fmt::join(names, ", "))});
+            fmt::format("round {}: {} joined; waiting {} before starting it: {}, so the "
+                        "old workers may still run until their agent's lease ends (loss bound + "
+                        "stop_grace + SIGKILL)",
+                        round_, AllOf(nodes, "node"), HumanDuration(wait), fmt::join(why, "; "))});
       }
     }
     rendezvous->gate = gate;
@@ -246,7 +262,7 @@ void Coordinator::OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<Coordin
   EndJob(now, ToInt(ExitCode::kOk),
          SuccessText(spec_, roster_,
                      {round_, restarts_used_, placement_.shrunk_note(), hangs_.StragglerNote(),
-                      placement_.book().Note(now)}),
+                      placement_.book().Note(now), EarlierCausesNote(earlier_causes_)}),
          out);
 }
 
@@ -285,7 +301,7 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
   const RoundFailure& cause = std::get<Stopping>(state_).failure;
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
   out.push_back(Observed{observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
-  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last}, out);
+  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank}, out);
   MaybeFinishStop(now, out);
 }
 
@@ -304,7 +320,7 @@ void Coordinator::ReviseRootCause(RoundFailure failure, std::vector<CoordinatorE
   // Every node hears the root cause again, so no node is left with the consequence.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
   out.push_back(Observed{observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
-  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last}, out);
+  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank}, out);
 }
 
 void Coordinator::MarkStopped(AgentSlot& slot, int stopped_ranks) {
@@ -337,6 +353,8 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
                                                         "({} of {} restarts left)",
                                                         never, max_restarts - restarts_used_, max_restarts)});
   } else if (restarts_used_ < max_restarts) {
+    earlier_causes_.push_back(fmt::format("round {}: {}{}", failure.round, failure.what,
+                                          failure.kinds.empty() ? "" : " (" + failure.kinds.front() + ")"));
     ++restarts_used_;
     ++round_;
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("all workers stopped ({} stopped by ddprun); restart {} of {} "
@@ -357,7 +375,8 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
   ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed),
          FailureText(spec_, failure, {stopped_ranks, stopped_nodes, never, restarts_used_, hangs_.StragglerNote(),
-                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank)}),
+                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank),
+                                      EarlierCausesNote(earlier_causes_)}),
          out);
 }
 

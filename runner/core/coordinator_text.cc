@@ -126,7 +126,7 @@ std::string RendezvousFailureText(const JobSpec& spec, const Roster& roster) {
 std::string SuccessText(const JobSpec& spec, const Roster& roster, const SuccessFacts& facts) {
   const size_t nodes = roster.players().size();
   const size_t all = roster.holders().size();
-  return fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used){}{}{}",
+  return fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used){}{}{}{}",
                      spec.job.name, AllOf(nodes * static_cast<size_t>(spec.cluster.nproc_per_node), "rank"),
                      Counted(nodes, "node"), facts.round,
                      facts.restarts_used, facts.restarts_used == 1 ? "" : "s",
@@ -135,7 +135,19 @@ std::string SuccessText(const JobSpec& spec, const Roster& roster, const Success
                                                nodes, all, spec.cluster.min_nodes, facts.shrunk_note)
                                  : "",
                      facts.straggler_note.empty() ? "" : "\n" + facts.straggler_note,
-                     facts.quarantine_note.empty() ? "" : "\n" + facts.quarantine_note);
+                     facts.quarantine_note.empty() ? "" : "\n" + facts.quarantine_note,
+                     facts.earlier_causes.empty() ? "" : "\n" + facts.earlier_causes);
+}
+
+std::string EarlierCausesNote(const std::vector<std::string>& causes) {
+  if (causes.empty()) return "";
+  // The newest few; a job restarted a hundred times says how many more there were.
+  constexpr size_t kShown = 5;
+  const size_t skipped = causes.size() > kShown ? causes.size() - kShown : 0;
+  std::string text = "earlier rounds' root causes:";
+  if (skipped > 0) text += fmt::format("\n  ({} earlier ones in the event log)", skipped);
+  for (size_t i = skipped; i < causes.size(); ++i) text += "\n  " + causes[i];
+  return text;
 }
 
 std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const FailureFacts& facts) {
@@ -166,6 +178,7 @@ std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const 
   }
   if (!facts.straggler_note.empty()) text += facts.straggler_note + "\n";
   if (!facts.quarantine_note.empty()) text += facts.quarantine_note + "\n";
+  if (!facts.earlier_causes.empty()) text += facts.earlier_causes + "\n";
   // Each node writes its own run folder (schema/worker_env.h): the root cause's node's, by a
   // link that names the same folder on a logs.dir that the nodes share.
   text += LogsPointer(spec, facts.node_name, failure.node_rank, failure.round, failure.global_rank);

@@ -20,6 +20,10 @@ std::string NeverRestartRule(const JobSpec& spec, const RoundFailure& failure);
 /// Why the rendezvous failed: which node ranks never came, were refused (and why), or left.
 std::string RendezvousFailureText(const JobSpec& spec, const Roster& roster);
 
+/// "earlier rounds' root causes:" and the newest few, one per line ("round 0: rank 3 (node 1
+/// (gpu-02), local rank 1) exited with code 1 (exit:1)"); "" when no round was restarted.
+std::string EarlierCausesNote(const std::vector<std::string>& causes);
+
 /// The job's success: every rank of the last round exited 0.
 struct SuccessFacts {
   int round = 0;
@@ -27,6 +31,7 @@ struct SuccessFacts {
   std::string shrunk_note;      // Placement::shrunk_note()
   std::string straggler_note;   // HangWatch::StragglerNote()
   std::string quarantine_note;  // QuarantineBook::Note()
+  std::string earlier_causes;   // EarlierCausesNote()
 };
 std::string SuccessText(const JobSpec& spec, const Roster& roster, const SuccessFacts& facts);
 
@@ -39,6 +44,7 @@ struct FailureFacts {
   std::string straggler_note;
   std::string quarantine_note;
   std::string node_name;        // the root cause's node as summaries name it: "node 1 (gpu-02)"
+  std::string earlier_causes;   // EarlierCausesNote()
 };
 std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const FailureFacts& facts);
 

@@ -304,6 +304,15 @@ struct SignalForStacks {
 struct ReadStacks {
   int round = 0;
 };
+/// Round `round` is stopping because of `cause_rank` (its root cause; -1 when that is not one
+/// rank, e.g. a lost node): what the other ranks of this node print from now on, and the
+/// errors they printed because they lost that peer, are consequences. The host's console
+/// shows them as one line per node; the log files keep every byte. May come again for the
+/// same round when the coordinator revises the root cause.
+struct RootCauseKnown {
+  int round = 0;
+  int cause_rank = -1;
+};
 /// Print the job's final summary (or a round's root cause) for the user.
 struct PrintSummary {
   std::string text;
@@ -330,6 +339,6 @@ struct ProbeEndpoints {
 
 using AgentEffect = std::variant<ConnectToMaster, SendToMaster, DisconnectFromMaster, SpawnWorkers,
                                  SignalWorkers, SignalForStacks, ReadStacks, ProbeEndpoints, LogLine,
-                                 PrintSummary, AgentExit, RenewLease>;
+                                 PrintSummary, AgentExit, RenewLease, RootCauseKnown>;
 
 }  // namespace ddprun::core

@@ -102,9 +102,12 @@ RoundFailure HangWatch::Verdict(int round, const std::vector<std::string>& reach
     limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
   } else if (t.progress) {
     limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
-  } else {
+  } else if (probe.first.learnt) {
     limit = fmt::format("timeouts.progress = \"auto\", {} learnt from this job",
                         HumanDuration(Millis(probe.first.timeout_ms)));
+  } else {
+    limit = fmt::format("timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = {}",
+                        FormatDuration(t.progress_start));
   }
   RoundFailure failure;
   failure.round = round;

@@ -14,6 +14,8 @@ namespace ddprun::core {
 // The name tables keep in step with the phases they name.
 static_assert(kAgentPhaseNames.size() == static_cast<size_t>(Agent::Phase::kExited) + 1);
 static_assert(kCoordinatorPhaseNames.size() == static_cast<size_t>(Coordinator::Phase::kDone) + 1);
+static_assert(static_cast<size_t>(Coordinator::Phase::kBackoff) == 4 && kJobPhaseNames[4] == "backoff" &&
+              kCoordinatorPhaseNames[4] == "backoff");
 
 namespace {
 
@@ -33,6 +35,7 @@ AgentMetrics Agent::Metrics(TimePoint now) const {
   m.round = round_;
   m.plays = node_rank_;
   m.workers_running = running_workers();
+  m.exit_code = exit_code_;
   // The step and work times of the last progress report (Report), over the full window.
   const size_t buckets = spec_.ProgressWindowBuckets();
   const Duration window = ReportPeriod() * static_cast<int64_t>(buckets);
@@ -55,9 +58,18 @@ AgentMetrics Agent::Metrics(TimePoint now) const {
 
 CoordinatorMetrics Coordinator::Metrics() const {
   CoordinatorMetrics m;
-  m.phase = kCoordinatorPhaseNames[static_cast<size_t>(phase())];
+  m.exit_code = exit_code_;
+  if (exit_code_ && (phase() == Phase::kEnding || phase() == Phase::kDone)) {
+    // 128 + SIGHUP, SIGINT or SIGTERM: the job was interrupted (exit_code.h).
+    const int code = *exit_code_;
+    m.phase = code == 0 ? "succeeded" : (code == 129 || code == 130 || code == 143) ? "interrupted" : "failed";
+  } else {
+    m.phase = kJobPhaseNames[static_cast<size_t>(phase())];  // the first five are the same
+  }
   m.round = round_;
   m.restarts_used = restarts_used_;
+  // Every restart followed a failed round; a failure of the current round is the last one.
+  m.rounds_failed = restarts_used_ + (last_failure_ && last_failure_->round == round_ ? 1 : 0);
   m.restarts_allowed = spec_.restart.max_restarts;
   m.nodes = spec_.cluster.nnodes;
   m.spares = spec_.cluster.spares;

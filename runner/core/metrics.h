@@ -38,6 +38,7 @@ struct AgentMetrics {
   int round = -1;                                // the round it last started; -1 none yet
   int plays = -1;       // the node rank it plays in that round (a spare: the one it replaced)
   int workers_running = 0;
+  std::optional<int> exit_code;                  // once it has decided how it exits
   std::vector<RankMetrics> ranks;                // its running ranks, by local rank
   bool operator==(const AgentMetrics&) const = default;
 };
@@ -57,15 +58,22 @@ struct ReportedRankMetrics {
 inline constexpr std::array<std::string_view, 7> kCoordinatorPhaseNames = {
     "rendezvous", "starting", "running", "stopping", "backoff", "ending", "done"};
 
+/// The job's phase as a metric shows it: the coordinator's phase until the job's outcome is
+/// known, then the outcome ("ending" and "done" say nothing a dashboard can use).
+inline constexpr std::array<std::string_view, 8> kJobPhaseNames = {
+    "rendezvous", "starting", "running", "stopping", "backoff", "succeeded", "failed", "interrupted"};
+
 /// The most ranks a coordinator snapshot lists one by one (stragglers first, then the lowest
 /// ranks): a scrape of a very large job stays small and never holds up the event loop.
 inline constexpr size_t kMaxReportedRanks = 1024;
 
 /// The job, as node 0's coordinator sees it (Coordinator::Metrics).
 struct CoordinatorMetrics {
-  std::string_view phase = kCoordinatorPhaseNames[0];  // one of kCoordinatorPhaseNames
+  std::string_view phase = kJobPhaseNames[0];  // one of kJobPhaseNames
+  std::optional<int> exit_code;                // the job's, once its outcome is known
   int round = 0;
   int restarts_used = 0;
+  int rounds_failed = 0;       // rounds that ended in a failure (restarted or not)
   int restarts_allowed = 0;    // restart.max_restarts
   int nodes = 0;               // the job's node count
   int spares = 0;              // the job's spares (cluster.spares)

@@ -145,8 +145,13 @@ void Get(Reader& r, WorkerFailed& m) {
 }
 void Put(Writer& w, const NodeDone& m) { w.I32(m.round); }
 void Get(Reader& r, NodeDone& m) { m.round = r.I32(); }
-void Put(Writer& w, const StopRound& m) { w.I32(m.round); w.Str(m.cause); w.Bool(m.last); }
-void Get(Reader& r, StopRound& m) { m.round = r.I32(); m.cause = r.Str(); m.last = r.Bool(); }
+void Put(Writer& w, const StopRound& m) { w.I32(m.round); w.Str(m.cause); w.Bool(m.last); w.I32(m.cause_rank); }
+void Get(Reader& r, StopRound& m) {
+  m.round = r.I32();
+  m.cause = r.Str();
+  m.last = r.Bool();
+  m.cause_rank = r.I32();
+}
 void Put(Writer& w, const RoundStopped& m) { w.I32(m.round); w.I32(m.stopped); }
 void Get(Reader& r, RoundStopped& m) { m.round = r.I32(); m.stopped = r.I32(); }
 void Put(Writer& w, const Interrupted& m) { w.I32(m.signal); }
@@ -161,11 +166,11 @@ void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); w.Str(m.proof); }
 void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); m.proof = r.Str(); }
 void Put(Writer& w, const RankHung& m) {
   w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I64(m.step); w.I64(m.silent_ms);
-  w.I64(m.timeout_ms); w.Bool(m.first_beat);
+  w.I64(m.timeout_ms); w.Bool(m.first_beat); w.Bool(m.learnt);
 }
 void Get(Reader& r, RankHung& m) {
   m.round = r.I32(); m.global_rank = r.I32(); m.local_rank = r.I32(); m.step = r.I64();
-  m.silent_ms = r.I64(); m.timeout_ms = r.I64(); m.first_beat = r.Bool();
+  m.silent_ms = r.I64(); m.timeout_ms = r.I64(); m.first_beat = r.Bool(); m.learnt = r.Bool();
 }
 void Put(Writer& w, const DumpStacks& m) { w.I32(m.round); }
 void Get(Reader& r, DumpStacks& m) { m.round = r.I32(); }

@@ -113,6 +113,9 @@ struct StopRound {
   /// No restart will follow (the budget is spent): the job's summary repeats the cause with
   /// its traceback, so the agent logs only its first line.
   bool last = false;
+  /// The root cause's global rank; -1 when it is not one rank's failure (a lost node, a
+  /// stall). Agents show the other ranks' consequence errors as one line (agent.cc).
+  int32_t cause_rank = -1;
   bool operator==(const StopRound&) const = default;
 };
 
@@ -162,6 +165,9 @@ struct RankHung {
   int64_t silent_ms = 0;    // since its last beacon, or since it started
   int64_t timeout_ms = 0;   // the timeout it went past
   bool first_beat = false;  // no step yet (or a phase): timeouts.progress_start applied
+  /// timeouts.progress = "auto" and the timeout was learnt from this job's beacons (without
+  /// it, nothing was learnt yet and timeouts.progress_start applied).
+  bool learnt = false;
   bool operator==(const RankHung&) const = default;
 };
 

@@ -47,10 +47,13 @@ struct NodeMetrics {
   std::optional<core::CoordinatorMetrics> coordinator;  // node 0 only
   /// Node 0, once a failure happened: since node 0 learnt of the latest root cause.
   std::optional<Duration> since_last_failure;
+  /// The wall clock at the snapshot (Unix time), which the real driver reads; the
+  /// `_timestamp_seconds` families are left out without it.
+  std::optional<double> unix_time_seconds;
 };
 
 /// The families of `metrics`: `ddprun_node_*` for the agent on every node, `ddprun_job_*`
-/// for the job on node 0 (docs/running.md, "Metrics", lists them).
+/// for the job on node 0 (docs/metrics.md lists them), each series with `job_name` and `node`.
 std::vector<MetricFamily> MetricFamilies(const NodeMetrics& metrics);
 
 /// RenderPrometheusText(MetricFamilies(metrics)).

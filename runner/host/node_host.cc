@@ -360,6 +360,8 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
       agent_exit_ = exit->code;
     } else if (auto* lease = std::get_if<core::RenewLease>(&effect)) {
       ports_.launcher->RenewLease(lease->kill_at);
+    } else if (auto* cause = std::get_if<core::RootCauseKnown>(&effect)) {
+      ports_.launcher->RootCauseKnown(cause->round, cause->cause_rank);
     }
   }
   effects.clear();

@@ -94,6 +94,10 @@ class ProcessLauncher {
   /// stopped or paused agent). The real launcher tells its guardian; the simulator's kills the
   /// workers of a hung agent then.
   virtual void RenewLease(TimePoint kill_at) = 0;
+  /// Round `round` stops because of `cause_rank` (core::RootCauseKnown): the console may show
+  /// the other ranks' consequence errors as one line. Only a console needs it: the real
+  /// launcher (runner/io/consequence_filter.h); the simulator's workers print nothing.
+  virtual void RootCauseKnown(int /*round*/, int /*cause_rank*/) {}
   /// Where workers send progress beacons ("127.0.0.1:port"), and the token they must carry;
   /// "" when this launcher takes none.
   virtual std::string ProgressAddress() const { return ""; }

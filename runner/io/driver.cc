@@ -52,6 +52,7 @@
 #include "runner/io/worker_module.h"
 #include "schema/canonical.h"
 #include "schema/diagnostics.h"
+#include "schema/duration.h"
 #include "schema/worker_env.h"
 
 extern char** environ;
@@ -96,6 +97,14 @@ class AsioTimer final : public host::Timer {
   std::function<void()> on_fire_;
   uint64_t generation_ = 0;
 };
+
+// The node's metrics with the wall clock, for the `_timestamp_seconds` families.
+host::NodeMetrics MetricsNow(const host::NodeHost& node) {
+  host::NodeMetrics metrics = node.Metrics();
+  metrics.unix_time_seconds =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return metrics;
+}
 
 class TerminalConsole final : public host::Console {
  public:
@@ -638,9 +647,12 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   int exit_code = 70;
   host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
                     events.get(), etcd.get()};
+  // With a metrics endpoint that lingers, the end waits for a scrape of the final state.
+  std::function<void()> on_job_end = [&io] { io.stop(); };
+  bool lingering = false;
   host::NodeHost node(spec, config, ports, [&](int code) {
     exit_code = code;
-    io.stop();
+    on_job_end();
   });
   timer.SetCallback([&] { node.OnTimer(); });
 
@@ -649,6 +661,10 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   std::function<void(error_code, int)> on_signal = [&](error_code ec, int signal) {
     if (ec) return;
+    if (lingering) {  // the job is over; only the metrics wait, and not for an interrupt
+      io.stop();
+      return;
+    }
     node.OnSignal(signal);
     signals.async_wait(on_signal);
   };
@@ -745,9 +761,9 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // The metrics endpoint is an extra: a node that cannot listen says why and runs the job.
   std::optional<MetricsServer> metrics;
   if (spec.metrics.Served()) {
-    metrics.emplace(io, [&node] { return host::RenderMetricsText(node.Metrics()); });
+    metrics.emplace(io, [&node] { return host::RenderMetricsText(MetricsNow(node)); });
     const std::string addr = spec.MetricsAddressOf(options.node_rank);
-    if (const Status listening = metrics->Listen(addr, spec.metrics.port); !listening) {
+    if (const Status listening = metrics->Listen(addr, spec.MetricsPortOf(options.node_rank)); !listening) {
       console.Log(core::LogLevel::kWarn, "agent",
                   fmt::format("metrics.listen = \"{}\": {}; this node serves no metrics, the job goes on",
                               spec.metrics.Listen(), listening.error()));
@@ -758,6 +774,24 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
                   fmt::format("serving GET /metrics on {}{}{}:{} ({})", v6 ? "[" : "", addr, v6 ? "]" : "",
                               metrics->port(), options.node_rank == 0 ? "this node's and the job's" : "this node's"));
     }
+  }
+  asio::steady_timer linger_timer(io);
+  if (metrics && spec.metrics.linger > Duration::zero()) {
+    on_job_end = [&] {
+      lingering = true;
+      const uint64_t first_final_render = metrics->renders() + 1;
+      console.Log(core::LogLevel::kInfo, "agent",
+                  fmt::format("GET /metrics shows the job's end until one scrape has read it, for at "
+                              "most {} (metrics.linger)",
+                              FormatDuration(spec.metrics.linger)));
+      metrics->OnScraped([&io, first_final_render](uint64_t render) {
+        if (render >= first_final_render) io.stop();
+      });
+      linger_timer.expires_after(spec.metrics.linger);
+      linger_timer.async_wait([&io](error_code ec) {
+        if (!ec) io.stop();
+      });
+    };
   }
   guardian.Supervise(io, [&console](const std::string& text) {
     console.Log(core::LogLevel::kWarn, "agent", text);

@@ -82,6 +82,7 @@ struct MetricsServer::Connection {
   std::array<char, kReadChunk> chunk{};
   std::string request;
   std::string response;
+  uint64_t render = 0;  // which render of GET /metrics it answers; 0: another answer
   bool closed = false;
 };
 
@@ -208,15 +209,17 @@ void MetricsServer::Answer(const std::shared_ptr<Connection>& conn, const HttpRe
     return;
   }
   Write(conn, HttpResponse(200, "OK", host::kPrometheusContentType, render_(), head_only));
+  if (!head_only) conn->render = ++renders_;
 }
 
 void MetricsServer::Write(const std::shared_ptr<Connection>& conn, std::string response) {
   conn->response = std::move(response);
-  asio::async_write(conn->socket, asio::buffer(conn->response), [this, conn](error_code, size_t) {
+  asio::async_write(conn->socket, asio::buffer(conn->response), [this, conn](error_code ec, size_t) {
     if (conn->closed) return;
     error_code ignored;
     conn->socket.shutdown(tcp::socket::shutdown_send, ignored);
     Close(conn);
+    if (!ec && conn->render > 0 && on_scraped_) on_scraped_(conn->render);
   });
 }
 

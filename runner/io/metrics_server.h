@@ -71,6 +71,11 @@ class MetricsServer {
   size_t connections() const { return connections_.size(); }
   /// Closes the listener and every connection.
   void Shutdown();
+  /// Called after each GET /metrics whose whole answer was written, with the number of the
+  /// render it carried (1 for the first): the driver's linger waits for one made after the end.
+  void OnScraped(std::function<void(uint64_t)> on_scraped) { on_scraped_ = std::move(on_scraped); }
+  /// GET /metrics answers rendered so far.
+  uint64_t renders() const { return renders_; }
 
  private:
   struct Connection;
@@ -84,6 +89,8 @@ class MetricsServer {
 
   boost::asio::io_context& io_;
   std::function<std::string()> render_;
+  std::function<void(uint64_t)> on_scraped_;
+  uint64_t renders_ = 0;
   Limits limits_;
   std::unique_ptr<Acceptor> acceptor_;
   uint16_t port_ = 0;

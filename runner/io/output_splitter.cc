@@ -1,13 +1,15 @@
 #include "runner/io/output_splitter.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace ddprun::io {
 
-OutputSplitter::OutputSplitter(std::string prefix, bool show, bool keep_tail)
-    : prefix_(std::move(prefix)), show_(show), keep_tail_(keep_tail) {}
+OutputSplitter::OutputSplitter(std::string prefix, bool show, bool keep_tail, bool triage)
+    : prefix_(std::move(prefix)), show_(show), keep_tail_(keep_tail), triage_(triage && show) {}
 
 void OutputSplitter::Feed(std::string_view bytes, Clock::time_point now, std::string& console) {
+  last_now_ = now;
   size_t start = 0;
   while (start < bytes.size()) {
     const size_t end = bytes.find_first_of("\r\n", start);
@@ -21,7 +23,7 @@ void OutputSplitter::Feed(std::string_view bytes, Clock::time_point now, std::st
       const std::string line = partial_.empty() ? std::move(last_segment_) : std::move(partial_);
       const bool shown_as_progress = in_progress_ && line == last_shown_;
       if (!shown_as_progress) {
-        CompleteLine(line, console);
+        CompleteLine(line, now, console);
       } else if (keep_tail_) {
         KeepTail(line);
       }
@@ -47,35 +49,64 @@ void OutputSplitter::Feed(std::string_view bytes, Clock::time_point now, std::st
     progress_ = partial_;
   }
   if (partial_.size() > kMaxLine) {  // a line without end: show it in pieces
-    CompleteLine(partial_, console);
+    CompleteLine(partial_, now, console);
     partial_.clear();
   }
   ShowProgress(now, console);
 }
 
 void OutputSplitter::FlushProgress(Clock::time_point now, std::string& console) {
+  last_now_ = std::max(last_now_, now);
+  if (triage_) {
+    filter_.Expire(now, released_);
+    Print(released_, console);
+  }
   ShowProgress(now, console);
 }
 
 std::optional<OutputSplitter::Clock::time_point> OutputSplitter::ProgressDeadline() const {
-  if (progress_.empty() || progress_ == last_shown_ || !last_progress_time_) return std::nullopt;
-  return *last_progress_time_ + kProgressInterval;
+  std::optional<Clock::time_point> deadline = triage_ ? filter_.Deadline() : std::nullopt;
+  if (progress_.empty() || progress_ == last_shown_ || !last_progress_time_) return deadline;
+  const Clock::time_point progress = *last_progress_time_ + kProgressInterval;
+  return deadline && *deadline < progress ? deadline : progress;
+}
+
+void OutputSplitter::Verdict(bool is_cause, std::string& console) {
+  if (!triage_) return;
+  filter_.Verdict(is_cause, released_);
+  Print(released_, console);
+}
+
+void OutputSplitter::Print(std::vector<std::string>& lines, std::string& console) {
+  for (const std::string& line : lines) {
+    console += prefix_;
+    console += line;
+    console += '\n';
+  }
+  lines.clear();
 }
 
 void OutputSplitter::Finish(std::string& console) {
   std::string line = partial_.empty() ? std::move(last_segment_) : std::move(partial_);
   if (!line.empty()) {
-    if (!(in_progress_ && line == last_shown_)) CompleteLine(line, console);
+    if (!(in_progress_ && line == last_shown_)) CompleteLine(line, last_now_, console);
     else if (keep_tail_) KeepTail(line);
   }
   partial_.clear();
   last_segment_.clear();
   progress_.clear();
   in_progress_ = false;
+  if (triage_) {
+    filter_.Finish(released_);
+    Print(released_, console);
+  }
 }
 
-void OutputSplitter::CompleteLine(std::string_view line, std::string& console) {
-  if (show_) {
+void OutputSplitter::CompleteLine(std::string_view line, Clock::time_point now, std::string& console) {
+  if (triage_) {
+    filter_.Line(std::string(line), now, released_);
+    Print(released_, console);
+  } else if (show_) {
     console += prefix_;
     console += line;
     console += '\n';
@@ -98,7 +129,7 @@ void OutputSplitter::ShowProgress(Clock::time_point now, std::string& console) {
     return;
   }
   if (last_progress_time_ && now < *last_progress_time_ + kProgressInterval) return;  // held back
-  if (show_) {
+  if (show_ && !filter_.collapsing()) {
     console += prefix_;
     console += progress_;
     console += '\n';

@@ -2,8 +2,10 @@
 // One worker output stream (stdout or stderr) cut into what the console shows: whole lines
 // with the rank's prefix, and progress updates (text ended by '\r', as tqdm and Lightning's
 // bar write it) at most one per kProgressInterval, always the latest. Keeps the last lines of
-// stderr for the failure summary. Pure: bytes and `now` in, text out; the launcher owns the
-// pipes, the log file and the timer that calls FlushProgress.
+// stderr for the failure summary. With `triage`, a stderr stream's whole lines pass through a
+// ConsequenceFilter, which holds back a peer's "lost a peer" traceback until the round's root
+// cause is known. Pure: bytes and `now` in, text out; the launcher owns the pipes, the log
+// file and the timer that calls FlushProgress.
 
 #include <chrono>
 #include <cstddef>
@@ -11,6 +13,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "runner/io/consequence_filter.h"
 
 namespace ddprun::io {
 
@@ -27,29 +32,39 @@ class OutputSplitter {
   static constexpr size_t kTailBytes = 8 * 1024;
 
   /// `prefix` starts every console line ("[n1 r9] " or ""); `show` false keeps nothing for
-  /// the console; `keep_tail` keeps the last lines (stderr).
-  OutputSplitter(std::string prefix, bool show, bool keep_tail);
+  /// the console; `keep_tail` keeps the last lines (stderr); `triage` passes the shown lines
+  /// through a ConsequenceFilter (a shown rank's stderr).
+  OutputSplitter(std::string prefix, bool show, bool keep_tail, bool triage = false);
 
   /// Splits `bytes`; appends what the console shows now to `console`. A line's text is what a
   /// terminal would show for it: what follows its last '\r'.
   void Feed(std::string_view bytes, Clock::time_point now, std::string& console);
-  /// Shows a held-back progress update once its time has come.
+  /// Shows a held-back progress update, or held-back lines, once their time has come.
   void FlushProgress(Clock::time_point now, std::string& console);
   /// When FlushProgress has something to show; nullopt when nothing is held back.
   std::optional<Clock::time_point> ProgressDeadline() const;
-  /// End of the stream: shows the last line even without a newline.
+  /// End of the stream: shows the last line even without a newline. Lines the filter holds
+  /// for a verdict stay held (FlushProgress or Verdict shows them, or not).
   void Finish(std::string& console);
+  /// The round's root cause is known (ConsequenceFilter::Verdict); shows what that releases.
+  void Verdict(bool is_cause, std::string& console);
 
   const std::deque<std::string>& tail() const { return tail_; }
+  const ConsequenceFilter& filter() const { return filter_; }
 
  private:
-  void CompleteLine(std::string_view line, std::string& console);
+  void CompleteLine(std::string_view line, Clock::time_point now, std::string& console);
+  void Print(std::vector<std::string>& lines, std::string& console);
   void KeepTail(std::string line);
   void ShowProgress(Clock::time_point now, std::string& console);
 
   std::string prefix_;
   bool show_;
   bool keep_tail_;
+  bool triage_;
+  ConsequenceFilter filter_;
+  std::vector<std::string> released_;  // lines the filter lets through, reused
+  Clock::time_point last_now_{};      // the latest `now` seen, for Finish
   std::string partial_;       // the current line since its last '\r' or '\n'
   bool in_progress_ = false;  // the current line has had a '\r'
   std::string last_segment_;  // the current line's last text ended by '\r'

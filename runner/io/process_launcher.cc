@@ -1,5 +1,6 @@
 #include "runner/io/process_launcher.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -192,7 +193,7 @@ struct RealProcessLauncher::Worker {
         drain_timer(io),
         progress_timer(io),
         show(shown),
-        splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true)} {}
+        splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true, /*triage=*/true)} {}
   int round = 0;
   int local_rank = 0;
   int global_rank = 0;
@@ -431,6 +432,7 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
   bp::process process(io_.get_executor(), worker->pid);
   worker->process.emplace(std::move(process));
   if (options_.guardian) options_.guardian->Watch(worker->pid);
+  TrackForConsole(worker->round, worker);
   ArmReap();
   // A stop that came while the worker waited for the template reaches it now.
   if (stop_signal != 0) ::kill(-worker->pid, stop_signal);
@@ -536,7 +538,10 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
     auto deadline = splitter.ProgressDeadline();
     if (deadline && (!next || *deadline < *next)) next = deadline;
   }
-  if (!next || worker->progress_armed == next || worker->reported) return;
+  // After its report, a worker's timer only serves lines held for a verdict (stderr).
+  if (!next || worker->progress_armed == next || (worker->reported && worker->splitters[1].filter().Settled())) {
+    return;
+  }
   worker->progress_armed = next;
   worker->progress_timer.expires_at(*next);
   worker->progress_timer.async_wait([this, worker](error_code ec) {
@@ -549,6 +554,7 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
       if (!console.empty()) Show(s == 1, console);
     }
     ArmProgress(worker);
+    MaybeDigest(worker->round);
   });
 }
 
@@ -579,6 +585,8 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
     }
   }
   CloseLog(*worker);
+  worker->progress_armed.reset();
+  ArmProgress(worker);  // for lines the stderr filter still holds
   error_code ignored;
   worker->out.close(ignored);
   worker->err.close(ignored);
@@ -604,6 +612,51 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
   }
   workers_.erase({worker->round, worker->local_rank});
   if (events_) events_->OnWorkerExited(exited);
+  MaybeDigest(worker->round);
+}
+
+void RealProcessLauncher::TrackForConsole(int round, const std::shared_ptr<Worker>& worker) {
+  // Earlier rounds are forgotten once nothing of theirs waits for the console.
+  for (auto it = rounds_.begin(); it != rounds_.end() && it->first < round;) {
+    const bool settled = std::all_of(it->second.workers.begin(), it->second.workers.end(),
+                                     [](const std::shared_ptr<Worker>& w) {
+                                       return w->reported && w->splitters[1].filter().Settled();
+                                     });
+    it = settled ? rounds_.erase(it) : std::next(it);
+  }
+  rounds_[round].workers.push_back(worker);
+}
+
+void RealProcessLauncher::RootCauseKnown(int round, int cause_rank) {
+  const auto it = rounds_.find(round);
+  if (it == rounds_.end()) return;
+  it->second.cause_rank = cause_rank;
+  for (const std::shared_ptr<Worker>& worker : it->second.workers) {
+    std::string& console = console_buffer_;
+    console.clear();
+    worker->splitters[1].Verdict(worker->global_rank == cause_rank, console);
+    if (!console.empty()) Show(true, console);
+  }
+  MaybeDigest(round);
+}
+
+void RealProcessLauncher::MaybeDigest(int round) {
+  const auto it = rounds_.find(round);
+  if (it == rounds_.end() || !it->second.cause_rank || it->second.digest_told) return;
+  std::vector<CollapsedRank> collapsed;
+  std::string folder;
+  for (const std::shared_ptr<Worker>& worker : it->second.workers) {
+    const ConsequenceFilter& filter = worker->splitters[1].filter();
+    if (!worker->reported || !filter.Settled()) return;  // more may come, or be collapsed
+    if (filter.collapsed_lines() == 0) continue;
+    collapsed.push_back({worker->global_rank, filter.collapsed_lines(), filter.collapsed_lost_peer(),
+                         filter.collapsed_the_stop()});
+    if (folder.empty()) folder = std::filesystem::path(worker->log_path).parent_path().string();
+  }
+  it->second.digest_told = true;
+  if (!collapsed.empty() && options_.note) {
+    options_.note(ConsequenceDigest(round, *it->second.cause_rank, collapsed, folder));
+  }
 }
 
 void RealProcessLauncher::SignalAll(int round, int signal) {

@@ -65,6 +65,8 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     std::optional<int> raw_console_rank;
     /// Says a problem with the logs on the console (an error line).
     std::function<void(const std::string&)> report;
+    /// Says a fact on the console (an info line): the digest of the consequences not shown.
+    std::function<void(const std::string&)> note;
     /// Where shown output goes without ever blocking the loop (null: straight to stdio).
     ConsoleWriter* console_writer = nullptr;
     /// RLIMIT_NOFILE for workers (the agent raises its own); rlim_cur 0: inherit the agent's.
@@ -91,6 +93,9 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   /// Tells the guardian; without one (it could not be forked) nothing enforces the lease
   /// while the agent does not run.
   void RenewLease(TimePoint kill_at) override;
+  /// The other ranks' held and later stderr stays off the console (consequence_filter.h);
+  /// once every worker of the round has reported, one line says what was left out.
+  void RootCauseKnown(int round, int cause_rank) override;
   std::string ProgressAddress() const override;
   std::string ProgressToken() const override;
 
@@ -139,11 +144,22 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   /// Reaps again after kReapInterval, and then as long as workers run.
   void ArmReap();
   void Show(bool is_stderr, std::string_view text);
+  void TrackForConsole(int round, const std::shared_ptr<Worker>& worker);
+  /// Prints the round's digest of consequences not shown, once it is complete.
+  void MaybeDigest(int round);
+
+  /// A round's workers on this node, kept until nothing of theirs waits for the console.
+  struct RoundConsole {
+    std::vector<std::shared_ptr<Worker>> workers;
+    std::optional<int> cause_rank;  // set by RootCauseKnown
+    bool digest_told = false;
+  };
 
   boost::asio::io_context& io_;
   Options options_;
   host::ProcessEvents* events_ = nullptr;
   std::map<std::pair<int, int>, std::shared_ptr<Worker>> workers_;  // (round, local rank)
+  std::map<int, RoundConsole> rounds_;
   std::string console_buffer_;  // reused for every chunk of output
   UniqueFd run_fd_;             // this run's log folder, once created
   std::vector<std::string> log_problems_;

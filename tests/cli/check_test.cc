@@ -523,6 +523,12 @@ TEST(Cli, CheckSaysWhereMetricsAreServed) {
   const auto j = nlohmann::json::parse(json.out);
   EXPECT_EQ(j["plan"]["metrics_listen"], "127.0.0.1:9400");
   EXPECT_EQ(j["plan"]["nodes"][1]["metrics_url"], "http://127.0.0.1:9400/metrics");
+  // Agents that share a host: a port per node, and check lists each URL.
+  const Output per_node = RunDdprun("check --json " + TempFile("metrics-per-node.toml", base +
+                                    "listen = \"127.0.0.1:9400\"\nports = \"per-node\"\n"));
+  const auto p = nlohmann::json::parse(per_node.out);
+  EXPECT_EQ(p["plan"]["nodes"][0]["metrics_url"], "http://127.0.0.1:9400/metrics");
+  EXPECT_EQ(p["plan"]["nodes"][2]["metrics_url"], "http://127.0.0.1:9402/metrics");
 
   const std::string bad_path = TempFile("metrics-bad.toml", base + "listen = \"gpu-01:9400\"\n");
   const SplitOutput bad = RunDdprunSplit("check " + bad_path);

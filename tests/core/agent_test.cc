@@ -319,9 +319,13 @@ TEST_F(AgentTest, SigkillFollowsStopGraceExactly) {
 TEST_F(AgentTest, StopRoundStopsEveryWorkerAndConfirmsWithTheCount) {
   Running(0s);
   EXPECT_TRUE(Meaningful(Msg(1s, wire::StopRound{5, "stale"})).empty());
-  const Effects e = Msg(2s, wire::StopRound{0, "rank 0 (node 0 (gpu-01), local rank 0) exited with code 1"});
+  const Effects e = Msg(2s, wire::StopRound{0, "rank 0 (node 0 (gpu-01), local rank 0) exited with code 1", false, 0});
   EXPECT_EQ(FindLog(e, "round 0 failed"),
             "round 0 failed: rank 0 (node 0 (gpu-01), local rank 0) exited with code 1");
+  // The host's console learns which rank is the cause, to collapse the others' consequences.
+  ASSERT_EQ(All<RootCauseKnown>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<RootCauseKnown>(e)[0].round, 0);
+  EXPECT_EQ(All<RootCauseKnown>(e)[0].cause_rank, 0);
   ASSERT_EQ(All<SignalWorkers>(e).size(), 1u);
   EXPECT_EQ(All<SignalWorkers>(e)[0].signal, SIGTERM);
   // Workers dying of the SIGTERM are not failures to report.

@@ -331,8 +331,9 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
   ASSERT_EQ(stops.size(), 2u) << test::Describe(failed);
   // Every node hears the root cause with the failing rank's stderr, also when a restart follows.
   const std::string cause = what + "\n  last lines of its stderr:\n    | RuntimeError: boom\n";
-  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, cause}}));
-  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, cause}}));
+  // With the cause's rank, so that each node's console can collapse the other ranks' errors.
+  EXPECT_EQ(stops[0], (std::pair<ConnId, wire::StopRound>{100, {0, cause, false, 3}}));
+  EXPECT_EQ(stops[1], (std::pair<ConnId, wire::StopRound>{101, {0, cause, false, 3}}));
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping);
 
   // A second failure of the same round is a consequence, not news.
@@ -361,6 +362,15 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
   EXPECT_TRUE(Meaningful(Send(14s, ConnOf(1), wire::RoundStopped{0, 1})).empty());
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kRunning);
   EXPECT_EQ(coordinator_->round(), 1);
+
+  // The job's summary still names the restarted round's root cause.
+  Send(15s, ConnOf(1), wire::NodeDone{1});
+  const auto end = Sent<wire::JobEnd>(Send(15s, ConnOf(0), wire::NodeDone{1}));
+  ASSERT_EQ(end.size(), 2u);
+  EXPECT_EQ(end[0].second.summary,
+            "job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)\n"
+            "earlier rounds' root causes:\n"
+            "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with code 1 (RuntimeError)");
 }
 
 TEST_F(CoordinatorTest, SecondConfirmationOfTheSameRoundDoesNotChangeTheCount) {
@@ -396,6 +406,8 @@ TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn
             "says only that it lost a peer");
   const auto stops = Sent<wire::StopRound>(revised);
   ASSERT_EQ(stops.size(), 2u) << test::Describe(revised);
+  EXPECT_EQ(stops[0].second.cause_rank, 3);
+  EXPECT_EQ(Sent<wire::StopRound>(first)[0].second.cause_rank, 2);
   EXPECT_EQ(stops[0].second.cause,
             "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1\n"
             "  error (from TORCHELASTIC_ERROR_FILE):\n"
@@ -450,6 +462,8 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "  kind: signal:SIGSEGV\n"
             "  (it wrote nothing to stderr)\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
+            "earlier rounds' root causes:\n"
+            "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with code 1 (RuntimeError)\n"
             "logs: logs/demo/latest-n1/attempt-1/rank-2.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
             "own runs under logs/demo/latest-n<node>");
   EXPECT_EQ(coordinator_->exit_code(), 1);
@@ -668,6 +682,21 @@ TEST_F(CoordinatorTest, NodeAwayAtTheEndIsWaitedForAndHearsTheVerdictAfterIt) {
   ASSERT_EQ(Sent<wire::Reject>(other).size(), 1u) << test::Describe(other);
   EXPECT_EQ(Sent<wire::Reject>(other)[0].second.reason,
             "node 1 (host gpu-02) joined after the job ended");
+}
+
+// The wait is said rounded up: joined half a second later than below, 35.5 s are left.
+TEST_F(CoordinatorTest, TheFenceWaitIsSaidRoundedUp) {
+  StartFirstRound(0s);
+  Feed(1s, PeerClosed{ConnOf(1), "connection reset by peer"});
+  Send(2s, ConnOf(0), wire::RoundStopped{0, 2});
+  BeatUntil(2s, 13s, {0});
+  Connect(13s + 500ms, 201, "10.0.0.9");
+  const Effects joined = Send(13s + 500ms, 201, JoinOf(1, /*instance=*/77));
+  EXPECT_EQ(FindLog(joined, "waiting"),
+            "round 1: all 2 nodes joined; waiting 36s before starting it: node 1 (gpu-02) was "
+            "lost while its workers ran and a different agent now holds its rank, so the old "
+            "workers may still run until their agent's lease ends (loss bound + stop_grace + "
+            "SIGKILL)");
 }
 
 // Found by the swarm (issue 10): a node lost while its workers ran keeps its rank until its

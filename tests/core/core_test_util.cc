@@ -96,6 +96,9 @@ struct AgentNamer {
     return fmt::format("renew lease: kill at {} ms",
                        std::chrono::duration_cast<std::chrono::milliseconds>(e.kill_at.time_since_epoch()).count());
   }
+  std::string operator()(const RootCauseKnown& e) const {
+    return fmt::format("root cause of round {}: rank {}", e.round, e.cause_rank);
+  }
 };
 
 template <typename Effect, typename Namer>

@@ -296,7 +296,9 @@ TEST(LoopbackTest, FailureRestartsEveryNodeThenSucceeds) {
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(net.node(n).summaries,
               std::vector<std::string>{"job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in "
-                                       "round 1 (1 restart used)"});
+                                       "round 1 (1 restart used)\nearlier rounds' root causes:\n"
+                                       "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with "
+                                       "code 1 (RuntimeError)"});
     EXPECT_EQ(net.node(n).exit_code, 0);
   }
   EXPECT_EQ(net.coordinator_exit(), 0);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
+
 #include <memory>
 #include <string>
 
@@ -144,6 +146,54 @@ TEST_F(CoordinatorMetricsTest, FromRendezvousThroughAFailureToTheRestart) {
   EXPECT_EQ(backoff.restarts_used, 1);
   EXPECT_EQ(backoff.last_failure_round, std::optional<int>(0));
   EXPECT_EQ(backoff.last_failure_kind, "exit:1");
+  EXPECT_EQ(backoff.rounds_failed, 1);
+  EXPECT_EQ(backoff.exit_code, std::nullopt);
+}
+
+// The job's end is a phase a dashboard can read: succeeded, failed or interrupted.
+TEST_F(CoordinatorMetricsTest, TheEndIsTheOutcomeWithItsExitCodeAndTheFailuresCounted) {
+  Join(0s, 0);
+  Join(0s, 1);
+  Feed(0s, StorePortReady{0, 41000});
+  Send(1s, 1, wire::WorkerFailed{0, 3, 1, 1, 0, "boom", ""});
+  EXPECT_EQ(coordinator_->Metrics().rounds_failed, 1);
+  Send(1s, 0, wire::RoundStopped{0, 2});
+  Send(1s, 1, wire::RoundStopped{0, 1});
+  for (Duration t = 2s; t <= 12s; t += 1s) {
+    Send(t, 0, wire::Heartbeat{});
+    Send(t, 1, wire::Heartbeat{});
+    Feed(t, Tick{});
+  }
+  Feed(12s, StorePortReady{1, 41001});
+  ASSERT_EQ(coordinator_->Metrics().phase, "running");
+  // Round 1 fails too, with no restart left: the job failed.
+  Send(13s, 1, wire::WorkerFailed{1, 2, 0, 1, 0, "boom", ""});
+  Send(13s, 0, wire::RoundStopped{1, 2});
+  Send(13s, 1, wire::RoundStopped{1, 1});
+  const CoordinatorMetrics failed = coordinator_->Metrics();
+  EXPECT_EQ(failed.phase, "failed");
+  EXPECT_EQ(failed.exit_code, std::optional<int>(1));
+  EXPECT_EQ(failed.restarts_used, 1);
+  EXPECT_EQ(failed.rounds_failed, 2);
+
+  UseJob(std::string(kTwoNodeJob));
+  Join(0s, 0);
+  Join(0s, 1);
+  Feed(0s, StorePortReady{0, 41000});
+  Send(1s, 0, wire::NodeDone{0});
+  Send(1s, 1, wire::NodeDone{0});
+  const CoordinatorMetrics succeeded = coordinator_->Metrics();
+  EXPECT_EQ(succeeded.phase, "succeeded");
+  EXPECT_EQ(succeeded.exit_code, std::optional<int>(0));
+  EXPECT_EQ(succeeded.rounds_failed, 0);
+
+  UseJob(std::string(kTwoNodeJob));
+  Join(0s, 0);
+  Join(0s, 1);
+  Feed(0s, StorePortReady{0, 41000});
+  Send(1s, 0, wire::Interrupted{SIGINT});
+  EXPECT_EQ(coordinator_->Metrics().phase, "interrupted");
+  EXPECT_EQ(coordinator_->Metrics().exit_code, std::optional<int>(130));
 }
 
 TEST_F(CoordinatorMetricsTest, ANodeThatLeftIsAwayAndAJoinedSpareWaits) {

@@ -380,7 +380,16 @@ TEST_F(AgentProgressTest, AutoBeforeWarmUpUsesTheStartTimeout) {
   for (Duration t = 3s; t <= 102s; t += 1s) {
     EXPECT_TRUE(Sent<wire::RankHung>(Msg(t, wire::Heartbeat{})).empty()) << t.count();
   }
-  EXPECT_EQ(Sent<wire::RankHung>(Feed(102s + kNs, Tick{})).size(), 1u);
+  const AgentEffects e = Feed(102s + kNs, Tick{});
+  const auto hung = Sent<wire::RankHung>(e);
+  ASSERT_EQ(hung.size(), 1u);
+  // It says that the start-up timeout stood in, not that 100 s were learnt.
+  EXPECT_FALSE(hung[0].learnt);
+  EXPECT_FALSE(hung[0].first_beat);
+  EXPECT_EQ(FindLog(e, "sent no progress beacon"),
+            "rank 2 (local rank 0) sent no progress beacon for 1m40s after step 2 (timeouts.progress = "
+            "\"auto\", nothing learnt yet: timeouts.progress_start = 1m40s); asking every rank where it "
+            "is before the round is stopped");
 }
 
 TEST_F(AgentProgressTest, BeaconsOfAnotherRoundOrUnknownRanksAreIgnored) {
@@ -507,6 +516,28 @@ TEST_F(CoordinatorProgressTest, AHungRankIsNamedFromEveryRanksStackAndTheRoundSt
       << cause;
   EXPECT_NE(cause.find("    3 ranks 0-2, last step 41: in all_reduce at train.py:95\n"), std::string::npos) << cause;
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping);
+}
+
+// timeouts.progress = "auto": the cause says whether the timeout was learnt, or whether
+// timeouts.progress_start stood in because nothing was learnt yet.
+TEST_F(CoordinatorProgressTest, AnAutoTimeoutSaysWhetherItWasLearnt) {
+  for (const bool learnt : {false, true}) {
+    SCOPED_TRACE(learnt ? "learnt" : "nothing learnt");
+    UseJob("progress = \"auto\"\nprogress_start = \"20s\"\n");
+    StartRound();
+    BeatUntil(0s, 40s);
+    Send(41s, 1, wire::RankHung{0, 3, 1, 41, 20'001, 20'000, false, learnt});
+    Send(41s, 0, wire::RankStacks{0, {{0, 41, 30'000, Stack(kAllReduce)}, {1, 41, 30'000, Stack(kAllReduce)}}});
+    const auto stops = Sent<wire::StopRound>(
+        Send(41s, 1, wire::RankStacks{0, {{2, 41, 30'000, Stack(kAllReduce)}, {3, 41, 20'001, Stack(kLoader)}}}));
+    ASSERT_EQ(stops.size(), 2u);
+    const std::string& cause = stops[0].second.cause;
+    EXPECT_EQ(cause.substr(0, cause.find('\n')),
+              learnt ? "rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 20s after step 41 "
+                       "(timeouts.progress = \"auto\", 20s learnt from this job)"
+                     : "rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 20s after step 41 "
+                       "(timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = 20s)");
+  }
 }
 
 TEST_F(CoordinatorProgressTest, ANodeThatDoesNotAnswerDoesNotHoldTheStopBack) {

@@ -72,6 +72,11 @@ TEST_F(ShrinkTest, ALostNodeIsLeftOutAfterReplaceAndItsLeaseAndTheOthersCloseRan
   // Away for more than replace at 21 s, but its workers may run until its lease ends at 58 s.
   const Effects wait = BeatUntil(11s, 57s, {{0, 0}, {2, 0}});
   EXPECT_TRUE(All<ReserveStorePort>(wait).empty()) << test::Describe(wait);
+  // Nobody took its rank: the smaller round goes on without it, after its lease.
+  EXPECT_EQ(FindLog(wait, "waiting"),
+            "round 1: all 2 nodes joined; waiting 37s before starting it: node 1 (gpu-02) was lost "
+            "while its workers ran and the round goes on without it, so the old workers may still "
+            "run until their agent's lease ends (loss bound + stop_grace + SIGKILL)");
   const Effects gate = BeatUntil(57s, 58s, {{0, 0}, {2, 0}});
   ASSERT_EQ(All<ReserveStorePort>(gate).size(), 1u) << test::Describe(gate);
   const Effects start = Feed(58s, StorePortReady{1, 41001});

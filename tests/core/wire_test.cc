@@ -28,6 +28,7 @@ std::vector<Message> Samples() {
       WorkerFailed{2, 13, 5, -1, 9, std::string("NCCL error\0with a NUL\n", 22), "{\"message\": 1}"},
       NodeDone{1},
       StopRound{3, "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1"},
+      StopRound{3, "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1", true, 3},
       RoundStopped{3, 7},
       Interrupted{15},
       JobEnd{1, "job \"demo\" FAILED in round 1\n\xe2\x9c\x97 unicode kept"},

@@ -117,6 +117,10 @@ bool WaitFor(Predicate predicate, std::chrono::milliseconds limit) {
 /// Reads `KEY=VALUE` lines (as `env` prints them) into a map.
 std::map<std::string, std::string> ParseEnvDump(const std::string& text);
 
+/// What an HTTP server on addr:port (IPv4) answered to `GET path`, headers and body, read until
+/// it closes or is silent for 5 s; "" when it could not connect.
+std::string HttpGet(const std::string& addr, uint16_t port, const std::string& path);
+
 /// Runs `command` with sh, its output discarded; its exit status.
 int Shell(const std::string& command);
 

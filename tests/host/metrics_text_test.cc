@@ -84,40 +84,46 @@ TEST(MetricsTextTest, AnAgentServesItsNodeAndRanks) {
   NodeMetrics metrics;
   metrics.job = "demo \"q\"";
   metrics.agent = NodeOne();
+  metrics.unix_time_seconds = 1000.5;
+  const std::string common = "job_name=\"demo \\\"q\\\"\",node=\"1\"";
   EXPECT_EQ(RenderMetricsText(metrics),
             "# HELP ddprun_node_info This node's agent: its job, node rank, host and ddprun version.\n"
             "# TYPE ddprun_node_info gauge\n"
-            "ddprun_node_info{job_name=\"demo \\\"q\\\"\",node=\"1\",host=\"gpu-02\",version=\"0.1.0\"} 1\n"
+            "ddprun_node_info{" + common + ",host=\"gpu-02\",version=\"0.1.0\"} 1\n"
             "# HELP ddprun_node_phase The agent's phase: 1 for the one it is in.\n"
             "# TYPE ddprun_node_phase gauge\n"
-            "ddprun_node_phase{phase=\"connecting\"} 0\n"
-            "ddprun_node_phase{phase=\"retry-wait\"} 0\n"
-            "ddprun_node_phase{phase=\"joining\"} 0\n"
-            "ddprun_node_phase{phase=\"waiting\"} 0\n"
-            "ddprun_node_phase{phase=\"running\"} 1\n"
-            "ddprun_node_phase{phase=\"exited\"} 0\n"
+            "ddprun_node_phase{" + common + ",phase=\"connecting\"} 0\n"
+            "ddprun_node_phase{" + common + ",phase=\"retry-wait\"} 0\n"
+            "ddprun_node_phase{" + common + ",phase=\"joining\"} 0\n"
+            "ddprun_node_phase{" + common + ",phase=\"waiting\"} 0\n"
+            "ddprun_node_phase{" + common + ",phase=\"running\"} 1\n"
+            "ddprun_node_phase{" + common + ",phase=\"exited\"} 0\n"
             "# HELP ddprun_node_round The round this node last started; -1 before its first.\n"
             "# TYPE ddprun_node_round gauge\n"
-            "ddprun_node_round 2\n"
+            "ddprun_node_round{" + common + "} 2\n"
             "# HELP ddprun_node_plays_node_rank The node rank this agent plays in that round: its own, or "
             "for a spare the one it replaced; -1 before its first.\n"
             "# TYPE ddprun_node_plays_node_rank gauge\n"
-            "ddprun_node_plays_node_rank 1\n"
+            "ddprun_node_plays_node_rank{" + common + "} 1\n"
             "# HELP ddprun_node_workers_running Workers of this node that run now.\n"
             "# TYPE ddprun_node_workers_running gauge\n"
-            "ddprun_node_workers_running 2\n"
+            "ddprun_node_workers_running{" + common + "} 2\n"
             "# HELP ddprun_node_rank_last_step A running rank's last step, from its progress beacons.\n"
             "# TYPE ddprun_node_rank_last_step gauge\n"
-            "ddprun_node_rank_last_step{rank=\"2\"} 41\n"
-            "# HELP ddprun_node_rank_seconds_since_beacon Seconds since a running rank's last step or phase beacon.\n"
-            "# TYPE ddprun_node_rank_seconds_since_beacon gauge\n"
-            "ddprun_node_rank_seconds_since_beacon{rank=\"2\"} 0.25\n"
+            "ddprun_node_rank_last_step{" + common + ",rank=\"2\"} 41\n"
+            "# HELP ddprun_node_rank_last_beacon_timestamp_seconds When a running rank sent its last step "
+            "or phase beacon (Unix time).\n"
+            "# TYPE ddprun_node_rank_last_beacon_timestamp_seconds gauge\n"
+            "ddprun_node_rank_last_beacon_timestamp_seconds{" + common + ",rank=\"2\"} 1000.25\n"
             "# HELP ddprun_node_rank_step_seconds A running rank's time per step over the straggler window.\n"
             "# TYPE ddprun_node_rank_step_seconds gauge\n"
-            "ddprun_node_rank_step_seconds{rank=\"2\"} 1\n"
+            "ddprun_node_rank_step_seconds{" + common + ",rank=\"2\"} 1\n"
             "# HELP ddprun_node_rank_work_seconds A running rank's own work per step (without waiting for the others).\n"
             "# TYPE ddprun_node_rank_work_seconds gauge\n"
-            "ddprun_node_rank_work_seconds{rank=\"2\"} 0.8\n");
+            "ddprun_node_rank_work_seconds{" + common + ",rank=\"2\"} 0.8\n");
+  // Without the wall clock (the simulator), no timestamps.
+  metrics.unix_time_seconds.reset();
+  EXPECT_EQ(RenderMetricsText(metrics).find("timestamp"), std::string::npos);
 }
 
 TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
@@ -132,6 +138,7 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
   c.phase = "backoff";
   c.round = 1;
   c.restarts_used = 1;
+  c.rounds_failed = 1;
   c.restarts_allowed = 3;
   c.nodes = 2;
   c.spares = 1;
@@ -147,80 +154,102 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
   c.ranks = {{0, 0, 100, 1500ms, 1s, false}, {3, 1, 99, 1500ms, std::nullopt, true}};
   metrics.coordinator = c;
   metrics.since_last_failure = 12s;
+  metrics.unix_time_seconds = 2000;
   const std::string text = RenderMetricsText(metrics);
   const std::string job = text.substr(text.find("# HELP ddprun_job_phase"));
+  const std::string common = "job_name=\"demo\",node=\"0\"";
   EXPECT_EQ(job,
-            "# HELP ddprun_job_phase The coordinator's phase: 1 for the one it is in.\n"
+            "# HELP ddprun_job_phase The job's phase: 1 for the one it is in; succeeded, failed or "
+            "interrupted once it ended.\n"
             "# TYPE ddprun_job_phase gauge\n"
-            "ddprun_job_phase{phase=\"rendezvous\"} 0\n"
-            "ddprun_job_phase{phase=\"starting\"} 0\n"
-            "ddprun_job_phase{phase=\"running\"} 0\n"
-            "ddprun_job_phase{phase=\"stopping\"} 0\n"
-            "ddprun_job_phase{phase=\"backoff\"} 1\n"
-            "ddprun_job_phase{phase=\"ending\"} 0\n"
-            "ddprun_job_phase{phase=\"done\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"rendezvous\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"starting\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"running\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"stopping\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"backoff\"} 1\n"
+            "ddprun_job_phase{" + common + ",phase=\"succeeded\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"failed\"} 0\n"
+            "ddprun_job_phase{" + common + ",phase=\"interrupted\"} 0\n"
             "# HELP ddprun_job_round The job's current round (0 for the first).\n"
             "# TYPE ddprun_job_round gauge\n"
-            "ddprun_job_round 1\n"
-            "# HELP ddprun_job_restarts_used Restarts of the job so far.\n"
-            "# TYPE ddprun_job_restarts_used gauge\n"
-            "ddprun_job_restarts_used 1\n"
+            "ddprun_job_round{" + common + "} 1\n"
+            "# HELP ddprun_job_restarts_total Restarts of the job so far.\n"
+            "# TYPE ddprun_job_restarts_total counter\n"
+            "ddprun_job_restarts_total{" + common + "} 1\n"
+            "# HELP ddprun_job_failures_total Rounds of the job that failed so far (each restart follows one).\n"
+            "# TYPE ddprun_job_failures_total counter\n"
+            "ddprun_job_failures_total{" + common + "} 1\n"
             "# HELP ddprun_job_restarts_left Restarts left of restart.max_restarts.\n"
             "# TYPE ddprun_job_restarts_left gauge\n"
-            "ddprun_job_restarts_left 2\n"
+            "ddprun_job_restarts_left{" + common + "} 2\n"
             "# HELP ddprun_job_nodes Nodes of the job.\n"
             "# TYPE ddprun_job_nodes gauge\n"
-            "ddprun_job_nodes 2\n"
+            "ddprun_job_nodes{" + common + "} 2\n"
             "# HELP ddprun_job_nodes_joined Agents (nodes and spares) joined to the coordinator now.\n"
             "# TYPE ddprun_job_nodes_joined gauge\n"
-            "ddprun_job_nodes_joined 2\n"
+            "ddprun_job_nodes_joined{" + common + "} 2\n"
             "# HELP ddprun_job_round_nodes Nodes in the current round: fewer than ddprun_job_nodes "
             "when it shrank (cluster.min_nodes); 0 before the first round.\n"
             "# TYPE ddprun_job_round_nodes gauge\n"
-            "ddprun_job_round_nodes 1\n"
+            "ddprun_job_round_nodes{" + common + "} 1\n"
             "# HELP ddprun_job_hosts_quarantined Hosts kept out of the job now (quarantine).\n"
             "# TYPE ddprun_job_hosts_quarantined gauge\n"
-            "ddprun_job_hosts_quarantined 1\n"
+            "ddprun_job_hosts_quarantined{" + common + "} 1\n"
             "# HELP ddprun_job_nodes_away Agents that joined once and are not connected now.\n"
             "# TYPE ddprun_job_nodes_away gauge\n"
-            "ddprun_job_nodes_away 1\n"
+            "ddprun_job_nodes_away{" + common + "} 1\n"
             "# HELP ddprun_job_spares Spares of the job (cluster.spares).\n"
             "# TYPE ddprun_job_spares gauge\n"
-            "ddprun_job_spares 1\n"
+            "ddprun_job_spares{" + common + "} 1\n"
             "# HELP ddprun_job_spares_waiting Joined agents that play no node rank, ready to replace one.\n"
             "# TYPE ddprun_job_spares_waiting gauge\n"
-            "ddprun_job_spares_waiting 0\n"
+            "ddprun_job_spares_waiting{" + common + "} 0\n"
             "# HELP ddprun_job_last_failure_info The latest root cause: its round and its most specific kind.\n"
             "# TYPE ddprun_job_last_failure_info gauge\n"
-            "ddprun_job_last_failure_info{round=\"1\",kind=\"torch.cuda.OutOfMemoryError\"} 1\n"
-            "# HELP ddprun_job_seconds_since_last_failure Seconds since node 0 learnt of the latest root cause.\n"
-            "# TYPE ddprun_job_seconds_since_last_failure gauge\n"
-            "ddprun_job_seconds_since_last_failure 12\n"
+            "ddprun_job_last_failure_info{" + common + ",round=\"1\",kind=\"torch.cuda.OutOfMemoryError\"} 1\n"
+            "# HELP ddprun_job_last_failure_timestamp_seconds When node 0 learnt of the latest root cause (Unix time).\n"
+            "# TYPE ddprun_job_last_failure_timestamp_seconds gauge\n"
+            "ddprun_job_last_failure_timestamp_seconds{" + common + "} 1988\n"
             "# HELP ddprun_job_stragglers Ranks reported as stragglers now.\n"
             "# TYPE ddprun_job_stragglers gauge\n"
-            "ddprun_job_stragglers 1\n"
+            "ddprun_job_stragglers{" + common + "} 1\n"
             "# HELP ddprun_job_ranks_reported Ranks with a progress report in this round.\n"
             "# TYPE ddprun_job_ranks_reported gauge\n"
-            "ddprun_job_ranks_reported 2\n"
+            "ddprun_job_ranks_reported{" + common + "} 2\n"
             "# HELP ddprun_job_rank_last_step A rank's last step, as its node last reported it.\n"
             "# TYPE ddprun_job_rank_last_step gauge\n"
-            "ddprun_job_rank_last_step{rank=\"0\",node=\"0\"} 100\n"
-            "ddprun_job_rank_last_step{rank=\"3\",node=\"1\"} 99\n"
+            "ddprun_job_rank_last_step{" + common + ",rank=\"0\",rank_node=\"0\"} 100\n"
+            "ddprun_job_rank_last_step{" + common + ",rank=\"3\",rank_node=\"1\"} 99\n"
             "# HELP ddprun_job_rank_step_seconds A rank's time per step over the straggler window, as its node reported it.\n"
             "# TYPE ddprun_job_rank_step_seconds gauge\n"
-            "ddprun_job_rank_step_seconds{rank=\"0\",node=\"0\"} 1.5\n"
-            "ddprun_job_rank_step_seconds{rank=\"3\",node=\"1\"} 1.5\n"
+            "ddprun_job_rank_step_seconds{" + common + ",rank=\"0\",rank_node=\"0\"} 1.5\n"
+            "ddprun_job_rank_step_seconds{" + common + ",rank=\"3\",rank_node=\"1\"} 1.5\n"
             "# HELP ddprun_job_rank_work_seconds A rank's own work per step, as its node reported it.\n"
             "# TYPE ddprun_job_rank_work_seconds gauge\n"
-            "ddprun_job_rank_work_seconds{rank=\"0\",node=\"0\"} 1\n"
+            "ddprun_job_rank_work_seconds{" + common + ",rank=\"0\",rank_node=\"0\"} 1\n"
             "# HELP ddprun_job_rank_straggler 1 while a rank is reported as a straggler.\n"
             "# TYPE ddprun_job_rank_straggler gauge\n"
-            "ddprun_job_rank_straggler{rank=\"0\",node=\"0\"} 0\n"
-            "ddprun_job_rank_straggler{rank=\"3\",node=\"1\"} 1\n");
+            "ddprun_job_rank_straggler{" + common + ",rank=\"0\",rank_node=\"0\"} 0\n"
+            "ddprun_job_rank_straggler{" + common + ",rank=\"3\",rank_node=\"1\"} 1\n");
   // Before its first round the agent has no ranks: their families are left out.
   EXPECT_EQ(text.find("ddprun_node_rank_"), std::string::npos);
-  EXPECT_NE(text.find("ddprun_node_round -1\n"), std::string::npos);
-  EXPECT_NE(text.find("ddprun_node_plays_node_rank -1\n"), std::string::npos);
+  EXPECT_NE(text.find("ddprun_node_round{" + common + "} -1\n"), std::string::npos);
+  EXPECT_NE(text.find("ddprun_node_plays_node_rank{" + common + "} -1\n"), std::string::npos);
+}
+
+TEST(MetricsTextTest, TheEndedJobSaysItsOutcomeAndExitCode) {
+  NodeMetrics metrics;
+  metrics.job = "demo";
+  core::CoordinatorMetrics c;
+  c.phase = "succeeded";
+  c.exit_code = 0;
+  metrics.coordinator = c;
+  metrics.agent.exit_code = 0;
+  const std::string text = RenderMetricsText(metrics);
+  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"succeeded\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"running\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_exit_code{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_node_exit_code{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos) << text;
 }
 
 TEST(MetricsTextTest, BeforeAnyFailureNoFailureIsServed) {
@@ -228,8 +257,9 @@ TEST(MetricsTextTest, BeforeAnyFailureNoFailureIsServed) {
   metrics.job = "demo";
   metrics.coordinator = core::CoordinatorMetrics{};
   const std::string text = RenderMetricsText(metrics);
-  EXPECT_EQ(text.find("failure"), std::string::npos) << text;
-  EXPECT_NE(text.find("ddprun_job_phase{phase=\"rendezvous\"} 1\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("last_failure"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_failures_total{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"rendezvous\"} 1\n"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -79,6 +79,8 @@ dir = "logs"
 console = [0]
 [metrics]
 listen = "0.0.0.0:9400"
+ports = "per-node"
+linger = "20s"
 [simulate]
 seed = 1
 node_mtbf = "30d"
@@ -269,7 +271,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 26);
+  EXPECT_EQ(checked, 28);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");

@@ -504,8 +504,25 @@ TEST(Loader, MetricsAreOffUnlessListenIsSet) {
   ASSERT_TRUE(v6.spec) << Diags(v6);
   EXPECT_EQ(v6.spec->metrics.addr, "::");
   EXPECT_EQ(v6.spec->metrics.Listen(), "[::]:9400");
+  // Loopback on every node: one URL for all of them, which agents sharing a host cannot all serve.
   auto loopback = Parse(WithBase("[metrics]\nlisten = \"127.0.0.1:9400\"\n"));
-  EXPECT_EQ(Diags(loopback), "");
+  EXPECT_EQ(Diags(loopback),
+            "13:10: warning: metrics.listen = \"127.0.0.1:9400\": every node is listed at "
+            "http://127.0.0.1:9400/metrics; agents that share a host cannot both listen there\n"
+            "  hint: set metrics.ports = \"per-node\" (node k listens on port 9400 + k), or listen on "
+            "\"*:9400\" or \"0.0.0.0:9400\" when each node has a host of its own\n");
+  EXPECT_EQ(loopback.spec->metrics.linger, Seconds(15));
+  auto per_node = Parse(WithBase("[metrics]\nlisten = \"127.0.0.1:9400\"\nports = \"per-node\"\nlinger = \"0s\"\n"));
+  EXPECT_EQ(Diags(per_node), "");
+  EXPECT_EQ(per_node.spec->MetricsPortOf(0), 9400);
+  EXPECT_EQ(per_node.spec->MetricsPortOf(1), 9401);
+  EXPECT_EQ(per_node.spec->metrics.linger, Duration::zero());
+  EXPECT_EQ(Diags(Parse(WithBase("[metrics]\nlisten = \"127.0.0.1:65535\"\nports = \"per-node\"\n"))),
+            "13:10: error: metrics.listen = \"127.0.0.1:65535\" with metrics.ports = \"per-node\": agent 1 "
+            "would listen on port 65536, out of range\n");
+  EXPECT_EQ(Diags(Parse(WithBase("[metrics]\nlisten = \"0.0.0.0:9400\"\nports = \"each\"\n"))),
+            "14:9: error: metrics.ports = \"each\" is neither \"same\" nor \"per-node\"\n"
+            "  hint: \"per-node\": node k listens on the port + k\n");
 }
 
 TEST(Loader, MetricsListenErrors) {
@@ -547,7 +564,7 @@ TEST(Loader, MetricsListenErrors) {
             "own address in cluster.nodes, or \"0.0.0.0:9400\"\n");
   EXPECT_EQ(diags("\"0.0.0.0:9400\"\nport = 1"),
             "14:1: error: unknown key `metrics.port`\n"
-            "  hint: known keys in [metrics]: listen\n");
+            "  hint: did you mean `ports`?\n");
   // "*" needs the nodes listed.
   EXPECT_EQ(Diags(Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 2\n"
                         "[metrics]\nlisten = \"*:9400\"\n")),

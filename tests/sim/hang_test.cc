@@ -109,7 +109,8 @@ TEST(HangTest, AutoUsesProgressStartUntilItHasLearnt) {
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_FALSE(run.result.violation);
   EXPECT_THAT(run.output, HasSubstr("coordinator: round 0 failed: rank 1 (node 0 (node-0000), local rank 1) hung"));
-  EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = \"auto\": 3m00s); asking every rank"));
+  EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = \"auto\", nothing learnt yet: "
+                                    "timeouts.progress_start = 3m); asking every rank"));
   const double failed = TimeOf(run.output, "coordinator: round 0 failed");
   EXPECT_GE(failed, 26 + 179);
   EXPECT_LE(failed, 26 + 180 + 6);

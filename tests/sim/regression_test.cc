@@ -122,7 +122,7 @@ TEST(RegressionTest, ARebootedCoordinatorWaitsForTheLeaseOfThePreviousOnesWorker
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_THAT(run.output, HasSubstr("coordinator: the previous coordinator of this job on this host "
                                     "did not end it (26s ago it recorded that workers may run)"));
-  EXPECT_THAT(run.output, HasSubstr("round 0: all 2 nodes joined; waiting 13s before starting it: "
+  EXPECT_THAT(run.output, HasSubstr("round 0: all 2 nodes joined; waiting 14s before starting it: "
                                     "the previous coordinator of this job on this host ended"));
   const size_t kill = run.output.find("node 1: 1 worker still running 29s after SIGTERM; sending SIGKILL");
   const size_t start = run.output.find("coordinator: round 0: all 2 nodes joined; starting 16 workers",
@@ -176,7 +176,7 @@ TEST(RegressionTest, ATakeoverAfterACountedRoundWithALostNodeWaitsForItsWorkers)
                               78365);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_THAT(run.output, HasSubstr("taking over the job from node 1 (10.0.0.2): round 1 next, 1 of 6 restarts used"));
-  EXPECT_THAT(run.output, HasSubstr("waiting 47s before starting it: round 0 lost a node whose workers node 1 "
+  EXPECT_THAT(run.output, HasSubstr("waiting 48s before starting it: round 0 lost a node whose workers node 1 "
                                     "(10.0.0.2) never saw stop"));
 }
 
@@ -243,7 +243,7 @@ TEST(RegressionTest, ASecondAgentJoiningAgainDoesNotLiftTheFenceOfTheOldOne) {
                                "worker-slow@19m45s19ms:node=2,local_rank=3,percent=167"},
                               610917);
   EXPECT_FALSE(run.result.violation) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("[  13m11.547s] coordinator: round 3: all 3 nodes joined; waiting 37s before "
+  EXPECT_THAT(run.output, HasSubstr("[  13m11.547s] coordinator: round 3: all 3 nodes joined; waiting 38s before "
                                     "starting it: node 1 (node-0003) was lost while its workers ran"));
   const size_t kill = run.output.find("[  13m12.000s] node 1: 1 worker still running 29s after SIGTERM; sending SIGKILL");
   const size_t start = run.output.find("coordinator: round 3: all 3 nodes joined; starting 12 workers");

@@ -54,7 +54,9 @@ def progress(step=None, busy=None):
         leaving out waits for other ranks (collectives); None when unknown.
 
     At most one beacon is sent per 0.1 s; the next one that goes out carries
-    the newest step and the busy time of all calls since the previous one.
+    the newest step and the busy time of all calls since the previous one. A
+    step held back is sent when the 0.1 s are over, even if no call follows (a
+    rank that hangs right after it), so that ddprun names its real last step.
     """
     sender = _sender
     if sender is None:
@@ -96,6 +98,8 @@ class _Sender(object):
         self.last_step_time = None  # time.monotonic() of the last step datagram
         self.pending_busy_us = 0
         self.pending_busy_known = True
+        self.pending_step = None  # a step held back by the interval, not sent yet
+        self.flush_timer = None  # sends pending_step once the interval is over
 
     def progress(self, step, busy):
         if os.getpid() != self.pid:
@@ -119,19 +123,53 @@ class _Sender(object):
                 self.pending_busy_us = min(self.pending_busy_us + busy_us, _MAX_INT64)
             now = time.monotonic()
             if self.last_step_time is not None and now - self.last_step_time < _STEP_INTERVAL_S:
+                self.pending_step = step
+                if self.flush_timer is None:
+                    wait = self.last_step_time + _STEP_INTERVAL_S - now
+                    self.flush_timer = threading.Timer(wait, self.flush)
+                    self.flush_timer.daemon = True
+                    self.flush_timer.start()
                 return
-            busy_field = self.pending_busy_us if self.pending_busy_known else -1
-            self.last_step_time = now
-            self.last_step_sent = step
-            self.pending_busy_us = 0
-            self.pending_busy_known = True
+            busy_field = self.take_pending(now, step)
         finally:
             self.lock.release()
+        self.send(b"step", step, busy_field)
+
+    def take_pending(self, now, step):
+        """Marks `step` sent now; the busy field to send with it. Under the lock."""
+        busy_field = self.pending_busy_us if self.pending_busy_known else -1
+        self.last_step_time = now
+        self.last_step_sent = step
+        self.pending_step = None
+        self.pending_busy_us = 0
+        self.pending_busy_known = True
+        return busy_field
+
+    def flush(self):
+        """The timer's thread: sends the step held back, unless a call sent a newer one."""
+        if os.getpid() != self.pid:
+            return
+        with self.lock:
+            self.flush_timer = None
+            step = self.pending_step
+            if step is None:
+                return
+            busy_field = self.take_pending(time.monotonic(), step)
         self.send(b"step", step, busy_field)
 
     def phase(self):
         if os.getpid() != self.pid:
             return
+        # A step held back goes first: the phase begins after it.
+        pending = None
+        if self.lock.acquire(False):
+            try:
+                if self.pending_step is not None:
+                    pending = (self.pending_step, self.take_pending(time.monotonic(), self.pending_step))
+            finally:
+                self.lock.release()
+        if pending is not None:
+            self.send(b"step", pending[0], pending[1])
         self.send(b"phase", self.last_step_sent, -1)
 
     def send(self, kind, step, busy_us):
