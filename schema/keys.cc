@@ -53,7 +53,7 @@ constexpr std::array<KeySpec, 12> kTopKeys = {{
 
 constexpr std::array<std::string_view, 3> kCodeChecks = {"off", "warn", "refuse"};
 
-constexpr std::array<KeySpec, 6> kJobKeys = {{
+constexpr std::array<KeySpec, 7> kJobKeys = {{
     {.name = "name", .type = KeyType::kString,
      .doc = "Job name: prefix of TORCHELASTIC_RUN_ID and the log folder.", .required = true,
      .max_length = kMaxNameLength, .pattern = "^[A-Za-z0-9._-]+$"},

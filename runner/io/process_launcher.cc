@@ -655,7 +655,7 @@ void RealProcessLauncher::MaybeDigest(int round) {
   }
   it->second.digest_told = true;
   if (!collapsed.empty() && options_.note) {
-    options_.note(ConsequenceDigest(round, *it->second.cause_rank, collapsed, folder));
+    options_.note(false, ConsequenceDigest(round, *it->second.cause_rank, collapsed, folder));
   }
 }
 

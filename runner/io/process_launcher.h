@@ -65,8 +65,6 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     std::optional<int> raw_console_rank;
     /// Says a problem with the logs on the console (an error line).
     std::function<void(const std::string&)> report;
-    /// Says a fact on the console (an info line): the digest of the consequences not shown.
-    std::function<void(const std::string&)> note;
     /// Where shown output goes without ever blocking the loop (null: straight to stdio).
     ConsoleWriter* console_writer = nullptr;
     /// RLIMIT_NOFILE for workers (the agent raises its own); rlim_cur 0: inherit the agent's.
@@ -78,7 +76,8 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     /// What the template imports under, over `inherited_env`: a worker's variables (local rank
     /// 0 of round 0), so that imports see what workers would (OMP_NUM_THREADS, PYTHONPATH).
     EnvList template_env;
-    /// Says something worth a line that is not an error (warm or cold starts and why).
+    /// Says something worth a line that is not an error: warm or cold starts and why, the
+    /// digest of a node's consequence errors not shown (runner/io/consequence_filter.h).
     std::function<void(bool warning, const std::string&)> note;
   };
 

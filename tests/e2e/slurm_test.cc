@@ -18,6 +18,7 @@
 
 #include "tests/e2e/harness.h"
 #include "tests/e2e/testbed.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -34,7 +35,8 @@ class SlurmTest : public ::testing::Test {
     for (const char* program : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun",
                                 "/usr/bin/scontrol", "/usr/bin/scancel", "/usr/sbin/mungekey"}) {
       if (::access(program, X_OK) != 0) {
-        DDPRUN_TESTBED_UNAVAILABLE(std::string(program) +
+        DDPRUN_REQUIRE_OR_SKIP("slurm", false,
+                               std::string(program) +
                                    " is not installed (slurmctld slurmd slurm-client munge, scripts/install-deps.sh)");
         return;
       }
@@ -46,7 +48,7 @@ class SlurmTest : public ::testing::Test {
     std::string why;
     bed_ = Testbed::Create(options, &why);
     if (!bed_) {
-      DDPRUN_TESTBED_UNAVAILABLE(why);
+      DDPRUN_REQUIRE_OR_SKIP("testbed", false, why);
       return;
     }
     const std::string d = dir_.path();

@@ -99,9 +99,7 @@ size_t CountStartingWith(const std::vector<std::string>& lines, const std::strin
 // console shows rank 3's traceback whole and the peers' errors as one line per node; the log
 // files keep every line; the final summary, after the restart, still names round 0's cause.
 TEST(TorchTest, ThePeersErrorsCollapseToOneLinePerNodeAndTheLogsKeepEveryLine) {
-  if (!TorchAvailable()) {
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";
-  }
+  DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   ScratchDir dir;
   TestJob job;
   job.name = "torch-console";

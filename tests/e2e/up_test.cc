@@ -18,6 +18,7 @@
 
 #include "tests/e2e/harness.h"
 #include "tests/e2e/testbed.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -47,7 +48,7 @@ class UpTest : public ::testing::Test {
  protected:
   void MakeBed(std::vector<SshHost> hosts, bool shared_home = true) {
     if (::access("/usr/sbin/sshd", X_OK) != 0) {
-      DDPRUN_TESTBED_UNAVAILABLE("/usr/sbin/sshd is not installed (openssh-server, scripts/install-deps.sh)");
+      DDPRUN_REQUIRE_OR_SKIP("sshd", false, "/usr/sbin/sshd is not installed (openssh-server, scripts/install-deps.sh)");
       return;
     }
     TestbedOptions options;
@@ -57,7 +58,7 @@ class UpTest : public ::testing::Test {
     std::string why;
     bed_ = Testbed::Create(options, &why);
     if (!bed_) {
-      DDPRUN_TESTBED_UNAVAILABLE(why);
+      DDPRUN_REQUIRE_OR_SKIP("testbed", false, why);
       return;
     }
     std::filesystem::create_directories("/run/sshd");  // sshd's privilege separation folder

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -27,22 +28,7 @@ using ::testing::Not;
 using Json = nlohmann::json;
 using namespace std::chrono_literals;
 
-bool TorchAvailable() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
-}
-
-// DDPRUN_REQUIRE=torch (a comma-separated list) turns the skip into a failure, for CI images
-// that must have it.
-bool TorchRequired() {
-  const char* required = std::getenv("DDPRUN_REQUIRE");
-  return required != nullptr && std::string(",") .append(required).append(",").find(",torch,") != std::string::npos;
-}
-
-#define SKIP_WITHOUT_TORCH()                                                                        \
-  if (!TorchAvailable()) {                                                                          \
-    if (TorchRequired()) GTEST_FAIL() << "DDPRUN_REQUIRE lists torch, and python3-torch is missing"; \
-    GTEST_SKIP() << "python3-torch is not installed (DDPRUN_WITH_TORCH=1 scripts/install-deps.sh)";  \
-  }
+#define SKIP_WITHOUT_TORCH() DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing)
 
 std::string Source(const std::string& path) { return std::string(DDPRUN_SOURCE_DIR) + "/" + path; }
 
