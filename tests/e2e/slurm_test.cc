@@ -177,6 +177,22 @@ TEST_F(SlurmTest, SrunJobTakesNodeRanksFromHostNamesAndHidesTheTaskLayout) {
 
 // scancel sends SIGTERM to every node's agent (the step's tasks), SIGKILL KillWait later: the
 // agents stop their workers within stop_grace, long before SLURM's SIGKILL.
+// A real PyTorch DDP job (gloo, 3 hosts x 2 ranks, an all_reduce per step) started by srun: the
+// ranks find each other with the environment ddprun gives them, not srun's task layout.
+TEST_F(SlurmTest, SrunRunsARealTorchGlooJobAcrossTheAllocation) {
+  if (!bed_) return;
+  DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
+  const std::string job = bed_->Write(
+      "job.toml", JobText("exec /usr/bin/python3 " + std::string(DDPRUN_SOURCE_DIR) +
+                          "/examples/ddp_train.py --steps 3"));
+  AgentProcess& srun = Srun(job);
+  ASSERT_EQ(srun.Wait(180s), 0) << srun.Output() << dir_.Read("slurmctld.log");
+  const std::string out = srun.Output();
+  EXPECT_THAT(out, HasSubstr("done: 6 ranks, all_reduce ok")) << out;
+  EXPECT_THAT(out, HasSubstr("rank 5/6")) << out;
+  EXPECT_THAT(out, HasSubstr("succeeded")) << out;
+}
+
 TEST_F(SlurmTest, ScancelStopsEveryNodesWorkersWithinStopGrace) {
   if (!bed_) return;
   const std::string job = bed_->Write(
