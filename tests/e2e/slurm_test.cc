@@ -4,6 +4,7 @@
 // stop_grace. Needs root and the Debian packages slurmctld, slurmd, slurm-client and munge
 // (else skipped, or failed under DDPRUN_REQUIRE_TESTBED=1, with the reason).
 
+#include <cstdio>
 #include <signal.h>
 #include <unistd.h>
 
@@ -58,8 +59,9 @@ class SlurmTest : public ::testing::Test {
                     "/munge.key --log-file=" + d + "/munged.log --pid-file=" + d + "/munged.pid --seed-file=" + d +
                     "/munged.seed"),
               0);
-    ASSERT_TRUE(WaitFor([&] { return dir_.Exists("munged.pid"); }, 5s));
-    daemon_pids_.push_back(std::stoi(dir_.Read("munged.pid")));
+    const pid_t munged = WaitForPid("munged.pid", 5s);
+    ASSERT_GT(munged, 0) << dir_.Read("munged.log");
+    daemon_pids_.push_back(munged);
     std::ostringstream conf;
     conf << "ClusterName=ddprunbed\nSlurmctldHost=" << bed_->host(0).name << "(" << bed_->host(0).data_addr << ")\n"
          << "SlurmctldPort=6817\nSlurmdPort=6818\nSlurmUser=root\nSlurmdUser=root\n"
@@ -79,15 +81,16 @@ class SlurmTest : public ::testing::Test {
     std::filesystem::create_directories(d + "/state");
     std::string output;
     ASSERT_EQ(RunOn(0, "/usr/sbin/slurmctld -f " + conf_, &output), 0) << output;
-    ASSERT_TRUE(WaitFor([&] { return dir_.Exists("slurmctld.pid"); }, 10s)) << dir_.Read("slurmctld.log");
-    daemon_pids_.push_back(std::stoi(dir_.Read("slurmctld.pid")));
+    const pid_t slurmctld = WaitForPid("slurmctld.pid", 10s);
+    ASSERT_GT(slurmctld, 0) << dir_.Read("slurmctld.log");
+    daemon_pids_.push_back(slurmctld);
     for (int i = 0; i < 3; ++i) {
       const std::string name = bed_->host(i).name;
       std::filesystem::create_directories(d + "/spool/" + name);
       ASSERT_EQ(RunOn(i, "/usr/sbin/slurmd -f " + conf_, &output), 0) << output;
-      ASSERT_TRUE(WaitFor([&] { return dir_.Exists("slurmd-" + name + ".pid"); }, 10s))
-          << dir_.Read("slurmd-" + name + ".log");
-      daemon_pids_.push_back(std::stoi(dir_.Read("slurmd-" + name + ".pid")));
+      const pid_t slurmd = WaitForPid("slurmd-" + name + ".pid", 10s);
+      ASSERT_GT(slurmd, 0) << dir_.Read("slurmd-" + name + ".log");
+      daemon_pids_.push_back(slurmd);
     }
     ASSERT_TRUE(WaitFor([&] {
       std::string states;
@@ -95,6 +98,20 @@ class SlurmTest : public ::testing::Test {
       return states.find("idle") != std::string::npos && states.find("idle*") == std::string::npos &&
              states.find("unk") == std::string::npos && states.find("down") == std::string::npos;
     }, 30s)) << dir_.Read("slurmctld.log");
+  }
+  // A daemon creates its pid file before it writes the number in it: wait for the number.
+  // 0 when none came within `within`.
+  pid_t WaitForPid(const std::string& name, std::chrono::milliseconds within) {
+    pid_t pid = 0;
+    WaitFor([&] {
+      if (!dir_.Exists(name)) return false;
+      const std::string text = dir_.Read(name);
+      int value = 0;
+      if (std::sscanf(text.c_str(), "%d", &value) != 1 || value <= 0) return false;
+      pid = value;
+      return true;
+    }, within);
+    return pid;
   }
   void TearDown() override {
     agents_.clear();
