@@ -311,11 +311,16 @@ void CheckNode(FuzzNode& node) {
 
 // What a scrape of the state the input ended in gets. Taking it after every action would cost
 // half of the fuzzer's speed (a snapshot) or more than nine tenths (the text).
+// Whether `text` holds a sample of `name` (every series carries labels: `name{job_name=...}`).
+bool HasSeries(const std::string& text, const std::string& name) {
+  return text.find("\n" + name + "{") != std::string::npos || text.find("\n" + name + " ") != std::string::npos;
+}
+
 void CheckScrape(const FuzzNode& node) {
   if (!node.host) return;
   const std::string text = host::RenderMetricsText(node.host->Metrics());
-  if (text.find("\nddprun_node_round ") == std::string::npos) Violated("the metrics lack the node's round");
-  if ((node.host->coordinator() != nullptr) != (text.find("\nddprun_job_round ") != std::string::npos)) {
+  if (!HasSeries(text, "ddprun_node_round")) Violated("the metrics lack the node's round");
+  if ((node.host->coordinator() != nullptr) != HasSeries(text, "ddprun_job_round")) {
     Violated("the job's metrics are served by node 0, and only there");
   }
 }
