@@ -265,7 +265,7 @@ std::string PlanHeader(const JobSpec& spec) {
                        "{}/), on port {} of its host; its agent plays node rank 0, so rank 0 "
                        "and MASTER_ADDR move with it (shown below as when node 0 holds it); a "
                        "lost holder is replaced within rendezvous.lease = {} and a few seconds\n",
-                       fmt::join(spec.rendezvous.endpoints, ", "), EtcdKeyDir(spec, RunId(spec)),
+                       fmt::join(spec.rendezvous.endpoints, ", "), EtcdKeyDir(spec),
                        c.master_port, FormatDuration(spec.rendezvous.lease));
   } else {
     out += fmt::format("coordinator on node 0 at {}:{}\n", c.master_addr, c.master_port);

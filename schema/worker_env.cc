@@ -53,9 +53,9 @@ std::string RunId(const JobSpec& spec, std::string_view fingerprint) {
   return fmt::format("{}-{}", spec.job.name, fingerprint.substr(0, 8));
 }
 
-std::string EtcdKeyDir(const JobSpec& spec, std::string_view run_id) {
+std::string EtcdKeyDir(const JobSpec& spec) {
   const std::string& prefix = spec.rendezvous.prefix;
-  return fmt::format("{}/{}/{}", prefix == "/" ? "" : prefix, spec.job.name, run_id);
+  return fmt::format("{}/{}", prefix == "/" ? "" : prefix, spec.job.name);
 }
 
 namespace {

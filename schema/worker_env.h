@@ -71,8 +71,9 @@ std::string PrintableEnvValue(std::string_view name, std::string_view value);
 std::string RunId(const JobSpec& spec);
 /// The same from an already computed Fingerprint(spec).
 std::string RunId(const JobSpec& spec, std::string_view fingerprint);
-/// rendezvous.backend = "etcd": the folder of the run's keys, <prefix>/<job>/<run id>.
-std::string EtcdKeyDir(const JobSpec& spec, std::string_view run_id);
+/// rendezvous.backend = "etcd": the folder of the job's keys, <prefix>/<job>: one per job name,
+/// whatever the file says, so that agents with differing files meet (and are refused) there.
+std::string EtcdKeyDir(const JobSpec& spec);
 
 /// PL_TRAINER_<KEY> value in the spelling Lightning's literal_eval reads back.
 std::string TrainerEnvValue(const TrainerValue& value);

@@ -144,6 +144,7 @@ struct JobRecord {
   std::optional<int> exit_code;    // the job ended with this (done or not)...
   std::string summary;             // ...and its agents were told this
   std::string holder;              // who wrote it: "node 1 (gpu-02)"
+  std::string fingerprint;         // the job file's (FingerprintOf) that the holder ran
   std::vector<QuarantinedHost> quarantined;
   bool operator==(const JobRecord&) const = default;
 };

@@ -50,8 +50,9 @@ std::string AgentLabel(const JobSpec& spec, int agent) {
 // longer, never shorter, by the time the takeover took).
 std::string FormatJobRecord(const core::JobRecord& r) {
   std::string out = fmt::format(
-      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nunconfirmed={}\ndone={}\nholder={}\n", r.next_round,
-      r.restarts_used, r.round_may_run ? 1 : 0, r.workers_may_run ? 1 : 0, r.done ? 1 : 0, r.holder);
+      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nunconfirmed={}\ndone={}\nholder={}\nfingerprint={}\n",
+      r.next_round, r.restarts_used, r.round_may_run ? 1 : 0, r.workers_may_run ? 1 : 0, r.done ? 1 : 0, r.holder,
+      r.fingerprint);
   for (const core::QuarantinedHost& q : r.quarantined) {
     const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(q.left).count();
     out += fmt::format("quarantine={} {} {}\n", std::max<int64_t>(left_ms, 0), q.times, q.host);
@@ -72,6 +73,7 @@ std::optional<core::JobRecord> ParseJobRecord(const std::string& text) {
   state.workers_may_run = Field(text, "unconfirmed") == "1";
   state.done = Field(text, "done") == "1";
   state.holder = Field(text, "holder");
+  state.fingerprint = Field(text, "fingerprint");
   size_t begin = 0;
   while ((begin = text.find("\nquarantine=", begin)) != std::string::npos) {
     begin += 12;
@@ -93,18 +95,20 @@ std::optional<core::JobRecord> ParseJobRecord(const std::string& text) {
   return state;
 }
 
-Election::Election(const JobSpec& spec, const std::string& run_id, int agent, std::string endpoint,
-                   Store& store, Listener listener)
+Election::Election(const JobSpec& spec, std::string fingerprint, int agent, std::string endpoint, Store& store,
+                   Listener listener)
     : spec_(spec),
+      fingerprint_(std::move(fingerprint)),
       agent_(agent),
       endpoint_(std::move(endpoint)),
       store_(store),
       listener_(std::move(listener)) {
-  const std::string base = EtcdKeyDir(spec, run_id);
+  const std::string base = EtcdKeyDir(spec);
   role_key_ = base + "/coordinator";
   state_key_ = base + "/state";
   value_ = fmt::format("agent={}\nendpoint={}\nname={}", agent_, endpoint_, AgentLabel(spec, agent_));
   state_.holder = AgentLabel(spec, agent_);
+  state_.fingerprint = fingerprint_;
 }
 
 Duration Election::StepDownMargin(Duration lease) { return std::max<Duration>(lease / 5, Millis(400)); }
@@ -246,15 +250,28 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       }
       std::optional<core::JobRecord> previous;
       if (result.entry) previous = ParseJobRecord(result.entry->value);
-      if (previous && previous->done) {
+      if (previous && previous->fingerprint != fingerprint_) {
+        // A run of another job file under this job name (an edited file, or a node that has
+        // another one) wrote the record. This file's run starts afresh; if that run had not
+        // ended, or ended unconfirmed, its workers may still run until their lease ends.
+        state_.quarantined = previous->quarantined;
+        earlier_workers_may_run_ = !previous->done || previous->round_may_run || previous->workers_may_run;
+        earlier_run_ = fmt::format("a run of job '{}' from another job file (fingerprint {}, recorded by {}){}",
+                                   spec_.job.name, previous->fingerprint.substr(0, 8),
+                                   previous->holder.empty() ? "an unnamed agent" : previous->holder,
+                                   previous->done ? "" : " that had not ended");
+        previous.reset();
+      } else if (previous && previous->done) {
         // An earlier launch of the job ended: this one starts afresh, its quarantine kept.
         state_.quarantined = previous->quarantined;
         earlier_workers_may_run_ = previous->round_may_run;
+        earlier_run_ = "the previous launch of this job (etcd)";
         previous.reset();
       } else if (previous) {
         state_ = *previous;
       }
       state_.holder = AgentLabel(spec_, agent_);
+      state_.fingerprint = fingerprint_;
       phase_ = Phase::kLeading;
       next_keepalive_ = keepalive_sent_ + spec_.rendezvous.lease / 3;
       listener_.lead(previous);

@@ -45,9 +45,11 @@ class Election {
   };
 
   /// `agent` is this agent's index (nodes, then spares); `endpoint` where its coordinator would
-  /// listen ("host:port").
-  Election(const JobSpec& spec, const std::string& run_id, int agent, std::string endpoint,
-           Store& store, Listener listener);
+  /// listen ("host:port"); `fingerprint` the job file's (FingerprintOf), written into the
+  /// job's record. The keys are the job name's, not the file's: an agent with another file
+  /// finds the same coordinator and is refused when it joins.
+  Election(const JobSpec& spec, std::string fingerprint, int agent, std::string endpoint, Store& store,
+           Listener listener);
 
   /// The agent wants its coordinator: answered by `found` or `lookup_failed` (at once when
   /// this agent holds the role).
@@ -72,9 +74,12 @@ class Election {
   /// The job is over here (every agent heard the end, or the exit barrier passed): the next
   /// launch of the job file starts afresh.
   void RecordDone(TimePoint now);
-  /// Leading afresh after an earlier launch that ended without confirming that its workers
-  /// stopped: the first round must wait for their lease.
+  /// Leading afresh after an earlier run that may still have workers: a launch that ended
+  /// without confirming that its workers stopped, or a run of another job file under the same
+  /// job name that had not ended. The first round must wait for their lease; `earlier_run()`
+  /// names that run for the log.
   bool earlier_workers_may_run() const { return earlier_workers_may_run_; }
+  const std::string& earlier_run() const { return earlier_run_; }
   /// Writes are waiting or in flight.
   bool Writing() const { return leading() && (dirty_ || write_id_ != 0); }
   /// Resign's revoke is not answered yet (the store answers within its bound): an agent that
@@ -85,7 +90,7 @@ class Election {
   void OnTick(TimePoint now);
   std::optional<TimePoint> NextDeadline() const;
 
-  /// The key names, for tests and the docs: <prefix>/<job>/<run id>/coordinator and /state.
+  /// The key names, for tests and the docs: <prefix>/<job>/coordinator and /state.
   const std::string& role_key() const { return role_key_; }
   const std::string& state_key() const { return state_key_; }
   /// When a holder steps down at the latest: this long before its lease can end in etcd.
@@ -100,6 +105,7 @@ class Election {
   void Fail(const std::string& why);
 
   const JobSpec& spec_;
+  std::string fingerprint_;
   int agent_;
   std::string endpoint_;
   std::string value_;  // what this agent writes under the role key
@@ -125,6 +131,7 @@ class Election {
   bool written_end_ = false;          // the write in flight carries it
   std::optional<TimePoint> retry_write_at_;
   bool earlier_workers_may_run_ = false;
+  std::string earlier_run_;
   uint64_t revoke_id_ = 0;
 };
 

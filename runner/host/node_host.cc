@@ -77,7 +77,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
     listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
     listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
     listener.flushed = [this] { MaybeFinish(); };
-    election_ = std::make_unique<Election>(spec, RunId(spec, config.fingerprint), config.node_rank,
+    election_ = std::make_unique<Election>(spec, config.fingerprint, config.node_rank,
                                            fmt::format("{}:{}", own_addr_, spec.cluster.master_port),
                                            *ports_.store, std::move(listener));
     ports_.store->SetEvents(this);
@@ -168,9 +168,9 @@ void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
                                   "round's MASTER_ADDR",
                                   election_->role_key(), FormatDuration(spec_.rendezvous.lease), own_addr_));
   if (!previous && election_->earlier_workers_may_run()) {
-    // An earlier launch ended without every node confirming that its workers stopped.
-    coordinator_->AfterUncleanEnd(now, Duration::zero(), coordinator_effects_,
-                                  "the previous launch of this job (etcd)");
+    // An earlier run ended without every node confirming that its workers stopped, or a run
+    // of another job file under this name had not ended.
+    coordinator_->AfterUncleanEnd(now, Duration::zero(), coordinator_effects_, election_->earlier_run());
   }
   if (previous) coordinator_->TakeOver(now, *previous, coordinator_effects_);
   if (!election_->state().quarantined.empty()) {

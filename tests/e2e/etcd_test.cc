@@ -69,10 +69,10 @@ class EtcdJobTest : public ::testing::Test {
     return dir_.Write("job.toml", toml);
   }
 
-  AgentProcess& Start(int agent) {
+  AgentProcess& Start(int agent, const std::string& file = "job.toml") {
     const std::string out = dir_.path() + "/agent-" + std::to_string(agents_.size()) + ".out";
     agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(agent)}, out));
+        std::vector<std::string>{dir_.path() + "/" + file, "--node-rank", std::to_string(agent)}, out));
     return *agents_.back();
   }
   AgentProcess& agent(int i) { return *agents_.at(static_cast<size_t>(i)); }
@@ -170,6 +170,26 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
 
 // Every agent must hold a lease of the role to coordinate; with etcd down at the start, none
 // can, and each says why instead of hanging.
+// The keys belong to the job name: an agent started with another version of the file finds
+// the one coordinator and is refused at its join, instead of holding a role of its own and
+// running its own round beside the job (the shape swarm's seed 50).
+TEST_F(EtcdJobTest, AnAgentWithAnotherJobFileIsRefusedByTheOneCoordinator) {
+  WriteJob("6s");
+  std::string other = dir_.Read("job.toml");
+  other.replace(other.find("max_restarts = 2"), 16, "max_restarts = 5");
+  dir_.Write("other.toml", other);
+  AgentProcess& first = Start(0);
+  ASSERT_TRUE(OutputHas(first, "holds the coordinator role now", 20s)) << Describe();
+  AgentProcess& second = Start(1, "other.toml");
+  EXPECT_EQ(second.Wait(30s), 3) << Describe();
+  EXPECT_THAT(second.Output(), HasSubstr("the coordinator refused this node: node 1 (host 127.0.0.2) runs a "
+                                         "different job file than node 0:"))
+      << Describe();
+  EXPECT_THAT(second.Output(), HasSubstr("restart.max_restarts: node 1 has 5, node 0 has 2")) << Describe();
+  EXPECT_THAT(second.Output(), Not(HasSubstr("holds the coordinator role now"))) << Describe();
+  EXPECT_THAT(first.Output(), Not(HasSubstr("starting"))) << Describe();
+}
+
 TEST_F(EtcdJobTest, WithEveryEtcdMemberDownTheAgentsSayWhyAndExit3) {
   WriteJob("6s");
   for (int m = 0; m < etcd_->size(); ++m) etcd_->Kill(m);

@@ -3,6 +3,7 @@
 // reads, when a holder steps down, and that a deposed holder's writes are refused.
 #include "runner/host/election.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -196,10 +197,10 @@ class ElectionTest : public ::testing::Test {
  protected:
   ElectionTest() : spec_(core::test::SpecFromToml(std::string(kJob))), etcd_(spec_) {}
 
-  std::unique_ptr<Election> Make(int agent, Heard& heard) {
+  std::unique_ptr<Election> Make(int agent, Heard& heard, const std::string& fingerprint = "1a2b3c4d5e6f") {
     auto& client = clients_[agent];
     client = std::make_unique<ModelClient>(etcd_, static_cast<uint32_t>(agent));
-    return std::make_unique<Election>(spec_, "llm-1a2b", agent,
+    return std::make_unique<Election>(spec_, fingerprint, agent,
                                       spec_.cluster.HostOf(agent) + ":29500", *client, heard.Listener());
   }
   ModelClient& Client(int agent) { return *clients_.at(agent); }
@@ -213,8 +214,8 @@ TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
   Heard h1, h2;
   auto e1 = Make(1, h1);
   auto e2 = Make(2, h2);
-  EXPECT_EQ(e1->role_key(), "/team/llm/llm-1a2b/coordinator");
-  EXPECT_EQ(e1->state_key(), "/team/llm/llm-1a2b/state");
+  EXPECT_EQ(e1->role_key(), "/team/llm/coordinator");
+  EXPECT_EQ(e1->state_key(), "/team/llm/state");
 
   e1->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e1, At(Seconds(0)));
@@ -363,7 +364,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   e0->Resign(At(Seconds(2)));
   Client(0).Deliver(*e0, At(Seconds(2)));
 
-  // A later launch with the same run id: the job starts at round 0 with a full budget, and
+  // A later launch of the same file: the job starts at round 0 with a full budget, and
   // only the quarantine carries over.
   Heard h2;
   auto e2 = Make(2, h2);
@@ -387,6 +388,39 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   Client(1).Deliver(*again, At(Seconds(5)));
   EXPECT_EQ(h1b.Take(), "lead afresh\nfound gpu-02:29500\n");
   EXPECT_FALSE(again->earlier_workers_may_run());
+}
+
+// The keys are the job name's: an agent with another version of the file finds the same
+// holder (and its coordinator refuses it at the join). A launch of another file after a run
+// that had not ended starts afresh, but waits for that run's workers' lease first.
+TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
+  Heard h1, h2;
+  auto e1 = Make(1, h1, "aaaaaaaa1111");
+  auto e2 = Make(2, h2, "bbbbbbbb2222");
+  EXPECT_EQ(e1->role_key(), e2->role_key());
+  e1->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  e1->Commit(At(Seconds(0)), 0, 0);
+  e1->Commit(At(Seconds(0)), 1, 1);
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 1\nflushed\n");
+  e2->Lookup(At(Seconds(1)));
+  Client(2).Deliver(*e2, At(Seconds(1)));
+  EXPECT_EQ(h2.Take(), "found gpu-02:29500\n");
+  EXPECT_THAT(etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value, ::testing::HasSubstr("fingerprint=aaaaaaaa1111\n"));
+
+  // The holder is lost while round 1 runs; the agent with the other file takes the role.
+  e1->Resign(At(Seconds(2)));
+  Client(1).Deliver(*e1, At(Seconds(2)));
+  e2->Lookup(At(Seconds(3)));
+  Client(2).Deliver(*e2, At(Seconds(3)));
+  EXPECT_EQ(h2.Take(), "lead afresh\nfound gpu-03:29500\n");
+  EXPECT_EQ(e2->state().next_round, 0);
+  EXPECT_EQ(e2->state().fingerprint, "bbbbbbbb2222");
+  EXPECT_TRUE(e2->earlier_workers_may_run());
+  EXPECT_EQ(e2->earlier_run(),
+            "a run of job 'llm' from another job file (fingerprint aaaaaaaa, recorded by node 1 (gpu-02)) that had "
+            "not ended");
 }
 
 TEST_F(ElectionTest, ALookupThatCannotReachEtcdFailsWithWhy) {
@@ -435,6 +469,7 @@ TEST(JobRecordTest, FormatAndParseRoundTrip) {
   s.round_may_run = true;
   s.workers_may_run = true;
   s.holder = "spare 0 (gpu-09)";
+  s.fingerprint = "0123456789abcdef";
   s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
   s.exit_code = 1;
   s.summary = "job \"x\" FAILED\nroot cause: rank 3\nsummary=not a field\n";

@@ -51,7 +51,7 @@ worker_startup = "20s"
 }
 
 constexpr char kNode0Leads[] =
-    "coordinator: this agent holds the coordinator role now (etcd key /ddprun/e/e-be067901/coordinator, "
+    "coordinator: this agent holds the coordinator role now (etcd key /ddprun/e/coordinator, "
     "rendezvous.lease = 5s); it plays node rank 0, and 10.0.0.1 is every round's MASTER_ADDR\n";
 
 int CountOf(const std::string& text, const std::string& what) {

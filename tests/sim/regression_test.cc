@@ -289,6 +289,18 @@ TEST(RegressionTest, TheCoordinatorsHostDyingBeforeItStopsTheRoundLeavesTheLease
   EXPECT_THAT(run.output, HasSubstr("[1h18m26.322s] node 0: crashed (random failure (simulate.node_mtbf))"));
 }
 
+// Found by the shape swarm: with rendezvous.backend = "etcd", a node whose job file differed
+// (here cluster.nproc_per_node) got keys of its own (they carried the file's run id), took a
+// coordinator role of its own and ran its own round 0 beside node 0's. The keys are the job
+// name's now: it finds node 0's coordinator and is refused at its join.
+// ddprun --simulate bench/swarm-shapes.toml --swarm 1 --vary-shape --seed 50
+TEST(RegressionTest, UnderEtcdANodeWithAnotherJobFileIsRefusedNotACoordinatorOfItsOwn) {
+  const SimRun run = ShapeSeed(50);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("cluster.nproc_per_node: node 1 has 2, node 0 has 1"));
+  EXPECT_THAT(run.output, HasSubstr("coordinator: refused a node: node 1 (host 10.0.0.2) runs a different job file"));
+}
+
 // Exit 3 is owed no liveness complaint when random crashes come faster, across the cluster,
 // than a host reboots: 50 hosts with node_mtbf = 4h crash every 4.8 minutes on average, each
 // back after 3-10, so three of them were down at the end of round 8's 30-minute rendezvous.
