@@ -90,8 +90,10 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   }
   if (facts.job_over) {
     // Only the agents that took part hear the verdict; one that arrives after the end (a
-    // second agent for a rank, a node started too late) did not run this job.
-    if (!(slot.ever_joined && (facts.took_over || slot.instance == join.instance))) {
+    // second agent for a rank, a node started too late) did not run this job. A coordinator
+    // that took over cannot tell who took part (the earlier holder may have placed a spare,
+    // or moved node 0's agent off rank 0 for its own): every agent of the job hears it.
+    if (!facts.took_over && !(slot.ever_joined && slot.instance == join.instance)) {
       return refuse(fmt::format("node {} (host {}) joined after the job ended", join.node_rank, join.host));
     }
     verdict.outcome = Outcome::kHearVerdict;

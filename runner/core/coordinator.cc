@@ -75,12 +75,19 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
   restarts_used_ = record.restarts_used;
   // Every node of the job may have run the last round: the verdict waits for them, and any of
   // them may hear it (the earlier holder knew their instances; this one does not).
-  for (int agent : roster_.holders()) roster_.at(agent).ever_joined = true;
+  // A job that ended and was settled (done) waits for nobody: the others heard it and left.
+  if (!record.done) {
+    for (int agent : roster_.holders()) roster_.at(agent).ever_joined = true;
+  }
   took_over_ = true;
   if (record.exit_code) {
-    out.push_back(LogLine{LogLevel::kWarn, fmt::format("the job had ended (exit code {}) when {} was lost; telling "
-                                                       "every agent the verdict again",
-                                                       *record.exit_code, holder)});
+    out.push_back(LogLine{LogLevel::kWarn,
+                          record.done ? fmt::format("the job ended (exit code {}, recorded by {}) while this agent was "
+                                                    "away; telling it the verdict",
+                                                    *record.exit_code, holder)
+                                      : fmt::format("the job had ended (exit code {}) when {} was lost; telling "
+                                                    "every agent the verdict again",
+                                                    *record.exit_code, holder)});
     EndJob(now, *record.exit_code, record.summary, out);
     return;
   }

@@ -261,13 +261,15 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
                                    previous->holder.empty() ? "an unnamed agent" : previous->holder,
                                    previous->done ? "" : " that had not ended");
         previous.reset();
-      } else if (previous && previous->done) {
+      } else if (previous && previous->done && !(took_part_ && previous->exit_code)) {
         // An earlier launch of the job ended: this one starts afresh, its quarantine kept.
         state_.quarantined = previous->quarantined;
         earlier_workers_may_run_ = previous->round_may_run;
         earlier_run_ = "the previous launch of this job (etcd)";
         previous.reset();
       } else if (previous) {
+        // The job goes on from the record; or it is over and this agent, which took part, was
+        // away when the others heard the verdict: its coordinator tells it the same.
         state_ = *previous;
       }
       state_.holder = AgentLabel(spec_, agent_);

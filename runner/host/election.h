@@ -59,6 +59,10 @@ class Election {
   const core::JobRecord& state() const { return state_; }
   const std::string& endpoint() const { return endpoint_; }
 
+  /// This agent was admitted to the job: a record that says the job is over is then its
+  /// job's verdict (it was away when it was told), not an earlier launch to start afresh from.
+  void TookPart() { took_part_ = true; }
+
   /// Lets the role go without a step_down (the job is over here, or this agent cannot serve
   /// it): the lease is revoked, so the next holder need not wait for it to end. A lookup
   /// waiting for its answer fails.
@@ -132,6 +136,7 @@ class Election {
   std::optional<TimePoint> retry_write_at_;
   bool earlier_workers_may_run_ = false;
   std::string earlier_run_;
+  bool took_part_ = false;
   uint64_t revoke_id_ = 0;
 };
 

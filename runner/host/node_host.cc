@@ -299,6 +299,9 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
   const TimePoint now = ports_.clock->Now();
   recorder_.AgentInput(now, input, agent_);
   agent_.Handle(now, input, effects);
+  if (election_ && (agent_.phase() == core::Agent::Phase::kWaiting || agent_.phase() == core::Agent::Phase::kRunning)) {
+    election_->TookPart();
+  }
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
     recorder_.AgentEffect(now, effect);

@@ -423,6 +423,36 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
             "not ended");
 }
 
+// An agent that took part in the job and finds its record done was away when the verdict was
+// told: it leads with the record (its coordinator tells it the verdict), not afresh.
+TEST_F(ElectionTest, AnAgentThatTookPartReadsADoneRecordAsItsJobsVerdict) {
+  Heard h1;
+  auto e1 = Make(1, h1);
+  e1->Lookup(At(Seconds(0)));
+  Client(1).Deliver(*e1, At(Seconds(0)));
+  e1->RecordEnd(At(Seconds(1)), 1, "job \"llm\" FAILED");
+  e1->RecordDone(At(Seconds(1)));
+  Client(1).Deliver(*e1, At(Seconds(1)));
+  e1->Resign(At(Seconds(1)));
+  Client(1).Deliver(*e1, At(Seconds(1)));
+
+  Heard h2, h0;
+  auto late = Make(2, h2);
+  late->TookPart();
+  late->Lookup(At(Seconds(2)));
+  Client(2).Deliver(*late, At(Seconds(2)));
+  ASSERT_TRUE(h2.led_with);
+  EXPECT_EQ(h2.led_with->exit_code, 1);
+  EXPECT_EQ(h2.led_with->summary, "job \"llm\" FAILED");
+  late->Resign(At(Seconds(3)));
+  Client(2).Deliver(*late, At(Seconds(3)));
+
+  auto fresh = Make(0, h0);  // a new launch: it starts afresh
+  fresh->Lookup(At(Seconds(4)));
+  Client(0).Deliver(*fresh, At(Seconds(4)));
+  EXPECT_EQ(h0.Take(), "lead afresh\nfound gpu-01:29500\n");
+}
+
 TEST_F(ElectionTest, ALookupThatCannotReachEtcdFailsWithWhy) {
   Heard h;
   auto e = Make(1, h);

@@ -301,6 +301,23 @@ TEST(RegressionTest, UnderEtcdANodeWithAnotherJobFileIsRefusedNotACoordinatorOfI
   EXPECT_THAT(run.output, HasSubstr("coordinator: refused a node: node 1 (host 10.0.0.2) runs a different job file"));
 }
 
+// Found by the shape swarm (etcd): node 1, the coordinator, was cut off from etcd while round 1
+// ran; spare 0 took over with no restart left and ended the job. Two agents that took part
+// learnt the verdict wrongly: node 0's agent, moved off rank 0 by spare 0's own coordinator,
+// was refused as "joined after the job ended" (exit 3); and node 1, back in etcd after the
+// others had left, found the record done and led a fresh launch alone until its rendezvous
+// timed out (exit 3). Both now hear the recorded verdict and exit 1.
+TEST(RegressionTest, AgentsThatTookPartHearTheVerdictOfATakeoverEvenWhenLateOrMovedOffRankZero) {
+  const SimRun run = ShapeSeed(100506);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_EQ(run.result.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("node 0: agent exited with code 1"));
+  EXPECT_THAT(run.output, HasSubstr("the job ended (exit code 1, recorded by spare 0 (10.1.0.1)) while this agent was "
+                                    "away; telling it the verdict"));
+  EXPECT_THAT(run.output, HasSubstr("node 1: agent exited with code 1"));
+  EXPECT_THAT(run.output, Not(HasSubstr("joined after the job ended")));
+}
+
 // Exit 3 is owed no liveness complaint when random crashes come faster, across the cluster,
 // than a host reboots: 50 hosts with node_mtbf = 4h crash every 4.8 minutes on average, each
 // back after 3-10, so three of them were down at the end of round 8's 30-minute rendezvous.
