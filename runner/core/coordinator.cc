@@ -292,7 +292,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
   if (phase() != Phase::kDone && now - last_input_ > loss_bound) OnStalled(now, now - last_input_, out);
   // In the order of the Deadline enum; each one is looked up again after the actions before it.
   if (Due(Deadline::kHeartbeat, now)) {
-    if (journal_running_) out.push_back(RecordJournal{true});
+    if (record_running_) out.push_back(RecordWorkers{true});
     Broadcast(wire::Heartbeat{}, out);
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
   }
@@ -473,7 +473,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
       out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; telling it the outcome",
                                                          roster_.NodeName(join.node_rank))});
       const auto* ending = std::get_if<Ending>(&state_);
-      if (ending && ending->awaiting_record) return;  // it hears the verdict with the others, once etcd has it
+      if (ending && ending->awaiting_record) return;  // it hears the verdict with the others, once it is recorded
       out.push_back(SendTo{conn_id, wire::JobEnd{*exit_code_, end_summary_}});
       if (slot.end == AgentSlot::EndState::kAway) slot.end = AgentSlot::EndState::kTold;
       return;

@@ -347,7 +347,7 @@ void Election::MaybeWrite(TimePoint now) {
   write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, FormatJobRecord(state_), 0}});
 }
 
-void Election::Commit(TimePoint now, int round, int restarts_used) {
+bool Election::Commit(TimePoint now, int round, int restarts_used) {
   state_.next_round = round + 1;
   state_.restarts_used = restarts_used;
   state_.round_may_run = true;
@@ -355,6 +355,7 @@ void Election::Commit(TimePoint now, int round, int restarts_used) {
   commit_round_ = round;
   dirty_ = true;
   MaybeWrite(now);
+  return false;
 }
 
 void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) {
@@ -366,12 +367,13 @@ void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, b
   MaybeWrite(now);
 }
 
-void Election::RecordEnd(TimePoint now, int exit_code, const std::string& summary) {
+bool Election::RecordEnd(TimePoint now, int exit_code, const std::string& summary) {
   state_.exit_code = exit_code;
   state_.summary = summary;
   end_unacked_ = true;
   dirty_ = true;
   MaybeWrite(now);
+  return false;
 }
 
 void Election::RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts) {
@@ -380,7 +382,8 @@ void Election::RecordQuarantine(TimePoint now, const std::vector<core::Quarantin
   MaybeWrite(now);
 }
 
-void Election::RecordStopped(TimePoint now) {
+void Election::RecordWorkers(TimePoint now, bool may_run) {
+  if (may_run) return;
   state_.round_may_run = false;
   dirty_ = true;
   MaybeWrite(now);

@@ -81,7 +81,10 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
                                            fmt::format("{}:{}", own_addr_, spec.cluster.master_port),
                                            *ports_.store, std::move(listener));
     ports_.store->SetEvents(this);
+    record_ = election_.get();
   } else if (config.node_rank == 0) {
+    journal_record_ = std::make_unique<JournalRecord>(ports_.journal);
+    record_ = journal_record_.get();
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
     // The instance is the driver's randomness; it seeds the challenge nonces.
     if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
@@ -159,7 +162,6 @@ void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
   }
   coordinator_ = std::make_unique<core::Coordinator>(spec_, canonical_, now);
   coordinator_done_ = false;
-  coordinator_->CommitRounds();
   coordinator_->PlaceRankZero(agent_index_, own_addr_);
   if (!secret_.empty()) coordinator_->RequireSecret(secret_, instance_);
   ports_.console->Log(core::LogLevel::kInfo, "coordinator",
@@ -393,26 +395,20 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       coordinator_->Handle(now, core::StorePortReady{reserve->round, port}, effects);
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "coordinator", log->text);
-    } else if (auto* record = std::get_if<core::RecordJournal>(&effect)) {
-      if (election_) {
-        if (!record->rounds_may_run) election_->RecordStopped(now);
-      } else if (ports_.journal) {
-        ports_.journal->Record(record->rounds_may_run);
-      }
+    } else if (auto* record = std::get_if<core::RecordWorkers>(&effect)) {
+      record_->RecordWorkers(now, record->rounds_may_run);
     } else if (auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
-      if (election_) {
-        election_->RecordQuarantine(now, quarantine->hosts);
-      } else if (ports_.journal) {
-        ports_.journal->RecordQuarantine(quarantine->hosts);
-      }
+      record_->RecordQuarantine(now, quarantine->hosts);
     } else if (auto* commit = std::get_if<core::CommitRound>(&effect)) {
-      if (election_) election_->Commit(now, commit->round, commit->restarts_used);
-    } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
-      if (election_) {
-        election_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
+      // A keeper that recorded it at once answers in this batch, like the store port above.
+      const int round = commit->round;
+      if (record_->Commit(now, round, commit->restarts_used)) {
+        coordinator_->Handle(now, core::RoundCommitted{round}, effects);
       }
+    } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
+      record_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
-      if (election_) election_->RecordEnd(now, end->exit_code, end->summary);
+      if (record_->RecordEnd(now, end->exit_code, end->summary)) coordinator_->Handle(now, core::EndRecorded{}, effects);
     } else if (auto* observed = std::get_if<core::Observed>(&effect)) {
       // A revised root cause is the same failure: the clock counts from the round's first.
       const auto* failed = std::get_if<core::observed::RoundFailed>(&observed->what);
@@ -424,7 +420,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
       // Every agent heard the end, or the exit barrier passed: a new launch starts afresh.
-      if (election_) election_->RecordDone(now);
+      record_->RecordDone(now);
     }
   }
   effects.clear();

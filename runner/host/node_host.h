@@ -88,6 +88,9 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   EventRecorder recorder_;
   std::unique_ptr<core::Coordinator> coordinator_;
   std::unique_ptr<Election> election_;
+  // Where the coordinator's records go: the election (etcd), or node 0's journal.
+  std::unique_ptr<JournalRecord> journal_record_;
+  JobRecordKeeper* record_ = nullptr;
   bool listening_ = false;
   std::string own_addr_;      // etcd: this agent's host, where it listens when it holds the role
   int agent_index_ = 0;       // which agent this is: the nodes, then the spares
