@@ -276,6 +276,7 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       state_.fingerprint = fingerprint_;
       phase_ = Phase::kLeading;
       next_keepalive_ = keepalive_sent_ + spec_.rendezvous.lease / 3;
+      inherited_job_ = previous;
       listener_.lead(previous);
       if (phase_ == Phase::kLeading && wanted_) {
         wanted_ = false;
@@ -287,6 +288,18 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
     case Phase::kLeading:
       return;
   }
+}
+
+Inheritance Election::Inherited() {
+  Inheritance from;
+  if (!inherited_job_ && earlier_workers_may_run_) {
+    // Leading afresh: the earlier run's last record is no older than our campaign's read.
+    from.workers_may_run_since = Duration::zero();
+    from.earlier = earlier_run_;
+  }
+  from.job = inherited_job_;
+  from.quarantined = state_.quarantined;
+  return from;
 }
 
 void Election::OnTick(TimePoint now) {

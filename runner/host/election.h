@@ -70,6 +70,9 @@ class Election final : public JobRecordKeeper {
   /// waiting for its answer fails.
   void Resign(TimePoint now);
 
+  /// While leading: the job as the previous holder left it (nullopt: a fresh start), an
+  /// earlier run whose workers may still run, and the quarantine.
+  Inheritance Inherited() override;
   // The coordinator's records, while leading: each rewrites the state, fenced. Commit and
   // RecordEnd are answered through the listener (committed, end_recorded), never at once.
   bool Commit(TimePoint now, int round, int restarts_used) override;
@@ -139,6 +142,7 @@ class Election final : public JobRecordKeeper {
   std::optional<TimePoint> retry_write_at_;
   bool earlier_workers_may_run_ = false;
   std::string earlier_run_;
+  std::optional<core::JobRecord> inherited_job_;  // what kReading passed to `lead`
   bool took_part_ = false;
   uint64_t revoke_id_ = 0;
 };

@@ -4,6 +4,15 @@
 
 namespace ddprun::host {
 
+Inheritance JournalRecord::Inherited() {
+  Inheritance from;
+  if (!journal_) return from;
+  from.workers_may_run_since = journal_->SinceRoundsMayRun();
+  from.earlier = "the previous coordinator of this job on this host";
+  from.quarantined = journal_->Quarantined();
+  return from;
+}
+
 bool JournalRecord::Commit(TimePoint now, int /*round*/, int /*restarts_used*/) {
   // The round's workers may run from now on; the journal says so before any of them starts.
   RecordWorkers(now, true);

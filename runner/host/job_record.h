@@ -9,6 +9,7 @@
 //     holds the coordinator role. Commit and RecordEnd are answered later, through the
 //     election's listener, or never if the role was lost.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,24 @@ namespace ddprun::host {
 
 class Journal;
 
+/// What earlier coordinators of the job left in its record, as a new one reads it before its
+/// first input (NodeHost applies it to the core::Coordinator).
+struct Inheritance {
+  /// Workers of an earlier run may still run: its last record that they may is this old
+  /// (core::Coordinator::AfterUncleanEnd), and `earlier` names that run for the log.
+  std::optional<Duration> workers_may_run_since;
+  std::string earlier;
+  /// A job to go on with (core::Coordinator::TakeOver): etcd, after another holder.
+  std::optional<core::JobRecord> job;
+  std::vector<core::QuarantinedHost> quarantined;
+};
+
 class JobRecordKeeper {
  public:
   virtual ~JobRecordKeeper() = default;
+  /// What the record held when this keeper began to coordinate (the journal: when the agent
+  /// started; etcd: when it took the role).
+  virtual Inheritance Inherited() = 0;
   /// Round `round` may start (core::CommitRound). True: recorded now, the coordinator may go
   /// on; false: the answer comes later (core::RoundCommitted) or never.
   virtual bool Commit(TimePoint now, int round, int restarts_used) = 0;
@@ -42,6 +58,7 @@ class JobRecordKeeper {
 class JournalRecord final : public JobRecordKeeper {
  public:
   explicit JournalRecord(Journal* journal) : journal_(journal) {}
+  Inheritance Inherited() override;
   bool Commit(TimePoint now, int round, int restarts_used) override;
   void RecordWorkers(TimePoint now, bool may_run) override;
   void RecordRestart(TimePoint, int, int, bool) override {}

@@ -72,7 +72,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       awaiting_coordinator_ = false;
       RunAgent(core::MasterConnectFailed{core::ConnectError::kStore, why});
     };
-    listener.lead = [this](const std::optional<core::JobRecord>& previous) { Lead(previous); };
+    listener.lead = [this](const std::optional<core::JobRecord>&) { Lead(); };
     listener.step_down = [this](const std::string& why) { StepDown(why); };
     listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
     listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
@@ -105,17 +105,7 @@ Status NodeHost::Start() {
   if (coordinator_) {
     const Status listening = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
     if (!listening) return listening;
-    if (ports_.journal) {
-      if (auto since = ports_.journal->SinceRoundsMayRun()) {
-        coordinator_->AfterUncleanEnd(ports_.clock->Now(), *since, coordinator_effects_);
-        RunCoordinator(core::Tick{});
-      }
-      const auto quarantined = ports_.journal->Quarantined();
-      if (!quarantined.empty()) {
-        coordinator_->RestoreQuarantine(quarantined, coordinator_effects_);
-        RunCoordinator(core::Tick{});
-      }
-    }
+    if (Inherit(ports_.clock->Now())) RunCoordinator(core::Tick{});
   }
   agent_effects_.clear();
   agent_.Start(ports_.clock->Now(), agent_effects_);
@@ -146,7 +136,7 @@ void NodeHost::ConnectTo(const std::string& endpoint) {
   master_conn_ = ports_.transport->Connect(host, port);
 }
 
-void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
+void NodeHost::Lead() {
   const TimePoint now = ports_.clock->Now();
   if (!listening_) {
     const Status listening = ports_.transport->Listen(own_addr_, spec_.cluster.master_port);
@@ -169,16 +159,19 @@ void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
                                   "rendezvous.lease = {}); it plays node rank 0, and {} is every "
                                   "round's MASTER_ADDR",
                                   election_->role_key(), FormatDuration(spec_.rendezvous.lease), own_addr_));
-  if (!previous && election_->earlier_workers_may_run()) {
-    // An earlier run ended without every node confirming that its workers stopped, or a run
-    // of another job file under this name had not ended.
-    coordinator_->AfterUncleanEnd(now, Duration::zero(), coordinator_effects_, election_->earlier_run());
-  }
-  if (previous) coordinator_->TakeOver(now, *previous, coordinator_effects_);
-  if (!election_->state().quarantined.empty()) {
-    coordinator_->RestoreQuarantine(election_->state().quarantined, coordinator_effects_);
-  }
+  Inherit(now);
   RunCoordinator(core::Tick{});
+}
+
+bool NodeHost::Inherit(TimePoint now) {
+  // Whoever kept the record, the coordinator starts from it the same way.
+  const Inheritance from = record_->Inherited();
+  if (from.workers_may_run_since) {
+    coordinator_->AfterUncleanEnd(now, *from.workers_may_run_since, coordinator_effects_, from.earlier);
+  }
+  if (from.job) coordinator_->TakeOver(now, *from.job, coordinator_effects_);
+  if (!from.quarantined.empty()) coordinator_->RestoreQuarantine(from.quarantined, coordinator_effects_);
+  return from.workers_may_run_since || from.job || !from.quarantined.empty();
 }
 
 void NodeHost::StepDown(const std::string& why) {

@@ -71,9 +71,11 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
 
  private:
   void RunAgent(const core::AgentInput& input);
-  /// With etcd: this agent now holds the coordinator role; `previous` is what the last holder
-  /// left in the store.
-  void Lead(const std::optional<core::JobRecord>& previous);
+  /// With etcd: this agent now holds the coordinator role.
+  void Lead();
+  /// The new coordinator starts from what its record's keeper read (record_->Inherited());
+  /// false when there was nothing to start from.
+  bool Inherit(TimePoint now);
   void StepDown(const std::string& why);
   /// Connects the agent to the coordinator at "host:port".
   void ConnectTo(const std::string& endpoint);
