@@ -40,7 +40,8 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
       network_(handles(), spec, options.network, options.seed),
       workers_(handles(), network_, *this, hooks_, spec, options.seed),
       etcd_(spec.rendezvous.Etcd() ? MakeEtcd() : nullptr),
-      faults_(spec, options.seed, handles(), *this, network_, workers_, etcd_.get()) {
+      faults_(spec, options.seed, handles(), *this, network_, workers_, etcd_.get()),
+      coordinators_(handles(), etcd_.get()) {
   job_nodes_ = spec_.cluster.nnodes;
   agents_ = spec_.cluster.Agents();
   for (int rank = 0; rank < job_nodes_; ++rank) holders_.push_back(static_cast<uint32_t>(rank));
@@ -168,17 +169,13 @@ void Cluster::StartNode(uint32_t index) {
   config.logs_dir = n.spec->logs.dir;
   config.inherited_env = {{"HOME", "/home/ddp"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}};
   host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console, &n.journal,
-                    index == 0 ? options_.node0_events : options_.other_events, etcd_ ? &n.store : nullptr};
+                    coordinators_.PortOf(index, index == 0 ? options_.node0_events : options_.other_events),
+                    etcd_ ? &n.store : nullptr};
   if (reboot) log_.PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });
   const Status started = n.host->Start();
-  // Every coordinator that listens is a fresh one (a rebooted node 0, or an extra agent that
-  // claims rank 0 once node 0 is gone): its rounds are numbered from 0 again.
-  if (started && n.host->coordinator()) {
-    ++coordinator_incarnation_;
-    if (index == 0) node0_incarnation_ = coordinator_incarnation_;
-  }
+  coordinators_.HostStarted(index, started && n.host->coordinator());
   log_.SetPhase(index);
   if (!started) {
     log_.PrintSim(index, started.error());  // the transport's words name the address, as the real one's do
@@ -195,6 +192,7 @@ void Cluster::Crash(uint32_t index, std::optional<Duration> reboot_after, const 
   log_.AddMark(index, MarkKind::kFault, "crash");
   // Its sockets go silent: no FIN, no RST, until the machine is back.
   network_.Silence(index);
+  coordinators_.Touched(index);  // a coordinator on it is gone
   n.host.reset();
   n.tevents = nullptr;
   n.pevents = nullptr;
@@ -267,6 +265,31 @@ void Cluster::ReleaseNode(uint32_t index) {
 
 // ---------------------------------------------------------------------------------------
 // Event loop
+
+// The events that run a node's host (its agent, and the coordinator it may hold): after them
+// the coordinator watch looks at that node. The others reach a host only through these, or
+// through StartNode, Crash and DeliverStore, which tell the watch themselves.
+bool Cluster::DrivesHost(EventKind kind) {
+  switch (kind) {
+    case EventKind::kTimer:
+    case EventKind::kPump:
+    case EventKind::kConnectDone:
+    case EventKind::kAccept:
+    case EventKind::kWorkerExit:
+    case EventKind::kWorkerNotify:
+    case EventKind::kBeacons:
+      return true;
+    case EventKind::kWorkerReady:
+    case EventKind::kTrainingDone:
+    case EventKind::kPeerFailure:
+    case EventKind::kCollectiveTimeout:
+    case EventKind::kStoreConnect:
+    case EventKind::kCheck:
+    case EventKind::kCall:
+      return false;
+  }
+  return false;
+}
 
 bool Cluster::DeferIfHung(uint32_t index, const Event& event) {
   Node& n = nodes_[index];
@@ -365,101 +388,11 @@ void Cluster::DeliverStore(uint32_t index, uint32_t incarnation, host::StoreResu
     return;
   }
   if (host::StoreEvents* events = n.store.events()) events->OnStoreResult(result);
+  coordinators_.Touched(index);  // an answer may hand it the coordinator role, or take it
   log_.SetPhase(index);
 }
 
-uint64_t Cluster::RoundEpochOf(uint32_t index) const {
-  if (!etcd_) return coordinator_incarnation_;
-  const Node& n = nodes_[index];
-  if (!n.host || !n.host->election()) return 0;
-  auto it = launch_of_key_.find(n.host->election()->state_key());
-  return it == launch_of_key_.end() ? 0 : it->second;
-}
-
-uint64_t Cluster::LaunchOf(const host::Election& election) {
-  // The new holder read the state just before it took the role, and nothing has written it
-  // since: its own first writes are still on their way.
-  const auto entry = etcd_->Peek(election.state_key());
-  const auto state = entry ? host::ParseJobRecord(entry->value) : std::nullopt;
-  uint64_t& launch = launch_of_key_[election.state_key()];
-  // No state yet is the first launch still (its first holder may have gone before writing).
-  if (launch == 0 || (state && state->done)) launch = ++launches_;
-  return launch;
-}
-
-void Cluster::ObserveCoordinators() {
-  if (seen_coordinators_.size() < nodes_.size()) seen_coordinators_.resize(nodes_.size());
-  int restarts = most_restarts_;
-  for (uint32_t i = 0; i < nodes_.size(); ++i) {
-    SeenCoordinator& seen = seen_coordinators_[i];
-    const core::Coordinator* coordinator = nodes_[i].host ? nodes_[i].host->coordinator() : nullptr;
-    if (coordinator != seen.coordinator) {
-      // A coordinator stepped down, its host crashed, or one took the role here: a pointer is
-      // compared with the one seen after the previous event only, never kept past its end.
-      if (seen.coordinator) invariants_.CoordinatorGone(seen.epoch);
-      seen = SeenCoordinator{};
-      seen.coordinator = coordinator;
-      if (coordinator) {
-        seen.epoch = ++coordinator_epochs_;
-        seen.launch = LaunchOf(*nodes_[i].host->election());
-        invariants_.SetCoordinatorNode(i);
-      }
-    }
-    if (!coordinator) continue;
-    restarts = std::max(restarts, coordinator->restarts_used());
-    ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
-    // BeginRound moves the coordinator to kRunning with its StartRounds sent in the same step.
-    if (coordinator->phase() == core::Coordinator::Phase::kRunning && coordinator->round() != seen.started) {
-      seen.started = coordinator->round();
-      invariants_.CoordinatorStartedRound(seen.epoch, nodes_[i].label, RoundKey{seen.launch, coordinator->round()});
-    }
-    if (coordinator->hang_judgements() != seen.judgements) {
-      seen.judgements = coordinator->hang_judgements();
-      ++stats_.hangs_judged;
-      const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
-      invariants_.HangJudged(RoundKey{seen.launch, judged.round}, judged.culprits, judged.with_stack);
-    }
-    if (!seen.ended && coordinator->exit_code()) {
-      seen.ended = true;
-      invariants_.CoordinatorEnded(loop_.now_ns, seen.launch, nodes_[i].label, *coordinator->exit_code());
-    }
-  }
-  invariants_.CoordinatorRestarts(restarts);
-  if (restarts > most_restarts_) {
-    // The budget is the job's: a coordinator that takes over counts on from what is in etcd.
-    stats_.restarts_used = restarts;
-    most_restarts_ = restarts;
-    log_.AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", restarts));
-  }
-}
-
-void Cluster::ObserveCoordinator() {
-  if (etcd_) return ObserveCoordinators();
-  if (nodes_.empty() || !nodes_[0].host) return;
-  const core::Coordinator* coordinator = nodes_[0].host->coordinator();
-  if (!coordinator) return;
-  const int restarts = coordinator->restarts_used();
-  invariants_.CoordinatorRestarts(restarts);
-  ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
-  // Node 0's coordinator only (an extra agent that claims rank 0 runs another job): its count
-  // starts again from 0 when node 0 reboots.
-  if (node0_incarnation_ != observed_incarnation_) {
-    observed_incarnation_ = node0_incarnation_;
-    last_coordinator_restarts_ = 0;
-    observed_judgements_ = 0;
-  }
-  if (coordinator->hang_judgements() != observed_judgements_) {
-    observed_judgements_ = coordinator->hang_judgements();
-    ++stats_.hangs_judged;
-    const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
-    invariants_.HangJudged(RoundKey{node0_incarnation_, judged.round}, judged.culprits, judged.with_stack);
-  }
-  if (restarts > last_coordinator_restarts_) {
-    stats_.restarts_used += restarts - last_coordinator_restarts_;
-    last_coordinator_restarts_ = restarts;
-    log_.AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", restarts));
-  }
-}
+uint64_t Cluster::RoundEpochOf(uint32_t index) const { return coordinators_.RoundEpochOf(index); }
 
 SimResult Cluster::Run() {
   BuildNodes();
@@ -492,7 +425,8 @@ SimResult Cluster::Run() {
       case EventKind::kStoreConnect: case EventKind::kBeacons: ++stats_.worker_events; break;
       default: break;
     }
-    ObserveCoordinator();
+    if (DrivesHost(event.kind)) coordinators_.Touched(event.node);
+    coordinators_.AfterEvent();
     invariants_.AfterEvent(loop_.now_ns);
     if (invariants_.violation()) log_.ReportViolation(invariants_.what());
     stats_.peak_queue = std::max<uint64_t>(stats_.peak_queue, loop_.queue.size());
@@ -506,7 +440,7 @@ SimResult Cluster::Run() {
   end.rendezvous_fault = faults_.rendezvous_fault();
   end.unfinished_count = unfinished_;
   end.stuck_for_good = workers_.RoundStuckForGood();
-  end.ended_by_rule = ended_by_rule_;
+  end.ended_by_rule = coordinators_.ended_by_rule();
   for (const auto& n : nodes_) {
     if (unfinished_ == 0 || end.unfinished.size() >= 8) break;
     if (n->finished || n->hung_forever || (!n->up && !n->pending_start)) continue;

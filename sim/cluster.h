@@ -1,8 +1,8 @@
 #pragma once
 // The simulated cluster, built from parts: the nodes (each a real host::NodeHost over simulated
 // ports, sim/node.h), the network (sim/network.h), the workers with the training model
-// (sim/workers.h), the fault injector (sim/faults.h), the event log (sim/sim_log.h) and the
-// invariants (sim/invariants.h). The Cluster owns them, hands each only the narrow handles it
+// (sim/workers.h), the fault injector (sim/faults.h), the event log (sim/sim_log.h), the
+// coordinator watch (sim/coordinators.h) and the invariants (sim/invariants.h). The Cluster owns them, hands each only the narrow handles it
 // needs (sim/parts.h), boots and crashes machines, and runs the event loop. Internal to sim/;
 // users call RunSimulation (simulation.h).
 
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/coordinators.h"
 #include "sim/event_queue.h"
 #include "sim/faults.h"
 #include "sim/invariants.h"
@@ -97,14 +98,10 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   void ReleaseNode(uint32_t node);
 
   // event loop
+  static bool DrivesHost(EventKind kind);
   void Dispatch(const Event& event);
   bool DeferIfHung(uint32_t node, const Event& event);
 
-  // checks
-  void ObserveCoordinator();
-  /// rendezvous.backend = "etcd": any agent may run the coordinator, and rounds and the budget
-  /// go on across coordinators.
-  void ObserveCoordinators();
   SimResult Finish(RunEnd& end);
 
   const JobSpec& spec_;
@@ -115,7 +112,6 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   SimClock clock_;
   int64_t limit_ns_ = 0;
   bool liveness_limit_ = false;  // limit_ns_ is the liveness deadline, not max_time
-  bool ended_by_rule_ = false;   // a coordinator ended the job by restart.never_on
   Nodes nodes_;
   int job_nodes_ = 0;                  // cluster.nnodes: the node ranks
   int agents_ = 0;                     // the nodes, then the spares (JobSpec::Cluster::Agents)
@@ -128,28 +124,7 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   Workers workers_;
   std::unique_ptr<SimEtcd> etcd_;      // rendezvous.backend = "etcd"
   FaultInjector faults_;
-  // etcd: each coordinator the nodes' agents ran, as ObserveCoordinator saw it (by node).
-  struct SeenCoordinator {
-    const core::Coordinator* coordinator = nullptr;  // identity only, never dereferenced stale
-    uint64_t epoch = 0;              // 1, 2, ...: the order coordinators appeared in
-    int started = -1;                // the last round it started
-    uint64_t judgements = 0;
-    bool ended = false;              // its verdict was reported
-    uint64_t launch = 0;             // the launch of the job it runs (LaunchOf)
-  };
-  /// etcd: the launch of the job a coordinator that just took the role runs, from what etcd
-  /// holds under its state key: the current one, or a new one when the state says it ended.
-  uint64_t LaunchOf(const host::Election& election);
-  std::map<std::string, uint64_t> launch_of_key_;  // state key -> its current launch
-  uint64_t launches_ = 0;
-  std::vector<SeenCoordinator> seen_coordinators_;
-  uint64_t coordinator_epochs_ = 0;
-  int most_restarts_ = 0;              // etcd: the most restarts any coordinator counted
-  uint64_t coordinator_incarnation_ = 0;
-  int last_coordinator_restarts_ = 0;
-  uint64_t observed_incarnation_ = 0;
-  uint64_t node0_incarnation_ = 0;     // the incarnation of node 0's own coordinator
-  uint64_t observed_judgements_ = 0;   // hang judgements of node 0's coordinator seen so far
+  CoordinatorWatch coordinators_;
   int64_t unfinished_ = 0;             // nodes that may still act (not exited, not down for good)
 };
 
