@@ -2,9 +2,10 @@
 // The simulated cluster, built from parts: the nodes (each a real host::NodeHost over simulated
 // ports, sim/node.h), the network (sim/network.h), the workers with the training model
 // (sim/workers.h), the fault injector (sim/faults.h), the event log (sim/sim_log.h), the
-// coordinator watch (sim/coordinators.h) and the invariants (sim/invariants.h). The Cluster owns them, hands each only the narrow handles it
-// needs (sim/parts.h), boots and crashes machines, and runs the event loop. Internal to sim/;
-// users call RunSimulation (simulation.h).
+// coordinator watch (sim/coordinators.h) and the invariants (sim/invariants.h). The Cluster
+// owns them, hands each only the narrow handles it needs (sim/parts.h), boots and crashes
+// machines, and runs the event loop. Internal to sim/; users call RunSimulation
+// (simulation.h).
 
 #include <cstdint>
 #include <map>

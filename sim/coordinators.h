@@ -54,8 +54,12 @@ class CoordinatorWatch {
   class Sink;
   /// One observation, as its node's recorder wrote it.
   struct Heard {
-    enum class Kind : uint8_t { kRoundStarted, kRestartSpent, kRoundFailed, kJobEnded } kind =
-        Kind::kRoundStarted;
+    enum class Kind : uint8_t {
+      kRoundStarted,
+      kRestartSpent,
+      kRoundFailed,
+      kJobEnded
+    } kind = Kind::kRoundStarted;
     uint32_t node = 0;
     int round = 0;
     int restarts = 0;  // kRoundStarted, kRestartSpent (the restart), kJobEnded
@@ -64,12 +68,12 @@ class CoordinatorWatch {
   /// A coordinator as the watch knows it (by node).
   struct Seen {
     const core::Coordinator* coordinator = nullptr;  // identity only, never dereferenced stale
-    uint64_t epoch = 0;     // etcd: 1, 2, ...: the order coordinators appeared in
-    uint64_t launch = 0;    // what tells its rounds apart (RoundKey::coordinator)
-    int restarts = 0;       // without etcd: the restarts of it counted so far
-    int started = -1;       // etcd: the last round it started
+    uint64_t epoch = 0;                              // etcd: 1, 2, ...: the order coordinators appeared in
+    uint64_t launch = 0;                             // what tells its rounds apart (RoundKey::coordinator)
+    int restarts = 0;                                // without etcd: the restarts of it counted so far
+    int started = -1;                                // etcd: the last round it started
     uint64_t judgements = 0;
-    bool ended = false;     // etcd: its verdict was reported
+    bool ended = false;  // etcd: its verdict was reported
   };
   /// A record of node `index`'s recorder (the observations it consumed), queued for AfterEvent.
   void Recorded(uint32_t index, const host::Event& event);
@@ -90,13 +94,13 @@ class CoordinatorWatch {
   SimEtcd* etcd_;
   std::vector<std::unique_ptr<Sink>> sinks_;
   std::vector<Seen> seen_;
-  std::vector<uint32_t> touched_;      // nodes whose host ran in this event, in order
+  std::vector<uint32_t> touched_;  // nodes whose host ran in this event, in order
   std::vector<uint8_t> is_touched_;
-  std::vector<Heard> heard_;           // this event's observations, in order
+  std::vector<Heard> heard_;              // this event's observations, in order
   uint64_t coordinator_incarnation_ = 0;  // +1 per coordinator a host started with
-  uint64_t node0_incarnation_ = 0;     // the incarnation of node 0's own coordinator
+  uint64_t node0_incarnation_ = 0;        // the incarnation of node 0's own coordinator
   uint64_t coordinator_epochs_ = 0;
-  int most_restarts_ = 0;              // etcd: the most restarts any coordinator counted
+  int most_restarts_ = 0;  // etcd: the most restarts any coordinator counted
   bool ended_by_rule_ = false;
   std::map<std::string, uint64_t> launch_of_key_;  // etcd: state key -> its current launch
   uint64_t launches_ = 0;

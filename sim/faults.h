@@ -63,9 +63,9 @@ class FaultInjector {
   Network& network_;
   Workers& workers_;
   SimEtcd* etcd_;
-  int agents_ = 0;                     // the nodes, then the spares (JobSpec::Cluster::Agents)
+  int agents_ = 0;  // the nodes, then the spares (JobSpec::Cluster::Agents)
   Prng fault_rng_;
-  Prng hang_rng_;                      // simulate.worker_hang_mtbf: never shifts the other draws
+  Prng hang_rng_;  // simulate.worker_hang_mtbf: never shifts the other draws
   int64_t random_faults_until_ns_ = 0;
   bool rendezvous_fault_ = false;
 };

@@ -8,8 +8,8 @@
 
 namespace ddprun::sim {
 
-SimLog::SimLog(std::ostream* out, Timeline* timeline, const Loop& loop, Nodes& nodes, const PhaseSource& phases,
-               bool condense)
+SimLog::SimLog(std::ostream* out, Timeline* timeline, const Loop& loop, Nodes& nodes,
+               const PhaseSource& phases, bool condense)
     : out_(out), timeline_(timeline), loop_(loop), nodes_(nodes), phases_(phases), condense_(condense) {}
 
 void SimLog::ReportViolation(std::string_view what) {
@@ -30,9 +30,8 @@ void SimLog::Print(uint32_t index, std::string_view who, std::string_view text) 
   }
   const std::string stamp = FormatSimTime(loop_.now_ns);
   if (condensed_lines_ > 0) {
-    *out_ << stamp << " (" << condensed_lines_ << " line" << (condensed_lines_ == 1 ? "" : "s")
-          << " from " << condensed_nodes_ << " other node" << (condensed_nodes_ == 1 ? "" : "s")
-          << " not shown)\n";
+    *out_ << stamp << " (" << condensed_lines_ << " line" << (condensed_lines_ == 1 ? "" : "s") << " from "
+          << condensed_nodes_ << " other node" << (condensed_nodes_ == 1 ? "" : "s") << " not shown)\n";
     condensed_lines_ = 0;
     condensed_nodes_ = 0;
     ++condense_epoch_;
@@ -67,7 +66,8 @@ void SimLog::PrintSim(std::optional<uint32_t> index, std::string_view text) {
   }
 }
 
-void SimLog::ConsoleLog(uint32_t index, core::LogLevel level, std::string_view source, std::string_view text) {
+void SimLog::ConsoleLog(uint32_t index, core::LogLevel level, std::string_view source,
+                        std::string_view text) {
   if (!out_) return;
   (void)level;
   if (source == "coordinator") {
@@ -84,7 +84,8 @@ void SimLog::ConsoleSummary(uint32_t index, std::string_view text) {
   if (!out_) return;
   auto [it, inserted] = summaries_seen_.emplace(std::string(text), index);
   if (!inserted) {
-    Print(index, nodes_.Label(index), fmt::format("printed the same summary as {}", nodes_.Label(it->second)));
+    Print(index, nodes_.Label(index),
+          fmt::format("printed the same summary as {}", nodes_.Label(it->second)));
     return;
   }
   Print(index, nodes_.Label(index), fmt::format("summary:\n  {}", fmt::join(Split(text), "\n  ")));
@@ -127,7 +128,8 @@ void SimLog::TrainingEnds() {
 
 void SimLog::AddMark(uint32_t node, MarkKind kind, std::string text, int64_t end_ns) {
   if (!timeline_) return;
-  timeline_->marks.push_back(Mark{loop_.now_ns, end_ns < 0 ? loop_.now_ns : end_ns, node, kind, std::move(text)});
+  timeline_->marks.push_back(
+      Mark{loop_.now_ns, end_ns < 0 ? loop_.now_ns : end_ns, node, kind, std::move(text)});
 }
 
 std::vector<std::string> Split(std::string_view text) {

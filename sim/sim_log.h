@@ -65,7 +65,9 @@ class SimLog {
   /// never from the words of the line.
   class Subject {
    public:
-    Subject(SimLog& log, std::optional<uint32_t> node) : log_(log), saved_(log.subject_) { log_.subject_ = node; }
+    Subject(SimLog& log, std::optional<uint32_t> node) : log_(log), saved_(log.subject_) {
+      log_.subject_ = node;
+    }
     ~Subject() { log_.subject_ = saved_; }
     Subject(const Subject&) = delete;
     Subject& operator=(const Subject&) = delete;

@@ -23,7 +23,8 @@ class TestHooks {
   /// (kSparePlaysNodeZero).
   void MisreportStart(uint32_t node, bool spare, WorkerStart& start) const {
     if (spare && sabotage_ == Sabotage::kSparePlaysNodeZero) start.node_rank_env = "0";
-    if (node == 1 && sabotage_ == Sabotage::kWrongWorldSize) start.world_env = std::to_string(start.world + 1);
+    if (node == 1 && sabotage_ == Sabotage::kWrongWorldSize)
+      start.world_env = std::to_string(start.world + 1);
   }
   /// kSpawnTwice: node 1 starts its first worker of each round twice.
   bool SpawnsTwice(uint32_t node, int local_rank) const {
