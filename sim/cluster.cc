@@ -168,9 +168,15 @@ void Cluster::StartNode(uint32_t index) {
   config.ddprun_version = DDPRUN_VERSION;
   config.logs_dir = n.spec->logs.dir;
   config.inherited_env = {{"HOME", "/home/ddp"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}};
-  host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console, &n.journal,
-                    coordinators_.PortOf(index, index == 0 ? options_.node0_events : options_.other_events),
-                    etcd_ ? &n.store : nullptr};
+  host::Ports ports{&clock_,
+                    &n.timer,
+                    &n.transport,
+                    &n.launcher,
+                    &n.console,
+                    &n.journal,
+                    index == 0 ? options_.node0_events : options_.other_events,
+                    etcd_ ? &n.store : nullptr,
+                    coordinators_.ObserverOf(index)};
   if (reboot) log_.PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });

@@ -13,38 +13,16 @@
 #include "sim/simulation.h"
 
 namespace ddprun::sim {
-namespace {
 
-// A whole-number field of a record; the recorder writes every one the watch reads.
-int IntField(const host::Event& event, std::string_view key) {
-  for (const auto& [name, value] : event.fields) {
-    if (name != key) continue;
-    const auto* number = std::get_if<int64_t>(&value);
-    DDPRUN_ASSERT(number != nullptr);
-    return static_cast<int>(*number);
-  }
-  // The event recorder wrote a record without a field the simulator reads.
-  DDPRUN_ASSERT(false);
-  return 0;
-}
-
-}  // namespace
-
-/// A node's event-log port: every record goes on to the caller's log unchanged; the watch
-/// keeps the coordinator's observations among them.
-class CoordinatorWatch::Sink final : public host::EventLog {
+/// A node's observer port: its coordinator's observations, for the watch.
+class CoordinatorWatch::Sink final : public host::Observer {
  public:
-  Sink(CoordinatorWatch& watch, uint32_t index, host::EventLog* forward)
-      : watch_(watch), index_(index), forward_(forward) {}
-  void Record(TimePoint now, const host::Event& event) override {
-    if (forward_) forward_->Record(now, event);
-    watch_.Recorded(index_, event);
-  }
+  Sink(CoordinatorWatch& watch, uint32_t index) : watch_(watch), index_(index) {}
+  void Observe(TimePoint, const core::Observation& what) override { watch_.Observed(index_, what); }
 
  private:
   CoordinatorWatch& watch_;
   uint32_t index_;
-  host::EventLog* forward_;
 };
 
 CoordinatorWatch::CoordinatorWatch(Handles handles, SimEtcd* etcd)
@@ -57,10 +35,10 @@ CoordinatorWatch::CoordinatorWatch(Handles handles, SimEtcd* etcd)
 
 CoordinatorWatch::~CoordinatorWatch() = default;
 
-host::EventLog* CoordinatorWatch::PortOf(uint32_t index, host::EventLog* forward) {
-  if (!etcd_ && index != 0) return forward;
+host::Observer* CoordinatorWatch::ObserverOf(uint32_t index) {
+  if (!etcd_ && index != 0) return nullptr;
   if (sinks_.size() <= index) sinks_.resize(index + 1);
-  if (!sinks_[index]) sinks_[index] = std::make_unique<Sink>(*this, index, forward);
+  if (!sinks_[index]) sinks_[index] = std::make_unique<Sink>(*this, index);
   return sinks_[index].get();
 }
 
@@ -81,29 +59,15 @@ void CoordinatorWatch::Touched(uint32_t index) {
   touched_.push_back(index);
 }
 
-void CoordinatorWatch::Recorded(uint32_t index, const host::Event& event) {
-  // The records the recorder writes for the coordinator's observations (EventRecorder::Observe);
-  // the agent's own records on the same port are not the watch's business.
-  Heard heard;
-  heard.node = index;
-  if (event.type == "round-begin") {
-    heard.kind = Heard::Kind::kRoundStarted;
-    heard.round = IntField(event, "round");
-    heard.restarts = IntField(event, "restarts_used");
-  } else if (event.type == "restart") {
-    heard.kind = Heard::Kind::kRestartSpent;
-    heard.restarts = IntField(event, "restart");
-  } else if (event.type == "round-failed") {
-    heard.kind = Heard::Kind::kRoundFailed;
-    heard.round = IntField(event, "round");
-  } else if (event.type == "job-result") {
-    heard.kind = Heard::Kind::kJobEnded;
-    heard.exit_code = IntField(event, "exit_code");
-    heard.restarts = IntField(event, "restarts_used");
-  } else {
+void CoordinatorWatch::Observed(uint32_t index, const core::Observation& what) {
+  namespace o = core::observed;
+  // What the checks need: rounds, restarts, hang verdicts and the end; joins and losses are
+  // the timeline's, which the simulator draws from the nodes themselves.
+  if (!std::holds_alternative<o::RoundStarted>(what) && !std::holds_alternative<o::RestartSpent>(what) &&
+      !std::holds_alternative<o::HangJudged>(what) && !std::holds_alternative<o::JobEnded>(what)) {
     return;
   }
-  heard_.push_back(heard);
+  heard_.push_back(Heard{index, what});
   Touched(index);
 }
 
@@ -151,43 +115,33 @@ void CoordinatorWatch::CheckRole(uint32_t index) {
   // With etcd a coordinator that takes over counts on from the budget in the store, and may
   // end the job at once (the lost round was the last): what it took over is read here.
   Restarts(seen, coordinator->restarts_used());
-  ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
 }
 
 void CoordinatorWatch::Apply(const Heard& heard) {
+  namespace o = core::observed;
   Seen& seen = seen_[heard.node];
   // A coordinator that left the role in this same event is gone; what it said is forgotten.
   const core::Coordinator* coordinator = CoordinatorOf(heard.node);
   if (!coordinator || coordinator != seen.coordinator) return;
-  switch (heard.kind) {
-    case Heard::Kind::kRoundStarted:
-      if (etcd_ && heard.round != seen.started) {
-        seen.started = heard.round;
-        invariants_.CoordinatorStartedRound(seen.epoch, nodes_.Label(heard.node),
-                                            RoundKey{seen.launch, heard.round});
-      }
-      Restarts(seen, heard.restarts);
-      return;
-    case Heard::Kind::kRestartSpent:
-      Restarts(seen, heard.restarts);
-      return;
-    case Heard::Kind::kRoundFailed:
-      // A hang verdict always stops its round; the record does not name the culprits.
-      if (coordinator->hang_judgements() != seen.judgements) {
-        seen.judgements = coordinator->hang_judgements();
-        ++stats_.hangs_judged;
-        const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
-        invariants_.HangJudged(RoundKey{seen.launch, judged.round}, judged.culprits, judged.with_stack);
-      }
-      return;
-    case Heard::Kind::kJobEnded:
-      ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
-      if (etcd_ && !seen.ended) {
-        seen.ended = true;
-        invariants_.CoordinatorEnded(loop_.now_ns, seen.launch, nodes_.Label(heard.node), heard.exit_code);
-      }
-      Restarts(seen, heard.restarts);
-      return;
+  if (const auto* started = std::get_if<o::RoundStarted>(&heard.what)) {
+    if (etcd_ && started->round != seen.started) {
+      seen.started = started->round;
+      invariants_.CoordinatorStartedRound(seen.epoch, nodes_.Label(heard.node),
+                                          RoundKey{seen.launch, started->round});
+    }
+    Restarts(seen, started->restarts_used);
+  } else if (const auto* restart = std::get_if<o::RestartSpent>(&heard.what)) {
+    Restarts(seen, restart->restart);
+  } else if (const auto* hang = std::get_if<o::HangJudged>(&heard.what)) {
+    ++stats_.hangs_judged;
+    invariants_.HangJudged(RoundKey{seen.launch, hang->round}, hang->culprits, hang->with_stack);
+  } else if (const auto* ended = std::get_if<o::JobEnded>(&heard.what)) {
+    ended_by_rule_ = ended_by_rule_ || ended->by_rule;
+    if (etcd_ && !seen.ended) {
+      seen.ended = true;
+      invariants_.CoordinatorEnded(loop_.now_ns, seen.launch, nodes_.Label(heard.node), ended->exit_code);
+    }
+    Restarts(seen, ended->restarts_used);
   }
 }
 

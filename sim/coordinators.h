@@ -1,14 +1,13 @@
 #pragma once
 // What the simulator's checks learn from the coordinators. Each coordinator says what happened
-// in typed observations (core::Observed: a round started or failed, a restart spent, the job
-// ended); its host's event recorder turns them into records on the node's event-log port, and
-// here that port is an ObservationSink that hands them to the CoordinatorWatch. The watch
+// in typed observations (core::Observed: a round started or failed, a hang judged, a restart
+// spent, the job ended); its host hands them to the node's Observer port, which here is a sink
+// of the CoordinatorWatch. The watch
 // applies them after the event, as the invariants and the timeline expect, by one path for both
 // backends: without etcd the job's coordinator is node 0's (each of its incarnations counts its
 // restarts from 0), with etcd whichever agent holds the role (rounds and the budget go on across
 // coordinators). Nothing reads a coordinator's phase or counters after every event: only when
-// one takes or leaves the role, its count then, and the details no record carries (who a hang
-// verdict named, whether restart.never_on ended the job) when the record says they changed.
+// one takes or leaves the role, and its restart count then.
 // Internal to sim/.
 
 #include <cstdint>
@@ -33,10 +32,9 @@ class CoordinatorWatch {
   CoordinatorWatch(const CoordinatorWatch&) = delete;
   CoordinatorWatch& operator=(const CoordinatorWatch&) = delete;
 
-  /// The event-log port for node `index`'s host: its records reach `forward` (the caller's
-  /// log; may be null) unchanged. Null when no coordinator of that node counts and there is
-  /// nothing to forward to (static jobs: only node 0's coordinator is the job's).
-  host::EventLog* PortOf(uint32_t index, host::EventLog* forward);
+  /// The observer port for node `index`'s host; null when no coordinator of that node counts
+  /// (static jobs: only node 0's coordinator is the job's).
+  host::Observer* ObserverOf(uint32_t index);
   /// Node `index`'s host started; `coordinator`: it runs a coordinator from the start (node
   /// rank 0 without etcd, an extra agent's included: its rounds are numbered from 0 again).
   void HostStarted(uint32_t index, bool coordinator);
@@ -52,18 +50,10 @@ class CoordinatorWatch {
 
  private:
   class Sink;
-  /// One observation, as its node's recorder wrote it.
+  /// One observation of node `node`'s coordinator, queued for AfterEvent.
   struct Heard {
-    enum class Kind : uint8_t {
-      kRoundStarted,
-      kRestartSpent,
-      kRoundFailed,
-      kJobEnded
-    } kind = Kind::kRoundStarted;
     uint32_t node = 0;
-    int round = 0;
-    int restarts = 0;  // kRoundStarted, kRestartSpent (the restart), kJobEnded
-    int exit_code = 0;
+    core::Observation what;
   };
   /// A coordinator as the watch knows it (by node).
   struct Seen {
@@ -72,11 +62,10 @@ class CoordinatorWatch {
     uint64_t launch = 0;                             // what tells its rounds apart (RoundKey::coordinator)
     int restarts = 0;                                // without etcd: the restarts of it counted so far
     int started = -1;                                // etcd: the last round it started
-    uint64_t judgements = 0;
     bool ended = false;  // etcd: its verdict was reported
   };
-  /// A record of node `index`'s recorder (the observations it consumed), queued for AfterEvent.
-  void Recorded(uint32_t index, const host::Event& event);
+  /// An observation of node `index`'s coordinator, queued for AfterEvent.
+  void Observed(uint32_t index, const core::Observation& what);
   /// The coordinator of `index` now, if it is one the job counts.
   const core::Coordinator* CoordinatorOf(uint32_t index) const;
   void CheckRole(uint32_t index);

@@ -208,7 +208,7 @@ void Coordinator::Apply(TimePoint now, const CoordinatorInput& input, std::vecto
     auto* ending = std::get_if<Ending>(&state_);
     if (!ending || !ending->awaiting_record) return;
     ending->awaiting_record = false;
-    out.push_back(Observed{observed::JobEnded{*exit_code_, restarts_used_, end_summary_}});
+    out.push_back(Observed{observed::JobEnded{*exit_code_, restarts_used_, end_summary_, ended_by_rule_}});
     Broadcast(wire::JobEnd{*exit_code_, end_summary_}, out);
     MaybeDone(out);
   } else if (const auto* committed = std::get_if<RoundCommitted>(&input)) {
@@ -321,7 +321,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     std::get<Rendezvous>(state_).next_progress = now + kProgressInterval;
   }
   if (Due(Deadline::kReach, now)) FinishReach(now, out);
-  if (Due(Deadline::kHangProbe, now)) BeginStop(now, hangs_.Verdict(round_, reach_problems_), out);
+  if (Due(Deadline::kHangProbe, now)) StopForHang(now, out);
   if (Due(Deadline::kStragglers, now)) hangs_.CheckStragglers(now, round_, out);
   if (Due(Deadline::kStopWait, now)) {
     for (int agent = 0; agent < roster_.agents(); ++agent) {
@@ -412,7 +412,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     }
   } else if (const auto* stacks = std::get_if<wire::RankStacks>(&message)) {
     if (hangs_.OnRankStacks(round_, agent, *stacks, roster_.connected())) {
-      BeginStop(now, hangs_.Verdict(round_, reach_problems_), out);
+      StopForHang(now, out);
     }
   } else if (const auto* progress = std::get_if<wire::RankProgress>(&message)) {
     if (phase() == Phase::kRunning) hangs_.OnRankProgress(now, round_, agent, *progress);

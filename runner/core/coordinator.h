@@ -184,6 +184,8 @@ class Coordinator {
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
   void OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<CoordinatorEffect>& out);
   void BeginStop(TimePoint now, RoundFailure failure, std::vector<CoordinatorEffect>& out);
+  /// The hang probe's verdict stops the round (observed as HangJudged, then the failure).
+  void StopForHang(TimePoint now, std::vector<CoordinatorEffect>& out);
   void ReviseRootCause(RoundFailure failure, std::vector<CoordinatorEffect>& out);
   void MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out);
   /// The restart budget after a failed round: a restart if one is left (and no never_on

@@ -262,6 +262,13 @@ void Coordinator::OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<Coordin
          out);
 }
 
+void Coordinator::StopForHang(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  RoundFailure failure = hangs_.Verdict(round_, reach_problems_);
+  const HangJudgement& judged = hangs_.last_judgement();
+  out.push_back(Observed{observed::HangJudged{judged.round, judged.culprits, judged.with_stack}});
+  BeginStop(now, std::move(failure), out);
+}
+
 void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<CoordinatorEffect>& out) {
   DDPRUN_ASSERT(phase() == Phase::kRunning || phase() == Phase::kStarting);
   if (hangs_.probing()) {

@@ -207,17 +207,25 @@ struct RestartSpent {
 struct HangProbed {
   int round = 0;
 };
+/// The ranks a hang verdict named, and whose stacks it had (each ascending). For observers that
+/// check the verdict against the ranks that hung (the simulator); its text is in RoundFailed.
+struct HangJudged {
+  int round = 0;
+  std::vector<int> culprits;
+  std::vector<int> with_stack;
+};
 /// The verdict the agents are told (with etcd, once the job's store holds it).
 struct JobEnded {
   int exit_code = 0;
   int restarts_used = 0;
   std::string summary;
+  bool by_rule = false;  // restart.never_on ended it with restarts left
 };
 }  // namespace observed
 
 using Observation = std::variant<observed::NodeJoined, observed::NodeRefused, observed::NodeLost,
                                  observed::RoundStarted, observed::RoundFailed, observed::RestartSpent,
-                                 observed::HangProbed, observed::JobEnded>;
+                                 observed::HangProbed, observed::HangJudged, observed::JobEnded>;
 struct Observed {
   Observation what;
 };

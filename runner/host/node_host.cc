@@ -403,6 +403,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
       if (record_->RecordEnd(now, end->exit_code, end->summary)) coordinator_->Handle(now, core::EndRecorded{}, effects);
     } else if (auto* observed = std::get_if<core::Observed>(&effect)) {
+      if (ports_.observer) ports_.observer->Observe(now, observed->what);
       // A revised root cause is the same failure: the clock counts from the round's first.
       const auto* failed = std::get_if<core::observed::RoundFailed>(&observed->what);
       if (failed && failure_round_seen_ != failed->round) {

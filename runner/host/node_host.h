@@ -28,6 +28,7 @@ struct Ports {
   Journal* journal = nullptr;  // node 0's; null: the host keeps no journal (unit tests)
   EventLog* events = nullptr;  // null: no event log (the simulator draws its own timeline)
   Store* store = nullptr;      // rendezvous.backend = "etcd"; null: the coordinator lives on node 0
+  Observer* observer = nullptr;  // null: nobody but the event log takes the observations
 };
 
 class NodeHost final : public TransportEvents, public ProcessEvents, public StoreEvents {

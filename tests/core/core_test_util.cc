@@ -64,6 +64,9 @@ struct CoordinatorNamer {
           }
           if constexpr (std::is_same_v<O, observed::RestartSpent>) return fmt::format("observed: restart {}", o.restart);
           if constexpr (std::is_same_v<O, observed::HangProbed>) return fmt::format("observed: round {} probed", o.round);
+          if constexpr (std::is_same_v<O, observed::HangJudged>) {
+            return fmt::format("observed: round {} hung: ranks {}", o.round, fmt::join(o.culprits, ","));
+          }
           if constexpr (std::is_same_v<O, observed::JobEnded>) return fmt::format("observed: job ended, exit {}", o.exit_code);
         },
         e.what);
