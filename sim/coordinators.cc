@@ -137,6 +137,7 @@ void CoordinatorWatch::Apply(const Heard& heard) {
     invariants_.HangJudged(RoundKey{seen.launch, hang->round}, hang->culprits, hang->with_stack);
   } else if (const auto* ended = std::get_if<o::JobEnded>(&heard.what)) {
     ended_by_rule_ = ended_by_rule_ || ended->by_rule;
+    if (!first_verdict_ns_) first_verdict_ns_ = loop_.now_ns;
     if (etcd_ && !seen.ended) {
       seen.ended = true;
       invariants_.CoordinatorEnded(loop_.now_ns, seen.launch, nodes_.Label(heard.node), ended->exit_code);

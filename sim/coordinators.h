@@ -47,6 +47,8 @@ class CoordinatorWatch {
   uint64_t RoundEpochOf(uint32_t index) const;
   /// A coordinator ended the job by restart.never_on.
   bool ended_by_rule() const { return ended_by_rule_; }
+  /// When a coordinator first told the agents the job's verdict; nullopt: none did.
+  std::optional<int64_t> first_verdict_ns() const { return first_verdict_ns_; }
 
  private:
   class Sink;
@@ -91,6 +93,7 @@ class CoordinatorWatch {
   uint64_t coordinator_epochs_ = 0;
   int most_restarts_ = 0;  // etcd: the most restarts any coordinator counted
   bool ended_by_rule_ = false;
+  std::optional<int64_t> first_verdict_ns_;
   std::map<std::string, uint64_t> launch_of_key_;  // etcd: state key -> its current launch
   uint64_t launches_ = 0;
 };

@@ -44,6 +44,8 @@ struct Node {
   bool up = false;
   bool pending_start = false;  // a start or reboot is scheduled
   bool started_once = false;
+  int64_t started_ns = 0;      // when its agent last started
+  int64_t down_entry = -1;     // its open outage in Cluster::down_, if it is down after a crash
   bool finished = false;
   std::optional<int> exit_code;
   int64_t hung_until_ns = 0;   // agent hang: its events wait until then
