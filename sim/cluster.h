@@ -120,8 +120,10 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   std::vector<std::string> replacements_;  // "at 12m03s: spare 0 (host) replaced node 1 (host)"
   /// When hosts were down: [crash, reboot) in virtual ns (-1: still down), in crash order.
   std::vector<std::pair<int64_t, int64_t>> down_;
-  /// Whether at every instant of [from, to] some host was down (chained crashes).
-  bool SomeHostDownThroughout(int64_t from, int64_t to) const;
+  int min_world_ = 0;  // the smallest WORLD_SIZE a round may have (BuildNodes)
+  /// Whether a host was down (a crash) or a planned fault kept a node away at some instant
+  /// of [from, to].
+  bool SomeOutageDuring(int64_t from, int64_t to) const;
   SimStats stats_;
   Invariants invariants_;
   SimLog log_;

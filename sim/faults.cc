@@ -58,7 +58,7 @@ void FaultInjector::Focus(uint32_t index) {
   log_.FocusRow(index);
 }
 
-RunLimit FaultInjector::Schedule() {
+RunLimit FaultInjector::Schedule(int world, int min_world) {
   std::vector<int64_t> start(static_cast<size_t>(agents_), 0);
   int64_t heal_ns = 0;
   int slowest = 0;  // the most extra work per step a worker-slow fault leaves for good
@@ -72,6 +72,7 @@ RunLimit FaultInjector::Schedule() {
     switch (fault.kind) {
       case FaultKind::kSlowJoiner: {
         const int64_t s = at + Ns(fault.duration.value_or(kDefaultSlowJoin));
+        outages_.emplace_back(0, s);
         auto& slot = start[static_cast<size_t>(fault.node)];
         slot = std::max(slot, s);
         heal_ns = std::max(heal_ns, s);
@@ -94,6 +95,7 @@ RunLimit FaultInjector::Schedule() {
       case FaultKind::kMasterPortBlocked:
       case FaultKind::kWorkerHang:
         heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
+        if (fault.kind != FaultKind::kWorkerHang) outages_.emplace_back(at, fault.duration ? at + Ns(*fault.duration) : -1);
         if (fault.kind != FaultKind::kWorkerHang && long_outage(fault.duration)) rendezvous_fault_ = true;
         break;
       case FaultKind::kWorkerExit:
@@ -106,6 +108,7 @@ RunLimit FaultInjector::Schedule() {
         // rendezvous with exit 3.
         heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
         if (fault.kind != FaultKind::kEtcdLeaderLost && long_outage(fault.duration)) rendezvous_fault_ = true;
+        outages_.emplace_back(at, fault.duration ? at + Ns(*fault.duration) : -1);
         break;
       case FaultKind::kWorkerSlow:
         // Slowness for good heals never: the liveness bound allows for the slower training.
@@ -144,6 +147,9 @@ RunLimit FaultInjector::Schedule() {
   // restart budget bounds the number of rounds.
   double train_ns = static_cast<double>(Ns(spec_.simulate.train_time));
   if (slowest > 0) train_ns = train_ns * (100.0 + slowest) / 100.0;
+  // A shrunk round trains at its share of the pace (sim/workers.cc): 20 minutes of a 28-rank
+  // job on 3 ranks take three hours (shape swarm seed 118645).
+  if (min_world > 0 && min_world < world) train_ns = train_ns * world / min_world;
   const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 + train_ns +
                           static_cast<double>(Ns(kCollectiveTimeout)) +
                           static_cast<double>(Ns(spec_.timeouts.stop_grace)) +

@@ -31,9 +31,15 @@ class FaultInjector {
                 Workers& workers, SimEtcd* etcd);
 
   /// Schedules every node's start and every fault; returns how long the run may go.
-  RunLimit Schedule();
+  /// `world` is the job's world as the training model counts it, `min_world` the smallest
+  /// world a round of it may run with (cluster.min_nodes, and with etcd a node's other file):
+  /// such a round trains at min_world / world of the pace, and the liveness bound allows it.
+  RunLimit Schedule(int world, int min_world);
   /// Some fault may keep a node away long enough to justify exit 3.
   bool rendezvous_fault() const { return rendezvous_fault_; }
+  /// When the planned faults kept some node away or unable to (re)join: [start, end) in
+  /// virtual ns, -1 for an outage without end (crashes are the cluster's: Cluster::down_).
+  const std::vector<std::pair<int64_t, int64_t>>& outages() const { return outages_; }
 
  private:
   void ScheduleFault(const FaultSpec& fault);
@@ -68,6 +74,7 @@ class FaultInjector {
   Prng hang_rng_;  // simulate.worker_hang_mtbf: never shifts the other draws
   int64_t random_faults_until_ns_ = 0;
   bool rendezvous_fault_ = false;
+  std::vector<std::pair<int64_t, int64_t>> outages_;
 };
 
 }  // namespace ddprun::sim

@@ -49,6 +49,7 @@ class Workers {
 
   /// The world size every round has: that of the job node 0's coordinator runs.
   void SetWorld(int world) { world_ = world; }
+  int world() const { return world_; }
   void AddNode() { per_node_.emplace_back(); }
 
   // ---- the launcher port (SimLauncher) ----
