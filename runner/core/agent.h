@@ -13,6 +13,7 @@
 #include "runner/core/events.h"
 #include "runner/core/metrics.h"
 #include "runner/core/time.h"
+#include "schema/duration.h"
 #include "schema/job_spec.h"
 
 namespace ddprun::core {
@@ -69,6 +70,10 @@ class Agent {
   AgentMetrics Metrics(TimePoint now) const;
 
  private:
+  /// A failed connect or join is tried again after kFirstRetry, doubling up to kMaxRetry.
+  static constexpr Duration kFirstRetry = Millis(250);
+  static constexpr Duration kMaxRetry = Seconds(2);
+
   /// One rank's progress beacons in this round.
   struct Beats {
     TimePoint since;              // its start, or its last step or phase beacon
