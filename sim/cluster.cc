@@ -18,11 +18,8 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
                  Timeline* timeline)
     : spec_(spec),
       options_(options),
-      out_(options.quiet ? nullptr : out),
-      timeline_(timeline),
-      fault_rng_(options.seed, 3),
+      hooks_(options.sabotage),
       instance_rng_(options.seed, 4),
-      hang_rng_(options.seed, 6),
       clock_(this),
       invariants_(
           InvariantBounds{spec.restart.max_restarts,
@@ -36,28 +33,33 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
           [this](int64_t at_ns) {
             Event check;
             check.kind = EventKind::kCheck;
-            queue_.Push(TimePoint(Duration(at_ns)), check);
+            loop_.queue.Push(TimePoint(Duration(at_ns)), check);
           }),
-      network_(*this, spec, options.network, options.seed),
-      workers_(*this, spec, options.seed, options.sabotage) {
+      log_(options.quiet ? nullptr : out, timeline, loop_, nodes_, *this,
+           spec.cluster.Agents() > options.condense_above),
+      network_(handles(), spec, options.network, options.seed),
+      workers_(handles(), network_, *this, hooks_, spec, options.seed),
+      etcd_(spec.rendezvous.Etcd() ? MakeEtcd() : nullptr),
+      faults_(spec, options.seed, handles(), *this, network_, workers_, etcd_.get()),
+      coordinators_(handles(), etcd_.get()) {
   job_nodes_ = spec_.cluster.nnodes;
   agents_ = spec_.cluster.Agents();
   for (int rank = 0; rank < job_nodes_; ++rank) holders_.push_back(static_cast<uint32_t>(rank));
-  condense_ = agents_ > options_.condense_above;
   stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
-  if (spec_.rendezvous.Etcd()) {
-    SimEtcd::Hooks hooks;
-    hooks.now_ns = [this] { return now_ns_; };
-    hooks.deliver = [this](uint32_t node, uint32_t incarnation, host::StoreResult result) {
-      DeliverStore(node, incarnation, std::move(result));
-    };
-    hooks.print = [this](std::optional<uint32_t> node, const std::string& text) { PrintSim(node, text); };
-    etcd_ = std::make_unique<SimEtcd>(queue_, std::move(hooks), spec_, options.network, options.seed,
-                                      options.sabotage == SimOptions::Sabotage::kStoreIgnoresFencing);
-    invariants_.SetRankZeroAnywhere();
-  }
+  if (etcd_) invariants_.SetRankZeroAnywhere();
+}
+
+std::unique_ptr<SimEtcd> Cluster::MakeEtcd() {
+  SimEtcd::Hooks hooks;
+  hooks.now_ns = [this] { return loop_.now_ns; };
+  hooks.deliver = [this](uint32_t node, uint32_t incarnation, host::StoreResult result) {
+    DeliverStore(node, incarnation, std::move(result));
+  };
+  hooks.print = [this](std::optional<uint32_t> node, const std::string& text) { log_.PrintSim(node, text); };
+  return std::make_unique<SimEtcd>(loop_.queue, std::move(hooks), spec_, options_.network, options_.seed,
+                                   hooks_.StoreIgnoresFencing());
 }
 
 std::optional<HangBounds> HangBoundsOf(const JobSpec& spec) {
@@ -78,7 +80,7 @@ std::optional<HangBounds> HangBoundsOf(const JobSpec& spec) {
 
 Cluster::~Cluster() {
   // NodeHost's destructor talks to its ports; destroy hosts while the nodes still exist.
-  for (auto& node : nodes_) node->host.reset();
+  for (const auto& node : nodes_) node->host.reset();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -100,17 +102,12 @@ uint32_t Cluster::AddNode(int rank, const JobSpec* spec, bool extra) {
   node->addr = fmt::format("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
   const std::string own = rank >= job_nodes_ ? fmt::format("spare {}", rank - job_nodes_) : fmt::format("node {}", rank);
   node->label = extra ? fmt::format("{} (extra agent on {})", own, node->host_name) : own;
-  nodes_.push_back(std::move(node));
-  Node& added = *nodes_.back();
+  Node& added = nodes_.Add(std::move(node));
   ++unfinished_;
   invariants_.AddNode(index, added.label, added.spare);
   network_.AddNode();
   workers_.AddNode();
-  if (timeline_) {
-    timeline_->labels.push_back(extra ? added.label : fmt::format("{} ({})", added.label, added.host_name));
-    timeline_->segments.emplace_back();
-    timeline_->focus.push_back(false);
-  }
+  if (log_.timeline()) log_.AddRow(extra ? added.label : fmt::format("{} ({})", added.label, added.host_name));
   return index;
 }
 
@@ -146,16 +143,16 @@ void Cluster::BuildNodes() {
   // cluster's size.
   for (int rank = 0; rank < agents_; ++rank) {
     const uint32_t index = AddNode(rank, specs[static_cast<size_t>(rank)], false);
-    nodes_[index]->own_spec = std::move(own[static_cast<size_t>(rank)]);
+    nodes_[index].own_spec = std::move(own[static_cast<size_t>(rank)]);
   }
-  nodes_[0]->focus = true;
+  nodes_[0].focus = true;
 }
 
 // ---------------------------------------------------------------------------------------
 // Nodes
 
 void Cluster::StartNode(uint32_t index) {
-  Node& n = *nodes_[index];
+  Node& n = nodes_[index];
   const bool reboot = n.started_once;
   n.pending_start = false;
   n.up = true;
@@ -171,34 +168,37 @@ void Cluster::StartNode(uint32_t index) {
   config.ddprun_version = DDPRUN_VERSION;
   config.logs_dir = n.spec->logs.dir;
   config.inherited_env = {{"HOME", "/home/ddp"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}};
-  host::Ports ports{&clock_, &n.timer, &n.transport, &n.launcher, &n.console, &n.journal,
-                    index == 0 ? options_.node0_events : options_.other_events, etcd_ ? &n.store : nullptr};
-  if (reboot) PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
+  host::Ports ports{&clock_,
+                    &n.timer,
+                    &n.transport,
+                    &n.launcher,
+                    &n.console,
+                    &n.journal,
+                    index == 0 ? options_.node0_events : options_.other_events,
+                    etcd_ ? &n.store : nullptr,
+                    coordinators_.ObserverOf(index)};
+  if (reboot) log_.PrintSim(index, fmt::format("rebooted; the agent starts again as {}", n.host_name));
   n.host = std::make_unique<host::NodeHost>(*n.spec, std::move(config), ports,
                                             [this, index](int code) { OnNodeExit(index, code); });
   const Status started = n.host->Start();
-  // Every coordinator that listens is a fresh one (a rebooted node 0, or an extra agent that
-  // claims rank 0 once node 0 is gone): its rounds are numbered from 0 again.
-  if (started && n.host->coordinator()) {
-    ++coordinator_incarnation_;
-    if (index == 0) node0_incarnation_ = coordinator_incarnation_;
-  }
-  SetPhase(index);
+  coordinators_.HostStarted(index, started && n.host->coordinator());
+  log_.SetPhase(index);
   if (!started) {
-    PrintSim(index, started.error());  // the transport's words name the address, as the real one's do
+    log_.PrintSim(index, started.error());  // the transport's words name the address, as the real one's do
     OnNodeExit(index, 3);
   }
 }
 
-void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, const std::string& why) {
-  Node& n = *nodes_[index];
+void Cluster::Crash(uint32_t index, std::optional<Duration> reboot_after, const std::string& why) {
+  Node& n = nodes_[index];
   ++stats_.node_crashes;
-  PrintSim(index, fmt::format("crashed ({}){}", why,
+  log_.PrintSim(index, fmt::format("crashed ({}){}", why,
                               reboot_after ? "; reboots in " + HumanDuration(*reboot_after)
                                            : "; stays down"));
-  AddMark(index, MarkKind::kFault, "crash");
+  log_.AddMark(index, MarkKind::kFault, "crash");
   // Its sockets go silent: no FIN, no RST, until the machine is back.
   network_.Silence(index);
+  coordinators_.Touched(index);  // a coordinator on it is gone
   n.host.reset();
   n.tevents = nullptr;
   n.pevents = nullptr;
@@ -218,35 +218,33 @@ void Cluster::CrashNode(uint32_t index, std::optional<Duration> reboot_after, co
   workers_.Vanish(index);
   if (reboot_after) {
     n.pending_start = true;
-    queue_.PushCall(now() + *reboot_after, [this, index] {
-      if (nodes_[index]->pending_start) StartNode(index);
-    });
+    loop_.queue.PushCall(now() + *reboot_after, [this, index] { StartIfPending(index); });
   } else {
     --unfinished_;
   }
   workers_.UpdateTraining();
-  SetPhase(index);
+  log_.SetPhase(index);
 }
 
 void Cluster::OnNodeExit(uint32_t index, int code) {
-  Node& n = *nodes_[index];
+  Node& n = nodes_[index];
   if (n.finished) return;
   n.finished = true;
   n.exit_code = code;
   --unfinished_;
-  stats_.end_ns = std::max(stats_.end_ns, now_ns_);
-  PrintSim(index, fmt::format("agent exited with code {}", code));
-  AddMark(index, MarkKind::kExit, fmt::format("exit {}", code));
+  stats_.end_ns = std::max(stats_.end_ns, loop_.now_ns);
+  log_.PrintSim(index, fmt::format("agent exited with code {}", code));
+  log_.AddMark(index, MarkKind::kExit, fmt::format("exit {}", code));
   std::optional<RoundKey> round;
   if (n.host && n.host->agent().round() >= 0) round = RoundKey{RoundEpochOf(index), n.host->agent().round()};
   invariants_.AgentExited(index, code, round);
   // The process is gone: the kernel closes its sockets (FIN) once this event is over.
-  queue_.PushCall(now(), [this, index] { ReleaseNode(index); });
-  SetPhase(index);
+  loop_.queue.PushCall(now(), [this, index] { ReleaseNode(index); });
+  log_.SetPhase(index);
 }
 
 void Cluster::NodePlays(uint32_t index, int node_rank, int round_nodes) {
-  Node& n = *nodes_[index];
+  Node& n = nodes_[index];
   n.plays = node_rank;
   // Duplicate-node-rank impostors are the invariants' business, not a replacement; in a smaller
   // round (cluster.min_nodes) the nodes close ranks, which replaces no one.
@@ -255,31 +253,56 @@ void Cluster::NodePlays(uint32_t index, int node_rank, int round_nodes) {
   if (holder == index) return;
   const uint32_t old = holder;
   holder = index;
-  const Node& o = *nodes_[old];
+  const Node& o = nodes_[old];
   const std::string text = fmt::format("{} ({}) replaces {} ({}) as node rank {}", n.label, n.host_name,
                                        o.label, o.host_name, node_rank);
   n.focus = true;
-  if (timeline_) timeline_->focus[index] = true;
-  PrintSim(index, text);
-  replacements_.push_back(fmt::format("at {}: {}", HumanDuration(Duration(now_ns_)), text));
-  AddMark(index, MarkKind::kHeal, text);
-  AddMark(old, MarkKind::kHeal, text);
+  log_.FocusRow(index);
+  log_.PrintSim(index, text);
+  replacements_.push_back(fmt::format("at {}: {}", HumanDuration(Duration(loop_.now_ns)), text));
+  log_.AddMark(index, MarkKind::kHeal, text);
+  log_.AddMark(old, MarkKind::kHeal, text);
 }
 
 void Cluster::ReleaseNode(uint32_t index) {
-  const Node& n = *nodes_[index];
+  const Node& n = nodes_[index];
   if (n.up && n.finished) network_.Release(index);
 }
 
 // ---------------------------------------------------------------------------------------
 // Event loop
 
+// The events that run a node's host (its agent, and the coordinator it may hold): after them
+// the coordinator watch looks at that node. The others reach a host only through these, or
+// through StartNode, Crash and DeliverStore, which tell the watch themselves.
+bool Cluster::DrivesHost(EventKind kind) {
+  switch (kind) {
+    case EventKind::kTimer:
+    case EventKind::kPump:
+    case EventKind::kConnectDone:
+    case EventKind::kAccept:
+    case EventKind::kWorkerExit:
+    case EventKind::kWorkerNotify:
+    case EventKind::kBeacons:
+      return true;
+    case EventKind::kWorkerReady:
+    case EventKind::kTrainingDone:
+    case EventKind::kPeerFailure:
+    case EventKind::kCollectiveTimeout:
+    case EventKind::kStoreConnect:
+    case EventKind::kCheck:
+    case EventKind::kCall:
+      return false;
+  }
+  return false;
+}
+
 bool Cluster::DeferIfHung(uint32_t index, const Event& event) {
-  Node& n = *nodes_[index];
-  if (n.hung_until_ns <= now_ns_) return false;
+  Node& n = nodes_[index];
+  if (n.hung_until_ns <= loop_.now_ns) return false;
   if (!n.hung_forever) {
     Event again = event;
-    queue_.Push(TimePoint(Duration(n.hung_until_ns)), again);
+    loop_.queue.Push(TimePoint(Duration(n.hung_until_ns)), again);
     if (event.kind == EventKind::kTimer) n.queued_ns = n.hung_until_ns;
   }
   return true;
@@ -288,28 +311,28 @@ bool Cluster::DeferIfHung(uint32_t index, const Event& event) {
 void Cluster::Dispatch(const Event& event) {
   switch (event.kind) {
     case EventKind::kTimer: {
-      Node& n = *nodes_[event.node];
+      Node& n = nodes_[event.node];
       if (event.generation != n.timer_gen) return;
       if (DeferIfHung(event.node, event)) return;
       n.queued_ns.reset();
       if (!n.armed_ns) return;
-      if (*n.armed_ns > now_ns_) {
+      if (*n.armed_ns > loop_.now_ns) {
         ++n.timer_gen;
         n.queued_ns = n.armed_ns;
         Event again = event;
         again.generation = n.timer_gen;
-        queue_.Push(TimePoint(Duration(*n.armed_ns)), again);
+        loop_.queue.Push(TimePoint(Duration(*n.armed_ns)), again);
         return;
       }
       n.armed_ns.reset();
       if (n.host && !n.finished) n.host->OnTimer();
-      SetPhase(event.node);
+      log_.SetPhase(event.node);
       return;
     }
     case EventKind::kPump:
       if (DeferIfHung(event.node, event)) return;
       network_.Pump(event.target, event.side);
-      SetPhase(event.node);
+      log_.SetPhase(event.node);
       return;
     case EventKind::kConnectDone:
       if (DeferIfHung(event.node, event)) return;
@@ -353,7 +376,7 @@ void Cluster::Dispatch(const Event& event) {
     case EventKind::kCheck:
       return;  // Run checks the invariants after every event
     case EventKind::kCall: {
-      auto call = queue_.TakeCall(event.target);
+      auto call = loop_.queue.TakeCall(event.target);
       call();
       return;
     }
@@ -361,117 +384,29 @@ void Cluster::Dispatch(const Event& event) {
 }
 
 void Cluster::DeliverStore(uint32_t index, uint32_t incarnation, host::StoreResult result) {
-  Node& n = *nodes_[index];
+  Node& n = nodes_[index];
   if (!n.up || n.incarnation != incarnation || !n.host) return;
-  if (n.hung_until_ns > now_ns_) {
+  if (n.hung_until_ns > loop_.now_ns) {
     // The answer waits in the agent's socket until it runs again.
     if (n.hung_forever) return;
-    queue_.PushCall(TimePoint(Duration(n.hung_until_ns)),
+    loop_.queue.PushCall(TimePoint(Duration(n.hung_until_ns)),
                     [this, index, incarnation, result] { DeliverStore(index, incarnation, result); });
     return;
   }
   if (host::StoreEvents* events = n.store.events()) events->OnStoreResult(result);
-  SetPhase(index);
+  coordinators_.Touched(index);  // an answer may hand it the coordinator role, or take it
+  log_.SetPhase(index);
 }
 
-uint64_t Cluster::RoundEpochOf(uint32_t index) const {
-  if (!etcd_) return coordinator_incarnation_;
-  const Node& n = *nodes_[index];
-  if (!n.host || !n.host->election()) return 0;
-  auto it = launch_of_key_.find(n.host->election()->state_key());
-  return it == launch_of_key_.end() ? 0 : it->second;
-}
-
-uint64_t Cluster::LaunchOf(const host::Election& election) {
-  // The new holder read the state just before it took the role, and nothing has written it
-  // since: its own first writes are still on their way.
-  const auto entry = etcd_->Peek(election.state_key());
-  const auto state = entry ? host::ParseJobRecord(entry->value) : std::nullopt;
-  uint64_t& launch = launch_of_key_[election.state_key()];
-  // No state yet is the first launch still (its first holder may have gone before writing).
-  if (launch == 0 || (state && state->done)) launch = ++launches_;
-  return launch;
-}
-
-void Cluster::ObserveCoordinators() {
-  if (seen_coordinators_.size() < nodes_.size()) seen_coordinators_.resize(nodes_.size());
-  int restarts = most_restarts_;
-  for (uint32_t i = 0; i < nodes_.size(); ++i) {
-    SeenCoordinator& seen = seen_coordinators_[i];
-    const core::Coordinator* coordinator = nodes_[i]->host ? nodes_[i]->host->coordinator() : nullptr;
-    if (coordinator != seen.coordinator) {
-      // A coordinator stepped down, its host crashed, or one took the role here: a pointer is
-      // compared with the one seen after the previous event only, never kept past its end.
-      if (seen.coordinator) invariants_.CoordinatorGone(seen.epoch);
-      seen = SeenCoordinator{};
-      seen.coordinator = coordinator;
-      if (coordinator) {
-        seen.epoch = ++coordinator_epochs_;
-        seen.launch = LaunchOf(*nodes_[i]->host->election());
-        invariants_.SetCoordinatorNode(i);
-      }
-    }
-    if (!coordinator) continue;
-    restarts = std::max(restarts, coordinator->restarts_used());
-    ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
-    // BeginRound moves the coordinator to kRunning with its StartRounds sent in the same step.
-    if (coordinator->phase() == core::Coordinator::Phase::kRunning && coordinator->round() != seen.started) {
-      seen.started = coordinator->round();
-      invariants_.CoordinatorStartedRound(seen.epoch, nodes_[i]->label, RoundKey{seen.launch, coordinator->round()});
-    }
-    if (coordinator->hang_judgements() != seen.judgements) {
-      seen.judgements = coordinator->hang_judgements();
-      ++stats_.hangs_judged;
-      const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
-      invariants_.HangJudged(RoundKey{seen.launch, judged.round}, judged.culprits, judged.with_stack);
-    }
-    if (!seen.ended && coordinator->exit_code()) {
-      seen.ended = true;
-      invariants_.CoordinatorEnded(now_ns_, seen.launch, nodes_[i]->label, *coordinator->exit_code());
-    }
-  }
-  invariants_.CoordinatorRestarts(restarts);
-  if (restarts > most_restarts_) {
-    // The budget is the job's: a coordinator that takes over counts on from what is in etcd.
-    stats_.restarts_used = restarts;
-    most_restarts_ = restarts;
-    AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", restarts));
-  }
-}
-
-void Cluster::ObserveCoordinator() {
-  if (etcd_) return ObserveCoordinators();
-  if (nodes_.empty() || !nodes_[0]->host) return;
-  const core::Coordinator* coordinator = nodes_[0]->host->coordinator();
-  if (!coordinator) return;
-  const int restarts = coordinator->restarts_used();
-  invariants_.CoordinatorRestarts(restarts);
-  ended_by_rule_ = ended_by_rule_ || coordinator->ended_by_rule();
-  // Node 0's coordinator only (an extra agent that claims rank 0 runs another job): its count
-  // starts again from 0 when node 0 reboots.
-  if (node0_incarnation_ != observed_incarnation_) {
-    observed_incarnation_ = node0_incarnation_;
-    last_coordinator_restarts_ = 0;
-    observed_judgements_ = 0;
-  }
-  if (coordinator->hang_judgements() != observed_judgements_) {
-    observed_judgements_ = coordinator->hang_judgements();
-    ++stats_.hangs_judged;
-    const core::Coordinator::HangJudgement& judged = coordinator->last_hang_judgement();
-    invariants_.HangJudged(RoundKey{node0_incarnation_, judged.round}, judged.culprits, judged.with_stack);
-  }
-  if (restarts > last_coordinator_restarts_) {
-    stats_.restarts_used += restarts - last_coordinator_restarts_;
-    last_coordinator_restarts_ = restarts;
-    AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", restarts));
-  }
-}
+uint64_t Cluster::RoundEpochOf(uint32_t index) const { return coordinators_.RoundEpochOf(index); }
 
 SimResult Cluster::Run() {
   BuildNodes();
-  ScheduleFaults();
-  if (timeline_) {
-    timeline_->title = fmt::format("{}: {} x {}{}, seed {}", spec_.job.name,
+  const RunLimit limit = faults_.Schedule();
+  limit_ns_ = limit.limit_ns;
+  liveness_limit_ = limit.liveness;
+  if (Timeline* timeline = log_.timeline()) {
+    timeline->title = fmt::format("{}: {} x {}{}, seed {}", spec_.job.name,
                                    Counted(static_cast<size_t>(job_nodes_), "node"),
                                    Counted(static_cast<size_t>(spec_.cluster.nproc_per_node), "worker"),
                                    agents_ > job_nodes_ ? ", " + Counted(static_cast<size_t>(agents_ - job_nodes_), "spare") : "",
@@ -479,13 +414,13 @@ SimResult Cluster::Run() {
   }
   bool deadlock = false;
   while (!invariants_.violation()) {
-    if (queue_.Empty()) {
+    if (loop_.queue.Empty()) {
       deadlock = unfinished_ > 0;
       break;
     }
-    if (queue_.NextTime().time_since_epoch().count() > limit_ns_) break;
-    const Event event = queue_.Pop();
-    now_ns_ = event.time_ns;
+    if (loop_.queue.NextTime().time_since_epoch().count() > limit_ns_) break;
+    const Event event = loop_.queue.Pop();
+    loop_.now_ns = event.time_ns;
     Dispatch(event);
     ++stats_.events;
     switch (event.kind) {
@@ -496,10 +431,11 @@ SimResult Cluster::Run() {
       case EventKind::kStoreConnect: case EventKind::kBeacons: ++stats_.worker_events; break;
       default: break;
     }
-    ObserveCoordinator();
-    invariants_.AfterEvent(now_ns_);
-    ReportViolation();
-    stats_.peak_queue = std::max<uint64_t>(stats_.peak_queue, queue_.size());
+    if (DrivesHost(event.kind)) coordinators_.Touched(event.node);
+    coordinators_.AfterEvent();
+    invariants_.AfterEvent(loop_.now_ns);
+    if (invariants_.violation()) log_.ReportViolation(invariants_.what());
+    stats_.peak_queue = std::max<uint64_t>(stats_.peak_queue, loop_.queue.size());
     if (unfinished_ == 0) break;
   }
   RunEnd end;
@@ -507,10 +443,10 @@ SimResult Cluster::Run() {
   end.liveness_limit = liveness_limit_;
   end.limit_ns = limit_ns_;
   end.max_time = spec_.simulate.max_time;
-  end.rendezvous_fault = rendezvous_fault_;
+  end.rendezvous_fault = faults_.rendezvous_fault();
   end.unfinished_count = unfinished_;
   end.stuck_for_good = workers_.RoundStuckForGood();
-  end.ended_by_rule = ended_by_rule_;
+  end.ended_by_rule = coordinators_.ended_by_rule();
   for (const auto& n : nodes_) {
     if (unfinished_ == 0 || end.unfinished.size() >= 8) break;
     if (n->finished || n->hung_forever || (!n->up && !n->pending_start)) continue;
@@ -521,7 +457,7 @@ SimResult Cluster::Run() {
 
 SimResult Cluster::Finish(RunEnd& end) {
   SimResult result;
-  if (stats_.end_ns == 0) stats_.end_ns = now_ns_;
+  if (stats_.end_ns == 0) stats_.end_ns = loop_.now_ns;
   workers_.Finish();
   for (const auto& n : nodes_) {
     NodeOutcome outcome;
@@ -561,20 +497,20 @@ SimResult Cluster::Finish(RunEnd& end) {
   }
   end.exit_code = result.exit_code;
   end.restarts_used = stats_.restarts_used;
-  invariants_.AtEnd(now_ns_, end);
-  ReportViolation();
+  invariants_.AtEnd(loop_.now_ns, end);
+  if (invariants_.violation()) log_.ReportViolation(invariants_.what());
   result.violation = invariants_.violation();
   if (result.violation) result.exit_code = 70;
   result.repro = ReproCommand(options_);
   result.replacements = replacements_;
   result.stuck_for_good = end.stuck_for_good && end.unfinished_count > 0;
-  if (timeline_) {
-    timeline_->end_ns = std::max(stats_.end_ns, now_ns_);
-    for (auto& row : timeline_->segments) {
-      if (!row.empty() && row.back().end_ns < 0) row.back().end_ns = timeline_->end_ns;
+  if (Timeline* timeline = log_.timeline()) {
+    timeline->end_ns = std::max(stats_.end_ns, loop_.now_ns);
+    for (auto& row : timeline->segments) {
+      if (!row.empty() && row.back().end_ns < 0) row.back().end_ns = timeline->end_ns;
     }
-    if (!timeline_->training.empty() && timeline_->training.back().second < 0) {
-      timeline_->training.back().second = timeline_->end_ns;
+    if (!timeline->training.empty() && timeline->training.back().second < 0) {
+      timeline->training.back().second = timeline->end_ns;
     }
   }
   result.stats = stats_;
@@ -582,130 +518,20 @@ SimResult Cluster::Finish(RunEnd& end) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Output and checks
+// The timeline's phases
 
-void Cluster::ReportViolation() {
-  if (violation_printed_ || !invariants_.violation()) return;
-  violation_printed_ = true;
-  if (out_) *out_ << FormatSimTime(now_ns_) << " INVARIANT VIOLATED: " << invariants_.what() << "\n";
-}
-
-void Cluster::Print(uint32_t index, std::string_view who, std::string_view text) {
-  if (!out_) return;
-  if (condense_ && !nodes_[index]->focus) {
-    ++condensed_lines_;
-    if (nodes_[index]->condensed_stamp != condense_epoch_) {
-      nodes_[index]->condensed_stamp = condense_epoch_;
-      ++condensed_nodes_;
-    }
-    return;
-  }
-  const std::string stamp = FormatSimTime(now_ns_);
-  if (condensed_lines_ > 0) {
-    *out_ << stamp << " (" << condensed_lines_ << " line" << (condensed_lines_ == 1 ? "" : "s")
-          << " from " << condensed_nodes_ << " other node" << (condensed_nodes_ == 1 ? "" : "s")
-          << " not shown)\n";
-    condensed_lines_ = 0;
-    condensed_nodes_ = 0;
-    ++condense_epoch_;
-  }
-  // Continuation lines line up under the text.
-  const std::string indent(stamp.size() + 3, ' ');
-  size_t start = 0;
-  bool first = true;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view line = text.substr(start, end - start);
-    if (first) {
-      *out_ << stamp << ' ' << who << ": " << line << '\n';
-      first = false;
-    } else {
-      *out_ << indent << line << '\n';
-    }
-    start = end + 1;
-  }
-}
-
-void Cluster::PrintSim(std::optional<uint32_t> index, std::string_view text) {
-  if (!out_) return;
-  if (index) {
-    Print(*index, NodeLabel(*index), text);
-  } else {
-    const bool saved = condense_;
-    condense_ = false;
-    Print(0, "sim", text);
-    condense_ = saved;
-  }
-}
-
-void Cluster::ConsoleLog(uint32_t index, core::LogLevel level, std::string_view source,
-                         std::string_view text) {
-  if (!out_) return;
-  (void)level;
-  if (source == "coordinator") {
-    // At scale, what the coordinator says about one ordinary node ("node 17 (node-0017) joined
-    // ...") is condensed with that node's own lines; lines about no node in particular are
-    // node 0's, always shown.
-    Print(subject_.value_or(0), "coordinator", text);
-    return;
-  }
-  Print(index, NodeLabel(index), text);
-}
-
-void Cluster::ConsoleSummary(uint32_t index, std::string_view text) {
-  if (!out_) return;
-  auto [it, inserted] = summaries_seen_.emplace(std::string(text), index);
-  if (!inserted) {
-    Print(index, NodeLabel(index), fmt::format("printed the same summary as {}", NodeLabel(it->second)));
-    return;
-  }
-  Print(index, NodeLabel(index), fmt::format("summary:\n  {}", fmt::join(Split(text), "\n  ")));
-}
-
-void Cluster::SetPhase(uint32_t index) {
-  if (!timeline_) return;
-  Node& n = *nodes_[index];
-  NodePhase phase = NodePhase::kRendezvous;
-  int round = -1;
-  if (!n.up) {
-    phase = n.started_once ? NodePhase::kDown : NodePhase::kOff;
-  } else if (n.finished) {
-    phase = NodePhase::kDone;
-  } else if (auto working = workers_.PhaseOf(index, &round)) {
-    phase = *working;
-  } else if (n.host && n.host->agent().phase() == core::Agent::Phase::kWaiting &&
-             (n.host->agent().round() >= 0 || n.spare)) {
+NodePhase Cluster::PhaseOf(uint32_t index, int* round) const {
+  const Node& n = nodes_[index];
+  if (!n.up) return n.started_once ? NodePhase::kDown : NodePhase::kOff;
+  if (n.finished) return NodePhase::kDone;
+  if (auto working = workers_.PhaseOf(index, round)) return *working;
+  if (n.host && n.host->agent().phase() == core::Agent::Phase::kWaiting &&
+      (n.host->agent().round() >= 0 || n.spare)) {
     // Between rounds; a spare that joined waits here until it takes a node rank.
-    phase = NodePhase::kWaiting;
-    round = n.host->agent().round();
+    *round = n.host->agent().round();
+    return NodePhase::kWaiting;
   }
-  if (phase == n.phase && !timeline_->segments[index].empty()) return;
-  n.phase = phase;
-  auto& row = timeline_->segments[index];
-  if (!row.empty() && row.back().end_ns < 0) row.back().end_ns = now_ns_;
-  row.push_back(Segment{now_ns_, -1, phase, round});
-}
-
-void Cluster::SetAllPhases() {
-  for (uint32_t i = 0; timeline_ && i < nodes_.size(); ++i) SetPhase(i);
-}
-
-void Cluster::AddMark(uint32_t node, MarkKind kind, std::string text, int64_t end_ns) {
-  if (!timeline_) return;
-  timeline_->marks.push_back(Mark{now_ns_, end_ns < 0 ? now_ns_ : end_ns, node, kind, std::move(text)});
-}
-
-std::vector<std::string> Split(std::string_view text) {
-  std::vector<std::string> lines;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    lines.emplace_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return lines;
+  return NodePhase::kRendezvous;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -745,9 +571,9 @@ void SimLauncher::RenewLease(TimePoint kill_at) {
 std::string SimLauncher::ProgressAddress() const { return "sim"; }
 std::string SimLauncher::ProgressToken() const { return "sim"; }
 void SimConsole::Log(core::LogLevel level, std::string_view source, std::string_view text) {
-  cluster_->ConsoleLog(node_, level, source, text);
+  cluster_->log().ConsoleLog(node_, level, source, text);
 }
-void SimConsole::Summary(std::string_view text) { cluster_->ConsoleSummary(node_, text); }
+void SimConsole::Summary(std::string_view text) { cluster_->log().ConsoleSummary(node_, text); }
 std::optional<Duration> SimJournal::SinceRoundsMayRun() {
   if (!may_run_since_ns_) return std::nullopt;
   return Duration(cluster_->now_ns() - *may_run_since_ns_);
@@ -771,10 +597,10 @@ void SimJournal::RecordQuarantine(const std::vector<core::QuarantinedHost>& host
 }
 
 void Cluster::ArmTimer(uint32_t index, TimePoint when) {
-  Node& n = *nodes_[index];
+  Node& n = nodes_[index];
   // A deadline already due fires now, as a real timer armed in the past does; queued at its own
   // time it would turn virtual time back.
-  const int64_t t = std::max(when.time_since_epoch().count(), now_ns_);
+  const int64_t t = std::max(when.time_since_epoch().count(), loop_.now_ns);
   when = TimePoint(Duration(t));
   n.armed_ns = t;
   if (n.queued_ns && *n.queued_ns <= t) return;  // the queued entry fires first and re-arms
@@ -784,9 +610,9 @@ void Cluster::ArmTimer(uint32_t index, TimePoint when) {
   event.kind = EventKind::kTimer;
   event.node = index;
   event.generation = n.timer_gen;
-  queue_.Push(when, event);
+  loop_.queue.Push(when, event);
 }
 
-void Cluster::DisarmTimer(uint32_t index) { nodes_[index]->armed_ns.reset(); }
+void Cluster::DisarmTimer(uint32_t index) { nodes_[index].armed_ns.reset(); }
 
 }  // namespace ddprun::sim

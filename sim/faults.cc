@@ -1,11 +1,18 @@
-// The fault injector: the plan of a run's faults (from the job file, the command line and the
-// failure rates) and one function per fault kind that applies it to the model.
+#include "sim/faults.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
 
+#include "base/plural.h"
 #include "schema/keys.h"
-#include "sim/cluster.h"
+#include "sim/invariants.h"
+#include "sim/network.h"
+#include "sim/node.h"
+#include "sim/sim_log.h"
+#include "sim/sim_store.h"
+#include "sim/simulation.h"
+#include "sim/workers.h"
 
 namespace ddprun::sim {
 namespace {
@@ -30,7 +37,28 @@ constexpr std::string_view kRandomFailures[] = {
 
 }  // namespace
 
-void Cluster::ScheduleFaults() {
+FaultInjector::FaultInjector(const JobSpec& spec, uint64_t seed, Handles handles, Machines& machines,
+                             Network& network, Workers& workers, SimEtcd* etcd)
+    : spec_(spec),
+      loop_(handles.loop),
+      nodes_(handles.nodes),
+      log_(handles.log),
+      stats_(handles.stats),
+      invariants_(handles.invariants),
+      machines_(machines),
+      network_(network),
+      workers_(workers),
+      etcd_(etcd),
+      agents_(spec.cluster.Agents()),
+      fault_rng_(seed, 3),
+      hang_rng_(seed, 6) {}
+
+void FaultInjector::Focus(uint32_t index) {
+  nodes_[index].focus = true;
+  log_.FocusRow(index);
+}
+
+RunLimit FaultInjector::Schedule() {
   std::vector<int64_t> start(static_cast<size_t>(agents_), 0);
   int64_t heal_ns = 0;
   int slowest = 0;  // the most extra work per step a worker-slow fault leaves for good
@@ -39,7 +67,7 @@ void Cluster::ScheduleFaults() {
     return !d || Ns(*d) >= rendezvous / 2;
   };
   for (const FaultSpec& fault : spec_.simulate.faults) {
-    if (fault.node >= 0 && fault.node < agents_) nodes_[static_cast<size_t>(fault.node)]->focus = true;
+    if (fault.node >= 0 && fault.node < agents_) nodes_[static_cast<uint32_t>(fault.node)].focus = true;
     const int64_t at = Ns(fault.at);
     switch (fault.kind) {
       case FaultKind::kSlowJoiner: {
@@ -89,9 +117,8 @@ void Cluster::ScheduleFaults() {
   }
   for (int rank = 0; rank < agents_; ++rank) {
     const auto index = static_cast<uint32_t>(rank);
-    queue_.PushCall(TimePoint(Duration(start[static_cast<size_t>(rank)])), [this, index] {
-      if (nodes_[index]->pending_start) StartNode(index);
-    });
+    loop_.queue.PushCall(TimePoint(Duration(start[static_cast<size_t>(rank)])),
+                         [this, index] { machines_.StartIfPending(index); });
   }
   const int64_t max_time = Ns(spec_.simulate.max_time);
   random_faults_until_ns_ = max_time / 2;
@@ -125,21 +152,17 @@ void Cluster::ScheduleFaults() {
                           static_cast<double>(Ns(Minutes(2)));
   const double deadline = static_cast<double>(heal_ns) + 2.0 * static_cast<double>(rendezvous) +
                           (spec_.restart.max_restarts + 2.0) * round_ns;
-  if (deadline < static_cast<double>(max_time)) {
-    limit_ns_ = static_cast<int64_t>(deadline);
-    liveness_limit_ = true;
-  } else {
-    limit_ns_ = max_time;
-  }
+  if (deadline < static_cast<double>(max_time)) return RunLimit{static_cast<int64_t>(deadline), true};
+  return RunLimit{max_time, false};
 }
 
-void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
+void FaultInjector::ScheduleRandomNodeCrash(TimePoint from) {
   // Every host may fail: the nodes and the spares.
   const Duration mean = *spec_.simulate.node_mtbf / agents_;
   const TimePoint at = from + fault_rng_.Exponential(mean);
   if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
-  queue_.PushCall(at, [this] {
-    if (workers_.job_completed() || unfinished_ == 0) return;
+  loop_.queue.PushCall(at, [this] {
+    if (workers_.job_completed() || !machines_.AnyUnfinished()) return;
     const auto index = static_cast<uint32_t>(fault_rng_.Below(static_cast<uint64_t>(agents_)));
     // A machine comes back only after its old connection was declared dead (3 heartbeats):
     // a faster return is refused as a duplicate node rank (a known protocol limit).
@@ -149,62 +172,59 @@ void Cluster::ScheduleRandomNodeCrash(TimePoint from) {
     // Drawn only when the job asks for it, so that other jobs' draws stay what they were.
     const int never = spec_.simulate.node_never_returns_percent;
     const bool for_good = never > 0 && fault_rng_.Below(100) < static_cast<uint64_t>(never);
-    if (nodes_[index]->up && !nodes_[index]->finished) {
+    if (nodes_[index].up && !nodes_[index].finished) {
       ++stats_.faults_injected;
-      nodes_[index]->focus = true;
-      if (timeline_) timeline_->focus[index] = true;
-      CrashNode(index, for_good ? std::nullopt : std::optional<Duration>(reboot),
+      Focus(index);
+      machines_.Crash(index, for_good ? std::nullopt : std::optional<Duration>(reboot),
                 for_good ? "random failure for good (simulate.node_mtbf, node_never_returns_percent)"
                          : "random failure (simulate.node_mtbf)");
     }
-    ScheduleRandomNodeCrash(now());
+    ScheduleRandomNodeCrash(loop_.now());
   });
 }
 
-void Cluster::ScheduleRandomWorkerExit(TimePoint from) {
+void FaultInjector::ScheduleRandomWorkerExit(TimePoint from) {
   const Duration mean = *spec_.simulate.worker_mtbf / spec_.WorldSize();
   const TimePoint at = from + fault_rng_.Exponential(mean);
   if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
-  queue_.PushCall(at, [this] {
-    if (workers_.job_completed() || unfinished_ == 0) return;
+  loop_.queue.PushCall(at, [this] {
+    if (workers_.job_completed() || !machines_.AnyUnfinished()) return;
     const int nproc = spec_.cluster.nproc_per_node;
     const auto rank = static_cast<int>(fault_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
     const auto text = kRandomFailures[fault_rng_.Below(std::size(kRandomFailures))];
-    const uint32_t index = HolderOf(rank / nproc);  // a spare, once it took the node rank
+    const uint32_t index = machines_.HolderOf(rank / nproc);  // a spare, once it took the node rank
     if (workers_.Hittable(index, rank % nproc)) {
       ++stats_.faults_injected;
-      nodes_[index]->focus = true;
-      if (timeline_) timeline_->focus[index] = true;
+      Focus(index);
       workers_.Fail(index, rank % nproc, 1, std::string(text), "random failure (simulate.worker_mtbf)");
     }
-    ScheduleRandomWorkerExit(now());
+    ScheduleRandomWorkerExit(loop_.now());
   });
 }
 
-void Cluster::ScheduleRandomWorkerHang(TimePoint from) {
+void FaultInjector::ScheduleRandomWorkerHang(TimePoint from) {
   const Duration mean = *spec_.simulate.worker_hang_mtbf / spec_.WorldSize();
   const TimePoint at = from + hang_rng_.Exponential(mean);
   if (Ns(at.time_since_epoch()) >= random_faults_until_ns_) return;
-  queue_.PushCall(at, [this] {
-    if (workers_.job_completed() || unfinished_ == 0) return;
+  loop_.queue.PushCall(at, [this] {
+    if (workers_.job_completed() || !machines_.AnyUnfinished()) return;
     const int nproc = spec_.cluster.nproc_per_node;
     const auto rank = static_cast<int>(hang_rng_.Below(static_cast<uint64_t>(spec_.WorldSize())));
-    const uint32_t index = HolderOf(rank / nproc);  // a spare, once it took the node rank
+    const uint32_t index = machines_.HolderOf(rank / nproc);  // a spare, once it took the node rank
     // A real hang does not heal: the rank stays stuck until it is killed.
     if (workers_.Hittable(index, rank % nproc)) {
       ++stats_.faults_injected;
-      nodes_[index]->focus = true;
-      if (timeline_) timeline_->focus[index] = true;
+      Focus(index);
       workers_.Hang(index, rank % nproc, std::nullopt, "random hang (simulate.worker_hang_mtbf)");
     }
-    ScheduleRandomWorkerHang(now());
+    ScheduleRandomWorkerHang(loop_.now());
   });
 }
 
-void Cluster::ScheduleFault(const FaultSpec& fault) {
+void FaultInjector::ScheduleFault(const FaultSpec& fault) {
   const auto index = static_cast<uint32_t>(fault.node);
-  if (timeline_ && index < timeline_->focus.size()) timeline_->focus[index] = true;
-  queue_.PushCall(AtOffset(fault.at), [this, fault] {
+  log_.FocusRow(index);
+  loop_.queue.PushCall(AtOffset(fault.at), [this, fault] {
     ++stats_.faults_injected;
     switch (fault.kind) {
       case FaultKind::kNodeCrash: return InjectNodeCrash(fault);
@@ -225,38 +245,38 @@ void Cluster::ScheduleFault(const FaultSpec& fault) {
   });
 }
 
-void Cluster::InjectNodeCrash(const FaultSpec& fault) {
+void FaultInjector::InjectNodeCrash(const FaultSpec& fault) {
   const auto index = static_cast<uint32_t>(fault.node);
-  const Node& n = *nodes_[index];
-  if (n.finished || !n.up) return PrintSim(index, "node-crash skipped: the node is not running");
-  CrashNode(index, fault.reboot_after, "fault node-crash");
+  const Node& n = nodes_[index];
+  if (n.finished || !n.up) return log_.PrintSim(index, "node-crash skipped: the node is not running");
+  machines_.Crash(index, fault.reboot_after, "fault node-crash");
 }
 
-void Cluster::InjectAgentHang(const FaultSpec& fault) {
+void FaultInjector::InjectAgentHang(const FaultSpec& fault) {
   const auto index = static_cast<uint32_t>(fault.node);
-  Node& n = *nodes_[index];
-  if (!n.up || n.finished) return PrintSim(index, "agent-hang skipped: the node is not running");
+  Node& n = nodes_[index];
+  if (!n.up || n.finished) return log_.PrintSim(index, "agent-hang skipped: the node is not running");
   if (!fault.duration) {
     n.hung_forever = true;
     n.hung_until_ns = INT64_MAX;
     ScheduleGuardianLease(index);
     invariants_.AgentHung(index, INT64_MAX);
-    PrintSim(index, "agent hangs for good (its workers keep running)");
-    AddMark(index, MarkKind::kFault, "agent hang (for good)");
-    --unfinished_;  // it will never act again; a crash (which ends the hang) counts it back
+    log_.PrintSim(index, "agent hangs for good (its workers keep running)");
+    log_.AddMark(index, MarkKind::kFault, "agent hang (for good)");
+    machines_.HungForGood(index);  // a crash (which ends the hang) counts it back
     return;
   }
   const uint32_t incarnation = n.incarnation;
-  n.hung_until_ns = std::max(n.hung_until_ns, now_ns_ + Ns(*fault.duration));
+  n.hung_until_ns = std::max(n.hung_until_ns, loop_.now_ns + Ns(*fault.duration));
   ScheduleGuardianLease(index);
   invariants_.AgentHung(index, n.hung_until_ns);
-  PrintSim(index, fmt::format("agent hangs for {} (its workers keep running)", FormatDuration(*fault.duration)));
-  AddMark(index, MarkKind::kFault, "agent hang", n.hung_until_ns);
-  queue_.PushCall(TimePoint(Duration(n.hung_until_ns)), [this, index, incarnation] {
-    Node& m = *nodes_[index];
-    if (m.incarnation != incarnation || !m.up || m.hung_forever || m.hung_until_ns > now_ns_) return;
-    m.last_hang_end_ns = now_ns_;
-    PrintSim(index, "agent resumes");
+  log_.PrintSim(index, fmt::format("agent hangs for {} (its workers keep running)", FormatDuration(*fault.duration)));
+  log_.AddMark(index, MarkKind::kFault, "agent hang", n.hung_until_ns);
+  loop_.queue.PushCall(TimePoint(Duration(n.hung_until_ns)), [this, index, incarnation] {
+    Node& m = nodes_[index];
+    if (m.incarnation != incarnation || !m.up || m.hung_forever || m.hung_until_ns > loop_.now_ns) return;
+    m.last_hang_end_ns = loop_.now_ns;
+    log_.PrintSim(index, "agent resumes");
   });
 }
 
@@ -267,42 +287,42 @@ void Cluster::InjectAgentHang(const FaultSpec& fault) {
 // workers itself at that time (Agent::KillBy), which the model lets it do. The lease is the one
 // renewed before the hang, never the hang's start: an agent hung in the middle of its own stop
 // has no more time than it had.
-void Cluster::ScheduleGuardianLease(uint32_t index) {
-  const Node& n = *nodes_[index];
+void FaultInjector::ScheduleGuardianLease(uint32_t index) {
+  const Node& n = nodes_[index];
   if (n.lease_kill_at_ns < 0) return;  // it never heard from a coordinator: no workers
   const uint32_t incarnation = n.incarnation;
-  const int64_t hung_since = now_ns_;
-  const int64_t kill_at = std::max(now_ns_, n.lease_kill_at_ns);
-  queue_.PushCall(TimePoint(Duration(kill_at)), [this, index, incarnation, hung_since] {
-    Node& m = *nodes_[index];
-    if (m.incarnation != incarnation || !m.up || !m.Hung(now_ns_)) return;
+  const int64_t hung_since = loop_.now_ns;
+  const int64_t kill_at = std::max(loop_.now_ns, n.lease_kill_at_ns);
+  loop_.queue.PushCall(TimePoint(Duration(kill_at)), [this, index, incarnation, hung_since] {
+    Node& m = nodes_[index];
+    if (m.incarnation != incarnation || !m.up || !m.Hung(loop_.now_ns)) return;
     // Still hung since the fault began (a resume in between may have renewed the lease).
     if (m.last_hang_end_ns > hung_since) return;
     const int killed = workers_.GuardianKill(index);
     if (killed > 0) {
-      const Duration since_word = Duration(now_ns_ - m.lease_kill_at_ns) + spec_.timeouts.GuardianLease();
-      PrintSim(index, fmt::format("the agent is hung and its workers' lease ran out ({} after its last word "
+      const Duration since_word = Duration(loop_.now_ns - m.lease_kill_at_ns) + spec_.timeouts.GuardianLease();
+      log_.PrintSim(index, fmt::format("the agent is hung and its workers' lease ran out ({} after its last word "
                                   "from the coordinator): its guardian SIGKILLs its {} worker{}",
                                   HumanDuration(since_word), killed, killed == 1 ? "" : "s"));
     }
   });
 }
 
-void Cluster::InjectWorkerExit(const FaultSpec& fault) {
+void FaultInjector::InjectWorkerExit(const FaultSpec& fault) {
   workers_.Fail(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.exit_code,
              fmt::format("RuntimeError: simulated failure (fault worker-exit, exit code {})", fault.exit_code),
              "fault worker-exit");
 }
 
-void Cluster::InjectWorkerHang(const FaultSpec& fault) {
+void FaultInjector::InjectWorkerHang(const FaultSpec& fault) {
   workers_.Hang(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.duration, "");
 }
 
-void Cluster::InjectWorkerSlow(const FaultSpec& fault) {
+void FaultInjector::InjectWorkerSlow(const FaultSpec& fault) {
   workers_.Slow(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.percent, fault.duration);
 }
 
-void Cluster::InjectPartition(const FaultSpec& fault) {
+void FaultInjector::InjectPartition(const FaultSpec& fault) {
   // Without peers: a node is cut from node 0, node 0 from everyone.
   std::vector<int> peers = fault.peers;
   if (peers.empty()) {
@@ -314,58 +334,58 @@ void Cluster::InjectPartition(const FaultSpec& fault) {
   }
   network_.Partition(fault.node, peers, false);
   for (int p : peers) {
-    if (timeline_) timeline_->focus[static_cast<size_t>(p)] = true;
+    log_.FocusRow(static_cast<uint32_t>(p));
   }
   const std::string who = peers.size() <= 8 ? fmt::format("node {}", fmt::join(peers, ", node "))
                                             : fmt::format("{} nodes", peers.size());
-  PrintSim(std::nullopt, fmt::format("network: partition: node {} cut off from {}{}", fault.node, who,
+  log_.PrintSim(std::nullopt, fmt::format("network: partition: node {} cut off from {}{}", fault.node, who,
                                      fault.duration ? " for " + FormatDuration(*fault.duration) : ""));
-  const int64_t end = fault.duration ? now_ns_ + Ns(*fault.duration) : -1;
-  AddMark(static_cast<uint32_t>(fault.node), MarkKind::kFault, "partition", end);
+  const int64_t end = fault.duration ? loop_.now_ns + Ns(*fault.duration) : -1;
+  log_.AddMark(static_cast<uint32_t>(fault.node), MarkKind::kFault, "partition", end);
   workers_.UpdateTraining();
   if (!fault.duration) return;
-  queue_.PushCall(TimePoint(Duration(end)), [this, fault, peers] {
-    PrintSim(std::nullopt, fmt::format("network: partition of node {} healed", fault.node));
+  loop_.queue.PushCall(TimePoint(Duration(end)), [this, fault, peers] {
+    log_.PrintSim(std::nullopt, fmt::format("network: partition of node {} healed", fault.node));
     network_.Partition(fault.node, peers, true);
     workers_.UpdateTraining();
   });
 }
 
-void Cluster::InjectMasterPortBlocked(const FaultSpec& fault) {
+void FaultInjector::InjectMasterPortBlocked(const FaultSpec& fault) {
   if (!fault.duration) {
     network_.BlockMasterPort(INT64_MAX);
-    PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked (new connections time out)",
+    log_.PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked (new connections time out)",
                                        spec_.cluster.master_port, spec_.cluster.master_addr));
-    AddMark(Mark::kJob, MarkKind::kFault, "master port blocked");
+    log_.AddMark(Mark::kJob, MarkKind::kFault, "master port blocked");
     return;
   }
-  network_.BlockMasterPort(now_ns_ + Ns(*fault.duration));
+  network_.BlockMasterPort(loop_.now_ns + Ns(*fault.duration));
   const int64_t end = network_.master_port_blocked_until();
-  PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
+  log_.PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
                                      spec_.cluster.master_port, spec_.cluster.master_addr,
                                      FormatDuration(*fault.duration)));
-  AddMark(Mark::kJob, MarkKind::kFault, "master port blocked", end);
-  queue_.PushCall(TimePoint(Duration(end)), [this] {
-    if (network_.master_port_blocked_until() > now_ns_) return;
-    PrintSim(std::nullopt, fmt::format("network: TCP port {} open again", spec_.cluster.master_port));
+  log_.AddMark(Mark::kJob, MarkKind::kFault, "master port blocked", end);
+  loop_.queue.PushCall(TimePoint(Duration(end)), [this] {
+    if (network_.master_port_blocked_until() > loop_.now_ns) return;
+    log_.PrintSim(std::nullopt, fmt::format("network: TCP port {} open again", spec_.cluster.master_port));
   });
 }
 
-void Cluster::InjectEtcdFault(const FaultSpec& fault) {
-  if (!etcd_) return PrintSim(std::nullopt, fmt::format("{} skipped: the job keeps no state in etcd",
+void FaultInjector::InjectEtcdFault(const FaultSpec& fault) {
+  if (!etcd_) return log_.PrintSim(std::nullopt, fmt::format("{} skipped: the job keeps no state in etcd",
                                                         FaultKindName(fault.kind)));
-  const int64_t end = fault.duration ? now_ns_ + Ns(*fault.duration) : -1;
+  const int64_t end = fault.duration ? loop_.now_ns + Ns(*fault.duration) : -1;
   switch (fault.kind) {
     case FaultKind::kEtcdMemberDown:
-      AddMark(Mark::kJob, MarkKind::kFault, "etcd member down", end);
+      log_.AddMark(Mark::kJob, MarkKind::kFault, "etcd member down", end);
       return etcd_->MemberDown(fault.node, fault.duration);
     case FaultKind::kEtcdLeaderLost:
-      AddMark(Mark::kJob, MarkKind::kFault, "etcd leader lost", end);
+      log_.AddMark(Mark::kJob, MarkKind::kFault, "etcd leader lost", end);
       // An election takes a second or two unless the fault says how long.
       return etcd_->LeaderLost(fault.duration.value_or(Millis(1500)));
     case FaultKind::kEtcdPartition: {
       const auto index = static_cast<uint32_t>(fault.node);
-      AddMark(index, MarkKind::kFault, "cut off from etcd", end);
+      log_.AddMark(index, MarkKind::kFault, "cut off from etcd", end);
       return etcd_->Partition(index, fault.duration);
     }
     default:
@@ -373,13 +393,12 @@ void Cluster::InjectEtcdFault(const FaultSpec& fault) {
   }
 }
 
-void Cluster::InjectDuplicateNodeRank(const FaultSpec& fault) {
-  const uint32_t extra = AddNode(fault.node, &spec_, true);
-  nodes_[extra]->focus = true;
-  if (timeline_) timeline_->focus[extra] = true;
-  PrintSim(extra, fmt::format("a second agent starts on {} and claims node rank {}", nodes_[extra]->host_name,
-                              fault.node));
-  StartNode(extra);
+void FaultInjector::InjectDuplicateNodeRank(const FaultSpec& fault) {
+  const uint32_t extra = machines_.AddExtraAgent(fault.node);
+  Focus(extra);
+  log_.PrintSim(extra, fmt::format("a second agent starts on {} and claims node rank {}", nodes_[extra].host_name,
+                                   fault.node));
+  machines_.StartIfPending(extra);
 }
 
 }  // namespace ddprun::sim

@@ -4,12 +4,18 @@
 
 #include <fmt/format.h>
 
-#include "sim/cluster.h"
+#include "sim/node.h"
+#include "sim/sim_log.h"
 
 namespace ddprun::sim {
 
-Network::Network(Cluster& cluster, const JobSpec& spec, const NetworkOptions& options, uint64_t seed)
-    : cluster_(cluster), spec_(spec), options_(options), rng_(seed, 1), job_nodes_(spec.cluster.Agents()) {
+Network::Network(Handles handles, const JobSpec& spec, const NetworkOptions& options, uint64_t seed)
+    : loop_(handles.loop),
+      nodes_(handles.nodes),
+      log_(handles.log),
+      stats_(handles.stats),
+      invariants_(handles.invariants),
+      spec_(spec), options_(options), rng_(seed, 1), job_nodes_(spec.cluster.Agents()) {
   conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
@@ -52,7 +58,7 @@ Status Network::Listen(uint32_t index, const std::string& addr, uint16_t port) {
   auto [it, inserted] = listeners_.emplace(std::make_pair(addr, port), index);
   if (!inserted && it->second != index) {
     return Fail(fmt::format("cannot listen on {}:{}: address already in use (by {}'s agent)", addr, port,
-                       cluster_.NodeLabel(it->second)));
+                       nodes_.Label(it->second)));
   }
   return {};
 }
@@ -62,7 +68,7 @@ core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t 
   conns_.emplace_back();
   const core::ConnId id = next_conn_id_++;
   conn_of_id_.push_back(c << 1);
-  Node& client = cluster_.node(index);
+  Node& client = nodes_[index];
   conns_[c].side[0] = Side{index, client.incarnation, id, true};
   conns_of_node_[index].push_back(c);
 
@@ -79,14 +85,14 @@ core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t 
     conns_[c].connect_ok = false;
     conns_[c].error = error;
     conns_[c].error_detail = std::move(detail);
-    cluster_.queue().Push(TimePoint(Duration(cluster_.now_ns() + after)), done);
+    loop_.queue.Push(TimePoint(Duration(loop_.now_ns + after)), done);
     return id;
   };
   if (!known) return fail(core::ConnectError::kUnreachable, "No route to host", rtt);
   const bool blocked = port == spec_.cluster.master_port && server != index &&
-                       port_blocked_until_ns_ > cluster_.now_ns();
+                       port_blocked_until_ns_ > loop_.now_ns;
   const int64_t timeout = options_.connect_timeout.count();
-  if (!cluster_.node(server).up || blocked || Cut(index, server)) {
+  if (!nodes_[server].up || blocked || Cut(index, server)) {
     return fail(core::ConnectError::kTimedOut, "Connection timed out", timeout);
   }
   auto it = listeners_.find({addr, port});
@@ -94,7 +100,7 @@ core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t 
   const uint32_t listener = it->second;
   const core::ConnId server_id = next_conn_id_++;
   conn_of_id_.push_back((c << 1) | 1);
-  conns_[c].side[1] = Side{listener, cluster_.node(listener).incarnation, server_id, true};
+  conns_[c].side[1] = Side{listener, nodes_[listener].incarnation, server_id, true};
   conns_[c].connect_ok = true;
   conns_of_node_[listener].push_back(c);
   // The listening side sees the connection after the SYN, the client after the SYN-ACK; bytes
@@ -104,16 +110,16 @@ core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t 
   accept.kind = EventKind::kAccept;
   accept.node = listener;
   accept.target = c;
-  cluster_.queue().Push(TimePoint(Duration(cluster_.now_ns() + syn)), accept);
-  cluster_.queue().Push(TimePoint(Duration(cluster_.now_ns() + rtt)), done);
-  conns_[c].toward[0].last_ready_ns = cluster_.now_ns() + rtt;
-  conns_[c].toward[1].last_ready_ns = cluster_.now_ns() + rtt;
+  loop_.queue.Push(TimePoint(Duration(loop_.now_ns + syn)), accept);
+  loop_.queue.Push(TimePoint(Duration(loop_.now_ns + rtt)), done);
+  conns_[c].toward[0].last_ready_ns = loop_.now_ns + rtt;
+  conns_[c].toward[1].last_ready_ns = loop_.now_ns + rtt;
   return id;
 }
 
 void Network::ConnectDone(uint64_t c) {
   Side& client = conns_[c].side[0];
-  Node& n = cluster_.node(client.node);
+  Node& n = nodes_[client.node];
   if (!n.up || n.incarnation != client.incarnation || !client.open) {
     // The client gave up (closed) or died before the handshake finished: the server's socket
     // hears a FIN (or nothing, if the client's machine is down).
@@ -133,7 +139,7 @@ void Network::ConnectDone(uint64_t c) {
 
 void Network::Accept(uint64_t c) {
   const Side server = conns_[c].side[1];
-  Node& n = cluster_.node(server.node);
+  Node& n = nodes_[server.node];
   if (!n.up || n.incarnation != server.incarnation || !conns_[c].side[1].open) return;
   const bool listening = std::any_of(listeners_.begin(), listeners_.end(),
                                      [&](const auto& entry) { return entry.second == server.node; });
@@ -143,19 +149,19 @@ void Network::Accept(uint64_t c) {
     return;
   }
   const Side& client = conns_[c].side[0];
-  const std::string peer = fmt::format("{}:{}", cluster_.node(client.node).addr, 32768 + (client.id % 28000));
-  const Cluster::Subject subject(&cluster_, client.node);
+  const std::string peer = fmt::format("{}:{}", nodes_[client.node].addr, 32768 + (client.id % 28000));
+  const SimLog::Subject subject(log_, client.node);
   if (n.tevents) n.tevents->OnAccepted(server.id, peer);
 }
 
 void Network::Send(uint32_t index, core::ConnId id, std::vector<uint8_t> bytes) {
   auto [c, side] = Lookup(id);
   if (c == UINT64_MAX || !conns_[c].side[side].open) return;
-  ++cluster_.stats().messages;
-  cluster_.stats().bytes += bytes.size();
-  const Node& n = cluster_.node(index);
-  if (!n.extra && n.rank < spec_.cluster.nnodes) ++cluster_.stats().messages_by_node[static_cast<size_t>(n.rank)];
-  if (side == 1) ++cluster_.stats().coordinator_messages;
+  ++stats_.messages;
+  stats_.bytes += bytes.size();
+  const Node& n = nodes_[index];
+  if (!n.extra && n.rank < spec_.cluster.nnodes) ++stats_.messages_by_node[static_cast<size_t>(n.rank)];
+  if (side == 1) ++stats_.coordinator_messages;
   Enqueue(c, 1 - side, PacketKind::kData, std::move(bytes));
 }
 
@@ -179,7 +185,7 @@ uint16_t Network::ReserveStorePort() {
 
 void Network::Enqueue(uint64_t c, int toward, PacketKind kind, std::vector<uint8_t> bytes) {
   Direction& dir = conns_[c].toward[toward];
-  const int64_t ready = std::max(cluster_.now_ns() + Latency(), dir.last_ready_ns);
+  const int64_t ready = std::max(loop_.now_ns + Latency(), dir.last_ready_ns);
   dir.last_ready_ns = ready;
   dir.queue.push_back(Packet{ready, kind, std::move(bytes)});
   if (!dir.pump_scheduled && !dir.blocked) SchedulePump(c, toward, ready);
@@ -193,7 +199,7 @@ void Network::SchedulePump(uint64_t c, int toward, int64_t at_ns) {
   event.node = conns_[c].side[toward].node;
   event.target = c;
   event.side = static_cast<uint8_t>(toward);
-  cluster_.queue().Push(TimePoint(Duration(std::max(at_ns, cluster_.now_ns()))), event);
+  loop_.queue.Push(TimePoint(Duration(std::max(at_ns, loop_.now_ns))), event);
 }
 
 void Network::Pump(uint64_t c, int toward) {
@@ -202,7 +208,7 @@ void Network::Pump(uint64_t c, int toward) {
     // Callbacks below may add connections: index again every time, never keep references.
     Direction& dir = conns_[c].toward[toward];
     if (dir.Empty()) return;
-    if (dir.Front().ready_ns > cluster_.now_ns()) {
+    if (dir.Front().ready_ns > loop_.now_ns) {
       SchedulePump(c, toward, dir.Front().ready_ns);
       return;
     }
@@ -214,7 +220,7 @@ void Network::Pump(uint64_t c, int toward) {
     }
     Packet packet = std::move(dir.Front());
     dir.PopFront();
-    Node& n = cluster_.node(to.node);
+    Node& n = nodes_[to.node];
     const bool alive = n.up && n.incarnation == to.incarnation;
     if (!alive || !to.open) {
       // A machine that is down says nothing; a live kernel without that socket answers RST.
@@ -224,12 +230,12 @@ void Network::Pump(uint64_t c, int toward) {
     }
     host::TransportEvents* events = n.tevents;
     // What the coordinator says while it handles this node's bytes is about this node.
-    const Cluster::Subject subject(&cluster_, toward == 1 ? std::optional<uint32_t>(from.node) : std::nullopt);
+    const SimLog::Subject subject(log_, toward == 1 ? std::optional<uint32_t>(from.node) : std::nullopt);
     switch (packet.kind) {
       case PacketKind::kData:
         // Agents connect, the coordinator listens: bytes toward the connecting side renew
         // that agent's lease.
-        if (toward == 0) cluster_.invariants().HeardFromCoordinator(to.node, cluster_.now_ns());
+        if (toward == 0) invariants_.HeardFromCoordinator(to.node, loop_.now_ns);
         if (events) events->OnData(to.id, packet.bytes);
         break;
       case PacketKind::kFin:
@@ -243,8 +249,8 @@ void Network::Pump(uint64_t c, int toward) {
     }
     // The receiver may now hang (it cannot: hangs start from fault events) or close; the
     // loop re-reads the state for every packet.
-    if (cluster_.node(to.node).hung_until_ns > cluster_.now_ns()) {
-      if (!conns_[c].toward[toward].Empty()) SchedulePump(c, toward, cluster_.node(to.node).hung_until_ns);
+    if (nodes_[to.node].hung_until_ns > loop_.now_ns) {
+      if (!conns_[c].toward[toward].Empty()) SchedulePump(c, toward, nodes_[to.node].hung_until_ns);
       return;
     }
   }
@@ -257,7 +263,7 @@ void Network::HealPaths() {
       if (!dir.blocked) continue;
       if (Cut(conns_[c].side[0].node, conns_[c].side[1].node)) continue;
       dir.blocked = false;
-      if (!dir.Empty() && !dir.pump_scheduled) SchedulePump(c, toward, cluster_.now_ns() + Latency());
+      if (!dir.Empty() && !dir.pump_scheduled) SchedulePump(c, toward, loop_.now_ns + Latency());
     }
   }
 }
@@ -269,7 +275,7 @@ void Network::DropListeners(uint32_t node) {
 }
 
 void Network::Silence(uint32_t node) {
-  const uint32_t incarnation = cluster_.node(node).incarnation;
+  const uint32_t incarnation = nodes_[node].incarnation;
   for (uint64_t c : conns_of_node_[node]) {
     for (Side& side : conns_[c].side) {
       if (side.node == node && side.incarnation == incarnation) side.open = false;
@@ -280,7 +286,7 @@ void Network::Silence(uint32_t node) {
 }
 
 void Network::Release(uint32_t node) {
-  const uint32_t incarnation = cluster_.node(node).incarnation;
+  const uint32_t incarnation = nodes_[node].incarnation;
   for (uint64_t c : conns_of_node_[node]) {
     for (int s = 0; s < 2; ++s) {
       const Side& side = conns_[c].side[s];

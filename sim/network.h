@@ -2,7 +2,9 @@
 // The simulated network: TCP-like connections between nodes. Reliable and in order per
 // connection; loss costs a retransmission delay, a partition holds packets until it heals, a
 // crashed host drops them silently, and a rebooted host (or a closed socket) answers with RST.
-// Internal to sim/; the ports reach it through the Cluster.
+// It reads the node table (up, incarnation, hung) and hands bytes to each node's transport
+// events; the ports reach it through the Cluster, the workers through StoreNetwork. Internal
+// to sim/.
 
 #include <cstdint>
 #include <map>
@@ -15,16 +17,36 @@
 #include "runner/core/events.h"
 #include "schema/job_spec.h"
 #include "sim/invariants.h"
+#include "sim/parts.h"
 #include "sim/prng.h"
 #include "sim/simulation.h"
 
 namespace ddprun::sim {
 
-class Cluster;
-
-class Network {
+/// What the workers need of the network: PyTorch's store, which rank 0 hosts and the other
+/// ranks reach through node 0's relay (store_relay.cc), and whether a partition stalls the
+/// gang's collectives.
+class StoreNetwork {
  public:
-  Network(Cluster& cluster, const JobSpec& spec, const NetworkOptions& options, uint64_t seed);
+  virtual ~StoreNetwork() = default;
+  /// A rank-0 worker of `round` on `node` listens on `port` (MASTER_PORT) for its store.
+  virtual void OpenStore(uint32_t node, uint16_t port, RoundKey round, uint64_t pid) = 0;
+  virtual void CloseStore(uint32_t node, uint16_t port, uint64_t pid) = 0;
+  /// What a store client on `from` reaches when it connects to master_addr:`port` now.
+  struct StoreReach {
+    enum class Result : uint8_t { kConnected, kRetry } result = Result::kRetry;
+    RoundKey store;        // the round whose store answered (kConnected)
+    uint16_t store_port = 0;
+    uint32_t relay = 0;    // the node whose relay carried it (or that hosts the store)
+  };
+  virtual StoreReach ReachStore(uint32_t from, const std::string& addr, uint16_t port, uint64_t client_pid) = 0;
+  /// Some partition is in force (the gang's collectives cannot make progress).
+  virtual bool partitioned() const = 0;
+};
+
+class Network final : public StoreNetwork {
+ public:
+  Network(Handles handles, const JobSpec& spec, const NetworkOptions& options, uint64_t seed);
 
   // ---- the transport port (SimTransport) ----
   Status Listen(uint32_t node, const std::string& addr, uint16_t port);
@@ -53,17 +75,9 @@ class Network {
   /// Node `node`'s agent relays store clients on master_port to its own 127.0.0.1:`port` from
   /// now on (0: refuses them); the relayed connections of the previous round end.
   void SetStoreRelay(uint32_t node, uint16_t port);
-  /// A rank-0 worker of `round` on `node` listens on `port` (MASTER_PORT) for its store.
-  void OpenStore(uint32_t node, uint16_t port, RoundKey round, uint64_t pid);
-  void CloseStore(uint32_t node, uint16_t port, uint64_t pid);
-  /// What a store client on `from` reaches when it connects to master_addr:`port` now.
-  struct StoreReach {
-    enum class Result : uint8_t { kConnected, kRetry } result = Result::kRetry;
-    RoundKey store;        // the round whose store answered (kConnected)
-    uint16_t store_port = 0;
-    uint32_t relay = 0;    // the node whose relay carried it (or that hosts the store)
-  };
-  StoreReach ReachStore(uint32_t from, const std::string& addr, uint16_t port, uint64_t client_pid);
+  void OpenStore(uint32_t node, uint16_t port, RoundKey round, uint64_t pid) override;
+  void CloseStore(uint32_t node, uint16_t port, uint64_t pid) override;
+  StoreReach ReachStore(uint32_t from, const std::string& addr, uint16_t port, uint64_t client_pid) override;
 
   /// The machine (node index) an address belongs to: master_addr is node 0's, a host listed in
   /// [cluster] is its agent's (with etcd the coordinator listens on its own host); nullopt:
@@ -75,8 +89,7 @@ class Network {
   // ---- faults ----
   /// Cuts (or, with `heal`, restores) the paths between `node` and each of `peers`.
   void Partition(int node, const std::vector<int>& peers, bool heal);
-  /// Some partition is in force (the gang's collectives cannot make progress).
-  bool partitioned() const { return active_partitions_ > 0; }
+  bool partitioned() const override { return active_partitions_ > 0; }
   /// New connections to master_port time out until `until_ns` (INT64_MAX: for good).
   void BlockMasterPort(int64_t until_ns);
   int64_t master_port_blocked_until() const { return port_blocked_until_ns_; }
@@ -129,7 +142,11 @@ class Network {
   void CloseSide(uint64_t conn, int side, bool send_fin);
   void DropListeners(uint32_t node);
 
-  Cluster& cluster_;
+  Loop& loop_;
+  Nodes& nodes_;
+  SimLog& log_;
+  SimStats& stats_;
+  Invariants& invariants_;
   const JobSpec& spec_;
   NetworkOptions options_;
   Prng rng_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runner/host/node_host.h"
 #include "sim/sim_ports.h"
@@ -60,6 +61,27 @@ struct Node {
 
   /// The agent processes events now (not crashed, not hung).
   bool Hung(int64_t now_ns) const { return hung_until_ns > now_ns; }
+};
+
+/// The node table: every machine of the run by index (the nodes, the spares, then extra agents
+/// in the order they appeared). The parts look nodes up here; only the Cluster adds them.
+class Nodes {
+ public:
+  Node& operator[](uint32_t index) { return *nodes_[index]; }
+  const Node& operator[](uint32_t index) const { return *nodes_[index]; }
+  uint32_t size() const { return static_cast<uint32_t>(nodes_.size()); }
+  bool empty() const { return nodes_.empty(); }
+  /// How the event log names it: "node 3", "spare 0", "node 1 (extra agent on node-0004)".
+  const std::string& Label(uint32_t index) const { return nodes_[index]->label; }
+  Node& Add(std::unique_ptr<Node> node) {
+    nodes_.push_back(std::move(node));
+    return *nodes_.back();
+  }
+  auto begin() const { return nodes_.begin(); }
+  auto end() const { return nodes_.end(); }
+
+ private:
+  std::vector<std::unique_ptr<Node>> nodes_;
 };
 
 }  // namespace ddprun::sim

@@ -7,8 +7,8 @@
 // the invariants see which round's store each client reached.
 #include <algorithm>
 
-#include "sim/cluster.h"
 #include "sim/network.h"
+#include "sim/node.h"
 
 namespace ddprun::sim {
 
@@ -37,9 +37,9 @@ Network::StoreReach Network::ReachStore(uint32_t from, const std::string& addr, 
   const auto machine = MachineOf(addr);
   if (!machine) return reach;
   const uint32_t server = *machine;
-  const Node& host = cluster_.node(server);
+  const Node& host = nodes_[server];
   const bool blocked = port == spec_.cluster.master_port && from != server &&
-                       port_blocked_until_ns_ > cluster_.now_ns();
+                       port_blocked_until_ns_ > loop_.now_ns;
   if (!host.up || blocked || Cut(from, server)) return reach;  // PyTorch retries the connect
   uint16_t store_port = port;
   uint32_t store_machine = server;
@@ -47,9 +47,9 @@ Network::StoreReach Network::ReachStore(uint32_t from, const std::string& addr, 
     auto listener = listeners_.find({addr, port});
     if (listener == listeners_.end()) return reach;
     const uint32_t relay = listener->second;
-    const Node& agent = cluster_.node(relay);
+    const Node& agent = nodes_[relay];
     // A hung agent's relay does not run; one that finished or refuses store clients closes them.
-    if (agent.Hung(cluster_.now_ns()) || agent.finished || relay_port_[relay] == 0) return reach;
+    if (agent.Hung(loop_.now_ns) || agent.finished || relay_port_[relay] == 0) return reach;
     store_port = relay_port_[relay];
     store_machine = relay;
     reach.relay = relay;

@@ -8,7 +8,9 @@
 
 #include "base/plural.h"
 #include "runner/core/failure.h"
-#include "sim/cluster.h"
+#include "sim/network.h"
+#include "sim/node.h"
+#include "sim/sim_log.h"
 
 namespace ddprun::sim {
 namespace {
@@ -27,10 +29,6 @@ constexpr Duration kCompletionSpread = Seconds(2);
 constexpr Duration kStoreRetry = Seconds(2);
 constexpr int kStoreAttempts = 150;
 
-// Progress beacons: faulthandler dumps on SIGUSR2 (the Python module's choice); own work per
-// step varies by this much from beacon to beacon (data loading, kernel timing).
-constexpr int kStackSignal = 12;
-constexpr int64_t kJitterPermille = 20;
 // A batch of beacons per node at most this often: the Python module throttles its datagrams
 // too, and a second is far below any hang timeout.
 constexpr Duration kMinBeaconPeriod = Seconds(1);
@@ -75,11 +73,18 @@ int Count(const std::string& text) {
 
 }  // namespace
 
-Workers::Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOptions::Sabotage sabotage)
-    : cluster_(cluster),
+Workers::Workers(Handles handles, StoreNetwork& store, Roles& roles, const TestHooks& hooks, const JobSpec& spec,
+                 uint64_t seed)
+    : loop_(handles.loop),
+      nodes_(handles.nodes),
+      log_(handles.log),
+      stats_(handles.stats),
+      invariants_(handles.invariants),
+      store_(store),
+      roles_(roles),
+      hooks_(hooks),
       spec_(spec),
       rng_(seed, 2),
-      sabotage_(sabotage),
       checkpoint_every_ns_(Ns(spec.simulate.checkpoint_every)),
       train_time_ns_(Ns(spec.simulate.train_time)),
       beacons_(spec.timeouts.DetectsHangs() ||
@@ -116,8 +121,8 @@ const Workers::Gang* Workers::CurrentGang() const {
 }
 
 void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch) {
-  const Node& n = cluster_.node(index);
-  const uint64_t coordinator = cluster_.RoundEpochOf(index);
+  const Node& n = nodes_[index];
+  const uint64_t coordinator = roles_.RoundEpochOf(index);
   Gang* g = CurrentGang();
   if (!g || g->coordinator != coordinator || g->round != round) {
     if (g) g->workers.clear();
@@ -134,8 +139,8 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
     // Older gangs are only needed for their counts; keep the map small on long runs.
     while (gangs_.size() > 4) gangs_.erase(gangs_.begin());
     g = CurrentGang();
-    ++cluster_.stats().rounds_started;
-    cluster_.AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("round {}", round));
+    ++stats_.rounds_started;
+    log_.AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("round {}", round));
   }
   uint32_t wi = 0;
   if (!free_workers_.empty()) {
@@ -162,22 +167,18 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   // A spare plays the node rank the coordinator gave it: its ranks are that node's (the agent
   // computed launch.global_rank from it); the cluster says when a rank changes hands.
   const std::string group_rank = Env(launch.env, "GROUP_RANK");
-  cluster_.NodePlays(index, group_rank.empty() || group_rank.size() > 6 ? -1 : std::atoi(group_rank.c_str()),
+  roles_.NodePlays(index, group_rank.empty() || group_rank.size() > 6 ? -1 : std::atoi(group_rank.c_str()),
                      Count(Env(launch.env, "GROUP_WORLD_SIZE")));
   WorkerStart start{index, RoundKey{g->coordinator, round}, g->world, launch.global_rank, launch.local_rank,
                     w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE"), Env(launch.env, "GROUP_RANK")};
-  if (n.spare && sabotage_ == SimOptions::Sabotage::kSparePlaysNodeZero) start.node_rank_env = "0";
-  if (index == 1 && sabotage_ == SimOptions::Sabotage::kWrongWorldSize) {
-    start.world_env = std::to_string(g->world + 1);
-  }
-  const bool twice = index == 1 && sabotage_ == SimOptions::Sabotage::kSpawnTwice && launch.local_rank == 0;
-  if (twice) {
+  hooks_.MisreportStart(index, n.spare, start);
+  if (hooks_.SpawnsTwice(index, launch.local_rank)) {
     WorkerStart again = start;
     again.pid = next_pid_++;
-    cluster_.invariants().WorkerStarted(std::move(again));
+    invariants_.WorkerStarted(std::move(again));
   }
-  cluster_.invariants().WorkerStarted(std::move(start));
-  PerNode& mine = nodes_[index];
+  invariants_.WorkerStarted(std::move(start));
+  PerNode& mine = per_node_[index];
   mine.running.push_back(wi);
   g->workers.push_back(wi);
   ++g->running;
@@ -189,40 +190,40 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
     ready.kind = EventKind::kWorkerReady;
     ready.node = index;
     ready.target = g->id;
-    cluster_.queue().Push(cluster_.now() + rng_.Between(startup * 9 / 10, startup * 11 / 10), ready);
+    loop_.queue.Push(loop_.now() + rng_.Between(startup * 9 / 10, startup * 11 / 10), ready);
   }
-  cluster_.SetPhase(index);
+  log_.SetPhase(index);
 }
 
 void Workers::Ready(uint32_t index, uint64_t gang) {
   auto it = gangs_.find(gang);
-  if (!cluster_.node(index).up || it == gangs_.end()) return;
-  for (uint32_t wi : nodes_[index].running) {
+  if (!nodes_[index].up || it == gangs_.end()) return;
+  for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (w.gang == gang && w.running && !w.ready) {
       w.ready = true;
       ++it->second.ready;
       // env:// init: rank 0 hosts the round's store, every other rank connects to it.
       if (w.global_rank == 0) {
-        cluster_.network().OpenStore(index, w.master_port, RoundKey{w.coordinator, w.round}, w.pid);
+        store_.OpenStore(index, w.master_port, RoundKey{w.coordinator, w.round}, w.pid);
       } else {
         ScheduleStoreConnect(wi, Duration(0));
       }
     }
   }
   // `import ddprun` ran during start-up: each worker says hello now, and beacons from here on.
-  if (beacons_ && !nodes_[index].beacon_armed) ArmBeacons(index, Duration(0));
+  if (beacons_ && !per_node_[index].beacon_armed) ArmBeacons(index, Duration(0));
   UpdateTraining();
-  cluster_.SetPhase(index);
+  log_.SetPhase(index);
 }
 
 void Workers::SignalAll(uint32_t index, int round, int signal) {
-  const int64_t now = cluster_.now_ns();
-  for (uint32_t wi : nodes_[index].running) {
+  const int64_t now = loop_.now_ns;
+  for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (w.round != round || !w.running) continue;
     w.signalled = true;
-    if (index == 1 && sabotage_ == SimOptions::Sabotage::kUnkillableWorkers) continue;
+    if (hooks_.IgnoresSignals(index)) continue;
     if (signal == SIGKILL) {
       Exit(wi, now + Ns(kKillDelay), 0, SIGKILL, "");
     } else if (w.hung) {
@@ -231,110 +232,21 @@ void Workers::SignalAll(uint32_t index, int round, int signal) {
       Exit(wi, now + Ns(rng_.Between(kTermDelayMin, kTermDelayMax)), 0, signal, "");
     }
   }
-  cluster_.SetPhase(index);
-}
-
-void Workers::SignalForStacks(uint32_t index, int round, const std::vector<std::pair<int, int>>& targets) {
-  for (const auto& [local, signal] : targets) {
-    for (uint32_t wi : nodes_[index].running) {
-      Worker& w = workers_[wi];
-      if (w.round != round || w.local_rank != local || !w.running) continue;
-      // faulthandler writes from its C signal handler, hung or not: at once, all threads. The
-      // agent only signals what the worker's hello said it registered.
-      if (w.hello && signal == kStackSignal) {
-        w.stacks += StackDump(w);
-        if (watch_hangs_) {
-          cluster_.invariants().StacksTaken(RoundKey{w.coordinator, w.round}, w.global_rank, w.hung);
-        }
-      }
-      break;
-    }
-  }
-}
-
-std::vector<std::string> Workers::ReadStacks(uint32_t index, int round) {
-  std::vector<std::string> dumps;
-  for (uint32_t wi : nodes_[index].running) {
-    Worker& w = workers_[wi];
-    if (w.round != round || !w.running || w.local_rank < 0) continue;
-    const auto local = static_cast<size_t>(w.local_rank);
-    if (dumps.size() <= local) dumps.resize(local + 1);
-    dumps[local] = std::move(w.stacks);
-    w.stacks.clear();
-  }
-  return dumps;
-}
-
-std::string FaulthandlerDump(StackAt where, uint64_t pid) {
-  const uint64_t id = 0x7f0000000000ULL + (pid & 0xffffff) * 0x1000000ULL;
-  // The data loader's pin-memory thread, then the main thread (faulthandler lists the newest
-  // thread first).
-  std::string text = fmt::format(
-      "Thread 0x{:016x} (most recent call first):\n"
-      "  File \"/usr/lib/python3.10/threading.py\", line 324 in wait\n"
-      "  File \"/usr/lib/python3.10/queue.py\", line 180 in get\n"
-      "  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/pin_memory.py\", line 31 in do_one_step\n"
-      "  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/pin_memory.py\", line 54 in _pin_memory_loop\n"
-      "  File \"/usr/lib/python3.10/threading.py\", line 953 in run\n"
-      "  File \"/usr/lib/python3.10/threading.py\", line 1016 in _bootstrap_inner\n"
-      "  File \"/usr/lib/python3.10/threading.py\", line 973 in _bootstrap\n"
-      "\n"
-      "Thread 0x{:016x} (most recent call first):\n",
-      id + 0x700, id + 0x740);
-  switch (where) {
-    case StackAt::kDataLoader:
-      // Waiting for a batch that never comes (a dead data-loader worker, a hung file system).
-      text +=
-          "  File \"/usr/lib/python3.10/threading.py\", line 324 in wait\n"
-          "  File \"/usr/lib/python3.10/queue.py\", line 180 in get\n"
-          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1133 in _try_get_data\n"
-          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1294 in _get_data\n"
-          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1332 in _next_data\n"
-          "  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 631 in __next__\n"
-          "  File \"/job/train.py\", line 57 in next_batch\n"
-          "  File \"/job/train.py\", line 84 in train_step\n"
-          "  File \"/job/train.py\", line 120 in <module>\n";
-      break;
-    case StackAt::kInit:
-      // Still starting: init_process_group waits in the store for every rank.
-      text +=
-          "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 1305 in init_process_group\n"
-          "  File \"/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py\", line 79 in wrapper\n"
-          "  File \"/job/train.py\", line 31 in setup\n"
-          "  File \"/job/train.py\", line 118 in <module>\n";
-      break;
-    case StackAt::kAllReduce:
-      // DDP's gradient all-reduce, waiting for the ranks that do not come.
-      text +=
-          "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in all_reduce\n"
-          "  File \"/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py\", line 83 in wrapper\n"
-          "  File \"/job/train.py\", line 88 in train_step\n"
-          "  File \"/job/train.py\", line 120 in <module>\n";
-      break;
-  }
-  return text + "\n";
-}
-
-std::string Workers::StackDump(const Worker& w) const {
-  // The sabotage swaps where node 1's ranks appear to be: its hung worker looks like it waits
-  // for the others, its local rank 0 like the one stuck elsewhere.
-  const bool swapped = sabotage_ == SimOptions::Sabotage::kHungStackLooksWaiting && w.node == 1;
-  const bool stuck = swapped ? !w.hung && w.local_rank == 0 : w.hung;
-  return FaulthandlerDump(stuck ? StackAt::kDataLoader : !w.ready ? StackAt::kInit : StackAt::kAllReduce, w.pid);
+  log_.SetPhase(index);
 }
 
 int Workers::GuardianKill(uint32_t index) {
-  const int64_t now = cluster_.now_ns();
+  const int64_t now = loop_.now_ns;
   int killed = 0;
-  for (uint32_t wi : nodes_[index].running) {
+  for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (!w.running) continue;
     w.signalled = true;
-    if (index == 1 && sabotage_ == SimOptions::Sabotage::kUnkillableWorkers) continue;
+    if (hooks_.IgnoresSignals(index)) continue;
     Exit(wi, now + Ns(kKillDelay), 0, SIGKILL, "");
     ++killed;
   }
-  cluster_.SetPhase(index);
+  log_.SetPhase(index);
   return killed;
 }
 
@@ -351,7 +263,7 @@ void Workers::Exit(uint32_t wi, int64_t at_ns, int exit_code, int signal, std::s
   event.node = w.node;
   event.target = wi;
   event.generation = w.exit_gen;
-  cluster_.queue().Push(TimePoint(Duration(at_ns)), event);
+  loop_.queue.Push(TimePoint(Duration(at_ns)), event);
 }
 
 void Workers::ExitEvent(uint32_t wi, uint64_t generation) {
@@ -361,12 +273,12 @@ void Workers::ExitEvent(uint32_t wi, uint64_t generation) {
 void Workers::Exited(uint32_t wi) {
   Worker& w = workers_[wi];
   w.running = false;
-  auto& running = nodes_[w.node].running;
+  auto& running = per_node_[w.node].running;
   running.erase(std::find(running.begin(), running.end(), wi));
   const bool ok = w.exit_code == 0 && w.signal == 0;
-  cluster_.invariants().WorkerEnded(w.pid, ok);
-  if (w.global_rank == 0) cluster_.network().CloseStore(w.node, w.master_port, w.pid);
-  if (!ok && !w.signalled) ++cluster_.stats().worker_failures;
+  invariants_.WorkerEnded(w.pid, ok);
+  if (w.global_rank == 0) store_.CloseStore(w.node, w.master_port, w.pid);
+  if (!ok && !w.signalled) ++stats_.worker_failures;
   auto it = gangs_.find(w.gang);
   if (it != gangs_.end()) {
     Gang& g = it->second;
@@ -374,30 +286,30 @@ void Workers::Exited(uint32_t wi) {
     if (w.ready) --g.ready;
     if (w.hung) --g.hung;
     if (!g.completed && !g.broken) {
-      BreakGang(g, true, fmt::format("rank {} on {} {}", w.global_rank, cluster_.NodeLabel(w.node),
+      BreakGang(g, true, fmt::format("rank {} on {} {}", w.global_rank, nodes_.Label(w.node),
                                      core::DescribeExit(w.exit_code, w.signal)));
     }
   }
   Notify(wi);
   UpdateTraining();
-  cluster_.SetPhase(w.node);
+  log_.SetPhase(w.node);
 }
 
 void Workers::Notify(uint32_t wi) {
   Worker& w = workers_[wi];
-  const Node& n = cluster_.node(w.node);
+  const Node& n = nodes_[w.node];
   if (!n.up || n.incarnation != w.incarnation || n.finished || !n.pevents) {
     free_workers_.push_back(wi);
     return;
   }
-  if (n.Hung(cluster_.now_ns())) {
+  if (n.Hung(loop_.now_ns)) {
     // The agent is stuck: it reaps the worker when it runs again.
     if (!n.hung_forever) {
       Event event;
       event.kind = EventKind::kWorkerNotify;
       event.node = w.node;
       event.target = wi;
-      cluster_.queue().Push(TimePoint(Duration(n.hung_until_ns)), event);
+      loop_.queue.Push(TimePoint(Duration(n.hung_until_ns)), event);
     }
     return;
   }
@@ -412,7 +324,7 @@ void Workers::Notify(uint32_t wi) {
 }
 
 bool Workers::Hittable(uint32_t index, int local_rank) const {
-  const auto& running = nodes_[index].running;
+  const auto& running = per_node_[index].running;
   return std::any_of(running.begin(), running.end(), [&](uint32_t wi) {
     return workers_[wi].local_rank == local_rank && workers_[wi].running && !workers_[wi].signalled;
   });
@@ -420,62 +332,62 @@ bool Workers::Hittable(uint32_t index, int local_rank) const {
 
 void Workers::Fail(uint32_t index, int local_rank, int exit_code, const std::string& stderr_tail,
                    const std::string& what) {
-  for (uint32_t wi : nodes_[index].running) {
+  for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (w.local_rank != local_rank || !w.running) continue;
-    cluster_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) exits with code {} ({})",
+    log_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) exits with code {} ({})",
                                          w.global_rank, local_rank, w.pid, exit_code, what));
-    cluster_.AddMark(index, MarkKind::kFault, fmt::format("rank {} exits {}", w.global_rank, exit_code));
-    Exit(wi, cluster_.now_ns(), exit_code, 0, stderr_tail);
+    log_.AddMark(index, MarkKind::kFault, fmt::format("rank {} exits {}", w.global_rank, exit_code));
+    Exit(wi, loop_.now_ns, exit_code, 0, stderr_tail);
     return;
   }
-  cluster_.PrintSim(index, fmt::format("{} skipped: no worker with local rank {} is running", what, local_rank));
+  log_.PrintSim(index, fmt::format("{} skipped: no worker with local rank {} is running", what, local_rank));
 }
 
 void Workers::Hang(uint32_t index, int local_rank, std::optional<Duration> duration,
                    const std::string& what) {
-  for (uint32_t wi : nodes_[index].running) {
+  for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (w.local_rank != local_rank || !w.running || w.hung) continue;
     w.hung = true;
     w.hung_for_good = !duration;
-    ++cluster_.stats().worker_hangs;
+    ++stats_.worker_hangs;
     auto it = gangs_.find(w.gang);
     if (it != gangs_.end()) ++it->second.hung;
-    cluster_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) hangs{}{}; it ignores SIGTERM",
+    log_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) hangs{}{}; it ignores SIGTERM",
                                          w.global_rank, local_rank, w.pid,
                                          duration ? " for " + FormatDuration(*duration) : "",
                                          what.empty() ? "" : " (" + what + ")"));
-    cluster_.AddMark(index, MarkKind::kFault, fmt::format("rank {} hangs", w.global_rank),
-                     duration ? cluster_.now_ns() + Ns(*duration) : -1);
+    log_.AddMark(index, MarkKind::kFault, fmt::format("rank {} hangs", w.global_rank),
+                     duration ? loop_.now_ns + Ns(*duration) : -1);
     UpdateTraining();
     if (duration) {
       const uint64_t pid = w.pid;
-      cluster_.queue().PushCall(cluster_.now() + *duration, [this, wi, pid] {
+      loop_.queue.PushCall(loop_.now() + *duration, [this, wi, pid] {
         Worker& v = workers_[wi];
         if (v.pid != pid || !v.running || !v.hung) return;
         v.hung = false;
         auto found = gangs_.find(v.gang);
         if (found != gangs_.end()) --found->second.hung;
-        cluster_.PrintSim(v.node, fmt::format("rank {} (pid {}) runs again", v.global_rank, v.pid));
+        log_.PrintSim(v.node, fmt::format("rank {} (pid {}) runs again", v.global_rank, v.pid));
         if (v.term_pending) {
-          Exit(wi, cluster_.now_ns() + Ns(rng_.Between(kTermDelayMin, kTermDelayMax)), 0, SIGTERM, "");
+          Exit(wi, loop_.now_ns + Ns(rng_.Between(kTermDelayMin, kTermDelayMax)), 0, SIGTERM, "");
         }
         UpdateTraining();
       });
     }
     return;
   }
-  cluster_.PrintSim(index, fmt::format("worker-hang skipped: no worker with local rank {} is running", local_rank));
+  log_.PrintSim(index, fmt::format("worker-hang skipped: no worker with local rank {} is running", local_rank));
 }
 
 void Workers::Vanish(uint32_t index) {
   std::optional<uint64_t> hit_gang;
-  for (uint32_t wi : nodes_[index].running) {
+  for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     w.running = false;
-    cluster_.invariants().WorkerEnded(w.pid, false);
-    if (w.global_rank == 0) cluster_.network().CloseStore(w.node, w.master_port, w.pid);
+    invariants_.WorkerEnded(w.pid, false);
+    if (w.global_rank == 0) store_.CloseStore(w.node, w.master_port, w.pid);
     auto it = gangs_.find(w.gang);
     if (it != gangs_.end()) {
       Gang& g = it->second;
@@ -486,20 +398,18 @@ void Workers::Vanish(uint32_t index) {
     }
     free_workers_.push_back(wi);
   }
-  nodes_[index].running.clear();
-  nodes_[index].ready_gang = 0;
-  nodes_[index].beacon_armed = false;
-  ++nodes_[index].beacon_gen;
-  if (hit_gang) BreakGang(gangs_[*hit_gang], false, fmt::format("{} crashed", cluster_.NodeLabel(index)));
+  per_node_[index].running.clear();
+  per_node_[index].ready_gang = 0;
+  per_node_[index].beacon_armed = false;
+  ++per_node_[index].beacon_gen;
+  if (hit_gang) BreakGang(gangs_[*hit_gang], false, fmt::format("{} crashed", nodes_.Label(index)));
 }
 
 void Workers::StopTraining(Gang& g) {
-  const int64_t now = cluster_.now_ns();
   g.training = false;
   ++g.done_gen;
   BankTraining(g);
-  Timeline* timeline = cluster_.timeline();
-  if (timeline && !timeline->training.empty()) timeline->training.back().second = now;
+  log_.TrainingEnds();
   if (!beacons_) return;
   // Every rank sent the step it completed last before the gang stopped (the hung one too,
   // before it hung); the node's next batch may be up to a period away, so hand it over now.
@@ -515,7 +425,7 @@ void Workers::StopTraining(Gang& g) {
     flush.side = 1;
     flush.target = g.id;
     flush.generation = step;
-    cluster_.queue().Push(cluster_.now(), flush);
+    loop_.queue.Push(loop_.now(), flush);
   }
 }
 
@@ -541,10 +451,10 @@ int64_t Workers::WallFor(const Gang& g, int64_t progress) const {
 }
 
 void Workers::BankTraining(Gang& g) {
-  const int64_t span = cluster_.now_ns() - g.training_since_ns;
+  const int64_t span = loop_.now_ns - g.training_since_ns;
   progress_ns_ += Paced(g, span);
-  cluster_.stats().training_ns += span;
-  g.training_since_ns = cluster_.now_ns();
+  stats_.training_ns += span;
+  g.training_since_ns = loop_.now_ns;
 }
 
 void Workers::ScheduleTrainingDone(Gang& g) {
@@ -555,13 +465,13 @@ void Workers::ScheduleTrainingDone(Gang& g) {
   done.generation = g.done_gen;
   const int64_t left = std::max<int64_t>(0, train_time_ns_ - progress_ns_);
   const int64_t wall = WallFor(g, left);
-  cluster_.queue().Push(TimePoint(Duration(cluster_.now_ns() + wall)), done);
+  loop_.queue.Push(TimePoint(Duration(loop_.now_ns + wall)), done);
 }
 
 int Workers::SlowPercentOf(const Gang& g) const {
   int slow = 0;
   for (const auto& [slot, value] : slow_slots_) {
-    for (uint32_t wi : nodes_[slot.first].running) {
+    for (uint32_t wi : per_node_[slot.first].running) {
       const Worker& w = workers_[wi];
       if (w.gang == g.id && w.local_rank == slot.second) slow = std::max(slow, value.percent);
     }
@@ -572,33 +482,32 @@ int Workers::SlowPercentOf(const Gang& g) const {
 int64_t Workers::ProgressNow(const Gang& g) const {
   int64_t progress = progress_ns_;
   if (g.training) {
-    progress += Paced(g, cluster_.now_ns() - g.training_since_ns);
+    progress += Paced(g, loop_.now_ns - g.training_since_ns);
   }
   return std::min(progress, train_time_ns_);
 }
 
 void Workers::ReportHangStall(Gang& g) {
   // Stalled because a rank hangs, and for nothing else (a partition stalls it too).
-  const bool stall = !g.broken && !g.completed && g.hung > 0 && !cluster_.network().partitioned();
+  const bool stall = !g.broken && !g.completed && g.hung > 0 && !store_.partitioned();
   if (stall == g.hang_stall) return;
   g.hang_stall = stall;
   const RoundKey key{g.coordinator, g.round};
-  if (!stall) return cluster_.invariants().GangResumed(key);
+  if (!stall) return invariants_.GangResumed(key);
   std::vector<int> hung;
   for (uint32_t wi : g.workers) {
     const Worker& w = workers_[wi];
     if (w.gang == g.id && w.running && w.hung) hung.push_back(w.global_rank);
   }
   std::sort(hung.begin(), hung.end());
-  cluster_.invariants().GangHung(key, std::move(hung));
+  invariants_.GangHung(key, std::move(hung));
 }
 
 void Workers::UpdateTraining() {
   Gang* g = CurrentGang();
   if (!g) return;
-  const int64_t now = cluster_.now_ns();
-  Timeline* timeline = cluster_.timeline();
-  const bool stalled = g->hung > 0 || cluster_.network().partitioned();
+  const int64_t now = loop_.now_ns;
+  const bool stalled = g->hung > 0 || store_.partitioned();
   const bool active = !g->broken && !g->completed && g->running == g->world && g->ready == g->world && !stalled;
   const int slow = slow_slots_.empty() ? 0 : SlowPercentOf(*g);
   if (active && g->training && slow != g->slow_percent) {
@@ -612,21 +521,21 @@ void Workers::UpdateTraining() {
     g->training_since_ns = now;
     g->slow_percent = slow;
     ScheduleTrainingDone(*g);
-    if (!cluster_.stats().first_training_ns) cluster_.stats().first_training_ns = now;
-    if (timeline) timeline->training.emplace_back(now, -1);
-    cluster_.PrintSim(std::nullopt,
+    if (!stats_.first_training_ns) stats_.first_training_ns = now;
+    log_.TrainingBegins();
+    log_.PrintSim(std::nullopt,
                       fmt::format("training: round {}: {} up; training from {} of {}", g->round,
                                   AllOf(static_cast<size_t>(g->world), "rank"), HumanDuration(Duration(progress_ns_)),
                                   HumanDuration(Duration(train_time_ns_))));
-    cluster_.SetAllPhases();
+    log_.SetAllPhases();
   } else if (!active && g->training) {
     StopTraining(*g);
     if (!g->broken) {
-      cluster_.PrintSim(std::nullopt, fmt::format("training: round {} stalls at {} ({})", g->round,
+      log_.PrintSim(std::nullopt, fmt::format("training: round {} stalls at {} ({})", g->round,
                                                   HumanDuration(Duration(progress_ns_)),
                                                   g->hung > 0 ? "a rank hangs" : "the network is partitioned"));
     }
-    cluster_.SetAllPhases();
+    log_.SetAllPhases();
   }
   // The NCCL watchdog: a collective that makes no progress for its timeout kills the ranks.
   const bool watch = !g->completed && g->running > 0 && (stalled || (g->broken && !g->peers_notified));
@@ -637,7 +546,7 @@ void Workers::UpdateTraining() {
     timeout.kind = EventKind::kCollectiveTimeout;
     timeout.target = g->id;
     timeout.generation = g->stall_gen;
-    cluster_.queue().Push(TimePoint(Duration(now + Ns(kCollectiveTimeout))), timeout);
+    loop_.queue.Push(TimePoint(Duration(now + Ns(kCollectiveTimeout))), timeout);
   } else if (!watch && g->stall_timer) {
     g->stall_timer = false;
     ++g->stall_gen;
@@ -650,18 +559,18 @@ void Workers::BreakGang(Gang& g, bool by_process_exit, const std::string& why) {
   if (g.training) StopTraining(g);
   g.broken = true;
   if (watch_hangs_) ReportHangStall(g);
-  SimStats& stats = cluster_.stats();
+  SimStats& stats = stats_;
   ++stats.interruptions;
   const int64_t kept = checkpoint_every_ns_ > 0 ? progress_ns_ / checkpoint_every_ns_ * checkpoint_every_ns_ : 0;
   const int64_t lost = progress_ns_ - kept;
   stats.lost_ns += lost;
-  cluster_.PrintSim(std::nullopt,
+  log_.PrintSim(std::nullopt,
                     fmt::format("training: round {} interrupted ({}): {} trained, last checkpoint at {}, "
                                 "{} of work lost",
                                 g.round, why, HumanDuration(Duration(progress_ns_)),
                                 HumanDuration(Duration(kept)), HumanDuration(Duration(lost))));
   progress_ns_ = kept;
-  cluster_.AddMark(Mark::kJob, MarkKind::kFailure, fmt::format("round {} interrupted: {}", g.round, why));
+  log_.AddMark(Mark::kJob, MarkKind::kFailure, fmt::format("round {} interrupted: {}", g.round, why));
   if (by_process_exit) {
     // The other ranks' NCCL connections to the dead process close: they fail within seconds.
     g.peers_notified = true;
@@ -674,11 +583,11 @@ void Workers::BreakGang(Gang& g, bool by_process_exit, const std::string& why) {
       event.kind = EventKind::kPeerFailure;
       event.node = w.node;
       event.target = g.id;
-      cluster_.queue().Push(cluster_.now() + rng_.Between(kPeerFailureMin, kPeerFailureMax), event);
+      loop_.queue.Push(loop_.now() + rng_.Between(kPeerFailureMin, kPeerFailureMax), event);
     }
   }
   // Every failure must end with every worker of the round gone within a bound.
-  cluster_.invariants().RoundFailed(RoundKey{g.coordinator, g.round});
+  invariants_.RoundFailed(RoundKey{g.coordinator, g.round});
   UpdateTraining();
 }
 
@@ -686,15 +595,14 @@ void Workers::TrainingDone(uint64_t id, uint64_t done_gen) {
   auto it = gangs_.find(id);
   if (it == gangs_.end() || it->second.done_gen != done_gen || !it->second.training) return;
   Gang& g = it->second;
-  const int64_t now = cluster_.now_ns();
+  const int64_t now = loop_.now_ns;
   g.training = false;
   g.completed = true;
   job_completed_ = true;
-  cluster_.stats().training_ns += now - g.training_since_ns;
+  stats_.training_ns += now - g.training_since_ns;
   progress_ns_ = train_time_ns_;
-  Timeline* timeline = cluster_.timeline();
-  if (timeline && !timeline->training.empty()) timeline->training.back().second = now;
-  cluster_.PrintSim(std::nullopt, fmt::format("training: round {} reached simulate.train_time = {}; every rank "
+  log_.TrainingEnds();
+  log_.PrintSim(std::nullopt, fmt::format("training: round {} reached simulate.train_time = {}; every rank "
                                               "exits 0",
                                               g.round, HumanDuration(Duration(train_time_ns_))));
   uint32_t last = UINT32_MAX;
@@ -712,10 +620,10 @@ void Workers::TrainingDone(uint64_t id, uint64_t done_gen) {
 }
 
 void Workers::PeerFailure(uint32_t index, uint64_t id) {
-  for (uint32_t wi : nodes_[index].running) {
+  for (uint32_t wi : per_node_[index].running) {
     const Worker& w = workers_[wi];
     if (w.gang != id || !w.running || w.signalled || w.hung) continue;
-    Exit(wi, cluster_.now_ns(), 1, 0, fmt::format(fmt::runtime(kPeerFailureText), w.global_rank));
+    Exit(wi, loop_.now_ns, 1, 0, fmt::format(fmt::runtime(kPeerFailureText), w.global_rank));
   }
 }
 
@@ -724,13 +632,13 @@ void Workers::CollectiveTimeout(uint64_t id, uint64_t stall_gen) {
   if (it == gangs_.end() || it->second.stall_gen != stall_gen || !it->second.stall_timer) return;
   Gang& g = it->second;
   g.stall_timer = false;
-  cluster_.PrintSim(std::nullopt, fmt::format("training: round {}: the NCCL watchdog times out after {}",
+  log_.PrintSim(std::nullopt, fmt::format("training: round {}: the NCCL watchdog times out after {}",
                                               g.round, HumanDuration(kCollectiveTimeout)));
   const std::vector<uint32_t> members = g.workers;
   for (uint32_t wi : members) {
     const Worker& w = workers_[wi];
     if (w.gang != id || !w.running || w.signalled || w.hung) continue;
-    Exit(wi, cluster_.now_ns(), 1, 0, fmt::format(fmt::runtime(kWatchdogText), w.global_rank));
+    Exit(wi, loop_.now_ns, 1, 0, fmt::format(fmt::runtime(kWatchdogText), w.global_rank));
   }
 }
 
@@ -740,24 +648,24 @@ void Workers::ScheduleStoreConnect(uint32_t wi, Duration after) {
   event.node = workers_[wi].node;
   event.target = wi;
   event.generation = workers_[wi].pid;
-  cluster_.queue().Push(cluster_.now() + after, event);
+  loop_.queue.Push(loop_.now() + after, event);
 }
 
 void Workers::StoreConnect(uint32_t wi, uint64_t pid) {
   if (wi >= workers_.size()) return;
   Worker& w = workers_[wi];
   if (w.pid != pid || !w.running || w.signalled || w.hung) return;
-  const Network::StoreReach reach = cluster_.network().ReachStore(w.node, w.master_addr, w.master_port, w.pid);
-  if (reach.result == Network::StoreReach::Result::kConnected) {
-    ++cluster_.stats().store_clients;
-    cluster_.invariants().StoreConnected(w.pid, RoundKey{w.coordinator, w.round}, reach.store, reach.store_port);
+  const StoreNetwork::StoreReach reach = store_.ReachStore(w.node, w.master_addr, w.master_port, w.pid);
+  if (reach.result == StoreNetwork::StoreReach::Result::kConnected) {
+    ++stats_.store_clients;
+    invariants_.StoreConnected(w.pid, RoundKey{w.coordinator, w.round}, reach.store, reach.store_port);
     return;
   }
   if (++w.store_attempts < kStoreAttempts) ScheduleStoreConnect(wi, kStoreRetry);
 }
 
 std::optional<NodePhase> Workers::PhaseOf(uint32_t index, int* round) const {
-  const auto& running = nodes_[index].running;
+  const auto& running = per_node_[index].running;
   if (running.empty()) return std::nullopt;
   const Worker& w = workers_[running.front()];
   *round = w.round;
@@ -772,100 +680,25 @@ std::optional<NodePhase> Workers::PhaseOf(uint32_t index, int* round) const {
 void Workers::Finish() {
   Gang* g = CurrentGang();
   if (g && g->training) BankTraining(*g);
-  cluster_.stats().useful_ns = std::min(progress_ns_, train_time_ns_);
-}
-
-// ---- progress beacons --------------------------------------------------------------------
-
-void Workers::ArmBeacons(uint32_t index, Duration after) {
-  PerNode& mine = nodes_[index];
-  mine.beacon_armed = true;
-  Event batch;
-  batch.kind = EventKind::kBeacons;
-  batch.node = index;
-  batch.generation = mine.beacon_gen;
-  cluster_.queue().Push(cluster_.now() + after, batch);
-}
-
-void Workers::Beacons(uint32_t index, uint64_t generation) {
-  PerNode& mine = nodes_[index];
-  if (generation != mine.beacon_gen || !mine.beacon_armed) return;
-  mine.beacon_armed = false;
-  if (mine.running.empty()) return;  // the chain ends; the next Ready starts it again
-  const Gang* g = CurrentGang();
-  const int64_t step = g ? ProgressNow(*g) / step_ns_ : -1;
-  const bool from_thread = sabotage_ == SimOptions::Sabotage::kBeaconsFromAThread;
-  // Delivering a beacon runs the agent; the list is copied in case anything below changes it.
-  const std::vector<uint32_t> running = mine.running;
-  for (uint32_t wi : running) {
-    Worker& w = workers_[wi];
-    // A hung worker sends nothing (unless it beacons from a thread); a worker still starting
-    // has not imported ddprun yet.
-    if (!w.running || !w.ready || (w.hung && !from_thread) || w.node != index) continue;
-    if (!w.hello) {
-      if (!Deliver(w, core::BeaconKind::kHello, 0, -1)) continue;
-      w.hello = true;
-    }
-    if (!g || g->id != w.gang || w.signalled) continue;
-    // DDP is lockstep: ranks step only while their gang trains.
-    if (g->training && step > w.last_step) {
-      DeliverStep(w, step);
-    } else if (from_thread && !g->broken && !g->completed && w.stepped) {
-      DeliverStep(w, w.last_step + 1);
-    }
-  }
-  if (!mine.running.empty()) ArmBeacons(index, beacon_period_);
-}
-
-void Workers::FlushSteps(uint32_t index, uint64_t gang, int64_t step) {
-  const std::vector<uint32_t> running = nodes_[index].running;
-  for (uint32_t wi : running) {
-    Worker& w = workers_[wi];
-    if (w.running && w.ready && w.gang == gang && w.node == index && step > w.last_step) DeliverStep(w, step);
-  }
-}
-
-bool Workers::Deliver(Worker& w, core::BeaconKind kind, int64_t step, int64_t busy_us) {
-  const Node& n = cluster_.node(w.node);
-  if (!n.up || n.incarnation != w.incarnation || n.finished || !n.pevents) return false;
-  ++cluster_.stats().beacons;
-  n.pevents->OnBeacon(core::Beacon{w.round, w.local_rank, kind, step, busy_us, kStackSignal});
-  return true;
-}
-
-void Workers::DeliverStep(Worker& w, int64_t step) {
-  // Own work since the previous step beacon: step_time per step (more on a slow GPU), with a
-  // little jitter; the agent counts one step for a rank's first beacon.
-  const int64_t steps = w.stepped ? step - w.last_step : 1;
-  int percent = 0;
-  if (!slow_slots_.empty()) {
-    auto it = slow_slots_.find({w.node, w.local_rank});
-    if (it != slow_slots_.end()) percent = it->second.percent;
-  }
-  const int64_t per_step_us = step_ns_ / 1000 * (100 + percent) / 100;
-  const auto jitter = 1000 - kJitterPermille + static_cast<int64_t>(beacon_rng_.Below(2 * kJitterPermille + 1));
-  if (!Deliver(w, core::BeaconKind::kStep, step, per_step_us * jitter / 1000 * steps)) return;
-  w.last_step = step;
-  w.stepped = true;
-  if (watch_hangs_) cluster_.invariants().StepBeacon(w.pid, cluster_.now_ns());
+  stats_.useful_ns = std::min(progress_ns_, train_time_ns_);
 }
 
 void Workers::Slow(uint32_t index, int local_rank, int percent, std::optional<Duration> duration) {
   const std::pair<uint32_t, int> slot{index, local_rank};
   const uint64_t generation = next_slow_++;
   slow_slots_[slot] = SlowSlot{percent, generation};
-  cluster_.PrintSim(index, fmt::format("local rank {}'s GPU slows down{}: {}% more own work per step; the gang "
+  log_.PrintSim(index, fmt::format("local rank {}'s GPU slows down{}: {}% more own work per step; the gang "
                                        "steps at the pace of its slowest rank",
                                        local_rank, duration ? " for " + FormatDuration(*duration) : "", percent));
-  cluster_.AddMark(index, MarkKind::kFault, fmt::format("local rank {} slow", local_rank),
-                   duration ? cluster_.now_ns() + Ns(*duration) : -1);
+  log_.AddMark(index, MarkKind::kFault, fmt::format("local rank {} slow", local_rank),
+                   duration ? loop_.now_ns + Ns(*duration) : -1);
   UpdateTraining();
   if (!duration) return;
-  cluster_.queue().PushCall(cluster_.now() + *duration, [this, slot, generation] {
+  loop_.queue.PushCall(loop_.now() + *duration, [this, slot, generation] {
     auto it = slow_slots_.find(slot);
     if (it == slow_slots_.end() || it->second.generation != generation) return;
     slow_slots_.erase(it);
-    cluster_.PrintSim(slot.first, fmt::format("local rank {}'s GPU runs at full speed again", slot.second));
+    log_.PrintSim(slot.first, fmt::format("local rank {}'s GPU runs at full speed again", slot.second));
     UpdateTraining();
   });
 }

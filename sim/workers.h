@@ -4,6 +4,10 @@
 // to die breaks the gang, and progress since the last checkpoint is lost; the gang steps at
 // the pace of its slowest rank. With timeouts.progress, workers send progress beacons from
 // the model (docs/simulator.md, "Hung ranks") and dump faulthandler stacks when signalled.
+// It reaches the rest of the simulator only through narrow handles (sim/parts.h): the loop,
+// the node table, the event log, the invariants, the store network and the Roles of the
+// agents that start it; test misbehaviour comes from TestHooks. The training model is in
+// workers.cc, the progress contract (beacons, faulthandler stacks) in worker_progress.cc.
 // Internal to sim/; the launcher port reaches it through the Cluster.
 
 #include <cstdint>
@@ -15,13 +19,15 @@
 #include "runner/core/events.h"
 #include "schema/job_spec.h"
 #include "sim/event_queue.h"  // before kCollectiveTimeout: EventKind has an enumerator of that name
+#include "sim/parts.h"
 #include "sim/prng.h"
 #include "sim/simulation.h"
+#include "sim/test_hooks.h"
 #include "sim/timeline.h"
 
 namespace ddprun::sim {
 
-class Cluster;
+class StoreNetwork;
 
 /// The NCCL watchdog's default: a collective that makes no progress this long kills its rank.
 inline constexpr Duration kCollectiveTimeout = Minutes(10);
@@ -38,11 +44,12 @@ std::string FaulthandlerDump(StackAt where, uint64_t pid);
 
 class Workers {
  public:
-  Workers(Cluster& cluster, const JobSpec& spec, uint64_t seed, SimOptions::Sabotage sabotage);
+  Workers(Handles handles, StoreNetwork& store, Roles& roles, const TestHooks& hooks, const JobSpec& spec,
+          uint64_t seed);
 
   /// The world size every round has: that of the job node 0's coordinator runs.
   void SetWorld(int world) { world_ = world; }
-  void AddNode() { nodes_.emplace_back(); }
+  void AddNode() { per_node_.emplace_back(); }
 
   // ---- the launcher port (SimLauncher) ----
   void Spawn(uint32_t node, int round, const core::WorkerLaunch& launch);
@@ -183,12 +190,18 @@ class Workers {
   Gang* CurrentGang();
   const Gang* CurrentGang() const;
 
-  Cluster& cluster_;
+  Loop& loop_;
+  Nodes& nodes_;
+  SimLog& log_;
+  SimStats& stats_;
+  Invariants& invariants_;
+  StoreNetwork& store_;
+  Roles& roles_;
+  const TestHooks& hooks_;
   const JobSpec& spec_;
   Prng rng_;
-  SimOptions::Sabotage sabotage_;
   int world_ = 0;
-  std::vector<PerNode> nodes_;
+  std::vector<PerNode> per_node_;
   std::vector<Worker> workers_;
   std::vector<uint32_t> free_workers_;
   std::map<uint64_t, Gang> gangs_;     // by id; finished gangs are kept small (workers cleared)

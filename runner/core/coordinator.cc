@@ -208,7 +208,7 @@ void Coordinator::Apply(TimePoint now, const CoordinatorInput& input, std::vecto
     auto* ending = std::get_if<Ending>(&state_);
     if (!ending || !ending->awaiting_record) return;
     ending->awaiting_record = false;
-    out.push_back(Observed{observed::JobEnded{*exit_code_, restarts_used_, end_summary_}});
+    out.push_back(Observed{observed::JobEnded{*exit_code_, restarts_used_, end_summary_, ended_by_rule_}});
     Broadcast(wire::JobEnd{*exit_code_, end_summary_}, out);
     MaybeDone(out);
   } else if (const auto* committed = std::get_if<RoundCommitted>(&input)) {
@@ -292,7 +292,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
   if (phase() != Phase::kDone && now - last_input_ > loss_bound) OnStalled(now, now - last_input_, out);
   // In the order of the Deadline enum; each one is looked up again after the actions before it.
   if (Due(Deadline::kHeartbeat, now)) {
-    if (journal_running_) out.push_back(RecordJournal{true});
+    if (record_running_) out.push_back(RecordWorkers{true});
     Broadcast(wire::Heartbeat{}, out);
     next_heartbeat_ = now + spec_.timeouts.heartbeat;
   }
@@ -321,7 +321,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     std::get<Rendezvous>(state_).next_progress = now + kProgressInterval;
   }
   if (Due(Deadline::kReach, now)) FinishReach(now, out);
-  if (Due(Deadline::kHangProbe, now)) BeginStop(now, hangs_.Verdict(round_, reach_problems_), out);
+  if (Due(Deadline::kHangProbe, now)) StopForHang(now, out);
   if (Due(Deadline::kStragglers, now)) hangs_.CheckStragglers(now, round_, out);
   if (Due(Deadline::kStopWait, now)) {
     for (int agent = 0; agent < roster_.agents(); ++agent) {
@@ -412,7 +412,7 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     }
   } else if (const auto* stacks = std::get_if<wire::RankStacks>(&message)) {
     if (hangs_.OnRankStacks(round_, agent, *stacks, roster_.connected())) {
-      BeginStop(now, hangs_.Verdict(round_, reach_problems_), out);
+      StopForHang(now, out);
     }
   } else if (const auto* progress = std::get_if<wire::RankProgress>(&message)) {
     if (phase() == Phase::kRunning) hangs_.OnRankProgress(now, round_, agent, *progress);
@@ -473,7 +473,7 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
       out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; telling it the outcome",
                                                          roster_.NodeName(join.node_rank))});
       const auto* ending = std::get_if<Ending>(&state_);
-      if (ending && ending->awaiting_record) return;  // it hears the verdict with the others, once etcd has it
+      if (ending && ending->awaiting_record) return;  // it hears the verdict with the others, once it is recorded
       out.push_back(SendTo{conn_id, wire::JobEnd{*exit_code_, end_summary_}});
       if (slot.end == AgentSlot::EndState::kAway) slot.end = AgentSlot::EndState::kTold;
       return;

@@ -48,11 +48,6 @@ class Coordinator {
   void RestoreQuarantine(const std::vector<QuarantinedHost>& hosts,
                          std::vector<CoordinatorEffect>& out);
 
-  /// rendezvous.backend = "etcd": before each round starts, the job's store must record it
-  /// (CommitRound, answered by RoundCommitted), and the budget, the end and the quarantine
-  /// are recorded there too (RecordEnd, RecordQuarantine).
-  void CommitRounds() { commit_rounds_ = true; }
-
   /// rendezvous.backend = "etcd": this coordinator runs in agent `agent`'s process, on the host
   /// `addr`. That agent plays node rank 0 (it trades places with the agent that held it), so
   /// worker rank 0, its store and the store relay live with the coordinator, and every round's
@@ -128,7 +123,7 @@ class Coordinator {
   };
   struct Starting {
     std::optional<Reach> reach;
-    bool awaiting_commit = false;       // CommitRound sent (etcd), RoundCommitted not yet in
+    bool awaiting_commit = false;       // CommitRound sent, RoundCommitted not yet in
   };
   struct Running {};
   struct Stopping {
@@ -140,7 +135,7 @@ class Coordinator {
   };
   struct Ending {
     TimePoint barrier;                  // the exit barrier
-    bool awaiting_record = false;       // RecordEnd sent (etcd), EndRecorded not yet in: nobody is told
+    bool awaiting_record = true;        // RecordEnd sent, EndRecorded not yet in: nobody is told
   };
   struct Done {};
   // In Phase order.
@@ -189,6 +184,8 @@ class Coordinator {
   void BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out);
   void OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<CoordinatorEffect>& out);
   void BeginStop(TimePoint now, RoundFailure failure, std::vector<CoordinatorEffect>& out);
+  /// The hang probe's verdict stops the round (observed as HangJudged, then the failure).
+  void StopForHang(TimePoint now, std::vector<CoordinatorEffect>& out);
   void ReviseRootCause(RoundFailure failure, std::vector<CoordinatorEffect>& out);
   void MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out);
   /// The restart budget after a failed round: a restart if one is left (and no never_on
@@ -228,15 +225,14 @@ class Coordinator {
   std::string end_summary_;          // the JobEnd summary, for agents that rejoin after the end
   std::optional<TimePoint> journal_fence_;  // AfterUncleanEnd, TakeOver: no round before this
   std::string fence_cause_;          // why journal_fence_ holds the first round back
-  /// The journal last recorded that workers may run: a round began, and the job has not
-  /// finished. Its heartbeat renews that record.
-  bool journal_running_ = false;
+  /// The job's record last said that workers may run: a round began, and the job has not
+  /// finished. The heartbeat renews that record.
+  bool record_running_ = false;
   bool reach_checked_ = false;       // the probe before the first round has run
   std::vector<std::string> reach_problems_;  // what it found, kept under "warn" for a hang verdict
   // Configuration and history.
   std::string secret_;
   uint64_t nonce_seed_ = 0;
-  bool commit_rounds_ = false;
   bool took_over_ = false;           // TakeOver: the job began under another holder
   bool ended_by_rule_ = false;       // see ended_by_rule()
   std::vector<std::string> earlier_causes_;  // the restarted rounds' root causes, for the summaries

@@ -97,14 +97,11 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
 }
 
 void Coordinator::CommitOrBegin(std::vector<CoordinatorEffect>& out) {
-  if (commit_rounds_) {
-    // Fencing (etcd): only the holder of the coordinator role can record the round; a deposed
-    // coordinator never hears RoundCommitted, so it never starts one.
-    std::get<Starting>(state_).awaiting_commit = true;
-    out.push_back(CommitRound{round_, restarts_used_});
-    return;
-  }
-  ReserveOrBegin(out);
+  // The job's record holds the round before any worker of it can run. Node 0's journal says so
+  // at once; with etcd only the holder of the coordinator role can record it (fencing), and a
+  // deposed coordinator never hears RoundCommitted, so it never starts a round.
+  std::get<Starting>(state_).awaiting_commit = true;
+  out.push_back(CommitRound{round_, restarts_used_});
 }
 
 // gloo and NCCL connect between all nodes on ports they pick, and a firewall that lets only
@@ -209,8 +206,7 @@ void Coordinator::ReserveOrBegin(std::vector<CoordinatorEffect>& out) {
 
 void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out) {
   state_ = Running{};
-  journal_running_ = true;
-  out.push_back(RecordJournal{true});
+  record_running_ = true;  // CommitRound said so; the heartbeat renews it
   for (AgentSlot& slot : roster_.slots()) slot.done = false;
   done_count_ = 0;
   const std::vector<int>& players = roster_.players();
@@ -264,6 +260,13 @@ void Coordinator::OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<Coordin
                      {round_, restarts_used_, placement_.shrunk_note(), hangs_.StragglerNote(),
                       placement_.book().Note(now), EarlierCausesNote(earlier_causes_)}),
          out);
+}
+
+void Coordinator::StopForHang(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  RoundFailure failure = hangs_.Verdict(round_, reach_problems_);
+  const HangJudgement& judged = hangs_.last_judgement();
+  out.push_back(Observed{observed::HangJudged{judged.round, judged.culprits, judged.with_stack}});
+  BeginStop(now, std::move(failure), out);
 }
 
 void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<CoordinatorEffect>& out) {
@@ -363,13 +366,11 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
                                                        FormatDuration(spec_.RestartBackoff(restarts_used_)))});
     state_ = Backoff{now + spec_.RestartBackoff(restarts_used_)};
     out.push_back(Observed{observed::RestartSpent{restarts_used_, round_, spec_.RestartBackoff(restarts_used_)}});
-    if (commit_rounds_) {
-      const auto& slots = roster_.slots();
-      const bool unconfirmed = std::any_of(slots.begin(), slots.end(), [now](const AgentSlot& s) {
-        return s.fence && s.fence->until > now;
-      });
-      out.push_back(RecordRestart{round_, restarts_used_, unconfirmed});
-    }
+    const auto& slots = roster_.slots();
+    const bool unconfirmed = std::any_of(slots.begin(), slots.end(), [now](const AgentSlot& s) {
+      return s.fence && s.fence->until > now;
+    });
+    out.push_back(RecordRestart{round_, restarts_used_, unconfirmed});
     return;
   }
   ended_by_rule_ = !never.empty();
@@ -383,8 +384,8 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
 void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out) {
   exit_code_ = exit_code;
   end_summary_ = std::move(summary);
-  // etcd: the verdict is told once the store has it (EndRecorded).
-  state_ = Ending{now + spec_.timeouts.ExitBarrier(), commit_rounds_};
+  // The verdict is told once the job's record has it (EndRecorded).
+  state_ = Ending{now + spec_.timeouts.ExitBarrier()};
   // Who must hear the verdict before we exit: every connected node (it acknowledges, or its
   // connection closes after we told it), and every node that joined once and is away now (lost
   // to a pause or a partition, it stops its workers and rejoins to hear it). A node that never
@@ -401,13 +402,7 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std:
                                                : AgentSlot::EndState::kSettled;
     if (slot.end != AgentSlot::EndState::kSettled) ++awaiting_end_;
   }
-  if (commit_rounds_) {
-    out.push_back(RecordEnd{exit_code, end_summary_});
-    return;
-  }
-  out.push_back(Observed{observed::JobEnded{exit_code, restarts_used_, end_summary_}});
-  Broadcast(wire::JobEnd{exit_code, end_summary_}, out);
-  MaybeDone(out);
+  out.push_back(RecordEnd{exit_code, end_summary_});
 }
 
 void Coordinator::SettleEnd(AgentSlot& slot) {
@@ -421,14 +416,14 @@ void Coordinator::MaybeDone(std::vector<CoordinatorEffect>& out) {
   // stopping its workers and will rejoin to hear the verdict, within the exit barrier.
   if (phase() != Phase::kEnding || awaiting_end_ > 0) return;
   // Every node confirmed its workers stopped: the next coordinator here need not wait.
-  if (journal_running_) out.push_back(RecordJournal{false});
+  if (record_running_) out.push_back(RecordWorkers{false});
   Finish(out);
 }
 
 void Coordinator::Finish(std::vector<CoordinatorEffect>& out) {
   DDPRUN_ASSERT(phase() == Phase::kEnding);
   state_ = Done{};
-  journal_running_ = false;
+  record_running_ = false;
   out.push_back(CoordinatorDone{*exit_code_});
 }
 

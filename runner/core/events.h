@@ -63,7 +63,7 @@ struct Tick {};
 struct RoundCommitted {
   int round = 0;
 };
-/// With CommitRounds: the job's end (RecordEnd) is in the store; the agents may hear it now.
+/// The job's end (RecordEnd) is in its record; the agents may hear it now.
 struct EndRecorded {};
 
 using CoordinatorInput =
@@ -84,10 +84,15 @@ struct ReserveStorePort {
 struct CoordinatorDone {
   int exit_code = 0;
 };
-/// Write node 0's journal (host::Journal): workers of this job may run now, or none can any
-/// more (the job ended). Repeated every heartbeat while they may run, so the last record is at
-/// most one heartbeat older than the coordinator's last word to its agents.
-struct RecordJournal {
+// ---- The job's record ----------------------------------------------------------------------
+// What outlives the coordinator: node 0's journal on its own disk, or the job's keys in etcd
+// (host::JobRecordKeeper, runner/host/job_record.h). The coordinator records the same way
+// with either; a keeper that writes a local file answers at once.
+
+/// Workers of this job may run now, or every one is confirmed stopped. Repeated every
+/// heartbeat while they may run, so the last record is at most one heartbeat older than the
+/// coordinator's last word to its agents.
+struct RecordWorkers {
   bool rounds_may_run = false;
 };
 
@@ -99,20 +104,19 @@ struct QuarantinedHost {
   int times = 0;    // quarantines so far: the next cooldown is quarantine.cooldown x 2^times
   bool operator==(const QuarantinedHost&) const = default;
 };
-/// Write node 0's quarantine state (host::Journal): every host with a quarantine on record.
+/// Every host with a quarantine on record.
 struct RecordQuarantine {
   std::vector<QuarantinedHost> hosts;
 };
 
-/// With rendezvous.backend = "etcd" (Coordinator::CommitRounds): before round `round` starts,
-/// the job's store must record it, and the restarts used, in a write that only the holder of
-/// the coordinator role can make (fencing); answer with RoundCommitted. A coordinator that was
-/// deposed gets no answer: its host steps it down.
+/// Before round `round` starts, the job's record must hold it and the restarts used; answer
+/// with RoundCommitted. With etcd only the holder of the coordinator role can make that write
+/// (fencing): a coordinator that was deposed gets no answer, and its host steps it down.
 struct CommitRound {
   int round = 0;
   int restarts_used = 0;
 };
-/// With CommitRounds: every worker of the failed round is confirmed stopped and a restart is
+/// Every worker of the failed round is confirmed stopped and a restart is
 /// spent; round `next_round` comes next. A coordinator that takes over from here spends no
 /// restart for the stopped round.
 struct RecordRestart {
@@ -122,11 +126,10 @@ struct RecordRestart {
   /// coordinator that takes over from here must wait for their lease before its first round.
   bool workers_may_run = false;
 };
-/// The job has ended with `exit_code`; `summary` is what every agent will be told. With
-/// CommitRounds the agents hear it only once the store has it (EndRecorded): an end that was
-/// never recorded was never told, so a coordinator that takes over cannot contradict it. A coordinator
-/// that takes over before every agent has heard it tells them the same (etcd); node 0's file
-/// journal records only that rounds may no longer run (RecordJournal).
+/// The job has ended with `exit_code`; `summary` is what every agent will be told. The agents
+/// hear it only once the record has it (EndRecorded): an end that was never recorded was never
+/// told, so a coordinator that takes over cannot contradict it, and one that takes over before
+/// every agent has heard it tells them the same (etcd). Node 0's journal keeps no verdict.
 struct RecordEnd {
   int exit_code = 0;
   std::string summary;
@@ -204,23 +207,31 @@ struct RestartSpent {
 struct HangProbed {
   int round = 0;
 };
+/// The ranks a hang verdict named, and whose stacks it had (each ascending). For observers that
+/// check the verdict against the ranks that hung (the simulator); its text is in RoundFailed.
+struct HangJudged {
+  int round = 0;
+  std::vector<int> culprits;
+  std::vector<int> with_stack;
+};
 /// The verdict the agents are told (with etcd, once the job's store holds it).
 struct JobEnded {
   int exit_code = 0;
   int restarts_used = 0;
   std::string summary;
+  bool by_rule = false;  // restart.never_on ended it with restarts left
 };
 }  // namespace observed
 
 using Observation = std::variant<observed::NodeJoined, observed::NodeRefused, observed::NodeLost,
                                  observed::RoundStarted, observed::RoundFailed, observed::RestartSpent,
-                                 observed::HangProbed, observed::JobEnded>;
+                                 observed::HangProbed, observed::HangJudged, observed::JobEnded>;
 struct Observed {
   Observation what;
 };
 
 using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone,
-                                       RecordJournal, RecordQuarantine, CommitRound, RecordRestart,
+                                       RecordWorkers, RecordQuarantine, CommitRound, RecordRestart,
                                        RecordEnd, Observed>;
 
 // ---- Agent ----------------------------------------------------------------------------

@@ -276,6 +276,7 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
       state_.fingerprint = fingerprint_;
       phase_ = Phase::kLeading;
       next_keepalive_ = keepalive_sent_ + spec_.rendezvous.lease / 3;
+      inherited_job_ = previous;
       listener_.lead(previous);
       if (phase_ == Phase::kLeading && wanted_) {
         wanted_ = false;
@@ -287,6 +288,18 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
     case Phase::kLeading:
       return;
   }
+}
+
+Inheritance Election::Inherited() {
+  Inheritance from;
+  if (!inherited_job_ && earlier_workers_may_run_) {
+    // Leading afresh: the earlier run's last record is no older than our campaign's read.
+    from.workers_may_run_since = Duration::zero();
+    from.earlier = earlier_run_;
+  }
+  from.job = inherited_job_;
+  from.quarantined = state_.quarantined;
+  return from;
 }
 
 void Election::OnTick(TimePoint now) {
@@ -347,7 +360,7 @@ void Election::MaybeWrite(TimePoint now) {
   write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, FormatJobRecord(state_), 0}});
 }
 
-void Election::Commit(TimePoint now, int round, int restarts_used) {
+bool Election::Commit(TimePoint now, int round, int restarts_used) {
   state_.next_round = round + 1;
   state_.restarts_used = restarts_used;
   state_.round_may_run = true;
@@ -355,6 +368,7 @@ void Election::Commit(TimePoint now, int round, int restarts_used) {
   commit_round_ = round;
   dirty_ = true;
   MaybeWrite(now);
+  return false;
 }
 
 void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) {
@@ -366,12 +380,13 @@ void Election::RecordRestart(TimePoint now, int next_round, int restarts_used, b
   MaybeWrite(now);
 }
 
-void Election::RecordEnd(TimePoint now, int exit_code, const std::string& summary) {
+bool Election::RecordEnd(TimePoint now, int exit_code, const std::string& summary) {
   state_.exit_code = exit_code;
   state_.summary = summary;
   end_unacked_ = true;
   dirty_ = true;
   MaybeWrite(now);
+  return false;
 }
 
 void Election::RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts) {
@@ -380,7 +395,8 @@ void Election::RecordQuarantine(TimePoint now, const std::vector<core::Quarantin
   MaybeWrite(now);
 }
 
-void Election::RecordStopped(TimePoint now) {
+void Election::RecordWorkers(TimePoint now, bool may_run) {
+  if (may_run) return;
   state_.round_may_run = false;
   dirty_ = true;
   MaybeWrite(now);

@@ -13,17 +13,19 @@
 #include <vector>
 
 #include "runner/core/coordinator.h"
+#include "runner/host/job_record.h"
 #include "runner/host/ports.h"
 #include "schema/job_spec.h"
 
 namespace ddprun::host {
 
-/// The job's record as the store keeps it under <prefix>/<job>/<run id>/state: one field per
+/// The job's record as the store keeps it under <prefix>/<job>/state: one field per
 /// line. ParseJobRecord gives nullopt for a text this version did not write.
 std::string FormatJobRecord(const core::JobRecord& record);
 std::optional<core::JobRecord> ParseJobRecord(const std::string& text);
 
-class Election {
+/// Also the job's record keeper with etcd (JobRecordKeeper): its writes are fenced by the role.
+class Election final : public JobRecordKeeper {
  public:
   /// What the election tells its host; each is called from a Store answer or a Tick.
   struct Listener {
@@ -68,16 +70,20 @@ class Election {
   /// waiting for its answer fails.
   void Resign(TimePoint now);
 
-  // The coordinator's records, while leading: each rewrites the state, fenced.
-  void Commit(TimePoint now, int round, int restarts_used);
-  void RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run);
-  void RecordEnd(TimePoint now, int exit_code, const std::string& summary);
-  void RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts);
-  /// Every worker of the job is confirmed stopped.
-  void RecordStopped(TimePoint now);
+  /// While leading: the job as the previous holder left it (nullopt: a fresh start), an
+  /// earlier run whose workers may still run, and the quarantine.
+  Inheritance Inherited() override;
+  // The coordinator's records, while leading: each rewrites the state, fenced. Commit and
+  // RecordEnd are answered through the listener (committed, end_recorded), never at once.
+  bool Commit(TimePoint now, int round, int restarts_used) override;
+  /// Only "every worker is confirmed stopped" is written: the lease renews the rest.
+  void RecordWorkers(TimePoint now, bool may_run) override;
+  void RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) override;
+  bool RecordEnd(TimePoint now, int exit_code, const std::string& summary) override;
+  void RecordQuarantine(TimePoint now, const std::vector<core::QuarantinedHost>& hosts) override;
   /// The job is over here (every agent heard the end, or the exit barrier passed): the next
   /// launch of the job file starts afresh.
-  void RecordDone(TimePoint now);
+  void RecordDone(TimePoint now) override;
   /// Leading afresh after an earlier run that may still have workers: a launch that ended
   /// without confirming that its workers stopped, or a run of another job file under the same
   /// job name that had not ended. The first round must wait for their lease; `earlier_run()`
@@ -136,6 +142,7 @@ class Election {
   std::optional<TimePoint> retry_write_at_;
   bool earlier_workers_may_run_ = false;
   std::string earlier_run_;
+  std::optional<core::JobRecord> inherited_job_;  // what kReading passed to `lead`
   bool took_part_ = false;
   uint64_t revoke_id_ = 0;
 };

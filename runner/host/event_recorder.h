@@ -48,6 +48,8 @@ class EventRecorder {
   void Observe(TimePoint now, const core::observed::RoundFailed& o);
   void Observe(TimePoint now, const core::observed::RestartSpent& o);
   void Observe(TimePoint now, const core::observed::HangProbed& o);
+  /// Not recorded: the round-failed record that follows carries the verdict's words.
+  void Observe(TimePoint, const core::observed::HangJudged&) {}
   void Observe(TimePoint now, const core::observed::JobEnded& o);
   int GlobalRank(int round, int local_rank) const;
 

@@ -72,7 +72,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       awaiting_coordinator_ = false;
       RunAgent(core::MasterConnectFailed{core::ConnectError::kStore, why});
     };
-    listener.lead = [this](const std::optional<core::JobRecord>& previous) { Lead(previous); };
+    listener.lead = [this](const std::optional<core::JobRecord>&) { Lead(); };
     listener.step_down = [this](const std::string& why) { StepDown(why); };
     listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
     listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
@@ -81,7 +81,10 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
                                            fmt::format("{}:{}", own_addr_, spec.cluster.master_port),
                                            *ports_.store, std::move(listener));
     ports_.store->SetEvents(this);
+    record_ = election_.get();
   } else if (config.node_rank == 0) {
+    journal_record_ = std::make_unique<JournalRecord>(ports_.journal);
+    record_ = journal_record_.get();
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
     // The instance is the driver's randomness; it seeds the challenge nonces.
     if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
@@ -102,17 +105,7 @@ Status NodeHost::Start() {
   if (coordinator_) {
     const Status listening = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
     if (!listening) return listening;
-    if (ports_.journal) {
-      if (auto since = ports_.journal->SinceRoundsMayRun()) {
-        coordinator_->AfterUncleanEnd(ports_.clock->Now(), *since, coordinator_effects_);
-        RunCoordinator(core::Tick{});
-      }
-      const auto quarantined = ports_.journal->Quarantined();
-      if (!quarantined.empty()) {
-        coordinator_->RestoreQuarantine(quarantined, coordinator_effects_);
-        RunCoordinator(core::Tick{});
-      }
-    }
+    if (Inherit(ports_.clock->Now())) RunCoordinator(core::Tick{});
   }
   agent_effects_.clear();
   agent_.Start(ports_.clock->Now(), agent_effects_);
@@ -143,7 +136,7 @@ void NodeHost::ConnectTo(const std::string& endpoint) {
   master_conn_ = ports_.transport->Connect(host, port);
 }
 
-void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
+void NodeHost::Lead() {
   const TimePoint now = ports_.clock->Now();
   if (!listening_) {
     const Status listening = ports_.transport->Listen(own_addr_, spec_.cluster.master_port);
@@ -159,7 +152,6 @@ void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
   }
   coordinator_ = std::make_unique<core::Coordinator>(spec_, canonical_, now);
   coordinator_done_ = false;
-  coordinator_->CommitRounds();
   coordinator_->PlaceRankZero(agent_index_, own_addr_);
   if (!secret_.empty()) coordinator_->RequireSecret(secret_, instance_);
   ports_.console->Log(core::LogLevel::kInfo, "coordinator",
@@ -167,16 +159,19 @@ void NodeHost::Lead(const std::optional<core::JobRecord>& previous) {
                                   "rendezvous.lease = {}); it plays node rank 0, and {} is every "
                                   "round's MASTER_ADDR",
                                   election_->role_key(), FormatDuration(spec_.rendezvous.lease), own_addr_));
-  if (!previous && election_->earlier_workers_may_run()) {
-    // An earlier run ended without every node confirming that its workers stopped, or a run
-    // of another job file under this name had not ended.
-    coordinator_->AfterUncleanEnd(now, Duration::zero(), coordinator_effects_, election_->earlier_run());
-  }
-  if (previous) coordinator_->TakeOver(now, *previous, coordinator_effects_);
-  if (!election_->state().quarantined.empty()) {
-    coordinator_->RestoreQuarantine(election_->state().quarantined, coordinator_effects_);
-  }
+  Inherit(now);
   RunCoordinator(core::Tick{});
+}
+
+bool NodeHost::Inherit(TimePoint now) {
+  // Whoever kept the record, the coordinator starts from it the same way.
+  const Inheritance from = record_->Inherited();
+  if (from.workers_may_run_since) {
+    coordinator_->AfterUncleanEnd(now, *from.workers_may_run_since, coordinator_effects_, from.earlier);
+  }
+  if (from.job) coordinator_->TakeOver(now, *from.job, coordinator_effects_);
+  if (!from.quarantined.empty()) coordinator_->RestoreQuarantine(from.quarantined, coordinator_effects_);
+  return from.workers_may_run_since || from.job || !from.quarantined.empty();
 }
 
 void NodeHost::StepDown(const std::string& why) {
@@ -393,27 +388,22 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       coordinator_->Handle(now, core::StorePortReady{reserve->round, port}, effects);
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "coordinator", log->text);
-    } else if (auto* record = std::get_if<core::RecordJournal>(&effect)) {
-      if (election_) {
-        if (!record->rounds_may_run) election_->RecordStopped(now);
-      } else if (ports_.journal) {
-        ports_.journal->Record(record->rounds_may_run);
-      }
+    } else if (auto* record = std::get_if<core::RecordWorkers>(&effect)) {
+      record_->RecordWorkers(now, record->rounds_may_run);
     } else if (auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
-      if (election_) {
-        election_->RecordQuarantine(now, quarantine->hosts);
-      } else if (ports_.journal) {
-        ports_.journal->RecordQuarantine(quarantine->hosts);
-      }
+      record_->RecordQuarantine(now, quarantine->hosts);
     } else if (auto* commit = std::get_if<core::CommitRound>(&effect)) {
-      if (election_) election_->Commit(now, commit->round, commit->restarts_used);
-    } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
-      if (election_) {
-        election_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
+      // A keeper that recorded it at once answers in this batch, like the store port above.
+      const int round = commit->round;
+      if (record_->Commit(now, round, commit->restarts_used)) {
+        coordinator_->Handle(now, core::RoundCommitted{round}, effects);
       }
+    } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
+      record_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
-      if (election_) election_->RecordEnd(now, end->exit_code, end->summary);
+      if (record_->RecordEnd(now, end->exit_code, end->summary)) coordinator_->Handle(now, core::EndRecorded{}, effects);
     } else if (auto* observed = std::get_if<core::Observed>(&effect)) {
+      if (ports_.observer) ports_.observer->Observe(now, observed->what);
       // A revised root cause is the same failure: the clock counts from the round's first.
       const auto* failed = std::get_if<core::observed::RoundFailed>(&observed->what);
       if (failed && failure_round_seen_ != failed->round) {
@@ -424,7 +414,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
       // Every agent heard the end, or the exit barrier passed: a new launch starts afresh.
-      if (election_) election_->RecordDone(now);
+      record_->RecordDone(now);
     }
   }
   effects.clear();

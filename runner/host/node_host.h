@@ -28,6 +28,7 @@ struct Ports {
   Journal* journal = nullptr;  // node 0's; null: the host keeps no journal (unit tests)
   EventLog* events = nullptr;  // null: no event log (the simulator draws its own timeline)
   Store* store = nullptr;      // rendezvous.backend = "etcd"; null: the coordinator lives on node 0
+  Observer* observer = nullptr;  // null: nobody but the event log takes the observations
 };
 
 class NodeHost final : public TransportEvents, public ProcessEvents, public StoreEvents {
@@ -71,9 +72,11 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
 
  private:
   void RunAgent(const core::AgentInput& input);
-  /// With etcd: this agent now holds the coordinator role; `previous` is what the last holder
-  /// left in the store.
-  void Lead(const std::optional<core::JobRecord>& previous);
+  /// With etcd: this agent now holds the coordinator role.
+  void Lead();
+  /// The new coordinator starts from what its record's keeper read (record_->Inherited());
+  /// false when there was nothing to start from.
+  bool Inherit(TimePoint now);
   void StepDown(const std::string& why);
   /// Connects the agent to the coordinator at "host:port".
   void ConnectTo(const std::string& endpoint);
@@ -88,6 +91,9 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   EventRecorder recorder_;
   std::unique_ptr<core::Coordinator> coordinator_;
   std::unique_ptr<Election> election_;
+  // Where the coordinator's records go: the election (etcd), or node 0's journal.
+  std::unique_ptr<JournalRecord> journal_record_;
+  JobRecordKeeper* record_ = nullptr;
   bool listening_ = false;
   std::string own_addr_;      // etcd: this agent's host, where it listens when it holds the role
   int agent_index_ = 0;       // which agent this is: the nodes, then the spares

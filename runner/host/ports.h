@@ -201,6 +201,15 @@ class EventLog {
   virtual void Record(TimePoint now, const Event& event) = 0;
 };
 
+/// What the coordinator observed (core::Observation), typed and as it happens: the simulator's
+/// checks (sim/coordinators.h). An output only, like the EventLog; the real driver has none,
+/// its event log records the same.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void Observe(TimePoint now, const core::Observation& what) = 0;
+};
+
 /// Where an agent's words go: the terminal (real) or the simulator's event log.
 class Console {
  public:

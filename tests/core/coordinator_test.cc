@@ -775,24 +775,29 @@ TEST_F(CoordinatorTest, TheFencedAgentRejoiningLiftsItsFence) {
   EXPECT_EQ(All<ReserveStorePort>(back)[0].round, 1);
 }
 
-// Node 0's journal: "workers may run" from the first round on, refreshed every heartbeat, and
-// "the job ended" only once every node confirmed.
-TEST_F(CoordinatorTest, TheJournalSaysWorkersMayRunEveryHeartbeatUntilEveryNodeConfirmedTheEnd) {
+// The job's record: the round is committed before its store port is even reserved, "workers
+// may run" is refreshed every heartbeat, and "every worker stopped" comes only once every node
+// confirmed.
+TEST_F(CoordinatorTest, TheRecordSaysWorkersMayRunEveryHeartbeatUntilEveryNodeConfirmedTheEnd) {
   Join(0s, 0);
-  EXPECT_TRUE(All<RecordJournal>(Tick(2s)).empty());  // no round yet: nothing may run
-  Join(2s, 1);
+  const Effects waiting = Tick(2s);
+  EXPECT_TRUE(All<RecordWorkers>(waiting).empty());  // no round yet: nothing may run
+  EXPECT_TRUE(All<CommitRound>(waiting).empty());
+  const Effects all_in = Join(2s, 1);
+  ASSERT_EQ(All<CommitRound>(all_in).size(), 1u) << test::Describe(all_in);
+  EXPECT_EQ(All<CommitRound>(all_in)[0].round, 0);
+  ASSERT_EQ(All<ReserveStorePort>(all_in).size(), 1u) << test::Describe(all_in);
   const Effects start = Feed(2s, StorePortReady{0, 41000});
-  ASSERT_EQ(All<RecordJournal>(start).size(), 1u) << test::Describe(start);
-  EXPECT_TRUE(All<RecordJournal>(start)[0].rounds_may_run);
+  EXPECT_TRUE(All<RecordWorkers>(start).empty()) << test::Describe(start);  // the commit said so
   const Effects beat = Beat(4s);
-  ASSERT_EQ(All<RecordJournal>(beat).size(), 1u) << test::Describe(beat);
-  EXPECT_TRUE(All<RecordJournal>(beat)[0].rounds_may_run);
+  ASSERT_EQ(All<RecordWorkers>(beat).size(), 1u) << test::Describe(beat);
+  EXPECT_TRUE(All<RecordWorkers>(beat)[0].rounds_may_run);
   Send(5s, ConnOf(1), wire::NodeDone{0});
   Send(5s, ConnOf(0), wire::NodeDone{0});
   Send(5s, ConnOf(1), wire::JobEndAck{});
   const Effects done = Send(5s, ConnOf(0), wire::JobEndAck{});
-  ASSERT_EQ(All<RecordJournal>(done).size(), 1u) << test::Describe(done);
-  EXPECT_FALSE(All<RecordJournal>(done)[0].rounds_may_run);
+  ASSERT_EQ(All<RecordWorkers>(done).size(), 1u) << test::Describe(done);
+  EXPECT_FALSE(All<RecordWorkers>(done)[0].rounds_may_run);
   ASSERT_EQ(All<CoordinatorDone>(done).size(), 1u);
 }
 
@@ -804,7 +809,7 @@ TEST_F(CoordinatorTest, AnExpiredExitBarrierLeavesTheJournalSayingWorkersMayRun)
   BeatUntil(5s, 45s);
   const Effects e = Tick(46s);
   ASSERT_EQ(All<CoordinatorDone>(e).size(), 1u) << test::Describe(e);
-  for (const RecordJournal& record : All<RecordJournal>(e)) EXPECT_TRUE(record.rounds_may_run);
+  for (const RecordWorkers& record : All<RecordWorkers>(e)) EXPECT_TRUE(record.rounds_may_run);
 }
 
 // A coordinator started again on node 0's host after a crash: the journal's last record was
@@ -1149,7 +1154,7 @@ class EtcdCoordinatorTest : public CoordinatorTest {
   void SetUp() override {
     UseJob(Edit(kTwoNodeJob, "[timeouts]",
                 "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"http://10.0.0.9:2379\"]\n[timeouts]"));
-    coordinator_->CommitRounds();
+    AnswerRecordsByHand();
   }
 };
 

@@ -32,7 +32,7 @@ struct CoordinatorNamer {
   std::string operator()(const CoordinatorDone& e) const {
     return fmt::format("coordinator done, exit {}", e.exit_code);
   }
-  std::string operator()(const RecordJournal& e) const {
+  std::string operator()(const RecordWorkers& e) const {
     return e.rounds_may_run ? "journal: rounds may run" : "journal: job ended";
   }
   std::string operator()(const RecordQuarantine& e) const {
@@ -64,6 +64,9 @@ struct CoordinatorNamer {
           }
           if constexpr (std::is_same_v<O, observed::RestartSpent>) return fmt::format("observed: restart {}", o.restart);
           if constexpr (std::is_same_v<O, observed::HangProbed>) return fmt::format("observed: round {} probed", o.round);
+          if constexpr (std::is_same_v<O, observed::HangJudged>) {
+            return fmt::format("observed: round {} hung: ranks {}", o.round, fmt::join(o.culprits, ","));
+          }
           if constexpr (std::is_same_v<O, observed::JobEnded>) return fmt::format("observed: job ended, exit {}", o.exit_code);
         },
         e.what);
@@ -113,7 +116,7 @@ std::string List(const std::vector<Effect>& effects, Namer namer) {
 std::vector<CoordinatorEffect> Meaningful(const std::vector<CoordinatorEffect>& effects) {
   std::vector<CoordinatorEffect> kept;
   for (const CoordinatorEffect& e : effects) {
-    const auto* record = std::get_if<RecordJournal>(&e);
+    const auto* record = std::get_if<RecordWorkers>(&e);
     if (record && record->rounds_may_run) continue;
     const auto* send = std::get_if<SendTo>(&e);
     if (send && std::holds_alternative<wire::Heartbeat>(send->message)) continue;

@@ -114,7 +114,7 @@ std::vector<M> Sent(const std::vector<AgentEffect>& effects) {
 }
 
 /// The coordinator's effects without its periodic heartbeats and journal refreshes
-/// (RecordJournal with rounds_may_run), which depend only on the clock.
+/// (RecordWorkers with rounds_may_run), which depend only on the clock.
 std::vector<CoordinatorEffect> Meaningful(const std::vector<CoordinatorEffect>& effects);
 
 /// The agent's effects without its own periodic heartbeats and the lease renewals that come

@@ -22,6 +22,14 @@ CoordinatorDriver::Effects CoordinatorDriver::Feed(Duration at, const Coordinato
   last_ = at;
   Effects out;
   coordinator_->Handle(At(at), input, out);
+  for (size_t i = 0; i < out.size() && !records_by_hand_; ++i) {
+    if (const auto* commit = std::get_if<CommitRound>(&out[i])) {
+      const int round = commit->round;
+      coordinator_->Handle(At(at), RoundCommitted{round}, out);
+    } else if (std::holds_alternative<RecordEnd>(out[i])) {
+      coordinator_->Handle(At(at), EndRecorded{}, out);
+    }
+  }
   // The real driver sleeps until NextDeadline: one at or before now would spin it forever.
   if (auto next = coordinator_->NextDeadline()) {
     EXPECT_GT(*next, At(at)) << "the coordinator's NextDeadline is not in the future after input "

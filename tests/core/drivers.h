@@ -27,8 +27,11 @@ class CoordinatorDriver {
   /// A fresh coordinator of `toml`'s job, or of `spec`, started at 0 s.
   void Use(std::string_view toml);
   void Use(JobSpec spec);
-  /// Feeds `input` at `at`; the next deadline must lie after it.
+  /// Feeds `input` at `at`; the next deadline must lie after it. The job's record answers
+  /// CommitRound and RecordEnd at once in the same batch, as node 0's journal does, unless
+  /// the test answers them itself (AnswerRecordsByHand, the etcd case).
   Effects Feed(Duration at, const CoordinatorInput& input);
+  void AnswerRecordsByHand() { records_by_hand_ = true; }
   static ConnId Conn(int agent, int generation = 0) { return ConnId(100 + agent + 10 * generation); }
   /// The Join agent `agent` of `generation` sends.
   wire::Join JoinOf(int agent, int generation = 0) const;
@@ -41,6 +44,7 @@ class CoordinatorDriver {
   std::string canonical_;
   std::unique_ptr<Coordinator> coordinator_;
   Duration last_{};  // the time of the last input
+  bool records_by_hand_ = false;
 };
 
 /// An agent of one job fed by hand, as its host would. Use it as a test fixture's base or as a

@@ -109,7 +109,7 @@ TEST_F(SparesTest, TheEndDoesNotWaitForTheReplacedNode) {
   // node 0 is done at once, with the journal saying that no workers may run.
   const Effects done = Send(59s, 2, wire::JobEndAck{});
   ASSERT_EQ(All<CoordinatorDone>(done).size(), 1u) << test::Describe(done);
-  const auto journal = All<RecordJournal>(done);
+  const auto journal = All<RecordWorkers>(done);
   ASSERT_EQ(journal.size(), 1u);
   EXPECT_FALSE(journal[0].rounds_may_run);
 }

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/e2e/harness.h"
+#include "tests/support/require.h"
 
 namespace ddprun::e2e {
 namespace {
@@ -31,11 +32,6 @@ using namespace std::chrono_literals;
 
 constexpr const char* kPrometheus = "/usr/bin/prometheus";
 constexpr const char* kPromtool = "/usr/bin/promtool";
-
-bool Required(const std::string& what) {
-  const char* required = std::getenv("DDPRUN_REQUIRE");
-  return required != nullptr && std::string(required).find(what) != std::string::npos;
-}
 
 std::string UrlEncode(const std::string& text) {
   static const char* kHex = "0123456789ABCDEF";
@@ -129,10 +125,8 @@ class PrometheusTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* program : {kPrometheus, kPromtool}) {
-      if (::access(program, X_OK) != 0) {
-        if (Required("prometheus")) FAIL() << program << " is missing and DDPRUN_REQUIRE lists prometheus";
-        GTEST_SKIP() << program << " is not installed (apt-get install prometheus; scripts/install-deps.sh)";
-      }
+      DDPRUN_REQUIRE_OR_SKIP("prometheus", ::access(program, X_OK) == 0,
+                             program << " is not installed (apt-get install prometheus; scripts/install-deps.sh)");
     }
   }
 

@@ -376,7 +376,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   // Nobody confirmed that round 1's workers stopped (the exit barrier passed): the new
   // launch's first round must wait for their lease.
   EXPECT_TRUE(e2->earlier_workers_may_run());
-  e2->RecordStopped(At(Seconds(4)));
+  e2->RecordWorkers(At(Seconds(4)), false);
   e2->RecordDone(At(Seconds(4)));
   Client(2).Deliver(*e2, At(Seconds(4)));
   e2->Resign(At(Seconds(4)));
