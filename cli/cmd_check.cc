@@ -11,7 +11,7 @@
 #include "cli/commands.h"
 #include "cli/job_python.h"
 #include "cli/library_identity.h"
-#include "runner/io/driver.h"
+#include "runner/io/node_identity.h"
 #include "schema/diagnostics.h"
 #include "schema/json_schema.h"
 #include "runner/io/node_identity_slurm.h"

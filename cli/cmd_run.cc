@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/library_identity.h"
 #include "cli/node_job.h"
+#include "runner/io/node_identity.h"
 #include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
 #include "schema/plan.h"

@@ -13,6 +13,7 @@
 #include "runner/core/events.h"
 #include "runner/core/metrics.h"
 #include "runner/core/time.h"
+#include "schema/duration.h"
 #include "schema/job_spec.h"
 
 namespace ddprun::core {
@@ -69,6 +70,10 @@ class Agent {
   AgentMetrics Metrics(TimePoint now) const;
 
  private:
+  /// A failed connect or join is tried again after kFirstRetry, doubling up to kMaxRetry.
+  static constexpr Duration kFirstRetry = Millis(250);
+  static constexpr Duration kMaxRetry = Seconds(2);
+
   /// One rank's progress beacons in this round.
   struct Beats {
     TimePoint since;              // its start, or its last step or phase beacon
@@ -116,27 +121,29 @@ class Agent {
   bool Due(Deadline deadline, TimePoint now) const;
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
-  void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
-  /// With a secret, before the peer proved it: only a Challenge with the right proof counts.
-  void OnUnproven(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
-  /// Leaves this connection and connects again after `retry`, keeping `error` for the
-  /// rendezvous summary; logs it now unless the same story was told less than 10 s ago.
-  void RetryLater(TimePoint now, std::string error, Duration retry, bool same_story,
-                  std::vector<AgentEffect>& out);
-  /// True unless this is a connection whose peer has not proved the shared secret yet.
-  bool Proven() const;
-  void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
-  void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
   /// A word from the coordinator (or a connection to it): the workers' lease is renewed.
   void Heard(TimePoint now, std::vector<AgentEffect>& out);
   /// When this node's workers must be gone unless the coordinator is heard again: the last
   /// word + the loss bound + stop_grace. The agent's own SIGKILL and its guardian's both use it.
   TimePoint KillBy() const { return last_heard_ + spec_.timeouts.GuardianLease(); }
-  void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
-                    std::vector<AgentEffect>& out);
   void OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vector<AgentEffect>& out);
   void OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out);
-  // ---- Progress beacons and hung ranks.
+  // ---- The link to the coordinator (agent_link.cc).
+  std::string ExplainConnectError(const MasterConnectFailed& failed) const;
+  void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
+  void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
+  void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
+  void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
+                    std::vector<AgentEffect>& out);
+  /// True unless this is a connection whose peer has not proved the shared secret yet.
+  bool Proven() const;
+  /// Leaves this connection and connects again after `retry`, keeping `error` for the
+  /// rendezvous summary; logs it now unless the same story was told less than 10 s ago.
+  void RetryLater(TimePoint now, std::string error, Duration retry, bool same_story,
+                  std::vector<AgentEffect>& out);
+  /// With a secret, before the peer proved it: only a Challenge with the right proof counts.
+  void OnUnproven(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
+  // ---- Progress beacons and hung ranks (agent_progress.cc).
   void OnBeacon(TimePoint now, const Beacon& beacon);
   /// How long `beats` may stay silent now; nullopt when hangs are not detected.
   Duration SilenceAllowed(const Beats& beats) const;
@@ -148,6 +155,7 @@ class Agent {
   void SendStacks(TimePoint now, const std::vector<std::string>& dumps, std::vector<AgentEffect>& out);
   void Report(TimePoint now, std::vector<AgentEffect>& out);
   Duration ReportPeriod() const;
+  // ---- This node's workers, leaving, and what every part uses (agent.cc).
   void StartWorkers(TimePoint now, const wire::StartRound& start, std::vector<AgentEffect>& out);
   void StopWorkers(TimePoint now, std::vector<AgentEffect>& out);
   void MaybeStopped(std::vector<AgentEffect>& out);
@@ -157,7 +165,6 @@ class Agent {
   void Send(wire::Message message, std::vector<AgentEffect>& out);
   void Log(LogLevel level, std::string text, std::vector<AgentEffect>& out) const;
   std::string MasterEndpoint() const;
-  std::string ExplainConnectError(const MasterConnectFailed& failed) const;
 
   // ---- The link to the coordinator: one state at a time, each with what only it needs.
   struct Connecting {};                   // a connect is under way

@@ -4,7 +4,8 @@
 // io_context. Bounded: each attempt at one endpoint, and each call as a whole, has a limit; a
 // call that no endpoint answers within its limit is answered with an error that names every
 // endpoint tried and why it failed. A few calls are in flight at once over keep-alive
-// connections, the rest wait in order. Boost.Beast and OpenSSL stay in etcd_store.cc.
+// connections, the rest wait in order. Boost.Beast and TLS stay in etcd_store.cc; what the
+// gateway's JSON says is etcd_gateway.h.
 
 #include <memory>
 #include <string>

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "runner/host/metrics_text.h"
-#include "runner/io/asio_transport.h"
+#include "runner/io/tcp_listener.h"
 
 namespace ddprun::io {
 

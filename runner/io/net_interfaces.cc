@@ -11,8 +11,10 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "base/unique_fd.h"
+#include "schema/worker_env.h"
 
 namespace ddprun::io {
 
@@ -114,6 +116,54 @@ std::vector<std::string> ResolveAll(const std::string& host) {
   }
   ::freeaddrinfo(found);
   return out;
+}
+
+std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int node_rank) {
+  if (spec.cluster.Agents() <= 1) return std::nullopt;
+  std::vector<std::string> hosts = spec.cluster.nodes;
+  hosts.insert(hosts.end(), spec.cluster.spare_hosts.begin(), spec.cluster.spare_hosts.end());
+  std::vector<std::string> listed;
+  std::string listed_as;
+  if (node_rank >= 0 && static_cast<size_t>(node_rank) < hosts.size()) {
+    listed = ResolveAll(hosts[static_cast<size_t>(node_rank)]);
+    listed_as = node_rank < spec.cluster.nnodes
+                    ? fmt::format("cluster.nodes[{}]", node_rank)
+                    : fmt::format("cluster.spares[{}]", node_rank - spec.cluster.nnodes);
+  }
+  std::string route_source;
+  if (const auto master = ResolveAll(spec.cluster.master_addr); !master.empty()) {
+    route_source = RouteSourceAddress(master.front(), spec.cluster.master_port);
+  }
+  return ChooseSocketInterface(LocalInterfaces(), listed, listed_as, route_source,
+                               fmt::format("master_addr {}", spec.cluster.master_addr));
+}
+
+SocketInterfaceNote DescribeSocketInterface(const JobSpec& spec,
+                                            const std::map<std::string, std::string>& inherited_env,
+                                            const std::optional<SocketInterface>& chosen) {
+  SocketInterfaceNote note;
+  if (spec.cluster.Agents() <= 1) return note;
+  // Which of the three names ddprun sets, and which the user set.
+  std::vector<std::string> set, kept;
+  for (std::string_view view : kSocketIfnameNames) {
+    const std::string name(view);
+    const bool user = inherited_env.count(name) > 0 || spec.job.env.count(name) > 0;
+    (user ? kept : set).push_back(name);
+  }
+  if (set.empty()) return note;
+  if (chosen) {
+    note.text = fmt::format("workers' sockets use interface {} ({}): {} set{}", chosen->name, chosen->reason,
+                            fmt::join(set, ", "),
+                            kept.empty() ? "" : fmt::format("; {} kept as set", fmt::join(kept, ", ")));
+  } else {
+    note.warning = true;
+    note.text = fmt::format("cannot tell which interface the other nodes reach this node at (no "
+                            "interface holds this node's cluster.nodes address or routes to "
+                            "master_addr {}); gloo and NCCL pick their own: if ranks cannot connect, "
+                            "set {} to that interface in this agent's environment",
+                            spec.cluster.master_addr, fmt::join(set, ", "));
+  }
+  return note;
 }
 
 }  // namespace ddprun::io

@@ -6,9 +6,12 @@
 // (often a management NIC the other nodes cannot reach).
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "schema/job_spec.h"
 
 namespace ddprun::io {
 
@@ -49,5 +52,23 @@ std::string RouteSourceAddress(const std::string& address, uint16_t port);
 
 /// The addresses `host` resolves to here (an address stays itself); empty when it does not.
 std::vector<std::string> ResolveAll(const std::string& host);
+
+/// The interface this node's workers bind their own sockets to (gloo, NCCL, TensorPipe): the
+/// one that holds this node's cluster.nodes (or cluster.spares) address, else the one it sends
+/// from towards master_addr. nullopt for a job of one agent (its workers talk among
+/// themselves) and when neither is found.
+std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int node_rank);
+
+/// The agent's line at start on the workers' sockets: the interface `chosen` and which of
+/// kSocketIfnameNames ddprun sets and which it keeps as the user set them (`inherited_env` or
+/// job.env); a warning when none was found and the workers pick their own. text is "" for a
+/// job of one agent and when the user set every name.
+struct SocketInterfaceNote {
+  bool warning = false;
+  std::string text;
+};
+SocketInterfaceNote DescribeSocketInterface(const JobSpec& spec,
+                                            const std::map<std::string, std::string>& inherited_env,
+                                            const std::optional<SocketInterface>& chosen);
 
 }  // namespace ddprun::io

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "base/result.h"
-#include "runner/io/driver.h"
+#include "runner/io/node_identity.h"
 #include "schema/loader.h"
 
 namespace ddprun::io {

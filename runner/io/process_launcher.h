@@ -17,6 +17,7 @@
 #include "runner/host/ports.h"
 #include "base/unique_fd.h"
 #include "runner/io/warm_rounds.h"
+#include "runner/io/worker_start.h"
 #include "schema/job_spec.h"
 #include "schema/python_command.h"
 
@@ -30,22 +31,6 @@ class BeaconSocket;
 class ConsoleWriter;
 class Guardian;
 class WarmTemplate;
-
-/// What execve needs for one worker, computed before vfork (the child may not allocate).
-struct LaunchPlan {
-  std::string executable;         // absolute or relative to workdir
-  std::vector<std::string> argv;  // argv[0] is `executable`
-  std::vector<std::string> env;   // NAME=value
-};
-
-/// Resolves job.command[0] (a name on PATH, or a path relative to `workdir`) and merges the
-/// environments: `added` over `inherited`. `is_executable` answers for a candidate path (the
-/// real one calls access(X_OK)). Returns nullopt and sets `error` for the user.
-Result<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
-                                        const std::string& workdir,
-                                        const std::map<std::string, std::string>& inherited,
-                                        const EnvList& added,
-                                        const std::function<bool(const std::string&)>& is_executable);
 
 class RealProcessLauncher final : public host::ProcessLauncher {
  public:

@@ -1,6 +1,6 @@
 // PrepareLaunch: how job.command[0] is found and what environment a worker gets.
 
-#include "runner/io/process_launcher.h"
+#include "runner/io/worker_start.h"
 
 #include <gtest/gtest.h>
 

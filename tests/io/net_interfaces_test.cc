@@ -1,5 +1,6 @@
 // Which interface a node's workers bind their sockets to (runner/io/net_interfaces.h), from
-// the host's interfaces, its cluster.nodes entry and its route to master_addr.
+// the host's interfaces, its cluster.nodes entry and its route to master_addr, and the agent's
+// line that names it.
 
 #include "runner/io/net_interfaces.h"
 
@@ -64,6 +65,44 @@ TEST(ChooseSocketInterface, NothingWhenNoInterfaceHoldsEitherAddress) {
 TEST(RouteSourceAddress, LoopbackIsReachedFromLoopback) {
   EXPECT_EQ(RouteSourceAddress("127.0.0.1", 9), "127.0.0.1");
   EXPECT_EQ(RouteSourceAddress("not an address", 9), "");
+}
+
+JobSpec TwoNodes() {
+  JobSpec spec;
+  spec.cluster.nnodes = 2;
+  spec.cluster.master_addr = "10.77.0.1";
+  return spec;
+}
+
+TEST(DescribeSocketInterface, NamesTheInterfaceWhatIsSetAndWhatIsKept) {
+  JobSpec spec = TwoNodes();
+  const SocketInterface ens3{"ens3", "10.77.0.2", "it holds 10.77.0.2, cluster.nodes[1]"};
+  SocketInterfaceNote note = DescribeSocketInterface(spec, {}, ens3);
+  EXPECT_FALSE(note.warning);
+  EXPECT_EQ(note.text, "workers' sockets use interface ens3 (it holds 10.77.0.2, cluster.nodes[1]): "
+                       "GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME set");
+  spec.job.env["TP_SOCKET_IFNAME"] = "ib0";
+  note = DescribeSocketInterface(spec, {{"NCCL_SOCKET_IFNAME", "=ib0"}}, ens3);
+  EXPECT_EQ(note.text, "workers' sockets use interface ens3 (it holds 10.77.0.2, cluster.nodes[1]): "
+                       "GLOO_SOCKET_IFNAME set; NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME kept as set");
+}
+
+TEST(DescribeSocketInterface, WarnsWhenNoInterfaceIsKnown) {
+  const SocketInterfaceNote note = DescribeSocketInterface(TwoNodes(), {{"GLOO_SOCKET_IFNAME", "eth0"}}, std::nullopt);
+  EXPECT_TRUE(note.warning);
+  EXPECT_EQ(note.text,
+            "cannot tell which interface the other nodes reach this node at (no interface holds this node's "
+            "cluster.nodes address or routes to master_addr 10.77.0.1); gloo and NCCL pick their own: if ranks "
+            "cannot connect, set NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME to that interface in this agent's environment");
+}
+
+TEST(DescribeSocketInterface, SaysNothingForOneAgentOrWhenTheUserSetEveryName) {
+  JobSpec one;
+  one.cluster.nnodes = 1;
+  EXPECT_EQ(DescribeSocketInterface(one, {}, std::nullopt).text, "");
+  const std::map<std::string, std::string> all = {
+      {"GLOO_SOCKET_IFNAME", "eth0"}, {"NCCL_SOCKET_IFNAME", "=eth0"}, {"TP_SOCKET_IFNAME", "eth0"}};
+  EXPECT_EQ(DescribeSocketInterface(TwoNodes(), all, std::nullopt).text, "");
 }
 
 }  // namespace

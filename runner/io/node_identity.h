@@ -1,0 +1,63 @@
+#pragma once
+// Who this node is: its rank in the job (from the command line, the environment or this host's
+// own entry in cluster.nodes), the incarnation of this agent, which addresses the listed nodes
+// connect from, and whether cluster.master_addr is a name that only reaches this host's loopback.
+// `run`, `check` and `preflight` read it; under SLURM, node_identity_slurm.h adds its part.
+
+#include <cstdint>
+#include <functional>
+#include <istream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/ip/address.hpp>
+
+#include "base/result.h"
+#include "schema/job_spec.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace ddprun::io {
+
+/// This node's rank: `flag` > DDPRUN_NODE_RANK > SLURM_NODEID > this host's name or one of its
+/// addresses in cluster.nodes; with how it was found, for the user.
+struct DetectedRank {
+  int rank = 0;
+  std::string how;  // "--node-rank", "DDPRUN_NODE_RANK", "this host (gpu-02) is cluster.nodes[1]"
+  std::string warning;  // a source that was overruled (SLURM_NODEID), for the user; "" if none
+};
+Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag);
+/// This node's rank from its host name or addresses alone (cluster.nodes and spares).
+Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec);
+
+/// Why cluster.master_addr cannot work for a job of several hosts when seen from this host: a
+/// host name (not an address, not "localhost") that resolves here to a loopback address, as
+/// Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts. Node 0 would listen
+/// where no other node can reach it; another node would connect to itself. Returns "" when
+/// fine, else the problem and a "hint:" line. `check`, `preflight` and the run all use it.
+std::string LoopbackMasterProblem(const JobSpec& spec);
+
+/// True for an address literal rather than a host name: it holds a colon (IPv6) or only digits
+/// and dots (IPv4). A name's short form is compared only for names.
+bool IsAddressLike(const std::string& text);
+
+/// The address that `hosts` (read as /etc/hosts is: an address, then its names; `#` starts a
+/// comment) gives `name`, compared without case; "" when no line names it. Reads at most
+/// 10,000 lines.
+std::string HostsFileEntry(std::istream& hosts, const std::string& name);
+
+/// A new number for this run of the agent, which tells its reconnect from an impostor's join.
+/// Unpredictable (getrandom): it also seeds the coordinator's challenge nonces.
+uint64_t NewAgentInstance();
+
+/// Addresses the listed nodes may connect from (each of cluster.nodes as it resolves here, and
+/// this host's own addresses and loopback for node 0's own agent); empty, which lets anyone
+/// connect, when nodes are not listed. An entry that does not resolve is left out, and `warn`
+/// says so.
+std::vector<boost::asio::ip::address> AllowedPeers(boost::asio::io_context& io, const JobSpec& spec,
+                                                   const std::function<void(const std::string&)>& warn);
+
+}  // namespace ddprun::io
