@@ -239,6 +239,8 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
                          result.exit_code, result.stats.rounds_started,
                          result.stats.rounds_started == 1 ? "" : "s", result.stats.restarts_used,
                          result.stats.restarts_used == 1 ? "" : "s", fmt::join(kinds, ", "));
+      // A drawn shape is in no file: the line that runs this seed alone, as a failed one has.
+      if (shape_of) out << fmt::format("  reproduce with: {}\n", result.repro);
     }
   }
   out << fmt::format("swarm: {} seeds ({}..{}), {} failed\n", count, base.seed,
