@@ -97,7 +97,8 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
   EXPECT_EQ(dir_.Read("addr-1-0"), "127.0.0.1\n");
 
   // The coordinator's host dies: its agent and its worker (rank 0), with SIGKILL.
-  const pid_t rank0 = std::stoi(dir_.Read("pid-0-0"));
+  const pid_t rank0 = WaitForPidFile(dir_, "pid-0-0", 5s);
+  ASSERT_GT(rank0, 0) << Describe();
   const auto killed_at = std::chrono::steady_clock::now();
   agent(0).Signal(SIGKILL);
   ::kill(rank0, SIGKILL);
@@ -282,7 +283,8 @@ TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) 
   AgentProcess& b = *agents_.back();
   ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0"); }, 30s)) << Describe();
   EXPECT_EQ(dir_.Read("addr-1-0"), addr_a_ + "\n");
-  const pid_t a_worker = std::stoi(dir_.Read("pid-0-0"));
+  const pid_t a_worker = WaitForPidFile(dir_, "pid-0-0", 5s);
+  ASSERT_GT(a_worker, 0) << Describe();
 
   // Cut A off from etcd (its packets to etcd's client ports are dropped), not from B.
   const auto cut_at = std::chrono::steady_clock::now();

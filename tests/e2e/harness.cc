@@ -278,6 +278,20 @@ std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& comm) {
   return out;
 }
 
+pid_t WaitForPidFile(const ScratchDir& dir, const std::string& name, std::chrono::milliseconds within) {
+  pid_t pid = 0;
+  WaitFor(
+      [&] {
+        if (!dir.Exists(name)) return false;
+        int value = 0;
+        if (std::sscanf(dir.Read(name).c_str(), "%d", &value) != 1 || value <= 0) return false;
+        pid = value;
+        return true;
+      },
+      within);
+  return pid;
+}
+
 std::map<std::string, std::string> ParseEnvDump(const std::string& text) {
   std::map<std::string, std::string> env;
   std::istringstream in(text);

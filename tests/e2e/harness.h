@@ -114,6 +114,11 @@ bool WaitFor(Predicate predicate, std::chrono::milliseconds limit) {
   return predicate();
 }
 
+/// The pid a daemon writes into `name` in `dir`, once the file holds one (a daemon may create
+/// the file before it writes the number: slurmctld and sshd do); 0 when none came within
+/// `within`.
+pid_t WaitForPidFile(const ScratchDir& dir, const std::string& name, std::chrono::milliseconds within);
+
 /// Reads `KEY=VALUE` lines (as `env` prints them) into a map.
 std::map<std::string, std::string> ParseEnvDump(const std::string& text);
 

@@ -102,16 +102,7 @@ class SlurmTest : public ::testing::Test {
   // A daemon creates its pid file before it writes the number in it: wait for the number.
   // 0 when none came within `within`.
   pid_t WaitForPid(const std::string& name, std::chrono::milliseconds within) {
-    pid_t pid = 0;
-    WaitFor([&] {
-      if (!dir_.Exists(name)) return false;
-      const std::string text = dir_.Read(name);
-      int value = 0;
-      if (std::sscanf(text.c_str(), "%d", &value) != 1 || value <= 0) return false;
-      pid = value;
-      return true;
-    }, within);
-    return pid;
+    return WaitForPidFile(dir_, name, within);
   }
   void TearDown() override {
     agents_.clear();

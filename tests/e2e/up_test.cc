@@ -97,8 +97,9 @@ class UpTest : public ::testing::Test {
                           &output),
                 0)
           << output;
-      ASSERT_TRUE(WaitFor([&] { return dir_.Exists("sshd" + n + ".pid"); }, 5s));
-      sshd_pids_.push_back(std::stoi(dir_.Read("sshd" + n + ".pid")));
+      const pid_t sshd = WaitForPidFile(dir_, "sshd" + n + ".pid", 5s);
+      ASSERT_GT(sshd, 0) << dir_.Read("sshd" + n + ".log");
+      sshd_pids_.push_back(sshd);
     }
   }
   void TearDown() override {
