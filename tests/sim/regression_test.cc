@@ -360,6 +360,17 @@ TEST(RegressionTest, TheLivenessBoundAllowsTheSmallestWorldsPace) {
   EXPECT_THAT(run.output, HasSubstr("training:          20m00s of 20m00s kept"));
 }
 
+// The run's wall time is until its last node exited or went down for good: here node 1 was
+// refused at once and node 0 trained alone until its host died for good at 48m11s, and the
+// goodput read 48,149,262% over a "virtual time" of 1 ms (the shape swarm's mean read 4,865%).
+TEST(RegressionTest, AHostDownForGoodEndsItsPartOfTheWallTime) {
+  const SimRun run = ShapeSeed(100996);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("virtual time:      48m11s"));
+  EXPECT_GT(run.result.stats.useful_ns, 0);
+  EXPECT_LE(run.result.stats.useful_ns, run.result.stats.end_ns);
+}
+
 // Exit 3 is owed no liveness complaint when random crashes come faster, across the cluster,
 // than a host reboots: 50 hosts with node_mtbf = 4h crash every 4.8 minutes on average, each
 // back after 3-10, so three of them were down at the end of round 8's 30-minute rendezvous.
