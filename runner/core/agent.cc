@@ -345,7 +345,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     }
     while (!cause.empty() && cause.back() == '\n') cause.pop_back();
     Log(LogLevel::kError, fmt::format("round {} failed: {}", stop->round, cause), out);
-    out.push_back(RootCauseKnown{stop->round, stop->cause_rank});
+    out.push_back(RootCauseKnown{stop->round, stop->cause_rank, stop->cause_lost_peer});
     StopWorkers(now, out);
     MaybeStopped(out);
   } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {

@@ -304,7 +304,7 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
   const RoundFailure& cause = std::get<Stopping>(state_).failure;
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
   out.push_back(Observed{observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
-  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank}, out);
+  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank, cause.lost_peer}, out);
   MaybeFinishStop(now, out);
 }
 
@@ -323,7 +323,7 @@ void Coordinator::ReviseRootCause(RoundFailure failure, std::vector<CoordinatorE
   // Every node hears the root cause again, so no node is left with the consequence.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
   out.push_back(Observed{observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
-  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank}, out);
+  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank, cause.lost_peer}, out);
 }
 
 void Coordinator::MarkStopped(AgentSlot& slot, int stopped_ranks) {

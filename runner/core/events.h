@@ -324,6 +324,9 @@ struct ReadStacks {
 struct RootCauseKnown {
   int round = 0;
   int cause_rank = -1;
+  /// `cause_rank`'s own error says only that it lost a peer: the first failure heard, which a
+  /// later RootCauseKnown may replace. Its held error is not shown yet (consequence_filter.h).
+  bool provisional = false;
 };
 /// Print the job's final summary (or a round's root cause) for the user.
 struct PrintSummary {

@@ -145,12 +145,15 @@ void Get(Reader& r, WorkerFailed& m) {
 }
 void Put(Writer& w, const NodeDone& m) { w.I32(m.round); }
 void Get(Reader& r, NodeDone& m) { m.round = r.I32(); }
-void Put(Writer& w, const StopRound& m) { w.I32(m.round); w.Str(m.cause); w.Bool(m.last); w.I32(m.cause_rank); }
+void Put(Writer& w, const StopRound& m) {
+  w.I32(m.round); w.Str(m.cause); w.Bool(m.last); w.I32(m.cause_rank); w.Bool(m.cause_lost_peer);
+}
 void Get(Reader& r, StopRound& m) {
   m.round = r.I32();
   m.cause = r.Str();
   m.last = r.Bool();
   m.cause_rank = r.I32();
+  m.cause_lost_peer = r.Bool();
 }
 void Put(Writer& w, const RoundStopped& m) { w.I32(m.round); w.I32(m.stopped); }
 void Get(Reader& r, RoundStopped& m) { m.round = r.I32(); m.stopped = r.I32(); }

@@ -116,6 +116,9 @@ struct StopRound {
   /// The root cause's global rank; -1 when it is not one rank's failure (a lost node, a
   /// stall). Agents show the other ranks' consequence errors as one line (agent.cc).
   int32_t cause_rank = -1;
+  /// The cause's own error says only that it lost a peer: the first failure heard, not yet
+  /// known to be the root cause (the coordinator may name another rank in a second StopRound).
+  bool cause_lost_peer = false;
   bool operator==(const StopRound&) const = default;
 };
 

@@ -359,7 +359,7 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
     } else if (auto* lease = std::get_if<core::RenewLease>(&effect)) {
       ports_.launcher->RenewLease(lease->kill_at);
     } else if (auto* cause = std::get_if<core::RootCauseKnown>(&effect)) {
-      ports_.launcher->RootCauseKnown(cause->round, cause->cause_rank);
+      ports_.launcher->RootCauseKnown(cause->round, cause->cause_rank, cause->provisional);
     }
   }
   effects.clear();

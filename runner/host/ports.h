@@ -97,7 +97,9 @@ class ProcessLauncher {
   /// Round `round` stops because of `cause_rank` (core::RootCauseKnown): the console may show
   /// the other ranks' consequence errors as one line. Only a console needs it: the real
   /// launcher (runner/io/consequence_filter.h); the simulator's workers print nothing.
-  virtual void RootCauseKnown(int /*round*/, int /*cause_rank*/) {}
+  /// `provisional`: the named rank's own error says it lost a peer, so another RootCauseKnown
+  /// may follow with the real cause.
+  virtual void RootCauseKnown(int /*round*/, int /*cause_rank*/, bool /*provisional*/) {}
   /// Where workers send progress beacons ("127.0.0.1:port"), and the token they must carry;
   /// "" when this launcher takes none.
   virtual std::string ProgressAddress() const { return ""; }

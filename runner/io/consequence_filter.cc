@@ -124,7 +124,8 @@ void ConsequenceFilter::Judge(Clock::time_point now, std::vector<std::string>& s
   }
 }
 
-void ConsequenceFilter::Verdict(bool is_cause, std::vector<std::string>& shown) {
+void ConsequenceFilter::Verdict(bool is_cause, bool provisional, std::vector<std::string>& shown) {
+  if (is_cause && provisional) return;  // the real cause may be another rank: no verdict yet
   if (is_cause) {
     mode_ = Mode::kCause;
     Show(held_, shown);

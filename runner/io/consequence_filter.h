@@ -38,8 +38,11 @@ class ConsequenceFilter {
   /// One complete line of stderr, without its end; appends the lines to show now to `shown`.
   void Line(std::string line, Clock::time_point now, std::vector<std::string>& shown);
   /// The round's root cause is known: this rank (`is_cause`), or another one, or not one rank.
-  /// Can come again when the coordinator revises the root cause.
-  void Verdict(bool is_cause, std::vector<std::string>& shown);
+  /// Can come again when the coordinator revises the root cause. `provisional`: the cause's
+  /// own error says it lost a peer, so the coordinator may yet name another rank (the ranks
+  /// raced to it); a rank so named keeps its text held, as without a verdict, until the
+  /// revision or kHold.
+  void Verdict(bool is_cause, bool provisional, std::vector<std::string>& shown);
   /// Shows what was held for kHold without a verdict.
   void Expire(Clock::time_point now, std::vector<std::string>& shown);
   /// When Expire has something to show; nullopt when nothing waits for time.

@@ -71,9 +71,9 @@ std::optional<OutputSplitter::Clock::time_point> OutputSplitter::ProgressDeadlin
   return deadline && *deadline < progress ? deadline : progress;
 }
 
-void OutputSplitter::Verdict(bool is_cause, std::string& console) {
+void OutputSplitter::Verdict(bool is_cause, bool provisional, std::string& console) {
   if (!triage_) return;
-  filter_.Verdict(is_cause, released_);
+  filter_.Verdict(is_cause, provisional, released_);
   Print(released_, console);
 }
 

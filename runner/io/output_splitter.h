@@ -47,7 +47,7 @@ class OutputSplitter {
   /// for a verdict stay held (FlushProgress or Verdict shows them, or not).
   void Finish(std::string& console);
   /// The round's root cause is known (ConsequenceFilter::Verdict); shows what that releases.
-  void Verdict(bool is_cause, std::string& console);
+  void Verdict(bool is_cause, bool provisional, std::string& console);
 
   const std::deque<std::string>& tail() const { return tail_; }
   const ConsequenceFilter& filter() const { return filter_; }

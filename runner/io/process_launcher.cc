@@ -490,14 +490,16 @@ void RealProcessLauncher::TrackForConsole(int round, const std::shared_ptr<Worke
   rounds_[round].workers.push_back(worker);
 }
 
-void RealProcessLauncher::RootCauseKnown(int round, int cause_rank) {
+void RealProcessLauncher::RootCauseKnown(int round, int cause_rank, bool provisional) {
   const auto it = rounds_.find(round);
   if (it == rounds_.end()) return;
   it->second.cause_rank = cause_rank;
+  it->second.provisional_until.reset();
+  if (provisional) it->second.provisional_until = std::chrono::steady_clock::now() + ConsequenceFilter::kHold;
   for (const std::shared_ptr<Worker>& worker : it->second.workers) {
     std::string& console = console_buffer_;
     console.clear();
-    worker->splitters[1].Verdict(worker->global_rank == cause_rank, console);
+    worker->splitters[1].Verdict(worker->global_rank == cause_rank, provisional, console);
     if (!console.empty()) Show(true, console);
   }
   MaybeDigest(round);
@@ -506,6 +508,17 @@ void RealProcessLauncher::RootCauseKnown(int round, int cause_rank) {
 void RealProcessLauncher::MaybeDigest(int round) {
   const auto it = rounds_.find(round);
   if (it == rounds_.end() || !it->second.cause_rank || it->second.digest_told) return;
+  RoundConsole& console = it->second;
+  if (console.provisional_until && std::chrono::steady_clock::now() < *console.provisional_until) {
+    if (!console.digest_timer) {
+      console.digest_timer = std::make_shared<boost::asio::steady_timer>(io_, *console.provisional_until);
+      console.digest_timer->async_wait([this, round](error_code ec) {
+        if (ec) return;  // the round was forgotten
+        MaybeDigest(round);
+      });
+    }
+    return;
+  }
   std::vector<CollapsedRank> collapsed;
   std::string folder;
   for (const std::shared_ptr<Worker>& worker : it->second.workers) {

@@ -79,7 +79,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void RenewLease(TimePoint kill_at) override;
   /// The other ranks' held and later stderr stays off the console (consequence_filter.h);
   /// once every worker of the round has reported, one line says what was left out.
-  void RootCauseKnown(int round, int cause_rank) override;
+  void RootCauseKnown(int round, int cause_rank, bool provisional) override;
   std::string ProgressAddress() const override;
   std::string ProgressToken() const override;
 
@@ -136,6 +136,10 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   struct RoundConsole {
     std::vector<std::shared_ptr<Worker>> workers;
     std::optional<int> cause_rank;  // set by RootCauseKnown
+    /// While the cause named may still be revised (its own error said it lost a peer), the
+    /// digest waits for the revision until then, so that it names the rank that failed.
+    std::optional<std::chrono::steady_clock::time_point> provisional_until;
+    std::shared_ptr<boost::asio::steady_timer> digest_timer;
     bool digest_told = false;
   };
 

@@ -326,11 +326,22 @@ TEST_F(AgentTest, StopRoundStopsEveryWorkerAndConfirmsWithTheCount) {
   ASSERT_EQ(All<RootCauseKnown>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<RootCauseKnown>(e)[0].round, 0);
   EXPECT_EQ(All<RootCauseKnown>(e)[0].cause_rank, 0);
+  EXPECT_FALSE(All<RootCauseKnown>(e)[0].provisional);
   ASSERT_EQ(All<SignalWorkers>(e).size(), 1u);
   EXPECT_EQ(All<SignalWorkers>(e)[0].signal, SIGTERM);
   // Workers dying of the SIGTERM are not failures to report.
   EXPECT_TRUE(Sent<wire::WorkerFailed>(Exit(3s, 0, 0, SIGTERM)).empty());
   EXPECT_EQ(Sent<wire::RoundStopped>(Exit(3s, 1, 143)), (std::vector<wire::RoundStopped>{{0, 2}}));
+}
+
+// A cause that only lost a peer may be revised: the console hears that it is provisional.
+TEST_F(AgentTest, AStopNamingARankThatLostAPeerIsAProvisionalRootCause) {
+  Running(0s);
+  const Effects e = Msg(2s, wire::StopRound{0, "rank 1 (node 0 (gpu-01), local rank 1) exited with code 1", false, 1,
+                                            /*cause_lost_peer=*/true});
+  ASSERT_EQ(All<RootCauseKnown>(e).size(), 1u) << test::Describe(e);
+  EXPECT_EQ(All<RootCauseKnown>(e)[0].cause_rank, 1);
+  EXPECT_TRUE(All<RootCauseKnown>(e)[0].provisional);
 }
 
 TEST_F(AgentTest, StopRoundWithNothingRunningConfirmsAtOnce) {

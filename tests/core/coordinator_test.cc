@@ -330,6 +330,10 @@ TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn
   ASSERT_EQ(stops.size(), 2u) << test::Describe(revised);
   EXPECT_EQ(stops[0].second.cause_rank, 3);
   EXPECT_EQ(Sent<wire::StopRound>(first)[0].second.cause_rank, 2);
+  // The first names a rank that only lost a peer, so agents hold its error back; the revision
+  // is final.
+  EXPECT_TRUE(Sent<wire::StopRound>(first)[0].second.cause_lost_peer);
+  EXPECT_FALSE(stops[0].second.cause_lost_peer);
   EXPECT_EQ(stops[0].second.cause,
             "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1\n"
             "  error (from TORCHELASTIC_ERROR_FILE):\n"

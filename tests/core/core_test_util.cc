@@ -100,7 +100,8 @@ struct AgentNamer {
                        std::chrono::duration_cast<std::chrono::milliseconds>(e.kill_at.time_since_epoch()).count());
   }
   std::string operator()(const RootCauseKnown& e) const {
-    return fmt::format("root cause of round {}: rank {}", e.round, e.cause_rank);
+    return fmt::format("root cause of round {}: rank {}{}", e.round, e.cause_rank,
+                       e.provisional ? " (provisional: its error says it lost a peer)" : "");
   }
 };
 

@@ -29,6 +29,7 @@ std::vector<Message> Samples() {
       NodeDone{1},
       StopRound{3, "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1"},
       StopRound{3, "rank 3 (node 1 (gpu-02), local rank 1) exited with code 1", true, 3},
+      StopRound{3, "rank 2 (node 1 (gpu-02), local rank 0) exited with code 1", false, 2, true},
       RoundStopped{3, 7},
       Interrupted{15},
       JobEnd{1, "job \"demo\" FAILED in round 1\n\xe2\x9c\x97 unicode kept"},

@@ -50,7 +50,7 @@ TEST(ConsequenceFilterTest, ALostPeerIsHeldAndCollapsedWhenAnotherRankIsTheCause
   EXPECT_EQ(Feed(filter, {"[W ProcessGroupGloo.cpp] warning after it"}), Lines{});
   EXPECT_EQ(filter.Deadline(), kT0 + ConsequenceFilter::kHold);
   Lines shown;
-  filter.Verdict(/*is_cause=*/false, shown);
+  filter.Verdict(/*is_cause=*/false, /*provisional=*/false, shown);
   EXPECT_EQ(shown, Lines{});
   EXPECT_TRUE(filter.Settled());
   EXPECT_TRUE(filter.collapsing());
@@ -71,10 +71,41 @@ TEST(ConsequenceFilterTest, HeldLinesAreShownWhenThisRankIsTheCause) {
   ConsequenceFilter filter;
   Feed(filter, kLostPeer);
   Lines shown;
-  filter.Verdict(/*is_cause=*/true, shown);
+  filter.Verdict(/*is_cause=*/true, /*provisional=*/false, shown);
   EXPECT_EQ(shown, kLostPeer);
   EXPECT_EQ(Feed(filter, {"after"}), Lines{"after"});
   EXPECT_EQ(filter.collapsed_lines(), 0u);
+}
+
+// Rank 0 lost rank 3 and exited first, so the coordinator's first verdict names rank 0 with an
+// error that says it lost a peer (CI saw this race in the torch console test): rank 0's
+// traceback stays held until the revision names rank 3, and is collapsed then.
+TEST(ConsequenceFilterTest, AProvisionalVerdictNamingThisRankKeepsItsLostPeerHeldUntilTheRevision) {
+  ConsequenceFilter filter;
+  Feed(filter, kLostPeer, kT0);
+  Lines shown;
+  filter.Verdict(/*is_cause=*/true, /*provisional=*/true, shown);
+  EXPECT_EQ(shown, Lines{});
+  EXPECT_FALSE(filter.Settled());
+  EXPECT_FALSE(filter.collapsing());
+  EXPECT_EQ(Feed(filter, {"a line after it"}), Lines{}) << "kept with the held error";
+  filter.Verdict(/*is_cause=*/false, /*provisional=*/false, shown);
+  EXPECT_EQ(shown, Lines{});
+  EXPECT_TRUE(filter.Settled());
+  EXPECT_EQ(filter.collapsed_lines(), kLostPeer.size() + 1);
+  EXPECT_TRUE(filter.collapsed_lost_peer());
+}
+
+// ... and when no revision comes, the rank was the first failure after all: shown after kHold.
+TEST(ConsequenceFilterTest, AProvisionalVerdictWithoutARevisionShowsTheHeldErrorAfterTheHold) {
+  ConsequenceFilter filter;
+  Feed(filter, kLostPeer, kT0);
+  Lines shown;
+  filter.Verdict(/*is_cause=*/true, /*provisional=*/true, shown);
+  EXPECT_EQ(filter.Deadline(), kT0 + ConsequenceFilter::kHold);
+  filter.Expire(kT0 + ConsequenceFilter::kHold, shown);
+  EXPECT_EQ(shown, kLostPeer);
+  EXPECT_TRUE(filter.Settled());
 }
 
 TEST(ConsequenceFilterTest, WithoutAVerdictHeldLinesAreShownAfterTheHold) {
@@ -115,7 +146,7 @@ TEST(ConsequenceFilterTest, TheSplitterHoldsAPeersTracebackUntilTheVerdict) {
   EXPECT_EQ(splitter.tail().size(), 5u) << "the failure summary still gets the tail";
   console.clear();
   splitter.Finish(console);
-  splitter.Verdict(/*is_cause=*/false, console);
+  splitter.Verdict(/*is_cause=*/false, /*provisional=*/false, console);
   EXPECT_EQ(console, "");
   EXPECT_EQ(splitter.filter().collapsed_lines(), 4u);
 }
