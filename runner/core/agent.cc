@@ -24,6 +24,7 @@ void Agent::Start(TimePoint now, std::vector<AgentEffect>& out) {
   rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
   link_ = Connecting{};
   out.push_back(ConnectToMaster{});
+  next_deadline_ = EarliestDeadline();
 }
 
 bool Agent::Connected() const {
@@ -60,6 +61,12 @@ void Agent::Send(wire::Message message, std::vector<AgentEffect>& out) {
 }
 
 void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
+  Apply(now, input, out);
+  // Start and Handle are the only changes of state, so the table is read once per input.
+  next_deadline_ = EarliestDeadline();
+}
+
+void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
   // The driver calls at least every heartbeat; a longer gap is our own stall (SIGSTOP, a VM
   // pause, swap). The workers' beacons of that time wait unread in the socket: the stall is
   // not their silence, so their progress clocks move on by it.
@@ -192,7 +199,7 @@ bool Agent::Due(Deadline deadline, TimePoint now) const {
   return at && now >= *at;
 }
 
-std::optional<TimePoint> Agent::NextDeadline() const {
+std::optional<TimePoint> Agent::EarliestDeadline() const {
   std::optional<TimePoint> next;
   for (int k = 0; k < static_cast<int>(Deadline::kCount); ++k) {
     const auto at = DeadlineOf(static_cast<Deadline>(k));
@@ -202,6 +209,9 @@ std::optional<TimePoint> Agent::NextDeadline() const {
 }
 
 void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
+  // Most inputs find nothing due: the earliest deadline as of the last input says so at once
+  // (only a stall of our own moved one since, and it moves them later, never earlier).
+  if (!next_deadline_ || now < *next_deadline_) return;
   // In the order of the Deadline enum; each one is looked up again after the actions before it.
   if (Due(Deadline::kKill, now)) {
     // stop_grace after SIGTERM, or sooner when the stop began late (the lease counts from the

@@ -59,7 +59,7 @@ class Agent {
   void Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out);
 
   /// When Handle(now, Tick{}) must be called next; nullopt once exited.
-  std::optional<TimePoint> NextDeadline() const;
+  std::optional<TimePoint> NextDeadline() const { return next_deadline_; }
 
   /// Derived from the link and the round: kRunning while this node's round is open.
   Phase phase() const;
@@ -118,6 +118,10 @@ class Agent {
     kCount
   };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
+  /// The earliest of the table, computed after each Start and Handle (next_deadline_).
+  std::optional<TimePoint> EarliestDeadline() const;
+  /// Handle without the bookkeeping of next_deadline_.
+  void Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out);
   bool Due(Deadline deadline, TimePoint now) const;
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);
@@ -235,6 +239,7 @@ class Agent {
   std::optional<TimePoint> stacks_due_;
   bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
   std::optional<TimePoint> next_report_;
+  std::optional<TimePoint> next_deadline_;  // EarliestDeadline() as of the last Start or Handle
 };
 
 }  // namespace ddprun::core
