@@ -157,8 +157,9 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
       return link_heard_ + spec_.timeouts.LossBound() + Duration(1);
     case Deadline::kRetry:
       // A node rejoins only once its workers are gone: the coordinator counts on that.
-      if (leaving_ || running_workers() > 0) return std::nullopt;
-      if (const auto* wait = std::get_if<RetryWait>(&link_)) return wait->at;
+      if (const auto* wait = std::get_if<RetryWait>(&link_); wait && !leaving_ && running_workers() == 0) {
+        return wait->at;
+      }
       return std::nullopt;
     case Deadline::kRendezvous:
       if (leaving_) return std::nullopt;

@@ -2,7 +2,12 @@
 // goes back (an event pushed before the last one popped is a simulator bug and aborts).
 #include "sim/event_queue.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <random>
+#include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -26,6 +31,34 @@ TEST(EventQueueTest, EarliestFirstAndTiesInPushOrder) {
   EXPECT_EQ(queue.Pop().node, 1u);
   EXPECT_EQ(queue.Pop().node, 3u);
   EXPECT_TRUE(queue.Empty());
+}
+
+// The heap is hand-written (4-ary): against a sorted reference, with pushes between pops and
+// many ties, every pop is the earliest (time, push order) of what is queued.
+TEST(EventQueueTest, InterleavedPushesAndPopsComeOutInTimeThenPushOrder) {
+  std::mt19937_64 rng(7);
+  sim::EventQueue queue;
+  std::vector<std::tuple<int64_t, uint64_t>> reference;  // (time, push index) still queued
+  uint64_t pushed = 0;
+  int64_t now = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const bool push = reference.empty() || rng() % 3 != 0;
+    if (push) {
+      const int64_t at = now + static_cast<int64_t>(rng() % 50);  // few distinct times: ties
+      sim::Event event;
+      event.target = pushed;
+      queue.Push(At(Duration(at)), event);
+      reference.emplace_back(at, pushed++);
+      continue;
+    }
+    const auto least = std::min_element(reference.begin(), reference.end());
+    const sim::Event popped = queue.Pop();
+    ASSERT_EQ(popped.time_ns, std::get<0>(*least)) << "step " << step;
+    ASSERT_EQ(popped.target, std::get<1>(*least)) << "step " << step;
+    now = popped.time_ns;
+    reference.erase(least);
+  }
+  EXPECT_EQ(queue.size(), reference.size());
 }
 
 TEST(EventQueueDeathTest, AnEventBeforeTheLastPoppedOneAborts) {
