@@ -24,7 +24,6 @@ constexpr Duration kRandomRebootMax = Minutes(10);
 // How long a slow joiner waits when the fault gives no duration.
 constexpr Duration kDefaultSlowJoin = Minutes(1);
 
-int64_t Ns(Duration d) { return d.count(); }
 
 // Random worker failures, as they show up in large training runs.
 constexpr std::string_view kRandomFailures[] = {

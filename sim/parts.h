@@ -21,6 +21,9 @@ struct SimStats;
 
 /// The event queue and the virtual time of the event being processed: what every part
 /// schedules on and reads the time from. Only the Cluster's event loop moves the time.
+/// A virtual duration in the nanoseconds the queue and the node table count in.
+inline int64_t Ns(Duration d) { return d.count(); }
+
 struct Loop {
   EventQueue queue;
   int64_t now_ns = 0;

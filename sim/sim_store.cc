@@ -15,7 +15,6 @@ constexpr Duration kElectionMax = Seconds(2);
 // etcd's smallest lease: shorter requests are lengthened to it.
 constexpr Duration kMinTtl = Seconds(2);
 
-int64_t Ns(Duration d) { return d.count(); }
 
 }  // namespace
 

@@ -7,7 +7,7 @@
 // It reaches the rest of the simulator only through narrow handles (sim/parts.h): the loop,
 // the node table, the event log, the invariants, the store network and the Roles of the
 // agents that start it; test misbehaviour comes from TestHooks. The training model is in
-// workers.cc, the progress contract (beacons, faulthandler stacks) in worker_progress.cc.
+// training.cc, the progress contract (beacons, faulthandler stacks) in worker_progress.cc.
 // Internal to sim/; the launcher port reaches it through the Cluster.
 
 #include <cstdint>
