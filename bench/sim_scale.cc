@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--verbose") verbose = true;
+    // --beat-by-beat: run quiet stretches one heartbeat at a time (sim/quiet.cc), to compare.
+    if (arg == "--beat-by-beat") options.lazy_heartbeats = false;
     // --max-time=D: stop the run at D of virtual time (the cost of a run too long to finish).
     if (arg.rfind("--max-time=", 0) == 0) {
       const auto limit = ddprun::ParseDuration(arg.substr(11));
@@ -64,11 +66,12 @@ int main(int argc, char** argv) {
                        static_cast<double>(cpu.ru_utime.tv_usec + cpu.ru_stime.tv_usec) / 1e6;
   const auto& s = result.stats;
   fmt::print("nodes={} gpus={} exit={} virtual={} events={} (timers={} deliveries={} workers={} other={}) "
-             "messages={} per_node_messages={:.1f} peak_queue={} wall_s={:.3f} cpu_s={:.3f} events_per_s={:.0f} "
-             "max_rss_mib={:.0f}\n",
+             "quiet_stretches={} quiet_beats={} messages={} per_node_messages={:.1f} peak_queue={} wall_s={:.3f} "
+             "cpu_s={:.3f} events_per_s={:.0f} max_rss_mib={:.0f}\n",
              nodes, spec.WorldSize(), result.exit_code, ddprun::HumanDuration(ddprun::Duration(s.end_ns)), s.events,
              s.timer_events, s.delivery_events, s.worker_events,
-             s.events - s.timer_events - s.delivery_events - s.worker_events, result.stats.messages,
+             s.events - s.timer_events - s.delivery_events - s.worker_events, s.quiet_stretches, s.quiet_beats,
+             result.stats.messages,
              static_cast<double>(result.stats.messages) / nodes, result.stats.peak_queue, wall, cpu_s, events / cpu_s,
              static_cast<double>(usage.ru_maxrss) / 1024.0);
   if (result.violation) fmt::print("violation: {}\nreproduce with: {}\n", *result.violation, result.repro);

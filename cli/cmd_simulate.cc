@@ -212,6 +212,7 @@ int SimulateCommand(const SimulateOptions& options) {
   sim::SimOptions sim_options;
   sim_options.seed = options.seed.value_or(spec.simulate.seed);
   sim_options.quiet = options.quiet;
+  sim_options.lazy_heartbeats = !options.beat_by_beat;
   sim_options.job_path = options.job_path;
   for (const sim::JobOverride& change : sets) sim_options.overrides.push_back(sim::FormatJobOverride(change));
   sim_options.record_timeline = !options.trace_path.empty() || !options.report_path.empty();

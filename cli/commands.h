@@ -52,6 +52,7 @@ struct SimulateOptions {
   std::optional<int> seeds;              // --seeds N with --sweep
   std::string chart_path;                // --chart FILE (.svg or .html) with --sweep
   bool quiet = false;                    // summary only, no per-event lines
+  bool beat_by_beat = false;             // --beat-by-beat: run quiet stretches one heartbeat at a time
   std::string replay_dir;                // --replay LOGDIR: predicted versus actual
   std::optional<int> run;                // --run N with --replay: the Nth run found, oldest first
 };

@@ -199,6 +199,9 @@ int Main(int argc, char** argv) {
   CLI::Option* swarm_opt = sim_cmd->add_option("--swarm", sim_swarm, "Run N seeds and summarise")
                                ->check(CLI::PositiveNumber);
   sim_cmd->add_flag("-q,--quiet", sim.quiet, "Print the summary only");
+  sim_cmd->add_flag("--beat-by-beat", sim.beat_by_beat,
+                    "Run every heartbeat of quiet stretches as events instead of computing them (the "
+                    "same run, slower; docs/simulator.md)");
   sim_cmd->add_option("--set", sim.sets, "Change a key of the job file: key=value (key= removes it); repeatable");
   sim_cmd->add_flag("--vary-shape", sim.vary_shape,
                         "With --swarm: each seed also draws its own job shape (nodes, processes, timeouts, "

@@ -102,6 +102,10 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   static bool DrivesHost(EventKind kind);
   void Dispatch(const Event& event);
   bool DeferIfHung(uint32_t node, const Event& event);
+  /// Heartbeats of a quiet stretch computed instead of run (sim/quiet.cc): true when one was
+  /// skipped, up to next_quiet_try_ns_.
+  bool SkipQuietStretch();
+  int64_t next_quiet_try_ns_ = 0;
 
   SimResult Finish(RunEnd& end);
 

@@ -58,6 +58,11 @@ class EventQueue {
   /// Takes the closure of a kCall event out of the side table.
   std::function<void()> TakeCall(uint64_t slot);
   size_t size() const { return heap_.size(); }
+  /// Calls `visit` with every queued event, in no particular order.
+  template <typename Visit>
+  void ForEach(Visit visit) const {
+    for (const Event& event : heap_) visit(event);
+  }
 
  private:
   std::vector<Event> heap_;

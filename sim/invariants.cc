@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "base/assert.h"
 #include "schema/duration.h"
 
 namespace ddprun::sim {
@@ -90,6 +91,12 @@ void Invariants::HeardFromCoordinator(uint32_t node, int64_t now_ns) {
   Node& n = nodes_[node];
   if (now_ns - n.last_heard_ns > bounds_.cut_off.count()) n.reheard_ns = now_ns;
   n.last_heard_ns = now_ns;
+}
+
+void Invariants::HeardThroughout(uint32_t node, int64_t first_ns, int64_t last_ns, int64_t longest_gap_ns) {
+  DDPRUN_ASSERT(!CutsOff(longest_gap_ns));
+  HeardFromCoordinator(node, first_ns);
+  nodes_[node].last_heard_ns = last_ns;
 }
 
 void Invariants::CoordinatorRestarts(int used) { restarts_ = used; }

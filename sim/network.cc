@@ -19,9 +19,9 @@ Network::Network(Handles handles, const JobSpec& spec, const NetworkOptions& opt
   conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
-int64_t Network::Latency() {
-  int64_t latency = rng_.Between(options_.latency_min, options_.latency_max).count();
-  if (rng_.Chance(options_.loss)) latency += options_.retransmit.count();
+int64_t Network::LatencyFrom(Prng& rng) const {
+  int64_t latency = rng.Between(options_.latency_min, options_.latency_max).count();
+  if (rng.Chance(options_.loss)) latency += options_.retransmit.count();
   return latency;
 }
 
@@ -252,6 +252,107 @@ void Network::Pump(uint64_t c, int toward) {
     if (nodes_[to.node].hung_until_ns > loop_.now_ns) {
       if (!conns_[c].toward[toward].Empty()) SchedulePump(c, toward, nodes_[to.node].hung_until_ns);
       return;
+    }
+  }
+}
+
+std::optional<std::pair<uint64_t, int>> Network::SendsOn(core::ConnId id) const {
+  const auto [c, side] = Lookup(id);
+  if (c == UINT64_MAX || !conns_[c].side[side].open) return std::nullopt;
+  return std::make_pair(c, 1 - side);
+}
+
+bool Network::OnlyInFlight(const std::vector<uint8_t>& frame) const {
+  if (!cuts_.empty() || active_partitions_ > 0) return false;
+  for (const Connection& conn : conns_) {
+    for (const Direction& dir : conn.toward) {
+      if (dir.blocked) return false;
+      for (size_t i = dir.head; i < dir.queue.size(); ++i) {
+        if (dir.queue[i].kind != PacketKind::kData || dir.queue[i].bytes != frame) return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool Network::PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns,
+                        int64_t silence_ns, BeatPlan& plan) {
+  // A direction with packets that no sender writes to would deliver (or answer) on its own in
+  // the stretch: not quiet.
+  size_t busy = 0;
+  for (const Connection& conn : conns_) busy += static_cast<size_t>(!conn.toward[0].Empty()) + !conn.toward[1].Empty();
+  for (const BeatDirection& d : plan.directions) busy -= !conns_[d.conn].toward[d.toward].Empty();
+  if (busy != 0) return false;
+  bool ok = true;
+  const auto deliver = [&](BeatDirection& d, int64_t ready) {
+    if (ready >= until_ns) {
+      d.in_flight.push_back(ready);
+      return;
+    }
+    // The receiver declares the link lost silence_ns after its last word: that must not come first.
+    if (ready - d.heard_ns >= silence_ns) ok = false;
+    if (d.delivered) {
+      d.longest_gap_ns = std::max(d.longest_gap_ns, ready - d.heard_ns);
+    } else {
+      d.first_delivery_ns = ready;
+    }
+    d.heard_ns = ready;
+    d.delivered = true;
+  };
+  // What is in flight already arrives first (TCP keeps the order).
+  for (BeatDirection& d : plan.directions) {
+    const Direction& dir = conns_[d.conn].toward[d.toward];
+    d.last_ready_ns = dir.last_ready_ns;
+    for (size_t i = dir.head; i < dir.queue.size(); ++i) deliver(d, dir.queue[i].ready_ns);
+  }
+  // Every sender beats once per period, in the order of its first beat: the event loop's order.
+  Prng rng = rng_;
+  plan.sends_by_node.assign(nodes_.size(), 0);
+  plan.last_send_ns.assign(nodes_.size(), -1);
+  for (int64_t k = 0; ok; ++k) {
+    bool sent = false;
+    for (const BeatSender& sender : senders) {
+      const int64_t at = sender.first_ns + k * period_ns;
+      if (at >= until_ns) break;
+      sent = true;
+      for (uint32_t index : sender.directions) {
+        BeatDirection& d = plan.directions[index];
+        const int64_t ready = std::max(at + LatencyFrom(rng), d.last_ready_ns);
+        d.last_ready_ns = ready;
+        deliver(d, ready);
+      }
+      plan.sends += sender.directions.size();
+      if (sender.coordinator) plan.coordinator_sends += sender.directions.size();
+      plan.sends_by_node[sender.node] += sender.directions.size();
+      plan.last_send_ns[sender.node] = std::max(plan.last_send_ns[sender.node], at);
+    }
+    if (!sent) break;
+  }
+  // Nor may a receiver's loss deadline fall inside the stretch after its last word in it.
+  for (const BeatDirection& d : plan.directions) {
+    if (d.heard_ns + silence_ns <= until_ns) ok = false;
+  }
+  if (ok) planned_rng_ = rng;
+  return ok;
+}
+
+void Network::CommitBeats(const BeatPlan& plan, const std::vector<uint8_t>& frame) {
+  rng_ = planned_rng_;
+  for (const BeatDirection& d : plan.directions) {
+    Direction& dir = conns_[d.conn].toward[d.toward];
+    dir.queue.clear();
+    dir.head = 0;
+    for (int64_t ready : d.in_flight) dir.queue.push_back(Packet{ready, PacketKind::kData, frame});
+    dir.last_ready_ns = d.last_ready_ns;
+    if (!dir.Empty() && !dir.pump_scheduled) SchedulePump(d.conn, d.toward, dir.Front().ready_ns);
+  }
+  stats_.messages += plan.sends;
+  stats_.bytes += plan.sends * frame.size();
+  stats_.coordinator_messages += plan.coordinator_sends;
+  for (uint32_t index = 0; index < plan.sends_by_node.size(); ++index) {
+    const Node& n = nodes_[index];
+    if (plan.sends_by_node[index] > 0 && !n.extra && n.rank < spec_.cluster.nnodes) {
+      stats_.messages_by_node[static_cast<size_t>(n.rank)] += plan.sends_by_node[index];
     }
   }
 }

@@ -86,6 +86,51 @@ class Network final : public StoreNetwork {
   /// Client connections the relays carried so far (ended ones included).
   uint64_t relayed_connections() const { return relayed_total_; }
 
+  // ---- quiet stretches (sim/quiet.cc) ----
+  /// One node's heartbeats in a quiet stretch: the first at `first_ns`, then one every period,
+  /// each written to `directions` (indices into BeatPlan::directions) in that order: one for an
+  /// agent, one per joined agent for the coordinator.
+  struct BeatSender {
+    int64_t first_ns = 0;
+    uint64_t tie = 0;  // among senders that beat at the same instant, the event loop's order
+    uint32_t node = 0;
+    bool coordinator = false;
+    std::vector<uint32_t> directions;
+  };
+  /// What a direction (connection, toward) carried in the stretch; `heard_ns` starts as its
+  /// receiver's last word.
+  struct BeatDirection {
+    uint64_t conn = 0;
+    int toward = 0;
+    int64_t heard_ns = 0;          // the last delivery before the stretch's end
+    bool delivered = false;        // at least one in the stretch
+    int64_t last_ready_ns = 0;
+    std::vector<int64_t> in_flight;  // deliveries at or after the end, in order
+    int64_t first_delivery_ns = -1;  // the first in the stretch
+    int64_t longest_gap_ns = 0;      // between two deliveries in the stretch
+  };
+  struct BeatPlan {
+    std::vector<BeatDirection> directions;
+    uint64_t sends = 0;
+    uint64_t coordinator_sends = 0;
+    std::vector<uint64_t> sends_by_node;  // indexed by node
+    std::vector<int64_t> last_send_ns;    // indexed by node; -1 none
+  };
+  /// (connection, toward) of the side `id` sends on; nullopt when it is not open.
+  std::optional<std::pair<uint64_t, int>> SendsOn(core::ConnId id) const;
+  /// Nothing is in flight but `frame` (a heartbeat), no path is cut and none is held.
+  bool OnlyInFlight(const std::vector<uint8_t>& frame) const;
+  /// Plays the heartbeats of `senders` (sorted by first_ns, each within one period of the
+  /// first) sent before `until_ns` on a copy of the latency stream, after the packets already
+  /// in flight, in the order the event loop would send them. False when some receiver would go
+  /// silent for `silence_ns` or more (then nothing changed); otherwise `plan` says what each
+  /// direction delivered and what is still in flight, ready for CommitBeats.
+  bool PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns, int64_t silence_ns,
+                 BeatPlan& plan);
+  /// Makes the plan happen: the latency stream moves on as if each heartbeat had been sent,
+  /// the packets still in flight wait in their directions, and the stats count them.
+  void CommitBeats(const BeatPlan& plan, const std::vector<uint8_t>& frame);
+
   // ---- faults ----
   /// Cuts (or, with `heal`, restores) the paths between `node` and each of `peers`.
   void Partition(int node, const std::vector<int>& peers, bool heal);
@@ -133,7 +178,8 @@ class Network final : public StoreNetwork {
     std::string error_detail;
   };
 
-  int64_t Latency();
+  int64_t Latency() { return LatencyFrom(rng_); }
+  int64_t LatencyFrom(Prng& rng) const;
   bool Cut(uint32_t a, uint32_t b) const;
   void Enqueue(uint64_t conn, int toward, PacketKind kind, std::vector<uint8_t> bytes);
   void SchedulePump(uint64_t conn, int toward, int64_t at_ns);
@@ -150,6 +196,7 @@ class Network final : public StoreNetwork {
   const JobSpec& spec_;
   NetworkOptions options_;
   Prng rng_;
+  Prng planned_rng_{0};  // the latency stream after a BeatPlan, for CommitBeats
   int job_nodes_ = 0;
   std::map<std::pair<std::string, uint16_t>, uint32_t> listeners_;
   std::vector<Connection> conns_;

@@ -91,6 +91,8 @@ class SimJournal final : public host::Journal {
   void Record(bool rounds_may_run) override;
   std::vector<core::QuarantinedHost> Quarantined() override;
   void RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) override;
+  /// A quiet stretch's last beat renewed the record at `at_ns`, earlier than now (sim/quiet.cc).
+  void RecordedAt(int64_t at_ns) { may_run_since_ns_ = at_ns; }
 
  private:
   const Cluster* cluster_;

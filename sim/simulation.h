@@ -32,6 +32,8 @@ struct SimOptions {
   uint64_t seed = 1;
   NetworkOptions network;
   bool quiet = false;             // no per-event lines, only the summary
+  /// Quiet stretches are computed, not run beat by beat (sim/quiet.cc); off: --beat-by-beat.
+  bool lazy_heartbeats = true;
   bool record_timeline = false;   // keep per-node phases (needed for --trace and --report)
   int condense_above = 64;        // more nodes than this: only node 0's and faulted nodes' lines
   /// For the repro line: the job file as the user named it, and the command-line faults and
@@ -110,6 +112,10 @@ struct SimStats {
   int worker_hangs = 0;                  // workers that hung (faults and simulate.worker_hang_mtbf)
   int hangs_judged = 0;                  // rounds node 0's coordinator stopped because ranks hung
   uint64_t peak_queue = 0;
+  /// Quiet stretches computed instead of run beat by beat (sim/quiet.cc), and the heartbeats
+  /// in them.
+  uint64_t quiet_stretches = 0;
+  uint64_t quiet_beats = 0;
 };
 
 struct SimResult {

@@ -132,6 +132,32 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
   MaybeReconnect(now, out);
 }
 
+std::optional<QuietState> Agent::Quiet() const {
+  if (Exited() || !IsJoined() || stop_ || leaving_ || interrupt_deadline_ || stacks_due_ || !last_input_) {
+    return std::nullopt;
+  }
+  QuietState quiet{next_heartbeat_, std::nullopt, link_heard_};
+  for (int k = 0; k < static_cast<int>(Deadline::kCount); ++k) {
+    const auto deadline = static_cast<Deadline>(k);
+    if (deadline == Deadline::kHeartbeat || deadline == Deadline::kLoss) continue;
+    const auto at = DeadlineOf(deadline);
+    if (at && (!quiet.other_deadline || *at < *quiet.other_deadline)) quiet.other_deadline = at;
+  }
+  return quiet;
+}
+
+void Agent::SkipQuiet(TimePoint next_beat, std::optional<TimePoint> heard, TimePoint last_input,
+                      std::vector<AgentEffect>& out) {
+  DDPRUN_ASSERT(Quiet().has_value() && next_beat >= next_heartbeat_ && last_input >= *last_input_);
+  next_heartbeat_ = next_beat;
+  if (heard) {
+    link_heard_ = *heard;
+    Heard(*heard, out);
+  }
+  last_input_ = last_input;
+  next_deadline_ = EarliestDeadline();
+}
+
 void Agent::Heard(TimePoint now, std::vector<AgentEffect>& out) {
   last_heard_ = now;
   // The workers' lease, renewed first: what runs when this agent does not (its guardian) must

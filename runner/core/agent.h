@@ -61,6 +61,16 @@ class Agent {
   /// When Handle(now, Tick{}) must be called next; nullopt once exited.
   std::optional<TimePoint> NextDeadline() const { return next_deadline_; }
 
+  /// Joined, with nothing under way but heartbeats (no stop, no leaving, no interrupt, no stacks
+  /// being read): its beat and other deadlines; nullopt otherwise.
+  std::optional<QuietState> Quiet() const;
+  /// A quiet stretch passed without running it (sim/quiet.cc): the agent sent a heartbeat at each
+  /// beat before `next_beat`, last heard the coordinator's at `heard` (nullopt: not at all) and
+  /// last ran at `last_input`. Sets exactly what those inputs would have set, and renews the
+  /// workers' lease as the last word did.
+  void SkipQuiet(TimePoint next_beat, std::optional<TimePoint> heard, TimePoint last_input,
+                 std::vector<AgentEffect>& out);
+
   /// Derived from the link and the round: kRunning while this node's round is open.
   Phase phase() const;
   int round() const { return round_; }

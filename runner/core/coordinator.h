@@ -68,6 +68,23 @@ class Coordinator {
   /// When Handle(now, Tick{}) must be called next; nullopt when done.
   std::optional<TimePoint> NextDeadline() const;
 
+  /// Running a round with every connection a joined agent's and nothing under way but
+  /// heartbeats: its beat, its other deadlines (the silence check aside), and the connections
+  /// its heartbeat goes to, in the order it sends them; nullopt otherwise. For the simulator's
+  /// quiet stretches (sim/quiet.cc), as Agent::Quiet.
+  struct Quiet {
+    QuietState state;
+    std::vector<ConnId> broadcast;
+    std::vector<TimePoint> heard;  // when each of `broadcast` was last heard from
+  };
+  std::optional<Quiet> QuietNow() const;
+  /// A quiet stretch passed without running it: the coordinator broadcast a heartbeat at each
+  /// beat before `next_beat` (`beat`: at least one), heard each connection of `heard` last at its
+  /// time (in time order) and last ran at `last_input`. Sets exactly what those inputs would
+  /// have set, and renews the record as the last beat did.
+  void SkipQuiet(TimePoint next_beat, bool beat, const std::vector<std::pair<TimePoint, ConnId>>& heard,
+                 TimePoint last_input, std::vector<CoordinatorEffect>& out);
+
   Phase phase() const { return static_cast<Phase>(state_.index()); }
   int round() const { return round_; }
   int restarts_used() const { return restarts_used_; }

@@ -58,6 +58,16 @@ struct StorePortReady {
 };
 /// Nothing happened but time passed (a deadline).
 struct Tick {};
+
+/// A core with nothing under way but heartbeats (the simulator's quiet stretches, sim/quiet.cc
+/// and docs/performance.md): when it beats next, and its earliest deadline that is neither a
+/// heartbeat nor the loss of a silent peer. Between now and that deadline the heartbeats are
+/// all that happens to it, so the simulator may compute them instead of running each one.
+struct QuietState {
+  TimePoint next_beat;
+  std::optional<TimePoint> other_deadline;
+  TimePoint heard;  // an agent's last word from the coordinator: its loss deadline counts from it
+};
 /// The host's answer to CommitRound: the job's store holds the round, and this coordinator
 /// still held the coordinator role when it was written.
 struct RoundCommitted {

@@ -14,6 +14,11 @@ Links::Conn* Links::Find(ConnId id) {
   return it == conns_.end() ? nullptr : &it->second;
 }
 
+const Links::Conn* Links::Find(ConnId id) const {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : &it->second;
+}
+
 void Links::Heard(ConnId id, TimePoint now) {
   Conn* conn = Find(id);
   if (!conn || conn->last_heard == now) return;  // its entry for `now` is already there

@@ -28,6 +28,8 @@ class Links {
   void Accept(ConnId id, std::string peer_addr, TimePoint now);
   /// nullptr when `id` is not (or no longer) open.
   Conn* Find(ConnId id);
+  const Conn* Find(ConnId id) const;
+  size_t size() const { return conns_.size(); }
   void Erase(ConnId id) { conns_.erase(id); }
   /// A word from `id` at `now`.
   void Heard(ConnId id, TimePoint now);

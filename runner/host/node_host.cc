@@ -434,6 +434,43 @@ NodeMetrics NodeHost::Metrics() const {
   return metrics;
 }
 
+std::optional<NodeHost::Quiet> NodeHost::QuietNow() const {
+  if (finished_ || election_ || agent_exit_ || !master_conn_ || !probe_conns_.empty()) return std::nullopt;
+  const auto agent = agent_.Quiet();
+  if (!agent) return std::nullopt;
+  Quiet quiet{*agent, *master_conn_, std::nullopt};
+  if (coordinator_) {
+    quiet.coordinator = coordinator_->QuietNow();
+    if (!quiet.coordinator) return std::nullopt;
+  }
+  return quiet;
+}
+
+bool NodeHost::SkipQuiet(const AgentSkip& agent, const std::optional<CoordinatorSkip>& coordinator) {
+  DDPRUN_ASSERT(coordinator.has_value() == (coordinator_ != nullptr));
+  const TimePoint now = ports_.clock->Now();
+  std::vector<core::AgentEffect>& effects = agent_effects_;
+  agent_.SkipQuiet(agent.next_beat, agent.heard, agent.last_input, effects);
+  for (const core::AgentEffect& effect : effects) {
+    if (const auto* lease = std::get_if<core::RenewLease>(&effect)) ports_.launcher->RenewLease(lease->kill_at);
+  }
+  effects.clear();
+  bool recorded = false;
+  if (coordinator) {
+    std::vector<core::CoordinatorEffect>& out = coordinator_effects_;
+    coordinator_->SkipQuiet(coordinator->next_beat, coordinator->beat, coordinator->heard, coordinator->last_input, out);
+    for (const core::CoordinatorEffect& effect : out) {
+      if (const auto* record = std::get_if<core::RecordWorkers>(&effect)) {
+        record_->RecordWorkers(now, record->rounds_may_run);
+        recorded = recorded || record->rounds_may_run;
+      }
+    }
+    out.clear();
+  }
+  Rearm();
+  return recorded;
+}
+
 void NodeHost::Rearm() {
   std::optional<TimePoint> next = agent_.NextDeadline();
   if (coordinator_) {

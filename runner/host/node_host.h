@@ -55,6 +55,33 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   /// This node's metrics now (on node 0 the job's too), for the driver's metrics endpoint.
   NodeMetrics Metrics() const;
 
+  // ---- The simulator's quiet stretches (sim/quiet.cc, docs/performance.md) ----
+  /// The agent's quiet state and, where the coordinator runs, the coordinator's; nullopt when
+  /// either has more under way than heartbeats, or the host itself waits on something (etcd,
+  /// probes, its exit).
+  struct Quiet {
+    core::QuietState agent;
+    ConnId master_conn = 0;
+    std::optional<core::Coordinator::Quiet> coordinator;
+  };
+  std::optional<Quiet> QuietNow() const;
+  /// What a skipped quiet stretch did to each core (Agent::SkipQuiet, Coordinator::SkipQuiet).
+  struct AgentSkip {
+    TimePoint next_beat;
+    std::optional<TimePoint> heard;
+    TimePoint last_input;
+  };
+  struct CoordinatorSkip {
+    TimePoint next_beat;
+    bool beat = false;
+    std::vector<std::pair<TimePoint, ConnId>> heard;  // in time order
+    TimePoint last_input;
+  };
+  /// Applies the stretch to the cores and executes what they renew (the workers' lease, the
+  /// record); re-arms the timer. True when the record was renewed that workers may run (as
+  /// of the coordinator's last beat in the stretch, which the caller's journal is told).
+  bool SkipQuiet(const AgentSkip& agent, const std::optional<CoordinatorSkip>& coordinator);
+
   // TransportEvents
   void OnAccepted(ConnId conn, std::string peer_addr) override;
   void OnConnected(ConnId conn) override;

@@ -1,0 +1,193 @@
+// Quiet stretches: heartbeats computed instead of run, as a method of Cluster (cluster.h).
+//
+// Between failures a job only beats: every agent sends a Heartbeat each timeouts.heartbeat, the
+// coordinator broadcasts one, and each delivery renews a lease. Run one by one that is three
+// events per node per beat, and 54 days of 2,048 nodes at a 2 s beat are 10^10 events. So when
+// every live node's cores say they have nothing under way but heartbeats (Agent::Quiet,
+// Coordinator::QuietNow), nothing but heartbeat frames is in flight, and the queue holds
+// nothing else before some time `until` (a fault, a worker's exit, the end of training, an
+// invariant's check, another deadline of a core), the stretch up to `until` is computed:
+//
+//   - every sender beats on its grid (its next beat, then one per period); in one period the
+//     senders go in the order of their first beat, which is the event loop's order, so the
+//     network draws each heartbeat's latency from its stream in the very order it would have
+//     (Network::PlanBeats), and TCP's order per direction is kept;
+//   - each core is handed what the beats would have left (Agent::SkipQuiet,
+//     Coordinator::SkipQuiet): its next beat, its last word from each peer, its last input;
+//   - what is still in flight at `until` waits in the network as it would have.
+//
+// The run is then the same run: the same latency draws, the same state in every core, the same
+// packets in flight; only the event and message counts of the summary differ in how they were
+// reached. The stretch is not taken when some receiver would have declared its peer lost inside
+// it, when two senders beat at the same instant, or when it is shorter than a few beats; then
+// the beats run one by one as before. tests/sim/quiet_test.cc runs seeds both ways and compares
+// every line they print; `--beat-by-beat` turns this off.
+#include <algorithm>
+#include <unordered_map>
+
+#include "runner/core/wire.h"
+#include "sim/cluster.h"
+
+namespace ddprun::sim {
+namespace {
+
+// Shorter stretches are not worth their O(nodes) bookkeeping.
+constexpr int64_t kMinBeats = 4;
+
+}  // namespace
+
+bool Cluster::SkipQuietStretch() {
+  if (etcd_ || !options_.lazy_heartbeats) return false;
+  const int64_t now = loop_.now_ns;
+  const int64_t period = Ns(spec_.timeouts.heartbeat);
+  int64_t until = limit_ns_ + 1;
+
+  // Every live node is quiet, and so is the coordinator on its host.
+  struct QuietNode {
+    uint32_t index = 0;
+    host::NodeHost::Quiet quiet;
+  };
+  std::vector<QuietNode> quiet;
+  std::optional<size_t> coordinator;
+  for (uint32_t index = 0; index < nodes_.size(); ++index) {
+    const Node& n = nodes_[index];
+    if (!n.up || !n.host || n.finished) continue;
+    if (n.Hung(now)) return false;
+    auto state = n.host->QuietNow();
+    if (!state) return false;
+    if (state->agent.other_deadline) until = std::min(until, Ns(state->agent.other_deadline->time_since_epoch()));
+    if (state->coordinator) {
+      coordinator = quiet.size();
+      const auto& other = state->coordinator->state.other_deadline;
+      if (other) until = std::min(until, Ns(other->time_since_epoch()));
+    }
+    quiet.push_back(QuietNode{index, std::move(*state)});
+  }
+  if (!coordinator) return false;
+  // Nothing else is queued before `until`: timers are the quiet nodes' (their deadlines are
+  // accounted for above) and deliveries are checked packet by packet below.
+  // Senders that beat at the same instant (agents that connected together) go in the order of
+  // their timers' entries, which each beat keeps: the queue says it.
+  std::vector<std::optional<std::pair<int64_t, uint64_t>>> timer_entry(nodes_.size());
+  loop_.queue.ForEach([&](const Event& event) {
+    if (event.kind == EventKind::kTimer) {
+      if (event.generation == nodes_[event.node].timer_gen) timer_entry[event.node] = {{event.time_ns, event.seq}};
+    } else if (event.kind != EventKind::kPump) {
+      until = std::min(until, event.time_ns);
+    }
+  });
+  if (until - now < kMinBeats * period) return false;
+  const std::vector<uint8_t> frame = wire::Encode(wire::Heartbeat{});
+  if (!network_.OnlyInFlight(frame)) return false;
+
+  // The senders and the directions they write to: agent q sends on direction 2q and hears on
+  // 2q + 1; every joined agent is a quiet node.
+  const host::NodeHost::Quiet& leader = quiet[*coordinator].quiet;
+  const core::Coordinator::Quiet& boss = *leader.coordinator;
+  if (boss.broadcast.size() != quiet.size()) return false;
+  Network::BeatPlan plan;
+  plan.directions.resize(2 * quiet.size());
+  std::vector<Network::BeatSender> senders;
+  senders.reserve(quiet.size() + 1);
+  std::unordered_map<uint64_t, uint32_t> agent_of_connection;
+  agent_of_connection.reserve(quiet.size());
+  for (uint32_t q = 0; q < quiet.size(); ++q) {
+    const auto sends = network_.SendsOn(quiet[q].quiet.master_conn);
+    if (!sends) return false;
+    agent_of_connection[sends->first] = q;
+    plan.directions[2 * q].conn = sends->first;
+    plan.directions[2 * q].toward = sends->second;
+    plan.directions[2 * q + 1].conn = sends->first;
+    plan.directions[2 * q + 1].toward = 1 - sends->second;
+    plan.directions[2 * q + 1].heard_ns = Ns(quiet[q].quiet.agent.heard.time_since_epoch());
+    const int64_t first = Ns(quiet[q].quiet.agent.next_beat.time_since_epoch());
+    const auto& entry = timer_entry[quiet[q].index];
+    if (q != *coordinator && (!entry || entry->first != first)) return false;  // a timer not on its beat
+    senders.push_back(Network::BeatSender{first, entry ? entry->second : 0, quiet[q].index, false, {2 * q}});
+  }
+  Network::BeatSender broadcast{Ns(boss.state.next_beat.time_since_epoch()), 0, quiet[*coordinator].index, true, {}};
+  broadcast.directions.reserve(boss.broadcast.size());
+  std::vector<uint32_t> agent_of_broadcast(boss.broadcast.size());
+  for (size_t b = 0; b < boss.broadcast.size(); ++b) {
+    const auto sends = network_.SendsOn(boss.broadcast[b]);
+    if (!sends) return false;
+    const auto agent = agent_of_connection.find(sends->first);
+    if (agent == agent_of_connection.end()) return false;  // a connection of no quiet agent
+    const uint32_t q = agent->second;
+    if (plan.directions[2 * q + 1].toward != sends->second) return false;
+    agent_of_broadcast[b] = q;
+    broadcast.directions.push_back(2 * q + 1);
+    plan.directions[2 * q].heard_ns = Ns(boss.heard[b].time_since_epoch());
+  }
+  senders.push_back(std::move(broadcast));
+  std::sort(senders.begin(), senders.end(), [](const Network::BeatSender& a, const Network::BeatSender& b) {
+    return a.first_ns != b.first_ns ? a.first_ns < b.first_ns : a.tie < b.tie;
+  });
+  // The loop's order is the order of first beats only when they lie within one period; the
+  // coordinator's host beats for two cores on one timer, whose entries move between beats, so
+  // it must not coincide with anyone.
+  if (senders.front().first_ns < now || senders.back().first_ns - senders.front().first_ns >= period) return false;
+  const uint32_t host_of_coordinator = quiet[*coordinator].index;
+  for (size_t s = 1; s < senders.size(); ++s) {
+    const bool involves_host = senders[s].node == host_of_coordinator || senders[s - 1].node == host_of_coordinator;
+    if (senders[s].first_ns == senders[s - 1].first_ns && involves_host) return false;
+  }
+  const int64_t silence = Ns(spec_.timeouts.LossBound()) + 1;
+  if (!network_.PlanBeats(senders, period, until, silence, plan)) return false;
+  for (size_t q = 0; q < quiet.size(); ++q) {
+    const Network::BeatDirection& down = plan.directions[2 * q + 1];
+    if (down.delivered && invariants_.CutsOff(down.longest_gap_ns)) return false;
+  }
+
+  // It happened: the network, then each core, as the beats would have left them.
+  network_.CommitBeats(plan, frame);
+  const auto beats_before = [&](int64_t first) { return first >= until ? 0 : (until - 1 - first) / period + 1; };
+  const auto last_beat = [&](int64_t first) { return first + (beats_before(first) - 1) * period; };
+  const auto at = [](int64_t ns) { return TimePoint(Duration(ns)); };
+  const int64_t boss_first = Ns(boss.state.next_beat.time_since_epoch());
+  const uint32_t boss_node = quiet[*coordinator].index;
+  host::NodeHost::CoordinatorSkip boss_skip;
+  boss_skip.next_beat = at(boss_first + beats_before(boss_first) * period);
+  boss_skip.beat = beats_before(boss_first) > 0;
+  int64_t boss_input = last_beat(boss_first);  // and below: the agent's beats and what it heard
+  uint64_t beats = static_cast<uint64_t>(beats_before(boss_first));
+  std::vector<host::NodeHost::AgentSkip> agent_skips(quiet.size());
+  for (size_t q = 0; q < quiet.size(); ++q) {
+    const int64_t first = Ns(quiet[q].quiet.agent.next_beat.time_since_epoch());
+    const Network::BeatDirection& up = plan.directions[2 * q];
+    const Network::BeatDirection& down = plan.directions[2 * q + 1];
+    beats += static_cast<uint64_t>(beats_before(first));
+    int64_t input = last_beat(first);
+    if (down.delivered) input = std::max(input, down.heard_ns);
+    if (quiet[q].index == boss_node) {
+      // One timer serves both cores of the coordinator's host: each beat is an input of both.
+      input = std::max(input, last_beat(boss_first));
+      boss_input = std::max(boss_input, last_beat(first));
+    }
+    agent_skips[q] = {at(first + beats_before(first) * period),
+                      down.delivered ? std::optional<TimePoint>(at(down.heard_ns)) : std::nullopt, at(input)};
+    if (up.delivered) boss_input = std::max(boss_input, up.heard_ns);
+    if (down.delivered) {
+      invariants_.HeardThroughout(quiet[q].index, down.first_delivery_ns, down.heard_ns, down.longest_gap_ns);
+    }
+  }
+  // The coordinator's ids of the connections it heard, in time order.
+  for (size_t b = 0; b < boss.broadcast.size(); ++b) {
+    const Network::BeatDirection& up = plan.directions[2 * agent_of_broadcast[b]];
+    if (up.delivered) boss_skip.heard.emplace_back(at(up.heard_ns), boss.broadcast[b]);
+  }
+  std::sort(boss_skip.heard.begin(), boss_skip.heard.end());
+  boss_skip.last_input = at(boss_input);
+  for (size_t q = 0; q < quiet.size(); ++q) {
+    Node& n = nodes_[quiet[q].index];
+    const bool recorded = n.host->SkipQuiet(agent_skips[q], q == *coordinator ? std::optional(boss_skip) : std::nullopt);
+    // The journal counts from the coordinator's last beat, when the record was renewed.
+    if (recorded) n.journal.RecordedAt(last_beat(boss_first));
+  }
+  stats_.quiet_beats += beats;
+  ++stats_.quiet_stretches;
+  next_quiet_try_ns_ = until;
+  return true;
+}
+
+}  // namespace ddprun::sim
