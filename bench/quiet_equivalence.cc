@@ -3,7 +3,8 @@
 // compares everything each run prints (the event lines and the summary, but the count of
 // events run), its exit code, end time and messages. Prints each seed that differs, then one
 // line: seeds, differing seeds, stretches and beats computed, events run both ways.
-// Usage: ddprun_quiet_equivalence JOB.toml FIRST_SEED COUNT
+// With --vary-shape each seed first gives the job its shape, as the shape swarm does.
+// Usage: ddprun_quiet_equivalence JOB.toml FIRST_SEED COUNT [--vary-shape]
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -13,6 +14,7 @@
 
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
+#include "sim/job_overrides.h"
 #include "sim/simulation.h"
 #include "sim/swarm.h"
 
@@ -33,7 +35,7 @@ std::string Printed(const std::string& output) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fputs("usage: ddprun_quiet_equivalence JOB.toml FIRST_SEED COUNT\n", stderr);
+    std::fputs("usage: ddprun_quiet_equivalence JOB.toml FIRST_SEED COUNT [--vary-shape]\n", stderr);
     return 2;
   }
   ddprun::LoadResult loaded = ddprun::LoadJobFile(argv[1]);
@@ -43,6 +45,7 @@ int main(int argc, char** argv) {
   }
   const uint64_t first = std::strtoull(argv[2], nullptr, 10);
   const uint64_t count = std::strtoull(argv[3], nullptr, 10);
+  const bool vary_shape = argc > 4 && std::string(argv[4]) == "--vary-shape";
   uint64_t differing = 0;
   uint64_t stretches = 0;
   uint64_t beats = 0;
@@ -50,6 +53,12 @@ int main(int argc, char** argv) {
   uint64_t events_beat = 0;
   for (uint64_t seed = first; seed < first + count; ++seed) {
     ddprun::JobSpec spec = *loaded.spec;
+    if (vary_shape) {
+      ddprun::LoadResult shaped = ddprun::ParseJobText(
+          ddprun::sim::ApplyJobOverrides(loaded.source_text, ddprun::sim::DrawSwarmShape(seed)), argv[1]);
+      if (!shaped.spec) continue;  // the shape swarm reports those
+      spec = *shaped.spec;
+    }
     for (const ddprun::FaultSpec& fault : ddprun::sim::DrawSwarmFaults(spec, seed)) spec.simulate.faults.push_back(fault);
     ddprun::sim::SimResult results[2];
     std::string outputs[2];

@@ -452,6 +452,9 @@ SimResult Cluster::Run() {
     stats_.peak_queue = std::max<uint64_t>(stats_.peak_queue, loop_.queue.size());
     if (unfinished_ == 0) break;
   }
+  // A computed stretch that reached the run's limit stood for events up to its last beat: the
+  // run ends there, as it would have beat by beat.
+  loop_.now_ns = std::max(loop_.now_ns, quiet_end_ns_);
   RunEnd end;
   end.deadlock = deadlock;
   end.liveness_limit = liveness_limit_;

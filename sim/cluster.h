@@ -106,6 +106,7 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   /// skipped, up to next_quiet_try_ns_.
   bool SkipQuietStretch();
   int64_t next_quiet_try_ns_ = 0;
+  int64_t quiet_end_ns_ = 0;  // the last beat or delivery a computed stretch stood for
 
   SimResult Finish(RunEnd& end);
 

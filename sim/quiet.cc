@@ -67,12 +67,15 @@ bool Cluster::SkipQuietStretch() {
   // Nothing else is queued before `until`: timers are the quiet nodes' (their deadlines are
   // accounted for above) and deliveries are checked packet by packet below.
   // Senders that beat at the same instant (agents that connected together) go in the order of
-  // their timers' entries, which each beat keeps: the queue says it.
+  // their timers' entries, which each beat keeps: the queue says it. An invariant's check
+  // (kCheck) changes nothing and cannot fail inside the stretch (every lease is renewed in it,
+  // PlanBeats sees to that), so it runs afterwards as it is, and reschedules itself from the
+  // leases as they stand then.
   std::vector<std::optional<std::pair<int64_t, uint64_t>>> timer_entry(nodes_.size());
   loop_.queue.ForEach([&](const Event& event) {
     if (event.kind == EventKind::kTimer) {
       if (event.generation == nodes_[event.node].timer_gen) timer_entry[event.node] = {{event.time_ns, event.seq}};
-    } else if (event.kind != EventKind::kPump) {
+    } else if (event.kind != EventKind::kPump && event.kind != EventKind::kCheck) {
       until = std::min(until, event.time_ns);
     }
   });
@@ -183,6 +186,10 @@ bool Cluster::SkipQuietStretch() {
     const bool recorded = n.host->SkipQuiet(agent_skips[q], q == *coordinator ? std::optional(boss_skip) : std::nullopt);
     // The journal counts from the coordinator's last beat, when the record was renewed.
     if (recorded) n.journal.RecordedAt(last_beat(boss_first));
+  }
+  for (const Network::BeatSender& sender : senders) quiet_end_ns_ = std::max(quiet_end_ns_, last_beat(sender.first_ns));
+  for (const Network::BeatDirection& d : plan.directions) {
+    if (d.delivered) quiet_end_ns_ = std::max(quiet_end_ns_, d.heard_ns);
   }
   stats_.quiet_beats += beats;
   ++stats_.quiet_stretches;

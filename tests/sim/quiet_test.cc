@@ -112,6 +112,18 @@ TEST(QuietLossyTest, LinksThatGoSilentInsideAStretchRunAlike) {
   EXPECT_GT(lost, 0) << "the lossy network never cut a link: the test tests nothing";
 }
 
+// A run cut off by simulate.max_time in the middle of a computed stretch ends at the stretch's
+// last beat, as it would have beat by beat (the summary's wall time, the hang verdict's time).
+TEST(QuietLimitTest, ARunCutOffByMaxTimeInsideAStretchEndsAlike) {
+  JobSpec spec = LoadJob("examples/lightning-2x8.toml");
+  spec.simulate.max_time = std::chrono::minutes(7);
+  spec.simulate.faults.clear();
+  const Both both = RunBothWays(spec, 1);
+  ExpectAlike(both, 1);
+  EXPECT_GT(both.lazy.stats.quiet_beats, 0u);
+  EXPECT_THAT(both.lazy_output, ::testing::HasSubstr("when simulate.max_time = 7m was reached (at 7m00s)"));
+}
+
 // 256 agents connect in the same few instants, so many beat at the same nanosecond: the event
 // loop's order among them (their timers' queue order) is the order the computed path draws
 // their latencies in.
