@@ -18,21 +18,6 @@
 #include "sim/simulation.h"
 #include "sim/swarm.h"
 
-namespace {
-
-std::string Printed(const std::string& output) {
-  std::istringstream in(output);
-  std::string line;
-  std::string kept;
-  while (std::getline(in, line)) {
-    if (line.find("  virtual time:") == 0) line = line.substr(0, line.find(" ("));
-    kept += line + "\n";
-  }
-  return kept;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::fputs("usage: ddprun_quiet_equivalence JOB.toml FIRST_SEED COUNT [--vary-shape]\n", stderr);
@@ -68,7 +53,7 @@ int main(int argc, char** argv) {
       options.lazy_heartbeats = way == 0;
       std::ostringstream out;
       results[way] = ddprun::sim::RunSimulation(spec, options, &out);
-      outputs[way] = Printed(out.str());
+      outputs[way] = ddprun::sim::WithoutEventCount(out.str());
     }
     stretches += results[0].stats.quiet_stretches;
     beats += results[0].stats.quiet_beats;

@@ -1,6 +1,7 @@
 #include "sim/simulation.h"
 
 #include <map>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -46,6 +47,17 @@ std::string FormatFaultFlag(const FaultSpec& fault) {
   if (fault.reboot_after) keys.push_back("reboot_after=" + FormatDuration(*fault.reboot_after));
   if (!fault.peers.empty()) keys.push_back(fmt::format("peers={}", fmt::join(fault.peers, "+")));
   return fmt::format("{}@{}:{}", FaultKindName(fault.kind), FormatDuration(fault.at), fmt::join(keys, ","));
+}
+
+std::string WithoutEventCount(const std::string& output) {
+  std::istringstream in(output);
+  std::string line;
+  std::string kept;
+  while (std::getline(in, line)) {
+    if (line.rfind("  virtual time:", 0) == 0) line = line.substr(0, line.find(" ("));
+    kept += line + "\n";
+  }
+  return kept;
 }
 
 std::string ReproCommand(const SimOptions& options) {

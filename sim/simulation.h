@@ -141,6 +141,10 @@ SimResult RunSimulation(const JobSpec& spec, const SimOptions& options, std::ost
 /// training step, restarts, downtime, goodput, lost work.
 std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const SimResult& result);
 
+/// A run's printed lines without the summary's count of events run, which is all that differs
+/// between quiet stretches computed and run --beat-by-beat (sim/quiet.cc).
+std::string WithoutEventCount(const std::string& output);
+
 /// `kind@time:key=value,...`: the --fault spelling of `fault` (ParseFaultFlag reads it back).
 std::string FormatFaultFlag(const FaultSpec& fault);
 
