@@ -11,12 +11,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -380,6 +383,26 @@ TEST(HostileTest, AWorkerHoldsNoSocketOfItsAgent) {
   }
 }
 
+/// Whether /proc/net/tcp shows a socket with local port `port` in `state` (its hex code: 05
+/// is FIN_WAIT2) within `limit`.
+bool WaitForTcpState(uint16_t port, const std::string& state, std::chrono::milliseconds limit) {
+  char local[16];
+  std::snprintf(local, sizeof local, ":%04X", port);
+  const auto until = std::chrono::steady_clock::now() + limit;
+  do {
+    std::ifstream tcp("/proc/net/tcp");
+    std::string line;
+    while (std::getline(tcp, line)) {
+      std::istringstream fields(line);
+      std::string slot, local_address, remote_address, st;
+      fields >> slot >> local_address >> remote_address >> st;
+      if (local_address.size() > 5 && local_address.ends_with(local) && st == state) return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 // Issue 11.8: master_port is the local port of an outgoing connection (it is inside the
 // ephemeral range); the message says so and names the process, rather than "in use" alone;
 // and once no process holds that connection, it says that.
@@ -432,6 +455,9 @@ TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplainedWithOrWithout
   const int accepted = ::accept(server, nullptr, nullptr);
   ASSERT_GE(accepted, 0);
   ::close(client);
+  // The close sends a FIN; the socket is in FIN_WAIT1 until the server's kernel acknowledges
+  // it, which on a loaded machine can take longer than starting the agent does.
+  ASSERT_TRUE(WaitForTcpState(port, "05", 5s)) << "the client's socket reached FIN_WAIT2";
   AgentProcess again({job, "--node-rank", "0"}, dir.path() + "/again.out");
   EXPECT_EQ(again.Wait(20s), 3) << again.Output();
   EXPECT_THAT(again.Output(),
