@@ -133,7 +133,8 @@ class Invariants {
   /// `last_ns`, never silent for longer than `longest_gap_ns` in between.
   void HeardThroughout(uint32_t node, int64_t first_ns, int64_t last_ns, int64_t longest_gap_ns);
   /// Whether a gap of `gap_ns` between two words cuts an agent off (InvariantBounds::cut_off).
-  bool CutsOff(int64_t gap_ns) const { return gap_ns > bounds_.cut_off.count(); }
+  bool CutsOff(int64_t gap_ns) const { return gap_ns > longest_gap_ns(); }
+  int64_t longest_gap_ns() const { return bounds_.cut_off.count(); }
   /// The agent exited with `code`; `round` is the round it last took part in (if any).
   void AgentExited(uint32_t node, int code, std::optional<RoundKey> round);
   /// A store client (worker `pid` of `client`) reached the store of round `store` on `port`.

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "runner/core/wire.h"
 #include "sim/node.h"
 #include "sim/sim_log.h"
 
@@ -15,13 +16,29 @@ Network::Network(Handles handles, const JobSpec& spec, const NetworkOptions& opt
       log_(handles.log),
       stats_(handles.stats),
       invariants_(handles.invariants),
-      spec_(spec), options_(options), rng_(seed, 1), job_nodes_(spec.cluster.Agents()) {
+      spec_(spec), options_(options), rng_(seed, 1), beat_seed_(Prng(seed, 9).Next()),
+      beat_frame_(wire::Encode(wire::Heartbeat{})), job_nodes_(spec.cluster.Agents()) {
   conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
 int64_t Network::LatencyFrom(Prng& rng) const {
   int64_t latency = rng.Between(options_.latency_min, options_.latency_max).count();
   if (rng.Chance(options_.loss)) latency += options_.retransmit.count();
+  return latency;
+}
+
+int64_t Network::BeatLatency(uint64_t conn, int toward, int64_t k) const {
+  uint64_t state = beat_seed_ + 2 * conn + static_cast<uint64_t>(toward);
+  state = SplitMix64(state) ^ static_cast<uint64_t>(k);
+  const uint64_t spread = SplitMix64(state);
+  const uint64_t loss = SplitMix64(state);
+  int64_t latency = options_.latency_min.count();
+  if (options_.latency_max > options_.latency_min) {
+    latency += static_cast<int64_t>(spread % (static_cast<uint64_t>((options_.latency_max - options_.latency_min).count()) + 1));
+  }
+  if (options_.loss > 0 && static_cast<double>(loss >> 11) * 0x1.0p-53 < options_.loss) {
+    latency += options_.retransmit.count();
+  }
   return latency;
 }
 
@@ -185,7 +202,9 @@ uint16_t Network::ReserveStorePort() {
 
 void Network::Enqueue(uint64_t c, int toward, PacketKind kind, std::vector<uint8_t> bytes) {
   Direction& dir = conns_[c].toward[toward];
-  const int64_t ready = std::max(loop_.now_ns + Latency(), dir.last_ready_ns);
+  const bool beat = kind == PacketKind::kData && bytes == beat_frame_;
+  const int64_t latency = beat ? BeatLatency(c, toward, dir.beats++) : Latency();
+  const int64_t ready = std::max(loop_.now_ns + latency, dir.last_ready_ns);
   dir.last_ready_ns = ready;
   dir.queue.push_back(Packet{ready, kind, std::move(bytes)});
   if (!dir.pump_scheduled && !dir.blocked) SchedulePump(c, toward, ready);
@@ -276,7 +295,7 @@ bool Network::OnlyInFlight(const std::vector<uint8_t>& frame) const {
 }
 
 bool Network::PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns,
-                        int64_t silence_ns, BeatPlan& plan) {
+                        int64_t silence_ns, int64_t allowed_gap_ns, BeatPlan& plan) {
   // A direction with packets that no sender writes to would deliver (or answer) on its own in
   // the stretch: not quiet.
   size_t busy = 0;
@@ -305,45 +324,66 @@ bool Network::PlanBeats(const std::vector<BeatSender>& senders, int64_t period_n
     d.last_ready_ns = dir.last_ready_ns;
     for (size_t i = dir.head; i < dir.queue.size(); ++i) deliver(d, dir.queue[i].ready_ns);
   }
-  // Every sender beats once per period, in the order of its first beat: the event loop's order.
-  Prng rng = rng_;
+  // When the slowest beat arrives before the fastest of the next period would, each beat
+  // arrives its own latency after it is sent, whatever came before it, and two beats arrive at
+  // most `widest` apart.
+  const int64_t fastest = options_.latency_min.count();
+  const int64_t slowest = std::max(options_.latency_min, options_.latency_max).count() +
+                          (options_.loss > 0 ? options_.retransmit.count() : 0);
+  const bool on_their_own = slowest <= period_ns + fastest;
+  const int64_t widest = period_ns + slowest - fastest;
+  const bool skip = on_their_own && widest <= allowed_gap_ns && widest < silence_ns;
   plan.sends_by_node.assign(nodes_.size(), 0);
-  plan.last_send_ns.assign(nodes_.size(), -1);
-  for (int64_t k = 0; ok; ++k) {
-    bool sent = false;
-    for (const BeatSender& sender : senders) {
-      const int64_t at = sender.first_ns + k * period_ns;
-      if (at >= until_ns) break;
-      sent = true;
-      for (uint32_t index : sender.directions) {
-        BeatDirection& d = plan.directions[index];
-        const int64_t ready = std::max(at + LatencyFrom(rng), d.last_ready_ns);
+  for (const BeatSender& sender : senders) {
+    const int64_t count = sender.first_ns >= until_ns ? 0 : (until_ns - 1 - sender.first_ns) / period_ns + 1;
+    const auto sent = [&](int64_t k) { return sender.first_ns + k * period_ns; };
+    // The first beat that may still be on its way at until_ns; those before it arrive inside.
+    int64_t late = count;
+    while (late > 0 && sent(late - 1) + slowest >= until_ns) --late;
+    for (uint32_t index : sender.directions) {
+      BeatDirection& d = plan.directions[index];
+      d.beats = count;
+      const int64_t base = conns_[d.conn].toward[d.toward].beats;
+      const auto beat = [&](int64_t k) {
+        const int64_t ready = std::max(sent(k) + BeatLatency(d.conn, d.toward, base + k), d.last_ready_ns);
         d.last_ready_ns = ready;
         deliver(d, ready);
+      };
+      int64_t k = 0;
+      // Beats that may queue behind what came before, one by one.
+      while (k < count && !(on_their_own && d.last_ready_ns <= sent(k) + fastest)) beat(k++);
+      if (skip && k + 2 < late) {
+        // Beats k+1 .. late-2 arrive inside the stretch, each within `widest` of the one before:
+        // draw beat k (the first word of this run of beats) and late-1 (the last before the end).
+        beat(k);
+        const int64_t ready = sent(late - 1) + BeatLatency(d.conn, d.toward, base + late - 1);
+        d.longest_gap_ns = std::max(d.longest_gap_ns, widest);
+        d.heard_ns = ready;
+        d.last_ready_ns = ready;
+        k = late;
       }
-      plan.sends += sender.directions.size();
-      if (sender.coordinator) plan.coordinator_sends += sender.directions.size();
-      plan.sends_by_node[sender.node] += sender.directions.size();
-      plan.last_send_ns[sender.node] = std::max(plan.last_send_ns[sender.node], at);
+      while (k < count) beat(k++);
     }
-    if (!sent) break;
+    const uint64_t sends = static_cast<uint64_t>(count) * sender.directions.size();
+    plan.sends += sends;
+    if (sender.coordinator) plan.coordinator_sends += sends;
+    plan.sends_by_node[sender.node] += sends;
   }
   // Nor may a receiver's loss deadline fall inside the stretch after its last word in it.
   for (const BeatDirection& d : plan.directions) {
     if (d.heard_ns + silence_ns <= until_ns) ok = false;
   }
-  if (ok) planned_rng_ = rng;
   return ok;
 }
 
 void Network::CommitBeats(const BeatPlan& plan, const std::vector<uint8_t>& frame) {
-  rng_ = planned_rng_;
   for (const BeatDirection& d : plan.directions) {
     Direction& dir = conns_[d.conn].toward[d.toward];
     dir.queue.clear();
     dir.head = 0;
     for (int64_t ready : d.in_flight) dir.queue.push_back(Packet{ready, PacketKind::kData, frame});
     dir.last_ready_ns = d.last_ready_ns;
+    dir.beats += d.beats;
     if (!dir.Empty() && !dir.pump_scheduled) SchedulePump(d.conn, d.toward, dir.Front().ready_ns);
   }
   stats_.messages += plan.sends;

@@ -92,7 +92,6 @@ class Network final : public StoreNetwork {
   /// agent, one per joined agent for the coordinator.
   struct BeatSender {
     int64_t first_ns = 0;
-    uint64_t tie = 0;  // among senders that beat at the same instant, the event loop's order
     uint32_t node = 0;
     bool coordinator = false;
     std::vector<uint32_t> directions;
@@ -105,6 +104,7 @@ class Network final : public StoreNetwork {
     int64_t heard_ns = 0;          // the last delivery before the stretch's end
     bool delivered = false;        // at least one in the stretch
     int64_t last_ready_ns = 0;
+    int64_t beats = 0;               // heartbeats its sender sends in the stretch
     std::vector<int64_t> in_flight;  // deliveries at or after the end, in order
     int64_t first_delivery_ns = -1;  // the first in the stretch
     int64_t longest_gap_ns = 0;      // between two deliveries in the stretch
@@ -114,21 +114,22 @@ class Network final : public StoreNetwork {
     uint64_t sends = 0;
     uint64_t coordinator_sends = 0;
     std::vector<uint64_t> sends_by_node;  // indexed by node
-    std::vector<int64_t> last_send_ns;    // indexed by node; -1 none
   };
   /// (connection, toward) of the side `id` sends on; nullopt when it is not open.
   std::optional<std::pair<uint64_t, int>> SendsOn(core::ConnId id) const;
   /// Nothing is in flight but `frame` (a heartbeat), no path is cut and none is held.
   bool OnlyInFlight(const std::vector<uint8_t>& frame) const;
-  /// Plays the heartbeats of `senders` (sorted by first_ns, each within one period of the
-  /// first) sent before `until_ns` on a copy of the latency stream, after the packets already
-  /// in flight, in the order the event loop would send them. False when some receiver would go
-  /// silent for `silence_ns` or more (then nothing changed); otherwise `plan` says what each
-  /// direction delivered and what is still in flight, ready for CommitBeats.
+  /// Plays the heartbeats of `senders` sent before `until_ns`, after the packets already in
+  /// flight (TCP keeps the order), with the latencies they would have drawn (BeatLatency).
+  /// False when some receiver would go silent for `silence_ns` or more (then nothing changed);
+  /// otherwise `plan` says what each direction delivered and what is still in flight, ready for
+  /// CommitBeats. Beats that surely arrive inside the stretch, more than one period apart from
+  /// its ends, are not drawn one by one when the gaps between them cannot exceed
+  /// `allowed_gap_ns`: their direction's `longest_gap_ns` is then that bound.
   bool PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns, int64_t silence_ns,
-                 BeatPlan& plan);
-  /// Makes the plan happen: the latency stream moves on as if each heartbeat had been sent,
-  /// the packets still in flight wait in their directions, and the stats count them.
+                 int64_t allowed_gap_ns, BeatPlan& plan);
+  /// Makes the plan happen: each direction counts the heartbeats it carried, the packets still
+  /// in flight wait in their directions, and the stats count them.
   void CommitBeats(const BeatPlan& plan, const std::vector<uint8_t>& frame);
 
   // ---- faults ----
@@ -167,6 +168,7 @@ class Network final : public StoreNetwork {
       }
     }
     int64_t last_ready_ns = 0;
+    int64_t beats = 0;      // heartbeat frames sent this way (BeatLatency's counter)
     bool pump_scheduled = false;
     bool blocked = false;   // held by a partition until it heals
   };
@@ -180,6 +182,10 @@ class Network final : public StoreNetwork {
 
   int64_t Latency() { return LatencyFrom(rng_); }
   int64_t LatencyFrom(Prng& rng) const;
+  /// The latency of the `k`-th heartbeat on direction `toward` of connection `conn`: drawn from
+  /// (seed, conn, toward, k) alone, so that a quiet stretch can draw the few beats that matter
+  /// and skip the rest, and the run is the same either way (sim/quiet.cc).
+  int64_t BeatLatency(uint64_t conn, int toward, int64_t k) const;
   bool Cut(uint32_t a, uint32_t b) const;
   void Enqueue(uint64_t conn, int toward, PacketKind kind, std::vector<uint8_t> bytes);
   void SchedulePump(uint64_t conn, int toward, int64_t at_ns);
@@ -196,7 +202,8 @@ class Network final : public StoreNetwork {
   const JobSpec& spec_;
   NetworkOptions options_;
   Prng rng_;
-  Prng planned_rng_{0};  // the latency stream after a BeatPlan, for CommitBeats
+  uint64_t beat_seed_ = 0;            // BeatLatency's
+  std::vector<uint8_t> beat_frame_;   // a heartbeat, as it goes on the wire
   int job_nodes_ = 0;
   std::map<std::pair<std::string, uint16_t>, uint32_t> listeners_;
   std::vector<Connection> conns_;

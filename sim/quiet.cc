@@ -8,10 +8,11 @@
 // nothing else before some time `until` (a fault, a worker's exit, the end of training, an
 // invariant's check, another deadline of a core), the stretch up to `until` is computed:
 //
-//   - every sender beats on its grid (its next beat, then one per period); in one period the
-//     senders go in the order of their first beat, which is the event loop's order, so the
-//     network draws each heartbeat's latency from its stream in the very order it would have
-//     (Network::PlanBeats), and TCP's order per direction is kept;
+//   - every sender beats on its grid (its next beat, then one per period); the k-th heartbeat
+//     on a connection's direction has the latency it would have had (Network::BeatLatency
+//     draws it from the seed, the direction and k alone, not from a stream shared with other
+//     packets), so only the beats near the stretch's ends need drawing (Network::PlanBeats),
+//     and TCP's order per direction is kept;
 //   - each core is handed what the beats would have left (Agent::SkipQuiet,
 //     Coordinator::SkipQuiet): its next beat, its last word from each peer, its last input;
 //   - what is still in flight at `until` waits in the network as it would have.
@@ -19,8 +20,7 @@
 // The run is then the same run: the same latency draws, the same state in every core, the same
 // packets in flight; only the event and message counts of the summary differ in how they were
 // reached. The stretch is not taken when some receiver would have declared its peer lost inside
-// it, when two senders beat at the same instant, or when it is shorter than a few beats; then
-// the beats run one by one as before. tests/sim/quiet_test.cc runs seeds both ways and compares
+// it or when it is shorter than a few beats; then the beats run one by one as before. tests/sim/quiet_test.cc runs seeds both ways and compares
 // every line they print; `--beat-by-beat` turns this off.
 #include <algorithm>
 #include <unordered_map>
@@ -65,20 +65,39 @@ bool Cluster::SkipQuietStretch() {
   }
   if (!coordinator) return false;
   // Nothing else is queued before `until`: timers are the quiet nodes' (their deadlines are
-  // accounted for above) and deliveries are checked packet by packet below.
-  // Senders that beat at the same instant (agents that connected together) go in the order of
-  // their timers' entries, which each beat keeps: the queue says it. An invariant's check
-  // (kCheck) changes nothing and cannot fail inside the stretch (every lease is renewed in it,
-  // PlanBeats sees to that), so it runs afterwards as it is, and reschedules itself from the
-  // leases as they stand then.
-  std::vector<std::optional<std::pair<int64_t, uint64_t>>> timer_entry(nodes_.size());
+  // accounted for above, and each must be its next beat) and deliveries are checked packet by
+  // packet below. An invariant's check (kCheck) changes nothing and cannot fail inside the
+  // stretch (every lease is renewed in it, PlanBeats sees to that), so it runs afterwards as it
+  // is, and reschedules itself from the leases as they stand then.
+  //
+  // Worker events that no core sees run inside the stretch, in their places, after it is
+  // computed: a store client's connect attempt, and a node's workers getting ready, but for
+  // the last of the current round's (it starts training, which schedules more) and any when
+  // workers beacon (their first beacon goes to the agent). The cores are a stretch ahead of
+  // them then, which they cannot tell.
+  std::vector<std::optional<int64_t>> timer_at(nodes_.size());
+  std::optional<std::pair<int64_t, uint64_t>> last_ready;
   loop_.queue.ForEach([&](const Event& event) {
-    if (event.kind == EventKind::kTimer) {
-      if (event.generation == nodes_[event.node].timer_gen) timer_entry[event.node] = {{event.time_ns, event.seq}};
-    } else if (event.kind != EventKind::kPump && event.kind != EventKind::kCheck) {
-      until = std::min(until, event.time_ns);
+    switch (event.kind) {
+      case EventKind::kTimer:
+        if (event.generation == nodes_[event.node].timer_gen) timer_at[event.node] = event.time_ns;
+        return;
+      case EventKind::kPump:
+      case EventKind::kCheck:
+      case EventKind::kStoreConnect:
+        return;
+      case EventKind::kWorkerReady:
+        if (!workers_.beacons()) {
+          if (event.target == workers_.current_gang()) last_ready = std::max(last_ready, {{event.time_ns, event.seq}});
+          return;
+        }
+        break;
+      default:
+        break;
     }
+    until = std::min(until, event.time_ns);
   });
+  if (last_ready) until = std::min(until, last_ready->first);
   if (until - now < kMinBeats * period) return false;
   const std::vector<uint8_t> frame = wire::Encode(wire::Heartbeat{});
   if (!network_.OnlyInFlight(frame)) return false;
@@ -104,11 +123,12 @@ bool Cluster::SkipQuietStretch() {
     plan.directions[2 * q + 1].toward = 1 - sends->second;
     plan.directions[2 * q + 1].heard_ns = Ns(quiet[q].quiet.agent.heard.time_since_epoch());
     const int64_t first = Ns(quiet[q].quiet.agent.next_beat.time_since_epoch());
-    const auto& entry = timer_entry[quiet[q].index];
-    if (q != *coordinator && (!entry || entry->first != first)) return false;  // a timer not on its beat
-    senders.push_back(Network::BeatSender{first, entry ? entry->second : 0, quiet[q].index, false, {2 * q}});
+    const auto& timer = timer_at[quiet[q].index];
+    if (first < now || (q != *coordinator && timer != first)) return false;  // a timer not on its beat
+    senders.push_back(Network::BeatSender{first, quiet[q].index, false, {2 * q}});
   }
-  Network::BeatSender broadcast{Ns(boss.state.next_beat.time_since_epoch()), 0, quiet[*coordinator].index, true, {}};
+  Network::BeatSender broadcast{Ns(boss.state.next_beat.time_since_epoch()), quiet[*coordinator].index, true, {}};
+  if (broadcast.first_ns < now) return false;
   broadcast.directions.reserve(boss.broadcast.size());
   std::vector<uint32_t> agent_of_broadcast(boss.broadcast.size());
   for (size_t b = 0; b < boss.broadcast.size(); ++b) {
@@ -123,20 +143,8 @@ bool Cluster::SkipQuietStretch() {
     plan.directions[2 * q].heard_ns = Ns(boss.heard[b].time_since_epoch());
   }
   senders.push_back(std::move(broadcast));
-  std::sort(senders.begin(), senders.end(), [](const Network::BeatSender& a, const Network::BeatSender& b) {
-    return a.first_ns != b.first_ns ? a.first_ns < b.first_ns : a.tie < b.tie;
-  });
-  // The loop's order is the order of first beats only when they lie within one period; the
-  // coordinator's host beats for two cores on one timer, whose entries move between beats, so
-  // it must not coincide with anyone.
-  if (senders.front().first_ns < now || senders.back().first_ns - senders.front().first_ns >= period) return false;
-  const uint32_t host_of_coordinator = quiet[*coordinator].index;
-  for (size_t s = 1; s < senders.size(); ++s) {
-    const bool involves_host = senders[s].node == host_of_coordinator || senders[s - 1].node == host_of_coordinator;
-    if (senders[s].first_ns == senders[s - 1].first_ns && involves_host) return false;
-  }
   const int64_t silence = Ns(spec_.timeouts.LossBound()) + 1;
-  if (!network_.PlanBeats(senders, period, until, silence, plan)) return false;
+  if (!network_.PlanBeats(senders, period, until, silence, invariants_.longest_gap_ns(), plan)) return false;
   for (size_t q = 0; q < quiet.size(); ++q) {
     const Network::BeatDirection& down = plan.directions[2 * q + 1];
     if (down.delivered && invariants_.CutsOff(down.longest_gap_ns)) return false;

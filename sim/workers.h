@@ -98,6 +98,9 @@ class Workers {
   /// Whether workers send progress beacons: only when the job can use them (timeouts.progress,
   /// or a worker-slow fault to report), so that other jobs run exactly as before beacons.
   bool beacons() const { return beacons_; }
+  /// The gang of the latest round (0: none yet): a node's workers getting ready for it may
+  /// start its training.
+  uint64_t current_gang() const { return current_gang_; }
   /// Banks the training still in progress at the end of the run into the stats.
   void Finish();
 

@@ -273,8 +273,14 @@ std::optional<TimePoint> Coordinator::DeadlineOf(Deadline deadline) const {
   return std::nullopt;
 }
 
+bool Coordinator::MayBeQuiet() const {
+  // Waiting for nodes, a backoff's end or the round's: a heartbeat does what it does while the
+  // round runs, and what ends the wait is a deadline or a message.
+  return phase() == Phase::kRendezvous || phase() == Phase::kBackoff || phase() == Phase::kRunning;
+}
+
 std::optional<Coordinator::Quiet> Coordinator::QuietNow() const {
-  if (phase() != Phase::kRunning) return std::nullopt;
+  if (!MayBeQuiet()) return std::nullopt;
   Quiet quiet{QuietState{next_heartbeat_, std::nullopt, {}}, {}, {}};
   for (const AgentSlot& slot : roster_.slots()) {
     if (!slot.conn) continue;
@@ -296,7 +302,7 @@ std::optional<Coordinator::Quiet> Coordinator::QuietNow() const {
 
 void Coordinator::SkipQuiet(TimePoint next_beat, bool beat, const std::vector<std::pair<TimePoint, ConnId>>& heard,
                             TimePoint last_input, std::vector<CoordinatorEffect>& out) {
-  DDPRUN_ASSERT(phase() == Phase::kRunning && next_beat >= next_heartbeat_ && last_input >= last_input_);
+  DDPRUN_ASSERT(MayBeQuiet() && next_beat >= next_heartbeat_ && last_input >= last_input_);
   next_heartbeat_ = next_beat;
   for (const auto& [at, conn] : heard) links_.Heard(conn, at);
   links_.Trim();

@@ -68,8 +68,9 @@ class Coordinator {
   /// When Handle(now, Tick{}) must be called next; nullopt when done.
   std::optional<TimePoint> NextDeadline() const;
 
-  /// Running a round with every connection a joined agent's and nothing under way but
-  /// heartbeats: its beat, its other deadlines (the silence check aside), and the connections
+  /// Running a round, in a backoff or waiting for nodes, with every connection a joined
+  /// agent's and nothing under way but heartbeats and deadlines: its beat, its other deadlines
+  /// (the silence check aside), and the connections
   /// its heartbeat goes to, in the order it sends them; nullopt otherwise. For the simulator's
   /// quiet stretches (sim/quiet.cc), as Agent::Quiet.
   struct Quiet {
@@ -122,6 +123,8 @@ class Coordinator {
   const HangJudgement& last_hang_judgement() const { return hangs_.last_judgement(); }
 
  private:
+  /// A phase in which the coordinator may be quiet (QuietNow).
+  bool MayBeQuiet() const;
   // ---- The phases, each with what it waits for.
   struct Rendezvous {
     TimePoint started;

@@ -585,8 +585,8 @@ TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheRound) {
                               false, Sabotage::kUnkillableWorkers);
   // The agent gives up on workers that survive SIGKILL and rejoins; the next round must not
   // start their ranks while they run.
-  EXPECT_EQ(run.result.violation.value_or(""), "one holder per rank: rank 2 starts on node 1 in round 1 while rank 2 "
-                                               "of round 0 still runs on node 1 (pid 1002) (at 7m50s)");
+  EXPECT_EQ(run.result.violation.value_or(""),
+            "one round at a time: node 0 starts round 1 while 2 worker(s) of round 0 still run (at 7m50s)");
 }
 
 TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease) {
