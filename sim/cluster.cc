@@ -424,10 +424,7 @@ SimResult Cluster::Run() {
   }
   bool deadlock = false;
   while (!invariants_.violation()) {
-    if (loop_.now_ns >= next_quiet_try_ns_ && !SkipQuietStretch()) {
-      // Not quiet now: the next look is a beat later (each costs O(nodes + queue)).
-      next_quiet_try_ns_ = loop_.now_ns + Ns(spec_.timeouts.heartbeat);
-    }
+    if (loop_.now_ns >= next_quiet_try_ns_) SkipQuietStretch();
     if (loop_.queue.Empty()) {
       deadlock = unfinished_ > 0;
       break;

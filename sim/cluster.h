@@ -103,7 +103,7 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   void Dispatch(const Event& event);
   bool DeferIfHung(uint32_t node, const Event& event);
   /// Heartbeats of a quiet stretch computed instead of run (sim/quiet.cc): true when one was
-  /// skipped, up to next_quiet_try_ns_.
+  /// skipped. Either way it sets when to look next (next_quiet_try_ns_).
   bool SkipQuietStretch();
   int64_t next_quiet_try_ns_ = 0;
   int64_t quiet_end_ns_ = 0;  // the last beat or delivery a computed stretch stood for

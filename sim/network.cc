@@ -281,17 +281,20 @@ std::optional<std::pair<uint64_t, int>> Network::SendsOn(core::ConnId id) const 
   return std::make_pair(c, 1 - side);
 }
 
-bool Network::OnlyInFlight(const std::vector<uint8_t>& frame) const {
-  if (!cuts_.empty() || active_partitions_ > 0) return false;
+int64_t Network::OthersInFlightUntil(const std::vector<uint8_t>& frame) const {
+  if (!cuts_.empty() || active_partitions_ > 0) return INT64_MAX;
+  int64_t until = 0;
   for (const Connection& conn : conns_) {
     for (const Direction& dir : conn.toward) {
-      if (dir.blocked) return false;
+      if (dir.blocked) return INT64_MAX;
       for (size_t i = dir.head; i < dir.queue.size(); ++i) {
-        if (dir.queue[i].kind != PacketKind::kData || dir.queue[i].bytes != frame) return false;
+        if (dir.queue[i].kind != PacketKind::kData || dir.queue[i].bytes != frame) {
+          until = std::max(until, dir.queue[i].ready_ns);
+        }
       }
     }
   }
-  return true;
+  return until;
 }
 
 bool Network::PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns,

@@ -117,8 +117,9 @@ class Network final : public StoreNetwork {
   };
   /// (connection, toward) of the side `id` sends on; nullopt when it is not open.
   std::optional<std::pair<uint64_t, int>> SendsOn(core::ConnId id) const;
-  /// Nothing is in flight but `frame` (a heartbeat), no path is cut and none is held.
-  bool OnlyInFlight(const std::vector<uint8_t>& frame) const;
+  /// 0 when nothing is in flight but `frame` (a heartbeat), no path is cut and none is held;
+  /// otherwise when the other packets will have arrived (INT64_MAX: not before a fault heals).
+  int64_t OthersInFlightUntil(const std::vector<uint8_t>& frame) const;
   /// Plays the heartbeats of `senders` sent before `until_ns`, after the packets already in
   /// flight (TCP keeps the order), with the latencies they would have drawn (BeatLatency).
   /// False when some receiver would go silent for `silence_ns` or more (then nothing changed);

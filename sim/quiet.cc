@@ -31,15 +31,22 @@
 namespace ddprun::sim {
 namespace {
 
-// Shorter stretches are not worth their O(nodes) bookkeeping.
-constexpr int64_t kMinBeats = 4;
+// Shorter stretches are not worth their O(nodes) bookkeeping; with two, every sender beats at
+// least once in a stretch (its next beat is at most a period away).
+constexpr int64_t kMinBeats = 2;
 
 }  // namespace
 
 bool Cluster::SkipQuietStretch() {
-  if (etcd_ || !options_.lazy_heartbeats) return false;
   const int64_t now = loop_.now_ns;
   const int64_t period = Ns(spec_.timeouts.heartbeat);
+  // Not quiet now: the next look is a beat later (each costs O(nodes + queue)), or sooner when
+  // only messages in flight were in the way.
+  next_quiet_try_ns_ = now + period;
+  if (etcd_ || !options_.lazy_heartbeats) {
+    next_quiet_try_ns_ = INT64_MAX;
+    return false;
+  }
   int64_t until = limit_ns_ + 1;
 
   // Every live node is quiet, and so is the coordinator on its host.
@@ -100,7 +107,11 @@ bool Cluster::SkipQuietStretch() {
   if (last_ready) until = std::min(until, last_ready->first);
   if (until - now < kMinBeats * period) return false;
   const std::vector<uint8_t> frame = wire::Encode(wire::Heartbeat{});
-  if (!network_.OnlyInFlight(frame)) return false;
+  if (const int64_t others = network_.OthersInFlightUntil(frame); others > 0) {
+    // The cores may be quiet once they arrive (the rendezvous's progress lines, say).
+    next_quiet_try_ns_ = std::min(next_quiet_try_ns_, std::max(others, now + 1));
+    return false;
+  }
 
   // The senders and the directions they write to: agent q sends on direction 2q and hears on
   // 2q + 1; every joined agent is a quiet node.
