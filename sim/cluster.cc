@@ -372,7 +372,7 @@ void Cluster::Dispatch(const Event& event) {
       workers_.CollectiveTimeout(event.target, event.generation);
       return;
     case EventKind::kStoreConnect:
-      workers_.StoreConnect(static_cast<uint32_t>(event.target), event.generation);
+      workers_.StoreConnect(static_cast<uint32_t>(event.target));
       return;
     case EventKind::kBeacons:
       // Datagrams wait in the agent's socket while it is stopped; it reads them when it runs.

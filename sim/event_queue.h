@@ -23,7 +23,7 @@ enum class EventKind : uint8_t {
   kTrainingDone,   // the round reaches train_time (target: the gang, generation: its done's)
   kPeerFailure,    // a node's workers notice a dead peer (target: the gang)
   kCollectiveTimeout,  // the NCCL watchdog fires on a stalled gang (target, generation)
-  kStoreConnect,   // a worker's PyTorch store client connects (target: worker, generation: pid)
+  kStoreConnect,   // a node's PyTorch store clients connect (target: the group of clients)
   kBeacons,        // a node's workers beacon: side 0 the periodic batch (generation: the node's
                    // chain), side 1 the last step before their gang stalled (target: the gang,
                    // generation: the step)

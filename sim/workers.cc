@@ -183,6 +183,7 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
 void Workers::Ready(uint32_t index, uint64_t gang) {
   auto it = gangs_.find(gang);
   if (!nodes_[index].up || it == gangs_.end()) return;
+  std::vector<std::pair<uint32_t, uint64_t>> clients;
   for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (w.gang == gang && w.running && !w.ready) {
@@ -192,9 +193,21 @@ void Workers::Ready(uint32_t index, uint64_t gang) {
       if (w.global_rank == 0) {
         store_.OpenStore(index, w.master_port, RoundKey{w.coordinator, w.round}, w.pid);
       } else {
-        ScheduleStoreConnect(wi, Duration(0));
+        clients.emplace_back(wi, w.pid);
       }
     }
+  }
+  if (!clients.empty()) {
+    uint32_t group = 0;
+    if (free_store_clients_.empty()) {
+      group = static_cast<uint32_t>(store_clients_.size());
+      store_clients_.emplace_back();
+    } else {
+      group = free_store_clients_.back();
+      free_store_clients_.pop_back();
+    }
+    store_clients_[group] = std::move(clients);
+    ScheduleStoreConnect(group, Duration(0));
   }
   // `import ddprun` ran during start-up: each worker says hello now, and beacons from here on.
   if (beacons_ && !per_node_[index].beacon_armed) ArmBeacons(index, Duration(0));
@@ -390,26 +403,39 @@ void Workers::Vanish(uint32_t index) {
   if (hit_gang) BreakGang(gangs_[*hit_gang], false, fmt::format("{} crashed", nodes_.Label(index)));
 }
 
-void Workers::ScheduleStoreConnect(uint32_t wi, Duration after) {
+void Workers::ScheduleStoreConnect(uint32_t group, Duration after) {
   Event event;
   event.kind = EventKind::kStoreConnect;
-  event.node = workers_[wi].node;
-  event.target = wi;
-  event.generation = workers_[wi].pid;
+  event.node = workers_[store_clients_[group].front().first].node;
+  event.target = group;
   loop_.queue.Push(loop_.now() + after, event);
 }
 
-void Workers::StoreConnect(uint32_t wi, uint64_t pid) {
-  if (wi >= workers_.size()) return;
+void Workers::StoreConnect(uint32_t group) {
+  auto& clients = store_clients_[group];
+  size_t again = 0;
+  for (const auto& client : clients) {
+    if (TryStore(client.first, client.second)) clients[again++] = client;
+  }
+  clients.resize(again);
+  if (again > 0) {
+    ScheduleStoreConnect(group, kStoreRetry);
+  } else {
+    free_store_clients_.push_back(group);
+  }
+}
+
+bool Workers::TryStore(uint32_t wi, uint64_t pid) {
+  if (wi >= workers_.size()) return false;
   Worker& w = workers_[wi];
-  if (w.pid != pid || !w.running || w.signalled || w.hung) return;
+  if (w.pid != pid || !w.running || w.signalled || w.hung) return false;
   const StoreNetwork::StoreReach reach = store_.ReachStore(w.node, w.master_addr, w.master_port, w.pid);
   if (reach.result == StoreNetwork::StoreReach::Result::kConnected) {
     ++stats_.store_clients;
     invariants_.StoreConnected(w.pid, RoundKey{w.coordinator, w.round}, reach.store, reach.store_port);
-    return;
+    return false;
   }
-  if (++w.store_attempts < kStoreAttempts) ScheduleStoreConnect(wi, kStoreRetry);
+  return ++w.store_attempts < kStoreAttempts;
 }
 
 std::optional<NodePhase> Workers::PhaseOf(uint32_t index, int* round) const {

@@ -65,7 +65,7 @@ class Workers {
   void TrainingDone(uint64_t gang, uint64_t generation);    // kTrainingDone
   void PeerFailure(uint32_t node, uint64_t gang);           // kPeerFailure
   void CollectiveTimeout(uint64_t gang, uint64_t generation);  // kCollectiveTimeout
-  void StoreConnect(uint32_t worker, uint64_t pid);         // kStoreConnect
+  void StoreConnect(uint32_t clients);                      // kStoreConnect
   void Beacons(uint32_t node, uint64_t generation);         // kBeacons, side 0
   void FlushSteps(uint32_t node, uint64_t gang, int64_t step);  // kBeacons, side 1
 
@@ -169,7 +169,9 @@ class Workers {
 
   void Exit(uint32_t worker, int64_t at_ns, int exit_code, int signal, std::string stderr_tail);
   void Exited(uint32_t worker);
-  void ScheduleStoreConnect(uint32_t worker, Duration after);
+  void ScheduleStoreConnect(uint32_t clients, Duration after);
+  /// Worker `wi` (if it is still `pid`) tries to reach the store now; true when it will try again.
+  bool TryStore(uint32_t wi, uint64_t pid);
   void BreakGang(Gang& gang, bool by_process_exit, const std::string& why);
   void StopTraining(Gang& gang);
   /// Banks the training since the gang's span began (at its slowest rank's pace).
@@ -208,6 +210,10 @@ class Workers {
   std::vector<PerNode> per_node_;
   std::vector<Worker> workers_;
   std::vector<uint32_t> free_workers_;
+  // A node's store clients get ready together and retry on one clock: one event per attempt
+  // for all of them, in their order, as their own events would have run one after the other.
+  std::vector<std::vector<std::pair<uint32_t, uint64_t>>> store_clients_;  // (worker, pid) groups
+  std::vector<uint32_t> free_store_clients_;
   std::map<uint64_t, Gang> gangs_;     // by id; finished gangs are kept small (workers cleared)
   uint64_t current_gang_ = 0;
   uint64_t next_gang_ = 1;
