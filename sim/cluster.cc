@@ -442,6 +442,7 @@ SimResult Cluster::Run() {
       case EventKind::kStoreConnect: case EventKind::kBeacons: ++stats_.worker_events; break;
       default: break;
     }
+    if (event.time_ns < stretch_until_ns_ && event.kind != EventKind::kCheck) ++stats_.events_inside_stretches;
     if (DrivesHost(event.kind)) coordinators_.Touched(event.node);
     coordinators_.AfterEvent();
     invariants_.AfterEvent(loop_.now_ns);

@@ -107,6 +107,7 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   bool SkipQuietStretch();
   int64_t next_quiet_try_ns_ = 0;
   int64_t quiet_end_ns_ = 0;  // the last beat or delivery a computed stretch stood for
+  int64_t stretch_until_ns_ = 0;  // the end of the last computed stretch
 
   SimResult Finish(RunEnd& end);
 

@@ -213,6 +213,7 @@ bool Cluster::SkipQuietStretch() {
   stats_.quiet_beats += beats;
   ++stats_.quiet_stretches;
   next_quiet_try_ns_ = until;
+  stretch_until_ns_ = until;
   return true;
 }
 

@@ -116,6 +116,7 @@ struct SimStats {
   /// in them.
   uint64_t quiet_stretches = 0;
   uint64_t quiet_beats = 0;
+  uint64_t events_inside_stretches = 0;  // worker events run inside a computed stretch
 };
 
 struct SimResult {

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "schema/faults.h"
 #include "schema/loader.h"
 #include "sim/swarm.h"
 #include "tests/sim/sim_test_util.h"
@@ -31,8 +32,10 @@ struct Both {
   std::string beat_output;
 };
 
-Both RunBothWays(JobSpec spec, uint64_t seed, const sim::NetworkOptions& network = {}) {
-  for (const FaultSpec& fault : sim::DrawSwarmFaults(spec, seed)) spec.simulate.faults.push_back(fault);
+Both RunBothWays(JobSpec spec, uint64_t seed, const sim::NetworkOptions& network = {}, bool swarm_faults = true) {
+  if (swarm_faults) {
+    for (const FaultSpec& fault : sim::DrawSwarmFaults(spec, seed)) spec.simulate.faults.push_back(fault);
+  }
   Both both;
   for (bool lazy : {true, false}) {
     sim::SimOptions options;
@@ -112,9 +115,46 @@ TEST(QuietLimitTest, ARunCutOffByMaxTimeInsideAStretchEndsAlike) {
   EXPECT_THAT(both.lazy_output, ::testing::HasSubstr("when simulate.max_time = 7m was reached (at 7m00s)"));
 }
 
-// 256 agents connect in the same few instants, so many beat at the same nanosecond: the event
-// loop's order among them (their timers' queue order) is the order the computed path draws
-// their latencies in.
+// A Llama-3-like job at 16 nodes: workers take 4 minutes to start, then connect to rank 0's
+// store and retry every 2 s until it is up. Those worker events run inside computed stretches
+// (no core sees them), but for the last readiness, which starts training.
+TEST(QuietWorkersTest, WorkersGettingReadyAndStoreClientsRunInsideAStretch) {
+  JobSpec spec = LoadJob("bench/llama3-54d-2s.toml");
+  ResizeCluster(spec, 16);
+  spec.simulate.max_time = std::chrono::hours(2);
+  ASSERT_FALSE(spec.timeouts.DetectsHangs()) << "with beacons, readiness reaches the agent";
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    spec.simulate.seed = seed;
+    const Both both = RunBothWays(spec, seed);
+    ExpectAlike(both, seed);
+    EXPECT_GT(both.lazy.stats.events_inside_stretches, 16u) << "seed " << seed;
+    EXPECT_EQ(both.beat_by_beat.stats.events_inside_stretches, 0u);
+  }
+}
+
+// A host that crashes and reboots 20 minutes later: the other agents wait in the rendezvous
+// (the coordinator sends a progress line every 5 s), then the round backs off before it
+// starts again. Both waits are computed, between the progress lines.
+TEST(QuietWaitTest, ARendezvousWaitingForARebootAndABackoffAreComputed) {
+  JobSpec spec = LoadJob("examples/lightning-2x8.toml");
+  ResizeCluster(spec, 16);
+  spec.simulate.faults.clear();
+  spec.simulate.max_time = std::chrono::minutes(40);
+  spec.restart.backoff = std::chrono::minutes(2);
+  spec.timeouts.rendezvous = std::chrono::hours(1);
+  auto crash = ParseFaultFlag("node-crash@2m:node=3,reboot_after=20m");
+  ASSERT_TRUE(crash) << crash.error();
+  spec.simulate.faults.push_back(*crash);
+  const Both both = RunBothWays(spec, 1, {}, /*swarm_faults=*/false);
+  ExpectAlike(both, 1);
+  EXPECT_THAT(both.lazy_output, ::testing::HasSubstr("waiting for node 3"));
+  // Beat by beat, 15 agents beat through 20 minutes of rendezvous (three events per beat).
+  EXPECT_GT(both.beat_by_beat.stats.events, 15u * 3 * 600);
+  EXPECT_LT(both.lazy.stats.events * 3, both.beat_by_beat.stats.events);
+}
+
+// 256 agents connect in the same few instants, so many beat at the same nanosecond; each
+// heartbeat's latency is its own (Network::BeatLatency), whatever order they run in.
 TEST(QuietScaleTest, AgentsThatBeatAtTheSameInstantRunAlike) {
   JobSpec spec = LoadJob("bench/sim_scale.toml");
   ResizeCluster(spec, 256);
