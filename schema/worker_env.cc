@@ -256,6 +256,22 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
   return env;
 }
 
+EnvList SiblingWorkerEnvironment(EnvList env, const JobSpec& spec, const WorkerPosition& position) {
+  const auto set = [&env](std::string_view name, std::string value) {
+    auto it = std::lower_bound(env.begin(), env.end(), name,
+                               [](const auto& entry, std::string_view key) { return entry.first < key; });
+    if (it != env.end() && it->first == name) it->second = std::move(value);
+  };
+  const std::string rank = std::to_string(position.node_rank * spec.cluster.nproc_per_node + position.local_rank);
+  set("LOCAL_RANK", std::to_string(position.local_rank));
+  set("MASTER_PORT", std::to_string(position.master_port));
+  set("RANK", rank);
+  set("ROLE_RANK", rank);
+  set("TORCHELASTIC_ERROR_FILE", position.error_file);
+  if (!position.progress_addr.empty()) set("DDPRUN_STACKS_FILE", position.stacks_file);
+  return env;
+}
+
 std::string AppendToSearchPath(const std::string& path, const std::string& dir) {
   if (dir.empty() || dir.find(':') != std::string::npos) return path;
   if (path.empty()) return dir;

@@ -10,10 +10,6 @@ namespace {
 // so any correct heap pops the same sequence.
 constexpr size_t kArity = 4;
 
-bool Earlier(const Event& x, const Event& y) {
-  return x.time_ns != y.time_ns ? x.time_ns < y.time_ns : x.seq < y.seq;
-}
-
 }  // namespace
 
 void EventQueue::Push(TimePoint at, Event event) {
@@ -47,29 +43,37 @@ void EventQueue::PushCall(TimePoint at, std::function<void()> call) {
   Push(at, event);
 }
 
+void EventQueue::SiftDown(size_t hole, const Event event) {
+  const size_t size = heap_.size();
+  for (;;) {
+    const size_t first = hole * kArity + 1;
+    if (first >= size) break;
+    const size_t end = first + kArity < size ? first + kArity : size;
+    size_t least = first;
+    for (size_t child = first + 1; child < end; ++child) {
+      if (Earlier(heap_[child], heap_[least])) least = child;
+    }
+    if (!Earlier(heap_[least], event)) break;
+    heap_[hole] = heap_[least];
+    hole = least;
+  }
+  heap_[hole] = event;
+}
+
+void EventQueue::Rebuild() {
+  // Floyd's: sift every inner node down, the last first.
+  for (size_t k = heap_.size() / kArity + 1; k-- > 0;) {
+    if (k < heap_.size()) SiftDown(k, heap_[k]);
+  }
+}
+
 Event EventQueue::Pop() {
   DDPRUN_ASSERT(!heap_.empty());
   const Event top = heap_.front();
   const Event last = heap_.back();
   heap_.pop_back();
-  const size_t size = heap_.size();
-  if (size > 0) {
-    // Sift the last event down from the root's hole.
-    size_t hole = 0;
-    for (;;) {
-      const size_t first = hole * kArity + 1;
-      if (first >= size) break;
-      const size_t end = first + kArity < size ? first + kArity : size;
-      size_t least = first;
-      for (size_t child = first + 1; child < end; ++child) {
-        if (Earlier(heap_[child], heap_[least])) least = child;
-      }
-      if (!Earlier(heap_[least], last)) break;
-      heap_[hole] = heap_[least];
-      hole = least;
-    }
-    heap_[hole] = last;
-  }
+  // Sift the last event down from the root's hole.
+  if (!heap_.empty()) SiftDown(0, last);
   popped_ns_ = top.time_ns;
   return top;
 }

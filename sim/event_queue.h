@@ -4,8 +4,10 @@
 // Events are small plain records (no allocation per event); the rare ones that need a closure
 // keep it in a side table.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "runner/core/time.h"
@@ -63,8 +65,31 @@ class EventQueue {
   void ForEach(Visit visit) const {
     for (const Event& event : heap_) visit(event);
   }
+  /// Moves every event for which `later` returns a time (no earlier than its own) to that
+  /// time, as if each had been popped and pushed again there in the order they would have
+  /// popped. O(size): for many events at once.
+  template <typename Later>
+  void Postpone(Later later) {
+    std::vector<std::pair<Event*, int64_t>> moves;
+    for (Event& event : heap_) {
+      if (const std::optional<int64_t> at = later(event)) moves.emplace_back(&event, *at);
+    }
+    if (moves.empty()) return;
+    std::sort(moves.begin(), moves.end(), [](const auto& a, const auto& b) { return Earlier(*a.first, *b.first); });
+    for (auto& [event, at] : moves) {
+      event->time_ns = at;
+      event->seq = next_seq_++;
+    }
+    Rebuild();
+  }
 
  private:
+  static bool Earlier(const Event& x, const Event& y) {
+    return x.time_ns != y.time_ns ? x.time_ns < y.time_ns : x.seq < y.seq;
+  }
+  void SiftDown(size_t hole, Event event);
+  void Rebuild();
+
   std::vector<Event> heap_;
   uint64_t next_seq_ = 0;
   int64_t popped_ns_ = 0;  // virtual time never goes back: no event before the last popped

@@ -206,6 +206,15 @@ bool Cluster::SkipQuietStretch() {
     // The journal counts from the coordinator's last beat, when the record was renewed.
     if (recorded) n.journal.RecordedAt(last_beat(boss_first));
   }
+  // Each host's timer entry (its first beat in the stretch) moves to its next beat now, as it
+  // would have popped and moved itself (Dispatch, kTimer), without the pop.
+  loop_.queue.Postpone([&](const Event& event) -> std::optional<int64_t> {
+    if (event.kind != EventKind::kTimer) return std::nullopt;
+    Node& n = nodes_[event.node];
+    if (event.generation != n.timer_gen || !n.armed_ns || *n.armed_ns <= event.time_ns) return std::nullopt;
+    n.queued_ns = n.armed_ns;
+    return n.armed_ns;
+  });
   for (const Network::BeatSender& sender : senders) quiet_end_ns_ = std::max(quiet_end_ns_, last_beat(sender.first_ns));
   for (const Network::BeatDirection& d : plan.directions) {
     if (d.delivered) quiet_end_ns_ = std::max(quiet_end_ns_, d.heard_ns);

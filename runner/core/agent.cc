@@ -475,7 +475,8 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     WorkerLaunch launch;
     launch.local_rank = local;
     launch.global_rank = global;
-    launch.env = WorkerEnvironment(spec_, position, config_.inherited_env);
+    launch.env = local == 0 ? WorkerEnvironment(spec_, position, config_.inherited_env)
+                            : SiblingWorkerEnvironment(spawn.workers.front().env, spec_, position);
     launch.log_path = RankLogPath(spec_, round_, global);
     launch.error_path = RankErrorFilePath(spec_, round_, global);
     spawn.workers.push_back(std::move(launch));

@@ -100,6 +100,47 @@ TEST(WorkerEnv, SortedByName) {
   EXPECT_TRUE(std::is_sorted(env.begin(), env.end()));
 }
 
+// The agent builds local rank 0's environment and derives its siblings' from it: each must be
+// exactly what WorkerEnvironment gives that rank, whatever the job and the node set.
+TEST(WorkerEnv, ASiblingsEnvironmentIsItsOwn) {
+  JobSpec spec = TwoByTwo();
+  spec.cluster.nproc_per_node = 8;
+  spec.job.env["PYTHONPATH"] = "/opt/lib";
+  spec.job.env["HF_HOME"] = "/data/hf";
+  for (const bool beacons : {false, true}) {
+    for (const bool relay : {false, true}) {
+      for (const int node_rank : {0, 1}) {
+        std::vector<WorkerPosition> positions(8);
+        for (int local = 0; local < 8; ++local) {
+          WorkerPosition& p = positions[static_cast<size_t>(local)];
+          p.node_rank = node_rank;
+          p.local_rank = local;
+          p.restart_count = 3;
+          p.master_addr = "10.0.0.7";
+          // Under the relay, rank 0 alone gets the round's store port.
+          p.master_port = relay && node_rank * 8 + local == 0 ? 41234 : 29820;
+          p.error_file = "/logs/attempt-3/rank-" + std::to_string(node_rank * 8 + local) + ".error.json";
+          p.run_id = "envjob-0123abcd";
+          p.python_dir = "/usr/lib/ddprun/python";
+          p.socket_ifname = "ens3";
+          if (beacons) {
+            p.progress_addr = "127.0.0.1:40404";
+            p.progress_token = "t0ken";
+            p.stacks_file = "/logs/attempt-3/rank-" + std::to_string(node_rank * 8 + local) + ".stacks";
+          }
+        }
+        const EnvList first = WorkerEnvironment(spec, positions[0], {{"PATH", "/usr/bin"}});
+        for (int local = 1; local < 8; ++local) {
+          const WorkerPosition& p = positions[static_cast<size_t>(local)];
+          EXPECT_EQ(SiblingWorkerEnvironment(first, spec, p), WorkerEnvironment(spec, p, {{"PATH", "/usr/bin"}}))
+              << "local rank " << local << " of node " << node_rank << (beacons ? ", beacons" : "")
+              << (relay ? ", relay" : "");
+        }
+      }
+    }
+  }
+}
+
 TEST(WorkerEnv, UnlessSetVariablesYieldToTheAgentEnvironment) {
   const EnvList env = WorkerEnvironment(
       TwoByTwo(), {}, {{"OMP_NUM_THREADS", "8"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});

@@ -61,6 +61,59 @@ TEST(EventQueueTest, InterleavedPushesAndPopsComeOutInTimeThenPushOrder) {
   EXPECT_EQ(queue.size(), reference.size());
 }
 
+// Postpone moves many events at once as if each had been popped and pushed again at its new
+// time, in the order they would have popped: against a second queue that does exactly that,
+// the same events come out in the same order.
+TEST(EventQueueTest, PostponingIsPoppingAndPushingAgainInPopOrder) {
+  std::mt19937_64 rng(11);
+  sim::EventQueue fast;
+  sim::EventQueue slow;
+  uint64_t id = 0;
+  const auto push = [&](int64_t at) {
+    sim::Event event;
+    event.target = id++;
+    event.node = static_cast<uint32_t>(rng() % 4);  // node 0's events get postponed
+    fast.Push(At(Duration(at)), event);
+    slow.Push(At(Duration(at)), event);
+  };
+  for (int i = 0; i < 2000; ++i) push(static_cast<int64_t>(rng() % 100));
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 50; ++i) {
+      const sim::Event a = fast.Pop();
+      const sim::Event b = slow.Pop();
+      ASSERT_EQ(a.target, b.target) << "round " << round;
+      ASSERT_EQ(a.time_ns, b.time_ns);
+    }
+    const int64_t now = fast.NextTime().time_since_epoch().count();
+    const int64_t later = now + static_cast<int64_t>(rng() % 60);
+    const auto moved = [&](const sim::Event& e) { return e.node == 0 && e.time_ns < later; };
+    // The slow way: pop everything, push the moved ones again in pop order, the rest as they were.
+    std::vector<sim::Event> all;
+    while (!slow.Empty()) all.push_back(slow.Pop());
+    sim::EventQueue rebuilt;
+    for (sim::Event e : all) {
+      if (!moved(e)) rebuilt.Push(At(Duration(e.time_ns)), e);
+    }
+    // Pushing keeps the relative order of the unmoved ones; the moved ones come after them all.
+    for (sim::Event e : all) {
+      if (moved(e)) rebuilt.Push(At(Duration(later)), e);
+    }
+    slow = std::move(rebuilt);
+    fast.Postpone([&](const sim::Event& e) -> std::optional<int64_t> {
+      return moved(e) ? std::optional<int64_t>(later) : std::nullopt;
+    });
+    for (int i = 0; i < 30; ++i) push(later + static_cast<int64_t>(rng() % 40));
+  }
+  while (!fast.Empty()) {
+    ASSERT_FALSE(slow.Empty());
+    const sim::Event a = fast.Pop();
+    const sim::Event b = slow.Pop();
+    ASSERT_EQ(a.target, b.target);
+    ASSERT_EQ(a.time_ns, b.time_ns);
+  }
+  EXPECT_TRUE(slow.Empty());
+}
+
 TEST(EventQueueDeathTest, AnEventBeforeTheLastPoppedOneAborts) {
   sim::EventQueue queue;
   queue.Push(At(5s), sim::Event{});
