@@ -47,6 +47,7 @@ class Agent {
   };
 
   Agent(const JobSpec& spec, Config config);
+  const Config& config() const { return config_; }
 
   /// rendezvous.backend = "etcd": where the coordinator is now ("host:port"), as the host
   /// looked it up; this agent's messages name it instead of cluster.master_addr.

@@ -53,10 +53,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       on_exit_(std::move(on_exit)),
       agent_(spec, WithProgress(config, *ports.launcher)),
       recorder_(spec, config, ports.events),
-      agent_index_(config.node_rank),
-      canonical_(config.canonical),
-      secret_(config.secret),
-      instance_(config.instance) {
+      agent_index_(config.node_rank) {
   DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
   if (ports_.store) {
     // etcd: whichever agent holds the role runs the coordinator, on its own host's address.
@@ -150,10 +147,13 @@ void NodeHost::Lead() {
     }
     listening_ = true;
   }
-  coordinator_ = std::make_unique<core::Coordinator>(spec_, canonical_, now);
+  // The job's canonical form and the secret are the agent's (one copy per host: the simulator
+  // holds thousands of hosts).
+  const core::Agent::Config& config = agent_.config();
+  coordinator_ = std::make_unique<core::Coordinator>(spec_, config.canonical, now);
   coordinator_done_ = false;
   coordinator_->PlaceRankZero(agent_index_, own_addr_);
-  if (!secret_.empty()) coordinator_->RequireSecret(secret_, instance_);
+  if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
   ports_.console->Log(core::LogLevel::kInfo, "coordinator",
                       fmt::format("this agent holds the coordinator role now (etcd key {}, "
                                   "rendezvous.lease = {}); it plays node rank 0, and {} is every "

@@ -124,9 +124,6 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   bool listening_ = false;
   std::string own_addr_;      // etcd: this agent's host, where it listens when it holds the role
   int agent_index_ = 0;       // which agent this is: the nodes, then the spares
-  std::string canonical_;
-  std::string secret_;
-  uint64_t instance_ = 0;
   bool awaiting_coordinator_ = false;   // etcd: the agent's connect waits for a lookup
   std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at

@@ -212,7 +212,7 @@ TEST(HangTest, AJobWithoutProgressTimeoutRunsAsBeforeBeacons) {
             "                     nodes 0-1: exit 0\n"
             // 8,626 events beat by beat; quiet stretches are computed (sim/quiet.cc), the rest
             // of the run is the same.
-            "  virtual time:      35m58s (801 events, 4218 messages, at most 18 events queued)\n"
+            "  virtual time:      35m58s (392 events, 4218 messages, at most 18 events queued)\n"
             "  first training:    after 21s\n"
             "  rounds:            4 started, 3 interrupted; restarts used: 3 of 3\n"
             "  failures:          1 node crash, 1 worker failure\n"
