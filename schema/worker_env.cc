@@ -158,16 +158,30 @@ std::string RunLogFolder(const JobSpec& spec, const std::string& run) {
 
 std::string NodeLatestLink(int node_rank) { return fmt::format("latest-n{}", node_rank); }
 
+namespace {
+
+// "attempt-<k>/rank-<r><suffix>": built by hand, the agent makes three per worker per round.
+std::string RankPath(int restart_count, int global_rank, std::string_view suffix) {
+  std::string path = "attempt-";
+  path += std::to_string(restart_count);
+  path += "/rank-";
+  path += std::to_string(global_rank);
+  path += suffix;
+  return path;
+}
+
+}  // namespace
+
 std::string RankLogPath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
-  return fmt::format("attempt-{}/rank-{}.log", restart_count, global_rank);
+  return RankPath(restart_count, global_rank, ".log");
 }
 
 std::string RankErrorFilePath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
-  return fmt::format("attempt-{}/rank-{}.error.json", restart_count, global_rank);
+  return RankPath(restart_count, global_rank, ".error.json");
 }
 
 std::string RankStacksPath(const JobSpec& /*spec*/, int restart_count, int global_rank) {
-  return fmt::format("attempt-{}/rank-{}.stacks", restart_count, global_rank);
+  return RankPath(restart_count, global_rank, ".stacks");
 }
 
 EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,

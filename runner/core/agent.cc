@@ -463,7 +463,8 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     // ranks use that port directly.
     position.master_port =
         spec_.cluster.store_port || global == 0 ? start.master_port : spec_.cluster.master_port;
-    position.error_file = config_.logs_dir + "/" + RankErrorFilePath(spec_, round_, global);
+    std::string error_path = RankErrorFilePath(spec_, round_, global);
+    position.error_file = config_.logs_dir + "/" + error_path;
     position.run_id = run_id;
     if (!config_.progress_addr.empty()) {
       position.progress_addr = config_.progress_addr;
@@ -478,7 +479,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     launch.env = local == 0 ? WorkerEnvironment(spec_, position, config_.inherited_env)
                             : SiblingWorkerEnvironment(spawn.workers.front().env, spec_, position);
     launch.log_path = RankLogPath(spec_, round_, global);
-    launch.error_path = RankErrorFilePath(spec_, round_, global);
+    launch.error_path = std::move(error_path);
     spawn.workers.push_back(std::move(launch));
     workers_[static_cast<size_t>(local)] = Worker{global, true, 0, 0, Beats{}};
     workers_[static_cast<size_t>(local)].beats.since = now;
