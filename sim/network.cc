@@ -34,7 +34,8 @@ int64_t Network::BeatLatency(uint64_t conn, int toward, int64_t k) const {
   const uint64_t loss = SplitMix64(state);
   int64_t latency = options_.latency_min.count();
   if (options_.latency_max > options_.latency_min) {
-    latency += static_cast<int64_t>(spread % (static_cast<uint64_t>((options_.latency_max - options_.latency_min).count()) + 1));
+    const auto span = static_cast<uint64_t>((options_.latency_max - options_.latency_min).count()) + 1;
+    latency += static_cast<int64_t>(spread % span);
   }
   if (options_.loss > 0 && static_cast<double>(loss >> 11) * 0x1.0p-53 < options_.loss) {
     latency += options_.retransmit.count();

@@ -3,8 +3,9 @@
 // Between failures a job only beats: every agent sends a Heartbeat each timeouts.heartbeat, the
 // coordinator broadcasts one, and each delivery renews a lease. Run one by one that is three
 // events per node per beat, and 54 days of 2,048 nodes at a 2 s beat are 10^10 events. So when
-// every live node's cores say they have nothing under way but heartbeats (Agent::Quiet,
-// Coordinator::QuietNow), nothing but heartbeat frames is in flight, and the queue holds
+// every live node's cores say they have nothing under way but heartbeats and deadlines
+// (Agent::Quiet, Coordinator::QuietNow: a round running, a backoff, a rendezvous waiting for
+// nodes), nothing but heartbeat frames is in flight, and the queue holds
 // nothing else before some time `until` (a fault, a worker's exit, the end of training, an
 // invariant's check, another deadline of a core), the stretch up to `until` is computed:
 //
@@ -20,8 +21,9 @@
 // The run is then the same run: the same latency draws, the same state in every core, the same
 // packets in flight; only the event and message counts of the summary differ in how they were
 // reached. The stretch is not taken when some receiver would have declared its peer lost inside
-// it or when it is shorter than a few beats; then the beats run one by one as before. tests/sim/quiet_test.cc runs seeds both ways and compares
-// every line they print; `--beat-by-beat` turns this off.
+// it or when it is shorter than two beats; then the beats run one by one as before.
+// tests/sim/quiet_test.cc runs seeds both ways and compares every line they print;
+// `--beat-by-beat` turns this off.
 #include <algorithm>
 #include <unordered_map>
 

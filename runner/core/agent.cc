@@ -24,7 +24,7 @@ void Agent::Start(TimePoint now, std::vector<AgentEffect>& out) {
   rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
   link_ = Connecting{};
   out.push_back(ConnectToMaster{});
-  next_deadline_ = EarliestDeadline();
+  UpdateDeadlines();
 }
 
 bool Agent::Connected() const {
@@ -63,7 +63,7 @@ void Agent::Send(wire::Message message, std::vector<AgentEffect>& out) {
 void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
   Apply(now, input, out);
   // Start and Handle are the only changes of state, so the table is read once per input.
-  next_deadline_ = EarliestDeadline();
+  UpdateDeadlines();
 }
 
 void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
@@ -136,14 +136,8 @@ std::optional<QuietState> Agent::Quiet() const {
   if (Exited() || !IsJoined() || stop_ || leaving_ || interrupt_deadline_ || stacks_due_ || !last_input_) {
     return std::nullopt;
   }
-  QuietState quiet{next_heartbeat_, std::nullopt, link_heard_};
-  for (int k = 0; k < static_cast<int>(Deadline::kCount); ++k) {
-    const auto deadline = static_cast<Deadline>(k);
-    if (deadline == Deadline::kHeartbeat || deadline == Deadline::kLoss) continue;
-    const auto at = DeadlineOf(deadline);
-    if (at && (!quiet.other_deadline || *at < *quiet.other_deadline)) quiet.other_deadline = at;
-  }
-  return quiet;
+  // Its deadlines as of its last input: nothing has moved them since.
+  return QuietState{next_heartbeat_, next_other_deadline_, link_heard_};
 }
 
 void Agent::SkipQuiet(TimePoint next_beat, std::optional<TimePoint> heard, TimePoint last_input,
@@ -155,7 +149,12 @@ void Agent::SkipQuiet(TimePoint next_beat, std::optional<TimePoint> heard, TimeP
     Heard(*heard, out);
   }
   last_input_ = last_input;
-  next_deadline_ = EarliestDeadline();
+  // Only the heartbeat's and the loss's deadlines moved: the others are next_other_deadline_.
+  next_deadline_ = next_other_deadline_;
+  for (const Deadline moved : {Deadline::kHeartbeat, Deadline::kLoss}) {
+    const auto at = DeadlineOf(moved);
+    if (at && (!next_deadline_ || *at < *next_deadline_)) next_deadline_ = at;
+  }
 }
 
 void Agent::Heard(TimePoint now, std::vector<AgentEffect>& out) {
@@ -226,13 +225,17 @@ bool Agent::Due(Deadline deadline, TimePoint now) const {
   return at && now >= *at;
 }
 
-std::optional<TimePoint> Agent::EarliestDeadline() const {
-  std::optional<TimePoint> next;
+void Agent::UpdateDeadlines() {
+  next_deadline_.reset();
+  next_other_deadline_.reset();
   for (int k = 0; k < static_cast<int>(Deadline::kCount); ++k) {
-    const auto at = DeadlineOf(static_cast<Deadline>(k));
-    if (at && (!next || *at < *next)) next = at;
+    const auto deadline = static_cast<Deadline>(k);
+    const auto at = DeadlineOf(deadline);
+    if (!at) continue;
+    if (!next_deadline_ || *at < *next_deadline_) next_deadline_ = at;
+    const bool beat = deadline == Deadline::kHeartbeat || deadline == Deadline::kLoss;
+    if (!beat && (!next_other_deadline_ || *at < *next_other_deadline_)) next_other_deadline_ = at;
   }
-  return next;
 }
 
 void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {

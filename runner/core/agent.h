@@ -129,8 +129,9 @@ class Agent {
     kCount
   };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
-  /// The earliest of the table, computed after each Start and Handle (next_deadline_).
-  std::optional<TimePoint> EarliestDeadline() const;
+  /// The earliest of the table (next_deadline_), and the earliest but the heartbeat's and the
+  /// loss's (next_other_deadline_, for Quiet): computed after each Start and Handle.
+  void UpdateDeadlines();
   /// Handle without the bookkeeping of next_deadline_.
   void Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out);
   bool Due(Deadline deadline, TimePoint now) const;
@@ -250,7 +251,8 @@ class Agent {
   std::optional<TimePoint> stacks_due_;
   bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
   std::optional<TimePoint> next_report_;
-  std::optional<TimePoint> next_deadline_;  // EarliestDeadline() as of the last Start or Handle
+  std::optional<TimePoint> next_deadline_;        // UpdateDeadlines() as of the last Start or
+  std::optional<TimePoint> next_other_deadline_;  // Handle (or SkipQuiet)
 };
 
 }  // namespace ddprun::core
