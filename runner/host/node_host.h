@@ -142,7 +142,7 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   std::optional<TimePoint> failure_seen_at_;
   bool resigned_ = false;  // etcd: this agent let the coordinator role go on its way out
   bool finished_ = false;
-  std::vector<core::AgentEffect> agent_effects_;
+  std::vector<core::AgentEffect> start_effects_;  // the agent's, until RunAgent runs them
   std::vector<core::CoordinatorEffect> coordinator_effects_;
 };
 
