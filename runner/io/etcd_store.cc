@@ -445,7 +445,17 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
   }
 
   void Retry(const std::shared_ptr<Call>& call, size_t failed, std::string error) {
-    call->errors[failed] = std::move(error);
+    // What an endpoint answered says more than its silence afterwards: a later attempt that
+    // only timed out does not hide an earlier refusal (a hostile or broken answer, say).
+    std::string& said = call->errors[failed];
+    const auto silent = [](const std::string& why) {
+      return why.starts_with("no answer within") || why.starts_with("no connection within");
+    };
+    if (!said.empty() && !silent(said) && silent(error)) {
+      if (said.find(" (then ") == std::string::npos) said += " (then " + error + ")";
+    } else {
+      said = std::move(error);
+    }
     const size_t next = (failed + 1) % endpoints.size();
     if (preferred == failed) preferred = next;
     call->next_endpoint = next;
