@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/library_identity.h"
 #include "cli/node_job.h"
+#include "runner/io/detached_agent.h"
 #include "runner/io/node_identity.h"
 #include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
@@ -92,6 +93,9 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
 }
 
 int RunCommand(const RunOptions& options) {
+  // A detached agent's launch token (runner/io/detached_agent.h) identifies this process to
+  // `status` and `down` through /proc/<pid>/environ, which keeps it; its workers do not carry it.
+  ::unsetenv(std::string(io::kLaunchTokenVariable).c_str());
   auto job = LoadNodeJob(options.job_path, options.node_rank, options.script_args);
   if (!job) return kExitUsage;
   job->run.verbose = options.verbose;

@@ -57,8 +57,8 @@ bool ProbeHosts(const JobSpec& spec, const UpOptions& options, const std::string
                       job_path, DDPRUN_VERSION, options.connect_timeout_s);
     if (read.ok) continue;
     ++failed;
-    std::fprintf(stderr, "ddprun up: error: %s: %s\n  %s\n", Who(spec, agent).c_str(), read.what.c_str(),
-                 read.fix.c_str());
+    std::fprintf(stderr, "ddprun up: error: %s: %s\n  %s\n", Who(spec, agent).c_str(),
+                 EscapeLinesForTerminal(read.what).c_str(), read.fix.c_str());
   }
   if (failed > 0) {
     std::fprintf(stderr, "ddprun up: %d of %d host%s not ready; no agent was started\n", failed,
@@ -74,7 +74,7 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::strin
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     io::RemoteChild copy;
     copy.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
-                            io::CopyCommand(job_path, agent));
+                            io::CopyCommand(options.remote_ddprun, job_path));
     copy.input = text;
     copies.push_back(std::move(copy));
   }
@@ -84,10 +84,12 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::strin
   bool ok = !outcome.interrupted_by;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = outcome.children[static_cast<size_t>(agent)];
-    if (child.exit_status == 0) continue;
+    const auto answer = io::ParseRemoteAnswer(child.out);
+    if (child.exit_status == 0 && answer && answer->state == "copied") continue;
     ok = false;
+    const std::string why = answer ? answer->why : child.err.empty() ? "(no message)" : child.err;
     std::fprintf(stderr, "ddprun up: error: %s: cannot copy the job file to %s: %s\n", Who(spec, agent).c_str(),
-                 job_path.c_str(), child.err.empty() ? "(no message)" : child.err.c_str());
+                 job_path.c_str(), EscapeLinesForTerminal(why).c_str());
   }
   return ok;
 }
@@ -142,12 +144,13 @@ std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command) {
   return job;
 }
 
-/// Where agent `agent` of a detached job keeps its pid and console (ssh_command.h).
-io::DetachedFiles FilesOf(const UpJob& job, int agent) {
+/// Where a detached job's agents keep their pid and console files (ssh_command.h).
+std::string StateDirOf(const UpJob& job) {
   const std::filesystem::path dir = std::filesystem::path(job.job_path).parent_path();
-  const std::string base = (dir / job.spec.logs.dir / job.spec.job.name).lexically_normal().string();
-  return {fmt::format("{}/up-n{}.pid", base, agent), fmt::format("{}/up-n{}.console", base, agent)};
+  return (dir / job.spec.logs.dir / job.spec.job.name).lexically_normal().string();
 }
+
+std::string ConsoleOf(const UpJob& job, int agent) { return fmt::format("{}/up-n{}.console", StateDirOf(job), agent); }
 
 /// One remote line per host at once, through ssh, collected; the outcomes in host order.
 std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& options,
@@ -165,18 +168,19 @@ std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& opt
   return io::RunRemoteChildren(children, limits).children;
 }
 
-/// The "state: ..." line of a status or down answer ("" when there is none).
-std::string StateOf(const std::string& out) {
-  const size_t at = out.find("state: ");
-  if (at == std::string::npos) return "";
-  return out.substr(at + 7, out.find('\n', at) - at - 7);
-}
-
 /// ssh's own failure for a status or down answer that has no state line.
 std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& child, const UpOptions& options) {
   const io::ProbeOutcome read = io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err,
                                               "ddprun", job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
-  return read.ok ? "no answer" : read.what + "\n  " + read.fix;
+  if (!read.ok) return EscapeLinesForTerminal(read.what) + "\n  " + read.fix;
+  if (const auto answer = io::ParseRemoteAnswer(child.out); answer && answer->state == "error") {
+    return EscapeLinesForTerminal(answer->why);
+  }
+  std::string said = child.err.empty() ? child.out : child.err;
+  while (!said.empty() && said.back() == '\n') said.pop_back();
+  return "no answer from ddprun there" + (said.empty() ? std::string() : ": " + EscapeLinesForTerminal(said)) +
+         "\n  hint: the host's ddprun may be older than this one; `ddprun --version` there should say " +
+         DDPRUN_VERSION;
 }
 
 int StartDetached(const UpJob& job, const UpOptions& options) {
@@ -187,16 +191,15 @@ int StartDetached(const UpJob& job, const UpOptions& options) {
     command.node_rank = agent;
     command.script_args = options.script_args;
     command.secret_file = Env("DDPRUN_SECRET_FILE");
-    return io::DetachedAgentLine(command, FilesOf(job, agent));
+    return io::DetachedAgentLine(command, StateDirOf(job));
   }, 0);
   int failed = 0;
   for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = started[static_cast<size_t>(agent)];
-    const size_t at = child.out.find("started ");
-    if (child.exit_status == 0 && at != std::string::npos) {
-      std::fprintf(stderr, "ddprun up: %s: agent started, pid %s; console in %s\n", Who(job.spec, agent).c_str(),
-                   child.out.substr(at + 8, child.out.find('\n', at) - at - 8).c_str(),
-                   FilesOf(job, agent).console.c_str());
+    const auto answer = io::ParseRemoteAnswer(child.out);
+    if (child.exit_status == 0 && answer && answer->state == "started") {
+      std::fprintf(stderr, "ddprun up: %s: agent started, pid %lld; console in %s\n", Who(job.spec, agent).c_str(),
+                   static_cast<long long>(answer->pid), ConsoleOf(job, agent).c_str());
     } else {
       ++failed;
       std::fprintf(stderr, "ddprun up: error: %s: cannot start the agent: %s\n", Who(job.spec, agent).c_str(),
@@ -217,24 +220,35 @@ int StartDetached(const UpJob& job, const UpOptions& options) {
 int StatusCommand(const UpOptions& options) {
   const auto job = LoadUpJob(options, "status");
   if (!job) return kExitUsage;
-  const auto answers = OnEveryHost(*job, options, [&](int agent) { return io::StatusLine(job->job_path, FilesOf(*job, agent)); }, 0);
+  const std::string state_dir = StateDirOf(*job);
+  const auto answers = OnEveryHost(*job, options, [&](int agent) {
+    return io::StatusLine(options.remote_ddprun, state_dir, agent);
+  }, 0);
   int running = 0;
   for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
-    const std::string state = StateOf(child.out);
-    if (state.empty()) {
-      std::printf("%s: unknown: %s\n", Who(job->spec, agent).c_str(), SshFailure(*job, agent, child, options).c_str());
+    const auto answer = io::ParseRemoteAnswer(child.out);
+    const std::string who = Who(job->spec, agent);
+    if (!answer || answer->state == "error") {
+      std::printf("%s: unknown: %s\n", who.c_str(), SshFailure(*job, agent, child, options).c_str());
       continue;
     }
-    if (state.starts_with("running")) ++running;
-    std::printf("%s: %s\n", Who(job->spec, agent).c_str(),
-                state.starts_with("running")  ? ("running, pid " + state.substr(8)).c_str()
-                : state.starts_with("exited") ? ("not running (pid " + state.substr(7) + " has exited)").c_str()
-                                              : "never started by `ddprun up --detach`");
-    std::istringstream lines(child.out);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.starts_with("log: ")) std::printf("    %s\n", line.substr(5).c_str());
+    const std::string why = EscapeForTerminal(answer->why);
+    if (answer->state == "running") {
+      ++running;
+      std::printf("%s: running, pid %lld\n", who.c_str(), static_cast<long long>(answer->pid));
+    } else if (answer->state == "exited") {
+      std::printf("%s: not running (%s)\n", who.c_str(), why.c_str());
+    } else if (answer->state == "not-ours") {
+      std::printf("%s: not running: its pid file names a process that is not the agent `ddprun up --detach` "
+                  "started (%s); nothing was signalled\n",
+                  who.c_str(), why.c_str());
+    } else if (answer->state == "unreadable") {
+      std::printf("%s: unknown: %s\n", who.c_str(), why.c_str());
+    } else {
+      std::printf("%s: never started by `ddprun up --detach`\n", who.c_str());
     }
+    for (const std::string& line : answer->log) std::printf("    %s\n", EscapeForTerminal(line).c_str());
   }
   // 0 when every agent runs, 1 when none or some do not (the job is over or broken).
   return running == job->spec.cluster.Agents() ? kExitOk : kExitJobFailed;
@@ -244,26 +258,38 @@ int DownCommand(const UpOptions& options) {
   const auto job = LoadUpJob(options, "down");
   if (!job) return kExitUsage;
   const int wait_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) + 5;
+  const std::string state_dir = StateDirOf(*job);
   const auto answers = OnEveryHost(*job, options, [&](int agent) {
-    return io::DownLine(job->job_path, FilesOf(*job, agent), wait_s);
+    return io::DownLine(options.remote_ddprun, state_dir, agent, wait_s);
   }, wait_s);
   bool ok = true;
   for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
-    const std::string state = StateOf(child.out);
+    const auto answer = io::ParseRemoteAnswer(child.out);
     std::string said;
-    if (state.empty()) {
+    if (!answer || answer->state == "error") {
       ok = false;
       said = "unknown: " + SshFailure(*job, agent, child, options);
-    } else if (state.starts_with("stopped")) {
-      said = "stopped (pid " + state.substr(8) + ")";
-    } else if (state.starts_with("not-running")) {
-      said = "was not running (pid " + state.substr(12) + ")";
-    } else if (state.starts_with("never-started")) {
-      said = "no agent started by `ddprun up --detach` here";
     } else {
-      ok = false;
-      said = "still running (pid " + state.substr(14) + ") after SIGTERM and " + std::to_string(wait_s) + " s";
+      const std::string why = EscapeForTerminal(answer->why);
+      const std::string pid = std::to_string(answer->pid);
+      if (answer->state == "stopped") {
+        said = "stopped (pid " + pid + ")";
+      } else if (answer->state == "not-running") {
+        said = "was not running (" + why + ")";
+      } else if (answer->state == "never-started") {
+        said = "no agent started by `ddprun up --detach` here";
+      } else if (answer->state == "not-ours") {
+        ok = false;
+        said = "not stopped: its pid file names a process that is not the agent `ddprun up --detach` started (" +
+               why + "); nothing was signalled";
+      } else if (answer->state == "unreadable") {
+        ok = false;
+        said = "unknown: " + why + "; nothing was signalled";
+      } else {
+        ok = false;
+        said = "still running (pid " + pid + ") after SIGTERM and " + std::to_string(wait_s) + " s";
+      }
     }
     std::printf("%s: %s\n", Who(job->spec, agent).c_str(), said.c_str());
   }

@@ -78,7 +78,7 @@ struct UpOptions {
   std::string remote_ddprun = "ddprun";  // --remote-ddprun: the program on the hosts
   bool copy = false;                     // --copy: the job file to the same path on every host
   int connect_timeout_s = 10;            // --connect-timeout
-  bool detach = false;                   // --detach: leave the agents running (nohup + setsid)
+  bool detach = false;                   // --detach: leave the agents running (own session)
 };
 
 /// `ddprun init`: a starter job file.
@@ -113,6 +113,8 @@ int UpCommand(const UpOptions& options);
 /// `ddprun status job.toml` / `ddprun down job.toml`: the agents `up --detach` left running.
 int StatusCommand(const UpOptions& options);
 int DownCommand(const UpOptions& options);
+/// `ddprun __up-remote ACTION ...` (hidden): the host's side of up --detach, status, down, --copy.
+int UpRemoteCommand(const std::vector<std::string>& args);
 int SimulateCommand(const SimulateOptions& options);
 int ReportCommand(const ReportOptions& options);
 int PreflightCommand(const PreflightOptions& options);

@@ -1,6 +1,6 @@
 #include "cli/library_identity.h"
 
-#include <sys/wait.h>
+#include <csignal>
 
 #include <cstdio>
 #include <filesystem>
@@ -11,17 +11,41 @@
 #include <fmt/format.h>
 
 #include "cli/job_python.h"
+#include "runner/io/remote_processes.h"
 #include "schema/plan.h"
 
 namespace ddprun::cli {
 namespace {
 
-// The interpreter's answer: its version, sys.executable, then sys.path, one per line.
+// The interpreter's answer: its version, sys.executable, then the sys.path it would have, one
+// per line. It runs with -S: the site module's main() does not run, so neither does the job's
+// sitecustomize.py or usercustomize.py, nor an `import` line of a .pth file; the path entries
+// they would add (the site folders, then each folder's .pth path lines, in Python's order) are
+// added here by reading, as site.py itself would read them.
 constexpr std::string_view kProbe =
-    "import sys\n"
+    "import os, site, sys\n"
     "print('%d.%d.%d' % sys.version_info[:3])\n"
     "print(sys.executable)\n"
-    "for p in sys.path: print(p)\n";
+    "paths = list(sys.path)\n"
+    "dirs = []\n"
+    "try:\n"
+    "    if site.check_enableusersite(): dirs.append(site.getusersitepackages())\n"
+    "except Exception: pass\n"
+    "try: dirs += site.getsitepackages()\n"
+    "except Exception: pass\n"
+    "for d in dirs:\n"
+    "    if not os.path.isdir(d) or d in paths: continue\n"
+    "    paths.append(d)\n"
+    "    try: names = sorted(n for n in os.listdir(d) if n.endswith('.pth'))\n"
+    "    except OSError: names = []\n"
+    "    for n in names:\n"
+    "        try: lines = open(os.path.join(d, n), encoding='utf-8', errors='replace').read().splitlines()\n"
+    "        except OSError: continue\n"
+    "        for line in lines:\n"
+    "            if not line.strip() or line.startswith(('#', 'import ', 'import\\t')): continue\n"
+    "            p = os.path.join(d, line.rstrip())\n"
+    "            if os.path.exists(p) and p not in paths: paths.append(p)\n"
+    "for p in paths: print(p)\n";
 constexpr size_t kMaxProbeOutput = 64 * 1024;
 // A metadata file's header is at its start; its Version: line is among the first few.
 constexpr int kMaxMetadataLines = 64;
@@ -38,25 +62,27 @@ std::vector<std::string> SplitLines(const std::string& text) {
   return lines;
 }
 
-// `interpreter -c kProbe` in `workdir` with job.env, or nullopt when it fails or takes longer
-// than kInterpreterTimeoutSeconds.
+// `interpreter -S -c kProbe` in `workdir` with job.env, or nullopt when it fails or takes longer
+// than kInterpreterTimeoutSeconds. It runs in its own process group, killed whole at the bound,
+// and its output is not waited for past it (a background child holding the pipe open, an
+// interpreter that ignores SIGTERM: both were seen to hold `check` for 40 s).
 std::optional<std::vector<std::string>> AskInterpreter(const JobSpec& spec, const std::string& interpreter,
                                                        const std::string& workdir) {
-  std::string command = "cd " + ShellQuote(workdir) + " && env";
-  for (const auto& [name, value] : spec.job.env) command += " " + ShellQuote(name + "=" + value);
-  command += fmt::format(" timeout {} {} -c {} 2>/dev/null", kInterpreterTimeoutSeconds,
-                         ShellQuote(interpreter), ShellQuote(kProbe));
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return std::nullopt;
-  std::string out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) {
-    if (out.size() < kMaxProbeOutput) out.append(buffer, std::min(n, kMaxProbeOutput - out.size()));
+  io::RemoteChild probe;
+  probe.argv = {"/bin/sh", "-c", "cd \"$1\" || exit 126; shift; exec env \"$@\"", "sh", workdir};
+  for (const auto& [name, value] : spec.job.env) probe.argv.push_back(name + "=" + value);
+  probe.argv.insert(probe.argv.end(), {interpreter, "-S", "-c", std::string(kProbe)});
+  io::RunLimits limits;
+  limits.deadline = std::chrono::seconds(kInterpreterTimeoutSeconds);
+  const io::RunOutcome outcome = io::RunRemoteChildren({probe}, limits);
+  if (outcome.interrupted_by) {
+    // Ctrl-C during the lookup is the user's: end as it would have without it.
+    ::signal(outcome.interrupted_by, SIG_DFL);
+    ::raise(outcome.interrupted_by);
   }
-  const int status = ::pclose(pipe);
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
-  std::vector<std::string> lines = SplitLines(out);
+  const io::ChildOutcome& child = outcome.children[0];
+  if (child.exit_status != 0) return std::nullopt;
+  std::vector<std::string> lines = SplitLines(child.out.substr(0, kMaxProbeOutput));
   if (lines.size() < 2) return std::nullopt;
   return lines;
 }

@@ -101,6 +101,11 @@ bool ColorWanted(const std::string& mode) {
 }
 
 int Main(int argc, char** argv) {
+  // Hidden, and parsed by hand: what `up --detach`, `status`, `down` and `up --copy` run on
+  // each host through ssh (cmd_up_remote.cc); its answer is one JSON line.
+  if (argc >= 2 && std::string_view(argv[1]) == "__up-remote") {
+    return UpRemoteCommand(std::vector<std::string>(argv + 2, argv + argc));
+  }
   CLI::App app{"ddprun: run multi-node PyTorch DDP jobs from one TOML job file", "ddprun"};
   app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
   app.require_subcommand(1);
@@ -151,7 +156,7 @@ int Main(int argc, char** argv) {
       ->required();
   up_cmd->add_flag("--copy", up.copy, "Copy the job file to the same path on every host first");
   up_cmd->add_flag("--detach", up.detach,
-                   "Start the agents and return: each runs on under setsid + nohup, its pid and console "
+                   "Start the agents and return: each runs on in its own session, its pid and console "
                    "in <logs.dir>/<job>/up-n<K>.{pid,console}; see `ddprun status` and `ddprun down`");
   up_cmd->add_option("--remote-ddprun", up.remote_ddprun,
                      "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
@@ -174,12 +179,16 @@ int Main(int argc, char** argv) {
   status_cmd->add_option("job", status.job_path, "The job file")->required();
   status_cmd->add_option("--connect-timeout", status.connect_timeout_s, "Seconds ssh waits for each host")
       ->check(CLI::Range(1, 600));
+  status_cmd->add_option("--remote-ddprun", status.remote_ddprun,
+                         "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
   status_cmd->footer("Exit codes: 0 every agent runs, 1 not every agent runs, 2 job file error.");
   UpOptions down;
   CLI::App* down_cmd = app.add_subcommand("down", "Stop a job `ddprun up --detach` started (SIGTERM to every agent)");
   down_cmd->add_option("job", down.job_path, "The job file")->required();
   down_cmd->add_option("--connect-timeout", down.connect_timeout_s, "Seconds ssh waits for each host")
       ->check(CLI::Range(1, 600));
+  down_cmd->add_option("--remote-ddprun", down.remote_ddprun,
+                       "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
   down_cmd->footer("Each agent stops its workers within timeouts.stop_grace; exit 0 when none is left running.");
 
   SimulateOptions sim;

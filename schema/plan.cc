@@ -301,6 +301,11 @@ std::string PlanHeader(const JobSpec& spec) {
     out += fmt::format("libraries (nodes that differ are {}): {}\n",
                        spec.job.library_check == JobSpec::CodeCheck::kRefuse ? "refused" : "warned about",
                        DescribeLibraries(spec.job.libraries));
+    // When the job's own interpreter ran, and with how little of the job's code (issue 36.4).
+    out += fmt::format("  (read by running {} -S -c '<print version and sys.path>' once, in workdir with job.env, at "
+                       "most 5 s: -S runs no sitecustomize.py and no .pth import line, and nothing is imported; "
+                       "then the versions are read from the files on that path)\n",
+                       spec.job.libraries.interpreter.empty() ? "the job's interpreter" : spec.job.libraries.interpreter);
   }
   out += WorkerStartText(spec.job.command, spec.job.preload) + "\n";
   if (spec.restart.backoff_max) {

@@ -14,8 +14,12 @@ constexpr size_t kArity = 4;
 
 void EventQueue::Push(TimePoint at, Event event) {
   event.time_ns = at.time_since_epoch().count();
-  DDPRUN_ASSERT(event.time_ns >= popped_ns_);
   event.seq = next_seq_++;
+  PushWithSeq(event);
+}
+
+void EventQueue::PushWithSeq(const Event event) {
+  DDPRUN_ASSERT(event.time_ns >= popped_ns_);
   size_t hole = heap_.size();
   heap_.push_back(event);
   while (hole > 0) {
@@ -27,7 +31,7 @@ void EventQueue::Push(TimePoint at, Event event) {
   heap_[hole] = event;
 }
 
-void EventQueue::PushCall(TimePoint at, std::function<void()> call) {
+uint64_t EventQueue::CallSlot(std::function<void()> call) {
   uint64_t slot = 0;
   if (!free_calls_.empty()) {
     slot = free_calls_.back();
@@ -37,10 +41,24 @@ void EventQueue::PushCall(TimePoint at, std::function<void()> call) {
     slot = calls_.size();
     calls_.push_back(std::move(call));
   }
+  return slot;
+}
+
+void EventQueue::PushCall(TimePoint at, std::function<void()> call) {
   Event event;
   event.kind = EventKind::kCall;
-  event.target = slot;
+  event.target = CallSlot(std::move(call));
   Push(at, event);
+}
+
+void EventQueue::PushReservedCall(TimePoint at, uint64_t seq, std::function<void()> call) {
+  DDPRUN_ASSERT(seq < next_seq_);
+  Event event;
+  event.kind = EventKind::kCall;
+  event.target = CallSlot(std::move(call));
+  event.time_ns = at.time_since_epoch().count();
+  event.seq = seq;
+  PushWithSeq(event);
 }
 
 void EventQueue::SiftDown(size_t hole, const Event event) {

@@ -53,6 +53,12 @@ class EventQueue {
   void Push(TimePoint at, Event event);
   /// Schedules `call` at `at` (for rare events: faults, heals, reboots).
   void PushCall(TimePoint at, std::function<void()> call);
+  /// Takes the next sequence number for an event pushed later with PushReservedCall: among
+  /// events at its time it runs where it would have, had it been pushed now. A replay's
+  /// thousands of faults are fed one at a time this way (FaultInjector), so the queue stays
+  /// the size of the cluster and scanning it (sim/quiet.cc) stays O(nodes), not O(faults).
+  uint64_t ReserveSeq() { return next_seq_++; }
+  void PushReservedCall(TimePoint at, uint64_t seq, std::function<void()> call);
   bool Empty() const { return heap_.empty(); }
   TimePoint NextTime() const { return TimePoint(Duration(heap_.front().time_ns)); }
   /// Removes and returns the earliest event.
@@ -89,6 +95,8 @@ class EventQueue {
   }
   void SiftDown(size_t hole, Event event);
   void Rebuild();
+  void PushWithSeq(Event event);
+  uint64_t CallSlot(std::function<void()> call);
 
   std::vector<Event> heap_;
   uint64_t next_seq_ = 0;

@@ -117,6 +117,10 @@ RunLimit FaultInjector::Schedule(int world, int min_world) {
     }
     ScheduleFault(fault);
   }
+  // Fed in time order; equal times in the order planned, as the queue would pop them.
+  std::stable_sort(planned_.begin(), planned_.end(),
+                   [](const Planned& a, const Planned& b) { return a.at_ns != b.at_ns ? a.at_ns < b.at_ns : a.seq < b.seq; });
+  FeedNextFault();
   for (int rank = 0; rank < agents_; ++rank) {
     const auto index = static_cast<uint32_t>(rank);
     loop_.queue.PushCall(TimePoint(Duration(start[static_cast<size_t>(rank)])),
@@ -229,25 +233,39 @@ void FaultInjector::ScheduleRandomWorkerHang(TimePoint from) {
 void FaultInjector::ScheduleFault(const FaultSpec& fault) {
   const auto index = static_cast<uint32_t>(fault.node);
   log_.FocusRow(index);
-  loop_.queue.PushCall(AtOffset(fault.at), [this, fault] {
-    ++stats_.faults_injected;
-    switch (fault.kind) {
-      case FaultKind::kNodeCrash: return InjectNodeCrash(fault);
-      case FaultKind::kAgentHang: return InjectAgentHang(fault);
-      case FaultKind::kWorkerExit: return InjectWorkerExit(fault);
-      case FaultKind::kWorkerHang: return InjectWorkerHang(fault);
-      case FaultKind::kWorkerSlow: return InjectWorkerSlow(fault);
-      case FaultKind::kPartition: return InjectPartition(fault);
-      case FaultKind::kMasterPortBlocked: return InjectMasterPortBlocked(fault);
-      case FaultKind::kDuplicateNodeRank: return InjectDuplicateNodeRank(fault);
-      case FaultKind::kEtcdMemberDown:
-      case FaultKind::kEtcdLeaderLost:
-      case FaultKind::kEtcdPartition: return InjectEtcdFault(fault);
-      case FaultKind::kSlowJoiner:      // the node's start time (ScheduleFaults)
-      case FaultKind::kJobFileDiffers:  // the node's own spec (BuildNodes)
-        return;
-    }
+  planned_.push_back(Planned{AtOffset(fault.at).time_since_epoch().count(), loop_.queue.ReserveSeq(), fault});
+}
+
+void FaultInjector::FeedNextFault() {
+  if (next_planned_ >= planned_.size()) return;
+  const Planned& next = planned_[next_planned_];
+  loop_.queue.PushReservedCall(TimePoint(Duration(next.at_ns)), next.seq, [this, i = next_planned_] {
+    // The one after it goes into the queue first: had every fault been queued up front, it
+    // would be there now.
+    FeedNextFault();
+    Inject(planned_[i].fault);
   });
+  ++next_planned_;
+}
+
+void FaultInjector::Inject(const FaultSpec& fault) {
+  ++stats_.faults_injected;
+  switch (fault.kind) {
+    case FaultKind::kNodeCrash: return InjectNodeCrash(fault);
+    case FaultKind::kAgentHang: return InjectAgentHang(fault);
+    case FaultKind::kWorkerExit: return InjectWorkerExit(fault);
+    case FaultKind::kWorkerHang: return InjectWorkerHang(fault);
+    case FaultKind::kWorkerSlow: return InjectWorkerSlow(fault);
+    case FaultKind::kPartition: return InjectPartition(fault);
+    case FaultKind::kMasterPortBlocked: return InjectMasterPortBlocked(fault);
+    case FaultKind::kDuplicateNodeRank: return InjectDuplicateNodeRank(fault);
+    case FaultKind::kEtcdMemberDown:
+    case FaultKind::kEtcdLeaderLost:
+    case FaultKind::kEtcdPartition: return InjectEtcdFault(fault);
+    case FaultKind::kSlowJoiner:      // the node's start time (ScheduleFaults)
+    case FaultKind::kJobFileDiffers:  // the node's own spec (BuildNodes)
+      return;
+  }
 }
 
 void FaultInjector::InjectNodeCrash(const FaultSpec& fault) {

@@ -43,6 +43,9 @@ class FaultInjector {
 
  private:
   void ScheduleFault(const FaultSpec& fault);
+  /// Puts the next planned fault into the queue (ScheduleFault reserved its place).
+  void FeedNextFault();
+  void Inject(const FaultSpec& fault);
   void InjectNodeCrash(const FaultSpec& fault);
   void InjectAgentHang(const FaultSpec& fault);
   void ScheduleGuardianLease(uint32_t index);
@@ -75,6 +78,15 @@ class FaultInjector {
   int64_t random_faults_until_ns_ = 0;
   bool rendezvous_fault_ = false;
   std::vector<std::pair<int64_t, int64_t>> outages_;
+  // The planned faults (simulate.faults, a replay's thousands), in the order they fire; only
+  // the next one is in the queue, with the sequence number reserved when it was planned.
+  struct Planned {
+    int64_t at_ns = 0;
+    uint64_t seq = 0;
+    FaultSpec fault;
+  };
+  std::vector<Planned> planned_;
+  size_t next_planned_ = 0;
 };
 
 }  // namespace ddprun::sim

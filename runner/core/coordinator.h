@@ -87,6 +87,12 @@ class Coordinator {
                  TimePoint last_input, std::vector<CoordinatorEffect>& out);
 
   Phase phase() const { return static_cast<Phase>(state_.index()); }
+  /// Whether `conn` is an agent that joined (its join accepted, with the secret's proof when
+  /// there is one): what the driver trusts with full-size frames.
+  bool Joined(ConnId conn) const {
+    const Links::Conn* found = links_.Find(conn);
+    return found && found->node_rank >= 0;
+  }
   int round() const { return round_; }
   int restarts_used() const { return restarts_used_; }
   int joined_count() const { return roster_.connected(); }

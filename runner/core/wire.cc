@@ -277,6 +277,8 @@ void Decoder::Feed(std::span<const uint8_t> bytes) {
   // Compact before growing so a long-lived connection's buffer stays one frame in size.
   if (offset_ > 0 && offset_ == buffer_.size()) {
     buffer_.clear();
+    // A large frame's capacity is not kept once it is decoded (a Join, a stack dump).
+    if (buffer_.capacity() > 64 * 1024) buffer_.shrink_to_fit();
     offset_ = 0;
   } else if (offset_ > 64 * 1024) {
     buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(offset_));
@@ -310,8 +312,9 @@ Decoder::Status Decoder::Next(Message& out) {
   const uint8_t type = h[5];
   const uint32_t length = static_cast<uint32_t>(h[8]) | static_cast<uint32_t>(h[9]) << 8 |
                           static_cast<uint32_t>(h[10]) << 16 | static_cast<uint32_t>(h[11]) << 24;
-  if (length > kMaxPayload) {
+  if (length > limit_) {
     error_ = "frame of " + std::to_string(length) + " bytes is over the limit";
+    if (limit_ < kMaxPayload) error_ += " for a peer that has not joined (" + std::to_string(limit_) + " bytes)";
     return Status::kError;
   }
   if (type == 0 || type > std::variant_size_v<Message>) {

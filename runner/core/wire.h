@@ -267,10 +267,16 @@ class Decoder {
   const std::string& error() const { return error_; }
   /// True when the first bytes seen are not a ddprun frame (used to tell store clients apart).
   bool LooksForeign() const;
+  /// The largest payload a frame may announce from now on (at most kMaxPayload): a peer that
+  /// has proved nothing yet gets a smaller one than a joined agent (NodeHost).
+  void SetFrameLimit(uint32_t limit) { limit_ = limit < kMaxPayload ? limit : kMaxPayload; }
+  /// Bytes received and not yet decoded: what this connection costs in memory now.
+  size_t buffered() const { return buffer_.size() - offset_; }
 
  private:
   std::vector<uint8_t> buffer_;
   size_t offset_ = 0;
+  uint32_t limit_ = kMaxPayload;
   std::string error_;
 };
 

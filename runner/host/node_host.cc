@@ -73,6 +73,13 @@ std::string ProbeError(core::ConnectError error, const std::string& detail) {
   }
 }
 
+// What a peer that has not joined may cost node 0 (issue 36): frames no larger than a Join of
+// this job can be (its canonical form twice over, for a node whose file differs, plus room for
+// the rest), and all such peers' undecoded bytes together at most kUnprovenBudget; over it, the
+// one holding the most is dropped. The real transport also caps their number (asio_transport).
+constexpr uint32_t kUnprovenFrameBase = 64 * 1024;
+constexpr size_t kUnprovenBudget = 16u << 20;
+
 }  // namespace
 
 NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
@@ -84,6 +91,8 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       recorder_(spec, config, ports.events),
       agent_index_(config.node_rank) {
   DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
+  unproven_frame_limit_ = static_cast<uint32_t>(
+      std::min<size_t>(wire::kMaxPayload, kUnprovenFrameBase + 2 * config.canonical.size()));
   if (ports_.store) {
     // etcd: whichever agent holds the role runs the coordinator, on its own host's address.
     own_addr_ = spec.cluster.HostOf(config.node_rank);
@@ -218,6 +227,7 @@ void NodeHost::StepDown(const std::string& why) {
   for (ConnId conn : accepted) {
     ports_.transport->Close(conn);
     decoders_.erase(conn);
+    ForgetUnproven(conn);
   }
   ports_.transport->SetStoreRelay(0);
   coordinator_.reset();
@@ -234,8 +244,45 @@ void NodeHost::OnAccepted(ConnId conn, std::string peer_addr) {
     ports_.transport->Close(conn);
     return;
   }
-  decoders_.emplace(conn, wire::Decoder{});
+  decoders_[conn].SetFrameLimit(unproven_frame_limit_);
+  Unproven(conn, 0);
   if (coordinator_) RunCoordinator(core::PeerAccepted{conn, std::move(peer_addr)});
+}
+
+void NodeHost::Unproven(ConnId conn, size_t buffered) {
+  auto [it, added] = unproven_.try_emplace(conn, 0);
+  unproven_bytes_ = unproven_bytes_ - it->second + buffered;
+  it->second = buffered;
+  while (unproven_bytes_ > kUnprovenBudget) {
+    // The peer holding the most undecoded bytes goes first (the oldest of equals): a real
+    // agent's Join is decoded as soon as it is whole, so it holds little for long.
+    auto largest = unproven_.begin();
+    for (auto at = unproven_.begin(); at != unproven_.end(); ++at) {
+      if (at->second > largest->second) largest = at;
+    }
+    const ConnId dropped = largest->first;
+    const std::string why = fmt::format(
+        "peers that have not joined hold more than {} MiB of unfinished frames; dropping the one holding the most "
+        "({} bytes)",
+        kUnprovenBudget >> 20, largest->second);
+    ports_.console->Log(core::LogLevel::kWarn, "coordinator", fmt::format("dropping connection {}: {}", dropped, why));
+    ports_.transport->Close(dropped);
+    OnClosed(dropped, why);
+  }
+}
+
+void NodeHost::Proven(ConnId conn) {
+  ForgetUnproven(conn);
+  auto decoder = decoders_.find(conn);
+  if (decoder != decoders_.end()) decoder->second.SetFrameLimit(wire::kMaxPayload);
+  ports_.transport->Trust(conn);
+}
+
+void NodeHost::ForgetUnproven(ConnId conn) {
+  auto it = unproven_.find(conn);
+  if (it == unproven_.end()) return;
+  unproven_bytes_ -= it->second;
+  unproven_.erase(it);
 }
 
 void NodeHost::OnConnected(ConnId conn) {
@@ -281,7 +328,10 @@ void NodeHost::OnData(ConnId conn, std::span<const uint8_t> bytes) {
     it = decoders_.find(conn);
     if (it == decoders_.end()) return;
     const auto status = it->second.Next(message);
-    if (status == wire::Decoder::Status::kNeedMore) return;
+    if (status == wire::Decoder::Status::kNeedMore) {
+      if (unproven_.count(conn) > 0) Unproven(conn, it->second.buffered());
+      return;
+    }
     if (status == wire::Decoder::Status::kError) {
       const std::string why = "protocol error: " + it->second.error();
       ports_.console->Log(core::LogLevel::kWarn, from_master ? "agent" : "coordinator",
@@ -294,12 +344,14 @@ void NodeHost::OnData(ConnId conn, std::span<const uint8_t> bytes) {
       RunAgent(core::MasterMessage{std::move(message)});
     } else if (coordinator_) {
       RunCoordinator(core::PeerMessage{conn, std::move(message)});
+      if (unproven_.count(conn) > 0 && coordinator_ && coordinator_->Joined(conn)) Proven(conn);
     }
   }
 }
 
 void NodeHost::OnClosed(ConnId conn, std::string reason) {
   decoders_.erase(conn);
+  ForgetUnproven(conn);
   if (conn == master_conn_) {
     master_conn_.reset();
     RunAgent(core::MasterClosed{std::move(reason)});
@@ -415,6 +467,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* close = std::get_if<core::CloseConn>(&effect)) {
       ports_.transport->Close(close->conn);
       decoders_.erase(close->conn);
+      ForgetUnproven(close->conn);
     } else if (auto* reserve = std::get_if<core::ReserveStorePort>(&effect)) {
       const uint16_t port = ports_.transport->ReserveStorePort();
       ports_.transport->SetStoreRelay(port);

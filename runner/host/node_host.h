@@ -129,6 +129,15 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at
   // 16,384 connections on node 0.
   std::unordered_map<ConnId, wire::Decoder> decoders_;
+  // Accepted connections whose agent has not joined yet, with the bytes each has buffered:
+  // they get small frames (UnprovenFrameLimit) and share kUnprovenBudget, so that peers that
+  // proved nothing cannot take node 0's memory (issue 36). Ordered: the oldest is dropped first.
+  std::map<ConnId, size_t> unproven_;
+  size_t unproven_bytes_ = 0;
+  uint32_t unproven_frame_limit_ = 0;
+  void Unproven(ConnId conn, size_t buffered);
+  void Proven(ConnId conn);
+  void ForgetUnproven(ConnId conn);
   // The agent's probe of the other nodes (core::ProbeEndpoints): connections in flight, by
   // connection, and the targets that could not be reached so far.
   std::map<ConnId, wire::ProbeTarget> probe_conns_;

@@ -64,6 +64,10 @@ class Transport {
   /// clients) byte for byte to 127.0.0.1:port, and end the relayed connections of the previous
   /// round; 0 refuses them. The simulator models the relay's decisions (sim/store_relay.cc).
   virtual void SetStoreRelay(uint16_t /*port*/) {}
+  /// An accepted connection proved itself (its agent joined): from now on it is not counted
+  /// against the bounds on unproven connections, and reads use full-size buffers. The
+  /// simulator's peers are all the job's own, so it has nothing to bound.
+  virtual void Trust(ConnId /*conn*/) {}
 };
 
 class ProcessEvents {

@@ -40,6 +40,14 @@ constexpr size_t kRelayBufferBytes = 16 * 1024;
 constexpr size_t kMaxPendingBytes = 16 * 1024;
 // Accepted connections that have not yet sent their first 4 bytes.
 constexpr size_t kMaxUnclassified = 256;
+// Accepted ddprun connections whose agent has not joined yet (issue 36: 1,000 peers that each
+// sent the magic and most of a 1 MiB frame took 685 MB). A real agent joins within one or two
+// round trips of connecting, so it is rarely among the oldest; one that is dropped retries.
+constexpr size_t kMaxUnproven = 256;
+// Reads of a connection that has not proved itself go into this much; a joined agent's into
+// kTrustedReadBytes (stack dumps and error tails are large).
+constexpr size_t kUnprovenReadBytes = 4 * 1024;
+constexpr size_t kTrustedReadBytes = 64 * 1024;
 // Accepting again after EMFILE or a full socket budget: first after 100 ms, at most 2 s.
 constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(100);
 constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(2000);
@@ -50,7 +58,7 @@ constexpr size_t kEvictOnExhaustion = 16;
 constexpr size_t kMinSockets = 16;
 // A limit that keeps being hit is said once per this interval, not once per connection.
 constexpr auto kWarningInterval = std::chrono::seconds(60);
-enum : int { kWarnAccept = 1, kWarnUnclassified = 2, kWarnRelays = 3, kWarnSockets = 4 };
+enum : int { kWarnAccept = 1, kWarnUnclassified = 2, kWarnRelays = 3, kWarnSockets = 4, kWarnUnproven = 5 };
 
 std::string CurrentNoFileLimit() {
   rlimit limit{};
@@ -85,6 +93,7 @@ struct AsioTransport::Connection {
   bool connected = false;
   bool timed_out = false;
   bool closed = false;
+  bool trusted = false;  // our own connect, or an accepted one whose agent joined (Trust)
   std::string peer;  // accepted connections: "addr:port"
 };
 
@@ -124,6 +133,7 @@ void AsioTransport::Shutdown() {
     conn->resolver.cancel();
   }
   conns_.clear();
+  unproven_.clear();
 }
 
 Status AsioTransport::Listen(const std::string& addr, uint16_t port) {
@@ -274,6 +284,15 @@ void AsioTransport::Classify(const std::shared_ptr<Connection>& conn, size_t hav
     unclassified_.erase(conn->id);
     conn->timer.cancel();
     conns_[conn->id] = conn;
+    if (unproven_.size() >= kMaxUnproven) {
+      Warn(kWarnUnproven, fmt::format("more than {} connections to the master port have not joined; closing "
+                                      "the oldest",
+                                      kMaxUnproven));
+      const std::shared_ptr<Connection> oldest = unproven_.begin()->second;
+      unproven_.erase(unproven_.begin());
+      Fail(oldest, "dropped: too many connections that have not joined");
+    }
+    unproven_[conn->id] = conn;
     if (events_) events_->OnAccepted(conn->id, conn->peer);
     if (events_ && !conn->closed) {
       events_->OnData(conn->id, std::span<const uint8_t>(conn->hello.data(), have));
@@ -523,6 +542,7 @@ void AsioTransport::ProbeUpstream() {
 
 host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
   auto conn = std::make_shared<Connection>(io_, next_id_++);
+  conn->trusted = true;  // ours: what it sends is the coordinator's, whom the agent authenticates
   conns_[conn->id] = conn;
   conn->timer.expires_after(connect_timeout_);
   conn->timer.async_wait([this, conn](error_code ec) {
@@ -568,8 +588,19 @@ host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
   return conn->id;
 }
 
+void AsioTransport::Trust(host::ConnId id) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  it->second->trusted = true;
+  unproven_.erase(id);
+}
+
 void AsioTransport::StartRead(const std::shared_ptr<Connection>& conn) {
-  if (conn->read_buffer.empty()) conn->read_buffer.resize(64 * 1024);
+  const size_t wanted = conn->trusted ? kTrustedReadBytes : kUnprovenReadBytes;
+  if (conn->read_buffer.size() != wanted) {
+    conn->read_buffer.resize(wanted);
+    conn->read_buffer.shrink_to_fit();
+  }
   conn->socket.async_read_some(asio::buffer(conn->read_buffer), [this, conn](error_code ec, size_t n) {
     if (conn->closed) return;
     if (ec) {
@@ -615,6 +646,7 @@ void AsioTransport::Fail(const std::shared_ptr<Connection>& conn, const std::str
   error_code ignored;
   conn->socket.close(ignored);
   conns_.erase(conn->id);
+  unproven_.erase(conn->id);
   if (events_) events_->OnClosed(conn->id, reason);
 }
 
@@ -623,6 +655,7 @@ void AsioTransport::Close(host::ConnId id) {
   if (it == conns_.end()) return;
   auto conn = it->second;
   conns_.erase(it);
+  unproven_.erase(id);
   conn->closed = true;
   conn->timer.cancel();
   conn->resolver.cancel();

@@ -38,6 +38,7 @@ class AsioTransport final : public host::Transport {
   void Close(host::ConnId conn) override;
   uint16_t ReserveStorePort() override;
   void SetStoreRelay(uint16_t port) override;
+  void Trust(host::ConnId conn) override;
 
   /// Only these peers may connect to the listener (empty: anyone). `on_refused` hears about
   /// each refused peer address once.
@@ -104,6 +105,9 @@ class AsioTransport final : public host::Transport {
   bool probing_ = false;               // one connect attempt (or its retry wait) at a time
   std::unique_ptr<boost::asio::steady_timer> probe_timer_;
   std::map<host::ConnId, std::shared_ptr<Connection>> unclassified_;  // oldest first
+  // Accepted ddprun connections whose agent has not joined (not yet Trust()ed): at most
+  // kMaxUnproven, the oldest closed to make room, each reading into a small buffer.
+  std::map<host::ConnId, std::shared_ptr<Connection>> unproven_;  // oldest first
   std::unique_ptr<boost::asio::steady_timer> accept_timer_;
   std::chrono::milliseconds accept_backoff_{0};
   Limits limits_;

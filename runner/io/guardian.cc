@@ -108,7 +108,7 @@ int64_t MonotonicMs() {
         continue;
       }
       auto it = std::find(groups.begin(), groups.end(), record.pgid);
-      if (record.op == '+' && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
+      if (record.op == '+' && record.pgid > 1 && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
       if (record.op == '-' && it != groups.end()) groups.erase(it);
       // The agent is exiting and has killed everything below it itself.
       if (record.op == '.') ::_exit(0);

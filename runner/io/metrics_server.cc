@@ -157,7 +157,21 @@ void MetricsServer::StartAccept() {
 void MetricsServer::OnAccepted(std::shared_ptr<Connection> conn) {
   error_code ignored;
   if (connections_.size() >= limits_.max_connections) {
-    // Said at once and without waiting: the kernel's send buffer of a new socket takes it.
+    // Full. A connection still sending its request head (a slow client, or one that says
+    // nothing) makes room, the oldest first: a scraper sends its head at once and is past that
+    // point within a round trip, so slow clients cannot starve it (issue 36: 20 slow clients
+    // held every slot and 7 of 8 real scrapes got 503).
+    for (auto& [id, held] : connections_) {
+      if (held->response.empty()) {
+        const std::shared_ptr<Connection> slow = held;  // outlives the erase in Close
+        Close(slow);
+        break;
+      }
+    }
+  }
+  if (connections_.size() >= limits_.max_connections) {
+    // Every slot is writing an answer to a client that reads slowly: 503, said at once and
+    // without waiting (the kernel's send buffer of a new socket takes it).
     const std::string busy = HttpResponse(503, "Service Unavailable", "text/plain; charset=utf-8",
                                           "too many metrics requests at once; try again\n");
     conn->socket.non_blocking(true, ignored);

@@ -46,8 +46,10 @@ std::string HttpResponse(int status, std::string_view reason, std::string_view c
 class MetricsServer {
  public:
   struct Limits {
-    /// Connections served at once; one more is answered 503 at once and closed.
-    size_t max_connections = 4;
+    /// Connections served at once. One more closes the oldest that has not sent its whole
+    /// request head yet; when every one has (their answers are being written), it is answered
+    /// 503 at once and closed.
+    size_t max_connections = 16;
     /// The most a request head may take (request line and headers).
     size_t max_request_bytes = 8 * 1024;
     /// From accept to the last byte of the answer: a client that sends nothing, or too

@@ -257,7 +257,7 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
   TrackForConsole(worker->round, worker);
   ArmReap();
   // A stop that came while the worker waited for the template reaches it now.
-  if (stop_signal != 0) ::kill(-worker->pid, stop_signal);
+  if (stop_signal != 0) SignalGroup(worker->pid, stop_signal);
 
   worker->process->async_wait([this, worker](error_code wait_ec, int) {
     worker->exited = true;
@@ -272,7 +272,7 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
       }
     }
     // Whatever the worker left behind in its group (a daemon, a stuck child) goes with it.
-    ::kill(-worker->pid, SIGKILL);
+    SignalGroup(worker->pid, SIGKILL);
     if (options_.guardian) options_.guardian->Forget(worker->pid);
     // What left the group (setsid) came back to the agent, a child subreaper, when its parent
     // ended; once no worker runs, nothing below the agent but the guardian has a reason to.
@@ -355,7 +355,7 @@ void RealProcessLauncher::SignalAll(int round, int signal) {
     if (worker->pending) {
       worker->pending->signal = signal;
     } else if (worker->pid > 0) {
-      ::kill(-worker->pid, signal);
+      SignalGroup(worker->pid, signal);
     }
   }
 }
@@ -381,7 +381,7 @@ void RealProcessLauncher::SignalForStacks(int round, const std::vector<std::pair
     worker.stacks_from = fd.valid() && ::fstat(fd.get(), &st) == 0 ? st.st_size : 0;
     // The worker's own pid, never its group: its children (DataLoader workers, compilers)
     // have no handler for it.
-    ::kill(worker.pid, signal);
+    SignalProcess(worker.pid, signal);
   }
 }
 
@@ -408,7 +408,7 @@ std::vector<std::string> RealProcessLauncher::ReadStacks(int round) {
 
 void RealProcessLauncher::KillAll() {
   for (auto& [key, worker] : workers_) {
-    if (!worker->exited && !worker->pending && worker->pid > 0) ::kill(-worker->pid, SIGKILL);
+    if (!worker->exited && !worker->pending && worker->pid > 0) SignalGroup(worker->pid, SIGKILL);
   }
   waiting_.clear();
   if (warm_) warm_->Kill();

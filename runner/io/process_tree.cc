@@ -1,5 +1,7 @@
 #include "runner/io/process_tree.h"
 
+#include "base/assert.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -105,6 +107,16 @@ std::vector<ProcessEntry> DescendantsOf(const std::vector<ProcessEntry>& table,
   return found;
 }
 
+void SignalGroup(pid_t leader, int signal) {
+  DDPRUN_ASSERT(leader > 1);
+  ::kill(-leader, signal);
+}
+
+void SignalProcess(pid_t pid, int signal) {
+  DDPRUN_ASSERT(pid > 1);
+  ::kill(pid, signal);
+}
+
 size_t KillTrees(const std::function<bool(const ProcessEntry&)>& is_seed, pid_t exclude) {
   const pid_t self = ::getpid();
   std::vector<ProcessEntry> marked;  // sorted by pid; stopped, to be killed
@@ -113,26 +125,26 @@ size_t KillTrees(const std::function<bool(const ProcessEntry&)>& is_seed, pid_t 
     std::vector<pid_t> roots;
     std::vector<ProcessEntry> candidates;
     for (const ProcessEntry& entry : table) {
-      if (entry.pid == self || entry.pid == exclude) continue;
+      if (entry.pid <= 1 || entry.pid == self || entry.pid == exclude) continue;
       if (is_seed(entry) || Contains(marked, entry)) {
         roots.push_back(entry.pid);
         candidates.push_back(entry);
       }
     }
     for (const ProcessEntry& entry : DescendantsOf(table, roots, exclude)) {
-      if (entry.pid != self) candidates.push_back(entry);
+      if (entry.pid > 1 && entry.pid != self) candidates.push_back(entry);
     }
     size_t added = 0;
     for (const ProcessEntry& entry : candidates) {
       if (Contains(marked, entry)) continue;
       // Stopped, it cannot fork again before the kill; a zombie ignores both signals.
-      ::kill(entry.pid, SIGSTOP);
+      SignalProcess(entry.pid, SIGSTOP);
       marked.insert(std::upper_bound(marked.begin(), marked.end(), entry, SamePid), entry);
       ++added;
     }
     if (added == 0) break;
   }
-  for (const ProcessEntry& entry : marked) ::kill(entry.pid, SIGKILL);
+  for (const ProcessEntry& entry : marked) SignalProcess(entry.pid, SIGKILL);
   return marked.size();
 }
 

@@ -37,6 +37,13 @@ std::vector<ProcessEntry> ReadProcessTable();
 std::vector<ProcessEntry> DescendantsOf(const std::vector<ProcessEntry>& table,
                                         const std::vector<pid_t>& roots, pid_t exclude = 0);
 
+/// `kill(-leader, signal)`: the process group that `leader` (a worker ddprun started with its
+/// own group, or a child it made the leader of one) leads. Aborts when `leader` <= 1: 0 would be
+/// our own group, 1 and below every process (STYLE.md rule 7: a broken invariant stops here).
+void SignalGroup(pid_t leader, int signal);
+/// `kill(pid, signal)` for one process; aborts when `pid` <= 1 as SignalGroup does.
+void SignalProcess(pid_t pid, int signal);
+
 /// SIGKILLs every process for which `is_seed` holds, and all their descendants, leaving out
 /// `exclude` and its descendants and this process. Each found process is first stopped
 /// (SIGSTOP) and /proc read again, until no new one appears, so nothing can fork its way out

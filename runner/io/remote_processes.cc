@@ -1,4 +1,5 @@
 #include "runner/io/remote_processes.h"
+#include "runner/io/process_tree.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -117,7 +118,7 @@ bool Spawn(const RemoteChild& child, Running& running, std::string* why) {
 
 void KillAll(std::vector<Running>& running, int signal) {
   for (Running& r : running) {
-    if (r.pid > 0 && !r.reaped) ::kill(-r.pid, signal);
+    if (r.pid > 0 && !r.reaped) SignalGroup(r.pid, signal);
   }
 }
 
@@ -173,13 +174,16 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
     const Clock::time_point now = Clock::now();
     if (!outcome.interrupted_by && now - started >= limits.deadline) {
       for (Running& r : running) {
-        if (!r.reaped && !r.timed_out) r.timed_out = true, ::kill(-r.pid, SIGKILL);
+        if (!r.reaped && !r.timed_out) r.timed_out = true, SignalGroup(r.pid, SIGKILL);
       }
     }
     // A client that has exited but whose pipes stay open (a descendant holds them, such as a
     // ControlPersist master) is not waited for beyond a moment.
     for (Running& r : running) {
-      if (r.reaped && r.pid > 0 && now - r.reaped_at > std::chrono::seconds(2)) r.out.Reset(), r.err.Reset();
+      // One killed at the deadline is not waited for at all: the deadline is the bound.
+      if (r.reaped && r.pid > 0 && (r.timed_out || now - r.reaped_at > std::chrono::seconds(2))) {
+        r.out.Reset(), r.err.Reset();
+      }
     }
     if (stop_deadline && now >= *stop_deadline) {
       KillAll(running, SIGTERM);
@@ -221,7 +225,7 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
                 WriteAll(r.in.get(), line);
                 r.in.Reset();
               } else if (r.pid > 0 && !r.reaped) {
-                ::kill(-r.pid, SIGTERM);
+                SignalGroup(r.pid, SIGTERM);
               }
             }
             stop_deadline = Clock::now() + limits.stop_wait;

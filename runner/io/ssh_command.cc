@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "schema/plan.h"
 
@@ -17,6 +18,17 @@ std::string LastLine(const std::string& text) {
   while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == '\r')) trimmed.pop_back();
   const size_t start = trimmed.find_last_of('\n');
   return start == std::string::npos ? trimmed : trimmed.substr(start + 1);
+}
+
+/// "port 2222" from ssh's "ssh: connect to host h port 2222: ..." ("its ssh port" when ssh
+/// did not say which).
+std::string PortOf(const std::string& err) {
+  const size_t at = err.find(" port ");
+  if (at == std::string::npos) return "its ssh port";
+  size_t end = at + 6;
+  while (end < err.size() && err[end] >= '0' && err[end] <= '9') ++end;
+  if (end == at + 6) return "its ssh port";
+  return "port " + err.substr(at + 6, end - at - 6);
 }
 
 }  // namespace
@@ -77,19 +89,32 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
       outcome.what = "ssh cannot resolve the host name (DNS): " + said;
       outcome.fix = "hint: check the name in cluster.nodes, or give it a HostName in ~/.ssh/config";
     } else if (Contains(err, "Connection refused")) {
-      outcome.what = "connection refused: no ssh server listens there: " + said;
+      outcome.what = fmt::format("connection refused: no ssh server listens on {}: {}", PortOf(err), said);
       outcome.fix = "hint: start sshd on that host, or set its Port in ~/.ssh/config";
     } else if (Contains(err, "timed out")) {
       outcome.what = fmt::format("connection timed out ({} s): {}", connect_timeout_s, said);
-      outcome.fix =
-          "hint: is the host up and port 22 open? For a slow network: DDPRUN_SSH_COMMAND=\"ssh -o "
-          "ConnectTimeout=30\"";
+      outcome.fix = fmt::format(
+          "hint: is the host up and {} open? For a slow network: DDPRUN_SSH_COMMAND=\"ssh -o "
+          "ConnectTimeout=30\"",
+          PortOf(err));
     } else if (Contains(err, "No route to host") || Contains(err, "Network is unreachable")) {
       outcome.what = "no route to the host: " + said;
       outcome.fix = "hint: check the address in cluster.nodes and the network between this machine and it";
+    } else if (Contains(err, "REMOTE HOST IDENTIFICATION HAS CHANGED") || Contains(err, "has changed and you have")) {
+      // Never talk the user into accepting it: this is what an interception looks like.
+      outcome.what =
+          "its host key has CHANGED since it was recorded in known_hosts: someone may be intercepting the "
+          "connection (a man-in-the-middle attack), or the host was reinstalled";
+      outcome.fix = fmt::format(
+          "hint: do not accept the new key as it is offered: confirm the host's new key with whoever runs {} "
+          "(out of band), and only then replace the recorded one (`ssh-keygen -R {}`)",
+          host, host);
     } else if (Contains(err, "Host key verification failed")) {
       outcome.what = "its host key is not known here (ssh runs with BatchMode=yes and asks nothing)";
-      outcome.fix = fmt::format("hint: `ssh {}` once by hand and accept the key, or add it to known_hosts", host);
+      outcome.fix = fmt::format(
+          "hint: check the key's fingerprint with whoever runs {0} (`ssh-keyscan {0} | ssh-keygen -lf -` shows "
+          "what it offers), then add it to known_hosts",
+          host);
     } else if (Contains(err, "Permission denied") || Contains(err, "Authentication failed")) {
       outcome.what = "authentication failed: " + said;
       outcome.fix = fmt::format(
@@ -135,11 +160,8 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
   return outcome;
 }
 
-std::string CopyCommand(const std::string& job_path, int tag) {
-  const std::string dir = std::filesystem::path(job_path).parent_path().string();
-  const std::string temporary = fmt::format("{}.ddprun-up-{}.tmp", job_path, tag);
-  return fmt::format("mkdir -p {0} && cat > {1} && mv -f {1} {2}", ShellQuote(dir.empty() ? "." : dir),
-                     ShellQuote(temporary), ShellQuote(job_path));
+std::string CopyCommand(const std::string& remote_ddprun, const std::string& job_path) {
+  return fmt::format("exec {} __up-remote copy --to {}", ShellQuote(remote_ddprun), ShellQuote(job_path));
 }
 
 std::string AgentRemoteLine(const AgentCommand& agent) {
@@ -155,49 +177,64 @@ std::string AgentRemoteLine(const AgentCommand& agent) {
   return line;
 }
 
-namespace {
-
-// Whether $pid is the agent of `job_path`: alive, and its command line names the job file.
-std::string IsAgentTest(const std::string& job_path) {
-  return fmt::format("kill -0 \"$pid\" 2>/dev/null && tr '\\0' ' ' < /proc/\"$pid\"/cmdline | grep -qF -- {}",
-                     ShellQuote(job_path));
-}
-
-}  // namespace
-
-std::string DetachedAgentLine(const AgentCommand& agent, const DetachedFiles& files) {
+std::string DetachedAgentLine(const AgentCommand& agent, const std::string& state_dir) {
   const std::string dir = std::filesystem::path(agent.job_path).parent_path().string();
-  const std::string state_dir = std::filesystem::path(files.pid_file).parent_path().string();
-  std::string run = fmt::format("{} run {} --node-rank {}", ShellQuote(agent.remote_ddprun),
-                                ShellQuote(agent.job_path), agent.node_rank);
-  if (!agent.script_args.empty()) {
-    run += " --";
-    for (const std::string& arg : agent.script_args) run += " " + ShellQuote(arg);
-  }
-  // The background command is a simple command, so the shell's child applies the redirections
-  // and execs: nothing keeps the ssh session's stdout open and ssh returns at once.
-  std::string line = fmt::format("cd {} && mkdir -p {} || exit 1; ", ShellQuote(dir.empty() ? "." : dir), ShellQuote(state_dir));
+  std::string line = fmt::format("cd {} && ", ShellQuote(dir.empty() ? "." : dir));
   if (!agent.secret_file.empty()) line += "DDPRUN_SECRET_FILE=" + ShellQuote(agent.secret_file) + " ";
-  line += fmt::format("setsid nohup {} </dev/null >{} 2>&1 & pid=$!; echo \"$pid\" > {} && echo \"started $pid\"", run,
-                      ShellQuote(files.console), ShellQuote(files.pid_file));
+  line += fmt::format("exec {} __up-remote start --state-dir {} --node-rank {} --job {}",
+                      ShellQuote(agent.remote_ddprun), ShellQuote(state_dir), agent.node_rank,
+                      ShellQuote(agent.job_path));
+  if (!agent.script_args.empty()) {
+    line += " --";
+    for (const std::string& arg : agent.script_args) line += " " + ShellQuote(arg);
+  }
   return line;
 }
 
-std::string StatusLine(const std::string& job_path, const DetachedFiles& files) {
-  return fmt::format(
-      "if ! test -r {0}; then echo 'state: never-started'; exit 0; fi; pid=$(cat {0}); "
-      "if {1}; then echo \"state: running $pid\"; else echo \"state: exited $pid\"; fi; "
-      "tail -n 3 {2} 2>/dev/null | sed 's/^/log: /'",
-      ShellQuote(files.pid_file), IsAgentTest(job_path), ShellQuote(files.console));
+std::string StatusLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank) {
+  return fmt::format("exec {} __up-remote status --state-dir {} --node-rank {}", ShellQuote(remote_ddprun),
+                     ShellQuote(state_dir), node_rank);
 }
 
-std::string DownLine(const std::string& job_path, const DetachedFiles& files, int wait_s) {
-  return fmt::format(
-      "if ! test -r {0}; then echo 'state: never-started'; exit 0; fi; pid=$(cat {0}); "
-      "if ! {1}; then echo \"state: not-running $pid\"; exit 0; fi; kill -TERM \"$pid\"; i=0; "
-      "while [ $i -lt {2} ]; do if ! kill -0 \"$pid\" 2>/dev/null; then echo \"state: stopped $pid\"; exit 0; fi; "
-      "sleep 0.2; i=$((i+1)); done; echo \"state: still-running $pid\"; exit 1",
-      ShellQuote(files.pid_file), IsAgentTest(job_path), wait_s * 5);
+std::string DownLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank, int wait_s) {
+  return fmt::format("exec {} __up-remote down --state-dir {} --node-rank {} --wait {}", ShellQuote(remote_ddprun),
+                     ShellQuote(state_dir), node_rank, wait_s);
+}
+
+std::string FormatRemoteAnswer(const RemoteAnswer& answer) {
+  nlohmann::json record;
+  record["ddprun_up"] = 1;
+  record["state"] = answer.state;
+  if (answer.pid != 0) record["pid"] = answer.pid;
+  if (!answer.why.empty()) record["why"] = answer.why;
+  if (!answer.log.empty()) record["log"] = answer.log;
+  // Invalid UTF-8 from a console is replaced, not thrown on.
+  return record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+std::optional<RemoteAnswer> ParseRemoteAnswer(const std::string& out) {
+  std::optional<RemoteAnswer> found;
+  size_t start = 0;
+  while (start < out.size()) {
+    size_t end = out.find('\n', start);
+    if (end == std::string::npos) end = out.size();
+    const std::string_view line = std::string_view(out).substr(start, end - start);
+    start = end + 1;
+    if (!line.starts_with("{\"ddprun_up\":")) continue;
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("state") || !record["state"].is_string()) continue;
+    RemoteAnswer answer;
+    answer.state = record["state"].get<std::string>();
+    if (record.contains("pid") && record["pid"].is_number_integer()) answer.pid = record["pid"].get<int64_t>();
+    if (record.contains("why") && record["why"].is_string()) answer.why = record["why"].get<std::string>();
+    if (record.contains("log") && record["log"].is_array()) {
+      for (const auto& entry : record["log"]) {
+        if (entry.is_string()) answer.log.push_back(entry.get<std::string>());
+      }
+    }
+    found = std::move(answer);
+  }
+  return found;
 }
 
 }  // namespace ddprun::io

@@ -6,6 +6,8 @@
 // hosts, ControlMaster). DDPRUN_SSH_COMMAND replaces it and its options, as GIT_SSH_COMMAND
 // does for git: it is run by /bin/sh with the destination and the remote command appended.
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,9 +46,9 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
                        const std::string& remote_ddprun, const std::string& job_path,
                        const std::string& local_version, int connect_timeout_s);
 
-/// The remote line that copies stdin into `job_path` (atomically: a temporary file, then
-/// rename), for `up --copy`. `tag` makes the temporary name unique when hosts share a folder.
-std::string CopyCommand(const std::string& job_path, int tag);
+/// The remote line that copies stdin into `job_path` for `up --copy`: `ddprun __up-remote copy`
+/// there, which writes through a fresh exclusive temporary name and renames (detached_agent.h).
+std::string CopyCommand(const std::string& remote_ddprun, const std::string& job_path);
 
 /// The remote line that runs one agent under `up`.
 struct AgentCommand {
@@ -58,22 +60,33 @@ struct AgentCommand {
 };
 std::string AgentRemoteLine(const AgentCommand& agent);
 
-/// `up --detach`: where a detached agent's pid and console go on its host. The job file lies at
-/// the same path on every host, so these do too: <logs.dir>/<job.name>/up-n<K>.{pid,console}.
-struct DetachedFiles {
-  std::string pid_file;
-  std::string console;
+/// `up --detach`, `status` and `down` run ddprun itself on each host (`ddprun __up-remote`,
+/// runner/io/detached_agent.h): no decision to signal a process is made in shell. A detached
+/// agent's pid and console lie in `state_dir` = <logs.dir>/<job.name> (the job file lies at the
+/// same path on every host, so this does too), as up-n<K>.{pid,console}.
+///
+/// The remote line that starts one agent detached (its own session, stdin from /dev/null,
+/// console to its file); answers "started" with the pid.
+std::string DetachedAgentLine(const AgentCommand& agent, const std::string& state_dir);
+/// The remote line of `ddprun status`: "running", "exited", "never-started", "not-ours" (a pid
+/// file naming a process that is not the agent it started) or "unreadable", with the pid, why,
+/// and the console's last lines.
+std::string StatusLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank);
+/// The remote line of `ddprun down`: SIGTERM to the agent when it is provably the one started
+/// (which stops the job's workers within stop_grace), then waits up to `wait_s` for it:
+/// "stopped", "not-running", "never-started", "not-ours", "unreadable" or "still-running".
+std::string DownLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank, int wait_s);
+
+/// What `ddprun __up-remote` answers: one JSON line, {"ddprun_up": 1, "state": ..., ...}.
+struct RemoteAnswer {
+  std::string state;  // "error" when the action could not be done
+  int64_t pid = 0;    // 0: none
+  std::string why;    // "" or one clause, from the host: escape before printing
+  std::vector<std::string> log;  // the console's last lines, from the host: escape too
 };
-/// The remote line that starts one agent detached: its own session (setsid: no terminal, no
-/// SIGHUP when ssh ends), stdin from /dev/null, console to a file; prints "started <pid>".
-std::string DetachedAgentLine(const AgentCommand& agent, const DetachedFiles& files);
-/// The remote line of `ddprun status`: "state: running <pid>", "state: exited <pid>" or
-/// "state: never-started", then the console's last lines as "log: ...". A pid counts only while
-/// its command line still names the job file (a reused pid is not the agent).
-std::string StatusLine(const std::string& job_path, const DetachedFiles& files);
-/// The remote line of `ddprun down`: SIGTERM to the agent (which stops the job's workers within
-/// stop_grace), then waits up to `wait_s` for it: "state: stopped <pid>", "state: not-running
-/// <pid>", "state: never-started", or "state: still-running <pid>" (exit 1).
-std::string DownLine(const std::string& job_path, const DetachedFiles& files, int wait_s);
+std::string FormatRemoteAnswer(const RemoteAnswer& answer);
+/// The answer in `out` (the last line that is one; ssh's banners and motd are skipped);
+/// nullopt when there is none (ssh failed, or the remote ddprun is older).
+std::optional<RemoteAnswer> ParseRemoteAnswer(const std::string& out);
 
 }  // namespace ddprun::io

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/io/guardian.h"
+#include "runner/io/process_tree.h"
 
 namespace ddprun::io {
 
@@ -251,6 +252,15 @@ void WarmTemplate::Settle() {
   if (options_.settled) options_.settled();
 }
 
+std::string WhyNotOurWorker(int64_t pid) {
+  if (pid <= 1 || pid > 0x3fffffff) return "which is no worker's pid";
+  ProcessEntry entry;
+  if (!ReadProcessEntry(static_cast<pid_t>(pid), entry)) return "which does not exist";
+  if (entry.ppid != ::getpid()) return fmt::format("which is not a child of this agent (its parent is {})", entry.ppid);
+  if (entry.pgid != entry.pid) return fmt::format("which does not lead its own process group ({})", entry.pgid);
+  return "";
+}
+
 Result<pid_t> WarmTemplate::Fork(const Request& request, int stdin_fd, int out_fd, int err_fd, int guardian_fd) {
   if (state_ != State::kReady) return Fail(cold_reason_);
   Json message;
@@ -316,7 +326,19 @@ Result<pid_t> WarmTemplate::Fork(const Request& request, int stdin_fd, int out_f
     buffer.resize(static_cast<size_t>(n));
     const Json answer = Json::parse(buffer, nullptr, /*allow_exceptions=*/false);
     if (answer.is_object() && answer.contains("pid") && answer["pid"].is_number_integer()) {
-      return static_cast<pid_t>(answer["pid"].get<int64_t>());
+      // Adopted only when it is provably the worker just forked for us: our own child (the
+      // template's middle process has exited and we, the subreaper, inherited it) and the
+      // leader of its own process group (it called setpgid), since the launcher signals that
+      // group. Anything else (1, -1, the template's own pid, someone else's process) is refused.
+      const int64_t reported = answer["pid"].get<int64_t>();
+      if (const std::string refused = WhyNotOurWorker(reported); !refused.empty()) {
+        const std::string why = fmt::format("the template reported pid {} as the forked worker, {}: taken for broken "
+                                            "and killed",
+                                            reported, refused);
+        Down(why, /*replace=*/true);
+        return Fail(why);
+      }
+      return static_cast<pid_t>(reported);
     }
     if (answer.is_object() && answer.contains("error") && answer["error"].is_string()) {
       return Fail("the forked worker could not start: " + answer["error"].get<std::string>());

@@ -120,6 +120,10 @@ class WarmTemplate {
   std::chrono::steady_clock::time_point started_at_{};
 };
 
+/// Why `pid`, as a template reported it, is not a worker this agent may adopt and signal as a
+/// group ("" when it is: this process's child, leading its own process group).
+std::string WhyNotOurWorker(int64_t pid);
+
 /// The template's settings for job.command, or why workers start cold (a sentence that says
 /// so): not a Python command, the template script not installed, the interpreter not found.
 /// `template_env` is added over `inherited`, as a worker's variables are.

@@ -2,9 +2,11 @@
 // lines that work from any folder, a missing program, torchrun habits, long keys, exit codes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -103,6 +105,23 @@ TEST(Pointers, CheckNamesTheScriptNotTheInterpreter) {
   }
 }
 
+// Issue 36.4: an interpreter that ignores SIGTERM and leaves a child in a session of its own
+// holding its stdout held `check` for 40 s on 56e208f (docs: "at most 5 s"). Its group is
+// killed at the bound and the pipe is not waited for past it.
+TEST(Pointers, AnInterpreterThatHangsHoldsCheckForItsBoundOnly) {
+  Folder dir;
+  const std::string python = dir.Write("bin/python3", "#!/bin/sh\ntrap '' TERM\nsetsid sleep 20 &\nsleep 40\n");
+  ::chmod(python.c_str(), 0755);
+  const std::string job = dir.Write(
+      "job.toml", Job("command = [\"" + python + "\", \"train.py\"]\nlibrary_check = \"warn\"\n"));
+  const auto started = std::chrono::steady_clock::now();
+  const Output o = Shell("$D check " + job);
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(o.exit_code, 0) << o.text;
+  EXPECT_THAT(o.text, HasSubstr("did not answer within 5s")) << o.text;
+  EXPECT_LT(took, std::chrono::seconds(9)) << o.text;
+}
+
 // library_check: check lists what this node's Python would use, read from package metadata
 // (a dist-info and, as Debian's python3-torch installs it, an egg-info).
 TEST(Pointers, CheckListsTheLibraries) {
@@ -120,6 +139,13 @@ TEST(Pointers, CheckListsTheLibraries) {
   EXPECT_THAT(o.text, HasSubstr("), torch 1.13.0a0+gitunknown, lightning 2.2.5, pytorch_lightning "))
       << o.text;
   EXPECT_THAT(o.text, HasSubstr(", cuda -\n")) << o.text;
+  // The job's interpreter runs with -S: the job's sitecustomize.py does not run for `check`.
+  dir.Write("site/sitecustomize.py", "open('" + dir.path() + "/sitecustomize-ran', 'w').close()\n");
+  const Output again = Shell("PYTHONPATH=" + dir.path() + "/site $D check " + job);
+  EXPECT_EQ(again.exit_code, 0) << again.text;
+  EXPECT_THAT(again.text, HasSubstr(", lightning 2.2.5, ")) << again.text;
+  EXPECT_THAT(again.text, HasSubstr(" -S -c '<print version and sys.path>' once, in workdir with job.env, at most 5 s"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/sitecustomize-ran"));
   // A program that is not Python: the python3 on PATH is read, and the line says so.
   const std::string shell_job =
       dir.Write("sh.toml", Job("command = [\"sh\", \"train.sh\"]\nlibrary_check = \"refuse\"\n"));

@@ -218,6 +218,73 @@ TEST(HostileTest, ThousandsOfShortConnectionsKeepNode0sMemoryAndDescriptorsBound
   EXPECT_EQ(node0.Wait(20s), 0) << node0.Output();
 }
 
+// Issue 36.3: with DDPRUN_SECRET set, 1,000 connections that each sent the magic and most of a
+// 1 MiB frame grew node 0 from 11.8 MB to 685 MB on 56e208f. A peer that has proved nothing now
+// gets frames no larger than a Join of this job, at most 256 such peers are kept (the oldest
+// goes), and their unfinished frames share 16 MiB: node 0 stays under 64 MiB with 1,000 and with
+// 10,000 of them, whether they announce 1 MiB (refused at the header) or just under the limit
+// (held, within the budget), and a real node joins during the flood and the job succeeds.
+void Flood(uint16_t port, int connections, uint32_t announced, size_t sent, std::vector<int>& held) {
+  std::string frame = "DDPR";
+  frame += std::string("\x01\x01\0\0", 4);  // version 1, a Join
+  for (int shift = 0; shift < 32; shift += 8) frame += static_cast<char>((announced >> shift) & 0xff);
+  frame += std::string(sent, 'j');
+  for (int i = 0; i < connections; ++i) {
+    const int fd = ConnectTo(port);
+    if (fd < 0) continue;
+    ::fcntl(fd, F_SETFL, O_NONBLOCK);
+    (void)::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);  // what the socket takes
+    held.push_back(fd);
+  }
+}
+
+TEST(HostileTest, PeersThatProvedNothingCannotTakeNode0sMemory) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 12000) GTEST_SKIP() << "the hard descriptor limit is below 12,000";
+  const rlimit raised{limit.rlim_max, limit.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &raised), 0);
+  ScratchDir dir;
+  const uint16_t port = FreePort();
+  const std::map<std::string, std::string> secret = {{"DDPRUN_SECRET", "correct horse battery"}};
+  const std::string job = dir.Write(
+      "job.toml", Job(port, "touch " + dir.path() + "/started-$RANK; while [ ! -e " + dir.path() +
+                                "/stop ]; do sleep 0.05; done",
+                      Shape{2, 1, 0}));
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", secret);
+  ASSERT_TRUE(WaitFor([&] {
+    const int fd = ConnectTo(port);
+    if (fd >= 0) ::close(fd);
+    return fd >= 0;
+  }, 20s)) << node0.Output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const long rss_before = StatusKiB(node0.pid(), "VmRSS");
+  std::vector<int> held;
+  Flood(port, 1000, 1u << 20, 1000 * 1024, held);      // most of a 1 MiB frame
+  Flood(port, 1000, 60 * 1024, 60 * 1024 - 1, held);   // one byte short of a frame under the limit
+  const long after_1000 = StatusKiB(node0.pid(), "VmHWM");
+  Flood(port, 8000, 60 * 1024, 60 * 1024 - 1, held);
+  // A real node joins while the flood's last connections are still open.
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", secret);
+  Flood(port, 2000, 1u << 20, 64 * 1024, held);
+  EXPECT_TRUE(WaitFor([&] { return dir.Exists("started-0") && dir.Exists("started-1"); }, 60s))
+      << node0.Output() << node1.Output();
+  const long peak = StatusKiB(node0.pid(), "VmHWM");
+  for (int fd : held) ::close(fd);
+  dir.Write("stop", "");
+  EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
+  EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  EXPECT_GE(held.size(), 11000u);
+  EXPECT_THAT(node0.Output(), HasSubstr("have not joined"));
+  if (kMeasuresMemory) {
+    EXPECT_LT(after_1000, 64 * 1024) << "VmRSS before " << rss_before << " KiB, peak after 1,000 " << after_1000;
+    EXPECT_LT(peak, 64 * 1024) << "VmRSS before " << rss_before << " KiB, peak after 12,000 " << peak;
+  }
+  std::printf("node 0: VmRSS %ld KiB before the flood, VmHWM %ld KiB after 2,000 connections, %ld KiB after 12,000\n",
+              rss_before, after_1000, peak);
+}
+
 // Issue 11.2, with the store listening: a store client that spoke before rank 0 listened gets
 // its bytes through once it does; thousands of short clients come and go and leave nothing
 // behind; a connection the store side closes is closed for the client too.

@@ -260,7 +260,7 @@ TEST_F(UpTest, UnreadyHostsAreNamedBeforeAnyAgentStarts) {
   EXPECT_THAT(out, HasSubstr(addr(1) + " (node 1): no `ddprun` on the remote PATH"));
   EXPECT_THAT(out, HasSubstr("pass `--remote-ddprun /path/to/ddprun`"));
   EXPECT_THAT(out, HasSubstr(addr(2) + " (node 2): it runs ddprun 0.0.9, this machine runs ddprun "));
-  EXPECT_THAT(out, HasSubstr(addr(3) + " (node 3): connection refused: no ssh server listens there"));
+  EXPECT_THAT(out, HasSubstr(addr(3) + " (node 3): connection refused: no ssh server listens on port 22"));
   EXPECT_THAT(out, HasSubstr(addr(4) + " (node 4): connection timed out (2 s)"));
   EXPECT_THAT(out, HasSubstr(addr(5) + " (node 5): authentication failed"));
   EXPECT_THAT(out, HasSubstr("hint: `ssh-copy-id " + addr(5) + "`"));

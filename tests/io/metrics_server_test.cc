@@ -67,9 +67,10 @@ TEST(HttpResponseTest, HasLengthTypeAndClose) {
 /// ticks (every 10 ms) to show that the loop never stalls.
 class MetricsServerTest : public ::testing::Test {
  protected:
-  void Start(MetricsServer::Limits limits = {}) {
-    server_ = std::make_unique<MetricsServer>(io_, [this] { return "scrape " + std::to_string(++scrapes_) + "\n"; },
-                                              limits);
+  void Start(MetricsServer::Limits limits = {}, std::string payload = "") {
+    payload_ = std::move(payload);
+    server_ = std::make_unique<MetricsServer>(
+        io_, [this] { return "scrape " + std::to_string(++scrapes_) + "\n" + payload_; }, limits);
     ASSERT_TRUE(server_->Listen("127.0.0.1", 0));
     port_ = server_->port();
     ASSERT_GT(port_, 0);
@@ -137,6 +138,7 @@ class MetricsServerTest : public ::testing::Test {
   std::atomic<int> scrapes_{0};
   std::atomic<int> ticks_{0};
   bool stopping_ = false;  // set on the loop thread by TearDown
+  std::string payload_;    // appended to every rendered answer
 };
 
 TEST_F(MetricsServerTest, GetMetricsAnswersWithTheRenderedTextAndCloses) {
@@ -184,14 +186,10 @@ TEST_F(MetricsServerTest, AClientThatSaysNothingIsCutOffAtTheDeadlineAndHoldsNot
   ::close(idle);
 }
 
-TEST_F(MetricsServerTest, OneClientTooManyGetsA503AtOnce) {
-  MetricsServer::Limits limits;
-  limits.max_connections = 2;
-  Start(limits);
-  const int a = Connect();
-  const int b = Connect();
-  // Both are accepted (and held) before the third connects.
-  ASSERT_TRUE([&] {
+class MetricsServerSlotsTest : public MetricsServerTest {
+ protected:
+  /// Waits until the server holds `count` connections.
+  bool WaitForConnections(size_t count) {
     for (int i = 0; i < 500; ++i) {
       std::atomic<size_t> open{0};
       std::atomic<bool> done{false};
@@ -200,21 +198,68 @@ TEST_F(MetricsServerTest, OneClientTooManyGetsA503AtOnce) {
         done = true;
       });
       while (!done) std::this_thread::sleep_for(1ms);
-      if (open == 2) return true;
+      if (open == count) return true;
       std::this_thread::sleep_for(10ms);
     }
     return false;
+  }
+};
+
+// Issue 36: 20 slow clients held the 4 slots and 7 of 8 real scrapes got 503. Now 100 slow
+// clients (each sent half a request head and waits) cannot keep a scraper out: each new
+// connection closes the oldest one still sending its head.
+TEST_F(MetricsServerSlotsTest, ARealScrapeIsAnsweredWhileAHundredSlowClientsAreConnected) {
+  MetricsServer::Limits limits;
+  limits.max_connections = 4;
+  Start(limits);
+  std::vector<int> slow;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = Connect();
+    ASSERT_EQ(::send(fd, "GET /met", 8, MSG_NOSIGNAL), 8);
+    slow.push_back(fd);
+  }
+  ASSERT_TRUE(WaitForConnections(4));
+  for (int scrape = 1; scrape <= 8; ++scrape) {
+    EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 200 OK\r\n")) << "scrape " << scrape;
+  }
+  EXPECT_EQ(scrapes_, 8);
+  for (int fd : slow) ::close(fd);
+}
+
+// When every slot is writing an answer to a client that does not read it, one more is told so
+// at once (503) rather than kept waiting, and the loop keeps running.
+TEST_F(MetricsServerSlotsTest, OneClientTooManyWhileEverySlotAnswersGetsA503AtOnce) {
+  MetricsServer::Limits limits;
+  limits.max_connections = 2;
+  Start(limits, std::string(16u << 20, 'x'));  // more than the sockets' buffers hold
+  const int a = Connect();
+  const int b = Connect();
+  for (int fd : {a, b}) ASSERT_EQ(::send(fd, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL), 27);
+  ASSERT_TRUE(WaitForConnections(2));
+  ASSERT_TRUE([&] {
+    for (int i = 0; i < 500 && scrapes_ < 2; ++i) std::this_thread::sleep_for(10ms);
+    return scrapes_ == 2;
   }());
-  EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 503 Service Unavailable\r\n"));
+  const int c = Connect();
+  ASSERT_EQ(::send(c, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL), 27);
+  char head[64] = {};
+  ASSERT_GT(::recv(c, head, sizeof head - 1, 0), 0);
+  EXPECT_THAT(std::string(head), StartsWith("HTTP/1.0 503 Service Unavailable\r\n"));
+  ::close(c);
   ::close(a);
   ::close(b);
   // Once they are gone, requests are served again.
   std::string answer;
   for (int i = 0; i < 100 && answer.find("200 OK") == std::string::npos; ++i) {
-    answer = Fetch("GET /metrics HTTP/1.1\r\n\r\n");
+    const int fd = Connect();
+    ::send(fd, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL);
+    char first[64] = {};
+    if (::recv(fd, first, sizeof first - 1, 0) > 0) answer = first;
+    ::close(fd);
     if (answer.find("200 OK") == std::string::npos) std::this_thread::sleep_for(10ms);
   }
   EXPECT_THAT(answer, StartsWith("HTTP/1.0 200 OK\r\n"));
+  EXPECT_GE(ticks_, 1);  // the loop ran meanwhile
 }
 
 TEST_F(MetricsServerTest, ATakenPortIsRefusedWithWhy) {

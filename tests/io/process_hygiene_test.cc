@@ -24,7 +24,7 @@ JobSpec Workers(int nproc_per_node, uint16_t metrics_port = 0) {
 TEST(DescriptorReserveTest, EightPerWorkerOnTopOfTheAgentsOwnAndTheMetricsEndpoints) {
   EXPECT_EQ(DescriptorReserve(Workers(8)), 64u + 8 * 8);
   EXPECT_EQ(DescriptorReserve(Workers(0)), 64u + 8);  // at least one worker's worth
-  EXPECT_EQ(DescriptorReserve(Workers(8, 9400)), 64u + 8 * 8 + 4 + 2);
+  EXPECT_EQ(DescriptorReserve(Workers(8, 9400)), 64u + 8 * 8 + 16 + 2);  // MetricsServer::Limits::max_connections
 }
 
 TEST(BudgetSocketsTest, AGenerousLimitLeavesTheRestToConnectionsQuietly) {

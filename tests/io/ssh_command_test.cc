@@ -57,9 +57,18 @@ TEST(ProbeTest, ReadsEachFailureWithItsFix) {
   EXPECT_TRUE(Read(0, "ddprun 1.2.3\njob-file-found\n", "").ok);
   auto host_key = Read(255, "", "Host key verification failed.\n");
   EXPECT_EQ(host_key.what, "its host key is not known here (ssh runs with BatchMode=yes and asks nothing)");
-  EXPECT_EQ(host_key.fix, "hint: `ssh gpu-02` once by hand and accept the key, or add it to known_hosts");
+  EXPECT_EQ(host_key.fix,
+            "hint: check the key's fingerprint with whoever runs gpu-02 (`ssh-keyscan gpu-02 | ssh-keygen -lf -` "
+            "shows what it offers), then add it to known_hosts");
   EXPECT_EQ(Read(255, "", "ssh: connect to host gpu-02 port 22: No route to host\n").what,
             "no route to the host: ssh: connect to host gpu-02 port 22: No route to host");
+  // The port ssh tried, not an assumed 22.
+  const auto timed_out = Read(255, "", "ssh: connect to host gpu-02 port 2222: Connection timed out\n");
+  EXPECT_EQ(timed_out.what, "connection timed out (10 s): ssh: connect to host gpu-02 port 2222: Connection timed out");
+  EXPECT_NE(timed_out.fix.find("is the host up and port 2222 open?"), std::string::npos) << timed_out.fix;
+  EXPECT_EQ(Read(255, "", "ssh: connect to host gpu-02 port 2200: Connection refused\n").what,
+            "connection refused: no ssh server listens on port 2200: ssh: connect to host gpu-02 port 2200: "
+            "Connection refused");
   EXPECT_EQ(Read(-1, "", "").what, "no answer within 15 s");
   EXPECT_EQ(Read(255, "", "banner\nkex_exchange_identification: read: Connection reset by peer\n").what,
             "ssh failed: kex_exchange_identification: read: Connection reset by peer");
@@ -67,9 +76,53 @@ TEST(ProbeTest, ReadsEachFailureWithItsFix) {
   EXPECT_EQ(Read(0, "ddprun 1.2.3\njob-file-missing\n", "").what, "the job file is not at /j/job.toml there");
 }
 
-TEST(CopyCommandTest, WritesATemporaryFileThenRenames) {
-  EXPECT_EQ(CopyCommand("/j/job.toml", 3),
-            "mkdir -p /j && cat > /j/job.toml.ddprun-up-3.tmp && mv -f /j/job.toml.ddprun-up-3.tmp /j/job.toml");
+// A changed host key is what an interception looks like: said so, and never "accept the key".
+TEST(ProbeTest, AChangedHostKeyIsReportedAsAPossibleAttack) {
+  const std::string err =
+      "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+      "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+      "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+      "IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\n"
+      "Someone could be eavesdropping on you right now (man-in-the-middle attack)!\n"
+      "Host key for gpu-02 has changed and you have requested strict checking.\n"
+      "Host key verification failed.\n";
+  const auto changed = Read(255, "", err);
+  EXPECT_EQ(changed.what,
+            "its host key has CHANGED since it was recorded in known_hosts: someone may be intercepting the "
+            "connection (a man-in-the-middle attack), or the host was reinstalled");
+  EXPECT_EQ(changed.fix.find("accept the key"), std::string::npos) << changed.fix;
+  EXPECT_NE(changed.fix.find("do not accept the new key"), std::string::npos) << changed.fix;
+}
+
+// The host's side is ddprun itself: no shell decides what to signal, every path is quoted.
+TEST(RemoteLineTest, UpDetachStatusDownAndCopyRunDdprunOnTheHost) {
+  EXPECT_EQ(CopyCommand("/opt/dd prun", "/j/job.toml"), "exec '/opt/dd prun' __up-remote copy --to /j/job.toml");
+  AgentCommand agent;
+  agent.job_path = "/j/job.toml";
+  agent.node_rank = 1;
+  agent.script_args = {"--lr", "it's"};
+  EXPECT_EQ(DetachedAgentLine(agent, "/j/logs/my job"),
+            "cd /j && exec ddprun __up-remote start --state-dir '/j/logs/my job' --node-rank 1 --job /j/job.toml "
+            "-- --lr 'it'\\''s'");
+  EXPECT_EQ(StatusLine("ddprun", "/j/logs/x", 3), "exec ddprun __up-remote status --state-dir /j/logs/x --node-rank 3");
+  EXPECT_EQ(DownLine("ddprun", "/j/logs/x", 0, 35),
+            "exec ddprun __up-remote down --state-dir /j/logs/x --node-rank 0 --wait 35");
+}
+
+TEST(RemoteAnswerTest, RoundTripsAndSkipsWhatElseTheSessionPrinted) {
+  RemoteAnswer answer;
+  answer.state = "running";
+  answer.pid = 4242;
+  answer.log = {"round 0: starting", "\x1b[2Jbad \xff byte"};
+  const std::string out = "Welcome to gpu-02\n" + FormatRemoteAnswer(answer) + "bye\n";
+  const auto parsed = ParseRemoteAnswer(out);
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(parsed->state, "running");
+  EXPECT_EQ(parsed->pid, 4242);
+  ASSERT_EQ(parsed->log.size(), 2u);
+  EXPECT_EQ(parsed->log[1].substr(0, 7), "\x1b[2Jbad");  // escaped where printed, not here
+  EXPECT_FALSE(ParseRemoteAnswer("state: running 12\n"));  // an older ddprun's shell line
+  EXPECT_FALSE(ParseRemoteAnswer("{\"ddprun_up\": not json\n"));
 }
 
 TEST(ControllerLinkTest, StopLineCarriesTheSignal) {
