@@ -92,9 +92,13 @@ std::string StarterJobFile(const InitOptions& o) {
   const int procs = gpu ? o.gpus_per_node : 1;
   const int nnodes = o.nodes.empty() ? o.nnodes : static_cast<int>(o.nodes.size());
   const std::string name = o.name.empty() ? NameFromScript(o.script) : o.name;
+  // A bare program name would be looked up on PATH, not in workdir (`train.sh`: exit 127, issue
+  // 40): a shell script runs through bash, anything else by its path relative to workdir.
   const std::vector<std::string> command =
-      o.script.ends_with(".py") ? std::vector<std::string>{"python3", o.script}
-                                : std::vector<std::string>{o.script};
+      o.script.ends_with(".py")  ? std::vector<std::string>{"python3", o.script}
+      : o.script.ends_with(".sh") ? std::vector<std::string>{"bash", o.script}
+      : o.script.find('/') == std::string::npos ? std::vector<std::string>{"./" + o.script}
+                                                : std::vector<std::string>{o.script};
   std::string t;
   t += "# A ddprun job file, written by `ddprun init`. Every key is described in docs/job-file.md.\n";
   const std::string file = o.output.substr(o.output.find_last_of('/') + 1);
@@ -146,7 +150,9 @@ std::string StarterJobFile(const InitOptions& o) {
   t += "[timeouts]\n";
   t += "rendezvous = \"15m\"               # every node must have joined by then\n";
   t += "heartbeat = \"2s\"                 # a node silent for 3 beats is lost\n";
-  t += "stop_grace = \"30s\"               # SIGTERM, then SIGKILL after this\n\n";
+  t += o.slurm ? "stop_grace = \"20s\"               # SIGTERM, then SIGKILL after this; below SLURM's KillWait "
+                 "(30 s by default), after which SLURM kills the agents\n\n"
+               : "stop_grace = \"30s\"               # SIGTERM, then SIGKILL after this\n\n";
   t += "[logs]\n";
   t += "dir = \"logs\"                     # logs/<job>/... per rank, relative to this file\n";
   t += "console = \"all\"                  # or \"none\", or a list of global ranks, e.g. [0]\n";

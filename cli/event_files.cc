@@ -110,13 +110,24 @@ Result<std::vector<report::EventFile>> LoadEventFiles(const std::string& dir) {
   std::vector<report::EventFile> files;
   files.reserve(paths->size());
   size_t held = 0;
+  std::vector<std::string> skipped;
   for (const std::string& relative : *paths) {
     const std::string name = one_file ? fs::path(dir).filename().string() : relative;
     const std::string shown = one_file ? dir : (folder / relative).string();
     auto file = ReadEventFile(folder_fd.get(), name, shown, kMaxHeldBytes - held);
-    if (!file) return Fail(file.error());
+    if (!file) {
+      // One file that cannot be read (empty: its agent exited before its first record; cut
+      // short; planted) takes no other run down with it: said, and skipped (issue 39).
+      skipped.push_back(file.error());
+      fmt::print(stderr, "ddprun: skipped {} (the other event files are read)\n", EscapeForTerminal(file.error()));
+      continue;
+    }
     held += file->held_bytes;
     files.push_back(*std::move(file));
+  }
+  if (files.empty()) {
+    return Fail(skipped.size() == 1 ? skipped.front()
+                                    : fmt::format("no event file could be read:\n  {}", fmt::join(skipped, "\n  ")));
   }
   return files;
 }

@@ -158,12 +158,13 @@ void Invariants::GangResumed(RoundKey round) {
   log_.push_back(o);
 }
 
-void Invariants::StacksTaken(RoundKey round, int global_rank, bool hung) {
-  if (!hung) return;  // only the hung ones are compared with the verdict
+void Invariants::StacksTaken(RoundKey round, int global_rank, bool hung, bool training) {
   Observation o;
   o.kind = Kind::kStacks;
   o.round = round;
   o.code = global_rank;
+  o.flag = hung;
+  o.node = training ? 1 : 0;
   log_.push_back(o);
 }
 
@@ -223,8 +224,9 @@ void Invariants::AfterEvent(int64_t now_ns) {
         break;
       case Kind::kStacks:
         if (auto it = rounds_.find(*o.round); it != rounds_.end()) {
+          (o.node == 1 ? it->second.trained_at_dump : it->second.stalled_at_dump) = true;
           auto& hung = it->second.hung_at_dump;
-          if (std::find(hung.begin(), hung.end(), o.code) == hung.end()) hung.push_back(o.code);
+          if (o.flag && std::find(hung.begin(), hung.end(), o.code) == hung.end()) hung.push_back(o.code);
         }
         break;
       case Kind::kJudged:
@@ -603,6 +605,16 @@ void Invariants::CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks
   if (it == rounds_.end()) return;
   const std::vector<int>& hung = it->second.hung_at_dump;
   auto is_hung = [&](int rank) { return std::find(hung.begin(), hung.end(), rank) != hung.end(); };
+  // A verdict whose stacks were all taken while the round trained (no rank hung, nothing
+  // stalled it) blames ranks that were working (issue 37: a rank stalled for 29 s of
+  // timeouts.progress = 30s, recovered, and the ranks one step behind were called hung).
+  if (hung.empty() && it->second.trained_at_dump && !it->second.stalled_at_dump) {
+    std::vector<int> named = judged.first;
+    std::sort(named.begin(), named.end());
+    return Fail(now_ns, fmt::format("round {} was stopped as hung naming rank {}, but every rank was training when "
+                                    "the stacks were taken: none hung",
+                                    key.round, fmt::join(named, ", ")));
+  }
   // Only a verdict that had a hung rank's stack can be held to naming it; without, the
   // coordinator names the rank first found silent, which may be any.
   const std::vector<int>& with_stack = judged.second;

@@ -159,8 +159,9 @@ class Invariants {
   void GangHung(RoundKey round, std::vector<int> hung);
   /// ... and no longer (the rank runs again, the round failed, a partition stalls it too).
   void GangResumed(RoundKey round);
-  /// The agent signalled `global_rank` of `round` for its stacks; `hung`: the rank hangs now.
-  void StacksTaken(RoundKey round, int global_rank, bool hung);
+  /// The agent signalled `global_rank` of `round` for its stacks; `hung`: the rank hangs now;
+  /// `training`: its gang trains now (no rank of it hangs, nothing stalls it).
+  void StacksTaken(RoundKey round, int global_rank, bool hung, bool training);
   /// The coordinator stopped `round` as hung naming `culprits`, with the stacks of `with_stack`.
   void HangJudged(RoundKey round, std::vector<int> culprits, std::vector<int> with_stack);
 
@@ -204,6 +205,8 @@ class Invariants {
     int64_t hung_since_ns = -1;     // when it stalled because of them
     int64_t hang_check_ns = -1;     // when the hang bound is checked next
     std::vector<int> hung_at_dump;  // ranks that hung when their stacks were taken
+    bool trained_at_dump = false;   // a stack was taken while the round trained
+    bool stalled_at_dump = false;   // a stack was taken while it did not
   };
   struct Node {
     std::string label;

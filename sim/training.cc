@@ -145,6 +145,7 @@ void Workers::UpdateTraining() {
   if (active && !g->training) {
     g->training = true;
     g->training_since_ns = now;
+    g->resumed_ns = now;
     g->slow_percent = slow;
     ScheduleTrainingDone(*g);
     if (!stats_.first_training_ns) stats_.first_training_ns = now;

@@ -30,7 +30,14 @@ void Workers::SignalForStacks(uint32_t index, int round, const std::vector<std::
       if (w.hello && signal == kStackSignal) {
         w.stacks += StackDump(w);
         if (watch_hangs_) {
-          invariants_.StacksTaken(RoundKey{w.coordinator, w.round}, w.global_rank, w.hung);
+          // Training for long enough that every rank's beacons since reached its agent: one
+          // beacon batch, and a margin for the network. A rank that went on just before cannot
+          // have told anyone yet, and a verdict then is the stacks' honest best guess.
+          const auto gang = gangs_.find(w.gang);
+          const bool training = gang != gangs_.end() && gang->second.training &&
+                                loop_.now_ns - gang->second.resumed_ns >=
+                                    Ns(beacon_period_) + Ns(std::chrono::milliseconds(500));
+          invariants_.StacksTaken(RoundKey{w.coordinator, w.round}, w.global_rank, w.hung, training);
         }
       }
       break;

@@ -147,6 +147,7 @@ class Workers {
     bool completed = false;
     bool training = false;
     int64_t training_since_ns = 0;
+    int64_t resumed_ns = 0;      // when it last went from stalled (or starting) to training
     uint64_t done_gen = 0;       // invalidates a scheduled kTrainingDone
     uint64_t stall_gen = 0;      // invalidates a scheduled kCollectiveTimeout
     bool stall_timer = false;

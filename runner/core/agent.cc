@@ -73,6 +73,13 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
   if (last_input_ && now - *last_input_ > 2 * spec_.timeouts.heartbeat) {
     const Duration stall = now - *last_input_;
     for (Worker& w : workers_) w.beats.since += stall;
+    // Nor is the coordinator's silence, while the workers' lease holds: its heartbeats of that
+    // time wait unread in the socket too, and the loss deadline would expire before they are
+    // read (issue 37: node 0 stopped for 7 s just after its join lost its own coordinator).
+    // Past the lease (KillBy counts from the last word heard) the coordinator may have given
+    // the workers' ranks away: then the loss stands, and the workers go, as before.
+    if (Connected() && now < KillBy()) link_heard_ = std::min(link_heard_ + stall, now);
+    resumed_at_ = now;
   }
   last_input_ = now;
   ExpireDeadlines(now, out);
@@ -101,7 +108,12 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
     if (!Connected()) return;
     // Only a peer that proved the secret is heard: an impostor's words renew no lease.
     link_heard_ = now;
-    if (Proven()) Heard(now, out);
+    // A word read within a heartbeat of our own stall may have waited in the socket through
+    // it: it keeps the link, never the workers' lease, which the coordinator may have fenced
+    // meanwhile (found with the link's clock moving: stale heartbeats read on resume renewed
+    // the lease past the fence, sim regression seed 64641).
+    const bool stale = resumed_at_ && now - *resumed_at_ < spec_.timeouts.heartbeat;
+    if (Proven() && !stale) Heard(now, out);
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
     if (!Connected()) return;
@@ -376,6 +388,8 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     StartWorkers(now, *start, out);
   } else if (const auto* dump = std::get_if<wire::DumpStacks>(&message)) {
     OnDumpStacks(now, *dump, out);
+  } else if (const auto* cleared = std::get_if<wire::HangCleared>(&message)) {
+    OnHangCleared(*cleared, out);
   } else if (const auto* stop = std::get_if<wire::StopRound>(&message)) {
     if (stop->round != round_) return;  // stale
     std::string cause = stop->cause;
@@ -518,7 +532,8 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
         fmt::format("rank {} (local rank {}) {}", worker.global_rank, exited.local_rank,
                     DescribeExit(exited.exit_code, exited.signal)),
         out);
-    if (told_ == Told::kNothing) {
+    // After a hang report too: the coordinator may find no hang and let the round go on.
+    if (told_ == Told::kNothing || told_ == Told::kHang) {
       told_ = Told::kFailure;
       Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
                               exited.signal, exited.stderr_tail, exited.error_text},

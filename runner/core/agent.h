@@ -168,6 +168,7 @@ class Agent {
   bool WatchesProgress() const;
   void OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out);
   void OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vector<AgentEffect>& out);
+  void OnHangCleared(const wire::HangCleared& cleared, std::vector<AgentEffect>& out);
   void SendStacks(TimePoint now, const std::vector<std::string>& dumps, std::vector<AgentEffect>& out);
   void Report(TimePoint now, std::vector<AgentEffect>& out);
   Duration ReportPeriod() const;
@@ -208,7 +209,9 @@ class Agent {
     std::optional<TimePoint> kill_at;     // SIGKILL then (stop_grace after SIGTERM, or sooner)
     std::optional<TimePoint> give_up_at;  // stop waiting for workers SIGKILL did not end
   };
-  enum class Told { kNothing, kFailure, kDone };  // what this node told of the round
+  // What this node told of the round. kHang: a rank silent past its timeout, which the
+  // coordinator may clear (wire::HangCleared) when the stacks show every rank progressing.
+  enum class Told { kNothing, kFailure, kHang, kDone };
 
   // ---- Leaving: exit with `code` once no worker runs, acknowledging the JobEnd first.
   struct Leaving {
@@ -248,6 +251,7 @@ class Agent {
   int node_rank_ = -1;
   bool standby_ = false;  // the job has spares: wait for a round as long as it runs
   std::optional<TimePoint> last_input_;  // to tell our own stall from the workers' silence
+  std::optional<TimePoint> resumed_at_;  // when this agent last ran again after a stall of its own
   std::optional<TimePoint> stacks_due_;
   bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
   std::optional<TimePoint> next_report_;

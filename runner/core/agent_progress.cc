@@ -128,10 +128,21 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
                   "rank where it is before the round is stopped",
                   hung->global_rank, local, HumanDuration(now - b.since), since, limit),
       out);
-  told_ = Told::kFailure;
+  told_ = Told::kHang;
   Send(wire::RankHung{round_, hung->global_rank, local, b.step, Ms(now - b.since), Ms(allowed),
                       start_limit, learnt},
        out);
+}
+
+void Agent::OnHangCleared(const wire::HangCleared& cleared, std::vector<AgentEffect>& out) {
+  const auto* joined = std::get_if<Joined>(&link_);
+  if (cleared.round != round_ || !joined || !joined->round_open || stop_) return;
+  stacks_asked_ = false;
+  if (told_ == Told::kHang) told_ = Told::kNothing;
+  Log(LogLevel::kInfo,
+      fmt::format("round {}: every rank progresses again (the coordinator saw it in their stacks); the round goes on",
+                  round_),
+      out);
 }
 
 void Agent::OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vector<AgentEffect>& out) {

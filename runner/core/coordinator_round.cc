@@ -263,10 +263,17 @@ void Coordinator::OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<Coordin
 }
 
 void Coordinator::StopForHang(TimePoint now, std::vector<CoordinatorEffect>& out) {
-  RoundFailure failure = hangs_.Verdict(round_, reach_problems_);
+  std::optional<RoundFailure> failure = hangs_.Verdict(round_, reach_problems_);
+  if (!failure) {
+    // Nobody is hung any more: nothing is stopped and no restart is spent; the agents watch
+    // their ranks again.
+    out.push_back(LogLine{LogLevel::kWarn, hangs_.cleared()});
+    Broadcast(wire::HangCleared{round_}, out);
+    return;
+  }
   const HangJudgement& judged = hangs_.last_judgement();
   out.push_back(Observed{observed::HangJudged{judged.round, judged.culprits, judged.with_stack}});
-  BeginStop(now, std::move(failure), out);
+  BeginStop(now, *std::move(failure), out);
 }
 
 void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<CoordinatorEffect>& out) {
@@ -282,8 +289,12 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
       hangs_.EndProbe();
     } else {
       const std::string meanwhile = failure.what;
-      failure = hangs_.Verdict(round_, reach_problems_);
-      failure.detail += fmt::format("  meanwhile, while the stacks were collected: {}\n", meanwhile);
+      if (std::optional<RoundFailure> hang = hangs_.Verdict(round_, reach_problems_)) {
+        failure = *std::move(hang);
+        failure.detail += fmt::format("  meanwhile, while the stacks were collected: {}\n", meanwhile);
+      } else {
+        failure.detail += fmt::format("  (before that: {})\n", hangs_.cleared());
+      }
     }
   }
   out.push_back(LogLine{LogLevel::kError, fmt::format("round {} failed: {}; stopping every worker on every node",

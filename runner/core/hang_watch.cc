@@ -75,7 +75,7 @@ bool HangWatch::OnRankStacks(int round, int agent, const wire::RankStacks& stack
   return probe_->answers >= connected;
 }
 
-RoundFailure HangWatch::Verdict(int round, const std::vector<std::string>& reach_problems) {
+std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std::string>& reach_problems) {
   DDPRUN_ASSERT(probe_.has_value());
   Probe probe = std::move(*probe_);
   probe_.reset();
@@ -86,8 +86,27 @@ RoundFailure HangWatch::Verdict(int round, const std::vector<std::string>& reach
                                                       probe.first.local_rank, probe.first.step,
                                                       probe.first.silent_ms, {}};
   }
+  // Only a rank still silent for the timeout it passed can be hung: the stacks are the second
+  // look (issue 37: rank 6 stalled 29 s of timeouts.progress = 30s and recovered; ranks 0-4,
+  // one step behind and silent for 687 ms when their stacks came, were named).
+  const int64_t limit_ms = probe.first.timeout_ms;
   std::vector<RankAtHang> ranks;
-  for (auto& [rank, state] : probe.ranks) ranks.push_back(state);
+  int64_t longest_ms = -1;
+  int longest_rank = -1;
+  for (auto& [rank, state] : probe.ranks) {
+    if (state.silent_ms >= limit_ms) ranks.push_back(state);
+    if (state.silent_ms > longest_ms) longest_ms = state.silent_ms, longest_rank = rank;
+  }
+  if (ranks.empty()) {
+    ++clearances_;
+    cleared_ = fmt::format(
+        "round {}: no hang: {} sent no progress beacon for {}, but when the stacks came back every rank had "
+        "progressed again (the longest silence, {}'s, was {}, under the {} it passed); the round goes on",
+        round, roster_.RankName(probe.first.global_rank), HumanDuration(Millis(probe.first.silent_ms)),
+        roster_.RankName(longest_rank), HumanDuration(Millis(std::max<int64_t>(longest_ms, 0))),
+        HumanDuration(Millis(limit_ms)));
+    return std::nullopt;
+  }
   const HangVerdict verdict = FindHungRanks(ranks, probe.first.global_rank);
   ++judgements_;
   last_judgement_ = HangJudgement{round, verdict.culprits, {}};

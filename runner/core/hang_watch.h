@@ -58,7 +58,12 @@ class HangWatch {
   void EndProbe() { probe_.reset(); }
   /// The root cause of the probed hang, from the stacks in; ends the probe. `reach_problems`:
   /// what the probe before round 0 found under rendezvous.probe = "warn" (a likely cause).
-  RoundFailure Verdict(int round, const std::vector<std::string>& reach_problems);
+  /// Only ranks that are still silent for the timeout that was passed, when the stacks came
+  /// back, can be named: nullopt when none is (the silence ended: a rank that stalled for
+  /// almost timeouts.progress, then went on), and cleared() says so.
+  std::optional<RoundFailure> Verdict(int round, const std::vector<std::string>& reach_problems);
+  /// Why the last probe ended without a verdict, one line.
+  const std::string& cleared() const { return cleared_; }
 
   enum class Deadline { kProbe, kStragglers, kCount };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
@@ -70,6 +75,7 @@ class HangWatch {
   /// The job's longest interval between a rank's beacons, learnt from the reports (ms).
   int64_t longest_interval_ms() const { return longest_interval_ms_; }
   uint64_t judgements() const { return judgements_; }
+  uint64_t clearances() const { return clearances_; }
   const HangJudgement& last_judgement() const { return last_judgement_; }
   /// This round's progress reports, by global rank.
   const std::unordered_map<int, RankSeen>& ranks_seen() const { return ranks_seen_; }
@@ -95,6 +101,8 @@ class HangWatch {
   std::vector<std::string> stragglers_seen_;  // every straggler reported in the job, for the summary
   int64_t longest_interval_ms_ = 0;
   uint64_t judgements_ = 0;
+  uint64_t clearances_ = 0;
+  std::string cleared_;
   HangJudgement last_judgement_;
 };
 

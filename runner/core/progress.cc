@@ -294,6 +294,13 @@ HangVerdict FindHungRanks(const std::vector<RankAtHang>& ranks, int first_silent
       return finish({r}, "the first rank found silent; the stacks do not tell the others apart");
     }
   }
+  // It is not among the ranks still silent: the one silent longest of those.
+  if (!all.empty()) {
+    const RankAtHang* longest = *std::max_element(all.begin(), all.end(), [](const RankAtHang* a, const RankAtHang* b) {
+      return a->silent_ms < b->silent_ms;
+    });
+    return finish({longest}, "the rank silent longest; the stacks do not tell the others apart");
+  }
   verdict.culprits = {first_silent};
   verdict.reason = "the first rank found silent";
   return verdict;

@@ -177,6 +177,8 @@ void Get(Reader& r, RankHung& m) {
 }
 void Put(Writer& w, const DumpStacks& m) { w.I32(m.round); }
 void Get(Reader& r, DumpStacks& m) { m.round = r.I32(); }
+void Put(Writer& w, const HangCleared& m) { w.I32(m.round); }
+void Get(Reader& r, HangCleared& m) { m.round = r.I32(); }
 void Put(Writer& w, const RankState& m) {
   w.I32(m.global_rank); w.I64(m.step); w.I64(m.silent_ms); w.Str(m.stack);
 }
@@ -246,7 +248,7 @@ const char* MessageName(const Message& message) {
       "join",       "join-ack", "reject",      "progress", "start-round",
       "worker-failed", "node-done", "stop-round", "round-stopped", "interrupted",
       "job-end",    "job-end-ack", "heartbeat", "challenge", "rank-hung", "dump-stacks",
-      "rank-stacks", "rank-progress", "probe-peers", "peers-probed"};
+      "rank-stacks", "rank-progress", "probe-peers", "peers-probed", "hang-cleared"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[message.index()];
 }

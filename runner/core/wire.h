@@ -180,6 +180,13 @@ struct DumpStacks {
   bool operator==(const DumpStacks&) const = default;
 };
 
+/// The stacks came back and no rank has been silent for its timeout any more (the one reported
+/// progressed again): no verdict, the round goes on, and the agents watch their ranks again.
+struct HangCleared {
+  int32_t round = 0;
+  bool operator==(const HangCleared&) const = default;
+};
+
 /// One rank when its stack was asked for.
 struct RankState {
   int32_t global_rank = 0;
@@ -243,7 +250,7 @@ struct PeersProbed {
 using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone,
                              StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat,
                              Challenge, RankHung, DumpStacks, RankStacks, RankProgress, ProbePeers,
-                             PeersProbed>;
+                             PeersProbed, HangCleared>;
 
 /// A short name for logs and traces ("join", "start-round", ...).
 const char* MessageName(const Message& message);

@@ -353,6 +353,26 @@ TEST(Cli, InitWritesAValidStarterJobFile) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 40: `init --script train.sh` wrote command = ["train.sh"], which is looked up on PATH (exit
+// 127, then restarts); `init --slurm` wrote a stop_grace equal to SLURM's default KillWait.
+TEST(Cli, InitWritesCommandsThatRunFromWorkdirAndAStopGraceBelowKillWait) {
+  const auto dir = std::filesystem::temp_directory_path() / "ddprun-cli-test-init-script";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto written = [&](const std::string& name, const std::string& flags) {
+    const std::string path = (dir / name).string();
+    EXPECT_EQ(RunDdprunSplit("init -o " + path + " " + flags).exit_code, 0);
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_NE(written("sh.toml", "--script train.sh").find("command = [\"bash\", \"train.sh\"]"), std::string::npos);
+  EXPECT_NE(written("bin.toml", "--script mytool").find("command = [\"./mytool\"]"), std::string::npos);
+  const std::string slurm = written("slurm.toml", "--slurm --nnodes 2");
+  EXPECT_NE(slurm.find("stop_grace = \"20s\""), std::string::npos) << slurm;
+  EXPECT_NE(written("plain.toml", "").find("stop_grace = \"30s\""), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Cli, CheckAppendsArgumentsAfterDashes) {
   const std::string job = SourcePath("examples/laptop.toml");
   const Output o = RunDdprun("check --node-rank 1 " + job + " -- --lr 0.1 'a b'");

@@ -168,6 +168,27 @@ TEST(EventLogsTest, ReportMemoryGrowsNoFasterThanTheFiles) {
   RecordProperty("report_peak_growth_kib", static_cast<int>(growth_kib));
 }
 
+// Issue 39: an agent that exited 3 before writing a record left an empty events-node0.jsonl, and
+// `ddprun report` refused the whole job folder, `--run N` included. Now the file that cannot be
+// read is named and skipped, and every other run is reported.
+TEST(EventLogsTest, AnEmptyOrCutEventFileIsSkippedNotFatal) {
+  ScratchDir dir;
+  WriteRun(dir.path() + "/logs/run-a", 3);
+  fs::create_directories(dir.path() + "/logs/run-b");
+  std::ofstream(dir.path() + "/logs/run-b/events-node0.jsonl").close();  // exited before a record
+  std::ofstream(dir.path() + "/logs/run-b/events-node1.jsonl") << "{\"v\":1,\"event\":\"agent-st";  // cut short
+  const Outcome run = RunDdprun({"report", dir.path() + "/logs", "--out", dir.path() + "/r.html"}, dir.path() + "/r.out");
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("skipped " + dir.path() + "/logs/run-b/events-node0.jsonl: no records"));
+  EXPECT_THAT(run.output, HasSubstr("skipped " + dir.path() + "/logs/run-b/events-node1.jsonl"));
+  EXPECT_TRUE(fs::exists(dir.path() + "/r.html"));
+  // Nothing readable at all is still an error, naming each file.
+  const Outcome none = RunDdprun({"report", dir.path() + "/logs/run-b", "--out", dir.path() + "/n.html"},
+                                 dir.path() + "/n.out");
+  EXPECT_NE(none.code, 0) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("no event file could be read"));
+}
+
 // Hostile environments, part 2: a replay's cost grew with the square of the rounds (16k
 // rounds 1.3 s, 40k 10.9 s, 100k still running after 120 s): every root cause searched every
 // record for its worker's exit. Part 3: it regressed to the square again (16k / 40k / 100k:

@@ -430,6 +430,11 @@ TEST_F(AgentTest, ClosedCoordinatorStopsWorkersAndRejoins) {
 TEST_F(AgentTest, SilentCoordinatorIsLostAfterThreeHeartbeats) {
   Running(0s);
   Msg(1s, wire::Heartbeat{});
+  // The driver wakes the agent at each of its deadlines (its heartbeats); a longer gap would be
+  // its own stall (AStallWithinTheLeaseIsNotTheCoordinatorsSilence).
+  Tick(2s);
+  Tick(4s);
+  Tick(6s);
   const Effects quiet = Tick(7s);
   EXPECT_TRUE(All<DisconnectFromMaster>(quiet).empty()) << test::Describe(quiet);
   EXPECT_EQ(agent_->NextDeadline(), At(7s + kNs));
@@ -461,8 +466,31 @@ TEST_F(AgentTest, AnAgentThatNoticesTheLossLateStillKillsItsWorkersWithinItsLeas
   UseJob(kTwoNodeJob);
   Running(0s);
   Msg(1s, wire::Heartbeat{});
+  Tick(2s);
+  Tick(4s);
+  Tick(6s);
   Tick(7s + kNs);
   EXPECT_EQ(agent_->NextDeadline(), At(37s));
+}
+
+// Issue 37: an agent that did not run for 11 s (SIGSTOP, a VM pause) within its workers' lease
+// (loss bound 6 s + stop_grace 30 s) reads the heartbeats that waited in its socket before it
+// judges the coordinator's silence: node 0 lost its own coordinator this way. A coordinator that
+// is really silent is still lost, a loss bound after the agent runs again.
+TEST_F(AgentTest, AStallWithinTheLeaseIsNotTheCoordinatorsSilence) {
+  Running(0s);
+  Msg(1s, wire::Heartbeat{});
+  const Effects resumed = Tick(12s);
+  EXPECT_TRUE(All<DisconnectFromMaster>(resumed).empty()) << test::Describe(resumed);
+  EXPECT_TRUE(All<SignalWorkers>(resumed).empty()) << test::Describe(resumed);
+  const Effects read = Msg(12s, wire::Heartbeat{});
+  EXPECT_TRUE(All<DisconnectFromMaster>(read).empty()) << test::Describe(read);
+  Tick(14s);
+  Tick(16s);
+  EXPECT_TRUE(All<DisconnectFromMaster>(Tick(18s)).empty());
+  const Effects lost = Tick(18s + kNs);
+  ASSERT_EQ(All<DisconnectFromMaster>(lost).size(), 1u) << test::Describe(lost);
+  EXPECT_EQ(FindLog(lost, "lost").rfind("lost the coordinator at gpu-01:50000 (silent for 6.0s (3 heartbeats))", 0), 0u);
 }
 
 // The workers' lease for the guardian: renewed by every word from the coordinator (and the
@@ -479,6 +507,8 @@ TEST_F(AgentTest, EveryWordFromTheCoordinatorRenewsTheWorkersLeaseBeforeAnything
   ASSERT_TRUE(std::holds_alternative<RenewLease>(acked.front())) << test::Describe(acked);
   // Loss bound 6 s + stop_grace 30 s.
   EXPECT_EQ(std::get<RenewLease>(acked.front()).kill_at, At(36s));
+  Tick(2s);  // the driver wakes the agent at its heartbeats
+  Tick(4s);
   const Effects start = Msg(5s, wire::StartRound{0, 41000});
   const auto first = [&start](auto is) { return std::find_if(start.begin(), start.end(), is) - start.begin(); };
   const auto renewal = first([](const AgentEffect& e) { return std::holds_alternative<RenewLease>(e); });

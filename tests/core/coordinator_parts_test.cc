@@ -256,13 +256,53 @@ TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
   // The same node answering twice counts once.
   EXPECT_FALSE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {}}, 2));
   EXPECT_TRUE(watch.OnRankStacks(0, 0, wire::RankStacks{0, {{0, 7, 100, ""}, {1, 7, 100, ""}}}, 2));
-  const RoundFailure failure = watch.Verdict(0, {});
+  const std::optional<RoundFailure> verdict = watch.Verdict(0, {});
+  ASSERT_TRUE(verdict);
+  const RoundFailure& failure = *verdict;
   EXPECT_EQ(failure.global_rank, 3);
   EXPECT_EQ(failure.kinds, std::vector<std::string>{"hang"});
   EXPECT_EQ(failure.what.rfind("rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 1m00s after step 5", 0), 0u)
       << failure.what;
   EXPECT_FALSE(watch.probing());
   EXPECT_EQ(watch.judgements(), 1u);
+  EXPECT_EQ(watch.last_judgement().culprits, std::vector<int>{3});
+}
+
+// Issue 37: the stacks are the second look. A rank reported silent for its timeout that has
+// progressed again by the time the stacks come back, with every other rank progressing too, is
+// no hang: no verdict, no rank named (before, the ranks one step behind were called hung).
+TEST(HangWatchTest, NoVerdictWhenNoRankIsStillSilentForTheTimeoutWhenTheStacksComeBack) {
+  const JobSpec spec = SpecFromToml(kTwoNodeJob);
+  Roster roster(spec, At(0s));
+  roster.players() = {0, 1};
+  roster.at(0).plays = 0;
+  roster.at(1).plays = 1;
+  HangWatch watch(spec, roster);
+  std::vector<CoordinatorEffect> out;
+  ASSERT_TRUE(watch.OnRankHung(At(1s), 0, 0, wire::RankHung{0, 0, 0, 372, 30'000, 30'000, false}, out));
+  const std::string all_reduce =
+      "File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in all_reduce\n"
+      "File \"/job/train.py\", line 88 in train_step\n";
+  EXPECT_FALSE(watch.OnRankStacks(0, 0, wire::RankStacks{0, {{0, 373, 687, all_reduce}, {1, 373, 687, all_reduce}}}, 2));
+  EXPECT_TRUE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {{2, 374, 120, all_reduce}, {3, 374, 90, all_reduce}}}, 2));
+  EXPECT_FALSE(watch.Verdict(0, {}));
+  EXPECT_FALSE(watch.probing());
+  EXPECT_EQ(watch.judgements(), 0u);
+  EXPECT_EQ(watch.clearances(), 1u);
+  EXPECT_NE(watch.cleared().find("round 0: no hang: rank 0 (node 0 (gpu-01), local rank 0) sent no progress beacon for "
+                                 "30s, but when the stacks came back every rank had progressed again (the longest "
+                                 "silence, rank 0 (node 0 (gpu-01), local rank 0)'s, was 687ms, under the 30s it passed)"),
+            std::string::npos)
+      << watch.cleared();
+
+  // The same, but rank 3 is still silent for the timeout: it alone can be named, though ranks
+  // 0 and 1 are a step behind it.
+  ASSERT_TRUE(watch.OnRankHung(At(40s), 0, 0, wire::RankHung{0, 0, 0, 380, 30'000, 30'000, false}, out));
+  EXPECT_FALSE(watch.OnRankStacks(0, 0, wire::RankStacks{0, {{0, 380, 900, all_reduce}, {1, 380, 900, all_reduce}}}, 2));
+  EXPECT_TRUE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {{2, 381, 500, all_reduce}, {3, 381, 31'000, all_reduce}}}, 2));
+  const std::optional<RoundFailure> verdict = watch.Verdict(0, {});
+  ASSERT_TRUE(verdict);
+  EXPECT_EQ(verdict->global_rank, 3);
   EXPECT_EQ(watch.last_judgement().culprits, std::vector<int>{3});
 }
 

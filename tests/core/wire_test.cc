@@ -45,6 +45,7 @@ std::vector<Message> Samples() {
       ProbePeers{{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, ProbeTarget{2, "gpu-03", "[fd00::3]:41002"}}},
       PeersProbed{{ProbeFailure{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, "timed out (a firewall drops it)"}}},
       PeersProbed{},
+      HangCleared{4},
   };
 }
 
@@ -137,6 +138,7 @@ TEST(WireTest, MessageNamesAreTheProtocolWords) {
   EXPECT_STREQ(MessageName(Challenge{}), "challenge");
   EXPECT_STREQ(MessageName(ProbePeers{}), "probe-peers");
   EXPECT_STREQ(MessageName(PeersProbed{}), "peers-probed");
+  EXPECT_STREQ(MessageName(HangCleared{}), "hang-cleared");
 }
 
 TEST(WireTest, ExtremeValuesRoundTrip) {
@@ -268,7 +270,7 @@ TEST(WireTest, OversizedLengthIsAnErrorBeforeThePayloadArrives) {
 
 TEST(WireTest, UnknownTypeIsAnError) {
   EXPECT_EQ(ErrorOf(Frame(0, {})), "unknown message type 0");
-  EXPECT_EQ(ErrorOf(Frame(21, {})), "unknown message type 21");
+  EXPECT_EQ(ErrorOf(Frame(22, {})), "unknown message type 22");
   EXPECT_EQ(ErrorOf(Frame(255, {})), "unknown message type 255");
 }
 
@@ -319,12 +321,12 @@ TEST(WireTest, ShortPayloadIsMalformed) {
 
 TEST(WireTest, ErrorIsStickyAndLaterFramesAreNotDecoded) {
   Decoder decoder;
-  decoder.Feed(Frame(21, {}));
+  decoder.Feed(Frame(22, {}));
   Message m;
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
   decoder.Feed(Encode(Heartbeat{}));
   EXPECT_EQ(decoder.Next(m), Decoder::Status::kError);
-  EXPECT_EQ(decoder.error(), "unknown message type 21");
+  EXPECT_EQ(decoder.error(), "unknown message type 22");
 }
 
 TEST(WireTest, GoodFrameBeforeABadOneIsStillDelivered) {

@@ -458,7 +458,7 @@ TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
   hangs_.GangHung(RoundKey{1, 0}, {3});
   hangs_.AfterEvent(31 * kSecond);
   for (int64_t t = 32; t < 152; t += 2) Beat(t);
-  for (int rank = 0; rank < 4; ++rank) hangs_.StacksTaken(RoundKey{1, 0}, rank, rank == 3);
+  for (int rank = 0; rank < 4; ++rank) hangs_.StacksTaken(RoundKey{1, 0}, rank, rank == 3, /*training=*/false);
   hangs_.AfterEvent(152 * kSecond);
   hangs_.HangJudged(RoundKey{1, 0}, {3}, {0, 1, 2, 3});
   hangs_.AfterEvent(157 * kSecond);
@@ -471,6 +471,22 @@ TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
   hangs_.AfterEvent(159 * kSecond);
   EXPECT_EQ(HangViolation(), "round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung (its "
                              "stack was taken) (at 2m39s)");
+}
+
+// Issue 37: a rank stalled for almost timeouts.progress and went on; the stacks were taken while
+// every rank trained, and the ranks one step behind were called hung. The checker passed it
+// (no hung rank's stack to hold the verdict to); a verdict given while the round trained at
+// every stack taken names ranks that did not hang.
+TEST_F(HangInvariantsTest, AVerdictGivenWhileEveryRankTrainedNamesRanksThatDidNotHang) {
+  StartAndStep(0);
+  for (int64_t t = 2; t < 40; t += 2) Beat(t);
+  for (int rank = 0; rank < 4; ++rank) hangs_.StacksTaken(RoundKey{1, 0}, rank, false, /*training=*/true);
+  hangs_.AfterEvent(40 * kSecond);
+  EXPECT_FALSE(hangs_.violation()) << HangViolation();
+  hangs_.HangJudged(RoundKey{1, 0}, {1, 0}, {0, 1, 2, 3});
+  hangs_.AfterEvent(41 * kSecond);
+  EXPECT_EQ(HangViolation(), "round 0 was stopped as hung naming rank 0, 1, but every rank was training when the "
+                             "stacks were taken: none hung (at 41s)");
 }
 
 // Hot spares: agent 3 is spare 0. Starts `rank` on `node` as node rank `plays`.

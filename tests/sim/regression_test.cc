@@ -15,6 +15,7 @@ namespace ddprun::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Example(const std::string& name) {
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/examples/" + name);
@@ -72,6 +73,30 @@ TEST(RegressionTest, ASecondAgentForALostRankWaitsForTheOldWorkersLease) {
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("was lost while its workers ran and a different agent now holds "
                                     "its rank"));
+}
+
+// Issue 37: rank 6 stalled for 29 s of timeouts.progress = 30s and went on; rank 0's agent
+// reported its silence (its last beacon was from before the stall) and ranks 0-4, one step
+// behind when the stacks came back and silent for 687 ms, were called hung: the job failed
+// with max_restarts = 0. The stacks are the second look now: nobody is hung, no verdict.
+TEST(RegressionTest, ARankThatStallsForAlmostTheProgressTimeoutGetsNobodyBlamed) {
+  const std::string job =
+      "version = 1\n[job]\nname = \"stall\"\ncommand = [\"python\", \"train.py\"]\n"
+      "[cluster]\nnodes = [\"10.0.0.1\", \"10.0.0.2\"]\nmaster_port = 29500\nnproc_per_node = 5\n"
+      "[trainer]\naccelerator = \"gpu\"\ndevices = 5\nnum_nodes = 2\n"
+      "[restart]\nmax_restarts = 0\nbackoff = \"2m\"\n"
+      "[timeouts]\nrendezvous = \"5m\"\nheartbeat = \"10s\"\nstop_grace = \"5s\"\nprogress = \"30s\"\n"
+      "[simulate]\ntrain_time = \"20m\"\ncheckpoint_every = \"10m\"\nworker_startup = \"20s\"\n"
+      "node_mtbf = \"1000d\"\nnode_never_returns_percent = 0\n";
+  const SimRun run = Simulate(job, {"worker-hang@6m32s364ms:node=1,local_rank=1,duration=29s"}, 4104188);
+  EXPECT_FALSE(run.result.violation) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("asking every node where its ranks are before stopping the round"));
+  EXPECT_THAT(run.output, HasSubstr("coordinator: round 0: no hang: rank 0 (node 0 (10.0.0.1), local rank 0) sent no "
+                                    "progress beacon for 30s, but when the stacks came back every rank had progressed "
+                                    "again"));
+  EXPECT_THAT(run.output, HasSubstr("node 1: round 0: every rank progresses again"));
+  EXPECT_THAT(run.output, Not(HasSubstr(" hung: ")));
+  EXPECT_THAT(run.output, HasSubstr("succeeded: all 10 ranks on 2 nodes exited 0 in round 0 (0 restarts used)"));
 }
 
 // Found by the 100,000-seed swarm: node 3's agent hung while its worker ignored SIGTERM; it

@@ -412,6 +412,29 @@ class LightningCallbackTest(unittest.TestCase):
         self.assertGreaterEqual(busy_us[7], 10000)
         self.assertLess(busy_us[7], 300000)          # not the checkpoint before it
 
+    def test_the_readmes_form_reaches_the_callback_without_a_second_import(self):
+        # Issue 40: `import ddprun` then `ddprun.lightning.ProgressCallback()` raised
+        # AttributeError: the submodule was never imported. `import ddprun` alone still imports
+        # no Lightning.
+        out = run_script(self, ("""
+            import sys
+            import types
+            module = types.ModuleType("lightning.pytorch")
+            class Callback(object):
+                pass
+            module.Callback = Callback
+            sys.modules["lightning.pytorch"] = module
+            import ddprun
+            print("ddprun.lightning" in sys.modules)
+            callback = ddprun.lightning.ProgressCallback()
+            print(isinstance(callback, Callback), "ddprun.lightning" in sys.modules)
+            try:
+                ddprun.no_such_thing
+            except AttributeError as error:
+                print("AttributeError", error)
+        """,), worker_env(self.receiver.address))
+        self.assertEqual(out, "False\nTrue True\nAttributeError module 'ddprun' has no attribute 'no_such_thing'\n")
+
     def test_the_callback_subclasses_each_installed_lightning_callback(self):
         fake_packages = """
             import sys

@@ -301,6 +301,15 @@ def _after_fork_in_child():
 _sender = None
 
 
+def __getattr__(name):
+    """`import ddprun` then `ddprun.lightning.ProgressCallback()`, as the README writes it: the
+    submodule is imported on first use, so `import ddprun` alone never imports Lightning."""
+    if name == "lightning":
+        import importlib
+        return importlib.import_module(__name__ + ".lightning")
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
 def _start():
     global _sender
     config = _read_env(os.environ)
