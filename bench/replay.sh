@@ -73,6 +73,7 @@ for rounds in $ROUNDS; do
     [[ $mode == beat-by-beat ]] && extra=(--beat-by-beat)
     /usr/bin/time -f '%U %S %M' -o "$work/time" \
       "$DDPRUN" --simulate "$work/job.toml" --replay "$work/r$rounds" --quiet "${extra[@]}" >"$work/out" 2>&1 || true
+    tail -n 1 "$work/time" >"$work/time.last" && mv "$work/time.last" "$work/time"
     read -r user sys kib <"$work/time"
     awk -v r="$rounds" -v m="$mode" -v u="$user" -v s="$sys" -v k="$kib" \
       'BEGIN { c = u + s; printf "%-9d %-16s %10.2f %12.1f %10.1f\n", r, m, c, c * 1e6 / r, k / 1024 }'

@@ -119,7 +119,6 @@ Result<std::vector<report::EventFile>> LoadEventFiles(const std::string& dir) {
       // One file that cannot be read (empty: its agent exited before its first record; cut
       // short; planted) takes no other run down with it: said, and skipped (issue 39).
       skipped.push_back(file.error());
-      fmt::print(stderr, "ddprun: skipped {} (the other event files are read)\n", EscapeForTerminal(file.error()));
       continue;
     }
     held += file->held_bytes;
@@ -128,6 +127,9 @@ Result<std::vector<report::EventFile>> LoadEventFiles(const std::string& dir) {
   if (files.empty()) {
     return Fail(skipped.size() == 1 ? skipped.front()
                                     : fmt::format("no event file could be read:\n  {}", fmt::join(skipped, "\n  ")));
+  }
+  for (const std::string& why : skipped) {
+    fmt::print(stderr, "ddprun: skipped {} (the other event files are read)\n", EscapeForTerminal(why));
   }
   return files;
 }

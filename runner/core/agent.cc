@@ -366,11 +366,12 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     refused_retrying_ = true;
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
     std::vector<std::string> names;
-    for (int32_t n : progress->missing) {
-      const auto idx = static_cast<size_t>(n);
-      names.push_back(idx < spec_.cluster.nodes.size()
-                          ? fmt::format("node {} ({})", n, spec_.cluster.nodes[idx])
-                          : fmt::format("node {}", n));
+    for (size_t i = 0; i < progress->missing.size(); ++i) {
+      // The host the coordinator expects to play the rank (a spare's once it holds it), not
+      // entry K of cluster.nodes (issue 37: seed 100506 named the coordinator's own host).
+      const int32_t n = progress->missing[i];
+      const std::string host = i < progress->missing_hosts.size() ? progress->missing_hosts[i] : "";
+      names.push_back(host.empty() ? fmt::format("node {}", n) : fmt::format("node {} ({})", n, host));
     }
     const int missing = progress->total - progress->joined;
     if (missing > static_cast<int>(names.size())) {

@@ -452,13 +452,26 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
     verdict = judge();
   }
   switch (verdict.outcome) {
-    case JoinVerdict::Outcome::kRefuse:
+    case JoinVerdict::Outcome::kRefuse: {
       if (!verdict.why.empty() && in_range) roster_.at(join.node_rank).refused = std::move(verdict.why);
-      out.push_back(LogLine{LogLevel::kError, "refused a node: " + verdict.reason});
+      // A refused agent retries every few seconds from a new source port, for the whole
+      // rendezvous (issue 40: a rank started twice printed the refusal about 450 times): the
+      // same story for the same rank is said once, then only at debug level.
+      std::string story = verdict.reason;
+      if (const Links::Conn* from = links_.Find(conn_id); from && from->peer_addr.rfind(':') != std::string::npos) {
+        const size_t at = story.find(from->peer_addr);
+        if (at != std::string::npos) {
+          story.replace(at, from->peer_addr.size(), from->peer_addr.substr(0, from->peer_addr.rfind(':')));
+        }
+      }
+      const bool told = in_range && roster_.at(join.node_rank).refusal_said == story;
+      if (in_range) roster_.at(join.node_rank).refusal_said = std::move(story);
+      out.push_back(LogLine{told ? LogLevel::kDebug : LogLevel::kError, "refused a node: " + verdict.reason});
       out.push_back(Observed{observed::NodeRefused{join.node_rank, verdict.reason}});
       out.push_back(SendTo{conn_id, wire::Reject{verdict.reason, verdict.retry}});
       Drop(now, conn_id, LossReason::kClosed, "", out);
       return;
+    }
     case JoinVerdict::Outcome::kChallenge: {
       Links::Conn& conn = *links_.Find(conn_id);
       conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);

@@ -454,6 +454,7 @@ void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& ou
       ++progress.joined;
     } else if (progress.missing.size() < kMaxMissingNamed) {
       progress.missing.push_back(static_cast<int32_t>(p));
+      progress.missing_hosts.push_back(spec_.cluster.HostOf(holders[p]));
     }
   }
   progress.elapsed_ms = ToMillis(now - std::get<Rendezvous>(state_).started);

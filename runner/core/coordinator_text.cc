@@ -24,8 +24,29 @@ std::string WithoutTraceback(const std::string& stderr_tail, const std::string& 
   while (!last_line.empty() && (last_line.back() == '\n' || last_line.back() == ' ')) last_line.pop_back();
   last_line = last_line.substr(last_line.rfind('\n') == std::string::npos ? 0 : last_line.rfind('\n') + 1);
   if (last_line.empty()) return stderr_tail;
-  const size_t begin = stderr_tail.rfind("Traceback (most recent call last):");
-  if (begin == std::string::npos || (begin > 0 && stderr_tail[begin - 1] != '\n')) return stderr_tail;
+  size_t begin = stderr_tail.rfind("Traceback (most recent call last):");
+  if (begin == std::string::npos) {
+    // The tail was cut inside the traceback (issue 40: a long Lightning traceback printed its
+    // frames twice, three times on the failing node): it is a copy when every line up to the
+    // error's last line is a line of the error file's traceback.
+    const size_t end_line = stderr_tail.rfind(last_line);
+    if (end_line == std::string::npos || (end_line > 0 && stderr_tail[end_line - 1] != '\n')) return stderr_tail;
+    for (size_t at = 0; at < end_line;) {
+      size_t eol = stderr_tail.find('\n', at);
+      if (eol == std::string::npos || eol > end_line) eol = end_line;
+      const std::string_view line = std::string_view(stderr_tail).substr(at, eol - at);
+      // The first line may be cut at its start: it need only end a line of the traceback.
+      const bool first = at == 0;
+      const bool found = line.empty() || (first ? error_text.find(std::string(line) + "\n") != std::string::npos
+                                                : error_text.find("\n" + std::string(line) + "\n") != std::string::npos ||
+                                                      error_text.starts_with(std::string(line) + "\n"));
+      if (!found) return stderr_tail;
+      at = eol + 1;
+    }
+    begin = 0;
+  } else if (begin > 0 && stderr_tail[begin - 1] != '\n') {
+    return stderr_tail;
+  }
   const size_t end_line = stderr_tail.find(last_line, begin);
   if (end_line == std::string::npos) return stderr_tail;
   size_t end = stderr_tail.find('\n', end_line);

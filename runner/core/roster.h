@@ -38,6 +38,7 @@ struct AgentSlot {
   int stopped_ranks = 0;
   bool ever_joined = false;
   std::string refused;      // why its last join was refused, for the rendezvous summary
+  std::string refusal_said; // the last refusal logged for this rank (its source port left out)
   std::string left;         // why it was lost after joining
   EndState end = EndState::kSettled;
   std::optional<Fence> fence;

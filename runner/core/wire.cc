@@ -40,6 +40,11 @@ class Writer {
   /// A list of records, each written by its Put (defined below).
   template <typename T>
   void List(const std::vector<T>& v);
+  void StrList(const std::vector<std::string>& v) {
+    const size_t n = v.size() < kMaxListItems ? v.size() : kMaxListItems;
+    U32(static_cast<uint32_t>(n));
+    for (size_t i = 0; i < n; ++i) Str(v[i]);
+  }
 
  private:
   void Little(uint64_t v, int bytes) {
@@ -86,6 +91,18 @@ class Reader {
   /// A list of records; each takes at least 4 bytes, which bounds the count by the payload.
   template <typename T>
   void List(std::vector<T>& v);
+  /// A list of strings; each takes at least its 4-byte length, which bounds the count.
+  std::vector<std::string> StrList() {
+    const uint32_t n = U32();
+    std::vector<std::string> v;
+    if (n > kMaxListItems || n > (size_ - pos_) / 4) {
+      bad = true;
+      return v;
+    }
+    v.reserve(n);
+    for (uint32_t i = 0; i < n && !bad; ++i) v.push_back(Str());
+    return v;
+  }
   bool AtEnd() const { return pos_ == size_; }
   bool bad = false;
 
@@ -122,10 +139,11 @@ void Put(Writer& w, const Reject& m) { w.Str(m.reason); w.Bool(m.retry); }
 void Get(Reader& r, Reject& m) { m.reason = r.Str(); m.retry = r.Bool(); }
 void Put(Writer& w, const Progress& m) {
   w.I32(m.joined); w.I32(m.total); w.I32List(m.missing); w.I64(m.elapsed_ms); w.I64(m.timeout_ms);
+  w.StrList(m.missing_hosts);
 }
 void Get(Reader& r, Progress& m) {
   m.joined = r.I32(); m.total = r.I32(); m.missing = r.I32List(); m.elapsed_ms = r.I64();
-  m.timeout_ms = r.I64();
+  m.timeout_ms = r.I64(); m.missing_hosts = r.StrList();
 }
 void Put(Writer& w, const StartRound& m) {
   w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms); w.I32(m.node_rank);

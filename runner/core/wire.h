@@ -66,6 +66,9 @@ struct Progress {
   std::vector<int32_t> missing;  // node ranks, at most kMaxListItems
   int64_t elapsed_ms = 0;
   int64_t timeout_ms = 0;
+  /// The host expected to play each missing node rank (a spare's, once it holds the rank):
+  /// the agents name it, not entry K of cluster.nodes (issue 37). "" where none is known.
+  std::vector<std::string> missing_hosts;
   bool operator==(const Progress&) const = default;
 };
 

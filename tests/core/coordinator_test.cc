@@ -119,6 +119,27 @@ TEST_F(CoordinatorTest, DuplicateNodeRankIsRejectedWhileTheFirstIsAlive) {
   EXPECT_TRUE(All<CloseConn>(Beat(2s, {1})).empty());
 }
 
+// Issue 40: a rank started twice retries every few seconds for the whole rendezvous, and node 0
+// printed the refusal each time (about 450 times). The same story is said once; later ones go
+// to the debug level, and a different story is said again.
+TEST_F(CoordinatorTest, ARepeatedRefusalIsSaidOnce) {
+  Join(0s, 1);
+  wire::Join impostor = JoinOf(1, /*instance=*/777);
+  impostor.host = "gpu-99";
+  auto refusal_level = [&](Duration at, ConnId conn, const std::string& addr) {
+    Connect(at, conn, addr);
+    const Effects e = Send(at, conn, impostor);
+    for (const LogLine& line : All<LogLine>(e)) {
+      if (line.text.starts_with("refused a node: ")) return line.level;
+    }
+    return LogLevel::kInfo;
+  };
+  EXPECT_EQ(refusal_level(1s, 9, "10.0.0.9"), LogLevel::kError);
+  EXPECT_EQ(refusal_level(2s, 10, "10.0.0.9"), LogLevel::kDebug);
+  EXPECT_EQ(refusal_level(3s, 11, "10.0.0.9"), LogLevel::kDebug);
+  EXPECT_EQ(refusal_level(4s, 12, "10.0.0.7"), LogLevel::kError);  // another host: another story
+}
+
 TEST_F(CoordinatorTest, SameInstanceReconnectingIsAccepted) {
   Join(0s, 1);
   Connect(1s, 201, "10.0.0.2");
@@ -161,7 +182,7 @@ TEST_F(CoordinatorTest, ProgressEveryFiveSecondsNamesTheMissingNodes) {
   const auto progress = Sent<wire::Progress>(at5);
   ASSERT_EQ(progress.size(), 1u) << test::Describe(at5);
   EXPECT_EQ(progress[0].first, 100u);
-  EXPECT_EQ(progress[0].second, (wire::Progress{1, 2, {1}, 5000, 900'000}));
+  EXPECT_EQ(progress[0].second, (wire::Progress{1, 2, {1}, 5000, 900'000, {"gpu-02"}}));
   EXPECT_TRUE(Sent<wire::Progress>(Beat(9s + 999ms, {0})).empty());
   const auto next = Sent<wire::Progress>(Beat(10s, {0}));
   ASSERT_EQ(next.size(), 1u);
@@ -469,6 +490,25 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
   const std::string summary = SummaryAfter(RankThreeFailed(0, traceback, traceback));
   EXPECT_EQ(summary.find("last lines of its stderr"), std::string::npos) << summary;
+}
+
+// Issue 40: a long traceback's stderr tail begins inside it, after its "Traceback" line, and
+// was shown again in full under the error file's copy.
+TEST_F(CoordinatorNoRestartTest, ATracebackCutAtTheStartOfTheTailIsNotRepeatedEither) {
+  std::string traceback = "Traceback (most recent call last):\n";
+  for (int i = 0; i < 40; ++i) {
+    traceback += fmt::format("  File \"lightning/loop{}.py\", line {}, in run\n    self.advance()\n", i, 100 + i);
+  }
+  traceback += "RuntimeError: boom\n";
+  // The agent keeps the tail: cut inside the 7th frame's line, long after "Traceback".
+  const std::string tail = traceback.substr(traceback.find("loop6.py") + 3);
+  const std::string summary = SummaryAfter(RankThreeFailed(0, tail, traceback));
+  EXPECT_EQ(summary.find("last lines of its stderr"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("loop39.py"), summary.rfind("loop39.py")) << summary;  // once
+  // Text of its own before the cut traceback is not a copy: kept whole.
+  const std::string other = "epoch 3 done\n" + tail;
+  UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
+  EXPECT_NE(SummaryAfter(RankThreeFailed(0, other, traceback)).find("    | epoch 3 done\n"), std::string::npos);
 }
 
 // Issue 11: "stopped 2 other running ranks on 2 nodes" when only one node had ranks to stop.

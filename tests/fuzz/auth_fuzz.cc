@@ -95,7 +95,7 @@ wire::Message Forge(Input& in, const std::string& agent_nonce) {
   switch (in.Below(12)) {
     case 0: return wire::JoinAck{in.Int(), in.Below(2) == 1};
     case 1: return wire::Reject{in.Text(), in.Below(2) == 1};
-    case 2: return wire::Progress{in.Int(), in.Int(), {in.Int()}, in.Int(), in.Int()};
+    case 2: return wire::Progress{in.Int(), in.Int(), {in.Int()}, in.Int(), in.Int(), {"h"}};
     case 3: return wire::StartRound{in.Int(), static_cast<uint16_t>(in.Int()), in.Int(), in.Int(), in.Int(), in.Text()};
     case 4: return wire::StopRound{in.Int(), in.Text(), in.Below(2) == 1};
     case 5: return wire::JobEnd{in.Below(2) == 0 ? 0 : in.Int(), in.Text()};

@@ -260,7 +260,7 @@ wire::Message Forge(Input& in) {
                               DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text(), in.Text()};
     case 1: return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
     case 2: return wire::Reject{in.Text(), in.Below(2) == 1};
-    case 3: return wire::Progress{static_cast<int32_t>(in.Below(3)), 2, {1}, in.Int(), in.Int()};
+    case 3: return wire::Progress{static_cast<int32_t>(in.Below(3)), 2, {1}, in.Int(), in.Int(), {"gpu-02"}};
     case 4: return wire::StartRound{static_cast<int32_t>(in.Below(4)) - 1, static_cast<uint16_t>(in.Int())};
     case 5: return wire::WorkerFailed{static_cast<int32_t>(in.Below(4)), in.Int(), in.Int(), in.Int(), in.Int(),
                                       in.Text(), in.Text()};
