@@ -140,22 +140,36 @@ std::optional<Looked> Look(const Located& at, int dir_fd, io::RemoteAnswer& answ
   return looked;
 }
 
+/// The state folder, open; nullopt once answered for (it cannot be opened, or there is none:
+/// nothing was started there), with the exit code in `answered`.
+std::optional<UniqueFd> OpenStateDirOrAnswer(const Located& at, int& answered) {
+  auto dir = io::OpenStateDir(at.files.state_dir);
+  if (!dir) {
+    answered = Answer(Error(dir.error()));
+    return std::nullopt;
+  }
+  if (!*dir) {
+    io::RemoteAnswer never;
+    never.state = "never-started";
+    answered = Answer(never);
+    return std::nullopt;
+  }
+  return std::move(**dir);
+}
+
 int Status(const RemoteArgs& args) {
   auto at = Locate(args);
   if (!at) return Answer(Error(at.error()));
   io::RemoteAnswer answer;
-  auto dir = io::OpenStateDir(at->files.state_dir);
-  if (!dir) return Answer(Error(dir.error()));
-  if (!*dir) {
-    answer.state = "never-started";
-    return Answer(answer);
-  }
-  if (auto looked = Look(*at, (*dir)->get(), answer)) {
+  int answered = 0;
+  const std::optional<UniqueFd> dir = OpenStateDirOrAnswer(*at, answered);
+  if (!dir) return answered;
+  if (auto looked = Look(*at, dir->get(), answer)) {
     using Verdict = io::Recognition::Verdict;
     const Verdict verdict = looked->recognition.verdict;
     answer.state = verdict == Verdict::kOurs ? "running" : verdict == Verdict::kGone ? "exited" : "not-ours";
   }
-  auto tail = io::ConsoleTail((*dir)->get(), at->files.console_name, at->shown_console, 3);
+  auto tail = io::ConsoleTail(dir->get(), at->files.console_name, at->shown_console, 3);
   if (tail) {
     answer.log = *std::move(tail);
   } else {
@@ -173,13 +187,10 @@ int Down(const RemoteArgs& args) {
   const auto wait_s = wait == args.options.end() ? std::optional<long>(30) : ParseNonNegative(wait->second, 3600);
   if (!wait_s) return Answer(Error("--wait takes seconds"));
   io::RemoteAnswer answer;
-  auto dir = io::OpenStateDir(at->files.state_dir);
-  if (!dir) return Answer(Error(dir.error()));
-  if (!*dir) {
-    answer.state = "never-started";
-    return Answer(answer);
-  }
-  auto looked = Look(*at, (*dir)->get(), answer);
+  int answered = 0;
+  const std::optional<UniqueFd> dir = OpenStateDirOrAnswer(*at, answered);
+  if (!dir) return answered;
+  auto looked = Look(*at, dir->get(), answer);
   if (!looked) return Answer(answer);
   using Verdict = io::Recognition::Verdict;
   if (looked->recognition.verdict == Verdict::kGone) {

@@ -237,12 +237,18 @@ TEST(LinksTest, TheSilentAreFoundOldestFirstAndAWordHeardAgainClearsOne) {
 
 // ---- The hang watch -----------------------------------------------------------------------
 
-TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
-  const JobSpec spec = SpecFromToml(kTwoNodeJob);
+/// A roster where nodes 0 and 1 play node ranks 0 and 1.
+Roster TwoPlayers(const JobSpec& spec) {
   Roster roster(spec, At(0s));
   roster.players() = {0, 1};
   roster.at(0).plays = 0;
   roster.at(1).plays = 1;
+  return roster;
+}
+
+TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
+  const JobSpec spec = SpecFromToml(kTwoNodeJob);
+  Roster roster = TwoPlayers(spec);
   HangWatch watch(spec, roster);
   std::vector<CoordinatorEffect> out;
   // Rank 0 is node 0's, not node 1's; a stale round is ignored too.
@@ -273,10 +279,7 @@ TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
 // no hang: no verdict, no rank named (before, the ranks one step behind were called hung).
 TEST(HangWatchTest, NoVerdictWhenNoRankIsStillSilentForTheTimeoutWhenTheStacksComeBack) {
   const JobSpec spec = SpecFromToml(kTwoNodeJob);
-  Roster roster(spec, At(0s));
-  roster.players() = {0, 1};
-  roster.at(0).plays = 0;
-  roster.at(1).plays = 1;
+  Roster roster = TwoPlayers(spec);
   HangWatch watch(spec, roster);
   std::vector<CoordinatorEffect> out;
   ASSERT_TRUE(watch.OnRankHung(At(1s), 0, 0, wire::RankHung{0, 0, 0, 372, 30'000, 30'000, false}, out));
