@@ -255,7 +255,7 @@ window = "4s"
 }
 
 wire::Message Forge(Input& in) {
-  switch (in.Below(18)) {
+  switch (in.Below(19)) {
     case 0: return wire::Join{static_cast<int32_t>(in.Below(3)), in.Text(), static_cast<int32_t>(in.Below(4)),
                               DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text(), in.Text()};
     case 1: return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
@@ -280,6 +280,7 @@ wire::Message Forge(Input& in) {
     case 16: return wire::RankProgress{static_cast<int32_t>(in.Below(4)),
                                        {wire::RankRate{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(),
                                                        in.Int(), in.Int()}}};
+    case 17: return wire::HangCleared{static_cast<int32_t>(in.Below(4))};
     default: return wire::Challenge{in.Text(), in.Text()};
   }
 }
