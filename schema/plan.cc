@@ -14,6 +14,16 @@
 namespace ddprun {
 namespace {
 
+// Outside a SLURM allocation (`check` on a login node) nothing is known of node 0's host: the
+// plan says so instead of showing the default 127.0.0.1 as if it were the coordinator (issue 40).
+constexpr std::string_view kSlurmMasterPlaceholder = "<node 0's host in the allocation>";
+
+std::string ShownMasterAddr(const JobSpec& spec) {
+  if (spec.cluster.hosts_from_slurm && spec.cluster.nodes.empty()) return std::string(kSlurmMasterPlaceholder);
+  return spec.cluster.master_addr;
+}
+
+
 using Json = nlohmann::ordered_json;
 
 
@@ -66,7 +76,7 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::strin
     words.push_back(fmt::format("--rdzv_endpoint={}", endpoint));
   } else {
     words.push_back(fmt::format("--node_rank={}", node_rank));
-    words.push_back(fmt::format("--master_addr={}", spec.cluster.master_addr));
+    words.push_back(fmt::format("--master_addr={}", ShownMasterAddr(spec)));
     words.push_back(fmt::format("--master_port={}", spec.cluster.master_port));
   }
   words.push_back(fmt::format("--max_restarts={}", spec.restart.max_restarts));
@@ -227,6 +237,7 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       position.error_file = spec.logs.dir + "/" + RunLogFolder(spec, "<run>") + "/" +
                             RankErrorFilePath(spec, 0, rank.global_rank);
       position.run_id = run_id;
+      if (spec.cluster.hosts_from_slurm && spec.cluster.nodes.empty()) position.master_addr = ShownMasterAddr(spec);
       if (spec.cluster.Agents() > 1) position.socket_ifname = std::string(kSocketIfnamePlaceholder);
       rank.env = WorkerEnvironment(spec, position, {});
       // Under the relay rank 0 hosts the store on a port node 0's agent picks each round, so
@@ -268,10 +279,10 @@ std::string PlanHeader(const JobSpec& spec) {
                        fmt::join(spec.rendezvous.endpoints, ", "), EtcdKeyDir(spec),
                        c.master_port, FormatDuration(spec.rendezvous.lease));
   } else {
-    out += fmt::format("coordinator on node 0 at {}:{}\n", c.master_addr, c.master_port);
+    out += fmt::format("coordinator on node 0 at {}:{}\n", ShownMasterAddr(spec), c.master_port);
   }
   if (c.store_port) {
-    out += fmt::format("store: worker rank 0 listens on {}:{}\n", c.master_addr, *c.store_port);
+    out += fmt::format("store: worker rank 0 listens on {}:{}\n", ShownMasterAddr(spec), *c.store_port);
   } else {
     out += fmt::format("store: relayed through {} to worker rank 0, whose MASTER_PORT is a "
                        "private port node 0 picks each round (other ranks get MASTER_PORT={}); "

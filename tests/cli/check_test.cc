@@ -373,6 +373,20 @@ TEST(Cli, InitWritesCommandsThatRunFromWorkdirAndAStopGraceBelowKillWait) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 40: outside a SLURM allocation `check` showed the default 127.0.0.1 as node 0's address,
+// in the coordinator line, MASTER_ADDR and the torchrun command; nothing is known of it there.
+TEST(Cli, CheckOutsideASlurmAllocationShowsNoMadeUpCoordinator) {
+  const std::string path = TempFile(
+      "slurm.toml", "version = 1\n[job]\nname = \"s\"\ncommand = [\"python3\", \"t.py\"]\n"
+                    "[cluster]\nhosts_from = \"slurm\"\nnnodes = 2\nmaster_port = 29500\n"
+                    "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n");
+  const Output o = RunDdprun("check " + path, /*merge_stderr=*/true);
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  EXPECT_NE(o.out.find("coordinator on node 0 at <node 0's host in the allocation>:29500"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("    MASTER_ADDR=<node 0's host in the allocation>\n"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("127.0.0.1"), std::string::npos) << o.out;
+}
+
 TEST(Cli, CheckAppendsArgumentsAfterDashes) {
   const std::string job = SourcePath("examples/laptop.toml");
   const Output o = RunDdprun("check --node-rank 1 " + job + " -- --lr 0.1 'a b'");
