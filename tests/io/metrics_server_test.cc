@@ -232,16 +232,18 @@ TEST_F(MetricsServerSlotsTest, OneClientTooManyWhileEverySlotAnswersGetsA503AtOn
   MetricsServer::Limits limits;
   limits.max_connections = 2;
   Start(limits, std::string(16u << 20, 'x'));  // more than the sockets' buffers hold
+  const std::string get = "GET /metrics HTTP/1.1\r\n\r\n";
+  auto send_get = [&](int fd) { return ::send(fd, get.data(), get.size(), MSG_NOSIGNAL); };
   const int a = Connect();
   const int b = Connect();
-  for (int fd : {a, b}) ASSERT_EQ(::send(fd, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL), 27);
+  for (int fd : {a, b}) ASSERT_EQ(send_get(fd), static_cast<ssize_t>(get.size()));
   ASSERT_TRUE(WaitForConnections(2));
   ASSERT_TRUE([&] {
     for (int i = 0; i < 500 && scrapes_ < 2; ++i) std::this_thread::sleep_for(10ms);
     return scrapes_ == 2;
   }());
   const int c = Connect();
-  ASSERT_EQ(::send(c, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL), 27);
+  ASSERT_EQ(send_get(c), static_cast<ssize_t>(get.size()));
   char head[64] = {};
   ASSERT_GT(::recv(c, head, sizeof head - 1, 0), 0);
   EXPECT_THAT(std::string(head), StartsWith("HTTP/1.0 503 Service Unavailable\r\n"));
@@ -252,7 +254,7 @@ TEST_F(MetricsServerSlotsTest, OneClientTooManyWhileEverySlotAnswersGetsA503AtOn
   std::string answer;
   for (int i = 0; i < 100 && answer.find("200 OK") == std::string::npos; ++i) {
     const int fd = Connect();
-    ::send(fd, "GET /metrics HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL);
+    send_get(fd);
     char first[64] = {};
     if (::recv(fd, first, sizeof first - 1, 0) > 0) answer = first;
     ::close(fd);
