@@ -48,7 +48,7 @@ struct Lines {
   bool Has(Kind kind) const { return has[static_cast<int>(kind)]; }
 };
 
-Lines DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank) {
+Lines DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank, std::string_view us) {
   Lines lines;
   for (const auto& d : DiffCanonical(ours, theirs)) {
     const std::string key = UserKey(d.key);
@@ -67,17 +67,18 @@ Lines DifferenceLines(const std::string& ours, const std::string& theirs, int no
       if (mine == "(not set)") mine = "none";
       if (other == "(not set)") other = "none";
     }
-    lines.text += fmt::format("\n  {}: node {} has {}, node 0 has {}", label, node_rank, other, mine);
+    lines.text += fmt::format("\n  {}: node {} has {}, {} has {}", label, node_rank, other, us, mine);
   }
   return lines;
 }
 
-const char* Headline(Kind kind) {
+std::string Headline(Kind kind, std::string_view us) {
   switch (kind) {
-    case Kind::kJobFile: return "runs a different job file than node 0";
-    case Kind::kCode: return "runs different code than node 0 (job.code_check = \"refuse\")";
-    case Kind::kScriptArgs: return "was started with other arguments after `--` than node 0";
-    case Kind::kLibraries: return "has other library versions than node 0 (job.library_check = \"refuse\")";
+    case Kind::kJobFile: return fmt::format("runs a different job file than {}", us);
+    case Kind::kCode: return fmt::format("runs different code than {} (job.code_check = \"refuse\")", us);
+    case Kind::kScriptArgs: return fmt::format("was started with other arguments after `--` than {}", us);
+    case Kind::kLibraries:
+      return fmt::format("has other library versions than {} (job.library_check = \"refuse\")", us);
   }
   return "";
 }
@@ -129,8 +130,8 @@ std::string JoinParts(const std::vector<std::string>& parts, const char* last_se
 }  // namespace
 
 JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& theirs, int node_rank,
-                                const std::string& host) {
-  Lines lines = DifferenceLines(ours, theirs, node_rank);
+                                const std::string& host, std::string_view us) {
+  Lines lines = DifferenceLines(ours, theirs, node_rank, us);
   std::vector<Kind> kinds;
   for (Kind kind : kKinds) {
     if (lines.Has(kind)) kinds.push_back(kind);
@@ -142,7 +143,7 @@ JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& thei
   JoinRefusal refusal;
   if (kinds.size() == 1) {
     refusal.message = fmt::format("node {} (host {}) {}:{}\nhint: {}", node_rank, host,
-                                  Headline(kinds[0]), lines.text, Hint(kinds[0]));
+                                  Headline(kinds[0], us), lines.text, Hint(kinds[0]));
     refusal.why = Why(kinds[0]);
     return refusal;
   }
@@ -153,15 +154,15 @@ JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& thei
     hints += fmt::format("\nhint: {}", Hint(kind));
   }
   const std::string named = JoinParts(parts, " and ");
-  refusal.message = fmt::format("node {} (host {}) differs from node 0 in {}:{}{}", node_rank, host,
+  refusal.message = fmt::format("node {} (host {}) differs from {} in {}:{}{}", node_rank, host, us,
                                 named, lines.text, hints);
   refusal.why = "it differs in " + named;
   return refusal;
 }
 
 std::string DescribeAdvisoryDifference(const std::string& ours, const std::string& theirs,
-                                       int node_rank, const std::string& host) {
-  const Lines lines = DifferenceLines(ours, theirs, node_rank);
+                                       int node_rank, const std::string& host, std::string_view us) {
+  const Lines lines = DifferenceLines(ours, theirs, node_rank, us);
   if (lines.text.empty()) return "";
   std::vector<std::string> what;
   std::vector<std::string> checks;
@@ -174,9 +175,9 @@ std::string DescribeAdvisoryDifference(const std::string& ours, const std::strin
     checks.push_back("job.library_check = \"warn\"");
   }
   if (what.empty()) {
-    return fmt::format("node {} (host {}) differs from node 0:{}", node_rank, host, lines.text);
+    return fmt::format("node {} (host {}) differs from {}:{}", node_rank, host, us, lines.text);
   }
-  return fmt::format("node {} (host {}) {} than node 0{}:{}", node_rank, host,
+  return fmt::format("node {} (host {}) {} than {}{}:{}", node_rank, host, us,
                      JoinParts(what, " and "),
                      checks.empty() ? std::string()
                                     : fmt::format(" ({} {} it join)", JoinParts(checks, " and "),

@@ -69,8 +69,10 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   const std::string canonical(facts.canonical);
   if (join.fingerprint != facts.fingerprint) {
     // Named as what differs: the job file, the code, the arguments after `--`, the libraries.
-    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, join.node_rank, join.host);
-    return refuse(std::move(refusal.message), false, std::move(refusal.why));
+    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, join.node_rank, join.host, facts.us);
+    JoinVerdict verdict = refuse(std::move(refusal.message), false, std::move(refusal.why));
+    verdict.other_file = true;
+    return verdict;
   }
   const AgentSlot& slot = *facts.claimed;
   JoinVerdict verdict;
@@ -102,7 +104,7 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   verdict.outcome = Outcome::kAdmit;
   // Same fingerprint, other advisory lines (code_check or library_check = "warn").
   if (join.canonical != canonical) {
-    verdict.differences = DescribeAdvisoryDifference(canonical, join.canonical, join.node_rank, join.host);
+    verdict.differences = DescribeAdvisoryDifference(canonical, join.canonical, join.node_rank, join.host, facts.us);
   }
   return verdict;
 }

@@ -23,6 +23,7 @@ struct JoinFacts {
   bool job_over = false;         // the job is ending or done
   bool done = false;             // the job is done
   bool took_over = false;        // this coordinator took the job over from an earlier holder
+  std::string_view us = "node 0";  // the coordinator as refusals name it (etcd: any agent holds it)
 };
 
 struct JoinVerdict {
@@ -36,6 +37,7 @@ struct JoinVerdict {
   std::string reason;        // kRefuse: what the node and node 0's log are told
   bool retry = false;        // kRefuse: the node may try again (its slot may free)
   std::string why;           // kRefuse: the short form for the rendezvous summary; "" none
+  bool other_file = false;   // kRefuse: the fingerprints differ (job file, code, arguments, libraries)
   /// The same agent on a new connection before its old one was seen to close: the old one
   /// is dropped first.
   bool replaces_connection = false;

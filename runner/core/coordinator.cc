@@ -65,6 +65,9 @@ void Coordinator::AfterUncleanEnd(TimePoint now, Duration since, std::vector<Coo
 
 void Coordinator::PlaceRankZero(int agent, std::string addr) {
   master_addr_ = std::move(addr);
+  own_agent_ = agent;
+  elected_ = true;
+  us_ = fmt::format("the coordinator (host {})", master_addr_);
   roster_.PlaceRankZero(agent);
 }
 
@@ -426,149 +429,6 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     Drop(now, conn_id, LossReason::kProtocolError, fmt::format("it sent {}", wire::MessageName(message)), out);
     OnNodeLost(now, agent, "protocol error", out);
   }
-}
-
-void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, std::vector<CoordinatorEffect>& out) {
-  const bool in_range = join.node_rank >= 0 && join.node_rank < roster_.agents();
-  auto judge = [&] {
-    const Links::Conn& conn = *links_.Find(conn_id);
-    return JudgeJoin(JoinFacts{secret_, conn.nonce, conn.peer_addr, fingerprint_, canonical_, spec_.cluster.nnodes,
-                               roster_.agents(), in_range ? &roster_.at(join.node_rank) : nullptr,
-                               phase() == Phase::kEnding || phase() == Phase::kDone, phase() == Phase::kDone,
-                               took_over_},
-                     join);
-  };
-  JoinVerdict verdict = judge();
-  if (verdict.replaces_connection) {
-    // The same agent reconnecting before we noticed its old connection died. It stopped its
-    // workers when it lost us, so a round it plays in has lost this node. Otherwise the
-    // connection was only replaced (an agent that gave up on a join we were too slow to
-    // answer): no loss, nothing to blame it for. Then it is judged again as a fresh join.
-    const AgentSlot& slot = roster_.at(join.node_rank);
-    const bool round_lost = slot.plays >= 0 && (phase() == Phase::kStarting || phase() == Phase::kRunning ||
-                                                phase() == Phase::kStopping);
-    Drop(now, *slot.conn, LossReason::kReconnected, "it joined again on a new connection", out);
-    if (round_lost) OnNodeLost(now, join.node_rank, "its connection dropped and it reconnected", out);
-    verdict = judge();
-  }
-  switch (verdict.outcome) {
-    case JoinVerdict::Outcome::kRefuse: {
-      if (!verdict.why.empty() && in_range) roster_.at(join.node_rank).refused = std::move(verdict.why);
-      // A refused agent retries every few seconds from a new source port, for the whole
-      // rendezvous (issue 40: a rank started twice printed the refusal about 450 times): the
-      // same story for the same rank is said once, then only at debug level.
-      std::string story = verdict.reason;
-      if (const Links::Conn* from = links_.Find(conn_id); from && from->peer_addr.rfind(':') != std::string::npos) {
-        const size_t at = story.find(from->peer_addr);
-        if (at != std::string::npos) {
-          story.replace(at, from->peer_addr.size(), from->peer_addr.substr(0, from->peer_addr.rfind(':')));
-        }
-      }
-      const bool told = in_range && roster_.at(join.node_rank).refusal_said == story;
-      if (in_range) roster_.at(join.node_rank).refusal_said = std::move(story);
-      out.push_back(LogLine{told ? LogLevel::kDebug : LogLevel::kError, "refused a node: " + verdict.reason});
-      out.push_back(Observed{observed::NodeRefused{join.node_rank, verdict.reason}});
-      out.push_back(SendTo{conn_id, wire::Reject{verdict.reason, verdict.retry}});
-      Drop(now, conn_id, LossReason::kClosed, "", out);
-      return;
-    }
-    case JoinVerdict::Outcome::kChallenge: {
-      Links::Conn& conn = *links_.Find(conn_id);
-      conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);
-      conn.hello_rank = join.node_rank;
-      out.push_back(SendTo{conn_id, wire::Challenge{conn.nonce, CoordinatorProof(secret_, join.nonce, conn.nonce)}});
-      return;
-    }
-    case JoinVerdict::Outcome::kHearVerdict: {
-      // An agent that lost us before the end (a pause, a partition) rejoins to hear the
-      // verdict; it exits with the job's code once it has acknowledged.
-      AgentSlot& slot = roster_.at(join.node_rank);
-      SetSlotConn(join.node_rank, conn_id, now);
-      links_.Find(conn_id)->node_rank = join.node_rank;
-      out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; telling it the outcome",
-                                                         roster_.NodeName(join.node_rank))});
-      const auto* ending = std::get_if<Ending>(&state_);
-      if (ending && ending->awaiting_record) return;  // it hears the verdict with the others, once it is recorded
-      out.push_back(SendTo{conn_id, wire::JobEnd{*exit_code_, end_summary_}});
-      if (slot.end == AgentSlot::EndState::kAway) slot.end = AgentSlot::EndState::kTold;
-      return;
-    }
-    case JoinVerdict::Outcome::kAdmit:
-      Admit(now, conn_id, join, verdict.differences, out);
-      return;
-  }
-}
-
-void Coordinator::Admit(TimePoint now, ConnId conn_id, const wire::Join& join, const std::string& differences,
-                        std::vector<CoordinatorEffect>& out) {
-  const int agent = join.node_rank;
-  const int nnodes = spec_.cluster.nnodes;
-  AgentSlot& slot = roster_.at(agent);
-  // The fence is the fenced agent's: only that agent rejoining lifts it (agents rejoin only
-  // once their workers are gone). Any other agent that takes the rank (a rebooted host, a
-  // second agent started for it), however often it joins and leaves, waits until the fenced
-  // agent's lease has run out.
-  if (slot.fence && slot.fence->holder == join.instance) slot.fence.reset();
-  slot.instance = join.instance;
-  if (!differences.empty()) out.push_back(LogLine{LogLevel::kWarn, differences});
-  slot.host = join.host;
-  slot.probe_endpoint = join.probe_endpoint;
-  slot.done = slot.stopped = false;
-  slot.ever_joined = true;
-  slot.refused.clear();
-  SetSlotConn(agent, conn_id, now);
-  links_.Find(conn_id)->node_rank = agent;
-  // Standby: a joined agent may wait as long as the job runs (a spare, a node that sits out
-  // a smaller round), so its own rendezvous backstop is off.
-  out.push_back(SendTo{conn_id, wire::JoinAck{nnodes, spec_.cluster.CanReplace()}});
-  out.push_back(Observed{observed::NodeJoined{agent, join.host, agent >= nnodes}});
-  const std::string& from = links_.Find(conn_id)->peer_addr;
-  const int agents = roster_.agents();
-  std::string line =
-      slot.position < 0
-          ? fmt::format("{} joined from {}; it waits to take the node rank of a node that is lost",
-                        roster_.NodeName(agent), from)
-      : slot.position != agent && agent < nnodes
-          // etcd: the coordinator's agent plays node rank 0, and node 0's agent its place.
-          ? fmt::format("{} joined from {} ({}/{}); it plays node rank {}{}", roster_.AgentName(agent), from,
-                        joined_count(), agents, slot.position, slot.position == 0 ? ", the coordinator's" : "")
-          : fmt::format("{} joined from {} ({}/{})", roster_.NodeName(agent), from, joined_count(), agents);
-  if (slot.position >= 0 && (phase() == Phase::kStarting || phase() == Phase::kRunning)) {
-    line += fmt::format("; round {} runs without it, it takes part from the next round", round_);
-  }
-  if (placement_.Quarantined(agent, now)) {
-    line += fmt::format("; its host is quarantined for {} more",
-                        HumanDuration(*placement_.book().Until(slot.host) - now));
-  }
-  out.push_back(LogLine{LogLevel::kInfo, std::move(line)});
-  if (phase() == Phase::kStopping || (phase() != Phase::kRendezvous && slot.plays < 0)) {
-    // Agents join only without running workers, so this node has nothing left to stop; a
-    // spare has nothing to stop in any round.
-    MarkStopped(slot, 0);
-    MaybeFinishStop(now, out);
-  }
-  MaybeStartRound(now, out);
-}
-
-void Coordinator::OnChallengeUnanswered(const Links::Conn& conn, std::vector<CoordinatorEffect>& out) {
-  // An agent closes the connection after our Challenge when our proof does not match its
-  // secret. Its hello is unproven, so the rank it claimed is only named, never acted on.
-  if (conn.hello_rank >= roster_.agents()) return;
-  AgentSlot& slot = roster_.at(conn.hello_rank);
-  if (slot.conn) return;
-  // Each retry comes from a new source port: the story is told per address, not per port.
-  const std::string_view addr = std::string_view(conn.peer_addr).substr(0, conn.peer_addr.rfind(':'));
-  std::string why = fmt::format("a peer from {} claiming this rank left without answering the "
-                                "shared-secret challenge: its secret differs from node 0's",
-                                addr);
-  if (slot.refused == why) return;  // said once; its retries tell the same story
-  out.push_back(LogLine{LogLevel::kError,
-                        fmt::format("a peer from {} claiming node rank {} closed the connection without answering "
-                                    "the shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) differs "
-                                    "from node 0's, or it is not this job's agent\nhint: set the same secret on "
-                                    "every node",
-                                    addr, conn.hello_rank)});
-  slot.refused = std::move(why);
 }
 
 void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out) {

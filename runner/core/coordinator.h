@@ -23,6 +23,8 @@
 
 namespace ddprun::core {
 
+struct JoinVerdict;
+
 class Coordinator {
  public:
   enum class Phase { kRendezvous, kStarting, kRunning, kStopping, kBackoff, kEnding, kDone };
@@ -185,6 +187,11 @@ class Coordinator {
   void OnMessage(TimePoint now, ConnId conn, const wire::Message& message,
                  std::vector<CoordinatorEffect>& out);
   void OnJoin(TimePoint now, ConnId conn, const wire::Join& join, std::vector<CoordinatorEffect>& out);
+  /// Under etcd, a join refused for another job file before any round: true when that file's
+  /// agents now outnumber this one's and the role was given up (GiveUpRole); a tie makes the
+  /// refusal one to retry (`verdict.retry`), so that no correct node gives up on the job.
+  bool WeighOtherFile(TimePoint now, ConnId conn, const wire::Join& join, JoinVerdict& verdict,
+                      std::vector<CoordinatorEffect>& out);
   /// Carries out JudgeJoin's kAdmit.
   void Admit(TimePoint now, ConnId conn, const wire::Join& join, const std::string& differences,
              std::vector<CoordinatorEffect>& out);
@@ -263,6 +270,12 @@ class Coordinator {
   bool ended_by_rule_ = false;       // see ended_by_rule()
   std::vector<std::string> earlier_causes_;  // the restarted rounds' root causes, for the summaries
   std::string master_addr_;          // PlaceRankZero: every round's MASTER_ADDR; "": the file's
+  int own_agent_ = 0;                // the agent in this coordinator's process (PlaceRankZero)
+  bool elected_ = false;             // PlaceRankZero: the role was won in a campaign (etcd)
+  std::string us_ = "node 0";        // this coordinator as refusals name it
+  /// Under etcd before the first round: the agents refused for each other job file (by
+  /// fingerprint), to tell a holder whose own file is the odd one out (WeighOtherFile).
+  std::map<std::string, std::set<int>> refused_files_;
 };
 
 }  // namespace ddprun::core

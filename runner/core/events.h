@@ -94,6 +94,13 @@ struct ReserveStorePort {
 struct CoordinatorDone {
   int exit_code = 0;
 };
+/// rendezvous.backend = "etcd": this coordinator's job file is outnumbered by another (more
+/// agents were refused for that one than joined with its own, before any round began): the
+/// host lets the role go (its agents look the new holder up), and its own agent has been
+/// refused with `why`.
+struct GiveUpRole {
+  std::string why;
+};
 // ---- The job's record ----------------------------------------------------------------------
 // What outlives the coordinator: node 0's journal on its own disk, or the job's keys in etcd
 // (host::JobRecordKeeper, runner/host/job_record.h). The coordinator records the same way
@@ -240,7 +247,7 @@ struct Observed {
   Observation what;
 };
 
-using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone,
+using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone, GiveUpRole,
                                        RecordWorkers, RecordQuarantine, CommitRound, RecordRestart,
                                        RecordEnd, Observed>;
 

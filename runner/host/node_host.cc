@@ -459,6 +459,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
   std::vector<core::CoordinatorEffect>& effects = coordinator_effects_;  // as in RunAgent
   const TimePoint now = ports_.clock->Now();
   coordinator_->Handle(now, input, effects);
+  bool give_up = false;
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
     recorder_.CoordinatorEffect(now, effect);
@@ -497,6 +498,8 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
         failure_round_seen_ = failed->round;
         failure_seen_at_ = now;
       }
+    } else if (std::holds_alternative<core::GiveUpRole>(effect)) {
+      give_up = true;  // once the refusals above are on their way
     } else if (std::holds_alternative<core::CoordinatorDone>(effect)) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
@@ -505,6 +508,13 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     }
   }
   effects.clear();
+  if (give_up && election_) {
+    // Only an elected holder gives the role up (Coordinator::WeighOtherFile): revoked at once,
+    // so that the agents it refused find no holder and campaign.
+    election_->Resign(now);
+    StepDown("the job file of this host is outnumbered by another one");
+    return;
+  }
   MaybeFinish();
   if (!finished_) Rearm();
 }

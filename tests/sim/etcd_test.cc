@@ -177,6 +177,42 @@ TEST(EtcdTest, WithoutTheCompareTwoAgentsHoldTheRoleAndTwoCoordinatorsAct) {
   EXPECT_THAT(broken.output, HasSubstr("INVARIANT VIOLATED: two coordinators act at once"));
 }
 
+// Issue 37: the one host whose job file differs won the first campaign, refused every other
+// node as "a different job file than node 0", and the whole job exited 3 on every host. Now the
+// holder whose file is outnumbered gives the role up; the others elect one of theirs and run
+// the job (the spare takes the odd host's rank), and only the odd host exits 3, saying why.
+TEST(EtcdTest, AHolderWhoseJobFileIsTheOddOneOutGivesTheRoleUp) {
+  const SimRun run = Simulate(EtcdJob(), {"job-file-differs@0s:node=0"});
+  ASSERT_FALSE(run.result.violation) << *run.result.violation << "\n" << run.output;
+  ASSERT_THAT(run.output, HasSubstr(kNode0Leads));
+  EXPECT_THAT(run.output, HasSubstr("runs a different job file than the coordinator (host 10.0.0.1):"));
+  EXPECT_THAT(run.output, Not(HasSubstr("than node 0"))) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("coordinator: this host holds the coordinator role, but 2 other nodes run "
+                                    "a different job file ("));
+  EXPECT_THAT(run.output, HasSubstr("it gives the role up so that they can run the job"));
+  ASSERT_EQ(run.result.nodes.size(), 4u);
+  EXPECT_EQ(run.result.nodes[0].exit_code, 3) << run.output;
+  for (size_t i = 1; i < run.result.nodes.size(); ++i) EXPECT_EQ(run.result.nodes[i].exit_code, 0) << i << run.output;
+  EXPECT_EQ(run.result.stats.rounds_started, 1) << run.output;
+  EXPECT_EQ(run.result.stats.restarts_used, 0) << run.output;
+  EXPECT_EQ(CountOf(run.output, "this agent holds the coordinator role now"), 2) << run.output;
+}
+
+// The odd host is not the first holder: it is refused, for good once the holder's file has
+// more nodes than its own, and the job runs without it; nobody gives the role up.
+TEST(EtcdTest, AnOddJobFileThatDoesNotHoldTheRoleIsRefusedAndTheJobRuns) {
+  const SimRun run = Simulate(EtcdJob(), {"job-file-differs@0s:node=2"});
+  ASSERT_FALSE(run.result.violation) << *run.result.violation << "\n" << run.output;
+  ASSERT_THAT(run.output, HasSubstr(kNode0Leads));
+  EXPECT_THAT(run.output, Not(HasSubstr("gives the role up"))) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("node 2 (host 10.0.0.3) runs a different job file than the coordinator "
+                                    "(host 10.0.0.1):"));
+  ASSERT_EQ(run.result.nodes.size(), 4u);
+  EXPECT_EQ(run.result.nodes[2].exit_code, 3) << run.output;
+  for (size_t i : {0u, 1u, 3u}) EXPECT_EQ(run.result.nodes[i].exit_code, 0) << i << run.output;
+  EXPECT_EQ(CountOf(run.output, "this agent holds the coordinator role now"), 1) << run.output;
+}
+
 TEST(EtcdTest, EtcdFaultsNeedAnEtcdJob) {
   const Status fits = FaultFitsJob(*ParseFaultFlag("etcd-partition@1m:node=1"), *ParseJobText(SmallJob(), "j").spec);
   EXPECT_EQ(fits.error(), "etcd-partition fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" "

@@ -219,7 +219,7 @@ TEST(ShapeSwarmCliTest, ASeedsReproLineRepeatsItsShape) {
   const Result again = Ddprun(repro);
   EXPECT_EQ(std::to_string(again.code), exit_code) << again.output;
   EXPECT_THAT(again.output, HasSubstr("outcome:           job exit code " + exit_code));
-  EXPECT_THAT(again.output, HasSubstr("cluster.nproc_per_node: node 1 has 2, node 0 has 1"));
+  EXPECT_THAT(again.output, HasSubstr("cluster.nproc_per_node: node 1 has 2, the coordinator (host 10.0.0.1) has 1"));
 }
 
 }  // namespace
