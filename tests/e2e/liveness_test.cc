@@ -31,6 +31,15 @@ std::string Job(uint16_t port, const std::string& script, int max_restarts) {
   return job.Toml();
 }
 
+// A worker script's test that the previous round's holder of its rank still runs: a zombie
+// (killed, its stopped agent cannot reap it) does not. /proc/PID/status is read once: with
+// `[ -e /proc/$old ] && ! grep ... /proc/$old/status`, an agent resumed at that moment reaped
+// the zombie between the two looks, grep failed, and the gone worker was reported as overlapping
+// (issue 37: the guardian had killed it on time, 11 s earlier; 4 runs of 15 under load).
+constexpr char kStillRuns[] =
+    "still_runs() { s=$(cat /proc/$1/status 2>/dev/null) || return 1; "
+    "case \"$s\" in *\"State:\tZ\"*|*\"State:\tX\"*) return 1;; esac; }; ";
+
 class LivenessTest : public ::testing::Test {
  protected:
   AgentProcess& Start(int node_rank) {
@@ -86,10 +95,10 @@ TEST_F(LivenessTest, PausedCoordinatorTwiceWithTheBudgetSpentEndsTheJobOnEveryNo
 // are certainly gone: each new holder of rank 2 or 3 checks that the old one no longer runs.
 TEST_F(LivenessTest, LostNodesWorkersNeverOverlapTheNextRoundsHolderOfTheirRank) {
   const uint16_t port = FreePort();
-  const std::string script =
+  const std::string script = std::string(kStillRuns) +
       "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then trap '' TERM; echo $$ > old-$RANK.pid; "
       "sleep 60 & wait; sleep 60; else old=$(cat old-$RANK.pid); "
-      "if kill -0 $old 2>/dev/null; then echo rank $RANK overlaps $old >> overlap.txt; fi; fi";
+      "if still_runs $old; then echo rank $RANK overlaps $old >> overlap.txt; fi; fi";
   dir_.Write("job.toml", Job(port, script, /*max_restarts=*/1));
   AgentProcess& node0 = Start(0);
   AgentProcess& node1 = Start(1);
@@ -159,9 +168,9 @@ TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAnAgentFrozenInTheMiddleOfItsSt
   job.backoff = "0s";
   job.rendezvous = "30s";
   job.stop_grace = "20s";
-  job.script =
+  job.script = std::string(kStillRuns) +
       "if [ $TORCHELASTIC_RESTART_COUNT != 0 ]; then if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
-      "if [ -e /proc/$old ] && ! grep -q '^State:.Z' /proc/$old/status 2>/dev/null; then "
+      "if still_runs $old; then "
       "echo rank $RANK overlaps $old >> overlap.txt; fi; fi; "
       "elif [ $GROUP_RANK = 1 ]; then trap '' TERM; echo $$ > old-$RANK.pid; sleep 120 & wait; sleep 120; "
       "else sleep 120 & wait; fi";
@@ -223,9 +232,9 @@ TEST_F(LivenessTest, SighupIsAnInterruptThatEndsTheJobEverywhereWith129) {
 // stopped agent cannot reap does not run).
 TEST_F(LivenessTest, ACoordinatorStartedAgainAfterAKillWaitsForThePreviousRoundsWorkers) {
   const uint16_t port = FreePort();
-  const std::string script =
+  const std::string script = std::string(kStillRuns) +
       "if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
-      "if [ -e /proc/$old ] && ! grep -q '^State:.Z' /proc/$old/status 2>/dev/null; then echo rank $RANK overlaps $old >> "
+      "if still_runs $old; then echo rank $RANK overlaps $old >> "
       "overlap.txt; fi; "
       "else trap '' TERM; echo $$ > old-$RANK.pid; sleep 60 & wait; sleep 60; fi";
   dir_.Write("job.toml", Job(port, script, /*max_restarts=*/0));
