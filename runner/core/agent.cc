@@ -371,7 +371,11 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
       // entry K of cluster.nodes (issue 37: seed 100506 named the coordinator's own host).
       const int32_t n = progress->missing[i];
       const std::string host = i < progress->missing_hosts.size() ? progress->missing_hosts[i] : "";
-      names.push_back(host.empty() ? fmt::format("node {}", n) : fmt::format("node {} ({})", n, host));
+      const std::string why = i < progress->missing_why.size() ? progress->missing_why[i] : "";
+      // A node refused for good does not come by itself: say so, not only that we wait.
+      const std::string note = why.empty() ? "" : fmt::format("{}refused: {}", host.empty() ? "" : "; ", why);
+      names.push_back(host.empty() && note.empty() ? fmt::format("node {}", n)
+                                                   : fmt::format("node {} ({}{})", n, host, note));
     }
     const int missing = progress->total - progress->joined;
     if (missing > static_cast<int>(names.size())) {

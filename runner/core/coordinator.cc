@@ -24,6 +24,14 @@ namespace {
 constexpr Duration kProgressInterval = Seconds(5);
 }  // namespace
 
+Coordinator::Rendezvous Coordinator::OpenRendezvous(TimePoint now, Duration timeout) {
+  Rendezvous rendezvous;
+  rendezvous.started = now;
+  rendezvous.deadline = now + timeout;
+  rendezvous.next_progress = now + kProgressInterval;
+  return rendezvous;
+}
+
 std::string_view LossReasonName(LossReason reason) {
   switch (reason) {
     case LossReason::kClosed: return "closed";
@@ -39,7 +47,7 @@ Coordinator::Coordinator(const JobSpec& spec, std::string canonical, TimePoint s
     : spec_(spec),
       canonical_(std::move(canonical)),
       fingerprint_(FingerprintOfCanonical(canonical_)),
-      state_(Rendezvous{start, start + spec.timeouts.rendezvous, start + kProgressInterval, std::nullopt}),
+      state_(OpenRendezvous(start, spec.timeouts.rendezvous)),
       roster_(spec, start),
       placement_(spec, roster_),
       hangs_(spec, roster_),
@@ -157,6 +165,7 @@ bool Coordinator::WorkersMayRun(const AgentSlot& slot) const {
 
 void Coordinator::SetSlotConn(int agent, std::optional<ConnId> conn, TimePoint now) {
   AgentSlot& slot = roster_.at(agent);
+  if (slot.conn.has_value() != conn.has_value()) ProgressChanged(now);
   if (slot.stopped) stopped_joined_ += (conn ? 1 : 0) - (slot.conn ? 1 : 0);
   // Fencing: a node lost while its workers may run keeps its rank until its lease has run
   // out; its own agent stops them within that time (DESIGN.md section 10).
@@ -323,7 +332,6 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
   }
   if (Due(Deadline::kRendezvousProgress, now)) {
     SendProgress(now, out);
-    std::get<Rendezvous>(state_).next_progress = now + kProgressInterval;
   }
   if (Due(Deadline::kReach, now)) FinishReach(now, out);
   if (Due(Deadline::kHangProbe, now)) StopForHang(now, out);
@@ -342,7 +350,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     MaybeFinishStop(now, out);
   }
   if (Due(Deadline::kBackoff, now)) {
-    state_ = Rendezvous{now, now + spec_.timeouts.rendezvous, now + kProgressInterval, std::nullopt};
+    state_ = OpenRendezvous(now, spec_.timeouts.rendezvous);
     absence_origin_ = now;
     MaybeStartRound(now, out);
   }

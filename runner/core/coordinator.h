@@ -139,7 +139,13 @@ class Coordinator {
     TimePoint deadline;                 // timeouts.rendezvous
     TimePoint next_progress;            // when waiting agents next hear who is missing
     std::optional<TimePoint> gate;      // every node joined; the round waits for a fence
+    /// The progress line backs off while nothing changes (5 s, doubling to 1 min: issue 39,
+    /// 2,048 nodes waiting 10 minutes printed 120 lines each); a change is said within 5 s.
+    Duration progress_every = Seconds(5);
+    std::optional<TimePoint> progress_sent;
+    std::string progress_said;          // who was missing, and why, in the last line sent
   };
+  static Rendezvous OpenRendezvous(TimePoint now, Duration timeout);
   /// Before the first round (rendezvous.probe): every node of the round connects to the
   /// others' probe endpoints; the round starts once all have answered or `until` has passed.
   struct Reach {
@@ -231,6 +237,9 @@ class Coordinator {
   void Finish(std::vector<CoordinatorEffect>& out);
   void Broadcast(const wire::Message& message, std::vector<CoordinatorEffect>& out) const;
   void SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out);
+  /// Who is missing changed (a join, a loss, a refusal): the next progress line comes within
+  /// the first interval of the last one, not after the backed-off one.
+  void ProgressChanged(TimePoint now);
   /// Whether agent `slot`'s workers may be running now (a round it plays has started and it
   /// has not confirmed their stop).
   bool WorkersMayRun(const AgentSlot& slot) const;

@@ -35,7 +35,10 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
   switch (verdict.outcome) {
     case JoinVerdict::Outcome::kRefuse: {
       if (verdict.other_file && in_range && WeighOtherFile(now, conn_id, join, verdict, out)) return;
-      if (!verdict.why.empty() && in_range) roster_.at(join.node_rank).refused = std::move(verdict.why);
+      if (!verdict.why.empty() && in_range && roster_.at(join.node_rank).refused != verdict.why) {
+        roster_.at(join.node_rank).refused = std::move(verdict.why);
+        ProgressChanged(now);
+      }
       // A refused agent retries every few seconds from a new source port, for the whole
       // rendezvous (issue 40: a rank started twice printed the refusal about 450 times): the
       // same story for the same rank is said once, then only at debug level.

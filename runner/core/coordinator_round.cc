@@ -18,6 +18,10 @@ namespace {
 
 // Progress names at most this many missing nodes; the count says the rest.
 constexpr size_t kMaxMissingNamed = 16;
+// The progress line's interval: the first, and the longest it backs off to.
+constexpr Duration kFirstProgressInterval = Seconds(5);
+constexpr Duration kLastProgressInterval = Seconds(60);
+constexpr Duration kProgressGather = Millis(100);
 
 int64_t ToMillis(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
@@ -444,6 +448,18 @@ void Coordinator::Broadcast(const wire::Message& message, std::vector<Coordinato
   }
 }
 
+void Coordinator::ProgressChanged(TimePoint now) {
+  auto* rendezvous = std::get_if<Rendezvous>(&state_);
+  if (!rendezvous) return;
+  rendezvous->progress_every = kFirstProgressInterval;
+  if (rendezvous->progress_sent) {
+    // A burst of changes (nodes that join together) is one line, a moment after the first.
+    rendezvous->next_progress =
+        std::min(rendezvous->next_progress,
+                 std::max(now + kProgressGather, *rendezvous->progress_sent + kFirstProgressInterval));
+  }
+}
+
 void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& out) {
   wire::Progress progress;
   const std::vector<int>& holders = roster_.holders();
@@ -455,11 +471,24 @@ void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& ou
     } else if (progress.missing.size() < kMaxMissingNamed) {
       progress.missing.push_back(static_cast<int32_t>(p));
       progress.missing_hosts.push_back(spec_.cluster.HostOf(holders[p]));
+      progress.missing_why.push_back(roster_.at(holders[p]).refused);
     }
   }
-  progress.elapsed_ms = ToMillis(now - std::get<Rendezvous>(state_).started);
+  Rendezvous& rendezvous = std::get<Rendezvous>(state_);
+  progress.elapsed_ms = ToMillis(now - rendezvous.started);
   progress.timeout_ms = ToMillis(spec_.timeouts.rendezvous);
   Broadcast(progress, out);
+  // Backs off while the line says the same; anything new restarts at the first interval.
+  std::string said = fmt::format("{}|{}|{}", progress.joined, fmt::join(progress.missing, ","),
+                                 fmt::join(progress.missing_why, "|"));
+  if (said == rendezvous.progress_said) {
+    rendezvous.progress_every = std::min(2 * rendezvous.progress_every, kLastProgressInterval);
+  } else {
+    rendezvous.progress_every = kFirstProgressInterval;
+    rendezvous.progress_said = std::move(said);
+  }
+  rendezvous.progress_sent = now;
+  rendezvous.next_progress = now + rendezvous.progress_every;
 }
 
 }  // namespace ddprun::core

@@ -139,11 +139,11 @@ void Put(Writer& w, const Reject& m) { w.Str(m.reason); w.Bool(m.retry); }
 void Get(Reader& r, Reject& m) { m.reason = r.Str(); m.retry = r.Bool(); }
 void Put(Writer& w, const Progress& m) {
   w.I32(m.joined); w.I32(m.total); w.I32List(m.missing); w.I64(m.elapsed_ms); w.I64(m.timeout_ms);
-  w.StrList(m.missing_hosts);
+  w.StrList(m.missing_hosts); w.StrList(m.missing_why);
 }
 void Get(Reader& r, Progress& m) {
   m.joined = r.I32(); m.total = r.I32(); m.missing = r.I32List(); m.elapsed_ms = r.I64();
-  m.timeout_ms = r.I64(); m.missing_hosts = r.StrList();
+  m.timeout_ms = r.I64(); m.missing_hosts = r.StrList(); m.missing_why = r.StrList();
 }
 void Put(Writer& w, const StartRound& m) {
   w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms); w.I32(m.node_rank);

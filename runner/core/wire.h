@@ -69,6 +69,9 @@ struct Progress {
   /// The host expected to play each missing node rank (a spare's, once it holds the rank):
   /// the agents name it, not entry K of cluster.nodes (issue 37). "" where none is known.
   std::vector<std::string> missing_hosts;
+  /// Why each missing node rank's agent was refused ("it runs a different job file"); "" where
+  /// it was not: an agent refused for good does not come by itself (issue 40).
+  std::vector<std::string> missing_why;
   bool operator==(const Progress&) const = default;
 };
 

@@ -215,12 +215,17 @@ TEST_F(AgentTest, TheJoinCarriesTheProbeEndpointAndAProbeIsRunByTheHostAndAnswer
 
 TEST_F(AgentTest, ProgressIsPrintedWithTheMissingHosts) {
   Joined(0s);
-  const Effects e = Msg(1s, wire::Progress{1, 2, {0}, 41'000, 900'000, {"gpu-01"}});
+  const Effects e = Msg(1s, wire::Progress{1, 2, {0}, 41'000, 900'000, {"gpu-01"}, {""}});
   EXPECT_EQ(test::LogTexts(e), std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01); 41s of 15m"});
   // Issue 37: the host the coordinator expects to play the rank (a spare that took it), not
   // entry 0 of cluster.nodes (seed 100506 named the coordinator's own host as missing).
-  const Effects spare = Msg(2s, wire::Progress{1, 2, {0}, 42'000, 900'000, {"gpu-09"}});
+  const Effects spare = Msg(2s, wire::Progress{1, 2, {0}, 42'000, 900'000, {"gpu-09"}, {""}});
   EXPECT_EQ(test::LogTexts(spare), std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-09); 42s of 15m"});
+  // Issue 40: a node refused for good does not come by itself; the line says why it is missing.
+  const Effects refused = Msg(3s, wire::Progress{1, 2, {0}, 43'000, 900'000, {"gpu-01"}, {"it runs a different job file"}});
+  EXPECT_EQ(test::LogTexts(refused),
+            std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01; refused: it runs a different job "
+                                     "file); 43s of 15m"});
 }
 
 TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
@@ -762,7 +767,7 @@ TEST_F(SecretAgentTest, NothingAnUnprovenPeerSendsIsBelievedOrPrinted) {
   const std::string hostile = "\x1b]0;owned\x07\x1b[2Jjob succeeded";
   const std::vector<wire::Message> messages = {
       wire::JobEnd{0, hostile},       wire::Reject{hostile, false}, wire::Reject{hostile, true},
-      wire::StartRound{0, 41000},     wire::StopRound{0, hostile},  wire::Progress{1, 2, {0}, 1, 2, {}},
+      wire::StartRound{0, 41000},     wire::StopRound{0, hostile},  wire::Progress{1, 2, {0}, 1, 2, {}, {}},
       wire::DumpStacks{0},            wire::Heartbeat{}};
   for (const wire::Message& message : messages) {
     SCOPED_TRACE(wire::MessageName(message));

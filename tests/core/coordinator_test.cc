@@ -182,11 +182,38 @@ TEST_F(CoordinatorTest, ProgressEveryFiveSecondsNamesTheMissingNodes) {
   const auto progress = Sent<wire::Progress>(at5);
   ASSERT_EQ(progress.size(), 1u) << test::Describe(at5);
   EXPECT_EQ(progress[0].first, 100u);
-  EXPECT_EQ(progress[0].second, (wire::Progress{1, 2, {1}, 5000, 900'000, {"gpu-02"}}));
+  EXPECT_EQ(progress[0].second, (wire::Progress{1, 2, {1}, 5000, 900'000, {"gpu-02"}, {""}}));
   EXPECT_TRUE(Sent<wire::Progress>(Beat(9s + 999ms, {0})).empty());
   const auto next = Sent<wire::Progress>(Beat(10s, {0}));
   ASSERT_EQ(next.size(), 1u);
   EXPECT_EQ(next[0].second.elapsed_ms, 10'000);
+}
+
+// Issue 39: the line went to every agent every 5 s for the whole rendezvous (2,048 nodes waiting
+// 10 minutes: 120 lines on every console). It backs off while it says the same (5 s, doubling
+// to a minute), and a change comes within 5 s of the last line: here a refusal, which the line
+// names (issue 40: after a refusal it kept saying only "waiting for node 1").
+TEST_F(CoordinatorTest, TheProgressLineBacksOffAndSaysARefusalWithinFiveSeconds) {
+  Join(0s, 0);
+  std::vector<int64_t> sent_at;
+  for (Duration t = 1s; t <= 150s; t += 1s) {
+    for (const auto& [conn, progress] : Sent<wire::Progress>(Beat(t, {0}))) sent_at.push_back(progress.elapsed_ms);
+  }
+  EXPECT_EQ(sent_at, (std::vector<int64_t>{5'000, 10'000, 20'000, 40'000, 80'000, 140'000}));
+  const JobSpec other = SpecFromToml(Edit(kTwoNodeJob, "nproc_per_node = 2", "nproc_per_node = 4"));
+  wire::Join join = JoinOf(1);
+  join.canonical = CanonicalForm(other);
+  join.fingerprint = Fingerprint(other);
+  Connect(150s, ConnOf(1), "10.0.0.2");
+  ASSERT_EQ(Sent<wire::Reject>(Send(150s, ConnOf(1), join)).size(), 1u);
+  // 140 s + 5 s has passed: at once (100 ms on, so that a burst of joins is one line).
+  EXPECT_TRUE(Sent<wire::Progress>(Beat(150s + 50ms, {0})).empty());
+  const auto told = Sent<wire::Progress>(Beat(150s + 100ms, {0}));
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].second.missing_why, (std::vector<std::string>{"it runs a different job file"}));
+  // Then backing off from 5 s again.
+  EXPECT_TRUE(Sent<wire::Progress>(BeatUntil(150s + 100ms, 155s, {0})).empty());
+  EXPECT_EQ(Sent<wire::Progress>(Beat(155s + 100ms, {0})).size(), 1u);
 }
 
 TEST_F(CoordinatorTest, RendezvousTimesOutExactlyAtItsDeadline) {

@@ -23,7 +23,7 @@ std::vector<Message> Samples() {
       JoinAck{4, true},
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8", false},
       Reject{"node rank 1 is claimed twice", true},
-      Progress{2, 4, {2, 3}, 41'000, 900'000, {"gpu-03", ""}},
+      Progress{2, 4, {2, 3}, 41'000, 900'000, {"gpu-03", ""}, {"", "it runs a different job file"}},
       StartRound{7, 65535, 0, -1, 0, ""},
       WorkerFailed{2, 13, 5, -1, 9, std::string("NCCL error\0with a NUL\n", 22), "{\"message\": 1}"},
       NodeDone{1},
@@ -144,7 +144,7 @@ TEST(WireTest, MessageNamesAreTheProtocolWords) {
 TEST(WireTest, ExtremeValuesRoundTrip) {
   const std::vector<Message> extremes = {
       Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, "", "", ""},
-      Progress{0, 0, {}, INT64_MIN, INT64_MAX, {}},
+      Progress{0, 0, {}, INT64_MIN, INT64_MAX, {}, {}},
       WorkerFailed{INT32_MAX, -1, -2, INT32_MIN, INT32_MAX, "", ""},
       StartRound{0, 0, 0, -1, 0, std::string(300, 'h')},
   };
