@@ -79,12 +79,16 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
     // Past the lease (KillBy counts from the last word heard) the coordinator may have given
     // the workers' ranks away: then the loss stands, and the workers go, as before.
     if (Connected() && now < KillBy()) link_heard_ = std::min(link_heard_ + stall, now);
-    resumed_at_ = now;
+    if (IsJoined()) {
+      echo_awaited_ = ++echoes_sent_;
+      Send(wire::Heartbeat{echo_awaited_}, out);
+    }
   }
   last_input_ = now;
   ExpireDeadlines(now, out);
   if (Exited()) return;
   if (std::holds_alternative<MasterConnected>(input)) {
+    echo_awaited_ = 0;  // what waited through a stall was on the old connection
     // A connection is not a word from the coordinator: the link's silence clock starts, the
     // workers' lease does not move (anything may listen on the port).
     link_heard_ = now;
@@ -108,11 +112,18 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
     if (!Connected()) return;
     // Only a peer that proved the secret is heard: an impostor's words renew no lease.
     link_heard_ = now;
-    // A word read within a heartbeat of our own stall may have waited in the socket through
-    // it: it keeps the link, never the workers' lease, which the coordinator may have fenced
-    // meanwhile (found with the link's clock moving: stale heartbeats read on resume renewed
-    // the lease past the fence, sim regression seed 64641).
-    const bool stale = resumed_at_ && now - *resumed_at_ < spec_.timeouts.heartbeat;
+    // A word read after our own stall may have waited in the socket through it: it keeps the
+    // link, never the workers' lease, which the coordinator may have fenced meanwhile (found
+    // with the link's clock moving: stale heartbeats read on resume renewed the lease past the
+    // fence, sim regression seed 64641). Only the answer to the echo we sent on resuming, and
+    // what follows it, is known to be newer. (A window of one heartbeat after resuming, the
+    // first fix, depended on how soon a loaded machine let the agent read.)
+    bool stale = false;
+    if (echo_awaited_ != 0) {
+      const auto* beat = std::get_if<wire::Heartbeat>(&message->message);
+      stale = beat == nullptr || beat->echo != echo_awaited_;
+      if (!stale) echo_awaited_ = 0;
+    }
     if (Proven() && !stale) Heard(now, out);
     OnMessage(now, message->message, out);
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
@@ -145,7 +156,8 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
 }
 
 std::optional<QuietState> Agent::Quiet() const {
-  if (Exited() || !IsJoined() || stop_ || leaving_ || interrupt_deadline_ || stacks_due_ || !last_input_) {
+  if (Exited() || !IsJoined() || stop_ || leaving_ || interrupt_deadline_ || stacks_due_ || !last_input_ ||
+      echo_awaited_ != 0) {
     return std::nullopt;
   }
   // Its deadlines as of its last input: nothing has moved them since.

@@ -251,7 +251,12 @@ class Agent {
   int node_rank_ = -1;
   bool standby_ = false;  // the job has spares: wait for a round as long as it runs
   std::optional<TimePoint> last_input_;  // to tell our own stall from the workers' silence
-  std::optional<TimePoint> resumed_at_;  // when this agent last ran again after a stall of its own
+  /// After a stall of our own, the words waiting in the socket may be older than a fence the
+  /// coordinator set meanwhile: none renews the workers' lease until the coordinator answers
+  /// the Heartbeat echo sent on resuming (TCP keeps the order: what follows it is fresh).
+  /// 0: none awaited.
+  uint64_t echo_awaited_ = 0;
+  uint64_t echoes_sent_ = 0;
   std::optional<TimePoint> stacks_due_;
   bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
   std::optional<TimePoint> next_report_;

@@ -416,8 +416,9 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
   } else if (std::holds_alternative<wire::JobEndAck>(message)) {
     SettleEnd(slot);
     MaybeDone(out);
-  } else if (std::holds_alternative<wire::Heartbeat>(message)) {
-    // last_heard is already updated
+  } else if (const auto* beat = std::get_if<wire::Heartbeat>(&message)) {
+    // last_heard is already updated; an agent that ran again after a stall asks for an echo
+    if (beat->echo != 0) out.push_back(SendTo{conn_id, wire::Heartbeat{beat->echo}});
   } else if (const auto* hung = std::get_if<wire::RankHung>(&message)) {
     if (phase() == Phase::kRunning && hangs_.OnRankHung(now, round_, agent, *hung, out)) {
       out.push_back(Observed{observed::HangProbed{round_}});

@@ -181,8 +181,13 @@ void Put(Writer& w, const JobEnd& m) { w.I32(m.exit_code); w.Str(m.summary); }
 void Get(Reader& r, JobEnd& m) { m.exit_code = r.I32(); m.summary = r.Str(); }
 void Put(Writer&, const JobEndAck&) {}
 void Get(Reader&, JobEndAck&) {}
-void Put(Writer&, const Heartbeat&) {}
-void Get(Reader&, Heartbeat&) {}
+// The echo is written only when there is one: every other heartbeat stays a bare header.
+void Put(Writer& w, const Heartbeat& m) {
+  if (m.echo != 0) w.U64(m.echo);
+}
+void Get(Reader& r, Heartbeat& m) {
+  if (!r.AtEnd()) m.echo = r.U64();
+}
 void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); w.Str(m.proof); }
 void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); m.proof = r.Str(); }
 void Put(Writer& w, const RankHung& m) {

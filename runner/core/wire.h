@@ -155,6 +155,9 @@ struct JobEndAck {
 
 /// Liveness, both ways.
 struct Heartbeat {
+  /// Non-zero from an agent that has just run again after a stall of its own: the coordinator
+  /// sends it back, and words after that answer are newer than the stall.
+  uint64_t echo = 0;
   bool operator==(const Heartbeat&) const = default;
 };
 

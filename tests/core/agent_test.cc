@@ -502,6 +502,26 @@ TEST_F(AgentTest, AStallWithinTheLeaseIsNotTheCoordinatorsSilence) {
   EXPECT_EQ(FindLog(lost, "lost").rfind("lost the coordinator at gpu-01:50000 (silent for 6.0s (3 heartbeats))", 0), 0u);
 }
 
+// Issue 37: words read after our own stall renewed no lease only within one heartbeat of
+// resuming, and a loaded machine let the agent read later than that (the liveness test's
+// scripts hid it). Now nothing renews the lease after a stall until the coordinator answers the
+// echo the agent sends on resuming: TCP keeps the order, so what follows the answer is new.
+TEST_F(AgentTest, AfterAStallOnlyTheCoordinatorsEchoRenewsTheWorkersLease) {
+  Running(0s);
+  Msg(1s, wire::Heartbeat{});
+  const Effects resumed = Tick(12s);
+  // The echo first, then the heartbeat that came due meanwhile.
+  EXPECT_EQ(Sent<wire::Heartbeat>(resumed), (std::vector<wire::Heartbeat>{wire::Heartbeat{1}, wire::Heartbeat{}}))
+      << test::Describe(resumed);
+  // Read 2.5 s after resuming, later than a heartbeat (2 s): still a word that waited.
+  EXPECT_TRUE(All<RenewLease>(Msg(14s + 500ms, wire::Heartbeat{})).empty());
+  EXPECT_TRUE(All<RenewLease>(Msg(14s + 600ms, wire::Heartbeat{7})).empty()) << "not our echo";
+  const Effects echoed = Msg(14s + 700ms, wire::Heartbeat{1});
+  ASSERT_EQ(All<RenewLease>(echoed).size(), 1u) << test::Describe(echoed);
+  EXPECT_EQ(All<RenewLease>(echoed)[0].kill_at, At(14s + 700ms + 36s));
+  EXPECT_EQ(All<RenewLease>(Msg(15s, wire::Heartbeat{})).size(), 1u) << "what follows the echo is new";
+}
+
 // The workers' lease for the guardian: renewed by every word from the coordinator (and the
 // connection), before what that word makes the agent do, at the same time as the agent's own
 // SIGKILL would come; never by the agent merely running. Found by the swarm (seed 600612 of

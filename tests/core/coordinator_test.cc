@@ -216,6 +216,19 @@ TEST_F(CoordinatorTest, TheProgressLineBacksOffAndSaysARefusalWithinFiveSeconds)
   EXPECT_EQ(Sent<wire::Progress>(Beat(155s + 100ms, {0})).size(), 1u);
 }
 
+// Issue 37: an agent that ran again after a stall asks for an echo; only that connection gets it.
+TEST_F(CoordinatorTest, AHeartbeatWithAnEchoIsAnsweredOnItsConnection) {
+  Join(0s, 0);
+  const Effects e = Send(1s, ConnOf(0), wire::Heartbeat{42});
+  const auto sent = Sent<wire::Heartbeat>(e);
+  ASSERT_EQ(sent.size(), 1u) << test::Describe(e);
+  EXPECT_EQ(sent[0].first, ConnOf(0));
+  EXPECT_EQ(sent[0].second.echo, 42u);
+  for (const auto& [conn, beat] : Sent<wire::Heartbeat>(Send(1s + 100ms, ConnOf(0), wire::Heartbeat{}))) {
+    EXPECT_EQ(beat.echo, 0u) << "a plain heartbeat asks for no echo";
+  }
+}
+
 TEST_F(CoordinatorTest, RendezvousTimesOutExactlyAtItsDeadline) {
   Join(0s, 0);
   Effects before = BeatUntil(0s, 15min - 1s, {0});

@@ -115,6 +115,9 @@ TEST(WireTest, HeaderLayoutIsMagicVersionTypeReservedLengthPayload) {
                           3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 'a', 'b'};
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(Encode(Heartbeat{}), (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 0, 0, 0, 0}));
+  // The echo of an agent that ran again after a stall (issue 37); only then is there a payload.
+  EXPECT_EQ(Encode(Heartbeat{0x0102}),
+            (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 8, 0, 0, 0, 0x02, 0x01, 0, 0, 0, 0, 0, 0}));
 }
 
 TEST(WireTest, EveryMessageTypeRoundTrips) {
