@@ -177,8 +177,7 @@ std::string DescribeAdvisoryDifference(const std::string& ours, const std::strin
   if (what.empty()) {
     return fmt::format("node {} (host {}) differs from {}:{}", node_rank, host, us, lines.text);
   }
-  return fmt::format("node {} (host {}) {} than {}{}:{}", node_rank, host, us,
-                     JoinParts(what, " and "),
+  return fmt::format("node {} (host {}) {} than {}{}:{}", node_rank, host, JoinParts(what, " and "), us,
                      checks.empty() ? std::string()
                                     : fmt::format(" ({} {} it join)", JoinParts(checks, " and "),
                                                   checks.size() == 1 ? "lets" : "let"),

@@ -219,6 +219,25 @@ TEST(Canonical, ScriptArgumentsApartFromTheCommand) {
             (std::vector<FieldDifference>{{"job.script_args", "(not set)", "[\"--lr\", \"0.1\"]"}}));
 }
 
+// With "warn" the node joins and the coordinator names it; under etcd the coordinator is named
+// as itself, not as node 0 (issue 37: a refused node 0 read "... than node 0").
+TEST(JoinMismatch, AnAdvisoryDifferenceNamesWhoComparedIt) {
+  JobSpec ours = Load(kJob);
+  ours.job.code_check = JobSpec::CodeCheck::kWarn;
+  ours.job.code.script = "train.py";
+  ours.job.code.script_sha256 = "aa";
+  JobSpec theirs = ours;
+  theirs.job.code.script_sha256 = "bb";
+  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), 1, "gpu-02"),
+            "node 1 (host gpu-02) runs different code than node 0 (job.code_check = \"warn\" lets it join):\n"
+            "  code.script_sha256 of \"train.py\": node 1 has \"bb\", node 0 has \"aa\"");
+  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), 0, "gpu-01",
+                                       "the coordinator (host gpu-03)"),
+            "node 0 (host gpu-01) runs different code than the coordinator (host gpu-03) (job.code_check = "
+            "\"warn\" lets it join):\n"
+            "  code.script_sha256 of \"train.py\": node 0 has \"bb\", the coordinator (host gpu-03) has \"aa\"");
+}
+
 // A refusal names each kind of difference with its own hint, and only "job file" for the file.
 TEST(JoinMismatch, NamesCodeArgumentsAndLibrariesAsWhatTheyAre) {
   JobSpec ours = Load(kJob);
