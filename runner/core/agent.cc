@@ -314,8 +314,12 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kRetry, now)) MaybeReconnect(now, out);
   if (Due(Deadline::kRendezvous, now)) {
     if (round_ < 0) {
-      const std::string why =
-          last_connect_error_.empty() ? "no answer from the coordinator" : last_connect_error_;
+      std::string why = last_connect_error_.empty() ? "no answer from the coordinator" : last_connect_error_;
+      // The coordinator refused us, then went away (the job ended without this node): the
+      // refusal is why, not the port that no longer answers.
+      if (!last_refusal_.empty() && last_refusal_ != why) {
+        why = fmt::format("{}\n  (since then: {})", last_refusal_, why);
+      }
       out.push_back(PrintSummary{fmt::format(
           "rendezvous failed: node {} could not join the coordinator at {} within "
           "timeouts.rendezvous = {}\n  last error: {}",
@@ -357,6 +361,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     // Agents connect only once their workers are gone, so nothing of a round is open here.
     link_ = Joined{false, running_workers() > 0};
     refused_retrying_ = false;
+    last_refusal_.clear();
     standby_ = ack->standby;
     const bool spare = config_.node_rank >= spec_.cluster.nnodes;
     Log(LogLevel::kInfo,
@@ -373,6 +378,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
       return;
     }
     // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
+    last_refusal_ = "the coordinator refused this node: " + reject->reason;
     RetryLater(now, "the coordinator refused this node: " + reject->reason,
                std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
     refused_retrying_ = true;

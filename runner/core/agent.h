@@ -238,6 +238,9 @@ class Agent {
   std::string last_connect_error_;
   std::string coordinator_endpoint_;  // "": cluster.master_addr:master_port
   bool refused_retrying_ = false;  // a join was refused for now; it is being retried
+  /// The last refusal of this wait (""none): the summary names it even when the coordinator
+  /// was gone by the end (issue 40: a rank started twice blamed "connection refused").
+  std::string last_refusal_;
   TimePoint last_heard_;   // the coordinator's last (proven) word: the workers' lease counts from it
   TimePoint link_heard_;   // the connection's last sign of life (a connect, any message): its silence
   TimePoint next_heartbeat_;

@@ -642,6 +642,25 @@ TEST_F(AgentTest, ARetryableRejectEndsAtTheRendezvousTimeoutWithTheReason) {
             std::string::npos) << All<PrintSummary>(e).at(0).text;
 }
 
+// Issue 40: the duplicate of a node rank is refused until the job it wanted to join ends; its
+// summary blamed "connection refused ... master_port is wrong", the last error when its
+// rendezvous timed out. The refusal comes first now.
+TEST_F(AgentTest, ARefusalThenAGoneCoordinatorEndsWithTheRefusalAsTheReason) {
+  Start(0s);
+  Feed(0s, MasterConnected{});
+  Msg(0s, wire::Reject{"node rank 1 is claimed twice", true});
+  for (Duration t = 2s; t < 15min; t += 2s) {
+    if (!All<ConnectToMaster>(Tick(t)).empty()) Feed(t, MasterConnectFailed{ConnectError::kRefused, "Connection refused"});
+  }
+  const Effects e = Tick(15min);
+  ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
+  const std::string summary = All<PrintSummary>(e).at(0).text;
+  EXPECT_NE(summary.find("last error: the coordinator refused this node: node rank 1 is claimed twice\n  (since "
+                         "then: connection to gpu-01:50000 refused"),
+            std::string::npos)
+      << summary;
+}
+
 TEST_F(AgentTest, RejectExitsThreeWithTheReason) {
   Start(0s);
   Feed(0s, MasterConnected{});
