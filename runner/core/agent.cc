@@ -379,7 +379,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     }
     // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
     last_refusal_ = "the coordinator refused this node: " + reject->reason;
-    RetryLater(now, "the coordinator refused this node: " + reject->reason,
+    RetryLater(now, last_refusal_,
                std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
     refused_retrying_ = true;
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {

@@ -17,20 +17,6 @@
 #include "schema/duration.h"
 
 namespace ddprun::core {
-namespace {
-
-// How often waiting agents hear who is missing. Per node this is a fixed rate, so the
-// coordinator's traffic stays linear in the node count.
-constexpr Duration kProgressInterval = Seconds(5);
-}  // namespace
-
-Coordinator::Rendezvous Coordinator::OpenRendezvous(TimePoint now, Duration timeout) {
-  Rendezvous rendezvous;
-  rendezvous.started = now;
-  rendezvous.deadline = now + timeout;
-  rendezvous.next_progress = now + kProgressInterval;
-  return rendezvous;
-}
 
 std::string_view LossReasonName(LossReason reason) {
   switch (reason) {

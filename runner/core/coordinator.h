@@ -141,10 +141,11 @@ class Coordinator {
     std::optional<TimePoint> gate;      // every node joined; the round waits for a fence
     /// The progress line backs off while nothing changes (5 s, doubling to 1 min: issue 39,
     /// 2,048 nodes waiting 10 minutes printed 120 lines each); a change is said within 5 s.
-    Duration progress_every = Seconds(5);
+    Duration progress_every{};          // OpenRendezvous sets the first
     std::optional<TimePoint> progress_sent;
-    std::string progress_said;          // who was missing, and why, in the last line sent
+    wire::Progress progress_said;       // the last line sent, its elapsed time left out
   };
+  /// A rendezvous that begins at `now` (the job's start, or the end of a backoff).
   static Rendezvous OpenRendezvous(TimePoint now, Duration timeout);
   /// Before the first round (rendezvous.probe): every node of the round connects to the
   /// others' probe endpoints; the round starts once all have answered or `until` has passed.

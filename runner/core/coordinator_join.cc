@@ -191,7 +191,7 @@ bool Coordinator::WeighOtherFile(TimePoint now, ConnId conn, const wire::Join& j
   out.push_back(SendTo{conn, wire::Reject{verdict.reason, true}});
   Drop(now, conn, LossReason::kClosed, "", out);
   if (const auto& own = roster_.at(own_agent_).conn) out.push_back(SendTo{*own, wire::Reject{why, false}});
-  out.push_back(GiveUpRole{why});
+  out.push_back(GiveUpRole{});
   return true;
 }
 

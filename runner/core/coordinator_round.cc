@@ -18,7 +18,8 @@ namespace {
 
 // Progress names at most this many missing nodes; the count says the rest.
 constexpr size_t kMaxMissingNamed = 16;
-// The progress line's interval: the first, and the longest it backs off to.
+// How often waiting agents hear who is missing: first, and the longest it backs off to. Per
+// node these are fixed rates, so the coordinator's traffic stays linear in the node count.
 constexpr Duration kFirstProgressInterval = Seconds(5);
 constexpr Duration kLastProgressInterval = Seconds(60);
 constexpr Duration kProgressGather = Millis(100);
@@ -448,6 +449,15 @@ void Coordinator::Broadcast(const wire::Message& message, std::vector<Coordinato
   }
 }
 
+Coordinator::Rendezvous Coordinator::OpenRendezvous(TimePoint now, Duration timeout) {
+  Rendezvous rendezvous;
+  rendezvous.started = now;
+  rendezvous.deadline = now + timeout;
+  rendezvous.progress_every = kFirstProgressInterval;
+  rendezvous.next_progress = now + kFirstProgressInterval;
+  return rendezvous;
+}
+
 void Coordinator::ProgressChanged(TimePoint now) {
   auto* rendezvous = std::get_if<Rendezvous>(&state_);
   if (!rendezvous) return;
@@ -478,14 +488,14 @@ void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& ou
   progress.elapsed_ms = ToMillis(now - rendezvous.started);
   progress.timeout_ms = ToMillis(spec_.timeouts.rendezvous);
   Broadcast(progress, out);
-  // Backs off while the line says the same; anything new restarts at the first interval.
-  std::string said = fmt::format("{}|{}|{}", progress.joined, fmt::join(progress.missing, ","),
-                                 fmt::join(progress.missing_why, "|"));
-  if (said == rendezvous.progress_said) {
+  // Backs off while the line says the same (but for the time); anything new restarts at the
+  // first interval.
+  progress.elapsed_ms = 0;
+  if (progress == rendezvous.progress_said) {
     rendezvous.progress_every = std::min(2 * rendezvous.progress_every, kLastProgressInterval);
   } else {
     rendezvous.progress_every = kFirstProgressInterval;
-    rendezvous.progress_said = std::move(said);
+    rendezvous.progress_said = std::move(progress);
   }
   rendezvous.progress_sent = now;
   rendezvous.next_progress = now + rendezvous.progress_every;

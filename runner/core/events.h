@@ -96,11 +96,9 @@ struct CoordinatorDone {
 };
 /// rendezvous.backend = "etcd": this coordinator's job file is outnumbered by another (more
 /// agents were refused for that one than joined with its own, before any round began): the
-/// host lets the role go (its agents look the new holder up), and its own agent has been
-/// refused with `why`.
-struct GiveUpRole {
-  std::string why;
-};
+/// host lets the role go (its agents look the new holder up); the coordinator has logged why
+/// and refused its own agent with it.
+struct GiveUpRole {};
 // ---- The job's record ----------------------------------------------------------------------
 // What outlives the coordinator: node 0's journal on its own disk, or the job's keys in etcd
 // (host::JobRecordKeeper, runner/host/job_record.h). The coordinator records the same way

@@ -32,7 +32,7 @@ struct CoordinatorNamer {
   std::string operator()(const CoordinatorDone& e) const {
     return fmt::format("coordinator done, exit {}", e.exit_code);
   }
-  std::string operator()(const GiveUpRole& e) const { return "give up the role: " + e.why; }
+  std::string operator()(const GiveUpRole&) const { return "give up the role"; }
   std::string operator()(const RecordWorkers& e) const {
     return e.rounds_may_run ? "journal: rounds may run" : "journal: job ended";
   }
