@@ -17,6 +17,34 @@
 
 namespace ddprun::core {
 
+namespace {
+
+// The line every waiting agent prints: who is missing (each on the host the coordinator
+// expects, and why it was refused if it was) and how long is left.
+std::string RendezvousProgressLine(const wire::Progress& progress) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < progress.missing.size(); ++i) {
+    // The host the coordinator expects to play the rank (a spare's once it holds it), not
+    // entry K of cluster.nodes (issue 37: seed 100506 named the coordinator's own host).
+    const int32_t n = progress.missing[i];
+    const std::string host = i < progress.missing_hosts.size() ? progress.missing_hosts[i] : "";
+    const std::string why = i < progress.missing_why.size() ? progress.missing_why[i] : "";
+    // A node refused for good does not come by itself: say so, not only that we wait.
+    const std::string note = why.empty() ? "" : fmt::format("{}refused: {}", host.empty() ? "" : "; ", why);
+    names.push_back(host.empty() && note.empty() ? fmt::format("node {}", n)
+                                                 : fmt::format("node {} ({}{})", n, host, note));
+  }
+  const int missing = progress.total - progress.joined;
+  if (missing > static_cast<int>(names.size())) {
+    names.push_back(fmt::format("{} more", missing - static_cast<int>(names.size())));
+  }
+  return fmt::format("{}/{} nodes joined; waiting for {}; {} of {}", progress.joined, progress.total,
+                     fmt::join(names, ", "), HumanDuration(Millis(progress.elapsed_ms)),
+                     FormatDuration(Millis(progress.timeout_ms)));
+}
+
+}  // namespace
+
 Agent::Agent(const JobSpec& spec, Config config)
     : spec_(spec), config_(std::move(config)), retry_delay_(kFirstRetry) {}
 
@@ -383,28 +411,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
                std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
     refused_retrying_ = true;
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
-    std::vector<std::string> names;
-    for (size_t i = 0; i < progress->missing.size(); ++i) {
-      // The host the coordinator expects to play the rank (a spare's once it holds it), not
-      // entry K of cluster.nodes (issue 37: seed 100506 named the coordinator's own host).
-      const int32_t n = progress->missing[i];
-      const std::string host = i < progress->missing_hosts.size() ? progress->missing_hosts[i] : "";
-      const std::string why = i < progress->missing_why.size() ? progress->missing_why[i] : "";
-      // A node refused for good does not come by itself: say so, not only that we wait.
-      const std::string note = why.empty() ? "" : fmt::format("{}refused: {}", host.empty() ? "" : "; ", why);
-      names.push_back(host.empty() && note.empty() ? fmt::format("node {}", n)
-                                                   : fmt::format("node {} ({}{})", n, host, note));
-    }
-    const int missing = progress->total - progress->joined;
-    if (missing > static_cast<int>(names.size())) {
-      names.push_back(fmt::format("{} more", missing - static_cast<int>(names.size())));
-    }
-    Log(LogLevel::kInfo,
-        fmt::format("{}/{} nodes joined; waiting for {}; {} of {}", progress->joined,
-                    progress->total, fmt::join(names, ", "),
-                    HumanDuration(Millis(progress->elapsed_ms)),
-                    FormatDuration(Millis(progress->timeout_ms))),
-        out);
+    Log(LogLevel::kInfo, RendezvousProgressLine(*progress), out);
   } else if (const auto* probe = std::get_if<wire::ProbePeers>(&message)) {
     out.push_back(ProbeEndpoints{probe->targets});
   } else if (const auto* start = std::get_if<wire::StartRound>(&message)) {
