@@ -21,18 +21,18 @@ namespace {
 
 // The line every waiting agent prints: who is missing (each on the host the coordinator
 // expects, and why it was refused if it was) and how long is left.
-std::string RendezvousProgressLine(const wire::Progress& progress) {
+std::string RendezvousProgressLine(const wire::Progress& progress, int nnodes) {
   std::vector<std::string> names;
   for (size_t i = 0; i < progress.missing.size(); ++i) {
-    // The host the coordinator expects to play the rank (a spare's once it holds it), not
-    // entry K of cluster.nodes (issue 37: seed 100506 named the coordinator's own host).
+    // The agent the coordinator expects for the rank (a spare once it holds it), named as it
+    // was started, and its host (issue 37: seed 100506 named the coordinator's own host).
     const int32_t n = progress.missing[i];
+    const std::string who = n >= nnodes ? fmt::format("spare {}", n - nnodes) : fmt::format("node {}", n);
     const std::string host = i < progress.missing_hosts.size() ? progress.missing_hosts[i] : "";
     const std::string why = i < progress.missing_why.size() ? progress.missing_why[i] : "";
     // A node refused for good does not come by itself: say so, not only that we wait.
     const std::string note = why.empty() ? "" : fmt::format("{}refused: {}", host.empty() ? "" : "; ", why);
-    names.push_back(host.empty() && note.empty() ? fmt::format("node {}", n)
-                                                 : fmt::format("node {} ({}{})", n, host, note));
+    names.push_back(host.empty() && note.empty() ? who : fmt::format("{} ({}{})", who, host, note));
   }
   const int missing = progress.total - progress.joined;
   if (missing > static_cast<int>(names.size())) {
@@ -411,7 +411,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
                std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
     refused_retrying_ = true;
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
-    Log(LogLevel::kInfo, RendezvousProgressLine(*progress), out);
+    Log(LogLevel::kInfo, RendezvousProgressLine(*progress, spec_.cluster.nnodes), out);
   } else if (const auto* probe = std::get_if<wire::ProbePeers>(&message)) {
     out.push_back(ProbeEndpoints{probe->targets});
   } else if (const auto* start = std::get_if<wire::StartRound>(&message)) {
@@ -583,8 +583,9 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
              std::all_of(workers_.begin(), workers_.end(),
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
     told_ = Told::kDone;
-    Log(LogLevel::kInfo, fmt::format("round {}: {} of node {} exited 0", round_,
-                                     AllOf(workers_.size(), "worker"), node_rank_),
+    Log(LogLevel::kInfo, fmt::format("round {}: {} of node {}{} exited 0", round_,
+                                     AllOf(workers_.size(), "worker"), node_rank_ == config_.node_rank ? "" : "rank ",
+                                     node_rank_),
         out);
     Send(wire::NodeDone{round_}, out);
   }

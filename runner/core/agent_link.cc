@@ -67,6 +67,13 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
   join.canonical = config_.canonical;
   join.instance = config_.instance;
   join.probe_endpoint = config_.probe_endpoint;
+  if (round_ >= 0) {
+    // What became of the last round here: a coordinator that took over a round nobody judged
+    // learns from these whether it ended (every worker exited 0 before any stop).
+    join.ran_round = round_;
+    join.ran_as = node_rank_;
+    join.ran_ok = told_ == Told::kDone;
+  }
   if (!config_.secret.empty()) {
     join.proof = JoinProof(config_.secret, nonce, config_.node_rank, config_.fingerprint);
   }

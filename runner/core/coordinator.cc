@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "base/assert.h"
+#include "base/plural.h"
 #include "runner/core/admission.h"
 #include "runner/core/auth.h"
 #include "runner/core/coordinator_text.h"
@@ -103,19 +104,67 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
   }
   RoundFailure failure;
   failure.round = round_ - 1;
-  failure.node_rank = 0;
+  // The agent that held the role (its logs are where to look); an old record names none.
+  failure.node_rank = record.holder_agent >= 0 && record.holder_agent < roster_.agents() ? record.holder_agent : 0;
   failure.what = fmt::format("the coordinator ({}) was lost while round {} ran", holder, round_ - 1);
   failure.detail = fmt::format("  its etcd lease (rendezvous.lease = {}) ended: its host died, its agent "
                                "was killed, or it was cut off from etcd\n",
                                FormatDuration(spec_.rendezvous.lease));
   failure.explains_silence = true;
   failure.kinds = {"lost-node"};
-  last_failure_ = failure;
   // The old round's workers stop within their agents' lease of their last word from the old
   // coordinator, which was before now.
   journal_fence_ = now + spec_.timeouts.LeaseBound();
   fence_cause_ = fmt::format("the previous coordinator ({}) was lost while round {} ran", holder,
                              failure.round);
+  // The round may have ended before its coordinator could record how (issue 37: etcd without a
+  // majority just as the job finished): its agents say so when they rejoin, and until the
+  // fence passes no round could start anyway.
+  unjudged_ = Unjudged{std::move(failure), record.round_nodes, {}, *journal_fence_};
+  if (record.round_nodes <= 0) {
+    JudgeLostRound(now, out);
+    return;
+  }
+  out.push_back(LogLine{LogLevel::kInfo,
+                        fmt::format("round {} was never judged: waiting up to {} for its {} to rejoin and say "
+                                    "whether their workers exited 0",
+                                    round_ - 1, HumanDuration(spec_.timeouts.LeaseBound()),
+                                    Counted(static_cast<size_t>(record.round_nodes), "node"))});
+}
+
+void Coordinator::OnRoundReport(TimePoint now, const wire::Join& join, std::vector<CoordinatorEffect>& out) {
+  if (!unjudged_ || join.ran_round != unjudged_->failure.round) return;
+  if (!join.ran_ok) {
+    // Its workers were stopped, or one failed: the round did not end on its own.
+    unjudged_->failure.detail += fmt::format("  {} says its workers of round {} did not all exit 0\n",
+                                             roster_.NodeName(join.node_rank), unjudged_->failure.round);
+    JudgeLostRound(now, out);
+    return;
+  }
+  if (join.ran_as < 0 || join.ran_as >= unjudged_->nodes) return;
+  unjudged_->finished.insert(join.ran_as);
+  if (static_cast<int>(unjudged_->finished.size()) < unjudged_->nodes) return;
+  const int round = unjudged_->failure.round;
+  const size_t nodes = static_cast<size_t>(unjudged_->nodes);
+  unjudged_.reset();
+  out.push_back(LogLine{LogLevel::kInfo,
+                        fmt::format("round {} ended before its coordinator could record it: every one of its {} "
+                                    "says its workers exited 0",
+                                    round, Counted(nodes, "node"))});
+  EndJob(now, ToInt(ExitCode::kOk),
+         fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used)\n  its coordinator "
+                     "was lost before it could record the end; the agents said so when they rejoined the next "
+                     "one{}",
+                     spec_.job.name, AllOf(nodes * static_cast<size_t>(spec_.cluster.nproc_per_node), "rank"),
+                     Counted(nodes, "node"), round, restarts_used_, restarts_used_ == 1 ? "" : "s",
+                     earlier_causes_.empty() ? "" : "\n" + EarlierCausesNote(earlier_causes_)),
+         out);
+}
+
+void Coordinator::JudgeLostRound(TimePoint now, std::vector<CoordinatorEffect>& out) {
+  RoundFailure failure = std::move(unjudged_->failure);
+  unjudged_.reset();
+  last_failure_ = failure;
   const std::string never = NeverRestartRule(spec_, failure);
   const bool restart = never.empty() && restarts_used_ < spec_.restart.max_restarts;
   out.push_back(Observed{observed::RoundFailed{failure.round, 0, -1, failure.kinds, failure.what, !restart}});
@@ -125,6 +174,7 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
                                                         failure.what, restarts_used_, spec_.restart.max_restarts)});
     // The round that was lost was never stopped by this coordinator: no backoff of its own.
     out.push_back(Observed{observed::RestartSpent{restarts_used_, round_, Duration::zero()}});
+    MaybeStartRound(now, out);
     return;
   }
   ended_by_rule_ = !never.empty();
@@ -265,6 +315,8 @@ std::optional<TimePoint> Coordinator::DeadlineOf(Deadline deadline) const {
       const auto* ending = std::get_if<Ending>(&state_);
       return ending ? std::optional<TimePoint>(ending->barrier) : std::nullopt;
     }
+    case Deadline::kUnjudged:
+      return unjudged_ ? std::optional<TimePoint>(unjudged_->until) : std::nullopt;
     case Deadline::kCount:
       break;
   }
@@ -346,6 +398,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     // workers until its lease ends, and the next coordinator here waits for that.
     Finish(out);
   }
+  if (Due(Deadline::kUnjudged, now)) JudgeLostRound(now, out);
 }
 
 // ---- What the agents say ------------------------------------------------------------------

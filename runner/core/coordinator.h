@@ -182,7 +182,7 @@ class Coordinator {
   /// driver or never fire).
   enum class Deadline {
     kHeartbeat, kSilence, kRoundGate, kReplace, kRendezvous, kRendezvousProgress, kReach,
-    kHangProbe, kStragglers, kStopWait, kBackoff, kEndBarrier, kCount
+    kHangProbe, kStragglers, kStopWait, kBackoff, kEndBarrier, kUnjudged, kCount
   };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
   bool Due(Deadline deadline, TimePoint now) const;
@@ -205,6 +205,12 @@ class Coordinator {
   /// A connection we challenged closed before it joined: name the rank its hello claimed in
   /// the rendezvous summary as having another secret.
   void OnChallengeUnanswered(const Links::Conn& conn, std::vector<CoordinatorEffect>& out);
+  /// After TakeOver: a rejoining agent's word on the round nobody judged (wire::Join's
+  /// ran_round): every node rank of it finished, and the job succeeded; one did not, and the
+  /// round failed.
+  void OnRoundReport(TimePoint now, const wire::Join& join, std::vector<CoordinatorEffect>& out);
+  /// The round TakeOver found is judged lost: a restart, or the job's end.
+  void JudgeLostRound(TimePoint now, std::vector<CoordinatorEffect>& out);
   void OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out);
   void OnNodeLost(TimePoint now, int agent, const std::string& why, std::vector<CoordinatorEffect>& out);
   /// Closes `conn`; for an agent's current connection that is its loss, for `reason`.
@@ -267,6 +273,15 @@ class Coordinator {
   std::optional<int> exit_code_;
   std::string end_summary_;          // the JobEnd summary, for agents that rejoin after the end
   std::optional<TimePoint> journal_fence_;  // AfterUncleanEnd, TakeOver: no round before this
+  /// TakeOver found a round that may have run and was never judged: its failure unless every
+  /// node rank of it says, rejoining before `until`, that its workers exited 0.
+  struct Unjudged {
+    RoundFailure failure;
+    int nodes = 0;              // the round's node ranks, from the job's record
+    std::set<int> finished;     // those whose agent said so
+    TimePoint until;
+  };
+  std::optional<Unjudged> unjudged_;
   std::string fence_cause_;          // why journal_fence_ holds the first round back
   /// The job's record last said that workers may run: a round began, and the job has not
   /// finished. The heartbeat renews that record.

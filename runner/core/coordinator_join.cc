@@ -132,6 +132,7 @@ void Coordinator::Admit(TimePoint now, ConnId conn_id, const wire::Join& join, c
     MarkStopped(slot, 0);
     MaybeFinishStop(now, out);
   }
+  OnRoundReport(now, join, out);
   MaybeStartRound(now, out);
 }
 

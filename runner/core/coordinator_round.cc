@@ -47,7 +47,7 @@ std::optional<TimePoint> Coordinator::RoundGate(TimePoint now, std::vector<int>&
 
 void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out) {
   auto* rendezvous = std::get_if<Rendezvous>(&state_);
-  if (!rendezvous) return;
+  if (!rendezvous || unjudged_) return;  // a round TakeOver found is judged first
   if (!placement_.Place(now, absence_origin_, round_, out)) return;
   // Fencing: no round starts while the previous holder of a rank may still run its workers.
   // Only checked once every node has joined, so the scan is once per round, not per join.
@@ -106,7 +106,7 @@ void Coordinator::CommitOrBegin(std::vector<CoordinatorEffect>& out) {
   // at once; with etcd only the holder of the coordinator role can record it (fencing), and a
   // deposed coordinator never hears RoundCommitted, so it never starts a round.
   std::get<Starting>(state_).awaiting_commit = true;
-  out.push_back(CommitRound{round_, restarts_used_});
+  out.push_back(CommitRound{round_, restarts_used_, static_cast<int>(roster_.players().size())});
 }
 
 // gloo and NCCL connect between all nodes on ports they pick, and a firewall that lets only
@@ -400,6 +400,7 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
 void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out) {
   exit_code_ = exit_code;
   end_summary_ = std::move(summary);
+  unjudged_.reset();  // ended otherwise (the rendezvous timeout, an interrupt): nothing left to judge
   // The verdict is told once the job's record has it (EndRecorded).
   state_ = Ending{now + spec_.timeouts.ExitBarrier()};
   // Who must hear the verdict before we exit: every connected node (it acknowledges, or its
@@ -479,7 +480,7 @@ void Coordinator::SendProgress(TimePoint now, std::vector<CoordinatorEffect>& ou
     if (roster_.at(holders[p]).conn) {
       ++progress.joined;
     } else if (progress.missing.size() < kMaxMissingNamed) {
-      progress.missing.push_back(static_cast<int32_t>(p));
+      progress.missing.push_back(static_cast<int32_t>(holders[p]));
       progress.missing_hosts.push_back(spec_.cluster.HostOf(holders[p]));
       progress.missing_why.push_back(roster_.at(holders[p]).refused);
     }

@@ -130,6 +130,7 @@ struct RecordQuarantine {
 struct CommitRound {
   int round = 0;
   int restarts_used = 0;
+  int nodes = 0;  // the node ranks that play it (0..nodes-1)
 };
 /// Every worker of the failed round is confirmed stopped and a restart is
 /// spent; round `next_round` comes next. A coordinator that takes over from here spends no
@@ -157,11 +158,13 @@ struct JobRecord {
   int next_round = 0;              // the number the next round takes
   int restarts_used = 0;
   bool round_may_run = false;      // a round was committed and its workers were not seen to stop
+  int round_nodes = 0;             // that round's node ranks (0: not recorded)
   bool workers_may_run = false;    // the last round was counted, but a lost node's workers may run
   bool done = false;               // the job ended and every agent heard it: a new launch starts afresh
   std::optional<int> exit_code;    // the job ended with this (done or not)...
   std::string summary;             // ...and its agents were told this
   std::string holder;              // who wrote it: "node 1 (gpu-02)"
+  int holder_agent = -1;           // that agent (-1: not recorded)
   std::string fingerprint;         // the job file's (FingerprintOf) that the holder ran
   std::vector<QuarantinedHost> quarantined;
   bool operator==(const JobRecord&) const = default;

@@ -49,13 +49,14 @@ void Roster::PlaceRankZero(int agent) {
 }
 
 std::string Roster::NodeName(int agent) const {
-  // A spare that holds a node rank is named by that rank.
   const AgentSlot& slot = at(agent);
   const int nnodes = spec_.cluster.nnodes;
-  std::string name = slot.position >= 0 ? fmt::format("node {}", slot.position)
-                     : agent >= nnodes  ? fmt::format("spare {}", agent - nnodes)
-                                        : fmt::format("node {}", agent);
-  if (!slot.host.empty()) name += fmt::format(" ({})", slot.host);
+  std::string name = agent >= nnodes ? fmt::format("spare {}", agent - nnodes) : fmt::format("node {}", agent);
+  const bool moved = slot.position >= 0 && slot.position != agent;
+  if (!slot.host.empty() || moved) {
+    name += fmt::format(" ({}{}{})", slot.host, !slot.host.empty() && moved ? ", " : "",
+                        moved ? fmt::format("node rank {}", slot.position) : "");
+  }
   return name;
 }
 

@@ -81,7 +81,10 @@ class Roster {
   /// node rank, or the bench). rendezvous.backend = "etcd" (Coordinator::PlaceRankZero).
   void PlaceRankZero(int agent);
 
-  /// Agent `agent` by the node rank it holds ("node 2 (gpu-03)"); a waiting spare as "spare 0".
+  /// Agent `agent` as it was started, with its host and, when it holds another one, the node
+  /// rank it holds: "node 2 (gpu-03)", "spare 0 (gpu-09, node rank 2)", "node 0 (gpu-01, node
+  /// rank 5)". A name never moves to another host, whatever ranks change hands (issue 37: "node 3"
+  /// named two hosts in one log).
   std::string NodeName(int agent) const;
   /// Agent `agent` by what it was started as ("node 2", "spare 0"), with its host.
   std::string AgentName(int agent) const;

@@ -127,11 +127,14 @@ void Put(Writer& w, const Join& m) {
   w.I32(m.node_rank); w.Str(m.host); w.I32(m.nproc); w.Str(m.ddprun_version);
   w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance); w.Str(m.proof); w.Str(m.nonce);
   w.Str(m.probe_endpoint);
+  // Written only after a round: a hello, or a join before any round, keeps its old form.
+  if (m.ran_round >= 0) { w.I32(m.ran_round); w.I32(m.ran_as); w.Bool(m.ran_ok); }
 }
 void Get(Reader& r, Join& m) {
   m.node_rank = r.I32(); m.host = r.Str(); m.nproc = r.I32(); m.ddprun_version = r.Str();
   m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64(); m.proof = r.Str();
   m.nonce = r.Str(); m.probe_endpoint = r.Str();
+  if (!r.AtEnd()) { m.ran_round = r.I32(); m.ran_as = r.I32(); m.ran_ok = r.Bool(); }
 }
 void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); w.Bool(m.standby); }
 void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); m.standby = r.Bool(); }

@@ -40,6 +40,14 @@ struct Join {
   /// at the address its workers' sockets use; the coordinator has every node probe it before
   /// the first round. "" when the agent has none (then nobody probes it).
   std::string probe_endpoint;
+  /// The last round this agent ran workers in (-1: none since it started), the node rank it
+  /// played there, and whether every one of them exited 0 before any stop (NodeDone). A
+  /// coordinator that took over a round its predecessor never judged asks nothing else: when
+  /// every node rank of that round says so, the round succeeded (issue 37: an etcd outage as
+  /// the job finished turned its success into exit 1).
+  int32_t ran_round = -1;
+  int32_t ran_as = -1;
+  bool ran_ok = false;
   bool operator==(const Join&) const = default;
 };
 
@@ -63,13 +71,15 @@ struct Reject {
 struct Progress {
   int32_t joined = 0;
   int32_t total = 0;
-  std::vector<int32_t> missing;  // node ranks, at most kMaxListItems
+  /// The agents expected for the missing node ranks, as they were started (node K, or spare
+  /// K - nnodes: a spare that holds a rank), at most kMaxListItems.
+  std::vector<int32_t> missing;
   int64_t elapsed_ms = 0;
   int64_t timeout_ms = 0;
-  /// The host expected to play each missing node rank (a spare's, once it holds the rank):
-  /// the agents name it, not entry K of cluster.nodes (issue 37). "" where none is known.
+  /// Each missing agent's host: the agents name it, not entry K of cluster.nodes (issue 37).
+  /// "" where none is known.
   std::vector<std::string> missing_hosts;
-  /// Why each missing node rank's agent was refused ("it runs a different job file"); "" where
+  /// Why each missing agent was refused ("it runs a different job file"); "" where
   /// it was not: an agent refused for good does not come by itself (issue 40).
   std::vector<std::string> missing_why;
   bool operator==(const Progress&) const = default;

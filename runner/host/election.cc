@@ -50,9 +50,10 @@ std::string AgentLabel(const JobSpec& spec, int agent) {
 // longer, never shorter, by the time the takeover took).
 std::string FormatJobRecord(const core::JobRecord& r) {
   std::string out = fmt::format(
-      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nunconfirmed={}\ndone={}\nholder={}\nfingerprint={}\n",
-      r.next_round, r.restarts_used, r.round_may_run ? 1 : 0, r.workers_may_run ? 1 : 0, r.done ? 1 : 0, r.holder,
-      r.fingerprint);
+      "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nnodes={}\nunconfirmed={}\ndone={}\nholder={}\n"
+      "holder_agent={}\nfingerprint={}\n",
+      r.next_round, r.restarts_used, r.round_may_run ? 1 : 0, r.round_nodes, r.workers_may_run ? 1 : 0, r.done ? 1 : 0,
+      r.holder, r.holder_agent, r.fingerprint);
   for (const core::QuarantinedHost& q : r.quarantined) {
     const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(q.left).count();
     out += fmt::format("quarantine={} {} {}\n", std::max<int64_t>(left_ms, 0), q.times, q.host);
@@ -70,9 +71,11 @@ std::optional<core::JobRecord> ParseJobRecord(const std::string& text) {
   state.next_round = *next;
   state.restarts_used = *restarts;
   state.round_may_run = Field(text, "running") == "1";
+  state.round_nodes = IntField(text, "nodes").value_or(0);
   state.workers_may_run = Field(text, "unconfirmed") == "1";
   state.done = Field(text, "done") == "1";
   state.holder = Field(text, "holder");
+  state.holder_agent = IntField(text, "holder_agent").value_or(-1);
   state.fingerprint = Field(text, "fingerprint");
   size_t begin = 0;
   while ((begin = text.find("\nquarantine=", begin)) != std::string::npos) {
@@ -108,6 +111,7 @@ Election::Election(const JobSpec& spec, std::string fingerprint, int agent, std:
   state_key_ = base + "/state";
   value_ = fmt::format("agent={}\nendpoint={}\nname={}", agent_, endpoint_, AgentLabel(spec, agent_));
   state_.holder = AgentLabel(spec, agent_);
+  state_.holder_agent = agent_;
   state_.fingerprint = fingerprint_;
 }
 
@@ -273,6 +277,7 @@ void Election::OnStoreResult(TimePoint now, const StoreResult& result) {
         state_ = *previous;
       }
       state_.holder = AgentLabel(spec_, agent_);
+      state_.holder_agent = agent_;
       state_.fingerprint = fingerprint_;
       phase_ = Phase::kLeading;
       next_keepalive_ = keepalive_sent_ + spec_.rendezvous.lease / 3;
@@ -360,12 +365,13 @@ void Election::MaybeWrite(TimePoint now) {
   write_id_ = store_.PutIf(role_key_, role_revision_, {StorePut{state_key_, FormatJobRecord(state_), 0}});
 }
 
-bool Election::Commit(TimePoint now, int round, int restarts_used) {
-  state_.next_round = round + 1;
-  state_.restarts_used = restarts_used;
+bool Election::Commit(TimePoint now, const core::CommitRound& round) {
+  state_.next_round = round.round + 1;
+  state_.restarts_used = round.restarts_used;
   state_.round_may_run = true;
+  state_.round_nodes = round.nodes;
   state_.workers_may_run = false;  // the round starts only once its ranks' fences passed
-  commit_round_ = round;
+  commit_round_ = round.round;
   dirty_ = true;
   MaybeWrite(now);
   return false;

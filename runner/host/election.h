@@ -75,7 +75,7 @@ class Election final : public JobRecordKeeper {
   Inheritance Inherited() override;
   // The coordinator's records, while leading: each rewrites the state, fenced. Commit and
   // RecordEnd are answered through the listener (committed, end_recorded), never at once.
-  bool Commit(TimePoint now, int round, int restarts_used) override;
+  bool Commit(TimePoint now, const core::CommitRound& round) override;
   /// Only "every worker is confirmed stopped" is written: the lease renews the rest.
   void RecordWorkers(TimePoint now, bool may_run) override;
   void RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) override;

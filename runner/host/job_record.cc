@@ -13,7 +13,7 @@ Inheritance JournalRecord::Inherited() {
   return from;
 }
 
-bool JournalRecord::Commit(TimePoint now, int /*round*/, int /*restarts_used*/) {
+bool JournalRecord::Commit(TimePoint now, const core::CommitRound& /*round*/) {
   // The round's workers may run from now on; the journal says so before any of them starts.
   RecordWorkers(now, true);
   return true;

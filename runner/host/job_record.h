@@ -40,7 +40,7 @@ class JobRecordKeeper {
   virtual Inheritance Inherited() = 0;
   /// Round `round` may start (core::CommitRound). True: recorded now, the coordinator may go
   /// on; false: the answer comes later (core::RoundCommitted) or never.
-  virtual bool Commit(TimePoint now, int round, int restarts_used) = 0;
+  virtual bool Commit(TimePoint now, const core::CommitRound& round) = 0;
   /// Workers may run (renewed every heartbeat), or every one is confirmed stopped.
   virtual void RecordWorkers(TimePoint now, bool may_run) = 0;
   virtual void RecordRestart(TimePoint now, int next_round, int restarts_used, bool workers_may_run) = 0;
@@ -59,7 +59,7 @@ class JournalRecord final : public JobRecordKeeper {
  public:
   explicit JournalRecord(Journal* journal) : journal_(journal) {}
   Inheritance Inherited() override;
-  bool Commit(TimePoint now, int round, int restarts_used) override;
+  bool Commit(TimePoint now, const core::CommitRound& round) override;
   void RecordWorkers(TimePoint now, bool may_run) override;
   void RecordRestart(TimePoint, int, int, bool) override {}
   bool RecordEnd(TimePoint, int, const std::string&) override { return true; }

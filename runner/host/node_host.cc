@@ -483,7 +483,7 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* commit = std::get_if<core::CommitRound>(&effect)) {
       // A keeper that recorded it at once answers in this batch, like the store port above.
       const int round = commit->round;
-      if (record_->Commit(now, round, commit->restarts_used)) {
+      if (record_->Commit(now, *commit)) {
         coordinator_->Handle(now, core::RoundCommitted{round}, effects);
       }
     } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {

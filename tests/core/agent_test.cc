@@ -217,10 +217,11 @@ TEST_F(AgentTest, ProgressIsPrintedWithTheMissingHosts) {
   Joined(0s);
   const Effects e = Msg(1s, wire::Progress{1, 2, {0}, 41'000, 900'000, {"gpu-01"}, {""}});
   EXPECT_EQ(test::LogTexts(e), std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01); 41s of 15m"});
-  // Issue 37: the host the coordinator expects to play the rank (a spare that took it), not
-  // entry 0 of cluster.nodes (seed 100506 named the coordinator's own host as missing).
-  const Effects spare = Msg(2s, wire::Progress{1, 2, {0}, 42'000, 900'000, {"gpu-09"}, {""}});
-  EXPECT_EQ(test::LogTexts(spare), std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-09); 42s of 15m"});
+  // Issue 37: the agent the coordinator expects for the rank (a spare that took it), named as it
+  // was started and with its host, not entry 0 of cluster.nodes (seed 100506 named the
+  // coordinator's own host as missing).
+  const Effects spare = Msg(2s, wire::Progress{1, 2, {2}, 42'000, 900'000, {"gpu-09"}, {""}});
+  EXPECT_EQ(test::LogTexts(spare), std::vector<std::string>{"1/2 nodes joined; waiting for spare 0 (gpu-09); 42s of 15m"});
   // Issue 40: a node refused for good does not come by itself; the line says why it is missing.
   const Effects refused = Msg(3s, wire::Progress{1, 2, {0}, 43'000, 900'000, {"gpu-01"}, {"it runs a different job file"}});
   EXPECT_EQ(test::LogTexts(refused),

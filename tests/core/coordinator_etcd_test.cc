@@ -5,6 +5,7 @@
 #include "runner/core/coordinator.h"
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -162,6 +163,93 @@ TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTh
   ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
   EXPECT_EQ(All<CommitRound>(after)[0].round, 3);
   EXPECT_EQ(All<CommitRound>(after)[0].restarts_used, 1);
+}
+
+// Issue 37: etcd without a majority just as the job finished; the holder could not record the
+// end, stepped down, and the next one counted the round as lost (shape seed 108189: exit 1 after
+// every rank had exited 0). The rejoining agents say how their last round ended.
+class UnjudgedRoundTest : public EtcdCoordinatorTest {
+ protected:
+  // Agent `agent` rejoins having played node rank `as` in round 2, which ended (`ok`) or not.
+  Effects Rejoin(Duration at, int agent, int as, bool ok) {
+    wire::Join join = JoinOf(agent);
+    join.ran_round = 2;
+    join.ran_as = as;
+    join.ran_ok = ok;
+    Feed(at, PeerAccepted{ConnOf(agent), fmt::format("10.0.0.{}", agent + 1)});
+    return Feed(at, PeerMessage{ConnOf(agent), join});
+  }
+  Effects TakeOverRoundTwo() {
+    Effects out;
+    coordinator_->PlaceRankZero(1, "gpu-02");
+    JobRecord left = Left(3, 0, "node 1 (gpu-02)", /*round_may_run=*/true);
+    left.round_nodes = 2;
+    coordinator_->TakeOver(At(0s), left, out);
+    return out;
+  }
+};
+
+TEST_F(UnjudgedRoundTest, EveryNodeOfTheRoundSayingItsWorkersExited0IsTheJobsSuccess) {
+  const Effects taken = TakeOverRoundTwo();
+  EXPECT_EQ(FindLog(taken, "never judged"),
+            "round 2 was never judged: waiting up to 48s for its 2 nodes to rejoin and say whether their workers "
+            "exited 0");
+  EXPECT_EQ(coordinator_->restarts_used(), 0);
+  EXPECT_TRUE(All<RecordEnd>(Rejoin(1s, 0, 1, true)).empty());
+  // Agent 1 played node rank 0 (the old coordinator's), agent 0 node rank 1.
+  const Effects all = Rejoin(1s, 1, 0, true);
+  ASSERT_EQ(All<RecordEnd>(all).size(), 1u) << test::Describe(all);
+  EXPECT_EQ(All<RecordEnd>(all)[0].exit_code, 0);
+  EXPECT_THAT(All<RecordEnd>(all)[0].summary,
+              ::testing::StartsWith("job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 2 (0 restarts "
+                                    "used)\n  its coordinator was lost before it could record the end"));
+  EXPECT_TRUE(All<CommitRound>(all).empty());
+  EXPECT_EQ(coordinator_->restarts_used(), 0);
+}
+
+TEST_F(UnjudgedRoundTest, ANodeWhoseWorkersDidNotAllExit0FailsTheRoundAtOnce) {
+  TakeOverRoundTwo();
+  Rejoin(1s, 1, 0, true);
+  const Effects failed = Rejoin(1s, 0, 1, false);
+  EXPECT_EQ(FindLog(failed, "round 2 failed"),
+            "round 2 failed: the coordinator (node 1 (gpu-02)) was lost while round 2 ran; restart 1 of 1");
+  EXPECT_EQ(coordinator_->restarts_used(), 1);
+  // The next round still waits for the old workers' lease.
+  EXPECT_TRUE(All<CommitRound>(failed).empty());
+  const Duration fence = spec_->timeouts.LeaseBound();
+  const Effects after = BeatUntil(1s, fence + 1s);
+  ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
+  EXPECT_EQ(All<CommitRound>(after)[0].round, 3);
+}
+
+TEST_F(UnjudgedRoundTest, ANodeThatNeverSaysSoFailsTheRoundWhenTheLeasePasses) {
+  TakeOverRoundTwo();
+  Rejoin(1s, 1, 0, true);
+  Join(1s, 0);  // a fresh agent for node 0's host: it ran nothing
+  const Duration fence = spec_->timeouts.LeaseBound();
+  const Effects before = BeatUntil(2s, fence - 1s);
+  EXPECT_EQ(FindLog(before, "failed"), "") << test::Describe(before);
+  EXPECT_EQ(coordinator_->restarts_used(), 0);
+  const Effects after = BeatUntil(fence - 1s, fence + 1s);
+  EXPECT_NE(FindLog(after, "round 2 failed: the coordinator (node 1 (gpu-02)) was lost while round 2 ran"), "")
+      << test::Describe(after);
+  ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
+  EXPECT_EQ(All<CommitRound>(after)[0].restarts_used, 1);
+}
+
+TEST_F(UnjudgedRoundTest, TheLostRoundsSummaryPointsAtTheOldCoordinatorsLogs) {
+  Effects out;
+  coordinator_->PlaceRankZero(0, "gpu-01");
+  JobRecord left = Left(3, 1, "node 1 (gpu-02)", /*round_may_run=*/true);
+  left.round_nodes = 2;
+  left.holder_agent = 1;
+  coordinator_->TakeOver(At(0s), left, out);
+  const Effects ended = Rejoin(1s, 1, 0, false);
+  ASSERT_EQ(All<RecordEnd>(ended).size(), 1u) << test::Describe(ended);
+  // Agent 1 held the role (and node rank 0): its host has the round's logs, not agent 0's.
+  EXPECT_THAT(All<RecordEnd>(ended)[0].summary, ::testing::HasSubstr("logs: logs/demo/latest-n1/attempt-2/ on node 1 (gpu-02),"));
+  EXPECT_THAT(All<RecordEnd>(ended)[0].summary,
+              ::testing::HasSubstr("node 1 (gpu-02) says its workers of round 2 did not all exit 0"));
 }
 
 TEST_F(EtcdCoordinatorTest, TakingOverACountedRoundWithALostNodesWorkersWaitsWithoutARestart) {

@@ -201,14 +201,15 @@ TEST(RosterTest, CountsFollowConnectionsAndMovedRanks) {
   EXPECT_EQ(roster.NodeName(2), "spare 0 (gpu-09)");
   roster.MoveRank(1, 2);
   EXPECT_TRUE(roster.PositionsFilled());
-  EXPECT_EQ(roster.NodeName(2), "node 1 (gpu-09)");
+  // Named as it was started, whatever rank it holds: "node 1" stays gpu-02's name.
+  EXPECT_EQ(roster.NodeName(2), "spare 0 (gpu-09, node rank 1)");
   EXPECT_EQ(roster.AgentName(2), "spare 0 (gpu-09)");
   EXPECT_EQ(roster.at(1).position, -1);
   roster.SetConn(2, std::nullopt);
   EXPECT_FALSE(roster.PositionsFilled());
   EXPECT_EQ(roster.connected(), 1);
   roster.players() = {0, 2};
-  EXPECT_EQ(roster.RankName(3), "rank 3 (node 1 (gpu-09), local rank 1)");
+  EXPECT_EQ(roster.RankName(3), "rank 3 (spare 0 (gpu-09, node rank 1), local rank 1)");
 }
 
 // ---- The connections' silence index --------------------------------------------------------

@@ -86,10 +86,11 @@ TEST_F(SparesTest, ALostNodesRankGoesToTheSpareAfterReplaceAndTheOldLease) {
   const auto starts = Sent<wire::StartRound>(Feed(58s, StorePortReady{1, 41001}));
   ASSERT_EQ(starts.size(), 2u);
   EXPECT_EQ(starts[1], (std::pair<ConnId, wire::StartRound>{Conn(2), {1, 41001, 0, 1}}));
-  // A failure of the spare's workers is named by the node rank it plays, with its host.
+  // A failure of the spare's workers names the spare, its host and the node rank it plays.
   const auto failed = Sent<wire::StopRound>(Send(60s, 2, wire::WorkerFailed{1, 3, 1, 1, 0, "boom\n", ""}));
   ASSERT_EQ(failed.size(), 2u);
-  EXPECT_EQ(failed[0].second.cause.rfind("rank 3 (node 1 (gpu-09), local rank 1) exited with code 1", 0), 0u)
+  EXPECT_EQ(failed[0].second.cause.rfind("rank 3 (spare 0 (gpu-09, node rank 1), local rank 1) exited with code 1", 0),
+            0u)
       << failed[0].second.cause;
 }
 

@@ -19,6 +19,8 @@ std::vector<Message> Samples() {
   return {
       Join{3, "gpu-04.cluster", 8, "0.1.0", std::string(64, 'f'), "cluster.nnodes = 4\n",
            0xfedcba9876543210ull, std::string(64, 'a'), std::string(32, 'n'), "10.77.0.4:41234"},
+      Join{3, "gpu-04", 8, "0.1.0", "f", "c", 1, "", "", "", 12, 5, true},
+      Join{3, "gpu-04", 8, "0.1.0", "f", "c", 1, "", "", "", 0, 0, false},
       JoinAck{4},
       JoinAck{4, true},
       Reject{"node 1: cluster.nproc_per_node = 4, node 0 has 8", false},
@@ -132,6 +134,21 @@ TEST(WireTest, EveryMessageTypeRoundTrips) {
   }
 }
 
+TEST(WireTest, AJoinBeforeAnyRoundCarriesNoRoundReport) {
+  // A hello and a first join keep their form: the round report (9 bytes) follows a round only.
+  const Join before{1, "gpu-02", 2, "0.1.0", "f", "c", 7, "", "", ""};
+  Join after = before;
+  after.ran_round = 0;
+  after.ran_as = 1;
+  EXPECT_EQ(Encode(after).size(), Encode(before).size() + 9);
+  Decoder decoder;
+  decoder.Feed(Encode(before));
+  Message decoded;
+  ASSERT_EQ(decoder.Next(decoded), Decoder::Status::kMessage);
+  EXPECT_EQ(std::get<Join>(decoded).ran_round, -1);
+  EXPECT_FALSE(std::get<Join>(decoded).ran_ok);
+}
+
 TEST(WireTest, MessageNamesAreTheProtocolWords) {
   EXPECT_STREQ(MessageName(Join{}), "join");
   EXPECT_STREQ(MessageName(StartRound{}), "start-round");
@@ -147,6 +164,7 @@ TEST(WireTest, MessageNamesAreTheProtocolWords) {
 TEST(WireTest, ExtremeValuesRoundTrip) {
   const std::vector<Message> extremes = {
       Join{INT32_MIN, "", INT32_MAX, "", "", "", UINT64_MAX, "", "", ""},
+      Join{0, "", 0, "", "", "", 0, "", "", "", INT32_MAX, INT32_MIN, true},
       Progress{0, 0, {}, INT64_MIN, INT64_MAX, {}, {}},
       WorkerFailed{INT32_MAX, -1, -2, INT32_MIN, INT32_MAX, "", ""},
       StartRound{0, 0, 0, -1, 0, std::string(300, 'h')},

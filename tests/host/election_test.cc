@@ -293,7 +293,7 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
   auto e2 = Make(2, h2);
   e1->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e1, At(Seconds(0)));
-  e1->Commit(At(Seconds(0)), 0, 0);
+  e1->Commit(At(Seconds(0)), core::CommitRound{0, 0, 2});
   Client(1).Deliver(*e1, At(Seconds(0)));
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\n");
 
@@ -310,7 +310,7 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
   // e1 wakes up and tries to commit its next round: the compare on the role key's create
   // revision fails, nothing is written, and it steps down without "committed".
   const std::string before = etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value;
-  e1->Commit(At(Seconds(7)), 1, 1);
+  e1->Commit(At(Seconds(7)), core::CommitRound{1, 1, 2});
   Client(1).Deliver(*e1, At(Seconds(7)));
   EXPECT_EQ(h1.Take(), "step down: another agent holds the coordinator role now\nflushed\n");
   EXPECT_FALSE(e1->leading());
@@ -323,7 +323,7 @@ TEST_F(ElectionTest, ACommitAnsweredTooLateIsNotActedOn) {
   e->Lookup(At(Seconds(0)));
   Client(0).Deliver(*e, At(Seconds(0)));
   h.Take();
-  e->Commit(At(Seconds(1)), 0, 0);
+  e->Commit(At(Seconds(1)), core::CommitRound{0, 0, 2});
   // The answer comes when the lease may be about to end (6s - 1.2s after the grant).
   Client(0).Deliver(*e, At(Millis(4900)));
   EXPECT_EQ(h.Take(), "step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time\nflushed\n");
@@ -335,11 +335,11 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   e1->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e1, At(Seconds(0)));
   // The coordinator waits for each commit before it starts the round.
-  e1->Commit(At(Seconds(0)), 0, 0);
+  e1->Commit(At(Seconds(0)), core::CommitRound{0, 0, 2});
   Client(1).Deliver(*e1, At(Seconds(0)));
   e1->RecordRestart(At(Seconds(0)), 1, 1, true);
   e1->RecordQuarantine(At(Seconds(0)), {core::QuarantinedHost{"gpu-03", Minutes(30), 3}});
-  e1->Commit(At(Seconds(0)), 1, 1);
+  e1->Commit(At(Seconds(0)), core::CommitRound{1, 1, 2});
   Client(1).Deliver(*e1, At(Seconds(0)));
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\ncommitted 1\nflushed\n");
   e1->Resign(At(Seconds(1)));
@@ -400,8 +400,8 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
   EXPECT_EQ(e1->role_key(), e2->role_key());
   e1->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e1, At(Seconds(0)));
-  e1->Commit(At(Seconds(0)), 0, 0);
-  e1->Commit(At(Seconds(0)), 1, 1);
+  e1->Commit(At(Seconds(0)), core::CommitRound{0, 0, 2});
+  e1->Commit(At(Seconds(0)), core::CommitRound{1, 1, 2});
   Client(1).Deliver(*e1, At(Seconds(0)));
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 1\nflushed\n");
   e2->Lookup(At(Seconds(1)));
@@ -472,7 +472,7 @@ TEST_F(ElectionTest, ACampaignPutTriedTwiceByTheClientStillWins) {
   EXPECT_EQ(h.Take(), "lead afresh\nfound gpu-02:29500\n");
   ASSERT_TRUE(e->leading());
   EXPECT_TRUE(etcd_.Holds(e->role_key()));  // its lease was not revoked
-  e->Commit(At(Seconds(1)), 0, 0);
+  e->Commit(At(Seconds(1)), core::CommitRound{0, 0, 2});
   Client(1).Deliver(*e, At(Seconds(1)));
   EXPECT_EQ(h.Take(), "committed 0\nflushed\n");  // fenced writes compare the right revision
 }
@@ -498,7 +498,9 @@ TEST(JobRecordTest, FormatAndParseRoundTrip) {
   s.restarts_used = 3;
   s.round_may_run = true;
   s.workers_may_run = true;
+  s.round_nodes = 5;
   s.holder = "spare 0 (gpu-09)";
+  s.holder_agent = 9;
   s.fingerprint = "0123456789abcdef";
   s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
   s.exit_code = 1;

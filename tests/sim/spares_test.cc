@@ -129,8 +129,11 @@ TEST(SparesTest, WorkerFaultsOnASpareHitItsWorkersOnceItPlays) {
   EXPECT_FALSE(run.result.violation) << *run.result.violation;
   EXPECT_THAT(run.output, ::testing::ContainsRegex("spare 0: rank 2 \\(local rank 0, pid [0-9]+\\) exits with code 1 "
                                                    "\\(fault worker-exit\\)"));
-  // The coordinator names the rank by the node rank it plays, on the spare's host.
-  EXPECT_THAT(run.output, HasSubstr("round 1 failed: rank 2 (node 1 (node-0002), local rank 0) exited with code 1"));
+  // The coordinator names the spare as the log's prefix does, with its host and the node rank it
+  // plays, and so does the spare's own line.
+  EXPECT_THAT(run.output,
+              HasSubstr("round 1 failed: rank 2 (spare 0 (node-0002, node rank 1), local rank 0) exited with code 1"));
+  EXPECT_THAT(run.output, HasSubstr("spare 0: round 2: all 2 workers of node rank 1 exited 0"));
   EXPECT_EQ(run.result.stats.restarts_used, 2);
 }
 
