@@ -311,6 +311,13 @@ struct JobSpec {
     /// progress beacons) how often a rank beacons, at most once a second.
     Duration step_time = Seconds(1);
     Duration max_time = Hours(24 * 60);         // the simulation gives up after this
+    /// What a simulated worker does with SIGTERM. kExits: the default action, it ends at once
+    /// (a plain PyTorch script). kIgnored: its handler only takes note, and it stays in its
+    /// collective until SIGKILL at stop_grace (Lightning, whose SIGTERM handler sets a flag
+    /// that its loop reads after the step that never ends). kAuto: kIgnored when the job has a
+    /// [trainer], kExits otherwise.
+    enum class Sigterm { kAuto, kExits, kIgnored };
+    Sigterm sigterm = Sigterm::kAuto;
   } simulate;
 
   /// What followed `--` on the command line, already appended to job.command (for printing
@@ -325,6 +332,11 @@ struct JobSpec {
   std::map<std::string, SourceLoc> locations;
 
   int WorldSize() const { return cluster.nnodes * cluster.nproc_per_node; }
+  /// simulate.sigterm as the simulator applies it (kAuto resolved from [trainer]).
+  bool SimulatedWorkersIgnoreSigterm() const {
+    return simulate.sigterm == Simulate::Sigterm::kIgnored ||
+           (simulate.sigterm == Simulate::Sigterm::kAuto && !trainer.settings.empty());
+  }
   /// The wait before restart number `restart` (1 for the first): restart.backoff, doubled for
   /// each earlier restart while restart.backoff_max is set, never above it.
   Duration RestartBackoff(int restart) const;

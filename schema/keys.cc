@@ -340,7 +340,9 @@ constexpr std::array<KeySpec, 3> kMetricsKeys = {{
      .default_value = "15s"},
 }};
 
-constexpr std::array<KeySpec, 11> kSimulateKeys = {{
+constexpr std::array<std::string_view, 3> kSigtermNames = {"auto", "exits", "ignored"};
+
+constexpr std::array<KeySpec, 12> kSimulateKeys = {{
     {.name = "seed", .type = KeyType::kInteger,
      .doc = "PRNG seed; the same seed and file give the same run.", .range = IntRange{},
      .default_value = "1"},
@@ -370,6 +372,12 @@ constexpr std::array<KeySpec, 11> kSimulateKeys = {{
      .default_value = "1s"},
     {.name = "max_time", .type = KeyType::kDuration,
      .doc = "The simulation gives up after this.", .default_value = "60d"},
+    {.name = "sigterm", .type = KeyType::kString,
+     .doc = "What a simulated worker does with SIGTERM: \"exits\" at once (the default action, a "
+            "plain PyTorch script), or \"ignored\" until SIGKILL at timeouts.stop_grace (Lightning's "
+            "handler only sets a flag, and a rank waiting in a collective never reads it); "
+            "\"auto\": \"ignored\" when the job has a [trainer], else \"exits\".",
+     .values = kSigtermNames, .default_value = "auto"},
 }};
 
 constexpr std::array<std::string_view, 13> kFaultKindNames = {

@@ -205,6 +205,7 @@ class Workers {
   StoreNetwork& store_;
   Roles& roles_;
   const TestHooks& hooks_;
+  const bool ignores_sigterm_;  // simulate.sigterm, resolved
   const JobSpec& spec_;
   Prng rng_;
   int world_ = 0;

@@ -238,5 +238,25 @@ TEST(Faults, NodeNeverReturnsPercent) {
             "  hint: set simulate.node_mtbf, e.g. node_mtbf = \"30d\"\n");
 }
 
+TEST(Faults, SigtermFollowsTheTrainerUnlessSet) {
+  // kBaseJob has a [trainer]: Lightning's handler only sets a flag, so SIGTERM is ignored.
+  const auto base = Parse(testing::kBaseJob);
+  ASSERT_TRUE(base.spec) << Diags(base);
+  EXPECT_EQ(base.spec->simulate.sigterm, JobSpec::Simulate::Sigterm::kAuto);
+  EXPECT_TRUE(base.spec->SimulatedWorkersIgnoreSigterm());
+  JobSpec plain = *base.spec;
+  plain.trainer.settings.clear();
+  EXPECT_FALSE(plain.SimulatedWorkersIgnoreSigterm());
+  const auto exits = Parse(WithBase("[simulate]\nsigterm = \"exits\"\n"));
+  ASSERT_TRUE(exits.spec) << Diags(exits);
+  EXPECT_FALSE(exits.spec->SimulatedWorkersIgnoreSigterm());
+  plain.simulate.sigterm = JobSpec::Simulate::Sigterm::kIgnored;
+  EXPECT_TRUE(plain.SimulatedWorkersIgnoreSigterm());
+  EXPECT_EQ(Diags(Parse(WithBase("[simulate]\nsigterm = \"term\"\n"))),
+            "13:11: error: simulate.sigterm = \"term\" is not \"auto\", \"exits\" or \"ignored\"\n"
+            "  hint: \"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM handler only "
+            "sets a flag)\n");
+}
+
 }  // namespace
 }  // namespace ddprun

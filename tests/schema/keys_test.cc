@@ -92,6 +92,7 @@ checkpoint_every = "30m"
 worker_startup = "20s"
 step_time = "1s"
 max_time = "60d"
+sigterm = "ignored"
 [[simulate.faults]]
 at = "1m"
 kind = "partition"
@@ -247,10 +248,10 @@ TEST(KeyTable, FaultRangesNarrowToTheJob) {
 // What a loaded job means, for comparing a file that writes a default with one that does not.
 std::string Meaning(const JobSpec& spec) {
   const auto& s = spec.simulate;
-  return fmt::format("{}\nseed={} never={} train={} checkpoint={} startup={} step={} max={} console={}",
+  return fmt::format("{}\nseed={} never={} train={} checkpoint={} startup={} step={} max={} sigterm={} console={}",
                      CanonicalForm(spec), s.seed, s.node_never_returns_percent, FormatDuration(s.train_time),
                      FormatDuration(s.checkpoint_every), FormatDuration(s.worker_startup),
-                     FormatDuration(s.step_time), FormatDuration(s.max_time),
+                     FormatDuration(s.step_time), FormatDuration(s.max_time), static_cast<int>(s.sigterm),
                      static_cast<int>(spec.logs.console.mode));
 }
 
@@ -271,7 +272,7 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 28);
+  EXPECT_EQ(checked, 29);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
   const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
                          "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");

@@ -48,6 +48,41 @@ TEST(ScenarioTest, WorkerExitWithRestartsLeftRestartsAndFinishes) {
   EXPECT_LT(run.result.stats.lost_ns, Minutes(2).count());
 }
 
+// Issue 37 (the simulator's optimism): Lightning's SIGTERM handler only sets a flag, which its
+// loop reads after a step that waits on the failed rank: its workers stay until SIGKILL at
+// stop_grace. A plain script takes SIGTERM's default action and is gone at once (a bare Python
+// process is reaped about 1 ms after it here).
+TEST(ScenarioTest, LightningWorkersStayUntilSigkillAndPlainOnesLeaveOnSigterm) {
+  const auto stop_time = [](const SimRun& run) {
+    const std::string failed = "coordinator: round 0 failed";
+    const std::string stopped = "coordinator: all workers stopped";
+    const size_t a = run.output.find(failed);
+    const size_t b = run.output.find(stopped);
+    EXPECT_NE(a, std::string::npos) << run.output;
+    EXPECT_NE(b, std::string::npos) << run.output;
+    const auto at = [&](size_t pos) {
+      const size_t open = run.output.rfind('[', pos);
+      const std::string stamp = run.output.substr(open + 1, run.output.find(']', open) - open - 1);
+      const size_t m = stamp.find('m');
+      return std::stod(stamp.substr(0, m)) * 60 + std::stod(stamp.substr(m + 1));
+    };
+    return at(b) - at(a);
+  };
+  const std::vector<std::string> fault = {"worker-exit@7m:node=1,local_rank=1,exit_code=3"};
+  const SimRun lightning = Simulate(SmallJob(), fault);  // [trainer]: simulate.sigterm = "auto"
+  EXPECT_EQ(lightning.result.exit_code, 0) << lightning.output;
+  EXPECT_THAT(lightning.output, HasSubstr("node 0: 2 workers still running 30s after SIGTERM; sending SIGKILL"));
+  EXPECT_THAT(lightning.output, HasSubstr("node 1: 1 worker still running 30s after SIGTERM; sending SIGKILL"));
+  EXPECT_GE(stop_time(lightning), 30.0);
+  EXPECT_LT(stop_time(lightning), 31.0);
+  const SimRun plain = Simulate(SmallJob("sigterm = \"exits\""), fault);
+  EXPECT_EQ(plain.result.exit_code, 0) << plain.output;
+  EXPECT_THAT(plain.output, Not(HasSubstr("after SIGTERM; sending SIGKILL")));
+  EXPECT_LT(stop_time(plain), 0.6);
+  EXPECT_FALSE(lightning.result.violation);
+  EXPECT_FALSE(plain.result.violation);
+}
+
 TEST(ScenarioTest, BudgetExhaustedExitsOneNamingTheRank) {
   const SimRun run = Simulate(SmallJob("", 2, 2, /*max_restarts=*/0),
                            {"worker-exit@7m:node=1,local_rank=0,exit_code=3"});
