@@ -117,6 +117,7 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   spec.simulate.worker_hang_mtbf.reset();
   spec.simulate.train_time = plan.train_time;
   spec.simulate.worker_startup = plan.worker_startup;
+  if (plan.sigterm) spec.simulate.sigterm = *plan.sigterm;
   for (const FaultSpec& fault : spec.simulate.faults) {
     if (auto fits = FaultFitsJob(fault, spec); !fits) {
       fmt::print(stderr, "{}: the run does not fit {}: {}\n", kTool, options.job_path, fits.error());
@@ -136,16 +137,24 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
              EscapeLinesForTerminal(run.job),
              report::FormatUtc(run.first_unix_ms), run.files.size(), run.files.size() == 1 ? "" : "s",
              FormatDuration(plan.train_time), FormatDuration(plan.worker_startup));
+  if (plan.sigterm) {
+    fmt::print("stopped workers: {} (as in the run)\n", *plan.sigterm == JobSpec::Simulate::Sigterm::kIgnored
+                                                           ? "stay until SIGKILL after stop_grace"
+                                                           : "end on SIGTERM");
+  }
   if (plan.faults.empty()) fmt::print("faults: none (the run had no failure)\n");
   for (const FaultSpec& fault : plan.faults) fmt::print("fault: --fault {}\n", sim::FormatFaultFlag(fault));
   for (const std::string& note : plan.notes) fmt::print("note: {}\n", EscapeLinesForTerminal(note));
   const auto comparison = report::CompareSequences(report::RoundSequence(report::CoordinatorRecords(run)),
                                                    report::RoundSequence(recorded.records()));
   fmt::print("{}", EscapeLinesForTerminal(comparison.text));
+  const auto durations = report::CompareDurations(report::RoundDurations(report::CoordinatorRecords(run)),
+                                                  report::RoundDurations(recorded.records()));
+  fmt::print("{}", EscapeLinesForTerminal(durations.text));
   if (result.violation) fmt::print("the simulation broke an invariant: {}\n", *result.violation);
   std::fflush(stdout);
   if (result.violation) return kExitInternal;
-  return comparison.match ? kExitOk : kExitJobFailed;
+  return comparison.match && durations.within ? kExitOk : kExitJobFailed;
 }
 
 // `--sweep`: the grid over the same seeds, a table on stdout and the chart in a file.

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/plural.h"
+#include "schema/duration.h"
 namespace ddprun::report {
 namespace {
 
@@ -120,12 +121,22 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   // in file order), so that a run of many rounds costs in proportion to its records.
   using RankEvent = std::tuple<int, std::string, int64_t, int64_t>;  // node, type, round, rank
   std::map<RankEvent, const EventRecord*> rank_events;
+  // How the workers ddprun stopped ended: SIGKILL means they outlived SIGTERM (Lightning's
+  // handler only sets a flag), SIGTERM that they took its default action.
+  int killed = 0, termed = 0;
   for (const EventFile* file : run.files) {
     for (const EventRecord& r : file->records) {
       if ((r.type == "worker-exit" || r.type == "hang") && !r.Flag("stopped")) {
         rank_events.emplace(RankEvent{r.node, r.type, r.Int("round"), r.Int("rank")}, &r);
       }
+      if (r.type == "worker-exit" && r.Flag("stopped")) {
+        killed += r.Int("signal") == 9 ? 1 : 0;
+        termed += r.Int("signal") == 15 ? 1 : 0;
+      }
     }
+  }
+  if (killed > 0 || termed > 0) {
+    plan.sigterm = killed > termed ? JobSpec::Simulate::Sigterm::kIgnored : JobSpec::Simulate::Sigterm::kExits;
   }
   auto find = [&](int node, const char* type, int64_t round, int64_t rank) -> const EventRecord* {
     const auto it = rank_events.find(RankEvent{node, type, round, rank});
@@ -213,6 +224,60 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
     plan.train_time = std::max(Duration(milliseconds(result - last_begin)) - plan.worker_startup, Duration(milliseconds(100)));
   }
   return plan;
+}
+
+std::vector<StepDuration> RoundDurations(const std::vector<const EventRecord*>& records) {
+  std::vector<StepDuration> steps;
+  std::map<int64_t, int64_t> failed_at;  // round -> when it first failed (a revision keeps it)
+  std::optional<int64_t> open_stop;      // the failed round whose stop has not ended
+  std::optional<int64_t> open_restart;   // the failed round no round has followed yet
+  for (const EventRecord* r : records) {
+    if (r->type == "round-failed") {
+      const int64_t round = r->Int("round");
+      if (failed_at.emplace(round, r->unix_ms).second) open_stop = open_restart = round;
+    } else if ((r->type == "restart" || r->type == "job-result") && open_stop) {
+      steps.push_back({fmt::format("round {} stop", *open_stop), Millis(r->unix_ms - failed_at[*open_stop])});
+      open_stop.reset();
+    } else if (r->type == "round-begin" && open_restart) {
+      steps.push_back({fmt::format("round {} restart", *open_restart), Millis(r->unix_ms - failed_at[*open_restart])});
+      open_restart.reset();
+    }
+  }
+  return steps;
+}
+
+DurationComparison CompareDurations(const std::vector<StepDuration>& real, const std::vector<StepDuration>& simulated) {
+  constexpr Duration kFloor = Millis(500);
+  DurationComparison c;
+  if (real.empty() && simulated.empty()) return c;
+  std::map<std::string, Duration> predicted;
+  for (const StepDuration& step : simulated) predicted.emplace(step.what, step.took);
+  size_t width = std::string_view("durations").size();
+  for (const StepDuration& step : real) width = std::max(width, step.what.size());
+  c.text = fmt::format("  {:<{}}   {:>10}   {:>10}\n", "durations", width, "real", "simulated");
+  int off = 0;
+  for (const StepDuration& step : real) {
+    const auto it = predicted.find(step.what);
+    if (it == predicted.end()) {
+      c.text += fmt::format("  {:<{}}   {:>10}   {:>10}\n", step.what, width, HumanDuration(step.took), "-");
+      continue;
+    }
+    const Duration error = it->second > step.took ? it->second - step.took : step.took - it->second;
+    const bool close = error <= std::max(kFloor, step.took / 5);
+    const double percent = step.took > Duration::zero()
+                               ? 100.0 * static_cast<double>((it->second - step.took).count()) /
+                                     static_cast<double>(step.took.count())
+                               : 0.0;
+    c.text += fmt::format("{} {:<{}}   {:>10}   {:>10}{}\n", close ? ' ' : '!', step.what, width,
+                          HumanDuration(step.took), HumanDuration(it->second),
+                          close ? "" : fmt::format("   ({:+.0f}%)", percent));
+    if (!close) ++off;
+  }
+  c.within = off == 0;
+  c.text += off == 0 ? "the durations match (each within 20% or 500ms of the real one)\n"
+                     : fmt::format("{} of the durations {} more than 20% (and 500ms) off the real one (marked !)\n",
+                                   off, off == 1 ? "is" : "are");
+  return c;
 }
 
 SequenceComparison CompareSequences(const std::vector<std::string>& real,

@@ -4,6 +4,7 @@
 // node 0's coordinator recorded is compared with the one the simulator's coordinator records for
 // the same faults (the simulator runs the same NodeHost, so the same event recorder).
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct ReplayPlan {
   Duration train_time{};           // the last round's training, as the real run took it
   Duration worker_startup{};       // short: real workers here start in seconds
   std::vector<std::string> notes;  // what could not be turned into a fault, one sentence each
+  /// What SIGTERM did to the workers ddprun stopped in the run (most were SIGKILLed after
+  /// stop_grace: kIgnored; most ended on it: kExits); nullopt when none was stopped.
+  std::optional<JobSpec::Simulate::Sigterm> sigterm;
 };
 
 /// The faults of `run` for a job of `spec`'s shape: a rank's own failure (the root cause of a
@@ -39,6 +43,24 @@ bool IsCoordinatorRecord(std::string_view type);
 /// when no file holds them. Without etcd the coordinator is node 0's; with etcd the role moves
 /// to another agent when its holder is lost, and that agent records the job from then on.
 std::vector<const EventRecord*> CoordinatorRecords(const Run& run);
+
+/// How long each failed round took to stop and to restart, from the coordinator's records:
+/// "round 0 stop" from its failure to its restart (every worker gone) or the job's end, "round
+/// 0 restart" from its failure to the next round's start. In round order.
+struct StepDuration {
+  std::string what;
+  Duration took{};
+};
+std::vector<StepDuration> RoundDurations(const std::vector<const EventRecord*>& records);
+
+/// The real and simulated durations side by side: a simulated one within 20% of the real one
+/// (or 500 ms of it, for the stops that take milliseconds) is a prediction; the others are
+/// marked `!`. A step only one side has is listed, not judged (the sequences tell that story).
+struct DurationComparison {
+  bool within = true;
+  std::string text;
+};
+DurationComparison CompareDurations(const std::vector<StepDuration>& real, const std::vector<StepDuration>& simulated);
 
 struct SequenceComparison {
   bool match = false;

@@ -77,6 +77,12 @@ TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
       << out;
   EXPECT_THAT(out, HasSubstr("  restart 1 of 2")) << out;
   EXPECT_THAT(out, HasSubstr("the sequences match (5 steps)")) << out;
+  // Issue 37: the stop and the restart take as long as the real ones. The workers here end on
+  // SIGTERM (sh takes its default action), which the replay reads from the run.
+  EXPECT_THAT(out, HasSubstr("stopped workers: end on SIGTERM (as in the run)\n")) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n  round 0 stop +[0-9.]+m?s +[0-9.]+m?s\n")) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n  round 0 restart +[0-9.]+m?s +[0-9.]+m?s\n")) << out;
+  EXPECT_THAT(out, HasSubstr("the durations match (each within 20% or 500ms of the real one)")) << out;
 
   // The same run against a model with no restart budget: it predicts the end at round 0.
   const auto [wrong_code, wrong] = Replay("wrong.toml", "replay-exit");
@@ -84,6 +90,32 @@ TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
   EXPECT_THAT(wrong, HasSubstr("is not the run's job file")) << wrong;
   EXPECT_THAT(wrong, HasSubstr("! restart 1 of 2                           the job ends with exit code 1\n")) << wrong;
   EXPECT_THAT(wrong, HasSubstr("the sequences differ from step 3 on (marked !)")) << wrong;
+}
+
+// Issue 37: ranks that ignore SIGTERM (Lightning's handler only sets a flag; here `trap '' TERM`,
+// which the worker's sleep inherits) stay until SIGKILL at stop_grace. The replay reads that from
+// the run, and its stop takes as long as the real one; the old model (every worker gone 0.2-2 s
+// after SIGTERM) was off by more than the 20% allowed.
+TEST_F(ReplayTest, WorkersThatOutliveSigtermAreReplayedWithTheRealStopTime) {
+  TestJob job = Job("replay-term",
+                    "trap '' TERM; if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 7; fi; "
+                    "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60; fi; sleep 3");
+  job.devices = 2;
+  job.max_restarts = 1;
+  job.stop_grace = "3s";
+  dir_.Write("job.toml", job.Toml());
+  Start(0);
+  Start(1);
+  ASSERT_EQ(agents_[0]->Wait(60s), 0) << Describe();
+  ASSERT_EQ(agents_[1]->Wait(10s), 0) << Describe();
+  EXPECT_THAT(agents_[0]->Output(), HasSubstr("still running 3.0s after SIGTERM; sending SIGKILL")) << Describe();
+
+  const auto [code, out] = Replay("job.toml", "replay-term");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("stopped workers: stay until SIGKILL after stop_grace (as in the run)\n")) << out;
+  EXPECT_THAT(out, HasSubstr("the sequences match (5 steps)")) << out;
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n  round 0 stop +3\\.[0-9]+s +3\\.[0-9]+s\n")) << out;
+  EXPECT_THAT(out, HasSubstr("the durations match (each within 20% or 500ms of the real one)")) << out;
 }
 
 TEST_F(ReplayTest, ANodeLostForGoodIsPredicted) {

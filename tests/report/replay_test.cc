@@ -136,5 +136,42 @@ TEST(ReplayTest, WhereTheSequencesPartIsMarked) {
   EXPECT_FALSE(CompareSequences({}, {}).match);
 }
 
+// Issue 37: each failed round's stop (failure to restart) and restart (failure to the next
+// round), from the first record of the failure (a revision does not move it).
+TEST(ReplayTest, EachFailedRoundsStopAndRestartAreMeasuredFromItsFirstFailure) {
+  Files f;
+  f.Add("n0", NodeZero());
+  const std::vector<StepDuration> steps = RoundDurations(CoordinatorRecords(f.Group()));
+  ASSERT_EQ(steps.size(), 6u);
+  EXPECT_EQ(steps[0].what, "round 0 stop");
+  EXPECT_EQ(steps[0].took, 990ms);
+  EXPECT_EQ(steps[1].what, "round 0 restart");
+  EXPECT_EQ(steps[1].took, 1990ms);
+  EXPECT_EQ(steps[3].what, "round 1 restart");
+  EXPECT_EQ(steps[3].took, 31999ms);
+  EXPECT_EQ(steps[5].what, "round 2 restart");
+  EXPECT_EQ(steps[5].took, 2000ms);
+}
+
+TEST(ReplayTest, ADurationOffByMoreThanAFifthAndHalfASecondIsMarked) {
+  const std::vector<StepDuration> real = {{"round 0 stop", 30s}, {"round 0 restart", 40s}, {"round 1 stop", 2ms}};
+  // 24 s is 20% under 30 s: a prediction. 1.7 s for 2 ms is not, however small both are.
+  const DurationComparison close = CompareDurations(real, {{"round 0 stop", 24s}, {"round 0 restart", 47s},
+                                                           {"round 1 stop", 450ms}});
+  EXPECT_TRUE(close.within) << close.text;
+  EXPECT_THAT(close.text, HasSubstr("the durations match (each within 20% or 500ms of the real one)"));
+  const DurationComparison off = CompareDurations(real, {{"round 0 stop", 1700ms}, {"round 0 restart", 40s},
+                                                         {"round 1 stop", 1700ms}});
+  EXPECT_FALSE(off.within);
+  EXPECT_THAT(off.text, HasSubstr("! round 0 stop"));
+  EXPECT_THAT(off.text, HasSubstr("(-94%)"));
+  EXPECT_THAT(off.text, HasSubstr("  round 0 restart"));
+  EXPECT_THAT(off.text, HasSubstr("2 of the durations are more than 20% (and 500ms) off the real one (marked !)"));
+  // A step only the real run has is listed, not judged: the sequences say that it is missing.
+  const DurationComparison missing = CompareDurations(real, {{"round 0 stop", 30s}});
+  EXPECT_TRUE(missing.within) << missing.text;
+  EXPECT_THAT(missing.text, ::testing::ContainsRegex("  round 1 stop +2ms +-\n"));
+}
+
 }  // namespace
 }  // namespace ddprun::report
