@@ -142,7 +142,12 @@ void Coordinator::OnRoundReport(TimePoint now, const wire::Join& join, std::vect
     return;
   }
   if (join.ran_as < 0 || join.ran_as >= unjudged_->nodes) return;
-  unjudged_->finished.insert(join.ran_as);
+  // One node rank per agent: an agent that says it finished two (a confused or lying peer)
+  // counts for the first only.
+  for (const auto& [rank, agent] : unjudged_->finished) {
+    if (agent == join.node_rank && rank != join.ran_as) return;
+  }
+  unjudged_->finished.emplace(join.ran_as, join.node_rank);
   if (static_cast<int>(unjudged_->finished.size()) < unjudged_->nodes) return;
   const int round = unjudged_->failure.round;
   const size_t nodes = static_cast<size_t>(unjudged_->nodes);

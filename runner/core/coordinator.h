@@ -278,7 +278,7 @@ class Coordinator {
   struct Unjudged {
     RoundFailure failure;
     int nodes = 0;              // the round's node ranks, from the job's record
-    std::set<int> finished;     // those whose agent said so
+    std::map<int, int> finished;  // node rank -> the agent that said it finished it
     TimePoint until;
   };
   std::optional<Unjudged> unjudged_;

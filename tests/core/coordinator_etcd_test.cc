@@ -224,7 +224,17 @@ TEST_F(UnjudgedRoundTest, ANodeWhoseWorkersDidNotAllExit0FailsTheRoundAtOnce) {
 
 TEST_F(UnjudgedRoundTest, ANodeThatNeverSaysSoFailsTheRoundWhenTheLeasePasses) {
   TakeOverRoundTwo();
-  Rejoin(1s, 1, 0, true);
+  // Agent 1 says it finished node rank 1, then, joining again on a new connection, node rank 0
+  // too: one agent counts for one node rank.
+  {
+    wire::Join first = JoinOf(1);
+    first.ran_round = 2;
+    first.ran_as = 1;
+    first.ran_ok = true;
+    Feed(1s, PeerAccepted{ConnOf(7), "10.0.0.2"});
+    EXPECT_TRUE(All<RecordEnd>(Feed(1s, PeerMessage{ConnOf(7), first})).empty());
+  }
+  EXPECT_TRUE(All<RecordEnd>(Rejoin(1s, 1, 0, true)).empty());
   Join(1s, 0);  // a fresh agent for node 0's host: it ran nothing
   const Duration fence = spec_->timeouts.LeaseBound();
   const Effects before = BeatUntil(2s, fence - 1s);
