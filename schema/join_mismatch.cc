@@ -48,7 +48,7 @@ struct Lines {
   bool Has(Kind kind) const { return has[static_cast<int>(kind)]; }
 };
 
-Lines DifferenceLines(const std::string& ours, const std::string& theirs, int node_rank, std::string_view us) {
+Lines DifferenceLines(const std::string& ours, const std::string& theirs, std::string_view who, std::string_view us) {
   Lines lines;
   for (const auto& d : DiffCanonical(ours, theirs)) {
     const std::string key = UserKey(d.key);
@@ -67,7 +67,7 @@ Lines DifferenceLines(const std::string& ours, const std::string& theirs, int no
       if (mine == "(not set)") mine = "none";
       if (other == "(not set)") other = "none";
     }
-    lines.text += fmt::format("\n  {}: node {} has {}, {} has {}", label, node_rank, other, us, mine);
+    lines.text += fmt::format("\n  {}: {} has {}, {} has {}", label, who, other, us, mine);
   }
   return lines;
 }
@@ -129,9 +129,9 @@ std::string JoinParts(const std::vector<std::string>& parts, const char* last_se
 
 }  // namespace
 
-JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& theirs, int node_rank,
+JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& theirs, std::string_view who,
                                 const std::string& host, std::string_view us) {
-  Lines lines = DifferenceLines(ours, theirs, node_rank, us);
+  Lines lines = DifferenceLines(ours, theirs, who, us);
   std::vector<Kind> kinds;
   for (Kind kind : kKinds) {
     if (lines.Has(kind)) kinds.push_back(kind);
@@ -142,7 +142,7 @@ JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& thei
   }
   JoinRefusal refusal;
   if (kinds.size() == 1) {
-    refusal.message = fmt::format("node {} (host {}) {}:{}\nhint: {}", node_rank, host,
+    refusal.message = fmt::format("{} (host {}) {}:{}\nhint: {}", who, host,
                                   Headline(kinds[0], us), lines.text, Hint(kinds[0]));
     refusal.why = Why(kinds[0]);
     return refusal;
@@ -154,15 +154,15 @@ JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& thei
     hints += fmt::format("\nhint: {}", Hint(kind));
   }
   const std::string named = JoinParts(parts, " and ");
-  refusal.message = fmt::format("node {} (host {}) differs from {} in {}:{}{}", node_rank, host, us,
+  refusal.message = fmt::format("{} (host {}) differs from {} in {}:{}{}", who, host, us,
                                 named, lines.text, hints);
   refusal.why = "it differs in " + named;
   return refusal;
 }
 
 std::string DescribeAdvisoryDifference(const std::string& ours, const std::string& theirs,
-                                       int node_rank, const std::string& host, std::string_view us) {
-  const Lines lines = DifferenceLines(ours, theirs, node_rank, us);
+                                       std::string_view who, const std::string& host, std::string_view us) {
+  const Lines lines = DifferenceLines(ours, theirs, who, us);
   if (lines.text.empty()) return "";
   std::vector<std::string> what;
   std::vector<std::string> checks;
@@ -175,9 +175,9 @@ std::string DescribeAdvisoryDifference(const std::string& ours, const std::strin
     checks.push_back("job.library_check = \"warn\"");
   }
   if (what.empty()) {
-    return fmt::format("node {} (host {}) differs from {}:{}", node_rank, host, us, lines.text);
+    return fmt::format("{} (host {}) differs from {}:{}", who, host, us, lines.text);
   }
-  return fmt::format("node {} (host {}) {} than {}{}:{}", node_rank, host, JoinParts(what, " and "), us,
+  return fmt::format("{} (host {}) {} than {}{}:{}", who, host, JoinParts(what, " and "), us,
                      checks.empty() ? std::string()
                                     : fmt::format(" ({} {} it join)", JoinParts(checks, " and "),
                                                   checks.size() == 1 ? "lets" : "let"),

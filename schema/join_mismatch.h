@@ -13,15 +13,16 @@ struct JoinRefusal {
   std::string why;      // the short form for the rendezvous summary: "it runs different code"
 };
 
-/// A join whose fingerprint differs from the coordinator's (`ours`: its canonical form). `us`
-/// names the coordinator in the text: node 0, or under etcd whichever agent holds the role.
-JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& theirs, int node_rank,
+/// A join whose fingerprint differs from the coordinator's (`ours`: its canonical form), from
+/// `who` ("node 1", "spare 0": the agent as it was started). `us` names the coordinator in the
+/// text: node 0, or under etcd whichever agent holds the role.
+JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& theirs, std::string_view who,
                                 const std::string& host, std::string_view us = "node 0");
 
 /// A join with the same fingerprint whose advisory lines differ (job.code_check or
 /// job.library_check = "warn"): the warning node 0 logs, "" when nothing differs.
 std::string DescribeAdvisoryDifference(const std::string& ours, const std::string& theirs,
-                                       int node_rank, const std::string& host,
+                                       std::string_view who, const std::string& host,
                                        std::string_view us = "node 0");
 
 }  // namespace ddprun

@@ -7,6 +7,15 @@
 #include "schema/join_mismatch.h"
 
 namespace ddprun::core {
+namespace {
+
+// The joining agent as it was started: "node 1", or "spare 0" (a spare is numbered after the
+// nodes), as the rest of the log names it.
+std::string Who(int agent, int nnodes) {
+  return agent >= nnodes ? fmt::format("spare {}", agent - nnodes) : fmt::format("node {}", agent);
+}
+
+}  // namespace
 
 JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   using Outcome = JoinVerdict::Outcome;
@@ -69,7 +78,8 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   const std::string canonical(facts.canonical);
   if (join.fingerprint != facts.fingerprint) {
     // Named as what differs: the job file, the code, the arguments after `--`, the libraries.
-    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, join.node_rank, join.host, facts.us);
+    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, Who(join.node_rank, facts.nnodes), join.host,
+                                              facts.us);
     JoinVerdict verdict = refuse(std::move(refusal.message), false, std::move(refusal.why));
     verdict.other_file = true;
     return verdict;
@@ -96,7 +106,7 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
     // that took over cannot tell who took part (the earlier holder may have placed a spare,
     // or moved node 0's agent off rank 0 for its own): every agent of the job hears it.
     if (!facts.took_over && !(slot.ever_joined && slot.instance == join.instance)) {
-      return refuse(fmt::format("node {} (host {}) joined after the job ended", join.node_rank, join.host));
+      return refuse(fmt::format("{} (host {}) joined after the job ended", Who(join.node_rank, facts.nnodes), join.host));
     }
     verdict.outcome = Outcome::kHearVerdict;
     return verdict;
@@ -104,7 +114,8 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   verdict.outcome = Outcome::kAdmit;
   // Same fingerprint, other advisory lines (code_check or library_check = "warn").
   if (join.canonical != canonical) {
-    verdict.differences = DescribeAdvisoryDifference(canonical, join.canonical, join.node_rank, join.host, facts.us);
+    verdict.differences =
+        DescribeAdvisoryDifference(canonical, join.canonical, Who(join.node_rank, facts.nnodes), join.host, facts.us);
   }
   return verdict;
 }

@@ -117,6 +117,16 @@ TEST_F(AdmissionTest, ARankOutOfRangeOrAnotherJobFileIsRefused) {
                             "  restart.max_restarts: node 1 has 3, node 0 has 1\n"
                             "hint: use the same job file on every node (ddprun check prints its fingerprint)");
   EXPECT_EQ(differs.why, "it runs a different job file");
+
+  // A spare is named as the log names it, not "node 2" (agent 2 of a job of 2 nodes).
+  JoinFacts with_spare = Facts(-1);
+  with_spare.agents = 3;
+  join.node_rank = 2;
+  const JoinVerdict spare = JudgeJoin(with_spare, join);
+  EXPECT_EQ(spare.reason.rfind("spare 0 (host gpu-02) runs a different job file than node 0:\n"
+                               "  restart.max_restarts: spare 0 has 3, node 0 has 1\n", 0),
+            0u)
+      << spare.reason;
 }
 
 TEST_F(AdmissionTest, ARankHeldByAnotherAgentIsRefusedForNowAndTheSameAgentReplacesItsConnection) {

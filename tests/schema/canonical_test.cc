@@ -228,10 +228,10 @@ TEST(JoinMismatch, AnAdvisoryDifferenceNamesWhoComparedIt) {
   ours.job.code.script_sha256 = "aa";
   JobSpec theirs = ours;
   theirs.job.code.script_sha256 = "bb";
-  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), 1, "gpu-02"),
+  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), "node 1", "gpu-02"),
             "node 1 (host gpu-02) runs different code than node 0 (job.code_check = \"warn\" lets it join):\n"
             "  code.script_sha256 of \"train.py\": node 1 has \"bb\", node 0 has \"aa\"");
-  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), 0, "gpu-01",
+  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), "node 0", "gpu-01",
                                        "the coordinator (host gpu-03)"),
             "node 0 (host gpu-01) runs different code than the coordinator (host gpu-03) (job.code_check = "
             "\"warn\" lets it join):\n"
@@ -248,7 +248,7 @@ TEST(JoinMismatch, NamesCodeArgumentsAndLibrariesAsWhatTheyAre) {
   ours.job.libraries.torch = "2.3.1";
   JobSpec theirs = ours;
   theirs.job.code.script_sha256 = "bb";
-  EXPECT_EQ(DescribeRefusedJoin(CanonicalForm(ours), CanonicalForm(theirs), 1, "gpu-02").message,
+  EXPECT_EQ(DescribeRefusedJoin(CanonicalForm(ours), CanonicalForm(theirs), "node 1", "gpu-02").message,
             "node 1 (host gpu-02) runs different code than node 0 (job.code_check = \"refuse\"):\n"
             "  code.script_sha256 of \"train.py\": node 1 has \"bb\", node 0 has \"aa\"\n"
             "hint: deploy the same code to every node (ddprun check prints the script's sha256 and "
@@ -256,7 +256,7 @@ TEST(JoinMismatch, NamesCodeArgumentsAndLibrariesAsWhatTheyAre) {
   theirs.job.libraries.torch = "2.4.0";
   AppendScriptArgs(theirs, {"--lr", "0.2"});
   theirs.cluster.master_port = 50001;
-  const JoinRefusal all = DescribeRefusedJoin(CanonicalForm(ours), CanonicalForm(theirs), 1, "gpu-02");
+  const JoinRefusal all = DescribeRefusedJoin(CanonicalForm(ours), CanonicalForm(theirs), "node 1", "gpu-02");
   EXPECT_EQ(all.message,
             "node 1 (host gpu-02) differs from node 0 in its job file, its code, its arguments after "
             "`--` and its library versions:\n"
