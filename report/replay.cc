@@ -247,7 +247,7 @@ std::vector<StepDuration> RoundDurations(const std::vector<const EventRecord*>& 
 }
 
 DurationComparison CompareDurations(const std::vector<StepDuration>& real, const std::vector<StepDuration>& simulated) {
-  constexpr Duration kFloor = Millis(500);
+  constexpr Duration kFloor = Seconds(1);
   DurationComparison c;
   if (real.empty() && simulated.empty()) return c;
   std::map<std::string, Duration> predicted;
@@ -274,8 +274,8 @@ DurationComparison CompareDurations(const std::vector<StepDuration>& real, const
     if (!close) ++off;
   }
   c.within = off == 0;
-  c.text += off == 0 ? "the durations match (each within 20% or 500ms of the real one)\n"
-                     : fmt::format("{} of the durations {} more than 20% (and 500ms) off the real one (marked !)\n",
+  c.text += off == 0 ? "the durations match (each within 20% or 1s of the real one)\n"
+                     : fmt::format("{} of the durations {} more than 20% (and 1s) off the real one (marked !)\n",
                                    off, off == 1 ? "is" : "are");
   return c;
 }

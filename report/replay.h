@@ -54,7 +54,7 @@ struct StepDuration {
 std::vector<StepDuration> RoundDurations(const std::vector<const EventRecord*>& records);
 
 /// The real and simulated durations side by side: a simulated one within 20% of the real one
-/// (or 500 ms of it, for the stops that take milliseconds) is a prediction; the others are
+/// (or 1 s of it, for the stops that take milliseconds) is a prediction; the others are
 /// marked `!`. A step only one side has is listed, not judged (the sequences tell that story).
 struct DurationComparison {
   bool within = true;
