@@ -79,6 +79,12 @@ struct FaultSpec {
   bool operator==(const FaultSpec&) const = default;
 };
 
+/// Agent `agent` of a job of `nnodes` nodes as it was started and as every log line names it:
+/// "node 1", or "spare 0" (spares are numbered after the nodes).
+inline std::string AgentLabel(int agent, int nnodes) {
+  return agent >= nnodes ? "spare " + std::to_string(agent - nnodes) : "node " + std::to_string(agent);
+}
+
 struct JobSpec {
   int version = 1;
 
@@ -152,6 +158,9 @@ struct JobSpec {
     bool CanReplace() const { return spares > 0 || min_nodes < nnodes; }
     /// Every agent of the job: the nodes, then the spares.
     int Agents() const { return nnodes + spares; }
+    /// Agent `agent` as it was started and as every log line names it: "node 1", or "spare 0"
+    /// (spares are numbered after the nodes).
+    std::string AgentLabel(int agent) const { return ddprun::AgentLabel(agent, nnodes); }
     /// The host of agent `agent` (a node or a spare), "" when the hosts are not listed.
     std::string HostOf(int agent) const {
       if (agent >= 0 && agent < static_cast<int>(nodes.size())) return nodes[static_cast<size_t>(agent)];

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "runner/core/auth.h"
 #include "schema/canonical.h"
 #include "schema/join_mismatch.h"
@@ -9,32 +11,24 @@
 namespace ddprun::core {
 namespace {
 
-// The joining agent as it was started: "node 1", or "spare 0" (a spare is numbered after the
-// nodes), as the rest of the log names it.
-std::string Who(int agent, int nnodes) {
-  return agent >= nnodes ? fmt::format("spare {}", agent - nnodes) : fmt::format("node {}", agent);
+JoinVerdict Refusal(std::string reason, bool retry = false, std::string why = "") {
+  JoinVerdict v;
+  v.outcome = JoinVerdict::Outcome::kRefuse;
+  v.reason = std::move(reason);
+  v.retry = retry;
+  v.why = std::move(why);
+  return v;
 }
 
-}  // namespace
-
-JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
-  using Outcome = JoinVerdict::Outcome;
-  auto refuse = [](std::string reason, bool retry = false, std::string why = "") {
-    JoinVerdict v;
-    v.outcome = Outcome::kRefuse;
-    v.reason = std::move(reason);
-    v.retry = retry;
-    v.why = std::move(why);
-    return v;
-  };
-  const int nnodes = facts.nnodes;
-  const int agents = facts.agents;
+// Authentication first: a peer without the secret learns nothing about the job. Empty: the
+// join passed (or there is no secret); otherwise a Challenge or a refusal.
+std::optional<JoinVerdict> JudgeSecret(const JoinFacts& facts, const wire::Join& join) {
   const std::string_view from = facts.from;
   // The agent speaks first (so the relay can tell it from a store client); with a secret its
   // first join is answered with a Challenge, and the second must carry the proof for it.
   if (facts.secret.empty() && !join.nonce.empty()) {
     // Said to the agent before it is counted: nobody mistakes it for a lost node.
-    return refuse(fmt::format("node {} (from {}) has a shared secret (DDPRUN_SECRET or "
+    return Refusal(fmt::format("node {} (from {}) has a shared secret (DDPRUN_SECRET or "
                               "DDPRUN_SECRET_FILE) and node 0 has none\nhint: set the same secret on "
                               "every node, or on none",
                               join.node_rank, from),
@@ -42,20 +36,20 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   }
   if (!facts.secret.empty() && facts.nonce.empty()) {
     if (join.nonce.empty()) {
-      return refuse(fmt::format("node {} (host {}, from {}) has no shared secret and node 0 requires "
+      return Refusal(fmt::format("node {} (host {}, from {}) has no shared secret and node 0 requires "
                                 "one\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same secret "
                                 "on every node",
                                 join.node_rank, join.host, from),
                     false, "it has no shared secret and node 0 requires one");
     }
     JoinVerdict v;
-    v.outcome = Outcome::kChallenge;
+    v.outcome = JoinVerdict::Outcome::kChallenge;
     return v;
   }
   if (!facts.secret.empty() &&
       !ConstantTimeEqual(join.proof, JoinProof(std::string(facts.secret), std::string(facts.nonce), join.node_rank,
                                                join.fingerprint))) {
-    return refuse(join.proof.empty()
+    return Refusal(join.proof.empty()
                       ? fmt::format("a node from {} (claiming node rank {}) sent no proof of the shared "
                                     "secret\nhint: set DDPRUN_SECRET or DDPRUN_SECRET_FILE to the same "
                                     "secret on every node",
@@ -65,8 +59,19 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
                                     from, join.node_rank),
                   false, fmt::format("a peer from {} claiming this rank failed the shared-secret challenge", from));
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
+  using Outcome = JoinVerdict::Outcome;
+  const int nnodes = facts.nnodes;
+  const int agents = facts.agents;
+  const std::string_view from = facts.from;
+  if (std::optional<JoinVerdict> verdict = JudgeSecret(facts, join)) return std::move(*verdict);
   if (join.node_rank < 0 || join.node_rank >= agents) {
-    return refuse(agents > nnodes
+    return Refusal(agents > nnodes
                       ? fmt::format("node rank {} (host {}, from {}) is out of range: the job has {} node{} "
                                     "(ranks 0..{}) and {} spare{} (ranks {}..{})",
                                     join.node_rank, join.host, from, nnodes, nnodes == 1 ? "" : "s", nnodes - 1,
@@ -78,9 +83,9 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   const std::string canonical(facts.canonical);
   if (join.fingerprint != facts.fingerprint) {
     // Named as what differs: the job file, the code, the arguments after `--`, the libraries.
-    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, Who(join.node_rank, facts.nnodes), join.host,
+    JoinRefusal refusal = DescribeRefusedJoin(canonical, join.canonical, AgentLabel(join.node_rank, facts.nnodes), join.host,
                                               facts.us);
-    JoinVerdict verdict = refuse(std::move(refusal.message), false, std::move(refusal.why));
+    JoinVerdict verdict = Refusal(std::move(refusal.message), false, std::move(refusal.why));
     verdict.other_file = true;
     return verdict;
   }
@@ -91,7 +96,7 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
       // Retryable: a host that rebooted faster than its old connection was declared dead
       // looks exactly like this, and its slot frees after 3 silent heartbeats. A real
       // duplicate keeps being refused until its rendezvous timeout.
-      return refuse(fmt::format("node rank {} is claimed twice: by host {} (already joined) and by host "
+      return Refusal(fmt::format("node rank {} is claimed twice: by host {} (already joined) and by host "
                                 "{} from {}\nhint: every node needs its own rank; check --node-rank, "
                                 "DDPRUN_NODE_RANK or cluster.nodes",
                                 join.node_rank, slot.host, join.host, from),
@@ -106,7 +111,7 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
     // that took over cannot tell who took part (the earlier holder may have placed a spare,
     // or moved node 0's agent off rank 0 for its own): every agent of the job hears it.
     if (!facts.took_over && !(slot.ever_joined && slot.instance == join.instance)) {
-      return refuse(fmt::format("{} (host {}) joined after the job ended", Who(join.node_rank, facts.nnodes), join.host));
+      return Refusal(fmt::format("{} (host {}) joined after the job ended", AgentLabel(join.node_rank, facts.nnodes), join.host));
     }
     verdict.outcome = Outcome::kHearVerdict;
     return verdict;
@@ -115,7 +120,7 @@ JoinVerdict JudgeJoin(const JoinFacts& facts, const wire::Join& join) {
   // Same fingerprint, other advisory lines (code_check or library_check = "warn").
   if (join.canonical != canonical) {
     verdict.differences =
-        DescribeAdvisoryDifference(canonical, join.canonical, Who(join.node_rank, facts.nnodes), join.host, facts.us);
+        DescribeAdvisoryDifference(canonical, join.canonical, AgentLabel(join.node_rank, facts.nnodes), join.host, facts.us);
   }
   return verdict;
 }

@@ -27,7 +27,7 @@ std::string RendezvousProgressLine(const wire::Progress& progress, int nnodes) {
     // The agent the coordinator expects for the rank (a spare once it holds it), named as it
     // was started, and its host (issue 37: seed 100506 named the coordinator's own host).
     const int32_t n = progress.missing[i];
-    const std::string who = n >= nnodes ? fmt::format("spare {}", n - nnodes) : fmt::format("node {}", n);
+    const std::string who = AgentLabel(n, nnodes);
     const std::string host = i < progress.missing_hosts.size() ? progress.missing_hosts[i] : "";
     const std::string why = i < progress.missing_why.size() ? progress.missing_why[i] : "";
     // A node refused for good does not come by itself: say so, not only that we wait.

@@ -50,8 +50,7 @@ void Roster::PlaceRankZero(int agent) {
 
 std::string Roster::NodeName(int agent) const {
   const AgentSlot& slot = at(agent);
-  const int nnodes = spec_.cluster.nnodes;
-  std::string name = agent >= nnodes ? fmt::format("spare {}", agent - nnodes) : fmt::format("node {}", agent);
+  std::string name = spec_.cluster.AgentLabel(agent);
   const bool moved = slot.position >= 0 && slot.position != agent;
   if (!slot.host.empty() || moved) {
     name += fmt::format(" ({}{}{})", slot.host, !slot.host.empty() && moved ? ", " : "",
@@ -62,8 +61,7 @@ std::string Roster::NodeName(int agent) const {
 
 std::string Roster::AgentName(int agent) const {
   const AgentSlot& slot = at(agent);
-  const int nnodes = spec_.cluster.nnodes;
-  std::string name = agent >= nnodes ? fmt::format("spare {}", agent - nnodes) : fmt::format("node {}", agent);
+  std::string name = spec_.cluster.AgentLabel(agent);
   if (!slot.host.empty()) name += fmt::format(" ({})", slot.host);
   return name;
 }

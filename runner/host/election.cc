@@ -37,10 +37,8 @@ std::optional<int> IntField(std::string_view text, std::string_view key) {
 }
 
 std::string AgentLabel(const JobSpec& spec, int agent) {
-  const bool spare = agent >= spec.cluster.nnodes;
   const std::string host = spec.cluster.HostOf(agent);
-  return fmt::format("{} {}{}", spare ? "spare" : "node", spare ? agent - spec.cluster.nnodes : agent,
-                     host.empty() ? "" : fmt::format(" ({})", host));
+  return spec.cluster.AgentLabel(agent) + (host.empty() ? "" : fmt::format(" ({})", host));
 }
 
 }  // namespace
