@@ -65,22 +65,15 @@ void LoadCommand(const toml::node& node, TomlReader& reader, std::vector<std::st
 // job.code_check and job.library_check: "off", "warn" or "refuse".
 void LoadCheckMode(const toml::node& node, TomlReader& reader, const std::string& path,
                    const char* what_refuse_does, JobSpec::CodeCheck& out) {
-  auto mode = reader.String(node, path);
-  if (!mode) return;
-  if (*mode == "off") {
-    out = JobSpec::CodeCheck::kOff;
-  } else if (*mode == "warn") {
-    out = JobSpec::CodeCheck::kWarn;
-  } else if (*mode == "refuse") {
-    out = JobSpec::CodeCheck::kRefuse;
-  } else {
-    reader.diags().Error(LocOf(node), path,
-                         fmt::format("{} = {} is not {}", path, Show(node),
-                                     QuotedAlternatives(Key(path).values)),
-                         fmt::format("\"refuse\" refuses a node whose {} from node 0's; \"warn\" "
-                                     "lets it join and says what differs",
-                                     what_refuse_does));
-  }
+  using Check = JobSpec::CodeCheck;
+  reader.ReadChoice(node, path,
+                    std::array{std::pair{std::string_view("off"), Check::kOff},
+                               std::pair{std::string_view("warn"), Check::kWarn},
+                               std::pair{std::string_view("refuse"), Check::kRefuse}},
+                    fmt::format("\"refuse\" refuses a node whose {} from node 0's; \"warn\" lets it join and says "
+                                "what differs",
+                                what_refuse_does),
+                    out);
 }
 
 bool IsModuleName(std::string_view name) {

@@ -123,20 +123,14 @@ void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::
   ReadString(table, reader, "key_file", rendezvous.key_file);
   ReadString(table, reader, "user", rendezvous.user);
   if (const toml::node* node = reader.Node(table, "probe", "rendezvous.probe")) {
-    if (auto mode = reader.String(*node, "rendezvous.probe")) {
-      if (*mode == "refuse") {
-        rendezvous.probe = JobSpec::Rendezvous::Probe::kRefuse;
-      } else if (*mode == "warn") {
-        rendezvous.probe = JobSpec::Rendezvous::Probe::kWarn;
-      } else if (*mode == "off") {
-        rendezvous.probe = JobSpec::Rendezvous::Probe::kOff;
-      } else {
-        diags.Error(LocOf(*node), "rendezvous.probe",
-                    fmt::format("rendezvous.probe = \"{}\" is not \"refuse\", \"warn\" or \"off\"", *mode),
-                    "\"refuse\" (the default) ends the job before the first round when two nodes cannot "
-                    "connect on a port other than master_port; \"warn\" says so and starts it");
-      }
-    }
+    using Probe = JobSpec::Rendezvous::Probe;
+    reader.ReadChoice(*node, "rendezvous.probe",
+                      std::array{std::pair{std::string_view("refuse"), Probe::kRefuse},
+                                 std::pair{std::string_view("warn"), Probe::kWarn},
+                                 std::pair{std::string_view("off"), Probe::kOff}},
+                      "\"refuse\" (the default) ends the job before the first round when two nodes cannot "
+                      "connect on a port other than master_port; \"warn\" says so and starts it",
+                      rendezvous.probe);
   }
 
   if (!rendezvous.Etcd()) {

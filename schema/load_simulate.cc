@@ -182,21 +182,14 @@ void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bound
     if (key == "step_time") s.step_time = *d;
   }
   if (const toml::node* node = reader.Node(table, "sigterm", "simulate.sigterm")) {
-    if (auto mode = reader.String(*node, "simulate.sigterm")) {
-      if (*mode == "auto") {
-        s.sigterm = JobSpec::Simulate::Sigterm::kAuto;
-      } else if (*mode == "exits") {
-        s.sigterm = JobSpec::Simulate::Sigterm::kExits;
-      } else if (*mode == "ignored") {
-        s.sigterm = JobSpec::Simulate::Sigterm::kIgnored;
-      } else {
-        reader.diags().Error(LocOf(*node), "simulate.sigterm",
-                             fmt::format("simulate.sigterm = {} is not {}", Show(*node),
-                                         QuotedAlternatives(Key("simulate.sigterm").values)),
-                             "\"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM "
-                             "handler only sets a flag)");
-      }
-    }
+    using Sigterm = JobSpec::Simulate::Sigterm;
+    reader.ReadChoice(*node, "simulate.sigterm",
+                      std::array{std::pair{std::string_view("auto"), Sigterm::kAuto},
+                                 std::pair{std::string_view("exits"), Sigterm::kExits},
+                                 std::pair{std::string_view("ignored"), Sigterm::kIgnored}},
+                      "\"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM handler only "
+                      "sets a flag)",
+                      s.sigterm);
   }
   if (const toml::node* faults = reader.Node(table, "faults", "simulate.faults")) {
     LoadFaults(*faults, reader, bounds, s.faults);

@@ -91,6 +91,18 @@ std::string_view LastKey(std::string_view path) {
   return dot == std::string_view::npos ? path : path.substr(dot + 1);
 }
 
+std::optional<size_t> TomlReader::ChoiceIndex(const toml::node& node, const std::string& path,
+                                              std::span<const std::string_view> choices, std::string hint) {
+  const std::optional<std::string> value = String(node, path);
+  if (!value) return std::nullopt;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (*value == choices[i]) return i;
+  }
+  diags_.Error(LocOf(node), path, fmt::format("{} = {} is not {}", path, Show(node), QuotedAlternatives(choices)),
+               std::move(hint));
+  return std::nullopt;
+}
+
 SourceLoc TomlReader::LocationOf(const std::string& path) const {
   auto it = locations_.find(path);
   return it == locations_.end() ? SourceLoc{} : it->second;

@@ -4,6 +4,7 @@
 // in the user's terms. Internal to the job file loader: this header includes toml++, which is
 // heavy, so only the schema/load_*.cc files that parse include it; no header does.
 
+#include <array>
 #include <map>
 #include <optional>
 #include <span>
@@ -66,6 +67,18 @@ class TomlReader {
   std::optional<Duration> DurationValue(const toml::node& node, const std::string& path);
   /// A duration that must be longer than 0s.
   std::optional<Duration> PositiveDuration(const toml::node& node, const std::string& path);
+  /// A string that must be one of `choices`: the index of the one written, or empty (reported:
+  /// "path = "x" is not "a", "b" or "c"", with `hint`) when it is none of them or not a string.
+  std::optional<size_t> ChoiceIndex(const toml::node& node, const std::string& path,
+                                    std::span<const std::string_view> choices, std::string hint);
+  /// ChoiceIndex over named values: sets `out` to the value of the name written.
+  template <typename E, size_t N>
+  void ReadChoice(const toml::node& node, const std::string& path,
+                  const std::array<std::pair<std::string_view, E>, N>& choices, std::string hint, E& out) {
+    std::array<std::string_view, N> names;
+    for (size_t i = 0; i < N; ++i) names[i] = choices[i].first;
+    if (const std::optional<size_t> i = ChoiceIndex(node, path, names, std::move(hint))) out = choices[*i].second;
+  }
   /// Reads the duration `prefix.key` into `out` when it is written and valid.
   void ReadDuration(const toml::table* table, std::string_view key, std::string_view prefix,
                     Duration& out);
