@@ -86,6 +86,38 @@ std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& re
   return steps;
 }
 
+namespace {
+
+// How the workers ddprun stopped ended: SIGKILL means they outlived SIGTERM (Lightning's
+// handler only sets a flag), SIGTERM that they took its default action. Empty: none was stopped.
+std::optional<JobSpec::Simulate::Sigterm> StopModelOf(const Run& run) {
+  int killed = 0, termed = 0;
+  for (const EventFile* file : run.files) {
+    for (const EventRecord& r : file->records) {
+      if (r.type == "worker-exit" && r.Flag("stopped")) {
+        killed += r.Int("signal") == 9 ? 1 : 0;
+        termed += r.Int("signal") == 15 ? 1 : 0;
+      }
+    }
+  }
+  if (killed == 0 && termed == 0) return std::nullopt;
+  return killed > termed ? JobSpec::Simulate::Sigterm::kIgnored : JobSpec::Simulate::Sigterm::kExits;
+}
+
+// The last round trains for as long as it did: from its start to the job's result, less the
+// workers' start. Empty when node 0's records do not show both.
+std::optional<Duration> LastRoundTrainTime(const std::vector<const EventRecord*>& zero, Duration worker_startup) {
+  int64_t last_begin = -1, result = -1;
+  for (const EventRecord* r : zero) {
+    if (r->type == "round-begin") last_begin = r->unix_ms;
+    if (r->type == "job-result") result = r->unix_ms;
+  }
+  if (last_begin < 0 || result <= last_begin) return std::nullopt;
+  return std::max(Duration(milliseconds(result - last_begin)) - worker_startup, Duration(milliseconds(100)));
+}
+
+}  // namespace
+
 ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   ReplayPlan plan;
   const std::vector<const EventRecord*> zero = CoordinatorRecords(run);
@@ -121,23 +153,14 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   // in file order), so that a run of many rounds costs in proportion to its records.
   using RankEvent = std::tuple<int, std::string, int64_t, int64_t>;  // node, type, round, rank
   std::map<RankEvent, const EventRecord*> rank_events;
-  // How the workers ddprun stopped ended: SIGKILL means they outlived SIGTERM (Lightning's
-  // handler only sets a flag), SIGTERM that they took its default action.
-  int killed = 0, termed = 0;
   for (const EventFile* file : run.files) {
     for (const EventRecord& r : file->records) {
       if ((r.type == "worker-exit" || r.type == "hang") && !r.Flag("stopped")) {
         rank_events.emplace(RankEvent{r.node, r.type, r.Int("round"), r.Int("rank")}, &r);
       }
-      if (r.type == "worker-exit" && r.Flag("stopped")) {
-        killed += r.Int("signal") == 9 ? 1 : 0;
-        termed += r.Int("signal") == 15 ? 1 : 0;
-      }
     }
   }
-  if (killed > 0 || termed > 0) {
-    plan.sigterm = killed > termed ? JobSpec::Simulate::Sigterm::kIgnored : JobSpec::Simulate::Sigterm::kExits;
-  }
+  plan.sigterm = StopModelOf(run);
   auto find = [&](int node, const char* type, int64_t round, int64_t rank) -> const EventRecord* {
     const auto it = rank_events.find(RankEvent{node, type, round, rank});
     return it == rank_events.end() ? nullptr : it->second;
@@ -211,18 +234,9 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   }
   std::stable_sort(plan.faults.begin(), plan.faults.end(),
                    [](const FaultSpec& a, const FaultSpec& b) { return a.at < b.at; });
-  // The last round trains for as long as it did (from its start to the job's result); real
-  // workers start in seconds, not the model's default.
+  // Real workers start in seconds, not the model's default.
   plan.worker_startup = milliseconds(500);
-  int64_t last_begin = -1, result = -1;
-  for (const EventRecord* r : zero) {
-    if (r->type == "round-begin") last_begin = r->unix_ms;
-    if (r->type == "job-result") result = r->unix_ms;
-  }
-  plan.train_time = spec.simulate.train_time;
-  if (last_begin >= 0 && result > last_begin) {
-    plan.train_time = std::max(Duration(milliseconds(result - last_begin)) - plan.worker_startup, Duration(milliseconds(100)));
-  }
+  plan.train_time = LastRoundTrainTime(zero, plan.worker_startup).value_or(spec.simulate.train_time);
   return plan;
 }
 
