@@ -203,12 +203,7 @@ TEST(HangTest, SameSeedGivesIdenticalOutput) {
 // as every simulated worker did then (simulate.sigterm = "exits"), and they leave 10-500 ms after it
 // (200 ms-2 s before issue 37 calibrated it): the event count and the times moved with that.
 TEST(HangTest, AJobWithoutProgressTimeoutRunsAsBeforeBeacons) {
-  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/examples/laptop.toml");
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string job = text.str();
-  job.insert(job.find("\n[simulate]\n") + 12, "sigterm = \"exits\"\n");
-  const SimRun run = Simulate(job,
+  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(ExampleJob("laptop.toml")),
                               {"worker-hang@4m:node=1,local_rank=1,duration=1m",
                                "worker-exit@12m:node=0,local_rank=1,exit_code=3", "partition@15m:node=1,duration=30s"},
                               11);

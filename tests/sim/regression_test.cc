@@ -20,19 +20,7 @@ using ::testing::Not;
 // These runs were found while a simulated worker ended on SIGTERM whatever the job: each keeps
 // its scenario under that model (simulate.sigterm = "exits"), not the Lightning one that the
 // files' [trainer] now selects, which stops every round at stop_grace (issue 37).
-std::string AsFound(std::string job) {
-  const size_t at = job.find("\n[simulate]\n");
-  if (at == std::string::npos) return job + "\n[simulate]\nsigterm = \"exits\"\n";
-  return job.insert(at + 12, "sigterm = \"exits\"\n");
-}
-
-std::string Example(const std::string& name) {
-  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/examples/" + name);
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_FALSE(text.str().empty()) << name;
-  return AsFound(text.str());
-}
+std::string Example(const std::string& name) { return WithWorkersThatExitOnSigterm(ExampleJob(name)); }
 
 // Issue 10, kind 3 (false alarm): the swarm drew job-file-differs for every node, so every node
 // ran the same changed file (1 worker per node instead of 2) and the coordinator rightly
@@ -201,7 +189,7 @@ TEST(RegressionTest, ATakeoverAfterACountedRoundWithALostNodeWaitsForItsWorkers)
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-etcd.toml");
   std::stringstream job;
   job << in.rdbuf();
-  const SimRun run = Simulate(AsFound(job.str()),
+  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(job.str()),
                               {"worker-hang@6m44s622ms:node=0,local_rank=0", "partition@11m48s438ms:node=1,duration=2m12s",
                                "partition@8m29s951ms:node=3,duration=59s,peers=0",
                                "node-crash@21m2s647ms:node=0,reboot_after=3m12s",
@@ -224,7 +212,7 @@ TEST(RegressionTest, TheVerdictIsToldOnlyOnceEtcdHasIt) {
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-etcd.toml");
   std::stringstream job;
   job << in.rdbuf();
-  const SimRun run = Simulate(AsFound(job.str()),
+  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(job.str()),
                               {"duplicate-node-rank@20m23s192ms:node=4", "etcd-member-down@20m20s700ms:node=1,duration=15s",
                                "etcd-member-down@19m56s700ms:node=0,duration=1m17s"},
                               159264);
@@ -272,7 +260,7 @@ TEST(RegressionTest, ASecondAgentJoiningAgainDoesNotLiftTheFenceOfTheOldOne) {
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-hangs.toml");
   std::stringstream job;
   job << in.rdbuf();
-  const SimRun run = Simulate(AsFound(job.str()),
+  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(job.str()),
                               {"worker-exit@18m33s674ms:node=1,local_rank=0,exit_code=83",
                                "duplicate-node-rank@5m43s716ms:node=1",
                                "agent-hang@12m37s547ms:node=0,duration=24s",

@@ -1,5 +1,6 @@
 #include "tests/sim/sim_test_util.h"
 
+#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -36,6 +37,20 @@ worker_startup = "20s"
 {4}
 )",
                      nnodes, nproc, max_restarts, rendezvous, extra);
+}
+
+std::string ExampleJob(const std::string& name) {
+  std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/examples/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_FALSE(text.str().empty()) << name;
+  return text.str();
+}
+
+std::string WithWorkersThatExitOnSigterm(std::string job) {
+  const size_t at = job.find("\n[simulate]\n");
+  if (at == std::string::npos) return job + "\n[simulate]\nsigterm = \"exits\"\n";
+  return job.insert(at + 12, "sigterm = \"exits\"\n");
 }
 
 SimRun Simulate(const std::string& job, const std::vector<std::string>& faults,

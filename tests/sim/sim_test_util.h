@@ -15,6 +15,13 @@ namespace ddprun::testing {
 std::string SmallJob(std::string_view extra = "", int nnodes = 2, int nproc = 2, int max_restarts = 2,
                      std::string_view rendezvous = "5m");
 
+/// The text of examples/<name> (a test failure when it cannot be read).
+std::string ExampleJob(const std::string& name);
+
+/// `job` with `simulate.sigterm = "exits"`: its workers end on SIGTERM, as every simulated worker
+/// did before issue 37 (runs found then keep their scenario under that model).
+std::string WithWorkersThatExitOnSigterm(std::string job);
+
 struct SimRun {
   sim::SimResult result;
   std::string output;  // the event lines and the summary, as `ddprun --simulate` prints them
