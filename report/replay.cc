@@ -88,6 +88,18 @@ std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& re
 
 namespace {
 
+// Every agent start, by node, in time order (an agent started again after a crash or a kill).
+std::map<int, std::vector<int64_t>> AgentStarts(const Run& run) {
+  std::map<int, std::vector<int64_t>> starts;
+  for (const EventFile* file : run.files) {
+    for (const EventRecord& r : file->records) {
+      if (r.type == "agent-start") starts[r.node].push_back(r.unix_ms);
+    }
+  }
+  for (auto& [node, times] : starts) std::sort(times.begin(), times.end());
+  return starts;
+}
+
 // How the workers ddprun stopped ended: SIGKILL means they outlived SIGTERM (Lightning's
 // handler only sets a flag), SIGTERM that they took its default action. Empty: none was stopped.
 std::optional<JobSpec::Simulate::Sigterm> StopModelOf(const Run& run) {
@@ -131,23 +143,14 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   }
   if (zero.empty()) plan.notes.push_back("node 0 wrote no event file here: the run's own sequence is unknown");
   auto since = [&](int64_t unix_ms) { return Duration(milliseconds(std::max<int64_t>(unix_ms - t0, 0))); };
-  // Every agent start, by node, in time order (an agent started again after a crash or a kill).
-  std::map<int, std::vector<int64_t>> starts;
-  for (const EventFile* file : run.files) {
-    for (const EventRecord& r : file->records) {
-      if (r.type == "agent-start") starts[r.node].push_back(r.unix_ms);
-    }
-  }
-  for (auto& [node, times] : starts) std::sort(times.begin(), times.end());
+  std::map<int, std::vector<int64_t>> starts = AgentStarts(run);
   // An agent that started more than a second after node 0's joined late.
   for (const auto& [node, times] : starts) {
     if (node == 0 || times.empty() || times.front() - t0 <= 1000) continue;
-    FaultSpec late;
+    FaultSpec& late = plan.faults.emplace_back();
     late.kind = FaultKind::kSlowJoiner;
-    late.at = Duration::zero();
     late.node = node;
     late.duration = since(times.front());
-    plan.faults.push_back(late);
   }
   // Each rank's own exit or hang in each round, found in one pass (the first record of it,
   // in file order), so that a run of many rounds costs in proportion to its records.
