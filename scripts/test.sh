@@ -10,13 +10,14 @@ cd "$(dirname "$0")/.."
 with_torch="${DDPRUN_WITH_TORCH:-1}"
 DDPRUN_WITH_TORCH="$with_torch" scripts/install-deps.sh
 
-# Tests that need a part of the machine (etcd, the namespace test bed, torch, chromium) skip
+# Tests that need a part of the machine (etcd, the namespace test bed, torch, chromium,
+# prometheus) skip
 # without it, unless DDPRUN_REQUIRE names the part: then they fail (tests/support/require.h).
 # Unless the caller says otherwise (DDPRUN_REQUIRE= runs with skips), require what
 # install-deps.sh has just installed, so that a missing part fails the run instead of
 # passing it with skips. The test bed also needs root.
 if [ -z "${DDPRUN_REQUIRE+set}" ]; then
-  DDPRUN_REQUIRE="etcd,chromium"
+  DDPRUN_REQUIRE="etcd,chromium,prometheus"
   if [ "$with_torch" = 1 ]; then DDPRUN_REQUIRE+=",torch"; fi
   if [ "$(id -u)" = 0 ]; then
     DDPRUN_REQUIRE+=",testbed"
