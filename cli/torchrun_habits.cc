@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "schema/plan.h"
 
@@ -40,6 +41,8 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
   std::string first_option;  // as written, for the message
   std::string nproc;
   std::string nnodes;
+  std::string master_addr;
+  std::string master_port;
   std::string script;
   size_t script_at = 0;
   for (; i < args.size(); ++i) {
@@ -71,6 +74,8 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
     }
     if (name == "nproc_per_node") nproc = value;
     if (name == "nnodes") nnodes = value.substr(value.find(':') + 1);  // "2:4": up to 4
+    if (name == "master_addr") master_addr = value;
+    if (name == "master_port") master_port = value;
   }
   const bool python_script = script.ends_with(".py");
   // A job file given with a torchrun option is left to the option parser, which names the option.
@@ -80,9 +85,24 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
     return std::nullopt;
   }
 
+  // The init command keeps what torchrun was told (the script, nodes, processes, port); the
+  // master's address becomes node 0 of the host list, and the script's arguments follow `--`.
   std::string init = "ddprun init --script " + ShellQuote(script.empty() ? "train.py" : script);
-  if (AllDigits(nnodes)) init += " --nnodes " + nnodes;
+  const int count = AllDigits(nnodes) ? std::stoi(nnodes) : 0;
+  const bool several = !master_addr.empty() && count > 1 && count <= 8;  // HOST1..HOST7 at most
+  if (several) {
+    init += " --nodes " + ShellQuote(master_addr);
+    for (int n = 1; n < count; ++n) init += fmt::format(",HOST{}", n);
+  } else if (AllDigits(nnodes)) {
+    init += " --nnodes " + nnodes;
+  }
   if (AllDigits(nproc)) init += " --gpus " + nproc;
+  if (AllDigits(master_port)) init += " --master-port " + master_port;
+  std::string run = "ddprun job.toml";
+  if (python_script && script_at + 1 < args.size()) {
+    run += " --";
+    for (size_t a = script_at + 1; a < args.size(); ++a) run += " " + ShellQuote(args[a]);
+  }
   std::string text =
       python_script
           ? fmt::format("ddprun: error: `{}` is a Python script; ddprun runs a job file (TOML) that "
@@ -91,12 +111,20 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
           : fmt::format("ddprun: error: `{}` is a torchrun option; ddprun takes a job file (TOML) "
                         "instead of options\n",
                         first_option);
-  text += fmt::format("hint: `{}` writes job.toml for it ({}add --nodes host-a,host-b for "
-                      "several machines), then run `ddprun job.toml` on every node\n",
-                      init, AllDigits(nproc) ? "--gpus is torchrun's --nproc_per_node; " : "");
-  if (python_script && script_at + 1 < args.size()) {
-    text += "hint: the script's own arguments go after `--`: `ddprun job.toml -- ...`\n";
+  std::vector<std::string> notes;
+  if (AllDigits(nproc)) notes.push_back("--gpus is torchrun's --nproc_per_node");
+  if (several) {
+    notes.push_back(count == 2 ? "node 0 is torchrun's --master_addr; put the other machine's name for HOST1"
+                               : fmt::format("node 0 is torchrun's --master_addr; put the other machines' names for "
+                                             "HOST1..HOST{}",
+                                             count - 1));
+  } else if (!master_addr.empty()) {
+    notes.push_back(fmt::format("list the machines with --nodes, {} (torchrun's --master_addr) first", master_addr));
+  } else {
+    notes.push_back("add --nodes host-a,host-b for several machines");
   }
+  text += fmt::format("hint: `{}` writes job.toml for it ({}), then run `{}` on every node\n", init,
+                      fmt::join(notes, "; "), run);
   return text;
 }
 

@@ -239,8 +239,7 @@ TEST(Pointers, TorchrunHabitsGetAPointerToInit) {
             "script, the nodes and the workers per node\n"
             "hint: `ddprun init --script train.py --gpus 2` writes job.toml for it (--gpus is torchrun's "
             "--nproc_per_node; add --nodes host-a,host-b for several machines), then run `ddprun "
-            "job.toml` on every node\n"
-            "hint: the script's own arguments go after `--`: `ddprun job.toml -- ...`\n");
+            "job.toml -- --lr 0.1` on every node\n");
   const Output options = Shell("$D --nnodes 2 --nproc-per-node 8");
   EXPECT_EQ(options.exit_code, 2);
   EXPECT_EQ(options.text,
@@ -252,6 +251,36 @@ TEST(Pointers, TorchrunHabitsGetAPointerToInit) {
   // The suggested command works.
   const Output init = Shell("cd " + dir.path() + " && $D init --script train.py --gpus 2 && $D check job.toml");
   EXPECT_EQ(init.exit_code, 0) << init.text;
+}
+
+// Issue 40: the hint dropped --master_addr, --master_port and the script's arguments. They are in
+// the init command it prints (the master as node 0), and that command writes a job that checks
+// with the same nodes, port and processes.
+TEST(Pointers, TheTorchrunHintKeepsTheMasterThePortAndTheArguments) {
+  Folder dir;
+  dir.Write("train.py", "print(1)\n");
+  const Output o = Shell("cd " + dir.path() +
+                         " && $D --nproc_per_node=4 --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 "
+                         "--master_port=29400 train.py --epochs 3 --name 'my run'");
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.text,
+            "ddprun: error: `train.py` is a Python script; ddprun runs a job file (TOML) that names the "
+            "script, the nodes and the workers per node\n"
+            "hint: `ddprun init --script train.py --nodes 10.0.0.1,HOST1 --gpus 4 --master-port 29400` writes "
+            "job.toml for it (--gpus is torchrun's --nproc_per_node; node 0 is torchrun's --master_addr; put "
+            "the other machine's name for HOST1), then run `ddprun job.toml -- --epochs 3 --name 'my run'` on "
+            "every node\n");
+  const std::string init = o.text.substr(o.text.find("`ddprun init") + 8, o.text.find("` writes") - o.text.find("`ddprun init") - 8);
+  const Output written = Shell("cd " + dir.path() + " && $D " + init + " && $D check job.toml --node-rank 1");
+  EXPECT_EQ(written.exit_code, 0) << written.text;
+  EXPECT_THAT(written.text, HasSubstr("job train: 2 nodes x 4 processes = world size 8")) << written.text;
+  EXPECT_THAT(written.text, HasSubstr("MASTER_ADDR=10.0.0.1\n")) << written.text;
+  EXPECT_THAT(written.text, HasSubstr("MASTER_PORT=29400\n")) << written.text;
+  // Many nodes: no list of 300 placeholders.
+  const Output many = Shell("cd " + dir.path() + " && $D --nnodes=300 --master_addr=10.0.0.1 train.py");
+  EXPECT_THAT(many.text, HasSubstr("`ddprun init --script train.py --nnodes 300` writes job.toml for it (list the "
+                                   "machines with --nodes, 10.0.0.1 (torchrun's --master_addr) first)"))
+      << many.text;
 }
 
 // A 10,000-character key is named by its start and length, not echoed whole.
