@@ -309,6 +309,38 @@ class DocsTest(unittest.TestCase):
             count += 1
         self.assertGreaterEqual(count, 2)
 
+    def test_inline_commands_run(self):
+        """Every `ddprun ...` the prose shows that runs as written here (its files are in examples/
+        or the scratch folder, no placeholder) exits as a user would expect: 0, or 2 with the
+        `ddprun init` pointer when it is typed as torchrun or python."""
+        shutil.copytree(os.path.join(SOURCE, "examples"), os.path.join(self.scratch, "examples"))
+        shutil.copytree(os.path.join(SOURCE, "bench"), os.path.join(self.scratch, "bench"))
+        spans = sorted({span for _, text in DOCS for span in re.findall(r"`(ddprun [^`\n]+)`", text)})
+        ran = []
+        for span in spans:
+            words = span.split()
+            if len(words) < 2 or (words[1] in ("check", "init", "--simulate") and len(words) == 2):
+                continue  # the subcommand named, not a command line
+            if any(re.search(r"[<>\[\]|]|\.\.\.|^[A-Z]+$|job\.toml|^logs", w) for w in words[1:]):
+                continue  # a form with placeholders: its flags are checked by the flag test
+            runnable = words[1] in ("check", "init", "schema", "--simulate", "--version") or words[1].endswith(".py") \
+                or words[1].startswith("--nproc")
+            paths = [w for w in words[1:] if "/" in w or w.endswith((".toml", ".py"))]
+            if not runnable or not all(os.path.exists(os.path.join(self.scratch, p)) for p in paths if
+                                       not p.endswith((".html", ".json", ".svg"))):
+                continue
+            habit = words[1].endswith(".py") or words[1].startswith("--nproc")
+            result = run(span, self.scratch, timeout=300, shell=True)
+            said = (result.stdout + result.stderr)[-3000:]
+            if habit:
+                self.assertEqual(result.returncode, 2, f"{span}\n{said}")
+                self.assertIn("`ddprun init --script", said, span)
+            else:
+                self.assertEqual(result.returncode, 0, f"{span}\n{said}")
+            ran.append(span)
+        self.assertGreaterEqual(len(ran), 10, ran)
+        print(f"\n{len(ran)} inline commands ran: " + "; ".join(ran), file=sys.stderr)
+
     def test_python_compiles(self):
         for b in all_blocks():
             if b.kind() == "python":
