@@ -144,7 +144,14 @@ Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec) {
   const std::string have = spec.cluster.spares == 0
                                ? fmt::format("nodes 0..{}", nnodes - 1)
                                : fmt::format("nodes 0..{} and spares {}..{}", nnodes - 1, nnodes, agents - 1);
-  if (fault.node < 0 || fault.node >= agents) {
+  if (fault.kind == FaultKind::kEtcdMemberDown) {
+    // A member of the modelled 3-member etcd cluster, whatever the job's size.
+    if (fault.node < 0 || fault.node >= kSimulatedEtcdMembers) {
+      return Fail(fmt::format("{} fault: etcd member {} is out of range (the modelled etcd cluster has members "
+                              "0..{})",
+                              FaultKindName(fault.kind), fault.node, kSimulatedEtcdMembers - 1));
+    }
+  } else if (fault.node < 0 || fault.node >= agents) {
     return Fail(fmt::format("{} fault: node {} is out of range (the job has {})", FaultKindName(fault.kind),
                             fault.node, have));
   }

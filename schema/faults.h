@@ -65,4 +65,7 @@ Result<FaultSpec> ParseFaultFlag(std::string_view text);
 /// Whether `fault` addresses nodes, workers and peers that exist in `spec`; why not, if not.
 Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec);
 
+/// The members of the etcd cluster the simulator models; an etcd-member-down fault names one.
+inline constexpr int kSimulatedEtcdMembers = 3;
+
 }  // namespace ddprun

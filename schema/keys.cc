@@ -392,7 +392,7 @@ constexpr std::array<KeySpec, 9> kFaultKeys = {{
     {.name = "kind", .type = KeyType::kString, .doc = "What happens.",
      .values = kFaultKindNames, .required = true},
     {.name = "node", .type = KeyType::kInteger,
-     .doc = "The node it hits (etcd-member-down: the etcd member number node % 3).",
+     .doc = "The node it hits (etcd-member-down: the etcd member, 0..2).",
      .range = kNodeRankRange, .default_value = "0"},
     {.name = "local_rank", .type = KeyType::kInteger,
      .doc = "worker-exit, worker-hang, worker-slow: which worker (default 0).",

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "runner/host/ports.h"
+#include "schema/faults.h"
 #include "schema/job_spec.h"
 #include "sim/event_queue.h"
 #include "sim/prng.h"
@@ -35,7 +36,7 @@ class Cluster;
 /// client's bound per call (runner/io/etcd_store).
 inline constexpr Duration kStoreCallBound = Seconds(3);
 /// The members of the modelled etcd cluster.
-inline constexpr int kEtcdMembers = 3;
+inline constexpr int kEtcdMembers = kSimulatedEtcdMembers;
 
 class SimEtcd {
  public:

@@ -95,15 +95,15 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
       const uint64_t pick = rng.Below(100);
       if (pick < 25) {
         fault.kind = FaultKind::kEtcdMemberDown;  // a quorum remains: nothing happens
-        fault.node = static_cast<int>(rng.Below(3));
+        fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(kSimulatedEtcdMembers)));
         fault.duration = seconds_between(Seconds(5), Minutes(3));
       } else if (pick < 40) {
         // Two members down at once: no quorum until one returns.
         fault.kind = FaultKind::kEtcdMemberDown;
-        fault.node = static_cast<int>(rng.Below(3));
+        fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(kSimulatedEtcdMembers)));
         fault.duration = seconds_between(Seconds(5), Minutes(2));
         FaultSpec second = fault;
-        second.node = (fault.node + 1 + static_cast<int>(rng.Below(2))) % 3;
+        second.node = (fault.node + 1 + static_cast<int>(rng.Below(2))) % kSimulatedEtcdMembers;
         second.at = fault.at + seconds_between(Duration(0), *fault.duration);
         second.duration = seconds_between(Seconds(5), Minutes(2));
         faults.push_back(second);

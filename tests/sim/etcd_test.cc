@@ -1,6 +1,7 @@
 // rendezvous.backend = "etcd" through the whole simulator: the coordinator's host lost for good,
 // cut off from etcd, etcd without a quorum, and the swarm on bench/swarm-etcd.toml.
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <gmock/gmock.h>
@@ -249,6 +250,36 @@ TEST(EtcdSwarmTest, ThreeHundredSeedsHoldEveryInvariant) {
     }
   }
   EXPECT_GT(etcd_faults, 300);
+}
+
+// Issue 40: the shape swarm drew `etcd-member-down` with member 2 for a 2-node job, and the
+// printed repro line was refused ("node 2 is out of range"): etcd has 3 members whatever the
+// job's size, and a member fault names a member. Every draw for a 2-node etcd job fits it, and
+// each printed fault parses and fits again.
+TEST(EtcdTest, EveryDrawnEtcdFaultOfATwoNodeJobRunsFromItsReproLine) {
+  std::string job = EtcdJob();
+  job.replace(job.find("nodes = [\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.3\"]\nspares = [\"10.0.0.4\"]"),
+              std::string("nodes = [\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.3\"]\nspares = [\"10.0.0.4\"]").size(),
+              "nodes = [\"10.0.0.1\", \"10.0.0.2\"]");
+  job.replace(job.find("num_nodes = 3"), 13, "num_nodes = 2");
+  LoadResult loaded = ParseJobText(job, "two.toml");
+  ASSERT_TRUE(loaded.spec);
+  std::set<int> members;
+  for (uint64_t seed = 1; seed < 400; ++seed) {
+    for (const FaultSpec& fault : sim::DrawSwarmFaults(*loaded.spec, seed)) {
+      const std::string flag = sim::FormatFaultFlag(fault);
+      const Result<FaultSpec> parsed = ParseFaultFlag(flag);
+      ASSERT_TRUE(parsed) << flag << ": " << parsed.error();
+      const Status fits = FaultFitsJob(*parsed, *loaded.spec);
+      EXPECT_TRUE(fits) << flag << ": " << fits.error();
+      if (fault.kind == FaultKind::kEtcdMemberDown) members.insert(fault.node);
+    }
+  }
+  EXPECT_EQ(members, (std::set<int>{0, 1, 2}));
+  // A member beyond etcd's three is still refused, by its name.
+  const Status beyond = FaultFitsJob(*ParseFaultFlag("etcd-member-down@1m:node=3,duration=1m"), *loaded.spec);
+  EXPECT_EQ(beyond.error(), "etcd-member-down fault: etcd member 3 is out of range (the modelled etcd cluster has "
+                            "members 0..2)");
 }
 
 }  // namespace
