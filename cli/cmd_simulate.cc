@@ -84,6 +84,21 @@ class RecordedEvents final : public host::EventLog {
 };
 
 // `--replay LOGDIR`: the real run's failures as faults, and both sequences side by side.
+// --trace and --report of one simulated run; false when a file could not be written (said).
+bool WriteTimeline(const SimulateOptions& options, const JobSpec& spec, const sim::SimOptions& sim_options,
+                   const sim::SimResult& result, const sim::Timeline& timeline) {
+  bool written = true;
+  if (!options.trace_path.empty()) {
+    written &= WriteFile(options.trace_path, "trace", [&](std::ostream& out) { report::WriteChromeTrace(timeline, out); });
+  }
+  if (!options.report_path.empty()) {
+    const std::string summary = sim::FormatSummary(spec, sim_options, result);
+    written &= WriteFile(options.report_path, "report",
+                         [&](std::ostream& out) { report::WriteHtmlReport(timeline, summary, out); });
+  }
+  return written;
+}
+
 int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& options) {
   constexpr std::string_view kTool = "ddprun simulate --replay";
   auto files = LoadEventFiles(options.replay_dir);
@@ -130,7 +145,10 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   sim_options.node0_events = &recorded;
   sim_options.other_events = &others;
   std::ostringstream lines;
-  const sim::SimResult result = sim::RunSimulation(spec, sim_options, options.quiet ? nullptr : &lines);
+  sim_options.record_timeline = !options.trace_path.empty() || !options.report_path.empty();
+  sim::Timeline timeline;
+  const sim::SimResult result = sim::RunSimulation(spec, sim_options, options.quiet ? nullptr : &lines,
+                                                   sim_options.record_timeline ? &timeline : nullptr);
   if (!options.quiet) fmt::print("{}\n", lines.str());
   // What the run's event files say (job name, notes, root causes) is escaped for the terminal.
   fmt::print("replay of job \"{}\" from {} ({} event file{}): training {}, worker start-up {}\n",
@@ -154,6 +172,7 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   if (result.violation) fmt::print("the simulation broke an invariant: {}\n", *result.violation);
   std::fflush(stdout);
   if (result.violation) return kExitInternal;
+  if (!WriteTimeline(options, spec, sim_options, result, timeline)) return kExitUsage;
   return comparison.match && durations.within ? kExitOk : kExitJobFailed;
 }
 
@@ -199,6 +218,17 @@ int Sweep(const std::string& job_text, const std::vector<sim::JobOverride>& fixe
 }  // namespace
 
 int SimulateCommand(const SimulateOptions& options) {
+  // --report and --trace draw one run; a swarm, a sweep or a replay would drop them unsaid.
+  const char* many = options.swarm ? "--swarm" : !options.sweeps.empty() ? "--sweep" : nullptr;
+  const char* drawing = !options.report_path.empty() ? "--report" : !options.trace_path.empty() ? "--trace" : nullptr;
+  if (many && drawing) {
+    fmt::print(stderr,
+               "ddprun simulate: {} draws one run and {} runs many: run one of them again with {} (a failing "
+               "seed's command line is printed as `reproduce with:`; any other is `--seed S` with the same "
+               "options)\n",
+               drawing, many, drawing);
+    return kExitUsage;
+  }
   LoadResult loaded = LoadJobFile(options.job_path);
   std::vector<sim::JobOverride> sets;
   for (const std::string& text : options.sets) {
@@ -279,18 +309,7 @@ int SimulateCommand(const SimulateOptions& options) {
   const sim::SimResult result =
       sim::RunSimulation(spec, sim_options, &std::cout, sim_options.record_timeline ? &timeline : nullptr);
   std::cout.flush();
-  bool written = true;
-  if (!options.trace_path.empty()) {
-    written &= WriteFile(options.trace_path, "trace", [&](std::ostream& out) {
-      report::WriteChromeTrace(timeline, out);
-    });
-  }
-  if (!options.report_path.empty()) {
-    const std::string summary = sim::FormatSummary(spec, sim_options, result);
-    written &= WriteFile(options.report_path, "report", [&](std::ostream& out) {
-      report::WriteHtmlReport(timeline, summary, out);
-    });
-  }
+  const bool written = WriteTimeline(options, spec, sim_options, result, timeline);
   if (result.violation) return kExitInternal;
   if (!written) return kExitUsage;
   return result.exit_code;

@@ -203,8 +203,8 @@ int Main(int argc, char** argv) {
                       "Inject a fault: kind@time[:key=value,...]; repeatable");
   CLI::Option* nodes_opt = sim_cmd->add_option("--nodes", sim_nodes, "Override the number of nodes")
                                ->check(CLI::PositiveNumber);
-  sim_cmd->add_option("--trace", sim.trace_path, "Write a Chrome trace (JSON, opens in Perfetto)");
-  sim_cmd->add_option("--report", sim.report_path, "Write an HTML timeline report");
+  sim_cmd->add_option("--trace", sim.trace_path, "Write a Chrome trace (JSON, opens in Perfetto) of one run");
+  sim_cmd->add_option("--report", sim.report_path, "Write an HTML timeline report of one run");
   CLI::Option* swarm_opt = sim_cmd->add_option("--swarm", sim_swarm, "Run N seeds and summarise")
                                ->check(CLI::PositiveNumber);
   sim_cmd->add_flag("-q,--quiet", sim.quiet, "Print the summary only");

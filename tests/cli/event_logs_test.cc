@@ -190,6 +190,26 @@ TEST(EventLogsTest, AnEmptyOrCutEventFileIsSkippedNotFatal) {
   EXPECT_THAT(none.output, HasSubstr("no event file could be read"));
 }
 
+// Issue 40: --replay ignored --report and --trace. The replayed simulation is drawn like any
+// simulated run.
+TEST(EventLogsTest, AReplayDrawsItsSimulatedRun) {
+  ScratchDir dir;
+  WriteRun(dir.path() + "/logs/run-a", 3);
+  const std::string job = WriteJob(dir.path() + "/job.toml");
+  const Outcome run = RunDdprun({"--simulate", job, "--replay", dir.path() + "/logs/run-a", "--quiet", "--report",
+                                 dir.path() + "/replay.html", "--trace", dir.path() + "/replay.json"},
+                                dir.path() + "/replay.out");
+  EXPECT_THAT(run.output, HasSubstr("replay of job")) << run.output;
+  std::ifstream html(dir.path() + "/replay.html");
+  std::stringstream page;
+  page << html.rdbuf();
+  EXPECT_THAT(page.str(), HasSubstr("<svg")) << run.output;
+  std::ifstream trace(dir.path() + "/replay.json");
+  std::stringstream events;
+  events << trace.rdbuf();
+  EXPECT_THAT(events.str(), HasSubstr("\"traceEvents\"")) << run.output;
+}
+
 // Hostile environments, part 2: a replay's cost grew with the square of the rounds (16k
 // rounds 1.3 s, 40k 10.9 s, 100k still running after 120 s): every root cause searched every
 // record for its worker's exit. Part 3: it regressed to the square again (16k / 40k / 100k:

@@ -103,6 +103,22 @@ TEST(CliTest, ASpareReplacesAHostThatNeverReturns) {
   EXPECT_THAT(run.output, HasSubstr("simulation summary: job \"swarm-spares\", 4 nodes x 4 workers, 2 spares, seed 7"));
 }
 
+// Issue 40: `--swarm` and `--sweep` dropped --report and --trace without a word. They draw one
+// run: refused, with how to draw one of the swarm's runs.
+TEST(CliTest, ASwarmOrASweepWithAReportIsRefusedWithTheWayToDrawOneRun) {
+  const std::string dir = ::testing::TempDir();
+  const Result swarm = RunDdprun("--simulate " + kLaptop + " --swarm 3 --report " + dir + "/swarm.html");
+  EXPECT_EQ(swarm.code, 2) << swarm.output;
+  EXPECT_THAT(swarm.output, HasSubstr("ddprun simulate: --report draws one run and --swarm runs many: run one of "
+                                      "them again with --report (a failing seed's command line is printed as "
+                                      "`reproduce with:`; any other is `--seed S` with the same options)"));
+  EXPECT_FALSE(std::ifstream(dir + "/swarm.html").good());
+  const Result sweep = RunDdprun("--simulate " + kLaptop + " --sweep restart.max_restarts=1,2 --trace " + dir +
+                                 "/sweep.json");
+  EXPECT_EQ(sweep.code, 2) << sweep.output;
+  EXPECT_THAT(sweep.output, HasSubstr("--trace draws one run and --sweep runs many"));
+}
+
 TEST(CliTest, SwarmReportsEverySeed) {
   const Result run = RunDdprun("--simulate " + kLaptop + " --swarm 5 --seed 40");
   EXPECT_EQ(run.code, 0) << run.output;
