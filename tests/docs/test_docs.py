@@ -1,7 +1,7 @@
-"""The docs are tested: every fenced block of README.md and docs/*.md, and every ddprun flag the
-prose names, against the binary.
+"""The docs are tested: every code block (fenced or indented) of README.md and docs/*.md, and every
+ddprun flag the prose names, against the binary.
 
-Each fenced block is preceded by an annotation that says how it is checked, or why it cannot run
+Each block is preceded by an annotation that says how it is checked, or why it cannot run
 on a CI machine:
 
     <!-- docs-test: check as=ok.toml -->          a whole job file: `ddprun check` exits 0
@@ -17,6 +17,8 @@ on a CI machine:
     <!-- docs-test: promql -->                    each line a PromQL expression (`promtool check rules`)
     <!-- docs-test: metrics -->                   exposition text (`promtool check metrics`) whose
                                                   every metric name the binary serves
+    <!-- docs-test: excerpt: COMMAND -->          lines of what COMMAND prints (run in a copy of
+                                                  examples/ and bench/); "..." lines skipped
     <!-- docs-test: not run: REASON -->           why not, where it stands
 
 A block without an annotation fails the test: a new promise needs a test or a reason.
@@ -92,14 +94,48 @@ class Block:
         return default
 
 
+def annotation_above(lines, start):
+    for j in range(start - 1, -1, -1):
+        if not lines[j].strip():
+            continue
+        match = ANNOTATION.search(lines[j])
+        return match.group(1) if match else ""
+    return ""
+
+
+def indented_block_at(lines, i):
+    """The end of the indented code block that starts at line i (0-based), or None: 4 spaces
+    after a blank line whose paragraph above is not a list item or its continuation."""
+    above = lines[i - 1] if i > 0 else "x"
+    if not (lines[i].startswith("    ") and lines[i].strip() and (not above.strip() or ANNOTATION.search(above))):
+        return None
+    j = i - 1
+    while j >= 0 and (not lines[j].strip() or ANNOTATION.search(lines[j])):
+        j -= 1
+    if j >= 0 and re.match(r"^(\s*[-*]|\s*\d+\.|\s{2,})", lines[j]) and not lines[j].startswith("    "):
+        return None
+    k = i
+    while k < len(lines) and (lines[k].startswith("    ") or not lines[k].strip()):
+        k += 1
+    while k > i and not lines[k - 1].strip():
+        k -= 1
+    return k
+
+
 def blocks_of(path, text):
-    """Every fenced block, with the annotation on the last non-blank line above its fence."""
+    """Every fenced or indented code block, with the annotation on the last non-blank line above it."""
     out = []
     lines = text.split("\n")
     i = 0
     while i < len(lines):
         fence = re.match(r"^(\s*)```(\w*)\s*$", lines[i])
         if not fence:
+            end = indented_block_at(lines, i)
+            if end is not None:
+                body = [l[4:] for l in lines[i:end]]
+                out.append(Block(path, i + 1, "indented", body, annotation_above(lines, i)))
+                i = end
+                continue
             i += 1
             continue
         start = i
@@ -108,19 +144,7 @@ def blocks_of(path, text):
         while i < len(lines) and not re.match(r"^\s*```\s*$", lines[i]):
             body.append(lines[i])
             i += 1
-        annotation = ""
-        seen = 0
-        for j in range(start - 1, -1, -1):
-            if not lines[j].strip():
-                continue
-            match = ANNOTATION.search(lines[j])
-            if match:
-                annotation = match.group(1)
-                break
-            seen += 1
-            if seen >= 1:
-                break
-        out.append(Block(path, start + 1, fence.group(2), body, annotation))
+        out.append(Block(path, start + 1, fence.group(2), body, annotation_above(lines, start)))
         i += 1
     return out
 
@@ -156,8 +180,12 @@ def sections(text):
     name = ""
     for line in text.split("\n"):
         header = re.match(r"^\[([A-Za-z0-9_.]+)\]\s*(#.*)?$", line)
+        array = re.match(r"^\[\[([A-Za-z0-9_.]+)\]\]\s*(#.*)?$", line)
         if header:
             name = header.group(1)
+            out[name] = ""
+        elif array:  # an array of tables: each entry its own part
+            name = f"{array.group(1)}#{len(out)}"
             out[name] = ""
         out[name] = out.get(name, "") + line + "\n"
     return out
@@ -202,7 +230,7 @@ class DocsTest(unittest.TestCase):
         missing = [b.where + " (" + (b.lines[0] if b.lines else "") + ")" for b in blocks if not b.annotation]
         self.assertEqual(missing, [], "blocks without a `<!-- docs-test: ... -->` line above them")
         known = {"check", "check-fails", "output", "fragment", "session", "commands", "python",
-                 "prometheus-config", "promql", "metrics", "not"}
+                 "prometheus-config", "promql", "metrics", "not", "excerpt:"}
         unknown = [b.where + ": " + b.annotation for b in blocks if b.kind() not in known]
         self.assertEqual(unknown, [])
         for b in blocks:
@@ -291,8 +319,9 @@ class DocsTest(unittest.TestCase):
         self.assertGreaterEqual(count, 3)
 
     def test_command_blocks_run(self):
-        # In a copy of examples/: a real run writes its logs beside its job file.
-        shutil.copytree(os.path.join(SOURCE, "examples"), os.path.join(self.scratch, "examples"))
+        # In a copy of examples/ and bench/: a real run writes its logs beside its job file.
+        for folder in ("examples", "bench"):
+            shutil.copytree(os.path.join(SOURCE, folder), os.path.join(self.scratch, folder))
         count = 0
         for b in all_blocks():
             if b.kind() != "commands":
@@ -301,8 +330,14 @@ class DocsTest(unittest.TestCase):
                 if "torch" in os.environ.get("DDPRUN_REQUIRE", "").split(","):
                     self.fail(f"{b.where}: /usr/bin/python3 has no torch (DDPRUN_REQUIRE names torch)")
                 continue
-            # Background agents are waited for, each of their exit codes counted.
-            script = "set -e\n" + b.text + "for j in $(jobs -p); do wait $j; done\n"
+            # Background agents are waited for, each of their exit codes counted. `job.toml=FILE`
+            # runs a form written for "your job" on a real file.
+            text = b.text
+            for word in b.annotation.split()[1:]:
+                if "=" in word and not word.startswith(("needs=", "timeout=", "exit=")):
+                    placeholder, real = word.split("=", 1)
+                    text = text.replace(placeholder, real)
+            script = "set -e\n" + text + "for j in $(jobs -p); do wait $j; done\n"
             result = run(script, self.scratch, timeout=int(b.option("timeout", "300")), shell=True)
             self.assertEqual(result.returncode, int(b.option("exit", "0")),
                              f"{b.where}:\n{b.text}\n{result.stdout[-4000:]}{result.stderr[-4000:]}")
@@ -340,6 +375,27 @@ class DocsTest(unittest.TestCase):
             ran.append(span)
         self.assertGreaterEqual(len(ran), 10, ran)
         print(f"\n{len(ran)} inline commands ran: " + "; ".join(ran), file=sys.stderr)
+
+    def test_excerpts_are_what_the_commands_print(self):
+        for folder in ("examples", "bench"):
+            shutil.copytree(os.path.join(SOURCE, folder), os.path.join(self.scratch, folder))
+        count = 0
+        outputs = {}
+        for b in all_blocks():
+            if b.kind() != "excerpt:":
+                continue
+            command = b.annotation[len("excerpt:"):].strip()
+            if command not in outputs:
+                result = run(command, self.scratch, timeout=300, shell=True)
+                outputs[command] = [l.strip() for l in result.stdout.split("\n")]
+            printed = outputs[command]
+            for line in b.lines:
+                shown = line.strip()
+                if not shown or "..." in shown:
+                    continue
+                self.assertIn(shown, printed, f"{b.where}: `{command}` does not print this line")
+                count += 1
+        self.assertGreaterEqual(count, 10)
 
     def test_python_compiles(self):
         for b in all_blocks():
