@@ -116,6 +116,12 @@ class Builder {
         } else if (r.type == "round-failed") {
           const int64_t round = r.Int("round");
           AddMark(p.ns, Mark::kJob, MarkKind::kFailure, fmt::format("round {} failed: {}", round, r.Text("cause")), false);
+          const std::vector<std::string> kinds = r.Texts("kinds");
+          const int64_t peer = r.Int("peer");
+          if (std::find(kinds.begin(), kinds.end(), "hang") != kinds.end() && peer >= 0 &&
+              static_cast<uint64_t>(peer) < rows_) {
+            AddMark(p.ns, static_cast<uint32_t>(peer), MarkKind::kFault, r.Text("cause"), true);
+          }
           EndRound(static_cast<int>(round), p.ns);
         } else if (r.type == "restart") {
           out_.restarts = std::max(out_.restarts, static_cast<int>(r.Int("restart", 0)));
@@ -196,11 +202,14 @@ class Builder {
       if (phase == NodePhase::kStarting) SetPhase(row, ns, NodePhase::kTraining, round);
       rounds_[round].trained.emplace(row, ns);
     } else if (type == "hang") {
+      // This node saw one of its ranks go silent and told node 0; which rank hung is node 0's
+      // verdict (round-failed), drawn on that rank's node: in a gang stalled in a collective,
+      // the node that notices first is often not the hung rank's.
       if (Running(phase) && phase != NodePhase::kStopping) SetPhase(row, ns, NodePhase::kStalled, round);
       AddMark(ns, row, MarkKind::kFault,
-              fmt::format("rank {} hangs: no progress for {}", r.Int("rank"),
+              fmt::format("rank {} silent for {}", r.Int("rank"),
                           HumanDuration(std::chrono::milliseconds(std::max<int64_t>(0, r.Int("silent_ms", 0))))),
-              true);
+              false);
     } else if (type == "stop-round" || type == "signal-workers") {
       if (Running(phase) && phase != NodePhase::kStopping) SetPhase(row, ns, NodePhase::kStopping, round_[row]);
       EndRound(round, ns);

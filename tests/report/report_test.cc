@@ -198,6 +198,7 @@ TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
                            Line("round-begin", 20'000, 0, R"("round":1)") +
                            Line("workers-start", 20'010, 0, R"("round":1,"ranks":[0,1])") +
                            Line("hang", 40'000, 0, R"("round":1,"rank":1,"silent_ms":15000)") +
+                           Line("round-failed", 41'000, 0, R"("round":1,"peer":0,"rank":1,"kinds":["hang"],"cause":"rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s")") +
                            Line("job-result", 50'000, 0, R"("exit_code":1,"summary":"job \"j\" FAILED")") +
                            Line("agent-exit", 50'100, 0, R"("exit_code":1)");
   const std::string one_first = Start(150, 1) + Line("joined", 210, 1) +
@@ -240,7 +241,9 @@ TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
                        "8000 -1 round 0 failed: node 1 was lost",
                        "8000 1 agent gone: no exit record",
                        "20000 -1 round 1",
-                       "40000 0 rank 1 hangs: no progress for 15s",
+                       "40000 0 rank 1 silent for 15s",
+                       "41000 -1 round 1 failed: rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s",
+                       "41000 0 rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s",
                        "50050 1 exit 1",
                        "50100 0 exit 1",
                    }));
@@ -248,6 +251,37 @@ TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
   EXPECT_EQ(t.training, (std::vector<std::pair<int64_t, int64_t>>{{2'100'000'000, 8'000'000'000}}));
   EXPECT_THAT(run.summary, HasSubstr("job \"j\" FAILED\n\nfrom 3 event files"));
   EXPECT_TRUE(run.notes.empty());
+}
+
+// Issue 40: a gang stalled in a collective; node 0's ranks, waiting for rank 3, are the first
+// to be noticed silent, and node 0 judged rank 3 (on node 1) hung. The hang is drawn on node 1's
+// row, the node that held the hung rank; node 0's own record says only that its rank was silent.
+TEST(RebuildTest, AHangIsDrawnOnTheHungRanksNodeNotOnTheNodeThatNoticedFirst) {
+  const std::string zero = Start(0, 0) + Line("node-joined", 100, 0, R"("peer":0)") + Line("joined", 110, 0) +
+                           Line("node-joined", 200, 0, R"("peer":1)") + Line("round-begin", 300, 0, R"("round":0)") +
+                           Line("workers-start", 310, 0, R"("round":0,"plays":0,"ranks":[0,1])") +
+                           Line("training", 2'000, 0, R"("round":0,"rank":0)") +
+                           Line("hang", 30'000, 0, R"("round":0,"rank":0,"silent_ms":20000)") +
+                           Line("round-failed", 31'000, 0, R"("round":0,"peer":1,"rank":3,"kinds":["hang"],"cause":"rank 3 (node 1 (h1), local rank 1) hung: no progress for 21s")") +
+                           Line("job-result", 40'000, 0, R"("exit_code":1,"summary":"job \"j\" FAILED")") +
+                           Line("agent-exit", 40'100, 0, R"("exit_code":1)");
+  const std::string one = Start(150, 1) + Line("joined", 210, 1) +
+                          Line("workers-start", 320, 1, R"("round":0,"ranks":[2,3])") +
+                          Line("training", 2'100, 1, R"("round":0,"rank":2)") +
+                          Line("agent-exit", 40'050, 1, R"("exit_code":1)");
+  const std::vector<EventFile> files = {Parsed("z", zero), Parsed("o", one)};
+  auto runs = GroupRuns(files);
+  ASSERT_TRUE(runs);
+  const Timeline t = RebuildTimeline(runs->front()).timeline;
+  std::vector<std::string> on_node_1, on_node_0;
+  for (const Mark& m : t.marks) {
+    if (m.node == 1) on_node_1.push_back(m.text);
+    if (m.node == 0) on_node_0.push_back(m.text);
+  }
+  EXPECT_THAT(on_node_1, ::testing::Contains("rank 3 (node 1 (h1), local rank 1) hung: no progress for 21s"));
+  EXPECT_THAT(on_node_0, ::testing::Contains("rank 0 silent for 20s"));
+  EXPECT_THAT(on_node_0, ::testing::Not(::testing::Contains(::testing::HasSubstr("hung"))));
+  EXPECT_TRUE(t.focus[1]) << "the hung rank's node";
 }
 
 TEST(RebuildTest, ANodeWithoutAFileAndATruncatedLogAreNoted) {
