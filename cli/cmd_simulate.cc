@@ -177,8 +177,8 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
 }
 
 // `--sweep`: the grid over the same seeds, a table on stdout and the chart in a file.
-int Sweep(const std::string& job_text, const std::vector<sim::JobOverride>& fixed, uint64_t first_seed,
-          const SimulateOptions& options) {
+int Sweep(const std::string& job_text, const JobSpec& spec, const std::vector<sim::JobOverride>& fixed,
+          uint64_t first_seed, const SimulateOptions& options) {
   std::vector<sim::SweepAxis> axes;
   for (const std::string& text : options.sweeps) {
     auto axis = sim::ParseSweepFlag(text);
@@ -187,6 +187,18 @@ int Sweep(const std::string& job_text, const std::vector<sim::JobOverride>& fixe
       return kExitUsage;
     }
     axes.push_back(std::move(*axis));
+  }
+  // A job with nothing that fails runs the same under every restart or spare setting: say so
+  // before the identical rows do (issue 40: the README's sweep on examples/lightning-2x8.toml).
+  bool varies_failures = false;
+  for (const sim::SweepAxis& axis : axes) varies_failures |= axis.key.starts_with("simulate.");
+  const JobSpec::Simulate& sim = spec.simulate;
+  if (!varies_failures && sim.faults.empty() && !sim.node_mtbf && !sim.worker_mtbf && !sim.worker_hang_mtbf) {
+    fmt::print(stderr,
+               "ddprun simulate: note: {} has nothing that fails (no [[simulate.faults]], no simulate.node_mtbf, "
+               "worker_mtbf or worker_hang_mtbf): settings that act on failures give equal rows; add a rate with "
+               "--set simulate.worker_mtbf=6h, or sweep one\n",
+               options.job_path);
   }
   const int seeds = options.seeds.value_or(20);
   if (seeds > 1'000'000) {
@@ -291,7 +303,7 @@ int SimulateCommand(const SimulateOptions& options) {
                          "(cluster.nnodes=N) and [[simulate.faults]] for faults\n");
       return kExitUsage;
     }
-    return Sweep(job_text, sets, sim_options.seed, options);
+    return Sweep(job_text, spec, sets, sim_options.seed, options);
   }
 
   if (options.swarm) {

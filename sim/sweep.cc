@@ -96,14 +96,29 @@ Result<SweepAxis> ParseSweepFlag(std::string_view text) {
   if (!key) return Fail(key.error());
   SweepAxis axis;
   axis.key = *key;
-  std::string_view rest = text.substr(eq + 1);
-  while (true) {
-    const size_t comma = rest.find(',');
-    const std::string_view value = rest.substr(0, comma);
-    if (value.empty()) return Fail(fmt::format("{}: an empty value in \"{}\"", axis.key, text.substr(eq + 1)));
+  // Values are split at the commas outside brackets, braces and quotes: a list value
+  // (`cluster.nodes=["a","b"],["a","b","c"]`) is one value.
+  const std::string_view values = text.substr(eq + 1);
+  int depth = 0;
+  char quote = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= values.size(); ++i) {
+    const char c = i < values.size() ? values[i] : ',';
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+      continue;
+    }
+    if (c == '"' || c == '\'') quote = c;
+    if (c == '[' || c == '{') ++depth;
+    if ((c == ']' || c == '}') && depth > 0) --depth;
+    if (c != ',' || (depth > 0 && i < values.size())) continue;
+    const std::string_view value = values.substr(start, i - start);
+    if (value.empty()) return Fail(fmt::format("{}: an empty value in \"{}\"", axis.key, values));
     axis.values.emplace_back(value);
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
+    start = i + 1;
+  }
+  if (quote != 0 || depth != 0) {
+    return Fail(fmt::format("{}: \"{}\" has an unclosed {}", axis.key, values, quote != 0 ? "quote" : "bracket"));
   }
   if (axis.values.size() > 100) return Fail(fmt::format("{}: at most 100 values", axis.key));
   return axis;
@@ -200,24 +215,34 @@ std::string SweepChartSvg(const SweepResult& sweep) {
   size_t longest = 0;
   for (const SweepRow& row : sweep.rows) longest = std::max(longest, Label(sweep, row).size());
   const int kLeft = 24 + 7 * static_cast<int>(std::min<size_t>(longest, 90));
-  const int kRight = kLeft + 570, kTop = 58, kRow = 38, kWidth = kRight + 40;
-  const int height = kTop + kRow * static_cast<int>(sweep.rows.size()) + 50;
-  // The axis starts at the 10% below the lowest p10, so that close settings stay apart.
+  const int kRight = kLeft + 570, kTop = 58, kRow = 38;
+  const std::string title = fmt::format("Goodput per setting: {}{}", sweep.job_path, WithFixed(sweep));
+  const std::string subtitle_start = fmt::format("{} seeds each ({}..{}); ", sweep.seeds, sweep.first_seed,
+                                                 sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
+  // The axis starts at the 10% below the lowest p10, so that close settings stay apart. A
+  // length that does not start at 0 would lie (90.5% drawn a tenth as long as 95.7%): bars
+  // only on an axis from 0, else the mean is a dot.
   double low = 1.0;
   for (const SweepRow& row : sweep.rows) low = std::min(low, row.goodput_p10);
   low = std::max(0.0, std::floor(low * 10.0 - 1e-9) / 10.0);
   if (low > 0.9) low = 0.9;
+  const bool bars = low <= 0.0;
+  const std::string subtitle =
+      subtitle_start + (bars ? "bar: mean" : fmt::format("dot: mean (the axis starts at {}%)", std::lround(low * 100))) +
+      ", whisker: p10-p90, tick: median";
+  // Wide enough for the title (about 9 px a character at 15 px bold) and the subtitle: never clipped.
+  const int kWidth = std::max({kRight + 40, 20 + 9 * static_cast<int>(title.size()), 20 + 7 * static_cast<int>(subtitle.size())});
+  const int height = kTop + kRow * static_cast<int>(sweep.rows.size()) + 50;
   auto x = [&](double goodput) {
     return kLeft + static_cast<int>(std::lround((goodput - low) / (1.0 - low) * (kRight - kLeft)));
   };
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"sweep-chart\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"13\">\n"
-      "<title>Goodput per setting: {2}{6}</title>\n"
-      "<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">Goodput per setting: {2}{6}</text>\n"
-      "<text x=\"10\" y=\"42\" fill=\"#555\">{3} seeds each ({4}..{5}); bar: mean, whisker: p10-p90, tick: median</text>\n",
-      kWidth, height, Xml(sweep.job_path), sweep.seeds, sweep.first_seed,
-      sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1, Xml(WithFixed(sweep)));
+      "<title>{2}</title>\n"
+      "<text class=\"title\" x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{2}</text>\n"
+      "<text x=\"10\" y=\"42\" fill=\"#555\">{3}</text>\n",
+      kWidth, height, Xml(title), Xml(subtitle));
   const int axis_y = kTop + kRow * static_cast<int>(sweep.rows.size()) + 6;
   for (int tick = static_cast<int>(std::lround(low * 100)); tick <= 100; tick += low >= 0.5 ? 5 : 10) {
     const int tx = x(tick / 100.0);
@@ -232,12 +257,17 @@ std::string SweepChartSvg(const SweepResult& sweep) {
     svg += fmt::format("<g class=\"setting\" data-mean=\"{:.4f}\">\n", row.goodput_mean);
     svg += fmt::format("<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", kLeft - 8, mid + 5,
                        Xml(Label(sweep, row)));
-    svg += fmt::format("<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#7aa6d6\"/>\n", kLeft,
-                       y + 4, std::max(0, x(row.goodput_mean) - kLeft), kRow - 16);
+    if (bars) {
+      svg += fmt::format("<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#7aa6d6\"/>\n", kLeft,
+                         y + 4, std::max(0, x(row.goodput_mean) - kLeft), kRow - 16);
+    }
     svg += fmt::format("<line class=\"whisker\" x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#333\" stroke-width=\"2\"/>\n",
                        x(row.goodput_p10), x(row.goodput_p90), mid);
     svg += fmt::format("<line class=\"median\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#c33\" stroke-width=\"3\"/>\n",
                        x(row.goodput_median), y + 6, y + kRow - 14);
+    if (!bars) {
+      svg += fmt::format("<circle class=\"mean\" cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"#3a76b6\"/>\n", x(row.goodput_mean), mid);
+    }
     svg += fmt::format("<text class=\"value\" x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#222\">{} mean, {}/{} finished</text>\n",
                        kLeft + 4, y + kRow - 1, Percent(row.goodput_mean), row.finished, row.runs);
     svg += "</g>\n";

@@ -63,7 +63,8 @@ Result<SweepResult> RunSweep(std::string_view job_text, const std::string& job_p
 /// The table, one row per setting (Markdown: readable in a terminal, pastes into docs).
 std::string FormatSweepTable(const SweepResult& sweep);
 
-/// The chart: per setting, mean goodput as a bar, p10-p90 as a whisker, the median as a tick.
+/// The chart: per setting, mean goodput (a bar on an axis from 0, else a dot), p10-p90 as a
+/// whisker, the median as a tick.
 std::string SweepChartSvg(const SweepResult& sweep);
 
 /// A self-contained page: the chart and the table, no scripts, nothing fetched.

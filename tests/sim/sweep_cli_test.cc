@@ -20,6 +20,7 @@
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 struct Result {
@@ -122,6 +123,22 @@ TEST(SweepCliTest, ABadKeyOrValueIsAUsageError) {
   const Result chart = Ddprun("--simulate examples/laptop.toml --sweep spares=0 --chart out.png");
   EXPECT_EQ(chart.code, 2);
   EXPECT_THAT(chart.output, HasSubstr("name the file .svg (the chart) or .html (chart and table)"));
+}
+
+// Issue 40: the README's sweep form on examples/lightning-2x8.toml gave equal rows without a
+// word (the job has nothing that fails). The sweep says so; a job with failure rates, or a
+// sweep over them, does not.
+TEST(SweepCliTest, AJobWithNothingThatFailsIsNamedBeforeItsEqualRows) {
+  const Result quiet = Ddprun("--simulate examples/lightning-2x8.toml --sweep restart.max_restarts=1,3 --seeds 2");
+  EXPECT_EQ(quiet.code, 0) << quiet.output;
+  EXPECT_THAT(quiet.output, HasSubstr("note: examples/lightning-2x8.toml has nothing that fails (no "
+                                      "[[simulate.faults]], no simulate.node_mtbf, worker_mtbf or worker_hang_mtbf)"));
+  const Result rates = Ddprun("--simulate examples/lightning-2x8.toml --set simulate.worker_mtbf=6h --sweep "
+                              "restart.max_restarts=1,3 --seeds 2");
+  EXPECT_EQ(rates.code, 0) << rates.output;
+  EXPECT_THAT(rates.output, Not(HasSubstr("has nothing that fails")));
+  const Result swept = Ddprun("--simulate examples/lightning-2x8.toml --sweep simulate.worker_mtbf=6h,12h --seeds 2");
+  EXPECT_THAT(swept.output, Not(HasSubstr("has nothing that fails")));
 }
 
 TEST(SweepCliTest, WritesTheChartAsSvg) {
