@@ -47,6 +47,36 @@ void WarnAboutMissingProgram(const JobSpec& spec, const std::string& workdir, Di
                 "are relative to job.workdir), or fix the path");
 }
 
+// The script of a Python command (`python3 wrok.py`) that is not there: the run would only say
+// that Python cannot open it, on every node. Relative to job.workdir, as the workers run it;
+// the closest .py file there is the hint (a typo).
+void WarnAboutMissingScript(const JobSpec& spec, const std::filesystem::path& workdir, Diagnostics& diags) {
+  const CommandShape shape = ShapeOf(spec.job.command);
+  if (!shape.python || shape.script.empty()) return;
+  size_t index = shape.program + 1;
+  while (index < spec.job.command.size() && spec.job.command[index] != shape.script) ++index;
+  if (index >= spec.job.command.size()) return;
+  const std::filesystem::path script = workdir / shape.script;
+  std::error_code ec;
+  if (std::filesystem::exists(script, ec)) return;
+  std::vector<std::string> names;
+  const std::filesystem::path folder = script.parent_path();
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end && names.size() < 1000;
+       it.increment(ec)) {
+    if (it->path().extension() == ".py") names.push_back(it->path().filename().string());
+  }
+  const std::vector<std::string_view> candidates(names.begin(), names.end());
+  const std::optional<std::string_view> closest =
+      ClosestName(script.filename().string(), std::span<const std::string_view>(candidates));
+  const std::string key = fmt::format("job.command[{}]", index);
+  diags.Warning(spec.LocationOf(key), key,
+                fmt::format("{} = \"{}\" does not exist here ({})", key, shape.script, script.lexically_normal().string()),
+                closest ? fmt::format("did you mean \"{}\"? Python runs the script from job.workdir on every node",
+                                      (std::filesystem::path(shape.script).parent_path() / *closest).string())
+                        : std::string("Python runs it from job.workdir on every node; fix the path, or make sure it "
+                                      "exists on the nodes"));
+}
+
 }  // namespace
 
 int CheckCommand(const CheckOptions& options) {
@@ -59,7 +89,8 @@ int CheckCommand(const CheckOptions& options) {
     const std::filesystem::path workdir =
         ((file_dir.empty() ? "." : file_dir) / result.spec->job.workdir).lexically_normal();
     std::error_code ec;
-    if (!std::filesystem::is_directory(workdir, ec)) {
+    const bool have_workdir = std::filesystem::is_directory(workdir, ec);
+    if (!have_workdir) {
       result.diagnostics.Warning(
           result.spec->LocationOf("job.workdir"), "job.workdir",
           fmt::format("job.workdir = \"{}\" is not a folder here ({})", result.spec->job.workdir,
@@ -67,6 +98,13 @@ int CheckCommand(const CheckOptions& options) {
           "the workers start in it on every node; create it, or make sure it exists on the "
           "nodes");
     } else {
+      WarnAboutMissingScript(*result.spec, workdir, result.diagnostics);
+    }
+    // An absolute program is checked whether or not the folder exists; a relative one only
+    // where the folder is (else the folder's warning says it).
+    const std::vector<std::string>& command = result.spec->job.command;
+    const size_t program = ShapeOf(command).program;
+    if (have_workdir || (program < command.size() && command[program].starts_with("/"))) {
       WarnAboutMissingProgram(*result.spec, workdir.string(), result.diagnostics);
     }
   }

@@ -73,9 +73,48 @@ TEST(Cli, CheckEveryExample) {
     const Output o = RunDdprun("check " + entry.path().string(), /*merge_stderr=*/true);
     EXPECT_EQ(o.exit_code, 0) << entry.path() << "\n" << o.out;
     EXPECT_NE(o.out.find("torchrun: "), std::string::npos) << o.out;
+    if (entry.path().filename() == "llama3-54d.toml") {
+      // A simulation of Meta's 54-day run: its training script is not in this repository, and
+      // check says so, as it would for a user's typo.
+      EXPECT_NE(o.out.find("warning: job.command[1] = \"train_llama.py\" does not exist here"), std::string::npos)
+          << o.out;
+      EXPECT_NE(o.out.find("0 errors, 1 warning"), std::string::npos) << o.out;
+      continue;
+    }
     EXPECT_EQ(o.out.find("warning"), std::string::npos) << o.out;
   }
   EXPECT_GE(checked, 3);
+}
+
+// Issue 40: `python3 wrok.py` passed check without a word, and a missing job.workdir hid a
+// missing absolute program. The script is looked for in job.workdir (with the closest .py file
+// there as the hint); an absolute program is looked for whether or not the folder exists.
+TEST(Cli, CheckWarnsAboutAScriptOrProgramThatIsNotThere) {
+  const auto dir = std::filesystem::temp_directory_path() / "ddprun-cli-test-script";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "src");
+  std::ofstream(dir / "src" / "work.py") << "print(1)\n";
+  const std::string head = "version = 1\n[cluster]\nnnodes = 1\n[job]\nname = \"t\"\n";
+  std::ofstream(dir / "typo.toml") << head << "workdir = \"src\"\ncommand = [\"python3\", \"wrok.py\", \"--lr\", \"0.1\"]\n";
+  const Output typo = RunDdprun("check " + (dir / "typo.toml").string(), /*merge_stderr=*/true);
+  EXPECT_EQ(typo.exit_code, 0) << typo.out;
+  EXPECT_NE(typo.out.find("typo.toml:7:23: warning: job.command[1] = \"wrok.py\" does not exist here (" +
+                          (dir / "src" / "wrok.py").string() + ")"),
+            std::string::npos)
+      << typo.out;
+  EXPECT_NE(typo.out.find("hint: did you mean \"work.py\"? Python runs the script from job.workdir on every node"),
+            std::string::npos)
+      << typo.out;
+  std::ofstream(dir / "there.toml") << head << "workdir = \"src\"\ncommand = [\"python3\", \"work.py\"]\n";
+  const Output there = RunDdprun("check " + (dir / "there.toml").string(), /*merge_stderr=*/true);
+  EXPECT_EQ(there.out.find("warning"), std::string::npos) << there.out;
+  std::ofstream(dir / "both.toml") << head << "workdir = \"gone\"\ncommand = [\"/opt/nowhere/bin/python3\", \"t.py\"]\n";
+  const Output both = RunDdprun("check " + (dir / "both.toml").string(), /*merge_stderr=*/true);
+  EXPECT_NE(both.out.find("warning: job.workdir = \"gone\" is not a folder here"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("warning: job.command[0] = \"/opt/nowhere/bin/python3\" does not exist here"),
+            std::string::npos)
+      << both.out;
+  EXPECT_NE(both.out.find("0 errors, 2 warnings"), std::string::npos) << both.out;
 }
 
 TEST(Cli, BrokenFileExits2WithRenderedDiagnostic) {
@@ -323,8 +362,10 @@ TEST(Cli, InitWritesAValidStarterJobFile) {
   const auto dir = std::filesystem::temp_directory_path() / "ddprun-cli-test-init";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  // The script of a command written as a path must exist, or check warns (a binary not built).
+  // The script of a command written as a path must exist, or check warns (a binary not built),
+  // and so must the Python script (a typo).
   std::ofstream(dir / "run.sh") << "#!/bin/sh\n";
+  std::ofstream(dir / "train.py") << "print(1)\n";
   const std::string listed = (dir / "listed.toml").string();
   const std::string counted = (dir / "counted.toml").string();
   const std::string cpu = (dir / "cpu.toml").string();
