@@ -2,15 +2,19 @@
 
 #include <csignal>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <utility>
 #include <optional>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "cli/job_python.h"
+#include "runner/core/auth.h"
 #include "runner/io/remote_processes.h"
 #include "schema/plan.h"
 
@@ -125,33 +129,148 @@ std::string TorchCuda(const std::filesystem::path& site) {
   return "";
 }
 
-// Fills the versions not yet found from one sys.path folder's *.dist-info / *.egg-info.
-void ReadSite(const std::filesystem::path& site, JobSpec::Libraries& libraries) {
+// The version a *.dist-info / *.egg-info entry of a folder gives, "" when unreadable.
+std::string MetadataVersion(const std::filesystem::directory_entry& info) {
+  const std::string entry = info.path().filename().string();
+  const bool dist_info = entry.ends_with(".dist-info");
   std::error_code ec;
-  if (!std::filesystem::is_directory(site, ec)) return;
+  // An .egg-info may be the metadata file itself (old setuptools) or a folder holding it.
+  const std::filesystem::path file = dist_info                                      ? info.path() / "METADATA"
+                                     : std::filesystem::is_directory(info.path(), ec) ? info.path() / "PKG-INFO"
+                                                                                      : info.path();
+  std::string version = VersionIn(file);
+  if (version.empty()) {
+    // The folder's name carries the version too ("torch-2.3.1.dist-info").
+    const size_t dash = entry.find('-');
+    const size_t suffix = entry.rfind('.');
+    if (dash != std::string::npos && suffix > dash) version = entry.substr(dash + 1, suffix - dash - 1);
+  }
+  return version;
+}
+
+// The versions one sys.path folder's metadata gives, by normalised distribution name.
+std::map<std::string, std::string> MetadataIn(const std::filesystem::path& site) {
+  std::map<std::string, std::string> found;
+  std::error_code ec;
   for (std::filesystem::directory_iterator it(site, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string entry = it->path().filename().string();
-    const bool dist_info = entry.ends_with(".dist-info");
-    if (!dist_info && !entry.ends_with(".egg-info")) continue;
+    if (!entry.ends_with(".dist-info") && !entry.ends_with(".egg-info")) continue;
     const std::string name = NormalName(entry.substr(0, entry.find('-')));
-    std::string* field = name == "torch"                 ? &libraries.torch
-                         : name == "lightning"           ? &libraries.lightning
-                         : name == "pytorch_lightning"   ? &libraries.pytorch_lightning
-                         : name.starts_with("nvidia_nccl") ? &libraries.nccl
-                                                           : nullptr;
-    if (field == nullptr || !field->empty()) continue;
-    // An .egg-info may be the metadata file itself (old setuptools) or a folder holding it.
-    const std::filesystem::path file = dist_info ? it->path() / "METADATA"
-                                       : std::filesystem::is_directory(it->path(), ec) ? it->path() / "PKG-INFO"
-                                                                                       : it->path();
-    *field = VersionIn(file);
-    if (field->empty()) {
-      // The folder's name carries the version too ("torch-2.3.1.dist-info").
-      const size_t dash = entry.find('-');
-      const size_t suffix = entry.rfind('.');
-      if (dash != std::string::npos && suffix > dash) *field = entry.substr(dash + 1, suffix - dash - 1);
+    if (!found.contains(name)) found[name] = MetadataVersion(*it);
+  }
+  return found;
+}
+
+// `__version__ = "x"` (or `version = "x"`) near the start of a Python file; "" when none.
+std::string VersionAssigned(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string line;
+  for (int i = 0; i < 4 * kMaxMetadataLines && std::getline(in, line); ++i) {
+    if (!line.starts_with("__version__") && !line.starts_with("version =") && !line.starts_with("version:")) continue;
+    const size_t quote = line.find_first_of("'\"", line.find_first_of("=:"));
+    if (quote == std::string::npos) continue;
+    const size_t end = line.find(line[quote], quote + 1);
+    if (end != std::string::npos && end > quote + 1) return line.substr(quote + 1, std::min<size_t>(end - quote - 1, 128));
+  }
+  return "";
+}
+
+// A package without a version anywhere (a source tree): what is there, as a hash of its file
+// names and contents, so that two nodes with other code still differ. Bounded: a tree too big to
+// read says so instead.
+std::string ContentHash(const std::filesystem::path& package) {
+  constexpr size_t kMaxFiles = 20'000;
+  constexpr uintmax_t kMaxBytes = 256ull << 20;
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(package, std::filesystem::directory_options::none, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().extension() != ".pyc") files.push_back(it->path());
+    if (files.size() > kMaxFiles) return "unhashed (more than 20000 files)";
+  }
+  std::sort(files.begin(), files.end());
+  std::string digest_input;
+  uintmax_t bytes = 0;
+  for (const std::filesystem::path& file : files) {
+    bytes += std::filesystem::file_size(file, ec);
+    if (bytes > kMaxBytes) return "unhashed (more than 256 MiB)";
+    std::ifstream in(file, std::ios::binary);
+    std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    digest_input += std::filesystem::relative(file, package, ec).string() + '\0' + core::Sha256Hex(content) + '\n';
+  }
+  return "sha256:" + core::Sha256Hex(digest_input).substr(0, 16);
+}
+
+// Where Python would import `module` from: the first sys.path folder with a regular package
+// (`module/__init__.py`) or a module file (`module.py`), as the path finder looks.
+std::optional<std::filesystem::path> Origin(const std::vector<std::filesystem::path>& path, const std::string& module) {
+  std::error_code ec;
+  for (const std::filesystem::path& folder : path) {
+    if (std::filesystem::is_regular_file(folder / module / "__init__.py", ec) ||
+        std::filesystem::is_regular_file(folder / (module + ".py"), ec)) {
+      return folder;
     }
-    if (field == &libraries.torch) libraries.cuda = TorchCuda(site);
+  }
+  return std::nullopt;
+}
+
+// The version of `module` as imported from `folder`: the metadata beside it, else the version
+// its own files state (Lightning's version.info, a __version__), else a hash of its files.
+std::string VersionAt(const std::filesystem::path& folder, const std::string& module) {
+  const std::map<std::string, std::string> metadata = MetadataIn(folder);
+  if (const auto it = metadata.find(module); it != metadata.end() && !it->second.empty()) return it->second;
+  const std::filesystem::path package = folder / module;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(package, ec)) return VersionAssigned(folder / (module + ".py"));
+  // Lightning's __version__.py reads version.info beside the package folder in a checkout
+  // (src/version.info), else inside it (a wheel).
+  auto first_line = [](const std::filesystem::path& file) {
+    std::ifstream in(file);
+    std::string line;
+    if (in && std::getline(in, line)) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (line.size() <= 64) return line;
+    }
+    return std::string();
+  };
+  std::ifstream reader(package / "__version__.py");
+  const std::string reads((std::istreambuf_iterator<char>(reader)), std::istreambuf_iterator<char>());
+  if (reads.find("version.info") != std::string::npos) {
+    if (std::string version = first_line(folder / "version.info"); !version.empty()) return version;
+  }
+  if (std::string version = first_line(package / "version.info"); !version.empty()) return version;
+  for (const char* file : {"__about__.py", "__version__.py", "version.py", "__init__.py"}) {
+    if (std::string version = VersionAssigned(package / file); !version.empty()) return version;
+  }
+  return ContentHash(package);
+}
+
+// Fills torch, lightning and pytorch_lightning from where Python would import each (issue 40:
+// a source tree on PYTHONPATH was "-", and a stale dist-info later on the path was read instead
+// of the code imported), NCCL's wheel from the first metadata that names it. A package found
+// only as metadata (an editable install whose code an import hook finds) keeps that version.
+void ReadLibraries(const std::vector<std::filesystem::path>& path, JobSpec::Libraries& libraries) {
+  std::map<std::string, std::pair<std::string, std::filesystem::path>> listed;  // the first metadata by name
+  for (const std::filesystem::path& folder : path) {
+    for (const auto& [name, version] : MetadataIn(folder)) listed.try_emplace(name, version, folder);
+  }
+  for (const auto& [module, field] : {std::pair<std::string, std::string*>{"torch", &libraries.torch},
+                                      {"lightning", &libraries.lightning},
+                                      {"pytorch_lightning", &libraries.pytorch_lightning}}) {
+    std::optional<std::filesystem::path> folder = Origin(path, module);
+    if (folder) {
+      *field = VersionAt(*folder, module);
+    } else if (const auto it = listed.find(module); it != listed.end()) {
+      *field = it->second.first;
+      folder = it->second.second;
+    }
+    if (module == "torch" && folder) libraries.cuda = TorchCuda(*folder);
+  }
+  for (const auto& [name, found] : listed) {
+    if (name.starts_with("nvidia_nccl")) {
+      libraries.nccl = found.first;
+      break;
+    }
   }
 }
 
@@ -182,12 +301,13 @@ JobSpec::Libraries FindLibraries(const JobSpec& spec, const std::string& workdir
   }
   libraries.python = (*answer)[0];
   libraries.interpreter = (*answer)[1].empty() ? found : (*answer)[1];
+  std::vector<std::filesystem::path> path;
   for (size_t i = 2; i < answer->size(); ++i) {
-    const std::string& entry = (*answer)[i];
     // "" is the current folder (the workdir): -c puts it first, as a script puts its own.
-    const std::filesystem::path site(entry);
-    ReadSite(site.is_absolute() ? site : std::filesystem::path(workdir) / site, libraries);
+    const std::filesystem::path site((*answer)[i]);
+    path.push_back(site.is_absolute() ? site : std::filesystem::path(workdir) / site);
   }
+  ReadLibraries(path, libraries);
   return libraries;
 }
 

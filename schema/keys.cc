@@ -82,8 +82,8 @@ constexpr std::array<KeySpec, 7> kJobKeys = {{
      .nonempty_items = true},
     {.name = "library_check", .type = KeyType::kString,
      .doc = "\"refuse\": each node sends what its job.command's Python would use (the Python "
-            "version; the torch, lightning, pytorch_lightning and NCCL versions from installed "
-            "package metadata; the CUDA version torch was built with), read once before the "
+            "version; the torch, lightning and pytorch_lightning versions where Python would import "
+            "them from, and NCCL's from its wheel; the CUDA version torch was built with), read once before the "
             "agent starts; a node with other versions than node 0's is refused at join, "
             "naming them. \"warn\": the same comparison, but the node joins and node 0 logs "
             "what differs.",

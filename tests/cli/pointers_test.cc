@@ -122,6 +122,41 @@ TEST(Pointers, AnInterpreterThatHangsHoldsCheckForItsBoundOnly) {
   EXPECT_LT(took, std::chrono::seconds(9)) << o.text;
 }
 
+// Issue 40: Lightning imported from a source tree (a git checkout on PYTHONPATH) was "-", and a
+// stale dist-info later on the path was read instead of the code Python imports. The version is
+// read where Python would import the package from; a tree with no version is compared by a hash
+// of its files, and says so.
+TEST(Pointers, CheckReadsTheLibraryPythonWouldImport) {
+  Folder dir;
+  dir.Write("tree/lightning/__init__.py", "from lightning.__version__ import version as __version__\n");
+  dir.Write("tree/lightning/version.info", "2.2.5\n");
+  dir.Write("site/lightning-2.2.6.dist-info/METADATA", "Metadata-Version: 2.1\nName: lightning\nVersion: 2.2.6\n");
+  dir.Write("bare/pytorch_lightning/__init__.py", "import os\n");
+  const std::string job = dir.Write(
+      "job.toml", Job("command = [\"python3\", \"train.py\"]\nlibrary_check = \"refuse\"\n"));
+  const std::string path = "PYTHONPATH=" + dir.path() + "/tree:" + dir.path() + "/site:" + dir.path() + "/bare";
+  const Output o = Shell(path + " $D check " + job);
+  EXPECT_EQ(o.exit_code, 0) << o.text;
+  EXPECT_THAT(o.text, HasSubstr(", lightning 2.2.5, ")) << o.text;
+  const std::regex hashed(", pytorch_lightning (sha256:[0-9a-f]{16}), ");
+  std::smatch first;
+  ASSERT_TRUE(std::regex_search(o.text, first, hashed)) << o.text;
+  // Other code in the unversioned tree: another hash. The same code: the same hash.
+  EXPECT_EQ(std::regex_search(Shell(path + " $D check " + job).text, hashed), true);
+  std::smatch same;
+  const Output again = Shell(path + " $D check " + job);
+  ASSERT_TRUE(std::regex_search(again.text, same, hashed)) << again.text;
+  EXPECT_EQ(same[1], first[1]);
+  dir.Write("bare/pytorch_lightning/__init__.py", "import sys\n");
+  std::smatch other;
+  const Output changed = Shell(path + " $D check " + job);
+  ASSERT_TRUE(std::regex_search(changed.text, other, hashed)) << changed.text;
+  EXPECT_NE(other[1], first[1]);
+  // With the tree gone from the path, the metadata is what Python finds (nothing else names it).
+  const Output metadata_only = Shell("PYTHONPATH=" + dir.path() + "/site $D check " + job);
+  EXPECT_THAT(metadata_only.text, HasSubstr(", lightning 2.2.6, ")) << metadata_only.text;
+}
+
 // library_check: check lists what this node's Python would use, read from package metadata
 // (a dist-info and, as Debian's python3-torch installs it, an egg-info).
 TEST(Pointers, CheckListsTheLibraries) {

@@ -204,6 +204,26 @@ TEST(NodeIdentity, LibraryCheckRefusesOtherTorchAndCuda) {
       << node1.Output();
 }
 
+// Issue 40: Lightning from a source tree on each node (a git checkout on PYTHONPATH, no
+// metadata), 2.2.5 on node 0 and 2.2.6 on node 1: both logged `lightning -` and the job ran
+// mixed under "refuse". The version Python would import is read from the tree, and node 1 is
+// refused.
+TEST(NodeIdentity, LibraryCheckRefusesAnotherLightningFromASourceTree) {
+  ScratchDir dir;
+  for (const auto& [name, version] : {std::pair<std::string, std::string>{"tree0", "2.2.5"}, {"tree1", "2.2.6"}}) {
+    dir.Write(name + "/lightning/__init__.py", "__version__ = None\n");
+    dir.Write(name + "/lightning/version.info", version + "\n");
+  }
+  const auto [job, same] = TwoNodesWithLibraryCheck(dir, "refuse");
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/a0.txt", {{"PYTHONPATH", dir.path() + "/tree0"}});
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/a1.txt", {{"PYTHONPATH", dir.path() + "/tree1"}});
+  const auto code1 = node1.Wait(30s);
+  ASSERT_TRUE(code1.has_value()) << node1.Output();
+  EXPECT_EQ(*code1, 3) << node1.Output();
+  EXPECT_THAT(node1.Output(), HasSubstr("  libraries.lightning: node 1 has \"2.2.6\", node 0 has \"2.2.5\"\n"))
+      << node1.Output();
+}
+
 // "warn": the node joins and the job runs; node 0 names what differs.
 TEST(NodeIdentity, LibraryCheckWarnLetsItRunAndSaysWhat) {
   ScratchDir dir;
