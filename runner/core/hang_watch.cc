@@ -25,6 +25,17 @@ std::string StepRange(int64_t low, int64_t high) {
   return fmt::format("last steps {}..{}", std::max<int64_t>(low, 0), high);
 }
 
+// The timeout the first silent rank passed, as the verdict names it.
+std::string LimitPassed(const JobSpec::Timeouts& t, const wire::RankHung& first) {
+  if (first.first_beat) return fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
+  if (t.progress) return fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
+  if (first.learnt) {
+    return fmt::format("timeouts.progress = \"auto\", {} learnt from this job", HumanDuration(Millis(first.timeout_ms)));
+  }
+  return fmt::format("timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = {}",
+                     FormatDuration(t.progress_start));
+}
+
 }  // namespace
 
 void HangWatch::NewRound() {
@@ -75,72 +86,9 @@ bool HangWatch::OnRankStacks(int round, int agent, const wire::RankStacks& stack
   return probe_->answers >= connected;
 }
 
-std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std::string>& reach_problems) {
-  DDPRUN_ASSERT(probe_.has_value());
-  Probe probe = std::move(*probe_);
-  probe_.reset();
+std::string HangWatch::WhereEachRankWas(const Probe& probe, const HangVerdict& verdict, const RankAtHang& culprit,
+                                        int round, const std::vector<std::string>& reach_problems) const {
   const int nproc = spec_.cluster.nproc_per_node;
-  if (!probe.ranks.count(probe.first.global_rank)) {
-    // Its node did not answer: what it said when it reported the silence.
-    probe.ranks[probe.first.global_rank] = RankAtHang{probe.first.global_rank, probe.first_node,
-                                                      probe.first.local_rank, probe.first.step,
-                                                      probe.first.silent_ms, {}};
-  }
-  // Only a rank still silent for the timeout it passed can be hung: the stacks are the second
-  // look (issue 37: rank 6 stalled 29 s of timeouts.progress = 30s and recovered; ranks 0-4,
-  // one step behind and silent for 687 ms when their stacks came, were named).
-  const int64_t limit_ms = probe.first.timeout_ms;
-  std::vector<RankAtHang> ranks;
-  int64_t longest_ms = -1;
-  int longest_rank = -1;
-  for (auto& [rank, state] : probe.ranks) {
-    if (state.silent_ms >= limit_ms) ranks.push_back(state);
-    if (state.silent_ms > longest_ms) longest_ms = state.silent_ms, longest_rank = rank;
-  }
-  if (ranks.empty()) {
-    ++clearances_;
-    cleared_ = fmt::format(
-        "round {}: no hang: {} sent no progress beacon for {}, but when the stacks came back every rank had "
-        "progressed again (the longest silence, {}'s, was {}, under the {} it passed); the round goes on",
-        round, roster_.RankName(probe.first.global_rank), HumanDuration(Millis(probe.first.silent_ms)),
-        roster_.RankName(longest_rank), HumanDuration(Millis(std::max<int64_t>(longest_ms, 0))),
-        HumanDuration(Millis(limit_ms)));
-    return std::nullopt;
-  }
-  const HangVerdict verdict = FindHungRanks(ranks, probe.first.global_rank);
-  ++judgements_;
-  last_judgement_ = HangJudgement{round, verdict.culprits, {}};
-  for (const RankAtHang& r : ranks) {
-    if (!r.stack.empty()) last_judgement_.with_stack.push_back(r.global_rank);
-  }
-  const RankAtHang& culprit = probe.ranks.at(verdict.culprits.front());
-
-  const auto& t = spec_.timeouts;
-  std::string limit;
-  if (probe.first.first_beat) {
-    limit = fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
-  } else if (t.progress) {
-    limit = fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
-  } else if (probe.first.learnt) {
-    limit = fmt::format("timeouts.progress = \"auto\", {} learnt from this job",
-                        HumanDuration(Millis(probe.first.timeout_ms)));
-  } else {
-    limit = fmt::format("timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = {}",
-                        FormatDuration(t.progress_start));
-  }
-  RoundFailure failure;
-  failure.round = round;
-  failure.node_rank = culprit.node_rank;
-  failure.global_rank = culprit.global_rank;
-  failure.kinds = {"hang"};
-  const std::string who = verdict.culprits.size() == 1
-                              ? roster_.RankName(culprit.global_rank)
-                              : fmt::format("ranks {} ({} first)", RankRanges(verdict.culprits),
-                                            roster_.RankName(culprit.global_rank));
-  failure.what = fmt::format(
-      "{} hung: no progress for {} {} ({})", who, HumanDuration(Millis(std::max<int64_t>(culprit.silent_ms, 0))),
-      culprit.step >= 0 ? fmt::format("after step {}", culprit.step) : std::string("since it started"), limit);
-
   // Where everyone was: the culprits with their stacks, then the others grouped by stack.
   std::string detail = fmt::format("  why {}: {}\n",
                                    verdict.culprits.size() == 1 ? fmt::format("rank {}", culprit.global_rank)
@@ -205,7 +153,63 @@ std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std:
                           "cannot connect either:\n    {}\n",
                           fmt::join(reach_problems, "\n    "));
   }
-  failure.detail = std::move(detail);
+  return detail;
+}
+
+std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std::string>& reach_problems) {
+  DDPRUN_ASSERT(probe_.has_value());
+  Probe probe = std::move(*probe_);
+  probe_.reset();
+  if (!probe.ranks.count(probe.first.global_rank)) {
+    // Its node did not answer: what it said when it reported the silence.
+    probe.ranks[probe.first.global_rank] = RankAtHang{probe.first.global_rank, probe.first_node,
+                                                      probe.first.local_rank, probe.first.step,
+                                                      probe.first.silent_ms, {}};
+  }
+  // Only a rank still silent for the timeout it passed can be hung: the stacks are the second
+  // look (issue 37: rank 6 stalled 29 s of timeouts.progress = 30s and recovered; ranks 0-4,
+  // one step behind and silent for 687 ms when their stacks came, were named).
+  const int64_t limit_ms = probe.first.timeout_ms;
+  std::vector<RankAtHang> ranks;
+  int64_t longest_ms = -1;
+  int longest_rank = -1;
+  for (auto& [rank, state] : probe.ranks) {
+    if (state.silent_ms >= limit_ms) ranks.push_back(state);
+    if (state.silent_ms > longest_ms) longest_ms = state.silent_ms, longest_rank = rank;
+  }
+  if (ranks.empty()) {
+    ++clearances_;
+    cleared_ = fmt::format(
+        "round {}: no hang: {} sent no progress beacon for {}, but when the stacks came back every rank had "
+        "progressed again (the longest silence, {}'s, was {}, under the {} it passed); the round goes on",
+        round, roster_.RankName(probe.first.global_rank), HumanDuration(Millis(probe.first.silent_ms)),
+        roster_.RankName(longest_rank), HumanDuration(Millis(std::max<int64_t>(longest_ms, 0))),
+        HumanDuration(Millis(limit_ms)));
+    return std::nullopt;
+  }
+  const HangVerdict verdict = FindHungRanks(ranks, probe.first.global_rank);
+  ++judgements_;
+  last_judgement_ = HangJudgement{round, verdict.culprits, {}};
+  for (const RankAtHang& r : ranks) {
+    if (!r.stack.empty()) last_judgement_.with_stack.push_back(r.global_rank);
+  }
+  const RankAtHang& culprit = probe.ranks.at(verdict.culprits.front());
+
+  const std::string limit = LimitPassed(spec_.timeouts, probe.first);
+  RoundFailure failure;
+  failure.round = round;
+  failure.node_rank = culprit.node_rank;
+  failure.global_rank = culprit.global_rank;
+  failure.kinds = {"hang"};
+  const std::string who = verdict.culprits.size() == 1
+                              ? roster_.RankName(culprit.global_rank)
+                              : fmt::format("ranks {} ({} first)", RankRanges(verdict.culprits),
+                                            roster_.RankName(culprit.global_rank));
+  failure.what = fmt::format(
+      "{} hung: no progress for {} {} ({})", who, HumanDuration(Millis(std::max<int64_t>(culprit.silent_ms, 0))),
+      culprit.step >= 0 ? fmt::format("after step {}", culprit.step) : std::string("since it started"), limit);
+
+  failure.detail = WhereEachRankWas(probe, verdict, culprit, round, reach_problems);
   return failure;
 }
 

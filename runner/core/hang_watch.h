@@ -92,6 +92,11 @@ class HangWatch {
     std::map<int, RankAtHang> ranks;  // by global rank
   };
 
+  // The verdict's detail: the culprits with their stacks, the others grouped by stack, the
+  // nodes that did not answer, and a failed probe as the likely cause.
+  std::string WhereEachRankWas(const Probe& probe, const HangVerdict& verdict, const RankAtHang& culprit, int round,
+                               const std::vector<std::string>& reach_problems) const;
+
   const JobSpec& spec_;
   const Roster& roster_;
   std::optional<Probe> probe_;
