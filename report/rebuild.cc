@@ -231,6 +231,14 @@ class Builder {
     } else if (type == "agent-exit") {
       SetPhase(row, ns, NodePhase::kDone, -1);
       AddMark(ns, row, MarkKind::kExit, fmt::format("exit {}", r.Int("exit_code")), false);
+      // An agent that could not start says why (issue 39): drawn on its row, and node 0's is the
+      // run's summary when nothing else ended it.
+      if (const std::string why = r.Text("reason"); !why.empty()) {
+        AddMark(ns, row, MarkKind::kFault, fmt::format("did not start (exit {}): {}", r.Int("exit_code"), why), true);
+        if (row == 0 && job_summary_.empty()) {
+          job_summary_ = fmt::format("node 0's agent did not start (exit {}): {}", r.Int("exit_code"), why);
+        }
+      }
       if (out_.exit_code < 0 && row == 0) out_.exit_code = static_cast<int>(r.Int("exit_code"));
     } else if (type == "job-end") {
       if (job_summary_.empty()) job_summary_ = r.Text("summary");

@@ -58,6 +58,11 @@ void EventRecorder::Started(TimePoint now) {
                   .Add("version", version_));
 }
 
+void EventRecorder::StartFailed(TimePoint now, int exit_code, const std::string& why) {
+  if (!log_) return;
+  Record(now, Event{"agent-exit", {}}.Add("exit_code", int64_t{exit_code}).Add("reason", Cut(why, kMaxText)));
+}
+
 int EventRecorder::GlobalRank(int round, int local_rank) const {
   auto it = ranks_.find(round);
   if (it == ranks_.end() || local_rank < 0 || static_cast<size_t>(local_rank) >= it->second.size()) return -1;

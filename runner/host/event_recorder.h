@@ -31,6 +31,10 @@ class EventRecorder {
   EventRecorder(const JobSpec& spec, const core::Agent::Config& config, EventLog* log);
 
   void Started(TimePoint now);
+  /// The agent ends before its loop ran (node 0 cannot listen, its address is loopback, etcd
+  /// cannot be used): its exit and why, so that the run's folder says so instead of holding an
+  /// empty file (issue 39).
+  void StartFailed(TimePoint now, int exit_code, const std::string& why);
   /// Before the agent handles `input`.
   void AgentInput(TimePoint now, const core::AgentInput& input, const core::Agent& agent);
   void AgentEffect(TimePoint now, const core::AgentEffect& effect);

@@ -328,13 +328,20 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // rendezvous.backend = "etcd": the coordinator role and the job's state live in etcd, reached
   // through its JSON gateway on this loop. Nothing connects yet; files it cannot load (TLS) are
   // the job file's fault.
+  // An agent that ends before its loop runs records its start and why it ended: the run's
+  // folder then says so instead of holding an empty file (issue 39).
+  auto fail_start = [&](const std::string& why, ExitCode code, bool start_recorded) {
+    if (events) {
+      host::EventRecorder recorder(spec, config, events.get());
+      if (!start_recorded) recorder.Started(clock.Now());
+      recorder.StartFailed(clock.Now(), core::ToInt(code), why);
+    }
+    return EndBeforeStart(console, console_writer, why, code);
+  };
   std::unique_ptr<EtcdStore> etcd;
   if (spec.rendezvous.Etcd()) {
     auto created = EtcdStore::Create(io, EtcdStore::FromSpec(spec.rendezvous));
-    if (!created) {
-      return EndBeforeStart(console, console_writer, "ddprun cannot use the job's etcd: " + created.error(),
-                            ExitCode::kUsage);
-    }
+    if (!created) return fail_start("ddprun cannot use the job's etcd: " + created.error(), ExitCode::kUsage, false);
     etcd = *std::move(created);
   }
   // The job's code comes from the coordinator; a loop that stops without one is a bug.
@@ -379,16 +386,15 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // ("connection refused" on every other node): say why here, at once.
   if (const std::string loopback = LoopbackMasterProblem(spec); !loopback.empty()) {
     if (options.node_rank == 0) {
-      return EndBeforeStart(console, console_writer, "ddprun cannot start node 0's coordinator: " + loopback,
-                            ExitCode::kRendezvous);
+      return fail_start("ddprun cannot start node 0's coordinator: " + loopback, ExitCode::kRendezvous, false);
     }
     console.Log(core::LogLevel::kWarn, "agent", loopback);
   }
   if (const Status started = node.Start(); !started) {
-    return EndBeforeStart(console, console_writer,
-                          "ddprun cannot start node 0's coordinator: " + started.error() +
-                              (options.rank_source.empty() ? "" : "\n(this agent is node 0: " + options.rank_source + ")"),
-                          ExitCode::kRendezvous);
+    // NodeHost::Start recorded the agent's start.
+    return fail_start("ddprun cannot start node 0's coordinator: " + started.error() +
+                          (options.rank_source.empty() ? "" : "\n(this agent is node 0: " + options.rank_source + ")"),
+                      ExitCode::kRendezvous, true);
   }
   const std::unique_ptr<MetricsServer> metrics = ServeMetrics(io, spec, options.node_rank, node, console);
   asio::steady_timer linger_timer(io);

@@ -3,7 +3,15 @@
 // whose simulated rounds, root causes, restarts and exit code must match the real ones; a
 // deliberately wrong model (another restart budget) shows where the two part.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <map>
 #include <memory>
@@ -56,6 +64,47 @@ class ReplayTest : public ::testing::Test {
   ScratchDir dir_;
   std::map<int, std::unique_ptr<AgentProcess>> agents_;
 };
+
+// Issue 39: an agent that exited 3 before its loop ran (here: master_port taken, so node 0
+// cannot listen) left an empty events-node0.jsonl, and `ddprun report` refused the folder. The
+// start and why it ended are recorded, and the report draws them.
+TEST_F(ReplayTest, AStartThatFailedIsRecordedAndReported) {
+  const int taken = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  TestJob job = Job("nostart", "true");
+  sa.sin_port = htons(job.master_port);
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  dir_.Write("job.toml", job.Toml());
+  AgentProcess& node0 = Start(0);
+  EXPECT_EQ(node0.Wait(30s), 3) << node0.Output();
+  ::close(taken);
+  EXPECT_THAT(node0.Output(), HasSubstr("ddprun cannot start node 0's coordinator: ")) << node0.Output();
+  std::string events;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir_.path() + "/logs/nostart")) {
+    if (entry.path().filename() != "events-node0.jsonl") continue;
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    events = text.str();
+  }
+  EXPECT_THAT(events, HasSubstr("\"event\":\"agent-start\"")) << events;
+  EXPECT_THAT(events, HasSubstr("\"event\":\"agent-exit\"")) << events;
+  EXPECT_THAT(events, HasSubstr("\"exit_code\":3")) << events;
+  EXPECT_THAT(events, HasSubstr("\"reason\":\"ddprun cannot start node 0's coordinator: ")) << events;
+  AgentProcess report({"report", dir_.path() + "/logs/nostart", "--out", dir_.path() + "/nostart.html"},
+                      dir_.path() + "/report.out");
+  EXPECT_EQ(report.Wait(30s), 0) << report.Output();
+  std::ifstream page(dir_.path() + "/nostart.html");
+  std::stringstream html;
+  html << page.rdbuf();
+  EXPECT_THAT(html.str(), HasSubstr("did not start (exit 3): ddprun cannot start node 0")) << html.str();
+  EXPECT_THAT(html.str(), HasSubstr("<pre>node 0")) << html.str();
+  EXPECT_THAT(html.str(), HasSubstr("agent did not start (exit 3): ddprun cannot start node 0")) << html.str();
+}
 
 TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
   TestJob job = Job("replay-exit",
