@@ -148,7 +148,13 @@ std::string MetadataVersion(const std::filesystem::directory_entry& info) {
   return version;
 }
 
-// The versions one sys.path folder's metadata gives, by normalised distribution name.
+// The distributions whose versions are compared.
+bool Compared(const std::string& name) {
+  return name == "torch" || name == "lightning" || name == "pytorch_lightning" || name.starts_with("nvidia_nccl");
+}
+
+// The versions one sys.path folder's metadata gives for the compared distributions, by
+// normalised name; the metadata of the others (hundreds in a site-packages) is not opened.
 std::map<std::string, std::string> MetadataIn(const std::filesystem::path& site) {
   std::map<std::string, std::string> found;
   std::error_code ec;
@@ -156,7 +162,7 @@ std::map<std::string, std::string> MetadataIn(const std::filesystem::path& site)
     const std::string entry = it->path().filename().string();
     if (!entry.ends_with(".dist-info") && !entry.ends_with(".egg-info")) continue;
     const std::string name = NormalName(entry.substr(0, entry.find('-')));
-    if (!found.contains(name)) found[name] = MetadataVersion(*it);
+    if (Compared(name) && !found.contains(name)) found[name] = MetadataVersion(*it);
   }
   return found;
 }
@@ -201,23 +207,24 @@ std::string ContentHash(const std::filesystem::path& package) {
   return "sha256:" + core::Sha256Hex(digest_input).substr(0, 16);
 }
 
-// Where Python would import `module` from: the first sys.path folder with a regular package
-// (`module/__init__.py`) or a module file (`module.py`), as the path finder looks.
-std::optional<std::filesystem::path> Origin(const std::vector<std::filesystem::path>& path, const std::string& module) {
+// Where Python would import `module` from: the index of the first sys.path folder with a
+// regular package (`module/__init__.py`) or a module file (`module.py`), as the path finder looks.
+std::optional<size_t> Origin(const std::vector<std::filesystem::path>& path, const std::string& module) {
   std::error_code ec;
-  for (const std::filesystem::path& folder : path) {
-    if (std::filesystem::is_regular_file(folder / module / "__init__.py", ec) ||
-        std::filesystem::is_regular_file(folder / (module + ".py"), ec)) {
-      return folder;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (std::filesystem::is_regular_file(path[i] / module / "__init__.py", ec) ||
+        std::filesystem::is_regular_file(path[i] / (module + ".py"), ec)) {
+      return i;
     }
   }
   return std::nullopt;
 }
 
-// The version of `module` as imported from `folder`: the metadata beside it, else the version
-// its own files state (Lightning's version.info, a __version__), else a hash of its files.
-std::string VersionAt(const std::filesystem::path& folder, const std::string& module) {
-  const std::map<std::string, std::string> metadata = MetadataIn(folder);
+// The version of `module` as imported from `folder` (whose metadata is `metadata`): the metadata
+// beside it, else the version its own files state (Lightning's version.info, a __version__), else
+// a hash of its files.
+std::string VersionAt(const std::filesystem::path& folder, const std::map<std::string, std::string>& metadata,
+                      const std::string& module) {
   if (const auto it = metadata.find(module); it != metadata.end() && !it->second.empty()) return it->second;
   const std::filesystem::path package = folder / module;
   std::error_code ec;
@@ -250,21 +257,24 @@ std::string VersionAt(const std::filesystem::path& folder, const std::string& mo
 // of the code imported), NCCL's wheel from the first metadata that names it. A package found
 // only as metadata (an editable install whose code an import hook finds) keeps that version.
 void ReadLibraries(const std::vector<std::filesystem::path>& path, JobSpec::Libraries& libraries) {
-  std::map<std::string, std::pair<std::string, std::filesystem::path>> listed;  // the first metadata by name
-  for (const std::filesystem::path& folder : path) {
-    for (const auto& [name, version] : MetadataIn(folder)) listed.try_emplace(name, version, folder);
+  // Each folder's metadata, read once; and the first metadata of each name along the path.
+  std::vector<std::map<std::string, std::string>> metadata;
+  std::map<std::string, std::pair<std::string, size_t>> listed;
+  for (size_t i = 0; i < path.size(); ++i) {
+    metadata.push_back(MetadataIn(path[i]));
+    for (const auto& [name, version] : metadata.back()) listed.try_emplace(name, version, i);
   }
   for (const auto& [module, field] : {std::pair<std::string, std::string*>{"torch", &libraries.torch},
                                       {"lightning", &libraries.lightning},
                                       {"pytorch_lightning", &libraries.pytorch_lightning}}) {
-    std::optional<std::filesystem::path> folder = Origin(path, module);
+    std::optional<size_t> folder = Origin(path, module);
     if (folder) {
-      *field = VersionAt(*folder, module);
+      *field = VersionAt(path[*folder], metadata[*folder], module);
     } else if (const auto it = listed.find(module); it != listed.end()) {
       *field = it->second.first;
       folder = it->second.second;
     }
-    if (module == "torch" && folder) libraries.cuda = TorchCuda(*folder);
+    if (module == "torch" && folder) libraries.cuda = TorchCuda(path[*folder]);
   }
   for (const auto& [name, found] : listed) {
     if (name.starts_with("nvidia_nccl")) {
