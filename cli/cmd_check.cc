@@ -11,10 +11,11 @@
 #include "cli/commands.h"
 #include "cli/job_python.h"
 #include "cli/library_identity.h"
+#include "runner/io/net_interfaces.h"
 #include "runner/io/node_identity.h"
+#include "runner/io/node_identity_slurm.h"
 #include "schema/diagnostics.h"
 #include "schema/json_schema.h"
-#include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
 #include "schema/plan.h"
 
@@ -149,8 +150,13 @@ int CheckCommand(const CheckOptions& options) {
     return kExitUsage;
   }
   // Seen from this host only (its /etc/hosts): run `check` on node 0 to check node 0.
-  if (const std::string loopback = io::LoopbackMasterProblem(spec); !loopback.empty() && !options.json) {
-    fmt::print(stderr, "warning: {}\n", loopback);
+  if (const auto loopback = io::LoopbackMasterHere(spec); loopback && !options.json) {
+    const auto at = spec.rendezvous.Etcd() ? std::nullopt : io::OwnAddressTowardsPeers(spec, 0);
+    if (at) {
+      fmt::print(stderr, "note: {}\n", io::MasterAtNote(*loopback, at->address, at->towards, true));
+    } else {
+      fmt::print(stderr, "warning: {}\n", io::LoopbackMasterProblem(spec));
+    }
   }
   const Plan plan = MakePlan(spec, options.node_rank);
   if (options.json) {

@@ -77,7 +77,8 @@ int Agent::running_workers() const {
 
 std::string Agent::MasterEndpoint() const {
   if (!coordinator_endpoint_.empty()) return coordinator_endpoint_;
-  return fmt::format("{}:{}", spec_.cluster.master_addr, spec_.cluster.master_port);
+  return fmt::format("{}:{}", config_.master_at.empty() ? spec_.cluster.master_addr : config_.master_at,
+                     spec_.cluster.master_port);
 }
 
 void Agent::Log(LogLevel level, std::string text, std::vector<AgentEffect>& out) const {

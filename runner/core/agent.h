@@ -44,6 +44,10 @@ class Agent {
     // "addr:port" where this host accepts probes from the other nodes (rendezvous.probe),
     // sent in the Join; "" for none.
     std::string probe_endpoint;
+    // Node 0 whose cluster.master_addr is loopback on its own host (its name on a stock
+    // /etc/hosts): the address the other nodes reach it at, where it listens, where its own
+    // agent connects, and every round's MASTER_ADDR. "": cluster.master_addr.
+    std::string master_at;
   };
 
   Agent(const JobSpec& spec, Config config);

@@ -55,6 +55,9 @@ class Coordinator {
   /// worker rank 0, its store and the store relay live with the coordinator, and every round's
   /// MASTER_ADDR is `addr`. Before the first input.
   void PlaceRankZero(int agent, std::string addr);
+  /// Every round's MASTER_ADDR is `addr`, not cluster.master_addr: node 0 listens there because
+  /// master_addr is loopback on its own host (io::OwnAddressTowardsPeers). Before the first input.
+  void SetMasterAddr(std::string addr) { master_addr_ = std::move(addr); }
 
   /// Takes the job over from `record`, what an earlier holder of the coordinator role left in
   /// the job's store (etcd): the round numbers and the restart budget go on. A round
@@ -294,7 +297,7 @@ class Coordinator {
   bool took_over_ = false;           // TakeOver: the job began under another holder
   bool ended_by_rule_ = false;       // see ended_by_rule()
   std::vector<std::string> earlier_causes_;  // the restarted rounds' root causes, for the summaries
-  std::string master_addr_;          // PlaceRankZero: every round's MASTER_ADDR; "": the file's
+  std::string master_addr_;          // every round's MASTER_ADDR (PlaceRankZero, SetMasterAddr); "": the file's
   int own_agent_ = 0;                // the agent in this coordinator's process (PlaceRankZero)
   bool elected_ = false;             // PlaceRankZero: the role was won in a campaign (etcd)
   std::string us_ = "node 0";        // this coordinator as refusals name it

@@ -121,6 +121,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
     journal_record_ = std::make_unique<JournalRecord>(ports_.journal);
     record_ = journal_record_.get();
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
+    if (!config.master_at.empty()) coordinator_->SetMasterAddr(config.master_at);
     // The instance is the driver's randomness; it seeds the challenge nonces.
     if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
   }
@@ -138,7 +139,7 @@ NodeHost::~NodeHost() {
 Status NodeHost::Start() {
   recorder_.Started(ports_.clock->Now());
   if (coordinator_) {
-    const Status listening = ports_.transport->Listen(spec_.cluster.master_addr, spec_.cluster.master_port);
+    const Status listening = ports_.transport->Listen(MasterAddr(), spec_.cluster.master_port);
     if (!listening) return listening;
     if (Inherit(ports_.clock->Now())) RunCoordinator(core::Tick{});
   }
@@ -147,6 +148,11 @@ Status NodeHost::Start() {
   // RunAgent executes the start effects (left in start_effects_) with those of a no-op input.
   RunAgent(core::Tick{});
   return {};
+}
+
+const std::string& NodeHost::MasterAddr() const {
+  const std::string& at = agent_.config().master_at;
+  return at.empty() ? spec_.cluster.master_addr : at;
 }
 
 void NodeHost::OnTimer() {
@@ -398,7 +404,7 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
         awaiting_coordinator_ = true;
         election_->Lookup(now);
       } else {
-        master_conn_ = ports_.transport->Connect(spec_.cluster.master_addr, spec_.cluster.master_port);
+        master_conn_ = ports_.transport->Connect(MasterAddr(), spec_.cluster.master_port);
       }
     } else if (auto* send = std::get_if<core::SendToMaster>(&effect)) {
       if (master_conn_) ports_.transport->Send(*master_conn_, wire::Encode(send->message));

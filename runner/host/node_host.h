@@ -98,6 +98,9 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   const Election* election() const { return election_.get(); }
 
  private:
+  /// Where node 0 listens and this agent connects without etcd: cluster.master_addr, or the
+  /// agent's Config::master_at.
+  const std::string& MasterAddr() const;
   void RunAgent(const core::AgentInput& input);
   /// With etcd: this agent now holds the coordinator role.
   void Lead();

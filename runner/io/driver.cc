@@ -290,6 +290,14 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   const std::filesystem::path job_dir = options.job_dir.empty() ? "." : options.job_dir;
   AgentSetup setup = SetUpAgent(spec, options, job_dir, *secret, socket_interface);
   core::Agent::Config& config = setup.config;
+  // Node 0 named by a host name that is loopback here (its own name on a stock /etc/hosts)
+  // listens where the other nodes reach it instead, and gives that address as MASTER_ADDR.
+  const std::optional<LoopbackMaster> loopback_master = LoopbackMasterHere(spec);
+  std::optional<AddressTowardsPeers> master_at;
+  if (loopback_master && options.node_rank == 0 && !spec.rendezvous.Etcd()) {
+    master_at = OwnAddressTowardsPeers(spec, options.node_rank);
+    if (master_at) config.master_at = master_at->address;
+  }
 
   asio::io_context io;
   // Every console line of this agent, its workers' included, goes through this writer, so a
@@ -383,8 +391,12 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   LogStart(console, spec, options, config, *secret, socket_interface);
   LimitTransport(transport, io, spec, nofile, inherited_fds, console);
   // A master that listens on loopback in a job of several hosts fails late and far away
-  // ("connection refused" on every other node): say why here, at once.
-  if (const std::string loopback = LoopbackMasterProblem(spec); !loopback.empty()) {
+  // ("connection refused" on every other node): node 0 listens where the others reach it, or
+  // says why it cannot, at once.
+  if (master_at) {
+    console.Log(core::LogLevel::kInfo, "coordinator", MasterAtNote(*loopback_master, master_at->address, master_at->towards, false));
+  } else if (loopback_master) {
+    const std::string loopback = LoopbackMasterProblem(spec);
     if (options.node_rank == 0) {
       return fail_start("ddprun cannot start node 0's coordinator: " + loopback, ExitCode::kRendezvous, false);
     }

@@ -131,11 +131,36 @@ std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int no
                     : fmt::format("cluster.spares[{}]", node_rank - spec.cluster.nnodes);
   }
   std::string route_source;
+  std::string route_as = fmt::format("master_addr {}", spec.cluster.master_addr);
   if (const auto master = ResolveAll(spec.cluster.master_addr); !master.empty()) {
     route_source = RouteSourceAddress(master.front(), spec.cluster.master_port);
   }
-  return ChooseSocketInterface(LocalInterfaces(), listed, listed_as, route_source,
-                               fmt::format("master_addr {}", spec.cluster.master_addr));
+  // Node 0 reaches master_addr over its own loopback: where it sends from towards the others
+  // is where they reach it.
+  if (node_rank == 0 && IsLoopbackText(route_source)) {
+    if (auto own = OwnAddressTowardsPeers(spec, node_rank)) {
+      route_source = own->address;
+      route_as = own->towards;
+    }
+  }
+  return ChooseSocketInterface(LocalInterfaces(), listed, listed_as, route_source, route_as);
+}
+
+std::optional<AddressTowardsPeers> OwnAddressTowardsPeers(const JobSpec& spec, int node_rank) {
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
+    const std::string host = spec.cluster.HostOf(agent);
+    if (agent == node_rank || host.empty()) continue;
+    for (const std::string& address : ResolveAll(host)) {
+      if (IsLoopbackText(address)) continue;
+      std::string source = RouteSourceAddress(address, spec.cluster.master_port);
+      if (source.empty() || IsLoopbackText(source)) continue;
+      const std::string entry = agent < spec.cluster.nnodes
+                                    ? fmt::format("cluster.nodes[{}]", agent)
+                                    : fmt::format("cluster.spares[{}]", agent - spec.cluster.nnodes);
+      return AddressTowardsPeers{std::move(source), fmt::format("{} ({})", host, entry)};
+    }
+  }
+  return std::nullopt;
 }
 
 SocketInterfaceNote DescribeSocketInterface(const JobSpec& spec,

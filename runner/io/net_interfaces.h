@@ -53,9 +53,20 @@ std::string RouteSourceAddress(const std::string& address, uint16_t port);
 /// The addresses `host` resolves to here (an address stays itself); empty when it does not.
 std::vector<std::string> ResolveAll(const std::string& host);
 
+/// This host's address towards the other agents of the job: the one it sends from to the first
+/// other host (cluster.nodes, then cluster.spares) that resolves here to an address that is
+/// not loopback and has a route. What node 0's peers reach it at when its own name is loopback
+/// here (a stock /etc/hosts); nullopt when no other host resolves or routes.
+struct AddressTowardsPeers {
+  std::string address;  // "10.77.0.1"
+  std::string towards;  // "gpu-02 (cluster.nodes[1])"
+};
+std::optional<AddressTowardsPeers> OwnAddressTowardsPeers(const JobSpec& spec, int node_rank);
+
 /// The interface this node's workers bind their own sockets to (gloo, NCCL, TensorPipe): the
 /// one that holds this node's cluster.nodes (or cluster.spares) address, else the one it sends
-/// from towards master_addr. nullopt for a job of one agent (its workers talk among
+/// from towards master_addr; for node 0 on whose loopback master_addr lies (its own name on a
+/// stock host), the one it sends from towards the other hosts (OwnAddressTowardsPeers). nullopt for a job of one agent (its workers talk among
 /// themselves) and when neither is found.
 std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int node_rank);
 

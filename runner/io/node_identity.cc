@@ -201,53 +201,67 @@ Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
                           fmt::join(matches, ", ")));
 }
 
-std::string LoopbackMasterProblem(const JobSpec& spec) {
+std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec) {
   const std::string& name = spec.cluster.master_addr;
-  if (spec.cluster.nnodes <= 1 || name.empty() || IsAddressLike(name)) return "";
+  if (spec.cluster.nnodes <= 1 || name.empty() || IsAddressLike(name)) return std::nullopt;
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   // "localhost" says on its face that the job stays on this machine (tests, a laptop).
   if (lower == "localhost" || lower.starts_with("localhost.") || lower.ends_with(".localhost") ||
       lower == "ip6-localhost" || lower == "ip6-loopback") {
-    return "";
+    return std::nullopt;
   }
   const auto address = FirstAddress(name);
-  if (!address || !IsLoopback(*address)) return "";
+  if (!address || !IsLoopback(*address)) return std::nullopt;
   // Every listed node on this machine's loopback: a one-machine job by design.
   if (!spec.cluster.nodes.empty() &&
       std::all_of(spec.cluster.nodes.begin(), spec.cluster.nodes.end(), [](const std::string& node) {
         const auto a = FirstAddress(node);
         return a && IsLoopback(*a);
       })) {
-    return "";
+    return std::nullopt;
   }
-  const std::string ip = address->is_v6() && address->to_v6().is_v4_mapped() ? address->to_v6().to_v4().to_string()
-                                                                            : address->to_string();
+  LoopbackMaster found;
+  found.ip = address->is_v6() && address->to_v6().is_v4_mapped() ? address->to_v6().to_v4().to_string()
+                                                                : address->to_string();
   std::ifstream hosts_file("/etc/hosts");
-  const std::string hosts_ip = HostsFileEntry(hosts_file, name);
-  std::string cause;
-  if (!hosts_ip.empty()) {
-    cause = fmt::format("/etc/hosts maps {} to {}{}", name, hosts_ip,
-                        hosts_ip == "127.0.1.1" ? " (Debian and Ubuntu do that for the host's own name)" : "");
+  found.hosts_ip = HostsFileEntry(hosts_file, name);
+  if (!found.hosts_ip.empty()) {
+    found.cause = fmt::format("/etc/hosts maps {} to {}{}", name, found.hosts_ip,
+                              found.hosts_ip == "127.0.1.1" ? " (Debian and Ubuntu do that for the host's own name)" : "");
   } else {
-    cause = fmt::format("{} resolves to {} on this host", name, ip);
+    found.cause = fmt::format("{} resolves to {} on this host", name, found.ip);
   }
+  found.what = fmt::format("cluster.master_addr \"{}\"{} is a loopback address on this host: {}", name,
+                           spec.locations.count("cluster.master_addr") > 0 ? "" : " (cluster.nodes[0])", found.cause);
+  return found;
+}
+
+std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address, const std::string& towards,
+                         bool ahead) {
+  return fmt::format("{}; node 0 {} on {} instead, this host's address towards {}, and {} MASTER_ADDR={}",
+                     loopback.what, ahead ? "will listen" : "listens", address, towards,
+                     ahead ? "will give every worker" : "gives every worker", address);
+}
+
+std::string LoopbackMasterProblem(const JobSpec& spec) {
+  const auto found = LoopbackMasterHere(spec);
+  if (!found) return "";
+  const std::string& name = spec.cluster.master_addr;
   std::vector<std::string> reachable;
   for (const std::string& local : LocalAddresses()) {
     error_code ec;
     const auto parsed = asio::ip::make_address(local, ec);
     if (!ec && !parsed.is_loopback() && !(parsed.is_v6() && parsed.to_v6().is_link_local())) reachable.push_back(local);
   }
-  const bool explicit_addr = spec.locations.count("cluster.master_addr") > 0;
   return fmt::format(
-      "cluster.master_addr \"{}\"{} is a loopback address on this host: {}; node 0 would listen on {}, "
-      "where no other node can reach it, and another node would connect to itself\n"
+      "{}; node 0 would listen on {}, where no other node can reach it, and another node would connect to itself\n"
       "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
       "that address in /etc/hosts on every node{}",
-      name, explicit_addr ? "" : " (cluster.nodes[0])", cause, ip,
-      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name,
+      found->what, found->ip, reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")),
+      name,
       // A line added below the 127.0.1.1 one is not enough: resolvers still give 127.0.1.1 first.
-      hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", hosts_ip));
+      found->hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", found->hosts_ip));
 }
 
 }  // namespace ddprun::io

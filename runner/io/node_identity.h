@@ -37,8 +37,22 @@ Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec);
 /// host name (not an address, not "localhost") that resolves here to a loopback address, as
 /// Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts. Node 0 would listen
 /// where no other node can reach it; another node would connect to itself. Returns "" when
-/// fine, else the problem and a "hint:" line. `check`, `preflight` and the run all use it.
+/// fine, else the problem and a "hint:" line. Node 0 avoids it when it has an address towards
+/// the other hosts (MasterAtNote); otherwise `check`, `preflight` and the run say this.
 std::string LoopbackMasterProblem(const JobSpec& spec);
+/// The same finding in parts; nullopt when master_addr is fine seen from this host.
+struct LoopbackMaster {
+  std::string ip;        // what master_addr resolves to here: "127.0.1.1"
+  std::string hosts_ip;  // what /etc/hosts maps it to ("" when not listed there)
+  std::string cause;     // "/etc/hosts maps gpu-01 to 127.0.1.1 (Debian and Ubuntu do that ...)"
+  std::string what;      // "cluster.master_addr \"gpu-01\" (cluster.nodes[0]) is a loopback address on this host: CAUSE"
+};
+std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec);
+/// What node 0 does about it when it has an address towards the other hosts
+/// (OwnAddressTowardsPeers: `address`, `towards`): it listens there and gives it as
+/// MASTER_ADDR. `ahead`: said by `check`, before the run.
+std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address, const std::string& towards,
+                         bool ahead);
 
 /// True for an address literal rather than a host name: it holds a colon (IPv6) or only digits
 /// and dots (IPv4). A name's short form is compared only for names.

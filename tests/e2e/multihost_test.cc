@@ -86,13 +86,15 @@ class MultiHostTest : public ::testing::Test {
 // Issue 27.1: on stock hosts gloo binds what the host's own name resolves to (127.0.1.1), and
 // every rank died in init_process_group with "connect [127.0.1.1]:...: Connection refused".
 // Each agent now gives its workers the interface its peers reach it at, named differently on
-// each host (ens3, eth1, enp2s0), past a management NIC listed first.
+// each host (ens3, eth1, enp2s0), past a management NIC listed first. Issue 39.1: with the
+// hosts by name and nothing else, as `ddprun init --nodes` writes them (node 0's own name is
+// 127.0.1.1 on its host).
 TEST_F(MultiHostTest, TorchGlooJobAcrossThreeStockHostsEndsWithIdenticalWeights) {
   DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   MakeBed();
   if (!bed_) return;
   const std::string job = WriteJob(
-      "nodes = " + NodesByAddress() + "\nmaster_addr = \"" + bed_->host(0).data_addr + "\"\n",
+      "nodes = " + NodesByName() + "\n",
       "[\"/usr/bin/python3\", \"" + std::string(DDPRUN_SOURCE_DIR) +
           "/examples/ddp_train.py\", \"--steps\", \"4\", \"--result-dir\", \"results\"]",
       2, "", "rendezvous = \"60s\"\nheartbeat = \"1s\"\nstop_grace = \"10s\"\n");
@@ -101,10 +103,13 @@ TEST_F(MultiHostTest, TorchGlooJobAcrossThreeStockHostsEndsWithIdenticalWeights)
   for (int i = 0; i < 3; ++i) ASSERT_EQ(agents_[static_cast<size_t>(i)]->Wait(240s), 0) << Describe();
   for (int i = 0; i < 3; ++i) {
     const TestHost& h = bed_->host(i);
+    // Each host's own name is 127.0.1.1 there: the interface is the one it sends from towards
+    // node 0, and node 0's the one it sends from towards the others.
     EXPECT_THAT(agents_[static_cast<size_t>(2 - i)]->Output(),
                 HasSubstr("workers' sockets use interface " + h.data_if + " (it holds " + h.data_addr +
-                          ", cluster.nodes[" + std::to_string(i) +
-                          "]): GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME set"));
+                          ", this host's address towards " +
+                          (i == 0 ? "gpu-02 (cluster.nodes[1])" : "master_addr gpu-01") +
+                          "): GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, TP_SOCKET_IFNAME set"));
   }
   nlohmann::json reference;
   for (int rank = 0; rank < 6; ++rank) {
@@ -126,25 +131,54 @@ TEST_F(MultiHostTest, TorchGlooJobAcrossThreeStockHostsEndsWithIdenticalWeights)
 constexpr const char* kWhereAmI =
     "[\"sh\", \"-c\", \"echo $RANK $(hostname) $MASTER_ADDR $GLOO_SOCKET_IFNAME > out-$RANK\"]";
 
-// Issue 27.3: nodes = ["gpu-01", ...] on stock hosts. Node 0 refuses to listen on 127.0.1.1 and
-// says to set master_addr; that fix used to leave node 0 unable to join its own job ("refused a
-// connection from <its own address>: not one of cluster.nodes") until the rendezvous timeout.
-TEST_F(MultiHostTest, HostNamesOnStockHostsFailAtOnceAndTheHintsMasterAddrFixWorks) {
+// Issue 39.1: nodes = ["gpu-01", ...] and nothing else, on stock hosts. Node 0 used to exit 3 in
+// a second ("cluster.master_addr "gpu-01" ... is a loopback address on this host") and the
+// others retried until their rendezvous timeout. Now node 0 listens at its address towards the
+// other hosts (the data NIC, not the management NIC listed first), and that address is every
+// worker's MASTER_ADDR; `check` on node 0 says so ahead.
+TEST_F(MultiHostTest, HostNamesOnStockHostsJustWork) {
   MakeBed();
   if (!bed_) return;
-  std::string job = WriteJob("nodes = " + NodesByName() + "\n", kWhereAmI, 1);
-  AgentProcess& first = StartOn(0, {job});
-  ASSERT_EQ(first.Wait(15s), 3) << first.Output();
-  EXPECT_THAT(first.Output(), HasSubstr("hint: set cluster.master_addr to an address of node 0 that the other "
-                                        "nodes reach (this host has " + bed_->host(0).mgmt_addr + ", " +
-                                        bed_->host(0).data_addr + "), or map gpu-01 to that address in "
-                                        "/etc/hosts on every node (on this host in place of 127.0.1.1)"));
+  const std::string job = WriteJob("nodes = " + NodesByName() + "\n", kWhereAmI, 1);
+  const std::string master = bed_->host(0).data_addr;
+  const std::string what =
+      "cluster.master_addr \"gpu-01\" (cluster.nodes[0]) is a loopback address on this host: /etc/hosts "
+      "maps gpu-01 to 127.0.1.1 (Debian and Ubuntu do that for the host's own name); node 0 ";
+  AgentProcess& check = StartOn(0, {"check", job});
+  ASSERT_EQ(check.Wait(15s), 0) << check.Output();
+  EXPECT_THAT(check.Output(), HasSubstr("note: " + what + "will listen on " + master +
+                                        " instead, this host's address towards gpu-02 (cluster.nodes[1]), and "
+                                        "will give every worker MASTER_ADDR=" + master + "\n"));
   agents_.clear();
 
-  job = WriteJob("nodes = " + NodesByName() + "\nmaster_addr = \"" + bed_->host(0).data_addr + "\"\n", kWhereAmI, 1);
+  for (int i = 2; i >= 0; --i) StartOn(i, {job});
+  for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
+  EXPECT_THAT(agents_[2]->Output(), HasSubstr(what + "listens on " + master + " instead, this host's address "
+                                              "towards gpu-02 (cluster.nodes[1]), and gives every worker "
+                                              "MASTER_ADDR=" + master));
+  EXPECT_THAT(agents_[2]->Output(), HasSubstr("workers' sockets use interface " + bed_->host(0).data_if +
+                                              " (it holds " + master + ", this host's address towards gpu-02 "
+                                              "(cluster.nodes[1]))"));
+  for (int rank = 0; rank < 3; ++rank) {
+    const TestHost& h = bed_->host(rank);
+    EXPECT_EQ(bed_->Read(rank, "out-" + std::to_string(rank)),
+              std::to_string(rank) + " " + h.name + " " + master + " " + h.data_if + "\n")
+        << Describe();
+  }
+}
+
+// Issue 27.3: the earlier fix, master_addr set to node 0's address beside host names, used to
+// leave node 0 unable to join its own job ("refused a connection from <its own address>: not
+// one of cluster.nodes") until the rendezvous timeout.
+TEST_F(MultiHostTest, HostNamesWithNodeZerosAddressAsMasterAddrWork) {
+  MakeBed();
+  if (!bed_) return;
+  const std::string job =
+      WriteJob("nodes = " + NodesByName() + "\nmaster_addr = \"" + bed_->host(0).data_addr + "\"\n", kWhereAmI, 1);
   for (int i = 2; i >= 0; --i) StartOn(i, {job});
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
   EXPECT_THAT(agents_[2]->Output(), Not(HasSubstr("refused a connection")));
+  EXPECT_THAT(agents_[2]->Output(), Not(HasSubstr("loopback")));
   for (int rank = 0; rank < 3; ++rank) {
     const TestHost& h = bed_->host(rank);
     EXPECT_EQ(bed_->Read(rank, "out-" + std::to_string(rank)),
@@ -152,8 +186,10 @@ TEST_F(MultiHostTest, HostNamesOnStockHostsFailAtOnceAndTheHintsMasterAddrFixWor
         << Describe();
   }
   // The host name is 127.0.1.1 on its own host, so the interface comes from the route.
-  EXPECT_THAT(agents_[0]->Output(), HasSubstr("workers' sockets use interface enp2s0 (it holds 10.215.0.3, "
-                                              "this host's address towards master_addr 10.215.0.1)"));
+  EXPECT_THAT(agents_[0]->Output(), HasSubstr("workers' sockets use interface " + bed_->host(2).data_if +
+                                              " (it holds " + bed_->host(2).data_addr +
+                                              ", this host's address towards master_addr " +
+                                              bed_->host(0).data_addr + ")"));
 }
 
 TEST_F(MultiHostTest, HostNamesWorkWhenNodeZerosNameMapsToItsAddressInEtcHosts) {
