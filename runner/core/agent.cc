@@ -77,7 +77,8 @@ int Agent::running_workers() const {
 
 std::string Agent::MasterEndpoint() const {
   if (!coordinator_endpoint_.empty()) return coordinator_endpoint_;
-  return fmt::format("{}:{}", config_.master_at.empty() ? spec_.cluster.master_addr : config_.master_at,
+  const bool at = !config_.master_at.empty() && !spec_.rendezvous.Etcd();
+  return fmt::format("{}:{}", at ? config_.master_at : spec_.cluster.master_addr,
                      spec_.cluster.master_port);
 }
 

@@ -46,7 +46,9 @@ class Agent {
     std::string probe_endpoint;
     // Node 0 whose cluster.master_addr is loopback on its own host (its name on a stock
     // /etc/hosts): the address the other nodes reach it at, where it listens, where its own
-    // agent connects, and every round's MASTER_ADDR. "": cluster.master_addr.
+    // agent connects, and every round's MASTER_ADDR. "": cluster.master_addr. With etcd: where
+    // this agent listens while it holds the coordinator role, when its own cluster.nodes entry
+    // is loopback here; "": that entry.
     std::string master_at;
   };
 

@@ -95,7 +95,7 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       std::min<size_t>(wire::kMaxPayload, kUnprovenFrameBase + 2 * config.canonical.size()));
   if (ports_.store) {
     // etcd: whichever agent holds the role runs the coordinator, on its own host's address.
-    own_addr_ = spec.cluster.HostOf(config.node_rank);
+    own_addr_ = config.master_at.empty() ? spec.cluster.HostOf(config.node_rank) : config.master_at;
     Election::Listener listener;
     listener.found = [this](const std::string& endpoint) {
       if (!awaiting_coordinator_) return;

@@ -201,9 +201,8 @@ Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
                           fmt::join(matches, ", ")));
 }
 
-std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec) {
-  const std::string& name = spec.cluster.master_addr;
-  if (spec.cluster.nnodes <= 1 || name.empty() || IsAddressLike(name)) return std::nullopt;
+std::optional<LoopbackMaster> LoopbackNameHere(const JobSpec& spec, const std::string& name) {
+  if (spec.cluster.Agents() <= 1 || name.empty() || IsAddressLike(name)) return std::nullopt;
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   // "localhost" says on its face that the job stays on this machine (tests, a laptop).
@@ -232,8 +231,18 @@ std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec) {
   } else {
     found.cause = fmt::format("{} resolves to {} on this host", name, found.ip);
   }
-  found.what = fmt::format("cluster.master_addr \"{}\"{} is a loopback address on this host: {}", name,
-                           spec.locations.count("cluster.master_addr") > 0 ? "" : " (cluster.nodes[0])", found.cause);
+  return found;
+}
+
+std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec) {
+  // With etcd, master_addr is not where anyone listens: the role's holder listens on its own
+  // host (OwnListenAddress).
+  if (spec.cluster.nnodes <= 1 || spec.rendezvous.Etcd()) return std::nullopt;
+  auto found = LoopbackNameHere(spec, spec.cluster.master_addr);
+  if (!found) return std::nullopt;
+  found->what = fmt::format("cluster.master_addr \"{}\"{} is a loopback address on this host: {}",
+                            spec.cluster.master_addr,
+                            spec.locations.count("cluster.master_addr") > 0 ? "" : " (cluster.nodes[0])", found->cause);
   return found;
 }
 

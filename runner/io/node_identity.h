@@ -48,6 +48,9 @@ struct LoopbackMaster {
   std::string what;      // "cluster.master_addr \"gpu-01\" (cluster.nodes[0]) is a loopback address on this host: CAUSE"
 };
 std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec);
+/// The same for any host name of the job (`what` left empty): an agent's own entry under etcd,
+/// where the coordinator role's holder listens on its own host.
+std::optional<LoopbackMaster> LoopbackNameHere(const JobSpec& spec, const std::string& name);
 /// What node 0 does about it when it has an address towards the other hosts
 /// (OwnAddressTowardsPeers: `address`, `towards`): it listens there and gives it as
 /// MASTER_ADDR. `ahead`: said by `check`, before the run.

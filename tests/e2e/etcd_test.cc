@@ -12,7 +12,10 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <memory>
 #include <vector>
@@ -246,6 +249,10 @@ class EtcdPartitionTest : public ::testing::Test {
   void TearDown() override {
     agents_.clear();
     etcd_.reset();
+    for (const std::string& ns : hosts_files_) {
+      std::error_code ec;
+      std::filesystem::remove_all("/etc/netns/" + ns, ec);
+    }
     if (in_b_) {
       ::setns(own_ns_, CLONE_NEWNET);
       ::close(own_ns_);
@@ -257,6 +264,7 @@ class EtcdPartitionTest : public ::testing::Test {
   ScratchDir dir_;
   std::unique_ptr<NetnsPair> hosts_;
   std::string a_, b_, addr_a_, addr_b_;
+  std::vector<std::string> hosts_files_;  // namespaces given their own /etc/hosts
   bool in_b_ = false;
   int own_ns_ = -1;
   std::unique_ptr<etcdtest::EtcdCluster> etcd_;
@@ -320,6 +328,52 @@ TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) 
   EXPECT_EQ(b.Wait(60s), 0) << Describe();
   EXPECT_EQ(a.Wait(60s), 0) << Describe();
   EXPECT_THAT(b.Output(), HasSubstr("exited 0 in round 1 (1 restart used)")) << Describe();
+}
+
+// Issue 39.1 under etcd: host names in cluster.nodes on stock hosts, where each host's own name
+// is 127.0.1.1. The role's holder used to listen on 127.0.1.1 and the other agent, told
+// "ddprun-node-a:PORT" by etcd, could never reach it. Now it listens at its address towards the
+// other host, publishes that, and gives it as MASTER_ADDR.
+TEST_F(EtcdPartitionTest, HostNamesOnStockHostsWork) {
+  for (const auto& [ns, own, other, other_addr] :
+       {std::tuple{a_, "ddprun-node-a", "ddprun-node-b", addr_b_}, std::tuple{b_, "ddprun-node-b", "ddprun-node-a", addr_a_}}) {
+    std::filesystem::create_directories("/etc/netns/" + ns);
+    hosts_files_.push_back(ns);
+    std::ofstream("/etc/netns/" + ns + "/hosts")
+        << "127.0.0.1 localhost\n127.0.1.1 " << own << "\n" << other_addr << " " << other << "\n";
+  }
+  std::string endpoints;
+  for (const std::string& url : etcd_->ClientUrls()) endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
+  std::ostringstream t;
+  t << "version = 1\n[job]\nname = \"names\"\ncommand = [\"sh\", \"-c\", "
+    << TomlString("echo $MASTER_ADDR > addr-$RANK; while [ ! -e finish ]; do sleep 0.1; done")
+    << "]\n[cluster]\nnodes = [\"ddprun-node-a\", \"ddprun-node-b\"]\nmaster_port = 29519\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
+    << "[rendezvous]\nbackend = \"etcd\"\nendpoints = [" << endpoints << "]\nlease = \"5s\"\n"
+    << "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
+  const std::string job = dir_.Write("job.toml", t.str());
+  auto start = [&](const std::string& ns, const std::string& rank) -> AgentProcess& {
+    agents_.push_back(std::make_unique<AgentProcess>(std::vector<std::string>{job, "--node-rank", rank},
+                                                     dir_.path() + "/" + rank + ".out",
+                                                     std::map<std::string, std::string>{},
+                                                     std::vector<std::string>{"ip", "netns", "exec", ns}));
+    return *agents_.back();
+  };
+  AgentProcess& a = start(a_, "0");
+  ASSERT_TRUE(WaitFor([&] { return a.Output().find("holds the coordinator role now") != std::string::npos; }, 20s))
+      << Describe();
+  EXPECT_THAT(a.Output(), HasSubstr("this host's entry \"ddprun-node-a\" (cluster.nodes[0]) is a loopback address on "
+                                    "this host: /etc/hosts maps ddprun-node-a to 127.0.1.1 (Debian and Ubuntu do "
+                                    "that for the host's own name); while this agent holds the coordinator role it "
+                                    "listens on " + addr_a_ + " instead, this host's address towards ddprun-node-b "
+                                    "(cluster.nodes[1]), and gives every worker MASTER_ADDR=" + addr_a_));
+  AgentProcess& b = start(b_, "1");
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("addr-0") && dir_.Exists("addr-1"); }, 30s)) << Describe();
+  EXPECT_EQ(dir_.Read("addr-0"), addr_a_ + "\n");
+  EXPECT_EQ(dir_.Read("addr-1"), addr_a_ + "\n");
+  dir_.Write("finish", "");
+  EXPECT_EQ(a.Wait(30s), 0) << Describe();
+  EXPECT_EQ(b.Wait(30s), 0) << Describe();
 }
 
 }  // namespace
