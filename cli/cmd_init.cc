@@ -82,8 +82,9 @@ std::string SbatchScript(const InitOptions& o, const std::string& name, int nnod
   t += "set -euo pipefail\n";
   t += "# scancel sends SIGTERM to every agent, which stops its workers within timeouts.stop_grace\n";
   t += "# (keep it below the cluster's KillWait). --cpu-bind=none: workers are not pinned to the\n";
-  t += "# agent's task.\n";
-  t += fmt::format("srun --cpu-bind=none ddprun {} ${{1+-- \"$@\"}}\n", job);
+  t += "# agent's task. --kill-on-bad-exit=1: an agent that cannot start (exit 2 or 3) ends the\n";
+  t += "# others at once; leave it out for a job with spares or shrinking.\n";
+  t += fmt::format("srun --cpu-bind=none --kill-on-bad-exit=1 ddprun {} ${{1+-- \"$@\"}}\n", job);
   return t;
 }
 

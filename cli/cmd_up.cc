@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "ddprun_version.h"
+#include "runner/io/controller_link.h"
 #include "runner/io/remote_processes.h"
 #include "runner/io/ssh_command.h"
 #include "schema/diagnostics.h"
@@ -34,6 +35,57 @@ std::string Who(const JobSpec& spec, int agent) {
   return agent < spec.cluster.nnodes ? fmt::format("{} (node {})", host, agent)
                                      : fmt::format("{} (spare {})", host, agent - spec.cluster.nnodes);
 }
+
+/// Until the job's first round starts, an agent that exits 2 (usage) or 3 (rendezvous) means
+/// the job cannot start as written, and the other agents would wait for it until
+/// timeouts.rendezvous: `up` stops them at once and ends with that agent's code and reason
+/// (issue 39.2). Once a round started (the coordinator's agent says so, controller_link.h), the
+/// job decides: a node refused or lost then may be replaced by a spare, or the job shrinks.
+class EarlyExitWatch {
+ public:
+  explicit EarlyExitWatch(const JobSpec& spec) : spec_(spec), reasons_(static_cast<size_t>(spec.cluster.Agents())) {}
+
+  io::RunHooks Hooks() {
+    io::RunHooks hooks;
+    hooks.line = [this](size_t i, int stream, std::string_view line) {
+      if (stream == 0 && line == io::kJobStartedLine) {
+        started_ = true;
+        return false;
+      }
+      // The agent's reason: its summary's first line, or an error line.
+      if (line.find("error: ") != std::string_view::npos || line.starts_with("ddprun cannot ")) {
+        reasons_[i] = std::string(line.substr(0, 2000));
+      }
+      return true;
+    };
+    hooks.exited = [this](size_t i, int status) {
+      if (started_ || ended_by_ || (status != 2 && status != 3)) return false;
+      ended_by_ = i;
+      code_ = status;
+      std::fprintf(stderr, "ddprun up: %s exited %d before the job started; stopping the other agents\n",
+                   Who(spec_, static_cast<int>(i)).c_str(), status);
+      return true;
+    };
+    return hooks;
+  }
+
+  /// After the run: the code `up` ends with when an early exit ended the job, and its summary.
+  std::optional<int> Verdict() const {
+    if (!ended_by_) return std::nullopt;
+    const std::string& reason = reasons_[*ended_by_];
+    std::fprintf(stderr, "ddprun up: the job did not start: %s exited %d%s%s\n",
+                 Who(spec_, static_cast<int>(*ended_by_)).c_str(), code_, reason.empty() ? "" : ": ",
+                 reason.c_str());
+    return code_;
+  }
+
+ private:
+  const JobSpec& spec_;
+  std::vector<std::string> reasons_;  // per agent, its last line that gave a reason
+  bool started_ = false;
+  std::optional<size_t> ended_by_;
+  int code_ = 0;
+};
 
 /// The probe of every host at once; true when all answered well, else each failure printed.
 bool ProbeHosts(const JobSpec& spec, const UpOptions& options, const std::string& ssh_command,
@@ -346,7 +398,9 @@ int UpCommand(const UpOptions& options) {
   io::RunLimits limits;
   limits.stop_wait = std::chrono::duration_cast<std::chrono::milliseconds>(spec.timeouts.StopBound()) +
                      std::chrono::seconds(10);
-  const io::RunOutcome outcome = io::RunRemoteChildren(agents, limits);
+  EarlyExitWatch watch(spec);
+  const io::RunOutcome outcome = io::RunRemoteChildren(agents, limits, watch.Hooks());
+  if (const std::optional<int> code = watch.Verdict()) return *code;
 
   // The job's exit code is what every agent returns; node 0's first, as it ran the coordinator.
   std::optional<int> job_code;

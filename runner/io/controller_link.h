@@ -22,6 +22,13 @@
 
 namespace ddprun::io {
 
+/// The other way, on the agent's stdout: the line (without its newline) that an agent started
+/// by `up` prints when the job's first round has started (the agent that runs the coordinator
+/// says it). `up` keeps it out of the stream; until some agent said it, an agent that exits 2
+/// or 3 ends the job (docs/running.md, "From one machine"). It starts with ASCII RS, which no
+/// line of the agent's console starts with.
+inline constexpr std::string_view kJobStartedLine = "\x1e" "ddprun-up: job-started";
+
 /// The line `up` writes to ask for a stop, for signal `signal` (SIGINT, SIGTERM, SIGHUP).
 std::string StopRequestLine(int signal);
 

@@ -72,6 +72,21 @@ std::map<std::string, std::string> CurrentEnvironment() {
   return env;
 }
 
+/// Tells `up` (controller_link.h) on stdout when the job's first round started.
+class UpObserver final : public host::Observer {
+ public:
+  explicit UpObserver(ConsoleWriter& writer) : writer_(writer) {}
+  void Observe(TimePoint, const core::Observation& what) override {
+    if (told_ || !std::holds_alternative<core::observed::RoundStarted>(what)) return;
+    told_ = true;
+    writer_.Write(ConsoleWriter::Stream::kOut, std::string(kJobStartedLine) + "\n");
+  }
+
+ private:
+  ConsoleWriter& writer_;
+  bool told_ = false;
+};
+
 /// The agent's configuration, and where this run of it writes.
 struct AgentSetup {
   core::Agent::Config config;
@@ -357,8 +372,10 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   }
   // The job's code comes from the coordinator; a loop that stops without one is a bug.
   int exit_code = core::ToInt(ExitCode::kInternal);
+  // Started by `up`: the coordinator's agent tells it when the first round starts.
+  UpObserver up_observer(console_writer);
   host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
-                    events.get(), etcd.get()};
+                    events.get(), etcd.get(), options.controlled_by_up ? &up_observer : nullptr};
   // With a metrics endpoint that lingers, the end waits for a scrape of the final state.
   std::function<void()> on_job_end = [&io] { io.stop(); };
   bool lingering = false;

@@ -52,12 +52,16 @@ void WriteAll(int fd, std::string_view text) {
 }
 
 /// Prints every complete line of `buffer` with `prefix`, keeping the rest; all of it at `eof`.
-void EmitLines(std::string& buffer, const std::string& prefix, int fd, bool eof) {
+/// A line `keep` refuses is not printed.
+void EmitLines(std::string& buffer, const std::string& prefix, int fd, bool eof,
+               const std::function<bool(std::string_view)>& keep) {
   size_t start = 0;
   while (true) {
     const size_t end = buffer.find('\n', start);
     if (end == std::string::npos) break;
-    WriteAll(fd, prefix + buffer.substr(start, end - start + 1));
+    if (!keep || keep(std::string_view(buffer).substr(start, end - start))) {
+      WriteAll(fd, prefix + buffer.substr(start, end - start + 1));
+    }
     start = end + 1;
   }
   buffer.erase(0, start);
@@ -122,9 +126,26 @@ void KillAll(std::vector<Running>& running, int signal) {
   }
 }
 
+/// Asks each child to stop the way the user asked this program with `signal`: one that holds a
+/// link gets the stop line (and its link closes); one that holds none (a probe) is ended now.
+void AskToStop(const std::vector<RemoteChild>& children, std::vector<Running>& running, int signal) {
+  for (size_t j = 0; j < children.size(); ++j) {
+    Running& r = running[j];
+    if (children[j].hold_stdin && r.in.valid()) {
+      const std::string line = StopRequestLine(signal);
+      ::fcntl(r.in.get(), F_SETFL, 0);
+      WriteAll(r.in.get(), line);
+      r.in.Reset();
+    } else if (r.pid > 0 && !r.reaped) {
+      SignalGroup(r.pid, SIGTERM);
+    }
+  }
+}
+
 }  // namespace
 
-RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const RunLimits& limits) {
+RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const RunLimits& limits,
+                             const RunHooks& hooks) {
   RunOutcome outcome;
   outcome.children.resize(children.size());
   std::vector<Running> running(children.size());
@@ -215,20 +236,8 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
           const int signal = static_cast<int>(info.ssi_signo);
           if (!outcome.interrupted_by) {
             outcome.interrupted_by = signal;
-            // Each agent is asked to stop the way the user asked this program; a child that
-            // holds no link (a probe) is ended now.
-            for (size_t j = 0; j < children.size(); ++j) {
-              Running& r = running[j];
-              if (children[j].hold_stdin && r.in.valid()) {
-                const std::string line = StopRequestLine(signal);
-                ::fcntl(r.in.get(), F_SETFL, 0);
-                WriteAll(r.in.get(), line);
-                r.in.Reset();
-              } else if (r.pid > 0 && !r.reaped) {
-                SignalGroup(r.pid, SIGTERM);
-              }
-            }
-            stop_deadline = Clock::now() + limits.stop_wait;
+            AskToStop(children, running, signal);
+            if (!stop_deadline && !kill_deadline) stop_deadline = Clock::now() + limits.stop_wait;
           } else {
             // A second interrupt: the user will not wait. The links are closed already, so
             // each agent still stops its workers when its ssh session ends.
@@ -245,7 +254,9 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
       const bool eof = n <= 0;
       if (children[i].stream) {
         if (!eof) r.line[stream].append(buffer, static_cast<size_t>(n));
-        EmitLines(r.line[stream], children[i].prefix, stream == 0 ? STDOUT_FILENO : STDERR_FILENO, eof);
+        std::function<bool(std::string_view)> keep;
+        if (hooks.line) keep = [&, i = i, stream = stream](std::string_view line) { return hooks.line(i, stream, line); };
+        EmitLines(r.line[stream], children[i].prefix, stream == 0 ? STDOUT_FILENO : STDERR_FILENO, eof, keep);
       } else if (!eof) {
         std::string& sink = stream == 0 ? outcome.children[i].out : outcome.children[i].err;
         if (sink.size() < kMaxCollected) sink.append(buffer, static_cast<size_t>(n));
@@ -263,6 +274,11 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
         r.in.Reset();
         outcome.children[i].exit_status =
             r.timed_out ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (hooks.exited && hooks.exited(i, outcome.children[i].exit_status) && !stop_deadline && !kill_deadline &&
+            !outcome.interrupted_by) {
+          AskToStop(children, running, SIGTERM);
+          stop_deadline = Clock::now() + limits.stop_wait;
+        }
       }
     }
   }

@@ -6,7 +6,9 @@
 // and turned into stop requests on each agent's link (runner/io/controller_link.h).
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddprun::io {
@@ -38,8 +40,21 @@ struct RunOutcome {
   int interrupted_by = 0;              // the first signal received, 0 if none
 };
 
+/// What the caller may do while the children run (`ddprun up` watches its agents).
+struct RunHooks {
+  /// A complete line of child `i`'s stdout (stream 0) or stderr (1) of a streamed child,
+  /// without its newline, before it is printed; false keeps it out of the stream (a line meant
+  /// for the caller alone).
+  std::function<bool(size_t i, int stream, std::string_view line)> line;
+  /// Child `i` exited with `status` (as ChildOutcome says it); true asks every other child that
+  /// holds a link to stop, with SIGTERM's stop line, as the user's interrupt would (without
+  /// counting as one: RunOutcome::interrupted_by stays 0).
+  std::function<bool(size_t i, int status)> exited;
+};
+
 /// Starts every child, waits for all of them, returns their outcomes. A child that cannot be
 /// started gets exit status 127 and the reason in `err`.
-RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const RunLimits& limits);
+RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const RunLimits& limits,
+                             const RunHooks& hooks = {});
 
 }  // namespace ddprun::io

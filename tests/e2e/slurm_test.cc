@@ -105,6 +105,7 @@ class SlurmTest : public ::testing::Test {
     return WaitForPidFile(dir_, name, within);
   }
   void TearDown() override {
+    if (holder_pid_ > 0) ::kill(holder_pid_, SIGKILL);
     agents_.clear();
     for (pid_t pid : daemon_pids_) ::kill(pid, SIGTERM);
     for (pid_t pid : daemon_pids_) WaitFor([&] { return !ProcessAlive(pid); }, 10s);
@@ -152,6 +153,7 @@ class SlurmTest : public ::testing::Test {
   std::unique_ptr<Testbed> bed_;
   std::string conf_;
   std::vector<pid_t> daemon_pids_;
+  pid_t holder_pid_ = -1;  // a process this test started that holds a port
   std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
@@ -268,6 +270,66 @@ TEST_F(SlurmTest, HostsFromSlurmTakesTheAllocationsHosts) {
   EXPECT_THAT(srun.Output(), HasSubstr("rank 0 of 6 on gpu-01 master gpu-01"));
   EXPECT_THAT(srun.Output(), HasSubstr("rank 5 of 6 on gpu-03 master gpu-01"));
   EXPECT_THAT(srun.Output(), HasSubstr("node 1 of 3 (gpu-02), 2 workers here, master gpu-01:29500"));
+}
+
+// Issue 39.1 under SLURM: hosts_from = "slurm" on stock hosts, where each host's own name is
+// 127.0.1.1 (the bed's /etc/hosts as Debian writes it). Node 0 (gpu-01) used to exit 3 because
+// master_addr, which cannot be written in the file here, was loopback on its host; now it listens
+// at its address towards gpu-02 and every worker gets that as MASTER_ADDR.
+TEST_F(SlurmTest, HostsFromSlurmWorksOnStockHosts) {
+  if (!bed_) return;
+  const std::string job = bed_->Write(
+      "job.toml",
+      "version = 1\n[job]\nname = \"stock\"\ncommand = [\"/bin/sh\", \"-c\", \"echo rank $RANK on $(hostname) "
+      "master $MASTER_ADDR\"]\n[cluster]\nhosts_from = \"slurm\"\nmaster_port = 29500\n"
+      "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 3\n"
+      "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n");
+  AgentProcess& srun = Srun(job);
+  ASSERT_EQ(srun.Wait(120s), 0) << srun.Output();
+  const std::string master = bed_->host(0).data_addr;
+  EXPECT_THAT(srun.Output(), HasSubstr("rank 0 on gpu-01 master " + master));
+  EXPECT_THAT(srun.Output(), HasSubstr("rank 5 on gpu-03 master " + master));
+  EXPECT_THAT(srun.Output(), HasSubstr("node 0 listens on " + master + " instead, this host's address towards gpu-02 "
+                                       "(cluster.nodes[1])"));
+}
+
+// Issue 39.2 under SLURM: node 0 cannot start (its master port is taken on its host). With the
+// docs' --kill-on-bad-exit=1 the step ends at once; the other agents used to wait for node 0
+// until timeouts.rendezvous (30 s here).
+TEST_F(SlurmTest, KillOnBadExitEndsTheStepWhenANodeCannotStart) {
+  if (!bed_) return;
+  std::string pid_text;
+  ASSERT_EQ(RunOn(0,
+                  "python3 -c \"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); "
+                  "time.sleep(120)\" >/dev/null 2>&1 & echo $!",
+                  &pid_text),
+            0)
+      << pid_text;
+  const pid_t holder = std::stoi(pid_text);
+  holder_pid_ = holder;
+  ASSERT_TRUE(WaitFor([&] {
+    std::string out;
+    RunOn(0, "ss -ltn 'sport = :29500' | tail -n +2", &out);
+    return !out.empty();
+  }, 10s));
+  const std::string job = bed_->Write(
+      "job.toml",
+      "version = 1\n[job]\nname = \"bad\"\ncommand = [\"true\"]\n[cluster]\nhosts_from = \"slurm\"\n"
+      "master_port = 29500\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 3\n"
+      "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n");
+  const auto started = std::chrono::steady_clock::now();
+  AgentProcess& srun =
+      Srun(job, {"srun", "-N3", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--job-name=ddprun-e2e"});
+  const auto code = srun.Wait(60s);
+  const auto took = std::chrono::steady_clock::now() - started;
+  ASSERT_TRUE(code.has_value()) << srun.Output();
+  EXPECT_NE(*code, 0) << srun.Output();
+  // Not the 30 s rendezvous: SLURM sends the step SIGTERM, or, to a task it launched only after
+  // (a race in slurmstepd), SIGKILL at KillWait (10 s in this bed).
+  EXPECT_LT(took, 20s) << srun.Output();
+  EXPECT_THAT(srun.Output(), HasSubstr("ddprun cannot start node 0's coordinator: cannot listen on "));
+  RecordProperty("step_ended_after_ms",
+                 static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
 }
 
 // `ddprun init --slurm` writes a job file and an sbatch script that `sbatch` runs as written.

@@ -5,10 +5,14 @@
 // `down` killed the named process, `-1` became `kill -TERM -1`, the links' targets were
 // overwritten. The real-sshd versions are in up_test.cc.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -178,6 +182,94 @@ TEST_F(UpLocalTest, LinksPlantedUnderThePidAndConsoleNamesAreReplacedNotWrittenT
   auto [down_code, down] = Run({"down", job_});
   EXPECT_EQ(down_code, 0) << down;
   EXPECT_THAT(down, HasSubstr("stopped (pid "));
+}
+
+// Issue 39.2: an agent that exits before the job's first round (2 or 3) used to leave the
+// others waiting for it until timeouts.rendezvous (here 60 s); `up` now stops them at once and
+// ends with that agent's code and reason. Once a round started, an agent's exit is the job's to
+// judge (a spare may take its place), and `up` lets the job go on.
+class UpEarlyExitTest : public UpLocalTest {
+ protected:
+  /// Stands in for ddprun on the hosts: node ranks with a file `fail-after-start-K` say the job
+  /// started (the line `up` reads) and exit 3; the others run ddprun, its stdout copied into
+  /// agent-K.out.
+  std::string WrapperPath() {
+    const std::string path = dir_.Write(
+        "ddprun-wrapper",
+        "#!/bin/bash\nreal=" + std::string(DDPRUN_BINARY) + "\ndir=" + dir_.path() +
+            "\nif [ \"$1\" != run ]; then exec \"$real\" \"$@\"; fi\n"
+            "rank=; prev=; for a; do [ \"$prev\" = --node-rank ] && rank=$a; prev=$a; done\n"
+            "if [ -e \"$dir/fail-after-start-$rank\" ]; then printf '\\036ddprun-up: job-started\\n'; sleep 1; "
+            "echo 'ddprun: error: made up for the test' >&2; exit 3; fi\n"
+            "exec > >(tee -a \"$dir/agent-$rank.out\")\nexec \"$real\" \"$@\"\n");
+    ::chmod(path.c_str(), 0755);
+    return path;
+  }
+  std::string TwoNodeJob(uint16_t port, const std::string& rendezvous) {
+    return dir_.Write("two.toml", "version = 1\n[job]\nname = \"two\"\ncommand = [\"/bin/sh\", \"-c\", \"exec sleep 300\"]\n"
+                                  "[cluster]\nnodes = [\"127.0.0.1\", \"127.0.0.2\"]\nmaster_addr = \"127.0.0.1\"\n"
+                                  "master_port = " + std::to_string(port) +
+                                      "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
+                                      "[timeouts]\nrendezvous = \"" + rendezvous +
+                                      "\"\nstop_grace = \"2s\"\nheartbeat = \"500ms\"\n");
+  }
+  std::pair<int, std::string> Up(const std::string& job) {
+    AgentProcess process({"up", job, "--remote-ddprun", WrapperPath()}, dir_.path() + "/up-" + std::to_string(++runs_),
+                         env_);
+    const auto code = process.Wait(60s);
+    return {code.value_or(-1), process.Output()};
+  }
+};
+
+TEST_F(UpEarlyExitTest, AnAgentThatCannotStartEndsTheOthersAtOnceWithItsReason) {
+  // Node 0's master port is taken on its host: its agent cannot listen and exits 3.
+  const int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(holder, 1), 0);
+  socklen_t length = sizeof address;
+  ::getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length);
+  const std::string job = TwoNodeJob(ntohs(address.sin_port), "60s");
+  const auto started = std::chrono::steady_clock::now();
+  auto [code, out] = Up(job);
+  const auto took = std::chrono::steady_clock::now() - started;
+  ::close(holder);
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_LT(took, 20s) << out;  // not the 60 s rendezvous timeout
+  EXPECT_THAT(out, HasSubstr("ddprun up: 127.0.0.1 (node 0) exited 3 before the job started; stopping the other "
+                             "agents\n"));
+  EXPECT_THAT(out, HasSubstr("ddprun up: the job did not start: 127.0.0.1 (node 0) exited 3: ddprun cannot start "
+                             "node 0's coordinator: "));
+  // Node 1 had joined and waited; it was asked to stop.
+  EXPECT_THAT(out, HasSubstr("127.0.0.2 | [ddprun "));
+  EXPECT_THAT(out, HasSubstr("n1] warning: received SIGTERM; stopping the job on every node"));
+}
+
+TEST_F(UpEarlyExitTest, OnceTheJobStartedAnAgentsExitIsLeftToTheJob) {
+  dir_.Write("fail-after-start-1", "");
+  const std::string job = TwoNodeJob(FreePort(), "5s");
+  auto [code, out] = Up(job);
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_THAT(out, Not(HasSubstr("stopping the other agents")));
+  EXPECT_THAT(out, Not(HasSubstr("job-started")));  // the line for `up` is not shown
+  EXPECT_THAT(out, HasSubstr("rendezvous failed"));  // node 0 waited for node 1 as the job says
+}
+
+// A real agent that runs the coordinator says when the first round started, once, on stdout.
+TEST_F(UpEarlyExitTest, TheCoordinatorsAgentSaysWhenTheFirstRoundStarted) {
+  const std::string job = dir_.Write("one.toml", "version = 1\n[job]\nname = \"one\"\ncommand = [\"true\"]\n"
+                                                 "[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_port = " +
+                                                     std::to_string(FreePort()) +
+                                                     "\n[restart]\nmax_restarts = 0\n");
+  auto [code, out] = Up(job);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("job-started")));
+  const std::string agent = dir_.Read("agent-0.out");
+  EXPECT_EQ(std::count(agent.begin(), agent.end(), '\x1e'), 1) << agent;
+  EXPECT_THAT(agent, HasSubstr("\x1e" "ddprun-up: job-started\n"));
 }
 
 }  // namespace

@@ -179,6 +179,8 @@ class UpTest : public ::testing::Test {
                                  std::to_string(i) + " on " + h.name));
       EXPECT_TRUE(std::filesystem::exists(bed_->HomeOf(0) + "/ran-" + std::to_string(i) + "-on-" + h.name));
     }
+    // The coordinator's word to `up` that the job started is not shown (up_local_test.cc).
+    EXPECT_THAT(out, Not(HasSubstr("job-started")));
     // The job's summary once, from node 0; every other node adds only its log folder.
     EXPECT_EQ(Count(out, "job \"up\" succeeded"), 1u) << out;
     EXPECT_EQ(Count(out, " | " + std::string(72, '=') + "\n"), 2u) << out;
