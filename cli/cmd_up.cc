@@ -54,7 +54,7 @@ class EarlyExitWatch {
       }
       // The agent's reason: its summary's first line, or an error line.
       if (line.find("error: ") != std::string_view::npos || line.starts_with("ddprun cannot ")) {
-        reasons_[i] = std::string(line.substr(0, 2000));
+        reasons_[i] = EscapeForTerminal(line.substr(0, 2000));  // remote text, quoted again
       }
       return true;
     };
