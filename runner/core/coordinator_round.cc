@@ -176,8 +176,7 @@ void Coordinator::FinishReach(TimePoint now, std::vector<CoordinatorEffect>& out
     CommitOrBegin(out);
     return;
   }
-  std::vector<std::string> problems;
-  for (const auto& [pair, line] : reach.problems) problems.push_back(line);
+  std::vector<std::string> problems = ReachPairLines(roster_, reach.problems);
   const std::string pairs = fmt::format("  {}", fmt::join(problems, "\n  "));
   const std::string fix =
       "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let "
@@ -188,7 +187,7 @@ void Coordinator::FinishReach(TimePoint now, std::vector<CoordinatorEffect>& out
            fmt::format("round {} not started: {} cannot connect on a port other than master_port, as gloo and "
                        "NCCL must (they would wait in init_process_group until their timeout):\n{}\n{}\n"
                        "(rendezvous.probe = \"warn\" starts the job anyway)",
-                       round_, problems.size() == 1 ? "a pair of nodes" : "pairs of nodes", pairs, fix),
+                       round_, reach.problems.size() == 1 ? "a pair of nodes" : "pairs of nodes", pairs, fix),
            out);
     return;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "base/plural.h"
 #include "runner/core/failure.h"
@@ -204,6 +205,29 @@ std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const 
   // link that names the same folder on a logs.dir that the nodes share.
   text += LogsPointer(spec, facts.node_name, failure.node_rank, failure.round, failure.global_rank);
   return text;
+}
+
+std::vector<std::string> ReachPairLines(const Roster& roster,
+                                        const std::map<std::pair<int, int>, std::string>& problems) {
+  std::vector<std::string> lines;
+  for (const auto& [pair, line] : problems) {
+    if (lines.size() == kReachPairsShown && problems.size() > kReachPairsShown + 1) break;
+    lines.push_back(line);
+  }
+  if (lines.size() == problems.size()) return lines;
+  std::map<int, size_t> named;
+  for (const auto& [pair, line] : problems) {
+    ++named[pair.first];
+    ++named[pair.second];
+  }
+  std::vector<std::pair<int, size_t>> most(named.begin(), named.end());
+  std::stable_sort(most.begin(), most.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (most.size() > 5) most.resize(5);
+  std::vector<std::string> names;
+  for (const auto& [agent, count] : most) names.push_back(fmt::format("{} in {}", roster.NodeName(agent), count));
+  lines.push_back(fmt::format("... and {} more pairs; the nodes named most often: {}", problems.size() - lines.size(),
+                              fmt::join(names, ", ")));
+  return lines;
 }
 
 }  // namespace ddprun::core

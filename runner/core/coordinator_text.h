@@ -2,7 +2,10 @@
 // What the coordinator says at the end of a rendezvous, a round or the job: the summaries
 // every node prints, and a worker's failure as a root cause. Words only; nothing here decides.
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runner/core/roster.h"
 #include "runner/core/round_failure.h"
@@ -19,6 +22,15 @@ std::string NeverRestartRule(const JobSpec& spec, const RoundFailure& failure);
 
 /// Why the rendezvous failed: which node ranks never came, were refused (and why), or left.
 std::string RendezvousFailureText(const JobSpec& spec, const Roster& roster);
+
+/// The pairs of nodes that the probe before round 0 found unable to connect (by (from, to)
+/// agent, each with its line), at most kReachPairsShown of them; beyond that one more line says
+/// how many more and which nodes are named most often (a firewall on one node names it in every
+/// pair with it): 64 nodes behind a closed firewall would otherwise be 4,032 lines on every
+/// console.
+inline constexpr size_t kReachPairsShown = 12;
+std::vector<std::string> ReachPairLines(const Roster& roster,
+                                        const std::map<std::pair<int, int>, std::string>& problems);
 
 /// "earlier rounds' root causes:" and the newest few, one per line ("round 0: rank 3 (node 1
 /// (gpu-02), local rank 1) exited with code 1 (exit:1)"); "" when no round was restarted.

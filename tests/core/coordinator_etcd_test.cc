@@ -1,6 +1,7 @@
 // The coordinator under restart.never_on, with etcd (the job's record in the store, taking
 // over) and with the reachability probe, driven with inputs and virtual time.
 
+#include "runner/core/coordinator_text.h"
 #include "runner/core/auth.h"
 #include "runner/core/coordinator.h"
 
@@ -374,6 +375,34 @@ TEST_F(ReachTest, APairThatCannotConnectEndsTheJobWithExit3NamingThePairThePortA
             "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
             "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it\n"
             "(rendezvous.probe = \"warn\" starts the job anyway)");
+}
+
+// Issue 39.4: 64 hosts whose probes all failed printed 4,032 pair lines on every console (17 MB
+// in all). Beyond kReachPairsShown pairs the summary counts them and names the nodes that
+// appear most often: here node 3, which nobody reaches, and node 7, which reaches nobody.
+TEST_F(ReachTest, ManyFailingPairsAreCountedAndTheNodesNamedMostOftenAreSaid) {
+  std::string nodes;
+  for (int n = 0; n < 16; ++n) nodes += fmt::format("{}\"gpu-0{}\"", n == 0 ? "" : ", ", n + 1);
+  UseJob(Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]", "nodes = [" + nodes + "]"));
+  for (int n = 0; n < 16; ++n) JoinWithProbe(0s, n);
+  Effects e;
+  for (int n = 0; n < 16; ++n) {
+    wire::PeersProbed probed;
+    for (int t = 0; t < 16; ++t) {
+      if (t != n && (t == 3 || n == 7)) probed.failures.push_back({Target(t), "timed out (a firewall drops it)"});
+    }
+    e = Send(1s, ConnOf(n), probed);
+  }
+  const auto end = Sent<wire::JobEnd>(e);
+  ASSERT_FALSE(end.empty()) << test::Describe(e);
+  const std::string& summary = end[0].second.summary;
+  size_t listed = 0;
+  for (size_t at = summary.find("\n  node "); at != std::string::npos; at = summary.find("\n  node ", at + 1)) ++listed;
+  EXPECT_EQ(listed, kReachPairsShown) << summary;
+  EXPECT_THAT(summary, ::testing::HasSubstr("  node 7 (gpu-08) cannot connect to node 5 (gpu-06) at 10.0.0.6:41005: timed out "
+                                 "(a firewall drops it)\n  ... and 17 more pairs; the nodes named most often: node 3 "
+                                 "(gpu-04) in 15, node 7 (gpu-08) in 15, node 0 (gpu-01) in 2, node 1 (gpu-02) in 2, "
+                                 "node 2 (gpu-03) in 2\nfix: "));
 }
 
 TEST_F(ReachTest, UnderWarnTheRoundStartsAndAHangVerdictNamesTheProbe) {

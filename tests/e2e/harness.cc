@@ -174,6 +174,20 @@ AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::stri
                            const std::map<std::string, std::string>& extra_env,
                            const std::vector<std::string>& prefix, bool own_process_group)
     : output_path_(output_path) {
+  std::vector<std::string> argv = prefix;
+  argv.push_back(DDPRUN_BINARY);
+  argv.insert(argv.end(), args.begin(), args.end());
+  Spawn(argv, extra_env, own_process_group);
+}
+
+AgentProcess::AgentProcess(OtherProgram, const std::vector<std::string>& argv, const std::string& output_path,
+                           const std::map<std::string, std::string>& extra_env)
+    : output_path_(output_path) {
+  Spawn(argv, extra_env, false);
+}
+
+void AgentProcess::Spawn(const std::vector<std::string>& argv_text, const std::map<std::string, std::string>& extra_env,
+                         bool own_process_group) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string entry(*e);
@@ -181,6 +195,7 @@ AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::stri
     if (extra_env.count(name) == 0) env.push_back(entry);
   }
   for (const auto& [name, value] : extra_env) env.push_back(name + "=" + value);
+  const std::string& output_path = output_path_;
   pid_ = ::fork();
   if (pid_ == 0) {
     if (own_process_group) ::setpgid(0, 0);
@@ -189,18 +204,12 @@ AgentProcess::AgentProcess(const std::vector<std::string>& args, const std::stri
     ::dup2(fd, 2);
     if (fd > 2) ::close(fd);  // the agent starts with stdio only, as from a shell
     std::vector<char*> argv;
-    for (const auto& p : prefix) argv.push_back(const_cast<char*>(p.c_str()));
-    argv.push_back(const_cast<char*>(DDPRUN_BINARY));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const auto& a : argv_text) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    if (prefix.empty()) {
-      ::execve(DDPRUN_BINARY, argv.data(), envp.data());
-    } else {
-      ::execvpe(argv[0], argv.data(), envp.data());
-    }
+    ::execvpe(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
 }

@@ -76,6 +76,10 @@ class AgentProcess {
   AgentProcess(const std::vector<std::string>& args, const std::string& output_path,
                const std::map<std::string, std::string>& extra_env = {},
                const std::vector<std::string>& prefix = {}, bool own_process_group = false);
+  /// Runs `argv` (argv[0] looked up on PATH) in place of ddprun: torchrun beside it, say.
+  struct OtherProgram {};
+  AgentProcess(OtherProgram, const std::vector<std::string>& argv, const std::string& output_path,
+               const std::map<std::string, std::string>& extra_env = {});
   ~AgentProcess();  // SIGKILLs the agent if it still runs
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;
@@ -88,6 +92,8 @@ class AgentProcess {
   std::string Output() const;
 
  private:
+  void Spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extra_env,
+             bool own_process_group);
   pid_t pid_ = -1;
   std::optional<int> exit_code_;
   std::string output_path_;

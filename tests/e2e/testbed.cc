@@ -16,6 +16,19 @@ namespace ddprun::e2e {
 
 namespace {
 
+constexpr const char* kArpThresh2 = "/proc/sys/net/ipv4/neigh/default/gc_thresh2";
+constexpr const char* kArpThresh3 = "/proc/sys/net/ipv4/neigh/default/gc_thresh3";
+
+long ReadLong(const char* path) {
+  std::ifstream in(path);
+  long value = -1;
+  in >> value;
+  return in ? value : -1;
+}
+
+void WriteLong(const char* path, long value) { std::ofstream(path) << value << "\n"; }
+
+
 constexpr const char* kNamePrefix = "ddprun-tb";
 // Every bed uses the same subnets: each lives in namespaces of its own, which nothing routes
 // into, so two beds (parallel test processes) never meet. 10.213 and 10.214 are NetnsPair's.
@@ -121,6 +134,18 @@ std::unique_ptr<Testbed> Testbed::Create(const TestbedOptions& options, std::str
 
   std::unique_ptr<Testbed> bed(new Testbed());
   bed->prefix_ = std::string(kNamePrefix) + options.tag + "-" + std::to_string(::getpid()) + "-";
+  // Linux keeps one ARP table for every network namespace of the machine, bounded by
+  // gc_thresh3 (1024 by default): a bed of 64 hosts that all talk to each other needs 4,032
+  // entries, and past the bound the kernel drops packets ("neighbor table overflow"), which the
+  // hosts see as connections timing out. Real hosts each have their own table. Raised for the
+  // bed's life, then set back.
+  const long needed = 2L * options.hosts * options.hosts + 1024;
+  const long thresh3 = ReadLong(kArpThresh3);
+  if (thresh3 > 0 && thresh3 < needed) {
+    bed->arp_thresholds_ = {ReadLong(kArpThresh2), thresh3};
+    WriteLong(kArpThresh2, needed / 2);
+    WriteLong(kArpThresh3, needed);
+  }
   std::string templ = (std::filesystem::temp_directory_path() / "ddprun-testbed-XXXXXX").string();
   if (!::mkdtemp(templ.data())) {
     *why = "cannot make a scratch folder for the test bed";
@@ -192,6 +217,10 @@ std::unique_ptr<Testbed> Testbed::Create(const TestbedOptions& options, std::str
 
 Testbed::~Testbed() {
   for (const std::string& ns : namespaces_) DeleteNamespace(ns);
+  if (arp_thresholds_.second > 0) {
+    WriteLong(kArpThresh3, arp_thresholds_.second);
+    WriteLong(kArpThresh2, arp_thresholds_.first);
+  }
   std::error_code ec;
   std::filesystem::remove_all(root_, ec);
 }

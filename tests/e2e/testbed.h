@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/e2e/harness.h"
@@ -99,6 +100,7 @@ class Testbed {
   bool shared_home_ = false;
   std::vector<TestHost> hosts_;
   std::vector<std::string> namespaces_;  // made so far, for the destructor
+  std::pair<long, long> arp_thresholds_{0, 0};  // gc_thresh2 and 3 as found, when the bed raised them
 };
 
 /// Runs `command` with sh on this machine; its exit status (-1 when it could not run), and its
