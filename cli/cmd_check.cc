@@ -11,7 +11,6 @@
 #include "cli/commands.h"
 #include "cli/job_python.h"
 #include "cli/library_identity.h"
-#include "runner/io/net_interfaces.h"
 #include "runner/io/node_identity.h"
 #include "runner/io/node_identity_slurm.h"
 #include "schema/diagnostics.h"
@@ -150,13 +149,11 @@ int CheckCommand(const CheckOptions& options) {
     return kExitUsage;
   }
   // Seen from this host only (its /etc/hosts): run `check` on node 0 to check node 0.
-  if (const auto loopback = io::LoopbackMasterHere(spec); loopback && !options.json) {
-    const auto at = spec.rendezvous.Etcd() ? std::nullopt : io::OwnAddressTowardsPeers(spec, 0);
-    if (at) {
-      fmt::print(stderr, "note: {}\n", io::MasterAtNote(*loopback, at->address, at->towards, true));
-    } else {
-      fmt::print(stderr, "warning: {}\n", io::LoopbackMasterProblem(spec));
-    }
+  // (With etcd the role's holder decides on its own host, at run time.)
+  if (!options.json && !spec.rendezvous.Etcd()) {
+    const io::ListenPlan listen = io::PlanListen(spec, 0, true);
+    if (!listen.refusal.empty()) fmt::print(stderr, "warning: {}\n", listen.refusal);
+    if (!listen.text.empty()) fmt::print(stderr, "note: {}\n", listen.text);
   }
   const Plan plan = MakePlan(spec, options.node_rank);
   if (options.json) {

@@ -161,6 +161,12 @@ struct JobSpec {
     /// Agent `agent` as it was started and as every log line names it: "node 1", or "spare 0"
     /// (spares are numbered after the nodes).
     std::string AgentLabel(int agent) const { return ddprun::AgentLabel(agent, nnodes); }
+    /// Where agent `agent`'s host is written in the job file: "cluster.nodes[1]", or
+    /// "cluster.spares[0]" (spares are numbered after the nodes).
+    std::string HostEntry(int agent) const {
+      return agent < nnodes ? "cluster.nodes[" + std::to_string(agent) + "]"
+                            : "cluster.spares[" + std::to_string(agent - nnodes) + "]";
+    }
     /// The host of agent `agent` (a node or a spare), "" when the hosts are not listed.
     std::string HostOf(int agent) const {
       if (agent >= 0 && agent < static_cast<int>(nodes.size())) return nodes[static_cast<size_t>(agent)];

@@ -307,15 +307,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   core::Agent::Config& config = setup.config;
   // Node 0 named by a host name that is loopback here (its own name on a stock /etc/hosts)
   // listens where the other nodes reach it instead, and gives that address as MASTER_ADDR.
-  // With etcd the same holds for whichever agent holds the coordinator role, on its own host.
-  const std::optional<LoopbackMaster> loopback_master = LoopbackMasterHere(spec);
-  const std::optional<LoopbackMaster> loopback_own =
-      spec.rendezvous.Etcd() ? LoopbackNameHere(spec, spec.cluster.HostOf(options.node_rank)) : std::nullopt;
-  std::optional<AddressTowardsPeers> master_at;
-  if ((loopback_master && options.node_rank == 0) || loopback_own) {
-    master_at = OwnAddressTowardsPeers(spec, options.node_rank);
-    if (master_at) config.master_at = master_at->address;
-  }
+  const ListenPlan listen = PlanListen(spec, options.node_rank, false);
+  config.master_at = listen.master_at;
 
   asio::io_context io;
   // Every console line of this agent, its workers' included, goes through this writer, so a
@@ -413,33 +406,11 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // A master that listens on loopback in a job of several hosts fails late and far away
   // ("connection refused" on every other node): node 0 listens where the others reach it, or
   // says why it cannot, at once.
-  if (loopback_own) {
-    const std::string entry = fmt::format("this host's entry \"{}\" ({})", spec.cluster.HostOf(options.node_rank),
-                                          options.node_rank < spec.cluster.nnodes
-                                              ? fmt::format("cluster.nodes[{}]", options.node_rank)
-                                              : fmt::format("cluster.spares[{}]", options.node_rank - spec.cluster.nnodes));
-    if (master_at) {
-      console.Log(core::LogLevel::kInfo, "agent",
-                  fmt::format("{} is a loopback address on this host: {}; while this agent holds the "
-                              "coordinator role it listens on {} instead, this host's address towards {}, and "
-                              "gives every worker MASTER_ADDR={}",
-                              entry, loopback_own->cause, master_at->address, master_at->towards, master_at->address));
-    } else {
-      console.Log(core::LogLevel::kWarn, "agent",
-                  fmt::format("{} is a loopback address on this host: {}; while this agent holds the "
-                              "coordinator role no other host can reach it\nhint: list an address of this host "
-                              "that the others reach in place of that name, or map the name to that address in "
-                              "/etc/hosts (on this host in place of {})",
-                              entry, loopback_own->cause, loopback_own->ip));
-    }
-  } else if (master_at) {
-    console.Log(core::LogLevel::kInfo, "coordinator", MasterAtNote(*loopback_master, master_at->address, master_at->towards, false));
-  } else if (loopback_master) {
-    const std::string loopback = LoopbackMasterProblem(spec);
-    if (options.node_rank == 0) {
-      return fail_start("ddprun cannot start node 0's coordinator: " + loopback, ExitCode::kRendezvous, false);
-    }
-    console.Log(core::LogLevel::kWarn, "agent", loopback);
+  if (!listen.refusal.empty()) {
+    return fail_start("ddprun cannot start node 0's coordinator: " + listen.refusal, ExitCode::kRendezvous, false);
+  }
+  if (!listen.text.empty()) {
+    console.Log(listen.warning ? core::LogLevel::kWarn : core::LogLevel::kInfo, listen.source, listen.text);
   }
   if (const Status started = node.Start(); !started) {
     // NodeHost::Start recorded the agent's start.

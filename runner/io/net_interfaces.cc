@@ -126,9 +126,7 @@ std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int no
   std::string listed_as;
   if (node_rank >= 0 && static_cast<size_t>(node_rank) < hosts.size()) {
     listed = ResolveAll(hosts[static_cast<size_t>(node_rank)]);
-    listed_as = node_rank < spec.cluster.nnodes
-                    ? fmt::format("cluster.nodes[{}]", node_rank)
-                    : fmt::format("cluster.spares[{}]", node_rank - spec.cluster.nnodes);
+    listed_as = spec.cluster.HostEntry(node_rank);
   }
   std::string route_source;
   std::string route_as = fmt::format("master_addr {}", spec.cluster.master_addr);
@@ -154,10 +152,7 @@ std::optional<AddressTowardsPeers> OwnAddressTowardsPeers(const JobSpec& spec, i
       if (IsLoopbackText(address)) continue;
       std::string source = RouteSourceAddress(address, spec.cluster.master_port);
       if (source.empty() || IsLoopbackText(source)) continue;
-      const std::string entry = agent < spec.cluster.nnodes
-                                    ? fmt::format("cluster.nodes[{}]", agent)
-                                    : fmt::format("cluster.spares[{}]", agent - spec.cluster.nnodes);
-      return AddressTowardsPeers{std::move(source), fmt::format("{} ({})", host, entry)};
+      return AddressTowardsPeers{std::move(source), fmt::format("{} ({})", host, spec.cluster.HostEntry(agent))};
     }
   }
   return std::nullopt;

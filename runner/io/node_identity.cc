@@ -165,7 +165,6 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
 }
 
 Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
-  const int nnodes = spec.cluster.nnodes;
   if (spec.cluster.nodes.empty()) {
     return Fail("cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
                 "--node-rank N or set DDPRUN_NODE_RANK on each node");
@@ -185,11 +184,7 @@ Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
     if (name_match || addr_match) matches.push_back(static_cast<int>(i));
   }
   if (matches.size() == 1) {
-    if (matches[0] >= nnodes) {
-      return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.spares[{}]", host,
-                                                  matches[0] - nnodes), ""};
-    }
-    return DetectedRank{matches[0], fmt::format("this host ({}) is cluster.nodes[{}]", host, matches[0]), ""};
+    return DetectedRank{matches[0], fmt::format("this host ({}) is {}", host, spec.cluster.HostEntry(matches[0])), ""};
   }
   if (matches.empty()) {
     return Fail(fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
@@ -255,7 +250,10 @@ std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& addr
 
 std::string LoopbackMasterProblem(const JobSpec& spec) {
   const auto found = LoopbackMasterHere(spec);
-  if (!found) return "";
+  return found ? LoopbackMasterProblem(spec, *found) : "";
+}
+
+std::string LoopbackMasterProblem(const JobSpec& spec, const LoopbackMaster& found) {
   const std::string& name = spec.cluster.master_addr;
   std::vector<std::string> reachable;
   for (const std::string& local : LocalAddresses()) {
@@ -267,10 +265,50 @@ std::string LoopbackMasterProblem(const JobSpec& spec) {
       "{}; node 0 would listen on {}, where no other node can reach it, and another node would connect to itself\n"
       "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
       "that address in /etc/hosts on every node{}",
-      found->what, found->ip, reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")),
+      found.what, found.ip, reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")),
       name,
       // A line added below the 127.0.1.1 one is not enough: resolvers still give 127.0.1.1 first.
-      found->hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", found->hosts_ip));
+      found.hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", found.hosts_ip));
+}
+
+ListenPlan PlanListen(const JobSpec& spec, int node_rank, bool ahead) {
+  ListenPlan plan;
+  if (spec.rendezvous.Etcd()) {
+    const std::string& own = spec.cluster.HostOf(node_rank);
+    const auto loopback = LoopbackNameHere(spec, own);
+    if (!loopback) return plan;
+    const std::string entry = fmt::format("this host's entry \"{}\" ({})", own, spec.cluster.HostEntry(node_rank));
+    if (const auto at = OwnAddressTowardsPeers(spec, node_rank)) {
+      plan.master_at = at->address;
+      plan.text = fmt::format("{} is a loopback address on this host: {}; while this agent holds the coordinator "
+                              "role it listens on {} instead, this host's address towards {}, and gives every "
+                              "worker MASTER_ADDR={}",
+                              entry, loopback->cause, at->address, at->towards, at->address);
+    } else {
+      plan.warning = true;
+      plan.text = fmt::format("{} is a loopback address on this host: {}; while this agent holds the coordinator "
+                              "role no other host can reach it\nhint: list an address of this host that the "
+                              "others reach in place of that name, or map the name to that address in /etc/hosts "
+                              "(on this host in place of {})",
+                              entry, loopback->cause, loopback->ip);
+    }
+    return plan;
+  }
+  const auto loopback = LoopbackMasterHere(spec);
+  if (!loopback) return plan;
+  if (node_rank == 0) {
+    if (const auto at = OwnAddressTowardsPeers(spec, node_rank)) {
+      plan.master_at = at->address;
+      plan.source = "coordinator";
+      plan.text = MasterAtNote(*loopback, at->address, at->towards, ahead);
+    } else {
+      plan.refusal = LoopbackMasterProblem(spec, *loopback);
+    }
+    return plan;
+  }
+  plan.warning = true;  // another node: it would connect to itself
+  plan.text = LoopbackMasterProblem(spec, *loopback);
+  return plan;
 }
 
 }  // namespace ddprun::io

@@ -56,6 +56,22 @@ std::optional<LoopbackMaster> LoopbackNameHere(const JobSpec& spec, const std::s
 /// MASTER_ADDR. `ahead`: said by `check`, before the run.
 std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address, const std::string& towards,
                          bool ahead);
+/// LoopbackMasterProblem from the finding itself.
+std::string LoopbackMasterProblem(const JobSpec& spec, const LoopbackMaster& found);
+
+/// What agent `node_rank` does about a host name that is loopback on this host, decided once
+/// before its loop runs: node 0 (with etcd: this agent while it holds the coordinator role)
+/// listens at its address towards the other hosts (io::OwnAddressTowardsPeers) and says so;
+/// node 0 with no such address cannot start; another node warns that it would connect to
+/// itself. `ahead`: worded for `check`, before the run.
+struct ListenPlan {
+  std::string master_at;         // core::Agent::Config::master_at; "" for the address as written
+  std::string refusal;           // node 0 cannot start: the problem and its hint; "" when it can
+  std::string text;              // else what the agent says; "" nothing
+  bool warning = false;
+  std::string source = "agent";  // the line's source: "agent", or "coordinator" for node 0's note
+};
+ListenPlan PlanListen(const JobSpec& spec, int node_rank, bool ahead);
 
 /// True for an address literal rather than a host name: it holds a colon (IPv6) or only digits
 /// and dots (IPv4). A name's short form is compared only for names.
