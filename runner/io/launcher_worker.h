@@ -59,6 +59,9 @@ struct RealProcessLauncher::PendingStart {
   LaunchPlan plan;
   std::array<UniqueFd, 2> read_ends, write_ends;  // stdout, stderr
   int signal = 0;  // a stop that came before the worker started
+  /// Warm: the agent's end of the worker's `go` pipe (warm_template.h), written once the pid is
+  /// adopted; closed unwritten, the forked worker exits without running job code.
+  UniqueFd go;
 };
 
 }  // namespace ddprun::io

@@ -185,60 +185,105 @@ void RealProcessLauncher::Spawn(int round, const core::WorkerLaunch& launch) {
     waiting_.push_back(worker);
     return;
   }
-  StartWorker(worker);
+  Queue(worker);
 }
 
 void RealProcessLauncher::StartWaiting() {
   std::vector<std::shared_ptr<Worker>> waiting;
   waiting.swap(waiting_);
   for (const auto& worker : waiting) {
-    if (worker->pending && !killed_all_) StartWorker(worker);
+    if (worker->pending && !killed_all_) Queue(worker);
   }
 }
 
-void RealProcessLauncher::StartWorker(const std::shared_ptr<Worker>& worker) {
+void RealProcessLauncher::Queue(const std::shared_ptr<Worker>& worker) {
+  // The effect asks for a round's workers in one go: they are started together once it is done.
+  if (queued_.empty()) asio::post(io_, [this] { StartQueued(); });
+  queued_.push_back(worker);
+}
+
+void RealProcessLauncher::StartQueued() {
+  std::vector<std::shared_ptr<Worker>> queued;
+  queued.swap(queued_);
+  std::erase_if(queued, [this](const auto& worker) { return !worker->pending || killed_all_; });
+  if (queued.empty()) return;
+  if (!warm_ || !python_command_ || warm_->state() != WarmTemplate::State::kReady) {
+    const std::string reason = warm_ ? warm_->cold_reason() : "";
+    for (const auto& worker : queued) StartCold(worker, reason);
+    return;
+  }
+  // Warm: one request for all of them; the answer comes later, on the loop.
+  std::vector<WarmTemplate::ForkStart> starts;
+  std::vector<UniqueFd> go_reads;
+  for (const auto& worker : queued) {
+    PendingStart& pending = *worker->pending;
+    int go[2];
+    if (::pipe2(go, O_CLOEXEC) != 0) {
+      StartCold(worker, fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+      continue;
+    }
+    go_reads.emplace_back(go[0]);
+    pending.go.Reset(go[1]);
+    starts.push_back(WarmTemplate::ForkStart{WarmRequest(*python_command_, pending.plan, options_.workdir,
+                                                     options_.worker_nofile),
+                                         pending.write_ends[0].get(), pending.write_ends[1].get(), go[0]});
+  }
+  std::erase_if(queued, [](const auto& worker) { return !worker->pending || !worker->pending->go.valid(); });
+  const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
+  // The template has its own copies of the descriptors once Fork returns.
+  warm_->Fork(std::move(starts), guardian_fd, [this, queued](std::vector<Result<pid_t>> results) {
+    for (size_t i = 0; i < queued.size(); ++i) {
+      const auto& worker = queued[i];
+      if (!worker->pending) continue;
+      if (i < results.size() && results[i] && !killed_all_) {
+        worker->pid = *results[i];
+        round_starts_.Started(worker->round, std::chrono::steady_clock::now(), /*warm=*/true, false, "");
+        Attach(worker);
+        continue;
+      }
+      // Not adopted: its fork, if there is one, reads EOF on `go` and exits before job code.
+      worker->pending->go.Reset();
+      if (killed_all_) continue;
+      const std::string reason = i < results.size() ? results[i].error() : "the template did not answer";
+      if (reason.starts_with("a fork would differ") && !said_differs_) {
+        said_differs_ = true;
+        if (options_.note) {
+          options_.note(true, fmt::format("warm starts: rank {} starts cold: {} (said once; the event log's "
+                                          "workers-started records say it for every round)",
+                                          worker->global_rank, reason));
+        }
+      }
+      StartCold(worker, reason);
+    }
+  });
+}
+
+void RealProcessLauncher::StartCold(const std::shared_ptr<Worker>& worker, const std::string& cold_reason) {
   PendingStart& pending = *worker->pending;
   const LaunchPlan& plan = pending.plan;
   const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
-  bool warm = false;
-  std::string cold_reason;
-  if (warm_ && python_command_) {
-    const WarmTemplate::Request request =
-        WarmRequest(*python_command_, plan, options_.workdir, options_.worker_nofile);
-    UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    auto forked = warm_->Fork(request, dev_null.get(), pending.write_ends[0].get(), pending.write_ends[1].get(),
-                              guardian_fd);
-    if (forked) {
-      worker->pid = *forked;
-      warm = true;
-    } else {
-      cold_reason = forked.error();
-    }
+  // Everything the child needs is prepared here: between vfork and exec it may not allocate.
+  std::vector<std::string> args = plan.argv, env = plan.env;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
+                                                 pending.write_ends[0].get(), pending.write_ends[1].get(),
+                                                 guardian_fd, options_.worker_nofile, worker->pid);
+  if (started.step != StartStep::kNone) {
+    const std::string why = DescribeStartFailure(started, plan.executable, options_.workdir);
+    workers_.erase({worker->round, worker->local_rank});
+    worker->pending.reset();
+    round_starts_.Started(worker->round, std::chrono::steady_clock::now(), false, true, "");
+    asio::post(io_, [this, round = worker->round, local = worker->local_rank, why] {
+      if (events_) events_->OnWorkerSpawnFailed(core::WorkerSpawnFailed{round, local, why});
+    });
+    return;
   }
-  if (!warm) {
-    // Everything the child needs is prepared here: between vfork and exec it may not allocate.
-    std::vector<std::string> args = plan.argv, env = plan.env;
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
-                                                   pending.write_ends[0].get(), pending.write_ends[1].get(),
-                                                   guardian_fd, options_.worker_nofile, worker->pid);
-    if (started.step != StartStep::kNone) {
-      const std::string why = DescribeStartFailure(started, plan.executable, options_.workdir);
-      workers_.erase({worker->round, worker->local_rank});
-      worker->pending.reset();
-      round_starts_.Started(worker->round, std::chrono::steady_clock::now(), false, true, "");
-      asio::post(io_, [this, round = worker->round, local = worker->local_rank, why] {
-        if (events_) events_->OnWorkerSpawnFailed(core::WorkerSpawnFailed{round, local, why});
-      });
-      return;
-    }
-  }
-  round_starts_.Started(worker->round, std::chrono::steady_clock::now(), warm, false, cold_reason);
+  round_starts_.Started(worker->round, std::chrono::steady_clock::now(), /*warm=*/false, false, cold_reason);
   Attach(worker);
 }
 
@@ -250,6 +295,7 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
   worker->out.assign(pending.read_ends[0].Release(), ec);
   worker->err.assign(pending.read_ends[1].Release(), ec);
   const int stop_signal = pending.signal;
+  const UniqueFd go = std::move(pending.go);
   worker->pending.reset();
   bp::process process(io_.get_executor(), worker->pid);
   worker->process.emplace(std::move(process));
@@ -258,6 +304,13 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
   ArmReap();
   // A stop that came while the worker waited for the template reaches it now.
   if (stop_signal != 0) SignalGroup(worker->pid, stop_signal);
+  // A forked worker runs job code from here on: its pid is ours to wait for and signal.
+  if (go.valid()) {
+    ssize_t n;
+    do {
+      n = ::write(go.get(), "g", 1);
+    } while (n < 0 && errno == EINTR);
+  }
 
   worker->process->async_wait([this, worker](error_code wait_ec, int) {
     worker->exited = true;
@@ -411,6 +464,7 @@ void RealProcessLauncher::KillAll() {
     if (!worker->exited && !worker->pending && worker->pid > 0) SignalGroup(worker->pid, SIGKILL);
   }
   waiting_.clear();
+  queued_.clear();
   if (warm_) warm_->Kill();
   SweepStrays();
   killed_all_ = true;
@@ -421,8 +475,18 @@ void RealProcessLauncher::StartWarm() {
   auto say = [this](bool warning, const std::string& text) {
     if (options_.note) options_.note(warning, text);
   };
+  // The template's variables have the names a worker's have (a preload that walks the names
+  // finds the same ones), with this agent's beacon socket; the per-worker values differ anyway.
+  EnvList template_env = options_.template_env;
+  std::erase_if(template_env, [](const auto& entry) { return entry.first.starts_with("DDPRUN_PROGRESS_") ||
+                                                             entry.first == "DDPRUN_STACKS_FILE"; });
+  if (beacons_) {
+    template_env.emplace_back("DDPRUN_PROGRESS_ADDR", beacons_->address());
+    template_env.emplace_back("DDPRUN_PROGRESS_TOKEN", beacons_->token());
+    template_env.emplace_back("DDPRUN_STACKS_FILE", "");
+  }
   auto warm = WarmTemplateOptions(options_.command, options_.preload, options_.template_script, options_.workdir,
-                                  options_.inherited_env, options_.template_env);
+                                  options_.inherited_env, template_env);
   if (!warm) {
     say(true, warm.error());
     return;

@@ -107,8 +107,13 @@ class RealProcessLauncher final : public host::ProcessLauncher {
  private:
   struct Worker;
   struct PendingStart;
-  /// Starts a prepared worker: forked from the template when it is ready, else cold.
-  void StartWorker(const std::shared_ptr<Worker>& worker);
+  /// Queues a prepared worker; the queue is started once the effect that asked is done.
+  void Queue(const std::shared_ptr<Worker>& worker);
+  /// Starts the queued workers: forked from the template in one request when it is ready (the
+  /// answer comes later, on the loop), else cold.
+  void StartQueued();
+  /// Starts a prepared worker with exec (`cold_reason`: why not warm, "" when not configured).
+  void StartCold(const std::shared_ptr<Worker>& worker, const std::string& cold_reason);
   /// Waits for, reads and reports a started worker (warm and cold alike).
   void Attach(const std::shared_ptr<Worker>& worker);
   /// Starts the workers that waited for the first template to finish its imports.
@@ -157,6 +162,8 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   std::unique_ptr<BeaconSocket> beacons_;  // null: no progress socket (said at start)
   std::unique_ptr<WarmTemplate> warm_;     // null: every worker starts cold
   std::vector<std::shared_ptr<Worker>> waiting_;  // for the first template's imports
+  std::vector<std::shared_ptr<Worker>> queued_;   // asked for, to be started together
+  bool said_differs_ = false;  // a worker started cold because a fork would differ: said once
   RoundStartLog round_starts_;
   std::optional<PythonCommand> python_command_;  // job.command read as Python, with job.preload
 };

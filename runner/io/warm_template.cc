@@ -1,12 +1,12 @@
 #include "runner/io/warm_template.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 
 #include <fcntl.h>
 #include <linux/close_range.h>
-#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
@@ -43,8 +44,9 @@ std::string DescribeStatus(int status) {
 }  // namespace
 
 struct WarmTemplate::Watch {
-  explicit Watch(asio::io_context& io) : descriptor(io) {}
+  explicit Watch(asio::io_context& io) : descriptor(io), answer_timer(io) {}
   asio::posix::stream_descriptor descriptor;
+  asio::steady_timer answer_timer;  // the oldest request's answer limit
 };
 
 struct WarmTemplate::FirstWait {
@@ -183,6 +185,10 @@ void WarmTemplate::OnReadable() {
   }
   buffer.resize(static_cast<size_t>(n));
   const Json message = Json::parse(buffer, nullptr, /*allow_exceptions=*/false);
+  if (state_ == State::kReady && message.is_object() && message.contains("started")) {
+    OnAnswer(message);
+    return;
+  }
   if (state_ != State::kStarting || !message.is_object() || !message.contains("ready")) {
     WatchSocket();  // nothing else comes unasked
     return;
@@ -225,6 +231,13 @@ void WarmTemplate::Down(const std::string& why, bool replace) {
   watch_.reset();
   const bool was_starting = state_ == State::kStarting;
   state_ = State::kDown;
+  // What was asked of this template starts cold, for the same reason.
+  std::deque<Outstanding> lost;
+  lost.swap(outstanding_);
+  const std::string lost_why = why + status_text;
+  for (Outstanding& request : lost) {
+    Finish(std::move(request.done), std::vector<Result<pid_t>>(request.count, Fail(lost_why)));
+  }
   if (!replace) {
     if (options_.say) options_.say(true, "workers start cold: " + why);
     if (was_starting) Settle();
@@ -261,95 +274,173 @@ std::string WhyNotOurWorker(int64_t pid) {
   return "";
 }
 
-Result<pid_t> WarmTemplate::Fork(const Request& request, int stdin_fd, int out_fd, int err_fd, int guardian_fd) {
-  if (state_ != State::kReady) return Fail(cold_reason_);
-  Json message;
-  message["argv"] = request.argv;
-  message["orig_argv"] = request.orig_argv;
-  Json env = Json::object();
-  for (const std::string& entry : request.env) {
-    const size_t eq = entry.find('=');
-    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+void WarmTemplate::Finish(Done done, std::vector<Result<pid_t>> results) {
+  asio::post(io_, [alive = std::weak_ptr<bool>(alive_), done = std::move(done), results = std::move(results)]() mutable {
+    if (alive.lock()) done(std::move(results));
+  });
+}
+
+void WarmTemplate::Fork(std::vector<ForkStart> starts, int guardian_fd, Done done) {
+  if (starts.empty()) {
+    Finish(std::move(done), {});
+    return;
   }
-  message["env"] = std::move(env);
-  message["cwd"] = request.cwd;
-  message["agent"] = ::getpid();
-  if (request.nofile.rlim_cur != 0) {
-    message["nofile"] = {request.nofile.rlim_cur, request.nofile.rlim_max};
-  } else {
-    message["nofile"] = nullptr;
+  if (state_ != State::kReady) {
+    Finish(std::move(done), std::vector<Result<pid_t>>(starts.size(), Fail(cold_reason_)));
+    return;
   }
-  const std::string text = message.dump();
-  int fds[4] = {stdin_fd, out_fd, err_fd, guardian_fd};
-  const size_t nfds = guardian_fd >= 0 ? 4 : 3;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
-  iovec iov{const_cast<char*>(text.data()), text.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-  cmsghdr* header = CMSG_FIRSTHDR(&msg);
-  header->cmsg_level = SOL_SOCKET;
-  header->cmsg_type = SCM_RIGHTS;
-  header->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-  std::memcpy(CMSG_DATA(header), fds, nfds * sizeof(int));
-  ssize_t sent;
-  do {
-    sent = ::sendmsg(control_.get(), &msg, MSG_NOSIGNAL);
-  } while (sent < 0 && errno == EINTR);
-  if (sent < 0) {
-    const std::string why = fmt::format("cannot reach the template: {}", std::strerror(errno));
-    Down(why, /*replace=*/true);
-    return Fail(why);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + kAnswerLimit;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      const std::string why = fmt::format("the template (pid {}) did not answer within {} s: taken for hung and killed",
-                                          pid_, kAnswerLimit.count());
+  // One request per kWorkersPerRequest workers; `done` runs once, with every answer, when the
+  // last of them is answered (or the template is lost).
+  struct Gather {
+    std::vector<Result<pid_t>> results;
+    size_t left = 0;
+    Done done;
+  };
+  const size_t requests = (starts.size() + kWorkersPerRequest - 1) / kWorkersPerRequest;
+  auto gather = std::make_shared<Gather>();
+  gather->results.assign(starts.size(), Fail("not answered"));
+  gather->left = requests;
+  gather->done = std::move(done);
+  for (size_t first = 0; first < starts.size(); first += kWorkersPerRequest) {
+    const size_t count = std::min(kWorkersPerRequest, starts.size() - first);
+    Json message;
+    message["agent"] = ::getpid();
+    message["guardian"] = guardian_fd >= 0;
+    Json workers = Json::array();
+    std::vector<int> fds;
+    if (guardian_fd >= 0) fds.push_back(guardian_fd);
+    for (size_t i = first; i < first + count; ++i) {
+      const Request& request = starts[i].request;
+      Json worker;
+      worker["argv"] = request.argv;
+      worker["orig_argv"] = request.orig_argv;
+      Json env = Json::object();
+      for (const std::string& entry : request.env) {
+        const size_t eq = entry.find('=');
+        if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+      }
+      worker["env"] = std::move(env);
+      worker["cwd"] = request.cwd;
+      if (request.nofile.rlim_cur != 0) {
+        worker["nofile"] = {request.nofile.rlim_cur, request.nofile.rlim_max};
+      } else {
+        worker["nofile"] = nullptr;
+      }
+      workers.push_back(std::move(worker));
+      fds.insert(fds.end(), {starts[i].out_fd, starts[i].err_fd, starts[i].go_fd});
+    }
+    message["workers"] = std::move(workers);
+    const std::string text = message.dump();
+    std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)), 0);
+    iovec iov{const_cast<char*>(text.data()), text.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* header = CMSG_FIRSTHDR(&msg);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(header), fds.data(), fds.size() * sizeof(int));
+    ssize_t sent;
+    do {
+      sent = ::sendmsg(control_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (sent < 0 && errno == EINTR);
+    auto answered = [gather, first](std::vector<Result<pid_t>> results) {
+      for (size_t i = 0; i < results.size() && first + i < gather->results.size(); ++i) {
+        gather->results[first + i] = std::move(results[i]);
+      }
+      if (--gather->left == 0) gather->done(std::move(gather->results));
+    };
+    if (sent < 0) {
+      // A socket the template does not read any more (EAGAIN: its buffer is full) is a hung
+      // template as surely as one that does not answer.
+      const std::string why = fmt::format("cannot reach the template: {}", std::strerror(errno));
       Down(why, /*replace=*/true);
-      return Fail(why);
+      for (size_t later = first; later < starts.size(); later += kWorkersPerRequest) {
+        const size_t n = std::min(kWorkersPerRequest, starts.size() - later);
+        auto answer_later = [gather, later](std::vector<Result<pid_t>> results) {
+          for (size_t i = 0; i < results.size(); ++i) gather->results[later + i] = std::move(results[i]);
+          if (--gather->left == 0) gather->done(std::move(gather->results));
+        };
+        Finish(answer_later, std::vector<Result<pid_t>>(n, Fail(cold_reason_)));
+      }
+      return;
     }
-    pollfd p{control_.get(), POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
-    std::string buffer(kMaxAnswer, '\0');
-    const ssize_t n = ::recv(control_.get(), buffer.data(), buffer.size(), MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) {
-      Down("the template exited", /*replace=*/true);
-      return Fail(cold_reason_);
-    }
-    buffer.resize(static_cast<size_t>(n));
-    const Json answer = Json::parse(buffer, nullptr, /*allow_exceptions=*/false);
-    if (answer.is_object() && answer.contains("pid") && answer["pid"].is_number_integer()) {
-      // Adopted only when it is provably the worker just forked for us: our own child (the
+    outstanding_.push_back(Outstanding{count, std::move(answered)});
+    if (outstanding_.size() == 1) ArmAnswerTimer();
+  }
+}
+
+void WarmTemplate::ArmAnswerTimer() {
+  if (!watch_ || outstanding_.empty()) return;
+  Watch* watch = watch_.get();
+  watch_->answer_timer.expires_after(kAnswerLimit);
+  watch_->answer_timer.async_wait([this, watch](error_code ec) {
+    if (ec || watch != watch_.get() || outstanding_.empty()) return;
+    Down(fmt::format("the template (pid {}) did not answer within {} s: taken for hung and killed", pid_,
+                     kAnswerLimit.count()),
+         /*replace=*/true);
+  });
+}
+
+void WarmTemplate::OnAnswer(const Json& answer) {
+  if (outstanding_.empty()) {
+    Down("the template answered a request that was not made: taken for broken and killed", /*replace=*/true);
+    return;
+  }
+  Outstanding request = std::move(outstanding_.front());
+  outstanding_.pop_front();
+  watch_->answer_timer.cancel();
+  ArmAnswerTimer();
+  const Json& started = answer["started"];
+  std::vector<Result<pid_t>> results;
+  std::string broken;
+  if (!started.is_array() || started.size() != request.count) {
+    broken = answer.is_object() && answer.contains("error") && answer["error"].is_string()
+                 ? "the template could not read a request (" + answer["error"].get<std::string>() + ")"
+                 : fmt::format("the template answered {} workers for a request of {}",
+                               started.is_array() ? started.size() : 0, request.count);
+  }
+  for (size_t i = 0; broken.empty() && i < started.size(); ++i) {
+    const Json& entry = started[i];
+    if (entry.is_object() && entry.contains("pid") && entry["pid"].is_number_integer()) {
+      // Adopted only when it is provably a worker just forked for us: our own child (the
       // template's middle process has exited and we, the subreaper, inherited it) and the
       // leader of its own process group (it called setpgid), since the launcher signals that
       // group. Anything else (1, -1, the template's own pid, someone else's process) is refused.
-      const int64_t reported = answer["pid"].get<int64_t>();
+      const int64_t reported = entry["pid"].get<int64_t>();
       if (const std::string refused = WhyNotOurWorker(reported); !refused.empty()) {
-        const std::string why = fmt::format("the template reported pid {} as the forked worker, {}: taken for broken "
-                                            "and killed",
-                                            reported, refused);
-        Down(why, /*replace=*/true);
-        return Fail(why);
+        broken = fmt::format("the template reported pid {} as a forked worker, {}", reported, refused);
+        break;
       }
-      return static_cast<pid_t>(reported);
+      results.emplace_back(static_cast<pid_t>(reported));
+    } else if (entry.is_object() && entry.contains("cold") && entry["cold"].is_string()) {
+      results.push_back(Fail("a fork would differ from a cold start: " + entry["cold"].get<std::string>()));
+    } else if (entry.is_object() && entry.contains("error") && entry["error"].is_string()) {
+      results.push_back(Fail("the forked worker could not start: " + entry["error"].get<std::string>()));
+    } else {
+      broken = "the template answered something that is not a worker";
     }
-    if (answer.is_object() && answer.contains("error") && answer["error"].is_string()) {
-      return Fail("the forked worker could not start: " + answer["error"].get<std::string>());
-    }
-    // Anything else is not an answer to this request; keep waiting.
   }
+  if (broken.empty()) {
+    Finish(std::move(request.done), std::move(results));
+    WatchSocket();
+    return;
+  }
+  // The workers it did fork for this request are ours and were checked; the rest start cold.
+  const std::string why = broken + ": taken for broken and killed";
+  results.resize(request.count, Fail(why));
+  Finish(std::move(request.done), std::move(results));
+  Down(why, /*replace=*/true);
 }
 
 void WarmTemplate::Kill() {
   watch_.reset();
   first_wait_.reset();
+  outstanding_.clear();
+  alive_ = std::make_shared<bool>(true);
   if (pid_ > 0) {
     if (pidfd_.valid()) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
     int status = 0;

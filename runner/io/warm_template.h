@@ -9,17 +9,25 @@
 // template that dies or does not answer a request within kAnswerLimit is killed and replaced;
 // workers start cold until the replacement is ready. Whether a worker starts warm or cold is
 // this driver's choice: the core only asks for workers.
+//
+// The agent never waits for the template: a round's workers go out in one request, the
+// template forks them together, and its answer is handled by the loop when it comes. A forked
+// worker runs no job code until the agent writes a byte on its `go` pipe (once it adopted the
+// pid); a worker the agent did not adopt (its template taken for hung) reads EOF and exits.
 
 #include <sys/resource.h>
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "base/result.h"
 #include "base/unique_fd.h"
@@ -34,10 +42,13 @@ namespace ddprun::io {
 
 class Guardian;
 
-/// How long a ready template may take to answer a request to fork a worker before it is taken
-/// for hung (a fork of a large interpreter takes milliseconds). The agent waits for the answer
-/// on its loop, so this also bounds how long a hung template can hold up heartbeats.
-inline constexpr std::chrono::seconds kAnswerLimit{2};
+/// How long a ready template may take to answer a request before it is taken for hung and its
+/// workers start cold (a fork of a large interpreter takes milliseconds; a loaded machine may
+/// take far longer, and nothing waits for the answer but that round's start).
+inline constexpr std::chrono::seconds kAnswerLimit{10};
+/// A request names at most this many workers: each passes 3 descriptors, and one message
+/// carries at most 253 (SCM_MAX_FD). A node with more workers sends several requests.
+inline constexpr size_t kWorkersPerRequest = 64;
 /// How long round 0's workers wait for the first template's imports; then they start cold and
 /// the template, still importing, serves later rounds once it is ready.
 inline constexpr std::chrono::seconds kFirstWaitLimit{120};
@@ -87,11 +98,21 @@ class WarmTemplate {
     std::string cwd;
     rlimit nofile{};                     // rlim_cur 0: keep the template's
   };
-  /// Forks one worker: its stdin, stdout and stderr become the given descriptors; it registers
-  /// with the guardian through `guardian_fd` (-1: none). Returns its pid, a child of this
-  /// process by the time it is returned. On failure the template is replaced when it is at
-  /// fault (dead, hung) and the caller starts the worker cold.
-  Result<pid_t> Fork(const Request& request, int stdin_fd, int out_fd, int err_fd, int guardian_fd);
+  /// One worker to fork: its request, the descriptors that become its stdout and stderr, and
+  /// the read end of its `go` pipe.
+  struct ForkStart {
+    Request request;
+    int out_fd = -1;
+    int err_fd = -1;
+    int go_fd = -1;
+  };
+  /// What became of each worker of a request, in its order: its pid (a child of this process,
+  /// waiting for its `go` byte) or why it starts cold.
+  using Done = std::function<void(std::vector<Result<pid_t>>)>;
+  /// Asks the template to fork `starts` (they register with the guardian through `guardian_fd`,
+  /// -1: none). `done` runs on the loop, never within this call, once the template answered or
+  /// was found at fault (dead, hung, broken: it is then replaced); not at all after Kill().
+  void Fork(std::vector<ForkStart> starts, int guardian_fd, Done done);
 
   /// SIGKILLs the template (the agent exits).
   void Kill();
@@ -102,6 +123,11 @@ class WarmTemplate {
   void OnReadable();
   void Down(const std::string& why, bool replace);
   void Settle();
+  /// A "started" answer to the oldest request.
+  void OnAnswer(const nlohmann::json& answer);
+  /// Runs `done` on the loop unless this template object was killed first.
+  void Finish(Done done, std::vector<Result<pid_t>> results);
+  void ArmAnswerTimer();
 
   boost::asio::io_context& io_;
   Options options_;
@@ -118,6 +144,14 @@ class WarmTemplate {
   std::unique_ptr<FirstWait> first_wait_;
   bool first_wait_over_ = false;
   std::chrono::steady_clock::time_point started_at_{};
+  /// Requests sent and not answered yet, oldest first (the template answers in order).
+  struct Outstanding {
+    size_t count = 0;
+    Done done;
+  };
+  std::deque<Outstanding> outstanding_;
+  /// Replaced by Kill(): callbacks posted before it see theirs expired and do nothing.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 /// Why `pid`, as a template reported it, is not a worker this agent may adopt and signal as a

@@ -238,6 +238,109 @@ TEST_F(WarmTest, DdpJobRestartsWarmAndEndsWithTheWeightsOfAColdRun) {
   }
 }
 
+// What a worker kept from its imports about the environment, as the stand-ins of
+// tests/e2e/warm_standins keep it (Lightning's and torchmetrics' rank_zero_only.rank, a variable
+// an import set, one it removed, the names an import walked), with its whole environment.
+constexpr const char* kStatePython = R"(import json, os, sys
+import lightning.fabric.utilities.rank_zero, torchmetrics.utilities.prints, reads_rank, sets_var, walks_names
+# After the imports: a warm worker's were done before its first line, a cold one's just now.
+state = {"env": {k: v for k, v in os.environ.items() if k not in (
+             "DDPRUN_PROGRESS_ADDR", "DDPRUN_PROGRESS_TOKEN", "DDPRUN_STACKS_FILE", "MASTER_PORT",
+             "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")}}
+for name in ("lightning.fabric.utilities.rank_zero", "torchmetrics.utilities.prints"):
+    state[name] = sys.modules[name].rank_zero_only.rank
+state["reads_rank"] = reads_rank.RANK_AT_IMPORT
+state["walks_names"] = walks_names.NAMES
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+with open(os.path.join(sys.argv[1], "state-%s-%s.json" % (rank, attempt)), "w") as f:
+    json.dump(state, f, sort_keys=True)
+if rank == "3" and attempt == "0":
+    # The others must have written theirs before this failure stops them.
+    import time
+    while not all(os.path.exists(os.path.join(sys.argv[1], "state-%d-0.json" % r)) for r in range(3)):
+        time.sleep(0.02)
+    raise ValueError("rank 3 fails on purpose")
+)";
+
+// For every rank and round of a 2 x 2 job whose rank 3 fails once, a warm worker keeps from the
+// preloaded imports what a cold one keeps from its own: Lightning's rank (set again in each
+// worker), the variables the imports set and removed, the names they walked. A module whose
+// rank-specific state cannot be set again (reads_rank) makes those ranks start cold, said once,
+// so that they too are what a cold start gives. No torch needed.
+TEST_F(WarmTest, ModuleStateFromTheEnvironmentIsAColdWorkersInEveryRankAndRound) {
+  dir_.Write("state.py", kStatePython);
+  for (const std::string mode : {"cold", "warm", "refused"}) {
+    SCOPED_TRACE(mode);
+    dir_.Write("states-" + mode + "/.keep", "");
+    TestJob job;
+    job.name = "state-" + mode;
+    job.master_port = FreePort();
+    job.devices = 2;
+    job.command = TomlArray({"/usr/bin/python3", "state.py", "states-" + mode});
+    if (mode == "warm") {
+      job.job_extra = "preload = [\"lightning.fabric.utilities.rank_zero\", \"torchmetrics.utilities.prints\", "
+                      "\"sets_var\", \"walks_names\"]\n";
+    } else if (mode == "refused") {
+      job.job_extra = "preload = [\"lightning.fabric.utilities.rank_zero\", \"reads_rank\"]\n";
+    }
+    job.extra = "[job.env]\nPYTHONPATH = " + TomlString(Source("tests/e2e/warm_standins")) +
+                "\nSTANDIN_REMOVED = \"x\"\nSTANDIN_KEPT = \"y\"\n";
+    job.max_restarts = 1;
+    job.backoff = "0s";
+    job.rendezvous = "60s";
+    job.heartbeat = "1s";
+    dir_.Write(mode + ".toml", job.Toml());
+    AgentProcess& node1 = Start(mode + ".toml", 1);
+    AgentProcess& node0 = Start(mode + ".toml", 0);
+    ASSERT_EQ(node0.Wait(120s), 0) << Describe();
+    ASSERT_EQ(node1.Wait(30s), 0) << Describe();
+    for (int n : {0, 1}) {
+      AgentProcess& agent = n == 0 ? node0 : node1;
+      const auto records = StartRecords(RunFolder(agent.Output()), n);
+      ASSERT_EQ(records.size(), 2u) << Describe();
+      for (const auto& [round, record] : records) {
+        if (mode == "warm") {
+          EXPECT_EQ(record["warm"], 2) << record.dump();
+        } else if (mode == "refused") {
+          // Each node's template imported with its local rank 0's variables: that rank forks,
+          // the other would keep its RANK.
+          EXPECT_EQ(record["warm"], 1) << record.dump();
+          EXPECT_EQ(record["cold"], 1) << record.dump();
+          EXPECT_THAT(record["cold_reason"].get<std::string>(),
+                      HasSubstr("reads_rank read RANK when the template imported it"));
+        }
+      }
+    }
+    if (mode == "refused") {
+      EXPECT_THAT(node0.Output(), ContainsRegex("warning: warm starts: rank 1 starts cold: a fork would differ from a "
+                                                "cold start: reads_rank read RANK when the template imported it, "
+                                                "and this worker's RANK differs \\('1', the template's '0'\\)"))
+          << Describe();
+    }
+  }
+  for (int attempt : {0, 1}) {
+    for (int rank = 0; rank < 4; ++rank) {
+      SCOPED_TRACE(fmt::format("rank {} attempt {}", rank, attempt));
+      const std::string name = fmt::format("state-{}-{}.json", rank, attempt);
+      for (const std::string mode : {"cold", "warm", "refused"}) {
+        ASSERT_TRUE(dir_.Exists("states-" + mode + "/" + name)) << mode << Describe();
+      }
+      const Json cold = Json::parse(dir_.Read("states-cold/" + name));
+      EXPECT_EQ(cold["lightning.fabric.utilities.rank_zero"], rank);
+      EXPECT_EQ(cold["torchmetrics.utilities.prints"], rank % 2);
+      EXPECT_EQ(cold["reads_rank"], std::to_string(rank));
+      for (const std::string mode : {"warm", "refused"}) {
+        const Json other = Json::parse(dir_.Read("states-" + mode + "/" + name));
+        EXPECT_EQ(cold.dump(1), other.dump(1)) << mode;
+      }
+    }
+  }
+  const Json warm = Json::parse(dir_.Read("states-warm/state-2-1.json"));
+  EXPECT_EQ(warm["env"]["STANDIN_SET"], "1");
+  EXPECT_FALSE(warm["env"].contains("STANDIN_REMOVED"));
+  EXPECT_EQ(warm["walks_names"], Json::parse(R"(["STANDIN_KEPT", "STANDIN_SET"])"));
+}
+
 // A warm rank that deadlocks is found by its silence and named with its faulthandler stack,
 // registered in the forked worker by its own `import ddprun`.
 TEST_F(WarmTest, HungWarmRankIsNamedWithItsStack) {
@@ -329,8 +432,10 @@ TEST_F(WarmTest, KilledTemplateIsReplacedAndTheRoundMeanwhileStartsCold) {
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
-// A template that stops answering (SIGSTOP stands in for a hang) is killed after 2 s and
-// replaced; that round's workers start cold. Needs no torch: the preload is the standard json.
+// A template that stops answering (SIGSTOP stands in for a hang) is killed after 10 s and
+// replaced; that round's workers start cold, and a fork it made but never reported would find
+// its `go` pipe closed. The agent's loop never waits for it: with a heartbeat of 0.3 s nothing
+// is found stalled meanwhile. Needs no torch: the preload is the standard json.
 TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   dir_.Write("worker.py",
              "import os, sys, time\n"
@@ -348,7 +453,7 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   job.job_extra = "preload = [\"json\"]\n";
   job.max_restarts = 1;
   job.backoff = "0s";
-  job.heartbeat = "1s";  // the agent's loop waits up to 2 s for the template's answer
+  job.heartbeat = "300ms";  // 10 s of a template that does not answer would be 33 beats
   job.rendezvous = "60s";
   dir_.Write("job.toml", job.Toml());
   AgentProcess& agent = Start("job.toml", 0);
@@ -364,7 +469,7 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   dir_.Write("fail", "");
   ASSERT_EQ(agent.Wait(60s), 0) << Describe();
   out = agent.Output();
-  EXPECT_THAT(out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 2 s: taken for "
+  EXPECT_THAT(out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 10 s: taken for "
                                          "hung and killed", template_pid)))
       << Describe();
   EXPECT_THAT(out, HasSubstr("[n0 r1] ran in round 1")) << Describe();
@@ -372,7 +477,8 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   ASSERT_EQ(records.size(), 2u) << Describe();
   EXPECT_EQ(records.at(0)["warm"], 2) << records.at(0).dump();
   EXPECT_EQ(records.at(1)["cold"], 2) << records.at(1).dump();
-  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("did not answer within 2 s"));
+  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("did not answer within 10 s"));
+  EXPECT_THAT(out, Not(HasSubstr("stalled"))) << Describe();
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
