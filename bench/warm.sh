@@ -10,11 +10,31 @@
 #                 count once, split among them)
 # For ddprun, the event logs of both nodes split the restart into its steps (restart-* rows).
 #   RUNS (default 3), TR_RUNS (torchrun, default 1), MODES (default "cold warm torchrun")
+#   WORKLOAD=lightning: the same job as a real Lightning Trainer (bench/w_lightning_fail.py),
+#   preload = ["torch", "lightning"]; LIGHTNING_PATH must name the src/ folders of lightning
+#   2.2.5, lightning-utilities 0.10.1 and torchmetrics 1.2.1 (not part of the repository).
+#   HEARTBEAT (default 1s); BUSY=N runs N busy loops beside the job (the stall check).
 source "$(dirname "$0")/common.sh"
 RUNS=${RUNS:-3}
 TR_RUNS=${TR_RUNS:-1}
+WORKLOAD=${WORKLOAD:-torch}
+HEARTBEAT=${HEARTBEAT:-1s}
 S=warm
 W_TORCH=$BENCH_DIR/w_torch.py
+PRELOAD='["torch", "torch.distributed", "torch.nn.parallel"]'
+if [[ $WORKLOAD == lightning ]]; then
+  [[ -n ${LIGHTNING_PATH:-} ]] || { log "WORKLOAD=lightning: set LIGHTNING_PATH to the Lightning sources' src/ folders"; exit 1; }
+  S=warm-lightning
+  W_TORCH=$BENCH_DIR/w_lightning_fail.py
+  PRELOAD='["torch", "lightning"]'
+  export PYTHONPATH=$LIGHTNING_PATH${PYTHONPATH:+:$PYTHONPATH}
+fi
+BUSY_PIDS=()
+for ((b = 0; b < ${BUSY:-0}; b++)); do
+  (while :; do :; done) &
+  BUSY_PIDS+=($!)
+done
+trap 'for p in "${BUSY_PIDS[@]}"; do kill "$p" 2>/dev/null; done' EXIT
 export STEPS=${STEPS:-60} STEP_S=${STEP_S:-0.05} FAIL_RANK=3 FAIL_STEP=${FAIL_STEP:-5}
 
 pss_kb() {  # PID... : the sum of their PSS in kB (0 for those gone)
@@ -26,11 +46,11 @@ pss_kb() {  # PID... : the sum of their PSS in kB (0 for those gone)
   echo "$kb"
 }
 children_of() { cat "/proc/$1/task/"*/children 2>/dev/null | tr ' ' '\n' | grep . || true; }
-kill_recorded() {  # kills the recorded workers that still run w_torch.py (or the template)
+kill_recorded() {  # kills the recorded workers that still run the job's script (or the template)
   local p
   [[ -f "$BENCH_MARKS.pids" ]] || return 0
   for p in $(cat "$BENCH_MARKS.pids"); do
-    if tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q 'w_torch\|template.py'; then kill -KILL "$p" 2>/dev/null || true; fi
+    if tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q "$(basename "$W_TORCH")\|template.py"; then kill -KILL "$p" 2>/dev/null || true; fi
   done
 }
 
@@ -39,12 +59,12 @@ one_run() {  # MODE DIR
   run=$(mktemp -d "$dir/run.XXXX")
   new_marks "$run"
   free_port
-  [[ $mode == warm ]] && extra='preload = ["torch", "torch.distributed", "torch.nn.parallel"]'
+  [[ $mode == warm ]] && extra="preload = $PRELOAD"
   if [[ $mode != torchrun ]]; then
     ddprun_job "$run/job.toml" "warm-$mode" 2 2 "$PORT" 1 60s "[\"$PYTHON\", \"$W_TORCH\"]"
     # job.preload belongs to [job]: insert it after the command line.
     [[ -n $extra ]] && sed -i "/^command = /a $extra" "$run/job.toml"
-    sed -i 's/^stop_grace = .*/stop_grace = "5s"\nheartbeat = "1s"/' "$run/job.toml"
+    sed -i "s/^stop_grace = .*/stop_grace = \"5s\"\nheartbeat = \"$HEARTBEAT\"/" "$run/job.toml"
   fi
   t0=$EPOCHREALTIME
   for i in 1 0; do
@@ -78,6 +98,8 @@ one_run() {  # MODE DIR
   fail=$(mark_times fail 0 | head -1)
   start_all=$(mark_times train 0 | sort -g | tail -1)
   restart_all=$(mark_times train 1 | sort -g | tail -1)
+  # A node reported stalled (its loop did not run for longer than the heartbeat allows).
+  { grep -h -c "stalled" "$run/n0.out" "$run/n1.out" 2>/dev/null || true; } | awk '{n += $1} END {print n + 0}' >>"$dir/stalls"
   if [[ $rc0 == 0 && $rc1 == 0 && -n $fail && -n $restart_all && $(mark_times train 1 | wc -l) == 4 ]]; then
     awk -v t0="$t0" -v s="$start_all" -v f="$fail" -v r="$restart_all" 'BEGIN {printf "%.4f %.4f\n", s - t0, r - f}' >>"$dir/times"
     [[ -n $sampled ]] && echo "$sampled" >>"$dir/memory"
@@ -122,12 +144,13 @@ for mode in ${MODES:-cold warm torchrun}; do
     one_run "$mode" "$dir"
   done
   if [[ $mode == torchrun ]]; then
-    cmd="GLOO_SOCKET_IFNAME=lo $(printf '%s ' "${TORCHRUN[@]}")--nnodes 2 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P --rdzv_id X --max_restarts 1 bench/w_torch.py (on 2 agents)"
+    cmd="GLOO_SOCKET_IFNAME=lo $(printf '%s ' "${TORCHRUN[@]}")--nnodes 2 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P --rdzv_id X --max_restarts 1 $(rel "$W_TORCH") (on 2 agents)"
   else
-    cmd="STEPS=$STEPS STEP_S=$STEP_S FAIL_STEP=$FAIL_STEP GLOO_SOCKET_IFNAME=lo $(rel "$DDPRUN") job.toml --node-rank 0|1 (nnodes = 2, devices = 2, max_restarts = 1, backoff = \"0s\", command = [\"python3\", \"bench/w_torch.py\"]$(if [[ $mode == warm ]]; then echo ', preload = ["torch", "torch.distributed", "torch.nn.parallel"]'; fi))"
+    cmd="STEPS=$STEPS STEP_S=$STEP_S FAIL_STEP=$FAIL_STEP GLOO_SOCKET_IFNAME=lo $(rel "$DDPRUN") job.toml --node-rank 0|1 (nnodes = 2, devices = 2, max_restarts = 1, backoff = \"0s\", heartbeat = \"$HEARTBEAT\", command = [\"python3\", \"$(rel "$W_TORCH")\"]$(if [[ $mode == warm ]]; then echo ", preload = $PRELOAD"; fi))${BUSY:+ beside $BUSY busy loops}"
   fi
   awk '{print $1}' "$dir/times" 2>/dev/null | record_stats warm-first "$S" "agents start -> every rank trained its first step" "$name" s "$cmd"
   awk '{print $2}' "$dir/times" 2>/dev/null | record_stats warm-restart "$S" "failure -> every rank trained its first step of round 1" "$name" s "$cmd"
+  cat "$dir/stalls" 2>/dev/null | record_stats warm-stalls "$S" "\"stalled\" lines on the two nodes' consoles, per run" "$name" lines "$cmd"
   awk '{print $1 / 1024}' "$dir/memory" 2>/dev/null | record_stats warm-pss-agent "$S" "node 0: agent PSS" "$name" MiB "$cmd"
   if [[ $mode == warm ]]; then
     awk '{print $2 / 1024}' "$dir/memory" 2>/dev/null | record_stats warm-pss-template "$S" "node 0: template PSS" "$name" MiB "$cmd"

@@ -280,6 +280,31 @@ void WarmTemplate::Finish(Done done, std::vector<Result<pid_t>> results) {
   });
 }
 
+namespace {
+
+Json WorkerMessage(const WarmTemplate::Request& request) {
+  Json worker;
+  worker["argv"] = request.argv;
+  worker["orig_argv"] = request.orig_argv;
+  Json env = Json::object();
+  for (const std::string& entry : request.env) {
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  worker["env"] = std::move(env);
+  worker["cwd"] = request.cwd;
+  if (request.nofile.rlim_cur != 0) {
+    worker["nofile"] = {request.nofile.rlim_cur, request.nofile.rlim_max};
+  } else {
+    worker["nofile"] = nullptr;
+  }
+  return worker;
+}
+
+UniqueFd Duplicate(int fd) { return UniqueFd(fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1); }
+
+}  // namespace
+
 void WarmTemplate::Fork(std::vector<ForkStart> starts, int guardian_fd, Done done) {
   if (starts.empty()) {
     Finish(std::move(done), {});
@@ -289,88 +314,97 @@ void WarmTemplate::Fork(std::vector<ForkStart> starts, int guardian_fd, Done don
     Finish(std::move(done), std::vector<Result<pid_t>>(starts.size(), Fail(cold_reason_)));
     return;
   }
-  // One request per kWorkersPerRequest workers; `done` runs once, with every answer, when the
-  // last of them is answered (or the template is lost).
+  // Split into requests of at most kWorkersPerRequest workers and about kRequestBytes; `done`
+  // runs once, with every answer in order, when the last request is answered (or lost).
   struct Gather {
     std::vector<Result<pid_t>> results;
     size_t left = 0;
     Done done;
   };
-  const size_t requests = (starts.size() + kWorkersPerRequest - 1) / kWorkersPerRequest;
+  std::vector<Json> workers;
+  for (const ForkStart& start : starts) workers.push_back(WorkerMessage(start.request));
+  std::vector<std::pair<size_t, size_t>> spans;  // [first, first + count)
+  for (size_t first = 0; first < workers.size();) {
+    size_t count = 0, bytes = 0;
+    while (first + count < workers.size() && count < kWorkersPerRequest) {
+      const size_t size = workers[first + count].dump().size();
+      if (count > 0 && bytes + size > kRequestBytes) break;
+      bytes += size;
+      ++count;
+    }
+    spans.emplace_back(first, count);
+    first += count;
+  }
   auto gather = std::make_shared<Gather>();
   gather->results.assign(starts.size(), Fail("not answered"));
-  gather->left = requests;
+  gather->left = spans.size();
   gather->done = std::move(done);
-  for (size_t first = 0; first < starts.size(); first += kWorkersPerRequest) {
-    const size_t count = std::min(kWorkersPerRequest, starts.size() - first);
+  for (const auto& [first, count] : spans) {
     Json message;
     message["agent"] = ::getpid();
     message["guardian"] = guardian_fd >= 0;
-    Json workers = Json::array();
-    std::vector<int> fds;
-    if (guardian_fd >= 0) fds.push_back(guardian_fd);
+    message["workers"] = Json::array();
+    Outstanding request;
+    request.count = count;
+    if (guardian_fd >= 0) request.fds.push_back(Duplicate(guardian_fd));
     for (size_t i = first; i < first + count; ++i) {
-      const Request& request = starts[i].request;
-      Json worker;
-      worker["argv"] = request.argv;
-      worker["orig_argv"] = request.orig_argv;
-      Json env = Json::object();
-      for (const std::string& entry : request.env) {
-        const size_t eq = entry.find('=');
-        if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
-      }
-      worker["env"] = std::move(env);
-      worker["cwd"] = request.cwd;
-      if (request.nofile.rlim_cur != 0) {
-        worker["nofile"] = {request.nofile.rlim_cur, request.nofile.rlim_max};
-      } else {
-        worker["nofile"] = nullptr;
-      }
-      workers.push_back(std::move(worker));
-      fds.insert(fds.end(), {starts[i].out_fd, starts[i].err_fd, starts[i].go_fd});
+      message["workers"].push_back(std::move(workers[i]));
+      for (const int fd : {starts[i].out_fd, starts[i].err_fd, starts[i].go_fd}) request.fds.push_back(Duplicate(fd));
     }
-    message["workers"] = std::move(workers);
-    const std::string text = message.dump();
-    std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)), 0);
-    iovec iov{const_cast<char*>(text.data()), text.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* header = CMSG_FIRSTHDR(&msg);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-    std::memcpy(CMSG_DATA(header), fds.data(), fds.size() * sizeof(int));
-    ssize_t sent;
-    do {
-      sent = ::sendmsg(control_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (sent < 0 && errno == EINTR);
-    auto answered = [gather, first](std::vector<Result<pid_t>> results) {
+    request.text = message.dump();
+    request.done = [gather, first = first](std::vector<Result<pid_t>> results) {
       for (size_t i = 0; i < results.size() && first + i < gather->results.size(); ++i) {
         gather->results[first + i] = std::move(results[i]);
       }
       if (--gather->left == 0) gather->done(std::move(gather->results));
     };
-    if (sent < 0) {
-      // A socket the template does not read any more (EAGAIN: its buffer is full) is a hung
-      // template as surely as one that does not answer.
-      const std::string why = fmt::format("cannot reach the template: {}", std::strerror(errno));
-      Down(why, /*replace=*/true);
-      for (size_t later = first; later < starts.size(); later += kWorkersPerRequest) {
-        const size_t n = std::min(kWorkersPerRequest, starts.size() - later);
-        auto answer_later = [gather, later](std::vector<Result<pid_t>> results) {
-          for (size_t i = 0; i < results.size(); ++i) gather->results[later + i] = std::move(results[i]);
-          if (--gather->left == 0) gather->done(std::move(gather->results));
-        };
-        Finish(answer_later, std::vector<Result<pid_t>>(n, Fail(cold_reason_)));
-      }
-      return;
-    }
-    outstanding_.push_back(Outstanding{count, std::move(answered)});
-    if (outstanding_.size() == 1) ArmAnswerTimer();
+    outstanding_.push_back(std::move(request));
   }
+  SendFront();
+}
+
+bool WarmTemplate::SendFront() {
+  if (outstanding_.empty() || outstanding_.front().sent) return true;
+  Outstanding& request = outstanding_.front();
+  std::vector<int> fds;
+  for (const UniqueFd& fd : request.fds) fds.push_back(fd.get());
+  std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)), 0);
+  iovec iov{request.text.data(), request.text.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* header = CMSG_FIRSTHDR(&msg);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(header), fds.data(), fds.size() * sizeof(int));
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(control_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (sent < 0 && errno == EINTR);
+  if (sent < 0 && errno == EMSGSIZE) {
+    // One worker's variables alone do not fit in a message: that worker starts cold; the
+    // template is not at fault.
+    Outstanding failed = std::move(outstanding_.front());
+    outstanding_.pop_front();
+    Finish(std::move(failed.done),
+           std::vector<Result<pid_t>>(failed.count, Fail(fmt::format("its request to the template is too large ({} "
+                                                                     "bytes)", failed.text.size()))));
+    return SendFront();
+  }
+  if (sent < 0) {
+    // Nothing else is in the socket (one request at a time): a full buffer (EAGAIN) is a
+    // template that does not read, as surely as one that does not answer.
+    Down(fmt::format("cannot reach the template: {}", std::strerror(errno)), /*replace=*/true);
+    return false;
+  }
+  request.sent = true;
+  request.fds.clear();  // the template has its own copies now
+  request.text.clear();
+  ArmAnswerTimer();
+  return true;
 }
 
 void WarmTemplate::ArmAnswerTimer() {
@@ -390,10 +424,13 @@ void WarmTemplate::OnAnswer(const Json& answer) {
     Down("the template answered a request that was not made: taken for broken and killed", /*replace=*/true);
     return;
   }
+  if (!outstanding_.front().sent) {
+    Down("the template answered a request that was not sent: taken for broken and killed", /*replace=*/true);
+    return;
+  }
   Outstanding request = std::move(outstanding_.front());
   outstanding_.pop_front();
   watch_->answer_timer.cancel();
-  ArmAnswerTimer();
   const Json& started = answer["started"];
   std::vector<Result<pid_t>> results;
   std::string broken;
@@ -426,7 +463,7 @@ void WarmTemplate::OnAnswer(const Json& answer) {
   }
   if (broken.empty()) {
     Finish(std::move(request.done), std::move(results));
-    WatchSocket();
+    if (SendFront()) WatchSocket();
     return;
   }
   // The workers it did fork for this request are ours and were checked; the rest start cold.

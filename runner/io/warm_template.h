@@ -46,9 +46,12 @@ class Guardian;
 /// workers start cold (a fork of a large interpreter takes milliseconds; a loaded machine may
 /// take far longer, and nothing waits for the answer but that round's start).
 inline constexpr std::chrono::seconds kAnswerLimit{10};
-/// A request names at most this many workers: each passes 3 descriptors, and one message
-/// carries at most 253 (SCM_MAX_FD). A node with more workers sends several requests.
-inline constexpr size_t kWorkersPerRequest = 64;
+/// A request names at most this many workers and about this many bytes (a message must fit in
+/// the socket's send buffer, and carries at most 253 descriptors, 3 per worker). A node with
+/// more workers sends several requests, one after the other's answer (the template serves
+/// them in turn anyway).
+inline constexpr size_t kWorkersPerRequest = 16;
+inline constexpr size_t kRequestBytes = 64 * 1024;
 /// How long round 0's workers wait for the first template's imports; then they start cold and
 /// the template, still importing, serves later rounds once it is ready.
 inline constexpr std::chrono::seconds kFirstWaitLimit{120};
@@ -144,12 +147,18 @@ class WarmTemplate {
   std::unique_ptr<FirstWait> first_wait_;
   bool first_wait_over_ = false;
   std::chrono::steady_clock::time_point started_at_{};
-  /// Requests sent and not answered yet, oldest first (the template answers in order).
+  /// Requests not answered yet, oldest first: the oldest is sent, the others wait for its
+  /// answer with their own copies of the descriptors they pass.
   struct Outstanding {
     size_t count = 0;
     Done done;
+    std::string text;
+    std::vector<UniqueFd> fds;
+    bool sent = false;
   };
   std::deque<Outstanding> outstanding_;
+  /// Sends the oldest request unless it is sent; false when the template was lost doing so.
+  bool SendFront();
   /// Replaced by Kill(): callbacks posted before it see theirs expired and do nothing.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -480,6 +481,35 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("did not answer within 10 s"));
   EXPECT_THAT(out, Not(HasSubstr("stalled"))) << Describe();
   EXPECT_FALSE(ProcessAlive(template_pid));
+}
+
+// 20 workers on one node: two requests of at most 16 (warm_template.h), the second sent once the
+// first is answered; every rank forked, none twice. Needs no torch.
+TEST_F(WarmTest, ANodeWithMoreWorkersThanARequestHoldsForksThemAll) {
+  dir_.Write("worker.py", "import os\nprint('rank', os.environ['RANK'], 'pid', os.getpid(), flush=True)\n");
+  TestJob job;
+  job.name = "wide";
+  job.nnodes = 1;
+  job.devices = 20;
+  job.master_port = FreePort();
+  job.command = TomlArray({"/usr/bin/python3", "worker.py"});
+  job.job_extra = "preload = [\"json\"]\n";
+  job.rendezvous = "60s";
+  dir_.Write("job.toml", job.Toml());
+  AgentProcess& agent = Start("job.toml", 0);
+  ASSERT_EQ(agent.Wait(60s), 0) << Describe();
+  const std::string out = agent.Output();
+  std::set<std::string> pids;
+  for (int rank = 0; rank < 20; ++rank) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex(fmt::format("\\[n0 r{}\\] rank {} pid ([0-9]+)", rank, rank))))
+        << rank << Describe();
+    pids.insert(m[1]);
+  }
+  EXPECT_EQ(pids.size(), 20u);
+  const auto records = StartRecords(RunFolder(out), 0);
+  ASSERT_EQ(records.size(), 1u) << Describe();
+  EXPECT_EQ(records.at(0)["warm"], 20) << records.at(0).dump();
 }
 
 // `python -m package.module` warm: runpy gives the module __main__ with its spec, the module's
