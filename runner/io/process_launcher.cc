@@ -497,6 +497,10 @@ void RealProcessLauncher::StartWarm() {
     return OpenLogFile(fmt::format("warm-template-{}.log", attempt));
   };
   warm->say = say;
+  warm->is_worker = [this](pid_t pid) {
+    return std::any_of(workers_.begin(), workers_.end(),
+                       [pid](const auto& entry) { return !entry.second->exited && entry.second->pid == pid; });
+  };
   warm->settled = [this] { asio::post(io_, [this] { StartWaiting(); }); };
   warm_ = std::make_unique<WarmTemplate>(io_, *std::move(warm));
   warm_->Start();

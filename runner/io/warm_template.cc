@@ -345,6 +345,8 @@ void WarmTemplate::Fork(std::vector<ForkStart> starts, int guardian_fd, Done don
     message["guardian"] = guardian_fd >= 0;
     message["workers"] = Json::array();
     Outstanding request;
+    request.id = next_request_id_++;
+    message["id"] = request.id;
     request.count = count;
     if (guardian_fd >= 0) request.fds.push_back(Duplicate(guardian_fd));
     for (size_t i = first; i < first + count; ++i) {
@@ -410,11 +412,11 @@ bool WarmTemplate::SendFront() {
 void WarmTemplate::ArmAnswerTimer() {
   if (!watch_ || outstanding_.empty()) return;
   Watch* watch = watch_.get();
-  watch_->answer_timer.expires_after(kAnswerLimit);
+  watch_->answer_timer.expires_after(options_.answer_limit);
   watch_->answer_timer.async_wait([this, watch](error_code ec) {
     if (ec || watch != watch_.get() || outstanding_.empty()) return;
-    Down(fmt::format("the template (pid {}) did not answer within {} s: taken for hung and killed", pid_,
-                     kAnswerLimit.count()),
+    Down(fmt::format("the template (pid {}) did not answer within {:g} s: taken for hung and killed", pid_,
+                     static_cast<double>(options_.answer_limit.count()) / 1000.0),
          /*replace=*/true);
   });
 }
@@ -424,8 +426,10 @@ void WarmTemplate::OnAnswer(const Json& answer) {
     Down("the template answered a request that was not made: taken for broken and killed", /*replace=*/true);
     return;
   }
-  if (!outstanding_.front().sent) {
-    Down("the template answered a request that was not sent: taken for broken and killed", /*replace=*/true);
+  // The template answers its requests in turn, each with the request's id.
+  const Json& id = answer["id"];
+  if (!outstanding_.front().sent || !id.is_number_integer() || id.get<int64_t>() != outstanding_.front().id) {
+    Down("the template answered a request that was not made: taken for broken and killed", /*replace=*/true);
     return;
   }
   Outstanding request = std::move(outstanding_.front());
@@ -433,6 +437,7 @@ void WarmTemplate::OnAnswer(const Json& answer) {
   watch_->answer_timer.cancel();
   const Json& started = answer["started"];
   std::vector<Result<pid_t>> results;
+  std::vector<int64_t> adopted;
   std::string broken;
   if (!started.is_array() || started.size() != request.count) {
     broken = answer.is_object() && answer.contains("error") && answer["error"].is_string()
@@ -448,10 +453,17 @@ void WarmTemplate::OnAnswer(const Json& answer) {
       // leader of its own process group (it called setpgid), since the launcher signals that
       // group. Anything else (1, -1, the template's own pid, someone else's process) is refused.
       const int64_t reported = entry["pid"].get<int64_t>();
-      if (const std::string refused = WhyNotOurWorker(reported); !refused.empty()) {
+      std::string refused = WhyNotOurWorker(reported);
+      if (refused.empty() && reported == pid_) refused = "which is the template itself";
+      if (refused.empty() && (std::find(adopted.begin(), adopted.end(), reported) != adopted.end() ||
+                              (options_.is_worker && options_.is_worker(static_cast<pid_t>(reported))))) {
+        refused = "which is already another rank's worker";
+      }
+      if (!refused.empty()) {
         broken = fmt::format("the template reported pid {} as a forked worker, {}", reported, refused);
         break;
       }
+      adopted.push_back(reported);
       results.emplace_back(static_cast<pid_t>(reported));
     } else if (entry.is_object() && entry.contains("cold") && entry["cold"].is_string()) {
       results.push_back(Fail("a fork would differ from a cold start: " + entry["cold"].get<std::string>()));

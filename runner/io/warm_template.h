@@ -75,6 +75,11 @@ class WarmTemplate {
     /// Called when the template became ready, or could not (refused, died, hung): the launcher
     /// starts the workers that waited for it.
     std::function<void()> settled;
+    /// How long a request may wait for its answer (kAnswerLimit; tests shorten it).
+    std::chrono::milliseconds answer_limit = kAnswerLimit;
+    /// Whether `pid` is already a running worker of this agent (a template that reports one
+    /// again is broken: two ranks would share a process).
+    std::function<bool(pid_t)> is_worker;
   };
 
   enum class State { kStarting, kReady, kDown, kRefused };
@@ -150,6 +155,7 @@ class WarmTemplate {
   /// Requests not answered yet, oldest first: the oldest is sent, the others wait for its
   /// answer with their own copies of the descriptors they pass.
   struct Outstanding {
+    int64_t id = 0;  // echoed by the template's answer
     size_t count = 0;
     Done done;
     std::string text;
@@ -157,6 +163,7 @@ class WarmTemplate {
     bool sent = false;
   };
   std::deque<Outstanding> outstanding_;
+  int64_t next_request_id_ = 1;
   /// Sends the oldest request unless it is sent; false when the template was lost doing so.
   bool SendFront();
   /// Replaced by Kill(): callbacks posted before it see theirs expired and do nothing.

@@ -84,7 +84,8 @@ class Template(object):
 
     def fork(self, workers):
         """Sends one request; `workers` are environments. Returns [(answer, stdout, go)]."""
-        message = {"agent": os.getpid(), "guardian": False, "workers": []}
+        self.requests = getattr(self, "requests", 0) + 1
+        message = {"id": self.requests, "agent": os.getpid(), "guardian": False, "workers": []}
         fds, keep = [], []
         for env in workers:
             message["workers"].append({"argv": ["probe.py"], "orig_argv": [sys.executable, "probe.py"],
@@ -96,6 +97,7 @@ class Template(object):
         self.sock.sendmsg([json.dumps(message).encode()],
                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         answer = json.loads(self.recv(60))
+        assert answer["id"] == self.requests, answer
         for out, go_read, _ in keep:
             os.close(out)
             os.close(go_read)

@@ -11,11 +11,11 @@ ddprun's: a worker that imports `ddprun` gets a fresh module that reads its own 
 Protocol (SOCK_SEQPACKET on descriptor 3, one JSON object per message):
   agent -> template: {"module": bool, "target": "...", "preload": [...]} (first, once)
   template -> agent: {"ready": true, "import_s": S, "env_read": {...}} | {"ready": false, "reason": "..."}
-  agent -> template: {"agent": PID, "guardian": bool, "workers": [{"argv": [...], "orig_argv": [...],
+  agent -> template: {"id": N, "agent": PID, "guardian": bool, "workers": [{"argv": [...], "orig_argv": [...],
                       "env": {...}, "cwd": "...", "nofile": [cur, max] | null}, ...]},
                      with SCM_RIGHTS [guardian (when "guardian")] + [stdout, stderr, go] per worker
-  template -> agent: {"started": [{"pid": PID} | {"error": "..."} | {"cold": "..."}, ...]}, one
-                     entry per worker of the request, in its order
+  template -> agent: {"id": N, "started": [{"pid": PID} | {"error": "..."} | {"cold": "..."}, ...]},
+                     one entry per worker of the request, in its order
 
 A request's workers are forked together (each by a double fork, the middle processes first),
 and the answer comes once all of them are reparented to the agent. A forked worker then waits
@@ -278,6 +278,7 @@ def _serve(config, ctrl):
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fd_size])
         fds = list(fds)
+        request = None
         try:
             request = json.loads(data)
             workers = request["workers"]
@@ -288,7 +289,8 @@ def _serve(config, ctrl):
         except Exception as error:
             for fd in fds:
                 os.close(fd)
-            _send(ctrl, {"started": [], "error": "a request the template cannot read: %s" % error})
+            _send(ctrl, {"id": request.get("id") if isinstance(request, dict) else None, "started": [],
+                         "error": "a request the template cannot read: %s" % error})
             continue
         for worker in workers:
             worker["agent"] = request["agent"]
@@ -297,7 +299,7 @@ def _serve(config, ctrl):
             return in_worker
         for fd in fds:
             os.close(fd)
-        _send(ctrl, {"started": answers})
+        _send(ctrl, {"id": request["id"], "started": answers})
 
 
 def _fork_batch(workers, fds, guardian):
