@@ -224,9 +224,9 @@ void RealProcessLauncher::StartQueued() {
     }
     go_reads.emplace_back(go[0]);
     pending.go.Reset(go[1]);
-    starts.push_back(WarmTemplate::ForkStart{WarmRequest(*python_command_, pending.plan, options_.workdir,
-                                                     options_.worker_nofile),
-                                         pending.write_ends[0].get(), pending.write_ends[1].get(), go[0]});
+    starts.push_back(WarmTemplate::ForkStart{
+        WarmRequest(*python_command_, pending.plan, options_.workdir, options_.worker_nofile),
+        pending.write_ends[0].get(), pending.write_ends[1].get(), go[0]});
   }
   std::erase_if(queued, [](const auto& worker) { return !worker->pending || !worker->pending->go.valid(); });
   const int guardian_fd = options_.guardian ? options_.guardian->write_fd() : -1;
@@ -270,9 +270,9 @@ void RealProcessLauncher::StartCold(const std::shared_ptr<Worker>& worker, const
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const StartResult started = SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(),
-                                                 pending.write_ends[0].get(), pending.write_ends[1].get(),
-                                                 guardian_fd, options_.worker_nofile, worker->pid);
+  const StartResult started =
+      SpawnWorkerProcess(argv.data(), envp.data(), options_.workdir.c_str(), pending.write_ends[0].get(),
+                         pending.write_ends[1].get(), guardian_fd, options_.worker_nofile, worker->pid);
   if (started.step != StartStep::kNone) {
     const std::string why = DescribeStartFailure(started, plan.executable, options_.workdir);
     workers_.erase({worker->round, worker->local_rank});
@@ -478,15 +478,16 @@ void RealProcessLauncher::StartWarm() {
   // The template's variables have the names a worker's have (a preload that walks the names
   // finds the same ones), with this agent's beacon socket; the per-worker values differ anyway.
   EnvList template_env = options_.template_env;
-  std::erase_if(template_env, [](const auto& entry) { return entry.first.starts_with("DDPRUN_PROGRESS_") ||
-                                                             entry.first == "DDPRUN_STACKS_FILE"; });
+  std::erase_if(template_env, [](const auto& entry) {
+    return entry.first.starts_with("DDPRUN_PROGRESS_") || entry.first == "DDPRUN_STACKS_FILE";
+  });
   if (beacons_) {
     template_env.emplace_back("DDPRUN_PROGRESS_ADDR", beacons_->address());
     template_env.emplace_back("DDPRUN_PROGRESS_TOKEN", beacons_->token());
     template_env.emplace_back("DDPRUN_STACKS_FILE", "");
   }
-  auto warm = WarmTemplateOptions(options_.command, options_.preload, options_.template_script, options_.workdir,
-                                  options_.inherited_env, template_env);
+  auto warm = WarmTemplateOptions(options_.command, options_.preload, options_.template_script,
+                                  options_.workdir, options_.inherited_env, template_env);
   if (!warm) {
     say(true, warm.error());
     return;
@@ -498,8 +499,9 @@ void RealProcessLauncher::StartWarm() {
   };
   warm->say = say;
   warm->is_worker = [this](pid_t pid) {
-    return std::any_of(workers_.begin(), workers_.end(),
-                       [pid](const auto& entry) { return !entry.second->exited && entry.second->pid == pid; });
+    return std::any_of(workers_.begin(), workers_.end(), [pid](const auto& entry) {
+      return !entry.second->exited && entry.second->pid == pid;
+    });
   };
   warm->settled = [this] { asio::post(io_, [this] { StartWaiting(); }); };
   warm_ = std::make_unique<WarmTemplate>(io_, *std::move(warm));

@@ -13,11 +13,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include "runner/io/guardian.h"
@@ -275,7 +275,8 @@ std::string WhyNotOurWorker(int64_t pid) {
 }
 
 void WarmTemplate::Finish(Done done, std::vector<Result<pid_t>> results) {
-  asio::post(io_, [alive = std::weak_ptr<bool>(alive_), done = std::move(done), results = std::move(results)]() mutable {
+  asio::post(io_, [alive = std::weak_ptr<bool>(alive_), done = std::move(done),
+                   results = std::move(results)]() mutable {
     if (alive.lock()) done(std::move(results));
   });
 }
@@ -351,7 +352,8 @@ void WarmTemplate::Fork(std::vector<ForkStart> starts, int guardian_fd, Done don
     if (guardian_fd >= 0) request.fds.push_back(Duplicate(guardian_fd));
     for (size_t i = first; i < first + count; ++i) {
       message["workers"].push_back(std::move(workers[i]));
-      for (const int fd : {starts[i].out_fd, starts[i].err_fd, starts[i].go_fd}) request.fds.push_back(Duplicate(fd));
+      for (const int fd : {starts[i].out_fd, starts[i].err_fd, starts[i].go_fd})
+        request.fds.push_back(Duplicate(fd));
     }
     request.text = message.dump();
     request.done = [gather, first = first](std::vector<Result<pid_t>> results) {
@@ -392,8 +394,10 @@ bool WarmTemplate::SendFront() {
     Outstanding failed = std::move(outstanding_.front());
     outstanding_.pop_front();
     Finish(std::move(failed.done),
-           std::vector<Result<pid_t>>(failed.count, Fail(fmt::format("its request to the template is too large ({} "
-                                                                     "bytes)", failed.text.size()))));
+           std::vector<Result<pid_t>>(failed.count,
+                                      Fail(fmt::format("its request to the template is too large ({} "
+                                                       "bytes)",
+                                                       failed.text.size()))));
     return SendFront();
   }
   if (sent < 0) {

@@ -439,6 +439,19 @@ class DocsTest(unittest.TestCase):
             count += 1
         self.assertGreaterEqual(count, 3)
 
+    def test_the_runner_map_names_every_header(self):
+        # runner/README.md is the map at runner/'s door: every header of its three layers is on
+        # it, in its own layer's section, and nothing that is gone.
+        text = dict(DOCS)["runner/README.md"]
+        parts = re.split(r"^## (core|host|io):", text, flags=re.M)
+        sections = {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+        self.assertEqual(sorted(sections), ["core", "host", "io"])
+        for layer, section in sections.items():
+            folder = os.path.join(SOURCE, "runner", layer)
+            headers = sorted(n for n in os.listdir(folder) if n.endswith(".h"))
+            named = sorted(set(re.findall(r"[a-z_0-9]+\.h", section)))
+            self.assertEqual(named, headers, f"runner/README.md, section {layer}")
+
     def test_every_flag_the_docs_name_is_the_binarys(self):
         helps = {}
         for sub in [""] + SUBCOMMANDS:
@@ -481,7 +494,8 @@ def main():
     global DDPRUN, SOURCE, DOCS
     DDPRUN = os.path.abspath(sys.argv.pop(1))
     SOURCE = os.path.abspath(sys.argv.pop(1))
-    names = ["README.md"] + sorted("docs/" + n for n in os.listdir(os.path.join(SOURCE, "docs")) if n.endswith(".md"))
+    names = ["README.md", "runner/README.md"] + sorted(
+        "docs/" + n for n in os.listdir(os.path.join(SOURCE, "docs")) if n.endswith(".md"))
     for name in names:
         with open(os.path.join(SOURCE, name)) as f:
             DOCS.append((name, f.read()))

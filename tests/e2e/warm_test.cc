@@ -279,8 +279,9 @@ TEST_F(WarmTest, ModuleStateFromTheEnvironmentIsAColdWorkersInEveryRankAndRound)
     job.devices = 2;
     job.command = TomlArray({"/usr/bin/python3", "state.py", "states-" + mode});
     if (mode == "warm") {
-      job.job_extra = "preload = [\"lightning.fabric.utilities.rank_zero\", \"torchmetrics.utilities.prints\", "
-                      "\"sets_var\", \"walks_names\"]\n";
+      job.job_extra =
+          "preload = [\"lightning.fabric.utilities.rank_zero\", \"torchmetrics.utilities.prints\", "
+          "\"sets_var\", \"walks_names\"]\n";
     } else if (mode == "refused") {
       job.job_extra = "preload = [\"lightning.fabric.utilities.rank_zero\", \"reads_rank\"]\n";
     }
@@ -313,9 +314,10 @@ TEST_F(WarmTest, ModuleStateFromTheEnvironmentIsAColdWorkersInEveryRankAndRound)
       }
     }
     if (mode == "refused") {
-      EXPECT_THAT(node0.Output(), ContainsRegex("warning: warm starts: rank 1 starts cold: a fork would differ from a "
-                                                "cold start: reads_rank read RANK when the template imported it, "
-                                                "and this worker's RANK differs \\('1', the template's '0'\\)"))
+      EXPECT_THAT(node0.Output(),
+                  ContainsRegex("warning: warm starts: rank 1 starts cold: a fork would differ from a "
+                                "cold start: reads_rank read RANK when the template imported it, "
+                                "and this worker's RANK differs \\('1', the template's '0'\\)"))
           << Describe();
     }
   }
@@ -470,8 +472,10 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   dir_.Write("fail", "");
   ASSERT_EQ(agent.Wait(60s), 0) << Describe();
   out = agent.Output();
-  EXPECT_THAT(out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 10 s: taken for "
-                                         "hung and killed", template_pid)))
+  EXPECT_THAT(
+      out, HasSubstr(fmt::format("warm starts: the template (pid {}) did not answer within 10 s: taken for "
+                                 "hung and killed",
+                                 template_pid)))
       << Describe();
   EXPECT_THAT(out, HasSubstr("[n0 r1] ran in round 1")) << Describe();
   const auto records = StartRecords(RunFolder(out), 0);
@@ -502,7 +506,8 @@ TEST_F(WarmTest, ANodeWithMoreWorkersThanARequestHoldsForksThemAll) {
   std::set<std::string> pids;
   for (int rank = 0; rank < 20; ++rank) {
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(out, m, std::regex(fmt::format("\\[n0 r{}\\] rank {} pid ([0-9]+)", rank, rank))))
+    ASSERT_TRUE(
+        std::regex_search(out, m, std::regex(fmt::format("\\[n0 r{}\\] rank {} pid ([0-9]+)", rank, rank))))
         << rank << Describe();
     pids.insert(m[1]);
   }

@@ -18,9 +18,9 @@
 #include <fstream>
 #include <optional>
 
-#include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 namespace ddprun::io {
 namespace {
@@ -121,7 +121,8 @@ class WarmTemplateTest : public ::testing::Test {
       starts.push_back(WarmTemplate::ForkStart{request, out_write.get(), out_write.get(), fds[0]});
     }
     std::optional<std::vector<Result<pid_t>>> answered;
-    warm.Fork(std::move(starts), -1, [&answered](std::vector<Result<pid_t>> results) { answered = std::move(results); });
+    warm.Fork(std::move(starts), -1,
+              [&answered](std::vector<Result<pid_t>> results) { answered = std::move(results); });
     EXPECT_FALSE(answered.has_value());  // never within the call
     while (!answered && std::chrono::steady_clock::now() < deadline) {
       if (io.run_one_for(100ms) > 0) ++outcome.loop_turns_while_waiting;
@@ -154,8 +155,9 @@ TEST_F(WarmTemplateTest, APidThatIsNotOurWorkerIsRefusedAndTheTemplateReplaced) 
       EXPECT_NE(result.error().find("as a forked worker, which"), std::string::npos) << result.error();
       EXPECT_NE(result.error().find("taken for broken and killed"), std::string::npos) << result.error();
     }
-    EXPECT_NE(Joined(outcome.said).find("a new template is starting, and workers start cold until it is ready"),
-              std::string::npos)
+    EXPECT_NE(
+        Joined(outcome.said).find("a new template is starting, and workers start cold until it is ready"),
+        std::string::npos)
         << Joined(outcome.said);
   }
 }
@@ -166,8 +168,10 @@ TEST_F(WarmTemplateTest, OneForkReportedForTwoRanksIsBroken) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
   ASSERT_EQ(outcome.results.size(), 2u);
   ASSERT_TRUE(outcome.results[0]) << outcome.results[0].error();  // the first is ours, checked
-  EXPECT_NE(outcome.results[1].error().find(fmt::format("reported pid {} as a forked worker, which is already another "
-                                                        "rank's worker", *outcome.results[0])),
+  EXPECT_NE(outcome.results[1].error().find(
+                fmt::format("reported pid {} as a forked worker, which is already another "
+                            "rank's worker",
+                            *outcome.results[0])),
             std::string::npos)
       << outcome.results[1].error();
   ::kill(*outcome.results[0], SIGKILL);
@@ -177,7 +181,8 @@ TEST_F(WarmTemplateTest, OneForkReportedForTwoRanksIsBroken) {
 TEST_F(WarmTemplateTest, AnAnswerForOtherWorkersOrOneNotAskedForIsBroken) {
   const Outcome wrong = Run("wrong-count");
   ASSERT_EQ(wrong.results.size(), 2u);
-  EXPECT_NE(wrong.results[0].error().find("the template answered 0 workers for a request of 2"), std::string::npos)
+  EXPECT_NE(wrong.results[0].error().find("the template answered 0 workers for a request of 2"),
+            std::string::npos)
       << wrong.results[0].error();
   const Outcome unasked = Run("unasked");
   ASSERT_EQ(unasked.results.size(), 2u);
@@ -189,7 +194,8 @@ TEST_F(WarmTemplateTest, AnAnswerForOtherWorkersOrOneNotAskedForIsBroken) {
 TEST_F(WarmTemplateTest, ATemplateThatDoesNotAnswerIsTakenForHungWhileTheLoopRuns) {
   const Outcome outcome = Run("silent");
   ASSERT_EQ(outcome.results.size(), 2u);
-  EXPECT_NE(outcome.results[1].error().find("did not answer within 0.3 s: taken for hung and killed"), std::string::npos)
+  EXPECT_NE(outcome.results[1].error().find("did not answer within 0.3 s: taken for hung and killed"),
+            std::string::npos)
       << outcome.results[1].error();
 }
 
