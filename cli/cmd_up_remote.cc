@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -204,13 +205,17 @@ int Down(const RemoteArgs& args) {
   const pid_t pid = looked->identity->pid;
   DDPRUN_ASSERT(pid > 1);
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  // Kernels before 5.3 (Rocky 8's 4.18) have no pidfd: the agent is signalled by pid, right
+  // after it was recognised again by its start time.
+  const bool no_pidfd = !pidfd.valid() && errno == ENOSYS;
   const io::Recognition again = io::Recognise(*looked->identity);
-  if (!pidfd.valid() || again.verdict != Verdict::kOurs) {
+  if ((!pidfd.valid() && !no_pidfd) || again.verdict != Verdict::kOurs) {
     answer.state = again.verdict == Verdict::kNotOurs ? "not-ours" : "not-running";
     answer.why = again.why.empty() ? fmt::format("pid {} has exited", pid) : again.why;
     return Answer(answer);
   }
-  if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0) != 0) {
+  const long signalled = no_pidfd ? ::kill(pid, SIGTERM) : ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
+  if (signalled != 0) {
     answer.state = "not-running";
     answer.why = fmt::format("pid {} has exited", pid);
     return Answer(answer);

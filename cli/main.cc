@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "ddprun_build.h"
 #include "ddprun_version.h"
 #include "cli/commands.h"
 #include "cli/torchrun_habits.h"
@@ -107,7 +108,8 @@ int Main(int argc, char** argv) {
     return UpRemoteCommand(std::vector<std::string>(argv + 2, argv + argc));
   }
   CLI::App app{"ddprun: run multi-node PyTorch DDP jobs from one TOML job file", "ddprun"};
-  app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION);
+  app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION + "\ncommit " + DDPRUN_COMMIT +
+                                        "\nbuild " + DDPRUN_BUILD);
   app.require_subcommand(1);
   app.footer(
       "Short forms:\n"

@@ -13,6 +13,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   iproute2 iptables nftables python3
+  debootstrap  # the Debian 11 root of the portable build and its test (scripts/package.sh)
   strace  # delays a system call of a real agent in tests/e2e (a slow NFS read at start)
   etcd-server etcd-client  # [rendezvous] backend = "etcd": the 3-member cluster in tests/e2e
   chromium  # the browser test of the report pages (tests/browser); skipped without it

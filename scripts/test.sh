@@ -82,3 +82,21 @@ if command -v clang++ >/dev/null; then
     rm -rf "$work"
   done
 fi
+
+# The portable artifact (docs/install.md): scripts/package.sh builds it against a Debian 11
+# root's glibc (debootstrap from the Debian mirror the first time, kept in build/deb11-root) and
+# packs the tarball and the .deb; tests/package/package_test.sh runs both on a copy of that
+# root. chroot and debootstrap need root; elsewhere it is skipped unless DDPRUN_REQUIRE says
+# "package".
+if [ "$(id -u)" = 0 ]; then
+  SECONDS=0
+  scripts/package.sh >build/package.list
+  mapfile -t artifacts <build/package.list
+  bash tests/package/package_test.sh "${artifacts[0]}" "${artifacts[1]}" build/deb11-root
+  echo "test.sh: package ${SECONDS}s"
+elif [[ ",$DDPRUN_REQUIRE," == *",package,"* ]]; then
+  echo "test.sh: the package test needs root (chroot, debootstrap)"
+  exit 1
+else
+  echo "note: not root: the portable package is not built or tested"
+fi

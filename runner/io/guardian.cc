@@ -19,6 +19,8 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <fmt/format.h>
 
+#include "runner/core/failure.h"
+#include "runner/io/kernel_compat.h"
 #include "runner/io/process_tree.h"
 
 namespace ddprun::io {
@@ -135,8 +137,8 @@ int64_t MonotonicMs() {
 
 std::string DescribeStatus(int status) {
   if (WIFSIGNALED(status)) {
-    const char* abbrev = ::sigabbrev_np(WTERMSIG(status));
-    return abbrev ? fmt::format("killed by SIG{}", abbrev) : fmt::format("killed by signal {}", WTERMSIG(status));
+    const std::string name = core::SignalName(WTERMSIG(status));
+    return name.starts_with("SIG") ? fmt::format("killed by {}", name) : fmt::format("killed by signal {}", WTERMSIG(status));
   }
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   return "ended";
@@ -170,17 +172,8 @@ Status Guardian::Start() {
   }
   if (pid == 0) {
     ::close(fds[1]);
-    // Close everything else we may have inherited so the guardian holds no sockets or pipes:
-    // two close_range calls rather than one close() per possible descriptor.
-    const auto keep = static_cast<unsigned>(fds[0]);
-    const bool closed = (keep <= 3 || ::close_range(3, keep - 1, 0) == 0) &&
-                        ::close_range(keep + 1, ~0U, 0) == 0;
-    if (!closed) {  // kernels before 5.9
-      const long max_fd = ::sysconf(_SC_OPEN_MAX);
-      for (int fd = 3; fd < (max_fd > 0 && max_fd < 65536 ? max_fd : 65536); ++fd) {
-        if (fd != fds[0]) ::close(fd);
-      }
-    }
+    // Close everything else we may have inherited so the guardian holds no sockets or pipes.
+    CloseFrom(3, fds[0]);
     GuardianMain(fds[0], agent);
   }
   ::close(fds[0]);

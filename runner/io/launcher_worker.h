@@ -24,19 +24,21 @@ struct RealProcessLauncher::Worker {
       : out(io),
         err(io),
         drain_timer(io),
+        exit_poll(io),
         progress_timer(io),
         show(shown),
         splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true, /*triage=*/true)} {}
   int round = 0;
   int local_rank = 0;
   int global_rank = 0;
-  std::optional<boost::process::v2::process> process;
+  std::optional<boost::process::v2::process> process;  // unset without a pidfd (kernels before 5.3)
   pid_t pid = -1;
   boost::asio::readable_pipe out;
   boost::asio::readable_pipe err;
   std::array<std::array<char, 64 * 1024>, 2> buffers{};
   std::array<bool, 2> eof{false, false};
   boost::asio::steady_timer drain_timer;
+  boost::asio::steady_timer exit_poll;  // without a pidfd: the waitpid poll
   boost::asio::steady_timer progress_timer;
   std::optional<OutputSplitter::Clock::time_point> progress_armed;
   bool show = false;

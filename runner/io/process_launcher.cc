@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +46,8 @@ constexpr auto kDrainLimit = std::chrono::seconds(2);
 constexpr size_t kMaxErrorFile = 64 * 1024;
 // What ReadStacks takes of one rank's dump: all threads of a large program fit.
 constexpr size_t kMaxStacksRead = 256 * 1024;
+// Where the kernel has no pidfd (before 5.3), how often a running worker is polled for its exit.
+constexpr auto kExitPoll = std::chrono::milliseconds(20);
 // How often orphans that ended below the agent are reaped while workers run.
 constexpr auto kReapInterval = std::chrono::seconds(1);
 
@@ -297,8 +300,13 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
   const int stop_signal = pending.signal;
   const UniqueFd go = std::move(pending.go);
   worker->pending.reset();
-  bp::process process(io_.get_executor(), worker->pid);
-  worker->process.emplace(std::move(process));
+  // Boost.Process waits through a pidfd; kernels before 5.3 (Rocky 8's 4.18) have none, and
+  // there the worker is polled with waitpid (kernel_compat.h).
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, worker->pid, 0)));
+  if (pidfd.valid()) {
+    bp::process process(io_.get_executor(), worker->pid, pidfd.Release());
+    worker->process.emplace(std::move(process));
+  }
   if (options_.guardian) options_.guardian->Watch(worker->pid);
   TrackForConsole(worker->round, worker);
   ArmReap();
@@ -312,17 +320,38 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
     } while (n < 0 && errno == EINTR);
   }
 
-  worker->process->async_wait([this, worker](error_code wait_ec, int) {
+  if (worker->process) {
+    worker->process->async_wait([this, worker](error_code wait_ec, int) {
+      OnExit(worker, wait_ec ? std::nullopt : std::optional<int>(worker->process->native_exit_code()));
+    });
+  } else {
+    PollExit(worker);
+  }
+  StartRead(worker, false);
+  StartRead(worker, true);
+}
+
+void RealProcessLauncher::PollExit(const std::shared_ptr<Worker>& worker) {
+  int status = 0;
+  const pid_t reaped = ::waitpid(worker->pid, &status, WNOHANG);
+  if (reaped == worker->pid || (reaped < 0 && errno != EINTR)) {
+    OnExit(worker, reaped == worker->pid ? std::optional<int>(status) : std::nullopt);
+    return;
+  }
+  worker->exit_poll.expires_after(kExitPoll);
+  worker->exit_poll.async_wait([this, worker](error_code ec) {
+    if (!ec) PollExit(worker);
+  });
+}
+
+void RealProcessLauncher::OnExit(const std::shared_ptr<Worker>& worker, std::optional<int> status) {
     worker->exited = true;
-    if (wait_ec) {
+    if (!status) {
       worker->exit_code = 255;
+    } else if (WIFSIGNALED(*status)) {
+      worker->signal = WTERMSIG(*status);
     } else {
-      const int status = worker->process->native_exit_code();
-      if (WIFSIGNALED(status)) {
-        worker->signal = WTERMSIG(status);
-      } else {
-        worker->exit_code = WEXITSTATUS(status);
-      }
+      worker->exit_code = WEXITSTATUS(*status);
     }
     // Whatever the worker left behind in its group (a daemon, a stuck child) goes with it.
     SignalGroup(worker->pid, SIGKILL);
@@ -337,9 +366,6 @@ void RealProcessLauncher::Attach(const std::shared_ptr<Worker>& worker) {
       MaybeReport(worker);
     });
     MaybeReport(worker);
-  });
-  StartRead(worker, false);
-  StartRead(worker, true);
 }
 
 void RealProcessLauncher::StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr) {

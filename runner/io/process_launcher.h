@@ -116,6 +116,10 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   void StartCold(const std::shared_ptr<Worker>& worker, const std::string& cold_reason);
   /// Waits for, reads and reports a started worker (warm and cold alike).
   void Attach(const std::shared_ptr<Worker>& worker);
+  /// Without a pidfd (kernels before 5.3): waitpid(WNOHANG) every kExitPoll until it exits.
+  void PollExit(const std::shared_ptr<Worker>& worker);
+  /// The worker has exited (`status` as waitpid gives it; nullopt: it could not be read).
+  void OnExit(const std::shared_ptr<Worker>& worker, std::optional<int> status);
   /// Starts the workers that waited for the first template to finish its imports.
   void StartWaiting();
   Result<UniqueFd> OpenLogFile(const std::string& relative);

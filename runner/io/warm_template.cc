@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -21,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/io/guardian.h"
+#include "runner/io/kernel_compat.h"
 #include "runner/io/process_tree.h"
 
 namespace ddprun::io {
@@ -131,7 +131,7 @@ Status WarmTemplate::Launch() {
     } else {
       ::dup2(sock, kTemplateControlFd);
     }
-    ::close_range(kTemplateControlFd + 1, ~0U, CLOSE_RANGE_CLOEXEC);
+    CloexecFrom(kTemplateControlFd + 1);
     if (::chdir(workdir) != 0) ::_exit(126);
     // The dispositions a cold worker gets from exec: the agent handles SIGINT, SIGTERM and
     // SIGHUP (asio's signal_set, which may not be installed yet when the template starts) and
@@ -148,7 +148,6 @@ Status WarmTemplate::Launch() {
   }
   if (child < 0) return Fail(fmt::format("cannot start the template: {}", std::strerror(errno)));
   pid_ = child;
-  pidfd_.Reset(static_cast<int>(::syscall(SYS_pidfd_open, child, 0)));
   if (options_.guardian) options_.guardian->Watch(child);
   control_ = std::move(ours);
   // Queued in the socket until the template reads it; a failed send shows as its exit.
@@ -219,14 +218,13 @@ void WarmTemplate::Down(const std::string& why, bool replace) {
     int status = 0;
     pid_t reaped = ::waitpid(pid, &status, WNOHANG);
     if (reaped == 0) {
-      if (pidfd_.valid()) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+      ::kill(pid, SIGKILL);  // our child, not reaped yet: the pid is still its own
       reaped = ::waitpid(pid, &status, 0);
     }
     if (reaped == pid && replace) status_text = " (" + DescribeStatus(status) + ")";
     if (options_.guardian) options_.guardian->Forget(pid);
   }
   pid_ = -1;
-  pidfd_.Reset();
   control_.Reset();
   watch_.reset();
   const bool was_starting = state_ == State::kStarting;
@@ -495,13 +493,12 @@ void WarmTemplate::Kill() {
   outstanding_.clear();
   alive_ = std::make_shared<bool>(true);
   if (pid_ > 0) {
-    if (pidfd_.valid()) ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+    ::kill(pid_, SIGKILL);  // our child, not reaped yet: the pid is still its own
     int status = 0;
     ::waitpid(pid_, &status, 0);
     if (options_.guardian) options_.guardian->Forget(pid_);
   }
   pid_ = -1;
-  pidfd_.Reset();
   control_.Reset();
   state_ = State::kDown;
 }

@@ -143,7 +143,6 @@ class WarmTemplate {
   int attempt_ = 0;
   int failures_ = 0;
   pid_t pid_ = -1;
-  UniqueFd pidfd_;
   UniqueFd control_;
   std::string cold_reason_ = "the template has not started";
   struct Watch;

@@ -6,7 +6,6 @@
 #include <filesystem>
 
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 
 #include "base/unique_fd.h"
 #include "runner/io/guardian.h"
+#include "runner/io/kernel_compat.h"
 
 namespace ddprun::io {
 
@@ -88,7 +88,7 @@ StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const cha
     // alive after the agent died (a restarted node 0 could not listen; the coordinator would
     // not see the agent's connection close). The flag marks them close-on-exec, so a failed
     // step can still be reported through the status pipe.
-    if (failed.step == StartStep::kNone) ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    if (failed.step == StartStep::kNone) CloexecFrom(3);
     if (failed.step == StartStep::kNone && ::chdir(workdir) != 0) failed = {StartStep::kWorkdir, errno};
     // The agent raised its own descriptor limit; the worker gets the one it was started with.
     if (failed.step == StartStep::kNone && nofile.rlim_cur != 0) ::setrlimit(RLIMIT_NOFILE, &nofile);

@@ -1,4 +1,5 @@
 // The real `ddprun` binary: check on every example, a broken file, --json, schema, usage errors.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -187,6 +188,11 @@ TEST(Cli, VersionAndHelp) {
   const Output v = RunDdprun("--version");
   EXPECT_EQ(v.exit_code, 0);
   EXPECT_EQ(v.out.rfind("ddprun ", 0), 0u);
+  // The version, then the commit and how it was built (cmake/commit.cmake, cmake/version.h.in).
+  EXPECT_THAT(v.out, ::testing::ContainsRegex("^ddprun [0-9]+\\.[0-9]+\\.[0-9]+\ncommit ([0-9a-f]{12}(\\+changes)?|unknown)\n"
+                                              "build (portable: glibc 2.31 or newer|dynamic: this system's libraries), "
+                                              "GNU [0-9.]+, [A-Za-z]+\n$"))
+      << v.out;
   for (const char* sub : {"run", "simulate", "check", "preflight", "schema"}) {
     const Output h = RunDdprun(std::string(sub) + " --help");
     EXPECT_EQ(h.exit_code, 0) << sub;
