@@ -214,7 +214,8 @@ int Down(const RemoteArgs& args) {
     answer.why = again.why.empty() ? fmt::format("pid {} has exited", pid) : again.why;
     return Answer(answer);
   }
-  const long signalled = no_pidfd ? ::kill(pid, SIGTERM) : ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
+  const long signalled =
+      no_pidfd ? ::kill(pid, SIGTERM) : ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
   if (signalled != 0) {
     answer.state = "not-running";
     answer.why = fmt::format("pid {} has exited", pid);

@@ -66,7 +66,8 @@ int FindObject(dl_phdr_info* info, size_t, void* data) {
   *search->result = dl_find_object{};
   search->result->dlfo_map_start = reinterpret_cast<void*>(low);
   search->result->dlfo_map_end = reinterpret_cast<void*>(high);
-  search->result->dlfo_eh_frame = eh_frame ? reinterpret_cast<void*>(info->dlpi_addr + eh_frame->p_vaddr) : nullptr;
+  search->result->dlfo_eh_frame =
+      eh_frame ? reinterpret_cast<void*>(info->dlpi_addr + eh_frame->p_vaddr) : nullptr;
   return 1;
 }
 

@@ -13,10 +13,10 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "ddprun_build.h"
-#include "ddprun_version.h"
 #include "cli/commands.h"
 #include "cli/torchrun_habits.h"
+#include "ddprun_build.h"
+#include "ddprun_version.h"
 #include "schema/diagnostics.h"
 #include "schema/plan.h"
 

@@ -138,7 +138,8 @@ int64_t MonotonicMs() {
 std::string DescribeStatus(int status) {
   if (WIFSIGNALED(status)) {
     const std::string name = core::SignalName(WTERMSIG(status));
-    return name.starts_with("SIG") ? fmt::format("killed by {}", name) : fmt::format("killed by signal {}", WTERMSIG(status));
+    return name.starts_with("SIG") ? fmt::format("killed by {}", name)
+                                   : fmt::format("killed by signal {}", WTERMSIG(status));
   }
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   return "ended";

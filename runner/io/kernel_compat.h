@@ -44,7 +44,8 @@ struct LinuxDirent64 {
 /// (no allocation); without /proc, for every number below the descriptor limit (at most 65,536).
 template <typename Apply>
 void ForEachDescriptorFrom(int first, Apply apply) noexcept {
-  const int dir = static_cast<int>(::syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const int dir =
+      static_cast<int>(::syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir >= 0) {
     alignas(8) char buffer[4096];
     while (true) {
@@ -69,8 +70,9 @@ void ForEachDescriptorFrom(int first, Apply apply) noexcept {
     return;
   }
   rlimit limit{};
-  const long max = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < 65536 ? static_cast<long>(limit.rlim_cur)
-                                                                                       : 65536;
+  const long max = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < 65536
+                       ? static_cast<long>(limit.rlim_cur)
+                       : 65536;
   for (int fd = first; fd < max; ++fd) apply(fd);
 }
 
@@ -88,7 +90,8 @@ inline void CloexecFrom(int first) noexcept {
 inline void CloseFrom(int first, int keep) noexcept {
   bool done;
   if (keep >= first) {
-    done = (keep == first || CloseRangeSyscall(static_cast<unsigned>(first), static_cast<unsigned>(keep - 1), 0) == 0) &&
+    done = (keep == first ||
+            CloseRangeSyscall(static_cast<unsigned>(first), static_cast<unsigned>(keep - 1), 0) == 0) &&
            CloseRangeSyscall(static_cast<unsigned>(keep + 1), ~0U, 0) == 0;
   } else {
     done = CloseRangeSyscall(static_cast<unsigned>(first), ~0U, 0) == 0;

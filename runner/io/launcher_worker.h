@@ -27,7 +27,8 @@ struct RealProcessLauncher::Worker {
         exit_poll(io),
         progress_timer(io),
         show(shown),
-        splitters{OutputSplitter(prefix, shown, false), OutputSplitter(prefix, shown, true, /*triage=*/true)} {}
+        splitters{OutputSplitter(prefix, shown, false),
+                  OutputSplitter(prefix, shown, true, /*triage=*/true)} {}
   int round = 0;
   int local_rank = 0;
   int global_rank = 0;

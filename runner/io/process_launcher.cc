@@ -345,27 +345,27 @@ void RealProcessLauncher::PollExit(const std::shared_ptr<Worker>& worker) {
 }
 
 void RealProcessLauncher::OnExit(const std::shared_ptr<Worker>& worker, std::optional<int> status) {
-    worker->exited = true;
-    if (!status) {
-      worker->exit_code = 255;
-    } else if (WIFSIGNALED(*status)) {
-      worker->signal = WTERMSIG(*status);
-    } else {
-      worker->exit_code = WEXITSTATUS(*status);
-    }
-    // Whatever the worker left behind in its group (a daemon, a stuck child) goes with it.
-    SignalGroup(worker->pid, SIGKILL);
-    if (options_.guardian) options_.guardian->Forget(worker->pid);
-    // What left the group (setsid) came back to the agent, a child subreaper, when its parent
-    // ended; once no worker runs, nothing below the agent but the guardian has a reason to.
-    if (!AnyWorkerRunning()) SweepStrays();
-    worker->drain_timer.expires_after(kDrainLimit);
-    worker->drain_timer.async_wait([this, worker](error_code timer_ec) {
-      if (timer_ec) return;
-      worker->drained_or_late = true;
-      MaybeReport(worker);
-    });
+  worker->exited = true;
+  if (!status) {
+    worker->exit_code = 255;
+  } else if (WIFSIGNALED(*status)) {
+    worker->signal = WTERMSIG(*status);
+  } else {
+    worker->exit_code = WEXITSTATUS(*status);
+  }
+  // Whatever the worker left behind in its group (a daemon, a stuck child) goes with it.
+  SignalGroup(worker->pid, SIGKILL);
+  if (options_.guardian) options_.guardian->Forget(worker->pid);
+  // What left the group (setsid) came back to the agent, a child subreaper, when its parent
+  // ended; once no worker runs, nothing below the agent but the guardian has a reason to.
+  if (!AnyWorkerRunning()) SweepStrays();
+  worker->drain_timer.expires_after(kDrainLimit);
+  worker->drain_timer.async_wait([this, worker](error_code timer_ec) {
+    if (timer_ec) return;
+    worker->drained_or_late = true;
     MaybeReport(worker);
+  });
+  MaybeReport(worker);
 }
 
 void RealProcessLauncher::StartRead(const std::shared_ptr<Worker>& worker, bool is_stderr) {

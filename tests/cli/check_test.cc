@@ -189,9 +189,10 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_EQ(v.exit_code, 0);
   EXPECT_EQ(v.out.rfind("ddprun ", 0), 0u);
   // The version, then the commit and how it was built (cmake/commit.cmake, cmake/version.h.in).
-  EXPECT_THAT(v.out, ::testing::ContainsRegex("^ddprun [0-9]+\\.[0-9]+\\.[0-9]+\ncommit ([0-9a-f]{12}(\\+changes)?|unknown)\n"
-                                              "build (portable: glibc 2.31 or newer|dynamic: this system's libraries), "
-                                              "GNU [0-9.]+, [A-Za-z]+\n$"))
+  EXPECT_THAT(v.out, ::testing::ContainsRegex(
+                         "^ddprun [0-9]+\\.[0-9]+\\.[0-9]+\ncommit ([0-9a-f]{12}(\\+changes)?|unknown)\n"
+                         "build (portable: glibc 2.31 or newer|dynamic: this system's libraries), "
+                         "GNU [0-9.]+, [A-Za-z]+\n$"))
       << v.out;
   for (const char* sub : {"run", "simulate", "check", "preflight", "schema"}) {
     const Output h = RunDdprun(std::string(sub) + " --help");

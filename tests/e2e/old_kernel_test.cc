@@ -23,8 +23,8 @@ using namespace std::chrono_literals;
 // strace, following every process ddprun starts, failing `syscall` with `error`; only that call
 // is stopped for (seccomp-bpf), so the rest runs at full speed.
 std::vector<std::string> Kernel(const std::string& syscall, const std::string& error) {
-  return {"strace", "-f", "--seccomp-bpf", "-qq", "-o", "/dev/null", "-e", "trace=" + syscall,
-          "-e", "inject=" + syscall + ":error=" + error};
+  return {"strace",    "-f", "--seccomp-bpf",    "-qq", "-o",
+          "/dev/null", "-e", "trace=" + syscall, "-e",  "inject=" + syscall + ":error=" + error};
 }
 
 struct OldKernel {
@@ -44,10 +44,11 @@ class OldKernelTest : public ::testing::TestWithParam<OldKernel> {
 // template's child before exec, then the template's fork).
 TEST_P(OldKernelTest, WorkersInheritNothingButStdio) {
   const OldKernel& kernel = GetParam();
-  dir_.Write("fds.py",
-             "import os\n"
-             "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
-             "print('rank', os.environ['RANK'], 'fds', fds[:-1], flush=True)\n");  // the last: the listing's own
+  dir_.Write(
+      "fds.py",
+      "import os\n"
+      "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
+      "print('rank', os.environ['RANK'], 'fds', fds[:-1], flush=True)\n");  // the last: the listing's own
   TestJob job;
   job.name = "old-kernel";
   job.nnodes = 1;
@@ -57,7 +58,8 @@ TEST_P(OldKernelTest, WorkersInheritNothingButStdio) {
   if (!kernel.preload.empty()) job.job_extra = "preload = [\"" + kernel.preload + "\"]\n";
   job.rendezvous = "60s";
   dir_.Write("job.toml", job.Toml());
-  AgentProcess agent({dir_.path() + "/job.toml"}, dir_.path() + "/out", {}, Kernel(kernel.syscall, kernel.error));
+  AgentProcess agent({dir_.path() + "/job.toml"}, dir_.path() + "/out", {},
+                     Kernel(kernel.syscall, kernel.error));
   ASSERT_EQ(agent.Wait(90s), 0) << agent.Output();
   const std::string out = agent.Output();
   EXPECT_THAT(out, HasSubstr("[n0 r0] rank 0 fds [0, 1, 2]")) << out;
@@ -72,13 +74,13 @@ class OldKernelNoPidfdTest : public ::testing::TestWithParam<std::string> {
   ScratchDir dir_;
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Kernels, OldKernelTest,
-    ::testing::Values(OldKernel{"NoCloseRangeCold", "close_range", "ENOSYS", ""},
-                      OldKernel{"NoCloseRangeCloexecCold", "close_range", "EINVAL", ""},
-                      OldKernel{"NoCloseRangeWarm", "close_range", "ENOSYS", "json"},
-                      OldKernel{"NoCloseRangeCloexecWarm", "close_range", "EINVAL", "json"}),
-    [](const ::testing::TestParamInfo<OldKernel>& param) { return param.param.name; });
+INSTANTIATE_TEST_SUITE_P(Kernels, OldKernelTest,
+                         ::testing::Values(OldKernel{"NoCloseRangeCold", "close_range", "ENOSYS", ""},
+                                           OldKernel{"NoCloseRangeCloexecCold", "close_range", "EINVAL", ""},
+                                           OldKernel{"NoCloseRangeWarm", "close_range", "ENOSYS", "json"},
+                                           OldKernel{"NoCloseRangeCloexecWarm", "close_range", "EINVAL",
+                                                     "json"}),
+                         [](const ::testing::TestParamInfo<OldKernel>& param) { return param.param.name; });
 
 // Without pidfd_open (kernels before 5.3) the agent waits for its workers by polling waitpid
 // (Boost.Process needs a pidfd: the agent died with "assign: Bad file descriptor" at the first
@@ -86,13 +88,14 @@ INSTANTIATE_TEST_SUITE_P(
 // restarts (warm too: the template is killed by pid) and succeeds.
 TEST_P(OldKernelNoPidfdTest, ARoundFailsAndTheJobRestarts) {
   const std::string preload = GetParam();
-  dir_.Write("ex.py",
-             "import os, sys, time\n"
-             "print('rank', os.environ['RANK'], 'round', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\n"
-             "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
-             "    if os.environ['RANK'] == '1':\n"
-             "        sys.exit(3)\n"
-             "    time.sleep(60)  # stopped by the agent\n");
+  dir_.Write(
+      "ex.py",
+      "import os, sys, time\n"
+      "print('rank', os.environ['RANK'], 'round', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\n"
+      "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+      "    if os.environ['RANK'] == '1':\n"
+      "        sys.exit(3)\n"
+      "    time.sleep(60)  # stopped by the agent\n");
   TestJob job;
   job.name = "no-pidfd";
   job.nnodes = 1;
@@ -125,7 +128,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, OldKernelNoPidfdTest, ::testing::Values("", "j
 // right after recognising it again), instead of calling it "not running".
 TEST(OldKernelDownTest, DownStopsARunningAgentWithoutPidfd) {
   ScratchDir dir;
-  const std::string ssh = dir.Write("fake-ssh", "#!/bin/sh\nfor last; do :; done\nexec /bin/sh -c \"$last\"\n");
+  const std::string ssh =
+      dir.Write("fake-ssh", "#!/bin/sh\nfor last; do :; done\nexec /bin/sh -c \"$last\"\n");
   ::chmod(ssh.c_str(), 0755);
   // The remote ddprun, as a host without pidfd runs it.
   std::string remote = "#!/bin/sh\nexec";
@@ -134,10 +138,12 @@ TEST(OldKernelDownTest, DownStopsARunningAgentWithoutPidfd) {
   const std::string old_ddprun = dir.Write("old-kernel-ddprun", remote);
   ::chmod(old_ddprun.c_str(), 0755);
   const std::string job = dir.Write(
-      "job.toml", "version = 1\n[job]\nname = \"oldk\"\ncommand = [\"/bin/sh\", \"-c\", \"echo worker $RANK; exec sleep "
-                  "300\"]\n[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_addr = \"127.0.0.1\"\nmaster_port = " +
-                      std::to_string(FreePort()) +
-                      "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 1\n[timeouts]\nstop_grace = \"2s\"\n");
+      "job.toml",
+      "version = 1\n[job]\nname = \"oldk\"\ncommand = [\"/bin/sh\", \"-c\", \"echo worker $RANK; exec sleep "
+      "300\"]\n[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_addr = \"127.0.0.1\"\nmaster_port = " +
+          std::to_string(FreePort()) +
+          "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 1\n[timeouts]\nstop_grace = "
+          "\"2s\"\n");
   const std::map<std::string, std::string> env = {{"DDPRUN_SSH_COMMAND", ssh}, {"DDPRUN_NODE_RANK", ""}};
   // `up` starts the agent with the plain binary (strace -f would wait for the detached agent);
   // `down` is the one that runs without pidfd.
@@ -150,7 +156,8 @@ TEST(OldKernelDownTest, DownStopsARunningAgentWithoutPidfd) {
   };
   auto [up_code, up] = run({"up", job, "--detach"}, "up");
   ASSERT_EQ(up_code, 0) << up;
-  ASSERT_TRUE(WaitFor([&] { return dir.Read("logs/oldk/up-n0.console").find("worker 0") != std::string::npos; }, 30s))
+  ASSERT_TRUE(
+      WaitFor([&] { return dir.Read("logs/oldk/up-n0.console").find("worker 0") != std::string::npos; }, 30s))
       << dir.Read("logs/oldk/up-n0.console");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(up, m, std::regex("agent started, pid ([0-9]+)"))) << up;
