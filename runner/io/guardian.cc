@@ -222,6 +222,8 @@ void Guardian::Release() { released_ = true; }
 
 void Guardian::RenewLease(std::chrono::steady_clock::time_point kill_at) {
   kill_at_ = kill_at;
+  // Without a pidfd to wait on (kernels before 5.3), its death is looked for at each renewal.
+  if (supervision_ && !watching_) OnDeath();
   WriteLease();
 }
 
@@ -247,7 +249,8 @@ void Guardian::StopSupervising() { supervision_.reset(); }
 void Guardian::WatchDeath() {
   if (!supervision_ || pid_ <= 0) return;
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-  if (pidfd < 0) return;  // kernels before 5.3: the guardian is not watched
+  watching_ = pidfd >= 0;
+  if (pidfd < 0) return;  // kernels before 5.3: RenewLease looks for its death
   boost::system::error_code ec;
   supervision_->pidfd.close(ec);
   supervision_->pidfd.assign(pidfd, ec);
@@ -259,7 +262,7 @@ void Guardian::WatchDeath() {
 
 void Guardian::OnDeath() {
   int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) != pid_) return;
+  if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return;
   const pid_t old_pid = pid_;
   ::close(write_fd_);
   write_fd_ = -1;

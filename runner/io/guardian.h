@@ -87,6 +87,7 @@ class Guardian {
   bool released_ = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at_;  // resent to a replacement guardian
   std::unique_ptr<Supervision> supervision_;
+  bool watching_ = false;  // its death is waited for through a pidfd (kernels from 5.3)
 };
 
 }  // namespace ddprun::io

@@ -124,6 +124,34 @@ INSTANTIATE_TEST_SUITE_P(Kernels, OldKernelNoPidfdTest, ::testing::Values("", "j
                            return param.param.empty() ? std::string("Cold") : std::string("Warm");
                          });
 
+// Without a pidfd the guardian's death is looked for at each lease renewal: a killed guardian
+// is replaced and said, as with one (RunnerTest.AKilledGuardianIsReplaced...).
+TEST(OldKernelGuardianTest, AKilledGuardianIsReplacedWithoutPidfd) {
+  ScratchDir dir;
+  TestJob job;
+  job.name = "no-pidfd-guardian";
+  job.nnodes = 1;
+  job.devices = 1;
+  job.master_port = FreePort();
+  job.command = "[\"/bin/sh\", \"-c\", \"echo started; exec sleep 60\"]";
+  job.rendezvous = "60s";
+  job.heartbeat = "500ms";
+  dir.Write("job.toml", job.Toml());
+  AgentProcess traced({dir.path() + "/job.toml"}, dir.path() + "/out", {}, Kernel("pidfd_open", "ENOSYS"));
+  ASSERT_TRUE(WaitFor([&] { return traced.Output().find("[n0 r0] started") != std::string::npos; }, 30s))
+      << traced.Output();
+  const std::vector<pid_t> agents = ChildrenNamed(traced.pid(), "ddprun");  // strace's child
+  ASSERT_EQ(agents.size(), 1u) << traced.Output();
+  const std::vector<pid_t> guardians = ChildrenNamed(agents[0], "ddprun-guardian");
+  ASSERT_EQ(guardians.size(), 1u) << traced.Output();
+  ASSERT_EQ(::kill(guardians[0], SIGKILL), 0);
+  const std::string said = "the guardian process (pid " + std::to_string(guardians[0]) +
+                           ") killed by SIGKILL; started a new one (pid ";
+  EXPECT_TRUE(WaitFor([&] { return traced.Output().find(said) != std::string::npos; }, 10s)) << traced.Output();
+  ::kill(agents[0], SIGTERM);
+  EXPECT_TRUE(traced.Wait(30s).has_value());
+}
+
 // `ddprun down` on a host whose kernel has no pidfd stops the agent it recognised (by pid,
 // right after recognising it again), instead of calling it "not running".
 TEST(OldKernelDownTest, DownStopsARunningAgentWithoutPidfd) {
