@@ -147,7 +147,8 @@ TEST(OldKernelGuardianTest, AKilledGuardianIsReplacedWithoutPidfd) {
   ASSERT_EQ(::kill(guardians[0], SIGKILL), 0);
   const std::string said = "the guardian process (pid " + std::to_string(guardians[0]) +
                            ") killed by SIGKILL; started a new one (pid ";
-  EXPECT_TRUE(WaitFor([&] { return traced.Output().find(said) != std::string::npos; }, 10s)) << traced.Output();
+  EXPECT_TRUE(WaitFor([&] { return traced.Output().find(said) != std::string::npos; }, 10s))
+      << traced.Output();
   ::kill(agents[0], SIGTERM);
   EXPECT_TRUE(traced.Wait(30s).has_value());
 }
