@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "ddprun_version.h"
 #include "runner/io/controller_link.h"
+#include "runner/io/remote_install.h"
 #include "runner/io/remote_processes.h"
 #include "runner/io/ssh_command.h"
 #include "schema/diagnostics.h"
@@ -87,26 +88,47 @@ class EarlyExitWatch {
   int code_ = 0;
 };
 
-/// The probe of every host at once; true when all answered well, else each failure printed.
-bool ProbeHosts(const JobSpec& spec, const UpOptions& options, const std::string& ssh_command,
-                const std::string& job_path) {
+/// This ddprun's files as `up --install` copies them (remote_install.h).
+Result<io::LocalCopy> ReadThisBuild(bool with_tar) {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return Fail("cannot tell where this ddprun is: " + ec.message());
+  return io::ReadLocalCopy(exe, DDPRUN_VERSION, with_tar);
+}
+
+/// The ddprun the hosts run: the one --remote-ddprun names; else this build's copy where a host
+/// has it (`up --install`), else `ddprun` on the PATH (io::RemoteProgram).
+io::RemoteProgram ProgramOf(const UpOptions& options, const io::LocalCopy* copy) {
+  if (!options.remote_ddprun.empty()) return io::RemoteProgram(options.remote_ddprun);
+  if (copy) return io::RemoteProgram::ThisBuildOrPath(copy->id, copy->manifest_sum);
+  if (auto read = ReadThisBuild(false)) return io::RemoteProgram::ThisBuildOrPath(read->id, read->manifest_sum);
+  return io::RemoteProgram("ddprun");  // no share/ddprun beside this binary: no copy to look for
+}
+
+/// The probe of every host at once. The agents that need this ddprun installed (`install`),
+/// or nullopt when a host is not ready otherwise (each failure printed).
+std::optional<std::vector<int>> ProbeHosts(const JobSpec& spec, const UpOptions& options,
+                                           const io::RemoteProgram& program, const std::string& ssh_command,
+                                           const std::string& job_path) {
   std::vector<io::RemoteChild> probes;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     io::RemoteChild probe;
     probe.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
-                             io::ProbeCommand(options.remote_ddprun, job_path, options.copy));
+                             io::ProbeCommand(program, job_path, options.copy));
     probes.push_back(std::move(probe));
   }
   io::RunLimits limits;
   limits.deadline = std::chrono::seconds(options.connect_timeout_s + 5);
   const io::RunOutcome outcome = io::RunRemoteChildren(probes, limits);
-  if (outcome.interrupted_by) return false;
+  if (outcome.interrupted_by) return std::nullopt;
   int failed = 0;
+  std::vector<int> to_install;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = outcome.children[static_cast<size_t>(agent)];
     const io::ProbeOutcome read =
-        io::ReadProbe(spec.cluster.HostOf(agent), child.exit_status, child.out, child.err, options.remote_ddprun,
-                      job_path, DDPRUN_VERSION, options.connect_timeout_s);
+        io::ReadProbe(spec.cluster.HostOf(agent), child.exit_status, child.out, child.err, program, job_path,
+                      DDPRUN_VERSION, options.connect_timeout_s, options.install);
+    if (read.ok && read.install) to_install.push_back(agent);
     if (read.ok) continue;
     ++failed;
     std::fprintf(stderr, "ddprun up: error: %s: %s\n  %s\n", Who(spec, agent).c_str(),
@@ -115,19 +137,60 @@ bool ProbeHosts(const JobSpec& spec, const UpOptions& options, const std::string
   if (failed > 0) {
     std::fprintf(stderr, "ddprun up: %d of %d host%s not ready; no agent was started\n", failed,
                  spec.cluster.Agents(), spec.cluster.Agents() == 1 ? " is" : "s are");
+    return std::nullopt;
   }
-  return failed == 0;
+  return to_install;
+}
+
+/// `--install`: this ddprun into ~/.ddprun/<id> on each of `agents`, at once; true when every
+/// host has it (each failure printed).
+bool InstallOnHosts(const JobSpec& spec, const UpOptions& options, const io::LocalCopy& copy,
+                    const std::string& ssh_command, const std::vector<int>& agents) {
+  std::fprintf(stderr, "ddprun up: installing this ddprun (%s, %zu files, %.1f MB) into ~/.ddprun/%s on %zu host%s\n",
+               DDPRUN_VERSION, copy.files, static_cast<double>(copy.bytes) / 1e6, copy.id.c_str(), agents.size(),
+               agents.size() == 1 ? "" : "s");
+  std::vector<io::RemoteChild> installs;
+  for (int agent : agents) {
+    io::RemoteChild install;
+    install.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s),
+                               spec.cluster.HostOf(agent), io::InstallLine(copy));
+    install.input = copy.tar;
+    installs.push_back(std::move(install));
+  }
+  io::RunLimits limits;
+  limits.deadline = std::chrono::seconds(options.connect_timeout_s + 300);
+  const io::RunOutcome outcome = io::RunRemoteChildren(installs, limits);
+  bool ok = !outcome.interrupted_by;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    const io::ChildOutcome& child = outcome.children[i];
+    const io::InstallOutcome read = io::ReadInstall(child.exit_status, child.out, child.err);
+    const std::string who = Who(spec, agents[i]);
+    if (!read.ok) {
+      ok = false;
+      std::fprintf(stderr, "ddprun up: error: %s: cannot install this ddprun: %s\n", who.c_str(),
+                   EscapeLinesForTerminal(read.what).c_str());
+      continue;
+    }
+    std::fprintf(stderr, "ddprun up: %s: %s %s\n", who.c_str(),
+                 read.installed ? "installed in" : "already installed in", EscapeForTerminal(read.path).c_str());
+    if (!read.moved_aside.empty()) {
+      std::fprintf(stderr, "ddprun up: %s: a folder of that name with other contents was moved to %s\n",
+                   who.c_str(), EscapeForTerminal(read.moved_aside).c_str());
+    }
+  }
+  if (!ok) std::fprintf(stderr, "ddprun up: no agent was started\n");
+  return ok;
 }
 
 /// `--copy`: the job file to the same path on every host.
-bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::string& ssh_command,
-                 const std::string& job_path, const std::string& text) {
+bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const io::RemoteProgram& program,
+                 const std::string& ssh_command, const std::string& job_path, const std::string& text) {
   std::vector<io::RemoteChild> copies;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     io::RemoteChild copy;
     copy.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
-                            io::CopyCommand(options.remote_ddprun, job_path));
-    copy.input = text;
+                            io::CopyCommand(program, job_path));
+    copy.input = std::make_shared<const std::string>(text);
     copies.push_back(std::move(copy));
   }
   io::RunLimits limits;
@@ -148,12 +211,13 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const std::strin
 
 /// The job as `up`, `status` and `down` see it: loaded, with hosts ssh can be given.
 struct UpJob {
+  io::RemoteProgram program;  // the ddprun the hosts run
   JobSpec spec;
   std::string job_path;  // absolute: the same path on every host
   std::string source_text;
 };
 
-std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command) {
+std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command, const io::LocalCopy* copy = nullptr) {
   std::error_code ec;
   UpJob job;
   job.job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
@@ -193,6 +257,7 @@ std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command) {
       return std::nullopt;
     }
   }
+  job.program = ProgramOf(options, copy);
   return job;
 }
 
@@ -223,7 +288,7 @@ std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& opt
 /// ssh's own failure for a status or down answer that has no state line.
 std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& child, const UpOptions& options) {
   const io::ProbeOutcome read = io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err,
-                                              "ddprun", job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
+                                              job.program, job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
   if (!read.ok) return EscapeLinesForTerminal(read.what) + "\n  " + read.fix;
   if (const auto answer = io::ParseRemoteAnswer(child.out); answer && answer->state == "error") {
     return EscapeLinesForTerminal(answer->why);
@@ -238,7 +303,7 @@ std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& chil
 int StartDetached(const UpJob& job, const UpOptions& options) {
   const auto started = OnEveryHost(job, options, [&](int agent) {
     io::AgentCommand command;
-    command.remote_ddprun = options.remote_ddprun;
+    command.program = job.program;
     command.job_path = job.job_path;
     command.node_rank = agent;
     command.script_args = options.script_args;
@@ -274,7 +339,7 @@ int StatusCommand(const UpOptions& options) {
   if (!job) return kExitUsage;
   const std::string state_dir = StateDirOf(*job);
   const auto answers = OnEveryHost(*job, options, [&](int agent) {
-    return io::StatusLine(options.remote_ddprun, state_dir, agent);
+    return io::StatusLine(job->program, state_dir, agent);
   }, 0);
   int running = 0;
   for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
@@ -312,7 +377,7 @@ int DownCommand(const UpOptions& options) {
   const int wait_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) + 5;
   const std::string state_dir = StateDirOf(*job);
   const auto answers = OnEveryHost(*job, options, [&](int agent) {
-    return io::DownLine(options.remote_ddprun, state_dir, agent, wait_s);
+    return io::DownLine(job->program, state_dir, agent, wait_s);
   }, wait_s);
   bool ok = true;
   for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
@@ -349,7 +414,21 @@ int DownCommand(const UpOptions& options) {
 }
 
 int UpCommand(const UpOptions& options) {
-  auto loaded_job = LoadUpJob(options, "up");
+  std::optional<io::LocalCopy> copy;
+  if (options.install) {
+    if (!options.remote_ddprun.empty()) {
+      std::fputs("ddprun up: error: --install runs this ddprun's copy, --remote-ddprun another program: give one\n",
+                 stderr);
+      return kExitUsage;
+    }
+    auto read = ReadThisBuild(/*with_tar=*/true);
+    if (!read) {
+      std::fprintf(stderr, "ddprun up: error: --install: %s\n", read.error().c_str());
+      return kExitUsage;
+    }
+    copy = std::move(*read);
+  }
+  auto loaded_job = LoadUpJob(options, "up", copy ? &*copy : nullptr);
   if (!loaded_job) return kExitUsage;
   const UpJob& job = *loaded_job;
   const std::string& job_path = job.job_path;
@@ -364,9 +443,11 @@ int UpCommand(const UpOptions& options) {
 
   std::fprintf(stderr, "ddprun up: checking %d host%s over %s ...\n", spec.cluster.Agents(),
                spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
-  if (!ProbeHosts(spec, options, ssh_command, job_path)) return kExitRendezvous;
+  const auto to_install = ProbeHosts(spec, options, job.program, ssh_command, job_path);
+  if (!to_install) return kExitRendezvous;
+  if (!to_install->empty() && !InstallOnHosts(spec, options, *copy, ssh_command, *to_install)) return kExitRendezvous;
   if (options.copy) {
-    if (!CopyJobFile(spec, options, ssh_command, job_path, job.source_text)) return kExitRendezvous;
+    if (!CopyJobFile(spec, options, job.program, ssh_command, job_path, job.source_text)) return kExitRendezvous;
     std::fprintf(stderr, "ddprun up: copied %s to %d host%s\n", job_path.c_str(), spec.cluster.Agents(),
                  spec.cluster.Agents() == 1 ? "" : "s");
   }
@@ -380,7 +461,7 @@ int UpCommand(const UpOptions& options) {
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     const std::string host = spec.cluster.HostOf(agent);
     io::AgentCommand command;
-    command.remote_ddprun = options.remote_ddprun;
+    command.program = job.program;
     command.job_path = job_path;
     command.node_rank = agent;
     command.script_args = options.script_args;

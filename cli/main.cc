@@ -160,8 +160,12 @@ int Main(int argc, char** argv) {
   up_cmd->add_flag("--detach", up.detach,
                    "Start the agents and return: each runs on in its own session, its pid and console "
                    "in <logs.dir>/<job>/up-n<K>.{pid,console}; see `ddprun status` and `ddprun down`");
+  up_cmd->add_flag("--install", up.install,
+                   "Where a host has no ddprun, or another version, copy this one over ssh into "
+                   "~/.ddprun/<version>-<hash> there and run that (docs/install.md)");
   up_cmd->add_option("--remote-ddprun", up.remote_ddprun,
-                     "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
+                     "The ddprun program on the hosts (default: this ddprun's copy in ~/.ddprun when "
+                     "`up --install` put it there, else `ddprun` on the remote PATH)");
   up_cmd->add_option("--connect-timeout", up.connect_timeout_s, "Seconds ssh waits for each host (default 10)")
       ->check(CLI::Range(1, 600));
   up_cmd->footer(
@@ -172,6 +176,7 @@ int Main(int argc, char** argv) {
       "Examples:\n"
       "  ddprun up job.toml\n"
       "  ddprun up job.toml -- --lr 0.1\n"
+      "  ddprun up job.toml --copy --install\n"
       "  ddprun up job.toml --copy --remote-ddprun /opt/ddprun/bin/ddprun\n"
       "  DDPRUN_SSH_COMMAND=\"ssh -F cluster.sshconfig\" ddprun up job.toml\n"
       "  ddprun up job.toml --detach; ddprun status job.toml; ddprun down job.toml");
@@ -182,7 +187,7 @@ int Main(int argc, char** argv) {
   status_cmd->add_option("--connect-timeout", status.connect_timeout_s, "Seconds ssh waits for each host")
       ->check(CLI::Range(1, 600));
   status_cmd->add_option("--remote-ddprun", status.remote_ddprun,
-                         "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
+                         "The ddprun program on the hosts (default: as for `up`)");
   status_cmd->footer("Exit codes: 0 every agent runs, 1 not every agent runs, 2 job file error.");
   UpOptions down;
   CLI::App* down_cmd = app.add_subcommand("down", "Stop a job `ddprun up --detach` started (SIGTERM to every agent)");
@@ -190,7 +195,7 @@ int Main(int argc, char** argv) {
   down_cmd->add_option("--connect-timeout", down.connect_timeout_s, "Seconds ssh waits for each host")
       ->check(CLI::Range(1, 600));
   down_cmd->add_option("--remote-ddprun", down.remote_ddprun,
-                       "The ddprun program on the hosts (default: `ddprun` on the remote PATH)");
+                       "The ddprun program on the hosts (default: as for `up`)");
   down_cmd->footer("Each agent stops its workers within timeouts.stop_grace; exit 0 when none is left running.");
 
   SimulateOptions sim;

@@ -35,7 +35,8 @@ struct Running {
   UniqueFd in;     // our end of its stdin
   UniqueFd out;    // our ends of its stdout and stderr
   UniqueFd err;
-  std::string pending_input;
+  std::shared_ptr<const std::string> input;
+  size_t input_at = 0;  // how much of `input` was written
   std::string line[2];  // partial lines of stdout and stderr (stream)
   bool reaped = false;
   bool timed_out = false;
@@ -116,7 +117,7 @@ bool Spawn(const RemoteChild& child, Running& running, std::string* why) {
   }
   running.pid = pid;
   ::fcntl(running.in.get(), F_SETFL, O_NONBLOCK);
-  running.pending_input = child.input;
+  running.input = child.input;
   return true;
 }
 
@@ -179,12 +180,15 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
     for (size_t i = 0; i < children.size(); ++i) {
       Running& r = running[i];
       if (!r.in.valid()) continue;
-      while (!r.pending_input.empty()) {
-        const ssize_t n = ::write(r.in.get(), r.pending_input.data(), r.pending_input.size());
+      const size_t size = r.input ? r.input->size() : 0;
+      while (r.input_at < size) {
+        const ssize_t n = ::write(r.in.get(), r.input->data() + r.input_at, size - r.input_at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN) r.input_at = size;  // it stopped reading (EPIPE): no more to say
         if (n <= 0) break;
-        r.pending_input.erase(0, static_cast<size_t>(n));
+        r.input_at += static_cast<size_t>(n);
       }
-      if (r.pending_input.empty() && !children[i].hold_stdin) r.in.Reset();
+      if (r.input_at == size && !children[i].hold_stdin) r.in.Reset();
     }
     bool all_done = true;
     for (Running& r : running) {
@@ -217,10 +221,15 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
     }
 
     std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, int>> owners;  // child, stream (0 out, 1 err)
+    std::vector<std::pair<size_t, int>> owners;  // child, stream (0 out, 1 err, 2 in)
     fds.push_back({signals.get(), POLLIN, 0});
     owners.push_back({children.size(), 0});
     for (size_t i = 0; i < children.size(); ++i) {
+      // Input still to write wakes the loop when the pipe has room (megabytes for --install).
+      const Running& r = running[i];
+      if (r.in.valid() && r.input && r.input_at < r.input->size()) {
+        fds.push_back({r.in.get(), POLLOUT, 0}), owners.push_back({i, 2});
+      }
       if (running[i].out.valid()) fds.push_back({running[i].out.get(), POLLIN, 0}), owners.push_back({i, 0});
       if (running[i].err.valid()) fds.push_back({running[i].err.get(), POLLIN, 0}), owners.push_back({i, 1});
     }
@@ -230,6 +239,7 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
     for (size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       const auto [i, stream] = owners[k];
+      if (stream == 2) continue;  // written at the top of the loop
       if (i == children.size()) {
         signalfd_siginfo info{};
         while (::read(signals.get(), &info, sizeof info) == sizeof info) {

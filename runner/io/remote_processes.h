@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,7 +16,9 @@ namespace ddprun::io {
 
 struct RemoteChild {
   std::vector<std::string> argv;
-  std::string input;          // written to its stdin (e.g. the job file for --copy)
+  /// Written to its stdin (the job file for --copy, this ddprun's files for --install); shared,
+  /// as every host may get the same bytes.
+  std::shared_ptr<const std::string> input;
   bool hold_stdin = false;    // keep stdin open after `input`: the agent's link to `up`
   std::string prefix;         // streamed lines start with it ("gpu-02: ")
   bool stream = false;        // print lines as they come; else collect them

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "runner/io/remote_install.h"
 #include "schema/plan.h"
 
 namespace ddprun::io {
@@ -31,7 +32,27 @@ std::string PortOf(const std::string& err) {
   return "port " + err.substr(at + 6, end - at - 6);
 }
 
+/// What sets $d on the host (this build's copy or `ddprun` on the PATH): "" when the program
+/// was given.
+std::string Prelude(const RemoteProgram& program) {
+  if (!program.given.empty()) return "";
+  return CopyCheckShell(program.copy_id, program.manifest_sum) +
+         "if ddprun_copy_ok \"$c\"; then d=\"$c/bin/ddprun\"; else d=ddprun; fi; ";
+}
+
+/// The program as a word of the line.
+std::string Program(const RemoteProgram& program) {
+  return program.given.empty() ? "\"$d\"" : ShellQuote(program.given);
+}
+
 }  // namespace
+
+RemoteProgram RemoteProgram::ThisBuildOrPath(std::string copy_id, std::string manifest_sum) {
+  RemoteProgram program("");
+  program.copy_id = std::move(copy_id);
+  program.manifest_sum = std::move(manifest_sum);
+  return program;
+}
 
 std::vector<std::string> ProbeSshOptions(int connect_timeout_s) {
   return {"-o", "BatchMode=yes", "-o", fmt::format("ConnectTimeout={}", connect_timeout_s)};
@@ -64,20 +85,21 @@ Status CheckDestination(const std::string& host) {
   return {};
 }
 
-std::string ProbeCommand(const std::string& remote_ddprun, const std::string& job_path, bool job_copied) {
-  const std::string ddprun = ShellQuote(remote_ddprun);
-  std::string line = fmt::format("command -v {0} >/dev/null 2>&1 || exit 127; {0} --version || exit 126", ddprun);
+std::string ProbeCommand(const RemoteProgram& program, const std::string& job_path, bool job_copied) {
+  std::string line = Prelude(program);
   if (!job_copied) {
-    line += fmt::format("; if test -r {0}; then echo job-file-found; else echo job-file-missing; fi",
+    line += fmt::format("if test -r {0}; then echo job-file-found; else echo job-file-missing; fi; ",
                         ShellQuote(job_path));
   }
+  line += fmt::format("command -v {0} >/dev/null 2>&1 || exit 127; {0} --version || exit 126", Program(program));
   return line;
 }
 
 ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out, const std::string& err,
-                       const std::string& remote_ddprun, const std::string& job_path,
-                       const std::string& local_version, int connect_timeout_s) {
+                       const RemoteProgram& program, const std::string& job_path, const std::string& local_version,
+                       int connect_timeout_s, bool install) {
   ProbeOutcome outcome;
+  const std::string remote_ddprun = program.Shown();
   const std::string said = LastLine(err);
   if (exit_status == -1) {
     outcome.what = fmt::format("no answer within {} s", connect_timeout_s + 5);
@@ -127,29 +149,37 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
     }
     return outcome;
   }
+  const bool default_program = program.given.empty();
+  const std::string or_install = default_program ? "`ddprun up --install` copies this one there; or " : "";
   if (exit_status == 127) {
-    outcome.what = fmt::format("no `{}` on the remote PATH", remote_ddprun);
-    outcome.fix =
-        "hint: install ddprun there, or pass `--remote-ddprun /path/to/ddprun`; a command run "
-        "through ssh gets the PATH of a non-interactive shell, without what ~/.profile adds";
-    return outcome;
-  }
-  if (exit_status != 0) {
+    outcome.install = install && default_program;
+    outcome.what = default_program
+                       ? fmt::format("no `ddprun` on the remote PATH, and no copy of this one in ~/.ddprun/{}",
+                                     program.copy_id)
+                       : fmt::format("no `{}` on the remote PATH", remote_ddprun);
+    outcome.fix = "hint: " + or_install +
+                  "install ddprun there (docs/install.md), or pass `--remote-ddprun /path/to/ddprun`; a command "
+                  "run through ssh gets the PATH of a non-interactive shell, without what ~/.profile adds";
+  } else if (exit_status != 0) {
+    outcome.install = install && default_program;
     outcome.what = fmt::format("`{} --version` failed there (exit {}): {}", remote_ddprun, exit_status,
                                LastLine(err.empty() ? out : err));
-    outcome.fix = "hint: run it by hand on that host";
-    return outcome;
+    outcome.fix = "hint: " + or_install + "run it by hand on that host";
+  } else {
+    const std::string expected = "ddprun " + local_version;
+    const size_t found = out.find("ddprun ");
+    const std::string remote_version =
+        found == std::string::npos ? LastLine(out) : out.substr(found, out.find('\n', found) - found);
+    if (remote_version != expected) {
+      outcome.install = install && default_program;
+      outcome.what = fmt::format("it runs {}, this machine runs {}", remote_version, expected);
+      outcome.fix = "hint: " + or_install +
+                    "install the same ddprun on every node and here (the agents refuse a mixed job)";
+    }
   }
-  const std::string expected = "ddprun " + local_version;
-  const size_t found = out.find("ddprun ");
-  const std::string remote_version =
-      found == std::string::npos ? LastLine(out) : out.substr(found, out.find('\n', found) - found);
-  if (remote_version != expected) {
-    outcome.what = fmt::format("it runs {}, this machine runs {}", remote_version, expected);
-    outcome.fix = "hint: install the same ddprun on every node and here (the agents refuse a mixed job)";
-    return outcome;
-  }
+  if (!outcome.what.empty() && !outcome.install) return outcome;
   if (Contains(out, "job-file-missing")) {
+    outcome.install = false;
     outcome.what = fmt::format("the job file is not at {} there", job_path);
     outcome.fix =
         "hint: keep it in a folder every node sees at the same path (a shared home, a checked-out "
@@ -160,15 +190,15 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
   return outcome;
 }
 
-std::string CopyCommand(const std::string& remote_ddprun, const std::string& job_path) {
-  return fmt::format("exec {} __up-remote copy --to {}", ShellQuote(remote_ddprun), ShellQuote(job_path));
+std::string CopyCommand(const RemoteProgram& program, const std::string& job_path) {
+  return fmt::format("{}exec {} __up-remote copy --to {}", Prelude(program), Program(program), ShellQuote(job_path));
 }
 
 std::string AgentRemoteLine(const AgentCommand& agent) {
   const std::string dir = std::filesystem::path(agent.job_path).parent_path().string();
-  std::string line = fmt::format("cd {} && ", ShellQuote(dir.empty() ? "." : dir));
+  std::string line = Prelude(agent.program) + fmt::format("cd {} && ", ShellQuote(dir.empty() ? "." : dir));
   if (!agent.secret_file.empty()) line += "DDPRUN_SECRET_FILE=" + ShellQuote(agent.secret_file) + " ";
-  line += fmt::format("exec {} run {} --node-rank {} --under-up", ShellQuote(agent.remote_ddprun),
+  line += fmt::format("exec {} run {} --node-rank {} --under-up", Program(agent.program),
                       ShellQuote(agent.job_path), agent.node_rank);
   if (!agent.script_args.empty()) {
     line += " --";
@@ -179,10 +209,9 @@ std::string AgentRemoteLine(const AgentCommand& agent) {
 
 std::string DetachedAgentLine(const AgentCommand& agent, const std::string& state_dir) {
   const std::string dir = std::filesystem::path(agent.job_path).parent_path().string();
-  std::string line = fmt::format("cd {} && ", ShellQuote(dir.empty() ? "." : dir));
+  std::string line = Prelude(agent.program) + fmt::format("cd {} && ", ShellQuote(dir.empty() ? "." : dir));
   if (!agent.secret_file.empty()) line += "DDPRUN_SECRET_FILE=" + ShellQuote(agent.secret_file) + " ";
-  line += fmt::format("exec {} __up-remote start --state-dir {} --node-rank {} --job {}",
-                      ShellQuote(agent.remote_ddprun), ShellQuote(state_dir), agent.node_rank,
+  line += fmt::format("exec {} __up-remote start --state-dir {} --node-rank {} --job {}", Program(agent.program), ShellQuote(state_dir), agent.node_rank,
                       ShellQuote(agent.job_path));
   if (!agent.script_args.empty()) {
     line += " --";
@@ -191,13 +220,14 @@ std::string DetachedAgentLine(const AgentCommand& agent, const std::string& stat
   return line;
 }
 
-std::string StatusLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank) {
-  return fmt::format("exec {} __up-remote status --state-dir {} --node-rank {}", ShellQuote(remote_ddprun),
+std::string StatusLine(const RemoteProgram& program, const std::string& state_dir, int node_rank) {
+  return fmt::format("{}exec {} __up-remote status --state-dir {} --node-rank {}", Prelude(program), Program(program),
                      ShellQuote(state_dir), node_rank);
 }
 
-std::string DownLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank, int wait_s) {
-  return fmt::format("exec {} __up-remote down --state-dir {} --node-rank {} --wait {}", ShellQuote(remote_ddprun),
+std::string DownLine(const RemoteProgram& program, const std::string& state_dir, int node_rank, int wait_s) {
+  return fmt::format("{}exec {} __up-remote down --state-dir {} --node-rank {} --wait {}", Prelude(program),
+                     Program(program),
                      ShellQuote(state_dir), node_rank, wait_s);
 }
 

@@ -30,29 +30,47 @@ std::vector<std::string> SshArgv(const std::string& ssh_command, const std::vect
 /// A host name ssh would read as an option ("-oProxyCommand=..."): refused before any ssh runs.
 Status CheckDestination(const std::string& host);
 
-/// The remote line of the probe: prints `ddprun --version`, then whether the job file is there.
-/// Exit 127 when `ddprun` is not found.
-std::string ProbeCommand(const std::string& remote_ddprun, const std::string& job_path, bool job_copied);
+/// The ddprun a remote line runs. `given` (--remote-ddprun) is run as named. Without it, a
+/// host runs this build's copy in ~/.ddprun/<copy_id> (what `up --install` put there,
+/// remote_install.h) when the copy is whole, unchanged and its owner's alone, else `ddprun` on
+/// the remote PATH. Both are decided on the host, in the line itself.
+struct RemoteProgram {
+  RemoteProgram(std::string path = "ddprun") : given(std::move(path)) {}  // NOLINT: a path is a program
+  RemoteProgram(const char* path) : given(path) {}                        // NOLINT
+  static RemoteProgram ThisBuildOrPath(std::string copy_id, std::string manifest_sum);
+
+  std::string given;  // "" for this build's copy, else `ddprun`
+  std::string copy_id, manifest_sum;
+  /// How messages name it: "ddprun" or the path given.
+  std::string Shown() const { return given.empty() ? "ddprun" : given; }
+};
+
+/// The remote line of the probe: whether the job file is there (unless it is copied), then
+/// `ddprun --version`. Exit 127 when the program is not found, 126 when it does not run.
+std::string ProbeCommand(const RemoteProgram& program, const std::string& job_path, bool job_copied);
 
 /// What the probe of one host found.
 struct ProbeOutcome {
   bool ok = false;
+  bool install = false;  // `install` was asked and the host needs this ddprun (else ok says all)
   std::string what;  // what failed, one line ("ssh cannot resolve the host name (DNS)")
   std::string fix;   // what to do ("hint: ...")
 };
 /// Reads one host's probe: ssh's exit status (-1 when it was killed at the deadline), its
-/// stdout and stderr; `local_version` is this ddprun's version.
+/// stdout and stderr; `local_version` is this ddprun's version. With `install` (`up
+/// --install`), a host that has no ddprun, or another version, or one that does not run, is
+/// ok with `install` set; its other problems (the job file) are still reported.
 ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out, const std::string& err,
-                       const std::string& remote_ddprun, const std::string& job_path,
-                       const std::string& local_version, int connect_timeout_s);
+                       const RemoteProgram& program, const std::string& job_path, const std::string& local_version,
+                       int connect_timeout_s, bool install = false);
 
 /// The remote line that copies stdin into `job_path` for `up --copy`: `ddprun __up-remote copy`
 /// there, which writes through a fresh exclusive temporary name and renames (detached_agent.h).
-std::string CopyCommand(const std::string& remote_ddprun, const std::string& job_path);
+std::string CopyCommand(const RemoteProgram& program, const std::string& job_path);
 
 /// The remote line that runs one agent under `up`.
 struct AgentCommand {
-  std::string remote_ddprun = "ddprun";
+  RemoteProgram program;
   std::string job_path;
   int node_rank = 0;
   std::vector<std::string> script_args;
@@ -71,11 +89,11 @@ std::string DetachedAgentLine(const AgentCommand& agent, const std::string& stat
 /// The remote line of `ddprun status`: "running", "exited", "never-started", "not-ours" (a pid
 /// file naming a process that is not the agent it started) or "unreadable", with the pid, why,
 /// and the console's last lines.
-std::string StatusLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank);
+std::string StatusLine(const RemoteProgram& program, const std::string& state_dir, int node_rank);
 /// The remote line of `ddprun down`: SIGTERM to the agent when it is provably the one started
 /// (which stops the job's workers within stop_grace), then waits up to `wait_s` for it:
 /// "stopped", "not-running", "never-started", "not-ours", "unreadable" or "still-running".
-std::string DownLine(const std::string& remote_ddprun, const std::string& state_dir, int node_rank, int wait_s);
+std::string DownLine(const RemoteProgram& program, const std::string& state_dir, int node_rank, int wait_s);
 
 /// What `ddprun __up-remote` answers: one JSON line, {"ddprun_up": 1, "state": ..., ...}.
 struct RemoteAnswer {

@@ -31,7 +31,7 @@ TEST(SshArgvTest, AHostThatLooksLikeAnOptionIsRefused) {
 
 TEST(AgentRemoteLineTest, QuotesEveryWordAndGivesTheNodeRank) {
   AgentCommand agent;
-  agent.remote_ddprun = "/opt/dd prun/ddprun";
+  agent.program = "/opt/dd prun/ddprun";
   agent.job_path = "/home/me/jobs/job.toml";
   agent.node_rank = 2;
   agent.script_args = {"--lr", "0.1", "it's"};
@@ -43,8 +43,8 @@ TEST(AgentRemoteLineTest, QuotesEveryWordAndGivesTheNodeRank) {
 
 TEST(ProbeTest, CommandChecksDdprunThenTheJobFile) {
   EXPECT_EQ(ProbeCommand("ddprun", "/j/job.toml", false),
-            "command -v ddprun >/dev/null 2>&1 || exit 127; ddprun --version || exit 126; if test -r "
-            "/j/job.toml; then echo job-file-found; else echo job-file-missing; fi");
+            "if test -r /j/job.toml; then echo job-file-found; else echo job-file-missing; fi; "
+            "command -v ddprun >/dev/null 2>&1 || exit 127; ddprun --version || exit 126");
   EXPECT_EQ(ProbeCommand("ddprun", "/j/job.toml", true),
             "command -v ddprun >/dev/null 2>&1 || exit 127; ddprun --version || exit 126");
 }
