@@ -7,9 +7,11 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <memory>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 #include "schema/canonical.h"
 
@@ -25,13 +27,34 @@ bool PlainName(const std::string& name) {
          });
 }
 
-Result<std::string> ReadWhole(const fs::path& path) {
+/// One file's SHA-256 (lower-case hex) and size, read in pieces; its bytes appended to `keep`
+/// when given (the tar stream).
+struct Hashed {
+  std::string sha256;
+  uint64_t size = 0;
+};
+Result<Hashed> HashFile(const fs::path& path, std::string* keep) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Fail(fmt::format("cannot read {}", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) return Fail(fmt::format("cannot read {}", path.string()));
-  return text.str();
+  const auto fail = [&] { return Fail(fmt::format("cannot read {}", path.string())); };
+  if (!in) return fail();
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1) return fail();
+  Hashed hashed;
+  std::string piece(1 << 20, '\0');
+  while (in) {
+    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got == 0) break;
+    EVP_DigestUpdate(context.get(), piece.data(), got);
+    if (keep) keep->append(piece.data(), got);
+    hashed.size += got;
+  }
+  if (in.bad()) return fail();
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_DigestFinal_ex(context.get(), digest, &length) != 1) return fail();
+  for (unsigned i = 0; i < length; ++i) hashed.sha256 += fmt::format("{:02x}", digest[i]);
+  return hashed;
 }
 
 /// One ustar header block (POSIX.1-1988): octal fields, the checksum over the block with its
@@ -92,17 +115,18 @@ Result<LocalCopy> ReadLocalCopy(const fs::path& exe, const std::string& version,
     for (const std::string& dir : dirs) tar += TarHeader(dir + "/", '5', 0755, 0, 0);
   }
   for (const auto& [name, path] : files) {
-    auto bytes = ReadWhole(path);
-    if (!bytes) return Fail(bytes.error());
-    copy.manifest += Sha256Hex(*bytes) + "  ./" + name + "\n";
-    copy.bytes += bytes->size();
+    std::string bytes;
+    auto hashed = HashFile(path, with_tar ? &bytes : nullptr);
+    if (!hashed) return Fail(hashed.error());
+    copy.manifest += hashed->sha256 + "  ./" + name + "\n";
+    copy.bytes += hashed->size;
     ++copy.files;
     if (!with_tar) continue;
     struct stat st {};
     const int64_t mtime = ::stat(path.c_str(), &st) == 0 ? st.st_mtime : 0;
-    tar += TarHeader(name, '0', name == "bin/ddprun" ? 0555 : 0444, bytes->size(), mtime);
-    tar += *bytes;
-    tar.append((512 - bytes->size() % 512) % 512, '\0');
+    tar += TarHeader(name, '0', name == "bin/ddprun" ? 0555 : 0444, bytes.size(), mtime);
+    tar += bytes;
+    tar.append((512 - bytes.size() % 512) % 512, '\0');
   }
   copy.manifest_sum = Sha256Hex(copy.manifest);
   copy.id = version + "-" + copy.manifest_sum.substr(0, 12);

@@ -86,7 +86,7 @@ class UpTest : public ::testing::Test {
                  "Port 22\nListenAddress 0.0.0.0\nHostKey " + keys + "/host_key\nAuthorizedKeysFile " + keys +
                      (h.key_accepted ? "/authorized_keys" : "/nobody_keys") +
                      "\nPermitRootLogin yes\nStrictModes no\nUsePAM no\nPidFile " + keys + "/sshd" + n +
-                     ".pid\nSetEnv PATH=" + path + "\n");
+                     ".pid\nSetEnv PATH=" + path + " HOME=" + bed_->home() + "\n");
       if (h.drop_ssh) {
         ASSERT_TRUE(bed_->AddInputRule(static_cast<int>(i), "-p tcp --dport 22 -j DROP"));
       }
@@ -331,6 +331,90 @@ TEST_F(UpTest, DetachStatusAndDownFindTheAgentsAgain) {
   ASSERT_EQ(after.Wait(30s), 1) << after.Output();
   EXPECT_THAT(after.Output(), HasSubstr(bed_->host(0).data_addr + " (node 0): not running (pid "));
   EXPECT_THAT(bed_->Read(0, "logs/up/up-n0.console"), HasSubstr("received SIGTERM"));
+}
+
+// `up --install` (issue 41.4): a host without ddprun and one with an older ddprun get this one
+// in ~/.ddprun/<version>-<hash> over the same ssh, the job runs there from the copies, and the
+// next `up` finds them without copying. A home others can write is refused before anything is
+// copied or run there.
+TEST_F(UpTest, InstallBringsThisDdprunToHostsWithoutItOrWithAnOlderOne) {
+  std::vector<SshHost> hosts(3);
+  hosts[1].ddprun_on_path = false;
+  hosts[2].fake_version = "0.0.9";
+  MakeBed(hosts, /*shared_home=*/false);
+  if (!bed_) return;
+  const std::string job = bed_->home() + "/job.toml";
+  {
+    std::ofstream(bed_->HomeOf(0) + "/job.toml")
+        << JobText(NodesByAddress(3), 3, "echo \"rank $RANK runs under $(readlink /proc/$PPID/exe)\"");
+  }
+  AgentProcess& without = Up({"up", job, "--copy"});
+  ASSERT_EQ(without.Wait(30s), 3) << without.Output();
+  std::smatch id;
+  const std::string refused = without.Output();
+  ASSERT_TRUE(std::regex_search(refused, id, std::regex("no copy of this one in ~/\\.ddprun/([0-9.]+-[0-9a-f]{12})")))
+      << refused;
+  EXPECT_THAT(refused, HasSubstr(bed_->host(1).data_addr + " (node 1): no `ddprun` on the remote PATH"));
+  EXPECT_THAT(refused, HasSubstr("hint: `ddprun up --install` copies this one there"));
+  EXPECT_THAT(refused, HasSubstr(bed_->host(2).data_addr + " (node 2): it runs ddprun 0.0.9"));
+  const std::string copy_id = id[1];
+
+  // Host 1's ~/.ddprun can be written by its group: refused there (host 2 gets its copy, as
+  // installs run at once), and no agent starts.
+  std::filesystem::create_directories(bed_->HomeOf(1) + "/.ddprun");
+  ::chmod((bed_->HomeOf(1) + "/.ddprun").c_str(), 0775);
+  const std::string copy = bed_->home() + "/.ddprun/" + copy_id;
+  AgentProcess& shared = Up({"up", job, "--copy", "--install"});
+  ASSERT_EQ(shared.Wait(120s), 3) << shared.Output();
+  EXPECT_THAT(shared.Output(), HasSubstr("into ~/.ddprun/" + copy_id + " on 2 hosts"));
+  EXPECT_THAT(shared.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): cannot install this ddprun: " +
+                                         bed_->home() + "/.ddprun can be written by other users"));
+  EXPECT_THAT(shared.Output(), HasSubstr(bed_->host(2).data_addr + " (node 2): installed in " + copy));
+  EXPECT_THAT(shared.Output(), HasSubstr("no agent was started"));
+  EXPECT_THAT(shared.Output(), Not(HasSubstr("rank 0 runs")));
+  ::chmod((bed_->HomeOf(1) + "/.ddprun").c_str(), 0755);
+
+  AgentProcess& install = Up({"up", job, "--copy", "--install"});
+  ASSERT_EQ(install.Wait(120s), 0) << install.Output();
+  const std::string out = install.Output();
+  EXPECT_THAT(out, HasSubstr("into ~/.ddprun/" + copy_id + " on 1 host\n"));
+  EXPECT_THAT(out, HasSubstr(bed_->host(1).data_addr + " (node 1): installed in " + copy));
+  // Node 0 runs its own ddprun (on its PATH, this version); nodes 1 and 2 the copy.
+  const std::string binary = std::filesystem::canonical(DDPRUN_BINARY).string();
+  EXPECT_THAT(out, HasSubstr("rank 0 runs under " + binary));
+  EXPECT_THAT(out, HasSubstr("rank 1 runs under " + copy + "/bin/ddprun"));
+  EXPECT_THAT(out, HasSubstr("rank 2 runs under " + copy + "/bin/ddprun"));
+  EXPECT_FALSE(std::filesystem::exists(bed_->HomeOf(0) + "/.ddprun/" + copy_id));
+  for (int i : {1, 2}) {
+    const std::string there = bed_->HomeOf(i) + "/.ddprun/" + copy_id + "/bin/ddprun";
+    EXPECT_EQ(std::filesystem::file_size(there), std::filesystem::file_size(binary)) << there;
+  }
+
+  // The next `up`, with or without --install, runs the copies and copies nothing.
+  AgentProcess& again = Up({"up", job, "--install"});
+  ASSERT_EQ(again.Wait(120s), 0) << again.Output();
+  EXPECT_THAT(again.Output(), Not(HasSubstr("installing")));
+  EXPECT_THAT(again.Output(), HasSubstr("rank 2 runs under " + copy + "/bin/ddprun"));
+  AgentProcess& plain = Up({"up", job});
+  ASSERT_EQ(plain.Wait(120s), 0) << plain.Output();
+  EXPECT_THAT(plain.Output(), HasSubstr("rank 1 runs under " + copy + "/bin/ddprun"));
+  EXPECT_TRUE(WaitFor([&] { return NothingLeftOnAnyHost(); }, 10s)) << Leftovers();
+
+  // Detached, `status` and `down` find the agents through the copies too.
+  const std::string held = bed_->Write("held.toml", JobText(NodesByAddress(3), 3, "echo $$ > w-$RANK.pid; exec sleep 300"));
+  AgentProcess& detached = Up({"up", held, "--detach"});
+  ASSERT_EQ(detached.Wait(30s), 0) << detached.Output();
+  ASSERT_TRUE(WaitFor([&] { return !bed_->Read(1, "w-1.pid").empty() && !bed_->Read(2, "w-2.pid").empty(); }, 60s));
+  AgentProcess& status = Up({"status", held});
+  ASSERT_EQ(status.Wait(30s), 0) << status.Output();
+  EXPECT_THAT(status.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): running, pid "));
+  AgentProcess& down = Up({"down", held});
+  ASSERT_EQ(down.Wait(30s), 0) << down.Output();
+  // Each agent answered (node 0's stop may end the others first): none unknown or left running.
+  EXPECT_THAT(down.Output(), HasSubstr(bed_->host(2).data_addr + " (node 2): "));
+  EXPECT_THAT(down.Output(), Not(HasSubstr("unknown")));
+  EXPECT_THAT(down.Output(), Not(HasSubstr("still running")));
+  EXPECT_TRUE(WaitFor([&] { return NothingLeftOnAnyHost(); }, 10s)) << Leftovers();
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 # 1. the binary needs no glibc symbol newer than 2.31 and no shared library but glibc's;
 # 2. from the tarball, in the root: --version, the simulator on examples/laptop.toml, a real
 #    2-rank job of shell workers, and a Python 3.9 worker whose `import ddprun` sends beacons;
-# 3. `apt-get install ./ddprun_*.deb` into a copy of the root, then the same job from /usr/bin.
+# 3. `apt-get install ./ddprun_*.deb` into a copy of the root, then the same job from /usr/bin;
+# 4. `ddprun up --install` from here (the tarball's binary) to a "host" that is a clean copy of
+#    the root without ddprun (a stand-in for ssh runs the remote line chrooted there): the copy
+#    lands in the root's ~/.ddprun and runs the job; the next `up` finds it.
 set -euo pipefail
 tarball=$(realpath "$1") deb=$(realpath "$2") root=$(realpath "$3")
 source_dir=$(cd "$(dirname "$0")/../.." && pwd)
@@ -125,6 +128,52 @@ if in_root "$copy" sh -c "DEBIAN_FRONTEND=noninteractive apt-get install -y /tmp
   check_jobs "$copy" /usr/bin/ddprun .deb
 else
   fail ".deb: apt-get install: $(tail -5 "$work/apt.log")"
+fi
+rm -rf "$copy"
+
+# 4. `up --install` to a Debian 11 host without ddprun: its sh, tar, find and sha256sum.
+copy="$work/root-up"
+cp -a "$root" "$copy"
+jobdir="$work/upjob"  # the same path here and in the root, as on hosts that share no folder
+mkdir -p "$jobdir" "$copy$jobdir"
+cat >"$jobdir/up.toml" <<TOML
+version = 1
+[job]
+name = "upinstall"
+command = ["sh", "-c", "echo rank \$RANK runs under \$(readlink /proc/\$PPID/exe)"]
+[cluster]
+nodes = ["deb11"]
+master_addr = "127.0.0.1"
+master_port = 29619
+[trainer]
+devices = 2
+num_nodes = 1
+TOML
+cat >"$work/chroot-ssh" <<SH
+#!/bin/sh
+for last; do :; done
+exec unshare --mount --propagation private --fork -- sh -c 'mount -t proc proc "\$0/proc" && exec chroot "\$0" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root /bin/sh -c "\$1"' "$copy" "\$last"
+SH
+chmod +x "$work/chroot-ssh"
+out=$(DDPRUN_SSH_COMMAND="$work/chroot-ssh" "$binary" up "$jobdir/up.toml" --copy 2>&1) || true
+if grep -q "no \`ddprun\` on the remote PATH, and no copy of this one in ~/.ddprun/" <<<"$out"; then
+  pass "up: a Debian 11 host without ddprun is named, with --install as the fix"
+else
+  fail "up without --install: $(tail -5 <<<"$out")"
+fi
+out=$(DDPRUN_SSH_COMMAND="$work/chroot-ssh" "$binary" up "$jobdir/up.toml" --copy --install 2>&1) || true
+if grep -q "deb11 (node 0): installed in /root/.ddprun/" <<<"$out" &&
+  grep -q "\[n0 r1\] rank 1 runs under /root/.ddprun/.*/bin/ddprun" <<<"$out" &&
+  grep -q 'job "upinstall" succeeded' <<<"$out"; then
+  pass "up --install: the copy in the Debian 11 host's ~/.ddprun ran the job"
+else
+  fail "up --install: $(tail -8 <<<"$out")"
+fi
+out=$(DDPRUN_SSH_COMMAND="$work/chroot-ssh" "$binary" up "$jobdir/up.toml" 2>&1) || true
+if ! grep -q "installing" <<<"$out" && grep -q "\[n0 r0\] rank 0 runs under /root/.ddprun/" <<<"$out"; then
+  pass "up: the next run finds the copy and copies nothing"
+else
+  fail "up after --install: $(tail -8 <<<"$out")"
 fi
 rm -rf "$copy"
 
