@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "runner/core/failure.h"
 #include "schema/duration.h"
 
 namespace ddprun::report {
@@ -116,9 +117,8 @@ class Builder {
         } else if (r.type == "round-failed") {
           const int64_t round = r.Int("round");
           AddMark(p.ns, Mark::kJob, MarkKind::kFailure, fmt::format("round {} failed: {}", round, r.Text("cause")), false);
-          const std::vector<std::string> kinds = r.Texts("kinds");
           const int64_t peer = r.Int("peer");
-          if (std::find(kinds.begin(), kinds.end(), "hang") != kinds.end() && peer >= 0 &&
+          if (core::HasKind(core::ParseKinds(r.Texts("kinds")), core::FailureKind::Type::kHang) && peer >= 0 &&
               static_cast<uint64_t>(peer) < rows_) {
             AddMark(p.ns, static_cast<uint32_t>(peer), MarkKind::kFault, r.Text("cause"), true);
           }

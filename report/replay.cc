@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "base/plural.h"
+#include "runner/core/failure.h"
 #include "schema/duration.h"
 namespace ddprun::report {
 namespace {
@@ -18,18 +19,17 @@ using std::chrono::milliseconds;
 // The kind both sides name alike: the exit code or signal of a rank's own failure, else what
 // the coordinator calls a failure that is no exit. The exception type is left out: a
 // simulated worker raises its own.
-std::string SharedKind(const std::vector<std::string>& kinds) {
-  for (const std::string& kind : kinds) {
-    if (kind.starts_with("exit:") || kind.starts_with("signal:")) return kind;
+std::string SharedKind(const std::vector<core::FailureKind>& kinds) {
+  using Type = core::FailureKind::Type;
+  for (const core::FailureKind& kind : kinds) {
+    if (kind.type == Type::kExit || kind.type == Type::kSignal) return kind.Text();
   }
-  for (const char* kind : {"hang", "lost-node", "stall", "oom"}) {
-    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) return kind;
+  for (const Type type : {Type::kHang, Type::kLostNode, Type::kStall, Type::kOom}) {
+    for (const core::FailureKind& kind : kinds) {
+      if (kind.type == type) return kind.Text();
+    }
   }
-  return kinds.empty() ? "unknown" : kinds.back();
-}
-
-bool Has(const std::vector<std::string>& kinds, std::string_view kind) {
-  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+  return kinds.empty() ? "unknown" : kinds.back().Text();
 }
 
 }  // namespace
@@ -66,7 +66,7 @@ std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& re
     } else if (r->type == "round-failed") {
       const int64_t round = r->Int("round");
       const int64_t rank = r->Int("rank");
-      const std::vector<std::string> kinds = r->Texts("kinds");
+      const std::vector<core::FailureKind> kinds = core::ParseKinds(r->Texts("kinds"));
       const std::string step =
           rank >= 0 ? fmt::format("round {} fails: rank {} (node {}), {}", round, rank, r->Int("peer"), SharedKind(kinds))
                     : fmt::format("round {} fails: node {}, {}", round, r->Int("peer"), SharedKind(kinds));
@@ -181,10 +181,10 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   const int nproc = std::max(spec.cluster.nproc_per_node, 1);
   const Duration loss_bound = spec.timeouts.LossBound();
   for (const auto& [round, cause] : causes) {
-    const std::vector<std::string> kinds = cause->Texts("kinds");
+    const std::vector<core::FailureKind> kinds = core::ParseKinds(cause->Texts("kinds"));
     const int peer = static_cast<int>(cause->Int("peer"));
     const int64_t rank = cause->Int("rank");
-    if (Has(kinds, "lost-node")) {
+    if (core::HasKind(kinds, core::FailureKind::Type::kLostNode)) {
       // Lost when node 0 last noticed it before the cause; a silent one died a loss bound
       // before that.
       int64_t crash_ms = cause->unix_ms;
@@ -211,7 +211,7 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
         crash.reboot_after = Duration(milliseconds(*next - crash_ms));
       }
       plan.faults.push_back(crash);
-    } else if (Has(kinds, "hang") && rank >= 0) {
+    } else if (core::HasKind(kinds, core::FailureKind::Type::kHang) && rank >= 0) {
       const EventRecord* hang = find(peer, "hang", round, rank);
       FaultSpec fault;
       fault.kind = FaultKind::kWorkerHang;

@@ -91,6 +91,9 @@ void Agent::Send(wire::Message message, std::vector<AgentEffect>& out) {
 }
 
 void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out) {
+  // Time never moves back: the stall measure below and every deadline rely on it (the real
+  // driver reads a steady clock, the simulator its virtual one).
+  DDPRUN_ASSERT(!last_input_ || now >= *last_input_);
   Apply(now, input, out);
   // Start and Handle are the only changes of state, so the table is read once per input.
   UpdateDeadlines();

@@ -111,7 +111,7 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
                                "was killed, or it was cut off from etcd\n",
                                FormatDuration(spec_.rendezvous.lease));
   failure.explains_silence = true;
-  failure.kinds = {"lost-node"};
+  failure.kinds = {FailureKind::Of(FailureKind::Type::kLostNode)};
   // The old round's workers stop within their agents' lease of their last word from the old
   // coordinator, which was before now.
   journal_fence_ = now + spec_.timeouts.LeaseBound();
@@ -207,7 +207,9 @@ bool Coordinator::WorkersMayRun(const AgentSlot& slot) const {
 void Coordinator::SetSlotConn(int agent, std::optional<ConnId> conn, TimePoint now) {
   AgentSlot& slot = roster_.at(agent);
   if (slot.conn.has_value() != conn.has_value()) ProgressChanged(now);
-  if (slot.stopped) stopped_joined_ += (conn ? 1 : 0) - (slot.conn ? 1 : 0);
+  if (auto* stopping = std::get_if<Stopping>(&state_); stopping && slot.stopped) {
+    stopping->stopped_joined += (conn ? 1 : 0) - (slot.conn ? 1 : 0);
+  }
   // Fencing: a node lost while its workers may run keeps its rank until its lease has run
   // out; its own agent stops them within that time (DESIGN.md section 10).
   if (slot.conn && !conn && WorkersMayRun(slot)) {
@@ -509,7 +511,7 @@ void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<Coordinat
     failure.what = what;
     failure.detail = "  the other nodes stop their workers when they lose the coordinator\n";
     failure.explains_silence = true;
-    failure.kinds = {"stall"};
+    failure.kinds = {FailureKind::Of(FailureKind::Type::kStall)};
     BeginStop(now, std::move(failure), out);
   } else {
     out.push_back(LogLine{LogLevel::kWarn, what});
@@ -548,7 +550,7 @@ void Coordinator::OnNodeLost(TimePoint now, int agent, const std::string& why, s
       failure.node_rank = agent;
       failure.what = fmt::format("{} was lost: {}", roster_.NodeName(agent), why);
       failure.explains_silence = true;
-      failure.kinds = {"lost-node"};
+      failure.kinds = {FailureKind::Of(FailureKind::Type::kLostNode)};
       failure.detail = "  its agent stopped answering; its workers are stopped by its agent (or "
                        "died with it)\n";
       BeginStop(now, std::move(failure), out);

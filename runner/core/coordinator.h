@@ -120,7 +120,7 @@ class Coordinator {
     int node_rank = 0;            // the node it happened on (or that was lost)
     int global_rank = -1;         // the rank that failed or hung first; -1: a node, not a rank
     std::string what;             // one line, as the summary says it
-    std::vector<std::string> kinds;  // core::FailureKinds, or "hang", "lost-node", "stall"
+    std::vector<FailureKind> kinds;  // core::FailureKinds, or hang, lost-node, stall
   };
   std::optional<RootCause> last_root_cause() const {
     if (!last_failure_) return std::nullopt;
@@ -163,10 +163,13 @@ class Coordinator {
     std::optional<Reach> reach;
     bool awaiting_commit = false;       // CommitRound sent, RoundCommitted not yet in
   };
-  struct Running {};
+  struct Running {
+    int done = 0;                       // agents whose workers all exited 0
+  };
   struct Stopping {
     RoundFailure failure;               // the round's root cause so far
     TimePoint give_up;                  // nodes that have not confirmed by then are dropped
+    int stopped_joined = 0;             // connected agents that confirmed the stop
   };
   struct Backoff {
     TimePoint until;
@@ -174,6 +177,7 @@ class Coordinator {
   struct Ending {
     TimePoint barrier;                  // the exit barrier
     bool awaiting_record = true;        // RecordEnd sent, EndRecorded not yet in: nobody is told
+    int awaiting = 0;                   // agents not kSettled
   };
   struct Done {};
   // In Phase order.
@@ -264,9 +268,6 @@ class Coordinator {
   Placement placement_;              // who plays the next round; the quarantine book
   HangWatch hangs_;                  // hung ranks and stragglers of the running round
   Links links_;
-  int done_count_ = 0;       // agents done in the running round
-  int stopped_joined_ = 0;   // connected agents that confirmed the stop
-  int awaiting_end_ = 0;     // agents not kSettled while ending
   /// Where the absence clock of a node that has not joined this rendezvous starts: its start,
   /// moved on by every stall of our own (OnStalled).
   TimePoint absence_origin_;

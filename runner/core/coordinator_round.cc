@@ -212,7 +212,6 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
   state_ = Running{};
   record_running_ = true;  // CommitRound said so; the heartbeat renews it
   for (AgentSlot& slot : roster_.slots()) slot.done = false;
-  done_count_ = 0;
   const std::vector<int>& players = roster_.players();
   const size_t nodes = players.size();
   const size_t all = roster_.holders().size();
@@ -258,7 +257,7 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
 void Coordinator::OnNodeDone(TimePoint now, AgentSlot& slot, std::vector<CoordinatorEffect>& out) {
   if (slot.done) return;
   slot.done = true;
-  if (++done_count_ < static_cast<int>(roster_.players().size())) return;
+  if (++std::get<Running>(state_).done < static_cast<int>(roster_.players().size())) return;
   EndJob(now, ToInt(ExitCode::kOk),
          SuccessText(spec_, roster_,
                      {round_, restarts_used_, placement_.shrunk_note(), hangs_.StragglerNote(),
@@ -310,7 +309,6 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
     slot.stopped = false;
     slot.stopped_ranks = 0;
   }
-  stopped_joined_ = 0;
   // Waiting spares run nothing: they have nothing to stop.
   for (AgentSlot& slot : roster_.slots()) {
     if (slot.plays < 0 && slot.conn) MarkStopped(slot, 0);
@@ -345,12 +343,12 @@ void Coordinator::MarkStopped(AgentSlot& slot, int stopped_ranks) {
   if (slot.stopped) return;
   slot.stopped = true;
   slot.stopped_ranks = stopped_ranks;
-  if (slot.conn) ++stopped_joined_;
+  if (auto* stopping = std::get_if<Stopping>(&state_); stopping && slot.conn) ++stopping->stopped_joined;
 }
 
 void Coordinator::MaybeFinishStop(TimePoint now, std::vector<CoordinatorEffect>& out) {
   const auto* stopping = std::get_if<Stopping>(&state_);
-  if (!stopping || stopped_joined_ < roster_.connected()) return;
+  if (!stopping || stopping->stopped_joined < roster_.connected()) return;
   int stopped_ranks = 0;
   int stopped_nodes = 0;
   for (const AgentSlot& slot : roster_.slots()) {
@@ -372,7 +370,7 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
                                                         never, max_restarts - restarts_used_, max_restarts)});
   } else if (restarts_used_ < max_restarts) {
     earlier_causes_.push_back(fmt::format("round {}: {}{}", failure.round, failure.what,
-                                          failure.kinds.empty() ? "" : " (" + failure.kinds.front() + ")"));
+                                          failure.kinds.empty() ? "" : " (" + failure.kinds.front().Text() + ")"));
     ++restarts_used_;
     ++round_;
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("all workers stopped ({} stopped by ddprun); restart {} of {} "
@@ -406,7 +404,7 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std:
   // connection closes after we told it), and every node that joined once and is away now (lost
   // to a pause or a partition, it stops its workers and rejoins to hear it). A node that never
   // joined is not waited for.
-  awaiting_end_ = 0;
+  int& awaiting = std::get<Ending>(state_).awaiting;
   const bool no_round = roster_.players().empty();
   for (AgentSlot& slot : roster_.slots()) {
     // A node whose rank went to a spare is not waited for: its workers were gone before the
@@ -416,7 +414,7 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std:
     slot.end = slot.conn                       ? AgentSlot::EndState::kTold
                : slot.ever_joined && took_part ? AgentSlot::EndState::kAway
                                                : AgentSlot::EndState::kSettled;
-    if (slot.end != AgentSlot::EndState::kSettled) ++awaiting_end_;
+    if (slot.end != AgentSlot::EndState::kSettled) ++awaiting;
   }
   out.push_back(RecordEnd{exit_code, end_summary_});
 }
@@ -424,13 +422,14 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std:
 void Coordinator::SettleEnd(AgentSlot& slot) {
   if (phase() != Phase::kEnding || slot.end == AgentSlot::EndState::kSettled) return;
   slot.end = AgentSlot::EndState::kSettled;
-  --awaiting_end_;
+  --std::get<Ending>(state_).awaiting;
 }
 
 void Coordinator::MaybeDone(std::vector<CoordinatorEffect>& out) {
   // Every node, not only the connected ones: one that lost us (a pause, a partition) is
   // stopping its workers and will rejoin to hear the verdict, within the exit barrier.
-  if (phase() != Phase::kEnding || awaiting_end_ > 0) return;
+  const auto* ending = std::get_if<Ending>(&state_);
+  if (!ending || ending->awaiting > 0) return;
   // Every node confirmed its workers stopped: the next coordinator here need not wait.
   if (record_running_) out.push_back(RecordWorkers{false});
   Finish(out);

@@ -189,9 +189,9 @@ std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const 
     text += " (restart.max_restarts = 0)";
   }
   text += fmt::format("\nroot cause (first failure anywhere in the job): {}\n", failure.what);
-  if (!failure.kinds.empty()) text += fmt::format("  kind: {}\n", fmt::join(failure.kinds, ", "));
+  if (!failure.kinds.empty()) text += fmt::format("  kind: {}\n", fmt::join(KindTexts(failure.kinds), ", "));
   text += failure.detail;
-  const bool hang = std::find(failure.kinds.begin(), failure.kinds.end(), "hang") != failure.kinds.end();
+  const bool hang = HasKind(failure.kinds, FailureKind::Type::kHang);
   text += fmt::format("ddprun then stopped {} {}running rank{} on {} node{}{}.\n", facts.stopped_ranks,
                       hang ? "" : "other ", facts.stopped_ranks == 1 ? "" : "s", facts.stopped_nodes,
                       facts.stopped_nodes == 1 ? "" : "s", hang ? ", the hung ones included" : "");

@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "runner/core/failure.h"
 #include "runner/core/progress.h"
 #include "runner/core/time.h"
 #include "runner/core/wire.h"
@@ -213,7 +214,7 @@ struct RoundFailed {
   int round = 0;
   int agent = 0;         // where it happened, or the agent that was lost
   int global_rank = -1;  // -1: a node, not a rank
-  std::vector<std::string> kinds;
+  std::vector<FailureKind> kinds;
   std::string what;
   bool last = false;     // no restart is left
 };

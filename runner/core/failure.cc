@@ -1,6 +1,9 @@
 #include "runner/core/failure.h"
 
+#include <algorithm>
 #include <csignal>
+#include <optional>
+#include <utility>
 #include <initializer_list>
 #include <string_view>
 
@@ -147,44 +150,115 @@ std::string ExceptionType(const std::string& error_file, const std::string& stde
   return LastExceptionType(stderr_tail, 8);
 }
 
-std::vector<std::string> FailureKinds(int exit_code, int signal, const std::string& error_file,
+std::vector<FailureKind> FailureKinds(int exit_code, int signal, const std::string& error_file,
                                       const std::string& stderr_tail) {
-  std::vector<std::string> kinds;
-  if (std::string type = ExceptionType(error_file, stderr_tail); !type.empty()) kinds.push_back(type);
+  std::vector<FailureKind> kinds;
+  if (std::string type = ExceptionType(error_file, stderr_tail); !type.empty()) {
+    kinds.push_back(FailureKind::Exception(std::move(type)));
+  }
   const std::string_view tail = LastLines(stderr_tail, 8);
   for (const char* marker : {"CUDA out of memory", "OutOfMemoryError", "MemoryError",
                              "Cannot allocate memory"}) {
     if (error_file.find(marker) != std::string::npos || tail.find(marker) != std::string_view::npos) {
-      kinds.push_back("oom");
+      kinds.push_back(FailureKind::Of(FailureKind::Type::kOom));
       break;
     }
   }
-  if (MentionsNccl(error_file) || MentionsNccl(stderr_tail)) kinds.push_back("nccl");
-  if (LooksLikeALostPeer(error_file, stderr_tail)) kinds.push_back("lost-peer");
-  if (signal > 0) {
-    kinds.push_back("signal:" + SignalName(signal));
-  } else {
-    kinds.push_back("exit:" + std::to_string(exit_code));
-  }
+  if (MentionsNccl(error_file) || MentionsNccl(stderr_tail)) kinds.push_back(FailureKind::Of(FailureKind::Type::kNccl));
+  if (LooksLikeALostPeer(error_file, stderr_tail)) kinds.push_back(FailureKind::Of(FailureKind::Type::kLostPeer));
+  kinds.push_back(signal > 0 ? FailureKind::Signal(signal) : FailureKind::Exit(exit_code));
   return kinds;
 }
 
-bool RuleMatches(std::string_view rule, const std::vector<std::string>& kinds) {
-  std::string wanted(rule);
-  // "signal:11" means "signal:SIGSEGV".
-  if (rule.rfind("signal:", 0) == 0 && rule.size() > 7 && rule[7] >= '0' && rule[7] <= '9') {
-    int number = 0;
-    for (char c : rule.substr(7)) {
-      if (c < '0' || c > '9' || number > 1000) return false;
-      number = number * 10 + (c - '0');
-    }
-    wanted = "signal:" + SignalName(number);
+namespace {
+
+using KindType = FailureKind::Type;
+
+// The words of the kinds that carry nothing but their type.
+constexpr std::pair<KindType, std::string_view> kKindWords[] = {
+    {KindType::kOom, "oom"},   {KindType::kNccl, "nccl"},           {KindType::kLostPeer, "lost-peer"},
+    {KindType::kHang, "hang"}, {KindType::kLostNode, "lost-node"}, {KindType::kStall, "stall"}};
+
+// A decimal number of at most nine digits, else nullopt.
+std::optional<int> SmallNumber(std::string_view text, bool allow_sign) {
+  const bool negative = allow_sign && text.starts_with('-');
+  if (negative) text.remove_prefix(1);
+  if (text.empty() || text.size() > 9) return std::nullopt;
+  int number = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    number = number * 10 + (c - '0');
   }
-  for (const std::string& kind : kinds) {
-    if (kind == wanted) return true;
+  return negative ? -number : number;
+}
+
+}  // namespace
+
+std::string FailureKind::Text() const {
+  switch (type) {
+    case Type::kException: return exception;
+    case Type::kSignal: return "signal:" + (number < 0 ? exception : SignalName(number));
+    case Type::kExit: return "exit:" + std::to_string(number);
+    default: break;
+  }
+  for (const auto& [kind, word] : kKindWords) {
+    if (kind == type) return std::string(word);
+  }
+  return "unknown";
+}
+
+FailureKind FailureKind::Parse(std::string_view text) {
+  for (const auto& [kind, word] : kKindWords) {
+    if (text == word) return Of(kind);
+  }
+  if (text.starts_with("exit:")) {
+    if (const auto code = SmallNumber(text.substr(5), true)) return Exit(*code);
+  }
+  if (text.starts_with("signal:")) {
+    const std::string_view name = text.substr(7);
+    if (const auto number = SmallNumber(name, false)) return Signal(*number);
+    for (int signal = 1; signal < 65; ++signal) {
+      if (SignalName(signal) == name) return Signal(signal);
+    }
+    FailureKind unknown = Signal(-1);  // a name SignalName never gives: matches nothing here
+    unknown.exception = std::string(name);
+    return unknown;
+  }
+  return Exception(std::string(text));
+}
+
+std::vector<std::string> KindTexts(const std::vector<FailureKind>& kinds) {
+  std::vector<std::string> texts;
+  texts.reserve(kinds.size());
+  for (const FailureKind& kind : kinds) texts.push_back(kind.Text());
+  return texts;
+}
+
+std::vector<FailureKind> ParseKinds(const std::vector<std::string>& texts) {
+  std::vector<FailureKind> kinds;
+  kinds.reserve(texts.size());
+  for (const std::string& text : texts) kinds.push_back(FailureKind::Parse(text));
+  return kinds;
+}
+
+bool HasKind(const std::vector<FailureKind>& kinds, FailureKind::Type type) {
+  return std::any_of(kinds.begin(), kinds.end(), [&](const FailureKind& kind) { return kind.type == type; });
+}
+
+bool RuleMatches(std::string_view rule, const std::vector<FailureKind>& kinds) {
+  const FailureKind wanted = FailureKind::Parse(rule);
+  for (const FailureKind& kind : kinds) {
+    if (kind.type != wanted.type) continue;
+    if (kind.type == KindType::kSignal && kind.number < 0) continue;  // an unknown name: nothing
+    if (kind.type != KindType::kException) {
+      if (kind.number == wanted.number) return true;
+      continue;
+    }
     // A bare exception name matches its qualified form.
-    if (kind.size() > wanted.size() && kind[kind.size() - wanted.size() - 1] == '.' &&
-        kind.compare(kind.size() - wanted.size(), wanted.size(), wanted) == 0) {
+    const std::string& name = kind.exception;
+    const std::string& bare = wanted.exception;
+    if (name == bare || (name.size() > bare.size() && name[name.size() - bare.size() - 1] == '.' &&
+                         name.compare(name.size() - bare.size(), bare.size(), bare) == 0)) {
       return true;
     }
   }

@@ -7,6 +7,33 @@
 
 namespace ddprun::core {
 
+/// One thing a failure is known by. Typed everywhere in the code; spelled as text only where
+/// people and files see it: the event log's "kinds", the summary's "kind:" line, the metrics,
+/// and restart.never_on's rules ("ValueError", "oom", "nccl", "lost-peer", "signal:SIGSEGV",
+/// "exit:1", "hang", "lost-node", "stall").
+struct FailureKind {
+  enum class Type { kException, kOom, kNccl, kLostPeer, kSignal, kExit, kHang, kLostNode, kStall };
+  Type type = Type::kExit;
+  std::string exception;  // kException: its type, "torch.cuda.OutOfMemoryError"
+  int number = 0;         // kSignal: the signal (-1 a name no table here knows); kExit: the code
+
+  static FailureKind Of(Type type) { return FailureKind{type, {}, 0}; }
+  static FailureKind Exception(std::string name) { return FailureKind{Type::kException, std::move(name), 0}; }
+  static FailureKind Signal(int signal) { return FailureKind{Type::kSignal, {}, signal}; }
+  static FailureKind Exit(int code) { return FailureKind{Type::kExit, {}, code}; }
+  /// Its one spelling.
+  std::string Text() const;
+  /// The inverse of Text, for what a file or a rule says: "signal:11" is Signal(11), a word
+  /// that is none of the others an exception name.
+  static FailureKind Parse(std::string_view text);
+  bool operator==(const FailureKind&) const = default;
+};
+/// Each kind's Text, in order, and back (an event log's "kinds").
+std::vector<std::string> KindTexts(const std::vector<FailureKind>& kinds);
+std::vector<FailureKind> ParseKinds(const std::vector<std::string>& texts);
+/// Whether one of `kinds` is of `type`.
+bool HasKind(const std::vector<FailureKind>& kinds, FailureKind::Type type);
+
 /// "SIGKILL" for 9, "signal 42" for unknown numbers.
 std::string SignalName(int signal);
 
@@ -36,13 +63,13 @@ std::string ExceptionType(const std::string& error_file, const std::string& stde
 /// What a worker's failure is known by, the most specific first: its Python exception type,
 /// "oom" (CUDA or host memory), "nccl", "lost-peer", then "signal:SIGSEGV" or "exit:1". The
 /// coordinator adds "hang", "lost-node" and "stall" for failures that are not a process exit.
-std::vector<std::string> FailureKinds(int exit_code, int signal, const std::string& error_file,
+std::vector<FailureKind> FailureKinds(int exit_code, int signal, const std::string& error_file,
                                       const std::string& stderr_tail);
 
 /// Whether `rule`, an entry of restart.never_on, names one of `kinds`: an exception type
 /// (a bare name also matches a qualified one: "OutOfMemoryError" matches
 /// "torch.cuda.OutOfMemoryError"), "exit:N", "signal:NAME" or "signal:N", or a kind word.
-bool RuleMatches(std::string_view rule, const std::vector<std::string>& kinds);
+bool RuleMatches(std::string_view rule, const std::vector<FailureKind>& kinds);
 
 /// Prefixes every line of `text` with `indent`, drops trailing blank lines.
 std::string Indent(const std::string& text, const std::string& indent);

@@ -200,7 +200,7 @@ std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std:
   failure.round = round;
   failure.node_rank = culprit.node_rank;
   failure.global_rank = culprit.global_rank;
-  failure.kinds = {"hang"};
+  failure.kinds = {FailureKind::Of(FailureKind::Type::kHang)};
   const std::string who = verdict.culprits.size() == 1
                               ? roster_.RankName(culprit.global_rank)
                               : fmt::format("ranks {} ({} first)", RankRanges(verdict.culprits),

@@ -82,7 +82,7 @@ CoordinatorMetrics Coordinator::Metrics() const {
   m.hosts_quarantined = placement_.book().Sitting(last_input_);
   if (last_failure_) {
     m.last_failure_round = last_failure_->round;
-    if (!last_failure_->kinds.empty()) m.last_failure_kind = last_failure_->kinds.front();
+    if (!last_failure_->kinds.empty()) m.last_failure_kind = last_failure_->kinds.front().Text();
   }
   const auto& ranks_seen = hangs_.ranks_seen();
   m.ranks_reported = ranks_seen.size();

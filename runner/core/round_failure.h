@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "runner/core/failure.h"
+
 namespace ddprun::core {
 
 struct RoundFailure {
@@ -17,7 +19,7 @@ struct RoundFailure {
   bool lost_peer = false;   // its error says it lost a peer: likely a consequence (failure.h)
   bool the_stop = false;    // its error is the stop's own signal (failure.h)
   bool explains_silence = false;  // a lost node or our own stall: ranks fall silent because of it
-  std::vector<std::string> kinds;  // what it is known by (core::FailureKinds), for never_on
+  std::vector<FailureKind> kinds;  // what it is known by (core::FailureKinds), for never_on
 };
 
 }  // namespace ddprun::core

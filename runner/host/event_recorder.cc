@@ -112,8 +112,8 @@ void EventRecorder::AgentInput(TimePoint now, const core::AgentInput& input, con
         .Add("signal", int64_t{exited->signal})
         .Add("stopped", exited->round == signalled_round_);
     if (failed_exit) {
-      event.Add("kinds", core::FailureKinds(exited->exit_code, exited->signal, exited->error_text,
-                                            exited->stderr_tail))
+      event.Add("kinds", core::KindTexts(core::FailureKinds(exited->exit_code, exited->signal, exited->error_text,
+                                                            exited->stderr_tail)))
           .Add("error", ErrorLine(exited->error_text, exited->stderr_tail));
     }
     Record(now, event);
@@ -256,7 +256,7 @@ void EventRecorder::Observe(TimePoint now, const core::observed::RoundFailed& o)
                   .Add("round", int64_t{o.round})
                   .Add("peer", int64_t{o.agent})
                   .Add("rank", int64_t{o.global_rank})
-                  .Add("kinds", o.kinds)
+                  .Add("kinds", core::KindTexts(o.kinds))
                   .Add("cause", Cut(o.what, kMaxText))
                   .Add("last", o.last));
 }

@@ -112,6 +112,13 @@ TEST_F(AgentTest, StartConnectsToTheMaster) {
   EXPECT_EQ(agent_->NextDeadline(), At(15min));
 }
 
+// Time that moves back is a driver's bug, not a state the agent can act on.
+TEST_F(AgentTest, TimeThatMovesBackIsAnAssertion) {
+  Joined(5s);
+  Tick(5s);  // the same instant is fine
+  EXPECT_DEATH(Tick(4s), "assertion failed: !last_input_ \\|\\| now >= \\*last_input_");
+}
+
 TEST_F(AgentTest, ConnectErrorsAreExplained) {
   struct Case {
     ConnectError error;

@@ -277,7 +277,7 @@ TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
   ASSERT_TRUE(verdict);
   const RoundFailure& failure = *verdict;
   EXPECT_EQ(failure.global_rank, 3);
-  EXPECT_EQ(failure.kinds, std::vector<std::string>{"hang"});
+  EXPECT_EQ(KindTexts(failure.kinds), std::vector<std::string>{"hang"});
   EXPECT_EQ(failure.what.rfind("rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 1m00s after step 5", 0), 0u)
       << failure.what;
   EXPECT_FALSE(watch.probing());

@@ -67,21 +67,25 @@ TEST(FailureKindsTest, TheExceptionTypeComesFromTheErrorFileElseTheLastLinesOfSt
   EXPECT_EQ(ExceptionType("RuntimeError: boom", "ValueError: later\n"), "RuntimeError");
 }
 
+std::vector<std::string> Texts(int exit_code, int signal, const std::string& error_file, const std::string& tail) {
+  return KindTexts(FailureKinds(exit_code, signal, error_file, tail));
+}
+
 TEST(FailureKindsTest, KindsGoFromTheMostSpecific) {
-  EXPECT_EQ(FailureKinds(1, 0, "", "SyntaxError: invalid syntax\n"),
+  EXPECT_EQ(Texts(1, 0, "", "SyntaxError: invalid syntax\n"),
             (std::vector<std::string>{"SyntaxError", "exit:1"}));
-  EXPECT_EQ(FailureKinds(0, 11, "", ""), (std::vector<std::string>{"signal:SIGSEGV"}));
-  EXPECT_EQ(FailureKinds(1, 0, "", "torch.cuda.OutOfMemoryError: CUDA out of memory.\n"),
+  EXPECT_EQ(Texts(0, 11, "", ""), (std::vector<std::string>{"signal:SIGSEGV"}));
+  EXPECT_EQ(Texts(1, 0, "", "torch.cuda.OutOfMemoryError: CUDA out of memory.\n"),
             (std::vector<std::string>{"torch.cuda.OutOfMemoryError", "oom", "exit:1"}));
-  EXPECT_EQ(FailureKinds(1, 0, "", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+  EXPECT_EQ(Texts(1, 0, "", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
                                    "Connection closed by peer [127.0.0.1]:4242\n"),
             (std::vector<std::string>{"RuntimeError", "lost-peer", "exit:1"}));
-  EXPECT_EQ(FailureKinds(2, 0, "", "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --lr\n"),
+  EXPECT_EQ(Texts(2, 0, "", "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --lr\n"),
             (std::vector<std::string>{"exit:2"}));
 }
 
 TEST(FailureKindsTest, NeverOnRulesMatchKinds) {
-  const std::vector<std::string> oom = {"torch.cuda.OutOfMemoryError", "oom", "exit:1"};
+  const std::vector<FailureKind> oom = ParseKinds({"torch.cuda.OutOfMemoryError", "oom", "exit:1"});
   EXPECT_TRUE(RuleMatches("OutOfMemoryError", oom));
   EXPECT_TRUE(RuleMatches("torch.cuda.OutOfMemoryError", oom));
   EXPECT_TRUE(RuleMatches("oom", oom));
@@ -89,11 +93,36 @@ TEST(FailureKindsTest, NeverOnRulesMatchKinds) {
   EXPECT_FALSE(RuleMatches("exit:2", oom));
   EXPECT_FALSE(RuleMatches("MemoryError", oom));  // a suffix, not a name
   EXPECT_FALSE(RuleMatches("cuda.OutOfMemory", oom));
-  const std::vector<std::string> segv = {"signal:SIGSEGV"};
+  const std::vector<FailureKind> segv = {FailureKind::Signal(11)};
   EXPECT_TRUE(RuleMatches("signal:SIGSEGV", segv));
   EXPECT_TRUE(RuleMatches("signal:11", segv));
   EXPECT_FALSE(RuleMatches("signal:9", segv));
   EXPECT_FALSE(RuleMatches("signal:99999999999", segv));
+  EXPECT_FALSE(RuleMatches("SIGSEGV", segv));  // an exception name, not the signal
+  // A signal no name is known for here matches by number, and only by number.
+  const std::vector<FailureKind> usr1 = {FailureKind::Signal(10)};
+  EXPECT_TRUE(RuleMatches("signal:10", usr1));
+  EXPECT_FALSE(RuleMatches("signal:SIGUSR1", usr1));
+  EXPECT_FALSE(RuleMatches("signal:SIGUSR1", {FailureKind::Parse("signal:SIGUSR1")}));
+}
+
+// Every kind read back from its text (an event log) is the kind that wrote it.
+TEST(FailureKindsTest, TextAndParseAreInverse) {
+  using Type = FailureKind::Type;
+  const std::vector<FailureKind> kinds = {
+      FailureKind::Exception("torch.cuda.OutOfMemoryError"), FailureKind::Of(Type::kOom),
+      FailureKind::Of(Type::kNccl), FailureKind::Of(Type::kLostPeer), FailureKind::Signal(9),
+      FailureKind::Signal(42), FailureKind::Exit(1), FailureKind::Exit(-3), FailureKind::Of(Type::kHang),
+      FailureKind::Of(Type::kLostNode), FailureKind::Of(Type::kStall)};
+  const std::vector<std::string> texts = KindTexts(kinds);
+  EXPECT_EQ(texts, (std::vector<std::string>{"torch.cuda.OutOfMemoryError", "oom", "nccl", "lost-peer",
+                                             "signal:SIGKILL", "signal:signal 42", "exit:1", "exit:-3", "hang",
+                                             "lost-node", "stall"}));
+  EXPECT_EQ(ParseKinds(texts), kinds);
+  EXPECT_TRUE(HasKind(kinds, Type::kStall));
+  EXPECT_FALSE(HasKind({FailureKind::Exit(0)}, Type::kHang));
+  // A word none of the kinds spells is an exception's name.
+  EXPECT_EQ(FailureKind::Parse("exit:x"), FailureKind::Exception("exit:x"));
 }
 
 }  // namespace ddprun::core
