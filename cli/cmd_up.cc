@@ -15,11 +15,11 @@
 #include "cli/commands.h"
 #include "ddprun_version.h"
 #include "runner/io/controller_link.h"
+#include "runner/io/node_identity_slurm.h"
 #include "runner/io/remote_install.h"
 #include "runner/io/remote_processes.h"
 #include "runner/io/ssh_command.h"
 #include "schema/diagnostics.h"
-#include "runner/io/node_identity_slurm.h"
 #include "schema/loader.h"
 
 namespace ddprun::cli {
@@ -101,7 +101,8 @@ Result<io::LocalCopy> ReadThisBuild(bool with_tar) {
 io::RemoteProgram ProgramOf(const UpOptions& options, const io::LocalCopy* copy) {
   if (!options.remote_ddprun.empty()) return io::RemoteProgram(options.remote_ddprun);
   if (copy) return io::RemoteProgram::ThisBuildOrPath(copy->id, copy->manifest_sum);
-  if (auto read = ReadThisBuild(false)) return io::RemoteProgram::ThisBuildOrPath(read->id, read->manifest_sum);
+  if (auto read = ReadThisBuild(false))
+    return io::RemoteProgram::ThisBuildOrPath(read->id, read->manifest_sum);
   return io::RemoteProgram("ddprun");  // no share/ddprun beside this binary: no copy to look for
 }
 
@@ -113,8 +114,8 @@ std::optional<std::vector<int>> ProbeHosts(const JobSpec& spec, const UpOptions&
   std::vector<io::RemoteChild> probes;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     io::RemoteChild probe;
-    probe.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
-                             io::ProbeCommand(program, job_path, options.copy));
+    probe.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s),
+                             spec.cluster.HostOf(agent), io::ProbeCommand(program, job_path, options.copy));
     probes.push_back(std::move(probe));
   }
   io::RunLimits limits;
@@ -146,9 +147,10 @@ std::optional<std::vector<int>> ProbeHosts(const JobSpec& spec, const UpOptions&
 /// host has it (each failure printed).
 bool InstallOnHosts(const JobSpec& spec, const UpOptions& options, const io::LocalCopy& copy,
                     const std::string& ssh_command, const std::vector<int>& agents) {
-  std::fprintf(stderr, "ddprun up: installing this ddprun (%s, %zu files, %.1f MB) into ~/.ddprun/%s on %zu host%s\n",
-               DDPRUN_VERSION, copy.files, static_cast<double>(copy.bytes) / 1e6, copy.id.c_str(), agents.size(),
-               agents.size() == 1 ? "" : "s");
+  std::fprintf(stderr,
+               "ddprun up: installing this ddprun (%s, %zu files, %.1f MB) into ~/.ddprun/%s on %zu host%s\n",
+               DDPRUN_VERSION, copy.files, static_cast<double>(copy.bytes) / 1e6, copy.id.c_str(),
+               agents.size(), agents.size() == 1 ? "" : "s");
   std::vector<io::RemoteChild> installs;
   for (int agent : agents) {
     io::RemoteChild install;
@@ -172,7 +174,8 @@ bool InstallOnHosts(const JobSpec& spec, const UpOptions& options, const io::Loc
       continue;
     }
     std::fprintf(stderr, "ddprun up: %s: %s %s\n", who.c_str(),
-                 read.installed ? "installed in" : "already installed in", EscapeForTerminal(read.path).c_str());
+                 read.installed ? "installed in" : "already installed in",
+                 EscapeForTerminal(read.path).c_str());
     if (!read.moved_aside.empty()) {
       std::fprintf(stderr, "ddprun up: %s: a folder of that name with other contents was moved to %s\n",
                    who.c_str(), EscapeForTerminal(read.moved_aside).c_str());
@@ -188,8 +191,8 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const io::Remote
   std::vector<io::RemoteChild> copies;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     io::RemoteChild copy;
-    copy.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), spec.cluster.HostOf(agent),
-                            io::CopyCommand(program, job_path));
+    copy.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s),
+                            spec.cluster.HostOf(agent), io::CopyCommand(program, job_path));
     copy.input = std::make_shared<const std::string>(text);
     copies.push_back(std::move(copy));
   }
@@ -217,7 +220,8 @@ struct UpJob {
   std::string source_text;
 };
 
-std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command, const io::LocalCopy* copy = nullptr) {
+std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command,
+                               const io::LocalCopy* copy = nullptr) {
   std::error_code ec;
   UpJob job;
   job.job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
@@ -287,8 +291,9 @@ std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& opt
 
 /// ssh's own failure for a status or down answer that has no state line.
 std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& child, const UpOptions& options) {
-  const io::ProbeOutcome read = io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err,
-                                              job.program, job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
+  const io::ProbeOutcome read =
+      io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err, job.program,
+                    job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
   if (!read.ok) return EscapeLinesForTerminal(read.what) + "\n  " + read.fix;
   if (const auto answer = io::ParseRemoteAnswer(child.out); answer && answer->state == "error") {
     return EscapeLinesForTerminal(answer->why);
@@ -338,9 +343,8 @@ int StatusCommand(const UpOptions& options) {
   const auto job = LoadUpJob(options, "status");
   if (!job) return kExitUsage;
   const std::string state_dir = StateDirOf(*job);
-  const auto answers = OnEveryHost(*job, options, [&](int agent) {
-    return io::StatusLine(job->program, state_dir, agent);
-  }, 0);
+  const auto answers = OnEveryHost(
+      *job, options, [&](int agent) { return io::StatusLine(job->program, state_dir, agent); }, 0);
   int running = 0;
   for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
@@ -376,9 +380,8 @@ int DownCommand(const UpOptions& options) {
   if (!job) return kExitUsage;
   const int wait_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) + 5;
   const std::string state_dir = StateDirOf(*job);
-  const auto answers = OnEveryHost(*job, options, [&](int agent) {
-    return io::DownLine(job->program, state_dir, agent, wait_s);
-  }, wait_s);
+  const auto answers = OnEveryHost(
+      *job, options, [&](int agent) { return io::DownLine(job->program, state_dir, agent, wait_s); }, wait_s);
   bool ok = true;
   for (int agent = 0; agent < job->spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
@@ -417,8 +420,9 @@ int UpCommand(const UpOptions& options) {
   std::optional<io::LocalCopy> copy;
   if (options.install) {
     if (!options.remote_ddprun.empty()) {
-      std::fputs("ddprun up: error: --install runs this ddprun's copy, --remote-ddprun another program: give one\n",
-                 stderr);
+      std::fputs(
+          "ddprun up: error: --install runs this ddprun's copy, --remote-ddprun another program: give one\n",
+          stderr);
       return kExitUsage;
     }
     auto read = ReadThisBuild(/*with_tar=*/true);
@@ -445,9 +449,11 @@ int UpCommand(const UpOptions& options) {
                spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
   const auto to_install = ProbeHosts(spec, options, job.program, ssh_command, job_path);
   if (!to_install) return kExitRendezvous;
-  if (!to_install->empty() && !InstallOnHosts(spec, options, *copy, ssh_command, *to_install)) return kExitRendezvous;
+  if (!to_install->empty() && !InstallOnHosts(spec, options, *copy, ssh_command, *to_install))
+    return kExitRendezvous;
   if (options.copy) {
-    if (!CopyJobFile(spec, options, job.program, ssh_command, job_path, job.source_text)) return kExitRendezvous;
+    if (!CopyJobFile(spec, options, job.program, ssh_command, job_path, job.source_text))
+      return kExitRendezvous;
     std::fprintf(stderr, "ddprun up: copied %s to %d host%s\n", job_path.c_str(), spec.cluster.Agents(),
                  spec.cluster.Agents() == 1 ? "" : "s");
   }

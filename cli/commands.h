@@ -75,8 +75,8 @@ struct PreflightOptions {
 struct UpOptions {
   std::string job_path;
   std::vector<std::string> script_args;  // after `--`: passed to every agent
-  std::string remote_ddprun;             // --remote-ddprun: the program on the hosts ("" io::RemoteProgram's default)
-  bool install = false;                  // --install: this ddprun into ~/.ddprun/<id> where a host needs it
+  std::string remote_ddprun;  // --remote-ddprun: the program on the hosts ("" io::RemoteProgram's default)
+  bool install = false;       // --install: this ddprun into ~/.ddprun/<id> where a host needs it
   bool copy = false;                     // --copy: the job file to the same path on every host
   int connect_timeout_s = 10;            // --connect-timeout
   bool detach = false;                   // --detach: leave the agents running (own session)

@@ -116,10 +116,11 @@ class Builder {
           AddMark(p.ns, Mark::kJob, MarkKind::kRestart, fmt::format("round {}", r.Int("round")), false);
         } else if (r.type == "round-failed") {
           const int64_t round = r.Int("round");
-          AddMark(p.ns, Mark::kJob, MarkKind::kFailure, fmt::format("round {} failed: {}", round, r.Text("cause")), false);
+          AddMark(p.ns, Mark::kJob, MarkKind::kFailure,
+                  fmt::format("round {} failed: {}", round, r.Text("cause")), false);
           const int64_t peer = r.Int("peer");
-          if (core::HasKind(core::ParseKinds(r.Texts("kinds")), core::FailureKind::Type::kHang) && peer >= 0 &&
-              static_cast<uint64_t>(peer) < rows_) {
+          if (core::HasKind(core::ParseKinds(r.Texts("kinds")), core::FailureKind::Type::kHang) &&
+              peer >= 0 && static_cast<uint64_t>(peer) < rows_) {
             AddMark(p.ns, static_cast<uint32_t>(peer), MarkKind::kFault, r.Text("cause"), true);
           }
           EndRound(static_cast<int>(round), p.ns);

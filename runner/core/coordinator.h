@@ -164,7 +164,7 @@ class Coordinator {
     bool awaiting_commit = false;       // CommitRound sent, RoundCommitted not yet in
   };
   struct Running {
-    int done = 0;                       // agents whose workers all exited 0
+    int done = 0;  // agents whose workers all exited 0
   };
   struct Stopping {
     RoundFailure failure;               // the round's root cause so far

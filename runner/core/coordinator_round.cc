@@ -369,8 +369,9 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
                                                         "({} of {} restarts left)",
                                                         never, max_restarts - restarts_used_, max_restarts)});
   } else if (restarts_used_ < max_restarts) {
-    earlier_causes_.push_back(fmt::format("round {}: {}{}", failure.round, failure.what,
-                                          failure.kinds.empty() ? "" : " (" + failure.kinds.front().Text() + ")"));
+    earlier_causes_.push_back(
+        fmt::format("round {}: {}{}", failure.round, failure.what,
+                    failure.kinds.empty() ? "" : " (" + failure.kinds.front().Text() + ")"));
     ++restarts_used_;
     ++round_;
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("all workers stopped ({} stopped by ddprun); restart {} of {} "

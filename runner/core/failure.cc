@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <csignal>
-#include <optional>
-#include <utility>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 namespace ddprun::core {
 
@@ -164,8 +164,10 @@ std::vector<FailureKind> FailureKinds(int exit_code, int signal, const std::stri
       break;
     }
   }
-  if (MentionsNccl(error_file) || MentionsNccl(stderr_tail)) kinds.push_back(FailureKind::Of(FailureKind::Type::kNccl));
-  if (LooksLikeALostPeer(error_file, stderr_tail)) kinds.push_back(FailureKind::Of(FailureKind::Type::kLostPeer));
+  if (MentionsNccl(error_file) || MentionsNccl(stderr_tail))
+    kinds.push_back(FailureKind::Of(FailureKind::Type::kNccl));
+  if (LooksLikeALostPeer(error_file, stderr_tail))
+    kinds.push_back(FailureKind::Of(FailureKind::Type::kLostPeer));
   kinds.push_back(signal > 0 ? FailureKind::Signal(signal) : FailureKind::Exit(exit_code));
   return kinds;
 }
@@ -176,7 +178,7 @@ using KindType = FailureKind::Type;
 
 // The words of the kinds that carry nothing but their type.
 constexpr std::pair<KindType, std::string_view> kKindWords[] = {
-    {KindType::kOom, "oom"},   {KindType::kNccl, "nccl"},           {KindType::kLostPeer, "lost-peer"},
+    {KindType::kOom, "oom"},   {KindType::kNccl, "nccl"},          {KindType::kLostPeer, "lost-peer"},
     {KindType::kHang, "hang"}, {KindType::kLostNode, "lost-node"}, {KindType::kStall, "stall"}};
 
 // A decimal number of at most nine digits, else nullopt.
@@ -196,10 +198,14 @@ std::optional<int> SmallNumber(std::string_view text, bool allow_sign) {
 
 std::string FailureKind::Text() const {
   switch (type) {
-    case Type::kException: return exception;
-    case Type::kSignal: return "signal:" + (number < 0 ? exception : SignalName(number));
-    case Type::kExit: return "exit:" + std::to_string(number);
-    default: break;
+    case Type::kException:
+      return exception;
+    case Type::kSignal:
+      return "signal:" + (number < 0 ? exception : SignalName(number));
+    case Type::kExit:
+      return "exit:" + std::to_string(number);
+    default:
+      break;
   }
   for (const auto& [kind, word] : kKindWords) {
     if (kind == type) return std::string(word);

@@ -112,8 +112,9 @@ void EventRecorder::AgentInput(TimePoint now, const core::AgentInput& input, con
         .Add("signal", int64_t{exited->signal})
         .Add("stopped", exited->round == signalled_round_);
     if (failed_exit) {
-      event.Add("kinds", core::KindTexts(core::FailureKinds(exited->exit_code, exited->signal, exited->error_text,
-                                                            exited->stderr_tail)))
+      event
+          .Add("kinds", core::KindTexts(core::FailureKinds(exited->exit_code, exited->signal,
+                                                           exited->error_text, exited->stderr_tail)))
           .Add("error", ErrorLine(exited->error_text, exited->stderr_tail));
     }
     Record(now, event);

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -22,9 +22,9 @@ namespace {
 /// Names a manifest line and a ustar header carry as they are: no escaping on either side.
 bool PlainName(const std::string& name) {
   return !name.empty() && name.size() < 100 && std::all_of(name.begin(), name.end(), [](char c) {
-           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                  c == '_' || c == '-' || c == '+' || c == '/';
-         });
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-' || c == '+' || c == '/';
+  });
 }
 
 /// One file's SHA-256 (lower-case hex) and size, read in pieces; its bytes appended to `keep`
@@ -62,13 +62,13 @@ Result<Hashed> HashFile(const fs::path& path, std::string* keep) {
 std::string TarHeader(const std::string& name, char type, unsigned mode, uint64_t size, int64_t mtime) {
   std::string block(512, '\0');
   auto put = [&](size_t at, const std::string& text) { block.replace(at, text.size(), text); };
-  put(0, name);                                                    // name[100]
-  put(100, fmt::format("{:07o}", mode));                           // mode[8]
-  put(108, "0000000");                                             // uid[8]
-  put(116, "0000000");                                             // gid[8]
-  put(124, fmt::format("{:011o}", size));                          // size[12]
+  put(0, name);                                                   // name[100]
+  put(100, fmt::format("{:07o}", mode));                          // mode[8]
+  put(108, "0000000");                                            // uid[8]
+  put(116, "0000000");                                            // gid[8]
+  put(124, fmt::format("{:011o}", size));                         // size[12]
   put(136, fmt::format("{:011o}", std::max<int64_t>(mtime, 0)));  // mtime[12]
-  put(148, "        ");                                            // chksum[8], as spaces
+  put(148, "        ");                                           // chksum[8], as spaces
   block[156] = type;
   put(257, std::string("ustar\0", 6));
   put(263, "00");
@@ -86,9 +86,10 @@ Result<LocalCopy> ReadLocalCopy(const fs::path& exe, const std::string& version,
   const fs::path share = exe.parent_path() / ".." / "share" / "ddprun";
   std::error_code ec;
   if (!fs::is_directory(share, ec)) {
-    return Fail(fmt::format("this ddprun has no share/ddprun beside it (looked for {}): install it from the "
-                            "tarball or the .deb, or run it from its build folder",
-                            share.lexically_normal().string()));
+    return Fail(
+        fmt::format("this ddprun has no share/ddprun beside it (looked for {}): install it from the "
+                    "tarball or the .deb, or run it from its build folder",
+                    share.lexically_normal().string()));
   }
   std::map<std::string, fs::path> files;  // name in the copy -> where it is here; sorted
   files["bin/ddprun"] = exe;
@@ -100,7 +101,8 @@ Result<LocalCopy> ReadLocalCopy(const fs::path& exe, const std::string& version,
       it.disable_recursion_pending();
       continue;
     }
-    if (!PlainName(name)) return Fail(fmt::format("{}: a file name the copy cannot carry", it->path().string()));
+    if (!PlainName(name))
+      return Fail(fmt::format("{}: a file name the copy cannot carry", it->path().string()));
     if (it->is_directory(ec)) {
       dirs.insert(name);
     } else if (it->is_regular_file(ec) && it->path().extension() != ".pyc") {
@@ -158,13 +160,15 @@ std::string InstallLine(const LocalCopy& copy) {
       "if ddprun_copy_ok \"$c\"; then say \"present $c\"; exit 0; fi; "
       "mkdir -p \"$b\" || fail \"cannot create $b\"; "
       "[ ! -L \"$b\" ] || fail \"$b is a symbolic link; ddprun installs only into a folder of its own\"; "
-      "[ -z \"$(find \"$b\" -maxdepth 0 ! -user \"$(id -u)\" -print)\" ] || fail \"$b belongs to another user\"; "
+      "[ -z \"$(find \"$b\" -maxdepth 0 ! -user \"$(id -u)\" -print)\" ] || fail \"$b belongs to another "
+      "user\"; "
       "[ -z \"$(find \"$b\" -maxdepth 0 -perm /022 -print)\" ] || "
       "fail \"$b can be written by other users (its group or everyone): chmod go-w $b\"; "
       "t=$(mktemp -d \"$b/.install-{0}.XXXXXX\") || fail \"cannot create a folder in $b\"; "
       "w=$(tar -x -f - -C \"$t\" --no-same-owner 2>&1) || "
       "{{ rm -rf \"$t\"; fail \"tar could not unpack the copy: $(echo \"$w\" | tail -n 1)\"; }}; "
-      "ddprun_copy_ok \"$t\" || {{ rm -rf \"$t\"; fail \"the copy arrived changed: its files do not match what "
+      "ddprun_copy_ok \"$t\" || {{ rm -rf \"$t\"; fail \"the copy arrived changed: its files do not match "
+      "what "
       "was sent\"; }}; "
       "v=$(\"$t/bin/ddprun\" --version 2>&1) || "
       "{{ rm -rf \"$t\"; fail \"the copy does not run on this host: $(echo \"$v\" | tail -n 1)\"; }}; "
@@ -173,10 +177,12 @@ std::string InstallLine(const LocalCopy& copy) {
       "m=; if [ -e \"$c\" ] || [ -L \"$c\" ]; then "
       "if ddprun_copy_ok \"$c\"; then rm -rf \"$t\"; say \"present $c\"; exit 0; fi; "
       "m=\"$b/.replaced-{0}.$(date +%Y%m%d-%H%M%S).$$\"; "
-      "mv \"$c\" \"$m\" || {{ rm -rf \"$t\"; fail \"cannot move aside $c, which does not match this ddprun\"; }}; "
+      "mv \"$c\" \"$m\" || {{ rm -rf \"$t\"; fail \"cannot move aside $c, which does not match this "
+      "ddprun\"; }}; "
       "fi; "
       "if ! mv -T \"$t\" \"$c\" 2>/dev/null; then rm -rf \"$t\"; "
-      "if ddprun_copy_ok \"$c\"; then say \"present $c\"; exit 0; fi; fail \"cannot put the copy at $c\"; fi; "
+      "if ddprun_copy_ok \"$c\"; then say \"present $c\"; exit 0; fi; fail \"cannot put the copy at $c\"; "
+      "fi; "
       "say \"installed $c\"; [ -z \"$m\" ] || say \"moved-aside $m\"",
       copy.id);
   return line;

@@ -29,8 +29,8 @@ struct LocalCopy {
   std::string manifest;      // "<sha256>  ./bin/ddprun\n...": what the host's check recomputes
   std::string manifest_sum;  // the SHA-256 of `manifest`, lower-case hex
   size_t files = 0;
-  uint64_t bytes = 0;                        // the files' sizes together
-  std::shared_ptr<const std::string> tar;    // a ustar stream of the files (with_tar only)
+  uint64_t bytes = 0;                      // the files' sizes together
+  std::shared_ptr<const std::string> tar;  // a ustar stream of the files (with_tar only)
 };
 /// Reads `exe` (this binary) and `exe`'s ../share/ddprun (without __pycache__). An error says
 /// what is missing or unreadable.

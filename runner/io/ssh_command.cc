@@ -91,13 +91,14 @@ std::string ProbeCommand(const RemoteProgram& program, const std::string& job_pa
     line += fmt::format("if test -r {0}; then echo job-file-found; else echo job-file-missing; fi; ",
                         ShellQuote(job_path));
   }
-  line += fmt::format("command -v {0} >/dev/null 2>&1 || exit 127; {0} --version || exit 126", Program(program));
+  line +=
+      fmt::format("command -v {0} >/dev/null 2>&1 || exit 127; {0} --version || exit 126", Program(program));
   return line;
 }
 
-ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out, const std::string& err,
-                       const RemoteProgram& program, const std::string& job_path, const std::string& local_version,
-                       int connect_timeout_s, bool install) {
+ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out,
+                       const std::string& err, const RemoteProgram& program, const std::string& job_path,
+                       const std::string& local_version, int connect_timeout_s, bool install) {
   ProbeOutcome outcome;
   const std::string remote_ddprun = program.Shown();
   const std::string said = LastLine(err);
@@ -153,13 +154,15 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
   const std::string or_install = default_program ? "`ddprun up --install` copies this one there; or " : "";
   if (exit_status == 127) {
     outcome.install = install && default_program;
-    outcome.what = default_program
-                       ? fmt::format("no `ddprun` on the remote PATH, and no copy of this one in ~/.ddprun/{}",
-                                     program.copy_id)
-                       : fmt::format("no `{}` on the remote PATH", remote_ddprun);
-    outcome.fix = "hint: " + or_install +
-                  "install ddprun there (docs/install.md), or pass `--remote-ddprun /path/to/ddprun`; a command "
-                  "run through ssh gets the PATH of a non-interactive shell, without what ~/.profile adds";
+    outcome.what =
+        default_program
+            ? fmt::format("no `ddprun` on the remote PATH, and no copy of this one in ~/.ddprun/{}",
+                          program.copy_id)
+            : fmt::format("no `{}` on the remote PATH", remote_ddprun);
+    outcome.fix =
+        "hint: " + or_install +
+        "install ddprun there (docs/install.md), or pass `--remote-ddprun /path/to/ddprun`; a command "
+        "run through ssh gets the PATH of a non-interactive shell, without what ~/.profile adds";
   } else if (exit_status != 0) {
     outcome.install = install && default_program;
     outcome.what = fmt::format("`{} --version` failed there (exit {}): {}", remote_ddprun, exit_status,
@@ -191,7 +194,8 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
 }
 
 std::string CopyCommand(const RemoteProgram& program, const std::string& job_path) {
-  return fmt::format("{}exec {} __up-remote copy --to {}", Prelude(program), Program(program), ShellQuote(job_path));
+  return fmt::format("{}exec {} __up-remote copy --to {}", Prelude(program), Program(program),
+                     ShellQuote(job_path));
 }
 
 std::string AgentRemoteLine(const AgentCommand& agent) {
@@ -211,8 +215,9 @@ std::string DetachedAgentLine(const AgentCommand& agent, const std::string& stat
   const std::string dir = std::filesystem::path(agent.job_path).parent_path().string();
   std::string line = Prelude(agent.program) + fmt::format("cd {} && ", ShellQuote(dir.empty() ? "." : dir));
   if (!agent.secret_file.empty()) line += "DDPRUN_SECRET_FILE=" + ShellQuote(agent.secret_file) + " ";
-  line += fmt::format("exec {} __up-remote start --state-dir {} --node-rank {} --job {}", Program(agent.program), ShellQuote(state_dir), agent.node_rank,
-                      ShellQuote(agent.job_path));
+  line +=
+      fmt::format("exec {} __up-remote start --state-dir {} --node-rank {} --job {}", Program(agent.program),
+                  ShellQuote(state_dir), agent.node_rank, ShellQuote(agent.job_path));
   if (!agent.script_args.empty()) {
     line += " --";
     for (const std::string& arg : agent.script_args) line += " " + ShellQuote(arg);
@@ -221,14 +226,13 @@ std::string DetachedAgentLine(const AgentCommand& agent, const std::string& stat
 }
 
 std::string StatusLine(const RemoteProgram& program, const std::string& state_dir, int node_rank) {
-  return fmt::format("{}exec {} __up-remote status --state-dir {} --node-rank {}", Prelude(program), Program(program),
-                     ShellQuote(state_dir), node_rank);
+  return fmt::format("{}exec {} __up-remote status --state-dir {} --node-rank {}", Prelude(program),
+                     Program(program), ShellQuote(state_dir), node_rank);
 }
 
 std::string DownLine(const RemoteProgram& program, const std::string& state_dir, int node_rank, int wait_s) {
   return fmt::format("{}exec {} __up-remote down --state-dir {} --node-rank {} --wait {}", Prelude(program),
-                     Program(program),
-                     ShellQuote(state_dir), node_rank, wait_s);
+                     Program(program), ShellQuote(state_dir), node_rank, wait_s);
 }
 
 std::string FormatRemoteAnswer(const RemoteAnswer& answer) {

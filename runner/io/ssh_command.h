@@ -60,9 +60,9 @@ struct ProbeOutcome {
 /// stdout and stderr; `local_version` is this ddprun's version. With `install` (`up
 /// --install`), a host that has no ddprun, or another version, or one that does not run, is
 /// ok with `install` set; its other problems (the job file) are still reported.
-ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out, const std::string& err,
-                       const RemoteProgram& program, const std::string& job_path, const std::string& local_version,
-                       int connect_timeout_s, bool install = false);
+ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::string& out,
+                       const std::string& err, const RemoteProgram& program, const std::string& job_path,
+                       const std::string& local_version, int connect_timeout_s, bool install = false);
 
 /// The remote line that copies stdin into `job_path` for `up --copy`: `ddprun __up-remote copy`
 /// there, which writes through a fresh exclusive temporary name and renames (detached_agent.h).

@@ -67,7 +67,8 @@ TEST(FailureKindsTest, TheExceptionTypeComesFromTheErrorFileElseTheLastLinesOfSt
   EXPECT_EQ(ExceptionType("RuntimeError: boom", "ValueError: later\n"), "RuntimeError");
 }
 
-std::vector<std::string> Texts(int exit_code, int signal, const std::string& error_file, const std::string& tail) {
+std::vector<std::string> Texts(int exit_code, int signal, const std::string& error_file,
+                               const std::string& tail) {
   return KindTexts(FailureKinds(exit_code, signal, error_file, tail));
 }
 
@@ -77,8 +78,9 @@ TEST(FailureKindsTest, KindsGoFromTheMostSpecific) {
   EXPECT_EQ(Texts(0, 11, "", ""), (std::vector<std::string>{"signal:SIGSEGV"}));
   EXPECT_EQ(Texts(1, 0, "", "torch.cuda.OutOfMemoryError: CUDA out of memory.\n"),
             (std::vector<std::string>{"torch.cuda.OutOfMemoryError", "oom", "exit:1"}));
-  EXPECT_EQ(Texts(1, 0, "", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
-                                   "Connection closed by peer [127.0.0.1]:4242\n"),
+  EXPECT_EQ(Texts(1, 0, "",
+                  "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                  "Connection closed by peer [127.0.0.1]:4242\n"),
             (std::vector<std::string>{"RuntimeError", "lost-peer", "exit:1"}));
   EXPECT_EQ(Texts(2, 0, "", "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --lr\n"),
             (std::vector<std::string>{"exit:2"}));
@@ -109,15 +111,21 @@ TEST(FailureKindsTest, NeverOnRulesMatchKinds) {
 // Every kind read back from its text (an event log) is the kind that wrote it.
 TEST(FailureKindsTest, TextAndParseAreInverse) {
   using Type = FailureKind::Type;
-  const std::vector<FailureKind> kinds = {
-      FailureKind::Exception("torch.cuda.OutOfMemoryError"), FailureKind::Of(Type::kOom),
-      FailureKind::Of(Type::kNccl), FailureKind::Of(Type::kLostPeer), FailureKind::Signal(9),
-      FailureKind::Signal(42), FailureKind::Exit(1), FailureKind::Exit(-3), FailureKind::Of(Type::kHang),
-      FailureKind::Of(Type::kLostNode), FailureKind::Of(Type::kStall)};
+  const std::vector<FailureKind> kinds = {FailureKind::Exception("torch.cuda.OutOfMemoryError"),
+                                          FailureKind::Of(Type::kOom),
+                                          FailureKind::Of(Type::kNccl),
+                                          FailureKind::Of(Type::kLostPeer),
+                                          FailureKind::Signal(9),
+                                          FailureKind::Signal(42),
+                                          FailureKind::Exit(1),
+                                          FailureKind::Exit(-3),
+                                          FailureKind::Of(Type::kHang),
+                                          FailureKind::Of(Type::kLostNode),
+                                          FailureKind::Of(Type::kStall)};
   const std::vector<std::string> texts = KindTexts(kinds);
   EXPECT_EQ(texts, (std::vector<std::string>{"torch.cuda.OutOfMemoryError", "oom", "nccl", "lost-peer",
-                                             "signal:SIGKILL", "signal:signal 42", "exit:1", "exit:-3", "hang",
-                                             "lost-node", "stall"}));
+                                             "signal:SIGKILL", "signal:signal 42", "exit:1", "exit:-3",
+                                             "hang", "lost-node", "stall"}));
   EXPECT_EQ(ParseKinds(texts), kinds);
   EXPECT_TRUE(HasKind(kinds, Type::kStall));
   EXPECT_FALSE(HasKind({FailureKind::Exit(0)}, Type::kHang));

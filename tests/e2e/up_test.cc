@@ -352,7 +352,8 @@ TEST_F(UpTest, InstallBringsThisDdprunToHostsWithoutItOrWithAnOlderOne) {
   ASSERT_EQ(without.Wait(30s), 3) << without.Output();
   std::smatch id;
   const std::string refused = without.Output();
-  ASSERT_TRUE(std::regex_search(refused, id, std::regex("no copy of this one in ~/\\.ddprun/([0-9.]+-[0-9a-f]{12})")))
+  ASSERT_TRUE(
+      std::regex_search(refused, id, std::regex("no copy of this one in ~/\\.ddprun/([0-9.]+-[0-9a-f]{12})")))
       << refused;
   EXPECT_THAT(refused, HasSubstr(bed_->host(1).data_addr + " (node 1): no `ddprun` on the remote PATH"));
   EXPECT_THAT(refused, HasSubstr("hint: `ddprun up --install` copies this one there"));
@@ -401,10 +402,12 @@ TEST_F(UpTest, InstallBringsThisDdprunToHostsWithoutItOrWithAnOlderOne) {
   EXPECT_TRUE(WaitFor([&] { return NothingLeftOnAnyHost(); }, 10s)) << Leftovers();
 
   // Detached, `status` and `down` find the agents through the copies too.
-  const std::string held = bed_->Write("held.toml", JobText(NodesByAddress(3), 3, "echo $$ > w-$RANK.pid; exec sleep 300"));
+  const std::string held =
+      bed_->Write("held.toml", JobText(NodesByAddress(3), 3, "echo $$ > w-$RANK.pid; exec sleep 300"));
   AgentProcess& detached = Up({"up", held, "--detach"});
   ASSERT_EQ(detached.Wait(30s), 0) << detached.Output();
-  ASSERT_TRUE(WaitFor([&] { return !bed_->Read(1, "w-1.pid").empty() && !bed_->Read(2, "w-2.pid").empty(); }, 60s));
+  ASSERT_TRUE(
+      WaitFor([&] { return !bed_->Read(1, "w-1.pid").empty() && !bed_->Read(2, "w-2.pid").empty(); }, 60s));
   AgentProcess& status = Up({"status", held});
   ASSERT_EQ(status.Wait(30s), 0) << status.Output();
   EXPECT_THAT(status.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): running, pid "));

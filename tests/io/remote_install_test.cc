@@ -54,7 +54,9 @@ class RemoteInstallTest : public ::testing::Test {
     Run("chmod -R u+w " + ShellQuote(root_), "");
     fs::remove_all(root_, ec);
   }
-  static void Write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+  static void Write(const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::binary) << text;
+  }
   static std::string Read(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -84,7 +86,8 @@ class RemoteInstallTest : public ::testing::Test {
   ShellRun Install(const LocalCopy& copy) { return Run(InstallLine(copy), *copy.tar); }
   /// Which ddprun a remote line would run: the probe's `--version` through the selection.
   ShellRun Probe(const LocalCopy& copy) {
-    return Run(ProbeCommand(RemoteProgram::ThisBuildOrPath(copy.id, copy.manifest_sum), "/nonexistent", true), "");
+    return Run(ProbeCommand(RemoteProgram::ThisBuildOrPath(copy.id, copy.manifest_sum), "/nonexistent", true),
+               "");
   }
   std::string CopyDir(const LocalCopy& copy) const { return home_ + "/.ddprun/" + copy.id; }
   std::vector<std::string> Entries(const std::string& dir) const {
@@ -106,9 +109,10 @@ TEST_F(RemoteInstallTest, TheManifestIsWhatSha256sumComputesThereWithoutBytecode
   EXPECT_THAT(copy.manifest, HasSubstr("  ./share/ddprun/python/ddprun/__init__.py\n"));
   EXPECT_EQ(copy.manifest.find("pycache"), std::string::npos);
   // The same files on disk give the same sum through the host's own tools.
-  const ShellRun unpacked = Run("mkdir \"$HOME/x\" && cd \"$HOME/x\" && tar -xf - && find . -type f -print | LC_ALL=C sort | "
-                                "xargs -d '\\n' sha256sum -- | sha256sum",
-                                *copy.tar);
+  const ShellRun unpacked =
+      Run("mkdir \"$HOME/x\" && cd \"$HOME/x\" && tar -xf - && find . -type f -print | LC_ALL=C sort | "
+          "xargs -d '\\n' sha256sum -- | sha256sum",
+          *copy.tar);
   ASSERT_EQ(unpacked.status, 0) << unpacked.err;
   EXPECT_EQ(unpacked.out, copy.manifest_sum + "  -\n");
   // Another build (one byte) has another folder.
@@ -153,7 +157,8 @@ TEST_F(RemoteInstallTest, AChangedOrPlantedCopyIsNeverRunAndIsReplaced) {
     std::function<void()> make;
   };
   const std::vector<Change> changes = {
-      {"a changed module", [&] { ::chmod(module.c_str(), 0644), Write(module, "import os; os.system('x')\n"); }},
+      {"a changed module",
+       [&] { ::chmod(module.c_str(), 0644), Write(module, "import os; os.system('x')\n"); }},
       {"a planted .pth",
        [&] {
          ::chmod((CopyDir(copy) + "/share/ddprun/python").c_str(), 0755);
@@ -168,7 +173,8 @@ TEST_F(RemoteInstallTest, AChangedOrPlantedCopyIsNeverRunAndIsReplaced) {
     SCOPED_TRACE(change.what);
     change.make();
     const ShellRun probe = Probe(copy);
-    EXPECT_EQ(probe.status, 127) << probe.out;  // not run: `ddprun` on the PATH is looked for, and is not there
+    EXPECT_EQ(probe.status, 127)
+        << probe.out;  // not run: `ddprun` on the PATH is looked for, and is not there
     const ShellRun reinstalled = Install(copy);
     ASSERT_EQ(reinstalled.status, 0) << reinstalled.out << reinstalled.err;
     const InstallOutcome read = ReadInstall(reinstalled.status, reinstalled.out, reinstalled.err);
@@ -219,8 +225,9 @@ TEST_F(RemoteInstallTest, AFolderOthersCanWriteOrALinkIsRefused) {
 
 // A dynamic build copied to a host without its libraries: caught at install, nothing left.
 TEST_F(RemoteInstallTest, ACopyTheHostCannotRunIsRefusedAtInstall) {
-  WriteExe("#!/bin/sh\necho 'ddprun: error while loading shared libraries: libtomlplusplus.so.3: cannot open "
-           "shared object file' >&2\nexit 127\n");
+  WriteExe(
+      "#!/bin/sh\necho 'ddprun: error while loading shared libraries: libtomlplusplus.so.3: cannot open "
+      "shared object file' >&2\nexit 127\n");
   const LocalCopy copy = Copy();
   const ShellRun run = Install(copy);
   EXPECT_EQ(run.status, 1);
@@ -273,9 +280,11 @@ TEST_F(RemoteInstallTest, InstallsAtOnceIntoASharedHomeAgree) {
 
 TEST(ReadInstallTest, ReadsEachAnswer) {
   EXPECT_EQ(ReadInstall(0, "motd\nddprun-install: installed /h/.ddprun/1-a\n", "").path, "/h/.ddprun/1-a");
-  const InstallOutcome none = ReadInstall(255, "", "banner\nssh: connect to host h port 22: Connection refused\n");
+  const InstallOutcome none =
+      ReadInstall(255, "", "banner\nssh: connect to host h port 22: Connection refused\n");
   EXPECT_FALSE(none.ok);
-  EXPECT_EQ(none.what, "no answer from the host (exit 255): ssh: connect to host h port 22: Connection refused");
+  EXPECT_EQ(none.what,
+            "no answer from the host (exit 255): ssh: connect to host h port 22: Connection refused");
   EXPECT_EQ(ReadInstall(-1, "", "").what, "no answer before the deadline");
   // "installed" followed by a failing exit is not believed.
   EXPECT_FALSE(ReadInstall(1, "ddprun-install: installed /h/x\n", "").ok);
