@@ -121,6 +121,79 @@ bool Spawn(const RemoteChild& child, Running& running, std::string* why) {
   return true;
 }
 
+/// Writes what the child's stdin can take now; closes it when all is written, unless the child
+/// holds it (the agent's link to `up`).
+void FeedInput(const RemoteChild& child, Running& r) {
+  if (!r.in.valid()) return;
+  const size_t size = r.input ? r.input->size() : 0;
+  while (r.input_at < size) {
+    const ssize_t n = ::write(r.in.get(), r.input->data() + r.input_at, size - r.input_at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN) r.input_at = size;  // it stopped reading (EPIPE): no more to say
+    if (n <= 0) break;
+    r.input_at += static_cast<size_t>(n);
+  }
+  if (r.input_at == size && !child.hold_stdin) r.in.Reset();
+}
+
+/// What the loop waits on: the signalfd (owner: running.size()), each child's output, and its
+/// stdin while input is left to write (megabytes for --install).
+void PollSet(const std::vector<Running>& running, int signals, std::vector<pollfd>& fds,
+             std::vector<std::pair<size_t, int>>& owners) {
+  fds.push_back({signals, POLLIN, 0});
+  owners.push_back({running.size(), 0});
+  for (size_t i = 0; i < running.size(); ++i) {
+    const Running& r = running[i];
+    if (r.in.valid() && r.input && r.input_at < r.input->size()) fds.push_back({r.in.get(), POLLOUT, 0}), owners.push_back({i, 2});
+    if (r.out.valid()) fds.push_back({r.out.get(), POLLIN, 0}), owners.push_back({i, 0});
+    if (r.err.valid()) fds.push_back({r.err.get(), POLLIN, 0}), owners.push_back({i, 1});
+  }
+}
+
+/// Reads what child `i` wrote on `stream` (0 stdout, 1 stderr): streamed as lines, or collected.
+void ReadOutput(const RemoteChild& child, size_t i, int stream, const RunHooks& hooks, Running& r,
+                ChildOutcome& outcome) {
+  char buffer[16384];
+  UniqueFd& fd = stream == 0 ? r.out : r.err;
+  const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  const bool eof = n <= 0;
+  if (child.stream) {
+    if (!eof) r.line[stream].append(buffer, static_cast<size_t>(n));
+    std::function<bool(std::string_view)> keep;
+    if (hooks.line) keep = [&](std::string_view line) { return hooks.line(i, stream, line); };
+    EmitLines(r.line[stream], child.prefix, stream == 0 ? STDOUT_FILENO : STDERR_FILENO, eof, keep);
+  } else if (!eof) {
+    std::string& sink = stream == 0 ? outcome.out : outcome.err;
+    if (sink.size() < kMaxCollected) sink.append(buffer, static_cast<size_t>(n));
+  }
+  if (eof) fd.Reset();
+}
+
+/// Past the deadline (`overdue`) every client still running is killed. A client that has
+/// exited but whose pipes stay open (a descendant holds them, such as a ControlPersist master)
+/// is not waited for beyond a moment; one killed at the deadline not at all.
+void EnforceDeadline(std::vector<Running>& running, Clock::time_point now, bool overdue) {
+  for (Running& r : running) {
+    if (overdue && !r.reaped && !r.timed_out) r.timed_out = true, SignalGroup(r.pid, SIGKILL);
+    if (r.reaped && r.pid > 0 && (r.timed_out || now - r.reaped_at > std::chrono::seconds(2))) {
+      r.out.Reset(), r.err.Reset();
+    }
+  }
+}
+
+/// Starts one client; one that cannot start is done at once, exit 127 with why.
+void SpawnOrFail(const RemoteChild& child, Running& running, ChildOutcome& outcome) {
+  std::string why;
+  if (Spawn(child, running, &why)) return;
+  outcome.exit_status = 127;
+  outcome.err = why;
+  running.reaped = true;
+  running.out.Reset();
+  running.err.Reset();
+  running.in.Reset();
+}
+
 void KillAll(std::vector<Running>& running, int signal) {
   for (Running& r : running) {
     if (r.pid > 0 && !r.reaped) SignalGroup(r.pid, signal);
@@ -159,37 +232,13 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
   UniqueFd signals(::signalfd(-1, &interrupts, SFD_CLOEXEC | SFD_NONBLOCK));
   const auto old_pipe = ::signal(SIGPIPE, SIG_IGN);
 
-  for (size_t i = 0; i < children.size(); ++i) {
-    std::string why;
-    if (!Spawn(children[i], running[i], &why)) {
-      outcome.children[i].exit_status = 127;
-      outcome.children[i].err = why;
-      running[i].reaped = true;
-      running[i].out.Reset();
-      running[i].err.Reset();
-      running[i].in.Reset();
-    }
-  }
+  for (size_t i = 0; i < children.size(); ++i) SpawnOrFail(children[i], running[i], outcome.children[i]);
 
   const Clock::time_point started = Clock::now();
   std::optional<Clock::time_point> stop_deadline;  // after an interrupt: SIGTERM the clients
   std::optional<Clock::time_point> kill_deadline;  // then SIGKILL
-  char buffer[16384];
   while (true) {
-    // Feed input and close stdin when done, unless the child holds it (the agent's link).
-    for (size_t i = 0; i < children.size(); ++i) {
-      Running& r = running[i];
-      if (!r.in.valid()) continue;
-      const size_t size = r.input ? r.input->size() : 0;
-      while (r.input_at < size) {
-        const ssize_t n = ::write(r.in.get(), r.input->data() + r.input_at, size - r.input_at);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN) r.input_at = size;  // it stopped reading (EPIPE): no more to say
-        if (n <= 0) break;
-        r.input_at += static_cast<size_t>(n);
-      }
-      if (r.input_at == size && !children[i].hold_stdin) r.in.Reset();
-    }
+    for (size_t i = 0; i < children.size(); ++i) FeedInput(children[i], running[i]);
     bool all_done = true;
     for (Running& r : running) {
       if (!r.reaped || r.out.valid() || r.err.valid()) all_done = false;
@@ -197,19 +246,7 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
     if (all_done) break;
 
     const Clock::time_point now = Clock::now();
-    if (!outcome.interrupted_by && now - started >= limits.deadline) {
-      for (Running& r : running) {
-        if (!r.reaped && !r.timed_out) r.timed_out = true, SignalGroup(r.pid, SIGKILL);
-      }
-    }
-    // A client that has exited but whose pipes stay open (a descendant holds them, such as a
-    // ControlPersist master) is not waited for beyond a moment.
-    for (Running& r : running) {
-      // One killed at the deadline is not waited for at all: the deadline is the bound.
-      if (r.reaped && r.pid > 0 && (r.timed_out || now - r.reaped_at > std::chrono::seconds(2))) {
-        r.out.Reset(), r.err.Reset();
-      }
-    }
+    EnforceDeadline(running, now, !outcome.interrupted_by && now - started >= limits.deadline);
     if (stop_deadline && now >= *stop_deadline) {
       KillAll(running, SIGTERM);
       stop_deadline.reset();
@@ -222,17 +259,7 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
 
     std::vector<pollfd> fds;
     std::vector<std::pair<size_t, int>> owners;  // child, stream (0 out, 1 err, 2 in)
-    fds.push_back({signals.get(), POLLIN, 0});
-    owners.push_back({children.size(), 0});
-    for (size_t i = 0; i < children.size(); ++i) {
-      // Input still to write wakes the loop when the pipe has room (megabytes for --install).
-      const Running& r = running[i];
-      if (r.in.valid() && r.input && r.input_at < r.input->size()) {
-        fds.push_back({r.in.get(), POLLOUT, 0}), owners.push_back({i, 2});
-      }
-      if (running[i].out.valid()) fds.push_back({running[i].out.get(), POLLIN, 0}), owners.push_back({i, 0});
-      if (running[i].err.valid()) fds.push_back({running[i].err.get(), POLLIN, 0}), owners.push_back({i, 1});
-    }
+    PollSet(running, signals.get(), fds, owners);
     // A short wait: children are reaped by polling waitpid, and deadlines are checked above.
     ::poll(fds.data(), fds.size(), 100);
 
@@ -257,21 +284,7 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
         }
         continue;
       }
-      Running& r = running[i];
-      UniqueFd& fd = stream == 0 ? r.out : r.err;
-      const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      const bool eof = n <= 0;
-      if (children[i].stream) {
-        if (!eof) r.line[stream].append(buffer, static_cast<size_t>(n));
-        std::function<bool(std::string_view)> keep;
-        if (hooks.line) keep = [&, i = i, stream = stream](std::string_view line) { return hooks.line(i, stream, line); };
-        EmitLines(r.line[stream], children[i].prefix, stream == 0 ? STDOUT_FILENO : STDERR_FILENO, eof, keep);
-      } else if (!eof) {
-        std::string& sink = stream == 0 ? outcome.children[i].out : outcome.children[i].err;
-        if (sink.size() < kMaxCollected) sink.append(buffer, static_cast<size_t>(n));
-      }
-      if (eof) fd.Reset();
+      ReadOutput(children[i], i, stream, hooks, running[i], outcome.children[i]);
     }
 
     for (size_t i = 0; i < children.size(); ++i) {
