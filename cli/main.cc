@@ -122,11 +122,10 @@ Command AddRun(CLI::App& app) {
   RunOptions& run = s->options;
   CLI::App* cmd = app.add_subcommand("run", "Run this node's agent (on every node)");
   cmd->add_option("job", run.job_path, "The job file")->required();
-  s->rank_opt =
-      cmd->add_option("--node-rank", s->node_rank,
-                          "This node's rank (default: DDPRUN_NODE_RANK, SLURM_NODEID, or this "
-                          "host's position in cluster.nodes)")
-          ->check(CLI::NonNegativeNumber);
+  s->rank_opt = cmd->add_option("--node-rank", s->node_rank,
+                                "This node's rank (default: DDPRUN_NODE_RANK, SLURM_NODEID, or this "
+                                "host's position in cluster.nodes)")
+                    ->check(CLI::NonNegativeNumber);
   cmd->add_flag("-v,--verbose", run.verbose, "Log the protocol as it happens");
   // Hidden: what `ddprun up` passes to each agent it starts (stdin is the link to it).
   cmd->add_flag("--under-up", run.under_up, "")->group("");
@@ -149,21 +148,22 @@ Command AddRun(CLI::App& app) {
 Command AddUp(CLI::App& app) {
   auto s = std::make_shared<UpOptions>();
   UpOptions& up = *s;
-  CLI::App* cmd = app.add_subcommand("up", "From one machine: start, watch and stop every node's agent over ssh");
+  CLI::App* cmd =
+      app.add_subcommand("up", "From one machine: start, watch and stop every node's agent over ssh");
   cmd->add_option("job", up.job_path,
-                     "The job file; the nodes read it at the same path (a shared or checked-out folder), "
-                     "or --copy puts it there")
+                  "The job file; the nodes read it at the same path (a shared or checked-out folder), "
+                  "or --copy puts it there")
       ->required();
   cmd->add_flag("--copy", up.copy, "Copy the job file to the same path on every host first");
   cmd->add_flag("--detach", up.detach,
-                   "Start the agents and return: each runs on in its own session, its pid and console "
-                   "in <logs.dir>/<job>/up-n<K>.{pid,console}; see `ddprun status` and `ddprun down`");
+                "Start the agents and return: each runs on in its own session, its pid and console "
+                "in <logs.dir>/<job>/up-n<K>.{pid,console}; see `ddprun status` and `ddprun down`");
   cmd->add_flag("--install", up.install,
-                   "Where a host has no ddprun, or another version, copy this one over ssh into "
-                   "~/.ddprun/<version>-<hash> there and run that (docs/install.md)");
+                "Where a host has no ddprun, or another version, copy this one over ssh into "
+                "~/.ddprun/<version>-<hash> there and run that (docs/install.md)");
   cmd->add_option("--remote-ddprun", up.remote_ddprun,
-                     "The ddprun program on the hosts (default: this ddprun's copy in ~/.ddprun when "
-                     "`up --install` put it there, else `ddprun` on the remote PATH)");
+                  "The ddprun program on the hosts (default: this ddprun's copy in ~/.ddprun when "
+                  "`up --install` put it there, else `ddprun` on the remote PATH)");
   cmd->add_option("--connect-timeout", up.connect_timeout_s, "Seconds ssh waits for each host (default 10)")
       ->check(CLI::Range(1, 600));
   cmd->footer(
@@ -193,7 +193,7 @@ Command AddStatus(CLI::App& app) {
   cmd->add_option("--connect-timeout", status.connect_timeout_s, "Seconds ssh waits for each host")
       ->check(CLI::Range(1, 600));
   cmd->add_option("--remote-ddprun", status.remote_ddprun,
-                         "The ddprun program on the hosts (default: as for `up`)");
+                  "The ddprun program on the hosts (default: as for `up`)");
   cmd->footer("Exit codes: 0 every agent runs, 1 not every agent runs, 2 job file error.");
   return {cmd, false, [s](const std::vector<std::string>&) { return StatusCommand(*s); }};
 }
@@ -202,12 +202,13 @@ Command AddStatus(CLI::App& app) {
 Command AddDown(CLI::App& app) {
   auto s = std::make_shared<UpOptions>();
   UpOptions& down = *s;
-  CLI::App* cmd = app.add_subcommand("down", "Stop a job `ddprun up --detach` started (SIGTERM to every agent)");
+  CLI::App* cmd =
+      app.add_subcommand("down", "Stop a job `ddprun up --detach` started (SIGTERM to every agent)");
   cmd->add_option("job", down.job_path, "The job file")->required();
   cmd->add_option("--connect-timeout", down.connect_timeout_s, "Seconds ssh waits for each host")
       ->check(CLI::Range(1, 600));
   cmd->add_option("--remote-ddprun", down.remote_ddprun,
-                       "The ddprun program on the hosts (default: as for `up`)");
+                  "The ddprun program on the hosts (default: as for `up`)");
   cmd->footer("Each agent stops its workers within timeouts.stop_grace; exit 0 when none is left running.");
   return {cmd, false, [s](const std::vector<std::string>&) { return DownCommand(*s); }};
 }
@@ -223,34 +224,33 @@ Command AddSimulate(CLI::App& app) {
   };
   auto s = std::make_shared<State>();
   SimulateOptions& sim = s->options;
-  CLI::App* cmd =
-      app.add_subcommand("simulate", "Simulate the whole cluster with faults in virtual time");
+  CLI::App* cmd = app.add_subcommand("simulate", "Simulate the whole cluster with faults in virtual time");
   cmd->add_option("job", sim.job_path, "The job file")->required();
   s->seed_opt = cmd->add_option("--seed", s->seed, "PRNG seed (overrides [simulate].seed)");
-  cmd->add_option("--fault", sim.faults,
-                      "Inject a fault: kind@time[:key=value,...]; repeatable");
-  s->nodes_opt = cmd->add_option("--nodes", s->nodes, "Override the number of nodes")
-                               ->check(CLI::PositiveNumber);
+  cmd->add_option("--fault", sim.faults, "Inject a fault: kind@time[:key=value,...]; repeatable");
+  s->nodes_opt =
+      cmd->add_option("--nodes", s->nodes, "Override the number of nodes")->check(CLI::PositiveNumber);
   cmd->add_option("--trace", sim.trace_path, "Write a Chrome trace (JSON, opens in Perfetto) of one run");
   cmd->add_option("--report", sim.report_path, "Write an HTML timeline report of one run");
-  s->swarm_opt = cmd->add_option("--swarm", s->swarm, "Run N seeds and summarise")
-                               ->check(CLI::PositiveNumber);
+  s->swarm_opt =
+      cmd->add_option("--swarm", s->swarm, "Run N seeds and summarise")->check(CLI::PositiveNumber);
   cmd->add_flag("-q,--quiet", sim.quiet, "Print the summary only");
   cmd->add_flag("--beat-by-beat", sim.beat_by_beat,
-                    "Run every heartbeat of quiet stretches as events instead of computing them (the "
-                    "same run, slower; docs/simulator.md)");
+                "Run every heartbeat of quiet stretches as events instead of computing them (the "
+                "same run, slower; docs/simulator.md)");
   cmd->add_option("--set", sim.sets, "Change a key of the job file: key=value (key= removes it); repeatable");
   cmd->add_flag("--vary-shape", sim.vary_shape,
-                        "With --swarm: each seed also draws its own job shape (nodes, processes, timeouts, "
-                        "spares, min_nodes, etcd)")
-          ->needs(s->swarm_opt);
+                "With --swarm: each seed also draws its own job shape (nodes, processes, timeouts, "
+                "spares, min_nodes, etcd)")
+      ->needs(s->swarm_opt);
   CLI::Option* sweep_opt = cmd->add_option(
       "--sweep", sim.sweeps,
       "Run a grid of settings: key=v1,v2,...; repeatable (each --sweep is one axis); prints a goodput table");
   s->seeds_opt = cmd->add_option("--seeds", s->seeds, "With --sweep: seeds per setting (default 20)")
-                               ->check(CLI::PositiveNumber)
-                               ->needs(sweep_opt);
-  cmd->add_option("--chart", sim.chart_path, "With --sweep: write the chart (FILE.svg, or FILE.html with the table)")
+                     ->check(CLI::PositiveNumber)
+                     ->needs(sweep_opt);
+  cmd->add_option("--chart", sim.chart_path,
+                  "With --sweep: write the chart (FILE.svg, or FILE.html with the table)")
       ->needs(sweep_opt);
   sweep_opt->excludes(s->swarm_opt);
   CLI::Option* replay_opt = cmd->add_option(
@@ -269,7 +269,8 @@ Command AddSimulate(CLI::App& app) {
       "  ddprun simulate job.toml --seed 42 --fault node-crash@40m:node=1\n"
       "  ddprun simulate job.toml --fault worker-exit@90s:node=1,local_rank=0,exit_code=3\n"
       "  ddprun simulate job.toml --nodes 64 --swarm 100 --quiet\n"
-      "  ddprun simulate job.toml --sweep spares=0,1,2 --sweep simulate.checkpoint_every=10m,1h --seeds 50 --chart sweep.html\n"
+      "  ddprun simulate job.toml --sweep spares=0,1,2 --sweep simulate.checkpoint_every=10m,1h --seeds 50 "
+      "--chart sweep.html\n"
       "  ddprun simulate job.toml --trace trace.json --report report.html\n"
       "  ddprun simulate job.toml --replay logs/job   would the simulator have predicted that run?\n"
       "\n"
@@ -298,15 +299,15 @@ Command AddReport(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("report", "Draw a real run's timeline (HTML, Chrome trace) from its event logs");
   cmd->add_option("logdir", report.log_dir,
-                         "A folder with the run's events-node<k>.jsonl files below it (e.g. "
-                         "<logs.dir>/<job>)")
+                  "A folder with the run's events-node<k>.jsonl files below it (e.g. "
+                  "<logs.dir>/<job>)")
       ->required();
   cmd->add_option("--out", report.out_path, "Where to write the HTML page (default report.html)");
   cmd->add_option("--trace", report.trace_path, "Also write a Chrome trace (JSON, opens in Perfetto)");
-  s->run_opt =
-      cmd->add_option("--run", s->run, "When the folder holds several runs: the Nth, oldest first "
-                                                  "(default: the newest)")
-          ->check(CLI::PositiveNumber);
+  s->run_opt = cmd->add_option("--run", s->run,
+                               "When the folder holds several runs: the Nth, oldest first "
+                               "(default: the newest)")
+                   ->check(CLI::PositiveNumber);
   cmd->footer(
       "Examples:\n"
       "  ddprun report logs/resnet50                    the newest run of job resnet50\n"
@@ -331,16 +332,15 @@ Command AddCheck(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("check", "Validate a job file and print the plan (ranks, env, commands)");
   cmd->add_option("job", check.job_path, "The job file")->required();
-  s->rank_opt =
-      cmd->add_option("--node-rank", s->node_rank, "Show only this node's plan")
-          ->check(CLI::NonNegativeNumber);
+  s->rank_opt = cmd->add_option("--node-rank", s->node_rank, "Show only this node's plan")
+                    ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", check.json,
-                      "Print {valid, diagnostics, plan} as JSON on stdout (always the whole "
-                      "plan; nothing on stderr)");
+                "Print {valid, diagnostics, plan} as JSON on stdout (always the whole "
+                "plan; nothing on stderr)");
   cmd->add_flag("--full", check.full,
-                      fmt::format("Print the whole plan of a job above {} nodes (default: "
-                                  "a summary)",
-                                  kPlanSummaryAboveNodes));
+                fmt::format("Print the whole plan of a job above {} nodes (default: "
+                            "a summary)",
+                            kPlanSummaryAboveNodes));
   cmd->add_option("--color", s->color, "Color diagnostics: auto, always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}));
   cmd->footer(
@@ -362,29 +362,26 @@ Command AddCheck(CLI::App& app) {
 Command AddInit(CLI::App& app) {
   auto s = std::make_shared<InitOptions>();
   InitOptions& init = *s;
-  CLI::App* cmd =
-      app.add_subcommand("init", "Write a commented starter job file (valid under `check`)");
+  CLI::App* cmd = app.add_subcommand("init", "Write a commented starter job file (valid under `check`)");
   cmd->add_option("-o,--output", init.output, "Where to write it (default job.toml)");
   cmd->add_option("--name", init.name, "Job name (default: from the script's file name)");
   cmd->add_option("--script", init.script,
-                       "What every worker runs (default train.py; *.py runs under python3)");
+                  "What every worker runs (default train.py; *.py runs under python3)");
   CLI::Option* init_nodes_opt =
-      cmd->add_option("--nodes", init.nodes, "Host names of the nodes, comma-separated")
-          ->delimiter(',');
+      cmd->add_option("--nodes", init.nodes, "Host names of the nodes, comma-separated")->delimiter(',');
   CLI::Option* init_nnodes_opt =
       cmd->add_option("--nnodes", init.nnodes, "Number of nodes, when not listed (default 1)")
           ->check(CLI::Range(1, 10000));
   init_nodes_opt->excludes(init_nnodes_opt);
   cmd->add_option("--gpus", init.gpus_per_node,
-                       "GPUs (worker processes) per node; 0 for one CPU worker per node "
-                       "(default 1)")
+                  "GPUs (worker processes) per node; 0 for one CPU worker per node "
+                  "(default 1)")
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--master-port", init.master_port, "Default 29500")
-      ->check(CLI::Range(1, 65535));
+  cmd->add_option("--master-port", init.master_port, "Default 29500")->check(CLI::Range(1, 65535));
   cmd->add_flag("--force", init.force, "Overwrite an existing file");
   cmd->add_flag("--slurm", init.slurm,
-                     "Take the hosts from the SLURM allocation (cluster.hosts_from) and write an sbatch "
-                     "script beside the job file (job.toml -> job.sbatch)")
+                "Take the hosts from the SLURM allocation (cluster.hosts_from) and write an sbatch "
+                "script beside the job file (job.toml -> job.sbatch)")
       ->excludes(init_nodes_opt);
   cmd->footer(
       "Examples:\n"
@@ -404,12 +401,11 @@ Command AddPreflight(CLI::App& app) {
   };
   auto s = std::make_shared<State>();
   PreflightOptions& preflight = s->options;
-  CLI::App* cmd = app.add_subcommand(
-      "preflight", "On every node: check ports, GPUs and an NCCL all-reduce, then exit");
+  CLI::App* cmd =
+      app.add_subcommand("preflight", "On every node: check ports, GPUs and an NCCL all-reduce, then exit");
   cmd->add_option("job", preflight.job_path, "The job file")->required();
   s->rank_opt =
-      cmd->add_option("--node-rank", s->node_rank, "This node's rank")
-          ->check(CLI::NonNegativeNumber);
+      cmd->add_option("--node-rank", s->node_rank, "This node's rank")->check(CLI::NonNegativeNumber);
   cmd->footer(
       "Examples:\n"
       "  ddprun preflight job.toml                 on every node, like the job itself\n"
@@ -439,8 +435,7 @@ Command AddPreflightWorker(CLI::App& app) {
 
 /// `ddprun schema`.
 Command AddSchema(CLI::App& app) {
-  CLI::App* cmd =
-      app.add_subcommand("schema", "Print the JSON Schema of job files (for editors)");
+  CLI::App* cmd = app.add_subcommand("schema", "Print the JSON Schema of job files (for editors)");
   cmd->footer(
       "Examples:\n"
       "  ddprun schema > job-file.schema.json\n"
@@ -478,9 +473,10 @@ int Main(int argc, char** argv) {
       "129/130/143 interrupted (SIGHUP/SIGINT/SIGTERM), 70 internal error.");
 
   // In the order `--help` lists them.
-  const std::vector<Command> commands = {AddRun(app),    AddUp(app),    AddStatus(app),    AddDown(app),
-                                         AddSimulate(app), AddReport(app), AddCheck(app),   AddInit(app),
-                                         AddPreflight(app), AddPreflightWorker(app), AddSchema(app)};
+  const std::vector<Command> commands = {
+      AddRun(app),    AddUp(app),    AddStatus(app), AddDown(app),      AddSimulate(app),
+      AddReport(app), AddCheck(app), AddInit(app),   AddPreflight(app), AddPreflightWorker(app),
+      AddSchema(app)};
 
   std::vector<std::string> args(argv, argv + argc);
   const std::vector<std::string> script_args = TakeScriptArgs(args);
@@ -519,9 +515,10 @@ int Main(int argc, char** argv) {
   for (const Command& command : commands) {
     if (!command.app->parsed()) continue;
     if (!script_args.empty() && !command.takes_script_args) {
-      std::fputs("ddprun: error: arguments after `--` are for the script: only `run`, `up`, `check` "
-                 "and `preflight` take them\n",
-                 stderr);
+      std::fputs(
+          "ddprun: error: arguments after `--` are for the script: only `run`, `up`, `check` "
+          "and `preflight` take them\n",
+          stderr);
       return kExitUsage;
     }
     return command.run(script_args);

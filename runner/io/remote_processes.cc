@@ -144,7 +144,8 @@ void PollSet(const std::vector<Running>& running, int signals, std::vector<pollf
   owners.push_back({running.size(), 0});
   for (size_t i = 0; i < running.size(); ++i) {
     const Running& r = running[i];
-    if (r.in.valid() && r.input && r.input_at < r.input->size()) fds.push_back({r.in.get(), POLLOUT, 0}), owners.push_back({i, 2});
+    if (r.in.valid() && r.input && r.input_at < r.input->size())
+      fds.push_back({r.in.get(), POLLOUT, 0}), owners.push_back({i, 2});
     if (r.out.valid()) fds.push_back({r.out.get(), POLLIN, 0}), owners.push_back({i, 0});
     if (r.err.valid()) fds.push_back({r.err.get(), POLLIN, 0}), owners.push_back({i, 1});
   }
