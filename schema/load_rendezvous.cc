@@ -80,6 +80,22 @@ void ReadString(const toml::table* table, TomlReader& reader, std::string_view k
   }
 }
 
+/// rendezvous.prefix: the etcd keys' prefix, "/" then letters, digits, '.', '_', '-', '/'.
+void LoadPrefix(const toml::table* table, TomlReader& reader, std::string& prefix_out) {
+  const toml::node* node = reader.Node(table, "prefix", "rendezvous.prefix");
+  if (!node) return;
+  const auto prefix = reader.String(*node, "rendezvous.prefix");
+  if (!prefix) return;
+  if (!prefix->starts_with('/') || prefix->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789._/-") != std::string::npos) {
+    reader.diags().Error(LocOf(*node), "rendezvous.prefix",
+                         fmt::format("rendezvous.prefix = \"{}\" is not a key prefix", *prefix),
+                         "it begins with / and holds letters, digits, '.', '_', '-' and '/', e.g. \"/ddprun\"");
+    return;
+  }
+  prefix_out = *prefix;
+}
+
 }  // namespace
 
 void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::Cluster& cluster,
@@ -102,18 +118,7 @@ void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::
   }
   const toml::node* endpoints_node = reader.Node(table, "endpoints", "rendezvous.endpoints");
   if (endpoints_node) LoadEndpoints(*endpoints_node, reader, rendezvous.endpoints);
-  if (const toml::node* node = reader.Node(table, "prefix", "rendezvous.prefix")) {
-    const auto prefix = reader.String(*node, "rendezvous.prefix");
-    if (prefix && (!prefix->starts_with('/') ||
-                   prefix->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                             "0123456789._/-") != std::string::npos)) {
-      diags.Error(LocOf(*node), "rendezvous.prefix",
-                  fmt::format("rendezvous.prefix = \"{}\" is not a key prefix", *prefix),
-                  "it begins with / and holds letters, digits, '.', '_', '-' and '/', e.g. \"/ddprun\"");
-    } else if (prefix) {
-      rendezvous.prefix = *prefix;
-    }
-  }
+  LoadPrefix(table, reader, rendezvous.prefix);
   const toml::node* lease_node = reader.Node(table, "lease", "rendezvous.lease");
   if (lease_node) {
     if (auto d = reader.PositiveDuration(*lease_node, "rendezvous.lease")) rendezvous.lease = *d;

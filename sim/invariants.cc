@@ -347,13 +347,19 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
                                       label, start.round.round, other.live, key.round));
     }
   }
-  auto& started = round.started[static_cast<size_t>(rank)];
-  if (started != 0) {
+  if (round.started[static_cast<size_t>(rank)] != 0) {
     return Fail(now_ns, fmt::format("round {}: rank {} started twice (again on {})", start.round.round,
                                     rank, label));
   }
-  started = 1;
-  holder = start.pid;
+  Admit(now_ns, start, rank, node_rank);
+}
+
+void Invariants::Admit(int64_t now_ns, const WorkerStart& start, int rank, int node_rank) {
+  Node& node = nodes_[start.node];
+  Round& round = rounds_[start.round];
+  round.started[static_cast<size_t>(rank)] = 1;
+  holders_[static_cast<size_t>(rank)] = start.pid;
+  NodeRankHolder& owner = node_holders_[static_cast<size_t>(node_rank)];
   owner.node = start.node;
   owner.round = start.round;
   ++owner.live;

@@ -242,6 +242,8 @@ class Invariants {
 
   void Fail(int64_t now_ns, std::string what);
   void CheckStart(int64_t now_ns, const WorkerStart& start);
+  /// The worker of `start`, past every check: it holds its rank and node rank, and runs.
+  void Admit(int64_t now_ns, const WorkerStart& start, int rank, int node_rank);
   void ApplyEnd(uint64_t pid, bool exit_zero);
   void CheckExit(int64_t now_ns, uint32_t node, int code, std::optional<RoundKey> round);
   void CheckStore(int64_t now_ns, const Observation& o);
