@@ -86,11 +86,13 @@ void LoadPrefix(const toml::table* table, TomlReader& reader, std::string& prefi
   if (!node) return;
   const auto prefix = reader.String(*node, "rendezvous.prefix");
   if (!prefix) return;
-  if (!prefix->starts_with('/') || prefix->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                             "0123456789._/-") != std::string::npos) {
-    reader.diags().Error(LocOf(*node), "rendezvous.prefix",
-                         fmt::format("rendezvous.prefix = \"{}\" is not a key prefix", *prefix),
-                         "it begins with / and holds letters, digits, '.', '_', '-' and '/', e.g. \"/ddprun\"");
+  if (!prefix->starts_with('/') ||
+      prefix->find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789._/-") != std::string::npos) {
+    reader.diags().Error(
+        LocOf(*node), "rendezvous.prefix",
+        fmt::format("rendezvous.prefix = \"{}\" is not a key prefix", *prefix),
+        "it begins with / and holds letters, digits, '.', '_', '-' and '/', e.g. \"/ddprun\"");
     return;
   }
   prefix_out = *prefix;
