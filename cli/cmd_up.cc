@@ -425,7 +425,7 @@ int UpCommand(const UpOptions& options) {
           stderr);
       return kExitUsage;
     }
-    auto read = ReadThisBuild(/*with_tar=*/true);
+    auto read = ReadThisBuild(/*with_tar=*/false);  // its stream is read only for hosts that need it
     if (!read) {
       std::fprintf(stderr, "ddprun up: error: --install: %s\n", read.error().c_str());
       return kExitUsage;
@@ -449,8 +449,15 @@ int UpCommand(const UpOptions& options) {
                spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
   const auto to_install = ProbeHosts(spec, options, job.program, ssh_command, job_path);
   if (!to_install) return kExitRendezvous;
-  if (!to_install->empty() && !InstallOnHosts(spec, options, *copy, ssh_command, *to_install))
-    return kExitRendezvous;
+  if (!to_install->empty()) {
+    auto with_tar = ReadThisBuild(/*with_tar=*/true);
+    if (!with_tar || with_tar->id != copy->id) {
+      std::fprintf(stderr, "ddprun up: error: --install: %s\n",
+                   with_tar ? "this ddprun's files changed while `up` ran" : with_tar.error().c_str());
+      return kExitUsage;
+    }
+    if (!InstallOnHosts(spec, options, *with_tar, ssh_command, *to_install)) return kExitRendezvous;
+  }
   if (options.copy) {
     if (!CopyJobFile(spec, options, job.program, ssh_command, job_path, job.source_text))
       return kExitRendezvous;

@@ -84,8 +84,11 @@ std::map<std::string, std::string> ParseCanonical(const std::string& canonical) 
 
 }  // namespace
 
-std::string CanonicalForm(const JobSpec& spec) {
-  std::map<std::string, std::string> fields;
+namespace {
+
+/// The [job] section's canonical lines (with what the code and library checks found) into
+/// `fields`.
+void AddJobFields(const JobSpec& spec, std::map<std::string, std::string>& fields) {
   fields["version"] = fmt::format("{}", spec.version);
   fields["job.name"] = Quote(spec.job.name);
   // The arguments after `--` apart (only when given, so that other jobs keep their
@@ -121,6 +124,13 @@ std::string CanonicalForm(const JobSpec& spec) {
     fields[prefix + "nccl"] = Quote(libraries.nccl);
     fields[prefix + "cuda"] = Quote(libraries.cuda);
   }
+}
+
+}  // namespace
+
+std::string CanonicalForm(const JobSpec& spec) {
+  std::map<std::string, std::string> fields;
+  AddJobFields(spec, fields);
   // Both spellings of the cluster size (a host list or a count) mean something different for
   // rank assignment, so the list is kept when given; nnodes is always there.
   if (!spec.cluster.nodes.empty()) fields["cluster.nodes"] = QuoteList(spec.cluster.nodes);
