@@ -130,6 +130,35 @@ std::optional<Duration> LastRoundTrainTime(const std::vector<const EventRecord*>
 
 }  // namespace
 
+namespace {
+
+using RankEvent = std::tuple<int, std::string, int64_t, int64_t>;  // node, type, round, rank
+
+/// Each rank's own exit or hang in each round, found in one pass (the first record of it, in
+/// file order), so that a run of many rounds costs in proportion to its records.
+std::map<RankEvent, const EventRecord*> RankEvents(const Run& run) {
+  std::map<RankEvent, const EventRecord*> events;
+  for (const EventFile* file : run.files) {
+    for (const EventRecord& r : file->records) {
+      if ((r.type == "worker-exit" || r.type == "hang") && !r.Flag("stopped")) {
+        events.emplace(RankEvent{r.node, r.type, r.Int("round"), r.Int("rank")}, &r);
+      }
+    }
+  }
+  return events;
+}
+
+/// Each round's root cause in node 0's records, as last revised.
+std::map<int64_t, const EventRecord*> RoundCauses(const std::vector<const EventRecord*>& zero) {
+  std::map<int64_t, const EventRecord*> causes;
+  for (const EventRecord* r : zero) {
+    if (r->type == "round-failed") causes[r->Int("round")] = r;
+  }
+  return causes;
+}
+
+}  // namespace
+
 ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   ReplayPlan plan;
   const std::vector<const EventRecord*> zero = CoordinatorRecords(run);
@@ -152,17 +181,7 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
     late.node = node;
     late.duration = since(times.front());
   }
-  // Each rank's own exit or hang in each round, found in one pass (the first record of it,
-  // in file order), so that a run of many rounds costs in proportion to its records.
-  using RankEvent = std::tuple<int, std::string, int64_t, int64_t>;  // node, type, round, rank
-  std::map<RankEvent, const EventRecord*> rank_events;
-  for (const EventFile* file : run.files) {
-    for (const EventRecord& r : file->records) {
-      if ((r.type == "worker-exit" || r.type == "hang") && !r.Flag("stopped")) {
-        rank_events.emplace(RankEvent{r.node, r.type, r.Int("round"), r.Int("rank")}, &r);
-      }
-    }
-  }
+  const std::map<RankEvent, const EventRecord*> rank_events = RankEvents(run);
   plan.sigterm = StopModelOf(run);
   auto find = [&](int node, const char* type, int64_t round, int64_t rank) -> const EventRecord* {
     const auto it = rank_events.find(RankEvent{node, type, round, rank});
@@ -173,11 +192,7 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
   for (const EventRecord* r : zero) {
     if (r->type == "node-lost") lost_records[r->Int("peer")].push_back(r);
   }
-  // Each round's root cause, as last revised.
-  std::map<int64_t, const EventRecord*> causes;
-  for (const EventRecord* r : zero) {
-    if (r->type == "round-failed") causes[r->Int("round")] = r;
-  }
+  const std::map<int64_t, const EventRecord*> causes = RoundCauses(zero);
   const int nproc = std::max(spec.cluster.nproc_per_node, 1);
   const Duration loss_bound = spec.timeouts.LossBound();
   for (const auto& [round, cause] : causes) {

@@ -146,8 +146,14 @@ RunLimit FaultInjector::Schedule(int world, int min_world) {
     ScheduleRandomWorkerHang(TimePoint(Duration(0)));
     heal_ns = std::max(heal_ns, random_faults_until_ns_);
   }
+  return LivenessLimit(heal_ns, slowest, world, min_world);
+}
+
+RunLimit FaultInjector::LivenessLimit(int64_t heal_ns, int slowest, int world, int min_world) const {
   // Liveness: once every fault has healed, each round can take at most this long, and the
   // restart budget bounds the number of rounds.
+  const int64_t rendezvous = Ns(spec_.timeouts.rendezvous);
+  const int64_t max_time = Ns(spec_.simulate.max_time);
   double train_ns = static_cast<double>(Ns(spec_.simulate.train_time));
   if (slowest > 0) train_ns = train_ns * (100.0 + slowest) / 100.0;
   // A shrunk round trains at its share of the pace (sim/workers.cc): 20 minutes of a 28-rank

@@ -42,6 +42,9 @@ class FaultInjector {
   const std::vector<std::pair<int64_t, int64_t>>& outages() const { return outages_; }
 
  private:
+  /// The bound on the run past which it counts as not live: every fault healed by `heal_ns`,
+  /// then each round at most its longest, as many as the restart budget allows.
+  RunLimit LivenessLimit(int64_t heal_ns, int slowest, int world, int min_world) const;
   void ScheduleFault(const FaultSpec& fault);
   /// Puts the next planned fault into the queue (ScheduleFault reserved its place).
   void FeedNextFault();
