@@ -271,41 +271,44 @@ std::string SparesShrinkQuarantineMetricsLines(const JobSpec& spec) {
   const auto& t = spec.timeouts;
   const bool etcd = spec.rendezvous.Etcd();
   if (c.spares > 0) {
-    out += fmt::format("spares: {} ({}) wait and take the node rank of a node away for longer "
-                       "than timeouts.replace = {} ({})\n",
-                       c.spares,
-                       c.spare_hosts.empty() ? fmt::format("--node-rank {}..{}", c.nnodes, c.Agents() - 1)
-                                             : fmt::format("{}", fmt::join(c.spare_hosts, ", ")),
-                       FormatDuration(t.replace), etcd ? "any node's but the coordinator's" : "never node 0's");
+    out += fmt::format(
+        "spares: {} ({}) wait and take the node rank of a node away for longer "
+        "than timeouts.replace = {} ({})\n",
+        c.spares,
+        c.spare_hosts.empty() ? fmt::format("--node-rank {}..{}", c.nnodes, c.Agents() - 1)
+                              : fmt::format("{}", fmt::join(c.spare_hosts, ", ")),
+        FormatDuration(t.replace), etcd ? "any node's but the coordinator's" : "never node 0's");
   }
   if (c.min_nodes < c.nnodes) {
-    out += fmt::format("shrinking: with no spare left, rounds run with the nodes left, down to "
-                       "{} (world size {}..{}); WORLD_SIZE, GROUP_WORLD_SIZE and "
-                       "PL_TRAINER_NUM_NODES follow the round, and a node that returns takes "
-                       "part again from the next restart\n",
-                       c.min_nodes, c.min_nodes * c.nproc_per_node, spec.WorldSize());
+    out += fmt::format(
+        "shrinking: with no spare left, rounds run with the nodes left, down to "
+        "{} (world size {}..{}); WORLD_SIZE, GROUP_WORLD_SIZE and "
+        "PL_TRAINER_NUM_NODES follow the round, and a node that returns takes "
+        "part again from the next restart\n",
+        c.min_nodes, c.min_nodes * c.nproc_per_node, spec.WorldSize());
   }
   if (c.CanReplace() && spec.quarantine.failures > 0) {
-    out += fmt::format("quarantine: a host (not {}) on which {} rounds fail within {} sits "
-                       "out for {}, twice as long each further time; kept in {}\n",
-                       etcd ? "the coordinator's" : "node 0's", spec.quarantine.failures, FormatDuration(spec.quarantine.window),
-                       FormatDuration(spec.quarantine.cooldown),
-                       etcd ? std::string("etcd, with the job's state")
-                            : fmt::format("{}/{}/quarantine.state", spec.logs.dir, spec.job.name));
+    out += fmt::format(
+        "quarantine: a host (not {}) on which {} rounds fail within {} sits "
+        "out for {}, twice as long each further time; kept in {}\n",
+        etcd ? "the coordinator's" : "node 0's", spec.quarantine.failures,
+        FormatDuration(spec.quarantine.window), FormatDuration(spec.quarantine.cooldown),
+        etcd ? std::string("etcd, with the job's state")
+             : fmt::format("{}/{}/quarantine.state", spec.logs.dir, spec.job.name));
   }
   if (spec.metrics.Served()) {
     constexpr int kUrlsShown = 2;
     std::vector<std::string> urls;
     for (int k = 0; k < std::min(c.nnodes, kUrlsShown); ++k) urls.push_back(MetricsUrl(spec, k));
     if (c.nnodes > kUrlsShown) urls.push_back("...");
-    const std::string where =
-        spec.metrics.addr == JobSpec::Metrics::kOwnNodeAddress
-            ? fmt::format("port {} of its address in cluster.nodes", spec.metrics.port)
-            : spec.metrics.Listen();
+    const std::string where = spec.metrics.addr == JobSpec::Metrics::kOwnNodeAddress
+                                  ? fmt::format("port {} of its address in cluster.nodes", spec.metrics.port)
+                                  : spec.metrics.Listen();
     const std::string per_node = spec.metrics.port_per_node ? " + its node rank" : "";
-    out += fmt::format("metrics: each node serves GET /metrics on {}{} for itself, node 0 also for "
-                       "the job: {}\n",
-                       where, per_node, fmt::join(urls, ", "));
+    out += fmt::format(
+        "metrics: each node serves GET /metrics on {}{} for itself, node 0 also for "
+        "the job: {}\n",
+        where, per_node, fmt::join(urls, ", "));
   }
   return out;
 }
