@@ -308,21 +308,14 @@ document.body.setAttribute('data-ready','1');
 
 }  // namespace
 
-void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::ostream& out) {
-  const int64_t end = std::max<int64_t>(timeline.end_ns, 1);
-  const double px_per_ns = static_cast<double>(kPlotWidth) / static_cast<double>(end);
-  const auto x_of = [&](int64_t ns) { return static_cast<double>(ns) * px_per_ns; };
-  const size_t n = timeline.labels.size();
+namespace {
 
-  // Which nodes a mark (other than an exit) names: they keep a row of their own.
-  std::vector<bool> marked(n, false);
-  for (const Mark& m : timeline.marks) {
-    if (m.node != Mark::kJob && m.node < n && m.kind != MarkKind::kExit) marked[m.node] = true;
-  }
-  // Bands: a node joins the first band whose first node went through the same phases (and
-  // rounds) at times no further apart than kBandTolerancePx of the unzoomed page, or whose
-  // unzoomed row differs from its own in at most kBandTolerancePx columns (a long run where one
-  // of hundreds of rounds went a little differently). A band is drawn from its first node.
+/// Each node's look: the band of nodes that went through the same phases (and rounds) at times
+/// no further apart than kBandTolerancePx of the unzoomed page, or whose unzoomed row differs
+/// from its own in at most kBandTolerancePx columns (a long run where one of hundreds of rounds
+/// went a little differently). A band is drawn from its first node.
+std::vector<size_t> LookOfEachNode(const Timeline& timeline, int64_t end) {
+  const size_t n = timeline.labels.size();
   const int64_t tolerance = end * kBandTolerancePx / kPlotWidth;
   std::map<std::vector<std::pair<int, int32_t>>, std::vector<size_t>> bands_by_phases;
   std::vector<size_t> band_leader;  // node
@@ -360,22 +353,32 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
     }
     history_of[i] = *band;
   }
-  // Rows: node 0 and every node a fault touched on their own; the others in bands of nodes
-  // with the same history (DDP is a gang: most nodes live the same life), placed at their
-  // first node.
-  struct Row {
-    std::string label;
-    std::string tooltip;
-    size_t history = 0;            // its look (what it looks like unzoomed)
-    std::optional<uint32_t> node;  // a row of its own: whose marks are drawn
-    uint32_t first = 0;            // whose segments are drawn
-  };
+  return history_of;
+}
+
+// Rows: node 0 and every node a fault touched on their own; the others in bands of nodes with
+// the same history (DDP is a gang: most nodes live the same life), placed at their first node.
+struct Row {
+  std::string label;
+  std::string tooltip;
+  size_t history = 0;            // its look (what it looks like unzoomed)
+  std::optional<uint32_t> node;  // a row of its own: whose marks are drawn
+  uint32_t first = 0;            // whose segments are drawn
+};
+struct RowsOfPage {
   std::vector<Row> rows;
-  std::map<size_t, std::vector<uint32_t>> bands;   // history -> its nodes
+  std::map<size_t, std::vector<uint32_t>> bands;  // history -> its nodes
+  size_t folded = 0;                              // faulted nodes beyond kMaxOwnRows, in bands
+};
+RowsOfPage PlanRows(const Timeline& timeline, const std::vector<bool>& marked, const std::vector<size_t>& history_of) {
+  const size_t n = timeline.labels.size();
+  RowsOfPage page;
+  std::vector<Row>& rows = page.rows;
+  std::map<size_t, std::vector<uint32_t>>& bands = page.bands;
   std::map<uint32_t, size_t> band_at;              // first node -> history, for the order
   std::vector<std::pair<uint32_t, size_t>> order;  // (node, row index) for own rows
   size_t own = 0;
-  size_t folded = 0;
+  size_t& folded = page.folded;
   for (size_t i = 0; i < n; ++i) {
     const bool alone = n <= 48 || i == 0 || timeline.focus[i] || marked[i];
     if (alone && own < kMaxOwnRows) {
@@ -412,53 +415,34 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
       }
     }
   }
-  std::vector<std::vector<const Mark*>> marks_of(n);
-  for (const Mark& m : timeline.marks) {
-    if (m.node != Mark::kJob && m.node < n && m.kind != MarkKind::kExit) marks_of[m.node].push_back(&m);
-  }
+  return page;
+}
 
-  const int plot_bottom = kTop + static_cast<int>(rows.size() + 1) * kRowHeight;
-  const int height = plot_bottom + 40;
-  const int width = kLabelWidth + kPlotWidth + 20;
-  out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << HtmlEscape(timeline.kind) << ": "
-      << HtmlEscape(timeline.title) << "</title>\n<style>body{font-family:sans-serif;margin:16px;"
-      << "color:#222}pre{background:#f7f7f7;padding:10px;font-size:12px;white-space:pre-wrap}"
-      << ".legend span{display:inline-block;margin-right:14px;font-size:12px}"
-      << ".legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;"
-      << "border:1px solid #999}.zoom{font-size:12px;margin:6px 0}.zoom button{margin-right:4px}"
-      << "svg{user-select:none}</style></head><body>\n";
-  out << "<h2>" << HtmlEscape(timeline.kind) << ": " << HtmlEscape(timeline.title) << "</h2>\n<div class=\"legend\">";
-  for (size_t p = 1; p < kPhases; ++p) {
-    out << "<span><i style=\"background:" << kColours[p] << "\"></i>"
-        << NodePhaseName(static_cast<NodePhase>(p)) << "</span>";
-  }
-  out << "<span><i style=\"background:#cb181d\"></i>fault / failure</span>"
-      << "<span><i style=\"background:#2171b5\"></i>round start</span></div>\n"
-      << "<div class=\"zoom\"><button id=\"zin\">zoom in</button><button id=\"zout\">zoom out</button>"
-      << "<button id=\"zreset\">whole run</button> wheel: zoom at the pointer; drag: pan; keys + - 0 "
-      << "<b id=\"zoomlevel\"></b></div>\n";
-  out << fmt::format("<svg id=\"tl\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-                     "font-size=\"11\" font-family=\"sans-serif\" data-left=\"{}\" data-width=\"{}\" "
-                     "data-end=\"{}\" data-top=\"{}\" data-bottom=\"{}\" data-maxzoom=\"{}\">\n",
-                     width, height, kLabelWidth, kPlotWidth, end, kTop, plot_bottom, kMaxZoom);
-
-  // Each row's history in as much detail as the bounds allow, every distinct one drawn once:
-  // bands first (from their first node), then the rows of their own. A row of its own that
-  // differs from a band's drawing in a few columns (a gang lives one life) is drawn as that
-  // band plus what differs. Once the page's shapes are spent, a row uses the drawing of the
-  // band it looks like unzoomed.
-  struct Drawing {
-    History runs;
-    int detail = 1;
-  };
-  struct RowDrawing {
-    size_t base = 0;
-    History overlay;  // columns (at the base's detail) where the row differs from it
-  };
+// Each row's history in as much detail as the bounds allow, every distinct one drawn once:
+// bands first (from their first node), then the rows of their own. A row of its own that
+// differs from a band's drawing in a few columns (a gang lives one life) is drawn as that
+// band plus what differs. Once the page's shapes are spent, a row uses the drawing of the
+// band it looks like unzoomed.
+struct Drawing {
+  History runs;
+  int detail = 1;
+};
+struct RowDrawing {
+  size_t base = 0;
+  History overlay;  // columns (at the base's detail) where the row differs from it
+};
+struct PageDrawings {
   std::vector<Drawing> drawings;
+  std::vector<RowDrawing> of_row;  // per row of the page
+};
+PageDrawings DrawRows(const Timeline& timeline, int64_t end, const RowsOfPage& page) {
+  const std::vector<Row>& rows = page.rows;
+  PageDrawings page_drawings;
+  std::vector<Drawing>& drawings = page_drawings.drawings;
   std::map<std::pair<int, History>, size_t> drawing_ids;
   std::map<size_t, size_t> drawing_of_look;  // look id -> its first drawing
-  std::vector<RowDrawing> drawing_of_row(rows.size());
+  std::vector<RowDrawing>& drawing_of_row = page_drawings.of_row;
+  drawing_of_row.resize(rows.size());
   size_t shapes = 0;
   const auto add = [&](History runs, int detail, size_t look) {
     shapes += runs.size();
@@ -481,8 +465,8 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
       drawing_of_look.emplace(row.history, drawing_of_row[r].base);
       break;
     }
-    if (bands[row.history].size() > main_members) {
-      main_members = bands[row.history].size();
+    if (page.bands.at(row.history).size() > main_members) {
+      main_members = page.bands.at(row.history).size();
       main_band = drawing_of_row[r].base;
     }
   }
@@ -525,17 +509,12 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
       }
     }
   }
-  out << "<defs>\n";
-  for (size_t h = 0; h < drawings.size(); ++h) {
-    out << "<g id=\"h" << h << "\"";
-    if (drawings[h].detail > 1) out << " transform=\"scale(" << 1.0 / drawings[h].detail << ",1)\"";
-    out << ">";
-    WriteRuns(drawings[h].runs, drawings[h].detail, out);
-    out << "</g>\n";
-  }
-  out << "</defs>\n";
+  return page_drawings;
+}
 
-  // The time axis at the whole run; the script redraws it when zoomed.
+/// The time axis at the whole run; the script redraws it when zoomed.
+void WriteAxis(int64_t end, double px_per_ns, int plot_bottom, std::ostream& out) {
+  const auto x_of = [&](int64_t ns) { return static_cast<double>(ns) * px_per_ns; };
   // Milliseconds per tick: about ten ticks at a round step (the script has the same table).
   static constexpr std::array<int64_t, 28> kStepsMs = {
       1, 2, 5, 10, 20, 50, 100, 200, 500, 1'000, 2'000, 5'000, 10'000, 15'000, 30'000, 60'000, 120'000, 300'000,
@@ -557,6 +536,93 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
                        HumanDuration(Duration(t)));
   }
   out << "</g>\n";
+}
+
+/// The page up to the plot: its style, title, legend, zoom buttons and the <svg> element.
+void WritePageHead(const Timeline& timeline, int width, int height, int64_t end, int plot_bottom, std::ostream& out) {
+  out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << HtmlEscape(timeline.kind) << ": "
+      << HtmlEscape(timeline.title) << "</title>\n<style>body{font-family:sans-serif;margin:16px;"
+      << "color:#222}pre{background:#f7f7f7;padding:10px;font-size:12px;white-space:pre-wrap}"
+      << ".legend span{display:inline-block;margin-right:14px;font-size:12px}"
+      << ".legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;"
+      << "border:1px solid #999}.zoom{font-size:12px;margin:6px 0}.zoom button{margin-right:4px}"
+      << "svg{user-select:none}</style></head><body>\n";
+  out << "<h2>" << HtmlEscape(timeline.kind) << ": " << HtmlEscape(timeline.title) << "</h2>\n<div class=\"legend\">";
+  for (size_t p = 1; p < kPhases; ++p) {
+    out << "<span><i style=\"background:" << kColours[p] << "\"></i>"
+        << NodePhaseName(static_cast<NodePhase>(p)) << "</span>";
+  }
+  out << "<span><i style=\"background:#cb181d\"></i>fault / failure</span>"
+      << "<span><i style=\"background:#2171b5\"></i>round start</span></div>\n"
+      << "<div class=\"zoom\"><button id=\"zin\">zoom in</button><button id=\"zout\">zoom out</button>"
+      << "<button id=\"zreset\">whole run</button> wheel: zoom at the pointer; drag: pan; keys + - 0 "
+      << "<b id=\"zoomlevel\"></b></div>\n";
+  out << fmt::format("<svg id=\"tl\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+                     "font-size=\"11\" font-family=\"sans-serif\" data-left=\"{}\" data-width=\"{}\" "
+                     "data-end=\"{}\" data-top=\"{}\" data-bottom=\"{}\" data-maxzoom=\"{}\">\n",
+                     width, height, kLabelWidth, kPlotWidth, end, kTop, plot_bottom, kMaxZoom);
+}
+
+/// Job-wide marks: failures and round starts, across all rows (down to `bottom`).
+void WriteJobMarks(const Timeline& timeline, double px_per_ns, int bottom, std::ostream& out) {
+  const auto x_of = [&](int64_t ns) { return static_cast<double>(ns) * px_per_ns; };
+  const int y = bottom;
+  int64_t last_px = -10;
+  for (const Mark& m : timeline.marks) {
+    if (m.node != Mark::kJob) continue;
+    const double x = x_of(m.at_ns);
+    const auto px = static_cast<int64_t>(x * kMaxDetail);
+    if (m.kind == MarkKind::kRestart && px == last_px) continue;
+    last_px = px;
+    const char* colour = m.kind == MarkKind::kRestart ? "#2171b5" : "#cb181d";
+    out << fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"1\" "
+                       "stroke-dasharray=\"{}\" opacity=\"0.7\" vector-effect=\"non-scaling-stroke\">"
+                       "<title>{} at {}</title></line>\n",
+                       x, kTop, x, y, colour, m.kind == MarkKind::kRestart ? "3,2" : "none", HtmlEscape(m.text),
+                       HumanDuration(Duration(m.at_ns)));
+  }
+}
+
+}  // namespace
+
+void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::ostream& out) {
+  const int64_t end = std::max<int64_t>(timeline.end_ns, 1);
+  const double px_per_ns = static_cast<double>(kPlotWidth) / static_cast<double>(end);
+  const auto x_of = [&](int64_t ns) { return static_cast<double>(ns) * px_per_ns; };
+  const size_t n = timeline.labels.size();
+
+  // Which nodes a mark (other than an exit) names: they keep a row of their own.
+  std::vector<bool> marked(n, false);
+  for (const Mark& m : timeline.marks) {
+    if (m.node != Mark::kJob && m.node < n && m.kind != MarkKind::kExit) marked[m.node] = true;
+  }
+  const std::vector<size_t> history_of = LookOfEachNode(timeline, end);
+  const RowsOfPage page = PlanRows(timeline, marked, history_of);
+  const std::vector<Row>& rows = page.rows;
+  std::vector<std::vector<const Mark*>> marks_of(n);
+  for (const Mark& m : timeline.marks) {
+    if (m.node != Mark::kJob && m.node < n && m.kind != MarkKind::kExit) marks_of[m.node].push_back(&m);
+  }
+
+  const int plot_bottom = kTop + static_cast<int>(rows.size() + 1) * kRowHeight;
+  const int height = plot_bottom + 40;
+  const int width = kLabelWidth + kPlotWidth + 20;
+  WritePageHead(timeline, width, height, end, plot_bottom, out);
+
+  const PageDrawings page_drawings = DrawRows(timeline, end, page);
+  const std::vector<Drawing>& drawings = page_drawings.drawings;
+  const std::vector<RowDrawing>& drawing_of_row = page_drawings.of_row;
+  out << "<defs>\n";
+  for (size_t h = 0; h < drawings.size(); ++h) {
+    out << "<g id=\"h" << h << "\"";
+    if (drawings[h].detail > 1) out << " transform=\"scale(" << 1.0 / drawings[h].detail << ",1)\"";
+    out << ">";
+    WriteRuns(drawings[h].runs, drawings[h].detail, out);
+    out << "</g>\n";
+  }
+  out << "</defs>\n";
+
+  WriteAxis(end, px_per_ns, plot_bottom, out);
 
   // Labels stay put; the plot zooms and pans inside its own viewport.
   int y = kTop;
@@ -605,21 +671,7 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
     out << "\n";
     y += kRowHeight;
   }
-  // Job-wide marks: failures and round starts, across all rows.
-  int64_t last_px = -10;
-  for (const Mark& m : timeline.marks) {
-    if (m.node != Mark::kJob) continue;
-    const double x = x_of(m.at_ns);
-    const auto px = static_cast<int64_t>(x * kMaxDetail);
-    if (m.kind == MarkKind::kRestart && px == last_px) continue;
-    last_px = px;
-    const char* colour = m.kind == MarkKind::kRestart ? "#2171b5" : "#cb181d";
-    out << fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"1\" "
-                       "stroke-dasharray=\"{}\" opacity=\"0.7\" vector-effect=\"non-scaling-stroke\">"
-                       "<title>{} at {}</title></line>\n",
-                       x, kTop, x, y, colour, m.kind == MarkKind::kRestart ? "3,2" : "none", HtmlEscape(m.text),
-                       HumanDuration(Duration(m.at_ns)));
-  }
+  WriteJobMarks(timeline, px_per_ns, y, out);
   out << "</g></svg>\n";
   const size_t band_rows = static_cast<size_t>(std::count_if(rows.begin(), rows.end(), [](const Row& r) { return !r.node; }));
   out << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#555\">{}; {} node{} in {} row{}{}{}</text>\n", kLabelWidth,
@@ -627,8 +679,8 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
                      rows.size() == 1 ? "" : "s",
                      band_rows == 0 ? "" : fmt::format(" ({} band{} of nodes that lived the same phases)", band_rows,
                                                        band_rows == 1 ? "" : "s"),
-                     folded == 0 ? "" : fmt::format("; {} faulted nodes beyond the first {} are in the bands",
-                                                    folded, kMaxOwnRows));
+                     page.folded == 0 ? "" : fmt::format("; {} faulted nodes beyond the first {} are in the bands",
+                                                    page.folded, kMaxOwnRows));
   out << "</svg>\n<pre>" << HtmlEscape(summary) << "</pre>\n<script>" << kZoomScript << "</script>\n</body></html>\n";
 }
 
