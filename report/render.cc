@@ -370,7 +370,8 @@ struct RowsOfPage {
   std::map<size_t, std::vector<uint32_t>> bands;  // history -> its nodes
   size_t folded = 0;                              // faulted nodes beyond kMaxOwnRows, in bands
 };
-RowsOfPage PlanRows(const Timeline& timeline, const std::vector<bool>& marked, const std::vector<size_t>& history_of) {
+RowsOfPage PlanRows(const Timeline& timeline, const std::vector<bool>& marked,
+                    const std::vector<size_t>& history_of) {
   const size_t n = timeline.labels.size();
   RowsOfPage page;
   std::vector<Row>& rows = page.rows;
@@ -539,7 +540,8 @@ void WriteAxis(int64_t end, double px_per_ns, int plot_bottom, std::ostream& out
 }
 
 /// The page up to the plot: its style, title, legend, zoom buttons and the <svg> element.
-void WritePageHead(const Timeline& timeline, int width, int height, int64_t end, int plot_bottom, std::ostream& out) {
+void WritePageHead(const Timeline& timeline, int width, int height, int64_t end, int plot_bottom,
+                   std::ostream& out) {
   out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << HtmlEscape(timeline.kind) << ": "
       << HtmlEscape(timeline.title) << "</title>\n<style>body{font-family:sans-serif;margin:16px;"
       << "color:#222}pre{background:#f7f7f7;padding:10px;font-size:12px;white-space:pre-wrap}"
@@ -547,7 +549,8 @@ void WritePageHead(const Timeline& timeline, int width, int height, int64_t end,
       << ".legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px;"
       << "border:1px solid #999}.zoom{font-size:12px;margin:6px 0}.zoom button{margin-right:4px}"
       << "svg{user-select:none}</style></head><body>\n";
-  out << "<h2>" << HtmlEscape(timeline.kind) << ": " << HtmlEscape(timeline.title) << "</h2>\n<div class=\"legend\">";
+  out << "<h2>" << HtmlEscape(timeline.kind) << ": " << HtmlEscape(timeline.title)
+      << "</h2>\n<div class=\"legend\">";
   for (size_t p = 1; p < kPhases; ++p) {
     out << "<span><i style=\"background:" << kColours[p] << "\"></i>"
         << NodePhaseName(static_cast<NodePhase>(p)) << "</span>";
@@ -557,10 +560,11 @@ void WritePageHead(const Timeline& timeline, int width, int height, int64_t end,
       << "<div class=\"zoom\"><button id=\"zin\">zoom in</button><button id=\"zout\">zoom out</button>"
       << "<button id=\"zreset\">whole run</button> wheel: zoom at the pointer; drag: pan; keys + - 0 "
       << "<b id=\"zoomlevel\"></b></div>\n";
-  out << fmt::format("<svg id=\"tl\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-                     "font-size=\"11\" font-family=\"sans-serif\" data-left=\"{}\" data-width=\"{}\" "
-                     "data-end=\"{}\" data-top=\"{}\" data-bottom=\"{}\" data-maxzoom=\"{}\">\n",
-                     width, height, kLabelWidth, kPlotWidth, end, kTop, plot_bottom, kMaxZoom);
+  out << fmt::format(
+      "<svg id=\"tl\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-size=\"11\" font-family=\"sans-serif\" data-left=\"{}\" data-width=\"{}\" "
+      "data-end=\"{}\" data-top=\"{}\" data-bottom=\"{}\" data-maxzoom=\"{}\">\n",
+      width, height, kLabelWidth, kPlotWidth, end, kTop, plot_bottom, kMaxZoom);
 }
 
 /// Job-wide marks: failures and round starts, across all rows (down to `bottom`).
@@ -575,11 +579,12 @@ void WriteJobMarks(const Timeline& timeline, double px_per_ns, int bottom, std::
     if (m.kind == MarkKind::kRestart && px == last_px) continue;
     last_px = px;
     const char* colour = m.kind == MarkKind::kRestart ? "#2171b5" : "#cb181d";
-    out << fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"1\" "
-                       "stroke-dasharray=\"{}\" opacity=\"0.7\" vector-effect=\"non-scaling-stroke\">"
-                       "<title>{} at {}</title></line>\n",
-                       x, kTop, x, y, colour, m.kind == MarkKind::kRestart ? "3,2" : "none", HtmlEscape(m.text),
-                       HumanDuration(Duration(m.at_ns)));
+    out << fmt::format(
+        "<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"1\" "
+        "stroke-dasharray=\"{}\" opacity=\"0.7\" vector-effect=\"non-scaling-stroke\">"
+        "<title>{} at {}</title></line>\n",
+        x, kTop, x, y, colour, m.kind == MarkKind::kRestart ? "3,2" : "none", HtmlEscape(m.text),
+        HumanDuration(Duration(m.at_ns)));
   }
 }
 
@@ -674,13 +679,15 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
   WriteJobMarks(timeline, px_per_ns, y, out);
   out << "</g></svg>\n";
   const size_t band_rows = static_cast<size_t>(std::count_if(rows.begin(), rows.end(), [](const Row& r) { return !r.node; }));
-  out << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#555\">{}; {} node{} in {} row{}{}{}</text>\n", kLabelWidth,
-                     y + 20, HtmlEscape(timeline.clock), n, n == 1 ? "" : "s", rows.size(),
-                     rows.size() == 1 ? "" : "s",
-                     band_rows == 0 ? "" : fmt::format(" ({} band{} of nodes that lived the same phases)", band_rows,
-                                                       band_rows == 1 ? "" : "s"),
-                     page.folded == 0 ? "" : fmt::format("; {} faulted nodes beyond the first {} are in the bands",
-                                                    page.folded, kMaxOwnRows));
+  out << fmt::format(
+      "<text x=\"{}\" y=\"{}\" fill=\"#555\">{}; {} node{} in {} row{}{}{}</text>\n", kLabelWidth, y + 20,
+      HtmlEscape(timeline.clock), n, n == 1 ? "" : "s", rows.size(), rows.size() == 1 ? "" : "s",
+      band_rows == 0 ? ""
+                     : fmt::format(" ({} band{} of nodes that lived the same phases)", band_rows,
+                                   band_rows == 1 ? "" : "s"),
+      page.folded == 0
+          ? ""
+          : fmt::format("; {} faulted nodes beyond the first {} are in the bands", page.folded, kMaxOwnRows));
   out << "</svg>\n<pre>" << HtmlEscape(summary) << "</pre>\n<script>" << kZoomScript << "</script>\n</body></html>\n";
 }
 
