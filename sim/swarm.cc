@@ -11,6 +11,71 @@
 
 namespace ddprun::sim {
 
+namespace {
+
+/// etcd's faults and the loss of the first coordinator's host, for jobs that keep their state
+/// in etcd: 1 to 3, from `rng` after the others.
+void DrawEtcdFaults(Prng& rng, int nnodes, Duration window, std::vector<FaultSpec>& faults) {
+  auto seconds_between = [&](Duration lo, Duration hi) {
+    return Duration(rng.Between(lo, hi).count() / 1'000'000'000 * 1'000'000'000);
+  };
+  const uint64_t more = 1 + rng.Below(3);
+  for (uint64_t i = 0; i < more; ++i) {
+    FaultSpec fault;
+    fault.at = Duration(rng.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
+    const uint64_t pick = rng.Below(100);
+    if (pick < 25) {
+      fault.kind = FaultKind::kEtcdMemberDown;  // a quorum remains: nothing happens
+      fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(kSimulatedEtcdMembers)));
+      fault.duration = seconds_between(Seconds(5), Minutes(3));
+    } else if (pick < 40) {
+      // Two members down at once: no quorum until one returns.
+      fault.kind = FaultKind::kEtcdMemberDown;
+      fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(kSimulatedEtcdMembers)));
+      fault.duration = seconds_between(Seconds(5), Minutes(2));
+      FaultSpec second = fault;
+      second.node = (fault.node + 1 + static_cast<int>(rng.Below(2))) % kSimulatedEtcdMembers;
+      second.at = fault.at + seconds_between(Duration(0), *fault.duration);
+      second.duration = seconds_between(Seconds(5), Minutes(2));
+      faults.push_back(second);
+    } else if (pick < 60) {
+      fault.kind = FaultKind::kEtcdLeaderLost;
+      fault.duration = seconds_between(Seconds(1), Seconds(2));
+    } else if (pick < 85) {
+      fault.kind = FaultKind::kEtcdPartition;
+      fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
+      fault.duration = seconds_between(Seconds(1), Minutes(3));
+    } else {
+      // Node 0's host dies, for good or for a while: the coordinator's, when node 0's agent
+      // won the first campaign (a race).
+      fault.kind = FaultKind::kNodeCrash;
+      fault.node = 0;
+      if (rng.Below(2) == 0) fault.reboot_after = seconds_between(Seconds(20), Minutes(5));
+    }
+    faults.push_back(fault);
+  }
+}
+
+/// In a third of the seeds, a rank that stalls for 0.8x-1.2x of timeouts.progress and then
+/// goes on: the lengths at which a hang verdict can be wrong (issue 37). From a stream of its
+/// own, so that every other mix stays the same.
+std::optional<FaultSpec> DrawNearTimeoutStall(Duration progress, uint64_t seed, int nnodes, int nproc,
+                                              Duration window) {
+  Prng near(seed, 0x4e52);
+  if (near.Below(3) != 0) return std::nullopt;
+  FaultSpec stall;
+  stall.kind = FaultKind::kWorkerHang;
+  stall.at = Duration(near.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
+  stall.node = static_cast<int>(near.Below(static_cast<uint64_t>(nnodes)));
+  stall.local_rank = static_cast<int>(near.Below(static_cast<uint64_t>(nproc)));
+  const int64_t progress_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(progress).count();
+  stall.duration = std::chrono::milliseconds(progress_ms * (800 + static_cast<int64_t>(near.Below(401))) / 1000);
+  return stall;
+}
+
+}  // namespace
+
 std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
   Prng rng(seed, 0x5a4d);  // its own stream: the run itself draws from the seed's other streams
   // Faults land on any host of the job: the nodes and the spares (node nnodes + i is spare i).
@@ -84,62 +149,12 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
   }
   // Jobs that keep their state in etcd also get etcd's faults and the loss of the first
   // coordinator's host, drawn last for the same reason.
-  if (spec.rendezvous.Etcd()) {
-    auto seconds_between = [&](Duration lo, Duration hi) {
-      return Duration(rng.Between(lo, hi).count() / 1'000'000'000 * 1'000'000'000);
-    };
-    const uint64_t more = 1 + rng.Below(3);
-    for (uint64_t i = 0; i < more; ++i) {
-      FaultSpec fault;
-      fault.at = Duration(rng.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
-      const uint64_t pick = rng.Below(100);
-      if (pick < 25) {
-        fault.kind = FaultKind::kEtcdMemberDown;  // a quorum remains: nothing happens
-        fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(kSimulatedEtcdMembers)));
-        fault.duration = seconds_between(Seconds(5), Minutes(3));
-      } else if (pick < 40) {
-        // Two members down at once: no quorum until one returns.
-        fault.kind = FaultKind::kEtcdMemberDown;
-        fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(kSimulatedEtcdMembers)));
-        fault.duration = seconds_between(Seconds(5), Minutes(2));
-        FaultSpec second = fault;
-        second.node = (fault.node + 1 + static_cast<int>(rng.Below(2))) % kSimulatedEtcdMembers;
-        second.at = fault.at + seconds_between(Duration(0), *fault.duration);
-        second.duration = seconds_between(Seconds(5), Minutes(2));
-        faults.push_back(second);
-      } else if (pick < 60) {
-        fault.kind = FaultKind::kEtcdLeaderLost;
-        fault.duration = seconds_between(Seconds(1), Seconds(2));
-      } else if (pick < 85) {
-        fault.kind = FaultKind::kEtcdPartition;
-        fault.node = static_cast<int>(rng.Below(static_cast<uint64_t>(nnodes)));
-        fault.duration = seconds_between(Seconds(1), Minutes(3));
-      } else {
-        // Node 0's host dies, for good or for a while: the coordinator's, when node 0's agent
-        // won the first campaign (a race).
-        fault.kind = FaultKind::kNodeCrash;
-        fault.node = 0;
-        if (rng.Below(2) == 0) fault.reboot_after = seconds_between(Seconds(20), Minutes(5));
-      }
-      faults.push_back(fault);
-    }
-  }
+  if (spec.rendezvous.Etcd()) DrawEtcdFaults(rng, nnodes, window, faults);
   // Jobs with an explicit timeouts.progress also get, in a third of the seeds, a rank that
   // stalls for 0.8x-1.2x of it and then goes on: the lengths at which a hang verdict can be
   // wrong (issue 37). From a stream of its own, drawn last: every other mix stays the same.
   if (spec.timeouts.progress) {
-    Prng near(seed, 0x4e52);
-    if (near.Below(3) == 0) {
-      FaultSpec stall;
-      stall.kind = FaultKind::kWorkerHang;
-      stall.at = Duration(near.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
-      stall.node = static_cast<int>(near.Below(static_cast<uint64_t>(nnodes)));
-      stall.local_rank = static_cast<int>(near.Below(static_cast<uint64_t>(nproc)));
-      const int64_t progress_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(*spec.timeouts.progress).count();
-      stall.duration = std::chrono::milliseconds(progress_ms * (800 + static_cast<int64_t>(near.Below(401))) / 1000);
-      faults.push_back(stall);
-    }
+    if (auto stall = DrawNearTimeoutStall(*spec.timeouts.progress, seed, nnodes, nproc, window)) faults.push_back(*stall);
   }
   return faults;
 }
