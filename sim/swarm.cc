@@ -68,9 +68,9 @@ std::optional<FaultSpec> DrawNearTimeoutStall(Duration progress, uint64_t seed, 
   stall.at = Duration(near.Between(Duration(0), window).count() / 1'000'000 * 1'000'000);
   stall.node = static_cast<int>(near.Below(static_cast<uint64_t>(nnodes)));
   stall.local_rank = static_cast<int>(near.Below(static_cast<uint64_t>(nproc)));
-  const int64_t progress_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(progress).count();
-  stall.duration = std::chrono::milliseconds(progress_ms * (800 + static_cast<int64_t>(near.Below(401))) / 1000);
+  const int64_t progress_ms = std::chrono::duration_cast<std::chrono::milliseconds>(progress).count();
+  stall.duration =
+      std::chrono::milliseconds(progress_ms * (800 + static_cast<int64_t>(near.Below(401))) / 1000);
   return stall;
 }
 
@@ -154,7 +154,8 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
   // stalls for 0.8x-1.2x of it and then goes on: the lengths at which a hang verdict can be
   // wrong (issue 37). From a stream of its own, drawn last: every other mix stays the same.
   if (spec.timeouts.progress) {
-    if (auto stall = DrawNearTimeoutStall(*spec.timeouts.progress, seed, nnodes, nproc, window)) faults.push_back(*stall);
+    if (auto stall = DrawNearTimeoutStall(*spec.timeouts.progress, seed, nnodes, nproc, window))
+      faults.push_back(*stall);
   }
   return faults;
 }
