@@ -18,14 +18,23 @@ cd "$dir"
 
 free_port
 ddprun_job "$dir/job8.toml" launch 1 8 "$PORT" 0 30s '["true"]'
-for impl in dynamic portable; do
-  binary=$DYNAMIC
-  [[ $impl == portable ]] && binary=$PORTABLE
-  wait_quiet "package: launch, $impl"
-  hf -N --runs "$RUNS" --warmup 2 "timeout -k 5 30 $binary job8.toml --node-rank 0"
-  record_hyperfine "package-launch" "$S" "1 node x 8, \`true\`, start to exit" "ddprun ($impl)" "$HF_JSON" \
-    "hyperfine -N --runs $RUNS --warmup 2 \"timeout -k 5 30 $(rel "$binary") job8.toml --node-rank 0\" (nnodes = 1, devices = 8, command = [\"true\"])"
-done
+# Both binaries through one measurement: ID, WHAT (the table's row), RUNS, WARMUP, the command
+# with @BIN@ for the binary, the command as the table shows it, and a NOTE after it (optional).
+measure_both() {
+  local id=$1 what=$2 runs=$3 warmup=$4 args=$5 shown_args=$6 note=${7:-} impl binary
+  for impl in dynamic portable; do
+    binary=$DYNAMIC
+    [[ $impl == portable ]] && binary=$PORTABLE
+    wait_quiet "package: $id, $impl"
+    hf -N --runs "$runs" --warmup "$warmup" "${args/@BIN@/$binary}"
+    record_hyperfine "$id" "$S" "$what" "ddprun ($impl)" "$HF_JSON" \
+      "hyperfine -N --runs $runs --warmup $warmup \"${shown_args/@BIN@/$(rel "$binary")}\"$note"
+  done
+}
+
+measure_both package-launch "1 node x 8, \`true\`, start to exit" "$RUNS" 2 \
+  "timeout -k 5 30 @BIN@ job8.toml --node-rank 0" \
+  "timeout -k 5 30 @BIN@ job8.toml --node-rank 0" ' (nnodes = 1, devices = 8, command = ["true"])'
 free_port
 torchrun_args 1 8 0 "$PORT" 0 0.1
 wait_quiet "package: launch, torchrun"
@@ -33,12 +42,6 @@ hf -N --runs "$TR_RUNS" --warmup 1 "timeout -k 5 120 ${TR_ARGS[*]} true"
 record_hyperfine "package-launch" "$S" "1 node x 8, \`true\`, start to exit" "torchrun --monitor_interval 0.1" "$HF_JSON" \
   "hyperfine -N --runs $TR_RUNS --warmup 1 \"${TR_ARGS[*]} true\""
 
-for impl in dynamic portable; do
-  binary=$DYNAMIC
-  [[ $impl == portable ]] && binary=$PORTABLE
-  wait_quiet "package: simulate 16384, $impl"
-  hf -N --runs "$SIM_RUNS" --warmup 1 "$binary --simulate $BENCH_DIR/sim_scale.toml --nodes 16384"
-  record_hyperfine "package-sim" "$S" "\`ddprun --simulate bench/sim_scale.toml --nodes 16384\`" "ddprun ($impl)" "$HF_JSON" \
-    "hyperfine -N --runs $SIM_RUNS --warmup 1 \"$(rel "$binary") --simulate bench/sim_scale.toml --nodes 16384\""
-done
+measure_both package-sim "\`ddprun --simulate bench/sim_scale.toml --nodes 16384\`" "$SIM_RUNS" 1 \
+  "@BIN@ --simulate $BENCH_DIR/sim_scale.toml --nodes 16384" "@BIN@ --simulate bench/sim_scale.toml --nodes 16384"
 log "results in $RESULTS"
