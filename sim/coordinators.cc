@@ -107,7 +107,7 @@ void CoordinatorWatch::CheckRole(uint32_t index) {
   if (!coordinator) return;
   if (etcd_) {
     seen.epoch = ++coordinator_epochs_;
-    seen.launch = LaunchOf(*nodes_[index].host->election());
+    seen.launch = LaunchOf(nodes_[index].host->role().RecordKey());
     invariants_.SetCoordinatorNode(index);
   } else {
     seen.launch = node0_incarnation_;
@@ -167,17 +167,18 @@ void CoordinatorWatch::Restarts(Seen& seen, int used) {
 uint64_t CoordinatorWatch::RoundEpochOf(uint32_t index) const {
   if (!etcd_) return coordinator_incarnation_;
   const Node& n = nodes_[index];
-  if (!n.host || !n.host->election()) return 0;
-  auto it = launch_of_key_.find(n.host->election()->state_key());
+  if (!n.host || n.host->role().RecordKey().empty()) return 0;
+  auto it = launch_of_key_.find(std::string(n.host->role().RecordKey()));
   return it == launch_of_key_.end() ? 0 : it->second;
 }
 
-uint64_t CoordinatorWatch::LaunchOf(const host::Election& election) {
+uint64_t CoordinatorWatch::LaunchOf(std::string_view record_key) {
   // The new holder read the state just before it took the role, and nothing has written it
   // since: its own first writes are still on their way.
-  const auto entry = etcd_->Peek(election.state_key());
-  const auto state = entry ? host::ParseJobRecord(entry->value) : std::nullopt;
-  uint64_t& launch = launch_of_key_[election.state_key()];
+  const std::string key(record_key);
+  const auto entry = etcd_->Peek(key);
+  const auto state = entry ? core::ParseJobRecord(entry->value) : std::nullopt;
+  uint64_t& launch = launch_of_key_[key];
   // No state yet is the first launch still (its first holder may have gone before writing).
   if (launch == 0 || (state && state->done)) launch = ++launches_;
   return launch;

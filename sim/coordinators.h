@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "runner/host/election.h"
+#include "runner/core/coordinator.h"
+#include "runner/core/election.h"
 #include "runner/host/ports.h"
 #include "sim/parts.h"
 
@@ -75,7 +76,7 @@ class CoordinatorWatch {
   void Restarts(Seen& seen, int used);
   /// etcd: the launch of the job a coordinator that just took the role runs, from what etcd
   /// holds under its state key: the current one, or a new one when the state says it ended.
-  uint64_t LaunchOf(const host::Election& election);
+  uint64_t LaunchOf(std::string_view record_key);
 
   Loop& loop_;
   Nodes& nodes_;

@@ -5,9 +5,9 @@
 // keeps it (core::CommitRound, RecordWorkers, RecordRestart, RecordEnd, RecordQuarantine, and
 // CoordinatorDone); NodeHost hands each to its keeper:
 //   - JournalRecord: node 0's journal file (host::Journal). A local write: it answers at once.
-//   - Election (runner/host/election.h): the job's keys in etcd, written only while this agent
-//     holds the coordinator role. Commit and RecordEnd are answered later, through the
-//     election's listener, or never if the role was lost.
+//   - ElectedRole (runner/host/coordinator_role.h): the job's keys in etcd, written only while
+//     this agent holds the coordinator role (core::Election). Commit and RecordEnd are answered
+//     later, through the role's listener, or never if the role was lost.
 
 #include <optional>
 #include <string>

@@ -50,15 +50,6 @@ core::Agent::Config WithProgress(core::Agent::Config config, const ProcessLaunch
   return config;
 }
 
-/// "host:port" or "[v6]:port" split; port 0 when there is none.
-std::pair<std::string, uint16_t> SplitEndpoint(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const auto port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
-  return {host, static_cast<uint16_t>(port >= 0 && port <= 65535 ? port : 0)};
-}
-
 /// A failed probe in the words of the probe's summary: what the system said and what it means.
 std::string ProbeError(core::ConnectError error, const std::string& detail) {
   switch (error) {
@@ -88,40 +79,39 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
       ports_(ports),
       on_exit_(std::move(on_exit)),
       agent_(spec, WithProgress(config, *ports.launcher)),
-      recorder_(spec, config, ports.events),
-      agent_index_(config.node_rank) {
+      recorder_(spec, config, ports.events) {
   DDPRUN_ASSERT(ports_.clock && ports_.timer && ports_.transport && ports_.launcher && ports_.console);
   unproven_frame_limit_ = static_cast<uint32_t>(
       std::min<size_t>(wire::kMaxPayload, kUnprovenFrameBase + 2 * config.canonical.size()));
+  CoordinatorRole::Listener listener;
+  listener.found = [this](const CoordinatorAt& at) {
+    if (!awaiting_coordinator_) return;
+    awaiting_coordinator_ = false;
+    ConnectTo(at);
+  };
+  listener.lookup_failed = [this](const std::string& why) {
+    if (!awaiting_coordinator_) return;
+    awaiting_coordinator_ = false;
+    RunAgent(core::MasterConnectFailed{core::ConnectError::kStore, why});
+  };
+  listener.lead = [this] { Lead(); };
+  listener.step_down = [this](const std::string& why) { StepDown(why); };
+  listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
+  listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
+  listener.flushed = [this] { MaybeFinish(); };
+  // The one place the backend is chosen: with etcd whichever agent holds the role runs the
+  // coordinator, on its own host's address; without, node 0 does, on master_addr.
   if (ports_.store) {
-    // etcd: whichever agent holds the role runs the coordinator, on its own host's address.
-    own_addr_ = config.master_at.empty() ? spec.cluster.HostOf(config.node_rank) : config.master_at;
-    Election::Listener listener;
-    listener.found = [this](const std::string& endpoint) {
-      if (!awaiting_coordinator_) return;
-      awaiting_coordinator_ = false;
-      ConnectTo(endpoint);
-    };
-    listener.lookup_failed = [this](const std::string& why) {
-      if (!awaiting_coordinator_) return;
-      awaiting_coordinator_ = false;
-      RunAgent(core::MasterConnectFailed{core::ConnectError::kStore, why});
-    };
-    listener.lead = [this](const std::optional<core::JobRecord>&) { Lead(); };
-    listener.step_down = [this](const std::string& why) { StepDown(why); };
-    listener.committed = [this](int round) { RunCoordinator(core::RoundCommitted{round}); };
-    listener.end_recorded = [this] { RunCoordinator(core::EndRecorded{}); };
-    listener.flushed = [this] { MaybeFinish(); };
-    election_ = std::make_unique<Election>(spec, config.fingerprint, config.node_rank,
-                                           fmt::format("{}:{}", own_addr_, spec.cluster.master_port),
-                                           *ports_.store, std::move(listener));
+    std::string addr = config.master_at.empty() ? spec.cluster.HostOf(config.node_rank) : config.master_at;
+    role_ = std::make_unique<ElectedRole>(spec, config.fingerprint, config.node_rank, std::move(addr), *ports_.store,
+                                          std::move(listener));
     ports_.store->SetEvents(this);
-    record_ = election_.get();
-  } else if (config.node_rank == 0) {
-    journal_record_ = std::make_unique<JournalRecord>(ports_.journal);
-    record_ = journal_record_.get();
+  } else {
+    role_ = std::make_unique<StaticRole>(spec, config.node_rank, config.master_at, ports_.journal, std::move(listener));
+  }
+  if (role_->HeldFromStart()) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
-    if (!config.master_at.empty()) coordinator_->SetMasterAddr(config.master_at);
+    role_->Seat(*coordinator_);
     // The instance is the driver's randomness; it seeds the challenge nonces.
     if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
   }
@@ -139,7 +129,7 @@ NodeHost::~NodeHost() {
 Status NodeHost::Start() {
   recorder_.Started(ports_.clock->Now());
   if (coordinator_) {
-    const Status listening = ports_.transport->Listen(MasterAddr(), spec_.cluster.master_port);
+    const Status listening = ports_.transport->Listen(role_->ListenAddr(), spec_.cluster.master_port);
     if (!listening) return listening;
     if (Inherit(ports_.clock->Now())) RunCoordinator(core::Tick{});
   }
@@ -150,43 +140,34 @@ Status NodeHost::Start() {
   return {};
 }
 
-const std::string& NodeHost::MasterAddr() const {
-  const std::string& at = agent_.config().master_at;
-  return at.empty() ? spec_.cluster.master_addr : at;
-}
-
 void NodeHost::OnTimer() {
   RunAgent(core::Tick{});
   if (coordinator_) RunCoordinator(core::Tick{});
-  if (election_ && !finished_) {
-    election_->OnTick(ports_.clock->Now());
-    if (!finished_) Rearm();
-  }
+  if (!finished_ && role_->OnTick(ports_.clock->Now()) && !finished_) Rearm();
 }
 
 void NodeHost::OnStoreResult(const StoreResult& result) {
-  if (!election_ || finished_) return;
-  election_->OnStoreResult(ports_.clock->Now(), result);
+  if (finished_) return;
+  role_->OnStoreResult(ports_.clock->Now(), result);
   if (!finished_) Rearm();
 }
 
-void NodeHost::ConnectTo(const std::string& endpoint) {
-  const auto [host, port] = SplitEndpoint(endpoint);
-  agent_.SetCoordinatorEndpoint(endpoint);
+void NodeHost::ConnectTo(const CoordinatorAt& at) {
+  if (!at.endpoint.empty()) agent_.SetCoordinatorEndpoint(at.endpoint);
   if (master_conn_) ports_.transport->Close(*master_conn_);
-  master_conn_ = ports_.transport->Connect(host, port);
+  master_conn_ = ports_.transport->Connect(at.host, at.port);
 }
 
 void NodeHost::Lead() {
   const TimePoint now = ports_.clock->Now();
   if (!listening_) {
-    const Status listening = ports_.transport->Listen(own_addr_, spec_.cluster.master_port);
+    const Status listening = ports_.transport->Listen(role_->ListenAddr(), spec_.cluster.master_port);
     if (!listening) {
       ports_.console->Log(core::LogLevel::kError, "coordinator",
                           fmt::format("this agent holds the coordinator role but cannot listen: {}; "
                                       "letting it go",
                                       listening.error()));
-      election_->Resign(now);
+      role_->Resign(now);
       return;
     }
     listening_ = true;
@@ -196,20 +177,19 @@ void NodeHost::Lead() {
   const core::Agent::Config& config = agent_.config();
   coordinator_ = std::make_unique<core::Coordinator>(spec_, config.canonical, now);
   coordinator_done_ = false;
-  coordinator_->PlaceRankZero(agent_index_, own_addr_);
+  role_->Seat(*coordinator_);
   if (!config.secret.empty()) coordinator_->RequireSecret(config.secret, config.instance);
   ports_.console->Log(core::LogLevel::kInfo, "coordinator",
-                      fmt::format("this agent holds the coordinator role now (etcd key {}, "
-                                  "rendezvous.lease = {}); it plays node rank 0, and {} is every "
-                                  "round's MASTER_ADDR",
-                                  election_->role_key(), FormatDuration(spec_.rendezvous.lease), own_addr_));
+                      fmt::format("this agent holds the coordinator role now ({}); it plays node rank 0, "
+                                  "and {} is every round's MASTER_ADDR",
+                                  role_->Holding(), role_->ListenAddr()));
   Inherit(now);
   RunCoordinator(core::Tick{});
 }
 
 bool NodeHost::Inherit(TimePoint now) {
   // Whoever kept the record, the coordinator starts from it the same way.
-  const Inheritance from = record_->Inherited();
+  const Inheritance from = role_->Inherited();
   if (from.workers_may_run_since) {
     coordinator_->AfterUncleanEnd(now, *from.workers_may_run_since, coordinator_effects_, from.earlier);
   }
@@ -245,14 +225,14 @@ void NodeHost::StepDown(const std::string& why) {
 void NodeHost::OnSignal(int signal) { RunAgent(core::SignalReceived{signal}); }
 
 void NodeHost::OnAccepted(ConnId conn, std::string peer_addr) {
-  if (election_ && !coordinator_) {
+  if (!coordinator_) {
     // Stepped down: nobody here answers; the agent looks the holder up again.
     ports_.transport->Close(conn);
     return;
   }
   decoders_[conn].SetFrameLimit(unproven_frame_limit_);
   Unproven(conn, 0);
-  if (coordinator_) RunCoordinator(core::PeerAccepted{conn, std::move(peer_addr)});
+  RunCoordinator(core::PeerAccepted{conn, std::move(peer_addr)});
 }
 
 void NodeHost::Unproven(ConnId conn, size_t buffered) {
@@ -386,8 +366,8 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
   const TimePoint now = ports_.clock->Now();
   recorder_.AgentInput(now, input, agent_);
   agent_.Handle(now, input, effects);
-  if (election_ && (agent_.phase() == core::Agent::Phase::kWaiting || agent_.phase() == core::Agent::Phase::kRunning)) {
-    election_->TookPart();
+  if (agent_.phase() == core::Agent::Phase::kWaiting || agent_.phase() == core::Agent::Phase::kRunning) {
+    role_->TookPart(now);
   }
   for (size_t i = 0; i < effects.size(); ++i) {
     auto& effect = effects[i];
@@ -398,14 +378,10 @@ void NodeHost::RunAgent(const core::AgentInput& input) {
         decoders_.erase(*master_conn_);
         master_conn_.reset();
       }
-      if (election_) {
-        // Answered by ConnectTo, at once while this agent holds the role, or by a connect
-        // failure the agent retries.
-        awaiting_coordinator_ = true;
-        election_->Lookup(now);
-      } else {
-        master_conn_ = ports_.transport->Connect(MasterAddr(), spec_.cluster.master_port);
-      }
+      // Answered by ConnectTo (at once when the address is known: the job file's, or this
+      // agent holds the role), or by a connect failure the agent retries.
+      awaiting_coordinator_ = true;
+      role_->Lookup(now);
     } else if (auto* send = std::get_if<core::SendToMaster>(&effect)) {
       if (master_conn_) ports_.transport->Send(*master_conn_, wire::Encode(send->message));
     } else if (std::holds_alternative<core::DisconnectFromMaster>(effect)) {
@@ -483,19 +459,19 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* log = std::get_if<core::LogLine>(&effect)) {
       ports_.console->Log(log->level, "coordinator", log->text);
     } else if (auto* record = std::get_if<core::RecordWorkers>(&effect)) {
-      record_->RecordWorkers(now, record->rounds_may_run);
+      role_->RecordWorkers(now, record->rounds_may_run);
     } else if (auto* quarantine = std::get_if<core::RecordQuarantine>(&effect)) {
-      record_->RecordQuarantine(now, quarantine->hosts);
+      role_->RecordQuarantine(now, quarantine->hosts);
     } else if (auto* commit = std::get_if<core::CommitRound>(&effect)) {
       // A keeper that recorded it at once answers in this batch, like the store port above.
       const int round = commit->round;
-      if (record_->Commit(now, *commit)) {
+      if (role_->Commit(now, *commit)) {
         coordinator_->Handle(now, core::RoundCommitted{round}, effects);
       }
     } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
-      record_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
+      role_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
-      if (record_->RecordEnd(now, end->exit_code, end->summary)) coordinator_->Handle(now, core::EndRecorded{}, effects);
+      if (role_->RecordEnd(now, end->exit_code, end->summary)) coordinator_->Handle(now, core::EndRecorded{}, effects);
     } else if (auto* observed = std::get_if<core::Observed>(&effect)) {
       if (ports_.observer) ports_.observer->Observe(now, observed->what);
       // A revised root cause is the same failure: the clock counts from the round's first.
@@ -510,14 +486,14 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
       coordinator_done_ = true;
       ports_.transport->SetStoreRelay(0);
       // Every agent heard the end, or the exit barrier passed: a new launch starts afresh.
-      record_->RecordDone(now);
+      role_->RecordDone(now);
     }
   }
   effects.clear();
-  if (give_up && election_) {
+  if (give_up) {
     // Only an elected holder gives the role up (Coordinator::WeighOtherFile): revoked at once,
     // so that the agents it refused find no holder and campaign.
-    election_->Resign(now);
+    role_->Resign(now);
     StepDown("the job file of this host is outnumbered by another one");
     return;
   }
@@ -538,7 +514,7 @@ NodeMetrics NodeHost::Metrics() const {
 }
 
 std::optional<NodeHost::Quiet> NodeHost::QuietNow() const {
-  if (finished_ || election_ || agent_exit_ || !master_conn_ || !probe_conns_.empty()) return std::nullopt;
+  if (finished_ || !role_->Quiet() || agent_exit_ || !master_conn_ || !probe_conns_.empty()) return std::nullopt;
   const auto agent = agent_.Quiet();
   if (!agent) return std::nullopt;
   Quiet quiet{*agent, *master_conn_, std::nullopt};
@@ -565,7 +541,7 @@ bool NodeHost::SkipQuiet(const AgentSkip& agent, const std::optional<Coordinator
     coordinator_->SkipQuiet(coordinator->next_beat, coordinator->beat, coordinator->heard, coordinator->last_input, out);
     for (const core::CoordinatorEffect& effect : out) {
       if (const auto* record = std::get_if<core::RecordWorkers>(&effect)) {
-        record_->RecordWorkers(now, record->rounds_may_run);
+        role_->RecordWorkers(now, record->rounds_may_run);
         recorded = recorded || record->rounds_may_run;
       }
     }
@@ -582,10 +558,7 @@ void NodeHost::Rearm() {
     auto c = coordinator_->NextDeadline();
     if (c && (!next || *c < *next)) next = c;
   }
-  if (election_) {
-    auto e = election_->NextDeadline();
-    if (e && (!next || *e < *next)) next = e;
-  }
+  if (auto r = role_->NextDeadline(); r && (!next || *r < *next)) next = r;
   if (next) {
     ports_.timer->ArmAt(*next);
   } else {
@@ -596,14 +569,7 @@ void NodeHost::Rearm() {
 void NodeHost::MaybeFinish() {
   if (finished_ || !agent_exit_) return;
   if (coordinator_ && !coordinator_done_) return;  // node 0 stays until the exit barrier passes
-  if (election_) {
-    if (election_->Writing()) return;  // the job's state is not in etcd yet
-    if (!resigned_) {
-      resigned_ = true;
-      election_->Resign(ports_.clock->Now());
-    }
-    if (election_->Revoking()) return;  // the role's key goes before this agent does
-  }
+  if (!role_->LetGoOnExit(ports_.clock->Now())) return;  // the record, then the role, go first
   finished_ = true;
   ports_.timer->Disarm();
   if (master_conn_) {

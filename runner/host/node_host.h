@@ -12,7 +12,7 @@
 
 #include "runner/core/agent.h"
 #include "runner/core/coordinator.h"
-#include "runner/host/election.h"
+#include "runner/host/coordinator_role.h"
 #include "runner/host/event_recorder.h"
 #include "runner/host/metrics_text.h"
 #include "runner/host/ports.h"
@@ -94,22 +94,19 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   void OnBeacon(const core::Beacon& beacon) override;
   // StoreEvents
   void OnStoreResult(const StoreResult& result) override;
-  /// With etcd: the election (null without).
-  const Election* election() const { return election_.get(); }
+  /// Where the coordinator runs (static: node 0; etcd: the elected holder).
+  const CoordinatorRole& role() const { return *role_; }
 
  private:
-  /// Where node 0 listens and this agent connects without etcd: cluster.master_addr, or the
-  /// agent's Config::master_at.
-  const std::string& MasterAddr() const;
   void RunAgent(const core::AgentInput& input);
-  /// With etcd: this agent now holds the coordinator role.
+  /// This agent now holds the coordinator role (elected: it won the campaign).
   void Lead();
   /// The new coordinator starts from what its record's keeper read (record_->Inherited());
   /// false when there was nothing to start from.
   bool Inherit(TimePoint now);
   void StepDown(const std::string& why);
-  /// Connects the agent to the coordinator at "host:port".
-  void ConnectTo(const std::string& endpoint);
+  /// Connects the agent to its coordinator.
+  void ConnectTo(const CoordinatorAt& at);
   void RunCoordinator(const core::CoordinatorInput& input);
   void Rearm();
   void MaybeFinish();
@@ -120,14 +117,10 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   core::Agent agent_;
   EventRecorder recorder_;
   std::unique_ptr<core::Coordinator> coordinator_;
-  std::unique_ptr<Election> election_;
-  // Where the coordinator's records go: the election (etcd), or node 0's journal.
-  std::unique_ptr<JournalRecord> journal_record_;
-  JobRecordKeeper* record_ = nullptr;
+  // Where the coordinator runs, and where its records go.
+  std::unique_ptr<CoordinatorRole> role_;
   bool listening_ = false;
-  std::string own_addr_;      // etcd: this agent's host, where it listens when it holds the role
-  int agent_index_ = 0;       // which agent this is: the nodes, then the spares
-  bool awaiting_coordinator_ = false;   // etcd: the agent's connect waits for a lookup
+  bool awaiting_coordinator_ = false;   // the agent's connect waits for the role's lookup
   std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at
   // 16,384 connections on node 0.
@@ -152,7 +145,6 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   // coordinator keeps the failure, not its time (a display fact, never a decision).
   std::optional<int> failure_round_seen_;
   std::optional<TimePoint> failure_seen_at_;
-  bool resigned_ = false;  // etcd: this agent let the coordinator role go on its way out
   bool finished_ = false;
   std::vector<core::AgentEffect> start_effects_;  // the agent's, until RunAgent runs them
   std::vector<core::CoordinatorEffect> coordinator_effects_;

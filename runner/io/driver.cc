@@ -278,12 +278,113 @@ void LingerForScrape(asio::io_context& io, MetricsServer& metrics, asio::steady_
   });
 }
 
-/// A node that cannot start says why in its summary, and exits with `code`.
-int EndBeforeStart(host::Console& console, ConsoleWriter& console_writer, const std::string& why, ExitCode code) {
-  console.Summary(why);
-  console_writer.FlushForExit(kExitFlushLimitMs);
-  return core::ToInt(code);
+/// What the other nodes probe before the first round (rendezvous.probe): a port other than
+/// master_port at the address the workers' sockets use, as gloo and NCCL will listen.
+void OpenProbe(ProbeListener& listener, const JobSpec& spec, const std::optional<SocketInterface>& socket_interface,
+               core::Agent::Config& config) {
+  if (!socket_interface || spec.rendezvous.probe == JobSpec::Rendezvous::Probe::kOff || spec.cluster.Agents() <= 1) {
+    return;
+  }
+  if (auto endpoint = listener.Open(socket_interface->address)) config.probe_endpoint = *endpoint;
 }
+
+/// This agent's real ports on one loop, made in the order they need each other: what
+/// host::Ports points into. Node 0's journal lets a coordinator started again here (a reboot, a
+/// killed agent) wait for the workers of the previous one to be gone before its first round
+/// (docs/running.md).
+struct RealPorts {
+  RealPorts(asio::io_context& io, const JobSpec& spec, const NodeRunOptions& options,
+            const std::filesystem::path& job_dir, const AgentSetup& setup, Guardian& guardian,
+            const NoFileLimits& nofile)
+      // Every console line of this agent, its workers' included, goes through this writer, so
+      // a terminal that stops reading never stops the loop (heartbeats, rank logs).
+      : console_writer(io, LogsHint(setup.config.logs_dir)),
+        timer(io),
+        // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
+        transport(io, spec.timeouts.ConnectTimeout()),
+        console(console_writer, options.node_rank, options.verbose),
+        launcher(io, LauncherOptionsFor(spec, options, job_dir, setup, guardian, console_writer, nofile, console)) {
+    console.SetSummaryFooter([this] { return launcher.SummaryLines(); });
+    if (!options.print_job_summary) console.OmitJobSummary();
+    if (options.node_rank == 0) {
+      journal.emplace(setup.logs_root + "/" + spec.job.name,
+                      [this](const std::string& text) { console.Log(core::LogLevel::kWarn, "coordinator", text); });
+    }
+    events = OpenEventLog(launcher, setup.config, options, console);
+    if (events) {
+      launcher.SetStartEvents([this](const host::Event& event) { events->Record(clock.Now(), event); });
+    }
+  }
+  RealPorts(const RealPorts&) = delete;
+  RealPorts& operator=(const RealPorts&) = delete;
+
+  /// An agent that ends before its loop runs records its start and why it ended: the run's
+  /// folder then says so instead of holding an empty file (issue 39). Says why in its summary;
+  /// returns `code`.
+  int EndBeforeStart(const JobSpec& spec, const core::Agent::Config& config, const std::string& why, ExitCode code,
+                     bool start_recorded) {
+    if (events) {
+      host::EventRecorder recorder(spec, config, events.get());
+      if (!start_recorded) recorder.Started(clock.Now());
+      recorder.StartFailed(clock.Now(), core::ToInt(code), why);
+    }
+    console.Summary(why);
+    console_writer.FlushForExit(kExitFlushLimitMs);
+    return core::ToInt(code);
+  }
+
+  host::Ports Ports(host::Store* store, host::Observer* observer) {
+    return host::Ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
+                       events.get(), store, observer};
+  }
+
+  ConsoleWriter console_writer;
+  RealClock clock;
+  AsioTimer timer;
+  AsioTransport transport;
+  TerminalConsole console;
+  RealProcessLauncher launcher;
+  std::optional<FileJournal> journal;
+  std::unique_ptr<FileEventLog> events;
+};
+
+/// SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session is an interrupt like the
+/// others: the job ends everywhere with 129 and a summary, instead of this agent vanishing as
+/// if it crashed), and under `up` the controller's word: each reaches the node as a signal.
+/// Once the job is over and only the metrics linger, any of them ends the loop.
+class Interrupts {
+ public:
+  Interrupts(asio::io_context& io, host::NodeHost& node, const bool& lingering)
+      : io_(io), node_(node), lingering_(lingering), signals_(io, SIGINT, SIGTERM, SIGHUP) {
+    Wait();
+  }
+  /// Started by `up`: its controller's link (controller_link.h) signals too.
+  Status WatchController() {
+    auto watched = ControllerLink::Watch(io_, [this](int signal) { node_.OnSignal(signal); });
+    if (!watched) return Fail(watched.error());
+    controller_ = *std::move(watched);
+    return {};
+  }
+
+ private:
+  void Wait() {
+    signals_.async_wait([this](error_code ec, int signal) {
+      if (ec) return;
+      if (lingering_) {  // the job is over; only the metrics wait, and not for an interrupt
+        io_.stop();
+        return;
+      }
+      node_.OnSignal(signal);
+      Wait();
+    });
+  }
+
+  asio::io_context& io_;
+  host::NodeHost& node_;
+  const bool& lingering_;
+  asio::signal_set signals_;
+  std::unique_ptr<ControllerLink> controller_;
+};
 
 }  // namespace
 
@@ -311,52 +412,18 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   config.master_at = listen.master_at;
 
   asio::io_context io;
-  // Every console line of this agent, its workers' included, goes through this writer, so a
-  // terminal that stops reading never stops the loop (heartbeats, rank logs).
-  ConsoleWriter console_writer(io, LogsHint(config.logs_dir));
-  RealClock clock;
-  AsioTimer timer(io);
-  // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
-  AsioTransport transport(io, spec.timeouts.ConnectTimeout());
-  // What the other nodes probe before the first round (rendezvous.probe): a port other than
-  // master_port at the address the workers' sockets use, as gloo and NCCL will listen.
   ProbeListener probe_listener(io);
-  if (socket_interface && spec.rendezvous.probe != JobSpec::Rendezvous::Probe::kOff && spec.cluster.Agents() > 1) {
-    if (auto endpoint = probe_listener.Open(socket_interface->address)) config.probe_endpoint = *endpoint;
-  }
-  TerminalConsole console(console_writer, options.node_rank, options.verbose);
-  RealProcessLauncher launcher(
-      io, LauncherOptionsFor(spec, options, job_dir, setup, guardian, console_writer, nofile, console));
-  console.SetSummaryFooter([&launcher] { return launcher.SummaryLines(); });
-  if (!options.print_job_summary) console.OmitJobSummary();
-
-  // Node 0's journal lets a coordinator started again here (a reboot, a killed agent) wait for
-  // the workers of the previous one to be gone before its first round (docs/running.md).
-  std::optional<FileJournal> journal;
-  if (options.node_rank == 0) {
-    journal.emplace(setup.logs_root + "/" + spec.job.name, [&console](const std::string& text) {
-      console.Log(core::LogLevel::kWarn, "coordinator", text);
-    });
-  }
-  const std::unique_ptr<FileEventLog> events = OpenEventLog(launcher, config, options, console);
-  if (events) {
-    launcher.SetStartEvents([log = events.get(), &clock](const host::Event& event) { log->Record(clock.Now(), event); });
-  }
+  OpenProbe(probe_listener, spec, socket_interface, config);
+  RealPorts real(io, spec, options, job_dir, setup, guardian, nofile);
+  TerminalConsole& console = real.console;
   // The template's imports overlap the rendezvous.
-  launcher.StartWarm();
+  real.launcher.StartWarm();
+  auto fail_start = [&](const std::string& why, ExitCode code, bool start_recorded) {
+    return real.EndBeforeStart(spec, config, why, code, start_recorded);
+  };
   // rendezvous.backend = "etcd": the coordinator role and the job's state live in etcd, reached
   // through its JSON gateway on this loop. Nothing connects yet; files it cannot load (TLS) are
   // the job file's fault.
-  // An agent that ends before its loop runs records its start and why it ended: the run's
-  // folder then says so instead of holding an empty file (issue 39).
-  auto fail_start = [&](const std::string& why, ExitCode code, bool start_recorded) {
-    if (events) {
-      host::EventRecorder recorder(spec, config, events.get());
-      if (!start_recorded) recorder.Started(clock.Now());
-      recorder.StartFailed(clock.Now(), core::ToInt(code), why);
-    }
-    return EndBeforeStart(console, console_writer, why, code);
-  };
   std::unique_ptr<EtcdStore> etcd;
   if (spec.rendezvous.Etcd()) {
     auto created = EtcdStore::Create(io, EtcdStore::FromSpec(spec.rendezvous));
@@ -366,9 +433,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // The job's code comes from the coordinator; a loop that stops without one is a bug.
   int exit_code = core::ToInt(ExitCode::kInternal);
   // Started by `up`: the coordinator's agent tells it when the first round starts.
-  UpObserver up_observer(console_writer);
-  host::Ports ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
-                    events.get(), etcd.get(), options.controlled_by_up ? &up_observer : nullptr};
+  UpObserver up_observer(real.console_writer);
+  const host::Ports ports = real.Ports(etcd.get(), options.controlled_by_up ? &up_observer : nullptr);
   // With a metrics endpoint that lingers, the end waits for a scrape of the final state.
   std::function<void()> on_job_end = [&io] { io.stop(); };
   bool lingering = false;
@@ -376,33 +442,15 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
     exit_code = code;
     on_job_end();
   });
-  timer.SetCallback([&] { node.OnTimer(); });
-
-  // SIGHUP (a closed terminal or ssh session) is an interrupt like the others: the job ends
-  // everywhere with 129 and a summary, instead of this agent vanishing as if it crashed.
-  asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
-  std::function<void(error_code, int)> on_signal = [&](error_code ec, int signal) {
-    if (ec) return;
-    if (lingering) {  // the job is over; only the metrics wait, and not for an interrupt
-      io.stop();
-      return;
-    }
-    node.OnSignal(signal);
-    signals.async_wait(on_signal);
-  };
-  signals.async_wait(on_signal);
-  std::unique_ptr<ControllerLink> controller;
-  if (options.controlled_by_up) {
-    auto watched = ControllerLink::Watch(io, [&node](int signal) { node.OnSignal(signal); });
-    if (!watched) {
-      std::fprintf(stderr, "ddprun: error: %s\n", watched.error().c_str());
-      return core::ToInt(ExitCode::kInternal);
-    }
-    controller = *std::move(watched);
+  real.timer.SetCallback([&] { node.OnTimer(); });
+  Interrupts interrupts(io, node, lingering);
+  if (const Status watched = options.controlled_by_up ? interrupts.WatchController() : Status{}; !watched) {
+    std::fprintf(stderr, "ddprun: error: %s\n", watched.error().c_str());
+    return core::ToInt(ExitCode::kInternal);
   }
 
   LogStart(console, spec, options, config, *secret, socket_interface);
-  LimitTransport(transport, io, spec, nofile, inherited_fds, console);
+  LimitTransport(real.transport, io, spec, nofile, inherited_fds, console);
   // A master that listens on loopback in a job of several hosts fails late and far away
   // ("connection refused" on every other node): node 0 listens where the others reach it, or
   // says why it cannot, at once.
@@ -432,10 +480,10 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   io.run();
   if (metrics) metrics->Shutdown();
   guardian.StopSupervising();
-  launcher.KillAll();
+  real.launcher.KillAll();
   guardian.Release();
-  transport.Shutdown();
-  console_writer.FlushForExit(kExitFlushLimitMs);
+  real.transport.Shutdown();
+  real.console_writer.FlushForExit(kExitFlushLimitMs);
   return exit_code;
 }
 

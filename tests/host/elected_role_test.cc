@@ -1,7 +1,7 @@
-// host::Election against the simulator's etcd model (sim/sim_store.h: revisions, leases that
+// host::ElectedRole (core::Election run against a host::Store) against the simulator's etcd model (sim/sim_store.h: revisions, leases that
 // end in virtual time, a put that compares a create revision): who leads, what a new holder
 // reads, when a holder steps down, and that a deposed holder's writes are refused.
-#include "runner/host/election.h"
+#include "runner/host/coordinator_role.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -105,12 +105,12 @@ class ModelClient final : public Store {
   }
 
   /// Answers every call this client made so far (and those the answers lead to) at `now`.
-  void Deliver(Election& election, TimePoint now) {
+  void Deliver(ElectedRole& election, TimePoint now) {
     while (DeliverOne(election, now)) {
     }
   }
   /// Answers only the oldest call.
-  bool DeliverOne(Election& election, TimePoint now) {
+  bool DeliverOne(ElectedRole& election, TimePoint now) {
     etcd_.RunUntil(now);
     std::deque<StoreResult>& answers = etcd_.Answers(node_);
     while (!answers.empty() && lost_.erase(answers.front().id) > 0) answers.pop_front();
@@ -170,12 +170,14 @@ lease = "6s"
 struct Heard {
   std::vector<std::string> lines;
   std::optional<core::JobRecord> led_with;
+  const ElectedRole* role = nullptr;
 
-  Election::Listener Listener() {
-    return Election::Listener{
-        .found = [this](const std::string& e) { lines.push_back("found " + e); },
+  CoordinatorRole::Listener Listener() {
+    return CoordinatorRole::Listener{
+        .found = [this](const CoordinatorAt& at) { lines.push_back("found " + at.endpoint); },
         .lookup_failed = [this](const std::string& why) { lines.push_back("lookup failed: " + why); },
-        .lead = [this](const std::optional<core::JobRecord>& s) {
+        .lead = [this] {
+          const std::optional<core::JobRecord>& s = role->election().inherited_job();
           led_with = s;
           lines.push_back(s ? "lead, round " + std::to_string(s->next_round) : "lead afresh");
         },
@@ -197,11 +199,13 @@ class ElectionTest : public ::testing::Test {
  protected:
   ElectionTest() : spec_(core::test::SpecFromToml(std::string(kJob))), etcd_(spec_) {}
 
-  std::unique_ptr<Election> Make(int agent, Heard& heard, const std::string& fingerprint = "1a2b3c4d5e6f") {
+  std::unique_ptr<ElectedRole> Make(int agent, Heard& heard, const std::string& fingerprint = "1a2b3c4d5e6f") {
     auto& client = clients_[agent];
     client = std::make_unique<ModelClient>(etcd_, static_cast<uint32_t>(agent));
-    return std::make_unique<Election>(spec_, fingerprint, agent,
-                                      spec_.cluster.HostOf(agent) + ":29500", *client, heard.Listener());
+    auto role = std::make_unique<ElectedRole>(spec_, fingerprint, agent, spec_.cluster.HostOf(agent), *client,
+                                              heard.Listener());
+    heard.role = role.get();
+    return role;
   }
   ModelClient& Client(int agent) { return *clients_.at(agent); }
 
@@ -214,20 +218,20 @@ TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
   Heard h1, h2;
   auto e1 = Make(1, h1);
   auto e2 = Make(2, h2);
-  EXPECT_EQ(e1->role_key(), "/team/llm/coordinator");
-  EXPECT_EQ(e1->state_key(), "/team/llm/state");
+  EXPECT_EQ(e1->election().role_key(), "/team/llm/coordinator");
+  EXPECT_EQ(e1->election().state_key(), "/team/llm/state");
 
   e1->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e1, At(Seconds(0)));
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\n");
-  EXPECT_TRUE(e1->leading());
-  ASSERT_TRUE(etcd_.Holds(e1->role_key()));
-  EXPECT_NE(etcd_.Peek(e1->role_key()).value_or(StoreEntry{}).lease, 0);  // the role goes with the lease
+  EXPECT_TRUE(e1->election().leading());
+  ASSERT_TRUE(etcd_.Holds(e1->election().role_key()));
+  EXPECT_NE(etcd_.Peek(e1->election().role_key()).value_or(StoreEntry{}).lease, 0);  // the role goes with the lease
 
   e2->Lookup(At(Seconds(1)));
   Client(2).Deliver(*e2, At(Seconds(1)));
   EXPECT_EQ(h2.Take(), "found gpu-02:29500\n");
-  EXPECT_FALSE(e2->leading());
+  EXPECT_FALSE(e2->election().leading());
 
   // The holder answers its own lookups at once.
   e1->Lookup(At(Seconds(1)));
@@ -247,9 +251,9 @@ TEST_F(ElectionTest, TwoCampaignsAtOnceMakeOneHolder) {
     more = Client(0).DeliverOne(*e0, At(Seconds(0)));
     more = Client(1).DeliverOne(*e1, At(Seconds(0))) || more;
   }
-  EXPECT_NE(e0->leading(), e1->leading());
-  const std::string lost = e0->leading() ? h1.Take() : h0.Take();
-  EXPECT_EQ(lost, e0->leading() ? "found gpu-01:29500\n" : "found gpu-02:29500\n");
+  EXPECT_NE(e0->election().leading(), e1->election().leading());
+  const std::string lost = e0->election().leading() ? h1.Take() : h0.Take();
+  EXPECT_EQ(lost, e0->election().leading() ? "found gpu-01:29500\n" : "found gpu-02:29500\n");
   EXPECT_GE(etcd_.revokes, 1);  // the loser's lease is given back
 }
 
@@ -264,9 +268,9 @@ TEST_F(ElectionTest, AHolderRenewsItsLeaseAndStepsDownBeforeItCanEnd) {
     e->OnTick(At(Seconds(s)));
     Client(0).Deliver(*e, At(Seconds(s)));
   }
-  EXPECT_TRUE(e->leading());
+  EXPECT_TRUE(e->election().leading());
   EXPECT_GE(etcd_.keepalives, 14);
-  EXPECT_TRUE(etcd_.Holds(e->role_key()));
+  EXPECT_TRUE(etcd_.Holds(e->election().role_key()));
 
   // etcd stops answering: the holder steps down lease - max(lease/5, 400ms) after the last
   // renewal it sent that was answered, before etcd can hand the role to another agent.
@@ -276,13 +280,13 @@ TEST_F(ElectionTest, AHolderRenewsItsLeaseAndStepsDownBeforeItCanEnd) {
   for (Duration t = Seconds(30); t <= Seconds(40) && !stepped; t += Millis(100)) {
     e->OnTick(At(t));
     Client(0).Deliver(*e, At(t));
-    if (!e->leading()) stepped = At(t);
+    if (!e->election().leading()) stepped = At(t);
   }
   ASSERT_TRUE(stepped);
-  EXPECT_LE(*stepped, last_renewal + Seconds(6) - Election::StepDownMargin(Seconds(6)));
-  EXPECT_GE(*stepped, last_renewal + Seconds(6) - Election::StepDownMargin(Seconds(6)) - Seconds(2));
-  EXPECT_EQ(Election::StepDownMargin(Seconds(6)), Millis(1200));
-  EXPECT_EQ(Election::StepDownMargin(Seconds(2)), Millis(400));
+  EXPECT_LE(*stepped, last_renewal + Seconds(6) - core::Election::StepDownMargin(Seconds(6)));
+  EXPECT_GE(*stepped, last_renewal + Seconds(6) - core::Election::StepDownMargin(Seconds(6)) - Seconds(2));
+  EXPECT_EQ(core::Election::StepDownMargin(Seconds(6)), Millis(1200));
+  EXPECT_EQ(core::Election::StepDownMargin(Seconds(2)), Millis(400));
   EXPECT_NE(h.Take().find("step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time"),
             std::string::npos);
 }
@@ -299,7 +303,7 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
 
   // e1 is paused past its lease (it never ticked): etcd ends it, e2 takes the role.
   etcd_.RunUntil(At(Seconds(7)));
-  EXPECT_FALSE(etcd_.Holds(e1->role_key()));
+  EXPECT_FALSE(etcd_.Holds(e1->election().role_key()));
   e2->Lookup(At(Seconds(7)));
   Client(2).Deliver(*e2, At(Seconds(7)));
   EXPECT_EQ(h2.Take(), "lead, round 1\nfound gpu-03:29500\n");
@@ -309,12 +313,12 @@ TEST_F(ElectionTest, AWriteOfADeposedHolderIsRefusedAndItStepsDown) {
 
   // e1 wakes up and tries to commit its next round: the compare on the role key's create
   // revision fails, nothing is written, and it steps down without "committed".
-  const std::string before = etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value;
+  const std::string before = etcd_.Peek(e1->election().state_key()).value_or(StoreEntry{}).value;
   e1->Commit(At(Seconds(7)), core::CommitRound{1, 1, 2});
   Client(1).Deliver(*e1, At(Seconds(7)));
   EXPECT_EQ(h1.Take(), "step down: another agent holds the coordinator role now\nflushed\n");
-  EXPECT_FALSE(e1->leading());
-  EXPECT_EQ(etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value, before);
+  EXPECT_FALSE(e1->election().leading());
+  EXPECT_EQ(etcd_.Peek(e1->election().state_key()).value_or(StoreEntry{}).value, before);
 }
 
 TEST_F(ElectionTest, ACommitAnsweredTooLateIsNotActedOn) {
@@ -344,7 +348,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\ncommitted 0\nflushed\ncommitted 1\nflushed\n");
   e1->Resign(At(Seconds(1)));
   Client(1).Deliver(*e1, At(Seconds(1)));
-  EXPECT_FALSE(etcd_.Holds(e1->role_key()));  // revoked: no wait for the lease
+  EXPECT_FALSE(etcd_.Holds(e1->election().role_key()));  // revoked: no wait for the lease
 
   Heard h0;
   auto e0 = Make(0, h0);
@@ -371,11 +375,11 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   e2->Lookup(At(Seconds(3)));
   Client(2).Deliver(*e2, At(Seconds(3)));
   EXPECT_EQ(h2.Take(), "lead afresh\nfound gpu-03:29500\n");
-  EXPECT_EQ(e2->state().next_round, 0);
-  ASSERT_EQ(e2->state().quarantined.size(), 1u);
+  EXPECT_EQ(e2->election().record().next_round, 0);
+  ASSERT_EQ(e2->election().record().quarantined.size(), 1u);
   // Nobody confirmed that round 1's workers stopped (the exit barrier passed): the new
   // launch's first round must wait for their lease.
-  EXPECT_TRUE(e2->earlier_workers_may_run());
+  EXPECT_TRUE(e2->election().earlier_workers_may_run());
   e2->RecordWorkers(At(Seconds(4)), false);
   e2->RecordDone(At(Seconds(4)));
   Client(2).Deliver(*e2, At(Seconds(4)));
@@ -387,7 +391,7 @@ TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh)
   again->Lookup(At(Seconds(5)));
   Client(1).Deliver(*again, At(Seconds(5)));
   EXPECT_EQ(h1b.Take(), "lead afresh\nfound gpu-02:29500\n");
-  EXPECT_FALSE(again->earlier_workers_may_run());
+  EXPECT_FALSE(again->election().earlier_workers_may_run());
 }
 
 // The keys are the job name's: an agent with another version of the file finds the same
@@ -397,7 +401,7 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
   Heard h1, h2;
   auto e1 = Make(1, h1, "aaaaaaaa1111");
   auto e2 = Make(2, h2, "bbbbbbbb2222");
-  EXPECT_EQ(e1->role_key(), e2->role_key());
+  EXPECT_EQ(e1->election().role_key(), e2->election().role_key());
   e1->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e1, At(Seconds(0)));
   e1->Commit(At(Seconds(0)), core::CommitRound{0, 0, 2});
@@ -407,7 +411,7 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
   e2->Lookup(At(Seconds(1)));
   Client(2).Deliver(*e2, At(Seconds(1)));
   EXPECT_EQ(h2.Take(), "found gpu-02:29500\n");
-  EXPECT_THAT(etcd_.Peek(e1->state_key()).value_or(StoreEntry{}).value, ::testing::HasSubstr("fingerprint=aaaaaaaa1111\n"));
+  EXPECT_THAT(etcd_.Peek(e1->election().state_key()).value_or(StoreEntry{}).value, ::testing::HasSubstr("fingerprint=aaaaaaaa1111\n"));
 
   // The holder is lost while round 1 runs; the agent with the other file takes the role.
   e1->Resign(At(Seconds(2)));
@@ -415,10 +419,10 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
   e2->Lookup(At(Seconds(3)));
   Client(2).Deliver(*e2, At(Seconds(3)));
   EXPECT_EQ(h2.Take(), "lead afresh\nfound gpu-03:29500\n");
-  EXPECT_EQ(e2->state().next_round, 0);
-  EXPECT_EQ(e2->state().fingerprint, "bbbbbbbb2222");
-  EXPECT_TRUE(e2->earlier_workers_may_run());
-  EXPECT_EQ(e2->earlier_run(),
+  EXPECT_EQ(e2->election().record().next_round, 0);
+  EXPECT_EQ(e2->election().record().fingerprint, "bbbbbbbb2222");
+  EXPECT_TRUE(e2->election().earlier_workers_may_run());
+  EXPECT_EQ(e2->election().earlier_run(),
             "a run of job 'llm' from another job file (fingerprint aaaaaaaa, recorded by node 1 (gpu-02)) that had "
             "not ended");
 }
@@ -438,7 +442,7 @@ TEST_F(ElectionTest, AnAgentThatTookPartReadsADoneRecordAsItsJobsVerdict) {
 
   Heard h2, h0;
   auto late = Make(2, h2);
-  late->TookPart();
+  late->TookPart(At(Seconds(2)));
   late->Lookup(At(Seconds(2)));
   Client(2).Deliver(*late, At(Seconds(2)));
   ASSERT_TRUE(h2.led_with);
@@ -460,7 +464,7 @@ TEST_F(ElectionTest, ALookupThatCannotReachEtcdFailsWithWhy) {
   e->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e, At(Seconds(0)));
   EXPECT_EQ(h.Take(), "lookup failed: etcd at http://127.0.0.1:2379: connection refused\n");
-  EXPECT_FALSE(e->leading());
+  EXPECT_FALSE(e->election().leading());
 }
 
 TEST_F(ElectionTest, ACampaignPutTriedTwiceByTheClientStillWins) {
@@ -470,8 +474,8 @@ TEST_F(ElectionTest, ACampaignPutTriedTwiceByTheClientStillWins) {
   e->Lookup(At(Seconds(0)));
   Client(1).Deliver(*e, At(Seconds(0)));
   EXPECT_EQ(h.Take(), "lead afresh\nfound gpu-02:29500\n");
-  ASSERT_TRUE(e->leading());
-  EXPECT_TRUE(etcd_.Holds(e->role_key()));  // its lease was not revoked
+  ASSERT_TRUE(e->election().leading());
+  EXPECT_TRUE(etcd_.Holds(e->election().role_key()));  // its lease was not revoked
   e->Commit(At(Seconds(1)), core::CommitRound{0, 0, 2});
   Client(1).Deliver(*e, At(Seconds(1)));
   EXPECT_EQ(h.Take(), "committed 0\nflushed\n");  // fenced writes compare the right revision
@@ -484,11 +488,11 @@ TEST_F(ElectionTest, ResignRevokesTheLeaseAndSaysWhenEtcdHasIt) {
   Client(0).Deliver(*e, At(Seconds(0)));
   h.Take();
   e->Resign(At(Seconds(1)));
-  EXPECT_TRUE(e->Revoking());
-  EXPECT_TRUE(etcd_.Holds(e->role_key()));
+  EXPECT_TRUE(e->election().Revoking());
+  EXPECT_TRUE(etcd_.Holds(e->election().role_key()));
   Client(0).Deliver(*e, At(Seconds(1)));
-  EXPECT_FALSE(e->Revoking());
-  EXPECT_FALSE(etcd_.Holds(e->role_key()));
+  EXPECT_FALSE(e->election().Revoking());
+  EXPECT_FALSE(etcd_.Holds(e->election().role_key()));
   EXPECT_EQ(h.Take(), "flushed\n");
 }
 
@@ -505,12 +509,12 @@ TEST(JobRecordTest, FormatAndParseRoundTrip) {
   s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
   s.exit_code = 1;
   s.summary = "job \"x\" FAILED\nroot cause: rank 3\nsummary=not a field\n";
-  const auto back = ParseJobRecord(FormatJobRecord(s));
+  const auto back = core::ParseJobRecord(core::FormatJobRecord(s));
   ASSERT_TRUE(back);
   EXPECT_EQ(*back, s);
-  EXPECT_FALSE(ParseJobRecord("something else"));
-  EXPECT_FALSE(ParseJobRecord("ddprun-state=2\nnext_round=1\nrestarts=0\n"));
-  EXPECT_FALSE(ParseJobRecord("ddprun-state=1\nnext_round=x\nrestarts=0\n"));
+  EXPECT_FALSE(core::ParseJobRecord("something else"));
+  EXPECT_FALSE(core::ParseJobRecord("ddprun-state=2\nnext_round=1\nrestarts=0\n"));
+  EXPECT_FALSE(core::ParseJobRecord("ddprun-state=1\nnext_round=x\nrestarts=0\n"));
 }
 
 }  // namespace
