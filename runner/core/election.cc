@@ -54,8 +54,8 @@ std::string FormatJobRecord(const JobRecord& r) {
   std::string out = fmt::format(
       "ddprun-state=1\nnext_round={}\nrestarts={}\nrunning={}\nnodes={}\nunconfirmed={}\ndone={}\nholder={}\n"
       "holder_agent={}\nfingerprint={}\n",
-      r.next_round, r.restarts_used, r.round_may_run ? 1 : 0, r.round_nodes, r.workers_may_run ? 1 : 0, r.done ? 1 : 0,
-      r.holder, r.holder_agent, r.fingerprint);
+      r.next_round, r.restarts_used, r.round_may_run ? 1 : 0, r.round_nodes, r.workers_may_run ? 1 : 0,
+      r.done ? 1 : 0, r.holder, r.holder_agent, r.fingerprint);
   for (const QuarantinedHost& q : r.quarantined) {
     const int64_t left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(q.left).count();
     out += fmt::format("quarantine={} {} {}\n", std::max<int64_t>(left_ms, 0), q.times, q.host);
@@ -201,7 +201,8 @@ void Election::Fail(const std::string& why, std::vector<Effect>& out) {
   out.push_back(LookupFailed{why});
 }
 
-void Election::FoundHolder(const std::string& role_value, const std::string& missing, std::vector<Effect>& out) {
+void Election::FoundHolder(const std::string& role_value, const std::string& missing,
+                           std::vector<Effect>& out) {
   Enter(Idle{});
   const std::string endpoint = Field(role_value, "endpoint");
   if (endpoint.empty()) return Fail(missing, out);
@@ -356,7 +357,8 @@ void Election::OnWriteAnswer(TimePoint now, const Answer& answer, std::vector<Ef
   if (!answer.succeeded) return StepDown("another agent holds the coordinator role now", out);
   // The write was made while the role was ours, but an answer that arrives when the lease may
   // be ending cannot let the coordinator act on it: another agent may take over soon.
-  if (now >= leading.valid_until - StepDownMargin(spec_.rendezvous.lease)) return StepDown(LeaseEnding(), out);
+  if (now >= leading.valid_until - StepDownMargin(spec_.rendezvous.lease))
+    return StepDown(LeaseEnding(), out);
   if (leading.written_commit && leading.commit_round == leading.written_commit) {
     const int round = *leading.commit_round;
     leading.commit_round.reset();
@@ -469,7 +471,8 @@ void Election::MaybeWrite(TimePoint now, std::vector<Effect>& out) {
   leading->written_commit = leading->commit_round;
   leading->written_end = leading->end_unacked;
   leading->write_tag = NewTag();
-  out.push_back(PutIf{leading->write_tag, role_key_, leading->role_revision, state_key_, FormatJobRecord(record_), 0});
+  out.push_back(
+      PutIf{leading->write_tag, role_key_, leading->role_revision, state_key_, FormatJobRecord(record_), 0});
 }
 
 }  // namespace ddprun::core

@@ -49,11 +49,11 @@ struct Entry {
 struct Answer {
   uint64_t tag = 0;
   std::string error = {};
-  bool succeeded = false;        // PutIf: the compare held and the put was made
-  int64_t lease = 0;             // Grant: the new lease
-  Duration ttl{};                // Grant, KeepAlive: the lease's time left; 0: it is gone
+  bool succeeded = false;           // PutIf: the compare held and the put was made
+  int64_t lease = 0;                // Grant: the new lease
+  Duration ttl{};                   // Grant, KeepAlive: the lease's time left; 0: it is gone
   std::optional<Entry> entry = {};  // Get, and a PutIf whose compare failed: the key's entry
-  int64_t revision = 0;          // the store's revision when it answered
+  int64_t revision = 0;             // the store's revision when it answered
 };
 /// Where a batch paused for the host (Continue): after which notification to go on.
 enum class Step { kAfterLead, kAfterCommit, kAfterEnd };
@@ -62,8 +62,8 @@ struct Resume {
 };
 /// The record of the job the coordinator keeps (its record effects, fed as they come) and
 /// "the job is over here": CoordinatorDone.
-using Input = std::variant<Lookup, Resign, TookPart, Answer, Tick, Resume, CommitRound, RecordWorkers, RecordRestart,
-                           RecordEnd, RecordQuarantine, CoordinatorDone>;
+using Input = std::variant<Lookup, Resign, TookPart, Answer, Tick, Resume, CommitRound, RecordWorkers,
+                           RecordRestart, RecordEnd, RecordQuarantine, CoordinatorDone>;
 
 // ---- Effects: calls of the store (tag 0: the answer is not wanted) ---------------------
 struct Get {
@@ -119,8 +119,8 @@ struct Flushed {};
 struct Continue {
   Step step;
 };
-using Effect = std::variant<Get, Grant, PutIf, KeepAlive, Revoke, Found, LookupFailed, Lead, SteppedDown, Committed,
-                            EndWritten, Flushed, Continue>;
+using Effect = std::variant<Get, Grant, PutIf, KeepAlive, Revoke, Found, LookupFailed, Lead, SteppedDown,
+                            Committed, EndWritten, Flushed, Continue>;
 
 }  // namespace election
 
@@ -190,17 +190,17 @@ class Election {
   };
   struct Leading {
     int64_t lease = 0;
-    TimePoint valid_until;      // the lease certainly lives until then (from the send times)
+    TimePoint valid_until;  // the lease certainly lives until then (from the send times)
     int64_t role_revision = 0;
     uint64_t keepalive_tag = 0;
     TimePoint keepalive_sent;
     TimePoint next_keepalive;
-    bool dirty = false;                   // the record changed since the last write
-    uint64_t write_tag = 0;               // the write in flight
-    std::optional<int> commit_round;      // a CommitRound not yet answered
-    std::optional<int> written_commit;    // the commit the write in flight carries
-    bool end_unacked = false;             // RecordEnd not yet in the store
-    bool written_end = false;             // the write in flight carries it
+    bool dirty = false;                 // the record changed since the last write
+    uint64_t write_tag = 0;             // the write in flight
+    std::optional<int> commit_round;    // a CommitRound not yet answered
+    std::optional<int> written_commit;  // the commit the write in flight carries
+    bool end_unacked = false;           // RecordEnd not yet in the store
+    bool written_end = false;           // the write in flight carries it
     std::optional<TimePoint> retry_write_at;
   };
   using State = std::variant<Idle, Looking, Granting, Campaigning, Reading, Leading>;
@@ -231,7 +231,8 @@ class Election {
   std::optional<JobRecord> Adopt(std::optional<JobRecord> previous);
 
   /// The holder found, or a campaign lost to one: answers the lookup that waits.
-  void FoundHolder(const std::string& role_value, const std::string& missing, std::vector<election::Effect>& out);
+  void FoundHolder(const std::string& role_value, const std::string& missing,
+                   std::vector<election::Effect>& out);
   void Campaign(TimePoint now, std::vector<election::Effect>& out);
   void StepDown(const std::string& why, std::vector<election::Effect>& out);
   void LetGo(std::vector<election::Effect>& out);
@@ -249,8 +250,8 @@ class Election {
   State state_;
   uint64_t next_tag_ = 1;
   std::optional<TimePoint> last_input_;
-  bool wanted_ = false;         // a Lookup waits for its answer
-  uint64_t revoke_tag_ = 0;     // Resign's revoke, until answered
+  bool wanted_ = false;      // a Lookup waits for its answer
+  uint64_t revoke_tag_ = 0;  // Resign's revoke, until answered
   JobRecord record_;
   bool earlier_workers_may_run_ = false;
   std::string earlier_run_;

@@ -19,7 +19,8 @@ std::pair<std::string, uint16_t> SplitEndpoint(const std::string& endpoint) {
 
 // ---- StaticRole ---------------------------------------------------------------------------
 
-StaticRole::StaticRole(const JobSpec& spec, int agent, std::string master_at, Journal* journal, Listener listener)
+StaticRole::StaticRole(const JobSpec& spec, int agent, std::string master_at, Journal* journal,
+                       Listener listener)
     : spec_(spec),
       agent_(agent),
       master_at_(std::move(master_at)),
@@ -38,8 +39,8 @@ void StaticRole::Lookup(TimePoint /*now*/) {
 
 // ---- ElectedRole --------------------------------------------------------------------------
 
-ElectedRole::ElectedRole(const JobSpec& spec, std::string fingerprint, int agent, std::string addr, Store& store,
-                         Listener listener)
+ElectedRole::ElectedRole(const JobSpec& spec, std::string fingerprint, int agent, std::string addr,
+                         Store& store, Listener listener)
     : spec_(spec),
       election_(spec, std::move(fingerprint), agent, fmt::format("{}:{}", addr, spec.cluster.master_port)),
       addr_(std::move(addr)),
@@ -57,11 +58,12 @@ std::string ElectedRole::Holding() const {
 void ElectedRole::OnStoreResult(TimePoint now, const StoreResult& result) {
   auto it = tags_.find(result.id);
   if (it == tags_.end()) return;  // an answer nobody waits for
-  core::election::Answer answer{it->second, result.error, result.succeeded, result.lease, result.ttl, std::nullopt,
-                                result.revision};
+  core::election::Answer answer{it->second, result.error, result.succeeded, result.lease,
+                                result.ttl, std::nullopt, result.revision};
   tags_.erase(it);
-  if (result.entry) answer.entry = core::election::Entry{result.entry->value, result.entry->create_revision,
-                                                         result.entry->lease};
+  if (result.entry)
+    answer.entry =
+        core::election::Entry{result.entry->value, result.entry->create_revision, result.entry->lease};
   Run(now, answer);
 }
 
@@ -116,7 +118,8 @@ void ElectedRole::Execute(TimePoint now, const core::election::Effect& effect) {
         } else if constexpr (std::is_same_v<T, e::Grant>) {
           Sent(store_.Grant(out.ttl), out.tag);
         } else if constexpr (std::is_same_v<T, e::PutIf>) {
-          Sent(store_.PutIf(out.compare_key, out.create_revision, {StorePut{out.key, out.value, out.lease}}), out.tag);
+          Sent(store_.PutIf(out.compare_key, out.create_revision, {StorePut{out.key, out.value, out.lease}}),
+               out.tag);
         } else if constexpr (std::is_same_v<T, e::KeepAlive>) {
           Sent(store_.KeepAlive(out.lease), out.tag);
         } else if constexpr (std::is_same_v<T, e::Revoke>) {

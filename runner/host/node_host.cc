@@ -103,11 +103,12 @@ NodeHost::NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
   // coordinator, on its own host's address; without, node 0 does, on master_addr.
   if (ports_.store) {
     std::string addr = config.master_at.empty() ? spec.cluster.HostOf(config.node_rank) : config.master_at;
-    role_ = std::make_unique<ElectedRole>(spec, config.fingerprint, config.node_rank, std::move(addr), *ports_.store,
-                                          std::move(listener));
+    role_ = std::make_unique<ElectedRole>(spec, config.fingerprint, config.node_rank, std::move(addr),
+                                          *ports_.store, std::move(listener));
     ports_.store->SetEvents(this);
   } else {
-    role_ = std::make_unique<StaticRole>(spec, config.node_rank, config.master_at, ports_.journal, std::move(listener));
+    role_ = std::make_unique<StaticRole>(spec, config.node_rank, config.master_at, ports_.journal,
+                                         std::move(listener));
   }
   if (role_->HeldFromStart()) {
     coordinator_ = std::make_unique<core::Coordinator>(spec, config.canonical, ports_.clock->Now());
@@ -471,7 +472,8 @@ void NodeHost::RunCoordinator(const core::CoordinatorInput& input) {
     } else if (auto* restart = std::get_if<core::RecordRestart>(&effect)) {
       role_->RecordRestart(now, restart->next_round, restart->restarts_used, restart->workers_may_run);
     } else if (auto* end = std::get_if<core::RecordEnd>(&effect)) {
-      if (role_->RecordEnd(now, end->exit_code, end->summary)) coordinator_->Handle(now, core::EndRecorded{}, effects);
+      if (role_->RecordEnd(now, end->exit_code, end->summary))
+        coordinator_->Handle(now, core::EndRecorded{}, effects);
     } else if (auto* observed = std::get_if<core::Observed>(&effect)) {
       if (ports_.observer) ports_.observer->Observe(now, observed->what);
       // A revised root cause is the same failure: the clock counts from the round's first.
@@ -514,7 +516,8 @@ NodeMetrics NodeHost::Metrics() const {
 }
 
 std::optional<NodeHost::Quiet> NodeHost::QuietNow() const {
-  if (finished_ || !role_->Quiet() || agent_exit_ || !master_conn_ || !probe_conns_.empty()) return std::nullopt;
+  if (finished_ || !role_->Quiet() || agent_exit_ || !master_conn_ || !probe_conns_.empty())
+    return std::nullopt;
   const auto agent = agent_.Quiet();
   if (!agent) return std::nullopt;
   Quiet quiet{*agent, *master_conn_, std::nullopt};

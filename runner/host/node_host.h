@@ -120,7 +120,7 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   // Where the coordinator runs, and where its records go.
   std::unique_ptr<CoordinatorRole> role_;
   bool listening_ = false;
-  bool awaiting_coordinator_ = false;   // the agent's connect waits for the role's lookup
+  bool awaiting_coordinator_ = false;        // the agent's connect waits for the role's lookup
   std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at
   // 16,384 connections on node 0.

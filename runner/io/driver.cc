@@ -280,9 +280,10 @@ void LingerForScrape(asio::io_context& io, MetricsServer& metrics, asio::steady_
 
 /// What the other nodes probe before the first round (rendezvous.probe): a port other than
 /// master_port at the address the workers' sockets use, as gloo and NCCL will listen.
-void OpenProbe(ProbeListener& listener, const JobSpec& spec, const std::optional<SocketInterface>& socket_interface,
-               core::Agent::Config& config) {
-  if (!socket_interface || spec.rendezvous.probe == JobSpec::Rendezvous::Probe::kOff || spec.cluster.Agents() <= 1) {
+void OpenProbe(ProbeListener& listener, const JobSpec& spec,
+               const std::optional<SocketInterface>& socket_interface, core::Agent::Config& config) {
+  if (!socket_interface || spec.rendezvous.probe == JobSpec::Rendezvous::Probe::kOff ||
+      spec.cluster.Agents() <= 1) {
     return;
   }
   if (auto endpoint = listener.Open(socket_interface->address)) config.probe_endpoint = *endpoint;
@@ -303,12 +304,14 @@ struct RealPorts {
         // A connect attempt waits at most a few heartbeats; the agent retries until the deadline.
         transport(io, spec.timeouts.ConnectTimeout()),
         console(console_writer, options.node_rank, options.verbose),
-        launcher(io, LauncherOptionsFor(spec, options, job_dir, setup, guardian, console_writer, nofile, console)) {
+        launcher(io, LauncherOptionsFor(spec, options, job_dir, setup, guardian, console_writer, nofile,
+                                        console)) {
     console.SetSummaryFooter([this] { return launcher.SummaryLines(); });
     if (!options.print_job_summary) console.OmitJobSummary();
     if (options.node_rank == 0) {
-      journal.emplace(setup.logs_root + "/" + spec.job.name,
-                      [this](const std::string& text) { console.Log(core::LogLevel::kWarn, "coordinator", text); });
+      journal.emplace(setup.logs_root + "/" + spec.job.name, [this](const std::string& text) {
+        console.Log(core::LogLevel::kWarn, "coordinator", text);
+      });
     }
     events = OpenEventLog(launcher, setup.config, options, console);
     if (events) {
@@ -321,8 +324,8 @@ struct RealPorts {
   /// An agent that ends before its loop runs records its start and why it ended: the run's
   /// folder then says so instead of holding an empty file (issue 39). Says why in its summary;
   /// returns `code`.
-  int EndBeforeStart(const JobSpec& spec, const core::Agent::Config& config, const std::string& why, ExitCode code,
-                     bool start_recorded) {
+  int EndBeforeStart(const JobSpec& spec, const core::Agent::Config& config, const std::string& why,
+                     ExitCode code, bool start_recorded) {
     if (events) {
       host::EventRecorder recorder(spec, config, events.get());
       if (!start_recorded) recorder.Started(clock.Now());
@@ -334,8 +337,8 @@ struct RealPorts {
   }
 
   host::Ports Ports(host::Store* store, host::Observer* observer) {
-    return host::Ports{&clock, &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
-                       events.get(), store, observer};
+    return host::Ports{&clock,       &timer, &transport, &launcher, &console, journal ? &*journal : nullptr,
+                       events.get(), store,  observer};
   }
 
   ConsoleWriter console_writer;

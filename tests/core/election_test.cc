@@ -34,7 +34,8 @@ TimePoint At(Duration d) { return TimePoint{} + d; }
 
 class CoreElectionTest : public ::testing::Test {
  protected:
-  CoreElectionTest() : spec_(test::SpecFromToml(std::string(kJob))), election_(spec_, "1a2b3c4d5e6f", 1, "gpu-02:29500") {}
+  CoreElectionTest()
+      : spec_(test::SpecFromToml(std::string(kJob))), election_(spec_, "1a2b3c4d5e6f", 1, "gpu-02:29500") {}
 
   std::vector<e::Effect> Feed(Duration at, const e::Input& input) {
     std::vector<e::Effect> out;
@@ -56,7 +57,8 @@ class CoreElectionTest : public ::testing::Test {
     const auto put = Only<e::PutIf>(Feed(at, e::Answer{.tag = grant, .lease = 77, .ttl = 6s}));
     EXPECT_EQ(put.create_revision, 0);  // only when the role's key is absent
     EXPECT_EQ(put.lease, 77);
-    const uint64_t read = Only<e::Get>(Feed(at, e::Answer{.tag = put.tag, .succeeded = true, .revision = 9})).tag;
+    const uint64_t read =
+        Only<e::Get>(Feed(at, e::Answer{.tag = put.tag, .succeeded = true, .revision = 9})).tag;
     const auto led = Feed(at, e::Answer{.tag = read});
     ASSERT_EQ(led.size(), 2u);
     EXPECT_TRUE(std::holds_alternative<e::Lead>(led[0]));
@@ -82,13 +84,15 @@ TEST_F(CoreElectionTest, ALookupThatFindsAHolderConnectsThere) {
   const auto get = Only<e::Get>(Feed(0s, e::Lookup{}));
   EXPECT_EQ(get.key, "/team/llm/coordinator");
   EXPECT_TRUE(Feed(0s, e::Lookup{}).empty());  // the answer is on its way: no second call
-  const e::Entry holder{.value = "agent=0\nendpoint=gpu-01:29500\nname=node 0", .create_revision = 4, .lease = 5};
+  const e::Entry holder{
+      .value = "agent=0\nendpoint=gpu-01:29500\nname=node 0", .create_revision = 4, .lease = 5};
   EXPECT_EQ(Only<e::Found>(Feed(1s, e::Answer{.tag = get.tag, .entry = holder})).endpoint, "gpu-01:29500");
   EXPECT_FALSE(election_.leading());
   // A holder's key without an endpoint is no answer.
   const auto again = Only<e::Get>(Feed(2s, e::Lookup{}));
-  EXPECT_EQ(Only<e::LookupFailed>(Feed(2s, e::Answer{.tag = again.tag, .entry = e::Entry{.value = "agent=0"}})).why,
-            "etcd: /team/llm/coordinator holds no endpoint");
+  EXPECT_EQ(
+      Only<e::LookupFailed>(Feed(2s, e::Answer{.tag = again.tag, .entry = e::Entry{.value = "agent=0"}})).why,
+      "etcd: /team/llm/coordinator holds no endpoint");
 }
 
 TEST_F(CoreElectionTest, WritesAreFencedAndAnsweredInOrderThroughContinue) {
@@ -155,7 +159,7 @@ TEST_F(CoreElectionTest, ARenewalMovesTheStepDown) {
   Lead(0s);
   const auto keepalive = Only<e::KeepAlive>(Feed(2s, Tick{}));
   EXPECT_TRUE(Feed(2100ms, e::Answer{.tag = keepalive.tag, .ttl = 6s}).empty());
-  EXPECT_EQ(election_.NextDeadline(), At(4s));  // the next renewal, from the send time
+  EXPECT_EQ(election_.NextDeadline(), At(4s));    // the next renewal, from the send time
   EXPECT_TRUE(Feed(4800ms, Tick{}).size() == 1);  // a renewal, no step-down: 2 s + 6 s - 1.2 s is later
   EXPECT_TRUE(election_.leading());
 }

@@ -1,6 +1,6 @@
-// host::ElectedRole (core::Election run against a host::Store) against the simulator's etcd model (sim/sim_store.h: revisions, leases that
-// end in virtual time, a put that compares a create revision): who leads, what a new holder
-// reads, when a holder steps down, and that a deposed holder's writes are refused.
+// host::ElectedRole (core::Election run against a host::Store) against the simulator's etcd model
+// (sim/sim_store.h: revisions, leases that end in virtual time, a put that compares a create revision): who
+// leads, what a new holder reads, when a holder steps down, and that a deposed holder's writes are refused.
 #include "runner/host/coordinator_role.h"
 
 #include <gmock/gmock.h>
@@ -33,7 +33,8 @@ class Etcd {
     hooks.deliver = [this](uint32_t node, uint32_t incarnation, StoreResult result) {
       auto it = inboxes_.find(node);
       // An answer to a client that was replaced since (a restarted agent) is dropped.
-      if (it != inboxes_.end() && it->second.incarnation == incarnation) it->second.answers.push_back(std::move(result));
+      if (it != inboxes_.end() && it->second.incarnation == incarnation)
+        it->second.answers.push_back(std::move(result));
     };
     hooks.print = [](std::optional<uint32_t>, const std::string&) {};
     const sim::NetworkOptions instant{.latency_min = Duration(0), .latency_max = Duration(0), .loss = 0};
@@ -176,11 +177,12 @@ struct Heard {
     return CoordinatorRole::Listener{
         .found = [this](const CoordinatorAt& at) { lines.push_back("found " + at.endpoint); },
         .lookup_failed = [this](const std::string& why) { lines.push_back("lookup failed: " + why); },
-        .lead = [this] {
-          const std::optional<core::JobRecord>& s = role->election().inherited_job();
-          led_with = s;
-          lines.push_back(s ? "lead, round " + std::to_string(s->next_round) : "lead afresh");
-        },
+        .lead =
+            [this] {
+              const std::optional<core::JobRecord>& s = role->election().inherited_job();
+              led_with = s;
+              lines.push_back(s ? "lead, round " + std::to_string(s->next_round) : "lead afresh");
+            },
         .step_down = [this](const std::string& why) { lines.push_back("step down: " + why); },
         .committed = [this](int round) { lines.push_back("committed " + std::to_string(round)); },
         .end_recorded = [this] { lines.push_back("end recorded"); },
@@ -199,7 +201,8 @@ class ElectionTest : public ::testing::Test {
  protected:
   ElectionTest() : spec_(core::test::SpecFromToml(std::string(kJob))), etcd_(spec_) {}
 
-  std::unique_ptr<ElectedRole> Make(int agent, Heard& heard, const std::string& fingerprint = "1a2b3c4d5e6f") {
+  std::unique_ptr<ElectedRole> Make(int agent, Heard& heard,
+                                    const std::string& fingerprint = "1a2b3c4d5e6f") {
     auto& client = clients_[agent];
     client = std::make_unique<ModelClient>(etcd_, static_cast<uint32_t>(agent));
     auto role = std::make_unique<ElectedRole>(spec_, fingerprint, agent, spec_.cluster.HostOf(agent), *client,
@@ -226,7 +229,8 @@ TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
   EXPECT_EQ(h1.Take(), "lead afresh\nfound gpu-02:29500\n");
   EXPECT_TRUE(e1->election().leading());
   ASSERT_TRUE(etcd_.Holds(e1->election().role_key()));
-  EXPECT_NE(etcd_.Peek(e1->election().role_key()).value_or(StoreEntry{}).lease, 0);  // the role goes with the lease
+  EXPECT_NE(etcd_.Peek(e1->election().role_key()).value_or(StoreEntry{}).lease,
+            0);  // the role goes with the lease
 
   e2->Lookup(At(Seconds(1)));
   Client(2).Deliver(*e2, At(Seconds(1)));
@@ -330,7 +334,8 @@ TEST_F(ElectionTest, ACommitAnsweredTooLateIsNotActedOn) {
   e->Commit(At(Seconds(1)), core::CommitRound{0, 0, 2});
   // The answer comes when the lease may be about to end (6s - 1.2s after the grant).
   Client(0).Deliver(*e, At(Millis(4900)));
-  EXPECT_EQ(h.Take(), "step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time\nflushed\n");
+  EXPECT_EQ(h.Take(),
+            "step down: it could not renew its etcd lease (rendezvous.lease = 6s) in time\nflushed\n");
 }
 
 TEST_F(ElectionTest, ANewHolderContinuesTheJobsStateAndAFinishedJobStartsAfresh) {
@@ -411,7 +416,8 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
   e2->Lookup(At(Seconds(1)));
   Client(2).Deliver(*e2, At(Seconds(1)));
   EXPECT_EQ(h2.Take(), "found gpu-02:29500\n");
-  EXPECT_THAT(etcd_.Peek(e1->election().state_key()).value_or(StoreEntry{}).value, ::testing::HasSubstr("fingerprint=aaaaaaaa1111\n"));
+  EXPECT_THAT(etcd_.Peek(e1->election().state_key()).value_or(StoreEntry{}).value,
+              ::testing::HasSubstr("fingerprint=aaaaaaaa1111\n"));
 
   // The holder is lost while round 1 runs; the agent with the other file takes the role.
   e1->Resign(At(Seconds(2)));
@@ -422,9 +428,10 @@ TEST_F(ElectionTest, AnotherJobFileMeetsTheSameHolderAndTakesOverOnlyAfresh) {
   EXPECT_EQ(e2->election().record().next_round, 0);
   EXPECT_EQ(e2->election().record().fingerprint, "bbbbbbbb2222");
   EXPECT_TRUE(e2->election().earlier_workers_may_run());
-  EXPECT_EQ(e2->election().earlier_run(),
-            "a run of job 'llm' from another job file (fingerprint aaaaaaaa, recorded by node 1 (gpu-02)) that had "
-            "not ended");
+  EXPECT_EQ(
+      e2->election().earlier_run(),
+      "a run of job 'llm' from another job file (fingerprint aaaaaaaa, recorded by node 1 (gpu-02)) that had "
+      "not ended");
 }
 
 // An agent that took part in the job and finds its record done was away when the verdict was
@@ -506,7 +513,8 @@ TEST(JobRecordTest, FormatAndParseRoundTrip) {
   s.holder = "spare 0 (gpu-09)";
   s.holder_agent = 9;
   s.fingerprint = "0123456789abcdef";
-  s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2}, core::QuarantinedHost{"h", Seconds(0), 1}};
+  s.quarantined = {core::QuarantinedHost{"gpu 03", Millis(1500), 2},
+                   core::QuarantinedHost{"h", Seconds(0), 1}};
   s.exit_code = 1;
   s.summary = "job \"x\" FAILED\nroot cause: rank 3\nsummary=not a field\n";
   const auto back = core::ParseJobRecord(core::FormatJobRecord(s));
