@@ -41,6 +41,8 @@ inline constexpr Duration kStopSlack = Seconds(30);
 /// (InvariantBounds::hangs); nullopt when the job detects no hangs.
 std::optional<HangBounds> HangBoundsOf(const JobSpec& spec);
 
+struct QuietStretch;  // sim/quiet.cc
+
 class Cluster final : public Roles, public Machines, public PhaseSource {
  public:
   Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* out, Timeline* timeline);
@@ -105,6 +107,13 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   /// Heartbeats of a quiet stretch computed instead of run (sim/quiet.cc): true when one was
   /// skipped. Either way it sets when to look next (next_quiet_try_ns_).
   bool SkipQuietStretch();
+  /// Its steps: every live node's cores are quiet (and one runs the coordinator); nothing else
+  /// is queued before the stretch's end; the beats are planned and cut no peer off; then they
+  /// are applied to the network and the cores.
+  bool QuietCores(QuietStretch& s) const;
+  void QuietQueue(QuietStretch& s);
+  bool PlanQuietBeats(QuietStretch& s);
+  void ApplyQuietStretch(const QuietStretch& s, const std::vector<uint8_t>& frame);
   int64_t next_quiet_try_ns_ = 0;
   int64_t quiet_end_ns_ = 0;  // the last beat or delivery a computed stretch stood for
   int64_t stretch_until_ns_ = 0;  // the end of the last computed stretch

@@ -39,40 +39,75 @@ constexpr int64_t kMinBeats = 2;
 
 }  // namespace
 
-bool Cluster::SkipQuietStretch() {
-  const int64_t now = loop_.now_ns;
-  const int64_t period = Ns(spec_.timeouts.heartbeat);
-  // Not quiet now: the next look is a beat later (each costs O(nodes + queue)), or sooner when
-  // only messages in flight were in the way.
-  next_quiet_try_ns_ = now + period;
-  if (etcd_ || !options_.lazy_heartbeats) {
-    next_quiet_try_ns_ = INT64_MAX;
-    return false;
-  }
-  int64_t until = limit_ns_ + 1;
-
-  // Every live node is quiet, and so is the coordinator on its host.
+/// One stretch being weighed: the quiet cores, the end it may reach, and the beats planned.
+struct QuietStretch {
   struct QuietNode {
     uint32_t index = 0;
     host::NodeHost::Quiet quiet;
   };
-  std::vector<QuietNode> quiet;
+  int64_t now = 0;
+  int64_t period = 0;
+  int64_t until = 0;                // the stretch ends before this
+  std::vector<QuietNode> quiet;     // every live node
+  size_t coordinator = 0;           // the one whose host runs the coordinator
+  std::vector<std::optional<int64_t>> timer_at;  // by node: its timer's queued time
+  Network::BeatPlan plan;           // agent q sends on direction 2q and hears on 2q + 1
+  std::vector<Network::BeatSender> senders;
+  std::vector<uint32_t> agent_of_broadcast;  // the coordinator's b-th connection: quiet agent q
+  const core::Coordinator::Quiet& boss() const { return *quiet[coordinator].quiet.coordinator; }
+};
+
+bool Cluster::SkipQuietStretch() {
+  QuietStretch s;
+  s.now = loop_.now_ns;
+  s.period = Ns(spec_.timeouts.heartbeat);
+  // Not quiet now: the next look is a beat later (each costs O(nodes + queue)), or sooner when
+  // only messages in flight were in the way.
+  next_quiet_try_ns_ = s.now + s.period;
+  if (etcd_ || !options_.lazy_heartbeats) {
+    next_quiet_try_ns_ = INT64_MAX;
+    return false;
+  }
+  s.until = limit_ns_ + 1;
+  if (!QuietCores(s)) return false;
+  QuietQueue(s);
+  if (s.until - s.now < kMinBeats * s.period) return false;
+  const std::vector<uint8_t> frame = wire::Encode(wire::Heartbeat{});
+  if (const int64_t others = network_.OthersInFlightUntil(frame); others > 0) {
+    // The cores may be quiet once they arrive (the rendezvous's progress lines, say).
+    next_quiet_try_ns_ = std::min(next_quiet_try_ns_, std::max(others, s.now + 1));
+    return false;
+  }
+  if (!PlanQuietBeats(s)) return false;
+  ApplyQuietStretch(s, frame);
+  next_quiet_try_ns_ = s.until;
+  stretch_until_ns_ = s.until;
+  return true;
+}
+
+bool Cluster::QuietCores(QuietStretch& s) const {
+  // Every live node is quiet, and so is the coordinator on its host.
   std::optional<size_t> coordinator;
   for (uint32_t index = 0; index < nodes_.size(); ++index) {
     const Node& n = nodes_[index];
     if (!n.up || !n.host || n.finished) continue;
-    if (n.Hung(now)) return false;
+    if (n.Hung(s.now)) return false;
     auto state = n.host->QuietNow();
     if (!state) return false;
-    if (state->agent.other_deadline) until = std::min(until, Ns(state->agent.other_deadline->time_since_epoch()));
+    if (state->agent.other_deadline) s.until = std::min(s.until, Ns(state->agent.other_deadline->time_since_epoch()));
     if (state->coordinator) {
-      coordinator = quiet.size();
+      coordinator = s.quiet.size();
       const auto& other = state->coordinator->state.other_deadline;
-      if (other) until = std::min(until, Ns(other->time_since_epoch()));
+      if (other) s.until = std::min(s.until, Ns(other->time_since_epoch()));
     }
-    quiet.push_back(QuietNode{index, std::move(*state)});
+    s.quiet.push_back(QuietStretch::QuietNode{index, std::move(*state)});
   }
   if (!coordinator) return false;
+  s.coordinator = *coordinator;
+  return true;
+}
+
+void Cluster::QuietQueue(QuietStretch& s) {
   // Nothing else is queued before `until`: timers are the quiet nodes' (their deadlines are
   // accounted for above, and each must be its next beat) and deliveries are checked packet by
   // packet below. An invariant's check (kCheck) changes nothing and cannot fail inside the
@@ -84,12 +119,12 @@ bool Cluster::SkipQuietStretch() {
   // the last of the current round's (it starts training, which schedules more) and any when
   // workers beacon (their first beacon goes to the agent). The cores are a stretch ahead of
   // them then, which they cannot tell.
-  std::vector<std::optional<int64_t>> timer_at(nodes_.size());
+  s.timer_at.assign(nodes_.size(), std::nullopt);
   std::optional<std::pair<int64_t, uint64_t>> last_ready;
   loop_.queue.ForEach([&](const Event& event) {
     switch (event.kind) {
       case EventKind::kTimer:
-        if (event.generation == nodes_[event.node].timer_gen) timer_at[event.node] = event.time_ns;
+        if (event.generation == nodes_[event.node].timer_gen) s.timer_at[event.node] = event.time_ns;
         return;
       case EventKind::kPump:
       case EventKind::kCheck:
@@ -104,46 +139,39 @@ bool Cluster::SkipQuietStretch() {
       default:
         break;
     }
-    until = std::min(until, event.time_ns);
+    s.until = std::min(s.until, event.time_ns);
   });
-  if (last_ready) until = std::min(until, last_ready->first);
-  if (until - now < kMinBeats * period) return false;
-  const std::vector<uint8_t> frame = wire::Encode(wire::Heartbeat{});
-  if (const int64_t others = network_.OthersInFlightUntil(frame); others > 0) {
-    // The cores may be quiet once they arrive (the rendezvous's progress lines, say).
-    next_quiet_try_ns_ = std::min(next_quiet_try_ns_, std::max(others, now + 1));
-    return false;
-  }
+  if (last_ready) s.until = std::min(s.until, last_ready->first);
+}
 
+bool Cluster::PlanQuietBeats(QuietStretch& s) {
   // The senders and the directions they write to: agent q sends on direction 2q and hears on
   // 2q + 1; every joined agent is a quiet node.
-  const host::NodeHost::Quiet& leader = quiet[*coordinator].quiet;
-  const core::Coordinator::Quiet& boss = *leader.coordinator;
-  if (boss.broadcast.size() != quiet.size()) return false;
-  Network::BeatPlan plan;
-  plan.directions.resize(2 * quiet.size());
-  std::vector<Network::BeatSender> senders;
-  senders.reserve(quiet.size() + 1);
+  const core::Coordinator::Quiet& boss = s.boss();
+  if (boss.broadcast.size() != s.quiet.size()) return false;
+  Network::BeatPlan& plan = s.plan;
+  plan.directions.resize(2 * s.quiet.size());
+  s.senders.reserve(s.quiet.size() + 1);
   std::unordered_map<uint64_t, uint32_t> agent_of_connection;
-  agent_of_connection.reserve(quiet.size());
-  for (uint32_t q = 0; q < quiet.size(); ++q) {
-    const auto sends = network_.SendsOn(quiet[q].quiet.master_conn);
+  agent_of_connection.reserve(s.quiet.size());
+  for (uint32_t q = 0; q < s.quiet.size(); ++q) {
+    const auto sends = network_.SendsOn(s.quiet[q].quiet.master_conn);
     if (!sends) return false;
     agent_of_connection[sends->first] = q;
     plan.directions[2 * q].conn = sends->first;
     plan.directions[2 * q].toward = sends->second;
     plan.directions[2 * q + 1].conn = sends->first;
     plan.directions[2 * q + 1].toward = 1 - sends->second;
-    plan.directions[2 * q + 1].heard_ns = Ns(quiet[q].quiet.agent.heard.time_since_epoch());
-    const int64_t first = Ns(quiet[q].quiet.agent.next_beat.time_since_epoch());
-    const auto& timer = timer_at[quiet[q].index];
-    if (first < now || (q != *coordinator && timer != first)) return false;  // a timer not on its beat
-    senders.push_back(Network::BeatSender{first, quiet[q].index, false, {2 * q}});
+    plan.directions[2 * q + 1].heard_ns = Ns(s.quiet[q].quiet.agent.heard.time_since_epoch());
+    const int64_t first = Ns(s.quiet[q].quiet.agent.next_beat.time_since_epoch());
+    const auto& timer = s.timer_at[s.quiet[q].index];
+    if (first < s.now || (q != s.coordinator && timer != first)) return false;  // a timer not on its beat
+    s.senders.push_back(Network::BeatSender{first, s.quiet[q].index, false, {2 * q}});
   }
-  Network::BeatSender broadcast{Ns(boss.state.next_beat.time_since_epoch()), quiet[*coordinator].index, true, {}};
-  if (broadcast.first_ns < now) return false;
+  Network::BeatSender broadcast{Ns(boss.state.next_beat.time_since_epoch()), s.quiet[s.coordinator].index, true, {}};
+  if (broadcast.first_ns < s.now) return false;
   broadcast.directions.reserve(boss.broadcast.size());
-  std::vector<uint32_t> agent_of_broadcast(boss.broadcast.size());
+  s.agent_of_broadcast.resize(boss.broadcast.size());
   for (size_t b = 0; b < boss.broadcast.size(); ++b) {
     const auto sends = network_.SendsOn(boss.broadcast[b]);
     if (!sends) return false;
@@ -151,39 +179,45 @@ bool Cluster::SkipQuietStretch() {
     if (agent == agent_of_connection.end()) return false;  // a connection of no quiet agent
     const uint32_t q = agent->second;
     if (plan.directions[2 * q + 1].toward != sends->second) return false;
-    agent_of_broadcast[b] = q;
+    s.agent_of_broadcast[b] = q;
     broadcast.directions.push_back(2 * q + 1);
     plan.directions[2 * q].heard_ns = Ns(boss.heard[b].time_since_epoch());
   }
-  senders.push_back(std::move(broadcast));
+  s.senders.push_back(std::move(broadcast));
   const int64_t silence = Ns(spec_.timeouts.LossBound()) + 1;
-  if (!network_.PlanBeats(senders, period, until, silence, invariants_.longest_gap_ns(), plan)) return false;
-  for (size_t q = 0; q < quiet.size(); ++q) {
+  if (!network_.PlanBeats(s.senders, s.period, s.until, silence, invariants_.longest_gap_ns(), plan)) return false;
+  for (size_t q = 0; q < s.quiet.size(); ++q) {
     const Network::BeatDirection& down = plan.directions[2 * q + 1];
     if (down.delivered && invariants_.CutsOff(down.longest_gap_ns)) return false;
   }
+  return true;
+}
 
+void Cluster::ApplyQuietStretch(const QuietStretch& s, const std::vector<uint8_t>& frame) {
   // It happened: the network, then each core, as the beats would have left them.
-  network_.CommitBeats(plan, frame);
+  const int64_t until = s.until;
+  const int64_t period = s.period;
+  const core::Coordinator::Quiet& boss = s.boss();
+  network_.CommitBeats(s.plan, frame);
   const auto beats_before = [&](int64_t first) { return first >= until ? 0 : (until - 1 - first) / period + 1; };
   const auto last_beat = [&](int64_t first) { return first + (beats_before(first) - 1) * period; };
   const auto at = [](int64_t ns) { return TimePoint(Duration(ns)); };
   const int64_t boss_first = Ns(boss.state.next_beat.time_since_epoch());
-  const uint32_t boss_node = quiet[*coordinator].index;
+  const uint32_t boss_node = s.quiet[s.coordinator].index;
   host::NodeHost::CoordinatorSkip boss_skip;
   boss_skip.next_beat = at(boss_first + beats_before(boss_first) * period);
   boss_skip.beat = beats_before(boss_first) > 0;
   int64_t boss_input = last_beat(boss_first);  // and below: the agent's beats and what it heard
   uint64_t beats = static_cast<uint64_t>(beats_before(boss_first));
-  std::vector<host::NodeHost::AgentSkip> agent_skips(quiet.size());
-  for (size_t q = 0; q < quiet.size(); ++q) {
-    const int64_t first = Ns(quiet[q].quiet.agent.next_beat.time_since_epoch());
-    const Network::BeatDirection& up = plan.directions[2 * q];
-    const Network::BeatDirection& down = plan.directions[2 * q + 1];
+  std::vector<host::NodeHost::AgentSkip> agent_skips(s.quiet.size());
+  for (size_t q = 0; q < s.quiet.size(); ++q) {
+    const int64_t first = Ns(s.quiet[q].quiet.agent.next_beat.time_since_epoch());
+    const Network::BeatDirection& up = s.plan.directions[2 * q];
+    const Network::BeatDirection& down = s.plan.directions[2 * q + 1];
     beats += static_cast<uint64_t>(beats_before(first));
     int64_t input = last_beat(first);
     if (down.delivered) input = std::max(input, down.heard_ns);
-    if (quiet[q].index == boss_node) {
+    if (s.quiet[q].index == boss_node) {
       // One timer serves both cores of the coordinator's host: each beat is an input of both.
       input = std::max(input, last_beat(boss_first));
       boss_input = std::max(boss_input, last_beat(first));
@@ -192,19 +226,20 @@ bool Cluster::SkipQuietStretch() {
                       down.delivered ? std::optional<TimePoint>(at(down.heard_ns)) : std::nullopt, at(input)};
     if (up.delivered) boss_input = std::max(boss_input, up.heard_ns);
     if (down.delivered) {
-      invariants_.HeardThroughout(quiet[q].index, down.first_delivery_ns, down.heard_ns, down.longest_gap_ns);
+      invariants_.HeardThroughout(s.quiet[q].index, down.first_delivery_ns, down.heard_ns, down.longest_gap_ns);
     }
   }
   // The coordinator's ids of the connections it heard, in time order.
   for (size_t b = 0; b < boss.broadcast.size(); ++b) {
-    const Network::BeatDirection& up = plan.directions[2 * agent_of_broadcast[b]];
+    const Network::BeatDirection& up = s.plan.directions[2 * s.agent_of_broadcast[b]];
     if (up.delivered) boss_skip.heard.emplace_back(at(up.heard_ns), boss.broadcast[b]);
   }
   std::sort(boss_skip.heard.begin(), boss_skip.heard.end());
   boss_skip.last_input = at(boss_input);
-  for (size_t q = 0; q < quiet.size(); ++q) {
-    Node& n = nodes_[quiet[q].index];
-    const bool recorded = n.host->SkipQuiet(agent_skips[q], q == *coordinator ? std::optional(boss_skip) : std::nullopt);
+  for (size_t q = 0; q < s.quiet.size(); ++q) {
+    Node& n = nodes_[s.quiet[q].index];
+    const bool recorded =
+        n.host->SkipQuiet(agent_skips[q], q == s.coordinator ? std::optional(boss_skip) : std::nullopt);
     // The journal counts from the coordinator's last beat, when the record was renewed.
     if (recorded) n.journal.RecordedAt(last_beat(boss_first));
   }
@@ -217,15 +252,14 @@ bool Cluster::SkipQuietStretch() {
     n.queued_ns = n.armed_ns;
     return n.armed_ns;
   });
-  for (const Network::BeatSender& sender : senders) quiet_end_ns_ = std::max(quiet_end_ns_, last_beat(sender.first_ns));
-  for (const Network::BeatDirection& d : plan.directions) {
+  for (const Network::BeatSender& sender : s.senders) {
+    quiet_end_ns_ = std::max(quiet_end_ns_, last_beat(sender.first_ns));
+  }
+  for (const Network::BeatDirection& d : s.plan.directions) {
     if (d.delivered) quiet_end_ns_ = std::max(quiet_end_ns_, d.heard_ns);
   }
   stats_.quiet_beats += beats;
   ++stats_.quiet_stretches;
-  next_quiet_try_ns_ = until;
-  stretch_until_ns_ = until;
-  return true;
 }
 
 }  // namespace ddprun::sim
