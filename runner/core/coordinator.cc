@@ -395,7 +395,7 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     MaybeFinishStop(now, out);
   }
   if (Due(Deadline::kBackoff, now)) {
-    state_ = OpenRendezvous(now, spec_.timeouts.rendezvous);
+    Enter(OpenRendezvous(now, spec_.timeouts.rendezvous));
     absence_origin_ = now;
     MaybeStartRound(now, out);
   }

@@ -183,6 +183,10 @@ class Coordinator {
   // In Phase order.
   using State = std::variant<Rendezvous, Starting, Running, Stopping, Backoff, Ending, Done>;
 
+  /// The one way the phase changes: asserts that `next` is an edge the coordinator takes
+  /// (kEdges in coordinator.cc), so a change no test foresaw stops instead of running on.
+  void Enter(State next);
+
   /// Every deadline, in the order ExpireDeadlines acts on them. NextDeadline is the earliest
   /// of DeadlineOf; ExpireDeadlines acts on those due, each looked up again after the actions
   /// before it, so the two cannot disagree (a deadline one of them ignored would spin the

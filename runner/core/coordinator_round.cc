@@ -96,7 +96,7 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
   }
   for (AgentSlot& slot : roster_.slots()) slot.plays = -1;
   for (size_t p = 0; p < nodes; ++p) roster_.at(roster_.players()[p]).plays = static_cast<int>(p);
-  state_ = Starting{};
+  Enter(Starting{});
   if (StartReach(now, out)) return;
   CommitOrBegin(out);
 }
@@ -208,8 +208,33 @@ void Coordinator::ReserveOrBegin(std::vector<CoordinatorEffect>& out) {
   }
 }
 
+namespace {
+
+// The phase changes the coordinator makes, from (row) to (column), in Phase order: a round
+// starts from a rendezvous, runs or fails while starting, stops, backs off and waits again; the
+// job ends from any phase before Ending (an interrupt, the rendezvous timeout, a verdict, a
+// takeover of an ended job), and Done follows Ending only.
+constexpr bool kEdges[7][7] = {
+    //  Rdv    Start  Run    Stop   Back   End    Done
+    {false, true, false, false, false, true, false},   // Rendezvous
+    {false, false, true, true, false, true, false},    // Starting
+    {false, false, false, true, false, true, false},   // Running
+    {false, false, false, false, true, true, false},   // Stopping
+    {true, false, false, false, false, true, false},   // Backoff
+    {false, false, false, false, false, false, true},  // Ending
+    {false, false, false, false, false, false, false}, // Done
+};
+
+}  // namespace
+
+void Coordinator::Enter(State next) {
+  static_assert(std::variant_size_v<State> == 7);
+  DDPRUN_ASSERT(kEdges[state_.index()][next.index()]);
+  state_ = std::move(next);
+}
+
 void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>& out) {
-  state_ = Running{};
+  Enter(Running{});
   record_running_ = true;  // CommitRound said so; the heartbeat renews it
   for (AgentSlot& slot : roster_.slots()) slot.done = false;
   const std::vector<int>& players = roster_.players();
@@ -304,7 +329,7 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
                                                       round_, failure.what)});
   last_failure_ = failure;
   // Leaving Starting drops its reachability probe: the next round probes again.
-  state_ = Stopping{std::move(failure), now + spec_.timeouts.ExitBarrier()};
+  Enter(Stopping{std::move(failure), now + spec_.timeouts.ExitBarrier()});
   for (AgentSlot& slot : roster_.slots()) {
     slot.stopped = false;
     slot.stopped_ranks = 0;
@@ -378,7 +403,7 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
                                                        "in {}",
                                                        stopped_ranks, restarts_used_, max_restarts,
                                                        FormatDuration(spec_.RestartBackoff(restarts_used_)))});
-    state_ = Backoff{now + spec_.RestartBackoff(restarts_used_)};
+    Enter(Backoff{now + spec_.RestartBackoff(restarts_used_)});
     out.push_back(Observed{observed::RestartSpent{restarts_used_, round_, spec_.RestartBackoff(restarts_used_)}});
     const auto& slots = roster_.slots();
     const bool unconfirmed = std::any_of(slots.begin(), slots.end(), [now](const AgentSlot& s) {
@@ -400,7 +425,7 @@ void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std:
   end_summary_ = std::move(summary);
   unjudged_.reset();  // ended otherwise (the rendezvous timeout, an interrupt): nothing left to judge
   // The verdict is told once the job's record has it (EndRecorded).
-  state_ = Ending{now + spec_.timeouts.ExitBarrier()};
+  Enter(Ending{now + spec_.timeouts.ExitBarrier()});
   // Who must hear the verdict before we exit: every connected node (it acknowledges, or its
   // connection closes after we told it), and every node that joined once and is away now (lost
   // to a pause or a partition, it stops its workers and rejoins to hear it). A node that never
@@ -437,8 +462,7 @@ void Coordinator::MaybeDone(std::vector<CoordinatorEffect>& out) {
 }
 
 void Coordinator::Finish(std::vector<CoordinatorEffect>& out) {
-  DDPRUN_ASSERT(phase() == Phase::kEnding);
-  state_ = Done{};
+  Enter(Done{});
   record_running_ = false;
   out.push_back(CoordinatorDone{*exit_code_});
 }

@@ -155,6 +155,9 @@ class Election {
   const std::string& earlier_run() const { return earlier_run_; }
   /// Writes are waiting or in flight.
   bool Writing() const;
+  /// The time of the latest input (nullopt before the first): a Resume comes no earlier, for
+  /// the host took inputs at later times while it carried the notification out.
+  std::optional<TimePoint> last_input() const { return last_input_; }
   /// Resign's revoke is not answered yet.
   bool Revoking() const { return revoke_tag_ != 0; }
 

@@ -140,8 +140,9 @@ void ElectedRole::Execute(TimePoint now, const core::election::Effect& effect) {
         } else if constexpr (std::is_same_v<T, e::Flushed>) {
           listener_.flushed();
         } else if constexpr (std::is_same_v<T, e::Continue>) {
-          // The notification before this is carried out (the last effect but this one).
-          Run(now, e::Resume{out.step});
+          // The notification before this is carried out (the last effect but this one), by the
+          // latest time the machine saw meanwhile: a real host's clock ran while it did.
+          Run(std::max(now, election_.last_input().value_or(now)), e::Resume{out.step});
         }
       },
       effect);

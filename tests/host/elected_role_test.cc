@@ -215,6 +215,7 @@ class ElectionTest : public ::testing::Test {
   JobSpec spec_;
   Etcd etcd_;
   std::map<int, std::unique_ptr<ModelClient>> clients_;
+  std::unique_ptr<ModelClient> client_for_test_;
 };
 
 TEST_F(ElectionTest, TheFirstToLookCampaignsAndTheOthersFindIt) {
@@ -501,6 +502,31 @@ TEST_F(ElectionTest, ResignRevokesTheLeaseAndSaysWhenEtcdHasIt) {
   EXPECT_FALSE(e->election().Revoking());
   EXPECT_FALSE(etcd_.Holds(e->election().role_key()));
   EXPECT_EQ(h.Take(), "flushed\n");
+}
+
+// The real host's clock runs while it carries a notification out: the coordinator it starts on
+// Lead records at a later time than the answer that made it lead, and the role goes on after
+// that (found) without taking the earlier time for a clock that went back.
+TEST_F(ElectionTest, ANotificationCarriedOutLaterThanItCameStillGoesOn) {
+  Heard h;
+  ElectedRole* role = nullptr;
+  CoordinatorRole::Listener listener = h.Listener();
+  listener.lead = [&] {
+    h.lines.push_back("lead");
+    role->RecordQuarantine(At(Millis(30)), {core::QuarantinedHost{"gpu-03", Seconds(60), 1}});
+  };
+  client_for_test_ = std::make_unique<ModelClient>(etcd_, 0u);
+  auto e = std::make_unique<ElectedRole>(spec_, "1a2b3c4d5e6f", 0, spec_.cluster.HostOf(0), *client_for_test_,
+                                         std::move(listener));
+  role = e.get();
+  h.role = role;
+  e->Lookup(At(Seconds(0)));
+  // The lookup, the lease, the campaign's put and the record's read, answered at once.
+  for (int answer = 0; answer < 4; ++answer) EXPECT_TRUE(client_for_test_->DeliverOne(*e, At(Seconds(0))));
+  EXPECT_EQ(h.Take(), "lead\nfound gpu-01:29500\n");
+  client_for_test_->Deliver(*e, At(Seconds(1)));  // the quarantine's write
+  EXPECT_EQ(h.Take(), "flushed\n");
+  EXPECT_THAT(etcd_.Peek(e->election().state_key()).value_or(StoreEntry{}).value, ::testing::HasSubstr("quarantine=60000 1 gpu-03"));
 }
 
 TEST(JobRecordTest, FormatAndParseRoundTrip) {
