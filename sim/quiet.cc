@@ -47,11 +47,11 @@ struct QuietStretch {
   };
   int64_t now = 0;
   int64_t period = 0;
-  int64_t until = 0;                // the stretch ends before this
-  std::vector<QuietNode> quiet;     // every live node
-  size_t coordinator = 0;           // the one whose host runs the coordinator
+  int64_t until = 0;                             // the stretch ends before this
+  std::vector<QuietNode> quiet;                  // every live node
+  size_t coordinator = 0;                        // the one whose host runs the coordinator
   std::vector<std::optional<int64_t>> timer_at;  // by node: its timer's queued time
-  Network::BeatPlan plan;           // agent q sends on direction 2q and hears on 2q + 1
+  Network::BeatPlan plan;                        // agent q sends on direction 2q and hears on 2q + 1
   std::vector<Network::BeatSender> senders;
   std::vector<uint32_t> agent_of_broadcast;  // the coordinator's b-th connection: quiet agent q
   const core::Coordinator::Quiet& boss() const { return *quiet[coordinator].quiet.coordinator; }
@@ -94,7 +94,7 @@ bool Cluster::QuietCores(QuietStretch& s) const {
     if (n.Hung(s.now)) return false;
     auto state = n.host->QuietNow();
     if (!state) return false;
-    if (state->agent.other_deadline) s.until = std::min(s.until, Ns(state->agent.other_deadline->time_since_epoch()));
+    if (const auto& other = state->agent.other_deadline) s.until = std::min(s.until, Ns(other->time_since_epoch()));
     if (state->coordinator) {
       coordinator = s.quiet.size();
       const auto& other = state->coordinator->state.other_deadline;
@@ -168,7 +168,8 @@ bool Cluster::PlanQuietBeats(QuietStretch& s) {
     if (first < s.now || (q != s.coordinator && timer != first)) return false;  // a timer not on its beat
     s.senders.push_back(Network::BeatSender{first, s.quiet[q].index, false, {2 * q}});
   }
-  Network::BeatSender broadcast{Ns(boss.state.next_beat.time_since_epoch()), s.quiet[s.coordinator].index, true, {}};
+  Network::BeatSender broadcast{
+      Ns(boss.state.next_beat.time_since_epoch()), s.quiet[s.coordinator].index, true, {}};
   if (broadcast.first_ns < s.now) return false;
   broadcast.directions.reserve(boss.broadcast.size());
   s.agent_of_broadcast.resize(boss.broadcast.size());
@@ -185,7 +186,8 @@ bool Cluster::PlanQuietBeats(QuietStretch& s) {
   }
   s.senders.push_back(std::move(broadcast));
   const int64_t silence = Ns(spec_.timeouts.LossBound()) + 1;
-  if (!network_.PlanBeats(s.senders, s.period, s.until, silence, invariants_.longest_gap_ns(), plan)) return false;
+  if (!network_.PlanBeats(s.senders, s.period, s.until, silence, invariants_.longest_gap_ns(), plan))
+    return false;
   for (size_t q = 0; q < s.quiet.size(); ++q) {
     const Network::BeatDirection& down = plan.directions[2 * q + 1];
     if (down.delivered && invariants_.CutsOff(down.longest_gap_ns)) return false;
@@ -226,7 +228,8 @@ void Cluster::ApplyQuietStretch(const QuietStretch& s, const std::vector<uint8_t
                       down.delivered ? std::optional<TimePoint>(at(down.heard_ns)) : std::nullopt, at(input)};
     if (up.delivered) boss_input = std::max(boss_input, up.heard_ns);
     if (down.delivered) {
-      invariants_.HeardThroughout(s.quiet[q].index, down.first_delivery_ns, down.heard_ns, down.longest_gap_ns);
+      invariants_.HeardThroughout(s.quiet[q].index, down.first_delivery_ns, down.heard_ns,
+                                  down.longest_gap_ns);
     }
   }
   // The coordinator's ids of the connections it heard, in time order.

@@ -216,13 +216,13 @@ namespace {
 // takeover of an ended job), and Done follows Ending only.
 constexpr bool kEdges[7][7] = {
     //  Rdv    Start  Run    Stop   Back   End    Done
-    {false, true, false, false, false, true, false},   // Rendezvous
-    {false, false, true, true, false, true, false},    // Starting
-    {false, false, false, true, false, true, false},   // Running
-    {false, false, false, false, true, true, false},   // Stopping
-    {true, false, false, false, false, true, false},   // Backoff
-    {false, false, false, false, false, false, true},  // Ending
-    {false, false, false, false, false, false, false}, // Done
+    {false, true, false, false, false, true, false},    // Rendezvous
+    {false, false, true, true, false, true, false},     // Starting
+    {false, false, false, true, false, true, false},    // Running
+    {false, false, false, false, true, true, false},    // Stopping
+    {true, false, false, false, false, true, false},    // Backoff
+    {false, false, false, false, false, false, true},   // Ending
+    {false, false, false, false, false, false, false},  // Done
 };
 
 }  // namespace

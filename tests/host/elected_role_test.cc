@@ -526,7 +526,8 @@ TEST_F(ElectionTest, ANotificationCarriedOutLaterThanItCameStillGoesOn) {
   EXPECT_EQ(h.Take(), "lead\nfound gpu-01:29500\n");
   client_for_test_->Deliver(*e, At(Seconds(1)));  // the quarantine's write
   EXPECT_EQ(h.Take(), "flushed\n");
-  EXPECT_THAT(etcd_.Peek(e->election().state_key()).value_or(StoreEntry{}).value, ::testing::HasSubstr("quarantine=60000 1 gpu-03"));
+  EXPECT_THAT(etcd_.Peek(e->election().state_key()).value_or(StoreEntry{}).value,
+              ::testing::HasSubstr("quarantine=60000 1 gpu-03"));
 }
 
 TEST(JobRecordTest, FormatAndParseRoundTrip) {
