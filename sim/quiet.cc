@@ -94,7 +94,9 @@ bool Cluster::QuietCores(QuietStretch& s) const {
     if (n.Hung(s.now)) return false;
     auto state = n.host->QuietNow();
     if (!state) return false;
-    if (const auto& other = state->agent.other_deadline) s.until = std::min(s.until, Ns(other->time_since_epoch()));
+    if (const auto& other = state->agent.other_deadline) {
+      s.until = std::min(s.until, Ns(other->time_since_epoch()));
+    }
     if (state->coordinator) {
       coordinator = s.quiet.size();
       const auto& other = state->coordinator->state.other_deadline;
