@@ -14,8 +14,9 @@
 //     draws it from the seed, the direction and k alone, not from a stream shared with other
 //     packets), so only the beats near the stretch's ends need drawing (Network::PlanBeats),
 //     and TCP's order per direction is kept;
-//   - each core is handed what the beats would have left (Agent::SkipQuiet,
-//     Coordinator::SkipQuiet): its next beat, its last word from each peer, its last input;
+//   - each core is handed what the beats would have left, an input like any other
+//     (core::AgentQuietStretch, core::CoordinatorQuietStretch): its next beat, its last word
+//     from each peer, its last input;
 //   - what is still in flight at `until` waits in the network as it would have.
 //
 // The run is then the same run: the same latency draws, the same state in every core, the same
@@ -208,12 +209,12 @@ void Cluster::ApplyQuietStretch(const QuietStretch& s, const std::vector<uint8_t
   const auto at = [](int64_t ns) { return TimePoint(Duration(ns)); };
   const int64_t boss_first = Ns(boss.state.next_beat.time_since_epoch());
   const uint32_t boss_node = s.quiet[s.coordinator].index;
-  host::NodeHost::CoordinatorSkip boss_skip;
+  core::CoordinatorQuietStretch boss_skip;
   boss_skip.next_beat = at(boss_first + beats_before(boss_first) * period);
   boss_skip.beat = beats_before(boss_first) > 0;
   int64_t boss_input = last_beat(boss_first);  // and below: the agent's beats and what it heard
   uint64_t beats = static_cast<uint64_t>(beats_before(boss_first));
-  std::vector<host::NodeHost::AgentSkip> agent_skips(s.quiet.size());
+  std::vector<core::AgentQuietStretch> agent_skips(s.quiet.size());
   for (size_t q = 0; q < s.quiet.size(); ++q) {
     const int64_t first = Ns(s.quiet[q].quiet.agent.next_beat.time_since_epoch());
     const Network::BeatDirection& up = s.plan.directions[2 * q];

@@ -94,6 +94,7 @@ void Agent::Handle(TimePoint now, const AgentInput& input, std::vector<AgentEffe
   // Time never moves back: the stall measure below and every deadline rely on it (the real
   // driver reads a steady clock, the simulator its virtual one).
   DDPRUN_ASSERT(!last_input_ || now >= *last_input_);
+  if (const auto* stretch = std::get_if<AgentQuietStretch>(&input)) return SkipQuiet(*stretch, out);
   Apply(now, input, out);
   // Start and Handle are the only changes of state, so the table is read once per input.
   UpdateDeadlines();
@@ -197,15 +198,14 @@ std::optional<QuietState> Agent::Quiet() const {
   return QuietState{next_heartbeat_, next_other_deadline_, link_heard_};
 }
 
-void Agent::SkipQuiet(TimePoint next_beat, std::optional<TimePoint> heard, TimePoint last_input,
-                      std::vector<AgentEffect>& out) {
-  DDPRUN_ASSERT(Quiet().has_value() && next_beat >= next_heartbeat_ && last_input >= *last_input_);
-  next_heartbeat_ = next_beat;
-  if (heard) {
-    link_heard_ = *heard;
-    Heard(*heard, out);
+void Agent::SkipQuiet(const AgentQuietStretch& stretch, std::vector<AgentEffect>& out) {
+  DDPRUN_ASSERT(Quiet().has_value() && stretch.next_beat >= next_heartbeat_ && stretch.last_input >= *last_input_);
+  next_heartbeat_ = stretch.next_beat;
+  if (stretch.heard) {
+    link_heard_ = *stretch.heard;
+    Heard(*stretch.heard, out);
   }
-  last_input_ = last_input;
+  last_input_ = stretch.last_input;
   // Only the heartbeat's and the loss's deadlines moved: the others are next_other_deadline_.
   next_deadline_ = next_other_deadline_;
   for (const Deadline moved : {Deadline::kHeartbeat, Deadline::kLoss}) {

@@ -71,12 +71,6 @@ class Agent {
   /// Joined, with nothing under way but heartbeats (no stop, no leaving, no interrupt, no stacks
   /// being read): its beat and other deadlines; nullopt otherwise.
   std::optional<QuietState> Quiet() const;
-  /// A quiet stretch passed without running it (sim/quiet.cc): the agent sent a heartbeat at each
-  /// beat before `next_beat`, last heard the coordinator's at `heard` (nullopt: not at all) and
-  /// last ran at `last_input`. Sets exactly what those inputs would have set, and renews the
-  /// workers' lease as the last word did.
-  void SkipQuiet(TimePoint next_beat, std::optional<TimePoint> heard, TimePoint last_input,
-                 std::vector<AgentEffect>& out);
 
   /// Derived from the link and the round: kRunning while this node's round is open.
   Phase phase() const;
@@ -140,6 +134,9 @@ class Agent {
   void UpdateDeadlines();
   /// Handle without the bookkeeping of next_deadline_.
   void Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffect>& out);
+  /// AgentQuietStretch: not an event of its `now` but the stretch's outcome, so no deadline
+  /// expires and no stall is measured.
+  void SkipQuiet(const AgentQuietStretch& stretch, std::vector<AgentEffect>& out);
   bool Due(Deadline deadline, TimePoint now) const;
   void ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out);
   void OnMessage(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out);

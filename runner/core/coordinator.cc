@@ -231,6 +231,7 @@ void Coordinator::SetSlotConn(int agent, std::optional<ConnId> conn, TimePoint n
 void Coordinator::Handle(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out) {
   // The silence index (Links) relies on inputs in time order.
   DDPRUN_ASSERT(now >= last_input_);
+  if (const auto* stretch = std::get_if<CoordinatorQuietStretch>(&input)) return SkipQuiet(*stretch, out);
   ExpireDeadlines(now, out);
   last_input_ = now;
   Apply(now, input, out);

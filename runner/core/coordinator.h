@@ -84,12 +84,6 @@ class Coordinator {
     std::vector<TimePoint> heard;  // when each of `broadcast` was last heard from
   };
   std::optional<Quiet> QuietNow() const;
-  /// A quiet stretch passed without running it: the coordinator broadcast a heartbeat at each
-  /// beat before `next_beat` (`beat`: at least one), heard each connection of `heard` last at its
-  /// time (in time order) and last ran at `last_input`. Sets exactly what those inputs would
-  /// have set, and renews the record as the last beat did.
-  void SkipQuiet(TimePoint next_beat, bool beat, const std::vector<std::pair<TimePoint, ConnId>>& heard,
-                 TimePoint last_input, std::vector<CoordinatorEffect>& out);
 
   Phase phase() const { return static_cast<Phase>(state_.index()); }
   /// Whether `conn` is an agent that joined (its join accepted, with the secret's proof when
@@ -200,6 +194,9 @@ class Coordinator {
   void ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>& out);
 
   void Apply(TimePoint now, const CoordinatorInput& input, std::vector<CoordinatorEffect>& out);
+  /// CoordinatorQuietStretch: not an event of its `now` but the stretch's outcome, so no
+  /// deadline expires (coordinator_quiet.cc).
+  void SkipQuiet(const CoordinatorQuietStretch& stretch, std::vector<CoordinatorEffect>& out);
   void SetSlotConn(int agent, std::optional<ConnId> conn, TimePoint now);
   void MarkStopped(AgentSlot& slot, int stopped_ranks);
   void OnMessage(TimePoint now, ConnId conn, const wire::Message& message,

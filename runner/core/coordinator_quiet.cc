@@ -32,14 +32,13 @@ std::optional<Coordinator::Quiet> Coordinator::QuietNow() const {
   return quiet;
 }
 
-void Coordinator::SkipQuiet(TimePoint next_beat, bool beat, const std::vector<std::pair<TimePoint, ConnId>>& heard,
-                            TimePoint last_input, std::vector<CoordinatorEffect>& out) {
-  DDPRUN_ASSERT(MayBeQuiet() && next_beat >= next_heartbeat_ && last_input >= last_input_);
-  next_heartbeat_ = next_beat;
-  for (const auto& [at, conn] : heard) links_.Heard(conn, at);
+void Coordinator::SkipQuiet(const CoordinatorQuietStretch& stretch, std::vector<CoordinatorEffect>& out) {
+  DDPRUN_ASSERT(MayBeQuiet() && stretch.next_beat >= next_heartbeat_ && stretch.last_input >= last_input_);
+  next_heartbeat_ = stretch.next_beat;
+  for (const auto& [at, conn] : stretch.heard) links_.Heard(conn, at);
   links_.Trim();
-  last_input_ = last_input;
-  if (beat && record_running_) out.push_back(RecordWorkers{true});
+  last_input_ = stretch.last_input;
+  if (stretch.beat && record_running_) out.push_back(RecordWorkers{true});
 }
 
 }  // namespace ddprun::core

@@ -69,6 +69,17 @@ struct QuietState {
   std::optional<TimePoint> other_deadline;
   TimePoint heard;  // an agent's last word from the coordinator: its loss deadline counts from it
 };
+/// A quiet stretch passed without running it (the simulator, sim/quiet.cc): the coordinator
+/// broadcast a heartbeat at each beat before `next_beat` (`beat`: at least one), heard each
+/// connection of `heard` last at its time (in time order) and last ran at `last_input`. Fed at
+/// the stretch's start, only while QuietNow() said so; it sets exactly what those inputs would
+/// have set, and renews the record as the last beat did.
+struct CoordinatorQuietStretch {
+  TimePoint next_beat;
+  bool beat = false;
+  std::vector<std::pair<TimePoint, ConnId>> heard;
+  TimePoint last_input;
+};
 /// The host's answer to CommitRound: the job's store holds the round, and this coordinator
 /// still held the coordinator role when it was written.
 struct RoundCommitted {
@@ -77,8 +88,8 @@ struct RoundCommitted {
 /// The job's end (RecordEnd) is in its record; the agents may hear it now.
 struct EndRecorded {};
 
-using CoordinatorInput =
-    std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, RoundCommitted, EndRecorded, Tick>;
+using CoordinatorInput = std::variant<PeerAccepted, PeerMessage, PeerClosed, StorePortReady, RoundCommitted,
+                                      EndRecorded, Tick, CoordinatorQuietStretch>;
 
 struct SendTo {
   ConnId conn = 0;
@@ -298,9 +309,19 @@ struct ProbesDone {
   std::vector<wire::ProbeFailure> failures;
 };
 
+/// A quiet stretch passed without running it (the simulator, sim/quiet.cc): the agent sent a
+/// heartbeat at each beat before `next_beat`, last heard the coordinator's at `heard` (nullopt:
+/// not at all) and last ran at `last_input`. Fed at the stretch's start, only while Quiet() said
+/// so; it sets exactly what those inputs would have set, and renews the workers' lease as the
+/// last word did.
+struct AgentQuietStretch {
+  TimePoint next_beat;
+  std::optional<TimePoint> heard;
+  TimePoint last_input;
+};
 using AgentInput = std::variant<MasterConnected, MasterConnectFailed, MasterMessage, MasterClosed,
                                 WorkerExited, WorkerSpawnFailed, SignalReceived, BeaconReceived,
-                                WorkerStacks, ProbesDone, Tick>;
+                                WorkerStacks, ProbesDone, Tick, AgentQuietStretch>;
 
 struct ConnectToMaster {};
 struct SendToMaster {

@@ -528,12 +528,13 @@ std::optional<NodeHost::Quiet> NodeHost::QuietNow() const {
   return quiet;
 }
 
-bool NodeHost::SkipQuiet(const AgentSkip& agent, const std::optional<CoordinatorSkip>& coordinator) {
+bool NodeHost::SkipQuiet(const core::AgentQuietStretch& agent,
+                         const std::optional<core::CoordinatorQuietStretch>& coordinator) {
   DDPRUN_ASSERT(coordinator.has_value() == (coordinator_ != nullptr));
   const TimePoint now = ports_.clock->Now();
   PooledAgentEffects pooled;
   std::vector<core::AgentEffect>& effects = pooled.buffer;
-  agent_.SkipQuiet(agent.next_beat, agent.heard, agent.last_input, effects);
+  agent_.Handle(now, agent, effects);
   for (const core::AgentEffect& effect : effects) {
     if (const auto* lease = std::get_if<core::RenewLease>(&effect)) ports_.launcher->RenewLease(lease->kill_at);
   }
@@ -541,7 +542,7 @@ bool NodeHost::SkipQuiet(const AgentSkip& agent, const std::optional<Coordinator
   bool recorded = false;
   if (coordinator) {
     std::vector<core::CoordinatorEffect>& out = coordinator_effects_;
-    coordinator_->SkipQuiet(coordinator->next_beat, coordinator->beat, coordinator->heard, coordinator->last_input, out);
+    coordinator_->Handle(now, *coordinator, out);
     for (const core::CoordinatorEffect& effect : out) {
       if (const auto* record = std::get_if<core::RecordWorkers>(&effect)) {
         role_->RecordWorkers(now, record->rounds_may_run);

@@ -65,22 +65,11 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
     std::optional<core::Coordinator::Quiet> coordinator;
   };
   std::optional<Quiet> QuietNow() const;
-  /// What a skipped quiet stretch did to each core (Agent::SkipQuiet, Coordinator::SkipQuiet).
-  struct AgentSkip {
-    TimePoint next_beat;
-    std::optional<TimePoint> heard;
-    TimePoint last_input;
-  };
-  struct CoordinatorSkip {
-    TimePoint next_beat;
-    bool beat = false;
-    std::vector<std::pair<TimePoint, ConnId>> heard;  // in time order
-    TimePoint last_input;
-  };
-  /// Applies the stretch to the cores and executes what they renew (the workers' lease, the
+  /// Feeds the stretch to the cores, an input of each (core::AgentQuietStretch,
+  /// core::CoordinatorQuietStretch), and executes what they renew (the workers' lease, the
   /// record); re-arms the timer. True when the record was renewed that workers may run (as
   /// of the coordinator's last beat in the stretch, which the caller's journal is told).
-  bool SkipQuiet(const AgentSkip& agent, const std::optional<CoordinatorSkip>& coordinator);
+  bool SkipQuiet(const core::AgentQuietStretch& agent, const std::optional<core::CoordinatorQuietStretch>& coordinator);
 
   // TransportEvents
   void OnAccepted(ConnId conn, std::string peer_addr) override;
