@@ -50,7 +50,7 @@ Agent::Agent(const JobSpec& spec, Config config)
 
 void Agent::Start(TimePoint now, std::vector<AgentEffect>& out) {
   rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
-  link_ = Connecting{};
+  DDPRUN_ASSERT(std::holds_alternative<Connecting>(link_) && !last_input_);  // once, first
   out.push_back(ConnectToMaster{});
   UpdateDeadlines();
 }
@@ -137,8 +137,8 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
     // client: join at once; a coordinator with a secret answers with a Challenge. With a
     // secret this first join says nothing about the job until the coordinator has proved it
     // knows the secret.
-    link_ = Joining{config_.secret.empty(),
-                    Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32)};
+    Enter(Joining{config_.secret.empty(),
+                  Sha256Hex(fmt::format("{}:{}", config_.instance, ++connections_)).substr(0, 32)});
     SendJoin("", out);
   } else if (const auto* failed = std::get_if<MasterConnectFailed>(&input)) {
     OnConnectFailed(now, *failed, out);
@@ -163,7 +163,7 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
   } else if (const auto* closed = std::get_if<MasterClosed>(&input)) {
     if (!Connected()) return;
     const bool was_joined = IsJoined();
-    link_ = Disconnected{};
+    Enter(Disconnected{});
     if (leaving_) {
       MaybeStopped(out);
       return;
@@ -335,7 +335,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   }
   if (Due(Deadline::kLoss, now)) {
     const bool was_joined = IsJoined();
-    link_ = Disconnected{};
+    Enter(Disconnected{});
     out.push_back(DisconnectFromMaster{});
     if (leaving_) {
       MaybeStopped(out);
@@ -392,7 +392,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     return;  // a second JoinAck on one connection: nothing to do
   } else if (const auto* ack = std::get_if<wire::JoinAck>(&message)) {
     // Agents connect only once their workers are gone, so nothing of a round is open here.
-    link_ = Joined{false, running_workers() > 0};
+    Enter(Joined{false, running_workers() > 0});
     refused_retrying_ = false;
     last_refusal_.clear();
     standby_ = ack->standby;
@@ -664,10 +664,32 @@ void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
   }
 }
 
+namespace {
+
+// The link's changes, from (row) to (column), in Link order: a connect joins or fails and is
+// retried; a join is acknowledged, refused (retried) or lost; whatever the link, the agent may
+// leave (Disconnected), and a lost link waits to connect again.
+constexpr bool kLinkEdges[5][5] = {
+    // Connecting RetryWait Joining Joined Disconnected
+    {false, true, true, false, true},   // Connecting
+    {true, false, false, false, true},  // RetryWait
+    {false, true, false, true, true},   // Joining
+    {false, true, false, false, true},  // Joined
+    {false, true, false, false, true},  // Disconnected
+};
+
+}  // namespace
+
+void Agent::Enter(Link next) {
+  static_assert(std::variant_size_v<Link> == 5);
+  DDPRUN_ASSERT(kLinkEdges[link_.index()][next.index()]);
+  link_ = std::move(next);
+}
+
 void Agent::Finish(TimePoint now, int code, std::vector<AgentEffect>& out) {
   leaving_ = Leaving{code, leaving_ && leaving_->ack};  // a JobEnd heard is still acknowledged
   if (Connected()) out.push_back(DisconnectFromMaster{});
-  link_ = Disconnected{};
+  Enter(Disconnected{});
   StopWorkers(now, out);  // a no-op when a stop is already under way or nothing runs
   MaybeStopped(out);
 }

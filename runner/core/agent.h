@@ -222,6 +222,9 @@ class Agent {
     bool ack = false;
   };
 
+  /// The one way the link changes: asserts that `next` is an edge the agent takes
+  /// (kLinkEdges in agent.cc).
+  void Enter(Link next);
   bool Connected() const;
   bool IsJoined() const { return std::holds_alternative<Joined>(link_); }
   bool Exited() const { return exit_code_.has_value(); }

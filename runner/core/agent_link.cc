@@ -82,7 +82,7 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
 
 void Agent::MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kRetry, now)) {
-    link_ = Connecting{};
+    Enter(Connecting{});
     out.push_back(ConnectToMaster{});
   }
 }
@@ -99,7 +99,7 @@ void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,
                     HumanDuration(left > Duration(0) ? left : Duration(0))),
         out);
   }
-  link_ = RetryWait{now + retry_delay_};
+  Enter(RetryWait{now + retry_delay_});
   retry_delay_ = std::min(retry_delay_ * 2, kMaxRetry);
 }
 
@@ -145,7 +145,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
     kill_at = kill_by;
   }
   retry_delay_ = kFirstRetry;
-  link_ = RetryWait{now + retry_delay_};
+  Enter(RetryWait{now + retry_delay_});
   MaybeStopped(out);
 }
 
@@ -166,7 +166,7 @@ void Agent::RetryLater(TimePoint now, std::string error, Duration retry, bool sa
         out);
   }
   out.push_back(DisconnectFromMaster{});
-  link_ = RetryWait{now + retry};
+  Enter(RetryWait{now + retry});
 }
 
 void Agent::OnUnproven(TimePoint now, const wire::Message& message, std::vector<AgentEffect>& out) {
