@@ -199,7 +199,8 @@ std::optional<QuietState> Agent::Quiet() const {
 }
 
 void Agent::SkipQuiet(const AgentQuietStretch& stretch, std::vector<AgentEffect>& out) {
-  DDPRUN_ASSERT(Quiet().has_value() && stretch.next_beat >= next_heartbeat_ && stretch.last_input >= *last_input_);
+  DDPRUN_ASSERT(Quiet().has_value() && stretch.next_beat >= next_heartbeat_ &&
+                stretch.last_input >= *last_input_);
   next_heartbeat_ = stretch.next_beat;
   if (stretch.heard) {
     link_heard_ = *stretch.heard;

@@ -320,8 +320,8 @@ struct AgentQuietStretch {
   TimePoint last_input;
 };
 using AgentInput = std::variant<MasterConnected, MasterConnectFailed, MasterMessage, MasterClosed,
-                                WorkerExited, WorkerSpawnFailed, SignalReceived, BeaconReceived,
-                                WorkerStacks, ProbesDone, Tick, AgentQuietStretch>;
+                                WorkerExited, WorkerSpawnFailed, SignalReceived, BeaconReceived, WorkerStacks,
+                                ProbesDone, Tick, AgentQuietStretch>;
 
 struct ConnectToMaster {};
 struct SendToMaster {

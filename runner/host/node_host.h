@@ -69,7 +69,8 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   /// core::CoordinatorQuietStretch), and executes what they renew (the workers' lease, the
   /// record); re-arms the timer. True when the record was renewed that workers may run (as
   /// of the coordinator's last beat in the stretch, which the caller's journal is told).
-  bool SkipQuiet(const core::AgentQuietStretch& agent, const std::optional<core::CoordinatorQuietStretch>& coordinator);
+  bool SkipQuiet(const core::AgentQuietStretch& agent,
+                 const std::optional<core::CoordinatorQuietStretch>& coordinator);
 
   // TransportEvents
   void OnAccepted(ConnId conn, std::string peer_addr) override;
