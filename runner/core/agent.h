@@ -18,6 +18,12 @@
 
 namespace ddprun::core {
 
+namespace test {
+/// The death tests' door to each machine's transition function (tests/core/edges_test.cc):
+/// an edge no input can take must still be seen to stop the process.
+struct Edges;
+}  // namespace test
+
 class Agent {
  public:
   enum class Phase { kConnecting, kRetryWait, kJoining, kWaiting, kRunning, kExited };
@@ -81,6 +87,7 @@ class Agent {
   AgentMetrics Metrics(TimePoint now) const;
 
  private:
+  friend struct test::Edges;
   /// A failed connect or join is tried again after kFirstRetry, doubling up to kMaxRetry.
   static constexpr Duration kFirstRetry = Millis(250);
   static constexpr Duration kMaxRetry = Seconds(2);

@@ -25,6 +25,12 @@ namespace ddprun::core {
 
 struct JoinVerdict;
 
+namespace test {
+/// The death tests' door to each machine's transition function (tests/core/edges_test.cc):
+/// an edge no input can take must still be seen to stop the process.
+struct Edges;
+}  // namespace test
+
 class Coordinator {
  public:
   enum class Phase { kRendezvous, kStarting, kRunning, kStopping, kBackoff, kEnding, kDone };
@@ -128,6 +134,7 @@ class Coordinator {
   const HangJudgement& last_hang_judgement() const { return hangs_.last_judgement(); }
 
  private:
+  friend struct test::Edges;
   /// A phase in which the coordinator may be quiet (QuietNow).
   bool MayBeQuiet() const;
   // ---- The phases, each with what it waits for.

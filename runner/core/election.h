@@ -129,6 +129,12 @@ using Effect = std::variant<Get, Grant, PutIf, KeepAlive, Revoke, Found, LookupF
 std::string FormatJobRecord(const JobRecord& record);
 std::optional<JobRecord> ParseJobRecord(const std::string& text);
 
+namespace test {
+/// The death tests' door to each machine's transition function (tests/core/edges_test.cc):
+/// an edge no input can take must still be seen to stop the process.
+struct Edges;
+}  // namespace test
+
 class Election {
  public:
   /// `agent` is this agent's index (nodes, then spares); `endpoint` where its coordinator would
@@ -168,6 +174,7 @@ class Election {
   static Duration StepDownMargin(Duration lease);
 
  private:
+  friend struct test::Edges;
   // The phases, each with what it alone needs. `sent` is when the lease was asked for (Grant):
   // the lease certainly lives until sent + its TTL.
   struct Idle {};
