@@ -45,18 +45,20 @@ TEST(EdgesTest, TheAgentsLinkTakesOnlyItsEdges) {
   Agent::Config config;
   config.node_rank = 1;
   Agent agent(spec, config);  // connecting
-  EXPECT_DEATH(Edges::Join(agent), "assertion failed: kLinkEdges\\[link_.index\\(\\)\\]\\[next.index\\(\\)\\]");
+  EXPECT_DEATH(Edges::Join(agent),
+               "assertion failed: kLinkEdges\\[link_.index\\(\\)\\]\\[next.index\\(\\)\\]");
   Edges::Connect(agent);
   Edges::Join(agent);
   Edges::Leave(agent);
-  Edges::Leave(agent);  // leaving again, as Finish may
+  Edges::Leave(agent);                                // leaving again, as Finish may
   EXPECT_DEATH(Edges::Connect(agent), "kLinkEdges");  // a left agent only waits to connect again
 }
 
 TEST(EdgesTest, TheCoordinatorsPhaseTakesOnlyItsEdges) {
   const JobSpec spec = SpecFromToml(kTwoNodeJob);
   Coordinator coordinator(spec, CanonicalForm(spec), At(Seconds(0)));  // in its rendezvous
-  EXPECT_DEATH(Edges::Done(coordinator), "assertion failed: kEdges\\[state_.index\\(\\)\\]\\[next.index\\(\\)\\]");
+  EXPECT_DEATH(Edges::Done(coordinator),
+               "assertion failed: kEdges\\[state_.index\\(\\)\\]\\[next.index\\(\\)\\]");
   EXPECT_DEATH(Edges::Run(coordinator), "kEdges");  // a round starts before it runs
   Edges::End(coordinator);
   EXPECT_DEATH(Edges::End(coordinator), "kEdges");  // the job ends once
@@ -67,7 +69,8 @@ TEST(EdgesTest, TheCoordinatorsPhaseTakesOnlyItsEdges) {
 TEST(EdgesTest, TheElectionsPhaseMovesOneStepForwardOrBackToIdle) {
   const JobSpec spec = SpecFromToml(kEtcdJob);
   Election election(spec, "1a2b3c4d5e6f", 0, "gpu-01:29500");
-  EXPECT_DEATH(Edges::Lead(election), "assertion failed: next.index\\(\\) == 0 \\|\\| next.index\\(\\) == state_.index\\(\\) \\+ 1");
+  EXPECT_DEATH(Edges::Lead(election),
+               "assertion failed: next.index\\(\\) == 0 \\|\\| next.index\\(\\) == state_.index\\(\\) \\+ 1");
   Edges::Look(election);
   Edges::Idle(election);
   Edges::Idle(election);
