@@ -164,6 +164,8 @@ class Election {
   /// The time of the latest input (nullopt before the first): a Resume comes no earlier, for
   /// the host took inputs at later times while it carried the notification out.
   std::optional<TimePoint> last_input() const { return last_input_; }
+  /// TookPart was fed (once is enough: the host need not feed it again).
+  bool took_part() const { return took_part_; }
   /// Resign's revoke is not answered yet.
   bool Revoking() const { return revoke_tag_ != 0; }
 

@@ -61,9 +61,9 @@ void ElectedRole::OnStoreResult(TimePoint now, const StoreResult& result) {
   core::election::Answer answer{it->second, result.error, result.succeeded, result.lease,
                                 result.ttl, std::nullopt, result.revision};
   tags_.erase(it);
-  if (result.entry)
-    answer.entry =
-        core::election::Entry{result.entry->value, result.entry->create_revision, result.entry->lease};
+  if (result.entry) {
+    answer.entry = core::election::Entry{result.entry->value, result.entry->create_revision, result.entry->lease};
+  }
   Run(now, answer);
 }
 

@@ -130,7 +130,10 @@ class ElectedRole final : public CoordinatorRole {
   void Seat(core::Coordinator& coordinator) const override;
   std::string Holding() const override;
   void Lookup(TimePoint now) override { Run(now, core::election::Lookup{}); }
-  void TookPart(TimePoint now) override { Run(now, core::election::TookPart{}); }
+  /// Called on every input of an admitted agent (heartbeats, beacons): the machine hears it once.
+  void TookPart(TimePoint now) override {
+    if (!election_.took_part()) Run(now, core::election::TookPart{});
+  }
   void Resign(TimePoint now) override { Run(now, core::election::Resign{}); }
   bool OnTick(TimePoint now) override {
     Run(now, core::Tick{});

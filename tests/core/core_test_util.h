@@ -38,6 +38,23 @@ heartbeat = "2s"
 stop_grace = "30s"
 )";
 
+/// Two nodes whose coordinator role lives in etcd (core::Election): keys under /team/llm, a
+/// 6 s lease.
+inline constexpr std::string_view kTwoNodeEtcdJob = R"(version = 1
+[job]
+name = "llm"
+command = ["python", "train.py"]
+[cluster]
+nodes = ["gpu-01", "gpu-02"]
+master_port = 29500
+nproc_per_node = 1
+[rendezvous]
+backend = "etcd"
+endpoints = ["http://127.0.0.1:2379"]
+prefix = "/team"
+lease = "6s"
+)";
+
 /// Parses `text` with the real loader; a job the loader refuses fails the test with the
 /// rendered diagnostics and yields a default spec.
 inline JobSpec SpecFromToml(std::string_view text) {

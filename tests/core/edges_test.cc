@@ -26,20 +26,6 @@ struct Edges {
 
 namespace {
 
-constexpr std::string_view kEtcdJob = R"(version = 1
-[job]
-name = "llm"
-command = ["python", "train.py"]
-[cluster]
-nodes = ["gpu-01", "gpu-02"]
-master_port = 29500
-nproc_per_node = 1
-[rendezvous]
-backend = "etcd"
-endpoints = ["http://127.0.0.1:2379"]
-lease = "6s"
-)";
-
 TEST(EdgesTest, TheAgentsLinkTakesOnlyItsEdges) {
   const JobSpec spec = SpecFromToml(kTwoNodeJob);
   Agent::Config config;
@@ -67,7 +53,7 @@ TEST(EdgesTest, TheCoordinatorsPhaseTakesOnlyItsEdges) {
 }
 
 TEST(EdgesTest, TheElectionsPhaseMovesOneStepForwardOrBackToIdle) {
-  const JobSpec spec = SpecFromToml(kEtcdJob);
+  const JobSpec spec = SpecFromToml(kTwoNodeEtcdJob);
   Election election(spec, "1a2b3c4d5e6f", 0, "gpu-01:29500");
   EXPECT_DEATH(Edges::Lead(election),
                "assertion failed: next.index\\(\\) == 0 \\|\\| next.index\\(\\) == state_.index\\(\\) \\+ 1");

@@ -15,27 +15,12 @@ namespace {
 using namespace std::chrono_literals;
 namespace e = election;
 
-constexpr std::string_view kJob = R"(version = 1
-[job]
-name = "llm"
-command = ["python", "train.py"]
-[cluster]
-nodes = ["gpu-01", "gpu-02"]
-master_port = 29500
-nproc_per_node = 1
-[rendezvous]
-backend = "etcd"
-endpoints = ["http://127.0.0.1:2379"]
-prefix = "/team"
-lease = "6s"
-)";
-
-TimePoint At(Duration d) { return TimePoint{} + d; }
+using test::At;
 
 class CoreElectionTest : public ::testing::Test {
  protected:
   CoreElectionTest()
-      : spec_(test::SpecFromToml(std::string(kJob))), election_(spec_, "1a2b3c4d5e6f", 1, "gpu-02:29500") {}
+      : spec_(test::SpecFromToml(test::kTwoNodeEtcdJob)), election_(spec_, "1a2b3c4d5e6f", 1, "gpu-02:29500") {}
 
   std::vector<e::Effect> Feed(Duration at, const e::Input& input) {
     std::vector<e::Effect> out;
