@@ -62,7 +62,8 @@ void ElectedRole::OnStoreResult(TimePoint now, const StoreResult& result) {
                                 result.ttl, std::nullopt, result.revision};
   tags_.erase(it);
   if (result.entry) {
-    answer.entry = core::election::Entry{result.entry->value, result.entry->create_revision, result.entry->lease};
+    answer.entry =
+        core::election::Entry{result.entry->value, result.entry->create_revision, result.entry->lease};
   }
   Run(now, answer);
 }

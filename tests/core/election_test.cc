@@ -20,7 +20,8 @@ using test::At;
 class CoreElectionTest : public ::testing::Test {
  protected:
   CoreElectionTest()
-      : spec_(test::SpecFromToml(test::kTwoNodeEtcdJob)), election_(spec_, "1a2b3c4d5e6f", 1, "gpu-02:29500") {}
+      : spec_(test::SpecFromToml(test::kTwoNodeEtcdJob)),
+        election_(spec_, "1a2b3c4d5e6f", 1, "gpu-02:29500") {}
 
   std::vector<e::Effect> Feed(Duration at, const e::Input& input) {
     std::vector<e::Effect> out;
