@@ -64,9 +64,7 @@ Agent::Phase Agent::phase() const {
   if (std::holds_alternative<Connecting>(link_)) return Phase::kConnecting;
   if (std::holds_alternative<RetryWait>(link_)) return Phase::kRetryWait;
   if (std::holds_alternative<Joining>(link_)) return Phase::kJoining;
-  if (const auto* joined = std::get_if<Joined>(&link_)) {
-    return joined->round_open ? Phase::kRunning : Phase::kWaiting;
-  }
+  if (IsJoined()) return RoundOpen() ? Phase::kRunning : Phase::kWaiting;
   return running_workers() > 0 ? Phase::kRunning : Phase::kWaiting;  // leaving
 }
 
@@ -189,9 +187,21 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
   MaybeReconnect(now, out);
 }
 
+bool Agent::RoundOpen() const {
+  if (!IsJoined()) return false;
+  const auto* stopping = std::get_if<Stopping>(&work_);
+  return std::holds_alternative<Running>(work_) || (stopping && stopping->open);
+}
+
+Agent::Stacks* Agent::stacks() {
+  if (auto* running = std::get_if<Running>(&work_)) return &running->stacks;
+  if (auto* stopping = std::get_if<Stopping>(&work_)) return &stopping->stacks;
+  return nullptr;
+}
+
 std::optional<QuietState> Agent::Quiet() const {
-  if (Exited() || !IsJoined() || stop_ || leaving_ || interrupt_deadline_ || stacks_due_ || !last_input_ ||
-      echo_awaited_ != 0) {
+  if (Exited() || !IsJoined() || std::holds_alternative<Stopping>(work_) || leaving_ || interrupt_deadline_ ||
+      (stacks() && stacks()->due) || !last_input_ || echo_awaited_ != 0) {
     return std::nullopt;
   }
   // Its deadlines as of its last input: nothing has moved them since.
@@ -226,9 +236,11 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
   if (Exited()) return std::nullopt;
   switch (deadline) {
     case Deadline::kKill:
-      return stop_ ? stop_->kill_at : std::nullopt;
-    case Deadline::kGiveUp:
-      return stop_ ? stop_->give_up_at : std::nullopt;
+    case Deadline::kGiveUp: {
+      const auto* stopping = std::get_if<Stopping>(&work_);
+      if (!stopping) return std::nullopt;
+      return deadline == Deadline::kKill ? stopping->kill_at : stopping->give_up_at;
+    }
     case Deadline::kInterrupt:
       return interrupt_deadline_;
     case Deadline::kHeartbeat:
@@ -250,7 +262,7 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
       // The coordinator owns the rendezvous timeout once we joined; this is the backstop for
       // a coordinator that went quiet before the first round.
       // A job with spares may keep a joined agent waiting as long as it runs.
-      if (!standby_ && round_ < 0 && !std::get<Joined>(link_).round_open && running_workers() == 0) {
+      if (!standby_ && round_ < 0 && !RoundOpen() && running_workers() == 0) {
         return rendezvous_deadline_ + spec_.timeouts.LossBound() + Seconds(10);
       }
       return std::nullopt;
@@ -266,11 +278,11 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
       return next;
     }
     case Deadline::kStacks:
-      return stacks_due_;
+      return stacks() ? stacks()->due : std::nullopt;
     case Deadline::kReport: {
-      const auto* joined = std::get_if<Joined>(&link_);
-      if (!joined || !joined->round_open || stop_ || leaving_) return std::nullopt;
-      return next_report_;
+      const auto* running = std::get_if<Running>(&work_);
+      if (!running || !IsJoined() || leaving_) return std::nullopt;
+      return running->next_report;
     }
     case Deadline::kCount:
       break;
@@ -304,14 +316,14 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kKill, now)) {
     // stop_grace after SIGTERM, or sooner when the stop began late (the lease counts from the
     // last word heard): say how long it really was.
-    const Duration waited = now - stop_->sigterm_at;
+    const Duration waited = now - std::get<Stopping>(work_).sigterm_at;
     KillWorkers(now,
                 fmt::format("still running {} after SIGTERM",
                             waited == spec_.timeouts.stop_grace ? FormatDuration(waited) : HumanDuration(waited)),
                 out);
   }
   if (Due(Deadline::kGiveUp, now)) {
-    stop_->give_up_at.reset();
+    std::get<Stopping>(work_).give_up_at.reset();
     if (running_workers() > 0) {
       Log(LogLevel::kError, "workers did not exit after SIGKILL (stuck in the kernel?); giving up on them", out);
       for (Worker& w : workers_) {
@@ -369,7 +381,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   }
   if (Due(Deadline::kProgress, now)) OnProgressExpired(now, out);
   if (Due(Deadline::kStacks, now)) {
-    stacks_due_.reset();
+    stacks()->due.reset();
     out.push_back(ReadStacks{round_});
   }
   if (Due(Deadline::kReport, now)) Report(now, out);
@@ -393,7 +405,8 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     return;  // a second JoinAck on one connection: nothing to do
   } else if (const auto* ack = std::get_if<wire::JoinAck>(&message)) {
     // Agents connect only once their workers are gone, so nothing of a round is open here.
-    Enter(Joined{false, running_workers() > 0});
+    DDPRUN_ASSERT(std::holds_alternative<Idle>(work_) && running_workers() == 0);
+    Enter(Joined{});
     refused_retrying_ = false;
     last_refusal_.clear();
     standby_ = ack->standby;
@@ -480,7 +493,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
     return;
   }
   joined->started_round = true;
-  joined->round_open = true;
+  Enter(Running{});
   round_ = start.round;
   if (plays != config_.node_rank && plays != node_rank_) {
     Log(LogLevel::kWarn,
@@ -492,11 +505,6 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
         out);
   }
   node_rank_ = plays;
-  told_ = Told::kNothing;
-  stop_.reset();
-  stacks_due_.reset();
-  stacks_asked_ = false;
-  next_report_.reset();
   longest_interval_ = std::max(longest_interval_, Duration(Millis(std::max<int64_t>(start.longest_interval_ms, 0))));
   const int nproc = spec_.cluster.nproc_per_node;
   workers_.assign(static_cast<size_t>(nproc), Worker{});
@@ -563,14 +571,16 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
   worker.exit_code = exited.exit_code;
   worker.signal = exited.signal;
   const bool failed = exited.exit_code != 0 || exited.signal != 0;
-  if (!stop_ && !leaving_ && failed) {
+  // Idle has no worker running: a worker's end finds its round Running or Stopping.
+  auto* running = std::get_if<Running>(&work_);
+  if (running && !leaving_ && failed) {
     Log(LogLevel::kError,
         fmt::format("rank {} (local rank {}) {}", worker.global_rank, exited.local_rank,
                     DescribeExit(exited.exit_code, exited.signal)),
         out);
     // After a hang report too: the coordinator may find no hang and let the round go on.
-    if (told_ == Told::kNothing || told_ == Told::kHang) {
-      told_ = Told::kFailure;
+    if (running->told == Told::kNothing || running->told == Told::kHang) {
+      running->told = Told::kFailure;
       Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
                               exited.signal, exited.stderr_tail, exited.error_text},
            out);
@@ -578,17 +588,17 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
     // Stop the rest of this node now rather than a round trip later; the coordinator stops
     // the other nodes.
     StopWorkers(now, out);
-  } else if (stop_ && !leaving_ && failed && !exited.error_text.empty()) {
+  } else if (std::holds_alternative<Stopping>(work_) && !leaving_ && failed && !exited.error_text.empty()) {
     // It wrote its error file, so it raised on its own before the stop reached it: when the
     // round's first failure only lost a peer, this one may be the cause (the coordinator
     // decides; Coordinator::ReviseRootCause).
     Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
                             exited.signal, exited.stderr_tail, exited.error_text},
          out);
-  } else if (!stop_ && !failed && running_workers() == 0 && told_ == Told::kNothing &&
+  } else if (running && !failed && running_workers() == 0 && running->told == Told::kNothing &&
              std::all_of(workers_.begin(), workers_.end(),
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
-    told_ = Told::kDone;
+    running->told = Told::kDone;
     Log(LogLevel::kInfo, fmt::format("round {}: {} of node {}{} exited 0", round_,
                                      AllOf(workers_.size(), "worker"), node_rank_ == config_.node_rank ? "" : "rank ",
                                      node_rank_),
@@ -617,33 +627,35 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
 }
 
 void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
-  if (stop_) return;
-  stacks_due_.reset();  // nobody waits for them any more
-  const int running = running_workers();
-  stop_ = Stop{running, now, std::nullopt, std::nullopt};
-  if (running > 0) {
+  if (std::holds_alternative<Stopping>(work_)) return;
+  Stopping stopping{told(),          stacks() ? *stacks() : Stacks{}, RoundOpen(), running_workers(), now,
+                    std::nullopt, std::nullopt};
+  stopping.stacks.due.reset();  // nobody waits for them any more
+  if (stopping.count > 0) {
     out.push_back(SignalWorkers{round_, SIGTERM});
-    stop_->kill_at = now + spec_.timeouts.stop_grace;
+    stopping.kill_at = now + spec_.timeouts.stop_grace;
   }
+  Enter(std::move(stopping));
 }
 
 void Agent::KillWorkers(TimePoint now, const std::string& why, std::vector<AgentEffect>& out) {
-  DDPRUN_ASSERT(stop_.has_value());
-  stop_->kill_at.reset();
+  auto& stopping = std::get<Stopping>(work_);
+  stopping.kill_at.reset();
   if (running_workers() == 0) return;
   Log(LogLevel::kWarn,
       fmt::format("{} worker{} {}; sending SIGKILL", running_workers(),
                   running_workers() == 1 ? "" : "s", why),
       out);
   out.push_back(SignalWorkers{round_, SIGKILL});
-  stop_->give_up_at = now + JobSpec::Timeouts::kKillAllowance;
+  stopping.give_up_at = now + JobSpec::Timeouts::kKillAllowance;
 }
 
 void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
   if (Exited() || running_workers() > 0) return;
-  if (stop_) {
-    stop_->kill_at.reset();
-    stop_->give_up_at.reset();
+  auto* stopping = std::get_if<Stopping>(&work_);
+  if (stopping) {
+    stopping->kill_at.reset();
+    stopping->give_up_at.reset();
   }
   if (leaving_) {
     if (leaving_->ack) Send(wire::JobEndAck{}, out);
@@ -651,18 +663,18 @@ void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
     out.push_back(AgentExit{leaving_->code});
     return;
   }
-  if (stop_ && round_ >= 0) {
-    if (auto* joined = std::get_if<Joined>(&link_)) {
-      Send(wire::RoundStopped{round_, stop_->count}, out);
-      if (stop_->count > 0) {
-        Log(LogLevel::kInfo, fmt::format("round {}: stopped {} worker{}", round_, stop_->count,
-                                         stop_->count == 1 ? "" : "s"),
-            out);
-      }
-      joined->round_open = false;
+  if (!stopping) return;
+  // The coordinator hears that this node's part of the round is over (again, after a stop
+  // of nothing: it ignores a round it holds stopped).
+  if (round_ >= 0 && IsJoined()) {
+    Send(wire::RoundStopped{round_, stopping->count}, out);
+    if (stopping->count > 0) {
+      Log(LogLevel::kInfo, fmt::format("round {}: stopped {} worker{}", round_, stopping->count,
+                                       stopping->count == 1 ? "" : "s"),
+          out);
     }
-    stop_.reset();
   }
+  Enter(Idle{stopping->told});
 }
 
 namespace {
@@ -685,6 +697,26 @@ void Agent::Enter(Link next) {
   static_assert(std::variant_size_v<Link> == 5);
   DDPRUN_ASSERT(kLinkEdges[link_.index()][next.index()]);
   link_ = std::move(next);
+}
+
+namespace {
+
+// The work's changes, in Work order: a round starts from Idle, or after its workers all exited
+// 0 by themselves (the next round); a stop begins with a round or without one (a signal before
+// the first), and once no worker runs it is over.
+constexpr bool kWorkEdges[3][3] = {
+    // Idle Running Stopping
+    {false, true, true},   // Idle
+    {false, true, true},   // Running
+    {true, false, false},  // Stopping
+};
+
+}  // namespace
+
+void Agent::Enter(Work next) {
+  static_assert(std::variant_size_v<Work> == 3);
+  DDPRUN_ASSERT(kWorkEdges[work_.index()][next.index()]);
+  work_ = std::move(next);
 }
 
 void Agent::Finish(TimePoint now, int code, std::vector<AgentEffect>& out) {

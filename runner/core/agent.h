@@ -207,21 +207,38 @@ class Agent {
   };
   struct Joined {                         // connected and joined
     bool started_round = false;           // a StartRound came on this join (see StartWorkers)
-    bool round_open = false;              // its workers run, or have not been stopped yet
   };
   struct Disconnected {};                 // not connected and not retrying: leaving
   using Link = std::variant<Connecting, RetryWait, Joining, Joined, Disconnected>;
 
-  // ---- This node's workers of the current round.
-  struct Stop {                           // a stop of the round's workers is under way
+  // ---- This node's work in a round: one state at a time, each with what only it needs. The
+  // round's number (round_), the node rank it plays (node_rank_) and its workers (workers_)
+  // outlast it: the metrics show them and the next join says how the round ended.
+  // What this node told of the round. kHang: a rank silent past its timeout, which the
+  // coordinator may clear (wire::HangCleared) when the stacks show every rank progressing.
+  enum class Told { kNothing, kFailure, kHang, kDone };
+  struct Stacks {                         // the coordinator asked where the ranks are (a hang)
+    bool asked = false;                   // this round's stacks were asked for: the round will stop
+    std::optional<TimePoint> due;         // the dumps are read then
+  };
+  struct Idle {                           // no round open: before the first, or its stop is over
+    Told told = Told::kNothing;           // what this node told of the last round
+  };
+  struct Running {                        // the round's workers were started on this join
+    Told told = Told::kNothing;
+    Stacks stacks;
+    std::optional<TimePoint> next_report; // the next progress report, once a rank stepped
+  };
+  struct Stopping {                       // a stop of the round's workers is under way
+    Told told = Told::kNothing;
+    Stacks stacks;
+    bool open = false;                    // the round ran on this join: still open until stopped
     int count = 0;                        // workers running when it began
     TimePoint sigterm_at;
     std::optional<TimePoint> kill_at;     // SIGKILL then (stop_grace after SIGTERM, or sooner)
     std::optional<TimePoint> give_up_at;  // stop waiting for workers SIGKILL did not end
   };
-  // What this node told of the round. kHang: a rank silent past its timeout, which the
-  // coordinator may clear (wire::HangCleared) when the stacks show every rank progressing.
-  enum class Told { kNothing, kFailure, kHang, kDone };
+  using Work = std::variant<Idle, Running, Stopping>;
 
   // ---- Leaving: exit with `code` once no worker runs, acknowledging the JobEnd first.
   struct Leaving {
@@ -232,6 +249,17 @@ class Agent {
   /// The one way the link changes: asserts that `next` is an edge the agent takes
   /// (kLinkEdges in agent.cc).
   void Enter(Link next);
+  /// The one way the work changes (kWorkEdges in agent.cc): a round starts from Idle (or after
+  /// its workers all ended by themselves, the next one), a stop begins, and ends in Idle.
+  void Enter(Work next);
+  /// Joined, with its round open: its workers run, or their stop is not over yet.
+  bool RoundOpen() const;
+  Told told() const {
+    return std::visit([](const auto& work) { return work.told; }, work_);
+  }
+  /// The stacks asked for in the open round; nullptr in Idle.
+  Stacks* stacks();
+  const Stacks* stacks() const { return const_cast<Agent*>(this)->stacks(); }
   bool Connected() const;
   bool IsJoined() const { return std::holds_alternative<Joined>(link_); }
   bool Exited() const { return exit_code_.has_value(); }
@@ -241,8 +269,7 @@ class Agent {
   Link link_ = Connecting{};
   int round_ = -1;
   std::vector<Worker> workers_;
-  Told told_ = Told::kNothing;
-  std::optional<Stop> stop_;
+  Work work_ = Idle{};
   std::optional<Leaving> leaving_;
   std::optional<int> exit_code_;
   TimePoint rendezvous_deadline_;
@@ -261,7 +288,7 @@ class Agent {
   std::optional<TimePoint> interrupt_deadline_;
   uint64_t connections_ = 0;
   // Progress: the longest interval between two beacons of one rank in this job (learnt here,
-  // or from the coordinator's StartRound); stacks being dumped; the next progress report.
+  // or from the coordinator's StartRound).
   Duration longest_interval_{0};
   // The node rank this agent plays in the current round: its own, or a replaced node's.
   int node_rank_ = -1;
@@ -273,9 +300,6 @@ class Agent {
   /// 0: none awaited.
   uint64_t echo_awaited_ = 0;
   uint64_t echoes_sent_ = 0;
-  std::optional<TimePoint> stacks_due_;
-  bool stacks_asked_ = false;  // this round's stacks were asked for: the round will stop
-  std::optional<TimePoint> next_report_;
   std::optional<TimePoint> next_deadline_;        // UpdateDeadlines() as of the last Start or
   std::optional<TimePoint> next_other_deadline_;  // Handle (or SkipQuiet)
 };

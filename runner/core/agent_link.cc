@@ -72,7 +72,7 @@ void Agent::SendJoin(const std::string& nonce, std::vector<AgentEffect>& out) {
     // learns from these whether it ended (every worker exited 0 before any stop).
     join.ran_round = round_;
     join.ran_as = node_rank_;
-    join.ran_ok = told_ == Told::kDone;
+    join.ran_ok = told() == Told::kDone;
   }
   if (!config_.secret.empty()) {
     join.proof = JoinProof(config_.secret, nonce, config_.node_rank, config_.fingerprint);
@@ -135,7 +135,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   // agent that was itself stalled (SIGSTOP, a VM pause) notices late, and must still have its
   // workers gone by the time the coordinator may give their ranks to another agent.
   const TimePoint kill_by = KillBy();
-  std::optional<TimePoint>& kill_at = stop_->kill_at;  // StopWorkers above began the stop
+  std::optional<TimePoint>& kill_at = std::get<Stopping>(work_).kill_at;  // StopWorkers began it
   if (kill_at && kill_by <= now) {
     KillWorkers(now, fmt::format("last heard from the coordinator {} ago (this agent did not run "
                                  "meanwhile), past the loss bound + stop_grace",

@@ -22,12 +22,13 @@ int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::millisec
 }  // namespace
 
 bool Agent::WatchesProgress() const {
-  if (!spec_.timeouts.DetectsHangs() || Exited() || stop_ || leaving_ || told_ != Told::kNothing) {
+  const auto* running = std::get_if<Running>(&work_);
+  if (!spec_.timeouts.DetectsHangs() || Exited() || !running || !IsJoined() || leaving_ ||
+      running->told != Told::kNothing) {
     return false;
   }
-  const auto* joined = std::get_if<Joined>(&link_);
   // Once the round's stacks were asked for, it stops anyway: no second report.
-  return joined && joined->round_open && !stacks_asked_;
+  return !running->stacks.asked;
 }
 
 std::optional<Duration> Agent::LearntTimeout() const {
@@ -47,8 +48,8 @@ Duration Agent::SilenceAllowed(const Beats& beats) const {
 Duration Agent::ReportPeriod() const { return spec_.ProgressReportPeriod(); }
 
 void Agent::OnBeacon(TimePoint now, const Beacon& beacon) {
-  const auto* joined = std::get_if<Joined>(&link_);
-  if (!joined || !joined->round_open || stop_ || beacon.round != round_ || beacon.local_rank < 0 ||
+  auto* running = std::get_if<Running>(&work_);
+  if (!running || !IsJoined() || beacon.round != round_ || beacon.local_rank < 0 ||
       beacon.local_rank >= static_cast<int>(workers_.size())) {
     return;  // stale (an earlier round's process), or nothing runs
   }
@@ -87,7 +88,7 @@ void Agent::OnBeacon(TimePoint now, const Beacon& beacon) {
   b.stepped = true;
   b.after_phase = false;
   b.step = beacon.step;
-  if (!next_report_) next_report_ = now + ReportPeriod();
+  if (!running->next_report) running->next_report = now + ReportPeriod();
 }
 
 void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
@@ -128,17 +129,17 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
                   "rank where it is before the round is stopped",
                   hung->global_rank, local, HumanDuration(now - b.since), since, limit),
       out);
-  told_ = Told::kHang;
+  std::get<Running>(work_).told = Told::kHang;
   Send(wire::RankHung{round_, hung->global_rank, local, b.step, Ms(now - b.since), Ms(allowed),
                       start_limit, learnt},
        out);
 }
 
 void Agent::OnHangCleared(const wire::HangCleared& cleared, std::vector<AgentEffect>& out) {
-  const auto* joined = std::get_if<Joined>(&link_);
-  if (cleared.round != round_ || !joined || !joined->round_open || stop_) return;
-  stacks_asked_ = false;
-  if (told_ == Told::kHang) told_ = Told::kNothing;
+  auto* running = std::get_if<Running>(&work_);
+  if (cleared.round != round_ || !running || !IsJoined()) return;
+  running->stacks.asked = false;
+  if (running->told == Told::kHang) running->told = Told::kNothing;
   Log(LogLevel::kInfo,
       fmt::format("round {}: every rank progresses again (the coordinator saw it in their stacks); the round goes on",
                   round_),
@@ -146,9 +147,9 @@ void Agent::OnHangCleared(const wire::HangCleared& cleared, std::vector<AgentEff
 }
 
 void Agent::OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vector<AgentEffect>& out) {
-  const auto* joined = std::get_if<Joined>(&link_);
-  if (dump.round != round_ || !joined || !joined->round_open || stacks_asked_) return;
-  stacks_asked_ = true;
+  // A stop begun meanwhile does not cancel it: the coordinator waits for every node's ranks.
+  if (dump.round != round_ || !RoundOpen() || stacks()->asked) return;
+  stacks()->asked = true;
   SignalForStacks signal{round_, {}};
   for (size_t i = 0; i < workers_.size(); ++i) {
     const Worker& w = workers_[i];
@@ -161,7 +162,7 @@ void Agent::OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vecto
     return;
   }
   out.push_back(std::move(signal));
-  stacks_due_ = now + kStackWait;
+  stacks()->due = now + kStackWait;
 }
 
 void Agent::SendStacks(TimePoint now, const std::vector<std::string>& dumps,
@@ -191,7 +192,7 @@ void Agent::SendStacks(TimePoint now, const std::vector<std::string>& dumps,
 
 void Agent::Report(TimePoint now, std::vector<AgentEffect>& out) {
   const Duration period = ReportPeriod();
-  next_report_ = now + period;
+  std::get<Running>(work_).next_report = now + period;
   const size_t buckets = spec_.ProgressWindowBuckets();
   wire::RankProgress report{round_, {}};
   for (Worker& w : workers_) {

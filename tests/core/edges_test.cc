@@ -1,5 +1,6 @@
-// Each machine's one transition function (Agent::Enter for its link, Coordinator::Enter for its
-// phase, Election::Enter for its phase) stops the process on an edge its table does not hold.
+// Each machine's one transition function (Agent::Enter for its link and for its work,
+// Coordinator::Enter for its phase, Election::Enter for its phase) stops the process on an edge
+// its table does not hold.
 // No input takes such an edge (that is the point), so these tests take it through the door the
 // machines leave to them (test::Edges).
 #include <gtest/gtest.h>
@@ -16,6 +17,9 @@ struct Edges {
   static void Connect(Agent& agent) { agent.Enter(Agent::Joining{}); }
   static void Join(Agent& agent) { agent.Enter(Agent::Joined{}); }
   static void Leave(Agent& agent) { agent.Enter(Agent::Disconnected{}); }
+  static void StartRound(Agent& agent) { agent.Enter(Agent::Running{}); }
+  static void StopRound(Agent& agent) { agent.Enter(Agent::Stopping{}); }
+  static void Rest(Agent& agent) { agent.Enter(Agent::Idle{}); }
   static void End(Coordinator& coordinator) { coordinator.Enter(Coordinator::Ending{}); }
   static void Done(Coordinator& coordinator) { coordinator.Enter(Coordinator::Done{}); }
   static void Run(Coordinator& coordinator) { coordinator.Enter(Coordinator::Running{}); }
@@ -38,6 +42,23 @@ TEST(EdgesTest, TheAgentsLinkTakesOnlyItsEdges) {
   Edges::Leave(agent);
   Edges::Leave(agent);                                // leaving again, as Finish may
   EXPECT_DEATH(Edges::Connect(agent), "kLinkEdges");  // a left agent only waits to connect again
+}
+
+TEST(EdgesTest, TheAgentsWorkTakesOnlyItsEdges) {
+  const JobSpec spec = SpecFromToml(kTwoNodeJob);
+  Agent::Config config;
+  config.node_rank = 1;
+  Agent agent(spec, config);  // idle
+  EXPECT_DEATH(Edges::Rest(agent),
+               "assertion failed: kWorkEdges\\[work_.index\\(\\)\\]\\[next.index\\(\\)\\]");
+  Edges::StartRound(agent);
+  Edges::StartRound(agent);  // the next round, once the workers all exited 0
+  EXPECT_DEATH(Edges::Rest(agent), "kWorkEdges");  // a round ends only through its stop
+  Edges::StopRound(agent);
+  EXPECT_DEATH(Edges::StopRound(agent), "kWorkEdges");   // one stop at a time
+  EXPECT_DEATH(Edges::StartRound(agent), "kWorkEdges");  // no round while workers may run
+  Edges::Rest(agent);
+  Edges::StopRound(agent);  // a stop without a round: a signal before the first
 }
 
 TEST(EdgesTest, TheCoordinatorsPhaseTakesOnlyItsEdges) {
