@@ -203,7 +203,7 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const io::Remote
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = outcome.children[static_cast<size_t>(agent)];
     const auto answer = io::ParseRemoteAnswer(child.out);
-    if (child.exit_status == 0 && answer && answer->state == "copied") continue;
+    if (child.exit_status == 0 && answer && answer->state == io::RemoteState::kCopied) continue;
     ok = false;
     const std::string why = answer ? answer->why : child.err.empty() ? "(no message)" : child.err;
     std::fprintf(stderr, "ddprun up: error: %s: cannot copy the job file to %s: %s\n", Who(spec, agent).c_str(),
@@ -295,7 +295,7 @@ std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& chil
       io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err, job.program,
                     job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
   if (!read.ok) return EscapeLinesForTerminal(read.what) + "\n  " + read.fix;
-  if (const auto answer = io::ParseRemoteAnswer(child.out); answer && answer->state == "error") {
+  if (const auto answer = io::ParseRemoteAnswer(child.out); answer && answer->state == io::RemoteState::kError) {
     return EscapeLinesForTerminal(answer->why);
   }
   std::string said = child.err.empty() ? child.out : child.err;
@@ -319,7 +319,7 @@ int StartDetached(const UpJob& job, const UpOptions& options) {
   for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = started[static_cast<size_t>(agent)];
     const auto answer = io::ParseRemoteAnswer(child.out);
-    if (child.exit_status == 0 && answer && answer->state == "started") {
+    if (child.exit_status == 0 && answer && answer->state == io::RemoteState::kStarted) {
       std::fprintf(stderr, "ddprun up: %s: agent started, pid %lld; console in %s\n", Who(job.spec, agent).c_str(),
                    static_cast<long long>(answer->pid), ConsoleOf(job, agent).c_str());
     } else {
@@ -350,24 +350,39 @@ int StatusCommand(const UpOptions& options) {
     const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
     const auto answer = io::ParseRemoteAnswer(child.out);
     const std::string who = Who(job->spec, agent);
-    if (!answer || answer->state == "error") {
+    if (!answer || answer->state == io::RemoteState::kError) {
       std::printf("%s: unknown: %s\n", who.c_str(), SshFailure(*job, agent, child, options).c_str());
       continue;
     }
     const std::string why = EscapeForTerminal(answer->why);
-    if (answer->state == "running") {
-      ++running;
-      std::printf("%s: running, pid %lld\n", who.c_str(), static_cast<long long>(answer->pid));
-    } else if (answer->state == "exited") {
-      std::printf("%s: not running (%s)\n", who.c_str(), why.c_str());
-    } else if (answer->state == "not-ours") {
-      std::printf("%s: not running: its pid file names a process that is not the agent `ddprun up --detach` "
-                  "started (%s); nothing was signalled\n",
-                  who.c_str(), why.c_str());
-    } else if (answer->state == "unreadable") {
-      std::printf("%s: unknown: %s\n", who.c_str(), why.c_str());
-    } else {
-      std::printf("%s: never started by `ddprun up --detach`\n", who.c_str());
+    switch (answer->state) {
+      case io::RemoteState::kRunning:
+        ++running;
+        std::printf("%s: running, pid %lld\n", who.c_str(), static_cast<long long>(answer->pid));
+        break;
+      case io::RemoteState::kExited:
+        std::printf("%s: not running (%s)\n", who.c_str(), why.c_str());
+        break;
+      case io::RemoteState::kNotOurs:
+        std::printf("%s: not running: its pid file names a process that is not the agent `ddprun up --detach` "
+                    "started (%s); nothing was signalled\n",
+                    who.c_str(), why.c_str());
+        break;
+      case io::RemoteState::kNeverStarted:
+        std::printf("%s: never started by `ddprun up --detach`\n", who.c_str());
+        break;
+      case io::RemoteState::kUnreadable:
+      case io::RemoteState::kUnknown:
+      // Not answers to `status`: said as they came, never taken for one that is.
+      case io::RemoteState::kError:
+      case io::RemoteState::kStarted:
+      case io::RemoteState::kCopied:
+      case io::RemoteState::kStopped:
+      case io::RemoteState::kNotRunning:
+      case io::RemoteState::kStillRunning:
+        std::printf("%s: unknown: %s\n", who.c_str(),
+                    why.empty() ? std::string(io::RemoteStateName(answer->state)).c_str() : why.c_str());
+        break;
     }
     for (const std::string& line : answer->log) std::printf("    %s\n", EscapeForTerminal(line).c_str());
   }
@@ -387,28 +402,46 @@ int DownCommand(const UpOptions& options) {
     const io::ChildOutcome& child = answers[static_cast<size_t>(agent)];
     const auto answer = io::ParseRemoteAnswer(child.out);
     std::string said;
-    if (!answer || answer->state == "error") {
+    if (!answer || answer->state == io::RemoteState::kError) {
       ok = false;
       said = "unknown: " + SshFailure(*job, agent, child, options);
     } else {
       const std::string why = EscapeForTerminal(answer->why);
       const std::string pid = std::to_string(answer->pid);
-      if (answer->state == "stopped") {
-        said = "stopped (pid " + pid + ")";
-      } else if (answer->state == "not-running") {
-        said = "was not running (" + why + ")";
-      } else if (answer->state == "never-started") {
-        said = "no agent started by `ddprun up --detach` here";
-      } else if (answer->state == "not-ours") {
-        ok = false;
-        said = "not stopped: its pid file names a process that is not the agent `ddprun up --detach` started (" +
-               why + "); nothing was signalled";
-      } else if (answer->state == "unreadable") {
-        ok = false;
-        said = "unknown: " + why + "; nothing was signalled";
-      } else {
-        ok = false;
-        said = "still running (pid " + pid + ") after SIGTERM and " + std::to_string(wait_s) + " s";
+      ok = false;
+      switch (answer->state) {
+        case io::RemoteState::kStopped:
+          ok = true;
+          said = "stopped (pid " + pid + ")";
+          break;
+        case io::RemoteState::kNotRunning:
+          ok = true;
+          said = "was not running (" + why + ")";
+          break;
+        case io::RemoteState::kNeverStarted:
+          ok = true;
+          said = "no agent started by `ddprun up --detach` here";
+          break;
+        case io::RemoteState::kNotOurs:
+          said = "not stopped: its pid file names a process that is not the agent `ddprun up --detach` started (" +
+                 why + "); nothing was signalled";
+          break;
+        case io::RemoteState::kStillRunning:
+          said = "still running (pid " + pid + ") after SIGTERM and " + std::to_string(wait_s) + " s";
+          break;
+        case io::RemoteState::kUnreadable:
+          said = "unknown: " + why + "; nothing was signalled";
+          break;
+        case io::RemoteState::kUnknown:
+        // Not answers to `down`: said as they came, never taken for one that is.
+        case io::RemoteState::kError:
+        case io::RemoteState::kStarted:
+        case io::RemoteState::kCopied:
+        case io::RemoteState::kRunning:
+        case io::RemoteState::kExited:
+          said = "unknown: " + (why.empty() ? std::string(io::RemoteStateName(answer->state)) : why) +
+                 "; check it there by hand";
+          break;
       }
     }
     std::printf("%s: %s\n", Who(job->spec, agent).c_str(), said.c_str());

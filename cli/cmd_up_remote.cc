@@ -59,12 +59,12 @@ int Answer(const io::RemoteAnswer& answer) {
   const std::string line = io::FormatRemoteAnswer(answer);
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fflush(stdout);
-  return answer.state == "error" || answer.state == "still-running" ? kExitJobFailed : kExitOk;
+  return answer.state == io::RemoteState::kError || answer.state == io::RemoteState::kStillRunning ? kExitJobFailed : kExitOk;
 }
 
 io::RemoteAnswer Error(std::string why) {
   io::RemoteAnswer answer;
-  answer.state = "error";
+  answer.state = io::RemoteState::kError;
   answer.why = std::move(why);
   return answer;
 }
@@ -110,7 +110,7 @@ int Start(const RemoteArgs& args) {
   auto started = io::StartDetachedAgent(argv, std::move(env), ec ? "/" : cwd, at->files);
   if (!started) return Answer(Error(started.error()));
   io::RemoteAnswer answer;
-  answer.state = "started";
+  answer.state = io::RemoteState::kStarted;
   answer.pid = started->pid;
   return Answer(answer);
 }
@@ -125,12 +125,12 @@ struct Looked {
 std::optional<Looked> Look(const Located& at, int dir_fd, io::RemoteAnswer& answer) {
   auto read = io::ReadPidFile(dir_fd, at.files.pid_name, at.shown_pid);
   if (!read) {
-    answer.state = "unreadable";
+    answer.state = io::RemoteState::kUnreadable;
     answer.why = read.error();
     return std::nullopt;
   }
   if (!*read) {
-    answer.state = "never-started";
+    answer.state = io::RemoteState::kNeverStarted;
     return std::nullopt;
   }
   Looked looked;
@@ -151,7 +151,7 @@ std::optional<UniqueFd> OpenStateDirOrAnswer(const Located& at, int& answered) {
   }
   if (!*dir) {
     io::RemoteAnswer never;
-    never.state = "never-started";
+    never.state = io::RemoteState::kNeverStarted;
     answered = Answer(never);
     return std::nullopt;
   }
@@ -168,7 +168,9 @@ int Status(const RemoteArgs& args) {
   if (auto looked = Look(*at, dir->get(), answer)) {
     using Verdict = io::Recognition::Verdict;
     const Verdict verdict = looked->recognition.verdict;
-    answer.state = verdict == Verdict::kOurs ? "running" : verdict == Verdict::kGone ? "exited" : "not-ours";
+    answer.state = verdict == Verdict::kOurs   ? io::RemoteState::kRunning
+                   : verdict == Verdict::kGone ? io::RemoteState::kExited
+                                               : io::RemoteState::kNotOurs;
   }
   auto tail = io::ConsoleTail(dir->get(), at->files.console_name, at->shown_console, 3);
   if (tail) {
@@ -195,11 +197,11 @@ int Down(const RemoteArgs& args) {
   if (!looked) return Answer(answer);
   using Verdict = io::Recognition::Verdict;
   if (looked->recognition.verdict == Verdict::kGone) {
-    answer.state = "not-running";
+    answer.state = io::RemoteState::kNotRunning;
     return Answer(answer);
   }
   if (looked->recognition.verdict == Verdict::kNotOurs) {
-    answer.state = "not-ours";
+    answer.state = io::RemoteState::kNotOurs;
     return Answer(answer);
   }
   const pid_t pid = looked->identity->pid;
@@ -210,27 +212,27 @@ int Down(const RemoteArgs& args) {
   const bool no_pidfd = !pidfd.valid() && errno == ENOSYS;
   const io::Recognition again = io::Recognise(*looked->identity);
   if ((!pidfd.valid() && !no_pidfd) || again.verdict != Verdict::kOurs) {
-    answer.state = again.verdict == Verdict::kNotOurs ? "not-ours" : "not-running";
+    answer.state = again.verdict == Verdict::kNotOurs ? io::RemoteState::kNotOurs : io::RemoteState::kNotRunning;
     answer.why = again.why.empty() ? fmt::format("pid {} has exited", pid) : again.why;
     return Answer(answer);
   }
   const long signalled =
       no_pidfd ? ::kill(pid, SIGTERM) : ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
   if (signalled != 0) {
-    answer.state = "not-running";
+    answer.state = io::RemoteState::kNotRunning;
     answer.why = fmt::format("pid {} has exited", pid);
     return Answer(answer);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(*wait_s);
   while (std::chrono::steady_clock::now() < deadline) {
     if (io::Recognise(*looked->identity).verdict == Verdict::kGone) {
-      answer.state = "stopped";
+      answer.state = io::RemoteState::kStopped;
       answer.why.clear();
       return Answer(answer);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  answer.state = "still-running";
+  answer.state = io::RemoteState::kStillRunning;
   answer.why.clear();
   return Answer(answer);
 }
@@ -250,7 +252,7 @@ int Copy(const RemoteArgs& args) {
   }
   if (auto written = io::ReplaceFileAt(to->second, text); !written) return Answer(Error(written.error()));
   io::RemoteAnswer answer;
-  answer.state = "copied";
+  answer.state = io::RemoteState::kCopied;
   return Answer(answer);
 }
 

@@ -1,5 +1,7 @@
 #include "runner/io/ssh_command.h"
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -235,10 +237,21 @@ std::string DownLine(const RemoteProgram& program, const std::string& state_dir,
                      Program(program), ShellQuote(state_dir), node_rank, wait_s);
 }
 
+namespace {
+
+constexpr std::array<std::string_view, 12> kRemoteStateNames = {
+    "error",      "started", "copied",      "running",       "exited",  "never-started",
+    "not-ours", "unreadable", "stopped", "not-running", "still-running", "unknown"};
+static_assert(kRemoteStateNames.size() == static_cast<size_t>(RemoteState::kUnknown) + 1);
+
+}  // namespace
+
+std::string_view RemoteStateName(RemoteState state) { return kRemoteStateNames[static_cast<size_t>(state)]; }
+
 std::string FormatRemoteAnswer(const RemoteAnswer& answer) {
   nlohmann::json record;
   record["ddprun_up"] = 1;
-  record["state"] = answer.state;
+  record["state"] = RemoteStateName(answer.state);
   if (answer.pid != 0) record["pid"] = answer.pid;
   if (!answer.why.empty()) record["why"] = answer.why;
   if (!answer.log.empty()) record["log"] = answer.log;
@@ -258,9 +271,17 @@ std::optional<RemoteAnswer> ParseRemoteAnswer(const std::string& out) {
     const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!record.is_object() || !record.contains("state") || !record["state"].is_string()) continue;
     RemoteAnswer answer;
-    answer.state = record["state"].get<std::string>();
     if (record.contains("pid") && record["pid"].is_number_integer()) answer.pid = record["pid"].get<int64_t>();
     if (record.contains("why") && record["why"].is_string()) answer.why = record["why"].get<std::string>();
+    const std::string state = record["state"].get<std::string>();
+    const auto known = std::find(kRemoteStateNames.begin(), kRemoteStateNames.end() - 1, state);
+    if (known != kRemoteStateNames.end() - 1) {
+      answer.state = static_cast<RemoteState>(known - kRemoteStateNames.begin());
+    } else {
+      answer.state = RemoteState::kUnknown;
+      answer.why = fmt::format("the host's ddprun answered \"{}\", a state this ddprun does not know{}", state,
+                               answer.why.empty() ? "" : " (" + answer.why + ")");
+    }
     if (record.contains("log") && record["log"].is_array()) {
       for (const auto& entry : record["log"]) {
         if (entry.is_string()) answer.log.push_back(entry.get<std::string>());

@@ -95,9 +95,28 @@ std::string StatusLine(const RemoteProgram& program, const std::string& state_di
 /// "stopped", "not-running", "never-started", "not-ours", "unreadable" or "still-running".
 std::string DownLine(const RemoteProgram& program, const std::string& state_dir, int node_rank, int wait_s);
 
+/// What `ddprun __up-remote` found or did on a host.
+enum class RemoteState {
+  kError,         // the action could not be done: `why` says
+  kStarted,       // start: the agent runs detached (`pid`)
+  kCopied,        // copy: the job file is in place
+  kRunning,       // status: the agent `up --detach` started runs (`pid`)
+  kExited,        // status: it has exited
+  kNeverStarted,  // status, down: nothing was started there
+  kNotOurs,       // status, down: the pid file names a process that is not that agent
+  kUnreadable,    // status, down: the pid file cannot be read
+  kStopped,       // down: it exited after SIGTERM
+  kNotRunning,    // down: it was not running
+  kStillRunning,  // down: it still runs after SIGTERM and the wait
+  kUnknown,       // a state this ddprun does not know (the host's is newer): `why` names it
+};
+/// Its name in the answer: "error", "started", "copied", "running", "exited", "never-started",
+/// "not-ours", "unreadable", "stopped", "not-running", "still-running" ("unknown" is never sent).
+std::string_view RemoteStateName(RemoteState state);
+
 /// What `ddprun __up-remote` answers: one JSON line, {"ddprun_up": 1, "state": ..., ...}.
 struct RemoteAnswer {
-  std::string state;  // "error" when the action could not be done
+  RemoteState state = RemoteState::kError;
   int64_t pid = 0;    // 0: none
   std::string why;    // "" or one clause, from the host: escape before printing
   std::vector<std::string> log;  // the console's last lines, from the host: escape too

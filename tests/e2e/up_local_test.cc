@@ -144,6 +144,24 @@ TEST_F(UpLocalTest, DownNeverSignalsAProcessThatAPlantedPidFileNames) {
   EXPECT_TRUE(ProcessAlive(victim));
 }
 
+// A host whose ddprun is newer may answer with a state this one does not know. On f43d758
+// `status` called it "never started" and `down` "still running after SIGTERM": each guessed.
+TEST_F(UpLocalTest, AStateThisDdprunDoesNotKnowIsSaidToBeUnknownNotGuessed) {
+  const std::string newer = dir_.Write(
+      "newer-ssh", "#!/bin/sh\necho 'Welcome'\necho '{\"ddprun_up\": 1, \"state\": \"hibernating\", \"pid\": 77}'\n");
+  ::chmod(newer.c_str(), 0755);
+  env_["DDPRUN_SSH_COMMAND"] = newer;
+  auto [status_code, status] = Run({"status", job_});
+  EXPECT_EQ(status_code, 1) << status;
+  EXPECT_THAT(status, HasSubstr("127.0.0.1 (node 0): unknown: the host's ddprun answered \"hibernating\", a state "
+                                "this ddprun does not know"));
+  EXPECT_THAT(status, Not(HasSubstr("never started")));
+  auto [down_code, down] = Run({"down", job_});
+  EXPECT_EQ(down_code, 1) << down;
+  EXPECT_THAT(down, HasSubstr("127.0.0.1 (node 0): unknown: the host's ddprun answered \"hibernating\""));
+  EXPECT_THAT(down, Not(HasSubstr("still running")));
+}
+
 // On 56e208f a pid file holding -1 became `kill -TERM -1` (every process of the user; of the
 // host as root) and 1 signalled init. Run inside a PID namespace where the test can make one,
 // so that even a regression harms nothing outside it.

@@ -111,18 +111,37 @@ TEST(RemoteLineTest, UpDetachStatusDownAndCopyRunDdprunOnTheHost) {
 
 TEST(RemoteAnswerTest, RoundTripsAndSkipsWhatElseTheSessionPrinted) {
   RemoteAnswer answer;
-  answer.state = "running";
+  answer.state = RemoteState::kRunning;
   answer.pid = 4242;
   answer.log = {"round 0: starting", "\x1b[2Jbad \xff byte"};
   const std::string out = "Welcome to gpu-02\n" + FormatRemoteAnswer(answer) + "bye\n";
   const auto parsed = ParseRemoteAnswer(out);
   ASSERT_TRUE(parsed);
-  EXPECT_EQ(parsed->state, "running");
+  EXPECT_EQ(parsed->state, RemoteState::kRunning);
   EXPECT_EQ(parsed->pid, 4242);
   ASSERT_EQ(parsed->log.size(), 2u);
   EXPECT_EQ(parsed->log[1].substr(0, 7), "\x1b[2Jbad");  // escaped where printed, not here
   EXPECT_FALSE(ParseRemoteAnswer("state: running 12\n"));  // an older ddprun's shell line
   EXPECT_FALSE(ParseRemoteAnswer("{\"ddprun_up\": not json\n"));
+}
+
+TEST(RemoteAnswerTest, EveryStateGoesAcrossAsItselfAndANewOneIsUnknown) {
+  for (int k = 0; k < static_cast<int>(RemoteState::kUnknown); ++k) {
+    RemoteAnswer answer;
+    answer.state = static_cast<RemoteState>(k);
+    const auto parsed = ParseRemoteAnswer(FormatRemoteAnswer(answer));
+    ASSERT_TRUE(parsed) << k;
+    EXPECT_EQ(parsed->state, answer.state) << RemoteStateName(answer.state);
+    EXPECT_EQ(parsed->why, "");
+  }
+  EXPECT_EQ(RemoteStateName(RemoteState::kStillRunning), "still-running");
+  const auto newer = ParseRemoteAnswer("{\"ddprun_up\": 1, \"state\": \"hibernating\", \"why\": \"zzz\"}\n");
+  ASSERT_TRUE(newer);
+  EXPECT_EQ(newer->state, RemoteState::kUnknown);
+  EXPECT_EQ(newer->why, "the host's ddprun answered \"hibernating\", a state this ddprun does not know (zzz)");
+  // "unknown" is this side's word, never a state a host can send to be taken as one.
+  EXPECT_EQ(ParseRemoteAnswer("{\"ddprun_up\": 1, \"state\": \"unknown\"}\n")->why,
+            "the host's ddprun answered \"unknown\", a state this ddprun does not know");
 }
 
 TEST(ControllerLinkTest, StopLineCarriesTheSignal) {
