@@ -162,7 +162,7 @@ void Agent::Apply(TimePoint now, const AgentInput& input, std::vector<AgentEffec
     if (!Connected()) return;
     const bool was_joined = IsJoined();
     Enter(Disconnected{});
-    if (leaving_) {
+    if (leaving()) {
       MaybeStopped(out);
       return;
     }
@@ -200,7 +200,7 @@ Agent::Stacks* Agent::stacks() {
 }
 
 std::optional<QuietState> Agent::Quiet() const {
-  if (Exited() || !IsJoined() || std::holds_alternative<Stopping>(work_) || leaving_ || interrupt_deadline_ ||
+  if (Exited() || !IsJoined() || std::holds_alternative<Stopping>(work_) || leaving() || interrupt_deadline_ ||
       (stacks() && stacks()->due) || !last_input_ || echo_awaited_ != 0) {
     return std::nullopt;
   }
@@ -252,12 +252,12 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
       return link_heard_ + spec_.timeouts.LossBound() + Duration(1);
     case Deadline::kRetry:
       // A node rejoins only once its workers are gone: the coordinator counts on that.
-      if (const auto* wait = std::get_if<RetryWait>(&link_); wait && !leaving_ && running_workers() == 0) {
+      if (const auto* wait = std::get_if<RetryWait>(&link_); wait && !leaving() && running_workers() == 0) {
         return wait->at;
       }
       return std::nullopt;
     case Deadline::kRendezvous:
-      if (leaving_) return std::nullopt;
+      if (leaving()) return std::nullopt;
       if (!IsJoined()) return rendezvous_deadline_;
       // The coordinator owns the rendezvous timeout once we joined; this is the backstop for
       // a coordinator that went quiet before the first round.
@@ -281,7 +281,7 @@ std::optional<TimePoint> Agent::DeadlineOf(Deadline deadline) const {
       return stacks() ? stacks()->due : std::nullopt;
     case Deadline::kReport: {
       const auto* running = std::get_if<Running>(&work_);
-      if (!running || !IsJoined() || leaving_) return std::nullopt;
+      if (!running || !IsJoined() || leaving()) return std::nullopt;
       return running->next_report;
     }
     case Deadline::kCount:
@@ -338,7 +338,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
   if (Due(Deadline::kInterrupt, now)) {
     interrupt_deadline_.reset();
     Log(LogLevel::kWarn, "the coordinator did not end the job after the interrupt; exiting", out);
-    leaving_ = Leaving{InterruptedExitCode(interrupted_by_), false};
+    Enter(Leaving{InterruptedExitCode(interrupted_by_), false});
     MaybeStopped(out);
   }
   if (Due(Deadline::kHeartbeat, now)) {
@@ -350,7 +350,7 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
     const bool was_joined = IsJoined();
     Enter(Disconnected{});
     out.push_back(DisconnectFromMaster{});
-    if (leaving_) {
+    if (leaving()) {
       MaybeStopped(out);
     } else {
       OnMasterLost(now, fmt::format("silent for {} (3 heartbeats)", HumanDuration(now - link_heard_)),
@@ -455,15 +455,16 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     out.push_back(PrintSummary{end->summary});
     // The exit code comes off the network: a process can only exit with 0..255. Found by the
     // core fuzzer (an agent exited with -2105375998).
-    leaving_ = Leaving{end->exit_code, /*ack=*/true};
+    Leaving leave{end->exit_code, /*ack=*/true};
     if (end->exit_code < 0 || end->exit_code > 255) {
       Log(LogLevel::kError,
           fmt::format("the coordinator sent exit code {}, which no process can exit with; exiting "
                       "with {} (internal error)",
                       end->exit_code, ToInt(ExitCode::kInternal)),
           out);
-      leaving_->code = ToInt(ExitCode::kInternal);
+      leave.code = ToInt(ExitCode::kInternal);
     }
+    Enter(leave);
     StopWorkers(now, out);
     MaybeStopped(out);
   }
@@ -573,7 +574,7 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
   const bool failed = exited.exit_code != 0 || exited.signal != 0;
   // Idle has no worker running: a worker's end finds its round Running or Stopping.
   auto* running = std::get_if<Running>(&work_);
-  if (running && !leaving_ && failed) {
+  if (running && !leaving() && failed) {
     Log(LogLevel::kError,
         fmt::format("rank {} (local rank {}) {}", worker.global_rank, exited.local_rank,
                     DescribeExit(exited.exit_code, exited.signal)),
@@ -588,7 +589,7 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
     // Stop the rest of this node now rather than a round trip later; the coordinator stops
     // the other nodes.
     StopWorkers(now, out);
-  } else if (std::holds_alternative<Stopping>(work_) && !leaving_ && failed && !exited.error_text.empty()) {
+  } else if (std::holds_alternative<Stopping>(work_) && !leaving() && failed && !exited.error_text.empty()) {
     // It wrote its error file, so it raised on its own before the stop reached it: when the
     // round's first failure only lost a peer, this one may be the cause (the coordinator
     // decides; Coordinator::ReviseRootCause).
@@ -621,7 +622,7 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
     Send(wire::Interrupted{signal}, out);
     interrupt_deadline_ = now + spec_.timeouts.ExitBarrier();
   } else {
-    leaving_ = Leaving{InterruptedExitCode(signal), false};
+    Enter(Leaving{InterruptedExitCode(signal), false});
   }
   MaybeStopped(out);
 }
@@ -657,10 +658,10 @@ void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
     stopping->kill_at.reset();
     stopping->give_up_at.reset();
   }
-  if (leaving_) {
-    if (leaving_->ack) Send(wire::JobEndAck{}, out);
-    exit_code_ = leaving_->code;
-    out.push_back(AgentExit{leaving_->code});
+  if (const Leaving* leave = leaving()) {
+    if (leave->ack) Send(wire::JobEndAck{}, out);
+    out.push_back(AgentExit{leave->code});
+    Enter(Gone{leave->code});
     return;
   }
   if (!stopping) return;
@@ -711,7 +712,27 @@ constexpr bool kWorkEdges[3][3] = {
     {true, false, false},  // Stopping
 };
 
+// The life's changes, in Life order: an agent leaves, may leave again (with the code of what
+// made it leave last: Finish after a JobEnd), and is gone once no worker runs.
+constexpr bool kLifeEdges[3][3] = {
+    // Staying Leaving Gone
+    {false, true, false},  // Staying
+    {false, true, true},   // Leaving
+    {false, false, false}, // Gone
+};
+
 }  // namespace
+
+void Agent::Enter(Life next) {
+  static_assert(std::variant_size_v<Life> == 3);
+  DDPRUN_ASSERT(kLifeEdges[life_.index()][next.index()]);
+  life_ = std::move(next);
+}
+
+std::optional<int> Agent::exit_code() const {
+  if (const auto* gone = std::get_if<Gone>(&life_)) return gone->code;
+  return std::nullopt;
+}
 
 void Agent::Enter(Work next) {
   static_assert(std::variant_size_v<Work> == 3);
@@ -720,7 +741,7 @@ void Agent::Enter(Work next) {
 }
 
 void Agent::Finish(TimePoint now, int code, std::vector<AgentEffect>& out) {
-  leaving_ = Leaving{code, leaving_ && leaving_->ack};  // a JobEnd heard is still acknowledged
+  Enter(Leaving{code, leaving() && leaving()->ack});  // a JobEnd heard is still acknowledged
   if (Connected()) out.push_back(DisconnectFromMaster{});
   Enter(Disconnected{});
   StopWorkers(now, out);  // a no-op when a stop is already under way or nothing runs

@@ -82,7 +82,7 @@ class Agent {
   Phase phase() const;
   int round() const { return round_; }
   int running_workers() const;
-  std::optional<int> exit_code() const { return exit_code_; }
+  std::optional<int> exit_code() const;
   /// What this node can say about itself now, for the metrics endpoint (runner/core/metrics.cc).
   AgentMetrics Metrics(TimePoint now) const;
 
@@ -240,11 +240,17 @@ class Agent {
   };
   using Work = std::variant<Idle, Running, Stopping>;
 
-  // ---- Leaving: exit with `code` once no worker runs, acknowledging the JobEnd first.
+  // ---- The agent's life: it stays, leaves (exits with `code` once no worker runs,
+  // acknowledging the JobEnd first), and has exited.
+  struct Staying {};
   struct Leaving {
     int code = 0;
     bool ack = false;
   };
+  struct Gone {
+    int code = 0;
+  };
+  using Life = std::variant<Staying, Leaving, Gone>;
 
   /// The one way the link changes: asserts that `next` is an edge the agent takes
   /// (kLinkEdges in agent.cc).
@@ -252,6 +258,11 @@ class Agent {
   /// The one way the work changes (kWorkEdges in agent.cc): a round starts from Idle (or after
   /// its workers all ended by themselves, the next one), a stop begins, and ends in Idle.
   void Enter(Work next);
+  /// The one way the life changes (kLifeEdges in agent.cc): stay, leave (again, with another
+  /// code, as Finish may), be gone.
+  void Enter(Life next);
+  /// Leaving, not gone yet; nullptr otherwise.
+  const Leaving* leaving() const { return std::get_if<Leaving>(&life_); }
   /// Joined, with its round open: its workers run, or their stop is not over yet.
   bool RoundOpen() const;
   Told told() const {
@@ -262,7 +273,7 @@ class Agent {
   const Stacks* stacks() const { return const_cast<Agent*>(this)->stacks(); }
   bool Connected() const;
   bool IsJoined() const { return std::holds_alternative<Joined>(link_); }
-  bool Exited() const { return exit_code_.has_value(); }
+  bool Exited() const { return std::holds_alternative<Gone>(life_); }
 
   const JobSpec& spec_;
   Config config_;
@@ -270,8 +281,7 @@ class Agent {
   int round_ = -1;
   std::vector<Worker> workers_;
   Work work_ = Idle{};
-  std::optional<Leaving> leaving_;
-  std::optional<int> exit_code_;
+  Life life_ = Staying{};
   TimePoint rendezvous_deadline_;
   Duration retry_delay_;
   std::optional<TimePoint> last_connect_log_;

@@ -112,7 +112,7 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   if (was_joined) rendezvous_deadline_ = now + spec_.timeouts.rendezvous;
   last_connect_log_.reset();
   if (interrupted_by_ != 0) {
-    leaving_ = Leaving{InterruptedExitCode(interrupted_by_), false};
+    Enter(Leaving{InterruptedExitCode(interrupted_by_), false});
     StopWorkers(now, out);
     MaybeStopped(out);
     return;

@@ -23,7 +23,7 @@ int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::millisec
 
 bool Agent::WatchesProgress() const {
   const auto* running = std::get_if<Running>(&work_);
-  if (!spec_.timeouts.DetectsHangs() || Exited() || !running || !IsJoined() || leaving_ ||
+  if (!spec_.timeouts.DetectsHangs() || Exited() || !running || !IsJoined() || leaving() ||
       running->told != Told::kNothing) {
     return false;
   }

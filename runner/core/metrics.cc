@@ -35,7 +35,7 @@ AgentMetrics Agent::Metrics(TimePoint now) const {
   m.round = round_;
   m.plays = node_rank_;
   m.workers_running = running_workers();
-  m.exit_code = exit_code_;
+  m.exit_code = exit_code();
   // The step and work times of the last progress report (Report), over the full window.
   const size_t buckets = spec_.ProgressWindowBuckets();
   const Duration window = ReportPeriod() * static_cast<int64_t>(buckets);

@@ -1,4 +1,4 @@
-// Each machine's one transition function (Agent::Enter for its link and for its work,
+// Each machine's one transition function (Agent::Enter for its link, its work and its life,
 // Coordinator::Enter for its phase, Election::Enter for its phase) stops the process on an edge
 // its table does not hold.
 // No input takes such an edge (that is the point), so these tests take it through the door the
@@ -20,6 +20,8 @@ struct Edges {
   static void StartRound(Agent& agent) { agent.Enter(Agent::Running{}); }
   static void StopRound(Agent& agent) { agent.Enter(Agent::Stopping{}); }
   static void Rest(Agent& agent) { agent.Enter(Agent::Idle{}); }
+  static void Depart(Agent& agent) { agent.Enter(Agent::Leaving{}); }
+  static void Go(Agent& agent) { agent.Enter(Agent::Gone{}); }
   static void End(Coordinator& coordinator) { coordinator.Enter(Coordinator::Ending{}); }
   static void Done(Coordinator& coordinator) { coordinator.Enter(Coordinator::Done{}); }
   static void Run(Coordinator& coordinator) { coordinator.Enter(Coordinator::Running{}); }
@@ -59,6 +61,20 @@ TEST(EdgesTest, TheAgentsWorkTakesOnlyItsEdges) {
   EXPECT_DEATH(Edges::StartRound(agent), "kWorkEdges");  // no round while workers may run
   Edges::Rest(agent);
   Edges::StopRound(agent);  // a stop without a round: a signal before the first
+}
+
+TEST(EdgesTest, TheAgentLeavesBeforeItIsGoneAndNeverComesBack) {
+  const JobSpec spec = SpecFromToml(kTwoNodeJob);
+  Agent::Config config;
+  Agent agent(spec, config);  // staying
+  EXPECT_DEATH(Edges::Go(agent),
+               "assertion failed: kLifeEdges\\[life_.index\\(\\)\\]\\[next.index\\(\\)\\]");
+  Edges::Depart(agent);
+  Edges::Depart(agent);  // leaving again (Finish after a JobEnd)
+  Edges::Go(agent);
+  EXPECT_EQ(agent.exit_code(), 0);
+  EXPECT_DEATH(Edges::Depart(agent), "kLifeEdges");
+  EXPECT_DEATH(Edges::Go(agent), "kLifeEdges");  // it exits once
 }
 
 TEST(EdgesTest, TheCoordinatorsPhaseTakesOnlyItsEdges) {
