@@ -453,6 +453,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     MaybeStopped(out);
   } else if (const auto* end = std::get_if<wire::JobEnd>(&message)) {
     out.push_back(PrintSummary{end->summary});
+    interrupt_deadline_.reset();  // the coordinator did end the job, as an interrupt asked
     // The exit code comes off the network: a process can only exit with 0..255. Found by the
     // core fuzzer (an agent exited with -2105375998).
     Leaving leave{end->exit_code, /*ack=*/true};

@@ -605,6 +605,27 @@ TEST_F(AgentTest, SigintIsForwardedToTheJobAndASecondOneKills) {
   EXPECT_EQ(All<AgentExit>(last)[0].code, 130);
 }
 
+// A SIGINT while waiting for a round crosses the StartRound the coordinator sent before it read
+// the Interrupted; its JobEnd comes next. The coordinator did end the job: on 2254559 the
+// interrupt's deadline still fired ("did not end the job after the interrupt"), and the agent
+// left again without the JobEndAck the coordinator waits for.
+TEST_F(AgentTest, AJobEndAfterAnInterruptIsTheEndTheInterruptAskedFor) {
+  Joined(0s);
+  EXPECT_EQ(Sent<wire::Interrupted>(Feed(1s, SignalReceived{SIGINT})), (std::vector<wire::Interrupted>{{SIGINT}}));
+  ASSERT_EQ(All<SpawnWorkers>(Msg(3s, wire::StartRound{0, 41000})).size(), 1u);
+  EXPECT_EQ(All<SignalWorkers>(Msg(5s, wire::JobEnd{130, "job \"demo\" interrupted"})).size(), 1u);
+  // The workers ignore SIGTERM and SIGKILL does not end them: the agent gives up on them.
+  Effects after;
+  for (Duration t = 6s; t <= 60s && !agent_->exit_code(); t += 1s) {
+    const Effects e = Meaningful(Msg(t, wire::Heartbeat{}));
+    after.insert(after.end(), e.begin(), e.end());
+  }
+  EXPECT_EQ(FindLog(after, "did not end the job"), "") << test::Describe(after);
+  EXPECT_EQ(Sent<wire::JobEndAck>(after).size(), 1u) << test::Describe(after);
+  ASSERT_EQ(All<AgentExit>(after).size(), 1u);
+  EXPECT_EQ(All<AgentExit>(after)[0].code, 130);
+}
+
 TEST_F(AgentTest, SigtermBeforeJoiningExitsAtOnce) {
   Start(0s);
   const Effects e = Feed(1s, SignalReceived{SIGTERM});
