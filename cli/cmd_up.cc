@@ -295,7 +295,8 @@ std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& chil
       io::ReadProbe(job.spec.cluster.HostOf(agent), child.exit_status, child.out, child.err, job.program,
                     job.job_path, DDPRUN_VERSION, options.connect_timeout_s);
   if (!read.ok) return EscapeLinesForTerminal(read.what) + "\n  " + read.fix;
-  if (const auto answer = io::ParseRemoteAnswer(child.out); answer && answer->state == io::RemoteState::kError) {
+  if (const auto answer = io::ParseRemoteAnswer(child.out);
+      answer && answer->state == io::RemoteState::kError) {
     return EscapeLinesForTerminal(answer->why);
   }
   std::string said = child.err.empty() ? child.out : child.err;
@@ -364,9 +365,10 @@ int StatusCommand(const UpOptions& options) {
         std::printf("%s: not running (%s)\n", who.c_str(), why.c_str());
         break;
       case io::RemoteState::kNotOurs:
-        std::printf("%s: not running: its pid file names a process that is not the agent `ddprun up --detach` "
-                    "started (%s); nothing was signalled\n",
-                    who.c_str(), why.c_str());
+        std::printf(
+            "%s: not running: its pid file names a process that is not the agent `ddprun up --detach` "
+            "started (%s); nothing was signalled\n",
+            who.c_str(), why.c_str());
         break;
       case io::RemoteState::kNeverStarted:
         std::printf("%s: never started by `ddprun up --detach`\n", who.c_str());
@@ -423,8 +425,10 @@ int DownCommand(const UpOptions& options) {
           said = "no agent started by `ddprun up --detach` here";
           break;
         case io::RemoteState::kNotOurs:
-          said = "not stopped: its pid file names a process that is not the agent `ddprun up --detach` started (" +
-                 why + "); nothing was signalled";
+          said =
+              "not stopped: its pid file names a process that is not the agent `ddprun up --detach` started "
+              "(" +
+              why + "); nothing was signalled";
           break;
         case io::RemoteState::kStillRunning:
           said = "still running (pid " + pid + ") after SIGTERM and " + std::to_string(wait_s) + " s";

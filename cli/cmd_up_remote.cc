@@ -59,7 +59,9 @@ int Answer(const io::RemoteAnswer& answer) {
   const std::string line = io::FormatRemoteAnswer(answer);
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fflush(stdout);
-  return answer.state == io::RemoteState::kError || answer.state == io::RemoteState::kStillRunning ? kExitJobFailed : kExitOk;
+  return answer.state == io::RemoteState::kError || answer.state == io::RemoteState::kStillRunning
+             ? kExitJobFailed
+             : kExitOk;
 }
 
 io::RemoteAnswer Error(std::string why) {
@@ -212,7 +214,8 @@ int Down(const RemoteArgs& args) {
   const bool no_pidfd = !pidfd.valid() && errno == ENOSYS;
   const io::Recognition again = io::Recognise(*looked->identity);
   if ((!pidfd.valid() && !no_pidfd) || again.verdict != Verdict::kOurs) {
-    answer.state = again.verdict == Verdict::kNotOurs ? io::RemoteState::kNotOurs : io::RemoteState::kNotRunning;
+    answer.state =
+        again.verdict == Verdict::kNotOurs ? io::RemoteState::kNotOurs : io::RemoteState::kNotRunning;
     answer.why = again.why.empty() ? fmt::format("pid {} has exited", pid) : again.why;
     return Answer(answer);
   }

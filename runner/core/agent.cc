@@ -200,8 +200,8 @@ Agent::Stacks* Agent::stacks() {
 }
 
 std::optional<QuietState> Agent::Quiet() const {
-  if (Exited() || !IsJoined() || std::holds_alternative<Stopping>(work_) || leaving() || interrupt_deadline_ ||
-      (stacks() && stacks()->due) || !last_input_ || echo_awaited_ != 0) {
+  if (Exited() || !IsJoined() || std::holds_alternative<Stopping>(work_) || leaving() ||
+      interrupt_deadline_ || (stacks() && stacks()->due) || !last_input_ || echo_awaited_ != 0) {
     return std::nullopt;
   }
   // Its deadlines as of its last input: nothing has moved them since.
@@ -630,9 +630,12 @@ void Agent::OnSignal(TimePoint now, int signal, std::vector<AgentEffect>& out) {
 
 void Agent::StopWorkers(TimePoint now, std::vector<AgentEffect>& out) {
   if (std::holds_alternative<Stopping>(work_)) return;
-  Stopping stopping{told(),          stacks() ? *stacks() : Stacks{}, RoundOpen(), running_workers(), now,
-                    std::nullopt, std::nullopt};
-  stopping.stacks.due.reset();  // nobody waits for them any more
+  Stopping stopping;
+  stopping.told = told();
+  if (const Stacks* asked = stacks()) stopping.stacks.asked = asked->asked;  // due: nobody waits any more
+  stopping.open = RoundOpen();
+  stopping.count = running_workers();
+  stopping.sigterm_at = now;
   if (stopping.count > 0) {
     out.push_back(SignalWorkers{round_, SIGTERM});
     stopping.kill_at = now + spec_.timeouts.stop_grace;
@@ -671,8 +674,9 @@ void Agent::MaybeStopped(std::vector<AgentEffect>& out) {
   if (round_ >= 0 && IsJoined()) {
     Send(wire::RoundStopped{round_, stopping->count}, out);
     if (stopping->count > 0) {
-      Log(LogLevel::kInfo, fmt::format("round {}: stopped {} worker{}", round_, stopping->count,
-                                       stopping->count == 1 ? "" : "s"),
+      Log(LogLevel::kInfo,
+          fmt::format("round {}: stopped {} worker{}", round_, stopping->count,
+                      stopping->count == 1 ? "" : "s"),
           out);
     }
   }
@@ -717,9 +721,9 @@ constexpr bool kWorkEdges[3][3] = {
 // made it leave last: Finish after a JobEnd), and is gone once no worker runs.
 constexpr bool kLifeEdges[3][3] = {
     // Staying Leaving Gone
-    {false, true, false},  // Staying
-    {false, true, true},   // Leaving
-    {false, false, false}, // Gone
+    {false, true, false},   // Staying
+    {false, true, true},    // Leaving
+    {false, false, false},  // Gone
 };
 
 }  // namespace

@@ -217,19 +217,19 @@ class Agent {
   // What this node told of the round. kHang: a rank silent past its timeout, which the
   // coordinator may clear (wire::HangCleared) when the stacks show every rank progressing.
   enum class Told { kNothing, kFailure, kHang, kDone };
-  struct Stacks {                         // the coordinator asked where the ranks are (a hang)
-    bool asked = false;                   // this round's stacks were asked for: the round will stop
-    std::optional<TimePoint> due;         // the dumps are read then
+  struct Stacks {                  // the coordinator asked where the ranks are (a hang)
+    bool asked = false;            // this round's stacks were asked for: the round will stop
+    std::optional<TimePoint> due;  // the dumps are read then
   };
-  struct Idle {                           // no round open: before the first, or its stop is over
-    Told told = Told::kNothing;           // what this node told of the last round
+  struct Idle {                  // no round open: before the first, or its stop is over
+    Told told = Told::kNothing;  // what this node told of the last round
   };
-  struct Running {                        // the round's workers were started on this join
+  struct Running {  // the round's workers were started on this join
     Told told = Told::kNothing;
     Stacks stacks;
-    std::optional<TimePoint> next_report; // the next progress report, once a rank stepped
+    std::optional<TimePoint> next_report;  // the next progress report, once a rank stepped
   };
-  struct Stopping {                       // a stop of the round's workers is under way
+  struct Stopping {  // a stop of the round's workers is under way
     Told told = Told::kNothing;
     Stacks stacks;
     bool open = false;                    // the round ran on this join: still open until stopped

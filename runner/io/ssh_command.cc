@@ -240,7 +240,7 @@ std::string DownLine(const RemoteProgram& program, const std::string& state_dir,
 namespace {
 
 constexpr std::array<std::string_view, 12> kRemoteStateNames = {
-    "error",      "started", "copied",      "running",       "exited",  "never-started",
+    "error",    "started",    "copied",  "running",     "exited",        "never-started",
     "not-ours", "unreadable", "stopped", "not-running", "still-running", "unknown"};
 static_assert(kRemoteStateNames.size() == static_cast<size_t>(RemoteState::kUnknown) + 1);
 
@@ -279,8 +279,8 @@ std::optional<RemoteAnswer> ParseRemoteAnswer(const std::string& out) {
       answer.state = static_cast<RemoteState>(known - kRemoteStateNames.begin());
     } else {
       answer.state = RemoteState::kUnknown;
-      answer.why = fmt::format("the host's ddprun answered \"{}\", a state this ddprun does not know{}", state,
-                               answer.why.empty() ? "" : " (" + answer.why + ")");
+      answer.why = fmt::format("the host's ddprun answered \"{}\", a state this ddprun does not know{}",
+                               state, answer.why.empty() ? "" : " (" + answer.why + ")");
     }
     if (record.contains("log") && record["log"].is_array()) {
       for (const auto& entry : record["log"]) {

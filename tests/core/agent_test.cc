@@ -611,7 +611,8 @@ TEST_F(AgentTest, SigintIsForwardedToTheJobAndASecondOneKills) {
 // left again without the JobEndAck the coordinator waits for.
 TEST_F(AgentTest, AJobEndAfterAnInterruptIsTheEndTheInterruptAskedFor) {
   Joined(0s);
-  EXPECT_EQ(Sent<wire::Interrupted>(Feed(1s, SignalReceived{SIGINT})), (std::vector<wire::Interrupted>{{SIGINT}}));
+  EXPECT_EQ(Sent<wire::Interrupted>(Feed(1s, SignalReceived{SIGINT})),
+            (std::vector<wire::Interrupted>{{SIGINT}}));
   ASSERT_EQ(All<SpawnWorkers>(Msg(3s, wire::StartRound{0, 41000})).size(), 1u);
   EXPECT_EQ(All<SignalWorkers>(Msg(5s, wire::JobEnd{130, "job \"demo\" interrupted"})).size(), 1u);
   // The workers ignore SIGTERM and SIGKILL does not end them: the agent gives up on them.

@@ -54,7 +54,7 @@ TEST(EdgesTest, TheAgentsWorkTakesOnlyItsEdges) {
   EXPECT_DEATH(Edges::Rest(agent),
                "assertion failed: kWorkEdges\\[work_.index\\(\\)\\]\\[next.index\\(\\)\\]");
   Edges::StartRound(agent);
-  Edges::StartRound(agent);  // the next round, once the workers all exited 0
+  Edges::StartRound(agent);                        // the next round, once the workers all exited 0
   EXPECT_DEATH(Edges::Rest(agent), "kWorkEdges");  // a round ends only through its stop
   Edges::StopRound(agent);
   EXPECT_DEATH(Edges::StopRound(agent), "kWorkEdges");   // one stop at a time
@@ -67,8 +67,7 @@ TEST(EdgesTest, TheAgentLeavesBeforeItIsGoneAndNeverComesBack) {
   const JobSpec spec = SpecFromToml(kTwoNodeJob);
   Agent::Config config;
   Agent agent(spec, config);  // staying
-  EXPECT_DEATH(Edges::Go(agent),
-               "assertion failed: kLifeEdges\\[life_.index\\(\\)\\]\\[next.index\\(\\)\\]");
+  EXPECT_DEATH(Edges::Go(agent), "assertion failed: kLifeEdges\\[life_.index\\(\\)\\]\\[next.index\\(\\)\\]");
   Edges::Depart(agent);
   Edges::Depart(agent);  // leaving again (Finish after a JobEnd)
   Edges::Go(agent);

@@ -148,13 +148,15 @@ TEST_F(UpLocalTest, DownNeverSignalsAProcessThatAPlantedPidFileNames) {
 // `status` called it "never started" and `down` "still running after SIGTERM": each guessed.
 TEST_F(UpLocalTest, AStateThisDdprunDoesNotKnowIsSaidToBeUnknownNotGuessed) {
   const std::string newer = dir_.Write(
-      "newer-ssh", "#!/bin/sh\necho 'Welcome'\necho '{\"ddprun_up\": 1, \"state\": \"hibernating\", \"pid\": 77}'\n");
+      "newer-ssh",
+      "#!/bin/sh\necho 'Welcome'\necho '{\"ddprun_up\": 1, \"state\": \"hibernating\", \"pid\": 77}'\n");
   ::chmod(newer.c_str(), 0755);
   env_["DDPRUN_SSH_COMMAND"] = newer;
   auto [status_code, status] = Run({"status", job_});
   EXPECT_EQ(status_code, 1) << status;
-  EXPECT_THAT(status, HasSubstr("127.0.0.1 (node 0): unknown: the host's ddprun answered \"hibernating\", a state "
-                                "this ddprun does not know"));
+  EXPECT_THAT(status,
+              HasSubstr("127.0.0.1 (node 0): unknown: the host's ddprun answered \"hibernating\", a state "
+                        "this ddprun does not know"));
   EXPECT_THAT(status, Not(HasSubstr("never started")));
   auto [down_code, down] = Run({"down", job_});
   EXPECT_EQ(down_code, 1) << down;

@@ -138,7 +138,8 @@ TEST(RemoteAnswerTest, EveryStateGoesAcrossAsItselfAndANewOneIsUnknown) {
   const auto newer = ParseRemoteAnswer("{\"ddprun_up\": 1, \"state\": \"hibernating\", \"why\": \"zzz\"}\n");
   ASSERT_TRUE(newer);
   EXPECT_EQ(newer->state, RemoteState::kUnknown);
-  EXPECT_EQ(newer->why, "the host's ddprun answered \"hibernating\", a state this ddprun does not know (zzz)");
+  EXPECT_EQ(newer->why,
+            "the host's ddprun answered \"hibernating\", a state this ddprun does not know (zzz)");
   // "unknown" is this side's word, never a state a host can send to be taken as one.
   EXPECT_EQ(ParseRemoteAnswer("{\"ddprun_up\": 1, \"state\": \"unknown\"}\n")->why,
             "the host's ddprun answered \"unknown\", a state this ddprun does not know");
