@@ -20,7 +20,7 @@ if [[ ! -x "$tool" ]]; then
   cmake --build "$build" --target ddprun_quiet_equivalence
 fi
 jobs="${JOBS:-examples/laptop.toml examples/lightning-2x8.toml examples/lightning-4x8.toml bench/swarm64.toml
-  bench/swarm-shrink.toml bench/swarm-spares.toml bench/swarm-hangs.toml}"
+  bench/swarm-shrink.toml bench/swarm-spares.toml bench/swarm-hangs.toml bench/swarm-etcd-30s.toml}"
 status=0
 run() {  # job count extra...
   local job=$1 count=$2; shift 2

@@ -65,7 +65,7 @@ bool Cluster::SkipQuietStretch() {
   // Not quiet now: the next look is a beat later (each costs O(nodes + queue)), or sooner when
   // only messages in flight were in the way.
   next_quiet_try_ns_ = s.now + s.period;
-  if (etcd_ || !options_.lazy_heartbeats) {
+  if (!options_.lazy_heartbeats) {
     next_quiet_try_ns_ = INT64_MAX;
     return false;
   }
@@ -98,6 +98,7 @@ bool Cluster::QuietCores(QuietStretch& s) const {
     if (const auto& other = state->agent.other_deadline) {
       s.until = std::min(s.until, Ns(other->time_since_epoch()));
     }
+    if (state->role_deadline) s.until = std::min(s.until, Ns(state->role_deadline->time_since_epoch()));
     if (state->coordinator) {
       coordinator = s.quiet.size();
       const auto& other = state->coordinator->state.other_deadline;

@@ -161,6 +161,11 @@ class Election {
   const std::string& earlier_run() const { return earlier_run_; }
   /// Writes are waiting or in flight.
   bool Writing() const;
+  /// Nothing under way but waiting for its own deadlines (NextDeadline): it took part, and no
+  /// lookup waits and no store call is in flight or due to be retried. A simulator's quiet
+  /// stretch may then pass up to NextDeadline without feeding it (its Ticks before it act on
+  /// nothing).
+  bool Quiet() const;
   /// The time of the latest input (nullopt before the first): a Resume comes no earlier, for
   /// the host took inputs at later times while it carried the notification out.
   std::optional<TimePoint> last_input() const { return last_input_; }

@@ -79,7 +79,8 @@ class CoordinatorRole : public JobRecordKeeper {
   /// The agent is done: true once its host may go (the record is written and the role let go,
   /// which this starts); false: flushed follows.
   virtual bool LetGoOnExit(TimePoint) { return true; }
-  /// Nothing under way but what the cores do: the simulator may skip a quiet stretch.
+  /// Nothing under way but what the cores do and its own deadlines (NextDeadline, which a
+  /// quiet stretch ends before): the simulator may skip a quiet stretch.
   virtual bool Quiet() const { return true; }
   /// The key of the job's record in the job's store; "" when the record is node 0's journal.
   virtual std::string_view RecordKey() const { return {}; }
@@ -142,7 +143,7 @@ class ElectedRole final : public CoordinatorRole {
   void OnStoreResult(TimePoint now, const StoreResult& result) override;
   std::optional<TimePoint> NextDeadline() const override { return election_.NextDeadline(); }
   bool LetGoOnExit(TimePoint now) override;
-  bool Quiet() const override { return false; }
+  bool Quiet() const override { return election_.Quiet(); }
   std::string_view RecordKey() const override { return election_.state_key(); }
 
   /// While leading: the job as the previous holder left it (nullopt: a fresh start), an

@@ -520,7 +520,7 @@ std::optional<NodeHost::Quiet> NodeHost::QuietNow() const {
     return std::nullopt;
   const auto agent = agent_.Quiet();
   if (!agent) return std::nullopt;
-  Quiet quiet{*agent, *master_conn_, std::nullopt};
+  Quiet quiet{*agent, *master_conn_, std::nullopt, role_->NextDeadline()};
   if (coordinator_) {
     quiet.coordinator = coordinator_->QuietNow();
     if (!quiet.coordinator) return std::nullopt;

@@ -57,12 +57,13 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
 
   // ---- The simulator's quiet stretches (sim/quiet.cc, docs/performance.md) ----
   /// The agent's quiet state and, where the coordinator runs, the coordinator's; nullopt when
-  /// either has more under way than heartbeats, or the host itself waits on something (etcd,
-  /// probes, its exit).
+  /// either has more under way than heartbeats, or the host itself waits on something (a store
+  /// call, probes, its exit).
   struct Quiet {
     core::QuietState agent;
     ConnId master_conn = 0;
     std::optional<core::Coordinator::Quiet> coordinator;
+    std::optional<TimePoint> role_deadline;  // the role's next deadline (etcd: a keep-alive)
   };
   std::optional<Quiet> QuietNow() const;
   /// Feeds the stretch to the cores, an input of each (core::AgentQuietStretch,

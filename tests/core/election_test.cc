@@ -107,6 +107,38 @@ TEST_F(CoreElectionTest, WritesAreFencedAndAnsweredInOrderThroughContinue) {
   EXPECT_FALSE(election_.Writing());
 }
 
+// A simulator's quiet stretch passes over an election only when it waits on nothing but its
+// own deadlines (sim/quiet.cc ends the stretch before NextDeadline).
+TEST_F(CoreElectionTest, ItIsQuietOnlyWhenNothingIsUnderWayButItsOwnDeadlines) {
+  EXPECT_FALSE(election_.Quiet());  // its agent has not taken part yet
+  Feed(0s, e::TookPart{});
+  EXPECT_TRUE(election_.Quiet());
+  const uint64_t get = Only<e::Get>(Feed(0s, e::Lookup{})).tag;
+  EXPECT_FALSE(election_.Quiet());  // a lookup waits
+  const e::Entry holder{.value = "agent=0\nendpoint=gpu-01:29500\nname=node 0", .create_revision = 4, .lease = 5};
+  Only<e::Found>(Feed(0s, e::Answer{.tag = get, .entry = holder}));
+  EXPECT_TRUE(election_.Quiet());  // a follower that found the holder
+}
+
+TEST_F(CoreElectionTest, ALeaderIsQuietBetweenItsKeepAlivesAndWrites) {
+  Feed(0s, e::TookPart{});
+  Lead(0s);
+  EXPECT_TRUE(election_.Quiet());
+  const auto next = election_.NextDeadline();
+  ASSERT_TRUE(next);
+  const auto keepalive = Only<e::KeepAlive>(Feed(next->time_since_epoch(), Tick{}));
+  EXPECT_FALSE(election_.Quiet());  // its answer is on its way
+  Feed(next->time_since_epoch(), e::Answer{.tag = keepalive.tag, .ttl = 6s});
+  EXPECT_TRUE(election_.Quiet());
+  const auto put = Only<e::PutIf>(Feed(3s, CommitRound{.round = 0, .restarts_used = 0, .nodes = 2}));
+  EXPECT_FALSE(election_.Quiet());  // a write in flight
+  Feed(3s, e::Answer{.tag = put.tag, .succeeded = true});  // the host carries Committed out at once
+  Feed(3s, e::Resume{e::Step::kAfterCommit});
+  EXPECT_TRUE(election_.Quiet());
+  Only<e::Revoke>(Feed(4s, e::Resign{}));
+  EXPECT_FALSE(election_.Quiet());  // the revoke is not answered
+}
+
 TEST_F(CoreElectionTest, ARoleLetGoWhileTheHostCarriedANotificationOutGoesNoFurther) {
   Lead(0s);
   const auto put = Only<e::PutIf>(Feed(1s, CommitRound{.round = 0, .restarts_used = 0, .nodes = 2}));

@@ -84,7 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Jobs, QuietTest,
                          ::testing::Values("examples/laptop.toml", "examples/lightning-2x8.toml",
                                            "examples/lightning-4x8.toml", "bench/swarm64.toml",
                                            "bench/swarm-shrink.toml", "bench/swarm-spares.toml",
-                                           "bench/sim_scale.toml"));
+                                           "bench/sim_scale.toml", "bench/swarm-etcd-30s.toml"));
 
 // A network that loses 30% of its packets and retransmits after 7 s, longer than the loss
 // bound (3 heartbeats of 2 s): links go silent inside would-be quiet stretches, the cores
