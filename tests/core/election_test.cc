@@ -115,7 +115,8 @@ TEST_F(CoreElectionTest, ItIsQuietOnlyWhenNothingIsUnderWayButItsOwnDeadlines) {
   EXPECT_TRUE(election_.Quiet());
   const uint64_t get = Only<e::Get>(Feed(0s, e::Lookup{})).tag;
   EXPECT_FALSE(election_.Quiet());  // a lookup waits
-  const e::Entry holder{.value = "agent=0\nendpoint=gpu-01:29500\nname=node 0", .create_revision = 4, .lease = 5};
+  const e::Entry holder{
+      .value = "agent=0\nendpoint=gpu-01:29500\nname=node 0", .create_revision = 4, .lease = 5};
   Only<e::Found>(Feed(0s, e::Answer{.tag = get, .entry = holder}));
   EXPECT_TRUE(election_.Quiet());  // a follower that found the holder
 }
@@ -131,7 +132,7 @@ TEST_F(CoreElectionTest, ALeaderIsQuietBetweenItsKeepAlivesAndWrites) {
   Feed(next->time_since_epoch(), e::Answer{.tag = keepalive.tag, .ttl = 6s});
   EXPECT_TRUE(election_.Quiet());
   const auto put = Only<e::PutIf>(Feed(3s, CommitRound{.round = 0, .restarts_used = 0, .nodes = 2}));
-  EXPECT_FALSE(election_.Quiet());  // a write in flight
+  EXPECT_FALSE(election_.Quiet());                         // a write in flight
   Feed(3s, e::Answer{.tag = put.tag, .succeeded = true});  // the host carries Committed out at once
   Feed(3s, e::Resume{e::Step::kAfterCommit});
   EXPECT_TRUE(election_.Quiet());
