@@ -122,8 +122,8 @@ bool Election::Quiet() const {
   if (!took_part_ || wanted_ || Revoking()) return false;
   if (std::holds_alternative<Idle>(state_)) return true;
   const auto* leading = std::get_if<Leading>(&state_);
-  return leading && leading->keepalive_tag == 0 && leading->write_tag == 0 && !leading->dirty &&
-         !leading->commit_round && !leading->end_unacked && !leading->retry_write_at;
+  return leading && !Writing() && leading->keepalive_tag == 0 && !leading->commit_round &&
+         !leading->end_unacked && !leading->retry_write_at;
 }
 
 void Election::Enter(State next) {
