@@ -32,8 +32,7 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   if (running_workers() > 0) {
     // The coordinator only starts a round after every node confirmed its workers stopped.
     Log(LogLevel::kError,
-        fmt::format("round {} started while round {} still has workers; ignoring", start.round, round_),
-        out);
+        fmt::format("round {} started while round {} still has workers; ignoring", start.round, round_), out);
     return;
   }
   auto* joined = std::get_if<Joined>(&link_);
@@ -64,7 +63,8 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
         out);
   }
   node_rank_ = plays;
-  longest_interval_ = std::max(longest_interval_, Duration(Millis(std::max<int64_t>(start.longest_interval_ms, 0))));
+  longest_interval_ =
+      std::max(longest_interval_, Duration(Millis(std::max<int64_t>(start.longest_interval_ms, 0))));
   const int nproc = spec_.cluster.nproc_per_node;
   workers_.assign(static_cast<size_t>(nproc), Worker{});
   const std::string run_id = RunId(spec_, config_.fingerprint);
@@ -106,15 +106,15 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   }
   // Say which MASTER_PORT this node's workers really get: rank 0 hosts the store on the
   // round's port; under the relay every other rank reaches it through master_port.
-  const std::string store =
-      spec_.cluster.store_port  ? fmt::format("store port {}", start.master_port)
-      : node_rank_ == 0 ? fmt::format("rank 0's store on port {}, reached through master_port {}",
+  const std::string store = spec_.cluster.store_port ? fmt::format("store port {}", start.master_port)
+                            : node_rank_ == 0
+                                ? fmt::format("rank 0's store on port {}, reached through master_port {}",
                                               start.master_port, spec_.cluster.master_port)
-                               : fmt::format("store through master_port {}", spec_.cluster.master_port);
+                                : fmt::format("store through master_port {}", spec_.cluster.master_port);
   Log(LogLevel::kInfo,
       fmt::format("round {}: starting {} worker{} (ranks {}..{} of {}), {}", round_, nproc,
-                  nproc == 1 ? "" : "s", node_rank_ * nproc,
-                  node_rank_ * nproc + nproc - 1, nnodes * nproc, store),
+                  nproc == 1 ? "" : "s", node_rank_ * nproc, node_rank_ * nproc + nproc - 1, nnodes * nproc,
+                  store),
       out);
   out.push_back(std::move(spawn));
 }
@@ -140,8 +140,8 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
     // After a hang report too: the coordinator may find no hang and let the round go on.
     if (running->told == Told::kNothing || running->told == Told::kHang) {
       running->told = Told::kFailure;
-      Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
-                              exited.signal, exited.stderr_tail, exited.error_text},
+      Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code, exited.signal,
+                              exited.stderr_tail, exited.error_text},
            out);
     }
     // Stop the rest of this node now rather than a round trip later; the coordinator stops
@@ -151,16 +151,16 @@ void Agent::OnWorkerExited(TimePoint now, const WorkerExited& exited, std::vecto
     // It wrote its error file, so it raised on its own before the stop reached it: when the
     // round's first failure only lost a peer, this one may be the cause (the coordinator
     // decides; Coordinator::ReviseRootCause).
-    Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code,
-                            exited.signal, exited.stderr_tail, exited.error_text},
+    Send(wire::WorkerFailed{round_, worker.global_rank, exited.local_rank, exited.exit_code, exited.signal,
+                            exited.stderr_tail, exited.error_text},
          out);
   } else if (running && !failed && running_workers() == 0 && running->told == Told::kNothing &&
              std::all_of(workers_.begin(), workers_.end(),
                          [](const Worker& w) { return w.exit_code == 0 && w.signal == 0; })) {
     running->told = Told::kDone;
-    Log(LogLevel::kInfo, fmt::format("round {}: {} of node {}{} exited 0", round_,
-                                     AllOf(workers_.size(), "worker"), node_rank_ == config_.node_rank ? "" : "rank ",
-                                     node_rank_),
+    Log(LogLevel::kInfo,
+        fmt::format("round {}: {} of node {}{} exited 0", round_, AllOf(workers_.size(), "worker"),
+                    node_rank_ == config_.node_rank ? "" : "rank ", node_rank_),
         out);
     Send(wire::NodeDone{round_}, out);
   }
@@ -187,8 +187,8 @@ void Agent::KillWorkers(TimePoint now, const std::string& why, std::vector<Agent
   stopping.kill_at.reset();
   if (running_workers() == 0) return;
   Log(LogLevel::kWarn,
-      fmt::format("{} worker{} {}; sending SIGKILL", running_workers(),
-                  running_workers() == 1 ? "" : "s", why),
+      fmt::format("{} worker{} {}; sending SIGKILL", running_workers(), running_workers() == 1 ? "" : "s",
+                  why),
       out);
   out.push_back(SignalWorkers{round_, SIGKILL});
   stopping.give_up_at = now + JobSpec::Timeouts::kKillAllowance;
