@@ -49,7 +49,6 @@ Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* o
   stats_.train_target_ns = spec_.simulate.train_time.count();
   stats_.max_restarts = spec_.restart.max_restarts;
   stats_.messages_by_node.assign(static_cast<size_t>(job_nodes_), 0);
-  if (etcd_) invariants_.SetRankZeroAnywhere();
 }
 
 std::unique_ptr<SimEtcd> Cluster::MakeEtcd() {
@@ -131,8 +130,8 @@ void Cluster::BuildNodes() {
   workers_.SetWorld(specs[0]->WorldSize());
   int min_world = specs[0]->cluster.min_nodes * specs[0]->cluster.nproc_per_node;
   int max_world = specs[0]->WorldSize();
-  if (etcd_) {
-    // With etcd whichever agent takes the coordinator role first decides what the job is.
+  if (coordinators_.AnyAgentLeads()) {
+    // Whichever agent takes the coordinator role first decides what the job is.
     for (const JobSpec* s : specs) {
       min_world = std::min(min_world, s->cluster.min_nodes * s->cluster.nproc_per_node);
       max_world = std::max(max_world, s->WorldSize());
@@ -510,14 +509,14 @@ SimResult Cluster::Finish(RunEnd& end) {
     }
     result.nodes.push_back(outcome);
   }
-  // The job's outcome is node 0's exit code; without it, what the other nodes agreed on. With
-  // etcd node 0 is not the coordinator's, and an agent that started again after the verdict
-  // was told (its host rebooted once the job was over) ran a launch of its own, alone: the
-  // outcome is what the agents of the job were told.
+  // The job's outcome is node 0's exit code; without it, what the other nodes agreed on. When
+  // any agent may lead node 0 is not the coordinator's, and an agent that started again after
+  // the verdict was told (its host rebooted once the job was over) ran a launch of its own,
+  // alone: the outcome is what the agents of the job were told.
   const NodeOutcome& first = result.nodes[0];
   const std::optional<int64_t> verdict_ns = coordinators_.first_verdict_ns();
   auto of_the_job = [&](size_t i) { return !verdict_ns || nodes_[static_cast<uint32_t>(i)].started_ns < *verdict_ns; };
-  if (first.state == NodeOutcome::State::kExited && (!etcd_ || of_the_job(0))) {
+  if (first.state == NodeOutcome::State::kExited && (!coordinators_.AnyAgentLeads() || of_the_job(0))) {
     result.exit_code = first.exit_code;
   } else {
     std::map<int, int> votes;
