@@ -28,14 +28,17 @@ class CoordinatorWatch::Sink final : public host::Observer {
 namespace {
 
 /// Marks the restart `used` on the job's row of the event log.
-void MarkRestart(SimLog& log, int used) { log.AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", used)); }
+void MarkRestart(SimLog& log, int used) {
+  log.AddMark(Mark::kJob, MarkKind::kRestart, fmt::format("restart {}", used));
+}
 
 /// rendezvous.backend = "static": node 0's coordinator is the job's; an extra agent that claims
 /// rank 0 runs another job. Each incarnation of it numbers its rounds and counts its restarts
 /// from 0 again.
 class StaticCount final : public CountedRole {
  public:
-  explicit StaticCount(Handles handles) : log_(handles.log), stats_(handles.stats), invariants_(handles.invariants) {}
+  explicit StaticCount(Handles handles)
+      : log_(handles.log), stats_(handles.stats), invariants_(handles.invariants) {}
 
   bool AnyAgentLeads() const override { return false; }
   bool Counts(uint32_t index) const override { return index == 0; }
@@ -139,7 +142,7 @@ class ElectedCount final : public CountedRole {
   Invariants& invariants_;
   SimEtcd& etcd_;
   uint64_t epochs_ = 0;
-  int most_restarts_ = 0;  // the most restarts any coordinator counted
+  int most_restarts_ = 0;                                       // the most restarts any coordinator counted
   std::map<std::string, uint64_t, std::less<>> launch_of_key_;  // state key -> its current launch
   uint64_t launches_ = 0;
 };
