@@ -21,9 +21,9 @@ namespace ddprun::core::detail {
 }  // namespace ddprun::core::detail
 
 /// Aborts with file:line and the condition's text when `condition` is false, in every build.
-#define DDPRUN_ASSERT(condition)                                                   \
-  do {                                                                             \
-    if (!(condition)) [[unlikely]] {                                               \
-      ::ddprun::core::detail::AssertFailed(__FILE__, __LINE__, #condition);        \
-    }                                                                              \
+#define DDPRUN_ASSERT(condition)                                            \
+  do {                                                                      \
+    if (!(condition)) [[unlikely]] {                                        \
+      ::ddprun::core::detail::AssertFailed(__FILE__, __LINE__, #condition); \
+    }                                                                       \
   } while (false)

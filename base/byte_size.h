@@ -20,7 +20,8 @@ inline std::string ByteSize(uint64_t bytes) {
     value /= 1024;
     ++unit;
   }
-  if (value == static_cast<double>(static_cast<uint64_t>(value))) return fmt::format("{} {}", value, kUnits[unit]);
+  if (value == static_cast<double>(static_cast<uint64_t>(value)))
+    return fmt::format("{} {}", value, kUnits[unit]);
   return fmt::format("{:.1f} {}", value, kUnits[unit]);
 }
 

@@ -28,7 +28,7 @@ inline Error Fail(std::string reason) { return Error{std::move(reason)}; }
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit
+  Result(T value) : state_(std::in_place_index<0>, std::move(value)) {}          // NOLINT: implicit
   Result(Error failure) : state_(std::in_place_index<1>, std::move(failure)) {}  // NOLINT
 
   bool ok() const { return state_.index() == 0; }

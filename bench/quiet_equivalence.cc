@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   }
   ddprun::LoadResult loaded = ddprun::LoadJobFile(argv[1]);
   if (!loaded.spec) {
-    std::fputs(ddprun::RenderDiagnostics(loaded.diagnostics, argv[1], loaded.source_text, false).c_str(), stderr);
+    std::fputs(ddprun::RenderDiagnostics(loaded.diagnostics, argv[1], loaded.source_text, false).c_str(),
+               stderr);
     return 2;
   }
   const uint64_t first = std::strtoull(argv[2], nullptr, 10);
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
       if (!shaped.spec) continue;  // the shape swarm reports those
       spec = *shaped.spec;
     }
-    for (const ddprun::FaultSpec& fault : ddprun::sim::DrawSwarmFaults(spec, seed)) spec.simulate.faults.push_back(fault);
+    for (const ddprun::FaultSpec& fault : ddprun::sim::DrawSwarmFaults(spec, seed))
+      spec.simulate.faults.push_back(fault);
     ddprun::sim::SimResult results[2];
     std::string outputs[2];
     for (int way = 0; way < 2; ++way) {
@@ -60,13 +62,15 @@ int main(int argc, char** argv) {
     events_lazy += results[0].stats.events;
     events_beat += results[1].stats.events;
     if (outputs[0] != outputs[1] || results[0].exit_code != results[1].exit_code ||
-        results[0].stats.end_ns != results[1].stats.end_ns || results[0].stats.messages != results[1].stats.messages) {
+        results[0].stats.end_ns != results[1].stats.end_ns ||
+        results[0].stats.messages != results[1].stats.messages) {
       ++differing;
       fmt::print("seed {}: the computed and the beat-by-beat run differ\n", seed);
     }
   }
-  fmt::print("quiet equivalence: {} seeds ({}..{}) of {}, {} differ; {} stretches, {} beats computed; "
-             "events run {} computed, {} beat by beat\n",
-             count, first, first + count - 1, argv[1], differing, stretches, beats, events_lazy, events_beat);
+  fmt::print(
+      "quiet equivalence: {} seeds ({}..{}) of {}, {} differ; {} stretches, {} beats computed; "
+      "events run {} computed, {} beat by beat\n",
+      count, first, first + count - 1, argv[1], differing, stretches, beats, events_lazy, events_beat);
   return differing == 0 ? 0 : 1;
 }

@@ -25,13 +25,15 @@ int main(int argc, char** argv) {
   }
   ddprun::LoadResult loaded = ddprun::LoadJobFile(argv[1]);
   if (!loaded.spec) {
-    std::fputs(ddprun::RenderDiagnostics(loaded.diagnostics, argv[1], loaded.source_text, false).c_str(), stderr);
+    std::fputs(ddprun::RenderDiagnostics(loaded.diagnostics, argv[1], loaded.source_text, false).c_str(),
+               stderr);
     return 2;
   }
   ddprun::JobSpec spec = *loaded.spec;
   const int nodes = std::atoi(argv[2]);
   // As --nodes does: a job that runs only whole stays whole (min_nodes = nnodes).
-  if (spec.cluster.min_nodes == spec.cluster.nnodes || spec.cluster.min_nodes > nodes) spec.cluster.min_nodes = nodes;
+  if (spec.cluster.min_nodes == spec.cluster.nnodes || spec.cluster.min_nodes > nodes)
+    spec.cluster.min_nodes = nodes;
   spec.cluster.nnodes = nodes;
   spec.cluster.nodes.clear();
   spec.trainer.num_nodes = nodes;
@@ -55,7 +57,8 @@ int main(int argc, char** argv) {
   }
   options.quiet = !verbose;
   const auto start = std::chrono::steady_clock::now();
-  const ddprun::sim::SimResult result = ddprun::sim::RunSimulation(spec, options, verbose ? &std::cout : nullptr);
+  const ddprun::sim::SimResult result =
+      ddprun::sim::RunSimulation(spec, options, verbose ? &std::cout : nullptr);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -65,15 +68,15 @@ int main(int argc, char** argv) {
   const double cpu_s = static_cast<double>(cpu.ru_utime.tv_sec + cpu.ru_stime.tv_sec) +
                        static_cast<double>(cpu.ru_utime.tv_usec + cpu.ru_stime.tv_usec) / 1e6;
   const auto& s = result.stats;
-  fmt::print("nodes={} gpus={} exit={} virtual={} events={} (timers={} deliveries={} workers={} other={}) "
-             "quiet_stretches={} quiet_beats={} messages={} per_node_messages={:.1f} peak_queue={} wall_s={:.3f} "
-             "cpu_s={:.3f} events_per_s={:.0f} max_rss_mib={:.0f}\n",
-             nodes, spec.WorldSize(), result.exit_code, ddprun::HumanDuration(ddprun::Duration(s.end_ns)), s.events,
-             s.timer_events, s.delivery_events, s.worker_events,
-             s.events - s.timer_events - s.delivery_events - s.worker_events, s.quiet_stretches, s.quiet_beats,
-             result.stats.messages,
-             static_cast<double>(result.stats.messages) / nodes, result.stats.peak_queue, wall, cpu_s, events / cpu_s,
-             static_cast<double>(usage.ru_maxrss) / 1024.0);
+  fmt::print(
+      "nodes={} gpus={} exit={} virtual={} events={} (timers={} deliveries={} workers={} other={}) "
+      "quiet_stretches={} quiet_beats={} messages={} per_node_messages={:.1f} peak_queue={} wall_s={:.3f} "
+      "cpu_s={:.3f} events_per_s={:.0f} max_rss_mib={:.0f}\n",
+      nodes, spec.WorldSize(), result.exit_code, ddprun::HumanDuration(ddprun::Duration(s.end_ns)), s.events,
+      s.timer_events, s.delivery_events, s.worker_events,
+      s.events - s.timer_events - s.delivery_events - s.worker_events, s.quiet_stretches, s.quiet_beats,
+      result.stats.messages, static_cast<double>(result.stats.messages) / nodes, result.stats.peak_queue,
+      wall, cpu_s, events / cpu_s, static_cast<double>(usage.ru_maxrss) / 1024.0);
   if (result.violation) fmt::print("violation: {}\nreproduce with: {}\n", *result.violation, result.repro);
   return result.violation ? 70 : 0;
 }

@@ -39,8 +39,9 @@ void WarnAboutMissingProgram(const JobSpec& spec, const std::string& workdir, Di
   if (program.find('/') == std::string::npos || !FindProgram(program, "", workdir).empty()) return;
   const std::string key = fmt::format("job.command[{}]", shape.program);
   const std::string where =
-      program.starts_with("/") ? std::string()
-                               : fmt::format(" ({})", (std::filesystem::path(workdir) / program).lexically_normal().string());
+      program.starts_with("/")
+          ? std::string()
+          : fmt::format(" ({})", (std::filesystem::path(workdir) / program).lexically_normal().string());
   diags.Warning(spec.LocationOf(key), key,
                 fmt::format("{} = \"{}\" does not exist here{}", key, program, where),
                 "the workers run it on every node; build or install it first (relative paths "
@@ -69,12 +70,14 @@ void WarnAboutMissingScript(const JobSpec& spec, const std::filesystem::path& wo
   const std::optional<std::string_view> closest =
       ClosestName(script.filename().string(), std::span<const std::string_view>(candidates));
   const std::string key = fmt::format("job.command[{}]", index);
-  diags.Warning(spec.LocationOf(key), key,
-                fmt::format("{} = \"{}\" does not exist here ({})", key, shape.script, script.lexically_normal().string()),
-                closest ? fmt::format("did you mean \"{}\"? Python runs the script from job.workdir on every node",
-                                      (std::filesystem::path(shape.script).parent_path() / *closest).string())
-                        : std::string("Python runs it from job.workdir on every node; fix the path, or make sure it "
-                                      "exists on the nodes"));
+  diags.Warning(
+      spec.LocationOf(key), key,
+      fmt::format("{} = \"{}\" does not exist here ({})", key, shape.script,
+                  script.lexically_normal().string()),
+      closest ? fmt::format("did you mean \"{}\"? Python runs the script from job.workdir on every node",
+                            (std::filesystem::path(shape.script).parent_path() / *closest).string())
+              : std::string("Python runs it from job.workdir on every node; fix the path, or make sure it "
+                            "exists on the nodes"));
 }
 
 }  // namespace
@@ -132,8 +135,8 @@ int CheckCommand(const CheckOptions& options) {
   }
   // --json: stdout carries the diagnostics in the JSON, and stderr stays quiet for tools.
   if (!options.json) {
-    const std::string rendered = RenderDiagnostics(result.diagnostics, options.job_path,
-                                                   result.source_text, options.color);
+    const std::string rendered =
+        RenderDiagnostics(result.diagnostics, options.job_path, result.source_text, options.color);
     std::fputs(rendered.c_str(), stderr);
   }
   if (!result.spec) {
@@ -158,8 +161,7 @@ int CheckCommand(const CheckOptions& options) {
   const Plan plan = MakePlan(spec, options.node_rank);
   if (options.json) {
     fmt::print("{}\n", RenderCheckJson(result.diagnostics, options.job_path, &spec, &plan));
-  } else if (!options.full && !options.node_rank &&
-             spec.cluster.nnodes > kPlanSummaryAboveNodes) {
+  } else if (!options.full && !options.node_rank && spec.cluster.nnodes > kPlanSummaryAboveNodes) {
     fmt::print("{}", RenderPlanSummary(spec, plan));
   } else {
     fmt::print("{}", RenderPlanText(spec, plan));

@@ -49,8 +49,8 @@ std::string NameFromScript(std::string_view script) {
   stem = stem.substr(0, stem.find('.'));
   std::string name;
   for (char c : stem) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
     name += ok ? c : '-';
   }
   return name.empty() || name.size() > 64 ? "train" : name;
@@ -70,9 +70,10 @@ std::string SbatchName(const std::string& job_path) {
 std::string SbatchScript(const InitOptions& o, const std::string& name, int nnodes) {
   const std::string job = o.output.substr(o.output.find_last_of('/') + 1);
   std::string t = "#!/bin/bash\n";
-  t += fmt::format("# Runs {} with one ddprun agent per node (docs/running.md, \"Under SLURM\"); written\n"
-                   "# by `ddprun init --slurm`. Submit from this folder: sbatch {} [script arguments]\n",
-                   job, SbatchName(o.output).substr(SbatchName(o.output).find_last_of('/') + 1));
+  t += fmt::format(
+      "# Runs {} with one ddprun agent per node (docs/running.md, \"Under SLURM\"); written\n"
+      "# by `ddprun init --slurm`. Submit from this folder: sbatch {} [script arguments]\n",
+      job, SbatchName(o.output).substr(SbatchName(o.output).find_last_of('/') + 1));
   t += fmt::format("#SBATCH --job-name={}\n", name);
   t += fmt::format("#SBATCH --nodes={}\n", nnodes);
   t += "#SBATCH --ntasks-per-node=1            # one agent per node; it starts the node's workers\n";
@@ -96,27 +97,27 @@ std::string StarterJobFile(const InitOptions& o) {
   // A bare program name would be looked up on PATH, not in workdir (`train.sh`: exit 127, issue
   // 40): a shell script runs through bash, anything else by its path relative to workdir.
   const std::vector<std::string> command =
-      o.script.ends_with(".py")  ? std::vector<std::string>{"python3", o.script}
-      : o.script.ends_with(".sh") ? std::vector<std::string>{"bash", o.script}
+      o.script.ends_with(".py")                 ? std::vector<std::string>{"python3", o.script}
+      : o.script.ends_with(".sh")               ? std::vector<std::string>{"bash", o.script}
       : o.script.find('/') == std::string::npos ? std::vector<std::string>{"./" + o.script}
                                                 : std::vector<std::string>{o.script};
   std::string t;
   t += "# A ddprun job file, written by `ddprun init`. Every key is described in docs/job-file.md.\n";
   const std::string file = o.output.substr(o.output.find_last_of('/') + 1);
-  t += fmt::format("#   ddprun check {}    validate it and print ranks, environment, torchrun "
-                   "commands\n",
-                   file);
-  t += o.slurm ? fmt::format("#   sbatch {}    one agent per node of the allocation (srun)\n", SbatchName(o.output))
+  t += fmt::format(
+      "#   ddprun check {}    validate it and print ranks, environment, torchrun "
+      "commands\n",
+      file);
+  t += o.slurm ? fmt::format("#   sbatch {}    one agent per node of the allocation (srun)\n",
+                             SbatchName(o.output))
        : nnodes == 1 || !o.nodes.empty()
-           ? fmt::format("#   ddprun {}          on every node: the same command everywhere\n",
-                         file)
+           ? fmt::format("#   ddprun {}          on every node: the same command everywhere\n", file)
            : fmt::format("#   ddprun {} --node-rank N    on node N (0 is the master)\n", file);
   t += "version = 1\n\n";
   t += "[job]\n";
   t += fmt::format("name = {}{}# run id prefix and log folder name\n", TomlString(name),
                    std::string(std::max<size_t>(1, 24 - TomlString(name).size()), ' '));
-  t += fmt::format("command = {}   # what every worker runs, relative to workdir\n",
-                   TomlList(command));
+  t += fmt::format("command = {}   # what every worker runs, relative to workdir\n", TomlList(command));
   t += "workdir = \".\"                  # relative to this file\n";
   t += "# env = { NCCL_DEBUG = \"WARN\" }  # extra variables for every worker\n\n";
   t += "[cluster]\n";
@@ -127,16 +128,18 @@ std::string StarterJobFile(const InitOptions& o) {
     t += fmt::format("nodes = {}   # node rank = position; each node finds itself by host name\n",
                      TomlList(o.nodes));
   } else {
-    t += fmt::format("nnodes = {}                      # or list the hosts: nodes = "
-                     "[\"gpu-01\", \"gpu-02\"]\n",
-                     nnodes);
+    t += fmt::format(
+        "nnodes = {}                      # or list the hosts: nodes = "
+        "[\"gpu-01\", \"gpu-02\"]\n",
+        nnodes);
     if (nnodes > 1) {
       t += "master_addr = \"127.0.0.1\"       # CHANGE: the address of node 0, reachable by all\n";
     }
   }
-  t += fmt::format("master_port = {}              # the one port node 0 listens on (open it in "
-                   "the firewall); keep it below 32768\n",
-                   o.master_port);
+  t += fmt::format(
+      "master_port = {}              # the one port node 0 listens on (open it in "
+      "the firewall); keep it below 32768\n",
+      o.master_port);
   t += "\n[trainer]                        # reaches Lightning's Trainer() as PL_TRAINER_* "
        "defaults\n";
   t += fmt::format("accelerator = \"{}\"\n", gpu ? "gpu" : "cpu");
@@ -151,9 +154,10 @@ std::string StarterJobFile(const InitOptions& o) {
   t += "[timeouts]\n";
   t += "rendezvous = \"15m\"               # every node must have joined by then\n";
   t += "heartbeat = \"2s\"                 # a node silent for 3 beats is lost\n";
-  t += o.slurm ? "stop_grace = \"20s\"               # SIGTERM, then SIGKILL after this; below SLURM's KillWait "
-                 "(30 s by default), after which SLURM kills the agents\n\n"
-               : "stop_grace = \"30s\"               # SIGTERM, then SIGKILL after this\n\n";
+  t += o.slurm
+           ? "stop_grace = \"20s\"               # SIGTERM, then SIGKILL after this; below SLURM's KillWait "
+             "(30 s by default), after which SLURM kills the agents\n\n"
+           : "stop_grace = \"30s\"               # SIGTERM, then SIGKILL after this\n\n";
   t += "[logs]\n";
   t += "dir = \"logs\"                     # logs/<job>/... per rank, relative to this file\n";
   t += "console = \"all\"                  # or \"none\", or a list of global ranks, e.g. [0]\n";
@@ -206,8 +210,8 @@ int InitCommand(const InitOptions& options) {
   const int fd = ::open(options.output.c_str(), flags, 0644);
   if (fd < 0) {
     const int error = errno;
-    fmt::print(stderr, "ddprun init: cannot write {}: {}{}\n", options.output,
-               std::strerror(error), error == EEXIST ? " (--force overwrites it)" : "");
+    fmt::print(stderr, "ddprun init: cannot write {}: {}{}\n", options.output, std::strerror(error),
+               error == EEXIST ? " (--force overwrites it)" : "");
     return kExitUsage;
   }
   size_t written = 0;
@@ -215,8 +219,7 @@ int InitCommand(const InitOptions& options) {
     const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      fmt::print(stderr, "ddprun init: cannot write {}: {}\n", options.output,
-                 std::strerror(errno));
+      fmt::print(stderr, "ddprun init: cannot write {}: {}\n", options.output, std::strerror(errno));
       ::close(fd);
       return kExitUsage;
     }
@@ -230,11 +233,13 @@ int InitCommand(const InitOptions& options) {
     const std::string path = SbatchName(options.output);
     const int nnodes = options.nodes.empty() ? options.nnodes : static_cast<int>(options.nodes.size());
     const std::string name = options.name.empty() ? NameFromScript(options.script) : options.name;
-    if (const Status wrote = WriteNewFile(path, SbatchScript(options, name, nnodes), 0755, options.force); !wrote) {
+    if (const Status wrote = WriteNewFile(path, SbatchScript(options, name, nnodes), 0755, options.force);
+        !wrote) {
       fmt::print(stderr, "ddprun init: {}\n", wrote.error());
       return kExitUsage;
     }
-    fmt::print("wrote {} and {}; next: ddprun check {}, then sbatch {}\n", options.output, path, options.output, path);
+    fmt::print("wrote {} and {}; next: ddprun check {}, then sbatch {}\n", options.output, path,
+               options.output, path);
     return kExitOk;
   }
   fmt::print("wrote {}; next: ddprun check {}\n", options.output, options.output);

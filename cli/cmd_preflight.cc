@@ -5,8 +5,8 @@
 #include "cli/commands.h"
 #include "cli/job_python.h"
 #include "cli/node_job.h"
-#include "runner/io/driver.h"
 #include "preflight/worker.h"
+#include "runner/io/driver.h"
 
 namespace ddprun::cli {
 namespace {

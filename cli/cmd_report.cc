@@ -7,17 +7,18 @@
 
 #include "cli/commands.h"
 #include "cli/event_files.h"
-#include "schema/diagnostics.h"
 #include "report/event_log.h"
 #include "report/rebuild.h"
 #include "report/render.h"
+#include "schema/diagnostics.h"
 
 namespace ddprun::cli {
 namespace {
 
 /// Writes straight into the file: a long run's page is megabytes, and a copy in memory too
 /// would add them to the report's peak.
-bool WriteFile(const std::string& path, const std::string& what, const std::function<void(std::ostream&)>& write) {
+bool WriteFile(const std::string& path, const std::string& what,
+               const std::function<void(std::ostream&)>& write) {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (file) write(file);
   file.close();
@@ -51,8 +52,8 @@ int ReportCommand(const ReportOptions& options) {
   files->shrink_to_fit();
   // The title and notes come from event files in a shared folder: escaped for the terminal.
   fmt::print("{}\n{} round{} begun, {} restart{} used, exit code {}\n",
-             EscapeLinesForTerminal(rebuilt.timeline.title), rebuilt.rounds,
-             rebuilt.rounds == 1 ? "" : "s", rebuilt.restarts, rebuilt.restarts == 1 ? "" : "s",
+             EscapeLinesForTerminal(rebuilt.timeline.title), rebuilt.rounds, rebuilt.rounds == 1 ? "" : "s",
+             rebuilt.restarts, rebuilt.restarts == 1 ? "" : "s",
              rebuilt.exit_code < 0 ? std::string("unknown") : std::to_string(rebuilt.exit_code));
   for (const std::string& note : rebuilt.notes) fmt::print("note: {}\n", EscapeLinesForTerminal(note));
   std::fflush(stdout);

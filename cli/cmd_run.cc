@@ -37,9 +37,10 @@ std::optional<NodeJob> LoadNodeJob(const std::string& job_path, std::optional<in
   if (EnvSet("DDPRUN_SECRET") && EnvSet("DDPRUN_SECRET_FILE")) {
     // ReadSharedSecret takes DDPRUN_SECRET; a stale file setting would otherwise go unnoticed
     // until another node, configured the other way, is refused.
-    std::fputs("ddprun: warning: both DDPRUN_SECRET and DDPRUN_SECRET_FILE are set; using "
-               "DDPRUN_SECRET (unset one of them)\n",
-               stderr);
+    std::fputs(
+        "ddprun: warning: both DDPRUN_SECRET and DDPRUN_SECRET_FILE are set; using "
+        "DDPRUN_SECRET (unset one of them)\n",
+        stderr);
   }
   NodeJob job{std::move(*loaded.spec), {}};
   AppendScriptArgs(job.spec, script_args);

@@ -3,19 +3,19 @@
 #include <functional>
 #include <iostream>
 #include <sstream>
-#include <variant>
 #include <string>
+#include <variant>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/event_files.h"
+#include "report/render.h"
 #include "report/replay.h"
 #include "runner/host/ports.h"
 #include "schema/canonical.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
-#include "report/render.h"
 #include "sim/job_overrides.h"
 #include "sim/simulation.h"
 #include "sim/swarm.h"
@@ -89,7 +89,8 @@ bool WriteTimeline(const SimulateOptions& options, const JobSpec& spec, const si
                    const sim::SimResult& result, const sim::Timeline& timeline) {
   bool written = true;
   if (!options.trace_path.empty()) {
-    written &= WriteFile(options.trace_path, "trace", [&](std::ostream& out) { report::WriteChromeTrace(timeline, out); });
+    written &= WriteFile(options.trace_path, "trace",
+                         [&](std::ostream& out) { report::WriteChromeTrace(timeline, out); });
   }
   if (!options.report_path.empty()) {
     const std::string summary = sim::FormatSummary(spec, sim_options, result);
@@ -116,9 +117,10 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   const report::Run& run = (*runs)[*chosen];
   const std::string fingerprint = Fingerprint(spec).substr(0, run.fingerprint.size());
   if (fingerprint != run.fingerprint) {
-    fmt::print("note: {} is not the run's job file (fingerprint {}, the run's {}): the simulation models "
-               "this file\n",
-               options.job_path, fingerprint, run.fingerprint);
+    fmt::print(
+        "note: {} is not the run's job file (fingerprint {}, the run's {}): the simulation models "
+        "this file\n",
+        options.job_path, fingerprint, run.fingerprint);
   }
   const report::ReplayPlan plan = report::PlanReplay(run, spec);
   // The run's own failures only: no random ones, none of the file's scheduled faults.
@@ -152,13 +154,13 @@ int Replay(JobSpec spec, sim::SimOptions sim_options, const SimulateOptions& opt
   if (!options.quiet) fmt::print("{}\n", lines.str());
   // What the run's event files say (job name, notes, root causes) is escaped for the terminal.
   fmt::print("replay of job \"{}\" from {} ({} event file{}): training {}, worker start-up {}\n",
-             EscapeLinesForTerminal(run.job),
-             report::FormatUtc(run.first_unix_ms), run.files.size(), run.files.size() == 1 ? "" : "s",
-             FormatDuration(plan.train_time), FormatDuration(plan.worker_startup));
+             EscapeLinesForTerminal(run.job), report::FormatUtc(run.first_unix_ms), run.files.size(),
+             run.files.size() == 1 ? "" : "s", FormatDuration(plan.train_time),
+             FormatDuration(plan.worker_startup));
   if (plan.sigterm) {
     fmt::print("stopped workers: {} (as in the run)\n", *plan.sigterm == JobSpec::Simulate::Sigterm::kIgnored
-                                                           ? "stay until SIGKILL after stop_grace"
-                                                           : "end on SIGTERM");
+                                                            ? "stay until SIGKILL after stop_grace"
+                                                            : "end on SIGTERM");
   }
   if (plan.faults.empty()) fmt::print("faults: none (the run had no failure)\n");
   for (const FaultSpec& fault : plan.faults) fmt::print("fault: --fault {}\n", sim::FormatFaultFlag(fault));
@@ -194,11 +196,12 @@ int Sweep(const std::string& job_text, const JobSpec& spec, const std::vector<si
   for (const sim::SweepAxis& axis : axes) varies_failures |= axis.key.starts_with("simulate.");
   const JobSpec::Simulate& sim = spec.simulate;
   if (!varies_failures && sim.faults.empty() && !sim.node_mtbf && !sim.worker_mtbf && !sim.worker_hang_mtbf) {
-    fmt::print(stderr,
-               "ddprun simulate: note: {} has nothing that fails (no [[simulate.faults]], no simulate.node_mtbf, "
-               "worker_mtbf or worker_hang_mtbf): settings that act on failures give equal rows; add a rate with "
-               "--set simulate.worker_mtbf=6h, or sweep one\n",
-               options.job_path);
+    fmt::print(
+        stderr,
+        "ddprun simulate: note: {} has nothing that fails (no [[simulate.faults]], no simulate.node_mtbf, "
+        "worker_mtbf or worker_hang_mtbf): settings that act on failures give equal rows; add a rate with "
+        "--set simulate.worker_mtbf=6h, or sweep one\n",
+        options.job_path);
   }
   const int seeds = options.seeds.value_or(20);
   if (seeds > 1'000'000) {
@@ -209,7 +212,9 @@ int Sweep(const std::string& job_text, const JobSpec& spec, const std::vector<si
   const bool svg = chart.size() >= 4 && chart.compare(chart.size() - 4, 4, ".svg") == 0;
   const bool html = chart.size() >= 5 && chart.compare(chart.size() - 5, 5, ".html") == 0;
   if (!chart.empty() && !svg && !html) {
-    fmt::print(stderr, "ddprun simulate: --chart {}: name the file .svg (the chart) or .html (chart and table)\n", chart);
+    fmt::print(stderr,
+               "ddprun simulate: --chart {}: name the file .svg (the chart) or .html (chart and table)\n",
+               chart);
     return kExitUsage;
   }
   auto sweep = sim::RunSweep(job_text, options.job_path, fixed, axes, first_seed, seeds);
@@ -232,7 +237,9 @@ int Sweep(const std::string& job_text, const JobSpec& spec, const std::vector<si
 int SimulateCommand(const SimulateOptions& options) {
   // --report and --trace draw one run; a swarm, a sweep or a replay would drop them unsaid.
   const char* many = options.swarm ? "--swarm" : !options.sweeps.empty() ? "--sweep" : nullptr;
-  const char* drawing = !options.report_path.empty() ? "--report" : !options.trace_path.empty() ? "--trace" : nullptr;
+  const char* drawing = !options.report_path.empty()  ? "--report"
+                        : !options.trace_path.empty() ? "--trace"
+                                                      : nullptr;
   if (many && drawing) {
     fmt::print(stderr,
                "ddprun simulate: {} draws one run and {} runs many: run one of them again with {} (a failing "
@@ -252,8 +259,8 @@ int SimulateCommand(const SimulateOptions& options) {
     sets.push_back(std::move(*change));
   }
   // --set edits the file's text and the loader checks the result like any job file.
-  const std::string job_text = sets.empty() || !loaded.spec ? loaded.source_text
-                                                            : sim::ApplyJobOverrides(loaded.source_text, sets);
+  const std::string job_text =
+      sets.empty() || !loaded.spec ? loaded.source_text : sim::ApplyJobOverrides(loaded.source_text, sets);
   if (!sets.empty() && loaded.spec) loaded = ParseJobText(job_text, options.job_path);
   std::fputs(RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false).c_str(),
              stderr);
@@ -299,8 +306,9 @@ int SimulateCommand(const SimulateOptions& options) {
   if (!options.replay_dir.empty()) return Replay(std::move(spec), std::move(sim_options), options);
   if (!options.sweeps.empty()) {
     if (options.nodes || !options.faults.empty()) {
-      fmt::print(stderr, "ddprun simulate: --sweep runs the job's own faults only; use --set to change the job "
-                         "(cluster.nnodes=N) and [[simulate.faults]] for faults\n");
+      fmt::print(stderr,
+                 "ddprun simulate: --sweep runs the job's own faults only; use --set to change the job "
+                 "(cluster.nnodes=N) and [[simulate.faults]] for faults\n");
       return kExitUsage;
     }
     return Sweep(job_text, spec, sets, sim_options.seed, options);

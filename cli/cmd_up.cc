@@ -44,7 +44,8 @@ std::string Who(const JobSpec& spec, int agent) {
 /// job decides: a node refused or lost then may be replaced by a spare, or the job shrinks.
 class EarlyExitWatch {
  public:
-  explicit EarlyExitWatch(const JobSpec& spec) : spec_(spec), reasons_(static_cast<size_t>(spec.cluster.Agents())) {}
+  explicit EarlyExitWatch(const JobSpec& spec)
+      : spec_(spec), reasons_(static_cast<size_t>(spec.cluster.Agents())) {}
 
   io::RunHooks Hooks() {
     io::RunHooks hooks;
@@ -206,8 +207,8 @@ bool CopyJobFile(const JobSpec& spec, const UpOptions& options, const io::Remote
     if (child.exit_status == 0 && answer && answer->state == io::RemoteState::kCopied) continue;
     ok = false;
     const std::string why = answer ? answer->why : child.err.empty() ? "(no message)" : child.err;
-    std::fprintf(stderr, "ddprun up: error: %s: cannot copy the job file to %s: %s\n", Who(spec, agent).c_str(),
-                 job_path.c_str(), EscapeLinesForTerminal(why).c_str());
+    std::fprintf(stderr, "ddprun up: error: %s: cannot copy the job file to %s: %s\n",
+                 Who(spec, agent).c_str(), job_path.c_str(), EscapeLinesForTerminal(why).c_str());
   }
   return ok;
 }
@@ -227,7 +228,8 @@ std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command,
   job.job_path = std::filesystem::absolute(options.job_path, ec).lexically_normal().string();
   LoadResult loaded = LoadJobFile(options.job_path, io::MachineLoadContext());
   if (!loaded.diagnostics.items.empty()) {
-    const std::string text = RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false);
+    const std::string text =
+        RenderDiagnostics(loaded.diagnostics, options.job_path, loaded.source_text, false);
     std::fwrite(text.data(), 1, text.size(), stderr);
   }
   if (!loaded.spec) return std::nullopt;
@@ -236,10 +238,11 @@ std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command,
   AppendScriptArgs(job.spec, options.script_args);
   const JobSpec& spec = job.spec;
   if (spec.cluster.nodes.empty() && spec.cluster.hosts_from_slurm) {
-    std::fprintf(stderr,
-                 "ddprun %s: error: %s takes its hosts from a SLURM allocation (cluster.hosts_from = \"slurm\")\n"
-                 "  hint: start it with srun or sbatch (docs/running.md, \"Under SLURM\"), or list cluster.nodes\n",
-                 command, options.job_path.c_str());
+    std::fprintf(
+        stderr,
+        "ddprun %s: error: %s takes its hosts from a SLURM allocation (cluster.hosts_from = \"slurm\")\n"
+        "  hint: start it with srun or sbatch (docs/running.md, \"Under SLURM\"), or list cluster.nodes\n",
+        command, options.job_path.c_str());
     return std::nullopt;
   }
   if (spec.cluster.nodes.empty()) {
@@ -251,8 +254,10 @@ std::optional<UpJob> LoadUpJob(const UpOptions& options, const char* command,
     return std::nullopt;
   }
   if (static_cast<int>(spec.cluster.spare_hosts.size()) < spec.cluster.spares) {
-    std::fprintf(stderr, "ddprun %s: error: cluster.spares gives a count, not hosts; `%s` needs the spares' "
-                         "host names\n", command, command);
+    std::fprintf(stderr,
+                 "ddprun %s: error: cluster.spares gives a count, not hosts; `%s` needs the spares' "
+                 "host names\n",
+                 command, command);
     return std::nullopt;
   }
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
@@ -271,7 +276,9 @@ std::string StateDirOf(const UpJob& job) {
   return (dir / job.spec.logs.dir / job.spec.job.name).lexically_normal().string();
 }
 
-std::string ConsoleOf(const UpJob& job, int agent) { return fmt::format("{}/up-n{}.console", StateDirOf(job), agent); }
+std::string ConsoleOf(const UpJob& job, int agent) {
+  return fmt::format("{}/up-n{}.console", StateDirOf(job), agent);
+}
 
 /// One remote line per host at once, through ssh, collected; the outcomes in host order.
 std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& options,
@@ -280,8 +287,8 @@ std::vector<io::ChildOutcome> OnEveryHost(const UpJob& job, const UpOptions& opt
   std::vector<io::RemoteChild> children;
   for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
     io::RemoteChild child;
-    child.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s), job.spec.cluster.HostOf(agent),
-                             line(agent));
+    child.argv = io::SshArgv(ssh_command, io::ProbeSshOptions(options.connect_timeout_s),
+                             job.spec.cluster.HostOf(agent), line(agent));
     children.push_back(std::move(child));
   }
   io::RunLimits limits;
@@ -301,28 +308,33 @@ std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& chil
   }
   std::string said = child.err.empty() ? child.out : child.err;
   while (!said.empty() && said.back() == '\n') said.pop_back();
-  return "no answer from ddprun there" + (said.empty() ? std::string() : ": " + EscapeLinesForTerminal(said)) +
+  return "no answer from ddprun there" +
+         (said.empty() ? std::string() : ": " + EscapeLinesForTerminal(said)) +
          "\n  hint: the host's ddprun may be older than this one; `ddprun --version` there should say " +
          DDPRUN_VERSION;
 }
 
 int StartDetached(const UpJob& job, const UpOptions& options) {
-  const auto started = OnEveryHost(job, options, [&](int agent) {
-    io::AgentCommand command;
-    command.program = job.program;
-    command.job_path = job.job_path;
-    command.node_rank = agent;
-    command.script_args = options.script_args;
-    command.secret_file = Env("DDPRUN_SECRET_FILE");
-    return io::DetachedAgentLine(command, StateDirOf(job));
-  }, 0);
+  const auto started = OnEveryHost(
+      job, options,
+      [&](int agent) {
+        io::AgentCommand command;
+        command.program = job.program;
+        command.job_path = job.job_path;
+        command.node_rank = agent;
+        command.script_args = options.script_args;
+        command.secret_file = Env("DDPRUN_SECRET_FILE");
+        return io::DetachedAgentLine(command, StateDirOf(job));
+      },
+      0);
   int failed = 0;
   for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
     const io::ChildOutcome& child = started[static_cast<size_t>(agent)];
     const auto answer = io::ParseRemoteAnswer(child.out);
     if (child.exit_status == 0 && answer && answer->state == io::RemoteState::kStarted) {
-      std::fprintf(stderr, "ddprun up: %s: agent started, pid %lld; console in %s\n", Who(job.spec, agent).c_str(),
-                   static_cast<long long>(answer->pid), ConsoleOf(job, agent).c_str());
+      std::fprintf(stderr, "ddprun up: %s: agent started, pid %lld; console in %s\n",
+                   Who(job.spec, agent).c_str(), static_cast<long long>(answer->pid),
+                   ConsoleOf(job, agent).c_str());
     } else {
       ++failed;
       std::fprintf(stderr, "ddprun up: error: %s: cannot start the agent: %s\n", Who(job.spec, agent).c_str(),
@@ -330,10 +342,12 @@ int StartDetached(const UpJob& job, const UpOptions& options) {
     }
   }
   if (failed > 0) {
-    std::fprintf(stderr, "ddprun up: `ddprun down %s` stops the agents that did start\n", options.job_path.c_str());
+    std::fprintf(stderr, "ddprun up: `ddprun down %s` stops the agents that did start\n",
+                 options.job_path.c_str());
     return kExitRendezvous;
   }
-  std::fprintf(stderr, "ddprun up: detached; `ddprun status %s` shows the agents, `ddprun down %s` stops the job\n",
+  std::fprintf(stderr,
+               "ddprun up: detached; `ddprun status %s` shows the agents, `ddprun down %s` stops the job\n",
                options.job_path.c_str(), options.job_path.c_str());
   return kExitOk;
 }
@@ -395,7 +409,10 @@ int StatusCommand(const UpOptions& options) {
 int DownCommand(const UpOptions& options) {
   const auto job = LoadUpJob(options, "down");
   if (!job) return kExitUsage;
-  const int wait_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) + 5;
+  const int wait_s =
+      static_cast<int>(
+          std::chrono::duration_cast<std::chrono::seconds>(job->spec.timeouts.StopBound()).count()) +
+      5;
   const std::string state_dir = StateDirOf(*job);
   const auto answers = OnEveryHost(
       *job, options, [&](int agent) { return io::DownLine(job->program, state_dir, agent, wait_s); }, wait_s);
@@ -453,66 +470,22 @@ int DownCommand(const UpOptions& options) {
   return ok ? kExitOk : kExitJobFailed;
 }
 
-int UpCommand(const UpOptions& options) {
-  std::optional<io::LocalCopy> copy;
-  if (options.install) {
-    if (!options.remote_ddprun.empty()) {
-      std::fputs(
-          "ddprun up: error: --install runs this ddprun's copy, --remote-ddprun another program: give one\n",
-          stderr);
-      return kExitUsage;
-    }
-    auto read = ReadThisBuild(/*with_tar=*/false);  // its stream is read only for hosts that need it
-    if (!read) {
-      std::fprintf(stderr, "ddprun up: error: --install: %s\n", read.error().c_str());
-      return kExitUsage;
-    }
-    copy = std::move(*read);
-  }
-  auto loaded_job = LoadUpJob(options, "up", copy ? &*copy : nullptr);
-  if (!loaded_job) return kExitUsage;
-  const UpJob& job = *loaded_job;
-  const std::string& job_path = job.job_path;
+namespace {
+
+/// The agents over ssh, attached: their lines streamed with a host prefix, the job's exit code
+/// theirs (node 0's first), an early exit judged by EarlyExitWatch.
+int RunAttached(const UpJob& job, const UpOptions& options, const std::string& ssh_command) {
   const JobSpec& spec = job.spec;
-  const std::string ssh_command = Env("DDPRUN_SSH_COMMAND");
-  if (!Env("DDPRUN_SECRET").empty()) {
-    // On a command line it would show in every host's process list.
-    std::fputs("ddprun up: warning: DDPRUN_SECRET is not sent over ssh; the agents use their own "
-               "environment. Use DDPRUN_SECRET_FILE on a folder every node sees (its path is passed on)\n",
-               stderr);
-  }
-
-  std::fprintf(stderr, "ddprun up: checking %d host%s over %s ...\n", spec.cluster.Agents(),
-               spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
-  const auto to_install = ProbeHosts(spec, options, job.program, ssh_command, job_path);
-  if (!to_install) return kExitRendezvous;
-  if (!to_install->empty()) {
-    auto with_tar = ReadThisBuild(/*with_tar=*/true);
-    if (!with_tar || with_tar->id != copy->id) {
-      std::fprintf(stderr, "ddprun up: error: --install: %s\n",
-                   with_tar ? "this ddprun's files changed while `up` ran" : with_tar.error().c_str());
-      return kExitUsage;
-    }
-    if (!InstallOnHosts(spec, options, *with_tar, ssh_command, *to_install)) return kExitRendezvous;
-  }
-  if (options.copy) {
-    if (!CopyJobFile(spec, options, job.program, ssh_command, job_path, job.source_text))
-      return kExitRendezvous;
-    std::fprintf(stderr, "ddprun up: copied %s to %d host%s\n", job_path.c_str(), spec.cluster.Agents(),
-                 spec.cluster.Agents() == 1 ? "" : "s");
-  }
-
-  if (options.detach) return StartDetached(job, options);
-
   std::vector<io::RemoteChild> agents;
   size_t width = 0;
-  for (int agent = 0; agent < spec.cluster.Agents(); ++agent) width = std::max(width, spec.cluster.HostOf(agent).size());
+  for (int agent = 0; agent < spec.cluster.Agents(); ++agent)
+    width = std::max(width, spec.cluster.HostOf(agent).size());
   std::string legend;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     const std::string host = spec.cluster.HostOf(agent);
     io::AgentCommand command;
     command.program = job.program;
-    command.job_path = job_path;
+    command.job_path = job.job_path;
     command.node_rank = agent;
     command.script_args = options.script_args;
     command.secret_file = Env("DDPRUN_SECRET_FILE");
@@ -551,6 +524,62 @@ int UpCommand(const UpOptions& options) {
   if (job_code) return *job_code;
   if (outcome.interrupted_by) return core::InterruptedExitCode(outcome.interrupted_by);
   return kExitJobFailed;
+}
+
+}  // namespace
+
+int UpCommand(const UpOptions& options) {
+  std::optional<io::LocalCopy> copy;
+  if (options.install) {
+    if (!options.remote_ddprun.empty()) {
+      std::fputs(
+          "ddprun up: error: --install runs this ddprun's copy, --remote-ddprun another program: give one\n",
+          stderr);
+      return kExitUsage;
+    }
+    auto read = ReadThisBuild(/*with_tar=*/false);  // its stream is read only for hosts that need it
+    if (!read) {
+      std::fprintf(stderr, "ddprun up: error: --install: %s\n", read.error().c_str());
+      return kExitUsage;
+    }
+    copy = std::move(*read);
+  }
+  auto loaded_job = LoadUpJob(options, "up", copy ? &*copy : nullptr);
+  if (!loaded_job) return kExitUsage;
+  const UpJob& job = *loaded_job;
+  const std::string& job_path = job.job_path;
+  const JobSpec& spec = job.spec;
+  const std::string ssh_command = Env("DDPRUN_SSH_COMMAND");
+  if (!Env("DDPRUN_SECRET").empty()) {
+    // On a command line it would show in every host's process list.
+    std::fputs(
+        "ddprun up: warning: DDPRUN_SECRET is not sent over ssh; the agents use their own "
+        "environment. Use DDPRUN_SECRET_FILE on a folder every node sees (its path is passed on)\n",
+        stderr);
+  }
+
+  std::fprintf(stderr, "ddprun up: checking %d host%s over %s ...\n", spec.cluster.Agents(),
+               spec.cluster.Agents() == 1 ? "" : "s", ssh_command.empty() ? "ssh" : ssh_command.c_str());
+  const auto to_install = ProbeHosts(spec, options, job.program, ssh_command, job_path);
+  if (!to_install) return kExitRendezvous;
+  if (!to_install->empty()) {
+    auto with_tar = ReadThisBuild(/*with_tar=*/true);
+    if (!with_tar || with_tar->id != copy->id) {
+      std::fprintf(stderr, "ddprun up: error: --install: %s\n",
+                   with_tar ? "this ddprun's files changed while `up` ran" : with_tar.error().c_str());
+      return kExitUsage;
+    }
+    if (!InstallOnHosts(spec, options, *with_tar, ssh_command, *to_install)) return kExitRendezvous;
+  }
+  if (options.copy) {
+    if (!CopyJobFile(spec, options, job.program, ssh_command, job_path, job.source_text))
+      return kExitRendezvous;
+    std::fprintf(stderr, "ddprun up: copied %s to %d host%s\n", job_path.c_str(), spec.cluster.Agents(),
+                 spec.cluster.Agents() == 1 ? "" : "s");
+  }
+
+  if (options.detach) return StartDetached(job, options);
+  return RunAttached(job, options, ssh_command);
 }
 
 }  // namespace ddprun::cli

@@ -48,7 +48,8 @@ Result<RemoteArgs> ParseRemoteArgs(const std::vector<std::string>& args) {
       parsed.rest.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
       break;
     }
-    if (!args[i].starts_with("--") || i + 1 >= args.size()) return Fail(fmt::format("unexpected `{}`", args[i]));
+    if (!args[i].starts_with("--") || i + 1 >= args.size())
+      return Fail(fmt::format("unexpected `{}`", args[i]));
     parsed.options[args[i].substr(2)] = args[i + 1];
     ++i;
   }
@@ -79,7 +80,8 @@ struct Located {
 Result<Located> Locate(const RemoteArgs& args) {
   const auto dir = args.options.find("state-dir");
   const auto rank = args.options.find("node-rank");
-  if (dir == args.options.end() || rank == args.options.end()) return Fail("--state-dir and --node-rank are needed");
+  if (dir == args.options.end() || rank == args.options.end())
+    return Fail("--state-dir and --node-rank are needed");
   const auto k = ParseNonNegative(rank->second, 1 << 20);
   if (!k) return Fail(fmt::format("--node-rank {} is not a node rank", rank->second));
   Located at;
@@ -106,7 +108,8 @@ int Start(const RemoteArgs& args) {
   }
   std::vector<std::string> env;
   for (char** entry = environ; *entry; ++entry) {
-    if (!std::string_view(*entry).starts_with(std::string(io::kLaunchTokenVariable) + "=")) env.emplace_back(*entry);
+    if (!std::string_view(*entry).starts_with(std::string(io::kLaunchTokenVariable) + "="))
+      env.emplace_back(*entry);
   }
   const std::string cwd = std::filesystem::current_path(ec).string();
   auto started = io::StartDetachedAgent(argv, std::move(env), ec ? "/" : cwd, at->files);
@@ -189,7 +192,8 @@ int Down(const RemoteArgs& args) {
   auto at = Locate(args);
   if (!at) return Answer(Error(at.error()));
   const auto wait = args.options.find("wait");
-  const auto wait_s = wait == args.options.end() ? std::optional<long>(30) : ParseNonNegative(wait->second, 3600);
+  const auto wait_s =
+      wait == args.options.end() ? std::optional<long>(30) : ParseNonNegative(wait->second, 3600);
   if (!wait_s) return Answer(Error("--wait takes seconds"));
   io::RemoteAnswer answer;
   int answered = 0;
@@ -248,7 +252,8 @@ int Copy(const RemoteArgs& args) {
   while (true) {
     const ssize_t n = ::read(0, piece, sizeof piece);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Answer(Error(fmt::format("cannot read the job file from ssh: {}", std::strerror(errno))));
+    if (n < 0)
+      return Answer(Error(fmt::format("cannot read the job file from ssh: {}", std::strerror(errno))));
     if (n == 0) break;
     text.append(piece, static_cast<size_t>(n));
     if (text.size() > kMaxCopiedFile) return Answer(Error("the job file sent is larger than 1 MiB"));

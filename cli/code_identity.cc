@@ -43,9 +43,9 @@ std::optional<std::string> Git(const std::string& workdir, const std::string& ar
 // regular file.
 std::filesystem::path FileOf(const std::string& workdir, const std::string& arg) {
   if (arg.empty() || arg.starts_with("-")) return {};
-  const std::filesystem::path path =
-      std::filesystem::path(arg).is_absolute() ? std::filesystem::path(arg)
-                                               : std::filesystem::path(workdir) / arg;
+  const std::filesystem::path path = std::filesystem::path(arg).is_absolute()
+                                         ? std::filesystem::path(arg)
+                                         : std::filesystem::path(workdir) / arg;
   std::error_code ec;
   return std::filesystem::is_regular_file(path, ec) ? path : std::filesystem::path();
 }
@@ -70,7 +70,8 @@ std::string ModuleFile(const std::string& module, const JobSpec& spec, const std
   }
   for (const std::string& root : roots) {
     for (const std::string& candidate : {root + relative + ".py", root + relative + "/__main__.py"}) {
-      if (!FileOf(workdir, candidate).empty()) return std::filesystem::path(candidate).lexically_normal().string();
+      if (!FileOf(workdir, candidate).empty())
+        return std::filesystem::path(candidate).lexically_normal().string();
     }
   }
   return "";
@@ -101,16 +102,17 @@ void FindScript(const JobSpec& spec, const std::string& workdir, JobSpec::Code& 
     // The interpreter is not the job's code (job.library_check compares its version): the
     // script it runs, or the module's file, is.
     if (shape.inline_code) {
-      code.what = fmt::format("{} -c runs code written in job.command itself, which every node's "
-                              "job file already agrees on; no file to compare",
-                              program);
+      code.what = fmt::format(
+          "{} -c runs code written in job.command itself, which every node's "
+          "job file already agrees on; no file to compare",
+          program);
     } else if (!shape.module.empty()) {
       code.script = ModuleFile(shape.module, spec, workdir);
-      code.what = code.script.empty()
-                      ? fmt::format("module {} is neither under job.workdir nor on the job's "
-                                    "PYTHONPATH (an installed package?); not compared",
-                                    shape.module)
-                      : fmt::format("module {} as {} -m finds it", shape.module, program);
+      code.what = code.script.empty() ? fmt::format(
+                                            "module {} is neither under job.workdir nor on the job's "
+                                            "PYTHONPATH (an installed package?); not compared",
+                                            shape.module)
+                                      : fmt::format("module {} as {} -m finds it", shape.module, program);
     } else if (shape.script.empty()) {
       code.what = fmt::format("{} is given no script in job.command", program);
     } else if (FileOf(workdir, shape.script).empty()) {
@@ -154,8 +156,6 @@ JobSpec::Code FindCode(const JobSpec& spec, const std::string& workdir) {
   return code;
 }
 
-std::string DescribeCode(const JobSpec::Code& code) {
-  return "code: " + DescribeCodeFields(code);
-}
+std::string DescribeCode(const JobSpec::Code& code) { return "code: " + DescribeCodeFields(code); }
 
 }  // namespace ddprun::cli

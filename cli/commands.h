@@ -33,28 +33,28 @@ struct CheckOptions {
 struct RunOptions {
   std::string job_path;
   std::vector<std::string> script_args;  // after `--`: appended to job.command on this node
-  std::optional<int> node_rank;  // --node-rank; else DDPRUN_NODE_RANK, SLURM_NODEID, host match
+  std::optional<int> node_rank;          // --node-rank; else DDPRUN_NODE_RANK, SLURM_NODEID, host match
   bool verbose = false;
   bool under_up = false;  // hidden --under-up: started by `ddprun up` (stdin is its link)
 };
 
 struct SimulateOptions {
   std::string job_path;
-  std::optional<uint64_t> seed;          // overrides [simulate].seed
-  std::vector<std::string> faults;       // --fault kind@time:key=value,...
-  std::optional<int> nodes;              // --nodes N: override cluster size (scale runs)
-  std::string trace_path;                // --trace FILE (Chrome trace JSON)
-  std::string report_path;               // --report FILE.html
-  std::optional<int> swarm;              // --swarm N seeds
-  bool vary_shape = false;               // --vary-shape with --swarm: each seed its own job shape
-  std::vector<std::string> sets;         // --set key=value: change the job file's key
-  std::vector<std::string> sweeps;       // --sweep key=v1,v2,...: the grid of settings
-  std::optional<int> seeds;              // --seeds N with --sweep
-  std::string chart_path;                // --chart FILE (.svg or .html) with --sweep
-  bool quiet = false;                    // summary only, no per-event lines
-  bool beat_by_beat = false;             // --beat-by-beat: run quiet stretches one heartbeat at a time
-  std::string replay_dir;                // --replay LOGDIR: predicted versus actual
-  std::optional<int> run;                // --run N with --replay: the Nth run found, oldest first
+  std::optional<uint64_t> seed;     // overrides [simulate].seed
+  std::vector<std::string> faults;  // --fault kind@time:key=value,...
+  std::optional<int> nodes;         // --nodes N: override cluster size (scale runs)
+  std::string trace_path;           // --trace FILE (Chrome trace JSON)
+  std::string report_path;          // --report FILE.html
+  std::optional<int> swarm;         // --swarm N seeds
+  bool vary_shape = false;          // --vary-shape with --swarm: each seed its own job shape
+  std::vector<std::string> sets;    // --set key=value: change the job file's key
+  std::vector<std::string> sweeps;  // --sweep key=v1,v2,...: the grid of settings
+  std::optional<int> seeds;         // --seeds N with --sweep
+  std::string chart_path;           // --chart FILE (.svg or .html) with --sweep
+  bool quiet = false;               // summary only, no per-event lines
+  bool beat_by_beat = false;        // --beat-by-beat: run quiet stretches one heartbeat at a time
+  std::string replay_dir;           // --replay LOGDIR: predicted versus actual
+  std::optional<int> run;           // --run N with --replay: the Nth run found, oldest first
 };
 
 /// `ddprun report LOGDIR`: a real run's page (and trace) from its event logs.
@@ -75,11 +75,11 @@ struct PreflightOptions {
 struct UpOptions {
   std::string job_path;
   std::vector<std::string> script_args;  // after `--`: passed to every agent
-  std::string remote_ddprun;  // --remote-ddprun: the program on the hosts ("" io::RemoteProgram's default)
-  bool install = false;       // --install: this ddprun into ~/.ddprun/<id> where a host needs it
-  bool copy = false;                     // --copy: the job file to the same path on every host
-  int connect_timeout_s = 10;            // --connect-timeout
-  bool detach = false;                   // --detach: leave the agents running (own session)
+  std::string remote_ddprun;   // --remote-ddprun: the program on the hosts ("" io::RemoteProgram's default)
+  bool install = false;        // --install: this ddprun into ~/.ddprun/<id> where a host needs it
+  bool copy = false;           // --copy: the job file to the same path on every host
+  int connect_timeout_s = 10;  // --connect-timeout
+  bool detach = false;         // --detach: leave the agents running (own session)
 };
 
 /// `ddprun init`: a starter job file.
@@ -91,8 +91,8 @@ struct InitOptions {
   int nnodes = 1;                   // --nnodes N: unlisted nodes
   int gpus_per_node = 1;            // 0: a CPU job with one worker per node
   int master_port = 29500;
-  bool force = false;               // overwrite an existing file
-  bool slurm = false;               // --slurm: hosts from the allocation, and an sbatch script
+  bool force = false;  // overwrite an existing file
+  bool slurm = false;  // --slurm: hosts from the allocation, and an sbatch script
 };
 
 /// The hidden `ddprun __preflight-worker`: what `preflight` runs as every rank.

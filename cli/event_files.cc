@@ -51,16 +51,18 @@ Result<std::vector<std::string>> FindEventFiles(const std::string& dir) {
     if (entry.is_symlink(ec) || !entry.is_regular_file(ec)) continue;
     if (!report::IsEventFileName(entry.path().filename().string())) continue;
     if (found.size() >= kMaxFiles) {
-      return Fail(fmt::format("more than {} event files below {}: pass the folder of one job", kMaxFiles, dir));
+      return Fail(
+          fmt::format("more than {} event files below {}: pass the folder of one job", kMaxFiles, dir));
     }
     found.push_back(entry.path().lexically_relative(dir).string());
   }
   std::sort(found.begin(), found.end());
   if (found.empty()) {
-    return Fail(fmt::format("no event files (events-node<k>.jsonl) in {} or below it; each agent writes its own "
-                            "in its run folder, <logs.dir>/<job>/<run>/: pass <logs.dir>/<job>, or a folder where "
-                            "you copied every node's file",
-                            dir));
+    return Fail(
+        fmt::format("no event files (events-node<k>.jsonl) in {} or below it; each agent writes its own "
+                    "in its run folder, <logs.dir>/<job>/<run>/: pass <logs.dir>/<job>, or a folder where "
+                    "you copied every node's file",
+                    dir));
   }
   return found;
 }
@@ -125,8 +127,9 @@ Result<std::vector<report::EventFile>> LoadEventFiles(const std::string& dir) {
     files.push_back(*std::move(file));
   }
   if (files.empty()) {
-    return Fail(skipped.size() == 1 ? skipped.front()
-                                    : fmt::format("no event file could be read:\n  {}", fmt::join(skipped, "\n  ")));
+    return Fail(skipped.size() == 1
+                    ? skipped.front()
+                    : fmt::format("no event file could be read:\n  {}", fmt::join(skipped, "\n  ")));
   }
   for (const std::string& why : skipped) {
     fmt::print(stderr, "ddprun: skipped {} (the other event files are read)\n", EscapeForTerminal(why));
@@ -148,9 +151,9 @@ std::optional<size_t> ChooseRun(const std::vector<report::Run>& runs, std::optio
                chosen, run ? "" : ", the newest");
     for (int i = 0; i < count; ++i) {
       const report::Run& r = runs[static_cast<size_t>(i)];
-      fmt::print(stderr, "  {:>3}  job \"{}\" from {} to {}, {} event file{}\n", i + 1, EscapeForTerminal(r.job),
-                 report::FormatUtc(r.first_unix_ms), report::FormatUtc(r.last_unix_ms), r.files.size(),
-                 r.files.size() == 1 ? "" : "s");
+      fmt::print(stderr, "  {:>3}  job \"{}\" from {} to {}, {} event file{}\n", i + 1,
+                 EscapeForTerminal(r.job), report::FormatUtc(r.first_unix_ms),
+                 report::FormatUtc(r.last_unix_ms), r.files.size(), r.files.size() == 1 ? "" : "s");
     }
   }
   return static_cast<size_t>(chosen - 1);

@@ -90,8 +90,8 @@ std::string FindProgram(const std::string& program, const std::string& path, con
     if (end == std::string::npos) end = path.size();
     // An empty entry is the current folder.
     const std::string dir = end > start ? path.substr(start, end - start) : std::string(".");
-    const std::filesystem::path base = dir.starts_with("/") ? std::filesystem::path(dir)
-                                                            : std::filesystem::path(workdir) / dir;
+    const std::filesystem::path base =
+        dir.starts_with("/") ? std::filesystem::path(dir) : std::filesystem::path(workdir) / dir;
     const std::filesystem::path file = base / program;
     if (std::filesystem::is_regular_file(file, ec) && ::access(file.c_str(), X_OK) == 0) {
       return file.lexically_normal().string();

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <utility>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -135,9 +135,10 @@ std::string MetadataVersion(const std::filesystem::directory_entry& info) {
   const bool dist_info = entry.ends_with(".dist-info");
   std::error_code ec;
   // An .egg-info may be the metadata file itself (old setuptools) or a folder holding it.
-  const std::filesystem::path file = dist_info                                      ? info.path() / "METADATA"
-                                     : std::filesystem::is_directory(info.path(), ec) ? info.path() / "PKG-INFO"
-                                                                                      : info.path();
+  const std::filesystem::path file = dist_info ? info.path() / "METADATA"
+                                     : std::filesystem::is_directory(info.path(), ec)
+                                         ? info.path() / "PKG-INFO"
+                                         : info.path();
   std::string version = VersionIn(file);
   if (version.empty()) {
     // The folder's name carries the version too ("torch-2.3.1.dist-info").
@@ -150,7 +151,8 @@ std::string MetadataVersion(const std::filesystem::directory_entry& info) {
 
 // The distributions whose versions are compared.
 bool Compared(const std::string& name) {
-  return name == "torch" || name == "lightning" || name == "pytorch_lightning" || name.starts_with("nvidia_nccl");
+  return name == "torch" || name == "lightning" || name == "pytorch_lightning" ||
+         name.starts_with("nvidia_nccl");
 }
 
 // The versions one sys.path folder's metadata gives for the compared distributions, by
@@ -172,11 +174,13 @@ std::string VersionAssigned(const std::filesystem::path& file) {
   std::ifstream in(file);
   std::string line;
   for (int i = 0; i < 4 * kMaxMetadataLines && std::getline(in, line); ++i) {
-    if (!line.starts_with("__version__") && !line.starts_with("version =") && !line.starts_with("version:")) continue;
+    if (!line.starts_with("__version__") && !line.starts_with("version =") && !line.starts_with("version:"))
+      continue;
     const size_t quote = line.find_first_of("'\"", line.find_first_of("=:"));
     if (quote == std::string::npos) continue;
     const size_t end = line.find(line[quote], quote + 1);
-    if (end != std::string::npos && end > quote + 1) return line.substr(quote + 1, std::min<size_t>(end - quote - 1, 128));
+    if (end != std::string::npos && end > quote + 1)
+      return line.substr(quote + 1, std::min<size_t>(end - quote - 1, 128));
   }
   return "";
 }
@@ -189,7 +193,9 @@ std::string ContentHash(const std::filesystem::path& package) {
   constexpr uintmax_t kMaxBytes = 256ull << 20;
   std::vector<std::filesystem::path> files;
   std::error_code ec;
-  for (std::filesystem::recursive_directory_iterator it(package, std::filesystem::directory_options::none, ec), end;
+  for (std::filesystem::recursive_directory_iterator
+           it(package, std::filesystem::directory_options::none, ec),
+       end;
        !ec && it != end; it.increment(ec)) {
     if (it->is_regular_file(ec) && it->path().extension() != ".pyc") files.push_back(it->path());
     if (files.size() > kMaxFiles) return "unhashed (more than 20000 files)";
@@ -202,7 +208,8 @@ std::string ContentHash(const std::filesystem::path& package) {
     if (bytes > kMaxBytes) return "unhashed (more than 256 MiB)";
     std::ifstream in(file, std::ios::binary);
     std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    digest_input += std::filesystem::relative(file, package, ec).string() + '\0' + core::Sha256Hex(content) + '\n';
+    digest_input +=
+        std::filesystem::relative(file, package, ec).string() + '\0' + core::Sha256Hex(content) + '\n';
   }
   return "sha256:" + core::Sha256Hex(digest_input).substr(0, 16);
 }
@@ -299,8 +306,8 @@ JobSpec::Libraries FindLibraries(const JobSpec& spec, const std::string& workdir
   }
   const std::string found = FindProgram(program, JobEnvValue(spec.job.env, "PATH"), workdir);
   if (found.empty()) {
-    libraries.note = fmt::format("{} is not found{}", program,
-                                 program.find('/') == std::string::npos ? " on PATH" : "");
+    libraries.note =
+        fmt::format("{} is not found{}", program, program.find('/') == std::string::npos ? " on PATH" : "");
     return libraries;
   }
   const auto answer = AskInterpreter(spec, found, workdir);

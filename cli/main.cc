@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/torchrun_habits.h"
@@ -25,11 +25,12 @@
 namespace ddprun::cli {
 namespace {
 
-constexpr std::string_view kSubcommands[] = {"run",  "simulate", "check", "preflight", "schema", "init",
-                                             "report", "up",     "status", "down",   "__preflight-worker"};
+constexpr std::string_view kSubcommands[] = {
+    "run", "simulate", "check", "preflight",         "schema", "init", "report",
+    "up",  "status",   "down",  "__preflight-worker"};
 // What a mistyped command is compared with (the hidden one is not suggested).
-constexpr std::string_view kPublicSubcommands[] = {"run",    "simulate", "check",  "preflight", "schema",
-                                                   "init",   "report",   "up",     "status",    "down"};
+constexpr std::string_view kPublicSubcommands[] = {"run",  "simulate", "check", "preflight", "schema",
+                                                   "init", "report",   "up",    "status",    "down"};
 
 bool IsSubcommand(std::string_view word) {
   for (std::string_view name : kSubcommands) {

@@ -14,8 +14,8 @@ namespace {
 
 // torchrun's options that take a value ("--nnodes=2" or "--nnodes 2"), spelt with '_'.
 constexpr std::string_view kValueOptions[] = {
-    "nproc_per_node", "nnodes",   "node_rank", "master_addr", "master_port", "max_restarts",
-    "monitor_interval", "role",  "log_dir",   "redirects",   "tee",         "local_addr"};
+    "nproc_per_node",   "nnodes", "node_rank", "master_addr", "master_port", "max_restarts",
+    "monitor_interval", "role",   "log_dir",   "redirects",   "tee",         "local_addr"};
 // ... and those that take none.
 constexpr std::string_view kFlagOptions[] = {"standalone", "no_python", "run_path", "module"};
 
@@ -34,8 +34,8 @@ bool AllDigits(const std::string& text) {
 
 std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& args) {
   size_t i = 1;
-  if (i < args.size() && (args[i] == "run" || args[i] == "check" || args[i] == "simulate" ||
-                          args[i] == "preflight")) {
+  if (i < args.size() &&
+      (args[i] == "run" || args[i] == "check" || args[i] == "simulate" || args[i] == "preflight")) {
     ++i;
   }
   std::string first_option;  // as written, for the message
@@ -103,23 +103,26 @@ std::optional<std::string> TorchrunHabitPointer(const std::vector<std::string>& 
     run += " --";
     for (size_t a = script_at + 1; a < args.size(); ++a) run += " " + ShellQuote(args[a]);
   }
-  std::string text =
-      python_script
-          ? fmt::format("ddprun: error: `{}` is a Python script; ddprun runs a job file (TOML) that "
-                        "names the script, the nodes and the workers per node\n",
-                        script)
-          : fmt::format("ddprun: error: `{}` is a torchrun option; ddprun takes a job file (TOML) "
-                        "instead of options\n",
-                        first_option);
+  std::string text = python_script
+                         ? fmt::format(
+                               "ddprun: error: `{}` is a Python script; ddprun runs a job file (TOML) that "
+                               "names the script, the nodes and the workers per node\n",
+                               script)
+                         : fmt::format(
+                               "ddprun: error: `{}` is a torchrun option; ddprun takes a job file (TOML) "
+                               "instead of options\n",
+                               first_option);
   std::vector<std::string> notes;
   if (AllDigits(nproc)) notes.push_back("--gpus is torchrun's --nproc_per_node");
   if (several) {
-    notes.push_back(count == 2 ? "node 0 is torchrun's --master_addr; put the other machine's name for HOST1"
-                               : fmt::format("node 0 is torchrun's --master_addr; put the other machines' names for "
-                                             "HOST1..HOST{}",
-                                             count - 1));
+    notes.push_back(count == 2
+                        ? "node 0 is torchrun's --master_addr; put the other machine's name for HOST1"
+                        : fmt::format("node 0 is torchrun's --master_addr; put the other machines' names for "
+                                      "HOST1..HOST{}",
+                                      count - 1));
   } else if (!master_addr.empty()) {
-    notes.push_back(fmt::format("list the machines with --nodes, {} (torchrun's --master_addr) first", master_addr));
+    notes.push_back(
+        fmt::format("list the machines with --nodes, {} (torchrun's --master_addr) first", master_addr));
   } else {
     notes.push_back("add --nodes host-a,host-b for several machines");
   }

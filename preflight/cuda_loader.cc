@@ -44,10 +44,9 @@ void Bind(void* handle, const char* name, Function& out, std::string& missing) {
 CudaRuntime LoadCudaRuntimeOnce() {
   CudaRuntime cuda;
   std::string error;
-  void* handle = OpenFirst("DDPRUN_CUDART_PATH",
-                           {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
-                            "libcudart.so"},
-                           error);
+  void* handle =
+      OpenFirst("DDPRUN_CUDART_PATH",
+                {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}, error);
   if (!handle) {
     cuda.error = "CUDA runtime not found: " + error;
     return cuda;

@@ -30,11 +30,15 @@ int MillisUntil(Clock::time_point deadline) {
 
 ConnectOutcome OutcomeOf(int error) {
   switch (error) {
-    case ECONNREFUSED: return ConnectOutcome::kRefused;
-    case ETIMEDOUT: return ConnectOutcome::kTimedOut;
+    case ECONNREFUSED:
+      return ConnectOutcome::kRefused;
+    case ETIMEDOUT:
+      return ConnectOutcome::kTimedOut;
     case EHOSTUNREACH:
-    case ENETUNREACH: return ConnectOutcome::kUnreachable;
-    default: return ConnectOutcome::kError;
+    case ENETUNREACH:
+      return ConnectOutcome::kUnreachable;
+    default:
+      return ConnectOutcome::kError;
   }
 }
 
@@ -86,8 +90,7 @@ class Attempt {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     const std::string service = std::to_string(target.port);
-    if (const int rc = ::getaddrinfo(target.host.c_str(), service.c_str(), &hints, &list_);
-        rc != 0) {
+    if (const int rc = ::getaddrinfo(target.host.c_str(), service.c_str(), &hints, &list_); rc != 0) {
       list_ = nullptr;
       Finish(ConnectOutcome::kResolveFailed,
              Fail(fmt::format("cannot resolve {}: {}", target.host, ::gai_strerror(rc))));
@@ -163,9 +166,9 @@ class Attempt {
   addrinfo* list_ = nullptr;
   const addrinfo* next_ = nullptr;
   Clock::time_point deadline_{};
-  Fd fd_;                                       // the connect in flight
+  Fd fd_;                                            // the connect in flight
   ConnectOutcome outcome_ = ConnectOutcome::kError;  // of the last address tried
-  Result<Fd> last_ = Fail("not tried");         // why the last address failed
+  Result<Fd> last_ = Fail("not tried");              // why the last address failed
   ConnectResult result_;
   bool done_ = false;
 };
@@ -189,8 +192,7 @@ std::vector<ConnectResult> ConnectAll(const std::vector<ConnectTarget>& targets,
       fds.push_back({attempt->fd(), POLLOUT, 0});
       first_deadline = std::min(first_deadline, attempt->deadline());
     }
-    if (!fds.empty() && ::poll(fds.data(), fds.size(), MillisUntil(first_deadline)) < 0 &&
-        errno != EINTR) {
+    if (!fds.empty() && ::poll(fds.data(), fds.size(), MillisUntil(first_deadline)) < 0 && errno != EINTR) {
       // Not expected with valid descriptors; the deadlines below still end every attempt.
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

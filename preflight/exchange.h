@@ -20,8 +20,8 @@ namespace ddprun::preflight {
 using Clock = std::chrono::steady_clock;
 
 inline constexpr std::string_view kRecordMagic = "PFL1";
-inline constexpr size_t kRecordHeader = 9;                 // magic, type, 4-byte big-endian length
-inline constexpr size_t kMaxRecordPayload = 16u << 20;     // 16 MiB: a table of many thousand ranks
+inline constexpr size_t kRecordHeader = 9;              // magic, type, 4-byte big-endian length
+inline constexpr size_t kMaxRecordPayload = 16u << 20;  // 16 MiB: a table of many thousand ranks
 
 /// One record: a type byte the caller defines and an opaque payload.
 struct Record {

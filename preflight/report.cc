@@ -14,9 +14,7 @@ namespace {
 
 using nlohmann::json;
 
-bool WantsGpu(const std::string& accelerator) {
-  return accelerator == "gpu" || accelerator == "cuda";
-}
+bool WantsGpu(const std::string& accelerator) { return accelerator == "gpu" || accelerator == "cuda"; }
 
 /// The rank that speaks for a node: its local rank 0, else its lowest rank that joined.
 const RankInfo* NodeInfo(const Findings& findings, int node) {
@@ -75,15 +73,13 @@ std::string Disagreement(const Expectations& expect, const Findings& findings, c
   if (by_value.size() <= 1) return "";
   std::vector<std::string> parts;
   for (const auto& [value, nodes] : by_value) {
-    parts.push_back(fmt::format("{} on node{} {}", format(value), nodes.size() == 1 ? "" : "s",
-                                fmt::join(nodes, ", ")));
+    parts.push_back(
+        fmt::format("{} on node{} {}", format(value), nodes.size() == 1 ? "" : "s", fmt::join(nodes, ", ")));
   }
   return fmt::format("{} differs: {}", what, fmt::join(parts, "; "));
 }
 
-std::string Or(const std::string& text, const char* fallback) {
-  return text.empty() ? fallback : text;
-}
+std::string Or(const std::string& text, const char* fallback) { return text.empty() ? fallback : text; }
 
 }  // namespace
 
@@ -108,11 +104,16 @@ std::string NcclVersionText(int version) {
 
 const char* ReachName(Reach reach) {
   switch (reach) {
-    case Reach::kReachable: return "reachable";
-    case Reach::kRefused: return "refused";
-    case Reach::kTimedOut: return "timed out";
-    case Reach::kUnreachable: return "unreachable";
-    case Reach::kError: return "error";
+    case Reach::kReachable:
+      return "reachable";
+    case Reach::kRefused:
+      return "refused";
+    case Reach::kTimedOut:
+      return "timed out";
+    case Reach::kUnreachable:
+      return "unreachable";
+    case Reach::kError:
+      return "error";
   }
   return "error";
 }
@@ -120,9 +121,8 @@ const char* ReachName(Reach reach) {
 std::string VerdictHeader(const Expectations& expect) {
   const int world = expect.nnodes * expect.nproc_per_node;
   return fmt::format("ddprun preflight: job \"{}\", {} node{} x {} rank{} (world {}), accelerator {}\n",
-                     expect.job_name, expect.nnodes, expect.nnodes == 1 ? "" : "s",
-                     expect.nproc_per_node, expect.nproc_per_node == 1 ? "" : "s", world,
-                     Or(expect.accelerator, "unset"));
+                     expect.job_name, expect.nnodes, expect.nnodes == 1 ? "" : "s", expect.nproc_per_node,
+                     expect.nproc_per_node == 1 ? "" : "s", world, Or(expect.accelerator, "unset"));
 }
 
 namespace {
@@ -130,8 +130,8 @@ namespace {
 constexpr const char* kNodeRow = "  {:<5} {:<20} {:<16} {:>4} {:>5}  {:<12} {:<8} {:<8} {:<8}\n";
 
 // One node's GPUs against nproc_per_node: its problems, and notes for the lines under the table.
-void CheckNodeGpus(const Expectations& expect, const Findings& findings, int node,
-                   const RankInfo& info, VerdictPart& part, std::vector<std::string>& notes) {
+void CheckNodeGpus(const Expectations& expect, const Findings& findings, int node, const RankInfo& info,
+                   VerdictPart& part, std::vector<std::string>& notes) {
   const std::string name = NodeName(expect, findings, node);
   if (info.gpu_count == 0) {
     const std::string line = fmt::format("no GPU on node {} ({}): skipped the NCCL all-reduce", node,
@@ -151,20 +151,20 @@ void CheckNodeGpus(const Expectations& expect, const Findings& findings, int nod
     part.problems.push_back(fmt::format(
         "{} has {} GPU{} but runs {} ranks (nproc_per_node); fix: set cluster.nproc_per_node/"
         "trainer.devices = {} or check CUDA_VISIBLE_DEVICES",
-        name, info.gpu_count, info.gpu_count == 1 ? "" : "s", expect.nproc_per_node,
-        info.gpu_count));
+        name, info.gpu_count, info.gpu_count == 1 ? "" : "s", expect.nproc_per_node, info.gpu_count));
   } else if (info.gpu_count > expect.nproc_per_node) {
-    notes.push_back(fmt::format(
-        "{} has {} GPUs and runs {}: {} GPU{} stay idle (set cluster.nproc_per_node/"
-        "trainer.devices = {} to use them all)",
-        name, info.gpu_count, Counted(static_cast<size_t>(expect.nproc_per_node), "rank"), info.gpu_count - expect.nproc_per_node,
-        info.gpu_count - expect.nproc_per_node == 1 ? "" : "s", info.gpu_count));
+    notes.push_back(
+        fmt::format("{} has {} GPUs and runs {}: {} GPU{} stay idle (set cluster.nproc_per_node/"
+                    "trainer.devices = {} to use them all)",
+                    name, info.gpu_count, Counted(static_cast<size_t>(expect.nproc_per_node), "rank"),
+                    info.gpu_count - expect.nproc_per_node,
+                    info.gpu_count - expect.nproc_per_node == 1 ? "" : "s", info.gpu_count));
   }
   if (info.nccl_version == 0) {
-    part.problems.push_back(fmt::format(
-        "{} has GPUs but NCCL cannot be loaded ({}); fix: install NCCL (libnccl.so.2) or set "
-        "DDPRUN_NCCL_PATH",
-        name, Or(info.nccl_error, "unknown reason")));
+    part.problems.push_back(
+        fmt::format("{} has GPUs but NCCL cannot be loaded ({}); fix: install NCCL (libnccl.so.2) or set "
+                    "DDPRUN_NCCL_PATH",
+                    name, Or(info.nccl_error, "unknown reason")));
   }
 }
 
@@ -174,22 +174,20 @@ VerdictPart NodesPart(const Expectations& expect, const Findings& findings) {
   VerdictPart part;
   std::vector<std::string> notes;
   part.text += "\nnodes\n";
-  part.text += fmt::format(kNodeRow, "node", "host", "address", "GPUs", "nproc", "driver",
-                           "drv CUDA", "CUDA rt", "NCCL");
+  part.text += fmt::format(kNodeRow, "node", "host", "address", "GPUs", "nproc", "driver", "drv CUDA",
+                           "CUDA rt", "NCCL");
   for (int node = 0; node < expect.nnodes; ++node) {
     const RankInfo* info = NodeInfo(findings, node);
     if (!info) {
       part.text += fmt::format("  {:<5} (no rank of this node joined)\n", node);
       continue;
     }
-    part.text += fmt::format(kNodeRow, node, info->host, info->address, info->gpu_count,
-                             expect.nproc_per_node, Or(info->driver, "-"),
-                             CudaVersionText(info->driver_cuda_version),
-                             CudaVersionText(info->runtime_version),
-                             NcclVersionText(info->nccl_version));
-    part.text += fmt::format("        Python {}, torch {}, Lightning {}\n",
-                             Or(info->python_version, "-"), Or(info->torch_version, "-"),
-                             Or(info->lightning_version, "-"));
+    part.text +=
+        fmt::format(kNodeRow, node, info->host, info->address, info->gpu_count, expect.nproc_per_node,
+                    Or(info->driver, "-"), CudaVersionText(info->driver_cuda_version),
+                    CudaVersionText(info->runtime_version), NcclVersionText(info->nccl_version));
+    part.text += fmt::format("        Python {}, torch {}, Lightning {}\n", Or(info->python_version, "-"),
+                             Or(info->torch_version, "-"), Or(info->lightning_version, "-"));
     if (info->gpu_count > 0) part.text += fmt::format("        GPUs: {}\n", GpuSummary(*info));
     CheckNodeGpus(expect, findings, node, *info, part, notes);
   }
@@ -200,8 +198,8 @@ VerdictPart NodesPart(const Expectations& expect, const Findings& findings) {
 VerdictPart VersionsPart(const Expectations& expect, const Findings& findings) {
   VerdictPart part;
   // NCCL must agree across nodes.
-  const std::string nccl_diff = Disagreement(expect, findings, "NCCL version", &RankInfo::nccl_version,
-                                             NcclVersionText);
+  const std::string nccl_diff =
+      Disagreement(expect, findings, "NCCL version", &RankInfo::nccl_version, NcclVersionText);
   if (!nccl_diff.empty()) {
     part.problems.push_back(nccl_diff + "; fix: install the same NCCL on every node");
   }
@@ -270,11 +268,11 @@ VerdictPart ReachabilityPart(const Expectations& expect, const Findings& finding
         continue;
       }
       if (it->second->reach == Reach::kReachable) continue;
-      part.problems.push_back(fmt::format(
-          "{} cannot reach {} over TCP ({}: {}); fix: open TCP ports on node {} for node {}: "
-          "NCCL's socket transport connects between all nodes",
-          NodeName(expect, findings, from), NodeName(expect, findings, to),
-          ReachName(it->second->reach), it->second->detail, to, from));
+      part.problems.push_back(
+          fmt::format("{} cannot reach {} over TCP ({}: {}); fix: open TCP ports on node {} for node {}: "
+                      "NCCL's socket transport connects between all nodes",
+                      NodeName(expect, findings, from), NodeName(expect, findings, to),
+                      ReachName(it->second->reach), it->second->detail, to, from));
     }
   }
   return part;
@@ -289,11 +287,11 @@ VerdictPart AllReducePart(const Expectations& expect, const Findings& findings) 
   if (rows) {
     part.text += fmt::format("\nNCCL all-reduce (float, sum, {})\n",
                              Counted(static_cast<size_t>(expect.nnodes * expect.nproc_per_node), "rank"));
-    part.text += fmt::format("  {:>10} {:>12} {:>12} {:>13} {:>13}\n", "size", "count",
-                             "time (us)", "algbw (GB/s)", "busbw (GB/s)");
+    part.text += fmt::format("  {:>10} {:>12} {:>12} {:>13} {:>13}\n", "size", "count", "time (us)",
+                             "algbw (GB/s)", "busbw (GB/s)");
     for (const BandwidthRow& row : *rows) {
-      part.text += fmt::format("  {:>10} {:>12} {:>12.1f} {:>13.2f} {:>13.2f}\n",
-                               SizeText(row.bytes), row.count, row.time_us, row.algbw, row.busbw);
+      part.text += fmt::format("  {:>10} {:>12} {:>12.1f} {:>13.2f} {:>13.2f}\n", SizeText(row.bytes),
+                               row.count, row.time_us, row.algbw, row.busbw);
     }
     return part;
   }
@@ -326,16 +324,16 @@ VerdictPart RanksPart(const Expectations& expect, const Findings& findings) {
     if (joined.count(rank) && !reported.count(rank)) missing.push_back(rank);
   }
   if (!missing.empty() && findings.exchange_error.empty()) {
-    part.problems.push_back(fmt::format("rank{} {} never reported back",
-                                        missing.size() == 1 ? "" : "s", fmt::join(missing, ", ")));
+    part.problems.push_back(fmt::format("rank{} {} never reported back", missing.size() == 1 ? "" : "s",
+                                        fmt::join(missing, ", ")));
   }
   return part;
 }
 
 std::string VerdictClosing(const std::vector<std::string>& problems) {
   if (problems.empty()) return "preflight: OK\n";
-  std::string out = fmt::format("preflight: {} problem{}\n", problems.size(),
-                                problems.size() == 1 ? "" : "s");
+  std::string out =
+      fmt::format("preflight: {} problem{}\n", problems.size(), problems.size() == 1 ? "" : "s");
   for (const std::string& problem : problems) out += "  - " + problem + "\n";
   return out;
 }
@@ -420,14 +418,13 @@ std::optional<RankInfo> RankInfoFromJson(const json& j) {
             ReadString(j, "gpu_error", info.gpu_error) && ReadString(j, "driver", info.driver) &&
             ReadInt(j, "driver_cuda_version", info.driver_cuda_version) &&
             ReadInt(j, "runtime_version", info.runtime_version) &&
-            ReadInt(j, "nccl_version", info.nccl_version) &&
-            ReadString(j, "nccl_error", info.nccl_error) &&
+            ReadInt(j, "nccl_version", info.nccl_version) && ReadString(j, "nccl_error", info.nccl_error) &&
             ReadU64(j, "free_memory", info.free_memory) && ReadInt(j, "test_port", port);
   if (!ok || port < 0 || port > 65535 || info.rank < 0 || info.gpu_count < 0) return std::nullopt;
   // Optional: absent from a record, they read as unknown.
-  for (auto [key, field] : {std::pair{"python_version", &info.python_version},
-                            std::pair{"torch_version", &info.torch_version},
-                            std::pair{"lightning_version", &info.lightning_version}}) {
+  for (auto [key, field] :
+       {std::pair{"python_version", &info.python_version}, std::pair{"torch_version", &info.torch_version},
+        std::pair{"lightning_version", &info.lightning_version}}) {
     if (j.contains(key) && !ReadString(j, key, *field)) return std::nullopt;
   }
   info.test_port = static_cast<uint16_t>(port);
@@ -443,13 +440,16 @@ std::optional<RankInfo> RankInfoFromJson(const json& j) {
 json ToJson(const RankReport& report) {
   json reach = json::array();
   for (const ReachResult& r : report.reach) {
-    reach.push_back(json{{"from", r.from}, {"to", r.to}, {"reach", static_cast<int>(r.reach)},
-                         {"detail", r.detail}});
+    reach.push_back(
+        json{{"from", r.from}, {"to", r.to}, {"reach", static_cast<int>(r.reach)}, {"detail", r.detail}});
   }
   json rows = json::array();
   for (const BandwidthRow& row : report.bandwidth) {
-    rows.push_back(json{{"bytes", row.bytes}, {"count", row.count}, {"time_us", row.time_us},
-                        {"algbw", row.algbw}, {"busbw", row.busbw}});
+    rows.push_back(json{{"bytes", row.bytes},
+                        {"count", row.count},
+                        {"time_us", row.time_us},
+                        {"algbw", row.algbw},
+                        {"busbw", row.busbw}});
   }
   return json{{"rank", report.rank}, {"reach", reach}, {"bandwidth", rows}, {"error", report.error}};
 }
@@ -467,9 +467,8 @@ std::optional<RankReport> RankReportFromJson(const json& j) {
     if (!item.is_object()) return std::nullopt;
     ReachResult r;
     int kind = 0;
-    if (!ReadInt(item, "from", r.from) || !ReadInt(item, "to", r.to) ||
-        !ReadInt(item, "reach", kind) || !ReadString(item, "detail", r.detail) || kind < 0 ||
-        kind > static_cast<int>(Reach::kError)) {
+    if (!ReadInt(item, "from", r.from) || !ReadInt(item, "to", r.to) || !ReadInt(item, "reach", kind) ||
+        !ReadString(item, "detail", r.detail) || kind < 0 || kind > static_cast<int>(Reach::kError)) {
       return std::nullopt;
     }
     r.reach = static_cast<Reach>(kind);

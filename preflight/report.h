@@ -48,10 +48,10 @@ struct ReachResult {
 /// One line of the all-reduce table, as nccl-tests' all_reduce_perf prints it.
 struct BandwidthRow {
   uint64_t bytes = 0;
-  uint64_t count = 0;    // floats
-  double time_us = 0;    // per all-reduce, averaged over the timed iterations
-  double algbw = 0;      // GB/s: bytes / time
-  double busbw = 0;      // GB/s: algbw * 2 (n-1) / n
+  uint64_t count = 0;  // floats
+  double time_us = 0;  // per all-reduce, averaged over the timed iterations
+  double algbw = 0;    // GB/s: bytes / time
+  double busbw = 0;    // GB/s: algbw * 2 (n-1) / n
 };
 
 /// What each rank sends back after its checks.
@@ -64,10 +64,10 @@ struct RankReport {
 
 /// Everything rank 0 knows when it decides.
 struct Findings {
-  std::vector<RankInfo> ranks;          // by rank; missing ranks are absent
-  std::vector<RankReport> reports;      // by rank; missing ranks are absent
+  std::vector<RankInfo> ranks;      // by rank; missing ranks are absent
+  std::vector<RankReport> reports;  // by rank; missing ranks are absent
   bool nccl_ran = false;
-  std::string exchange_error;           // e.g. "ranks 3, 5 never joined within 60 s"
+  std::string exchange_error;  // e.g. "ranks 3, 5 never joined within 60 s"
 };
 
 /// What the job expects, from the job file.
@@ -75,15 +75,15 @@ struct Expectations {
   std::string job_name;
   int nnodes = 1;
   int nproc_per_node = 1;
-  std::string accelerator;              // trainer.accelerator ("" when unset)
-  std::vector<std::string> nodes;       // cluster.nodes (empty when only nnodes was given)
-  int master_port = 0;                  // cluster.master_port, for messages (0: unknown)
-  std::string python = "python3";       // the interpreter job.command runs, for its versions
+  std::string accelerator;         // trainer.accelerator ("" when unset)
+  std::vector<std::string> nodes;  // cluster.nodes (empty when only nnodes was given)
+  int master_port = 0;             // cluster.master_port, for messages (0: unknown)
+  std::string python = "python3";  // the interpreter job.command runs, for its versions
 };
 
 struct Verdict {
-  std::string text;                     // the whole report, ending with "preflight: ..."
-  std::vector<std::string> problems;    // one line each; empty means OK
+  std::string text;                   // the whole report, ending with "preflight: ..."
+  std::vector<std::string> problems;  // one line each; empty means OK
 };
 
 /// Builds the one-screen report from what preflight found. Deterministic. The header, then the

@@ -72,8 +72,8 @@ Result<Env> ReadEnv() {
     return Fail("MASTER_ADDR is not set: run this through `ddprun preflight job.toml`");
   }
   if (*world < 1 || *rank >= *world || *port < 1 || *port > 65535) {
-    return Fail(fmt::format("inconsistent environment: RANK={} WORLD_SIZE={} MASTER_PORT={}",
-                            *rank, *world, *port));
+    return Fail(
+        fmt::format("inconsistent environment: RANK={} WORLD_SIZE={} MASTER_PORT={}", *rank, *world, *port));
   }
   Env env;
   env.rank = *rank;
@@ -105,8 +105,7 @@ void ProbePython(const std::string& python, RankInfo& info) {
   std::string quoted = "'";
   for (char c : python) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   quoted += "'";
-  const std::string command =
-      "timeout 30 " + quoted + " -c \"" + std::string(kScript) + "\" 2>/dev/null";
+  const std::string command = "timeout 30 " + quoted + " -c \"" + std::string(kScript) + "\" 2>/dev/null";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return;
   std::string out;
@@ -289,8 +288,7 @@ class Server {
     for (auto& peer : peers_) {
       if (peer->rank < 0) continue;
       if (auto sent = SendAll(peer->fd.get(), bytes, deadline); !sent) {
-        std::fprintf(stderr, "preflight: cannot send to rank %d: %s\n", peer->rank,
-                     sent.error().c_str());
+        std::fprintf(stderr, "preflight: cannot send to rank %d: %s\n", peer->rank, sent.error().c_str());
       }
     }
   }
@@ -304,8 +302,8 @@ class Server {
       fds.push_back({listener_.get(), POLLIN, 0});
       for (auto& peer : peers_) fds.push_back({peer->fd.get(), POLLIN, 0});
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      const int ready = ::poll(fds.data(), fds.size(),
-                               static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000)));
+      const int ready =
+          ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000)));
       if (ready <= 0) continue;
       if (fds[0].revents & POLLIN) {
         Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
@@ -380,12 +378,17 @@ class Server {
 
 Reach ReachOf(ConnectOutcome outcome) {
   switch (outcome) {
-    case ConnectOutcome::kConnected: return Reach::kReachable;
-    case ConnectOutcome::kRefused: return Reach::kRefused;
-    case ConnectOutcome::kTimedOut: return Reach::kTimedOut;
-    case ConnectOutcome::kUnreachable: return Reach::kUnreachable;
+    case ConnectOutcome::kConnected:
+      return Reach::kReachable;
+    case ConnectOutcome::kRefused:
+      return Reach::kRefused;
+    case ConnectOutcome::kTimedOut:
+      return Reach::kTimedOut;
+    case ConnectOutcome::kUnreachable:
+      return Reach::kUnreachable;
     case ConnectOutcome::kResolveFailed:
-    case ConnectOutcome::kError: return Reach::kError;
+    case ConnectOutcome::kError:
+      return Reach::kError;
   }
   return Reach::kError;
 }
@@ -416,8 +419,8 @@ std::vector<ReachResult> ProbeOtherNodes(const Env& env, const WorkerOptions& op
   for (size_t i = 0; i < connects.size(); ++i) {
     ReachResult& result = results[probed[i]];
     result.reach = ReachOf(connects[i].outcome);
-    result.detail = connects[i].fd ? fmt::format("{}:{}", targets[i].host, targets[i].port)
-                                   : connects[i].fd.error();
+    result.detail =
+        connects[i].fd ? fmt::format("{}:{}", targets[i].host, targets[i].port) : connects[i].fd.error();
   }
   return results;
 }
@@ -427,7 +430,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 /// Every rank with a GPU: NCCL all-reduce (float, sum, out of place) at each size; fills
 /// `rows` with the timings. Only rank 0's rows are reported (the collective is the same everywhere).
 Status RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vector<uint64_t>& sizes,
-                         std::vector<BandwidthRow>& rows) {
+                    std::vector<BandwidthRow>& rows) {
   const CudaRuntime& cuda = LoadCudaRuntime();
   const Nccl& nccl = LoadNccl();
   if (!cuda.Loaded()) return Fail(cuda.error);
@@ -461,8 +464,8 @@ Status RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vector<ui
     const uint64_t chunk = ones.size() * sizeof(float);
     for (uint64_t offset = 0; offset < max_bytes && error.empty(); offset += chunk) {
       const uint64_t n = std::min(chunk, max_bytes - offset);
-      if (int rc = cuda.cuda_memcpy(static_cast<char*>(send) + offset, ones.data(), n,
-                                    kCudaMemcpyHostToDevice);
+      if (int rc =
+              cuda.cuda_memcpy(static_cast<char*>(send) + offset, ones.data(), n, kCudaMemcpyHostToDevice);
           rc != kCudaSuccess) {
         error = "cudaMemcpy: " + cuda.Describe(rc);
       }
@@ -471,8 +474,8 @@ Status RunAllReduce(const Env& env, const NcclUniqueId& id, const std::vector<ui
   if (error.empty()) {
     if (int rc = nccl.comm_init_rank(&comm, env.world, id, env.rank); rc != kNcclSuccess) {
       comm = nullptr;
-      error = "ncclCommInitRank: " + nccl.Describe(rc) +
-              " (rerun with NCCL_DEBUG=INFO in job.env to see why)";
+      error =
+          "ncclCommInitRank: " + nccl.Describe(rc) + " (rerun with NCCL_DEBUG=INFO in job.env to see why)";
     }
   }
   for (const uint64_t bytes : sizes) {
@@ -536,10 +539,8 @@ int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
   // The address this node uses towards the master is the one other nodes will try.
   info.address = LocalAddressOf(fd.get());
   RecordDecoder decoder;
-  if (auto sent = SendAll(fd.get(), EncodeRecord(kHello, ToJson(info).dump()), join_deadline);
-      !sent) {
-    std::fprintf(stderr, "preflight: rank %d: sending to rank 0: %s\n", env.rank,
-                 sent.error().c_str());
+  if (auto sent = SendAll(fd.get(), EncodeRecord(kHello, ToJson(info).dump()), join_deadline); !sent) {
+    std::fprintf(stderr, "preflight: rank %d: sending to rank 0: %s\n", env.rank, sent.error().c_str());
     return 1;
   }
   auto table_record = ReadRecord(fd.get(), decoder, join_deadline + std::chrono::seconds(15));
@@ -589,10 +590,8 @@ int RunClient(const Env& env, const WorkerOptions& options, RankInfo info) {
     if (env.rank == 0) report.bandwidth = std::move(rows);
   }
   const auto run_deadline = Clock::now() + options.run_timeout;
-  if (auto sent = SendAll(fd.get(), EncodeRecord(kReport, ToJson(report).dump()), run_deadline);
-      !sent) {
-    std::fprintf(stderr, "preflight: rank %d: sending the report: %s\n", env.rank,
-                 sent.error().c_str());
+  if (auto sent = SendAll(fd.get(), EncodeRecord(kReport, ToJson(report).dump()), run_deadline); !sent) {
+    std::fprintf(stderr, "preflight: rank %d: sending the report: %s\n", env.rank, sent.error().c_str());
     return 1;
   }
   if (!report.error.empty()) std::fprintf(stderr, "preflight: rank %d: %s\n", env.rank, report.error.c_str());
@@ -633,17 +632,15 @@ int RunPreflightWorker(const WorkerOptions& options) {
   // Rank 0: the exchange server on MASTER_PORT, and this rank's own client beside it.
   auto listener = ListenWildcard(env->master_port);
   if (!listener) {
-    std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n",
-                 listener.error().c_str());
+    std::fprintf(stderr, "preflight: rank 0 cannot listen on MASTER_PORT: %s\n", listener.error().c_str());
     return 1;
   }
   // The port users know: under the store relay this rank's MASTER_PORT is a private one that
   // node 0's agent picked for the round, and the others reach it through master_port.
-  const unsigned shown_port = options.expect.master_port > 0
-                                  ? static_cast<unsigned>(options.expect.master_port)
-                                  : env->master_port;
-  std::fprintf(stdout, "preflight: %d rank%s joining on %s:%u...\n", env->world,
-               env->world == 1 ? "" : "s", env->master_addr.c_str(), shown_port);
+  const unsigned shown_port =
+      options.expect.master_port > 0 ? static_cast<unsigned>(options.expect.master_port) : env->master_port;
+  std::fprintf(stdout, "preflight: %d rank%s joining on %s:%u...\n", env->world, env->world == 1 ? "" : "s",
+               env->master_addr.c_str(), shown_port);
   std::fflush(stdout);
   // The client blocks in its own reads and in NCCL, so it gets a thread; the server runs here.
   std::packaged_task<int()> client([&] { return RunClient(*env, options, info); });
@@ -657,9 +654,8 @@ int RunPreflightWorker(const WorkerOptions& options) {
   // nodes learn the problems, and printing the list on both streams showed it twice more here.
   const size_t problems_at =
       verdict.problems.empty() ? std::string::npos : verdict.text.rfind("\npreflight: ");
-  const std::string report = verdict.text.substr(0, problems_at == std::string::npos
-                                                        ? std::string::npos
-                                                        : problems_at + 1);
+  const std::string report =
+      verdict.text.substr(0, problems_at == std::string::npos ? std::string::npos : problems_at + 1);
   std::fputs("\n", stdout);
   std::fwrite(report.data(), 1, report.size(), stdout);
   std::fflush(stdout);

@@ -11,9 +11,9 @@
 namespace ddprun::preflight {
 
 struct WorkerOptions {
-  Expectations expect;                       // from the job file, passed on the command line
-  std::chrono::seconds join_timeout{60};     // every rank must have joined the exchange by then
-  std::chrono::seconds run_timeout{900};     // reachability and the all-reduce must finish by then
+  Expectations expect;                              // from the job file, passed on the command line
+  std::chrono::seconds join_timeout{60};            // every rank must have joined the exchange by then
+  std::chrono::seconds run_timeout{900};            // reachability and the all-reduce must finish by then
   std::chrono::milliseconds connect_timeout{3000};  // one node-to-node TCP test
 };
 

@@ -18,7 +18,8 @@ bool IsEventFileName(std::string_view name) {
   constexpr std::string_view kSuffix = ".jsonl";
   if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
   const std::string_view digits = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-  return !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return !digits.empty() &&
+         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 namespace {
@@ -138,9 +139,7 @@ const char* EventRecord::Find(std::string_view key, char* tag) const {
   return nullptr;
 }
 
-size_t EventRecord::Footprint() const {
-  return sizeof(EventRecord) + HeapBytes(type) + HeapBytes(fields_);
-}
+size_t EventRecord::Footprint() const { return sizeof(EventRecord) + HeapBytes(type) + HeapBytes(fields_); }
 
 int64_t EventRecord::Int(std::string_view key, int64_t fallback) const {
   char tag = 0;
@@ -219,12 +218,13 @@ Result<EventRecord> ParseLine(std::string_view line, std::string& host) {
   int64_t version = 0;
   if (Status s = integer("v", version); !s) return Fail(s.error());
   if (version > kEventLogVersion || version < 1) {
-    return Fail(fmt::format("format version {}; this ddprun reads version {} (a newer ddprun wrote it?)", version,
-                            kEventLogVersion));
+    return Fail(fmt::format("format version {}; this ddprun reads version {} (a newer ddprun wrote it?)",
+                            version, kEventLogVersion));
   }
   auto event = json.find("event");
   if (event == json.end()) return Fail("no \"event\"");
-  if (!event->is_string() || event->get<std::string>().empty()) return Fail("\"event\" is not a non-empty string");
+  if (!event->is_string() || event->get<std::string>().empty())
+    return Fail("\"event\" is not a non-empty string");
   record.type = event->get<std::string>();
   if (Status s = integer("unix_ms", record.unix_ms); !s) return Fail(s.error());
   if (Status s = integer("mono_ms", record.mono_ms); !s) return Fail(s.error());
@@ -233,11 +233,14 @@ Result<EventRecord> ParseLine(std::string_view line, std::string& host) {
   if (node < 0 || node > 1'000'000) return Fail(fmt::format("\"node\" {} is out of range", node));
   record.node = static_cast<int>(node);
   auto host_field = json.find("host");
-  if (host_field == json.end() || !host_field->is_string()) return Fail("\"host\" is missing or not a string");
+  if (host_field == json.end() || !host_field->is_string())
+    return Fail("\"host\" is missing or not a string");
   host = host_field->get<std::string>();
   for (auto it = json.begin(); it != json.end(); ++it) {
     const std::string& key = it.key();
-    if (key == "v" || key == "event" || key == "unix_ms" || key == "mono_ms" || key == "node" || key == "host") continue;
+    if (key == "v" || key == "event" || key == "unix_ms" || key == "mono_ms" || key == "node" ||
+        key == "host")
+      continue;
     if (key.size() > EventRecord::kMaxKeyBytes) {
       return Fail(fmt::format("a field name longer than {} bytes", EventRecord::kMaxKeyBytes));
     }
@@ -260,7 +263,8 @@ Status EventFileParser::Feed(std::string_view text) {
     const size_t newline = text.find('\n');
     if (newline == std::string_view::npos) {
       if (partial_.size() + text.size() > kMaxLineBytes) {
-        return Fail(fmt::format("{}:{}: a line longer than {}", file_.path, line_number_ + 1, ByteSize(kMaxLineBytes)));
+        return Fail(fmt::format("{}:{}: a line longer than {}", file_.path, line_number_ + 1,
+                                ByteSize(kMaxLineBytes)));
       }
       partial_ += text;
       return {};
@@ -282,7 +286,8 @@ Status EventFileParser::Feed(std::string_view text) {
 Status EventFileParser::Line(std::string_view line, bool complete) {
   ++line_number_;
   if (line.size() > kMaxLineBytes) {
-    return Fail(fmt::format("{}:{}: a line longer than {}", file_.path, line_number_, ByteSize(kMaxLineBytes)));
+    return Fail(
+        fmt::format("{}:{}: a line longer than {}", file_.path, line_number_, ByteSize(kMaxLineBytes)));
   }
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   if (line.find_first_not_of(" \t") == std::string_view::npos) return {};
@@ -302,9 +307,10 @@ Status EventFileParser::Line(std::string_view line, bool complete) {
   if (record->type == "truncated") file_.truncated = true;
   file_.held_bytes += record->Footprint();
   if (file_.held_bytes > max_held_bytes_) {
-    return Fail(fmt::format("{}:{}: the event files read so far take more than {} in memory, the most ddprun "
-                            "holds; pass a folder with fewer of them (one job's, or one run's)",
-                            file_.path, line_number_, ByteSize(max_held_bytes_)));
+    return Fail(
+        fmt::format("{}:{}: the event files read so far take more than {} in memory, the most ddprun "
+                    "holds; pass a folder with fewer of them (one job's, or one run's)",
+                    file_.path, line_number_, ByteSize(max_held_bytes_)));
   }
   file_.records.push_back(*std::move(record));
   return {};
@@ -329,9 +335,10 @@ Result<std::vector<Run>> GroupRuns(const std::vector<EventFile>& files) {
   for (const EventFile& file : files) {
     const EventRecord& first = file.records.front();
     if (first.type != "agent-start") {
-      return Fail(fmt::format("{}:{}: the first record is \"{}\", not \"agent-start\" (not the start of an "
-                              "agent's log)",
-                              file.path, first.line, first.type));
+      return Fail(
+          fmt::format("{}:{}: the first record is \"{}\", not \"agent-start\" (not the start of an "
+                      "agent's log)",
+                      file.path, first.line, first.type));
     }
     sorted.push_back(&file);
   }

@@ -28,11 +28,11 @@ bool IsEventFileName(std::string_view name);
 /// large as their JSON, rather than as a map of values ten times that.
 struct EventRecord {
   using Value = std::variant<int64_t, bool, std::string, std::vector<int64_t>, std::vector<std::string>>;
-  int line = 0;           // in its file, from 1
-  std::string type;       // "worker-exit"
-  int64_t unix_ms = 0;    // wall clock of the writer's host
-  int64_t mono_ms = 0;    // its monotonic clock (only differences within one file mean anything)
-  int node = 0;           // the writer's node rank (its host name is the file's, EventFile::host)
+  int line = 0;         // in its file, from 1
+  std::string type;     // "worker-exit"
+  int64_t unix_ms = 0;  // wall clock of the writer's host
+  int64_t mono_ms = 0;  // its monotonic clock (only differences within one file mean anything)
+  int node = 0;         // the writer's node rank (its host name is the file's, EventFile::host)
 
   /// A field's value, or `fallback` when it is missing or of another type.
   int64_t Int(std::string_view key, int64_t fallback = -1) const;
@@ -61,12 +61,12 @@ struct EventRecord {
 
 /// One agent's file.
 struct EventFile {
-  std::string path;                  // as the user named it, for messages
-  std::string host;                  // the writer's host name, as every record says it
-  std::deque<EventRecord> records;   // in file order (a deque: no copy of them all as it grows)
-  bool truncated = false;            // the writer reached its bound
-  std::string torn;                  // a last line cut by a crash, skipped: why ("" none)
-  size_t held_bytes = 0;             // what the records take in memory (their Footprint()s)
+  std::string path;                 // as the user named it, for messages
+  std::string host;                 // the writer's host name, as every record says it
+  std::deque<EventRecord> records;  // in file order (a deque: no copy of them all as it grows)
+  bool truncated = false;           // the writer reached its bound
+  std::string torn;                 // a last line cut by a crash, skipped: why ("" none)
+  size_t held_bytes = 0;            // what the records take in memory (their Footprint()s)
 };
 
 /// Reads one file's text a piece at a time, so that a caller never holds the text: each line is

@@ -48,7 +48,7 @@ struct Placed {
 struct RoundFacts {
   std::map<uint32_t, int64_t> started;  // by row
   std::map<uint32_t, int64_t> trained;
-  std::optional<int64_t> ended;         // the first stop or end anywhere
+  std::optional<int64_t> ended;  // the first stop or end anywhere
 };
 
 class Builder {
@@ -80,7 +80,8 @@ class Builder {
     for (const EventFile* file : run_.files) max_node = std::max(max_node, file->records.front().node);
     rows_ = static_cast<uint32_t>(max_node + 1);
     files_of_.resize(rows_);
-    for (const EventFile* file : run_.files) files_of_[static_cast<size_t>(file->records.front().node)].push_back(file);
+    for (const EventFile* file : run_.files)
+      files_of_[static_cast<size_t>(file->records.front().node)].push_back(file);
   }
 
   void PlaceRecords() {
@@ -158,9 +159,10 @@ class Builder {
       const std::vector<Placed>& placed = placed_[files[f]];
       if (f == 0) host_[row] = files[f]->host;
       if (files[f]->truncated) {
-        out_.notes.push_back(fmt::format("{} reached its size bound: it ends with a \"truncated\" record, and "
-                                         "this node's row ends there",
-                                         files[f]->path));
+        out_.notes.push_back(
+            fmt::format("{} reached its size bound: it ends with a \"truncated\" record, and "
+                        "this node's row ends there",
+                        files[f]->path));
       }
       if (!files[f]->torn.empty()) out_.notes.push_back(files[f]->torn);
       for (const Placed& p : placed) Apply(row, p.ns, *p.record);
@@ -207,12 +209,14 @@ class Builder {
       // verdict (round-failed), drawn on that rank's node: in a gang stalled in a collective,
       // the node that notices first is often not the hung rank's.
       if (Running(phase) && phase != NodePhase::kStopping) SetPhase(row, ns, NodePhase::kStalled, round);
-      AddMark(ns, row, MarkKind::kFault,
-              fmt::format("rank {} silent for {}", r.Int("rank"),
-                          HumanDuration(std::chrono::milliseconds(std::max<int64_t>(0, r.Int("silent_ms", 0))))),
-              false);
+      AddMark(
+          ns, row, MarkKind::kFault,
+          fmt::format("rank {} silent for {}", r.Int("rank"),
+                      HumanDuration(std::chrono::milliseconds(std::max<int64_t>(0, r.Int("silent_ms", 0))))),
+          false);
     } else if (type == "stop-round" || type == "signal-workers") {
-      if (Running(phase) && phase != NodePhase::kStopping) SetPhase(row, ns, NodePhase::kStopping, round_[row]);
+      if (Running(phase) && phase != NodePhase::kStopping)
+        SetPhase(row, ns, NodePhase::kStopping, round_[row]);
       EndRound(round, ns);
     } else if (type == "worker-exit") {
       const int64_t code = r.Int("exit_code", 0);
@@ -223,7 +227,8 @@ class Builder {
         AddMark(ns, row, MarkKind::kFault, text, true);
       }
     } else if (type == "spawn-failed") {
-      AddMark(ns, row, MarkKind::kFault, fmt::format("rank {} did not start: {}", r.Int("rank"), r.Text("error")), true);
+      AddMark(ns, row, MarkKind::kFault,
+              fmt::format("rank {} did not start: {}", r.Int("rank"), r.Text("error")), true);
     } else if (type == "round-end") {
       if (phase != NodePhase::kDone) SetPhase(row, ns, NodePhase::kWaiting, -1);
       EndRound(round, ns);
@@ -235,7 +240,8 @@ class Builder {
       // An agent that could not start says why (issue 39): drawn on its row, and node 0's is the
       // run's summary when nothing else ended it.
       if (const std::string why = r.Text("reason"); !why.empty()) {
-        AddMark(ns, row, MarkKind::kFault, fmt::format("did not start (exit {}): {}", r.Int("exit_code"), why), true);
+        AddMark(ns, row, MarkKind::kFault,
+                fmt::format("did not start (exit {}): {}", r.Int("exit_code"), why), true);
         if (row == 0 && job_summary_.empty()) {
           job_summary_ = fmt::format("node 0's agent did not start (exit {}): {}", r.Int("exit_code"), why);
         }
@@ -282,7 +288,8 @@ class Builder {
       const std::string name = spare ? fmt::format("spare node {}", row) : fmt::format("node {}", row);
       if (files_of_[row].empty()) {
         t.labels[row] = name + " (no events file)";
-        if (!spare) out_.notes.push_back(fmt::format("no events file of {} was found: its row is empty", name));
+        if (!spare)
+          out_.notes.push_back(fmt::format("no events file of {} was found: its row is empty", name));
       } else {
         t.labels[row] = fmt::format("{} ({})", name, host_[row]);
       }
@@ -296,16 +303,18 @@ class Builder {
       if (stop > start) t.training.emplace_back(start, stop);
     }
     std::sort(t.training.begin(), t.training.end());
-    std::stable_sort(t.marks.begin(), t.marks.end(), [](const Mark& a, const Mark& b) { return a.at_ns < b.at_ns; });
+    std::stable_sort(t.marks.begin(), t.marks.end(),
+                     [](const Mark& a, const Mark& b) { return a.at_ns < b.at_ns; });
     t.kind = "ddprun run";
     t.clock = "wall-clock time since the first record";
-    t.title = fmt::format("{}: {} node{} x {} worker{}, started {}", job_, nnodes_, nnodes_ == 1 ? "" : "s", nproc_,
-                          nproc_ == 1 ? "" : "s", FormatUtc(t0_ms_));
+    t.title = fmt::format("{}: {} node{} x {} worker{}, started {}", job_, nnodes_, nnodes_ == 1 ? "" : "s",
+                          nproc_, nproc_ == 1 ? "" : "s", FormatUtc(t0_ms_));
     std::string summary = job_summary_.empty() ? "(no record of the job's end: the run was cut short, or is "
                                                  "still running)"
                                                : job_summary_;
     summary += fmt::format("\n\nfrom {} event file{} ({} to {}):", run_.files.size(),
-                           run_.files.size() == 1 ? "" : "s", FormatUtc(run_.first_unix_ms), FormatUtc(run_.last_unix_ms));
+                           run_.files.size() == 1 ? "" : "s", FormatUtc(run_.first_unix_ms),
+                           FormatUtc(run_.last_unix_ms));
     for (const EventFile* file : run_.files) {
       summary += fmt::format("\n  {} ({} records)", file->path, file->records.size());
     }

@@ -20,9 +20,9 @@ struct RebuiltRun {
   /// What a reader should know about the records (a truncated file, a torn line, a node
   /// without a file); one sentence each.
   std::vector<std::string> notes;
-  int exit_code = -1;       // the job's, when a record says it; -1 unknown
-  int rounds = 0;           // rounds begun
-  int restarts = 0;         // restarts used
+  int exit_code = -1;  // the job's, when a record says it; -1 unknown
+  int rounds = 0;      // rounds begun
+  int restarts = 0;    // restarts used
 };
 
 /// "2026-12-03 08:15:00 UTC" for a wall-clock time in milliseconds since the epoch.

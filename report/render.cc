@@ -23,10 +23,18 @@ std::string JsonEscape(std::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
@@ -42,11 +50,20 @@ std::string HtmlEscape(std::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -54,11 +71,16 @@ std::string HtmlEscape(std::string_view text) {
 
 const char* MarkName(MarkKind kind) {
   switch (kind) {
-    case MarkKind::kFault: return "fault";
-    case MarkKind::kFailure: return "failure";
-    case MarkKind::kRestart: return "round";
-    case MarkKind::kExit: return "exit";
-    case MarkKind::kHeal: return "heal";
+    case MarkKind::kFault:
+      return "fault";
+    case MarkKind::kFailure:
+      return "failure";
+    case MarkKind::kRestart:
+      return "round";
+    case MarkKind::kExit:
+      return "exit";
+    case MarkKind::kHeal:
+      return "heal";
   }
   return "mark";
 }
@@ -83,15 +105,24 @@ constexpr std::array<int, kPhases> kPriority = {0, 3, 4, 2, 6, 7, 5, 8, 1};
 
 const char* NodePhaseName(NodePhase phase) {
   switch (phase) {
-    case NodePhase::kOff: return "not started";
-    case NodePhase::kRendezvous: return "rendezvous";
-    case NodePhase::kStarting: return "starting workers";
-    case NodePhase::kTraining: return "training";
-    case NodePhase::kStalled: return "stalled";
-    case NodePhase::kStopping: return "stopping workers";
-    case NodePhase::kWaiting: return "waiting for the next round";
-    case NodePhase::kDown: return "down";
-    case NodePhase::kDone: return "exited";
+    case NodePhase::kOff:
+      return "not started";
+    case NodePhase::kRendezvous:
+      return "rendezvous";
+    case NodePhase::kStarting:
+      return "starting workers";
+    case NodePhase::kTraining:
+      return "training";
+    case NodePhase::kStalled:
+      return "stalled";
+    case NodePhase::kStopping:
+      return "stopping workers";
+    case NodePhase::kWaiting:
+      return "waiting for the next round";
+    case NodePhase::kDown:
+      return "down";
+    case NodePhase::kDone:
+      return "exited";
   }
   return "?";
 }
@@ -102,8 +133,8 @@ void WriteChromeTrace(const Timeline& timeline, std::ostream& out) {
       << JsonEscape(timeline.title) << "\"}},\n";
   out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"job\"}}";
   for (size_t i = 0; i < timeline.labels.size(); ++i) {
-    out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" << i + 1
-        << ",\"args\":{\"name\":\"" << JsonEscape(timeline.labels[i]) << "\"}}";
+    out << ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" << i + 1 << ",\"args\":{\"name\":\""
+        << JsonEscape(timeline.labels[i]) << "\"}}";
     out << ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":" << i + 1
         << ",\"args\":{\"sort_index\":" << i + 1 << "}}";
   }
@@ -176,7 +207,8 @@ History HistoryOf(const std::vector<Segment>& segments, int64_t end, int detail)
     const auto phase = static_cast<int8_t>(s.phase);
     for (int c = std::max(0, c0); c < std::min(columns, c1); ++c) {
       int8_t& slot = column[static_cast<size_t>(c)];
-      if (slot < 0 || kPriority[static_cast<size_t>(phase)] > kPriority[static_cast<size_t>(slot)]) slot = phase;
+      if (slot < 0 || kPriority[static_cast<size_t>(phase)] > kPriority[static_cast<size_t>(slot)])
+        slot = phase;
     }
   }
   History runs;
@@ -229,10 +261,12 @@ void WriteRuns(const History& runs, int detail, std::ostream& out) {
   for (const auto& [c0, c1, phase] : runs) {
     out << "<rect x=\"" << c0 << "\" width=\"" << c1 - c0 << "\" height=\"" << kRowHeight - 4 << "\" fill=\""
         << kColours[static_cast<size_t>(phase)] << "\"/>";
-    if (c1 - c0 < detail && kPriority[static_cast<size_t>(phase)] > kPriority[static_cast<size_t>(NodePhase::kTraining)]) {
+    if (c1 - c0 < detail &&
+        kPriority[static_cast<size_t>(phase)] > kPriority[static_cast<size_t>(NodePhase::kTraining)]) {
       const double mid = (c0 + c1) / 2.0;
-      out << fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"{}\" vector-effect=\"non-scaling-stroke\"/>",
-                         mid, mid, kRowHeight - 4, kColours[static_cast<size_t>(phase)]);
+      out << fmt::format(
+          "<line x1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"{}\" vector-effect=\"non-scaling-stroke\"/>",
+          mid, mid, kRowHeight - 4, kColours[static_cast<size_t>(phase)]);
     }
   }
 }
@@ -339,10 +373,12 @@ std::vector<size_t> LookOfEachNode(const Timeline& timeline, int64_t end) {
       }
     }
     std::vector<int8_t> look = ColumnsOf(HistoryOf(segments, end, 1), 1);
-    for (size_t candidate = 0; !band && candidate < std::min<size_t>(band_look.size(), kMaxBandsCompared); ++candidate) {
+    for (size_t candidate = 0; !band && candidate < std::min<size_t>(band_look.size(), kMaxBandsCompared);
+         ++candidate) {
       int differ = 0;
       const std::vector<int8_t>& other = band_look[candidate];
-      for (size_t c = 0; c < look.size() && differ <= kBandTolerancePx; ++c) differ += look[c] != other[c] ? 1 : 0;
+      for (size_t c = 0; c < look.size() && differ <= kBandTolerancePx; ++c)
+        differ += look[c] != other[c] ? 1 : 0;
       if (differ <= kBandTolerancePx) band = candidate;
     }
     if (!band) {
@@ -398,12 +434,12 @@ RowsOfPage PlanRows(const Timeline& timeline, const std::vector<bool>& marked,
       while (band != band_at.end() && band->first <= i) {
         const std::vector<uint32_t>& members = bands[band->second];
         if (members.size() == 1) {
-          rows.push_back(Row{timeline.labels[members[0]], timeline.labels[members[0]], band->second, members[0],
-                             members[0]});
+          rows.push_back(Row{timeline.labels[members[0]], timeline.labels[members[0]], band->second,
+                             members[0], members[0]});
         } else {
           rows.push_back(Row{fmt::format("{} nodes: {}", members.size(), Ranges(members, 3)),
-                             fmt::format("{} nodes that lived the same phases, drawn from node {}: {}", members.size(),
-                                         members[0], Ranges(members, 200)),
+                             fmt::format("{} nodes that lived the same phases, drawn from node {}: {}",
+                                         members.size(), members[0], Ranges(members, 200)),
                              band->second, std::nullopt, members[0]});
         }
         ++band;
@@ -462,7 +498,8 @@ PageDrawings DrawRows(const Timeline& timeline, int64_t end, const RowsOfPage& p
       History runs = HistoryOf(timeline.segments[row.first], end, detail);
       if (runs.size() > kMaxRunsPerHistory && detail > 1) continue;
       auto found = drawing_ids.find({detail, runs});
-      drawing_of_row[r].base = found != drawing_ids.end() ? found->second : add(std::move(runs), detail, row.history);
+      drawing_of_row[r].base =
+          found != drawing_ids.end() ? found->second : add(std::move(runs), detail, row.history);
       drawing_of_look.emplace(row.history, drawing_of_row[r].base);
       break;
     }
@@ -487,7 +524,10 @@ PageDrawings DrawRows(const Timeline& timeline, int64_t end, const RowsOfPage& p
       // differences, a drawing of its own.
       std::optional<size_t> best_base;
       History best_overlay;
-      for (std::optional<size_t> base : {drawing_of_look.count(row.history) ? std::optional<size_t>(drawing_of_look[row.history]) : std::nullopt, main_band}) {
+      for (std::optional<size_t> base :
+           {drawing_of_look.count(row.history) ? std::optional<size_t>(drawing_of_look[row.history])
+                                               : std::nullopt,
+            main_band}) {
         if (!base || drawings[*base].detail != detail) continue;
         History overlay = Difference(runs, drawings[*base].runs, detail);
         if (overlay.size() < runs.size() && (!best_base || overlay.size() < best_overlay.size())) {
@@ -504,8 +544,9 @@ PageDrawings DrawRows(const Timeline& timeline, int64_t end, const RowsOfPage& p
         done = true;
       } else if (detail == 1) {
         // Out of shapes: the band it looks like, else a drawing of its own regardless.
-        drawing_of_row[r].base = drawing_of_look.count(row.history) ? drawing_of_look[row.history]
-                                                                      : add(std::move(runs), detail, row.history);
+        drawing_of_row[r].base = drawing_of_look.count(row.history)
+                                     ? drawing_of_look[row.history]
+                                     : add(std::move(runs), detail, row.history);
         done = true;
       }
     }
@@ -518,9 +559,10 @@ void WriteAxis(int64_t end, double px_per_ns, int plot_bottom, std::ostream& out
   const auto x_of = [&](int64_t ns) { return static_cast<double>(ns) * px_per_ns; };
   // Milliseconds per tick: about ten ticks at a round step (the script has the same table).
   static constexpr std::array<int64_t, 28> kStepsMs = {
-      1, 2, 5, 10, 20, 50, 100, 200, 500, 1'000, 2'000, 5'000, 10'000, 15'000, 30'000, 60'000, 120'000, 300'000,
-      600'000, 900'000, 1'800'000, 3'600'000, 7'200'000, 21'600'000, 43'200'000, 86'400'000, 172'800'000,
-      604'800'000};
+      1,         2,         5,          10,         20,         50,          100,
+      200,       500,       1'000,      2'000,      5'000,      10'000,      15'000,
+      30'000,    60'000,    120'000,    300'000,    600'000,    900'000,     1'800'000,
+      3'600'000, 7'200'000, 21'600'000, 43'200'000, 86'400'000, 172'800'000, 604'800'000};
   int64_t step_ns = kStepsMs.back() * 1'000'000;
   for (int64_t ms : kStepsMs) {
     if (end / (ms * 1'000'000) <= 10) {
@@ -531,10 +573,10 @@ void WriteAxis(int64_t end, double px_per_ns, int plot_bottom, std::ostream& out
   out << "<g id=\"ticks\">";
   for (int64_t t = 0; t <= end; t += step_ns) {
     const double x = kLabelWidth + x_of(t);
-    out << fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#ddd\"/>", x, kTop - 8, x,
-                       plot_bottom)
-        << fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">{}</text>", x, kTop - 12,
-                       HumanDuration(Duration(t)));
+    out << fmt::format("<line x1=\"{:.1f}\" y1=\"{}\" x2=\"{:.1f}\" y2=\"{}\" stroke=\"#ddd\"/>", x, kTop - 8,
+                       x, plot_bottom)
+        << fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">{}</text>", x,
+                       kTop - 12, HumanDuration(Duration(t)));
   }
   out << "</g>\n";
 }
@@ -588,6 +630,26 @@ void WriteJobMarks(const Timeline& timeline, double px_per_ns, int bottom, std::
   }
 }
 
+/// One node's marks on its row at `y`: a mark is a line that stays one line wide however far
+/// the plot is zoomed, with a bar under it for as long as it lasted.
+void WriteNodeMarks(const std::vector<const Mark*>& marks, double px_per_ns, int y, std::ostream& out) {
+  const auto x_of = [&](int64_t ns) { return static_cast<double>(ns) * px_per_ns; };
+  for (const Mark* m : marks) {
+    const double x = x_of(m->at_ns);
+    if (m->end_ns > m->at_ns) {
+      out << fmt::format(
+          "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"3\" fill=\"#cb181d\">"
+          "<title>{}</title></rect>",
+          x, y + kRowHeight - 4, std::max(0.2, x_of(m->end_ns) - x), HtmlEscape(m->text));
+    }
+    out << fmt::format(
+        "<line x1=\"{:.2f}\" x2=\"{:.2f}\" y1=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\" "
+        "vector-effect=\"non-scaling-stroke\"><title>{} at {}</title></line>",
+        x, x, y, y + kRowHeight, m->kind == MarkKind::kHeal ? "#2171b5" : "#cb181d", HtmlEscape(m->text),
+        HumanDuration(Duration(m->at_ns)));
+  }
+}
+
 }  // namespace
 
 void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::ostream& out) {
@@ -638,14 +700,14 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
                        HtmlEscape(row.label));
     y += kRowHeight;
   }
-  out << fmt::format("<svg x=\"{}\" y=\"0\" width=\"{}\" height=\"{}\"><g id=\"plot\">\n", kLabelWidth, kPlotWidth,
-                     height);
+  out << fmt::format("<svg x=\"{}\" y=\"0\" width=\"{}\" height=\"{}\"><g id=\"plot\">\n", kLabelWidth,
+                     kPlotWidth, height);
   y = kTop;
   for (const auto& [start, stop] : timeline.training) {
     const double x0 = x_of(start);
     const double w = std::max(0.5, x_of(stop < 0 ? end : stop) - x0);
-    out << fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"/>", x0, y + 2, w,
-                       kRowHeight - 4, kColours[3]);
+    out << fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"/>", x0, y + 2,
+                       w, kRowHeight - 4, kColours[3]);
   }
   out << "\n";
   y += kRowHeight;
@@ -654,31 +716,19 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
     const RowDrawing& drawing = drawing_of_row[r];
     out << "<use href=\"#h" << drawing.base << "\" y=\"" << y + 2 << "\"/>";
     if (!drawing.overlay.empty()) {
-      out << "<g transform=\"translate(0," << y + 2 << ") scale(" << 1.0 / drawings[drawing.base].detail << ",1)\">";
+      out << "<g transform=\"translate(0," << y + 2 << ") scale(" << 1.0 / drawings[drawing.base].detail
+          << ",1)\">";
       WriteRuns(drawing.overlay, drawings[drawing.base].detail, out);
       out << "</g>";
     }
-    if (row.node) {
-      // A mark is a line that stays one line wide however far the plot is zoomed.
-      for (const Mark* m : marks_of[*row.node]) {
-        const double x = x_of(m->at_ns);
-        if (m->end_ns > m->at_ns) {
-          out << fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"3\" fill=\"#cb181d\">"
-                             "<title>{}</title></rect>",
-                             x, y + kRowHeight - 4, std::max(0.2, x_of(m->end_ns) - x), HtmlEscape(m->text));
-        }
-        out << fmt::format("<line x1=\"{:.2f}\" x2=\"{:.2f}\" y1=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\" "
-                           "vector-effect=\"non-scaling-stroke\"><title>{} at {}</title></line>",
-                           x, x, y, y + kRowHeight, m->kind == MarkKind::kHeal ? "#2171b5" : "#cb181d",
-                           HtmlEscape(m->text), HumanDuration(Duration(m->at_ns)));
-      }
-    }
+    if (row.node) WriteNodeMarks(marks_of[*row.node], px_per_ns, y, out);
     out << "\n";
     y += kRowHeight;
   }
   WriteJobMarks(timeline, px_per_ns, y, out);
   out << "</g></svg>\n";
-  const size_t band_rows = static_cast<size_t>(std::count_if(rows.begin(), rows.end(), [](const Row& r) { return !r.node; }));
+  const size_t band_rows =
+      static_cast<size_t>(std::count_if(rows.begin(), rows.end(), [](const Row& r) { return !r.node; }));
   out << fmt::format(
       "<text x=\"{}\" y=\"{}\" fill=\"#555\">{}; {} node{} in {} row{}{}{}</text>\n", kLabelWidth, y + 20,
       HtmlEscape(timeline.clock), n, n == 1 ? "" : "s", rows.size(), rows.size() == 1 ? "" : "s",
@@ -688,7 +738,8 @@ void WriteHtmlReport(const Timeline& timeline, const std::string& summary, std::
       page.folded == 0
           ? ""
           : fmt::format("; {} faulted nodes beyond the first {} are in the bands", page.folded, kMaxOwnRows));
-  out << "</svg>\n<pre>" << HtmlEscape(summary) << "</pre>\n<script>" << kZoomScript << "</script>\n</body></html>\n";
+  out << "</svg>\n<pre>" << HtmlEscape(summary) << "</pre>\n<script>" << kZoomScript
+      << "</script>\n</body></html>\n";
 }
 
 }  // namespace ddprun::report

@@ -35,9 +35,9 @@ std::string SharedKind(const std::vector<core::FailureKind>& kinds) {
 }  // namespace
 
 bool IsCoordinatorRecord(std::string_view type) {
-  static constexpr std::string_view kTypes[] = {"round-begin", "round-failed", "restart",   "job-result",
-                                                "node-joined", "node-refused", "node-lost", "hang-probe",
-                                                "replace",     "quarantine",   "coordinator-done"};
+  static constexpr std::string_view kTypes[] = {
+      "round-begin", "round-failed", "restart", "job-result", "node-joined",     "node-refused",
+      "node-lost",   "hang-probe",   "replace", "quarantine", "coordinator-done"};
   return std::find(std::begin(kTypes), std::end(kTypes), type) != std::end(kTypes);
 }
 
@@ -61,14 +61,16 @@ std::vector<std::string> RoundSequence(const std::vector<const EventRecord*>& re
   for (const EventRecord* r : records) {
     if (r->type == "round-begin") {
       const int64_t nodes = r->Int("nodes");
-      steps.push_back(nodes > 0 ? fmt::format("round {} begins on {}", r->Int("round"), Counted(static_cast<size_t>(nodes), "node"))
+      steps.push_back(nodes > 0 ? fmt::format("round {} begins on {}", r->Int("round"),
+                                              Counted(static_cast<size_t>(nodes), "node"))
                                 : fmt::format("round {} begins", r->Int("round")));
     } else if (r->type == "round-failed") {
       const int64_t round = r->Int("round");
       const int64_t rank = r->Int("rank");
       const std::vector<core::FailureKind> kinds = core::ParseKinds(r->Texts("kinds"));
       const std::string step =
-          rank >= 0 ? fmt::format("round {} fails: rank {} (node {}), {}", round, rank, r->Int("peer"), SharedKind(kinds))
+          rank >= 0 ? fmt::format("round {} fails: rank {} (node {}), {}", round, rank, r->Int("peer"),
+                                  SharedKind(kinds))
                     : fmt::format("round {} fails: node {}, {}", round, r->Int("peer"), SharedKind(kinds));
       auto it = failed_at.find(round);
       if (it != failed_at.end()) {
@@ -118,7 +120,8 @@ std::optional<JobSpec::Simulate::Sigterm> StopModelOf(const Run& run) {
 
 // The last round trains for as long as it did: from its start to the job's result, less the
 // workers' start. Empty when node 0's records do not show both.
-std::optional<Duration> LastRoundTrainTime(const std::vector<const EventRecord*>& zero, Duration worker_startup) {
+std::optional<Duration> LastRoundTrainTime(const std::vector<const EventRecord*>& zero,
+                                           Duration worker_startup) {
   int64_t last_begin = -1, result = -1;
   for (const EventRecord* r : zero) {
     if (r->type == "round-begin") last_begin = r->unix_ms;
@@ -170,7 +173,8 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
       break;
     }
   }
-  if (zero.empty()) plan.notes.push_back("node 0 wrote no event file here: the run's own sequence is unknown");
+  if (zero.empty())
+    plan.notes.push_back("node 0 wrote no event file here: the run's own sequence is unknown");
   auto since = [&](int64_t unix_ms) { return Duration(milliseconds(std::max<int64_t>(unix_ms - t0, 0))); };
   std::map<int, std::vector<int64_t>> starts = AgentStarts(run);
   // An agent that started more than a second after node 0's joined late.
@@ -211,8 +215,8 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
         crash_ms = noticed->unix_ms;
         // Event logs before typed causes said it only in the reason's words.
         const std::string loss = noticed->Text("cause");
-        const bool silent = !loss.empty() ? loss == "silent"
-                                           : noticed->Text("reason").find("silent") != std::string::npos;
+        const bool silent =
+            !loss.empty() ? loss == "silent" : noticed->Text("reason").find("silent") != std::string::npos;
         if (silent) {
           crash_ms -= std::chrono::duration_cast<milliseconds>(loss_bound).count();
         }
@@ -246,8 +250,8 @@ ReplayPlan PlanReplay(const Run& run, const JobSpec& spec) {
       fault.exit_code = static_cast<int>(std::clamp<int64_t>(code, 1, 255));
       plan.faults.push_back(fault);
     } else {
-      plan.notes.push_back(fmt::format("round {}'s root cause ({}) has no simulator fault: not replayed", round,
-                                       SharedKind(kinds)));
+      plan.notes.push_back(fmt::format("round {}'s root cause ({}) has no simulator fault: not replayed",
+                                       round, SharedKind(kinds)));
     }
   }
   std::stable_sort(plan.faults.begin(), plan.faults.end(),
@@ -271,14 +275,16 @@ std::vector<StepDuration> RoundDurations(const std::vector<const EventRecord*>& 
       steps.push_back({fmt::format("round {} stop", *open_stop), Millis(r->unix_ms - failed_at[*open_stop])});
       open_stop.reset();
     } else if (r->type == "round-begin" && open_restart) {
-      steps.push_back({fmt::format("round {} restart", *open_restart), Millis(r->unix_ms - failed_at[*open_restart])});
+      steps.push_back(
+          {fmt::format("round {} restart", *open_restart), Millis(r->unix_ms - failed_at[*open_restart])});
       open_restart.reset();
     }
   }
   return steps;
 }
 
-DurationComparison CompareDurations(const std::vector<StepDuration>& real, const std::vector<StepDuration>& simulated) {
+DurationComparison CompareDurations(const std::vector<StepDuration>& real,
+                                    const std::vector<StepDuration>& simulated) {
   constexpr Duration kFloor = Seconds(1);
   DurationComparison c;
   if (real.empty() && simulated.empty()) return c;
@@ -306,9 +312,10 @@ DurationComparison CompareDurations(const std::vector<StepDuration>& real, const
     if (!close) ++off;
   }
   c.within = off == 0;
-  c.text += off == 0 ? "the durations match (each within 20% or 1s of the real one)\n"
-                     : fmt::format("{} of the durations {} more than 20% (and 1s) off the real one (marked !)\n",
-                                   off, off == 1 ? "is" : "are");
+  c.text += off == 0
+                ? "the durations match (each within 20% or 1s of the real one)\n"
+                : fmt::format("{} of the durations {} more than 20% (and 1s) off the real one (marked !)\n",
+                              off, off == 1 ? "is" : "are");
   return c;
 }
 

@@ -60,7 +60,8 @@ struct DurationComparison {
   bool within = true;
   std::string text;
 };
-DurationComparison CompareDurations(const std::vector<StepDuration>& real, const std::vector<StepDuration>& simulated);
+DurationComparison CompareDurations(const std::vector<StepDuration>& real,
+                                    const std::vector<StepDuration>& simulated);
 
 struct SequenceComparison {
   bool match = false;

@@ -33,8 +33,8 @@ std::string Fingerprint(const JobSpec& spec);
 std::string FingerprintOfCanonical(const std::string& canonical);
 
 struct FieldDifference {
-  std::string key;     // "cluster.nproc_per_node"
-  std::string ours;    // canonical value text, or "(not set)"
+  std::string key;   // "cluster.nproc_per_node"
+  std::string ours;  // canonical value text, or "(not set)"
   std::string theirs;
   bool operator==(const FieldDifference&) const = default;
 };

@@ -15,13 +15,12 @@ void CheckTrainerAgainstCluster(const JobSpec& spec, const TrainerFacts& trainer
   const auto& c = spec.cluster;
   const auto& t = spec.trainer;
   const bool nnodes_known = c.nnodes > 0;
-  if (cluster_facts.nproc_per_node && c.nproc_per_node > 0 && t.devices &&
-      *t.devices != c.nproc_per_node) {
-    diags.Error(LocOf(*cluster_facts.nproc_per_node), "cluster.nproc_per_node",
-                fmt::format("cluster.nproc_per_node = {} does not match trainer.devices = {}",
-                            c.nproc_per_node, *t.devices),
-                fmt::format("set trainer.devices = {} or cluster.nproc_per_node = {}",
-                            c.nproc_per_node, *t.devices));
+  if (cluster_facts.nproc_per_node && c.nproc_per_node > 0 && t.devices && *t.devices != c.nproc_per_node) {
+    diags.Error(
+        LocOf(*cluster_facts.nproc_per_node), "cluster.nproc_per_node",
+        fmt::format("cluster.nproc_per_node = {} does not match trainer.devices = {}", c.nproc_per_node,
+                    *t.devices),
+        fmt::format("set trainer.devices = {} or cluster.nproc_per_node = {}", c.nproc_per_node, *t.devices));
   }
   if (t.num_nodes && nnodes_known && *t.num_nodes != c.nnodes) {
     const SourceLoc loc = reader.LocationOf("trainer.num_nodes");
@@ -30,14 +29,13 @@ void CheckTrainerAgainstCluster(const JobSpec& spec, const TrainerFacts& trainer
                   fmt::format("trainer.num_nodes = {} does not match the {} hosts of "
                               "cluster.nodes",
                               *t.num_nodes, c.nnodes),
-                  fmt::format("set trainer.num_nodes = {} or list {} hosts in cluster.nodes",
-                              c.nnodes, *t.num_nodes));
-    } else {
-      diags.Error(loc, "trainer.num_nodes",
-                  fmt::format("trainer.num_nodes = {} does not match cluster.nnodes = {}",
-                              *t.num_nodes, c.nnodes),
-                  fmt::format("set trainer.num_nodes = {} or cluster.nnodes = {}", c.nnodes,
+                  fmt::format("set trainer.num_nodes = {} or list {} hosts in cluster.nodes", c.nnodes,
                               *t.num_nodes));
+    } else {
+      diags.Error(
+          loc, "trainer.num_nodes",
+          fmt::format("trainer.num_nodes = {} does not match cluster.nnodes = {}", *t.num_nodes, c.nnodes),
+          fmt::format("set trainer.num_nodes = {} or cluster.nnodes = {}", c.nnodes, *t.num_nodes));
     }
   }
   if (trainer_facts.table && !trainer_facts.table->get("num_nodes") && nnodes_known &&
@@ -52,8 +50,7 @@ void CheckTrainerAgainstCluster(const JobSpec& spec, const TrainerFacts& trainer
                 fmt::format("add num_nodes = {} under [trainer]; a smaller round gets "
                             "PL_TRAINER_NUM_NODES = its own node count",
                             c.nnodes));
-  } else if (trainer_facts.table && !trainer_facts.table->get("num_nodes") && nnodes_known &&
-      c.nnodes > 1) {
+  } else if (trainer_facts.table && !trainer_facts.table->get("num_nodes") && nnodes_known && c.nnodes > 1) {
     diags.Warning(LocOf(*trainer_facts.table), "trainer.num_nodes",
                   fmt::format("[trainer] does not set num_nodes; Lightning's Trainer() then "
                               "uses 1 and rejects WORLD_SIZE = {}",
@@ -73,8 +70,7 @@ void CheckBackoffAgainstRendezvous(const JobSpec& spec, TomlReader& reader) {
   const auto& t = spec.timeouts;
   const Duration longest_backoff = spec.restart.backoff_max.value_or(spec.restart.backoff);
   if (longest_backoff >= t.rendezvous && t.rendezvous > Duration::zero()) {
-    TimeoutOrderWarning(reader, t,
-                        spec.restart.backoff_max ? "restart.backoff_max" : "restart.backoff",
+    TimeoutOrderWarning(reader, t, spec.restart.backoff_max ? "restart.backoff_max" : "restart.backoff",
                         longest_backoff, "is not shorter than",
                         "nodes wait for the backoff before rejoining; keep it well under the "
                         "rendezvous timeout");
@@ -89,8 +85,7 @@ void CheckReplacement(const JobSpec& spec, TomlReader& reader) {
   const std::string key = c.spares > 0 ? "cluster.spares" : "cluster.min_nodes";
   if (spec.restart.max_restarts == 0) {
     reader.diags().Warning(reader.LocationOf(key), key,
-                           fmt::format("{} can only act at a restart, and restart.max_restarts = 0",
-                                       key),
+                           fmt::format("{} can only act at a restart, and restart.max_restarts = 0", key),
                            "a lost node's rank goes to a spare (or the job shrinks) in the next "
                            "round: set restart.max_restarts to at least 1");
   }

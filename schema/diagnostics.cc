@@ -55,8 +55,8 @@ std::string_view SourceLine(std::string_view text, uint32_t line) {
     start = nl + 1;
   }
   size_t end = text.find('\n', start);
-  std::string_view out = text.substr(start, end == std::string_view::npos ? text.size() - start
-                                                                          : end - start);
+  std::string_view out =
+      text.substr(start, end == std::string_view::npos ? text.size() - start : end - start);
   if (!out.empty() && out.back() == '\r') out.remove_suffix(1);
   return out;
 }
@@ -229,12 +229,11 @@ std::string Paint(std::string_view text, std::string_view color, bool enabled) {
 }
 
 // One located message: header, quoted source line and caret.
-void RenderOne(std::string& out, std::string_view source_name, std::string_view source_text,
-               SourceLoc loc, std::string_view label, std::string_view label_color,
-               std::string_view message, bool color, bool hide_line) {
-  std::string where = loc.line == 0
-                          ? fmt::format("{}:", source_name)
-                          : fmt::format("{}:{}:{}:", source_name, loc.line, loc.column);
+void RenderOne(std::string& out, std::string_view source_name, std::string_view source_text, SourceLoc loc,
+               std::string_view label, std::string_view label_color, std::string_view message, bool color,
+               bool hide_line) {
+  std::string where = loc.line == 0 ? fmt::format("{}:", source_name)
+                                    : fmt::format("{}:{}:{}:", source_name, loc.line, loc.column);
   out += fmt::format("{} {} {}\n", Paint(EscapeForTerminal(where), kBold, color),
                      Paint(fmt::format("{}:", label), label_color, color),
                      Paint(EscapeForTerminal(message), kBold, color));
@@ -254,16 +253,13 @@ std::string Plural(int n, std::string_view word) {
 
 }  // namespace
 
-void Diagnostics::Error(SourceLoc loc, std::string key_path, std::string message,
-                        std::string hint) {
-  items.push_back({Severity::kError, loc, std::move(key_path), std::move(message),
-                   std::move(hint), {}, {}});
+void Diagnostics::Error(SourceLoc loc, std::string key_path, std::string message, std::string hint) {
+  items.push_back({Severity::kError, loc, std::move(key_path), std::move(message), std::move(hint), {}, {}});
 }
 
-void Diagnostics::Warning(SourceLoc loc, std::string key_path, std::string message,
-                          std::string hint) {
-  items.push_back({Severity::kWarning, loc, std::move(key_path), std::move(message),
-                   std::move(hint), {}, {}});
+void Diagnostics::Warning(SourceLoc loc, std::string key_path, std::string message, std::string hint) {
+  items.push_back(
+      {Severity::kWarning, loc, std::move(key_path), std::move(message), std::move(hint), {}, {}});
 }
 
 void Diagnostics::AddNote(SourceLoc loc, std::string note) {
@@ -279,14 +275,11 @@ void Diagnostics::HideLine() {
 bool Diagnostics::HasErrors() const { return ErrorCount() > 0; }
 
 int Diagnostics::ErrorCount() const {
-  return static_cast<int>(std::count_if(items.begin(), items.end(), [](const Diagnostic& d) {
-    return d.severity == Severity::kError;
-  }));
+  return static_cast<int>(std::count_if(items.begin(), items.end(),
+                                        [](const Diagnostic& d) { return d.severity == Severity::kError; }));
 }
 
-int Diagnostics::WarningCount() const {
-  return static_cast<int>(items.size()) - ErrorCount();
-}
+int Diagnostics::WarningCount() const { return static_cast<int>(items.size()) - ErrorCount(); }
 
 std::vector<Diagnostic> SortedDiagnostics(const Diagnostics& diagnostics) {
   std::vector<Diagnostic> sorted = diagnostics.items;
@@ -307,14 +300,13 @@ std::string RenderDiagnostics(const Diagnostics& diagnostics, std::string_view s
   std::string out;
   for (const Diagnostic& d : SortedDiagnostics(diagnostics)) {
     const bool error = d.severity == Severity::kError;
-    RenderOne(out, source_name, source_text, d.loc, error ? "error" : "warning",
-              error ? kRed : kMagenta, d.message, color, d.hide_line);
+    RenderOne(out, source_name, source_text, d.loc, error ? "error" : "warning", error ? kRed : kMagenta,
+              d.message, color, d.hide_line);
     if (!d.hint.empty()) {
       out += fmt::format("   {} {}\n", Paint("hint:", kCyan, color), EscapeForTerminal(d.hint));
     }
     if (!d.note.empty()) {
-      RenderOne(out, source_name, source_text, d.note_loc, "note", kCyan, d.note, color,
-                d.hide_line);
+      RenderOne(out, source_name, source_text, d.note_loc, "note", kCyan, d.note, color, d.hide_line);
     }
   }
   if (!out.empty()) out += DiagnosticsSummary(diagnostics) + "\n";

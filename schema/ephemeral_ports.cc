@@ -4,8 +4,8 @@
 
 namespace ddprun {
 
-void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral,
-                         const std::vector<PortRange>& reserved, Diagnostics& diagnostics) {
+void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral, const std::vector<PortRange>& reserved,
+                         Diagnostics& diagnostics) {
   auto check = [&](std::string_view key, uint16_t port) {
     if (port < ephemeral.first || port > ephemeral.last) return;
     for (const PortRange& r : reserved) {
@@ -13,14 +13,13 @@ void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral,
     }
     const std::string path = fmt::format("cluster.{}", key);
     const bool default_fits = 29500 < ephemeral.first || 29500 > ephemeral.last;
-    diagnostics.Warning(
-        spec.LocationOf(path), path,
-        fmt::format("{} = {} is inside this machine's ephemeral port range ({}-{})", path, port,
-                    ephemeral.first, ephemeral.last),
-        fmt::format("an outgoing connection may be given this port, and node 0 then cannot "
-                    "listen on it; use a port outside the range{}, or reserve it with "
-                    "`sysctl net.ipv4.ip_local_reserved_ports={}`",
-                    default_fits ? " (e.g. 29500, as torchrun)" : "", port));
+    diagnostics.Warning(spec.LocationOf(path), path,
+                        fmt::format("{} = {} is inside this machine's ephemeral port range ({}-{})", path,
+                                    port, ephemeral.first, ephemeral.last),
+                        fmt::format("an outgoing connection may be given this port, and node 0 then cannot "
+                                    "listen on it; use a port outside the range{}, or reserve it with "
+                                    "`sysctl net.ipv4.ip_local_reserved_ports={}`",
+                                    default_fits ? " (e.g. 29500, as torchrun)" : "", port));
   };
   check("master_port", spec.cluster.master_port);
   if (spec.cluster.store_port) check("store_port", *spec.cluster.store_port);

@@ -21,8 +21,8 @@ struct PortRange {
 /// both from /proc/sys/net/ipv4/ip_local_port_range and ip_local_reserved_ports): any outgoing
 /// connection on node 0 may hold the port when the agent wants to listen. The same for the
 /// port of metrics.listen, which every node listens on.
-void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral,
-                         const std::vector<PortRange>& reserved, Diagnostics& diagnostics);
+void CheckEphemeralPorts(const JobSpec& spec, PortRange ephemeral, const std::vector<PortRange>& reserved,
+                         Diagnostics& diagnostics);
 
 /// Parses ip_local_port_range ("32768\t60999"); nullopt when malformed.
 std::optional<PortRange> ParsePortRange(std::string_view text);

@@ -13,13 +13,9 @@ namespace {
 constexpr std::string_view kFaultSection = "simulate.faults";
 
 // Every kind takes these; the others are listed per kind in the table.
-bool TakenByEveryKind(std::string_view key) {
-  return key == "at" || key == "kind" || key == "node";
-}
+bool TakenByEveryKind(std::string_view key) { return key == "at" || key == "kind" || key == "node"; }
 
-const KeySpec& FaultKey(std::string_view key) {
-  return *FindKey(SectionNamed(kFaultSection), key);
-}
+const KeySpec& FaultKey(std::string_view key) { return *FindKey(SectionNamed(kFaultSection), key); }
 
 // A decimal integer of at most 9 digits in `range`, as the flag writes numbers (no sign). The
 // sentences match the job file's, so one value outside the table's range reads the same in
@@ -147,26 +143,26 @@ Status FaultFitsJob(const FaultSpec& fault, const JobSpec& spec) {
   if (fault.kind == FaultKind::kEtcdMemberDown) {
     // A member of the modelled 3-member etcd cluster, whatever the job's size.
     if (fault.node < 0 || fault.node >= kSimulatedEtcdMembers) {
-      return Fail(fmt::format("{} fault: etcd member {} is out of range (the modelled etcd cluster has members "
-                              "0..{})",
-                              FaultKindName(fault.kind), fault.node, kSimulatedEtcdMembers - 1));
+      return Fail(
+          fmt::format("{} fault: etcd member {} is out of range (the modelled etcd cluster has members "
+                      "0..{})",
+                      FaultKindName(fault.kind), fault.node, kSimulatedEtcdMembers - 1));
     }
   } else if (fault.node < 0 || fault.node >= agents) {
     return Fail(fmt::format("{} fault: node {} is out of range (the job has {})", FaultKindName(fault.kind),
                             fault.node, have));
   }
-  if (fault.local_rank &&
-      (*fault.local_rank < 0 || *fault.local_rank >= spec.cluster.nproc_per_node)) {
-    return Fail(fmt::format("{} fault: local_rank {} is out of range (0..{})",
-                            FaultKindName(fault.kind), *fault.local_rank,
-                            spec.cluster.nproc_per_node - 1));
+  if (fault.local_rank && (*fault.local_rank < 0 || *fault.local_rank >= spec.cluster.nproc_per_node)) {
+    return Fail(fmt::format("{} fault: local_rank {} is out of range (0..{})", FaultKindName(fault.kind),
+                            *fault.local_rank, spec.cluster.nproc_per_node - 1));
   }
-  const bool etcd_fault = fault.kind == FaultKind::kEtcdMemberDown || fault.kind == FaultKind::kEtcdLeaderLost ||
-                          fault.kind == FaultKind::kEtcdPartition;
+  const bool etcd_fault = fault.kind == FaultKind::kEtcdMemberDown ||
+                          fault.kind == FaultKind::kEtcdLeaderLost || fault.kind == FaultKind::kEtcdPartition;
   if (etcd_fault && !spec.rendezvous.Etcd()) {
-    return Fail(fmt::format("{} fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" models "
-                            "an etcd cluster)",
-                            FaultKindName(fault.kind)));
+    return Fail(
+        fmt::format("{} fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" models "
+                    "an etcd cluster)",
+                    FaultKindName(fault.kind)));
   }
   for (int peer : fault.peers) {
     if (peer < 0 || peer >= agents || peer == fault.node) {
@@ -213,8 +209,8 @@ Result<FaultSpec> ParseFaultFlag(std::string_view text) {
     const std::string_view key = pair.substr(0, eq);
     const std::string_view value = pair.substr(eq + 1);
     // `at` and `kind` are written before the colon, never as key=value.
-    const FaultKeyUse use = key == "at" || key == "kind" ? FaultKeyUse::kUnknown
-                                                         : UseOfFaultKey(&kind_spec, key);
+    const FaultKeyUse use =
+        key == "at" || key == "kind" ? FaultKeyUse::kUnknown : UseOfFaultKey(&kind_spec, key);
     if (use == FaultKeyUse::kUnknown) {
       std::string hint;
       if (auto close = ClosestName(key, SectionNamed(kFaultSection).known_names)) {

@@ -28,9 +28,7 @@ Duration JobSpec::RestartBackoff(int restart_number) const {
   return std::min(wait, *restart.backoff_max);
 }
 
-Duration JobSpec::ProgressReportPeriod() const {
-  return std::max(timeouts.heartbeat, stragglers.window / 8);
-}
+Duration JobSpec::ProgressReportPeriod() const { return std::max(timeouts.heartbeat, stragglers.window / 8); }
 
 size_t JobSpec::ProgressWindowBuckets() const {
   const Duration period = ProgressReportPeriod();

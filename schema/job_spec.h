@@ -68,14 +68,14 @@ enum class FaultKind {
 /// One scheduled fault of [[simulate.faults]] or `--fault kind@time:key=value,...`.
 struct FaultSpec {
   FaultKind kind = FaultKind::kNodeCrash;
-  Duration at{};                   // virtual time since the simulation started
-  int node = 0;                    // the node it hits
-  std::optional<int> local_rank;   // worker faults: which worker (default 0)
-  int exit_code = 1;               // worker-exit
-  std::optional<Duration> duration;  // partition / hang / port block: heals after this
+  Duration at{};                         // virtual time since the simulation started
+  int node = 0;                          // the node it hits
+  std::optional<int> local_rank;         // worker faults: which worker (default 0)
+  int exit_code = 1;                     // worker-exit
+  std::optional<Duration> duration;      // partition / hang / port block: heals after this
   std::optional<Duration> reboot_after;  // node-crash: the node comes back after this
-  std::vector<int> peers;          // partition: the nodes cut off from `node` (default: node 0)
-  int percent = 100;               // worker-slow: how much more work per step (100: twice)
+  std::vector<int> peers;                // partition: the nodes cut off from `node` (default: node 0)
+  int percent = 100;                     // worker-slow: how much more work per step (100: twice)
   bool operator==(const FaultSpec&) const = default;
 };
 
@@ -123,15 +123,15 @@ struct JobSpec {
   struct Job {
     std::string name;
     std::vector<std::string> command;
-    std::string workdir = ".";                  // as written; relative to the job file
-    std::map<std::string, std::string> env;     // sorted by name
+    std::string workdir = ".";               // as written; relative to the job file
+    std::map<std::string, std::string> env;  // sorted by name
     CodeCheck code_check = CodeCheck::kOff;
     /// Modules a template interpreter imports before the first round; workers are forked
     /// from it (warm starts, runner/io/warm_template.h). Empty: every worker starts cold.
     std::vector<std::string> preload;
-    Code code;                                  // filled by the CLI when code_check is on
+    Code code;  // filled by the CLI when code_check is on
     CodeCheck library_check = CodeCheck::kOff;
-    Libraries libraries;                        // filled by the CLI when library_check is on
+    Libraries libraries;  // filled by the CLI when library_check is on
     /// Set by `ddprun preflight` for the job it runs (not part of the file): a failure is the
     /// preflight's verdict, not a training job's.
     bool is_preflight = false;
@@ -141,10 +141,10 @@ struct JobSpec {
     std::vector<std::string> nodes;  // empty when only nnodes is given
     /// cluster.hosts_from = "slurm": `nodes` are the SLURM allocation's hosts (when known).
     bool hosts_from_slurm = false;
-    int nnodes = 0;                  // always set: len(nodes) or `nnodes`
-    std::string master_addr;         // default nodes[0], or 127.0.0.1 without nodes
+    int nnodes = 0;           // always set: len(nodes) or `nnodes`
+    std::string master_addr;  // default nodes[0], or 127.0.0.1 without nodes
     uint16_t master_port = 29500;
-    int nproc_per_node = 0;          // default trainer.devices (count), else 1
+    int nproc_per_node = 0;              // default trainer.devices (count), else 1
     std::optional<uint16_t> store_port;  // set: no relay, rank 0 binds this port
     /// Hot spares: agents that join and wait, and take the node rank of a node that was lost
     /// (or did not come back within timeouts.replace). Their agents are numbered after the
@@ -171,7 +171,8 @@ struct JobSpec {
     std::string HostOf(int agent) const {
       if (agent >= 0 && agent < static_cast<int>(nodes.size())) return nodes[static_cast<size_t>(agent)];
       const int spare = agent - nnodes;
-      if (spare >= 0 && spare < static_cast<int>(spare_hosts.size())) return spare_hosts[static_cast<size_t>(spare)];
+      if (spare >= 0 && spare < static_cast<int>(spare_hosts.size()))
+        return spare_hosts[static_cast<size_t>(spare)];
       return "";
     }
   } cluster;
@@ -202,11 +203,11 @@ struct JobSpec {
   /// [trainer], in file order. `devices`, `num_nodes` etc. are also mirrored below, typed.
   struct Trainer {
     std::vector<std::pair<std::string, TrainerValue>> settings;
-    std::optional<int> devices;                 // count (len of a list of ids)
+    std::optional<int> devices;  // count (len of a list of ids)
     std::optional<std::vector<int64_t>> device_ids;
     std::optional<int> num_nodes;
-    std::string accelerator;                    // "" when unset
-    std::string strategy;                       // "" when unset
+    std::string accelerator;  // "" when unset
+    std::string strategy;     // "" when unset
   } trainer;
 
   struct Restart {
@@ -227,7 +228,7 @@ struct JobSpec {
     /// Hang detection from progress beacons: a rank silent this long is hung. Unset and not
     /// `progress_auto`: off.
     std::optional<Duration> progress;
-    bool progress_auto = false;        // "auto": learned from the intervals seen
+    bool progress_auto = false;             // "auto": learned from the intervals seen
     Duration progress_start = Minutes(10);  // to the first beacon, and after ddprun.phase()
     /// With spares: how long a lost node (or one that never came) may take to come back
     /// before a waiting spare takes its node rank.
@@ -315,17 +316,17 @@ struct JobSpec {
   struct Simulate {
     uint64_t seed = 1;
     std::vector<FaultSpec> faults;
-    std::optional<Duration> node_mtbf;          // random node crashes, per host (nodes and spares)
-    int node_never_returns_percent = 0;         // of those, the share whose host stays down for good
-    std::optional<Duration> worker_mtbf;        // random worker exits, per worker
-    std::optional<Duration> worker_hang_mtbf;   // random worker hangs (for good), per worker
-    Duration train_time = Minutes(10);          // how long a round must train to finish
+    std::optional<Duration> node_mtbf;         // random node crashes, per host (nodes and spares)
+    int node_never_returns_percent = 0;        // of those, the share whose host stays down for good
+    std::optional<Duration> worker_mtbf;       // random worker exits, per worker
+    std::optional<Duration> worker_hang_mtbf;  // random worker hangs (for good), per worker
+    Duration train_time = Minutes(10);         // how long a round must train to finish
     Duration checkpoint_every = Minutes(30);
     Duration worker_startup = Seconds(20);
     /// One training step of the simulated script: each rank's own work per step, and (with
     /// progress beacons) how often a rank beacons, at most once a second.
     Duration step_time = Seconds(1);
-    Duration max_time = Hours(24 * 60);         // the simulation gives up after this
+    Duration max_time = Hours(24 * 60);  // the simulation gives up after this
     /// What a simulated worker does with SIGTERM. kExits: the default action, it ends at once
     /// (a plain PyTorch script). kIgnored: its handler only takes note, and it stays in its
     /// collective until SIGKILL at stop_grace (Lightning, whose SIGTERM handler sets a flag

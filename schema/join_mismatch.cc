@@ -48,7 +48,8 @@ struct Lines {
   bool Has(Kind kind) const { return has[static_cast<int>(kind)]; }
 };
 
-Lines DifferenceLines(const std::string& ours, const std::string& theirs, std::string_view who, std::string_view us) {
+Lines DifferenceLines(const std::string& ours, const std::string& theirs, std::string_view who,
+                      std::string_view us) {
   Lines lines;
   for (const auto& d : DiffCanonical(ours, theirs)) {
     const std::string key = UserKey(d.key);
@@ -74,9 +75,12 @@ Lines DifferenceLines(const std::string& ours, const std::string& theirs, std::s
 
 std::string Headline(Kind kind, std::string_view us) {
   switch (kind) {
-    case Kind::kJobFile: return fmt::format("runs a different job file than {}", us);
-    case Kind::kCode: return fmt::format("runs different code than {} (job.code_check = \"refuse\")", us);
-    case Kind::kScriptArgs: return fmt::format("was started with other arguments after `--` than {}", us);
+    case Kind::kJobFile:
+      return fmt::format("runs a different job file than {}", us);
+    case Kind::kCode:
+      return fmt::format("runs different code than {} (job.code_check = \"refuse\")", us);
+    case Kind::kScriptArgs:
+      return fmt::format("was started with other arguments after `--` than {}", us);
     case Kind::kLibraries:
       return fmt::format("has other library versions than {} (job.library_check = \"refuse\")", us);
   }
@@ -86,31 +90,41 @@ std::string Headline(Kind kind, std::string_view us) {
 // The part named in a message that lists several: "... differs from node 0 in its code and ..."
 const char* Part(Kind kind) {
   switch (kind) {
-    case Kind::kJobFile: return "its job file";
-    case Kind::kCode: return "its code";
-    case Kind::kScriptArgs: return "its arguments after `--`";
-    case Kind::kLibraries: return "its library versions";
+    case Kind::kJobFile:
+      return "its job file";
+    case Kind::kCode:
+      return "its code";
+    case Kind::kScriptArgs:
+      return "its arguments after `--`";
+    case Kind::kLibraries:
+      return "its library versions";
   }
   return "";
 }
 
 const char* Why(Kind kind) {
   switch (kind) {
-    case Kind::kJobFile: return "it runs a different job file";
-    case Kind::kCode: return "it runs different code";
-    case Kind::kScriptArgs: return "it was started with other arguments after `--`";
-    case Kind::kLibraries: return "it has other library versions";
+    case Kind::kJobFile:
+      return "it runs a different job file";
+    case Kind::kCode:
+      return "it runs different code";
+    case Kind::kScriptArgs:
+      return "it was started with other arguments after `--`";
+    case Kind::kLibraries:
+      return "it has other library versions";
   }
   return "";
 }
 
 const char* Hint(Kind kind) {
   switch (kind) {
-    case Kind::kJobFile: return "use the same job file on every node (ddprun check prints its fingerprint)";
+    case Kind::kJobFile:
+      return "use the same job file on every node (ddprun check prints its fingerprint)";
     case Kind::kCode:
       return "deploy the same code to every node (ddprun check prints the script's sha256 and the "
              "git commit it finds), or set job.code_check = \"warn\" to let such a node run";
-    case Kind::kScriptArgs: return "start ddprun with the same arguments after `--` on every node";
+    case Kind::kScriptArgs:
+      return "start ddprun with the same arguments after `--` on every node";
     case Kind::kLibraries:
       return "install the same versions on every node (ddprun check lists what it finds here), "
              "or set job.library_check = \"warn\" to let such a node run";
@@ -142,8 +156,8 @@ JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& thei
   }
   JoinRefusal refusal;
   if (kinds.size() == 1) {
-    refusal.message = fmt::format("{} (host {}) {}:{}\nhint: {}", who, host,
-                                  Headline(kinds[0], us), lines.text, Hint(kinds[0]));
+    refusal.message = fmt::format("{} (host {}) {}:{}\nhint: {}", who, host, Headline(kinds[0], us),
+                                  lines.text, Hint(kinds[0]));
     refusal.why = Why(kinds[0]);
     return refusal;
   }
@@ -154,8 +168,8 @@ JoinRefusal DescribeRefusedJoin(const std::string& ours, const std::string& thei
     hints += fmt::format("\nhint: {}", Hint(kind));
   }
   const std::string named = JoinParts(parts, " and ");
-  refusal.message = fmt::format("{} (host {}) differs from {} in {}:{}{}", who, host, us,
-                                named, lines.text, hints);
+  refusal.message =
+      fmt::format("{} (host {}) differs from {} in {}:{}{}", who, host, us, named, lines.text, hints);
   refusal.why = "it differs in " + named;
   return refusal;
 }

@@ -33,8 +33,7 @@ Json IntegerSchema(IntRange range) {
 Json DefaultOf(const KeySpec& key) {
   if (key.type == KeyType::kInteger) {
     int64_t value = 0;
-    std::from_chars(key.default_value.data(), key.default_value.data() + key.default_value.size(),
-                    value);
+    std::from_chars(key.default_value.data(), key.default_value.data() + key.default_value.size(), value);
     return value;
   }
   return key.default_value;
@@ -64,21 +63,24 @@ Json SectionSchema(const SectionSpec& section, std::string_view doc);
 // The schema of one key, without its description.
 Json ValueSchema(const KeySpec& key, std::string_view section) {
   switch (key.type) {
-    case KeyType::kInteger: return IntegerSchema(*key.range);
-    case KeyType::kString: return StringSchema(key);
-    case KeyType::kStringOrInteger: return {{"type", {"string", "integer"}}};
+    case KeyType::kInteger:
+      return IntegerSchema(*key.range);
+    case KeyType::kString:
+      return StringSchema(key);
+    case KeyType::kStringOrInteger:
+      return {{"type", {"string", "integer"}}};
     case KeyType::kDuration:
       return {{"type", "string"}, {"pattern", "^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h|d))+$"}};
     case KeyType::kDurationOrAuto:
-      return {{"type", "string"},
-              {"pattern", "^(auto|([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h|d))+)$"}};
+      return {{"type", "string"}, {"pattern", "^(auto|([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h|d))+)$"}};
     case KeyType::kStringArray: {
       Json items = {{"type", "string"}};
       if (key.nonempty_items) items["minLength"] = 1;
       if (!key.pattern.empty()) items["pattern"] = key.pattern;
       return ArraySchema(key, std::move(items));
     }
-    case KeyType::kIntegerArray: return ArraySchema(key, IntegerSchema(*key.item_range));
+    case KeyType::kIntegerArray:
+      return ArraySchema(key, IntegerSchema(*key.item_range));
     case KeyType::kStringMap:
       return {{"type", "object"},
               {"propertyNames", {{"pattern", key.pattern}}},
@@ -89,15 +91,18 @@ Json ValueSchema(const KeySpec& key, std::string_view section) {
       return {{"oneOf", {IntegerSchema(*key.range), std::move(ids)}}};
     }
     case KeyType::kCountOrNames: {
-      Json names = {{"type", "array"}, {"items", {{"type", "string"}, {"minLength", 1}}},
-                    {"uniqueItems", true}, {"maxItems", key.range->max}};
+      Json names = {{"type", "array"},
+                    {"items", {{"type", "string"}, {"minLength", 1}}},
+                    {"uniqueItems", true},
+                    {"maxItems", key.range->max}};
       return {{"oneOf", {IntegerSchema(*key.range), std::move(names)}}};
     }
     case KeyType::kConsole:
       return {{"oneOf",
                {{{"type", "string"}, {"enum", Names(key.values)}},
                 ArraySchema(key, IntegerSchema(*key.item_range))}}};
-    case KeyType::kSection: return SectionSchema(SectionNamed(key.name), key.doc);
+    case KeyType::kSection:
+      return SectionSchema(SectionNamed(key.name), key.doc);
     case KeyType::kSectionArray: {
       const SectionSpec& items = SectionNamed(fmt::format("{}.{}", section, key.name));
       return {{"type", "array"}, {"items", SectionSchema(items, items.doc)}};
@@ -109,9 +114,10 @@ Json ValueSchema(const KeySpec& key, std::string_view section) {
 Json KeySchema(const KeySpec& key, std::string_view section) {
   Json s = ValueSchema(key, section);
   if (key.type == KeyType::kDuration || key.type == KeyType::kDurationOrAuto) {
-    s["description"] = fmt::format("{} A duration such as \"250ms\", \"30s\", \"15m\", \"2h\", "
-                                   "\"1h30m\".",
-                                   key.doc);
+    s["description"] = fmt::format(
+        "{} A duration such as \"250ms\", \"30s\", \"15m\", \"2h\", "
+        "\"1h30m\".",
+        key.doc);
   } else if (key.type != KeyType::kSection) {
     s["description"] = key.doc;
   }

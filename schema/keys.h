@@ -59,22 +59,22 @@ struct KeySpec {
   std::span<const std::string_view> examples = {};  // values worth suggesting
   std::string_view default_value = {};              // as TOML would write it, unquoted
   bool required = false;
-  size_t max_length = 0;       // strings: 0 = no limit
+  size_t max_length = 0;          // strings: 0 = no limit
   std::string_view pattern = {};  // what a string (kStringMap: a name) looks like, a JSON
                                   // Schema regex for editors; the loader checks it in code
-  size_t min_items = 0;        // arrays
-  bool unique = false;         // arrays: no item twice
-  bool nonempty_items = false; // string arrays: no "" item
+  size_t min_items = 0;           // arrays
+  bool unique = false;            // arrays: no item twice
+  bool nonempty_items = false;    // string arrays: no "" item
 };
 
 struct SectionSpec {
   std::string_view name = {};  // "" for the top level, "simulate.faults" for [[simulate.faults]]
-  std::string_view doc = {};  // for [[...]] items; a [section] is described by its key's doc
+  std::string_view doc = {};   // for [[...]] items; a [section] is described by its key's doc
   std::span<const KeySpec> keys = {};
   /// The names the loader knows here, in the order hints list them. The keys of `keys`,
   /// except for [trainer], which accepts any name and knows Lightning's Trainer arguments.
   std::span<const std::string_view> known_names = {};
-  bool open = false;  // other names are allowed ([trainer])
+  bool open = false;                                       // other names are allowed ([trainer])
   std::span<const std::string_view> any_of_required = {};  // at least one of these
 };
 

@@ -13,8 +13,7 @@ namespace {
 
 bool IsIpAddress(const std::string& text) {
   unsigned char buffer[16];
-  return inet_pton(AF_INET, text.c_str(), buffer) == 1 ||
-         inet_pton(AF_INET6, text.c_str(), buffer) == 1;
+  return inet_pton(AF_INET, text.c_str(), buffer) == 1 || inet_pton(AF_INET6, text.c_str(), buffer) == 1;
 }
 
 // RFC 1123 host names; underscores are tolerated because some sites use them and the
@@ -78,19 +77,17 @@ bool LoadNodes(const toml::node& node, TomlReader& reader, std::vector<std::stri
     }
     if (!IsHostOrIp(*host)) {
       diags.Error(LocOf(item), path,
-                  fmt::format("{} = {} is neither an IP address nor a host name", path,
-                              Show(item)),
+                  fmt::format("{} = {} is neither an IP address nor a host name", path, Show(item)),
                   "write an address like \"10.10.10.16\" or a host name like \"gpu-01\"");
       ok = false;
       continue;
     }
     if (auto it = seen.find(*host); it != seen.end()) {
       diags.Error(LocOf(item), path,
-                  fmt::format("host {} is listed twice in cluster.nodes (nodes {} and {})",
-                              Show(item), it->second.first, i),
+                  fmt::format("host {} is listed twice in cluster.nodes (nodes {} and {})", Show(item),
+                              it->second.first, i),
                   "each node runs one agent; list every host once");
-      diags.AddNote(it->second.second,
-                    fmt::format("first listed here as node {}", it->second.first));
+      diags.AddNote(it->second.second, fmt::format("first listed here as node {}", it->second.first));
       ok = false;
       continue;
     }
@@ -206,8 +203,7 @@ bool LoadNodeCount(const toml::table& table, TomlReader& reader,
 
 // master_addr must be node 0, which hosts the coordinator: an error when it is another node,
 // a warning when it is none of them (ddprun cannot tell whether it is an address of node 0).
-void CheckMasterAmongNodes(const toml::node& addr_node, const JobSpec::Cluster& c,
-                           Diagnostics& diags) {
+void CheckMasterAmongNodes(const toml::node& addr_node, const JobSpec::Cluster& c, Diagnostics& diags) {
   auto it = std::find(c.nodes.begin(), c.nodes.end(), c.master_addr);
   if (it == c.nodes.begin()) return;
   if (it != c.nodes.end()) {
@@ -222,15 +218,13 @@ void CheckMasterAmongNodes(const toml::node& addr_node, const JobSpec::Cluster& 
     return;
   }
   diags.Warning(LocOf(addr_node), "cluster.master_addr",
-                fmt::format("cluster.master_addr = \"{}\" is not one of cluster.nodes",
-                            c.master_addr),
+                fmt::format("cluster.master_addr = \"{}\" is not one of cluster.nodes", c.master_addr),
                 fmt::format("it must be an address of node 0 (\"{}\"), where the coordinator "
                             "listens; ddprun cannot check that",
                             c.nodes.front()));
 }
 
-void LoadMasterAddr(const toml::table& table, TomlReader& reader, bool nodes_ok,
-                    JobSpec::Cluster& c) {
+void LoadMasterAddr(const toml::table& table, TomlReader& reader, bool nodes_ok, JobSpec::Cluster& c) {
   const toml::node* node = reader.Node(&table, "master_addr", "cluster.master_addr");
   if (!node) {
     c.master_addr = nodes_ok ? c.nodes.front() : "127.0.0.1";
@@ -355,8 +349,8 @@ void LoadMinNodes(const toml::table& table, TomlReader& reader, JobSpec::Cluster
   if (!n || c.nnodes <= 0) return;
   if (*n > c.nnodes) {
     reader.diags().Error(LocOf(*node), "cluster.min_nodes",
-                         fmt::format("cluster.min_nodes = {} is more than the job's {} node{}", *n,
-                                     c.nnodes, c.nnodes == 1 ? "" : "s"),
+                         fmt::format("cluster.min_nodes = {} is more than the job's {} node{}", *n, c.nnodes,
+                                     c.nnodes == 1 ? "" : "s"),
                          fmt::format("min_nodes is the fewest nodes a round may run with: at most "
                                      "{}; remove it to need every node in every round",
                                      c.nnodes));
@@ -367,8 +361,8 @@ void LoadMinNodes(const toml::table& table, TomlReader& reader, JobSpec::Cluster
 
 }  // namespace
 
-ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
-                         const JobSpec::Trainer& trainer, const TrainerFacts& trainer_facts,
+ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader, const JobSpec::Trainer& trainer,
+                         const TrainerFacts& trainer_facts,
                          const std::function<Result<std::vector<std::string>>()>& slurm_hosts,
                          JobSpec::Cluster& cluster) {
   ClusterFacts facts;

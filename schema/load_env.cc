@@ -23,8 +23,7 @@ std::string OwnedNameHint(const std::string& name) {
     std::string key = name.substr(11);
     std::transform(key.begin(), key.end(), key.begin(),
                    [](char c) { return static_cast<char>(std::tolower(c)); });
-    return fmt::format("ddprun sets {} from [trainer]; write `{} = ...` under [trainer]", name,
-                       key);
+    return fmt::format("ddprun sets {} from [trainer]; write `{} = ...` under [trainer]", name, key);
   }
   if (name == "MASTER_ADDR") return "ddprun sets MASTER_ADDR from cluster.master_addr";
   if (name == "MASTER_PORT") {
@@ -32,9 +31,10 @@ std::string OwnedNameHint(const std::string& name) {
   }
   if (name == "WORLD_SIZE" || name == "GROUP_WORLD_SIZE" || name == "LOCAL_WORLD_SIZE" ||
       name == "ROLE_WORLD_SIZE") {
-    return fmt::format("ddprun sets {} from cluster.nodes (or nnodes) and "
-                       "cluster.nproc_per_node",
-                       name);
+    return fmt::format(
+        "ddprun sets {} from cluster.nodes (or nnodes) and "
+        "cluster.nproc_per_node",
+        name);
   }
   if (name == "TORCHELASTIC_MAX_RESTARTS") {
     return "ddprun sets TORCHELASTIC_MAX_RESTARTS from restart.max_restarts";
@@ -45,9 +45,10 @@ std::string OwnedNameHint(const std::string& name) {
   if (name.find("RANK") != std::string::npos) {
     return fmt::format("ddprun sets {} per worker from its node rank and local rank", name);
   }
-  return fmt::format("ddprun sets {} per worker and round; see the worker contract in "
-                     "docs/job-file.md",
-                     name);
+  return fmt::format(
+      "ddprun sets {} per worker and round; see the worker contract in "
+      "docs/job-file.md",
+      name);
 }
 
 // Whether `name` may be set at all; reports why not.

@@ -11,8 +11,8 @@ namespace {
 bool IsValidJobName(std::string_view name) {
   return !name.empty() && name.size() <= Key("job.name").max_length &&
          std::all_of(name.begin(), name.end(), [](char c) {
-           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-';
+           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                  c == '_' || c == '-';
          });
 }
 
@@ -66,14 +66,15 @@ void LoadCommand(const toml::node& node, TomlReader& reader, std::vector<std::st
 void LoadCheckMode(const toml::node& node, TomlReader& reader, const std::string& path,
                    const char* what_refuse_does, JobSpec::CodeCheck& out) {
   using Check = JobSpec::CodeCheck;
-  reader.ReadChoice(node, path,
-                    std::array{std::pair{std::string_view("off"), Check::kOff},
-                               std::pair{std::string_view("warn"), Check::kWarn},
-                               std::pair{std::string_view("refuse"), Check::kRefuse}},
-                    fmt::format("\"refuse\" refuses a node whose {} from node 0's; \"warn\" lets it join and says "
-                                "what differs",
-                                what_refuse_does),
-                    out);
+  reader.ReadChoice(
+      node, path,
+      std::array{std::pair{std::string_view("off"), Check::kOff},
+                 std::pair{std::string_view("warn"), Check::kWarn},
+                 std::pair{std::string_view("refuse"), Check::kRefuse}},
+      fmt::format("\"refuse\" refuses a node whose {} from node 0's; \"warn\" lets it join and says "
+                  "what differs",
+                  what_refuse_does),
+      out);
 }
 
 bool IsModuleName(std::string_view name) {
@@ -96,7 +97,8 @@ bool IsModuleName(std::string_view name) {
 void LoadPreload(const toml::node& node, TomlReader& reader, std::vector<std::string>& out) {
   const toml::array* array = node.as_array();
   if (!array) {
-    reader.TypeError(node, "job.preload", "an array of module names", "e.g. preload = [\"torch\", \"lightning\"]");
+    reader.TypeError(node, "job.preload", "an array of module names",
+                     "e.g. preload = [\"torch\", \"lightning\"]");
     return;
   }
   for (size_t i = 0; i < array->size(); ++i) {
@@ -112,8 +114,7 @@ void LoadPreload(const toml::node& node, TomlReader& reader, std::vector<std::st
       continue;
     }
     if (*name == "ddprun" || name->starts_with("ddprun.")) {
-      reader.diags().Error(LocOf(item), "job.preload",
-                           fmt::format("job.preload may not list \"{}\"", *name),
+      reader.diags().Error(LocOf(item), "job.preload", fmt::format("job.preload may not list \"{}\"", *name),
                            "ddprun's module reads each worker's own environment when it is imported; "
                            "the worker imports it itself");
       continue;
@@ -138,8 +139,7 @@ void LoadVersion(const toml::table& root, TomlReader& reader) {
   if (!value) {
     reader.TypeError(*node, "version", "an integer", "write `version = 1`");
   } else if (!Key("version").range->Contains(*value)) {
-    reader.diags().Error(LocOf(*node), "version",
-                         fmt::format("unsupported job file version {}", *value),
+    reader.diags().Error(LocOf(*node), "version", fmt::format("unsupported job file version {}", *value),
                          "this ddprun reads version 1; write `version = 1` or upgrade ddprun");
   }
 }
@@ -148,9 +148,8 @@ void LoadJob(const toml::table& root, TomlReader& reader, JobSpec::Job& job) {
   const toml::table* table = reader.Table(root, "job", "job");
   if (!table) {
     if (!root.get("job")) {
-      reader.diags().Error(
-          {}, "job", "missing required table [job]",
-          "add [job] with name = \"my-job\" and command = [\"python\", \"train.py\"]");
+      reader.diags().Error({}, "job", "missing required table [job]",
+                           "add [job] with name = \"my-job\" and command = [\"python\", \"train.py\"]");
     }
     return;
   }
@@ -170,8 +169,7 @@ void LoadJob(const toml::table& root, TomlReader& reader, JobSpec::Job& job) {
     if (auto dir = reader.String(*node, "job.workdir")) job.workdir = *dir;
   }
   if (const toml::node* node = reader.Node(table, "code_check", "job.code_check")) {
-    LoadCheckMode(*node, reader, "job.code_check", "script or git commit differs",
-                  job.code_check);
+    LoadCheckMode(*node, reader, "job.code_check", "script or git commit differs", job.code_check);
   }
   if (const toml::node* node = reader.Node(table, "library_check", "job.library_check")) {
     LoadCheckMode(*node, reader, "job.library_check",

@@ -9,8 +9,7 @@ namespace ddprun {
 namespace {
 
 // logs.console as a list of global ranks, each below the world size and listed once.
-void LoadConsoleRanks(const toml::array& array, TomlReader& reader, int world_size,
-                      ConsoleFilter& console) {
+void LoadConsoleRanks(const toml::array& array, TomlReader& reader, int world_size, ConsoleFilter& console) {
   const IntRange any_job = *Key("logs.console").item_range;
   const IntRange range = world_size > 0 ? any_job.Below(world_size - 1) : any_job;
   std::vector<int> ranks;
@@ -25,8 +24,7 @@ void LoadConsoleRanks(const toml::array& array, TomlReader& reader, int world_si
       continue;
     }
     if (std::find(ranks.begin(), ranks.end(), *rank) != ranks.end()) {
-      reader.diags().Error(LocOf(item), path,
-                           fmt::format("rank {} is listed twice in logs.console", *rank));
+      reader.diags().Error(LocOf(item), path, fmt::format("rank {} is listed twice in logs.console", *rank));
       ok = false;
       continue;
     }
@@ -38,8 +36,7 @@ void LoadConsoleRanks(const toml::array& array, TomlReader& reader, int world_si
   console.ranks = std::move(ranks);
 }
 
-void LoadConsole(const toml::node& node, TomlReader& reader, int world_size,
-                 ConsoleFilter& console) {
+void LoadConsole(const toml::node& node, TomlReader& reader, int world_size, ConsoleFilter& console) {
   const std::string hint = "write \"all\", \"none\" or a list of global ranks, e.g. [0]";
   if (auto s = node.value_exact<std::string>()) {
     if (*s == "all") {
@@ -48,8 +45,7 @@ void LoadConsole(const toml::node& node, TomlReader& reader, int world_size,
       console.mode = ConsoleFilter::Mode::kNone;
     } else {
       reader.diags().Error(LocOf(node), "logs.console",
-                           fmt::format("logs.console = {} is not a console filter", Show(node)),
-                           hint);
+                           fmt::format("logs.console = {} is not a console filter", Show(node)), hint);
     }
     return;
   }

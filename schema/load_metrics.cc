@@ -71,11 +71,9 @@ void LoadListen(const toml::node& node, TomlReader& reader, const JobSpec::Clust
   const std::string shown = Show(node);
   const auto parts = SplitListen(*text);
   if (!parts) {
-    diags.Error(loc, std::string(kPath),
-                fmt::format("metrics.listen = {} is not ADDR:PORT", shown),
-                text->find(':') != text->rfind(':')
-                    ? "an IPv6 address goes in brackets: \"[::]:9400\""
-                    : std::string(kListenHint));
+    diags.Error(loc, std::string(kPath), fmt::format("metrics.listen = {} is not ADDR:PORT", shown),
+                text->find(':') != text->rfind(':') ? "an IPv6 address goes in brackets: \"[::]:9400\""
+                                                    : std::string(kListenHint));
     return;
   }
   const IntRange range = *Key("cluster.master_port").range;
@@ -88,18 +86,18 @@ void LoadListen(const toml::node& node, TomlReader& reader, const JobSpec::Clust
   }
   if (!range.Contains(*port)) {
     diags.Error(loc, std::string(kPath),
-                fmt::format("metrics.listen = {}: port {} is out of range ({}..{})", shown, *port,
-                            range.min, range.max));
+                fmt::format("metrics.listen = {}: port {} is out of range ({}..{})", shown, *port, range.min,
+                            range.max));
     return;
   }
   const bool own_node = parts->addr == JobSpec::Metrics::kOwnNodeAddress;
   const AddressKind kind = own_node ? AddressKind::kWildcard : KindOf(parts->addr, text->starts_with('['));
   if (kind == AddressKind::kNotAnAddress) {
-    diags.Error(loc, std::string(kPath),
-                fmt::format("metrics.listen = {}: \"{}\" is neither an IP address nor \"*\"", shown,
-                            parts->addr),
-                "every node reads this address: write \"0.0.0.0\" (every interface), \"127.0.0.1\" "
-                "(this host only) or \"*\" (each node's own entry of cluster.nodes)");
+    diags.Error(
+        loc, std::string(kPath),
+        fmt::format("metrics.listen = {}: \"{}\" is neither an IP address nor \"*\"", shown, parts->addr),
+        "every node reads this address: write \"0.0.0.0\" (every interface), \"127.0.0.1\" "
+        "(this host only) or \"*\" (each node's own entry of cluster.nodes)");
     return;
   }
   if (own_node && cluster.nodes.empty()) {
@@ -115,8 +113,8 @@ void LoadListen(const toml::node& node, TomlReader& reader, const JobSpec::Clust
   if (*port == cluster.master_port || (cluster.store_port && *port == *cluster.store_port)) {
     const bool master = *port == cluster.master_port;
     diags.Error(loc, std::string(kPath),
-                fmt::format("metrics.listen = {}: port {} is cluster.{}, where {} listens", shown,
-                            *port, master ? "master_port" : "store_port",
+                fmt::format("metrics.listen = {}: port {} is cluster.{}, where {} listens", shown, *port,
+                            master ? "master_port" : "store_port",
                             master ? "node 0's coordinator" : "worker rank 0's store"),
                 "metrics need a port of their own");
     return;
@@ -169,9 +167,10 @@ void LoadMetrics(const toml::table& root, TomlReader& reader, const JobSpec::Clu
       if (*ports == "per-node") {
         metrics.port_per_node = true;
       } else if (*ports != "same") {
-        reader.diags().Error(LocOf(*node), "metrics.ports",
-                             fmt::format("metrics.ports = {} is neither \"same\" nor \"per-node\"", Show(*node)),
-                             "\"per-node\": node k listens on the port + k");
+        reader.diags().Error(
+            LocOf(*node), "metrics.ports",
+            fmt::format("metrics.ports = {} is neither \"same\" nor \"per-node\"", Show(*node)),
+            "\"per-node\": node k listens on the port + k");
       }
     }
   }

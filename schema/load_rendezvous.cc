@@ -154,8 +154,7 @@ void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::
                 "e.g. endpoints = [\"http://10.0.0.1:2379\", \"http://10.0.0.2:2379\", "
                 "\"http://10.0.0.3:2379\"]");
   }
-  if (cluster.nnodes > 0 && (cluster.nodes.empty() ||
-                             (cluster.spares > 0 && cluster.spare_hosts.empty()))) {
+  if (cluster.nnodes > 0 && (cluster.nodes.empty() || (cluster.spares > 0 && cluster.spare_hosts.empty()))) {
     diags.Error(at, "rendezvous.backend",
                 fmt::format("rendezvous.backend = \"etcd\" needs every agent's host: {}",
                             cluster.nodes.empty() ? "cluster.nodes is not listed"
@@ -164,18 +163,20 @@ void LoadRendezvous(const toml::table& root, TomlReader& reader, const JobSpec::
                 "its host's address: list the hosts in cluster.nodes (and cluster.spares)");
   }
   if (!rendezvous.cert_file.empty() != !rendezvous.key_file.empty()) {
-    diags.Error(reader.LocationOf(rendezvous.cert_file.empty() ? "rendezvous.key_file" : "rendezvous.cert_file"),
-                rendezvous.cert_file.empty() ? "rendezvous.key_file" : "rendezvous.cert_file",
-                "rendezvous.cert_file and rendezvous.key_file go together",
-                "give both (a client certificate and its key), or neither");
+    diags.Error(
+        reader.LocationOf(rendezvous.cert_file.empty() ? "rendezvous.key_file" : "rendezvous.cert_file"),
+        rendezvous.cert_file.empty() ? "rendezvous.key_file" : "rendezvous.cert_file",
+        "rendezvous.cert_file and rendezvous.key_file go together",
+        "give both (a client certificate and its key), or neither");
   }
   const bool any_https = std::any_of(rendezvous.endpoints.begin(), rendezvous.endpoints.end(),
                                      [](const std::string& url) { return url.starts_with("https://"); });
   if (!any_https && (!rendezvous.ca_file.empty() || !rendezvous.cert_file.empty())) {
-    diags.Warning(reader.LocationOf(rendezvous.ca_file.empty() ? "rendezvous.cert_file" : "rendezvous.ca_file"),
-                  rendezvous.ca_file.empty() ? "rendezvous.cert_file" : "rendezvous.ca_file",
-                  "TLS files are unused: no endpoint is https://",
-                  "write the endpoints as https://HOST:PORT to talk to etcd over TLS");
+    diags.Warning(
+        reader.LocationOf(rendezvous.ca_file.empty() ? "rendezvous.cert_file" : "rendezvous.ca_file"),
+        rendezvous.ca_file.empty() ? "rendezvous.cert_file" : "rendezvous.ca_file",
+        "TLS files are unused: no endpoint is https://",
+        "write the endpoints as https://HOST:PORT to talk to etcd over TLS");
   }
   const SourceLoc lease_at = lease_node ? LocOf(*lease_node) : at;
   if (rendezvous.lease < Seconds(5)) {

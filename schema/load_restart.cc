@@ -11,8 +11,8 @@
 namespace ddprun {
 namespace {
 
-constexpr std::array<std::string_view, 6> kKindWords = {"oom", "nccl", "hang", "lost-node",
-                                                        "lost-peer", "stall"};
+constexpr std::array<std::string_view, 6> kKindWords = {"oom",       "nccl",      "hang",
+                                                        "lost-node", "lost-peer", "stall"};
 
 bool IsIdentifier(std::string_view s) {
   if (s.empty()) return false;
@@ -61,8 +61,7 @@ void ReadNeverOn(const toml::table& table, TomlReader& reader, std::vector<std::
   if (!node) return;
   const toml::array* items = node->as_array();
   if (!items) {
-    reader.diags().Error(LocOf(*node), "restart.never_on",
-                         "restart.never_on must be an array of strings",
+    reader.diags().Error(LocOf(*node), "restart.never_on", "restart.never_on must be an array of strings",
                          "e.g. never_on = [\"SyntaxError\", \"ModuleNotFoundError\", \"exit:2\"]");
     return;
   }
@@ -75,8 +74,7 @@ void ReadNeverOn(const toml::table& table, TomlReader& reader, std::vector<std::
     }
     if (auto problem = RuleProblem(*text)) {
       reader.diags().Error(LocOf(item), "restart.never_on",
-                           fmt::format("restart.never_on: \"{}\" names no kind of failure", *text),
-                           *problem);
+                           fmt::format("restart.never_on: \"{}\" names no kind of failure", *text), *problem);
       continue;
     }
     if (std::find(never_on.begin(), never_on.end(), *text) != never_on.end()) {

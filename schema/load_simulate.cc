@@ -12,8 +12,7 @@ namespace {
 constexpr std::string_view kMissingAtHint = "e.g. at = \"40m\" (virtual time since the start)";
 
 // `kind`: the fault's kind, or nullptr when it is missing or unknown (reported).
-const FaultKindSpec* LoadFaultKind(const toml::table& table, const std::string& prefix,
-                                   TomlReader& reader) {
+const FaultKindSpec* LoadFaultKind(const toml::table& table, const std::string& prefix, TomlReader& reader) {
   const toml::node* node = reader.Node(&table, "kind", prefix + ".kind");
   if (!node) {
     reader.Missing(&table, prefix + ".kind", "e.g. kind = \"node-crash\"");
@@ -22,16 +21,14 @@ const FaultKindSpec* LoadFaultKind(const toml::table& table, const std::string& 
   auto name = reader.String(*node, prefix + ".kind");
   if (!name) return nullptr;
   if (auto kind = ParseFaultKind(*name)) return &FaultKindSpecOf(*kind);
-  reader.diags().Error(LocOf(*node), prefix + ".kind",
-                       fmt::format("unknown fault kind {}", Show(*node)),
+  reader.diags().Error(LocOf(*node), prefix + ".kind", fmt::format("unknown fault kind {}", Show(*node)),
                        fmt::format("known kinds: {}", KnownFaultKinds()));
   return nullptr;
 }
 
 // The value of fault key `key` as the table types it, in range for the job.
 std::optional<FaultValue> LoadFaultValue(const toml::node& node, const std::string& path,
-                                         std::string_view key, FaultBounds bounds,
-                                         TomlReader& reader) {
+                                         std::string_view key, FaultBounds bounds, TomlReader& reader) {
   const IntRange range = FaultKeyRange(key, bounds);
   switch (Key(Dotted("simulate.faults", key)).type) {
     case KeyType::kInteger:
@@ -65,8 +62,8 @@ std::optional<FaultValue> LoadFaultValue(const toml::node& node, const std::stri
 }
 
 // One [[simulate.faults]] table; nullopt when anything in it is wrong (all of it reported).
-std::optional<FaultSpec> LoadFault(const toml::table& table, const std::string& prefix,
-                                   FaultBounds bounds, TomlReader& reader) {
+std::optional<FaultSpec> LoadFault(const toml::table& table, const std::string& prefix, FaultBounds bounds,
+                                   TomlReader& reader) {
   reader.CheckKeys(table, SectionNamed("simulate.faults"), prefix);
   FaultSpec fault;
   const FaultKindSpec* kind = LoadFaultKind(table, prefix, reader);
@@ -91,8 +88,7 @@ std::optional<FaultSpec> LoadFault(const toml::table& table, const std::string& 
     if (use == FaultKeyUse::kUnknown) continue;  // CheckKeys reported it
     if (use == FaultKeyUse::kNotForKind) {
       reader.diags().Error(LocOf(key.source()), path,
-                           fmt::format("{} does not apply to a fault of kind \"{}\"", path,
-                                       kind->name),
+                           fmt::format("{} does not apply to a fault of kind \"{}\"", path, kind->name),
                            FaultKeysHint(*kind));
       ok = false;
       continue;
@@ -105,8 +101,7 @@ std::optional<FaultSpec> LoadFault(const toml::table& table, const std::string& 
   }
   if (ok && std::find(fault.peers.begin(), fault.peers.end(), fault.node) != fault.peers.end()) {
     reader.diags().Error(reader.LocationOf(prefix + ".peers"), prefix + ".peers",
-                         fmt::format("{}.peers contains node {}, the node it cuts off", prefix,
-                                     fault.node));
+                         fmt::format("{}.peers contains node {}, the node it cuts off", prefix, fault.node));
     ok = false;
   }
   if (!ok) return std::nullopt;
@@ -136,8 +131,7 @@ void LoadFaults(const toml::node& faults, TomlReader& reader, FaultBounds bounds
 
 }  // namespace
 
-void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bounds,
-                  JobSpec::Simulate& s) {
+void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bounds, JobSpec::Simulate& s) {
   const toml::table* table = reader.Table(root, "simulate", "simulate");
   if (!table) return;
   reader.CheckKeys(*table, SectionNamed("simulate"), "simulate");
@@ -173,8 +167,8 @@ void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bound
     const std::string path = Dotted("simulate", key);
     const toml::node* node = reader.Node(table, key, path);
     if (!node) continue;
-    auto d = key == "worker_startup" ? reader.DurationValue(*node, path)
-                                     : reader.PositiveDuration(*node, path);
+    auto d =
+        key == "worker_startup" ? reader.DurationValue(*node, path) : reader.PositiveDuration(*node, path);
     if (!d) continue;
     if (key == "checkpoint_every") s.checkpoint_every = *d;
     if (key == "worker_startup") s.worker_startup = *d;
@@ -183,13 +177,14 @@ void LoadSimulate(const toml::table& root, TomlReader& reader, FaultBounds bound
   }
   if (const toml::node* node = reader.Node(table, "sigterm", "simulate.sigterm")) {
     using Sigterm = JobSpec::Simulate::Sigterm;
-    reader.ReadChoice(*node, "simulate.sigterm",
-                      std::array{std::pair{std::string_view("auto"), Sigterm::kAuto},
-                                 std::pair{std::string_view("exits"), Sigterm::kExits},
-                                 std::pair{std::string_view("ignored"), Sigterm::kIgnored}},
-                      "\"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM handler only "
-                      "sets a flag)",
-                      s.sigterm);
+    reader.ReadChoice(
+        *node, "simulate.sigterm",
+        std::array{std::pair{std::string_view("auto"), Sigterm::kAuto},
+                   std::pair{std::string_view("exits"), Sigterm::kExits},
+                   std::pair{std::string_view("ignored"), Sigterm::kIgnored}},
+        "\"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM handler only "
+        "sets a flag)",
+        s.sigterm);
   }
   if (const toml::node* faults = reader.Node(table, "faults", "simulate.faults")) {
     LoadFaults(*faults, reader, bounds, s.faults);

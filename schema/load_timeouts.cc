@@ -16,9 +16,10 @@ std::string HeartbeatHint(Duration heartbeat, Duration rendezvous) {
     return fmt::format("make 3 x heartbeat shorter than rendezvous, e.g. rendezvous = \"{}\"",
                        FormatDuration(wait));
   }
-  return fmt::format("make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"{}\", or "
-                     "rendezvous = \"{}\"",
-                     FormatDuration(beat), FormatDuration(std::max<Duration>(wait, Seconds(1))));
+  return fmt::format(
+      "make 3 x heartbeat shorter than rendezvous: e.g. heartbeat = \"{}\", or "
+      "rendezvous = \"{}\"",
+      FormatDuration(beat), FormatDuration(std::max<Duration>(wait, Seconds(1))));
 }
 
 // Both timeouts positive, and a node declared lost (3 missed beats) well before rendezvous.
@@ -111,22 +112,19 @@ void LoadTimeouts(const toml::table& root, TomlReader& reader, JobSpec::Timeouts
 // The warning points at what the user wrote: at `key` when it is in the file, else at
 // rendezvous, naming `key`'s default, so that nobody is warned about a setting they never
 // made without being told which one to change.
-void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts,
-                         const std::string& key, Duration value, std::string_view relation,
-                         std::string_view why) {
+void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts, const std::string& key,
+                         Duration value, std::string_view relation, std::string_view why) {
   const SourceLoc key_loc = reader.LocationOf(key);
   if (key_loc.line != 0) {
     reader.diags().Warning(key_loc, key,
-                           fmt::format("{} = {} {} timeouts.rendezvous = {}", key,
-                                       FormatDuration(value), relation,
-                                       FormatDuration(timeouts.rendezvous)),
+                           fmt::format("{} = {} {} timeouts.rendezvous = {}", key, FormatDuration(value),
+                                       relation, FormatDuration(timeouts.rendezvous)),
                            std::string(why));
     return;
   }
   reader.diags().Warning(reader.LocationOf("timeouts.rendezvous"), "timeouts.rendezvous",
                          fmt::format("the default {} = {} {} timeouts.rendezvous = {}", key,
-                                     FormatDuration(value), relation,
-                                     FormatDuration(timeouts.rendezvous)),
+                                     FormatDuration(value), relation, FormatDuration(timeouts.rendezvous)),
                          fmt::format("{}; set {} shorter, or rendezvous longer", why, key));
 }
 
@@ -139,8 +137,8 @@ void LoadStragglers(const toml::table& root, TomlReader& reader, JobSpec::Stragg
   if (!table) return;
   reader.CheckKeys(*table, SectionNamed("stragglers"), "stragglers");
   if (const toml::node* node = reader.Node(table, "slower_percent", "stragglers.slower_percent")) {
-    if (auto n = reader.Integer(*node, "stragglers.slower_percent",
-                                *Key("stragglers.slower_percent").range)) {
+    if (auto n =
+            reader.Integer(*node, "stragglers.slower_percent", *Key("stragglers.slower_percent").range)) {
       stragglers.slower_percent = static_cast<int>(*n);
     }
   }

@@ -14,14 +14,12 @@ namespace {
 
 bool IsValidTrainerKey(std::string_view key) {
   if (key.empty() || key.size() > 64 || (key[0] >= '0' && key[0] <= '9')) return false;
-  return std::all_of(key.begin(), key.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-  });
+  return std::all_of(key.begin(), key.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
 
 std::string UpperCase(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](char c) { return static_cast<char>(std::toupper(c)); });
+  std::transform(s.begin(), s.end(), s.begin(), [](char c) { return static_cast<char>(std::toupper(c)); });
   return s;
 }
 
@@ -50,8 +48,8 @@ std::optional<TrainerValue> TrainerValueOf(const toml::node& node, const std::st
   if (auto s = node.value_exact<std::string>()) return TrainerValue{*s};
   if (const toml::array* array = node.as_array()) {
     // A list of integers keeps its own spelling (device ids).
-    const bool all_ints = std::all_of(array->begin(), array->end(),
-                                      [](const toml::node& item) { return item.is_integer(); });
+    const bool all_ints =
+        std::all_of(array->begin(), array->end(), [](const toml::node& item) { return item.is_integer(); });
     if (all_ints) {
       std::vector<int64_t> ints;
       for (const toml::node& item : *array) ints.push_back(*item.value_exact<int64_t>());
@@ -96,8 +94,7 @@ bool RenderComposite(const toml::node& node, const std::string& path, TomlReader
     out.canonical = "[";
     for (size_t i = 0; i < array->size(); ++i) {
       std::string python, canonical;
-      if (!RenderItem(*array->get(i), fmt::format("{}[{}]", path, i), reader, python,
-                      canonical)) {
+      if (!RenderItem(*array->get(i), fmt::format("{}[{}]", path, i), reader, python, canonical)) {
         ok = false;
         continue;
       }
@@ -180,8 +177,9 @@ void LoadDevices(const toml::node& node, TomlReader& reader, JobSpec::Trainer& t
   const IntRange count_range = *Key(path).range;
   const SourceLoc loc = LocOf(node);
   Diagnostics& diags = reader.diags();
-  const std::string explicit_hint = "ddprun starts one process per device and must know "
-                                    "how many: set an explicit count, e.g. devices = 8";
+  const std::string explicit_hint =
+      "ddprun starts one process per device and must know "
+      "how many: set an explicit count, e.g. devices = 8";
   if (auto s = node.value_exact<std::string>()) {
     if (*s == "auto") {
       diags.Error(loc, path, "trainer.devices = \"auto\" is not supported", explicit_hint);
@@ -193,13 +191,13 @@ void LoadDevices(const toml::node& node, TomlReader& reader, JobSpec::Trainer& t
   }
   if (auto n = node.value_exact<int64_t>()) {
     if (*n == -1) {
-      diags.Error(loc, path, "trainer.devices = -1 (all devices) is not supported",
-                  explicit_hint);
+      diags.Error(loc, path, "trainer.devices = -1 (all devices) is not supported", explicit_hint);
       return;
     }
     if (!count_range.Contains(*n)) {
-      diags.Error(loc, path, fmt::format("trainer.devices = {} is out of range ({}..{})", *n,
-                                         count_range.min, count_range.max));
+      diags.Error(
+          loc, path,
+          fmt::format("trainer.devices = {} is out of range ({}..{})", *n, count_range.min, count_range.max));
       return;
     }
     trainer.devices = static_cast<int>(*n);
@@ -220,8 +218,7 @@ bool CheckNumNodes(const toml::node& node, const TrainerValue& value, TomlReader
   auto* n = std::get_if<int64_t>(&value.value);
   if (!n || !Key(path).range->Contains(*n)) {
     reader.diags().Error(LocOf(node), path,
-                         fmt::format("trainer.num_nodes must be a positive integer, not {}",
-                                     Show(node)),
+                         fmt::format("trainer.num_nodes must be a positive integer, not {}", Show(node)),
                          "Lightning requires num_nodes >= 1");
     return false;
   }
@@ -258,34 +255,30 @@ bool CheckAccelerator(const toml::node& node, const TrainerValue& value, TomlRea
   known.push_back("tpu");
   std::string hint = "use \"gpu\", \"cuda\", \"cpu\" or \"auto\"";
   if (auto close = ClosestName(*name, known)) hint = fmt::format("did you mean \"{}\"?", *close);
-  diags.Error(LocOf(node), path, fmt::format("unknown accelerator {}", Show(node)),
-              std::move(hint));
+  diags.Error(LocOf(node), path, fmt::format("unknown accelerator {}", Show(node)), std::move(hint));
   return false;
 }
 
 // A strategy that starts its own processes or runs in one: the message and hint, or nullopt.
 std::optional<std::pair<std::string, std::string>> RefusedStrategy(const std::string& name,
                                                                    const toml::node& node) {
-  if (name.starts_with("ddp_spawn") || name.starts_with("ddp_fork") ||
-      name.starts_with("ddp_notebook")) {
+  if (name.starts_with("ddp_spawn") || name.starts_with("ddp_fork") || name.starts_with("ddp_notebook")) {
     std::string suggestion = "ddp";
     if (name.ends_with("_find_unused_parameters_true")) {
       suggestion = "ddp_find_unused_parameters_true";
     } else if (name.ends_with("_find_unused_parameters_false")) {
       suggestion = "ddp_find_unused_parameters_false";
     }
-    return std::pair(
-        fmt::format("trainer.strategy = {} starts its own worker processes", Show(node)),
-        fmt::format("ddprun starts one process per device; use strategy = \"{}\"", suggestion));
+    return std::pair(fmt::format("trainer.strategy = {} starts its own worker processes", Show(node)),
+                     fmt::format("ddprun starts one process per device; use strategy = \"{}\"", suggestion));
   }
   if (name == "dp") {
     return std::pair(std::string("trainer.strategy = \"dp\" runs in a single process on one node"),
                      std::string("use strategy = \"ddp\" for multi-node training"));
   }
   if (name == "single_device" || name == "xla" || name == "single_xla" || name == "xla_fsdp") {
-    return std::pair(
-        fmt::format("trainer.strategy = {} cannot run under a DDP launcher", Show(node)),
-        std::string("use strategy = \"ddp\""));
+    return std::pair(fmt::format("trainer.strategy = {} cannot run under a DDP launcher", Show(node)),
+                     std::string("use strategy = \"ddp\""));
   }
   return std::nullopt;
 }
@@ -306,8 +299,9 @@ bool CheckStrategy(const toml::node& node, const TrainerValue& value, TomlReader
     reader.diags().Error(loc, path, refused->first, refused->second);
     return false;
   }
-  std::string hint = "ddprun knows ddp, ddp_find_unused_parameters_true/false, fsdp and "
-                     "deepspeed; a custom strategy must initialise from the environment";
+  std::string hint =
+      "ddprun knows ddp, ddp_find_unused_parameters_true/false, fsdp and "
+      "deepspeed; a custom strategy must initialise from the environment";
   if (auto close = ClosestName(*name, known)) hint = fmt::format("did you mean \"{}\"?", *close);
   reader.diags().Warning(loc, path,
                          fmt::format("unknown strategy {}: ddprun cannot tell whether it works "
@@ -319,8 +313,7 @@ bool CheckStrategy(const toml::node& node, const TrainerValue& value, TomlReader
 
 // The checks of a key that is not a Lightning argument name (an error) or not one Lightning
 // knows (a warning: Lightning ignores it). False when the key is refused.
-bool CheckTrainerKey(const std::string& key, SourceLoc loc, const std::string& path,
-                     Diagnostics& diags) {
+bool CheckTrainerKey(const std::string& key, SourceLoc loc, const std::string& path, Diagnostics& diags) {
   if (!IsValidTrainerKey(key)) {
     diags.Error(loc, ShownName(path), fmt::format("`{}` is not a valid [trainer] key", ShownName(key)),
                 "Lightning's Trainer arguments are lower-case names like max_epochs");

@@ -24,13 +24,15 @@ namespace {
 // - every section before CheckAcrossSections, which compares [trainer] with [cluster] and
 //   [restart] with [timeouts] once both sides hold their final values.
 // Diagnostics are printed sorted by position, so this order does not show in the output.
-void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnostics, const LoadContext& context) {
+void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnostics,
+                  const LoadContext& context) {
   TomlReader reader(diagnostics, spec.locations);
   reader.CheckKeys(root, SectionNamed(""), "");
   LoadVersion(root, reader);
   LoadJob(root, reader, spec.job);
   const TrainerFacts trainer = LoadTrainer(root, reader, spec.trainer);
-  const ClusterFacts cluster = LoadCluster(root, reader, spec.trainer, trainer, context.slurm_hosts, spec.cluster);
+  const ClusterFacts cluster =
+      LoadCluster(root, reader, spec.trainer, trainer, context.slurm_hosts, spec.cluster);
   LoadRestart(root, reader, spec.restart);
   LoadTimeouts(root, reader, spec.timeouts);
   LoadRendezvous(root, reader, spec.cluster, spec.timeouts, spec.rendezvous);
@@ -38,7 +40,8 @@ void LoadSections(const toml::table& root, JobSpec& spec, Diagnostics& diagnosti
   LoadQuarantine(root, reader, spec.quarantine);
   LoadLogs(root, reader, spec.WorldSize(), spec.logs);
   LoadMetrics(root, reader, spec.cluster, spec.metrics);
-  LoadSimulate(root, reader, FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node, spec.cluster.spares},
+  LoadSimulate(root, reader,
+               FaultBounds{spec.cluster.nnodes, spec.cluster.nproc_per_node, spec.cluster.spares},
                spec.simulate);
   CheckAcrossSections(spec, trainer, cluster, reader);
 }
@@ -56,8 +59,7 @@ LoadResult ParseJobText(std::string_view text, std::string_view source_name, con
     root = toml::parse(text, source_name);
   } catch (const toml::parse_error& error) {
     std::string description(error.description());
-    result.diagnostics.Error(LocOf(error.source()), "",
-                             fmt::format("invalid TOML: {}", description));
+    result.diagnostics.Error(LocOf(error.source()), "", fmt::format("invalid TOML: {}", description));
     return result;
   } catch (const std::exception& error) {
     result.diagnostics.Error({}, "", fmt::format("cannot parse the job file: {}", error.what()));
@@ -111,8 +113,8 @@ std::vector<std::string> ResizeCluster(JobSpec& spec, int nnodes) {
     const int64_t scaled = (static_cast<int64_t>(c.min_nodes) * nnodes + before - 1) / before;
     const int min_nodes = static_cast<int>(std::clamp<int64_t>(scaled, 1, nnodes));
     if (min_nodes != c.min_nodes) {
-      changed.push_back(fmt::format("cluster.min_nodes = {} of {} nodes becomes {} of {}",
-                                    c.min_nodes, before, min_nodes, nnodes));
+      changed.push_back(fmt::format("cluster.min_nodes = {} of {} nodes becomes {} of {}", c.min_nodes,
+                                    before, min_nodes, nnodes));
     }
     c.min_nodes = min_nodes;
   } else {

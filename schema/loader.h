@@ -8,11 +8,11 @@
 #include <string_view>
 #include <vector>
 
+#include <functional>
 #include "schema/diagnostics.h"
 #include "schema/ephemeral_ports.h"
 #include "schema/faults.h"
 #include "schema/job_spec.h"
-#include <functional>
 
 #include "base/result.h"
 #include "schema/keys.h"
@@ -20,9 +20,9 @@
 namespace ddprun {
 
 struct LoadResult {
-  std::optional<JobSpec> spec;   // set when there is no error (warnings allowed)
+  std::optional<JobSpec> spec;  // set when there is no error (warnings allowed)
   Diagnostics diagnostics;
-  std::string source_text;       // what was read, for rendering the diagnostics
+  std::string source_text;  // what was read, for rendering the diagnostics
 };
 
 /// What the loader is told about the machine it runs on (it reads nothing itself).

@@ -19,13 +19,12 @@ namespace {
 constexpr std::string_view kSlurmMasterPlaceholder = "<node 0's host in the allocation>";
 
 std::string ShownMasterAddr(const JobSpec& spec) {
-  if (spec.cluster.hosts_from_slurm && spec.cluster.nodes.empty()) return std::string(kSlurmMasterPlaceholder);
+  if (spec.cluster.hosts_from_slurm && spec.cluster.nodes.empty())
+    return std::string(kSlurmMasterPlaceholder);
   return spec.cluster.master_addr;
 }
 
-
 using Json = nlohmann::ordered_json;
-
 
 bool IsGpuJob(const JobSpec& spec) {
   return spec.trainer.accelerator == "gpu" || spec.trainer.accelerator == "cuda";
@@ -70,7 +69,8 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::strin
   if (spec.rendezvous.Etcd()) {
     // torchrun's own etcd rendezvous: it assigns the node ranks, and rank 0 may be anywhere.
     std::string endpoint = spec.rendezvous.endpoints.empty() ? "" : spec.rendezvous.endpoints.front();
-    if (const size_t scheme = endpoint.find("://"); scheme != std::string::npos) endpoint.erase(0, scheme + 3);
+    if (const size_t scheme = endpoint.find("://"); scheme != std::string::npos)
+      endpoint.erase(0, scheme + 3);
     if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
     words.push_back("--rdzv_backend=etcd-v2");
     words.push_back(fmt::format("--rdzv_endpoint={}", endpoint));
@@ -83,8 +83,7 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::strin
   words.push_back(fmt::format("--rdzv_id={}", run_id));
   const auto& command = spec.job.command;
   size_t first = 0;
-  if (!command.empty() && (command[0] == "python" || command[0] == "python3") &&
-      command.size() >= 2) {
+  if (!command.empty() && (command[0] == "python" || command[0] == "python3") && command.size() >= 2) {
     if (command[1] == "-m" && command.size() >= 3) {
       words.push_back("-m");
       first = 2;
@@ -112,10 +111,9 @@ std::string TorchrunCommand(const JobSpec& spec, int node_rank, const std::strin
     if (i > 0) line += ' ';
     // VAR=value prefixes: quote the value only, so the shell still sees an assignment.
     const size_t eq = words[i].find('=');
-    const bool assignment = i < spec.job.env.size() + spec.trainer.settings.size() &&
-                            eq != std::string::npos;
-    line += assignment ? words[i].substr(0, eq + 1) + ShellQuote(words[i].substr(eq + 1))
-                       : ShellQuote(words[i]);
+    const bool assignment = i < spec.job.env.size() + spec.trainer.settings.size() && eq != std::string::npos;
+    line +=
+        assignment ? words[i].substr(0, eq + 1) + ShellQuote(words[i].substr(eq + 1)) : ShellQuote(words[i]);
   }
   return line;
 }
@@ -168,12 +166,13 @@ std::string ValueOf(const EnvList& env, const std::string& name) {
 }  // namespace
 
 std::string DescribeCodeFields(const JobSpec::Code& code) {
-  std::string text =
-      code.script.empty()
-          ? fmt::format("nothing to hash ({})", code.what.empty() ? "no file named in job.command" : code.what)
-          : fmt::format("{} sha256 {}{}", code.script,
-                        code.script_sha256.empty() ? std::string("(not read)") : code.script_sha256.substr(0, 12),
-                        code.what.empty() ? std::string() : " (" + code.what + ")");
+  std::string text = code.script.empty()
+                         ? fmt::format("nothing to hash ({})",
+                                       code.what.empty() ? "no file named in job.command" : code.what)
+                         : fmt::format("{} sha256 {}{}", code.script,
+                                       code.script_sha256.empty() ? std::string("(not read)")
+                                                                  : code.script_sha256.substr(0, 12),
+                                       code.what.empty() ? std::string() : " (" + code.what + ")");
   text += code.git_commit.empty()
               ? ", workdir not in a git repository"
               : fmt::format(", git {}{}", code.git_commit.substr(0, 12), code.git_dirty ? " (dirty)" : "");
@@ -184,8 +183,9 @@ std::string DescribeLibraries(const JobSpec::Libraries& libraries) {
   auto shown = [](const std::string& version) { return version.empty() ? std::string("-") : version; };
   std::string text = fmt::format(
       "python {}{}, torch {}, lightning {}, pytorch_lightning {}, nccl {}, cuda {}", shown(libraries.python),
-      libraries.interpreter.empty() ? std::string() : " (" + libraries.interpreter + ")", shown(libraries.torch),
-      shown(libraries.lightning), shown(libraries.pytorch_lightning), shown(libraries.nccl), shown(libraries.cuda));
+      libraries.interpreter.empty() ? std::string() : " (" + libraries.interpreter + ")",
+      shown(libraries.torch), shown(libraries.lightning), shown(libraries.pytorch_lightning),
+      shown(libraries.nccl), shown(libraries.cuda));
   if (!libraries.note.empty()) text += " (" + libraries.note + ")";
   return text;
 }
@@ -224,9 +224,8 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       rank.local_rank = local;
       rank.host = node.host;
       if (IsGpuJob(spec)) {
-        rank.device = spec.trainer.device_ids
-                          ? (*spec.trainer.device_ids)[static_cast<size_t>(local)]
-                          : int64_t{local};
+        rank.device =
+            spec.trainer.device_ids ? (*spec.trainer.device_ids)[static_cast<size_t>(local)] : int64_t{local};
       }
       WorkerPosition position;
       position.node_rank = node_rank;
@@ -237,7 +236,8 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
       position.error_file = spec.logs.dir + "/" + RunLogFolder(spec, "<run>") + "/" +
                             RankErrorFilePath(spec, 0, rank.global_rank);
       position.run_id = run_id;
-      if (spec.cluster.hosts_from_slurm && spec.cluster.nodes.empty()) position.master_addr = ShownMasterAddr(spec);
+      if (spec.cluster.hosts_from_slurm && spec.cluster.nodes.empty())
+        position.master_addr = ShownMasterAddr(spec);
       if (spec.cluster.Agents() > 1) position.socket_ifname = std::string(kSocketIfnamePlaceholder);
       rank.env = WorkerEnvironment(spec, position, {});
       // Under the relay rank 0 hosts the store on a port node 0's agent picks each round, so
@@ -247,7 +247,8 @@ Plan MakePlan(const JobSpec& spec, std::optional<int> only_node) {
           value = std::string(kRankZeroRelayPort);
         }
         // NCCL's "=" (an exact name) is the agent's business; the plan shows the placeholder.
-        if (value == "=" + std::string(kSocketIfnamePlaceholder)) value = std::string(kSocketIfnamePlaceholder);
+        if (value == "=" + std::string(kSocketIfnamePlaceholder))
+          value = std::string(kSocketIfnamePlaceholder);
         // The plan is printed, pasted into tickets and piped to tools: no secrets in it.
         value = PrintableEnvValue(name, value);
       }
@@ -316,28 +317,30 @@ std::string SparesShrinkQuarantineMetricsLines(const JobSpec& spec) {
 std::string PlanHeader(const JobSpec& spec) {
   std::string out;
   const auto& c = spec.cluster;
-  out += fmt::format("job {}: {} node{} x {} process{} = world size {}\n", spec.job.name,
-                     c.nnodes, c.nnodes == 1 ? "" : "s", c.nproc_per_node,
-                     c.nproc_per_node == 1 ? "" : "es", spec.WorldSize());
+  out += fmt::format("job {}: {} node{} x {} process{} = world size {}\n", spec.job.name, c.nnodes,
+                     c.nnodes == 1 ? "" : "s", c.nproc_per_node, c.nproc_per_node == 1 ? "" : "es",
+                     spec.WorldSize());
   out += fmt::format("run id {}, fingerprint {}\n", RunId(spec), Fingerprint(spec).substr(0, 16));
   const bool etcd = spec.rendezvous.Etcd();
   if (etcd) {
-    out += fmt::format("coordinator: whichever agent holds the role in etcd ({}; keys under "
-                       "{}/), on port {} of its host; its agent plays node rank 0, so rank 0 "
-                       "and MASTER_ADDR move with it (shown below as when node 0 holds it); a "
-                       "lost holder is replaced within rendezvous.lease = {} and a few seconds\n",
-                       fmt::join(spec.rendezvous.endpoints, ", "), EtcdKeyDir(spec),
-                       c.master_port, FormatDuration(spec.rendezvous.lease));
+    out += fmt::format(
+        "coordinator: whichever agent holds the role in etcd ({}; keys under "
+        "{}/), on port {} of its host; its agent plays node rank 0, so rank 0 "
+        "and MASTER_ADDR move with it (shown below as when node 0 holds it); a "
+        "lost holder is replaced within rendezvous.lease = {} and a few seconds\n",
+        fmt::join(spec.rendezvous.endpoints, ", "), EtcdKeyDir(spec), c.master_port,
+        FormatDuration(spec.rendezvous.lease));
   } else {
     out += fmt::format("coordinator on node 0 at {}:{}\n", ShownMasterAddr(spec), c.master_port);
   }
   if (c.store_port) {
     out += fmt::format("store: worker rank 0 listens on {}:{}\n", ShownMasterAddr(spec), *c.store_port);
   } else {
-    out += fmt::format("store: relayed through {} to worker rank 0, whose MASTER_PORT is a "
-                       "private port node 0 picks each round (other ranks get MASTER_PORT={}); "
-                       "code that derives ports from MASTER_PORT needs cluster.store_port\n",
-                       c.master_port, c.master_port);
+    out += fmt::format(
+        "store: relayed through {} to worker rank 0, whose MASTER_PORT is a "
+        "private port node 0 picks each round (other ranks get MASTER_PORT={}); "
+        "code that derives ports from MASTER_PORT needs cluster.store_port\n",
+        c.master_port, c.master_port);
   }
   if (c.Agents() > 1) {
     std::vector<std::string> set, kept;
@@ -345,12 +348,12 @@ std::string PlanHeader(const JobSpec& spec) {
       (spec.job.env.count(std::string(name)) > 0 ? kept : set).push_back(std::string(name));
     }
     if (!set.empty()) {
-      out += fmt::format("worker sockets: {} name, on each node, the interface that holds its "
-                         "cluster.nodes address, or else the one it reaches master_addr through "
-                         "(NCCL's as \"=name\"), found by its agent when it starts{}; a variable "
-                         "set in job.env or in the agent's environment is kept\n",
-                         fmt::join(set, ", "),
-                         kept.empty() ? "" : fmt::format(" ({} from job.env)", fmt::join(kept, ", ")));
+      out += fmt::format(
+          "worker sockets: {} name, on each node, the interface that holds its "
+          "cluster.nodes address, or else the one it reaches master_addr through "
+          "(NCCL's as \"=name\"), found by its agent when it starts{}; a variable "
+          "set in job.env or in the agent's environment is kept\n",
+          fmt::join(set, ", "), kept.empty() ? "" : fmt::format(" ({} from job.env)", fmt::join(kept, ", ")));
     }
   }
   if (spec.job.code_check != JobSpec::CodeCheck::kOff) {
@@ -363,37 +366,40 @@ std::string PlanHeader(const JobSpec& spec) {
                        spec.job.library_check == JobSpec::CodeCheck::kRefuse ? "refused" : "warned about",
                        DescribeLibraries(spec.job.libraries));
     // When the job's own interpreter ran, and with how little of the job's code (issue 36.4).
-    out += fmt::format("  (read by running {} -S -c '<print version and sys.path>' once, in workdir with job.env, at "
-                       "most 5 s: -S runs no sitecustomize.py and no .pth import line, and nothing is imported; "
-                       "then the versions are read from the files on that path)\n",
-                       spec.job.libraries.interpreter.empty() ? "the job's interpreter" : spec.job.libraries.interpreter);
+    out += fmt::format(
+        "  (read by running {} -S -c '<print version and sys.path>' once, in workdir with job.env, at "
+        "most 5 s: -S runs no sitecustomize.py and no .pth import line, and nothing is imported; "
+        "then the versions are read from the files on that path)\n",
+        spec.job.libraries.interpreter.empty() ? "the job's interpreter" : spec.job.libraries.interpreter);
   }
   out += WorkerStartText(spec.job.command, spec.job.preload) + "\n";
   if (spec.restart.backoff_max) {
-    out += fmt::format("restarts: up to {} job-wide, backoff {} doubling up to {}\n",
-                       spec.restart.max_restarts, FormatDuration(spec.restart.backoff),
-                       FormatDuration(*spec.restart.backoff_max));
+    out +=
+        fmt::format("restarts: up to {} job-wide, backoff {} doubling up to {}\n", spec.restart.max_restarts,
+                    FormatDuration(spec.restart.backoff), FormatDuration(*spec.restart.backoff_max));
   } else {
     out += fmt::format("restarts: up to {} job-wide, backoff {}\n", spec.restart.max_restarts,
                        FormatDuration(spec.restart.backoff));
   }
   const auto& t = spec.timeouts;
   if (t.progress_auto) {
-    out += fmt::format("hung ranks: timeouts.progress = \"auto\" (5 x the longest interval between "
-                       "beacons, at least {}; {} to the first beacon); workers must call "
-                       "ddprun.progress()\n",
-                       FormatDuration(JobSpec::Timeouts::kAutoProgressFloor),
-                       FormatDuration(t.progress_start));
+    out += fmt::format(
+        "hung ranks: timeouts.progress = \"auto\" (5 x the longest interval between "
+        "beacons, at least {}; {} to the first beacon); workers must call "
+        "ddprun.progress()\n",
+        FormatDuration(JobSpec::Timeouts::kAutoProgressFloor), FormatDuration(t.progress_start));
   } else if (t.progress) {
-    out += fmt::format("hung ranks: a rank without a progress beacon for {} ({} to the first) is "
-                       "hung; workers must call ddprun.progress()\n",
-                       FormatDuration(*t.progress), FormatDuration(t.progress_start));
+    out += fmt::format(
+        "hung ranks: a rank without a progress beacon for {} ({} to the first) is "
+        "hung; workers must call ddprun.progress()\n",
+        FormatDuration(*t.progress), FormatDuration(t.progress_start));
   } else {
     // Issue 26: say what that means, since nothing else will end such a round.
-    out += "hung ranks: NOT detected: without timeouts.progress a round whose ranks all hang (a "
-           "deadlock, a collective that never returns) runs until someone stops the job, since no "
-           "other timeout ends it; set timeouts.progress and call ddprun.progress() in the "
-           "training loop (docs/job-file.md, [timeouts])\n";
+    out +=
+        "hung ranks: NOT detected: without timeouts.progress a round whose ranks all hang (a "
+        "deadlock, a collective that never returns) runs until someone stops the job, since no "
+        "other timeout ends it; set timeouts.progress and call ddprun.progress() in the "
+        "training loop (docs/job-file.md, [timeouts])\n";
   }
   out += SparesShrinkQuarantineMetricsLines(spec);
   return out;
@@ -426,8 +432,7 @@ std::string WorkerTable(const NodePlan& node, const std::vector<std::string>& na
 }
 
 std::string Commands(const NodePlan& node) {
-  return fmt::format("  ddprun:   {}\n  torchrun: {}\n", node.ddprun_command,
-                     node.torchrun_command);
+  return fmt::format("  ddprun:   {}\n  torchrun: {}\n", node.ddprun_command, node.torchrun_command);
 }
 
 }  // namespace
@@ -439,12 +444,12 @@ std::string RenderPlanText(const JobSpec& spec, const Plan& plan) {
   size_t host_width = 4;
   for (const NodePlan& node : plan.nodes) host_width = std::max(host_width, node.host.size());
   out += "\nranks:\n";
-  out += fmt::format("  {:>5}  {:>4}  {:<{}}  {:>5}  {}\n", "rank", "node", "host", host_width,
-                     "local", "device");
+  out += fmt::format("  {:>5}  {:>4}  {:<{}}  {:>5}  {}\n", "rank", "node", "host", host_width, "local",
+                     "device");
   for (const NodePlan& node : plan.nodes) {
     for (const RankPlan& rank : node.ranks) {
-      out += fmt::format("  {:>5}  {:>4}  {:<{}}  {:>5}  {}\n", rank.global_rank, rank.node_rank,
-                         rank.host, host_width, rank.local_rank, DeviceText(rank));
+      out += fmt::format("  {:>5}  {:>4}  {:<{}}  {:>5}  {}\n", rank.global_rank, rank.node_rank, rank.host,
+                         host_width, rank.local_rank, DeviceText(rank));
     }
   }
 
@@ -467,9 +472,10 @@ std::string RenderPlanText(const JobSpec& spec, const Plan& plan) {
 std::string RenderPlanSummary(const JobSpec& spec, const Plan& plan) {
   std::string out = PlanHeader(spec);
   if (plan.nodes.empty() || plan.nodes.front().ranks.empty()) return out;
-  out += fmt::format("\n{} nodes: a summary; the whole plan with --full, one node with "
-                     "--node-rank N, for tools --json\n",
-                     plan.nodes.size());
+  out += fmt::format(
+      "\n{} nodes: a summary; the whole plan with --full, one node with "
+      "--node-rank N, for tools --json\n",
+      plan.nodes.size());
 
   // The shape: the first and last few nodes, one line each.
   constexpr size_t kEnds = 3;
@@ -576,12 +582,10 @@ Json PlanToJson(const JobSpec& spec, const Plan& plan) {
 
 }  // namespace
 
-std::string RenderPlanJson(const JobSpec& spec, const Plan& plan) {
-  return PlanToJson(spec, plan).dump(2);
-}
+std::string RenderPlanJson(const JobSpec& spec, const Plan& plan) { return PlanToJson(spec, plan).dump(2); }
 
-std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view source_name,
-                            const JobSpec* spec, const Plan* plan) {
+std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view source_name, const JobSpec* spec,
+                            const Plan* plan) {
   Json j;
   j["valid"] = !diagnostics.HasErrors() && spec != nullptr;
   j["diagnostics"] = Json::array();
@@ -595,8 +599,7 @@ std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view sou
     item["message"] = d.message;
     item["hint"] = d.hint;
     if (!d.note.empty()) {
-      item["note"] = {{"line", d.note_loc.line}, {"column", d.note_loc.column},
-                      {"message", d.note}};
+      item["note"] = {{"line", d.note_loc.line}, {"column", d.note_loc.column}, {"message", d.note}};
     }
     j["diagnostics"].push_back(std::move(item));
   }

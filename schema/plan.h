@@ -36,17 +36,17 @@ struct RankPlan {
   int global_rank = 0;
   int node_rank = 0;
   int local_rank = 0;
-  std::string host;                 // nodes[node_rank], or "node<k>" when only nnodes is given
-  std::optional<int64_t> device;    // CUDA device index for GPU jobs
-  EnvList env;                      // what ddprun adds (first round, empty inherited env)
+  std::string host;               // nodes[node_rank], or "node<k>" when only nnodes is given
+  std::optional<int64_t> device;  // CUDA device index for GPU jobs
+  EnvList env;                    // what ddprun adds (first round, empty inherited env)
 };
 
 struct NodePlan {
   int node_rank = 0;
   std::string host;
   std::vector<RankPlan> ranks;
-  std::string torchrun_command;     // one shell line, the equivalent torchrun invocation
-  std::string ddprun_command;       // "ddprun job.toml" (with --node-rank when nodes are unnamed)
+  std::string torchrun_command;  // one shell line, the equivalent torchrun invocation
+  std::string ddprun_command;    // "ddprun job.toml" (with --node-rank when nodes are unnamed)
 };
 
 struct Plan {
@@ -73,7 +73,7 @@ std::string RenderPlanJson(const JobSpec& spec, const Plan& plan);
 
 /// What `ddprun check --json` prints: {"valid": ..., "diagnostics": [...], "plan": {...}}.
 /// `spec` and `plan` are null when the file is invalid (then "plan" is null).
-std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view source_name,
-                            const JobSpec* spec, const Plan* plan);
+std::string RenderCheckJson(const Diagnostics& diagnostics, std::string_view source_name, const JobSpec* spec,
+                            const Plan* plan);
 
 }  // namespace ddprun

@@ -81,8 +81,7 @@ bool PreScan(std::string_view text, Diagnostics& diagnostics) {
     return false;
   }
   if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    diagnostics.Error(LocAtOffset(text, nul), "",
-                      "the job file contains a NUL byte; it must be UTF-8 text",
+    diagnostics.Error(LocAtOffset(text, nul), "", "the job file contains a NUL byte; it must be UTF-8 text",
                       "is this the right file? a job file is TOML text");
     return false;
   }
@@ -95,8 +94,7 @@ bool PreScan(std::string_view text, Diagnostics& diagnostics) {
   }
   if (size_t deep = FirstTooDeep(text); deep != std::string_view::npos) {
     diagnostics.Error(LocAtOffset(text, deep), "",
-                      fmt::format("arrays and inline tables are nested more than {} deep",
-                                  kMaxNesting),
+                      fmt::format("arrays and inline tables are nested more than {} deep", kMaxNesting),
                       "a job file needs at most two levels");
     return false;
   }

@@ -32,9 +32,10 @@ bool IsPythonInterpreter(const std::string& program) {
 
 Result<PythonCommand> ParsePythonCommand(const std::vector<std::string>& command) {
   if (command.empty() || !IsPythonInterpreter(command[0])) {
-    return Fail(fmt::format("job.command does not run a Python interpreter ({} is not python, "
-                            "python3 or python3.N)",
-                            command.empty() ? std::string("nothing") : "\"" + command[0] + "\""));
+    return Fail(
+        fmt::format("job.command does not run a Python interpreter ({} is not python, "
+                    "python3 or python3.N)",
+                    command.empty() ? std::string("nothing") : "\"" + command[0] + "\""));
   }
   PythonCommand parsed;
   parsed.interpreter = command[0];
@@ -75,7 +76,8 @@ Result<PythonCommand> ParsePythonCommand(const std::vector<std::string>& command
     parsed.options.push_back(arg);
   }
   if (!parsed.module) {
-    if (i >= command.size()) return Fail("job.command names no script or module (an interactive interpreter)");
+    if (i >= command.size())
+      return Fail("job.command names no script or module (an interactive interpreter)");
     if (command[i] == "-") return Fail("job.command reads its program from stdin (-)");
     parsed.target = command[i];
   }
@@ -83,18 +85,19 @@ Result<PythonCommand> ParsePythonCommand(const std::vector<std::string>& command
   return parsed;
 }
 
-std::string WorkerStartText(const std::vector<std::string>& command, const std::vector<std::string>& preload) {
+std::string WorkerStartText(const std::vector<std::string>& command,
+                            const std::vector<std::string>& preload) {
   if (preload.empty()) return "worker start: cold (each worker starts job.command; job.preload is not set)";
   const auto parsed = ParsePythonCommand(command);
   if (!parsed) {
     return fmt::format("worker start: cold, although job.preload is set: {}", parsed.error());
   }
-  return fmt::format("worker start: warm: each agent starts a template `{}` that imports {} while "
-                     "the nodes join, and forks every worker from it to run {}{} as __main__ "
-                     "(cold instead, said once, when the template is not safe to fork: more than "
-                     "one thread, CUDA initialised, open files)",
-                     parsed->interpreter, fmt::join(preload, ", "), parsed->module ? "-m " : "",
-                     parsed->target);
+  return fmt::format(
+      "worker start: warm: each agent starts a template `{}` that imports {} while "
+      "the nodes join, and forks every worker from it to run {}{} as __main__ "
+      "(cold instead, said once, when the template is not safe to fork: more than "
+      "one thread, CUDA initialised, open files)",
+      parsed->interpreter, fmt::join(preload, ", "), parsed->module ? "-m " : "", parsed->target);
 }
 
 }  // namespace ddprun

@@ -44,8 +44,8 @@ struct ClusterFacts {
 
 /// [cluster]. nproc_per_node defaults to trainer.devices, so [trainer] is loaded first.
 /// `slurm_hosts` answers cluster.hosts_from = "slurm" (schema/loader.h LoadContext).
-ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader,
-                         const JobSpec::Trainer& trainer, const TrainerFacts& trainer_facts,
+ClusterFacts LoadCluster(const toml::table& root, TomlReader& reader, const JobSpec::Trainer& trainer,
+                         const TrainerFacts& trainer_facts,
                          const std::function<Result<std::vector<std::string>>()>& slurm_hosts,
                          JobSpec::Cluster& cluster);
 
@@ -67,9 +67,8 @@ void LoadStragglers(const toml::table& root, TomlReader& reader, JobSpec::Stragg
 
 /// Warns that `key` (a wait of `value`) `relation` timeouts.rendezvous, at `key` when it is in
 /// the file, else at rendezvous, naming `key`'s default.
-void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts,
-                         const std::string& key, Duration value, std::string_view relation,
-                         std::string_view why);
+void TimeoutOrderWarning(TomlReader& reader, const JobSpec::Timeouts& timeouts, const std::string& key,
+                         Duration value, std::string_view relation, std::string_view why);
 
 /// [logs]. Console ranks must be below `world_size` (0: unknown, [cluster] had errors).
 void LoadLogs(const toml::table& root, TomlReader& reader, int world_size, JobSpec::Logs& logs);

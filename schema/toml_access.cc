@@ -23,8 +23,7 @@ bool Contains(std::span<const std::string_view> names, std::string_view name) {
 // Sections where a stray key may belong: [[simulate.faults]] entries are not a place one moves
 // a key to, so hints never send a key there.
 bool IsHomeForStrayKeys(const SectionSpec& section, std::string_view here) {
-  return !section.name.empty() && section.name != here &&
-         section.name.find('.') == std::string_view::npos;
+  return !section.name.empty() && section.name != here && section.name.find('.') == std::string_view::npos;
 }
 
 // The section (other than `here`) that defines `key`, for keys written in the wrong table.
@@ -49,24 +48,32 @@ std::optional<std::string> NearKeyElsewhere(std::string_view key, std::string_vi
 
 }  // namespace
 
-SourceLoc LocOf(const toml::source_region& region) {
-  return {region.begin.line, region.begin.column};
-}
+SourceLoc LocOf(const toml::source_region& region) { return {region.begin.line, region.begin.column}; }
 
 SourceLoc LocOf(const toml::node& node) { return LocOf(node.source()); }
 
 std::string TypeName(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::none: break;
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
   }
   return "nothing";
 }
@@ -98,7 +105,8 @@ std::optional<size_t> TomlReader::ChoiceIndex(const toml::node& node, const std:
   for (size_t i = 0; i < choices.size(); ++i) {
     if (*value == choices[i]) return i;
   }
-  diags_.Error(LocOf(node), path, fmt::format("{} = {} is not {}", path, Show(node), QuotedAlternatives(choices)),
+  diags_.Error(LocOf(node), path,
+               fmt::format("{} = {} is not {}", path, Show(node), QuotedAlternatives(choices)),
                std::move(hint));
   return std::nullopt;
 }
@@ -108,24 +116,20 @@ SourceLoc TomlReader::LocationOf(const std::string& path) const {
   return it == locations_.end() ? SourceLoc{} : it->second;
 }
 
-void TomlReader::Record(const std::string& path, const toml::node& node) {
-  locations_[path] = LocOf(node);
-}
+void TomlReader::Record(const std::string& path, const toml::node& node) { locations_[path] = LocOf(node); }
 
-void TomlReader::TypeError(const toml::node& node, const std::string& path,
-                           std::string_view expected, std::string hint) {
-  diags_.Error(LocOf(node), path,
-               fmt::format("{} must be {}, not {}", path, expected, TypeName(node)),
+void TomlReader::TypeError(const toml::node& node, const std::string& path, std::string_view expected,
+                           std::string hint) {
+  diags_.Error(LocOf(node), path, fmt::format("{} must be {}, not {}", path, expected, TypeName(node)),
                std::move(hint));
 }
 
 void TomlReader::Missing(const toml::table* table, const std::string& path, std::string hint) {
-  diags_.Error(table ? LocOf(*table) : SourceLoc{}, path,
-               fmt::format("missing required key `{}`", path), std::move(hint));
+  diags_.Error(table ? LocOf(*table) : SourceLoc{}, path, fmt::format("missing required key `{}`", path),
+               std::move(hint));
 }
 
-void TomlReader::CheckKeys(const toml::table& table, const SectionSpec& section,
-                           std::string_view prefix) {
+void TomlReader::CheckKeys(const toml::table& table, const SectionSpec& section, std::string_view prefix) {
   const auto allowed = section.known_names;
   for (auto&& [key, node] : table) {
     if (Contains(allowed, key.str())) continue;
@@ -140,17 +144,17 @@ void TomlReader::CheckKeys(const toml::table& table, const SectionSpec& section,
     } else if (auto home = SectionOf(name, section.name); home && table_header) {
       // `[rendezvous]`: a section header named after a key; `timeouts.rendezvous` would read
       // as a table name too, so say where the key goes instead.
-      hint = fmt::format("there is no [{}] table; `{}` is a key of [{}]: write `{} = ...` "
-                         "under [{}]",
-                         name, name, *home, name, *home);
+      hint = fmt::format(
+          "there is no [{}] table; `{}` is a key of [{}]: write `{} = ...` "
+          "under [{}]",
+          name, name, *home, name, *home);
     } else if (home) {
       hint = fmt::format("`{}` belongs in [{}]: did you mean `{}.{}`?", name, *home, *home, name);
     } else if (auto near = NearKeyElsewhere(name, section.name)) {
       hint = fmt::format("did you mean `{}`?", *near);
     } else {
       hint = fmt::format("known keys{}: {}",
-                         prefix.empty() ? std::string(" at the top level")
-                                        : fmt::format(" in [{}]", prefix),
+                         prefix.empty() ? std::string(" at the top level") : fmt::format(" in [{}]", prefix),
                          JoinNames(allowed));
       // [rendezvous] timeout = ...: the table exists (the etcd backend), but the rendezvous
       // timeout is a key of [timeouts].
@@ -178,25 +182,22 @@ const toml::table* TomlReader::Table(const toml::table& parent, std::string_view
   return node->as_table();
 }
 
-const toml::node* TomlReader::Node(const toml::table* table, std::string_view key,
-                                   const std::string& path) {
+const toml::node* TomlReader::Node(const toml::table* table, std::string_view key, const std::string& path) {
   if (!table) return nullptr;
   const toml::node* node = table->get(key);
   if (node) Record(path, *node);
   return node;
 }
 
-std::optional<int64_t> TomlReader::Integer(const toml::node& node, const std::string& path,
-                                           IntRange range) {
+std::optional<int64_t> TomlReader::Integer(const toml::node& node, const std::string& path, IntRange range) {
   auto value = node.value_exact<int64_t>();
   if (!value) {
     std::string hint;
     if (auto s = node.value_exact<std::string>()) {
-      const bool integer_text =
-          !s->empty() && s->size() <= 19 &&
-          std::all_of(s->begin() + (s->front() == '-' ? 1 : 0), s->end(),
-                      [](char c) { return c >= '0' && c <= '9'; }) &&
-          *s != "-";
+      const bool integer_text = !s->empty() && s->size() <= 19 &&
+                                std::all_of(s->begin() + (s->front() == '-' ? 1 : 0), s->end(),
+                                            [](char c) { return c >= '0' && c <= '9'; }) &&
+                                *s != "-";
       if (integer_text) {
         hint = fmt::format("write the number without quotes: {} = {}", LastKey(path), *s);
       } else if (path == "cluster.nnodes" && s->find(':') != std::string::npos) {
@@ -206,10 +207,11 @@ std::optional<int64_t> TomlReader::Integer(const toml::node& node, const std::st
         const bool digits = !low.empty() && !high.empty() && low.size() <= 5 && high.size() <= 5 &&
                             low.find_first_not_of("0123456789") == std::string::npos &&
                             high.find_first_not_of("0123456789") == std::string::npos;
-        hint = fmt::format("nnodes is a number, not torchrun's MIN:MAX range: write nnodes = {} "
-                           "and min_nodes = {} (cluster.min_nodes lets rounds run with fewer "
-                           "nodes when some are lost)",
-                           digits ? high : "MAX", digits ? low : "MIN");
+        hint = fmt::format(
+            "nnodes is a number, not torchrun's MIN:MAX range: write nnodes = {} "
+            "and min_nodes = {} (cluster.min_nodes lets rounds run with fewer "
+            "nodes when some are lost)",
+            digits ? high : "MAX", digits ? low : "MIN");
       }
     }
     TypeError(node, path, "an integer", std::move(hint));
@@ -217,8 +219,7 @@ std::optional<int64_t> TomlReader::Integer(const toml::node& node, const std::st
   }
   if (!range.Contains(*value)) {
     diags_.Error(LocOf(node), path,
-                 fmt::format("{} = {} is out of range ({}..{})", path, *value, range.min,
-                             range.max));
+                 fmt::format("{} = {} is out of range ({}..{})", path, *value, range.min, range.max));
     return std::nullopt;
   }
   return value;
@@ -243,8 +244,7 @@ std::optional<std::string> TomlReader::String(const toml::node& node, const std:
   return value;
 }
 
-std::optional<Duration> TomlReader::DurationValue(const toml::node& node,
-                                                  const std::string& path) {
+std::optional<Duration> TomlReader::DurationValue(const toml::node& node, const std::string& path) {
   constexpr std::string_view kUnits = "units: ms, s, m, h, d; e.g. \"250ms\", \"30s\", \"15m\"";
   if (auto i = node.value_exact<int64_t>()) {
     TypeError(node, path, "a duration string", fmt::format("write \"{}s\" ({})", *i, kUnits));
@@ -264,8 +264,7 @@ std::optional<Duration> TomlReader::DurationValue(const toml::node& node,
   return value;
 }
 
-std::optional<Duration> TomlReader::PositiveDuration(const toml::node& node,
-                                                     const std::string& path) {
+std::optional<Duration> TomlReader::PositiveDuration(const toml::node& node, const std::string& path) {
   auto d = DurationValue(node, path);
   if (d && *d <= Duration::zero()) {
     diags_.Error(LocOf(node), path, fmt::format("{} must be longer than 0s", path));
@@ -274,8 +273,8 @@ std::optional<Duration> TomlReader::PositiveDuration(const toml::node& node,
   return d;
 }
 
-void TomlReader::ReadDuration(const toml::table* table, std::string_view key,
-                              std::string_view prefix, Duration& out) {
+void TomlReader::ReadDuration(const toml::table* table, std::string_view key, std::string_view prefix,
+                              Duration& out) {
   const std::string path = Dotted(prefix, key);
   if (const toml::node* node = Node(table, key, path)) {
     if (auto d = DurationValue(*node, path)) out = *d;

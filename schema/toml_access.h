@@ -56,8 +56,7 @@ class TomlReader {
   void CheckKeys(const toml::table& table, const SectionSpec& section, std::string_view prefix);
 
   /// A sub-table; a non-table value there is an error and reads as absent.
-  const toml::table* Table(const toml::table& parent, std::string_view key,
-                           const std::string& path);
+  const toml::table* Table(const toml::table& parent, std::string_view key, const std::string& path);
   /// The node of `key` in `table` (recorded), or nullptr when absent or `table` is null.
   const toml::node* Node(const toml::table* table, std::string_view key, const std::string& path);
 
@@ -77,11 +76,11 @@ class TomlReader {
                   const std::array<std::pair<std::string_view, E>, N>& choices, std::string hint, E& out) {
     std::array<std::string_view, N> names;
     for (size_t i = 0; i < N; ++i) names[i] = choices[i].first;
-    if (const std::optional<size_t> i = ChoiceIndex(node, path, names, std::move(hint))) out = choices[*i].second;
+    if (const std::optional<size_t> i = ChoiceIndex(node, path, names, std::move(hint)))
+      out = choices[*i].second;
   }
   /// Reads the duration `prefix.key` into `out` when it is written and valid.
-  void ReadDuration(const toml::table* table, std::string_view key, std::string_view prefix,
-                    Duration& out);
+  void ReadDuration(const toml::table* table, std::string_view key, std::string_view prefix, Duration& out);
 
  private:
   Diagnostics& diags_;

@@ -15,13 +15,26 @@ namespace {
 // Everything ddprun computes per worker. job.env may not override these: a wrong RANK or
 // MASTER_PORT in one node's file is exactly the hang ddprun exists to prevent.
 constexpr std::array<std::string_view, 20> kOwnedNames = {
-    "DDPRUN_PROGRESS_ADDR", "DDPRUN_PROGRESS_TOKEN", "DDPRUN_STACKS_FILE",
-    "GROUP_RANK",        "GROUP_WORLD_SIZE",           "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",  "MASTER_ADDR",                "MASTER_PORT",
-    "NODE_RANK",         "RANK",                       "ROLE_NAME",
-    "ROLE_RANK",         "ROLE_WORLD_SIZE",            "TORCHELASTIC_ERROR_FILE",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "WORLD_SIZE",
+    "DDPRUN_PROGRESS_ADDR",
+    "DDPRUN_PROGRESS_TOKEN",
+    "DDPRUN_STACKS_FILE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "RANK",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "WORLD_SIZE",
 };
 
 std::string Upper(std::string_view s) {
@@ -39,8 +52,8 @@ bool IsOwnedEnvName(std::string_view name) {
 
 bool LooksSecret(std::string_view name) {
   const std::string upper = Upper(name);
-  return upper.ends_with("_KEY") || upper.ends_with("_TOKEN") ||
-         upper.find("SECRET") != std::string::npos || upper.find("PASSWORD") != std::string::npos;
+  return upper.ends_with("_KEY") || upper.ends_with("_TOKEN") || upper.find("SECRET") != std::string::npos ||
+         upper.find("PASSWORD") != std::string::npos;
 }
 
 std::string PrintableEnvValue(std::string_view name, std::string_view value) {
@@ -76,11 +89,21 @@ std::string PythonString(std::string_view s) {
   for (char c : s) {
     const auto byte = static_cast<unsigned char>(c);
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\'': out += "\\'"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\'':
+        out += "\\'";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (byte < 0x20 || byte == 0x7f) {
           out += fmt::format("\\x{:02x}", byte);
@@ -99,8 +122,8 @@ std::string PythonString(std::string_view s) {
 bool BareStringStaysString(std::string_view s) {
   if (s.empty()) return false;
   for (char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '.' || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '.' || c == '-';
     if (!ok) return false;
   }
   size_t start = 0;
@@ -109,8 +132,7 @@ bool BareStringStaysString(std::string_view s) {
     if (end == std::string_view::npos) end = s.size();
     const std::string_view part = s.substr(start, end - start);
     const bool name_start = !part.empty() && ((part[0] >= 'a' && part[0] <= 'z') ||
-                                              (part[0] >= 'A' && part[0] <= 'Z') ||
-                                              part[0] == '_');
+                                              (part[0] >= 'A' && part[0] <= 'Z') || part[0] == '_');
     if (name_start && part != "True" && part != "False" && part != "None") return true;
     start = end + 1;
   }
@@ -261,7 +283,7 @@ EnvList WorkerEnvironment(const JobSpec& spec, const WorkerPosition& position,
     // After the user's own entries (job.env's, else the agent's): theirs come first.
     auto own = spec.job.env.find("PYTHONPATH");
     auto inherited_path = inherited.find("PYTHONPATH");
-    const std::string before = own != spec.job.env.end()              ? own->second
+    const std::string before = own != spec.job.env.end()           ? own->second
                                : inherited_path != inherited.end() ? inherited_path->second
                                                                    : "";
     replace("PYTHONPATH", AppendToSearchPath(before, position.python_dir));
@@ -276,7 +298,8 @@ EnvList SiblingWorkerEnvironment(EnvList env, const JobSpec& spec, const WorkerP
                                [](const auto& entry, std::string_view key) { return entry.first < key; });
     if (it != env.end() && it->first == name) it->second = std::move(value);
   };
-  const std::string rank = std::to_string(position.node_rank * spec.cluster.nproc_per_node + position.local_rank);
+  const std::string rank =
+      std::to_string(position.node_rank * spec.cluster.nproc_per_node + position.local_rank);
   set("LOCAL_RANK", std::to_string(position.local_rank));
   set("MASTER_PORT", std::to_string(position.master_port));
   set("RANK", rank);

@@ -17,18 +17,18 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;
 
 struct WorkerPosition {
   int node_rank = 0;
-  int nnodes = 0;               // the round's node count (cluster.min_nodes); 0: cluster.nnodes
+  int nnodes = 0;  // the round's node count (cluster.min_nodes); 0: cluster.nnodes
   int local_rank = 0;
-  int restart_count = 0;        // the round number: 0 for the first attempt
-  uint16_t master_port = 0;     // what this rank gets as MASTER_PORT
-  std::string master_addr;      // MASTER_ADDR: the round's rank 0 host; "": cluster.master_addr
-  std::string error_file;       // TORCHELASTIC_ERROR_FILE
-  std::string run_id;           // TORCHELASTIC_RUN_ID; "" computes RunId(spec) (costly per rank)
+  int restart_count = 0;     // the round number: 0 for the first attempt
+  uint16_t master_port = 0;  // what this rank gets as MASTER_PORT
+  std::string master_addr;   // MASTER_ADDR: the round's rank 0 host; "": cluster.master_addr
+  std::string error_file;    // TORCHELASTIC_ERROR_FILE
+  std::string run_id;        // TORCHELASTIC_RUN_ID; "" computes RunId(spec) (costly per rank)
   // Progress beacons (worker/README.md); "" leaves the variables out.
-  std::string progress_addr;    // DDPRUN_PROGRESS_ADDR: the agent's UDP socket, "127.0.0.1:port"
-  std::string progress_token;   // DDPRUN_PROGRESS_TOKEN
-  std::string stacks_file;      // DDPRUN_STACKS_FILE: where faulthandler writes this rank's stacks
-  std::string python_dir;       // appended to PYTHONPATH: where `import ddprun` finds the module
+  std::string progress_addr;   // DDPRUN_PROGRESS_ADDR: the agent's UDP socket, "127.0.0.1:port"
+  std::string progress_token;  // DDPRUN_PROGRESS_TOKEN
+  std::string stacks_file;     // DDPRUN_STACKS_FILE: where faulthandler writes this rank's stacks
+  std::string python_dir;      // appended to PYTHONPATH: where `import ddprun` finds the module
   // The interface the other nodes reach this node at (runner/io/net_interfaces.h), for
   // GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME and TP_SOCKET_IFNAME; "" leaves them out.
   std::string socket_ifname;
@@ -38,7 +38,7 @@ struct WorkerPosition {
 /// WorkerPosition::socket_ifname unless the user set it (job.env or the agent's environment).
 /// NCCL's gets a leading '=' (an exact name, where NCCL would take "eth1" as a prefix of "eth10").
 inline constexpr std::string_view kSocketIfnameNames[] = {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-                                                         "TP_SOCKET_IFNAME"};
+                                                          "TP_SOCKET_IFNAME"};
 
 /// Where faulthandler writes rank `global_rank`'s stacks: "attempt-<k>/rank-<r>.stacks".
 std::string RankStacksPath(const JobSpec& spec, int restart_count, int global_rank);

@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ clang
-  clang-format  # the formatting of changed lines (tests/tidy/format_check.sh)
+  clang-format  # the formatting of every C/C++ file (tests/tidy/format_check.sh)
   git  # the same check compares with a commit
   libtomlplusplus-dev libspdlog-dev libfmt-dev
   libboost1.81-dev libboost-filesystem1.81-dev

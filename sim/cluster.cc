@@ -15,27 +15,21 @@ namespace ddprun::sim {
 
 TimePoint SimClock::Now() const { return cluster_->now(); }
 
-Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* out,
-                 Timeline* timeline)
+Cluster::Cluster(const JobSpec& spec, const SimOptions& options, std::ostream* out, Timeline* timeline)
     : spec_(spec),
       options_(options),
       hooks_(options.sabotage),
       instance_rng_(options.seed, 4),
       clock_(this),
-      invariants_(
-          InvariantBounds{spec.restart.max_restarts,
-                          spec.WorldSize(),
-                          spec.timeouts.stop_grace + 3 * spec.timeouts.heartbeat + kStopSlack,
-                          3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack,
-                          HangBoundsOf(spec),
-                          0,
-                          0,
-                          spec.timeouts.heartbeat + Seconds(1)},
-          [this](int64_t at_ns) {
-            Event check;
-            check.kind = EventKind::kCheck;
-            loop_.queue.Push(TimePoint(Duration(at_ns)), check);
-          }),
+      invariants_(InvariantBounds{spec.restart.max_restarts, spec.WorldSize(),
+                                  spec.timeouts.stop_grace + 3 * spec.timeouts.heartbeat + kStopSlack,
+                                  3 * spec.timeouts.heartbeat + spec.timeouts.stop_grace + kStopSlack,
+                                  HangBoundsOf(spec), 0, 0, spec.timeouts.heartbeat + Seconds(1)},
+                  [this](int64_t at_ns) {
+                    Event check;
+                    check.kind = EventKind::kCheck;
+                    loop_.queue.Push(TimePoint(Duration(at_ns)), check);
+                  }),
       log_(options.quiet ? nullptr : out, timeline, loop_, nodes_, *this,
            spec.cluster.Agents() > options.condense_above),
       network_(handles(), spec, options.network, options.seed),
@@ -100,14 +94,16 @@ uint32_t Cluster::AddNode(int rank, const JobSpec* spec, bool extra) {
   node->host_name = !listed.empty() ? listed : fmt::format("node-{:04}", index);
   const uint32_t ip = index + 1;
   node->addr = fmt::format("10.{}.{}.{}", (ip >> 16) & 255, (ip >> 8) & 255, ip & 255);
-  const std::string own = rank >= job_nodes_ ? fmt::format("spare {}", rank - job_nodes_) : fmt::format("node {}", rank);
+  const std::string own =
+      rank >= job_nodes_ ? fmt::format("spare {}", rank - job_nodes_) : fmt::format("node {}", rank);
   node->label = extra ? fmt::format("{} (extra agent on {})", own, node->host_name) : own;
   Node& added = nodes_.Add(std::move(node));
   ++unfinished_;
   invariants_.AddNode(index, added.label, added.spare);
   network_.AddNode();
   workers_.AddNode();
-  if (log_.timeline()) log_.AddRow(extra ? added.label : fmt::format("{} ({})", added.label, added.host_name));
+  if (log_.timeline())
+    log_.AddRow(extra ? added.label : fmt::format("{} ({})", added.label, added.host_name));
   return index;
 }
 
@@ -198,9 +194,9 @@ void Cluster::Crash(uint32_t index, std::optional<Duration> reboot_after, const 
   ++stats_.node_crashes;
   n.down_entry = static_cast<int64_t>(down_.size());
   down_.emplace_back(loop_.now_ns, -1);
-  log_.PrintSim(index, fmt::format("crashed ({}){}", why,
-                              reboot_after ? "; reboots in " + HumanDuration(*reboot_after)
-                                           : "; stays down"));
+  log_.PrintSim(index,
+                fmt::format("crashed ({}){}", why,
+                            reboot_after ? "; reboots in " + HumanDuration(*reboot_after) : "; stays down"));
   log_.AddMark(index, MarkKind::kFault, "crash");
   // Its sockets go silent: no FIN, no RST, until the machine is back.
   network_.Silence(index);
@@ -399,7 +395,7 @@ void Cluster::DeliverStore(uint32_t index, uint32_t incarnation, host::StoreResu
     // The answer waits in the agent's socket until it runs again.
     if (n.hung_forever) return;
     loop_.queue.PushCall(TimePoint(Duration(n.hung_until_ns)),
-                    [this, index, incarnation, result] { DeliverStore(index, incarnation, result); });
+                         [this, index, incarnation, result] { DeliverStore(index, incarnation, result); });
     return;
   }
   if (host::StoreEvents* events = n.store.events()) events->OnStoreResult(result);
@@ -415,11 +411,11 @@ SimResult Cluster::Run() {
   limit_ns_ = limit.limit_ns;
   liveness_limit_ = limit.liveness;
   if (Timeline* timeline = log_.timeline()) {
-    timeline->title = fmt::format("{}: {} x {}{}, seed {}", spec_.job.name,
-                                   Counted(static_cast<size_t>(job_nodes_), "node"),
-                                   Counted(static_cast<size_t>(spec_.cluster.nproc_per_node), "worker"),
-                                   agents_ > job_nodes_ ? ", " + Counted(static_cast<size_t>(agents_ - job_nodes_), "spare") : "",
-                                   options_.seed);
+    timeline->title = fmt::format(
+        "{}: {} x {}{}, seed {}", spec_.job.name, Counted(static_cast<size_t>(job_nodes_), "node"),
+        Counted(static_cast<size_t>(spec_.cluster.nproc_per_node), "worker"),
+        agents_ > job_nodes_ ? ", " + Counted(static_cast<size_t>(agents_ - job_nodes_), "spare") : "",
+        options_.seed);
   }
   bool deadlock = false;
   while (!invariants_.violation()) {
@@ -434,14 +430,27 @@ SimResult Cluster::Run() {
     Dispatch(event);
     ++stats_.events;
     switch (event.kind) {
-      case EventKind::kTimer: ++stats_.timer_events; break;
-      case EventKind::kPump: ++stats_.delivery_events; break;
-      case EventKind::kWorkerReady: case EventKind::kWorkerExit: case EventKind::kWorkerNotify:
-      case EventKind::kTrainingDone: case EventKind::kPeerFailure: case EventKind::kCollectiveTimeout:
-      case EventKind::kStoreConnect: case EventKind::kBeacons: ++stats_.worker_events; break;
-      default: break;
+      case EventKind::kTimer:
+        ++stats_.timer_events;
+        break;
+      case EventKind::kPump:
+        ++stats_.delivery_events;
+        break;
+      case EventKind::kWorkerReady:
+      case EventKind::kWorkerExit:
+      case EventKind::kWorkerNotify:
+      case EventKind::kTrainingDone:
+      case EventKind::kPeerFailure:
+      case EventKind::kCollectiveTimeout:
+      case EventKind::kStoreConnect:
+      case EventKind::kBeacons:
+        ++stats_.worker_events;
+        break;
+      default:
+        break;
     }
-    if (event.time_ns < stretch_until_ns_ && event.kind != EventKind::kCheck) ++stats_.events_inside_stretches;
+    if (event.time_ns < stretch_until_ns_ && event.kind != EventKind::kCheck)
+      ++stats_.events_inside_stretches;
     if (DrivesHost(event.kind)) coordinators_.Touched(event.node);
     coordinators_.AfterEvent();
     invariants_.AfterEvent(loop_.now_ns);
@@ -515,7 +524,9 @@ SimResult Cluster::Finish(RunEnd& end) {
   // alone: the outcome is what the agents of the job were told.
   const NodeOutcome& first = result.nodes[0];
   const std::optional<int64_t> verdict_ns = coordinators_.first_verdict_ns();
-  auto of_the_job = [&](size_t i) { return !verdict_ns || nodes_[static_cast<uint32_t>(i)].started_ns < *verdict_ns; };
+  auto of_the_job = [&](size_t i) {
+    return !verdict_ns || nodes_[static_cast<uint32_t>(i)].started_ns < *verdict_ns;
+  };
   if (first.state == NodeOutcome::State::kExited && (!coordinators_.AnyAgentLeads() || of_the_job(0))) {
     result.exit_code = first.exit_code;
   } else {

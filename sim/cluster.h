@@ -115,7 +115,7 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   bool PlanQuietBeats(QuietStretch& s);
   void ApplyQuietStretch(const QuietStretch& s, const std::vector<uint8_t>& frame);
   int64_t next_quiet_try_ns_ = 0;
-  int64_t quiet_end_ns_ = 0;  // the last beat or delivery a computed stretch stood for
+  int64_t quiet_end_ns_ = 0;      // the last beat or delivery a computed stretch stood for
   int64_t stretch_until_ns_ = 0;  // the end of the last computed stretch
 
   SimResult Finish(RunEnd& end);
@@ -129,9 +129,9 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   int64_t limit_ns_ = 0;
   bool liveness_limit_ = false;  // limit_ns_ is the liveness deadline, not max_time
   Nodes nodes_;
-  int job_nodes_ = 0;                  // cluster.nnodes: the node ranks
-  int agents_ = 0;                     // the nodes, then the spares (JobSpec::Cluster::Agents)
-  std::vector<uint32_t> holders_;      // node rank -> the agent that last played it
+  int job_nodes_ = 0;                      // cluster.nnodes: the node ranks
+  int agents_ = 0;                         // the nodes, then the spares (JobSpec::Cluster::Agents)
+  std::vector<uint32_t> holders_;          // node rank -> the agent that last played it
   std::vector<std::string> replacements_;  // "at 12m03s: spare 0 (host) replaced node 1 (host)"
   /// When hosts were down: [crash, reboot) in virtual ns (-1: still down), in crash order.
   std::vector<std::pair<int64_t, int64_t>> down_;
@@ -144,10 +144,10 @@ class Cluster final : public Roles, public Machines, public PhaseSource {
   SimLog log_;
   Network network_;
   Workers workers_;
-  std::unique_ptr<SimEtcd> etcd_;      // rendezvous.backend = "etcd"
+  std::unique_ptr<SimEtcd> etcd_;  // rendezvous.backend = "etcd"
   FaultInjector faults_;
   CoordinatorWatch coordinators_;
-  int64_t unfinished_ = 0;             // nodes that may still act (not exited, not down for good)
+  int64_t unfinished_ = 0;  // nodes that may still act (not exited, not down for good)
 };
 
 }  // namespace ddprun::sim

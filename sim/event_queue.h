@@ -15,22 +15,22 @@
 namespace ddprun::sim {
 
 enum class EventKind : uint8_t {
-  kTimer,          // a node's timer fires (generation: the timer's)
-  kPump,           // deliver queued bytes on one direction of a connection (target, side)
-  kConnectDone,    // a connect attempt finishes (target: the connection)
-  kAccept,         // the listening side sees a new connection (target: the connection)
-  kWorkerReady,    // a node's workers finished starting (target: the gang)
-  kWorkerExit,     // a worker process ends (target: the worker, generation: its exit's)
-  kWorkerNotify,   // tell a node's agent that a worker exited (deferred while the agent hangs)
-  kTrainingDone,   // the round reaches train_time (target: the gang, generation: its done's)
-  kPeerFailure,    // a node's workers notice a dead peer (target: the gang)
+  kTimer,              // a node's timer fires (generation: the timer's)
+  kPump,               // deliver queued bytes on one direction of a connection (target, side)
+  kConnectDone,        // a connect attempt finishes (target: the connection)
+  kAccept,             // the listening side sees a new connection (target: the connection)
+  kWorkerReady,        // a node's workers finished starting (target: the gang)
+  kWorkerExit,         // a worker process ends (target: the worker, generation: its exit's)
+  kWorkerNotify,       // tell a node's agent that a worker exited (deferred while the agent hangs)
+  kTrainingDone,       // the round reaches train_time (target: the gang, generation: its done's)
+  kPeerFailure,        // a node's workers notice a dead peer (target: the gang)
   kCollectiveTimeout,  // the NCCL watchdog fires on a stalled gang (target, generation)
-  kStoreConnect,   // a node's PyTorch store clients connect (target: the group of clients)
-  kBeacons,        // a node's workers beacon: side 0 the periodic batch (generation: the node's
-                   // chain), side 1 the last step before their gang stalled (target: the gang,
-                   // generation: the step)
-  kCheck,          // a time bound of an invariant comes due (sim/invariants.h); does nothing
-  kCall,           // a closure from the side table (target: the slot)
+  kStoreConnect,       // a node's PyTorch store clients connect (target: the group of clients)
+  kBeacons,            // a node's workers beacon: side 0 the periodic batch (generation: the node's
+                       // chain), side 1 the last step before their gang stalled (target: the gang,
+                       // generation: the step)
+  kCheck,              // a time bound of an invariant comes due (sim/invariants.h); does nothing
+  kCall,               // a closure from the side table (target: the slot)
 };
 
 /// One scheduled event. The fields are named for what they hold; which ones an event kind uses
@@ -42,9 +42,9 @@ struct Event {
   uint64_t target = 0;
   /// Invalidates stale events: the event is dropped unless its target still has this one.
   uint64_t generation = 0;
-  uint32_t node = 0;       // the node whose agent or workers the event concerns
+  uint32_t node = 0;  // the node whose agent or workers the event concerns
   EventKind kind = EventKind::kCall;
-  uint8_t side = 0;        // kPump: the side of the connection the bytes travel toward
+  uint8_t side = 0;  // kPump: the side of the connection the bytes travel toward
 };
 
 class EventQueue {
@@ -81,7 +81,8 @@ class EventQueue {
       if (const std::optional<int64_t> at = later(event)) moves.emplace_back(&event, *at);
     }
     if (moves.empty()) return;
-    std::sort(moves.begin(), moves.end(), [](const auto& a, const auto& b) { return Earlier(*a.first, *b.first); });
+    std::sort(moves.begin(), moves.end(),
+              [](const auto& a, const auto& b) { return Earlier(*a.first, *b.first); });
     for (auto& [event, at] : moves) {
       event->time_ns = at;
       event->seq = next_seq_++;

@@ -24,7 +24,6 @@ constexpr Duration kRandomRebootMax = Minutes(10);
 // How long a slow joiner waits when the fault gives no duration.
 constexpr Duration kDefaultSlowJoin = Minutes(1);
 
-
 // Random worker failures, as they show up in large training runs.
 constexpr std::string_view kRandomFailures[] = {
     "RuntimeError: CUDA error: an illegal memory access was encountered",
@@ -62,9 +61,7 @@ RunLimit FaultInjector::Schedule(int world, int min_world) {
   int64_t heal_ns = 0;
   int slowest = 0;  // the most extra work per step a worker-slow fault leaves for good
   const int64_t rendezvous = Ns(spec_.timeouts.rendezvous);
-  auto long_outage = [&](std::optional<Duration> d) {
-    return !d || Ns(*d) >= rendezvous / 2;
-  };
+  auto long_outage = [&](std::optional<Duration> d) { return !d || Ns(*d) >= rendezvous / 2; };
   for (const FaultSpec& fault : spec_.simulate.faults) {
     if (fault.node >= 0 && fault.node < agents_) nodes_[static_cast<uint32_t>(fault.node)].focus = true;
     const int64_t at = Ns(fault.at);
@@ -94,7 +91,8 @@ RunLimit FaultInjector::Schedule(int world, int min_world) {
       case FaultKind::kMasterPortBlocked:
       case FaultKind::kWorkerHang:
         heal_ns = std::max(heal_ns, at + (fault.duration ? Ns(*fault.duration) : 0));
-        if (fault.kind != FaultKind::kWorkerHang) outages_.emplace_back(at, fault.duration ? at + Ns(*fault.duration) : -1);
+        if (fault.kind != FaultKind::kWorkerHang)
+          outages_.emplace_back(at, fault.duration ? at + Ns(*fault.duration) : -1);
         if (fault.kind != FaultKind::kWorkerHang && long_outage(fault.duration)) rendezvous_fault_ = true;
         break;
       case FaultKind::kWorkerExit:
@@ -118,8 +116,9 @@ RunLimit FaultInjector::Schedule(int world, int min_world) {
     ScheduleFault(fault);
   }
   // Fed in time order; equal times in the order planned, as the queue would pop them.
-  std::stable_sort(planned_.begin(), planned_.end(),
-                   [](const Planned& a, const Planned& b) { return a.at_ns != b.at_ns ? a.at_ns < b.at_ns : a.seq < b.seq; });
+  std::stable_sort(planned_.begin(), planned_.end(), [](const Planned& a, const Planned& b) {
+    return a.at_ns != b.at_ns ? a.at_ns < b.at_ns : a.seq < b.seq;
+  });
   FeedNextFault();
   for (int rank = 0; rank < agents_; ++rank) {
     const auto index = static_cast<uint32_t>(rank);
@@ -159,12 +158,11 @@ RunLimit FaultInjector::LivenessLimit(int64_t heal_ns, int slowest, int world, i
   // A shrunk round trains at its share of the pace (sim/workers.cc): 20 minutes of a 28-rank
   // job on 3 ranks take three hours (shape swarm seed 118645).
   if (min_world > 0 && min_world < world) train_ns = train_ns * world / min_world;
-  const double round_ns = static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 + train_ns +
-                          static_cast<double>(Ns(kCollectiveTimeout)) +
-                          static_cast<double>(Ns(spec_.timeouts.stop_grace)) +
-                          3.0 * static_cast<double>(Ns(spec_.timeouts.heartbeat)) +
-                          static_cast<double>(Ns(spec_.restart.backoff)) +
-                          static_cast<double>(Ns(Minutes(2)));
+  const double round_ns =
+      static_cast<double>(Ns(spec_.simulate.worker_startup)) * 1.1 + train_ns +
+      static_cast<double>(Ns(kCollectiveTimeout)) + static_cast<double>(Ns(spec_.timeouts.stop_grace)) +
+      3.0 * static_cast<double>(Ns(spec_.timeouts.heartbeat)) +
+      static_cast<double>(Ns(spec_.restart.backoff)) + static_cast<double>(Ns(Minutes(2)));
   const double deadline = static_cast<double>(heal_ns) + 2.0 * static_cast<double>(rendezvous) +
                           (spec_.restart.max_restarts + 2.0) * round_ns;
   if (deadline < static_cast<double>(max_time)) return RunLimit{static_cast<int64_t>(deadline), true};
@@ -182,8 +180,8 @@ void FaultInjector::ScheduleRandomNodeCrash(TimePoint from) {
     // A machine comes back only after its old connection was declared dead (3 heartbeats):
     // a faster return is refused as a duplicate node rank (a known protocol limit).
     const Duration floor = 3 * spec_.timeouts.heartbeat + Minutes(1);
-    const Duration reboot = std::chrono::duration_cast<std::chrono::seconds>(
-        fault_rng_.Between(std::max(kRandomRebootMin, floor), std::max(kRandomRebootMax, floor + Minutes(7))));
+    const Duration reboot = std::chrono::duration_cast<std::chrono::seconds>(fault_rng_.Between(
+        std::max(kRandomRebootMin, floor), std::max(kRandomRebootMax, floor + Minutes(7))));
     // Drawn only when the job asks for it, so that other jobs' draws stay what they were.
     const int never = spec_.simulate.node_never_returns_percent;
     const bool for_good = never > 0 && fault_rng_.Below(100) < static_cast<uint64_t>(never);
@@ -191,8 +189,8 @@ void FaultInjector::ScheduleRandomNodeCrash(TimePoint from) {
       ++stats_.faults_injected;
       Focus(index);
       machines_.Crash(index, for_good ? std::nullopt : std::optional<Duration>(reboot),
-                for_good ? "random failure for good (simulate.node_mtbf, node_never_returns_percent)"
-                         : "random failure (simulate.node_mtbf)");
+                      for_good ? "random failure for good (simulate.node_mtbf, node_never_returns_percent)"
+                               : "random failure (simulate.node_mtbf)");
     }
     ScheduleRandomNodeCrash(loop_.now());
   });
@@ -257,17 +255,26 @@ void FaultInjector::FeedNextFault() {
 void FaultInjector::Inject(const FaultSpec& fault) {
   ++stats_.faults_injected;
   switch (fault.kind) {
-    case FaultKind::kNodeCrash: return InjectNodeCrash(fault);
-    case FaultKind::kAgentHang: return InjectAgentHang(fault);
-    case FaultKind::kWorkerExit: return InjectWorkerExit(fault);
-    case FaultKind::kWorkerHang: return InjectWorkerHang(fault);
-    case FaultKind::kWorkerSlow: return InjectWorkerSlow(fault);
-    case FaultKind::kPartition: return InjectPartition(fault);
-    case FaultKind::kMasterPortBlocked: return InjectMasterPortBlocked(fault);
-    case FaultKind::kDuplicateNodeRank: return InjectDuplicateNodeRank(fault);
+    case FaultKind::kNodeCrash:
+      return InjectNodeCrash(fault);
+    case FaultKind::kAgentHang:
+      return InjectAgentHang(fault);
+    case FaultKind::kWorkerExit:
+      return InjectWorkerExit(fault);
+    case FaultKind::kWorkerHang:
+      return InjectWorkerHang(fault);
+    case FaultKind::kWorkerSlow:
+      return InjectWorkerSlow(fault);
+    case FaultKind::kPartition:
+      return InjectPartition(fault);
+    case FaultKind::kMasterPortBlocked:
+      return InjectMasterPortBlocked(fault);
+    case FaultKind::kDuplicateNodeRank:
+      return InjectDuplicateNodeRank(fault);
     case FaultKind::kEtcdMemberDown:
     case FaultKind::kEtcdLeaderLost:
-    case FaultKind::kEtcdPartition: return InjectEtcdFault(fault);
+    case FaultKind::kEtcdPartition:
+      return InjectEtcdFault(fault);
     case FaultKind::kSlowJoiner:      // the node's start time (ScheduleFaults)
     case FaultKind::kJobFileDiffers:  // the node's own spec (BuildNodes)
       return;
@@ -299,7 +306,8 @@ void FaultInjector::InjectAgentHang(const FaultSpec& fault) {
   n.hung_until_ns = std::max(n.hung_until_ns, loop_.now_ns + Ns(*fault.duration));
   ScheduleGuardianLease(index);
   invariants_.AgentHung(index, n.hung_until_ns);
-  log_.PrintSim(index, fmt::format("agent hangs for {} (its workers keep running)", FormatDuration(*fault.duration)));
+  log_.PrintSim(
+      index, fmt::format("agent hangs for {} (its workers keep running)", FormatDuration(*fault.duration)));
   log_.AddMark(index, MarkKind::kFault, "agent hang", n.hung_until_ns);
   loop_.queue.PushCall(TimePoint(Duration(n.hung_until_ns)), [this, index, incarnation] {
     Node& m = nodes_[index];
@@ -329,18 +337,21 @@ void FaultInjector::ScheduleGuardianLease(uint32_t index) {
     if (m.last_hang_end_ns > hung_since) return;
     const int killed = workers_.GuardianKill(index);
     if (killed > 0) {
-      const Duration since_word = Duration(loop_.now_ns - m.lease_kill_at_ns) + spec_.timeouts.GuardianLease();
-      log_.PrintSim(index, fmt::format("the agent is hung and its workers' lease ran out ({} after its last word "
-                                  "from the coordinator): its guardian SIGKILLs its {} worker{}",
-                                  HumanDuration(since_word), killed, killed == 1 ? "" : "s"));
+      const Duration since_word =
+          Duration(loop_.now_ns - m.lease_kill_at_ns) + spec_.timeouts.GuardianLease();
+      log_.PrintSim(index,
+                    fmt::format("the agent is hung and its workers' lease ran out ({} after its last word "
+                                "from the coordinator): its guardian SIGKILLs its {} worker{}",
+                                HumanDuration(since_word), killed, killed == 1 ? "" : "s"));
     }
   });
 }
 
 void FaultInjector::InjectWorkerExit(const FaultSpec& fault) {
-  workers_.Fail(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.exit_code,
-             fmt::format("RuntimeError: simulated failure (fault worker-exit, exit code {})", fault.exit_code),
-             "fault worker-exit");
+  workers_.Fail(
+      static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.exit_code,
+      fmt::format("RuntimeError: simulated failure (fault worker-exit, exit code {})", fault.exit_code),
+      "fault worker-exit");
 }
 
 void FaultInjector::InjectWorkerHang(const FaultSpec& fault) {
@@ -348,7 +359,8 @@ void FaultInjector::InjectWorkerHang(const FaultSpec& fault) {
 }
 
 void FaultInjector::InjectWorkerSlow(const FaultSpec& fault) {
-  workers_.Slow(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.percent, fault.duration);
+  workers_.Slow(static_cast<uint32_t>(fault.node), fault.local_rank.value_or(0), fault.percent,
+                fault.duration);
 }
 
 void FaultInjector::InjectPartition(const FaultSpec& fault) {
@@ -368,7 +380,7 @@ void FaultInjector::InjectPartition(const FaultSpec& fault) {
   const std::string who = peers.size() <= 8 ? fmt::format("node {}", fmt::join(peers, ", node "))
                                             : fmt::format("{} nodes", peers.size());
   log_.PrintSim(std::nullopt, fmt::format("network: partition: node {} cut off from {}{}", fault.node, who,
-                                     fault.duration ? " for " + FormatDuration(*fault.duration) : ""));
+                                          fault.duration ? " for " + FormatDuration(*fault.duration) : ""));
   const int64_t end = fault.duration ? loop_.now_ns + Ns(*fault.duration) : -1;
   log_.AddMark(static_cast<uint32_t>(fault.node), MarkKind::kFault, "partition", end);
   workers_.UpdateTraining();
@@ -384,15 +396,16 @@ void FaultInjector::InjectMasterPortBlocked(const FaultSpec& fault) {
   if (!fault.duration) {
     network_.BlockMasterPort(INT64_MAX);
     log_.PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked (new connections time out)",
-                                       spec_.cluster.master_port, spec_.cluster.master_addr));
+                                            spec_.cluster.master_port, spec_.cluster.master_addr));
     log_.AddMark(Mark::kJob, MarkKind::kFault, "master port blocked");
     return;
   }
   network_.BlockMasterPort(loop_.now_ns + Ns(*fault.duration));
   const int64_t end = network_.master_port_blocked_until();
-  log_.PrintSim(std::nullopt, fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
-                                     spec_.cluster.master_port, spec_.cluster.master_addr,
-                                     FormatDuration(*fault.duration)));
+  log_.PrintSim(
+      std::nullopt,
+      fmt::format("network: TCP port {} on {} blocked for {} (new connections time out)",
+                  spec_.cluster.master_port, spec_.cluster.master_addr, FormatDuration(*fault.duration)));
   log_.AddMark(Mark::kJob, MarkKind::kFault, "master port blocked", end);
   loop_.queue.PushCall(TimePoint(Duration(end)), [this] {
     if (network_.master_port_blocked_until() > loop_.now_ns) return;
@@ -401,8 +414,9 @@ void FaultInjector::InjectMasterPortBlocked(const FaultSpec& fault) {
 }
 
 void FaultInjector::InjectEtcdFault(const FaultSpec& fault) {
-  if (!etcd_) return log_.PrintSim(std::nullopt, fmt::format("{} skipped: the job keeps no state in etcd",
-                                                        FaultKindName(fault.kind)));
+  if (!etcd_)
+    return log_.PrintSim(
+        std::nullopt, fmt::format("{} skipped: the job keeps no state in etcd", FaultKindName(fault.kind)));
   const int64_t end = fault.duration ? loop_.now_ns + Ns(*fault.duration) : -1;
   switch (fault.kind) {
     case FaultKind::kEtcdMemberDown:
@@ -425,8 +439,8 @@ void FaultInjector::InjectEtcdFault(const FaultSpec& fault) {
 void FaultInjector::InjectDuplicateNodeRank(const FaultSpec& fault) {
   const uint32_t extra = machines_.AddExtraAgent(fault.node);
   Focus(extra);
-  log_.PrintSim(extra, fmt::format("a second agent starts on {} and claims node rank {}", nodes_[extra].host_name,
-                                   fault.node));
+  log_.PrintSim(extra, fmt::format("a second agent starts on {} and claims node rank {}",
+                                   nodes_[extra].host_name, fault.node));
   machines_.StartIfPending(extra);
 }
 

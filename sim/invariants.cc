@@ -117,9 +117,10 @@ void Invariants::CoordinatorStartedRound(uint64_t epoch, std::string label, Roun
 void Invariants::CoordinatorEnded(int64_t now_ns, uint64_t launch, std::string label, int exit_code) {
   auto [it, inserted] = verdicts_.emplace(launch, std::make_pair(exit_code, label));
   if (inserted || it->second.first == exit_code) return;
-  Fail(now_ns, fmt::format("the job ends once: the coordinator on {} ended it with exit code {}, the one on {} "
-                           "with {}",
-                           it->second.second, it->second.first, label, exit_code));
+  Fail(now_ns,
+       fmt::format("the job ends once: the coordinator on {} ended it with exit code {}, the one on {} "
+                   "with {}",
+                   it->second.second, it->second.first, label, exit_code));
 }
 
 void Invariants::CoordinatorGone(uint64_t epoch) {
@@ -304,8 +305,8 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   // the coordinator and rank 0's store).
   const int node_rank = ToInt(start.node_rank_env);
   if (node_rank < 0 || node_rank >= round.world) {
-    return Fail(now_ns, fmt::format("{}: GROUP_RANK={} is not a node rank of the job", label,
-                                    start.node_rank_env));
+    return Fail(now_ns,
+                fmt::format("{}: GROUP_RANK={} is not a node rank of the job", label, start.node_rank_env));
   }
   if (node.spare && node_rank == 0 && !rank_zero_anywhere_) {
     return Fail(now_ns, fmt::format("a spare never plays node rank 0: {} starts rank {} of round {} as "
@@ -314,7 +315,8 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   }
   // Fencing: one holder per rank. A rank is not started anywhere while an earlier holder (of
   // any round, on any node, lost or not) may still run.
-  if (holders_.size() < static_cast<size_t>(round.world)) holders_.resize(static_cast<size_t>(round.world), 0);
+  if (holders_.size() < static_cast<size_t>(round.world))
+    holders_.resize(static_cast<size_t>(round.world), 0);
   uint64_t& holder = holders_[static_cast<size_t>(rank)];
   if (holder != 0) {
     const Worker& old = workers_.at(holder);
@@ -326,17 +328,19 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
   // One holder per node rank: the workers of a node rank run on one agent at a time. A new
   // holder (a spare that took the rank, or the node that comes back for it) starts nothing
   // while any worker of the old holder may still run (fencing).
-  if (node_holders_.size() <= static_cast<size_t>(node_rank)) node_holders_.resize(static_cast<size_t>(node_rank) + 1);
+  if (node_holders_.size() <= static_cast<size_t>(node_rank))
+    node_holders_.resize(static_cast<size_t>(node_rank) + 1);
   NodeRankHolder& owner = node_holders_[static_cast<size_t>(node_rank)];
   if (owner.live > 0 && owner.node != start.node) {
     if (owner.round == start.round) {
-      return Fail(now_ns, fmt::format("one holder per node rank: round {} runs node rank {} on both {} and {}",
-                                      start.round.round, node_rank, nodes_[owner.node].label, label));
+      return Fail(now_ns,
+                  fmt::format("one holder per node rank: round {} runs node rank {} on both {} and {}",
+                              start.round.round, node_rank, nodes_[owner.node].label, label));
     }
     return Fail(now_ns, fmt::format("fencing: {} starts node rank {} in round {} while {} worker(s) of {} "
                                     "that held it in round {} still run",
-                                    label, node_rank, start.round.round, owner.live,
-                                    nodes_[owner.node].label, owner.round.round));
+                                    label, node_rank, start.round.round, owner.live, nodes_[owner.node].label,
+                                    owner.round.round));
   }
   // One round at a time: no worker of another round may still run anywhere.
   if (round.live == 0) {
@@ -348,8 +352,8 @@ void Invariants::CheckStart(int64_t now_ns, const WorkerStart& start) {
     }
   }
   if (round.started[static_cast<size_t>(rank)] != 0) {
-    return Fail(now_ns, fmt::format("round {}: rank {} started twice (again on {})", start.round.round,
-                                    rank, label));
+    return Fail(now_ns,
+                fmt::format("round {}: rank {} started twice (again on {})", start.round.round, rank, label));
   }
   Admit(now_ns, start, rank, node_rank);
 }
@@ -420,10 +424,9 @@ void Invariants::CheckStore(int64_t now_ns, const Observation& o) {
   // (stale keys, or a stale rank joining the new round's rendezvous).
   if (*o.round == o.other) return;
   auto it = workers_.find(o.pid);
-  const std::string who = it == workers_.end()
-                              ? fmt::format("pid {}", o.pid)
-                              : fmt::format("rank {} on {} (pid {})", it->second.global_rank,
-                                            nodes_[it->second.node].label, o.pid);
+  const std::string who = it == workers_.end() ? fmt::format("pid {}", o.pid)
+                                               : fmt::format("rank {} on {} (pid {})", it->second.global_rank,
+                                                             nodes_[it->second.node].label, o.pid);
   Fail(now_ns, fmt::format("store relay: {} of round {} reached the store of round {} (port {})", who,
                            o.round->round, o.other.round, o.code));
 }
@@ -520,12 +523,13 @@ void Invariants::CheckLeases(int64_t now_ns) {
     const int64_t expiry = from + lease;
     if (expiry <= now_ns) {
       const Worker& w = workers_.at(node.live.front());
-      return Fail(now_ns, fmt::format("rank {} on {} (pid {}) still runs {} after its agent last heard from "
-                                      "the coordinator{}; an agent (or the guardian of a hung one) stops its "
-                                      "workers within {}",
-                                      w.global_rank, node.label, w.pid, HumanDuration(Duration(now_ns - from)),
-                                      HungAt(node, now_ns) ? " (the agent is hung)" : "",
-                                      HumanDuration(bounds_.lease)));
+      return Fail(
+          now_ns,
+          fmt::format("rank {} on {} (pid {}) still runs {} after its agent last heard from "
+                      "the coordinator{}; an agent (or the guardian of a hung one) stops its "
+                      "workers within {}",
+                      w.global_rank, node.label, w.pid, HumanDuration(Duration(now_ns - from)),
+                      HungAt(node, now_ns) ? " (the agent is hung)" : "", HumanDuration(bounds_.lease)));
     }
     next = std::min(next, expiry);
   }
@@ -570,8 +574,8 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
   const int64_t allowed = SilenceAllowed(round);
   const int64_t bound = allowed + bounds_.hangs->after_silence.count();
   // A hung agent neither sees the silence nor stops its workers, and node 0's (with etcd,
-  // the holder's) runs the coordinator: the bound starts again when the last of them resumed. One that never resumes
-  // is left to the lease checks (its guardian kills its workers; the others lose it).
+  // the holder's) runs the coordinator: the bound starts again when the last of them resumed. One that never
+  // resumes is left to the lease checks (its guardian kills its workers; the others lose it).
   int64_t from = round.hung_since_ns;
   const Worker* late = nullptr;
   auto count_hang = [&](const Node& node) {
@@ -598,12 +602,13 @@ void Invariants::CheckHangBound(int64_t now_ns, const RoundKey& key, Round& roun
   }
   std::vector<std::string> hung;
   for (int rank : round.hung) hung.push_back(std::to_string(rank));
-  Fail(now_ns, fmt::format("round {} stopped training {} ago because rank {} hung, but rank {} on {} (pid {}) "
-                           "still runs; with timeouts.progress the round is stopped within {} (a "
-                           "silence of {}, then the stacks, the stop and slack)",
-                           key.round, HumanDuration(Duration(now_ns - round.hung_since_ns)),
-                           fmt::join(hung, ", "), late->global_rank, nodes_[late->node].label, late->pid,
-                           HumanDuration(Duration(bound)), HumanDuration(Duration(allowed))));
+  Fail(now_ns,
+       fmt::format("round {} stopped training {} ago because rank {} hung, but rank {} on {} (pid {}) "
+                   "still runs; with timeouts.progress the round is stopped within {} (a "
+                   "silence of {}, then the stacks, the stop and slack)",
+                   key.round, HumanDuration(Duration(now_ns - round.hung_since_ns)), fmt::join(hung, ", "),
+                   late->global_rank, nodes_[late->node].label, late->pid, HumanDuration(Duration(bound)),
+                   HumanDuration(Duration(allowed))));
 }
 
 void Invariants::CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks& judged) {
@@ -617,9 +622,10 @@ void Invariants::CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks
   if (hung.empty() && it->second.trained_at_dump && !it->second.stalled_at_dump) {
     std::vector<int> named = judged.first;
     std::sort(named.begin(), named.end());
-    return Fail(now_ns, fmt::format("round {} was stopped as hung naming rank {}, but every rank was training when "
-                                    "the stacks were taken: none hung",
-                                    key.round, fmt::join(named, ", ")));
+    return Fail(now_ns,
+                fmt::format("round {} was stopped as hung naming rank {}, but every rank was training when "
+                            "the stacks were taken: none hung",
+                            key.round, fmt::join(named, ", ")));
   }
   // Only a verdict that had a hung rank's stack can be held to naming it; without, the
   // coordinator names the rank first found silent, which may be any.
@@ -629,9 +635,10 @@ void Invariants::CheckJudgement(int64_t now_ns, const RoundKey& key, const Ranks
     if (is_hung(culprit)) continue;
     std::vector<int> sorted = hung;
     std::sort(sorted.begin(), sorted.end());
-    return Fail(now_ns, fmt::format("round {} was stopped as hung naming rank {}, which did not hang; rank {} "
-                                    "hung (its stack was taken)",
-                                    key.round, culprit, fmt::join(sorted, ", ")));
+    return Fail(now_ns,
+                fmt::format("round {} was stopped as hung naming rank {}, which did not hang; rank {} "
+                            "hung (its stack was taken)",
+                            key.round, culprit, fmt::join(sorted, ", ")));
   }
 }
 
@@ -640,7 +647,8 @@ void Invariants::Prune() {
   // on long runs.
   while (rounds_.size() > 8) {
     auto oldest = rounds_.begin();
-    if (oldest->second.live > 0 || oldest->second.stop_check_ns >= 0 || oldest->second.hang_check_ns >= 0) break;
+    if (oldest->second.live > 0 || oldest->second.stop_check_ns >= 0 || oldest->second.hang_check_ns >= 0)
+      break;
     rounds_.erase(oldest);
   }
 }

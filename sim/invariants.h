@@ -66,10 +66,10 @@ struct InvariantBounds {
 
 /// A worker process as it starts, with what the agent put in its environment.
 struct WorkerStart {
-  uint32_t node = 0;          // simulator node index (an extra agent has its own)
+  uint32_t node = 0;  // simulator node index (an extra agent has its own)
   RoundKey round;
-  int world = 0;              // the world size of the job the coordinator runs
-  int global_rank = 0;        // the rank the agent meant to start
+  int world = 0;        // the world size of the job the coordinator runs
+  int global_rank = 0;  // the rank the agent meant to start
   int local_rank = 0;
   uint64_t pid = 0;
   std::string rank_env;       // RANK as the agent set it
@@ -79,13 +79,13 @@ struct WorkerStart {
 
 /// How the run ended, for the liveness checks.
 struct RunEnd {
-  int exit_code = 0;            // the job's outcome (node 0's, else the nodes' majority)
+  int exit_code = 0;  // the job's outcome (node 0's, else the nodes' majority)
   int restarts_used = 0;
   bool rendezvous_fault = false;  // a fault that may keep a node away long enough for exit 3
   /// Nodes still running at the end (labels, at most 8) and how many in all.
   std::vector<std::string> unfinished;
   int64_t unfinished_count = 0;
-  bool deadlock = false;        // the event queue ran dry
+  bool deadlock = false;  // the event queue ran dry
   /// Every rank still running in the job's round hangs for good and nothing watches progress
   /// (no timeouts.progress): no mechanism can end that round, so no end is owed. The product
   /// says so instead: `check` warns when a job has no timeouts.progress.
@@ -182,8 +182,8 @@ class Invariants {
     RoundKey round;
     int global_rank = 0;
     uint64_t pid = 0;
-    int64_t last_step_ns = -1;      // its last step beacon (hung ranks)
-    int node_rank = 0;              // the node rank its agent played (GROUP_RANK)
+    int64_t last_step_ns = -1;  // its last step beacon (hung ranks)
+    int node_rank = 0;          // the node rank its agent played (GROUP_RANK)
   };
   /// Who holds a node rank: the agent whose workers of it run (live > 0), and their round.
   struct NodeRankHolder {
@@ -193,12 +193,12 @@ class Invariants {
   };
   struct Round {
     int world = 0;
-    std::vector<uint8_t> started;   // per rank: a worker of this rank started in this round
+    std::vector<uint8_t> started;  // per rank: a worker of this rank started in this round
     int exited_zero = 0;
     int live = 0;
-    std::vector<uint64_t> pids;     // in start order (deterministic iteration)
+    std::vector<uint64_t> pids;  // in start order (deterministic iteration)
     std::optional<int64_t> failed_ns;
-    int64_t stop_check_ns = -1;     // when the stop bound is checked next
+    int64_t stop_check_ns = -1;  // when the stop bound is checked next
     // Hung ranks.
     int stepped = 0;                // ranks whose step beacons reached their agent
     std::vector<int> hung;          // the ranks whose hang stalled the round
@@ -210,15 +210,25 @@ class Invariants {
   };
   struct Node {
     std::string label;
-    bool spare = false;             // an entry of cluster.spares
-    std::vector<uint64_t> live;     // pids of this node's running workers
+    bool spare = false;          // an entry of cluster.spares
+    std::vector<uint64_t> live;  // pids of this node's running workers
     int64_t last_heard_ns = 0;
-    int64_t hung_until_ns = 0;      // INT64_MAX: for good
-    int64_t hang_end_ns = -1;       // when its last finite hang ended
-    int64_t reheard_ns = -1;        // when it last heard the coordinator again after a cut-off
+    int64_t hung_until_ns = 0;  // INT64_MAX: for good
+    int64_t hang_end_ns = -1;   // when its last finite hang ended
+    int64_t reheard_ns = -1;    // when it last heard the coordinator again after a cut-off
   };
   enum class Kind : uint8_t {
-    kStart, kEnd, kFailed, kExit, kStore, kHung, kResumed, kStacks, kJudged, kLeads, kGone
+    kStart,
+    kEnd,
+    kFailed,
+    kExit,
+    kStore,
+    kHung,
+    kResumed,
+    kStacks,
+    kJudged,
+    kLeads,
+    kGone
   };
   /// etcd: a coordinator as the invariants know it.
   struct Coordinator {
@@ -232,7 +242,7 @@ class Invariants {
     bool flag = false;
     uint64_t pid = 0;
     std::optional<RoundKey> round;
-    RoundKey other;   // kStore: the round of the store reached
+    RoundKey other;  // kStore: the round of the store reached
   };
   /// What kHung and kJudged carry (by Observation::pid, an index here).
   struct Ranks {
@@ -265,11 +275,11 @@ class Invariants {
   std::vector<Node> nodes_;
   std::vector<Observation> log_;
   std::vector<WorkerStart> starts_;
-  std::vector<Ranks> ranks_;                       // kHung, kJudged payloads of log_
-  int64_t longest_step_interval_ns_ = 0;           // between two step beacons of one rank, job-wide
-  std::unordered_map<uint64_t, Worker> workers_;   // by pid; looked up, never iterated
-  std::vector<uint64_t> holders_;                  // global rank -> pid of its live holder, 0: none
-  std::vector<NodeRankHolder> node_holders_;       // node rank -> the agent whose workers run it
+  std::vector<Ranks> ranks_;                      // kHung, kJudged payloads of log_
+  int64_t longest_step_interval_ns_ = 0;          // between two step beacons of one rank, job-wide
+  std::unordered_map<uint64_t, Worker> workers_;  // by pid; looked up, never iterated
+  std::vector<uint64_t> holders_;                 // global rank -> pid of its live holder, 0: none
+  std::vector<NodeRankHolder> node_holders_;      // node rank -> the agent whose workers run it
   std::map<RoundKey, Round> rounds_;
   std::optional<RoundKey> latest_round_;  // the last round any worker started in
   int restarts_ = 0;
@@ -277,7 +287,7 @@ class Invariants {
   uint32_t coordinator_node_ = 0;
   std::map<uint64_t, Coordinator> coordinators_;  // etcd: the coordinators that exist, by epoch
   std::map<RoundKey, std::pair<uint64_t, std::string>> round_starters_;  // round -> (epoch, label)
-  std::vector<std::string> labels_;                // kLeads payloads of log_ (by Observation::pid)
+  std::vector<std::string> labels_;                           // kLeads payloads of log_ (by Observation::pid)
   std::map<uint64_t, std::pair<int, std::string>> verdicts_;  // etcd: by launch, (code, coordinator)
   int checked_restarts_ = 0;
   int64_t next_due_ns_ = INT64_MAX;  // the earliest time bound to check

@@ -110,12 +110,14 @@ Result<std::string> ResolveJobKey(std::string_view key) {
   }
   if (found.size() == 1) return found.front();
   if (found.empty()) return Fail(fmt::format("no section of a job file has a key \"{}\"", key));
-  return Fail(fmt::format("\"{}\" is a key of several sections: write one of {}", key, fmt::join(found, ", ")));
+  return Fail(
+      fmt::format("\"{}\" is a key of several sections: write one of {}", key, fmt::join(found, ", ")));
 }
 
 Result<JobOverride> ParseJobOverride(std::string_view text) {
   const size_t eq = text.find('=');
-  if (eq == std::string_view::npos || eq == 0) return Fail("expected key=value (for example cluster.spares=2)");
+  if (eq == std::string_view::npos || eq == 0)
+    return Fail("expected key=value (for example cluster.spares=2)");
   auto key = ResolveJobKey(Trim(text.substr(0, eq)));
   if (!key) return Fail(key.error());
   const std::string_view value = Trim(text.substr(eq + 1));
@@ -137,7 +139,8 @@ std::string ApplyJobOverrides(std::string_view text, const std::vector<JobOverri
     for (const SectionSpec& s : Sections()) {
       if (s.name == section) spec = &s;
     }
-    const std::string line = fmt::format("{} = {}", name, TomlValue(spec ? FindKey(*spec, name) : nullptr, change.value));
+    const std::string line =
+        fmt::format("{} = {}", name, TomlValue(spec ? FindKey(*spec, name) : nullptr, change.value));
     // The section's lines: from its header (the top level: from the start) to the next header.
     size_t begin = 0;
     bool have_section = section.empty();
@@ -162,8 +165,10 @@ std::string ApplyJobOverrides(std::string_view text, const std::vector<JobOverri
       if (!IsKeyLine(lines[i], name)) continue;
       // The value may go on over the next lines (an array): up to where its brackets close.
       size_t last = i;
-      for (int depth = OpenBrackets(lines[i]); depth > 0 && last + 1 < end;) depth += OpenBrackets(lines[++last]);
-      lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(i), lines.begin() + static_cast<std::ptrdiff_t>(last + 1));
+      for (int depth = OpenBrackets(lines[i]); depth > 0 && last + 1 < end;)
+        depth += OpenBrackets(lines[++last]);
+      lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(i),
+                  lines.begin() + static_cast<std::ptrdiff_t>(last + 1));
       if (!change.remove) lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(i), line);
       done = true;
     }

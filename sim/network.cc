@@ -16,8 +16,12 @@ Network::Network(Handles handles, const JobSpec& spec, const NetworkOptions& opt
       log_(handles.log),
       stats_(handles.stats),
       invariants_(handles.invariants),
-      spec_(spec), options_(options), rng_(seed, 1), beat_seed_(Prng(seed, 9).Next()),
-      beat_frame_(wire::Encode(wire::Heartbeat{})), job_nodes_(spec.cluster.Agents()) {
+      spec_(spec),
+      options_(options),
+      rng_(seed, 1),
+      beat_seed_(Prng(seed, 9).Next()),
+      beat_frame_(wire::Encode(wire::Heartbeat{})),
+      job_nodes_(spec.cluster.Agents()) {
   conn_of_id_.push_back(0);  // ConnId 0 is never used
 }
 
@@ -70,13 +74,13 @@ Status Network::Listen(uint32_t index, const std::string& addr, uint16_t port) {
   // EADDRNOTAVAIL there.
   const auto machine = MachineOf(addr);
   if (machine && *machine != index) {
-    return Fail(fmt::format("cannot listen on {}:{}: {} is not an address of this machine", addr, port,
-                       addr));
+    return Fail(
+        fmt::format("cannot listen on {}:{}: {} is not an address of this machine", addr, port, addr));
   }
   auto [it, inserted] = listeners_.emplace(std::make_pair(addr, port), index);
   if (!inserted && it->second != index) {
     return Fail(fmt::format("cannot listen on {}:{}: address already in use (by {}'s agent)", addr, port,
-                       nodes_.Label(it->second)));
+                            nodes_.Label(it->second)));
   }
   return {};
 }
@@ -107,8 +111,8 @@ core::ConnId Network::Connect(uint32_t index, const std::string& addr, uint16_t 
     return id;
   };
   if (!known) return fail(core::ConnectError::kUnreachable, "No route to host", rtt);
-  const bool blocked = port == spec_.cluster.master_port && server != index &&
-                       port_blocked_until_ns_ > loop_.now_ns;
+  const bool blocked =
+      port == spec_.cluster.master_port && server != index && port_blocked_until_ns_ > loop_.now_ns;
   const int64_t timeout = options_.connect_timeout.count();
   if (!nodes_[server].up || blocked || Cut(index, server)) {
     return fail(core::ConnectError::kTimedOut, "Connection timed out", timeout);
@@ -303,7 +307,8 @@ bool Network::PlanBeats(const std::vector<BeatSender>& senders, int64_t period_n
   // A direction with packets that no sender writes to would deliver (or answer) on its own in
   // the stretch: not quiet.
   size_t busy = 0;
-  for (const Connection& conn : conns_) busy += static_cast<size_t>(!conn.toward[0].Empty()) + !conn.toward[1].Empty();
+  for (const Connection& conn : conns_)
+    busy += static_cast<size_t>(!conn.toward[0].Empty()) + !conn.toward[1].Empty();
   for (const BeatDirection& d : plan.directions) busy -= !conns_[d.conn].toward[d.toward].Empty();
   if (busy != 0) return false;
   bool ok = true;

@@ -35,11 +35,12 @@ class StoreNetwork {
   /// What a store client on `from` reaches when it connects to master_addr:`port` now.
   struct StoreReach {
     enum class Result : uint8_t { kConnected, kRetry } result = Result::kRetry;
-    RoundKey store;        // the round whose store answered (kConnected)
+    RoundKey store;  // the round whose store answered (kConnected)
     uint16_t store_port = 0;
-    uint32_t relay = 0;    // the node whose relay carried it (or that hosts the store)
+    uint32_t relay = 0;  // the node whose relay carried it (or that hosts the store)
   };
-  virtual StoreReach ReachStore(uint32_t from, const std::string& addr, uint16_t port, uint64_t client_pid) = 0;
+  virtual StoreReach ReachStore(uint32_t from, const std::string& addr, uint16_t port,
+                                uint64_t client_pid) = 0;
   /// Some partition is in force (the gang's collectives cannot make progress).
   virtual bool partitioned() const = 0;
 };
@@ -101,8 +102,8 @@ class Network final : public StoreNetwork {
   struct BeatDirection {
     uint64_t conn = 0;
     int toward = 0;
-    int64_t heard_ns = 0;          // the last delivery before the stretch's end
-    bool delivered = false;        // at least one in the stretch
+    int64_t heard_ns = 0;    // the last delivery before the stretch's end
+    bool delivered = false;  // at least one in the stretch
     int64_t last_ready_ns = 0;
     int64_t beats = 0;               // heartbeats its sender sends in the stretch
     std::vector<int64_t> in_flight;  // deliveries at or after the end, in order
@@ -127,8 +128,8 @@ class Network final : public StoreNetwork {
   /// CommitBeats. Beats that surely arrive inside the stretch, more than one period apart from
   /// its ends, are not drawn one by one when the gaps between them cannot exceed
   /// `allowed_gap_ns`: their direction's `longest_gap_ns` is then that bound.
-  bool PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns, int64_t silence_ns,
-                 int64_t allowed_gap_ns, BeatPlan& plan);
+  bool PlanBeats(const std::vector<BeatSender>& senders, int64_t period_ns, int64_t until_ns,
+                 int64_t silence_ns, int64_t allowed_gap_ns, BeatPlan& plan);
   /// Makes the plan happen: each direction counts the heartbeats it carried, the packets still
   /// in flight wait in their directions, and the stats count them.
   void CommitBeats(const BeatPlan& plan, const std::vector<uint8_t>& frame);
@@ -152,7 +153,7 @@ class Network final : public StoreNetwork {
     uint32_t node = 0;
     uint32_t incarnation = 0;
     core::ConnId id = 0;
-    bool open = false;      // the owning process still has the socket
+    bool open = false;  // the owning process still has the socket
   };
   /// Packets travelling toward one side, delivered in order (TCP).
   struct Direction {
@@ -169,13 +170,13 @@ class Network final : public StoreNetwork {
       }
     }
     int64_t last_ready_ns = 0;
-    int64_t beats = 0;      // heartbeat frames sent this way (BeatLatency's counter)
+    int64_t beats = 0;  // heartbeat frames sent this way (BeatLatency's counter)
     bool pump_scheduled = false;
-    bool blocked = false;   // held by a partition until it heals
+    bool blocked = false;  // held by a partition until it heals
   };
   struct Connection {
-    Side side[2];           // 0: the connecting side, 1: the listening side
-    Direction toward[2];    // toward[i]: packets for side[i]
+    Side side[2];         // 0: the connecting side, 1: the listening side
+    Direction toward[2];  // toward[i]: packets for side[i]
     bool connect_ok = false;
     core::ConnectError error = core::ConnectError::kOther;
     std::string error_detail;
@@ -203,12 +204,12 @@ class Network final : public StoreNetwork {
   const JobSpec& spec_;
   NetworkOptions options_;
   Prng rng_;
-  uint64_t beat_seed_ = 0;            // BeatLatency's
-  std::vector<uint8_t> beat_frame_;   // a heartbeat, as it goes on the wire
+  uint64_t beat_seed_ = 0;           // BeatLatency's
+  std::vector<uint8_t> beat_frame_;  // a heartbeat, as it goes on the wire
   int job_nodes_ = 0;
   std::map<std::pair<std::string, uint16_t>, uint32_t> listeners_;
   std::vector<Connection> conns_;
-  std::vector<uint64_t> conn_of_id_;   // ConnId -> (connection << 1) | side
+  std::vector<uint64_t> conn_of_id_;                  // ConnId -> (connection << 1) | side
   std::vector<std::vector<uint64_t>> conns_of_node_;  // per node: its connections
   core::ConnId next_conn_id_ = 1;
   std::map<std::pair<uint32_t, uint32_t>, int> cuts_;  // partitioned node pairs (a < b)
@@ -220,8 +221,8 @@ class Network final : public StoreNetwork {
     uint64_t pid = 0;
   };
   std::map<std::pair<uint32_t, uint16_t>, Store> stores_;  // (machine, port): a rank 0's store
-  std::vector<uint16_t> relay_port_;                        // per node: 0 off
-  std::vector<std::vector<uint64_t>> relayed_;              // per relay node: client pids carried
+  std::vector<uint16_t> relay_port_;                       // per node: 0 off
+  std::vector<std::vector<uint64_t>> relayed_;             // per relay node: client pids carried
   uint64_t relayed_total_ = 0;
 };
 

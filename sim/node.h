@@ -19,36 +19,40 @@ namespace ddprun::sim {
 
 struct Node {
   Node(Cluster* cluster, uint32_t at)
-      : timer(cluster, at), transport(cluster, at), launcher(cluster, at), console(cluster, at),
-        journal(cluster), store(cluster, at) {}
+      : timer(cluster, at),
+        transport(cluster, at),
+        launcher(cluster, at),
+        console(cluster, at),
+        journal(cluster),
+        store(cluster, at) {}
   uint32_t index = 0;
-  int rank = 0;                // the node rank its agent claims (a spare: nnodes + its index)
-  bool extra = false;          // duplicate-node-rank impostor
-  bool spare = false;          // an entry of cluster.spares: joins and waits to replace a node
-  int plays = -1;              // the node rank its workers last played (-1: none yet)
+  int rank = 0;        // the node rank its agent claims (a spare: nnodes + its index)
+  bool extra = false;  // duplicate-node-rank impostor
+  bool spare = false;  // an entry of cluster.spares: joins and waits to replace a node
+  int plays = -1;      // the node rank its workers last played (-1: none yet)
   std::string host_name;
   std::string addr;
-  std::string label;           // "node 3", "spare 0" or "node 1 (extra agent on node-0004)"
+  std::string label;  // "node 3", "spare 0" or "node 1 (extra agent on node-0004)"
   const JobSpec* spec = nullptr;
   std::unique_ptr<JobSpec> own_spec;  // job-file-differs
   SimTimer timer;
   SimTransport transport;
   SimLauncher launcher;
   SimConsole console;
-  SimJournal journal;          // the node's disk: kept across crashes
-  SimStoreClient store;        // its etcd client (rendezvous.backend = "etcd")
+  SimJournal journal;    // the node's disk: kept across crashes
+  SimStoreClient store;  // its etcd client (rendezvous.backend = "etcd")
   std::unique_ptr<host::NodeHost> host;
   host::TransportEvents* tevents = nullptr;
   host::ProcessEvents* pevents = nullptr;
-  uint32_t incarnation = 0;    // +1 per crash: what an older incarnation left is stale
+  uint32_t incarnation = 0;  // +1 per crash: what an older incarnation left is stale
   bool up = false;
   bool pending_start = false;  // a start or reboot is scheduled
   bool started_once = false;
-  int64_t started_ns = 0;      // when its agent last started
-  int64_t down_entry = -1;     // its open outage in Cluster::down_, if it is down after a crash
+  int64_t started_ns = 0;   // when its agent last started
+  int64_t down_entry = -1;  // its open outage in Cluster::down_, if it is down after a crash
   bool finished = false;
   std::optional<int> exit_code;
-  int64_t hung_until_ns = 0;   // agent hang: its events wait until then
+  int64_t hung_until_ns = 0;  // agent hang: its events wait until then
   bool hung_forever = false;
   int64_t last_hang_end_ns = -1;
   /// The lease its agent last gave its workers (core::RenewLease): its guardian SIGKILLs them
@@ -57,7 +61,7 @@ struct Node {
   uint64_t timer_gen = 0;
   std::optional<int64_t> armed_ns;
   std::optional<int64_t> queued_ns;
-  bool focus = false;          // touched by a fault: its lines are shown at scale
+  bool focus = false;  // touched by a fault: its lines are shown at scale
   uint64_t condensed_stamp = 0;
   NodePhase phase = NodePhase::kOff;
 

@@ -136,7 +136,8 @@ void Cluster::QuietQueue(QuietStretch& s) {
         return;
       case EventKind::kWorkerReady:
         if (!workers_.beacons()) {
-          if (event.target == workers_.current_gang()) last_ready = std::max(last_ready, {{event.time_ns, event.seq}});
+          if (event.target == workers_.current_gang())
+            last_ready = std::max(last_ready, {{event.time_ns, event.seq}});
           return;
         }
         break;
@@ -205,7 +206,9 @@ void Cluster::ApplyQuietStretch(const QuietStretch& s, const std::vector<uint8_t
   const int64_t period = s.period;
   const core::Coordinator::Quiet& boss = s.boss();
   network_.CommitBeats(s.plan, frame);
-  const auto beats_before = [&](int64_t first) { return first >= until ? 0 : (until - 1 - first) / period + 1; };
+  const auto beats_before = [&](int64_t first) {
+    return first >= until ? 0 : (until - 1 - first) / period + 1;
+  };
   const auto last_beat = [&](int64_t first) { return first + (beats_before(first) - 1) * period; };
   const auto at = [](int64_t ns) { return TimePoint(Duration(ns)); };
   const int64_t boss_first = Ns(boss.state.next_beat.time_since_epoch());

@@ -96,7 +96,7 @@ class SimJournal final : public host::Journal {
 
  private:
   const Cluster* cluster_;
-  std::optional<int64_t> may_run_since_ns_;  // the last record said workers may run, then
+  std::optional<int64_t> may_run_since_ns_;         // the last record said workers may run, then
   std::vector<core::QuarantinedHost> quarantined_;  // as recorded at quarantined_at_ns_
   int64_t quarantined_at_ns_ = 0;
 };

@@ -15,7 +15,6 @@ constexpr Duration kElectionMax = Seconds(2);
 // etcd's smallest lease: shorter requests are lengthened to it.
 constexpr Duration kMinTtl = Seconds(2);
 
-
 }  // namespace
 
 SimEtcd::SimEtcd(EventQueue& queue, Hooks hooks, const JobSpec& spec, const NetworkOptions& network,
@@ -69,8 +68,7 @@ void SimEtcd::TryServe(uint64_t seq) {
   p.waiting = false;
   host::StoreResult result = Apply(p.op);
   result.id = p.id;
-  queue_.PushCall(TimePoint(Duration(Now() + Latency())),
-                            [this, seq, result] { Answer(seq, result); });
+  queue_.PushCall(TimePoint(Duration(Now() + Latency())), [this, seq, result] { Answer(seq, result); });
 }
 
 host::StoreResult SimEtcd::Apply(const Op& op) {
@@ -231,7 +229,8 @@ void SimEtcd::MemberDown(int member, std::optional<Duration> duration) {
 }
 
 void SimEtcd::LeaderLost(Duration duration) {
-  hooks_.print(std::nullopt, fmt::format("etcd: the leader is lost; an election takes {}", FormatDuration(duration)));
+  hooks_.print(std::nullopt,
+               fmt::format("etcd: the leader is lost; an election takes {}", FormatDuration(duration)));
   if (has_leader_) BeginElection(duration);
 }
 
@@ -239,7 +238,7 @@ void SimEtcd::Partition(uint32_t node, std::optional<Duration> duration) {
   if (cut_.size() <= node) cut_.resize(node + 1, 0);
   ++cut_[node];
   hooks_.print(node, fmt::format("etcd: this host is cut off from etcd{}",
-                                      duration ? " for " + FormatDuration(*duration) : ""));
+                                 duration ? " for " + FormatDuration(*duration) : ""));
   if (!duration) return;
   queue_.PushCall(TimePoint(Duration(Now() + Ns(*duration))), [this, node] {
     --cut_[node];
@@ -266,7 +265,8 @@ uint64_t SimStoreClient::Grant(Duration ttl) { return Send(SimEtcd::GrantOp{ttl}
 uint64_t SimStoreClient::KeepAlive(int64_t lease) { return Send(SimEtcd::KeepAliveOp{lease}); }
 uint64_t SimStoreClient::Revoke(int64_t lease) { return Send(SimEtcd::RevokeOp{lease}); }
 uint64_t SimStoreClient::Get(const std::string& key) { return Send(SimEtcd::GetOp{key}); }
-uint64_t SimStoreClient::PutIf(const std::string& key, int64_t create_revision, std::vector<host::StorePut> puts) {
+uint64_t SimStoreClient::PutIf(const std::string& key, int64_t create_revision,
+                               std::vector<host::StorePut> puts) {
   return Send(SimEtcd::PutIfOp{key, create_revision, std::move(puts)});
 }
 

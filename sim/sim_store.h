@@ -131,9 +131,9 @@ class SimEtcd {
   int64_t next_lease_ = 0x694d0000;  // etcd's lease ids are opaque numbers
   std::vector<int> down_;            // per member: faults keeping it down
   bool has_leader_ = true;
-  int leader_ = 0;                   // the member that leads (while has_leader_)
+  int leader_ = 0;  // the member that leads (while has_leader_)
   int64_t electing_until_ns_ = 0;
-  std::vector<int> cut_;             // per node: partitions from etcd in force
+  std::vector<int> cut_;  // per node: partitions from etcd in force
   uint64_t next_seq_ = 1;
   std::map<uint64_t, Pending> pending_;  // by arrival order
 };

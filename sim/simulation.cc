@@ -88,10 +88,10 @@ std::string RankRanges(const std::vector<int>& ranks) {
     parts.push_back(j == i ? fmt::format("{}", ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
     i = j + 1;
   }
-  std::string list = parts.size() <= 12 ? fmt::format("{}", fmt::join(parts, ", "))
-                                        : fmt::format("{}, ... ({} groups)",
-                                                      fmt::join(parts.begin(), parts.begin() + 12, ", "),
-                                                      parts.size());
+  std::string list = parts.size() <= 12
+                         ? fmt::format("{}", fmt::join(parts, ", "))
+                         : fmt::format("{}, ... ({} groups)",
+                                       fmt::join(parts.begin(), parts.begin() + 12, ", "), parts.size());
   return fmt::format("{} {}", ranks.size() == 1 ? "node" : "nodes", list);
 }
 
@@ -100,26 +100,35 @@ std::string RankRanges(const std::vector<int>& ranks) {
 std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const SimResult& result) {
   const SimStats& s = result.stats;
   const int spares = spec.cluster.spares;
-  std::string text = fmt::format("\nsimulation summary: job \"{}\", {} node{} x {} worker{}{}, seed {}\n",
-                                 spec.job.name, spec.cluster.nnodes, spec.cluster.nnodes == 1 ? "" : "s",
-                                 spec.cluster.nproc_per_node, spec.cluster.nproc_per_node == 1 ? "" : "s",
-                                 spares == 0 ? "" : fmt::format(", {} spare{}", spares, spares == 1 ? "" : "s"),
-                                 options.seed);
+  std::string text = fmt::format(
+      "\nsimulation summary: job \"{}\", {} node{} x {} worker{}{}, seed {}\n", spec.job.name,
+      spec.cluster.nnodes, spec.cluster.nnodes == 1 ? "" : "s", spec.cluster.nproc_per_node,
+      spec.cluster.nproc_per_node == 1 ? "" : "s",
+      spares == 0 ? "" : fmt::format(", {} spare{}", spares, spares == 1 ? "" : "s"), options.seed);
   // Outcome per node, grouped when identical.
   std::map<std::string, std::vector<int>> groups;
   std::vector<std::string> extras;
   for (const NodeOutcome& node : result.nodes) {
     std::string what;
     switch (node.state) {
-      case NodeOutcome::State::kExited: what = fmt::format("exit {}", node.exit_code); break;
-      case NodeOutcome::State::kDown: what = "down (crashed)"; break;
-      case NodeOutcome::State::kHung: what = "hung (agent never resumed)"; break;
-      case NodeOutcome::State::kUnfinished: what = "still running"; break;
+      case NodeOutcome::State::kExited:
+        what = fmt::format("exit {}", node.exit_code);
+        break;
+      case NodeOutcome::State::kDown:
+        what = "down (crashed)";
+        break;
+      case NodeOutcome::State::kHung:
+        what = "hung (agent never resumed)";
+        break;
+      case NodeOutcome::State::kUnfinished:
+        what = "still running";
+        break;
     }
     if (node.extra) {
       extras.push_back(fmt::format("extra agent for node {} on {}: {}", node.node_rank, node.host, what));
     } else if (node.spare) {
-      extras.push_back(fmt::format("spare {} ({}): {}{}", node.node_rank - spec.cluster.nnodes, node.host, what,
+      extras.push_back(fmt::format("spare {} ({}): {}{}", node.node_rank - spec.cluster.nnodes, node.host,
+                                   what,
                                    node.plays >= 0 ? fmt::format(", played node rank {}", node.plays)
                                                    : std::string(", never needed")));
     } else {
@@ -127,26 +136,29 @@ std::string FormatSummary(const JobSpec& spec, const SimOptions& options, const 
     }
   }
   if (result.stuck_for_good) {
-    text += "  outcome:           the job never ends: every rank of its round hangs for good and "
-            "nothing watches progress (set timeouts.progress)\n";
+    text +=
+        "  outcome:           the job never ends: every rank of its round hangs for good and "
+        "nothing watches progress (set timeouts.progress)\n";
   } else {
     text += fmt::format("  outcome:           job exit code {}{}\n", result.exit_code,
                         result.violation ? " (an invariant broke)" : "");
   }
-  for (const auto& [what, ranks] : groups) text += fmt::format("                     {}: {}\n", RankRanges(ranks), what);
+  for (const auto& [what, ranks] : groups)
+    text += fmt::format("                     {}: {}\n", RankRanges(ranks), what);
   for (const auto& line : extras) text += fmt::format("                     {}\n", line);
   for (const auto& line : result.replacements) text += fmt::format("  replaced:          {}\n", line);
   const int64_t wall = s.end_ns;
   text += fmt::format("  virtual time:      {} ({} events, {} messages, at most {} events queued)\n",
                       HumanDuration(Duration(wall)), s.events, s.messages, s.peak_queue);
-  text += fmt::format("  first training:    {}\n",
-                      s.first_training_ns ? "after " + HumanDuration(Duration(*s.first_training_ns))
-                                          : std::string("never"));
+  text += fmt::format(
+      "  first training:    {}\n",
+      s.first_training_ns ? "after " + HumanDuration(Duration(*s.first_training_ns)) : std::string("never"));
   text += fmt::format("  rounds:            {} started, {} interrupted; restarts used: {} of {}\n",
                       s.rounds_started, s.interruptions, s.restarts_used, s.max_restarts);
   if (s.node_crashes + s.worker_failures > 0) {
-    text += fmt::format("  failures:          {} node crash{}, {} worker failure{}\n", s.node_crashes,
-                        s.node_crashes == 1 ? "" : "es", s.worker_failures, s.worker_failures == 1 ? "" : "s");
+    text +=
+        fmt::format("  failures:          {} node crash{}, {} worker failure{}\n", s.node_crashes,
+                    s.node_crashes == 1 ? "" : "es", s.worker_failures, s.worker_failures == 1 ? "" : "s");
   }
   const auto& t = spec.timeouts;
   if (t.DetectsHangs() || spec.simulate.worker_hang_mtbf) {

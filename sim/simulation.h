@@ -21,21 +21,21 @@ namespace ddprun::sim {
 
 /// The simulated network between nodes (TCP-like: reliable, in order per connection).
 struct NetworkOptions {
-  Duration latency_min = std::chrono::microseconds(50);   // one way
+  Duration latency_min = std::chrono::microseconds(50);  // one way
   Duration latency_max = std::chrono::microseconds(400);
-  double loss = 0.001;                  // chance a packet needs one retransmission
-  Duration retransmit = Millis(200);    // the delay a lost packet adds (TCP's minimum RTO)
+  double loss = 0.001;                     // chance a packet needs one retransmission
+  Duration retransmit = Millis(200);       // the delay a lost packet adds (TCP's minimum RTO)
   Duration connect_timeout = Seconds(10);  // what a dropped SYN costs the connecting side
 };
 
 struct SimOptions {
   uint64_t seed = 1;
   NetworkOptions network;
-  bool quiet = false;             // no per-event lines, only the summary
+  bool quiet = false;  // no per-event lines, only the summary
   /// Quiet stretches are computed, not run beat by beat (sim/quiet.cc); off: --beat-by-beat.
   bool lazy_heartbeats = true;
-  bool record_timeline = false;   // keep per-node phases (needed for --trace and --report)
-  int condense_above = 64;        // more nodes than this: only node 0's and faulted nodes' lines
+  bool record_timeline = false;  // keep per-node phases (needed for --trace and --report)
+  int condense_above = 64;       // more nodes than this: only node 0's and faulted nodes' lines
   /// For the repro line: the job file as the user named it, and the command-line faults and
   /// --nodes that changed the spec (the job file's own faults are in the file).
   std::string job_path = "job.toml";
@@ -58,9 +58,9 @@ struct SimOptions {
     kHungStackLooksWaiting,  // node 1's hung worker dumps an all_reduce stack, and its local
                              // rank 0 the stack of a rank stuck elsewhere
     // Hot spares:
-    kSparePlaysNodeZero,     // a spare's workers say (GROUP_RANK) they play node rank 0
+    kSparePlaysNodeZero,  // a spare's workers say (GROUP_RANK) they play node rank 0
     // etcd (rendezvous.backend = "etcd"):
-    kStoreIgnoresFencing,    // the modelled etcd lets every PutIf's compare hold
+    kStoreIgnoresFencing,  // the modelled etcd lets every PutIf's compare hold
   };
   Sabotage sabotage = Sabotage::kNone;
   /// Where node 0's agents (every incarnation) record their events, as a real node writes its
@@ -75,11 +75,11 @@ struct NodeOutcome {
   enum class State { kExited, kDown, kHung, kUnfinished };
   int node_rank = 0;
   std::string host;
-  bool extra = false;             // a duplicate-node-rank agent, not one of the job's nodes
-  bool spare = false;             // an entry of cluster.spares (node_rank: nnodes + its index)
-  int plays = -1;                 // the node rank its workers last played (-1: none)
+  bool extra = false;  // a duplicate-node-rank agent, not one of the job's nodes
+  bool spare = false;  // an entry of cluster.spares (node_rank: nnodes + its index)
+  int plays = -1;      // the node rank its workers last played (-1: none)
   State state = State::kUnfinished;
-  int exit_code = 0;              // when kExited
+  int exit_code = 0;  // when kExited
 };
 
 struct SimStats {
@@ -90,27 +90,27 @@ struct SimStats {
   uint64_t timer_events = 0;
   uint64_t delivery_events = 0;
   uint64_t worker_events = 0;
-  uint64_t messages = 0;                 // frames sent by all agents and the coordinator
+  uint64_t messages = 0;  // frames sent by all agents and the coordinator
   uint64_t bytes = 0;
   std::vector<uint64_t> messages_by_node;  // frames each job node sent (index = node rank)
-  uint64_t coordinator_messages = 0;     // of those, what node 0's coordinator sent
-  int64_t end_ns = 0;                    // virtual time the job ended (last agent exit)
+  uint64_t coordinator_messages = 0;       // of those, what node 0's coordinator sent
+  int64_t end_ns = 0;                      // virtual time the job ended (last agent exit)
   std::optional<int64_t> first_training_ns;
   int rounds_started = 0;
   int restarts_used = 0;
   int max_restarts = 0;
-  int interruptions = 0;                 // rounds that ended without success
-  int64_t training_ns = 0;               // time the gang was training (useful or later lost)
-  int64_t useful_ns = 0;                 // training progress kept at the end
-  int64_t lost_ns = 0;                   // progress since the last checkpoint, lost on failures
+  int interruptions = 0;    // rounds that ended without success
+  int64_t training_ns = 0;  // time the gang was training (useful or later lost)
+  int64_t useful_ns = 0;    // training progress kept at the end
+  int64_t lost_ns = 0;      // progress since the last checkpoint, lost on failures
   int64_t train_target_ns = 0;
   int node_crashes = 0;
-  int worker_failures = 0;               // workers that exited non-zero or were killed by faults
+  int worker_failures = 0;  // workers that exited non-zero or were killed by faults
   int faults_injected = 0;
-  uint64_t store_clients = 0;            // store clients that reached rank 0's store (relayed or not)
-  uint64_t beacons = 0;                  // progress beacons delivered to agents (0 without timeouts.progress)
-  int worker_hangs = 0;                  // workers that hung (faults and simulate.worker_hang_mtbf)
-  int hangs_judged = 0;                  // rounds node 0's coordinator stopped because ranks hung
+  uint64_t store_clients = 0;  // store clients that reached rank 0's store (relayed or not)
+  uint64_t beacons = 0;        // progress beacons delivered to agents (0 without timeouts.progress)
+  int worker_hangs = 0;        // workers that hung (faults and simulate.worker_hang_mtbf)
+  int hangs_judged = 0;        // rounds node 0's coordinator stopped because ranks hung
   uint64_t peak_queue = 0;
   /// Quiet stretches computed instead of run beat by beat (sim/quiet.cc), and the heartbeats
   /// in them.

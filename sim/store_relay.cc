@@ -38,8 +38,8 @@ Network::StoreReach Network::ReachStore(uint32_t from, const std::string& addr, 
   if (!machine) return reach;
   const uint32_t server = *machine;
   const Node& host = nodes_[server];
-  const bool blocked = port == spec_.cluster.master_port && from != server &&
-                       port_blocked_until_ns_ > loop_.now_ns;
+  const bool blocked =
+      port == spec_.cluster.master_port && from != server && port_blocked_until_ns_ > loop_.now_ns;
   if (!host.up || blocked || Cut(from, server)) return reach;  // PyTorch retries the connect
   uint16_t store_port = port;
   uint32_t store_machine = server;

@@ -96,7 +96,8 @@ std::vector<FaultSpec> DrawSwarmFaults(const JobSpec& spec, uint64_t seed) {
     if (pick < 20) {
       fault.kind = FaultKind::kNodeCrash;
       if (rng.Below(10) < 9) {
-        fault.reboot_after = Duration(rng.Between(Seconds(20), Minutes(5)).count() / 1'000'000'000 * 1'000'000'000);
+        fault.reboot_after =
+            Duration(rng.Between(Seconds(20), Minutes(5)).count() / 1'000'000'000 * 1'000'000'000);
       }
     } else if (pick < 35) {
       fault.kind = FaultKind::kWorkerExit;
@@ -166,10 +167,14 @@ std::vector<JobOverride> DrawSwarmShape(uint64_t seed) {
     return std::string(values.begin()[rng.Below(values.size())]);
   };
   std::vector<JobOverride> shape;
-  auto set = [&](const char* key, std::string value) { shape.push_back(JobOverride{key, std::move(value), false}); };
+  auto set = [&](const char* key, std::string value) {
+    shape.push_back(JobOverride{key, std::move(value), false});
+  };
   // Mostly small jobs (where every node's fault matters), some up to 64 nodes.
   const uint64_t size = rng.Below(100);
-  const int nnodes = static_cast<int>(size < 45 ? 1 + rng.Below(4) : size < 80 ? 5 + rng.Below(12) : 17 + rng.Below(48));
+  const int nnodes = static_cast<int>(size < 45   ? 1 + rng.Below(4)
+                                      : size < 80 ? 5 + rng.Below(12)
+                                                  : 17 + rng.Below(48));
   const int nproc = static_cast<int>(1 + rng.Below(8));
   const uint64_t spare_pick = rng.Below(100);
   const int spares = spare_pick < 60 ? 0 : static_cast<int>(1 + rng.Below(3));
@@ -185,7 +190,8 @@ std::vector<JobOverride> DrawSwarmShape(uint64_t seed) {
     for (int i = 0; i < spares; ++i) spare_hosts.push_back(fmt::format("\"10.1.0.{}\"", 1 + i));
     if (spares > 0) set("cluster.spares", fmt::format("[{}]", fmt::join(spare_hosts, ", ")));
     set("rendezvous.backend", "etcd");
-    set("rendezvous.endpoints", "[\"http://10.9.0.1:2379\", \"http://10.9.0.2:2379\", \"http://10.9.0.3:2379\"]");
+    set("rendezvous.endpoints",
+        "[\"http://10.9.0.1:2379\", \"http://10.9.0.2:2379\", \"http://10.9.0.3:2379\"]");
     set("rendezvous.lease", pick({"5s", "10s", "20s"}));
   } else {
     set("cluster.nnodes", std::to_string(nnodes));
@@ -263,7 +269,8 @@ SwarmResult RunSwarm(const JobSpec& spec, const SimOptions& base, int count, std
     ++swarm.runs;
     ++exits[result.exit_code];
     const int64_t wall = result.stats.end_ns;
-    goodput.push_back(wall > 0 ? static_cast<double>(result.stats.useful_ns) / static_cast<double>(wall) : 0.0);
+    goodput.push_back(wall > 0 ? static_cast<double>(result.stats.useful_ns) / static_cast<double>(wall)
+                               : 0.0);
     std::vector<std::string> kinds;
     for (const FaultSpec& fault : options.flag_faults) kinds.emplace_back(FaultKindName(fault.kind));
     if (result.violation) {

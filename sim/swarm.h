@@ -27,9 +27,9 @@ struct SwarmResult {
   int runs = 0;
   int failures = 0;
   std::vector<uint64_t> failed_seeds;
-  double mean_goodput = 0;          // useful training / wall time, averaged over the seeds
-  std::map<int, int> exit_codes;    // the jobs' exit codes: how many seeds ended with each
-  int shapes_refused = 0;           // --vary-shape: shapes the loader refused (a drawer bug)
+  double mean_goodput = 0;        // useful training / wall time, averaged over the seeds
+  std::map<int, int> exit_codes;  // the jobs' exit codes: how many seeds ended with each
+  int shapes_refused = 0;         // --vary-shape: shapes the loader refused (a drawer bug)
 };
 
 /// Runs seeds base.seed .. base.seed + count - 1. One line per seed goes to `out` (with

@@ -22,11 +22,20 @@ std::string Xml(std::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -40,7 +49,8 @@ std::string WithFixed(const SweepResult& sweep) {
 
 std::string Label(const SweepResult& sweep, const SweepRow& row) {
   std::vector<std::string> parts;
-  for (size_t i = 0; i < row.values.size(); ++i) parts.push_back(fmt::format("{}={}", sweep.keys[i], row.values[i]));
+  for (size_t i = 0; i < row.values.size(); ++i)
+    parts.push_back(fmt::format("{}={}", sweep.keys[i], row.values[i]));
   return parts.empty() ? "the job as written" : fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -70,7 +80,8 @@ SweepRow Summarise(std::vector<std::string> values, const std::vector<SimResult>
     restarts += s.restarts_used;
     lost += static_cast<double>(s.lost_ns);
     down += static_cast<double>(std::max<int64_t>(0, s.end_ns - s.training_ns));
-    kept += s.train_target_ns > 0 ? static_cast<double>(s.useful_ns) / static_cast<double>(s.train_target_ns) : 0.0;
+    kept += s.train_target_ns > 0 ? static_cast<double>(s.useful_ns) / static_cast<double>(s.train_target_ns)
+                                  : 0.0;
   }
   std::sort(goodput.begin(), goodput.end());
   const double n = std::max(1, row.runs);
@@ -91,7 +102,8 @@ SweepRow Summarise(std::vector<std::string> values, const std::vector<SimResult>
 
 Result<SweepAxis> ParseSweepFlag(std::string_view text) {
   const size_t eq = text.find('=');
-  if (eq == std::string_view::npos || eq == 0) return Fail("expected key=v1,v2,... (for example cluster.spares=0,1,2)");
+  if (eq == std::string_view::npos || eq == 0)
+    return Fail("expected key=v1,v2,... (for example cluster.spares=0,1,2)");
   auto key = ResolveJobKey(text.substr(0, eq));
   if (!key) return Fail(key.error());
   SweepAxis axis;
@@ -118,7 +130,8 @@ Result<SweepAxis> ParseSweepFlag(std::string_view text) {
     start = i + 1;
   }
   if (quote != 0 || depth != 0) {
-    return Fail(fmt::format("{}: \"{}\" has an unclosed {}", axis.key, values, quote != 0 ? "quote" : "bracket"));
+    return Fail(
+        fmt::format("{}: \"{}\" has an unclosed {}", axis.key, values, quote != 0 ? "quote" : "bracket"));
   }
   if (axis.values.size() > 100) return Fail(fmt::format("{}: at most 100 values", axis.key));
   return axis;
@@ -172,10 +185,11 @@ Result<SweepResult> RunSweep(std::string_view job_text, const std::string& job_p
 }
 
 std::string FormatSweepTable(const SweepResult& sweep) {
-  std::string text = fmt::format("sweep of {}{}: {} setting{} x {} seed{} ({}..{}), the job's own faults only\n\n",
-                                 sweep.job_path, WithFixed(sweep), sweep.rows.size(), sweep.rows.size() == 1 ? "" : "s", sweep.seeds,
-                                 sweep.seeds == 1 ? "" : "s", sweep.first_seed,
-                                 sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
+  std::string text =
+      fmt::format("sweep of {}{}: {} setting{} x {} seed{} ({}..{}), the job's own faults only\n\n",
+                  sweep.job_path, WithFixed(sweep), sweep.rows.size(), sweep.rows.size() == 1 ? "" : "s",
+                  sweep.seeds, sweep.seeds == 1 ? "" : "s", sweep.first_seed,
+                  sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
   std::vector<std::string> header = sweep.keys;
   for (const char* h : {"runs", "finished (exit 0)", "other exits", "goodput mean", "p10", "median", "p90",
                         "restarts (mean)", "work lost (mean)", "downtime (mean)", "training kept"}) {
@@ -201,8 +215,9 @@ std::string FormatSweepTable(const SweepResult& sweep) {
     cells.push_back(Percent(row.kept_mean));
     text += fmt::format("| {} |\n", fmt::join(cells, " | "));
   }
-  text += "\ngoodput: useful training / wall time of each run (a run that ended early counts until it "
-          "ended); training kept: the training done at the end over simulate.train_time\n";
+  text +=
+      "\ngoodput: useful training / wall time of each run (a run that ended early counts until it "
+      "ended); training kept: the training done at the end over simulate.train_time\n";
   if (sweep.violations > 0) {
     text += fmt::format("{} run{} broke an invariant (exit 70): run that setting with --seed to see which\n",
                         sweep.violations, sweep.violations == 1 ? "" : "s");
@@ -217,8 +232,9 @@ std::string SweepChartSvg(const SweepResult& sweep) {
   const int kLeft = 24 + 7 * static_cast<int>(std::min<size_t>(longest, 90));
   const int kRight = kLeft + 570, kTop = 58, kRow = 38;
   const std::string title = fmt::format("Goodput per setting: {}{}", sweep.job_path, WithFixed(sweep));
-  const std::string subtitle_start = fmt::format("{} seeds each ({}..{}); ", sweep.seeds, sweep.first_seed,
-                                                 sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
+  const std::string subtitle_start =
+      fmt::format("{} seeds each ({}..{}); ", sweep.seeds, sweep.first_seed,
+                  sweep.first_seed + static_cast<uint64_t>(std::max(sweep.seeds, 1)) - 1);
   // The axis starts at the 10% below the lowest p10, so that close settings stay apart. A
   // length that does not start at 0 would lie (90.5% drawn a tenth as long as 95.7%): bars
   // only on an axis from 0, else the mean is a dot.
@@ -228,16 +244,19 @@ std::string SweepChartSvg(const SweepResult& sweep) {
   if (low > 0.9) low = 0.9;
   const bool bars = low <= 0.0;
   const std::string subtitle =
-      subtitle_start + (bars ? "bar: mean" : fmt::format("dot: mean (the axis starts at {}%)", std::lround(low * 100))) +
+      subtitle_start +
+      (bars ? "bar: mean" : fmt::format("dot: mean (the axis starts at {}%)", std::lround(low * 100))) +
       ", whisker: p10-p90, tick: median";
   // Wide enough for the title (about 9 px a character at 15 px bold) and the subtitle: never clipped.
-  const int kWidth = std::max({kRight + 40, 20 + 9 * static_cast<int>(title.size()), 20 + 7 * static_cast<int>(subtitle.size())});
+  const int kWidth = std::max(
+      {kRight + 40, 20 + 9 * static_cast<int>(title.size()), 20 + 7 * static_cast<int>(subtitle.size())});
   const int height = kTop + kRow * static_cast<int>(sweep.rows.size()) + 50;
   auto x = [&](double goodput) {
     return kLeft + static_cast<int>(std::lround((goodput - low) / (1.0 - low) * (kRight - kLeft)));
   };
   std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"sweep-chart\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"sweep-chart\" width=\"{0}\" height=\"{1}\" viewBox=\"0 "
+      "0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"13\">\n"
       "<title>{2}</title>\n"
       "<text class=\"title\" x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{2}</text>\n"
@@ -246,30 +265,39 @@ std::string SweepChartSvg(const SweepResult& sweep) {
   const int axis_y = kTop + kRow * static_cast<int>(sweep.rows.size()) + 6;
   for (int tick = static_cast<int>(std::lround(low * 100)); tick <= 100; tick += low >= 0.5 ? 5 : 10) {
     const int tx = x(tick / 100.0);
-    svg += fmt::format("<line class=\"grid\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{0}\" y=\"{3}\" text-anchor=\"middle\" fill=\"#555\">{4}%</text>\n",
-                       tx, kTop - 4, axis_y, axis_y + 16, tick);
+    svg += fmt::format(
+        "<line class=\"grid\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#ddd\"/>"
+        "<text x=\"{0}\" y=\"{3}\" text-anchor=\"middle\" fill=\"#555\">{4}%</text>\n",
+        tx, kTop - 4, axis_y, axis_y + 16, tick);
   }
   for (size_t i = 0; i < sweep.rows.size(); ++i) {
     const SweepRow& row = sweep.rows[i];
     const int y = kTop + kRow * static_cast<int>(i);
     const int mid = y + kRow / 2 - 4;
     svg += fmt::format("<g class=\"setting\" data-mean=\"{:.4f}\">\n", row.goodput_mean);
-    svg += fmt::format("<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", kLeft - 8, mid + 5,
-                       Xml(Label(sweep, row)));
+    svg += fmt::format("<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", kLeft - 8,
+                       mid + 5, Xml(Label(sweep, row)));
     if (bars) {
-      svg += fmt::format("<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#7aa6d6\"/>\n", kLeft,
-                         y + 4, std::max(0, x(row.goodput_mean) - kLeft), kRow - 16);
+      svg +=
+          fmt::format("<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#7aa6d6\"/>\n",
+                      kLeft, y + 4, std::max(0, x(row.goodput_mean) - kLeft), kRow - 16);
     }
-    svg += fmt::format("<line class=\"whisker\" x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#333\" stroke-width=\"2\"/>\n",
-                       x(row.goodput_p10), x(row.goodput_p90), mid);
-    svg += fmt::format("<line class=\"median\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#c33\" stroke-width=\"3\"/>\n",
-                       x(row.goodput_median), y + 6, y + kRow - 14);
+    svg += fmt::format(
+        "<line class=\"whisker\" x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#333\" "
+        "stroke-width=\"2\"/>\n",
+        x(row.goodput_p10), x(row.goodput_p90), mid);
+    svg += fmt::format(
+        "<line class=\"median\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#c33\" "
+        "stroke-width=\"3\"/>\n",
+        x(row.goodput_median), y + 6, y + kRow - 14);
     if (!bars) {
-      svg += fmt::format("<circle class=\"mean\" cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"#3a76b6\"/>\n", x(row.goodput_mean), mid);
+      svg += fmt::format("<circle class=\"mean\" cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"#3a76b6\"/>\n",
+                         x(row.goodput_mean), mid);
     }
-    svg += fmt::format("<text class=\"value\" x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#222\">{} mean, {}/{} finished</text>\n",
-                       kLeft + 4, y + kRow - 1, Percent(row.goodput_mean), row.finished, row.runs);
+    svg += fmt::format(
+        "<text class=\"value\" x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#222\">{} mean, {}/{} "
+        "finished</text>\n",
+        kLeft + 4, y + kRow - 1, Percent(row.goodput_mean), row.finished, row.runs);
     svg += "</g>\n";
   }
   svg += "</svg>\n";
@@ -278,8 +306,10 @@ std::string SweepChartSvg(const SweepResult& sweep) {
 
 std::string SweepChartHtml(const SweepResult& sweep) {
   std::string html = fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>ddprun sweep: {}</title>\n"
-      "<style>body{{font-family:sans-serif;margin:24px;color:#222}}table{{border-collapse:collapse;margin-top:16px}}"
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>ddprun sweep: "
+      "{}</title>\n"
+      "<style>body{{font-family:sans-serif;margin:24px;color:#222}}table{{border-collapse:collapse;margin-"
+      "top:16px}}"
       "td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}"
       "td:first-child{{text-align:left}}</style>\n</head>\n<body>\n",
       Xml(sweep.job_path));
@@ -294,15 +324,17 @@ std::string SweepChartHtml(const SweepResult& sweep) {
   for (const SweepRow& row : sweep.rows) {
     html += "<tr>";
     for (const std::string& v : row.values) html += "<td>" + Xml(v) + "</td>";
-    html += fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td>"
-                        "<td>{}</td><td>{}</td><td>{}</td></tr>\n",
-                        row.runs, row.finished, Xml(OtherExits(row)), Percent(row.goodput_mean),
-                        Percent(row.goodput_p10), Percent(row.goodput_median), Percent(row.goodput_p90),
-                        row.restarts_mean, HumanDuration(Duration(row.lost_mean_ns)),
-                        HumanDuration(Duration(row.downtime_mean_ns)), Percent(row.kept_mean));
+    html += fmt::format(
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td></tr>\n",
+        row.runs, row.finished, Xml(OtherExits(row)), Percent(row.goodput_mean), Percent(row.goodput_p10),
+        Percent(row.goodput_median), Percent(row.goodput_p90), row.restarts_mean,
+        HumanDuration(Duration(row.lost_mean_ns)), HumanDuration(Duration(row.downtime_mean_ns)),
+        Percent(row.kept_mean));
   }
-  html += "</table>\n<p>Goodput: useful training / wall time of each run. Made by <code>ddprun --simulate "
-          "--sweep</code>.</p>\n</body>\n</html>\n";
+  html +=
+      "</table>\n<p>Goodput: useful training / wall time of each run. Made by <code>ddprun --simulate "
+      "--sweep</code>.</p>\n</body>\n</html>\n";
   return html;
 }
 

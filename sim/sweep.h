@@ -30,23 +30,23 @@ Result<SweepAxis> ParseSweepFlag(std::string_view text);
 struct SweepRow {
   std::vector<std::string> values;  // one per axis, in the axes' order
   int runs = 0;
-  int finished = 0;                 // exit 0
+  int finished = 0;  // exit 0
   std::map<int, int> exit_codes;
-  int violations = 0;               // runs that broke an invariant (exit 70)
-  double goodput_mean = 0;          // useful training / wall time, as each run's summary has it
+  int violations = 0;       // runs that broke an invariant (exit 70)
+  double goodput_mean = 0;  // useful training / wall time, as each run's summary has it
   double goodput_p10 = 0;
   double goodput_median = 0;
   double goodput_p90 = 0;
   double restarts_mean = 0;
-  int64_t lost_mean_ns = 0;         // work since the last checkpoint, lost on failures
-  int64_t downtime_mean_ns = 0;     // wall time without training (rendezvous, start-up, backoff)
-  double kept_mean = 0;             // training kept at the end over simulate.train_time
+  int64_t lost_mean_ns = 0;      // work since the last checkpoint, lost on failures
+  int64_t downtime_mean_ns = 0;  // wall time without training (rendezvous, start-up, backoff)
+  double kept_mean = 0;          // training kept at the end over simulate.train_time
 };
 
 struct SweepResult {
   std::string job_path;
   std::vector<std::string> keys;
-  std::vector<std::string> fixed;   // --set changes every setting has ("key=value")
+  std::vector<std::string> fixed;  // --set changes every setting has ("key=value")
   uint64_t first_seed = 1;
   int seeds = 0;
   std::vector<SweepRow> rows;

@@ -60,7 +60,8 @@ int64_t Workers::Paced(const Gang& g, int64_t span) const {
   int64_t progress = g.slow_percent == 0 ? span : span * 100 / (100 + g.slow_percent);
   // Data parallelism: a smaller round (cluster.min_nodes) does the job's samples with fewer
   // ranks, at world / job world of the pace. Split so that nothing overflows.
-  if (g.world > 0 && g.world < world_) progress = progress / world_ * g.world + progress % world_ * g.world / world_;
+  if (g.world > 0 && g.world < world_)
+    progress = progress / world_ * g.world + progress % world_ * g.world / world_;
   return progress;
 }
 
@@ -134,7 +135,8 @@ void Workers::UpdateTraining() {
   if (!g) return;
   const int64_t now = loop_.now_ns;
   const bool stalled = g->hung > 0 || store_.partitioned();
-  const bool active = !g->broken && !g->completed && g->running == g->world && g->ready == g->world && !stalled;
+  const bool active =
+      !g->broken && !g->completed && g->running == g->world && g->ready == g->world && !stalled;
   const int slow = slow_slots_.empty() ? 0 : SlowPercentOf(*g);
   if (active && g->training && slow != g->slow_percent) {
     // A rank became slower or faster: the gang's pace changes from now.
@@ -150,17 +152,17 @@ void Workers::UpdateTraining() {
     ScheduleTrainingDone(*g);
     if (!stats_.first_training_ns) stats_.first_training_ns = now;
     log_.TrainingBegins();
-    log_.PrintSim(std::nullopt,
-                      fmt::format("training: round {}: {} up; training from {} of {}", g->round,
-                                  AllOf(static_cast<size_t>(g->world), "rank"), HumanDuration(Duration(progress_ns_)),
-                                  HumanDuration(Duration(train_time_ns_))));
+    log_.PrintSim(std::nullopt, fmt::format("training: round {}: {} up; training from {} of {}", g->round,
+                                            AllOf(static_cast<size_t>(g->world), "rank"),
+                                            HumanDuration(Duration(progress_ns_)),
+                                            HumanDuration(Duration(train_time_ns_))));
     log_.SetAllPhases();
   } else if (!active && g->training) {
     StopTraining(*g);
     if (!g->broken) {
       log_.PrintSim(std::nullopt, fmt::format("training: round {} stalls at {} ({})", g->round,
-                                                  HumanDuration(Duration(progress_ns_)),
-                                                  g->hung > 0 ? "a rank hangs" : "the network is partitioned"));
+                                              HumanDuration(Duration(progress_ns_)),
+                                              g->hung > 0 ? "a rank hangs" : "the network is partitioned"));
     }
     log_.SetAllPhases();
   }
@@ -188,14 +190,15 @@ void Workers::BreakGang(Gang& g, bool by_process_exit, const std::string& why) {
   if (watch_hangs_) ReportHangStall(g);
   SimStats& stats = stats_;
   ++stats.interruptions;
-  const int64_t kept = checkpoint_every_ns_ > 0 ? progress_ns_ / checkpoint_every_ns_ * checkpoint_every_ns_ : 0;
+  const int64_t kept =
+      checkpoint_every_ns_ > 0 ? progress_ns_ / checkpoint_every_ns_ * checkpoint_every_ns_ : 0;
   const int64_t lost = progress_ns_ - kept;
   stats.lost_ns += lost;
   log_.PrintSim(std::nullopt,
-                    fmt::format("training: round {} interrupted ({}): {} trained, last checkpoint at {}, "
-                                "{} of work lost",
-                                g.round, why, HumanDuration(Duration(progress_ns_)),
-                                HumanDuration(Duration(kept)), HumanDuration(Duration(lost))));
+                fmt::format("training: round {} interrupted ({}): {} trained, last checkpoint at {}, "
+                            "{} of work lost",
+                            g.round, why, HumanDuration(Duration(progress_ns_)),
+                            HumanDuration(Duration(kept)), HumanDuration(Duration(lost))));
   progress_ns_ = kept;
   log_.AddMark(Mark::kJob, MarkKind::kFailure, fmt::format("round {} interrupted: {}", g.round, why));
   if (by_process_exit) {
@@ -230,8 +233,8 @@ void Workers::TrainingDone(uint64_t id, uint64_t done_gen) {
   progress_ns_ = train_time_ns_;
   log_.TrainingEnds();
   log_.PrintSim(std::nullopt, fmt::format("training: round {} reached simulate.train_time = {}; every rank "
-                                              "exits 0",
-                                              g.round, HumanDuration(Duration(train_time_ns_))));
+                                          "exits 0",
+                                          g.round, HumanDuration(Duration(train_time_ns_))));
   uint32_t last = UINT32_MAX;
   int64_t at = now;
   for (uint32_t wi : g.workers) {
@@ -259,8 +262,8 @@ void Workers::CollectiveTimeout(uint64_t id, uint64_t stall_gen) {
   if (it == gangs_.end() || it->second.stall_gen != stall_gen || !it->second.stall_timer) return;
   Gang& g = it->second;
   g.stall_timer = false;
-  log_.PrintSim(std::nullopt, fmt::format("training: round {}: the NCCL watchdog times out after {}",
-                                              g.round, HumanDuration(kCollectiveTimeout)));
+  log_.PrintSim(std::nullopt, fmt::format("training: round {}: the NCCL watchdog times out after {}", g.round,
+                                          HumanDuration(kCollectiveTimeout)));
   const std::vector<uint32_t> members = g.workers;
   for (uint32_t wi : members) {
     const Worker& w = workers_[wi];
@@ -274,10 +277,10 @@ void Workers::Slow(uint32_t index, int local_rank, int percent, std::optional<Du
   const uint64_t generation = next_slow_++;
   slow_slots_[slot] = SlowSlot{percent, generation};
   log_.PrintSim(index, fmt::format("local rank {}'s GPU slows down{}: {}% more own work per step; the gang "
-                                       "steps at the pace of its slowest rank",
-                                       local_rank, duration ? " for " + FormatDuration(*duration) : "", percent));
+                                   "steps at the pace of its slowest rank",
+                                   local_rank, duration ? " for " + FormatDuration(*duration) : "", percent));
   log_.AddMark(index, MarkKind::kFault, fmt::format("local rank {} slow", local_rank),
-                   duration ? loop_.now_ns + Ns(*duration) : -1);
+               duration ? loop_.now_ns + Ns(*duration) : -1);
   UpdateTraining();
   if (!duration) return;
   loop_.queue.PushCall(loop_.now() + *duration, [this, slot, generation] {

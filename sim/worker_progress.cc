@@ -36,10 +36,10 @@ void Workers::SignalForStacks(uint32_t index, int round, const std::vector<std::
           // a verdict then is the stacks' honest best guess (swarm-hangs seeds 2000870, 2003829,
           // 2008413: a rank 2-3.65x slower).
           const auto gang = gangs_.find(w.gang);
-          const bool training =
-              gang != gangs_.end() && gang->second.training &&
-              loop_.now_ns - gang->second.resumed_ns >=
-                  Ns(beacon_period_) * (100 + gang->second.slow_percent) / 100 + Ns(std::chrono::milliseconds(500));
+          const bool training = gang != gangs_.end() && gang->second.training &&
+                                loop_.now_ns - gang->second.resumed_ns >=
+                                    Ns(beacon_period_) * (100 + gang->second.slow_percent) / 100 +
+                                        Ns(std::chrono::milliseconds(500));
           invariants_.StacksTaken(RoundKey{w.coordinator, w.round}, w.global_rank, w.hung, training);
         }
       }

@@ -61,8 +61,8 @@ int Count(const std::string& text) {
 
 }  // namespace
 
-Workers::Workers(Handles handles, StoreNetwork& store, Roles& roles, const TestHooks& hooks, const JobSpec& spec,
-                 uint64_t seed)
+Workers::Workers(Handles handles, StoreNetwork& store, Roles& roles, const TestHooks& hooks,
+                 const JobSpec& spec, uint64_t seed)
     : loop_(handles.loop),
       nodes_(handles.nodes),
       log_(handles.log),
@@ -85,7 +85,8 @@ Workers::Workers(Handles handles, StoreNetwork& store, Roles& roles, const TestH
       beacon_rng_(seed, 5) {
   // Every agent's workers of one round at once, allocated once: growing by doubling would
   // hold the old and the new copy at the peak (26 MB each at 16,384 x 8).
-  workers_.reserve(static_cast<size_t>(spec.cluster.Agents()) * static_cast<size_t>(spec.cluster.nproc_per_node));
+  workers_.reserve(static_cast<size_t>(spec.cluster.Agents()) *
+                   static_cast<size_t>(spec.cluster.nproc_per_node));
 }
 
 Workers::Gang* Workers::CurrentGang() {
@@ -161,9 +162,16 @@ void Workers::Spawn(uint32_t index, int round, const core::WorkerLaunch& launch)
   // computed launch.global_rank from it); the cluster says when a rank changes hands.
   const std::string group_rank = Env(launch.env, "GROUP_RANK");
   roles_.NodePlays(index, group_rank.empty() || group_rank.size() > 6 ? -1 : std::atoi(group_rank.c_str()),
-                     Count(Env(launch.env, "GROUP_WORLD_SIZE")));
-  WorkerStart start{index, RoundKey{g->coordinator, round}, g->world, launch.global_rank, launch.local_rank,
-                    w.pid, Env(launch.env, "RANK"), Env(launch.env, "WORLD_SIZE"), Env(launch.env, "GROUP_RANK")};
+                   Count(Env(launch.env, "GROUP_WORLD_SIZE")));
+  WorkerStart start{index,
+                    RoundKey{g->coordinator, round},
+                    g->world,
+                    launch.global_rank,
+                    launch.local_rank,
+                    w.pid,
+                    Env(launch.env, "RANK"),
+                    Env(launch.env, "WORLD_SIZE"),
+                    Env(launch.env, "GROUP_RANK")};
   hooks_.MisreportStart(index, n.spare, start);
   if (hooks_.SpawnsTwice(index, launch.local_rank)) {
     WorkerStart again = start;
@@ -295,8 +303,9 @@ void Workers::Exited(uint32_t wi) {
     if (w.ready) --g.ready;
     if (w.hung) --g.hung;
     if (!g.completed && !g.broken) {
-      BreakGang(g, true, fmt::format("rank {} on {} {}", w.global_rank, nodes_.Label(w.node),
-                                     core::DescribeExit(w.exit_code, w.signal)));
+      BreakGang(g, true,
+                fmt::format("rank {} on {} {}", w.global_rank, nodes_.Label(w.node),
+                            core::DescribeExit(w.exit_code, w.signal)));
     }
   }
   Notify(wi);
@@ -344,8 +353,8 @@ void Workers::Fail(uint32_t index, int local_rank, int exit_code, const std::str
   for (uint32_t wi : per_node_[index].running) {
     Worker& w = workers_[wi];
     if (w.local_rank != local_rank || !w.running) continue;
-    log_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) exits with code {} ({})",
-                                         w.global_rank, local_rank, w.pid, exit_code, what));
+    log_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) exits with code {} ({})", w.global_rank,
+                                     local_rank, w.pid, exit_code, what));
     log_.AddMark(index, MarkKind::kFault, fmt::format("rank {} exits {}", w.global_rank, exit_code));
     Exit(wi, loop_.now_ns, exit_code, 0, stderr_tail);
     return;
@@ -363,12 +372,12 @@ void Workers::Hang(uint32_t index, int local_rank, std::optional<Duration> durat
     ++stats_.worker_hangs;
     auto it = gangs_.find(w.gang);
     if (it != gangs_.end()) ++it->second.hung;
-    log_.PrintSim(index, fmt::format("rank {} (local rank {}, pid {}) hangs{}{}; it ignores SIGTERM",
-                                         w.global_rank, local_rank, w.pid,
-                                         duration ? " for " + FormatDuration(*duration) : "",
-                                         what.empty() ? "" : " (" + what + ")"));
+    log_.PrintSim(index,
+                  fmt::format("rank {} (local rank {}, pid {}) hangs{}{}; it ignores SIGTERM", w.global_rank,
+                              local_rank, w.pid, duration ? " for " + FormatDuration(*duration) : "",
+                              what.empty() ? "" : " (" + what + ")"));
     log_.AddMark(index, MarkKind::kFault, fmt::format("rank {} hangs", w.global_rank),
-                     duration ? loop_.now_ns + Ns(*duration) : -1);
+                 duration ? loop_.now_ns + Ns(*duration) : -1);
     UpdateTraining();
     if (duration) {
       const uint64_t pid = w.pid;
@@ -387,7 +396,8 @@ void Workers::Hang(uint32_t index, int local_rank, std::optional<Duration> durat
     }
     return;
   }
-  log_.PrintSim(index, fmt::format("worker-hang skipped: no worker with local rank {} is running", local_rank));
+  log_.PrintSim(index,
+                fmt::format("worker-hang skipped: no worker with local rank {} is running", local_rank));
 }
 
 void Workers::Vanish(uint32_t index) {

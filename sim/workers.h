@@ -59,14 +59,14 @@ class Workers {
   std::vector<std::string> ReadStacks(uint32_t node, int round);
 
   // ---- events ----
-  void Ready(uint32_t node, uint64_t gang);                 // EventKind::kWorkerReady
-  void ExitEvent(uint32_t worker, uint64_t generation);     // kWorkerExit
-  void Notify(uint32_t worker);                             // kWorkerNotify
-  void TrainingDone(uint64_t gang, uint64_t generation);    // kTrainingDone
-  void PeerFailure(uint32_t node, uint64_t gang);           // kPeerFailure
-  void CollectiveTimeout(uint64_t gang, uint64_t generation);  // kCollectiveTimeout
-  void StoreConnect(uint32_t clients);                      // kStoreConnect
-  void Beacons(uint32_t node, uint64_t generation);         // kBeacons, side 0
+  void Ready(uint32_t node, uint64_t gang);                     // EventKind::kWorkerReady
+  void ExitEvent(uint32_t worker, uint64_t generation);         // kWorkerExit
+  void Notify(uint32_t worker);                                 // kWorkerNotify
+  void TrainingDone(uint64_t gang, uint64_t generation);        // kTrainingDone
+  void PeerFailure(uint32_t node, uint64_t gang);               // kPeerFailure
+  void CollectiveTimeout(uint64_t gang, uint64_t generation);   // kCollectiveTimeout
+  void StoreConnect(uint32_t clients);                          // kStoreConnect
+  void Beacons(uint32_t node, uint64_t generation);             // kBeacons, side 0
   void FlushSteps(uint32_t node, uint64_t gang, int64_t step);  // kBeacons, side 1
 
   // ---- faults and nodes ----
@@ -113,9 +113,9 @@ class Workers {
     int local_rank = 0;
     int global_rank = 0;
     uint64_t pid = 0;
-    uint64_t coordinator = 0;    // with `round`: the round's key
-    std::string master_addr;     // MASTER_ADDR: the machine rank 0's store is on
-    uint16_t master_port = 0;    // MASTER_PORT: rank 0 hosts its store there, the others dial it
+    uint64_t coordinator = 0;  // with `round`: the round's key
+    std::string master_addr;   // MASTER_ADDR: the machine rank 0's store is on
+    uint16_t master_port = 0;  // MASTER_PORT: rank 0 hosts its store there, the others dial it
     int store_attempts = 0;
     bool running = true;
     bool ready = false;
@@ -129,15 +129,15 @@ class Workers {
     int signal = 0;
     std::string stderr_tail;
     // Progress beacons.
-    bool hello = false;          // its `hello` reached the agent
-    bool stepped = false;        // a step beacon of it reached the agent
-    int64_t last_step = 0;       // the last step it sent (at start: the step it resumes from)
-    std::string stacks;          // what its stacks file got since the agent last signalled it
+    bool hello = false;     // its `hello` reached the agent
+    bool stepped = false;   // a step beacon of it reached the agent
+    int64_t last_step = 0;  // the last step it sent (at start: the step it resumes from)
+    std::string stacks;     // what its stacks file got since the agent last signalled it
   };
   /// The workers of one round, job-wide (DDP trains in lockstep: all or nothing).
   struct Gang {
     uint64_t id = 0;
-    uint64_t coordinator = 0;    // coordinator incarnation that started the round
+    uint64_t coordinator = 0;  // coordinator incarnation that started the round
     int round = 0;
     int world = 0;
     int running = 0;
@@ -147,13 +147,13 @@ class Workers {
     bool completed = false;
     bool training = false;
     int64_t training_since_ns = 0;
-    int64_t resumed_ns = 0;      // when it last went from stalled (or starting) to training
-    uint64_t done_gen = 0;       // invalidates a scheduled kTrainingDone
-    uint64_t stall_gen = 0;      // invalidates a scheduled kCollectiveTimeout
+    int64_t resumed_ns = 0;  // when it last went from stalled (or starting) to training
+    uint64_t done_gen = 0;   // invalidates a scheduled kTrainingDone
+    uint64_t stall_gen = 0;  // invalidates a scheduled kCollectiveTimeout
     bool stall_timer = false;
-    bool peers_notified = false; // peer-failure events were scheduled
-    int slow_percent = 0;        // the slowest rank's extra work per step, while training
-    bool hang_stall = false;     // reported to the invariants: stalled because a rank hangs
+    bool peers_notified = false;  // peer-failure events were scheduled
+    int slow_percent = 0;         // the slowest rank's extra work per step, while training
+    bool hang_stall = false;      // reported to the invariants: stalled because a rank hangs
     std::vector<uint32_t> workers;
   };
   struct PerNode {
@@ -165,7 +165,7 @@ class Workers {
   /// worker-slow on one GPU (node, local rank).
   struct SlowSlot {
     int percent = 0;
-    uint64_t generation = 0;        // the fault that set it (its end only clears its own)
+    uint64_t generation = 0;  // the fault that set it (its end only clears its own)
   };
 
   void Exit(uint32_t worker, int64_t at_ns, int exit_code, int signal, std::string stderr_tail);
@@ -216,19 +216,19 @@ class Workers {
   // for all of them, in their order, as their own events would have run one after the other.
   std::vector<std::vector<std::pair<uint32_t, uint64_t>>> store_clients_;  // (worker, pid) groups
   std::vector<uint32_t> free_store_clients_;
-  std::map<uint64_t, Gang> gangs_;     // by id; finished gangs are kept small (workers cleared)
+  std::map<uint64_t, Gang> gangs_;  // by id; finished gangs are kept small (workers cleared)
   uint64_t current_gang_ = 0;
   uint64_t next_gang_ = 1;
   uint64_t next_pid_ = 1000;
-  int64_t progress_ns_ = 0;            // training progress banked (excludes the current span)
+  int64_t progress_ns_ = 0;  // training progress banked (excludes the current span)
   int64_t checkpoint_every_ns_ = 0;
   int64_t train_time_ns_ = 0;
   bool job_completed_ = false;
   bool beacons_ = false;
-  bool watch_hangs_ = false;           // timeouts.progress: the invariants watch hung gangs
+  bool watch_hangs_ = false;  // timeouts.progress: the invariants watch hung gangs
   int64_t step_ns_ = 0;
   Duration beacon_period_{};
-  Prng beacon_rng_;                    // its own stream: beacons never shift the other draws
+  Prng beacon_rng_;  // its own stream: beacons never shift the other draws
   std::map<std::pair<uint32_t, int>, SlowSlot> slow_slots_;
   uint64_t next_slow_ = 1;
 };

@@ -56,8 +56,7 @@ struct Random {
 /// Rank 0: waits for every other rank's hello and sends it the id. Returns "" or the error.
 std::string ServeUniqueId(pf::Fd listener, int world, const ncclUniqueId& id) {
   const auto deadline = Clock::now() + kExchangeTimeout;
-  const std::string reply =
-      pf::EncodeRecord('I', std::string_view(id.internal, sizeof id.internal));
+  const std::string reply = pf::EncodeRecord('I', std::string_view(id.internal, sizeof id.internal));
   int served = 0;
   while (served < world - 1) {
     if (Clock::now() >= deadline) {
@@ -97,21 +96,21 @@ std::string FetchUniqueId(const std::string& addr, uint16_t port, int rank, nccl
   return "";
 }
 
-#define CHECK_CUDA(call)                                                                     \
-  do {                                                                                       \
-    const cudaError_t rc_ = (call);                                                          \
-    if (rc_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "rank %d: %s: %s\n", rank, #call, cudaGetErrorString(rc_));       \
-      return 1;                                                                              \
-    }                                                                                        \
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    const cudaError_t rc_ = (call);                                                    \
+    if (rc_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "rank %d: %s: %s\n", rank, #call, cudaGetErrorString(rc_)); \
+      return 1;                                                                        \
+    }                                                                                  \
   } while (0)
-#define CHECK_NCCL(call)                                                                     \
-  do {                                                                                       \
-    const ncclResult_t rc_ = (call);                                                         \
-    if (rc_ != ncclSuccess) {                                                                \
-      std::fprintf(stderr, "rank %d: %s: %s\n", rank, #call, ncclGetErrorString(rc_));       \
-      return 1;                                                                              \
-    }                                                                                        \
+#define CHECK_NCCL(call)                                                               \
+  do {                                                                                 \
+    const ncclResult_t rc_ = (call);                                                   \
+    if (rc_ != ncclSuccess) {                                                          \
+      std::fprintf(stderr, "rank %d: %s: %s\n", rank, #call, ncclGetErrorString(rc_)); \
+      return 1;                                                                        \
+    }                                                                                  \
   } while (0)
 
 }  // namespace
@@ -129,10 +128,11 @@ int main(int argc, char** argv) {
   const int local_rank = EnvInt("LOCAL_RANK", -1);
   const int master_port = EnvInt("MASTER_PORT", -1);
   const char* master_addr = std::getenv("MASTER_ADDR");
-  if (rank < 0 || world < 1 || local_rank < 0 || master_port < 1 || master_port > 65535 ||
-      !master_addr || steps < 1 || steps > 1'000'000) {
-    std::fprintf(stderr, "run me with ddprun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
-                         "MASTER_PORT must be set), e.g. ddprun examples/cpp-ddp/job.toml\n");
+  if (rank < 0 || world < 1 || local_rank < 0 || master_port < 1 || master_port > 65535 || !master_addr ||
+      steps < 1 || steps > 1'000'000) {
+    std::fprintf(stderr,
+                 "run me with ddprun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+                 "MASTER_PORT must be set), e.g. ddprun examples/cpp-ddp/job.toml\n");
     return 2;
   }
 
@@ -184,9 +184,11 @@ int main(int argc, char** argv) {
     float host[kSlots] = {};
     for (int n = 0; n < kSamplesPerRank; ++n) {
       float prediction = bias;
-      for (int f = 0; f < kFeatures; ++f) prediction += weights[static_cast<size_t>(f)] * x[static_cast<size_t>(n * kFeatures + f)];
+      for (int f = 0; f < kFeatures; ++f)
+        prediction += weights[static_cast<size_t>(f)] * x[static_cast<size_t>(n * kFeatures + f)];
       const float residual = prediction - y[static_cast<size_t>(n)];
-      for (int f = 0; f < kFeatures; ++f) host[f] += 2.0f * residual * x[static_cast<size_t>(n * kFeatures + f)];
+      for (int f = 0; f < kFeatures; ++f)
+        host[f] += 2.0f * residual * x[static_cast<size_t>(n * kFeatures + f)];
       host[kFeatures] += 2.0f * residual;
       host[kFeatures + 1] += residual * residual;
     }
@@ -214,11 +216,11 @@ int main(int argc, char** argv) {
     worst = std::fmax(worst, std::fabs(weights[static_cast<size_t>(f)] - kTrueWeights[f]));
   }
   if (rank == 0) {
-    std::printf("learned w = [%.3f, %.3f, %.3f, %.3f], b = %.3f (true [2, -3, 0.5, 1], 0.7); "
-                "largest error %.4f over %d ranks\n",
-                static_cast<double>(weights[0]), static_cast<double>(weights[1]),
-                static_cast<double>(weights[2]), static_cast<double>(weights[3]),
-                static_cast<double>(bias), static_cast<double>(worst), world);
+    std::printf(
+        "learned w = [%.3f, %.3f, %.3f, %.3f], b = %.3f (true [2, -3, 0.5, 1], 0.7); "
+        "largest error %.4f over %d ranks\n",
+        static_cast<double>(weights[0]), static_cast<double>(weights[1]), static_cast<double>(weights[2]),
+        static_cast<double>(weights[3]), static_cast<double>(bias), static_cast<double>(worst), world);
   }
   if (worst > 0.05f) {
     std::fprintf(stderr, "rank %d: did not converge (largest error %.4f)\n", rank,

@@ -77,8 +77,7 @@ int Agent::running_workers() const {
 std::string Agent::MasterEndpoint() const {
   if (!coordinator_endpoint_.empty()) return coordinator_endpoint_;
   const bool at = !config_.master_at.empty() && !spec_.rendezvous.Etcd();
-  return fmt::format("{}:{}", at ? config_.master_at : spec_.cluster.master_addr,
-                     spec_.cluster.master_port);
+  return fmt::format("{}:{}", at ? config_.master_at : spec_.cluster.master_addr, spec_.cluster.master_port);
 }
 
 void Agent::Log(LogLevel level, std::string text, std::vector<AgentEffect>& out) const {
@@ -306,15 +305,17 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
     // stop_grace after SIGTERM, or sooner when the stop began late (the lease counts from the
     // last word heard): say how long it really was.
     const Duration waited = now - std::get<Stopping>(work_).sigterm_at;
-    KillWorkers(now,
-                fmt::format("still running {} after SIGTERM",
-                            waited == spec_.timeouts.stop_grace ? FormatDuration(waited) : HumanDuration(waited)),
-                out);
+    KillWorkers(
+        now,
+        fmt::format("still running {} after SIGTERM",
+                    waited == spec_.timeouts.stop_grace ? FormatDuration(waited) : HumanDuration(waited)),
+        out);
   }
   if (Due(Deadline::kGiveUp, now)) {
     std::get<Stopping>(work_).give_up_at.reset();
     if (running_workers() > 0) {
-      Log(LogLevel::kError, "workers did not exit after SIGKILL (stuck in the kernel?); giving up on them", out);
+      Log(LogLevel::kError, "workers did not exit after SIGKILL (stuck in the kernel?); giving up on them",
+          out);
       for (Worker& w : workers_) {
         if (w.running) {
           w.running = false;
@@ -355,10 +356,10 @@ void Agent::ExpireDeadlines(TimePoint now, std::vector<AgentEffect>& out) {
       if (!last_refusal_.empty() && last_refusal_ != why) {
         why = fmt::format("{}\n  (since then: {})", last_refusal_, why);
       }
-      out.push_back(PrintSummary{fmt::format(
-          "rendezvous failed: node {} could not join the coordinator at {} within "
-          "timeouts.rendezvous = {}\n  last error: {}",
-          config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous), why)});
+      out.push_back(PrintSummary{
+          fmt::format("rendezvous failed: node {} could not join the coordinator at {} within "
+                      "timeouts.rendezvous = {}\n  last error: {}",
+                      config_.node_rank, MasterEndpoint(), FormatDuration(spec_.timeouts.rendezvous), why)});
     } else {
       out.push_back(PrintSummary{fmt::format(
           "node {} lost the coordinator at {} and could not rejoin within timeouts.rendezvous = {}"
@@ -385,10 +386,10 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     // A proven peer (or any peer on an open channel) that challenges: only a coordinator with
     // a secret does that, and this node has none. Once joined it is a confused peer: ignored.
     if (!config_.secret.empty() || !std::holds_alternative<Joining>(link_)) return;
-    out.push_back(PrintSummary{fmt::format(
-        "the coordinator at {} requires a shared secret and this node has none\n"
-        "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
-        MasterEndpoint())});
+    out.push_back(
+        PrintSummary{fmt::format("the coordinator at {} requires a shared secret and this node has none\n"
+                                 "hint: set the same DDPRUN_SECRET (or DDPRUN_SECRET_FILE) on every node",
+                                 MasterEndpoint())});
     Finish(now, ToInt(ExitCode::kRendezvous), out);
   } else if (std::holds_alternative<wire::JoinAck>(message) && !std::holds_alternative<Joining>(link_)) {
     return;  // a second JoinAck on one connection: nothing to do
@@ -415,8 +416,7 @@ void Agent::OnMessage(TimePoint now, const wire::Message& message, std::vector<A
     }
     // Refused for now (its rank looks taken): ask again until the rendezvous timeout.
     last_refusal_ = "the coordinator refused this node: " + reject->reason;
-    RetryLater(now, last_refusal_,
-               std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
+    RetryLater(now, last_refusal_, std::max(spec_.timeouts.heartbeat, kMaxRetry), refused_retrying_, out);
     refused_retrying_ = true;
   } else if (const auto* progress = std::get_if<wire::Progress>(&message)) {
     Log(LogLevel::kInfo, RendezvousProgressLine(*progress, spec_.cluster.nnodes), out);

@@ -30,14 +30,14 @@ class Agent {
 
   struct Config {
     int node_rank = 0;
-    std::string host;                 // this node's name, for the coordinator's messages
-    std::string canonical;            // CanonicalForm of the job spec
+    std::string host;       // this node's name, for the coordinator's messages
+    std::string canonical;  // CanonicalForm of the job spec
     std::string fingerprint;
-    uint64_t instance = 0;            // tells a reconnect of this agent from an impostor
+    uint64_t instance = 0;  // tells a reconnect of this agent from an impostor
     std::string ddprun_version;
-    std::string logs_dir;             // where per-rank logs and error files go
+    std::string logs_dir;                              // where per-rank logs and error files go
     std::map<std::string, std::string> inherited_env;  // the agent's own environment
-    std::string secret;               // "" = no shared secret (the channel is open)
+    std::string secret;                                // "" = no shared secret (the channel is open)
     // Progress beacons (worker/README.md): the host's UDP socket and the token a datagram
     // must carry; "" = this host takes no beacons. `python_dir` goes on the workers'
     // PYTHONPATH so that `import ddprun` works without installing anything.
@@ -94,17 +94,17 @@ class Agent {
 
   /// One rank's progress beacons in this round.
   struct Beats {
-    TimePoint since;              // its start, or its last step or phase beacon
-    bool stepped = false;         // a step beacon came since its start or its last phase
-    bool after_phase = false;     // its last beacon was a phase
-    int64_t step = -1;            // its last step
-    int stack_signal = 0;         // from its beacons: the signal that dumps its stacks
-    int intervals = 0;            // step-to-step intervals seen
-    Duration longest{0};          // the longest of them
+    TimePoint since;           // its start, or its last step or phase beacon
+    bool stepped = false;      // a step beacon came since its start or its last phase
+    bool after_phase = false;  // its last beacon was a phase
+    int64_t step = -1;         // its last step
+    int stack_signal = 0;      // from its beacons: the signal that dumps its stacks
+    int intervals = 0;         // step-to-step intervals seen
+    Duration longest{0};       // the longest of them
     // The straggler window: one bucket per report period, the newest last.
     struct Bucket {
-      int64_t steps = 0;          // steps the beacons covered
-      int64_t busy_steps = 0;     // of those, steps whose beacons said how busy the rank was
+      int64_t steps = 0;       // steps the beacons covered
+      int64_t busy_steps = 0;  // of those, steps whose beacons said how busy the rank was
       int64_t busy_us = 0;
     };
     std::vector<Bucket> window;
@@ -132,7 +132,16 @@ class Agent {
   /// ExpireDeadlines acts on those due, both through DeadlineOf, so they cannot disagree (a
   /// deadline one of them ignored would spin the driver or never fire).
   enum class Deadline {
-    kKill, kGiveUp, kInterrupt, kHeartbeat, kLoss, kRetry, kRendezvous, kProgress, kStacks, kReport,
+    kKill,
+    kGiveUp,
+    kInterrupt,
+    kHeartbeat,
+    kLoss,
+    kRetry,
+    kRendezvous,
+    kProgress,
+    kStacks,
+    kReport,
     kCount
   };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
@@ -159,8 +168,7 @@ class Agent {
   void SendJoin(const std::string& nonce, std::vector<AgentEffect>& out);
   void MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out);
   void OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out);
-  void OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
-                    std::vector<AgentEffect>& out);
+  void OnMasterLost(TimePoint now, const std::string& why, bool was_joined, std::vector<AgentEffect>& out);
   /// True unless this is a connection whose peer has not proved the shared secret yet.
   bool Proven() const;
   /// Leaves this connection and connects again after `retry`, keeping `error` for the
@@ -194,21 +202,21 @@ class Agent {
   std::string MasterEndpoint() const;
 
   // ---- The link to the coordinator: one state at a time, each with what only it needs.
-  struct Connecting {};                   // a connect is under way
-  struct RetryWait {                      // not connected; connect again at `at`
+  struct Connecting {};  // a connect is under way
+  struct RetryWait {     // not connected; connect again at `at`
     TimePoint at;
   };
-  struct Joining {                        // connected; the join is not acknowledged yet
+  struct Joining {  // connected; the join is not acknowledged yet
     /// The peer proved it knows the shared secret (a Challenge with the right proof); always
     /// true without a secret, where the channel is open. Until then nothing it sends is
     /// believed, printed as fact or counted as hearing from the coordinator.
     bool proven = false;
-    std::string nonce;                    // this connection's nonce, with a secret
+    std::string nonce;  // this connection's nonce, with a secret
   };
-  struct Joined {                         // connected and joined
-    bool started_round = false;           // a StartRound came on this join (see StartWorkers)
+  struct Joined {                // connected and joined
+    bool started_round = false;  // a StartRound came on this join (see StartWorkers)
   };
-  struct Disconnected {};                 // not connected and not retrying: leaving
+  struct Disconnected {};  // not connected and not retrying: leaving
   using Link = std::variant<Connecting, RetryWait, Joining, Joined, Disconnected>;
 
   // ---- This node's work in a round: one state at a time, each with what only it needs. The
@@ -232,8 +240,8 @@ class Agent {
   struct Stopping {  // a stop of the round's workers is under way
     Told told = Told::kNothing;
     Stacks stacks;
-    bool open = false;                    // the round ran on this join: still open until stopped
-    int count = 0;                        // workers running when it began
+    bool open = false;  // the round ran on this join: still open until stopped
+    int count = 0;      // workers running when it began
     TimePoint sigterm_at;
     std::optional<TimePoint> kill_at;     // SIGKILL then (stop_grace after SIGTERM, or sooner)
     std::optional<TimePoint> give_up_at;  // stop waiting for workers SIGKILL did not end
@@ -287,12 +295,12 @@ class Agent {
   std::optional<TimePoint> last_connect_log_;
   std::string last_connect_error_;
   std::string coordinator_endpoint_;  // "": cluster.master_addr:master_port
-  bool refused_retrying_ = false;  // a join was refused for now; it is being retried
+  bool refused_retrying_ = false;     // a join was refused for now; it is being retried
   /// The last refusal of this wait (""none): the summary names it even when the coordinator
   /// was gone by the end (issue 40: a rank started twice blamed "connection refused").
   std::string last_refusal_;
-  TimePoint last_heard_;   // the coordinator's last (proven) word: the workers' lease counts from it
-  TimePoint link_heard_;   // the connection's last sign of life (a connect, any message): its silence
+  TimePoint last_heard_;  // the coordinator's last (proven) word: the workers' lease counts from it
+  TimePoint link_heard_;  // the connection's last sign of life (a connect, any message): its silence
   TimePoint next_heartbeat_;
   int interrupted_by_ = 0;
   std::optional<TimePoint> interrupt_deadline_;
@@ -302,7 +310,7 @@ class Agent {
   Duration longest_interval_{0};
   // The node rank this agent plays in the current round: its own, or a replaced node's.
   int node_rank_ = -1;
-  bool standby_ = false;  // the job has spares: wait for a round as long as it runs
+  bool standby_ = false;                 // the job has spares: wait for a round as long as it runs
   std::optional<TimePoint> last_input_;  // to tell our own stall from the workers' silence
   /// After a stall of our own, the words waiting in the socket may be older than a fence the
   /// coordinator set meanwhile: none renews the workers' lease until the coordinator answers

@@ -25,17 +25,18 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
   const uint16_t port = spec_.cluster.master_port;
   switch (failed.error) {
     case ConnectError::kRefused:
-      return fmt::format("connection to {} refused: {} is not listening yet, or "
-                         "master_port is wrong, or a firewall rejects TCP port {}",
-                         endpoint,
-                         spec_.rendezvous.Etcd() ? "the agent that holds the coordinator role in etcd"
-                                                 : "node 0's agent",
-                         port);
+      return fmt::format(
+          "connection to {} refused: {} is not listening yet, or "
+          "master_port is wrong, or a firewall rejects TCP port {}",
+          endpoint,
+          spec_.rendezvous.Etcd() ? "the agent that holds the coordinator role in etcd" : "node 0's agent",
+          port);
     case ConnectError::kTimedOut:
-      return fmt::format("connection to {} timed out: a firewall drops TCP port {} or the host is "
-                         "down; open TCP port {} on {} for the other nodes",
-                         endpoint, port, port,
-                         spec_.rendezvous.Etcd() ? "every host of the job" : spec_.cluster.master_addr);
+      return fmt::format(
+          "connection to {} timed out: a firewall drops TCP port {} or the host is "
+          "down; open TCP port {} on {} for the other nodes",
+          endpoint, port, port,
+          spec_.rendezvous.Etcd() ? "every host of the job" : spec_.cluster.master_addr);
     case ConnectError::kStore:
       return fmt::format("cannot find the coordinator in etcd ({}): {}",
                          fmt::join(spec_.rendezvous.endpoints, ", "), failed.detail);
@@ -43,9 +44,10 @@ std::string Agent::ExplainConnectError(const MasterConnectFailed& failed) const 
       return fmt::format("{} is unreachable ({}): check cluster.master_addr and the routes",
                          spec_.cluster.master_addr, failed.detail);
     case ConnectError::kNameNotResolved:
-      return fmt::format("cannot resolve the host name \"{}\" ({}): check cluster.master_addr, DNS "
-                         "or /etc/hosts",
-                         spec_.cluster.master_addr, failed.detail);
+      return fmt::format(
+          "cannot resolve the host name \"{}\" ({}): check cluster.master_addr, DNS "
+          "or /etc/hosts",
+          spec_.cluster.master_addr, failed.detail);
     case ConnectError::kOther:
       break;
   }
@@ -87,8 +89,7 @@ void Agent::MaybeReconnect(TimePoint now, std::vector<AgentEffect>& out) {
   }
 }
 
-void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed,
-                            std::vector<AgentEffect>& out) {
+void Agent::OnConnectFailed(TimePoint now, const MasterConnectFailed& failed, std::vector<AgentEffect>& out) {
   if (!std::holds_alternative<Connecting>(link_)) return;
   last_connect_error_ = ExplainConnectError(failed);
   if (!last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
@@ -137,9 +138,10 @@ void Agent::OnMasterLost(TimePoint now, const std::string& why, bool was_joined,
   const TimePoint kill_by = KillBy();
   std::optional<TimePoint>& kill_at = std::get<Stopping>(work_).kill_at;  // StopWorkers began it
   if (kill_at && kill_by <= now) {
-    KillWorkers(now, fmt::format("last heard from the coordinator {} ago (this agent did not run "
-                                 "meanwhile), past the loss bound + stop_grace",
-                                 HumanDuration(now - last_heard_)),
+    KillWorkers(now,
+                fmt::format("last heard from the coordinator {} ago (this agent did not run "
+                            "meanwhile), past the loss bound + stop_grace",
+                            HumanDuration(now - last_heard_)),
                 out);
   } else if (kill_at && kill_by < *kill_at) {
     kill_at = kill_by;
@@ -160,9 +162,8 @@ void Agent::RetryLater(TimePoint now, std::string error, Duration retry, bool sa
   if (!same_story || !last_connect_log_ || now - *last_connect_log_ >= kConnectLogInterval) {
     last_connect_log_ = now;
     Log(LogLevel::kWarn,
-        fmt::format("{}\nretrying every {} for {} more (until timeouts.rendezvous)",
-                    last_connect_error_, HumanDuration(retry),
-                    HumanDuration(std::max(rendezvous_deadline_ - now, Duration(0)))),
+        fmt::format("{}\nretrying every {} for {} more (until timeouts.rendezvous)", last_connect_error_,
+                    HumanDuration(retry), HumanDuration(std::max(rendezvous_deadline_ - now, Duration(0)))),
         out);
   }
   out.push_back(DisconnectFromMaster{});
@@ -177,9 +178,8 @@ void Agent::OnUnproven(TimePoint now, const wire::Message& message, std::vector<
   const std::string endpoint = MasterEndpoint();
   std::string error;
   if (const auto* challenge = std::get_if<wire::Challenge>(&message)) {
-    if (ConstantTimeEqual(challenge->proof,
-                          CoordinatorProof(config_.secret, std::get<Joining>(link_).nonce,
-                                           challenge->nonce))) {
+    if (ConstantTimeEqual(challenge->proof, CoordinatorProof(config_.secret, std::get<Joining>(link_).nonce,
+                                                             challenge->nonce))) {
       std::get<Joining>(link_).proven = true;
       Heard(now, out);
       SendJoin(challenge->nonce, out);

@@ -122,16 +122,16 @@ void Agent::OnProgressExpired(TimePoint now, std::vector<AgentEffect>& out) {
   }
   const int local = static_cast<int>(hung - workers_.data());
   const std::string since = b.after_phase ? "since its last phase"
-                            : !b.stepped   ? "since it started"
-                                           : fmt::format("after step {}", b.step);
+                            : !b.stepped  ? "since it started"
+                                          : fmt::format("after step {}", b.step);
   Log(LogLevel::kError,
       fmt::format("rank {} (local rank {}) sent no progress beacon for {} {} ({}); asking every "
                   "rank where it is before the round is stopped",
                   hung->global_rank, local, HumanDuration(now - b.since), since, limit),
       out);
   std::get<Running>(work_).told = Told::kHang;
-  Send(wire::RankHung{round_, hung->global_rank, local, b.step, Ms(now - b.since), Ms(allowed),
-                      start_limit, learnt},
+  Send(wire::RankHung{round_, hung->global_rank, local, b.step, Ms(now - b.since), Ms(allowed), start_limit,
+                      learnt},
        out);
 }
 
@@ -141,8 +141,9 @@ void Agent::OnHangCleared(const wire::HangCleared& cleared, std::vector<AgentEff
   running->stacks.asked = false;
   if (running->told == Told::kHang) running->told = Told::kNothing;
   Log(LogLevel::kInfo,
-      fmt::format("round {}: every rank progresses again (the coordinator saw it in their stacks); the round goes on",
-                  round_),
+      fmt::format(
+          "round {}: every rank progresses again (the coordinator saw it in their stacks); the round goes on",
+          round_),
       out);
 }
 
@@ -165,8 +166,7 @@ void Agent::OnDumpStacks(TimePoint now, const wire::DumpStacks& dump, std::vecto
   stacks()->due = now + kStackWait;
 }
 
-void Agent::SendStacks(TimePoint now, const std::vector<std::string>& dumps,
-                       std::vector<AgentEffect>& out) {
+void Agent::SendStacks(TimePoint now, const std::vector<std::string>& dumps, std::vector<AgentEffect>& out) {
   wire::RankStacks message{round_, {}};
   size_t bytes = 0;
   int with_stack = 0;
@@ -205,8 +205,10 @@ void Agent::Report(TimePoint now, std::vector<AgentEffect>& out) {
     if (b.window.size() == buckets) {
       const Beats::Bucket sum = b.WindowSum();
       if (sum.steps > 0) {
-        rate.step_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                           period * static_cast<int64_t>(buckets)).count() / sum.steps;
+        rate.step_us =
+            std::chrono::duration_cast<std::chrono::microseconds>(period * static_cast<int64_t>(buckets))
+                .count() /
+            sum.steps;
       }
       if (sum.busy_steps > 0) rate.work_us = sum.busy_us / sum.busy_steps;
     }

@@ -43,8 +43,7 @@ std::string JoinProof(std::string_view secret, std::string_view nonce, int node_
 
 std::string CoordinatorProof(std::string_view secret, std::string_view agent_nonce,
                              std::string_view coordinator_nonce) {
-  return HmacSha256Hex(secret, fmt::format("ddprun-coordinator-v1\n{}\n{}", agent_nonce,
-                                           coordinator_nonce));
+  return HmacSha256Hex(secret, fmt::format("ddprun-coordinator-v1\n{}\n{}", agent_nonce, coordinator_nonce));
 }
 
 }  // namespace ddprun::core

@@ -21,11 +21,16 @@ namespace ddprun::core {
 
 std::string_view LossReasonName(LossReason reason) {
   switch (reason) {
-    case LossReason::kClosed: return "closed";
-    case LossReason::kSilent: return "silent";
-    case LossReason::kReconnected: return "reconnected";
-    case LossReason::kProtocolError: return "protocol-error";
-    case LossReason::kNoStopConfirmation: return "no-stop-confirmation";
+    case LossReason::kClosed:
+      return "closed";
+    case LossReason::kSilent:
+      return "silent";
+    case LossReason::kReconnected:
+      return "reconnected";
+    case LossReason::kProtocolError:
+      return "protocol-error";
+    case LossReason::kNoStopConfirmation:
+      return "no-stop-confirmation";
   }
   return "closed";
 }
@@ -50,12 +55,12 @@ void Coordinator::AfterUncleanEnd(TimePoint now, Duration since, std::vector<Coo
   const TimePoint until = now - since + spec_.timeouts.LeaseBound();
   if (until <= now) return;
   journal_fence_ = until;
-  fence_cause_ = fmt::format("{} ended without ending the job (its host crashed or its process was killed)",
-                             previous);
-  out.push_back(LogLine{LogLevel::kWarn,
-                        fmt::format("{} did not end it ({} ago it recorded that workers may "
-                                    "run): the first round waits until {} after that record",
-                                    previous, HumanDuration(since), HumanDuration(spec_.timeouts.LeaseBound()))});
+  fence_cause_ =
+      fmt::format("{} ended without ending the job (its host crashed or its process was killed)", previous);
+  out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} did not end it ({} ago it recorded that workers may "
+                                                     "run): the first round waits until {} after that record",
+                                                     previous, HumanDuration(since),
+                                                     HumanDuration(spec_.timeouts.LeaseBound()))});
 }
 
 void Coordinator::PlaceRankZero(int agent, std::string addr) {
@@ -79,20 +84,21 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
   }
   took_over_ = true;
   if (record.exit_code) {
-    out.push_back(LogLine{LogLevel::kWarn,
-                          record.done ? fmt::format("the job ended (exit code {}, recorded by {}) while this agent was "
-                                                    "away; telling it the verdict",
-                                                    *record.exit_code, holder)
-                                      : fmt::format("the job had ended (exit code {}) when {} was lost; telling "
-                                                    "every agent the verdict again",
-                                                    *record.exit_code, holder)});
+    out.push_back(
+        LogLine{LogLevel::kWarn,
+                record.done ? fmt::format("the job ended (exit code {}, recorded by {}) while this agent was "
+                                          "away; telling it the verdict",
+                                          *record.exit_code, holder)
+                            : fmt::format("the job had ended (exit code {}) when {} was lost; telling "
+                                          "every agent the verdict again",
+                                          *record.exit_code, holder)});
     EndJob(now, *record.exit_code, record.summary, out);
     return;
   }
-  out.push_back(LogLine{LogLevel::kWarn, fmt::format("taking over the job from {}: round {} next, {} of {} restarts "
-                                                     "used",
-                                                     holder, round_, restarts_used_,
-                                                     spec_.restart.max_restarts)});
+  out.push_back(
+      LogLine{LogLevel::kWarn, fmt::format("taking over the job from {}: round {} next, {} of {} restarts "
+                                           "used",
+                                           holder, round_, restarts_used_, spec_.restart.max_restarts)});
   if (!record.round_may_run) {
     if (record.workers_may_run) {
       // The previous holder counted the failed round, but a node of it was lost and its
@@ -105,18 +111,20 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
   RoundFailure failure;
   failure.round = round_ - 1;
   // The agent that held the role (its logs are where to look); an old record names none.
-  failure.node_rank = record.holder_agent >= 0 && record.holder_agent < roster_.agents() ? record.holder_agent : 0;
+  failure.node_rank =
+      record.holder_agent >= 0 && record.holder_agent < roster_.agents() ? record.holder_agent : 0;
   failure.what = fmt::format("the coordinator ({}) was lost while round {} ran", holder, round_ - 1);
-  failure.detail = fmt::format("  its etcd lease (rendezvous.lease = {}) ended: its host died, its agent "
-                               "was killed, or it was cut off from etcd\n",
-                               FormatDuration(spec_.rendezvous.lease));
+  failure.detail = fmt::format(
+      "  its etcd lease (rendezvous.lease = {}) ended: its host died, its agent "
+      "was killed, or it was cut off from etcd\n",
+      FormatDuration(spec_.rendezvous.lease));
   failure.explains_silence = true;
   failure.kinds = {FailureKind::Of(FailureKind::Type::kLostNode)};
   // The old round's workers stop within their agents' lease of their last word from the old
   // coordinator, which was before now.
   journal_fence_ = now + spec_.timeouts.LeaseBound();
-  fence_cause_ = fmt::format("the previous coordinator ({}) was lost while round {} ran", holder,
-                             failure.round);
+  fence_cause_ =
+      fmt::format("the previous coordinator ({}) was lost while round {} ran", holder, failure.round);
   // The round may have ended before its coordinator could record how (issue 37: etcd without a
   // majority just as the job finished): its agents say so when they rejoin, and until the
   // fence passes no round could start anyway.
@@ -125,11 +133,11 @@ void Coordinator::TakeOver(TimePoint now, const JobRecord& record, std::vector<C
     JudgeLostRound(now, out);
     return;
   }
-  out.push_back(LogLine{LogLevel::kInfo,
-                        fmt::format("round {} was never judged: waiting up to {} for its {} to rejoin and say "
-                                    "whether their workers exited 0",
-                                    round_ - 1, HumanDuration(spec_.timeouts.LeaseBound()),
-                                    Counted(static_cast<size_t>(record.round_nodes), "node"))});
+  out.push_back(LogLine{
+      LogLevel::kInfo, fmt::format("round {} was never judged: waiting up to {} for its {} to rejoin and say "
+                                   "whether their workers exited 0",
+                                   round_ - 1, HumanDuration(spec_.timeouts.LeaseBound()),
+                                   Counted(static_cast<size_t>(record.round_nodes), "node"))});
 }
 
 void Coordinator::OnRoundReport(TimePoint now, const wire::Join& join, std::vector<CoordinatorEffect>& out) {
@@ -152,17 +160,19 @@ void Coordinator::OnRoundReport(TimePoint now, const wire::Join& join, std::vect
   const int round = unjudged_->failure.round;
   const size_t nodes = static_cast<size_t>(unjudged_->nodes);
   unjudged_.reset();
-  out.push_back(LogLine{LogLevel::kInfo,
-                        fmt::format("round {} ended before its coordinator could record it: every one of its {} "
-                                    "says its workers exited 0",
-                                    round, Counted(nodes, "node"))});
+  out.push_back(
+      LogLine{LogLevel::kInfo,
+              fmt::format("round {} ended before its coordinator could record it: every one of its {} "
+                          "says its workers exited 0",
+                          round, Counted(nodes, "node"))});
   EndJob(now, ToInt(ExitCode::kOk),
-         fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used)\n  its coordinator "
-                     "was lost before it could record the end; the agents said so when they rejoined the next "
-                     "one{}",
-                     spec_.job.name, AllOf(nodes * static_cast<size_t>(spec_.cluster.nproc_per_node), "rank"),
-                     Counted(nodes, "node"), round, restarts_used_, restarts_used_ == 1 ? "" : "s",
-                     earlier_causes_.empty() ? "" : "\n" + EarlierCausesNote(earlier_causes_)),
+         fmt::format(
+             "job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used)\n  its coordinator "
+             "was lost before it could record the end; the agents said so when they rejoined the next "
+             "one{}",
+             spec_.job.name, AllOf(nodes * static_cast<size_t>(spec_.cluster.nproc_per_node), "rank"),
+             Counted(nodes, "node"), round, restarts_used_, restarts_used_ == 1 ? "" : "s",
+             earlier_causes_.empty() ? "" : "\n" + EarlierCausesNote(earlier_causes_)),
          out);
 }
 
@@ -175,19 +185,21 @@ void Coordinator::JudgeLostRound(TimePoint now, std::vector<CoordinatorEffect>& 
   out.push_back(Observed{observed::RoundFailed{failure.round, 0, -1, failure.kinds, failure.what, !restart}});
   if (restart) {
     ++restarts_used_;
-    out.push_back(LogLine{LogLevel::kError, fmt::format("round {} failed: {}; restart {} of {}", failure.round,
-                                                        failure.what, restarts_used_, spec_.restart.max_restarts)});
+    out.push_back(
+        LogLine{LogLevel::kError, fmt::format("round {} failed: {}; restart {} of {}", failure.round,
+                                              failure.what, restarts_used_, spec_.restart.max_restarts)});
     // The round that was lost was never stopped by this coordinator: no backoff of its own.
     out.push_back(Observed{observed::RestartSpent{restarts_used_, round_, Duration::zero()}});
     MaybeStartRound(now, out);
     return;
   }
   ended_by_rule_ = !never.empty();
-  EndJob(now, ToInt(ExitCode::kJobFailed),
-         FailureText(spec_, failure, {0, 0, never, restarts_used_, hangs_.StragglerNote(),
-                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank),
-                                      EarlierCausesNote(earlier_causes_)}),
-         out);
+  EndJob(
+      now, ToInt(ExitCode::kJobFailed),
+      FailureText(spec_, failure,
+                  {0, 0, never, restarts_used_, hangs_.StragglerNote(), placement_.book().Note(last_input_),
+                   roster_.NodeName(failure.node_rank), EarlierCausesNote(earlier_causes_)}),
+      out);
 }
 
 void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
@@ -195,7 +207,8 @@ void Coordinator::RequireSecret(std::string secret, uint64_t nonce_seed) {
   nonce_seed_ = nonce_seed;
 }
 
-void Coordinator::RestoreQuarantine(const std::vector<QuarantinedHost>& hosts, std::vector<CoordinatorEffect>& out) {
+void Coordinator::RestoreQuarantine(const std::vector<QuarantinedHost>& hosts,
+                                    std::vector<CoordinatorEffect>& out) {
   placement_.Restore(hosts, last_input_, out);
 }
 
@@ -386,8 +399,9 @@ void Coordinator::ExpireDeadlines(TimePoint now, std::vector<CoordinatorEffect>&
     for (int agent = 0; agent < roster_.agents(); ++agent) {
       const AgentSlot& slot = roster_.at(agent);
       if (!slot.conn || slot.stopped) continue;
-      out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} did not confirm that its workers stopped; dropping it",
-                                                         roster_.NodeName(agent))});
+      out.push_back(LogLine{
+          LogLevel::kWarn,
+          fmt::format("{} did not confirm that its workers stopped; dropping it", roster_.NodeName(agent))});
       Drop(now, *slot.conn, LossReason::kNoStopConfirmation,
            fmt::format("it did not confirm within {} that its workers stopped",
                        HumanDuration(spec_.timeouts.ExitBarrier())),
@@ -437,7 +451,8 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
     if (failed->round != round_ || slot.plays < 0) return;  // stale, or runs nothing
     if (phase() == Phase::kRunning) {
       BeginStop(now, WorkerFailure(roster_, agent, *failed), out);
-    } else if (const auto* stopping = std::get_if<Stopping>(&state_); stopping && stopping->failure.lost_peer) {
+    } else if (const auto* stopping = std::get_if<Stopping>(&state_);
+               stopping && stopping->failure.lost_peer) {
       // The first failure only lost a peer; a rank that raised on its own before the stop
       // reached it (agents report those too) is the better root cause.
       RoundFailure later = WorkerFailure(roster_, agent, *failed);
@@ -482,7 +497,8 @@ void Coordinator::OnMessage(TimePoint now, ConnId conn_id, const wire::Message& 
   } else {
     out.push_back(LogLine{LogLevel::kWarn, fmt::format("dropping {}: unexpected {} from an agent",
                                                        roster_.NodeName(agent), wire::MessageName(message))});
-    Drop(now, conn_id, LossReason::kProtocolError, fmt::format("it sent {}", wire::MessageName(message)), out);
+    Drop(now, conn_id, LossReason::kProtocolError, fmt::format("it sent {}", wire::MessageName(message)),
+         out);
     OnNodeLost(now, agent, "protocol error", out);
   }
 }
@@ -500,11 +516,11 @@ void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<Coordinat
   }
   absence_origin_ = std::min(absence_origin_ + stall, now);
   const std::string& host = roster_.at(0).host;
-  const std::string what =
-      fmt::format("node 0 ({}) stalled for {}: its agent and the coordinator did not run "
-                  "(the process was stopped or paused: SIGSTOP, a VM pause, swapping, a stuck "
-                  "file system), so every other node lost the coordinator",
-                  host.empty() ? "the master" : host, HumanDuration(stall));
+  const std::string what = fmt::format(
+      "node 0 ({}) stalled for {}: its agent and the coordinator did not run "
+      "(the process was stopped or paused: SIGSTOP, a VM pause, swapping, a stuck "
+      "file system), so every other node lost the coordinator",
+      host.empty() ? "the master" : host, HumanDuration(stall));
   if (phase() == Phase::kStarting || phase() == Phase::kRunning) {
     RoundFailure failure;
     failure.round = round_;
@@ -519,7 +535,8 @@ void Coordinator::OnStalled(TimePoint now, Duration stall, std::vector<Coordinat
   }
 }
 
-void Coordinator::OnNodeLost(TimePoint now, int agent, const std::string& why, std::vector<CoordinatorEffect>& out) {
+void Coordinator::OnNodeLost(TimePoint now, int agent, const std::string& why,
+                             std::vector<CoordinatorEffect>& out) {
   AgentSlot& slot = roster_.at(agent);
   SetSlotConn(agent, std::nullopt, now);
   slot.left = why;
@@ -552,8 +569,9 @@ void Coordinator::OnNodeLost(TimePoint now, int agent, const std::string& why, s
       failure.what = fmt::format("{} was lost: {}", roster_.NodeName(agent), why);
       failure.explains_silence = true;
       failure.kinds = {FailureKind::Of(FailureKind::Type::kLostNode)};
-      failure.detail = "  its agent stopped answering; its workers are stopped by its agent (or "
-                       "died with it)\n";
+      failure.detail =
+          "  its agent stopped answering; its workers are stopped by its agent (or "
+          "died with it)\n";
       BeginStop(now, std::move(failure), out);
       break;
     }

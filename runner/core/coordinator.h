@@ -53,8 +53,7 @@ class Coordinator {
 
   /// Node 0's quarantine state file lists these hosts (an earlier launch of the job kept them
   /// out): a host with time left sits out until then, and its count of quarantines goes on.
-  void RestoreQuarantine(const std::vector<QuarantinedHost>& hosts,
-                         std::vector<CoordinatorEffect>& out);
+  void RestoreQuarantine(const std::vector<QuarantinedHost>& hosts, std::vector<CoordinatorEffect>& out);
 
   /// rendezvous.backend = "etcd": this coordinator runs in agent `agent`'s process, on the host
   /// `addr`. That agent plays node rank 0 (it trades places with the agent that held it), so
@@ -117,9 +116,9 @@ class Coordinator {
   /// never reads it. nullopt before any failure.
   struct RootCause {
     int round = 0;
-    int node_rank = 0;            // the node it happened on (or that was lost)
-    int global_rank = -1;         // the rank that failed or hung first; -1: a node, not a rank
-    std::string what;             // one line, as the summary says it
+    int node_rank = 0;               // the node it happened on (or that was lost)
+    int global_rank = -1;            // the rank that failed or hung first; -1: a node, not a rank
+    std::string what;                // one line, as the summary says it
     std::vector<FailureKind> kinds;  // core::FailureKinds, or hang, lost-node, stall
   };
   std::optional<RootCause> last_root_cause() const {
@@ -140,14 +139,14 @@ class Coordinator {
   // ---- The phases, each with what it waits for.
   struct Rendezvous {
     TimePoint started;
-    TimePoint deadline;                 // timeouts.rendezvous
-    TimePoint next_progress;            // when waiting agents next hear who is missing
-    std::optional<TimePoint> gate;      // every node joined; the round waits for a fence
+    TimePoint deadline;             // timeouts.rendezvous
+    TimePoint next_progress;        // when waiting agents next hear who is missing
+    std::optional<TimePoint> gate;  // every node joined; the round waits for a fence
     /// The progress line backs off while nothing changes (5 s, doubling to 1 min: issue 39,
     /// 2,048 nodes waiting 10 minutes printed 120 lines each); a change is said within 5 s.
-    Duration progress_every{};          // OpenRendezvous sets the first
+    Duration progress_every{};  // OpenRendezvous sets the first
     std::optional<TimePoint> progress_sent;
-    wire::Progress progress_said;       // the last line sent, its elapsed time left out
+    wire::Progress progress_said;  // the last line sent, its elapsed time left out
   };
   /// A rendezvous that begins at `now` (the job's start, or the end of a backoff).
   static Rendezvous OpenRendezvous(TimePoint now, Duration timeout);
@@ -155,30 +154,30 @@ class Coordinator {
   /// others' probe endpoints; the round starts once all have answered or `until` has passed.
   struct Reach {
     TimePoint until;
-    std::set<int> waiting;              // agents that have not answered yet
+    std::set<int> waiting;  // agents that have not answered yet
     // One line per pair that could not connect, by (prober, target): in node order, whatever
     // order the answers came in.
     std::map<std::pair<int, int>, std::string> problems;
   };
   struct Starting {
     std::optional<Reach> reach;
-    bool awaiting_commit = false;       // CommitRound sent, RoundCommitted not yet in
+    bool awaiting_commit = false;  // CommitRound sent, RoundCommitted not yet in
   };
   struct Running {
     int done = 0;  // agents whose workers all exited 0
   };
   struct Stopping {
-    RoundFailure failure;               // the round's root cause so far
-    TimePoint give_up;                  // nodes that have not confirmed by then are dropped
-    int stopped_joined = 0;             // connected agents that confirmed the stop
+    RoundFailure failure;    // the round's root cause so far
+    TimePoint give_up;       // nodes that have not confirmed by then are dropped
+    int stopped_joined = 0;  // connected agents that confirmed the stop
   };
   struct Backoff {
     TimePoint until;
   };
   struct Ending {
-    TimePoint barrier;                  // the exit barrier
-    bool awaiting_record = true;        // RecordEnd sent, EndRecorded not yet in: nobody is told
-    int awaiting = 0;                   // agents not kSettled
+    TimePoint barrier;            // the exit barrier
+    bool awaiting_record = true;  // RecordEnd sent, EndRecorded not yet in: nobody is told
+    int awaiting = 0;             // agents not kSettled
   };
   struct Done {};
   // In Phase order.
@@ -193,8 +192,20 @@ class Coordinator {
   /// before it, so the two cannot disagree (a deadline one of them ignored would spin the
   /// driver or never fire).
   enum class Deadline {
-    kHeartbeat, kSilence, kRoundGate, kReplace, kRendezvous, kRendezvousProgress, kReach,
-    kHangProbe, kStragglers, kStopWait, kBackoff, kEndBarrier, kUnjudged, kCount
+    kHeartbeat,
+    kSilence,
+    kRoundGate,
+    kReplace,
+    kRendezvous,
+    kRendezvousProgress,
+    kReach,
+    kHangProbe,
+    kStragglers,
+    kStopWait,
+    kBackoff,
+    kEndBarrier,
+    kUnjudged,
+    kCount
   };
   std::optional<TimePoint> DeadlineOf(Deadline deadline) const;
   bool Due(Deadline deadline, TimePoint now) const;
@@ -229,8 +240,10 @@ class Coordinator {
   void OnStalled(TimePoint now, Duration stall, std::vector<CoordinatorEffect>& out);
   void OnNodeLost(TimePoint now, int agent, const std::string& why, std::vector<CoordinatorEffect>& out);
   /// Closes `conn`; for an agent's current connection that is its loss, for `reason`.
-  void Drop(TimePoint now, ConnId conn, LossReason reason, std::string detail, std::vector<CoordinatorEffect>& out);
-  void ObserveLoss(int agent, LossReason reason, std::string detail, std::vector<CoordinatorEffect>& out) const;
+  void Drop(TimePoint now, ConnId conn, LossReason reason, std::string detail,
+            std::vector<CoordinatorEffect>& out);
+  void ObserveLoss(int agent, LossReason reason, std::string detail,
+                   std::vector<CoordinatorEffect>& out) const;
   void MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>& out);
   /// The latest end of a fence that holds the round back (lifting those that ended); nullopt:
   /// none does.
@@ -272,44 +285,44 @@ class Coordinator {
   State state_;
   int round_ = 0;
   int restarts_used_ = 0;
-  Roster roster_;                    // every agent of the job: the nodes, then the spares
-  Placement placement_;              // who plays the next round; the quarantine book
-  HangWatch hangs_;                  // hung ranks and stragglers of the running round
+  Roster roster_;        // every agent of the job: the nodes, then the spares
+  Placement placement_;  // who plays the next round; the quarantine book
+  HangWatch hangs_;      // hung ranks and stragglers of the running round
   Links links_;
   /// Where the absence clock of a node that has not joined this rendezvous starts: its start,
   /// moved on by every stall of our own (OnStalled).
   TimePoint absence_origin_;
   TimePoint next_heartbeat_;
-  TimePoint last_input_;             // to tell our own stall from silent peers
+  TimePoint last_input_;  // to tell our own stall from silent peers
   std::optional<RoundFailure> last_failure_;
   std::optional<int> exit_code_;
-  std::string end_summary_;          // the JobEnd summary, for agents that rejoin after the end
+  std::string end_summary_;                 // the JobEnd summary, for agents that rejoin after the end
   std::optional<TimePoint> journal_fence_;  // AfterUncleanEnd, TakeOver: no round before this
   /// TakeOver found a round that may have run and was never judged: its failure unless every
   /// node rank of it says, rejoining before `until`, that its workers exited 0.
   struct Unjudged {
     RoundFailure failure;
-    int nodes = 0;              // the round's node ranks, from the job's record
+    int nodes = 0;                // the round's node ranks, from the job's record
     std::map<int, int> finished;  // node rank -> the agent that said it finished it
     TimePoint until;
   };
   std::optional<Unjudged> unjudged_;
-  std::string fence_cause_;          // why journal_fence_ holds the first round back
+  std::string fence_cause_;  // why journal_fence_ holds the first round back
   /// The job's record last said that workers may run: a round began, and the job has not
   /// finished. The heartbeat renews that record.
   bool record_running_ = false;
-  bool reach_checked_ = false;       // the probe before the first round has run
+  bool reach_checked_ = false;               // the probe before the first round has run
   std::vector<std::string> reach_problems_;  // what it found, kept under "warn" for a hang verdict
   // Configuration and history.
   std::string secret_;
   uint64_t nonce_seed_ = 0;
-  bool took_over_ = false;           // TakeOver: the job began under another holder
-  bool ended_by_rule_ = false;       // see ended_by_rule()
+  bool took_over_ = false;                   // TakeOver: the job began under another holder
+  bool ended_by_rule_ = false;               // see ended_by_rule()
   std::vector<std::string> earlier_causes_;  // the restarted rounds' root causes, for the summaries
-  std::string master_addr_;          // every round's MASTER_ADDR (PlaceRankZero, SetMasterAddr); "": the file's
-  int own_agent_ = 0;                // the agent in this coordinator's process (PlaceRankZero)
-  bool elected_ = false;             // PlaceRankZero: the role was won in a campaign (etcd)
-  std::string us_ = "node 0";        // this coordinator as refusals name it
+  std::string master_addr_;    // every round's MASTER_ADDR (PlaceRankZero, SetMasterAddr); "": the file's
+  int own_agent_ = 0;          // the agent in this coordinator's process (PlaceRankZero)
+  bool elected_ = false;       // PlaceRankZero: the role was won in a campaign (etcd)
+  std::string us_ = "node 0";  // this coordinator as refusals name it
   /// Under etcd before the first round: the agents refused for each other job file (by
   /// fingerprint), to tell a holder whose own file is the odd one out (WeighOtherFile).
   std::map<std::string, std::set<int>> refused_files_;

@@ -9,15 +9,17 @@
 
 namespace ddprun::core {
 
-void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, std::vector<CoordinatorEffect>& out) {
+void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join,
+                         std::vector<CoordinatorEffect>& out) {
   const bool in_range = join.node_rank >= 0 && join.node_rank < roster_.agents();
   auto judge = [&] {
     const Links::Conn& conn = *links_.Find(conn_id);
-    return JudgeJoin(JoinFacts{secret_, conn.nonce, conn.peer_addr, fingerprint_, canonical_, spec_.cluster.nnodes,
-                               roster_.agents(), in_range ? &roster_.at(join.node_rank) : nullptr,
-                               phase() == Phase::kEnding || phase() == Phase::kDone, phase() == Phase::kDone,
-                               took_over_, us_},
-                     join);
+    return JudgeJoin(
+        JoinFacts{secret_, conn.nonce, conn.peer_addr, fingerprint_, canonical_, spec_.cluster.nnodes,
+                  roster_.agents(), in_range ? &roster_.at(join.node_rank) : nullptr,
+                  phase() == Phase::kEnding || phase() == Phase::kDone, phase() == Phase::kDone, took_over_,
+                  us_},
+        join);
   };
   JoinVerdict verdict = judge();
   if (verdict.replaces_connection) {
@@ -43,7 +45,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
       // rendezvous (issue 40: a rank started twice printed the refusal about 450 times): the
       // same story for the same rank is said once, then only at debug level.
       std::string story = verdict.reason;
-      if (const Links::Conn* from = links_.Find(conn_id); from && from->peer_addr.rfind(':') != std::string::npos) {
+      if (const Links::Conn* from = links_.Find(conn_id);
+          from && from->peer_addr.rfind(':') != std::string::npos) {
         const size_t at = story.find(from->peer_addr);
         if (at != std::string::npos) {
           story.replace(at, from->peer_addr.size(), from->peer_addr.substr(0, from->peer_addr.rfind(':')));
@@ -61,7 +64,8 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
       Links::Conn& conn = *links_.Find(conn_id);
       conn.nonce = Sha256Hex(fmt::format("{}:{}", nonce_seed_, conn_id)).substr(0, 32);
       conn.hello_rank = join.node_rank;
-      out.push_back(SendTo{conn_id, wire::Challenge{conn.nonce, CoordinatorProof(secret_, join.nonce, conn.nonce)}});
+      out.push_back(
+          SendTo{conn_id, wire::Challenge{conn.nonce, CoordinatorProof(secret_, join.nonce, conn.nonce)}});
       return;
     }
     case JoinVerdict::Outcome::kHearVerdict: {
@@ -70,10 +74,12 @@ void Coordinator::OnJoin(TimePoint now, ConnId conn_id, const wire::Join& join, 
       AgentSlot& slot = roster_.at(join.node_rank);
       SetSlotConn(join.node_rank, conn_id, now);
       links_.Find(conn_id)->node_rank = join.node_rank;
-      out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; telling it the outcome",
-                                                         roster_.NodeName(join.node_rank))});
+      out.push_back(
+          LogLine{LogLevel::kInfo, fmt::format("{} rejoined after the end of the job; telling it the outcome",
+                                               roster_.NodeName(join.node_rank))});
       const auto* ending = std::get_if<Ending>(&state_);
-      if (ending && ending->awaiting_record) return;  // it hears the verdict with the others, once it is recorded
+      if (ending && ending->awaiting_record)
+        return;  // it hears the verdict with the others, once it is recorded
       out.push_back(SendTo{conn_id, wire::JobEnd{*exit_code_, end_summary_}});
       if (slot.end == AgentSlot::EndState::kAway) slot.end = AgentSlot::EndState::kTold;
       return;
@@ -116,7 +122,8 @@ void Coordinator::Admit(TimePoint now, ConnId conn_id, const wire::Join& join, c
       : slot.position != agent && agent < nnodes
           // etcd: the coordinator's agent plays node rank 0, and node 0's agent its place.
           ? fmt::format("{} joined from {} ({}/{}); it plays node rank {}{}", roster_.AgentName(agent), from,
-                        joined_count(), agents, slot.position, slot.position == 0 ? ", the coordinator's" : "")
+                        joined_count(), agents, slot.position,
+                        slot.position == 0 ? ", the coordinator's" : "")
           : fmt::format("{} joined from {} ({}/{})", roster_.NodeName(agent), from, joined_count(), agents);
   if (slot.position >= 0 && (phase() == Phase::kStarting || phase() == Phase::kRunning)) {
     line += fmt::format("; round {} runs without it, it takes part from the next round", round_);
@@ -144,16 +151,18 @@ void Coordinator::OnChallengeUnanswered(const Links::Conn& conn, std::vector<Coo
   if (slot.conn) return;
   // Each retry comes from a new source port: the story is told per address, not per port.
   const std::string_view addr = std::string_view(conn.peer_addr).substr(0, conn.peer_addr.rfind(':'));
-  std::string why = fmt::format("a peer from {} claiming this rank left without answering the "
-                                "shared-secret challenge: its secret differs from node 0's",
-                                addr);
+  std::string why = fmt::format(
+      "a peer from {} claiming this rank left without answering the "
+      "shared-secret challenge: its secret differs from node 0's",
+      addr);
   if (slot.refused == why) return;  // said once; its retries tell the same story
-  out.push_back(LogLine{LogLevel::kError,
-                        fmt::format("a peer from {} claiming node rank {} closed the connection without answering "
-                                    "the shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) differs "
-                                    "from node 0's, or it is not this job's agent\nhint: set the same secret on "
-                                    "every node",
-                                    addr, conn.hello_rank)});
+  out.push_back(
+      LogLine{LogLevel::kError,
+              fmt::format("a peer from {} claiming node rank {} closed the connection without answering "
+                          "the shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) differs "
+                          "from node 0's, or it is not this job's agent\nhint: set the same secret on "
+                          "every node",
+                          addr, conn.hello_rank)});
   slot.refused = std::move(why);
 }
 
@@ -175,8 +184,9 @@ bool Coordinator::WeighOtherFile(TimePoint now, ConnId conn, const wire::Join& j
   if (theirs.size() < ours) return false;
   if (theirs.size() == ours) {
     verdict.retry = true;
-    verdict.reason += "\n(it tries again: as many nodes have come with its job file as with the "
-                      "coordinator's, and a coordinator whose file is outnumbered gives the role up)";
+    verdict.reason +=
+        "\n(it tries again: as many nodes have come with its job file as with the "
+        "coordinator's, and a coordinator whose file is outnumbered gives the role up)";
     return false;
   }
   std::vector<std::string> names;

@@ -27,7 +27,8 @@ std::optional<Coordinator::Quiet> Coordinator::QuietNow() const {
     const auto deadline = static_cast<Deadline>(k);
     if (deadline == Deadline::kHeartbeat || deadline == Deadline::kSilence) continue;
     const auto at = DeadlineOf(deadline);
-    if (at && (!quiet.state.other_deadline || *at < *quiet.state.other_deadline)) quiet.state.other_deadline = at;
+    if (at && (!quiet.state.other_deadline || *at < *quiet.state.other_deadline))
+      quiet.state.other_deadline = at;
   }
   return quiet;
 }

@@ -59,12 +59,12 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
     const Duration wait = std::chrono::ceil<std::chrono::seconds>(*gate - now);
     if (rendezvous->gate != gate) {
       if (gate == journal_fence_) {
-        out.push_back(LogLine{
-            LogLevel::kWarn,
-            fmt::format("round {}: {} joined; waiting {} before starting it: {}, so "
-                        "workers of its rounds may still run until their agents' lease ends (loss "
-                        "bound + stop_grace + SIGKILL after its last record)",
-                        round_, AllOf(nodes, "node"), HumanDuration(wait), fence_cause_)});
+        out.push_back(
+            LogLine{LogLevel::kWarn,
+                    fmt::format("round {}: {} joined; waiting {} before starting it: {}, so "
+                                "workers of its rounds may still run until their agents' lease ends (loss "
+                                "bound + stop_grace + SIGKILL after its last record)",
+                                round_, AllOf(nodes, "node"), HumanDuration(wait), fence_cause_)});
       } else {
         // Its rank went to another agent (a new agent of its host, or a spare), or a smaller
         // round (cluster.min_nodes) simply goes on without it.
@@ -72,23 +72,25 @@ void Coordinator::MaybeStartRound(TimePoint now, std::vector<CoordinatorEffect>&
         const std::vector<int>& players = roster_.players();
         for (int agent : fenced) {
           const bool in_round = std::find(players.begin(), players.end(), agent) != players.end();
-          (in_round || roster_.at(agent).position < 0 ? replaced : left_out).push_back(roster_.NodeName(agent));
+          (in_round || roster_.at(agent).position < 0 ? replaced : left_out)
+              .push_back(roster_.NodeName(agent));
         }
         std::vector<std::string> why;
         if (!replaced.empty()) {
-          why.push_back(fmt::format("{} was lost while its workers ran and a different agent now holds its rank",
-                                    fmt::join(replaced, ", ")));
+          why.push_back(
+              fmt::format("{} was lost while its workers ran and a different agent now holds its rank",
+                          fmt::join(replaced, ", ")));
         }
         if (!left_out.empty()) {
           why.push_back(fmt::format("{} was lost while its workers ran and the round goes on without it",
                                     fmt::join(left_out, ", ")));
         }
-        out.push_back(LogLine{
-            LogLevel::kWarn,
-            fmt::format("round {}: {} joined; waiting {} before starting it: {}, so the "
-                        "old workers may still run until their agent's lease ends (loss bound + "
-                        "stop_grace + SIGKILL)",
-                        round_, AllOf(nodes, "node"), HumanDuration(wait), fmt::join(why, "; "))});
+        out.push_back(
+            LogLine{LogLevel::kWarn,
+                    fmt::format("round {}: {} joined; waiting {} before starting it: {}, so the "
+                                "old workers may still run until their agent's lease ends (loss bound + "
+                                "stop_grace + SIGKILL)",
+                                round_, AllOf(nodes, "node"), HumanDuration(wait), fmt::join(why, "; "))});
       }
     }
     rendezvous->gate = gate;
@@ -139,9 +141,10 @@ bool Coordinator::StartReach(TimePoint now, std::vector<CoordinatorEffect>& out)
     out.push_back(SendTo{*slot.conn, std::move(probe)});
     reach.waiting.insert(agent);
   }
-  out.push_back(LogLine{LogLevel::kInfo, fmt::format("round {}: all {} nodes joined; checking that each reaches every "
-                                                     "other one on a port other than master_port (rendezvous.probe)",
-                                                     round_, roster_.players().size())});
+  out.push_back(
+      LogLine{LogLevel::kInfo, fmt::format("round {}: all {} nodes joined; checking that each reaches every "
+                                           "other one on a port other than master_port (rendezvous.probe)",
+                                           round_, roster_.players().size())});
   std::get<Starting>(state_).reach = std::move(reach);
   return true;
 }
@@ -167,10 +170,10 @@ void Coordinator::FinishReach(TimePoint now, std::vector<CoordinatorEffect>& out
   starting.reach.reset();
   reach_checked_ = true;
   for (int agent : reach.waiting) {
-    out.push_back(LogLine{LogLevel::kWarn, fmt::format("{} did not report its probe of the other nodes "
-                                                       "within {}; starting without it",
-                                                       roster_.NodeName(agent),
-                                                       HumanDuration(spec_.timeouts.ProbeWait()))});
+    out.push_back(LogLine{LogLevel::kWarn,
+                          fmt::format("{} did not report its probe of the other nodes "
+                                      "within {}; starting without it",
+                                      roster_.NodeName(agent), HumanDuration(spec_.timeouts.ProbeWait()))});
   }
   if (reach.problems.empty()) {
     CommitOrBegin(out);
@@ -183,19 +186,21 @@ void Coordinator::FinishReach(TimePoint now, std::vector<CoordinatorEffect>& out
       "TCP from the job's nodes through the firewall of each node named above (e.g. iptables -I "
       "INPUT -s <the nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it";
   if (spec_.rendezvous.probe == JobSpec::Rendezvous::Probe::kRefuse) {
-    EndJob(now, ToInt(ExitCode::kRendezvous),
-           fmt::format("round {} not started: {} cannot connect on a port other than master_port, as gloo and "
-                       "NCCL must (they would wait in init_process_group until their timeout):\n{}\n{}\n"
-                       "(rendezvous.probe = \"warn\" starts the job anyway)",
-                       round_, reach.problems.size() == 1 ? "a pair of nodes" : "pairs of nodes", pairs, fix),
-           out);
+    EndJob(
+        now, ToInt(ExitCode::kRendezvous),
+        fmt::format("round {} not started: {} cannot connect on a port other than master_port, as gloo and "
+                    "NCCL must (they would wait in init_process_group until their timeout):\n{}\n{}\n"
+                    "(rendezvous.probe = \"warn\" starts the job anyway)",
+                    round_, reach.problems.size() == 1 ? "a pair of nodes" : "pairs of nodes", pairs, fix),
+        out);
     return;
   }
-  out.push_back(LogLine{LogLevel::kWarn,
-                        fmt::format("some nodes cannot connect on a port other than master_port; gloo and NCCL "
-                                    "will likely hang in init_process_group (rendezvous.probe = \"warn\" starts "
-                                    "round {} anyway):\n{}\n{}",
-                                    round_, pairs, fix)});
+  out.push_back(
+      LogLine{LogLevel::kWarn,
+              fmt::format("some nodes cannot connect on a port other than master_port; gloo and NCCL "
+                          "will likely hang in init_process_group (rendezvous.probe = \"warn\" starts "
+                          "round {} anyway):\n{}\n{}",
+                          round_, pairs, fix)});
   reach_problems_ = std::move(problems);
   CommitOrBegin(out);
 }
@@ -255,11 +260,11 @@ void Coordinator::BeginRound(uint16_t store_port, std::vector<CoordinatorEffect>
                                       spec_.cluster.min_nodes, placement_.shrunk_note(),
                                       moved.empty() ? "" : fmt::format("; {}", fmt::join(moved, ", ")))});
   } else {
-    out.push_back(LogLine{LogLevel::kInfo,
-                          nodes == 1 ? fmt::format("round {}: starting {}", round_,
-                                                   Counted(static_cast<size_t>(world), "worker"))
-                                     : fmt::format("round {}: all {} nodes joined; starting {} workers", round_,
-                                                   nodes, world)});
+    out.push_back(LogLine{
+        LogLevel::kInfo,
+        nodes == 1
+            ? fmt::format("round {}: starting {}", round_, Counted(static_cast<size_t>(world), "worker"))
+            : fmt::format("round {}: all {} nodes joined; starting {} workers", round_, nodes, world)});
   }
   hangs_.NewRound();
   observed::RoundStarted started{round_, restarts_used_, static_cast<int>(nodes), {}};
@@ -310,10 +315,10 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
     // The round had stopped making progress before this. A lost node or our own stall
     // explains the silence; anything else came after the hang and is not its cause.
     if (failure.explains_silence) {
-      failure.detail += fmt::format("  (before that, {} had sent no progress beacon for {}: the "
-                                    "ranks waited for the lost ones)\n",
-                                    roster_.RankName(hangs_.probed().global_rank),
-                                    HumanDuration(Millis(hangs_.probed().silent_ms)));
+      failure.detail += fmt::format(
+          "  (before that, {} had sent no progress beacon for {}: the "
+          "ranks waited for the lost ones)\n",
+          roster_.RankName(hangs_.probed().global_rank), HumanDuration(Millis(hangs_.probed().silent_ms)));
       hangs_.EndProbe();
     } else {
       const std::string meanwhile = failure.what;
@@ -325,8 +330,9 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
       }
     }
   }
-  out.push_back(LogLine{LogLevel::kError, fmt::format("round {} failed: {}; stopping every worker on every node",
-                                                      round_, failure.what)});
+  out.push_back(
+      LogLine{LogLevel::kError,
+              fmt::format("round {} failed: {}; stopping every worker on every node", round_, failure.what)});
   last_failure_ = failure;
   // Leaving Starting drops its reachability probe: the next round probes again.
   Enter(Stopping{std::move(failure), now + spec_.timeouts.ExitBarrier()});
@@ -341,8 +347,11 @@ void Coordinator::BeginStop(TimePoint now, RoundFailure failure, std::vector<Coo
   // Every node hears the root cause with its traceback, also when a restart follows.
   const RoundFailure& cause = std::get<Stopping>(state_).failure;
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
-  out.push_back(Observed{observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
-  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank, cause.lost_peer}, out);
+  out.push_back(Observed{
+      observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
+  Broadcast(
+      wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank, cause.lost_peer},
+      out);
   MaybeFinishStop(now, out);
 }
 
@@ -350,18 +359,23 @@ void Coordinator::ReviseRootCause(RoundFailure failure, std::vector<CoordinatorE
   RoundFailure& cause = std::get<Stopping>(state_).failure;
   DDPRUN_ASSERT(cause.lost_peer && !failure.lost_peer);
   const std::string first = cause.what;
-  failure.detail += fmt::format("  ({} failed before it, with an error that says it lost a peer: "
-                                "a consequence, not the cause)\n",
-                                first.substr(0, first.find(" (")));
-  out.push_back(LogLine{LogLevel::kWarn, fmt::format("round {}: the root cause is {}; {} failed first, but its error "
-                                                     "says only that it lost a peer",
-                                                     round_, failure.what, first)});
+  failure.detail += fmt::format(
+      "  ({} failed before it, with an error that says it lost a peer: "
+      "a consequence, not the cause)\n",
+      first.substr(0, first.find(" (")));
+  out.push_back(
+      LogLine{LogLevel::kWarn, fmt::format("round {}: the root cause is {}; {} failed first, but its error "
+                                           "says only that it lost a peer",
+                                           round_, failure.what, first)});
   cause = std::move(failure);
   last_failure_ = cause;
   // Every node hears the root cause again, so no node is left with the consequence.
   const bool last = restarts_used_ >= spec_.restart.max_restarts;
-  out.push_back(Observed{observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
-  Broadcast(wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank, cause.lost_peer}, out);
+  out.push_back(Observed{
+      observed::RoundFailed{round_, cause.node_rank, cause.global_rank, cause.kinds, cause.what, last}});
+  Broadcast(
+      wire::StopRound{round_, cause.what + "\n" + cause.detail, last, cause.global_rank, cause.lost_peer},
+      out);
 }
 
 void Coordinator::MarkStopped(AgentSlot& slot, int stopped_ranks) {
@@ -390,37 +404,41 @@ void Coordinator::SpendRestartOrEnd(TimePoint now, const RoundFailure& failure, 
   const int max_restarts = spec_.restart.max_restarts;
   const std::string never = NeverRestartRule(spec_, failure);
   if (!never.empty()) {
-    out.push_back(LogLine{LogLevel::kError, fmt::format("restart.never_on has \"{}\": the job ends without a restart "
-                                                        "({} of {} restarts left)",
-                                                        never, max_restarts - restarts_used_, max_restarts)});
+    out.push_back(
+        LogLine{LogLevel::kError, fmt::format("restart.never_on has \"{}\": the job ends without a restart "
+                                              "({} of {} restarts left)",
+                                              never, max_restarts - restarts_used_, max_restarts)});
   } else if (restarts_used_ < max_restarts) {
     earlier_causes_.push_back(
         fmt::format("round {}: {}{}", failure.round, failure.what,
                     failure.kinds.empty() ? "" : " (" + failure.kinds.front().Text() + ")"));
     ++restarts_used_;
     ++round_;
-    out.push_back(LogLine{LogLevel::kWarn, fmt::format("all workers stopped ({} stopped by ddprun); restart {} of {} "
-                                                       "in {}",
-                                                       stopped_ranks, restarts_used_, max_restarts,
-                                                       FormatDuration(spec_.RestartBackoff(restarts_used_)))});
+    out.push_back(
+        LogLine{LogLevel::kWarn, fmt::format("all workers stopped ({} stopped by ddprun); restart {} of {} "
+                                             "in {}",
+                                             stopped_ranks, restarts_used_, max_restarts,
+                                             FormatDuration(spec_.RestartBackoff(restarts_used_)))});
     Enter(Backoff{now + spec_.RestartBackoff(restarts_used_)});
-    out.push_back(Observed{observed::RestartSpent{restarts_used_, round_, spec_.RestartBackoff(restarts_used_)}});
+    out.push_back(
+        Observed{observed::RestartSpent{restarts_used_, round_, spec_.RestartBackoff(restarts_used_)}});
     const auto& slots = roster_.slots();
-    const bool unconfirmed = std::any_of(slots.begin(), slots.end(), [now](const AgentSlot& s) {
-      return s.fence && s.fence->until > now;
-    });
+    const bool unconfirmed = std::any_of(
+        slots.begin(), slots.end(), [now](const AgentSlot& s) { return s.fence && s.fence->until > now; });
     out.push_back(RecordRestart{round_, restarts_used_, unconfirmed});
     return;
   }
   ended_by_rule_ = !never.empty();
   EndJob(now, ToInt(ExitCode::kJobFailed),
-         FailureText(spec_, failure, {stopped_ranks, stopped_nodes, never, restarts_used_, hangs_.StragglerNote(),
-                                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank),
-                                      EarlierCausesNote(earlier_causes_)}),
+         FailureText(spec_, failure,
+                     {stopped_ranks, stopped_nodes, never, restarts_used_, hangs_.StragglerNote(),
+                      placement_.book().Note(last_input_), roster_.NodeName(failure.node_rank),
+                      EarlierCausesNote(earlier_causes_)}),
          out);
 }
 
-void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary, std::vector<CoordinatorEffect>& out) {
+void Coordinator::EndJob(TimePoint now, int exit_code, std::string summary,
+                         std::vector<CoordinatorEffect>& out) {
   exit_code_ = exit_code;
   end_summary_ = std::move(summary);
   unjudged_.reset();  // ended otherwise (the rendezvous timeout, an interrupt): nothing left to judge

@@ -31,16 +31,18 @@ std::string WithoutTraceback(const std::string& stderr_tail, const std::string& 
     // frames twice, three times on the failing node): it is a copy when every line up to the
     // error's last line is a line of the error file's traceback.
     const size_t end_line = stderr_tail.rfind(last_line);
-    if (end_line == std::string::npos || (end_line > 0 && stderr_tail[end_line - 1] != '\n')) return stderr_tail;
+    if (end_line == std::string::npos || (end_line > 0 && stderr_tail[end_line - 1] != '\n'))
+      return stderr_tail;
     for (size_t at = 0; at < end_line;) {
       size_t eol = stderr_tail.find('\n', at);
       if (eol == std::string::npos || eol > end_line) eol = end_line;
       const std::string_view line = std::string_view(stderr_tail).substr(at, eol - at);
       // The first line may be cut at its start: it need only end a line of the traceback.
       const bool first = at == 0;
-      const bool found = line.empty() || (first ? error_text.find(std::string(line) + "\n") != std::string::npos
-                                                : error_text.find("\n" + std::string(line) + "\n") != std::string::npos ||
-                                                      error_text.starts_with(std::string(line) + "\n"));
+      const bool found =
+          line.empty() || (first ? error_text.find(std::string(line) + "\n") != std::string::npos
+                                 : error_text.find("\n" + std::string(line) + "\n") != std::string::npos ||
+                                       error_text.starts_with(std::string(line) + "\n"));
       if (!found) return stderr_tail;
       at = eol + 1;
     }
@@ -72,10 +74,10 @@ RoundFailure WorkerFailure(const Roster& roster, int agent, const wire::WorkerFa
   // Python prints the traceback that the error file already holds to stderr too: show it once.
   const std::string tail = WithoutTraceback(failed.stderr_tail, failed.error_file);
   if (!tail.empty()) {
-    failure.detail += fmt::format("  last lines of its stderr{}:\n", tail.size() < failed.stderr_tail.size()
-                                                                         ? " (without the traceback shown above)"
-                                                                         : "") +
-                      Indent(tail, "    | ");
+    failure.detail +=
+        fmt::format("  last lines of its stderr{}:\n",
+                    tail.size() < failed.stderr_tail.size() ? " (without the traceback shown above)" : "") +
+        Indent(tail, "    | ");
   } else if (failed.error_file.empty()) {
     failure.detail = "  (it wrote nothing to stderr)\n";
   }
@@ -124,8 +126,8 @@ std::string RendezvousFailureText(const JobSpec& spec, const Roster& roster) {
     if (count > names.size()) text += fmt::format(" and {} more", count - names.size());
     return text;
   };
-  std::string text = fmt::format("rendezvous failed: {}/{} nodes joined within timeouts.rendezvous = {}", filled,
-                                 roster.holders().size(), FormatDuration(spec.timeouts.rendezvous));
+  std::string text = fmt::format("rendezvous failed: {}/{} nodes joined within timeouts.rendezvous = {}",
+                                 filled, roster.holders().size(), FormatDuration(spec.timeouts.rendezvous));
   if (!refused.empty()) text += "; refused: " + list(refused, refused_count, "; ");
   if (!left.empty()) text += "; joined, then left: " + list(left, left_count, "; ");
   if (!never.empty()) text += "; never joined: " + list(never, never_count);
@@ -135,13 +137,15 @@ std::string RendezvousFailureText(const JobSpec& spec, const Roster& roster) {
   const std::string file = spec.source_name.empty() ? "job.toml" : spec.source_name;
   if (!never.empty()) {
     // With `nnodes` (no host list) a node cannot find its rank by itself.
-    const std::string command =
-        spec.cluster.nodes.empty() ? fmt::format("ddprun {} --node-rank N", file) : fmt::format("ddprun {}", file);
-    text += fmt::format("\nhint: start `{}` on the missing nodes, and check that they can reach "
-                        "{}:{} (the firewall must let TCP port {} through)",
-                        command, spec.cluster.master_addr, spec.cluster.master_port, spec.cluster.master_port);
+    const std::string command = spec.cluster.nodes.empty() ? fmt::format("ddprun {} --node-rank N", file)
+                                                           : fmt::format("ddprun {}", file);
+    text += fmt::format(
+        "\nhint: start `{}` on the missing nodes, and check that they can reach "
+        "{}:{} (the firewall must let TCP port {} through)",
+        command, spec.cluster.master_addr, spec.cluster.master_port, spec.cluster.master_port);
   }
-  if (!refused.empty()) text += "\nhint: the refused nodes printed the reason too; fix it and start them again";
+  if (!refused.empty())
+    text += "\nhint: the refused nodes printed the reason too; fix it and start them again";
   return text;
 }
 
@@ -150,8 +154,8 @@ std::string SuccessText(const JobSpec& spec, const Roster& roster, const Success
   const size_t all = roster.holders().size();
   return fmt::format("job \"{}\" succeeded: {} on {} exited 0 in round {} ({} restart{} used){}{}{}{}",
                      spec.job.name, AllOf(nodes * static_cast<size_t>(spec.cluster.nproc_per_node), "rank"),
-                     Counted(nodes, "node"), facts.round,
-                     facts.restarts_used, facts.restarts_used == 1 ? "" : "s",
+                     Counted(nodes, "node"), facts.round, facts.restarts_used,
+                     facts.restarts_used == 1 ? "" : "s",
                      nodes < all ? fmt::format("\n  the round ran with {} of the job's {} nodes "
                                                "(cluster.min_nodes = {}): {}",
                                                nodes, all, spec.cluster.min_nodes, facts.shrunk_note)
@@ -181,8 +185,9 @@ std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const 
   const int max_restarts = spec.restart.max_restarts;
   std::string text = fmt::format("job \"{}\" FAILED in round {}", spec.job.name, failure.round);
   if (!facts.never_rule.empty()) {
-    text += fmt::format(", not restarted: restart.never_on has \"{}\" ({} of {} restart{} left)", facts.never_rule,
-                        max_restarts - facts.restarts_used, max_restarts, max_restarts == 1 ? "" : "s");
+    text += fmt::format(", not restarted: restart.never_on has \"{}\" ({} of {} restart{} left)",
+                        facts.never_rule, max_restarts - facts.restarts_used, max_restarts,
+                        max_restarts == 1 ? "" : "s");
   } else if (max_restarts > 0) {
     text += fmt::format(" after using all {} restart{}", max_restarts, max_restarts == 1 ? "" : "s");
   } else {
@@ -221,12 +226,14 @@ std::vector<std::string> ReachPairLines(const Roster& roster,
     ++named[pair.second];
   }
   std::vector<std::pair<int, size_t>> most(named.begin(), named.end());
-  std::stable_sort(most.begin(), most.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::stable_sort(most.begin(), most.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
   if (most.size() > 5) most.resize(5);
   std::vector<std::string> names;
-  for (const auto& [agent, count] : most) names.push_back(fmt::format("{} in {}", roster.NodeName(agent), count));
-  lines.push_back(fmt::format("... and {} more pairs; the nodes named most often: {}", problems.size() - lines.size(),
-                              fmt::join(names, ", ")));
+  for (const auto& [agent, count] : most)
+    names.push_back(fmt::format("{} in {}", roster.NodeName(agent), count));
+  lines.push_back(fmt::format("... and {} more pairs; the nodes named most often: {}",
+                              problems.size() - lines.size(), fmt::join(names, ", ")));
   return lines;
 }
 

@@ -49,14 +49,14 @@ std::string SuccessText(const JobSpec& spec, const Roster& roster, const Success
 
 /// The job's failure, led by its root cause.
 struct FailureFacts {
-  int stopped_ranks = 0;        // the ranks ddprun stopped in the last round
+  int stopped_ranks = 0;  // the ranks ddprun stopped in the last round
   int stopped_nodes = 0;
-  std::string never_rule;       // the restart.never_on entry that ended it; "" none
+  std::string never_rule;  // the restart.never_on entry that ended it; "" none
   int restarts_used = 0;
   std::string straggler_note;
   std::string quarantine_note;
-  std::string node_name;        // the root cause's node as summaries name it: "node 1 (gpu-02)"
-  std::string earlier_causes;   // EarlierCausesNote()
+  std::string node_name;       // the root cause's node as summaries name it: "node 1 (gpu-02)"
+  std::string earlier_causes;  // EarlierCausesNote()
 };
 std::string FailureText(const JobSpec& spec, const RoundFailure& failure, const FailureFacts& facts);
 

@@ -25,11 +25,11 @@ enum class LogLevel { kDebug, kInfo, kWarn, kError };
 
 /// Why a connect failed, as the transport saw it; the agent turns it into advice.
 enum class ConnectError {
-  kRefused,       // RST: nobody listens on that port (yet), or a firewall rejects
-  kTimedOut,      // no answer: a firewall drops, or the host is down
-  kUnreachable,   // no route to the host or network
+  kRefused,      // RST: nobody listens on that port (yet), or a firewall rejects
+  kTimedOut,     // no answer: a firewall drops, or the host is down
+  kUnreachable,  // no route to the host or network
   kNameNotResolved,
-  kStore,         // rendezvous.backend = "etcd": the holder of the coordinator role could not be read
+  kStore,  // rendezvous.backend = "etcd": the holder of the coordinator role could not be read
   kOther,
 };
 
@@ -167,17 +167,17 @@ struct RecordEnd {
 /// coordinator role, from CommitRound, RecordRestart, RecordEnd and RecordQuarantine), and what
 /// a coordinator that takes the role over continues from (Coordinator::TakeOver).
 struct JobRecord {
-  int next_round = 0;              // the number the next round takes
+  int next_round = 0;  // the number the next round takes
   int restarts_used = 0;
-  bool round_may_run = false;      // a round was committed and its workers were not seen to stop
-  int round_nodes = 0;             // that round's node ranks (0: not recorded)
-  bool workers_may_run = false;    // the last round was counted, but a lost node's workers may run
-  bool done = false;               // the job ended and every agent heard it: a new launch starts afresh
-  std::optional<int> exit_code;    // the job ended with this (done or not)...
-  std::string summary;             // ...and its agents were told this
-  std::string holder;              // who wrote it: "node 1 (gpu-02)"
-  int holder_agent = -1;           // that agent (-1: not recorded)
-  std::string fingerprint;         // the job file's (FingerprintOf) that the holder ran
+  bool round_may_run = false;    // a round was committed and its workers were not seen to stop
+  int round_nodes = 0;           // that round's node ranks (0: not recorded)
+  bool workers_may_run = false;  // the last round was counted, but a lost node's workers may run
+  bool done = false;             // the job ended and every agent heard it: a new launch starts afresh
+  std::optional<int> exit_code;  // the job ended with this (done or not)...
+  std::string summary;           // ...and its agents were told this
+  std::string holder;            // who wrote it: "node 1 (gpu-02)"
+  int holder_agent = -1;         // that agent (-1: not recorded)
+  std::string fingerprint;       // the job file's (FingerprintOf) that the holder ran
   std::vector<QuarantinedHost> quarantined;
   bool operator==(const JobRecord&) const = default;
 };
@@ -227,7 +227,7 @@ struct RoundFailed {
   int global_rank = -1;  // -1: a node, not a rank
   std::vector<FailureKind> kinds;
   std::string what;
-  bool last = false;     // no restart is left
+  bool last = false;  // no restart is left
 };
 struct RestartSpent {
   int restart = 0;  // 1 for the first
@@ -260,9 +260,9 @@ struct Observed {
   Observation what;
 };
 
-using CoordinatorEffect = std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone, GiveUpRole,
-                                       RecordWorkers, RecordQuarantine, CommitRound, RecordRestart,
-                                       RecordEnd, Observed>;
+using CoordinatorEffect =
+    std::variant<SendTo, CloseConn, ReserveStorePort, LogLine, CoordinatorDone, GiveUpRole, RecordWorkers,
+                 RecordQuarantine, CommitRound, RecordRestart, RecordEnd, Observed>;
 
 // ---- Agent ----------------------------------------------------------------------------
 
@@ -280,10 +280,10 @@ struct MasterClosed {
 struct WorkerExited {
   int round = 0;
   int local_rank = 0;
-  int exit_code = 0;       // meaningful when signal == 0
-  int signal = 0;          // > 0: killed by this signal
-  std::string stderr_tail; // last lines of the worker's stderr
-  std::string error_text;  // readable TORCHELASTIC_ERROR_FILE contents, "" if none
+  int exit_code = 0;        // meaningful when signal == 0
+  int signal = 0;           // > 0: killed by this signal
+  std::string stderr_tail;  // last lines of the worker's stderr
+  std::string error_text;   // readable TORCHELASTIC_ERROR_FILE contents, "" if none
 };
 struct WorkerSpawnFailed {
   int round = 0;
@@ -332,9 +332,9 @@ struct DisconnectFromMaster {};
 struct WorkerLaunch {
   int local_rank = 0;
   int global_rank = 0;
-  EnvList env;              // what ddprun adds; the host merges it over the inherited env
-  std::string log_path;     // relative to the run's folder, as is error_path
-  std::string error_path;   // TORCHELASTIC_ERROR_FILE, which the host reads when the worker exits
+  EnvList env;             // what ddprun adds; the host merges it over the inherited env
+  std::string log_path;    // relative to the run's folder, as is error_path
+  std::string error_path;  // TORCHELASTIC_ERROR_FILE, which the host reads when the worker exits
 };
 struct SpawnWorkers {
   int round = 0;

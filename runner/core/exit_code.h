@@ -6,10 +6,10 @@ namespace ddprun::core {
 
 enum class ExitCode : int {
   kOk = 0,
-  kJobFailed = 1,        // a worker failed (or a node was lost) and no restarts were left
-  kUsage = 2,            // the job file or the command line is wrong
-  kRendezvous = 3,       // a node never came, a node disagreed, the coordinator was lost for good
-  kInternal = 70,        // a bug in ddprun
+  kJobFailed = 1,   // a worker failed (or a node was lost) and no restarts were left
+  kUsage = 2,       // the job file or the command line is wrong
+  kRendezvous = 3,  // a node never came, a node disagreed, the coordinator was lost for good
+  kInternal = 70,   // a bug in ddprun
 };
 
 /// 128 + the signal, as shells report a process ended by it (130 SIGINT, 143 SIGTERM).

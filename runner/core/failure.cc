@@ -11,18 +11,30 @@ namespace ddprun::core {
 
 std::string SignalName(int signal) {
   switch (signal) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal " + std::to_string(signal);
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGTERM:
+      return "SIGTERM";
+    default:
+      return "signal " + std::to_string(signal);
   }
 }
 
@@ -79,20 +91,20 @@ bool Mentions(const std::string& error_file, const std::string& stderr_tail,
 bool LooksLikeALostPeer(const std::string& error_file, const std::string& stderr_tail) {
   return Mentions(error_file, stderr_tail,
                   {"Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                   "remote process exited or there was a network error",
-                   "NCCL communicator was aborted", "DistNetworkError", "ncclRemoteError"});
+                   "remote process exited or there was a network error", "NCCL communicator was aborted",
+                   "DistNetworkError", "ncclRemoteError"});
 }
 
 bool LooksLikeTheStop(const std::string& error_file, const std::string& stderr_tail) {
-  return Mentions(error_file, stderr_tail,
-                  {"SignalException", "got signal: 15", "got signal: 2", "Received SIGTERM",
-                   "KeyboardInterrupt"});
+  return Mentions(
+      error_file, stderr_tail,
+      {"SignalException", "got signal: 15", "got signal: 2", "Received SIGTERM", "KeyboardInterrupt"});
 }
 
 bool MentionsNccl(const std::string& text) {
-  for (const char* marker : {"NCCL WARN", "NCCL error", "NCCL Error", "ProcessGroupNCCL",
-                             "NCCL communicator", "ncclInternalError", "ncclSystemError",
-                             "ncclUnhandledCudaError", "ncclRemoteError", "ncclInvalidUsage"}) {
+  for (const char* marker :
+       {"NCCL WARN", "NCCL error", "NCCL Error", "ProcessGroupNCCL", "NCCL communicator", "ncclInternalError",
+        "ncclSystemError", "ncclUnhandledCudaError", "ncclRemoteError", "ncclInvalidUsage"}) {
     if (text.find(marker) != std::string::npos) return true;
   }
   return false;
@@ -157,8 +169,8 @@ std::vector<FailureKind> FailureKinds(int exit_code, int signal, const std::stri
     kinds.push_back(FailureKind::Exception(std::move(type)));
   }
   const std::string_view tail = LastLines(stderr_tail, 8);
-  for (const char* marker : {"CUDA out of memory", "OutOfMemoryError", "MemoryError",
-                             "Cannot allocate memory"}) {
+  for (const char* marker :
+       {"CUDA out of memory", "OutOfMemoryError", "MemoryError", "Cannot allocate memory"}) {
     if (error_file.find(marker) != std::string::npos || tail.find(marker) != std::string_view::npos) {
       kinds.push_back(FailureKind::Of(FailureKind::Type::kOom));
       break;

@@ -30,7 +30,8 @@ std::string LimitPassed(const JobSpec::Timeouts& t, const wire::RankHung& first)
   if (first.first_beat) return fmt::format("timeouts.progress_start = {}", FormatDuration(t.progress_start));
   if (t.progress) return fmt::format("timeouts.progress = {}", FormatDuration(*t.progress));
   if (first.learnt) {
-    return fmt::format("timeouts.progress = \"auto\", {} learnt from this job", HumanDuration(Millis(first.timeout_ms)));
+    return fmt::format("timeouts.progress = \"auto\", {} learnt from this job",
+                       HumanDuration(Millis(first.timeout_ms)));
   }
   return fmt::format("timeouts.progress = \"auto\", nothing learnt yet: timeouts.progress_start = {}",
                      FormatDuration(t.progress_start));
@@ -59,16 +60,21 @@ std::optional<TimePoint> HangWatch::DeadlineOf(Deadline deadline) const {
 bool HangWatch::OnRankHung(TimePoint now, int round, int agent, const wire::RankHung& hung,
                            std::vector<CoordinatorEffect>& out) {
   const int nproc = spec_.cluster.nproc_per_node;
-  if (hung.round != round || probe_ || hung.global_rank < 0 || hung.global_rank / nproc != roster_.at(agent).plays) {
+  if (hung.round != round || probe_ || hung.global_rank < 0 ||
+      hung.global_rank / nproc != roster_.at(agent).plays) {
     return false;  // stale, already probing, or not a rank of that node
   }
-  probe_ = Probe{hung, agent, now + spec_.timeouts.StacksWait(),
-                 std::vector<bool>(static_cast<size_t>(roster_.agents())), 0, {}};
-  out.push_back(LogLine{LogLevel::kError,
-                        fmt::format("round {}: {} sent no progress beacon for {}; asking every "
-                                    "node where its ranks are before stopping the round",
-                                    round, roster_.RankName(hung.global_rank),
-                                    HumanDuration(Millis(hung.silent_ms)))});
+  probe_ = Probe{hung,
+                 agent,
+                 now + spec_.timeouts.StacksWait(),
+                 std::vector<bool>(static_cast<size_t>(roster_.agents())),
+                 0,
+                 {}};
+  out.push_back(
+      LogLine{LogLevel::kError,
+              fmt::format("round {}: {} sent no progress beacon for {}; asking every "
+                          "node where its ranks are before stopping the round",
+                          round, roster_.RankName(hung.global_rank), HumanDuration(Millis(hung.silent_ms)))});
   return true;
 }
 
@@ -80,26 +86,29 @@ bool HangWatch::OnRankStacks(int round, int agent, const wire::RankStacks& stack
   const int position = roster_.at(agent).plays;
   for (const wire::RankState& state : stacks.ranks) {
     if (state.global_rank < 0 || state.global_rank / nproc != position) continue;
-    probe_->ranks[state.global_rank] = RankAtHang{state.global_rank, agent, state.global_rank % nproc,
-                                                  state.step, state.silent_ms, ParseFrames(state.stack)};
+    probe_->ranks[state.global_rank] =
+        RankAtHang{state.global_rank, agent,           state.global_rank % nproc,
+                   state.step,        state.silent_ms, ParseFrames(state.stack)};
   }
   return probe_->answers >= connected;
 }
 
-std::string HangWatch::WhereEachRankWas(const Probe& probe, const HangVerdict& verdict, const RankAtHang& culprit,
-                                        int round, const std::vector<std::string>& reach_problems) const {
+std::string HangWatch::WhereEachRankWas(const Probe& probe, const HangVerdict& verdict,
+                                        const RankAtHang& culprit, int round,
+                                        const std::vector<std::string>& reach_problems) const {
   const int nproc = spec_.cluster.nproc_per_node;
   // Where everyone was: the culprits with their stacks, then the others grouped by stack.
-  std::string detail = fmt::format("  why {}: {}\n",
-                                   verdict.culprits.size() == 1 ? fmt::format("rank {}", culprit.global_rank)
-                                                                : fmt::format("ranks {}", RankRanges(verdict.culprits)),
-                                   verdict.reason);
+  std::string detail =
+      fmt::format("  why {}: {}\n",
+                  verdict.culprits.size() == 1 ? fmt::format("rank {}", culprit.global_rank)
+                                               : fmt::format("ranks {}", RankRanges(verdict.culprits)),
+                  verdict.reason);
   detail += fmt::format("  where each rank was (its main thread, innermost call first; all threads: {}):\n",
                         StacksPointer(spec_, roster_.NodeName(culprit.node_rank), culprit.node_rank, round,
                                       culprit.global_rank));
   const std::vector<int> with_stacks(
-      verdict.culprits.begin(),
-      verdict.culprits.begin() + static_cast<std::ptrdiff_t>(std::min(verdict.culprits.size(), kMaxCulpritStacks)));
+      verdict.culprits.begin(), verdict.culprits.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                               verdict.culprits.size(), kMaxCulpritStacks)));
   for (int rank : with_stacks) {
     const RankAtHang& r = probe.ranks.at(rank);
     detail += fmt::format("    rank {}, {}, silent {}: {}\n", rank, StepRange(r.step, r.step),
@@ -131,7 +140,8 @@ std::string HangWatch::WhereEachRankWas(const Probe& probe, const HangVerdict& v
                    [](const Group* a, const Group* b) { return a->ranks.size() > b->ranks.size(); });
   for (size_t i = 0; i < ordered.size() && i < kMaxGroups; ++i) {
     const Group& g = *ordered[i];
-    detail += fmt::format("    {} {}, {}: {}\n", g.ranks.size() == 1 ? "rank" : fmt::format("{} ranks", g.ranks.size()),
+    detail += fmt::format("    {} {}, {}: {}\n",
+                          g.ranks.size() == 1 ? "rank" : fmt::format("{} ranks", g.ranks.size()),
                           RankRanges(g.ranks), StepRange(g.low, g.high), g.where);
   }
   if (ordered.size() > kMaxGroups) {
@@ -143,15 +153,16 @@ std::string HangWatch::WhereEachRankWas(const Probe& probe, const HangVerdict& v
     if (!probe.answered[static_cast<size_t>(players[p])]) unanswered.push_back(static_cast<int>(p));
   }
   if (!unanswered.empty()) {
-    detail += fmt::format("    node{} {} did not answer in time: {} unknown\n",
-                          unanswered.size() == 1 ? "" : "s", RankRanges(unanswered),
-                          Counted(unanswered.size() * static_cast<size_t>(nproc), "rank"));
+    detail +=
+        fmt::format("    node{} {} did not answer in time: {} unknown\n", unanswered.size() == 1 ? "" : "s",
+                    RankRanges(unanswered), Counted(unanswered.size() * static_cast<size_t>(nproc), "rank"));
   }
   if (!reach_problems.empty()) {
-    detail += fmt::format("  likely cause: before round 0 some nodes could not connect on a port other than "
-                          "master_port (rendezvous.probe = \"warn\" started the job anyway), so gloo and NCCL "
-                          "cannot connect either:\n    {}\n",
-                          fmt::join(reach_problems, "\n    "));
+    detail += fmt::format(
+        "  likely cause: before round 0 some nodes could not connect on a port other than "
+        "master_port (rendezvous.probe = \"warn\" started the job anyway), so gloo and NCCL "
+        "cannot connect either:\n    {}\n",
+        fmt::join(reach_problems, "\n    "));
   }
   return detail;
 }
@@ -162,9 +173,9 @@ std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std:
   probe_.reset();
   if (!probe.ranks.count(probe.first.global_rank)) {
     // Its node did not answer: what it said when it reported the silence.
-    probe.ranks[probe.first.global_rank] = RankAtHang{probe.first.global_rank, probe.first_node,
-                                                      probe.first.local_rank, probe.first.step,
-                                                      probe.first.silent_ms, {}};
+    probe.ranks[probe.first.global_rank] =
+        RankAtHang{probe.first.global_rank, probe.first_node,      probe.first.local_rank,
+                   probe.first.step,        probe.first.silent_ms, {}};
   }
   // Only a rank still silent for the timeout it passed can be hung: the stacks are the second
   // look (issue 37: rank 6 stalled 29 s of timeouts.progress = 30s and recovered; ranks 0-4,
@@ -206,8 +217,10 @@ std::optional<RoundFailure> HangWatch::Verdict(int round, const std::vector<std:
                               : fmt::format("ranks {} ({} first)", RankRanges(verdict.culprits),
                                             roster_.RankName(culprit.global_rank));
   failure.what = fmt::format(
-      "{} hung: no progress for {} {} ({})", who, HumanDuration(Millis(std::max<int64_t>(culprit.silent_ms, 0))),
-      culprit.step >= 0 ? fmt::format("after step {}", culprit.step) : std::string("since it started"), limit);
+      "{} hung: no progress for {} {} ({})", who,
+      HumanDuration(Millis(std::max<int64_t>(culprit.silent_ms, 0))),
+      culprit.step >= 0 ? fmt::format("after step {}", culprit.step) : std::string("since it started"),
+      limit);
 
   failure.detail = WhereEachRankWas(probe, verdict, culprit, round, reach_problems);
   return failure;
@@ -223,7 +236,8 @@ void HangWatch::OnRankProgress(TimePoint now, int round, int agent, const wire::
     seen.node_rank = agent;
     seen.rate = rate;
     // Bounded by what a rank can be silent for: a year.
-    longest_interval_ms_ = std::max(longest_interval_ms_, std::clamp<int64_t>(rate.longest_ms, 0, 365LL * 86'400'000));
+    longest_interval_ms_ =
+        std::max(longest_interval_ms_, std::clamp<int64_t>(rate.longest_ms, 0, 365LL * 86'400'000));
   }
   if (!next_straggler_check_ && spec_.stragglers.slower_percent > 0) {
     next_straggler_check_ = now + spec_.ProgressReportPeriod();
@@ -246,7 +260,8 @@ void HangWatch::CheckStragglers(TimePoint now, int round, std::vector<Coordinato
   auto metric = [&](const RankSeen& s) { return all_work ? s.rate.work_us : s.rate.step_us; };
   std::vector<int64_t> values;
   for (const auto& [rank, seen] : ranks) values.push_back(metric(*seen));
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2),
+                   values.end());
   const int64_t median = values[values.size() / 2];
   if (median <= 0) return;
   const int percent = spec_.stragglers.slower_percent;
@@ -258,20 +273,21 @@ void HangWatch::CheckStragglers(TimePoint now, int round, std::vector<Coordinato
     seen->straggling = slow;
     const double factor = static_cast<double>(value) / static_cast<double>(median);
     if (slow) {
-      out.push_back(LogLine{LogLevel::kWarn,
-                            fmt::format("{} is a straggler: {} is {}, {:.2g}x the median {} of {} "
-                                        "ranks over the last {} (stragglers.slower_percent = {})",
-                                        roster_.RankName(rank), what, Seconds3(value), factor, Seconds3(median),
-                                        ranks.size(), FormatDuration(spec_.stragglers.window), percent)});
+      out.push_back(
+          LogLine{LogLevel::kWarn,
+                  fmt::format("{} is a straggler: {} is {}, {:.2g}x the median {} of {} "
+                              "ranks over the last {} (stragglers.slower_percent = {})",
+                              roster_.RankName(rank), what, Seconds3(value), factor, Seconds3(median),
+                              ranks.size(), FormatDuration(spec_.stragglers.window), percent)});
       if (stragglers_seen_.size() < kMaxStragglersNamed) {
         stragglers_seen_.push_back(fmt::format("{} in round {}: {} {}, {:.2g}x the median {}",
                                                roster_.RankName(rank), round, what, Seconds3(value), factor,
                                                Seconds3(median)));
       }
     } else {
-      out.push_back(LogLine{LogLevel::kInfo, fmt::format("{} is no longer a straggler: {} is {}, the median {}",
-                                                         roster_.RankName(rank), what, Seconds3(value),
-                                                         Seconds3(median))});
+      out.push_back(LogLine{LogLevel::kInfo,
+                            fmt::format("{} is no longer a straggler: {} is {}, the median {}",
+                                        roster_.RankName(rank), what, Seconds3(value), Seconds3(median))});
     }
   }
 }

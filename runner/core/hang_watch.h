@@ -84,7 +84,7 @@ class HangWatch {
   /// A round that stopped making progress: every node was asked for its ranks' stacks, and
   /// the round is stopped once all have answered or the wait is over.
   struct Probe {
-    wire::RankHung first;     // the first rank reported silent
+    wire::RankHung first;  // the first rank reported silent
     int first_node = 0;
     TimePoint until;
     std::vector<bool> answered;  // by agent
@@ -94,8 +94,8 @@ class HangWatch {
 
   // The verdict's detail: the culprits with their stacks, the others grouped by stack, the
   // nodes that did not answer, and a failed probe as the likely cause.
-  std::string WhereEachRankWas(const Probe& probe, const HangVerdict& verdict, const RankAtHang& culprit, int round,
-                               const std::vector<std::string>& reach_problems) const;
+  std::string WhereEachRankWas(const Probe& probe, const HangVerdict& verdict, const RankAtHang& culprit,
+                               int round, const std::vector<std::string>& reach_problems) const;
 
   const JobSpec& spec_;
   const Roster& roster_;

@@ -19,10 +19,10 @@ class Links {
  public:
   struct Conn {
     std::string peer_addr;
-    int node_rank = -1;       // the agent it joined as; -1 until joined
+    int node_rank = -1;  // the agent it joined as; -1 until joined
     TimePoint last_heard;
-    std::string nonce;        // the Challenge sent to it, with a secret
-    int hello_rank = -1;      // the node rank its hello claimed (unproven), with a secret
+    std::string nonce;    // the Challenge sent to it, with a secret
+    int hello_rank = -1;  // the node rank its hello claimed (unproven), with a secret
   };
 
   void Accept(ConnId id, std::string peer_addr, TimePoint now);

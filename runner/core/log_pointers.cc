@@ -25,10 +25,11 @@ std::string LogsPointer(const JobSpec& spec, const std::string& node_name, int n
 
 std::string StacksPointer(const JobSpec& spec, const std::string& node_name, int node_rank, int round,
                           int global_rank) {
-  return fmt::format("rank {}'s in {}/{}/{}/attempt-{}/rank-{}.stacks on {}{}, every rank's in "
-                     "latest-n<node>/attempt-{}/rank-<r>.stacks on its node",
-                     global_rank, spec.logs.dir, spec.job.name, NodeLatestLink(node_rank), round,
-                     global_rank, node_name, WhereOnTheNode(spec), round);
+  return fmt::format(
+      "rank {}'s in {}/{}/{}/attempt-{}/rank-{}.stacks on {}{}, every rank's in "
+      "latest-n<node>/attempt-{}/rank-<r>.stacks on its node",
+      global_rank, spec.logs.dir, spec.job.name, NodeLatestLink(node_rank), round, global_rank, node_name,
+      WhereOnTheNode(spec), round);
 }
 
 }  // namespace ddprun::core

@@ -62,7 +62,9 @@ CoordinatorMetrics Coordinator::Metrics() const {
   if (exit_code_ && (phase() == Phase::kEnding || phase() == Phase::kDone)) {
     // 128 + SIGHUP, SIGINT or SIGTERM: the job was interrupted (exit_code.h).
     const int code = *exit_code_;
-    m.phase = code == 0 ? "succeeded" : (code == 129 || code == 130 || code == 143) ? "interrupted" : "failed";
+    m.phase = code == 0                                     ? "succeeded"
+              : (code == 129 || code == 130 || code == 143) ? "interrupted"
+                                                            : "failed";
   } else {
     m.phase = kJobPhaseNames[static_cast<size_t>(phase())];  // the first five are the same
   }

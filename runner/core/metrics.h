@@ -18,16 +18,16 @@ namespace ddprun::core {
 /// One running rank of this node, from its progress beacons.
 struct RankMetrics {
   int global_rank = 0;
-  int64_t last_step = -1;                 // its last step beacon; -1 none yet
-  std::optional<Duration> since_beacon;   // since its last step or phase beacon; none: no beacon
-  std::optional<Duration> step_time;      // per step over the straggler window, once it is full
-  std::optional<Duration> work_time;      // its own work per step, when its beacons carry it
+  int64_t last_step = -1;                // its last step beacon; -1 none yet
+  std::optional<Duration> since_beacon;  // since its last step or phase beacon; none: no beacon
+  std::optional<Duration> step_time;     // per step over the straggler window, once it is full
+  std::optional<Duration> work_time;     // its own work per step, when its beacons carry it
   bool operator==(const RankMetrics&) const = default;
 };
 
 /// The agent's phases by name, in Agent::Phase order: a metric's label values.
-inline constexpr std::array<std::string_view, 6> kAgentPhaseNames = {
-    "connecting", "retry-wait", "joining", "waiting", "running", "exited"};
+inline constexpr std::array<std::string_view, 6> kAgentPhaseNames = {"connecting", "retry-wait", "joining",
+                                                                     "waiting",    "running",    "exited"};
 
 /// One node's agent, as Agent::Metrics(now) sees it.
 struct AgentMetrics {
@@ -36,10 +36,10 @@ struct AgentMetrics {
   std::string version;
   std::string_view phase = kAgentPhaseNames[0];  // one of kAgentPhaseNames
   int round = -1;                                // the round it last started; -1 none yet
-  int plays = -1;       // the node rank it plays in that round (a spare: the one it replaced)
+  int plays = -1;  // the node rank it plays in that round (a spare: the one it replaced)
   int workers_running = 0;
-  std::optional<int> exit_code;                  // once it has decided how it exits
-  std::vector<RankMetrics> ranks;                // its running ranks, by local rank
+  std::optional<int> exit_code;    // once it has decided how it exits
+  std::vector<RankMetrics> ranks;  // its running ranks, by local rank
   bool operator==(const AgentMetrics&) const = default;
 };
 
@@ -73,20 +73,20 @@ struct CoordinatorMetrics {
   std::optional<int> exit_code;                // the job's, once its outcome is known
   int round = 0;
   int restarts_used = 0;
-  int rounds_failed = 0;       // rounds that ended in a failure (restarted or not)
-  int restarts_allowed = 0;    // restart.max_restarts
-  int nodes = 0;               // the job's node count
-  int spares = 0;              // the job's spares (cluster.spares)
-  int nodes_joined = 0;        // agents (nodes and spares) connected and joined now
-  int nodes_away = 0;          // agents that joined once and are not connected now
-  int spares_waiting = 0;      // joined agents that play no node rank: ready to replace one
-  int round_nodes = 0;         // nodes in the current (or last) round: fewer than `nodes` when
-                               // it shrank (cluster.min_nodes); 0 before the first round
-  int hosts_quarantined = 0;   // hosts kept out of the job now
+  int rounds_failed = 0;      // rounds that ended in a failure (restarted or not)
+  int restarts_allowed = 0;   // restart.max_restarts
+  int nodes = 0;              // the job's node count
+  int spares = 0;             // the job's spares (cluster.spares)
+  int nodes_joined = 0;       // agents (nodes and spares) connected and joined now
+  int nodes_away = 0;         // agents that joined once and are not connected now
+  int spares_waiting = 0;     // joined agents that play no node rank: ready to replace one
+  int round_nodes = 0;        // nodes in the current (or last) round: fewer than `nodes` when
+                              // it shrank (cluster.min_nodes); 0 before the first round
+  int hosts_quarantined = 0;  // hosts kept out of the job now
   std::optional<int> last_failure_round;
-  std::string last_failure_kind;  // the root cause's most specific kind ("exit:1"); "" none
-  int stragglers = 0;          // ranks reported as stragglers now
-  size_t ranks_reported = 0;   // ranks with a progress report this round
+  std::string last_failure_kind;           // the root cause's most specific kind ("exit:1"); "" none
+  int stragglers = 0;                      // ranks reported as stragglers now
+  size_t ranks_reported = 0;               // ranks with a progress report this round
   std::vector<ReportedRankMetrics> ranks;  // by global rank, at most kMaxReportedRanks
   bool operator==(const CoordinatorMetrics&) const = default;
 };

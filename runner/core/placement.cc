@@ -26,7 +26,8 @@ std::optional<TimePoint> QuarantineBook::Until(const std::string& host) const {
 std::optional<QuarantineBook::Sentence> QuarantineBook::Count(const std::string& host, TimePoint now) {
   HostRecord& record = hosts_[host];
   record.failures.push_back(now);
-  while (!record.failures.empty() && now - record.failures.front() > policy_.window) record.failures.pop_front();
+  while (!record.failures.empty() && now - record.failures.front() > policy_.window)
+    record.failures.pop_front();
   if (static_cast<int>(record.failures.size()) < policy_.failures) return std::nullopt;
   record.failures.clear();
   Duration cooldown = policy_.cooldown;  // doubled per earlier quarantine, up to a year
@@ -62,7 +63,8 @@ std::vector<std::string> QuarantineBook::Restore(const std::vector<QuarantinedHo
 std::string QuarantineBook::Note(TimePoint now) const {
   std::vector<std::string> names;
   for (const auto& [host, h] : hosts_) {
-    if (h.until && *h.until > now) names.push_back(fmt::format("{} for {} more", host, HumanDuration(*h.until - now)));
+    if (h.until && *h.until > now)
+      names.push_back(fmt::format("{} for {} more", host, HumanDuration(*h.until - now)));
   }
   if (names.empty()) return "";
   return fmt::format("quarantined: {}", fmt::join(names, ", "));
@@ -86,7 +88,8 @@ void Placement::NoteReplaceAt(TimePoint due) {
   if (!replace_at_ || due < *replace_at_) replace_at_ = due;
 }
 
-bool Placement::Place(TimePoint now, TimePoint absence_origin, int round, std::vector<CoordinatorEffect>& out) {
+bool Placement::Place(TimePoint now, TimePoint absence_origin, int round,
+                      std::vector<CoordinatorEffect>& out) {
   replace_at_.reset();
   shrunk_note_.clear();
   const std::vector<int>& holders = roster_.holders();
@@ -117,13 +120,14 @@ bool Placement::Place(TimePoint now, TimePoint absence_origin, int round, std::v
       const std::string before = roster_.AgentName(holders[p]);
       const std::string taker = roster_.AgentName(spare);
       roster_.MoveRank(static_cast<int>(p), spare);
-      out.push_back(LogLine{
-          LogLevel::kWarn,
-          quarantined ? fmt::format("{} takes node rank {} in place of {}, whose host is quarantined", taker, p, before)
-                      : fmt::format("{} takes node rank {} in place of {}, away for {} (more than "
-                                    "timeouts.replace = {})",
-                                    taker, p, before, HumanDuration(now - since),
-                                    FormatDuration(spec_.timeouts.replace))});
+      out.push_back(
+          LogLine{LogLevel::kWarn,
+                  quarantined ? fmt::format("{} takes node rank {} in place of {}, whose host is quarantined",
+                                            taker, p, before)
+                              : fmt::format("{} takes node rank {} in place of {}, away for {} (more than "
+                                            "timeouts.replace = {})",
+                                            taker, p, before, HumanDuration(now - since),
+                                            FormatDuration(spec_.timeouts.replace))});
     }
   }
   std::vector<int>& players = roster_.players();
@@ -135,7 +139,8 @@ bool Placement::Place(TimePoint now, TimePoint absence_origin, int round, std::v
   return Shrink(now, absence_origin, round, out);
 }
 
-bool Placement::Shrink(TimePoint now, TimePoint absence_origin, int round, std::vector<CoordinatorEffect>& out) {
+bool Placement::Shrink(TimePoint now, TimePoint absence_origin, int round,
+                       std::vector<CoordinatorEffect>& out) {
   const int nnodes = spec_.cluster.nnodes;
   const bool can_shrink = spec_.cluster.min_nodes < nnodes;
   const std::vector<int>& holders = roster_.holders();
@@ -173,8 +178,9 @@ bool Placement::Shrink(TimePoint now, TimePoint absence_origin, int round, std::
       pending = true;
       continue;
     }
-    without.push_back(fmt::format("{}: away for {} (more than timeouts.replace = {})", roster_.NodeName(agent),
-                                  HumanDuration(now - since), FormatDuration(spec_.timeouts.replace)));
+    without.push_back(fmt::format("{}: away for {} (more than timeouts.replace = {})",
+                                  roster_.NodeName(agent), HumanDuration(now - since),
+                                  FormatDuration(spec_.timeouts.replace)));
   }
   if (pending) return false;
   const auto enough = [&] { return static_cast<int>(players.size()) >= spec_.cluster.min_nodes; };
@@ -189,13 +195,13 @@ bool Placement::Shrink(TimePoint now, TimePoint absence_origin, int round, std::
   for (int agent : holders) {
     if (roster_.at(agent).conn) players.push_back(agent);
   }
-  out.push_back(LogLine{LogLevel::kWarn,
-                        fmt::format("round {}: quarantined hosts take part after all: no spare "
-                                    "waits{} to run without them",
-                                    round,
-                                    can_shrink ? fmt::format(" and cluster.min_nodes = {} needs them",
-                                                             spec_.cluster.min_nodes)
-                                               : "")});
+  out.push_back(LogLine{
+      LogLevel::kWarn,
+      fmt::format(
+          "round {}: quarantined hosts take part after all: no spare "
+          "waits{} to run without them",
+          round,
+          can_shrink ? fmt::format(" and cluster.min_nodes = {} needs them", spec_.cluster.min_nodes) : "")});
   if (players.size() == holders.size()) return true;
   if (!can_shrink || !enough()) return false;
   without.clear();
@@ -206,7 +212,8 @@ bool Placement::Shrink(TimePoint now, TimePoint absence_origin, int round, std::
   return true;
 }
 
-void Placement::CountFailure(TimePoint now, const RoundFailure& failure, std::vector<CoordinatorEffect>& out) {
+void Placement::CountFailure(TimePoint now, const RoundFailure& failure,
+                             std::vector<CoordinatorEffect>& out) {
   const auto& q = spec_.quarantine;
   if (q.failures <= 0 || !spec_.cluster.CanReplace()) return;
   if (failure.node_rank <= 0 || failure.node_rank >= roster_.agents()) return;
@@ -214,14 +221,14 @@ void Placement::CountFailure(TimePoint now, const RoundFailure& failure, std::ve
   if (slot.host.empty() || Quarantined(failure.node_rank, now)) return;
   const auto sentence = book_.Count(slot.host, now);
   if (!sentence) return;
-  out.push_back(LogLine{LogLevel::kWarn,
-                        fmt::format("quarantine: host {} ({}) sits out for {}: {} rounds failed "
-                                    "because of it within quarantine.window = {}, the last with "
-                                    "{}; quarantine {} of this host (each lasts twice as long as "
-                                    "the one before)",
-                                    slot.host, roster_.NodeName(failure.node_rank),
-                                    HumanDuration(sentence->cooldown), q.failures, FormatDuration(q.window),
-                                    failure.what, sentence->times)});
+  out.push_back(
+      LogLine{LogLevel::kWarn,
+              fmt::format("quarantine: host {} ({}) sits out for {}: {} rounds failed "
+                          "because of it within quarantine.window = {}, the last with "
+                          "{}; quarantine {} of this host (each lasts twice as long as "
+                          "the one before)",
+                          slot.host, roster_.NodeName(failure.node_rank), HumanDuration(sentence->cooldown),
+                          q.failures, FormatDuration(q.window), failure.what, sentence->times)});
   out.push_back(book_.Record(now));
 }
 
@@ -229,12 +236,12 @@ void Placement::Restore(const std::vector<QuarantinedHost>& hosts, TimePoint now
                         std::vector<CoordinatorEffect>& out) {
   const std::vector<std::string> sitting = book_.Restore(hosts, now);
   if (sitting.empty()) return;
-  out.push_back(LogLine{LogLevel::kWarn,
-                        fmt::format("quarantine (kept from an earlier launch of this job): {}{}",
-                                    fmt::join(sitting, ", "),
-                                    spec_.cluster.CanReplace() ? ""
-                                                               : "; without spares or cluster.min_nodes they take part "
-                                                                 "anyway")});
+  out.push_back(LogLine{
+      LogLevel::kWarn,
+      fmt::format("quarantine (kept from an earlier launch of this job): {}{}", fmt::join(sitting, ", "),
+                  spec_.cluster.CanReplace() ? ""
+                                             : "; without spares or cluster.min_nodes they take part "
+                                               "anyway")});
 }
 
 }  // namespace ddprun::core

@@ -108,8 +108,8 @@ std::string FormatBeacon(const Beacon& beacon, std::string_view token) {
   const char* kind = beacon.kind == BeaconKind::kHello  ? "hello"
                      : beacon.kind == BeaconKind::kStep ? "step"
                                                         : "phase";
-  return fmt::format("{} {} {} {} {} {} {} {}", kBeaconMagic, token, beacon.round,
-                     beacon.local_rank, kind, beacon.step, beacon.busy_us, beacon.stack_signal);
+  return fmt::format("{} {} {} {} {} {} {} {}", kBeaconMagic, token, beacon.round, beacon.local_rank, kind,
+                     beacon.step, beacon.busy_us, beacon.stack_signal);
 }
 
 std::vector<Frame> MainThreadStack(std::string_view dump) {
@@ -163,7 +163,8 @@ std::vector<Frame> MainThreadStack(std::string_view dump) {
 
 std::string FormatFrames(const std::vector<Frame>& frames) {
   std::string text;
-  for (const Frame& f : frames) text += fmt::format("File \"{}\", line {} in {}\n", f.file, f.line, f.function);
+  for (const Frame& f : frames)
+    text += fmt::format("File \"{}\", line {} in {}\n", f.file, f.line, f.function);
   return text;
 }
 
@@ -182,8 +183,8 @@ std::vector<Frame> ParseFrames(std::string_view text) {
 std::string DescribeStack(const std::vector<Frame>& frames) {
   if (frames.empty()) return "no stack";
   const Frame& inner = frames.front();
-  const auto user = std::find_if(frames.begin(), frames.end(),
-                                 [](const Frame& f) { return !IsLibrary(f.file); });
+  const auto user =
+      std::find_if(frames.begin(), frames.end(), [](const Frame& f) { return !IsLibrary(f.file); });
   if (user == frames.end()) {
     return fmt::format("in {} ({}:{})", inner.function, BaseName(inner.file), inner.line);
   }
@@ -248,9 +249,9 @@ HangVerdict FindHungRanks(const std::vector<RankAtHang>& ranks, int first_silent
     if (!r->stack.empty() && !WaitsForOtherRanks(r->stack)) working.push_back(r);
   }
   if (!working.empty() && working.size() < all.size()) {
-    return finish(working, behind ? "behind the others, and not waiting for them"
-                                  : working.size() == 1 ? "the only rank not waiting for the others"
-                                                        : "the ranks not waiting for the others");
+    return finish(working, behind                ? "behind the others, and not waiting for them"
+                           : working.size() == 1 ? "the only rank not waiting for the others"
+                                                 : "the ranks not waiting for the others");
   }
   // Every rank with a stack waits for the others: one without a stack (it hung before the
   // module said hello, or has no handler) is what they wait for.
@@ -260,14 +261,14 @@ HangVerdict FindHungRanks(const std::vector<RankAtHang>& ranks, int first_silent
     const bool all_wait = std::all_of(stacked.begin(), stacked.end(),
                                       [](const RankAtHang* r) { return WaitsForOtherRanks(r->stack); });
     if (!stacked.empty() && all_wait && !silent.empty() && silent.size() < stacked.size()) {
-      return finish(silent, silent.size() == 1 ? "every other rank waits in a collective; it has no stack"
-                                               : "every other rank waits in a collective; they have no stack");
+      return finish(silent, silent.size() == 1
+                                ? "every other rank waits in a collective; it has no stack"
+                                : "every other rank waits in a collective; they have no stack");
     }
   }
   if (behind && candidates.size() * 2 <= all.size()) {
-    return finish(candidates, candidates.size() == 1
-                                  ? "its last step is behind every other rank's"
-                                  : "their last step is behind the other ranks'");
+    return finish(candidates, candidates.size() == 1 ? "its last step is behind every other rank's"
+                                                     : "their last step is behind the other ranks'");
   }
   // 3. A stack that differs from a strict majority's.
   std::map<std::string, std::vector<const RankAtHang*>> groups;
@@ -296,9 +297,9 @@ HangVerdict FindHungRanks(const std::vector<RankAtHang>& ranks, int first_silent
   }
   // It is not among the ranks still silent: the one silent longest of those.
   if (!all.empty()) {
-    const RankAtHang* longest = *std::max_element(all.begin(), all.end(), [](const RankAtHang* a, const RankAtHang* b) {
-      return a->silent_ms < b->silent_ms;
-    });
+    const RankAtHang* longest = *std::max_element(
+        all.begin(), all.end(),
+        [](const RankAtHang* a, const RankAtHang* b) { return a->silent_ms < b->silent_ms; });
     return finish({longest}, "the rank silent longest; the stacks do not tell the others apart");
   }
   verdict.culprits = {first_silent};

@@ -25,8 +25,8 @@ struct Beacon {
   int local_rank = 0;
   BeaconKind kind = BeaconKind::kStep;
   int64_t step = 0;
-  int64_t busy_us = -1;   // the rank's own work since its previous step beacon; -1 unknown
-  int stack_signal = 0;   // faulthandler dumps all threads on this signal; 0 none
+  int64_t busy_us = -1;  // the rank's own work since its previous step beacon; -1 unknown
+  int stack_signal = 0;  // faulthandler dumps all threads on this signal; 0 none
 };
 
 /// The longest datagram a worker sends; longer ones are not beacons.
@@ -73,9 +73,9 @@ struct RankAtHang {
   int global_rank = 0;
   int node_rank = 0;
   int local_rank = 0;
-  int64_t step = -1;        // its last step beacon; -1 none
-  int64_t silent_ms = -1;   // since its last beacon; -1 unknown (its node did not answer)
-  std::vector<Frame> stack; // empty: no stack (no handler, no answer)
+  int64_t step = -1;         // its last step beacon; -1 none
+  int64_t silent_ms = -1;    // since its last beacon; -1 unknown (its node did not answer)
+  std::vector<Frame> stack;  // empty: no stack (no handler, no answer)
 };
 
 struct HangVerdict {

@@ -33,20 +33,20 @@ struct AgentSlot {
   std::optional<ConnId> conn;
   std::string host;
   uint64_t instance = 0;
-  bool done = false;        // NodeDone for the current round
-  bool stopped = false;     // RoundStopped for the stopping round
+  bool done = false;     // NodeDone for the current round
+  bool stopped = false;  // RoundStopped for the stopping round
   int stopped_ranks = 0;
   bool ever_joined = false;
-  std::string refused;      // why its last join was refused, for the rendezvous summary
-  std::string refusal_said; // the last refusal logged for this rank (its source port left out)
-  std::string left;         // why it was lost after joining
+  std::string refused;       // why its last join was refused, for the rendezvous summary
+  std::string refusal_said;  // the last refusal logged for this rank (its source port left out)
+  std::string left;          // why it was lost after joining
   EndState end = EndState::kSettled;
   std::optional<Fence> fence;
-  int position = -1;        // the node rank it holds; -1: none (a waiting spare)
-  int plays = -1;           // the node rank it plays in the current round; -1: none. The
-                            // same as `position` unless the round shrank (cluster.min_nodes)
+  int position = -1;                      // the node rank it holds; -1: none (a waiting spare)
+  int plays = -1;                         // the node rank it plays in the current round; -1: none. The
+                                          // same as `position` unless the round shrank (cluster.min_nodes)
   std::optional<TimePoint> absent_since;  // not connected since then (for timeouts.replace)
-  std::string probe_endpoint;  // from its Join: where the others probe it ("" none)
+  std::string probe_endpoint;             // from its Join: where the others probe it ("" none)
 };
 
 class Roster {

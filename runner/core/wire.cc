@@ -13,7 +13,8 @@ constexpr uint8_t TypeOf() {
     uint8_t type = 0;
     ((std::is_same_v<T, std::variant_alternative_t<I, Message>> ? (type = I + 1) : 0), ...);
     return type;
-  }(std::make_index_sequence<std::variant_size_v<Message>>{});
+  }
+  (std::make_index_sequence<std::variant_size_v<Message>>{});
 }
 
 class Writer {
@@ -113,7 +114,8 @@ class Reader {
       return 0;
     }
     uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(data_[pos_ + static_cast<size_t>(i)]) << (8 * i);
+    for (int i = 0; i < bytes; ++i)
+      v |= static_cast<uint64_t>(data_[pos_ + static_cast<size_t>(i)]) << (8 * i);
     pos_ += static_cast<size_t>(bytes);
     return v;
   }
@@ -124,50 +126,116 @@ class Reader {
 
 // One function per message and direction keeps the two in sight of each other.
 void Put(Writer& w, const Join& m) {
-  w.I32(m.node_rank); w.Str(m.host); w.I32(m.nproc); w.Str(m.ddprun_version);
-  w.Str(m.fingerprint); w.Str(m.canonical); w.U64(m.instance); w.Str(m.proof); w.Str(m.nonce);
+  w.I32(m.node_rank);
+  w.Str(m.host);
+  w.I32(m.nproc);
+  w.Str(m.ddprun_version);
+  w.Str(m.fingerprint);
+  w.Str(m.canonical);
+  w.U64(m.instance);
+  w.Str(m.proof);
+  w.Str(m.nonce);
   w.Str(m.probe_endpoint);
   // Written only after a round: a hello, or a join before any round, keeps its old form.
-  if (m.ran_round >= 0) { w.I32(m.ran_round); w.I32(m.ran_as); w.Bool(m.ran_ok); }
+  if (m.ran_round >= 0) {
+    w.I32(m.ran_round);
+    w.I32(m.ran_as);
+    w.Bool(m.ran_ok);
+  }
 }
 void Get(Reader& r, Join& m) {
-  m.node_rank = r.I32(); m.host = r.Str(); m.nproc = r.I32(); m.ddprun_version = r.Str();
-  m.fingerprint = r.Str(); m.canonical = r.Str(); m.instance = r.U64(); m.proof = r.Str();
-  m.nonce = r.Str(); m.probe_endpoint = r.Str();
-  if (!r.AtEnd()) { m.ran_round = r.I32(); m.ran_as = r.I32(); m.ran_ok = r.Bool(); }
+  m.node_rank = r.I32();
+  m.host = r.Str();
+  m.nproc = r.I32();
+  m.ddprun_version = r.Str();
+  m.fingerprint = r.Str();
+  m.canonical = r.Str();
+  m.instance = r.U64();
+  m.proof = r.Str();
+  m.nonce = r.Str();
+  m.probe_endpoint = r.Str();
+  if (!r.AtEnd()) {
+    m.ran_round = r.I32();
+    m.ran_as = r.I32();
+    m.ran_ok = r.Bool();
+  }
 }
-void Put(Writer& w, const JoinAck& m) { w.I32(m.nnodes); w.Bool(m.standby); }
-void Get(Reader& r, JoinAck& m) { m.nnodes = r.I32(); m.standby = r.Bool(); }
-void Put(Writer& w, const Reject& m) { w.Str(m.reason); w.Bool(m.retry); }
-void Get(Reader& r, Reject& m) { m.reason = r.Str(); m.retry = r.Bool(); }
+void Put(Writer& w, const JoinAck& m) {
+  w.I32(m.nnodes);
+  w.Bool(m.standby);
+}
+void Get(Reader& r, JoinAck& m) {
+  m.nnodes = r.I32();
+  m.standby = r.Bool();
+}
+void Put(Writer& w, const Reject& m) {
+  w.Str(m.reason);
+  w.Bool(m.retry);
+}
+void Get(Reader& r, Reject& m) {
+  m.reason = r.Str();
+  m.retry = r.Bool();
+}
 void Put(Writer& w, const Progress& m) {
-  w.I32(m.joined); w.I32(m.total); w.I32List(m.missing); w.I64(m.elapsed_ms); w.I64(m.timeout_ms);
-  w.StrList(m.missing_hosts); w.StrList(m.missing_why);
+  w.I32(m.joined);
+  w.I32(m.total);
+  w.I32List(m.missing);
+  w.I64(m.elapsed_ms);
+  w.I64(m.timeout_ms);
+  w.StrList(m.missing_hosts);
+  w.StrList(m.missing_why);
 }
 void Get(Reader& r, Progress& m) {
-  m.joined = r.I32(); m.total = r.I32(); m.missing = r.I32List(); m.elapsed_ms = r.I64();
-  m.timeout_ms = r.I64(); m.missing_hosts = r.StrList(); m.missing_why = r.StrList();
+  m.joined = r.I32();
+  m.total = r.I32();
+  m.missing = r.I32List();
+  m.elapsed_ms = r.I64();
+  m.timeout_ms = r.I64();
+  m.missing_hosts = r.StrList();
+  m.missing_why = r.StrList();
 }
 void Put(Writer& w, const StartRound& m) {
-  w.I32(m.round); w.U16(m.master_port); w.I64(m.longest_interval_ms); w.I32(m.node_rank);
-  w.I32(m.nnodes); w.Str(m.master_addr);
+  w.I32(m.round);
+  w.U16(m.master_port);
+  w.I64(m.longest_interval_ms);
+  w.I32(m.node_rank);
+  w.I32(m.nnodes);
+  w.Str(m.master_addr);
 }
 void Get(Reader& r, StartRound& m) {
-  m.round = r.I32(); m.master_port = r.U16(); m.longest_interval_ms = r.I64(); m.node_rank = r.I32();
-  m.nnodes = r.I32(); m.master_addr = r.Str();
+  m.round = r.I32();
+  m.master_port = r.U16();
+  m.longest_interval_ms = r.I64();
+  m.node_rank = r.I32();
+  m.nnodes = r.I32();
+  m.master_addr = r.Str();
 }
 void Put(Writer& w, const WorkerFailed& m) {
-  w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I32(m.exit_code); w.I32(m.signal);
-  w.Str(m.stderr_tail); w.Str(m.error_file);
+  w.I32(m.round);
+  w.I32(m.global_rank);
+  w.I32(m.local_rank);
+  w.I32(m.exit_code);
+  w.I32(m.signal);
+  w.Str(m.stderr_tail);
+  w.Str(m.error_file);
 }
 void Get(Reader& r, WorkerFailed& m) {
-  m.round = r.I32(); m.global_rank = r.I32(); m.local_rank = r.I32(); m.exit_code = r.I32();
-  m.signal = r.I32(); m.stderr_tail = r.Str(); m.error_file = r.Str();
+  m.round = r.I32();
+  m.global_rank = r.I32();
+  m.local_rank = r.I32();
+  m.exit_code = r.I32();
+  m.signal = r.I32();
+  m.stderr_tail = r.Str();
+  m.error_file = r.Str();
 }
 void Put(Writer& w, const NodeDone& m) { w.I32(m.round); }
 void Get(Reader& r, NodeDone& m) { m.round = r.I32(); }
 void Put(Writer& w, const StopRound& m) {
-  w.I32(m.round); w.Str(m.cause); w.Bool(m.last); w.I32(m.cause_rank); w.Bool(m.cause_lost_peer);
+  w.I32(m.round);
+  w.Str(m.cause);
+  w.Bool(m.last);
+  w.I32(m.cause_rank);
+  w.Bool(m.cause_lost_peer);
 }
 void Get(Reader& r, StopRound& m) {
   m.round = r.I32();
@@ -176,12 +244,24 @@ void Get(Reader& r, StopRound& m) {
   m.cause_rank = r.I32();
   m.cause_lost_peer = r.Bool();
 }
-void Put(Writer& w, const RoundStopped& m) { w.I32(m.round); w.I32(m.stopped); }
-void Get(Reader& r, RoundStopped& m) { m.round = r.I32(); m.stopped = r.I32(); }
+void Put(Writer& w, const RoundStopped& m) {
+  w.I32(m.round);
+  w.I32(m.stopped);
+}
+void Get(Reader& r, RoundStopped& m) {
+  m.round = r.I32();
+  m.stopped = r.I32();
+}
 void Put(Writer& w, const Interrupted& m) { w.I32(m.signal); }
 void Get(Reader& r, Interrupted& m) { m.signal = r.I32(); }
-void Put(Writer& w, const JobEnd& m) { w.I32(m.exit_code); w.Str(m.summary); }
-void Get(Reader& r, JobEnd& m) { m.exit_code = r.I32(); m.summary = r.Str(); }
+void Put(Writer& w, const JobEnd& m) {
+  w.I32(m.exit_code);
+  w.Str(m.summary);
+}
+void Get(Reader& r, JobEnd& m) {
+  m.exit_code = r.I32();
+  m.summary = r.Str();
+}
 void Put(Writer&, const JobEndAck&) {}
 void Get(Reader&, JobEndAck&) {}
 // The echo is written only when there is one: every other heartbeat stays a bare header.
@@ -191,43 +271,100 @@ void Put(Writer& w, const Heartbeat& m) {
 void Get(Reader& r, Heartbeat& m) {
   if (!r.AtEnd()) m.echo = r.U64();
 }
-void Put(Writer& w, const Challenge& m) { w.Str(m.nonce); w.Str(m.proof); }
-void Get(Reader& r, Challenge& m) { m.nonce = r.Str(); m.proof = r.Str(); }
+void Put(Writer& w, const Challenge& m) {
+  w.Str(m.nonce);
+  w.Str(m.proof);
+}
+void Get(Reader& r, Challenge& m) {
+  m.nonce = r.Str();
+  m.proof = r.Str();
+}
 void Put(Writer& w, const RankHung& m) {
-  w.I32(m.round); w.I32(m.global_rank); w.I32(m.local_rank); w.I64(m.step); w.I64(m.silent_ms);
-  w.I64(m.timeout_ms); w.Bool(m.first_beat); w.Bool(m.learnt);
+  w.I32(m.round);
+  w.I32(m.global_rank);
+  w.I32(m.local_rank);
+  w.I64(m.step);
+  w.I64(m.silent_ms);
+  w.I64(m.timeout_ms);
+  w.Bool(m.first_beat);
+  w.Bool(m.learnt);
 }
 void Get(Reader& r, RankHung& m) {
-  m.round = r.I32(); m.global_rank = r.I32(); m.local_rank = r.I32(); m.step = r.I64();
-  m.silent_ms = r.I64(); m.timeout_ms = r.I64(); m.first_beat = r.Bool(); m.learnt = r.Bool();
+  m.round = r.I32();
+  m.global_rank = r.I32();
+  m.local_rank = r.I32();
+  m.step = r.I64();
+  m.silent_ms = r.I64();
+  m.timeout_ms = r.I64();
+  m.first_beat = r.Bool();
+  m.learnt = r.Bool();
 }
 void Put(Writer& w, const DumpStacks& m) { w.I32(m.round); }
 void Get(Reader& r, DumpStacks& m) { m.round = r.I32(); }
 void Put(Writer& w, const HangCleared& m) { w.I32(m.round); }
 void Get(Reader& r, HangCleared& m) { m.round = r.I32(); }
 void Put(Writer& w, const RankState& m) {
-  w.I32(m.global_rank); w.I64(m.step); w.I64(m.silent_ms); w.Str(m.stack);
+  w.I32(m.global_rank);
+  w.I64(m.step);
+  w.I64(m.silent_ms);
+  w.Str(m.stack);
 }
 void Get(Reader& r, RankState& m) {
-  m.global_rank = r.I32(); m.step = r.I64(); m.silent_ms = r.I64(); m.stack = r.Str();
+  m.global_rank = r.I32();
+  m.step = r.I64();
+  m.silent_ms = r.I64();
+  m.stack = r.Str();
 }
 void Put(Writer& w, const RankRate& m) {
-  w.I32(m.global_rank); w.I64(m.step); w.I64(m.work_us); w.I64(m.step_us); w.I64(m.longest_ms);
+  w.I32(m.global_rank);
+  w.I64(m.step);
+  w.I64(m.work_us);
+  w.I64(m.step_us);
+  w.I64(m.longest_ms);
 }
 void Get(Reader& r, RankRate& m) {
-  m.global_rank = r.I32(); m.step = r.I64(); m.work_us = r.I64(); m.step_us = r.I64();
+  m.global_rank = r.I32();
+  m.step = r.I64();
+  m.work_us = r.I64();
+  m.step_us = r.I64();
   m.longest_ms = r.I64();
 }
-void Put(Writer& w, const RankStacks& m) { w.I32(m.round); w.List(m.ranks); }
-void Get(Reader& r, RankStacks& m) { m.round = r.I32(); r.List(m.ranks); }
-void Put(Writer& w, const RankProgress& m) { w.I32(m.round); w.List(m.ranks); }
-void Get(Reader& r, RankProgress& m) { m.round = r.I32(); r.List(m.ranks); }
-void Put(Writer& w, const ProbeTarget& m) { w.I32(m.node_rank); w.Str(m.host); w.Str(m.endpoint); }
-void Get(Reader& r, ProbeTarget& m) { m.node_rank = r.I32(); m.host = r.Str(); m.endpoint = r.Str(); }
+void Put(Writer& w, const RankStacks& m) {
+  w.I32(m.round);
+  w.List(m.ranks);
+}
+void Get(Reader& r, RankStacks& m) {
+  m.round = r.I32();
+  r.List(m.ranks);
+}
+void Put(Writer& w, const RankProgress& m) {
+  w.I32(m.round);
+  w.List(m.ranks);
+}
+void Get(Reader& r, RankProgress& m) {
+  m.round = r.I32();
+  r.List(m.ranks);
+}
+void Put(Writer& w, const ProbeTarget& m) {
+  w.I32(m.node_rank);
+  w.Str(m.host);
+  w.Str(m.endpoint);
+}
+void Get(Reader& r, ProbeTarget& m) {
+  m.node_rank = r.I32();
+  m.host = r.Str();
+  m.endpoint = r.Str();
+}
 void Put(Writer& w, const ProbePeers& m) { w.List(m.targets); }
 void Get(Reader& r, ProbePeers& m) { r.List(m.targets); }
-void Put(Writer& w, const ProbeFailure& m) { Put(w, m.target); w.Str(m.error); }
-void Get(Reader& r, ProbeFailure& m) { Get(r, m.target); m.error = r.Str(); }
+void Put(Writer& w, const ProbeFailure& m) {
+  Put(w, m.target);
+  w.Str(m.error);
+}
+void Get(Reader& r, ProbeFailure& m) {
+  Get(r, m.target);
+  m.error = r.Str();
+}
 void Put(Writer& w, const PeersProbed& m) { w.List(m.failures); }
 void Get(Reader& r, PeersProbed& m) { r.List(m.failures); }
 
@@ -271,10 +408,10 @@ bool DecodePayload(uint8_t type, Reader& r, Message& out) {
 
 const char* MessageName(const Message& message) {
   static constexpr const char* kNames[] = {
-      "join",       "join-ack", "reject",      "progress", "start-round",
-      "worker-failed", "node-done", "stop-round", "round-stopped", "interrupted",
-      "job-end",    "job-end-ack", "heartbeat", "challenge", "rank-hung", "dump-stacks",
-      "rank-stacks", "rank-progress", "probe-peers", "peers-probed", "hang-cleared"};
+      "join",        "join-ack",     "reject",        "progress",    "start-round", "worker-failed",
+      "node-done",   "stop-round",   "round-stopped", "interrupted", "job-end",     "job-end-ack",
+      "heartbeat",   "challenge",    "rank-hung",     "dump-stacks", "rank-stacks", "rank-progress",
+      "probe-peers", "peers-probed", "hang-cleared"};
   static_assert(std::size(kNames) == std::variant_size_v<Message>);
   return kNames[message.index()];
 }
@@ -342,7 +479,8 @@ Decoder::Status Decoder::Next(Message& out) {
                           static_cast<uint32_t>(h[10]) << 16 | static_cast<uint32_t>(h[11]) << 24;
   if (length > limit_) {
     error_ = "frame of " + std::to_string(length) + " bytes is over the limit";
-    if (limit_ < kMaxPayload) error_ += " for a peer that has not joined (" + std::to_string(limit_) + " bytes)";
+    if (limit_ < kMaxPayload)
+      error_ += " for a peer that has not joined (" + std::to_string(limit_) + " bytes)";
     return Status::kError;
   }
   if (type == 0 || type > std::variant_size_v<Message>) {

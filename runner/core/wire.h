@@ -31,7 +31,7 @@ struct Join {
   std::string fingerprint;
   std::string canonical;  // CanonicalForm, for the field-level difference
   uint64_t instance = 0;
-  std::string proof;      // JoinProof over the coordinator's Challenge; "" without a secret
+  std::string proof;  // JoinProof over the coordinator's Challenge; "" without a secret
   /// With a secret, the agent's first Join is a hello: node_rank, version and this nonce, and
   /// nothing about the job; the coordinator must prove it knows the secret for this nonce
   /// before the agent sends the job (host, fingerprint, canonical form).
@@ -209,9 +209,9 @@ struct HangCleared {
 /// One rank when its stack was asked for.
 struct RankState {
   int32_t global_rank = 0;
-  int64_t step = -1;       // last step; -1 none
-  int64_t silent_ms = 0;   // since its last beacon (or its start)
-  std::string stack;       // its main thread's frames (core::FormatFrames); "" none
+  int64_t step = -1;      // last step; -1 none
+  int64_t silent_ms = 0;  // since its last beacon (or its start)
+  std::string stack;      // its main thread's frames (core::FormatFrames); "" none
   bool operator==(const RankState&) const = default;
 };
 
@@ -226,9 +226,9 @@ struct RankStacks {
 struct RankRate {
   int32_t global_rank = 0;
   int64_t step = -1;
-  int64_t work_us = -1;     // its own work per step (from the beacons' busy time); -1 none
-  int64_t step_us = -1;     // time per step; -1 when the window is not full yet
-  int64_t longest_ms = 0;   // longest interval between two beacons, once warmed up; 0 none
+  int64_t work_us = -1;    // its own work per step (from the beacons' busy time); -1 none
+  int64_t step_us = -1;    // time per step; -1 when the window is not full yet
+  int64_t longest_ms = 0;  // longest interval between two beacons, once warmed up; 0 none
   bool operator==(const RankRate&) const = default;
 };
 
@@ -266,10 +266,9 @@ struct PeersProbed {
   bool operator==(const PeersProbed&) const = default;
 };
 
-using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone,
-                             StopRound, RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat,
-                             Challenge, RankHung, DumpStacks, RankStacks, RankProgress, ProbePeers,
-                             PeersProbed, HangCleared>;
+using Message = std::variant<Join, JoinAck, Reject, Progress, StartRound, WorkerFailed, NodeDone, StopRound,
+                             RoundStopped, Interrupted, JobEnd, JobEndAck, Heartbeat, Challenge, RankHung,
+                             DumpStacks, RankStacks, RankProgress, ProbePeers, PeersProbed, HangCleared>;
 
 /// A short name for logs and traces ("join", "start-round", ...).
 const char* MessageName(const Message& message);

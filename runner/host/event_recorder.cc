@@ -79,7 +79,9 @@ void EventRecorder::AgentInput(TimePoint now, const core::AgentInput& input, con
       last_connect_error_.clear();
       Record(now, Event{"joined", {}}.Add("standby", ack->standby));
     } else if (const auto* reject = std::get_if<wire::Reject>(&m)) {
-      Record(now, Event{"join-refused", {}}.Add("reason", Cut(reject->reason, kMaxText)).Add("retry", reject->retry));
+      Record(
+          now,
+          Event{"join-refused", {}}.Add("reason", Cut(reject->reason, kMaxText)).Add("retry", reject->retry));
     } else if (const auto* start = std::get_if<wire::StartRound>(&m)) {
       plays_ = start->node_rank;
     } else if (const auto* stop = std::get_if<wire::StopRound>(&m)) {
@@ -149,7 +151,8 @@ void EventRecorder::AgentEffect(TimePoint now, const core::AgentEffect& effect) 
     for (const core::WorkerLaunch& launch : spawn->workers) {
       ranks.push_back(launch.global_rank);
       if (launch.local_rank >= 0) {
-        if (by_local.size() <= static_cast<size_t>(launch.local_rank)) by_local.resize(static_cast<size_t>(launch.local_rank) + 1, -1);
+        if (by_local.size() <= static_cast<size_t>(launch.local_rank))
+          by_local.resize(static_cast<size_t>(launch.local_rank) + 1, -1);
         by_local[static_cast<size_t>(launch.local_rank)] = launch.global_rank;
       }
     }
@@ -157,7 +160,8 @@ void EventRecorder::AgentEffect(TimePoint now, const core::AgentEffect& effect) 
     while (ranks_.size() > 2) ranks_.erase(ranks_.begin());
     spawned_round_ = spawn->round;
     const int nproc = spec_.cluster.nproc_per_node;
-    const int64_t plays = plays_ >= 0 ? plays_ : (!ranks.empty() && nproc > 0 ? ranks.front() / nproc : node_rank_);
+    const int64_t plays =
+        plays_ >= 0 ? plays_ : (!ranks.empty() && nproc > 0 ? ranks.front() / nproc : node_rank_);
     Record(now, Event{"workers-start", {}}
                     .Add("round", int64_t{spawn->round})
                     .Add("plays", plays)
@@ -177,7 +181,8 @@ void EventRecorder::AgentEffect(TimePoint now, const core::AgentEffect& effect) 
                       .Add("silent_ms", hung->silent_ms)
                       .Add("timeout_ms", hung->timeout_ms));
     } else if (const auto* done = std::get_if<wire::NodeDone>(&send->message)) {
-      Record(now, Event{"round-end", {}}.Add("round", int64_t{done->round}).Add("outcome", std::string("done")));
+      Record(now,
+             Event{"round-end", {}}.Add("round", int64_t{done->round}).Add("outcome", std::string("done")));
     } else if (const auto* stopped = std::get_if<wire::RoundStopped>(&send->message)) {
       Record(now, Event{"round-end", {}}
                       .Add("round", int64_t{stopped->round})
@@ -199,7 +204,8 @@ void EventRecorder::AgentEffect(TimePoint now, const core::AgentEffect& effect) 
 void EventRecorder::AgentDone(TimePoint now) {
   if (!log_ || !disconnect_pending_) return;
   disconnect_pending_ = false;
-  Record(now, Event{"master-lost", {}}.Add("reason", std::string("no word from the coordinator for 3 heartbeats")));
+  Record(now, Event{"master-lost", {}}.Add("reason",
+                                           std::string("no word from the coordinator for 3 heartbeats")));
 }
 
 void EventRecorder::CoordinatorEffect(TimePoint now, const core::CoordinatorEffect& effect) {

@@ -65,13 +65,13 @@ class EventRecorder {
 
   // ---- The agent's side.
   bool input_is_tick_ = false;
-  bool disconnect_pending_ = false;      // a DisconnectFromMaster on a tick, not for an exit
+  bool disconnect_pending_ = false;  // a DisconnectFromMaster on a tick, not for an exit
   std::string last_connect_error_;
   std::map<int, std::vector<int>> ranks_;  // by round: global rank by local rank (two rounds)
   int spawned_round_ = -1;
-  int training_round_ = -1;              // the round whose first step beacon was recorded
-  int signalled_round_ = -1;             // the round whose workers ddprun signalled
-  int plays_ = -1;                       // from the last StartRound
+  int training_round_ = -1;   // the round whose first step beacon was recorded
+  int signalled_round_ = -1;  // the round whose workers ddprun signalled
+  int plays_ = -1;            // from the last StartRound
 };
 
 }  // namespace ddprun::host

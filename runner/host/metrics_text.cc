@@ -108,7 +108,8 @@ void AddNodeFamilies(const NodeMetrics& metrics, Families& out) {
                              "This node's agent: its job, node rank, host and ddprun version.");
   info.samples.push_back({out.With({{"host", a.host}, {"version", a.version}}), 1});
   out.Add(std::move(info));
-  out.Phase("ddprun_node_phase", "The agent's phase: 1 for the one it is in.", core::kAgentPhaseNames, a.phase);
+  out.Phase("ddprun_node_phase", "The agent's phase: 1 for the one it is in.", core::kAgentPhaseNames,
+            a.phase);
   out.Gauge("ddprun_node_round", "The round this node last started; -1 before its first.", a.round);
   out.Gauge("ddprun_node_plays_node_rank",
             "The node rank this agent plays in that round: its own, or for a spare the one it "
@@ -154,12 +155,14 @@ void AddJobFamilies(const NodeMetrics& metrics, Families& out) {
   out.Gauge("ddprun_job_restarts_left", "Restarts left of restart.max_restarts.",
             c.restarts_allowed - c.restarts_used);
   out.Gauge("ddprun_job_nodes", "Nodes of the job.", c.nodes);
-  out.Gauge("ddprun_job_nodes_joined", "Agents (nodes and spares) joined to the coordinator now.", c.nodes_joined);
+  out.Gauge("ddprun_job_nodes_joined", "Agents (nodes and spares) joined to the coordinator now.",
+            c.nodes_joined);
   out.Gauge("ddprun_job_round_nodes",
             "Nodes in the current round: fewer than ddprun_job_nodes when it shrank "
             "(cluster.min_nodes); 0 before the first round.",
             c.round_nodes);
-  out.Gauge("ddprun_job_hosts_quarantined", "Hosts kept out of the job now (quarantine).", c.hosts_quarantined);
+  out.Gauge("ddprun_job_hosts_quarantined", "Hosts kept out of the job now (quarantine).",
+            c.hosts_quarantined);
   out.Gauge("ddprun_job_nodes_away", "Agents that joined once and are not connected now.", c.nodes_away);
   out.Gauge("ddprun_job_spares", "Spares of the job (cluster.spares).", c.spares);
   out.Gauge("ddprun_job_spares_waiting", "Joined agents that play no node rank, ready to replace one.",
@@ -181,12 +184,13 @@ void AddJobFamilies(const NodeMetrics& metrics, Families& out) {
             static_cast<double>(c.ranks_reported));
   MetricFamily step = Family(MetricType::kGauge, "ddprun_job_rank_last_step",
                              "A rank's last step, as its node last reported it.");
-  MetricFamily step_time = Family(MetricType::kGauge, "ddprun_job_rank_step_seconds",
-                                  "A rank's time per step over the straggler window, as its node reported it.");
+  MetricFamily step_time =
+      Family(MetricType::kGauge, "ddprun_job_rank_step_seconds",
+             "A rank's time per step over the straggler window, as its node reported it.");
   MetricFamily work_time = Family(MetricType::kGauge, "ddprun_job_rank_work_seconds",
                                   "A rank's own work per step, as its node reported it.");
-  MetricFamily straggler = Family(MetricType::kGauge, "ddprun_job_rank_straggler",
-                                  "1 while a rank is reported as a straggler.");
+  MetricFamily straggler =
+      Family(MetricType::kGauge, "ddprun_job_rank_straggler", "1 while a rank is reported as a straggler.");
   for (const core::ReportedRankMetrics& rank : c.ranks) {
     // `node` is the serving node (0) on every series; the rank's own node is `rank_node`.
     const Labels labels =
@@ -210,8 +214,8 @@ std::string RenderPrometheusText(const std::vector<MetricFamily>& families) {
     DDPRUN_ASSERT(ValidName(family.name, /*metric=*/true));
     if (family.samples.empty()) continue;
     out += fmt::format("# HELP {} {}\n", family.name, Escape(family.help, /*label_value=*/false));
-    out += fmt::format("# TYPE {} {}\n", family.name,
-                       family.type == MetricType::kCounter ? "counter" : "gauge");
+    out +=
+        fmt::format("# TYPE {} {}\n", family.name, family.type == MetricType::kCounter ? "counter" : "gauge");
     for (const MetricSample& sample : family.samples) {
       out += family.name;
       if (!sample.labels.empty()) {

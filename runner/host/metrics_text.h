@@ -42,7 +42,7 @@ std::string RenderPrometheusText(const std::vector<MetricFamily>& families);
 
 /// What one node serves: its agent, and on node 0 the job as the coordinator sees it.
 struct NodeMetrics {
-  std::string job;                            // job.name
+  std::string job;  // job.name
   core::AgentMetrics agent;
   std::optional<core::CoordinatorMetrics> coordinator;  // node 0 only
   /// Node 0, once a failure happened: since node 0 learnt of the latest root cause.

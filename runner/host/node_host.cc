@@ -249,10 +249,12 @@ void NodeHost::Unproven(ConnId conn, size_t buffered) {
     }
     const ConnId dropped = largest->first;
     const std::string why = fmt::format(
-        "peers that have not joined hold more than {} MiB of unfinished frames; dropping the one holding the most "
+        "peers that have not joined hold more than {} MiB of unfinished frames; dropping the one holding the "
+        "most "
         "({} bytes)",
         kUnprovenBudget >> 20, largest->second);
-    ports_.console->Log(core::LogLevel::kWarn, "coordinator", fmt::format("dropping connection {}: {}", dropped, why));
+    ports_.console->Log(core::LogLevel::kWarn, "coordinator",
+                        fmt::format("dropping connection {}: {}", dropped, why));
     ports_.transport->Close(dropped);
     OnClosed(dropped, why);
   }
@@ -300,7 +302,9 @@ void NodeHost::ProbeAnswered(ConnId conn, const std::string& error) {
   if (!probe_conns_.empty()) return;
   // In the order of the targets, whatever order the answers came in (the simulator replays it).
   std::sort(probe_failures_.begin(), probe_failures_.end(),
-            [](const wire::ProbeFailure& a, const wire::ProbeFailure& b) { return a.target.node_rank < b.target.node_rank; });
+            [](const wire::ProbeFailure& a, const wire::ProbeFailure& b) {
+              return a.target.node_rank < b.target.node_rank;
+            });
   RunAgent(core::ProbesDone{std::exchange(probe_failures_, {})});
 }
 
@@ -536,7 +540,8 @@ bool NodeHost::SkipQuiet(const core::AgentQuietStretch& agent,
   std::vector<core::AgentEffect>& effects = pooled.buffer;
   agent_.Handle(now, agent, effects);
   for (const core::AgentEffect& effect : effects) {
-    if (const auto* lease = std::get_if<core::RenewLease>(&effect)) ports_.launcher->RenewLease(lease->kill_at);
+    if (const auto* lease = std::get_if<core::RenewLease>(&effect))
+      ports_.launcher->RenewLease(lease->kill_at);
   }
   effects.clear();
   bool recorded = false;
@@ -572,7 +577,7 @@ void NodeHost::Rearm() {
 
 void NodeHost::MaybeFinish() {
   if (finished_ || !agent_exit_) return;
-  if (coordinator_ && !coordinator_done_) return;  // node 0 stays until the exit barrier passes
+  if (coordinator_ && !coordinator_done_) return;        // node 0 stays until the exit barrier passes
   if (!role_->LetGoOnExit(ports_.clock->Now())) return;  // the record, then the role, go first
   finished_ = true;
   ports_.timer->Disarm();

@@ -25,17 +25,16 @@ struct Ports {
   Transport* transport = nullptr;
   ProcessLauncher* launcher = nullptr;
   Console* console = nullptr;
-  Journal* journal = nullptr;  // node 0's; null: the host keeps no journal (unit tests)
-  EventLog* events = nullptr;  // null: no event log (the simulator draws its own timeline)
-  Store* store = nullptr;      // rendezvous.backend = "etcd"; null: the coordinator lives on node 0
+  Journal* journal = nullptr;    // node 0's; null: the host keeps no journal (unit tests)
+  EventLog* events = nullptr;    // null: no event log (the simulator draws its own timeline)
+  Store* store = nullptr;        // rendezvous.backend = "etcd"; null: the coordinator lives on node 0
   Observer* observer = nullptr;  // null: nobody but the event log takes the observations
 };
 
 class NodeHost final : public TransportEvents, public ProcessEvents, public StoreEvents {
  public:
   /// `on_exit` is called once, when this node is finished, with the process exit code.
-  NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports,
-           std::function<void(int)> on_exit);
+  NodeHost(const JobSpec& spec, core::Agent::Config config, Ports ports, std::function<void(int)> on_exit);
   ~NodeHost() override;
 
   /// Node 0 listens on master_addr:master_port and starts the coordinator; then the agent
@@ -111,8 +110,8 @@ class NodeHost final : public TransportEvents, public ProcessEvents, public Stor
   // Where the coordinator runs, and where its records go.
   std::unique_ptr<CoordinatorRole> role_;
   bool listening_ = false;
-  bool awaiting_coordinator_ = false;        // the agent's connect waits for the role's lookup
-  std::optional<ConnId> master_conn_;        // the agent's connection to the coordinator
+  bool awaiting_coordinator_ = false;  // the agent's connect waits for the role's lookup
+  std::optional<ConnId> master_conn_;  // the agent's connection to the coordinator
   // Looked up per frame and never iterated, so hashing is safe for determinism and O(1) at
   // 16,384 connections on node 0.
   std::unordered_map<ConnId, wire::Decoder> decoders_;

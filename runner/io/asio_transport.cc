@@ -8,12 +8,12 @@
 
 #include <sys/resource.h>
 
+#include <fmt/format.h>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <fmt/format.h>
 
 #include "runner/io/tcp_listener.h"
 
@@ -85,8 +85,8 @@ struct AsioTransport::Connection {
   tcp::socket socket;
   tcp::resolver resolver;
   asio::steady_timer timer;
-  std::array<uint8_t, 4> hello{};      // accepted connections: the first bytes, to classify
-  std::vector<uint8_t> read_buffer;     // allocated when reading starts
+  std::array<uint8_t, 4> hello{};    // accepted connections: the first bytes, to classify
+  std::vector<uint8_t> read_buffer;  // allocated when reading starts
   std::deque<std::vector<uint8_t>> queue;
   size_t queued_bytes = 0;
   bool writing = false;
@@ -94,7 +94,7 @@ struct AsioTransport::Connection {
   bool timed_out = false;
   bool closed = false;
   bool trusted = false;  // our own connect, or an accepted one whose agent joined (Trust)
-  std::string peer;  // accepted connections: "addr:port"
+  std::string peer;      // accepted connections: "addr:port"
 };
 
 struct AsioTransport::Listener {
@@ -141,18 +141,21 @@ Status AsioTransport::Listen(const std::string& addr, uint16_t port) {
   tcp::resolver resolver(io_);
   auto results = resolver.resolve(addr, std::to_string(port), tcp::resolver::passive, ec);
   if (ec || results.empty()) {
-    return ddprun::Fail(fmt::format("cannot resolve cluster.master_addr \"{}\" on this node: {}", addr, ec.message()));
+    return ddprun::Fail(
+        fmt::format("cannot resolve cluster.master_addr \"{}\" on this node: {}", addr, ec.message()));
   }
   const tcp::endpoint endpoint = results.begin()->endpoint();
   auto listener = std::make_unique<Listener>(io_);
   if (auto error = OpenListener(listener->acceptor, endpoint, fmt::format("{}:{}", addr, port))) {
     switch (error->kind) {
       case ListenError::Kind::kInUse:
-        return ddprun::Fail(error->text + "\nhint: stop that process, or pick another cluster.master_port "
-                                          "in the job file (on every node)");
+        return ddprun::Fail(error->text +
+                            "\nhint: stop that process, or pick another cluster.master_port "
+                            "in the job file (on every node)");
       case ListenError::Kind::kNotHere:
-        return ddprun::Fail(error->text + "\nhint: node 0 must run on the host of cluster.master_addr; "
-                                          "check master_addr, and how this agent got node rank 0");
+        return ddprun::Fail(error->text +
+                            "\nhint: node 0 must run on the host of cluster.master_addr; "
+                            "check master_addr, and how this agent got node rank 0");
       case ListenError::Kind::kOther:
         return ddprun::Fail(error->text);
     }
@@ -166,9 +169,10 @@ void AsioTransport::StartAccept() {
   // Within the socket budget, the descriptors left are the reserve for workers and logs: make
   // room by closing the oldest connection that has not said what it is, or wait.
   if (SocketsInUse() >= limits_.max_sockets) {
-    const std::string why = fmt::format("{} connections are open, the most this agent keeps with "
-                                        "RLIMIT_NOFILE {} (the rest is kept for workers and log files)",
-                                        SocketsInUse(), CurrentNoFileLimit());
+    const std::string why = fmt::format(
+        "{} connections are open, the most this agent keeps with "
+        "RLIMIT_NOFILE {} (the rest is kept for workers and log files)",
+        SocketsInUse(), CurrentNoFileLimit());
     if (!EvictOldestUnclassified()) {
       AcceptLater(why + "; not accepting more for now");
       return;
@@ -185,9 +189,10 @@ void AsioTransport::StartAccept() {
       for (size_t i = 0; i < kEvictOnExhaustion && EvictOldestUnclassified(); ++i) {
       }
       limits_.max_sockets = std::max(SocketsInUse(), kMinSockets);
-      AcceptLater(fmt::format("cannot accept connections on the master port: {} (RLIMIT_NOFILE {}); "
-                              "keeping at most {} connections from now on",
-                              ec.message(), CurrentNoFileLimit(), limits_.max_sockets));
+      AcceptLater(
+          fmt::format("cannot accept connections on the master port: {} (RLIMIT_NOFILE {}); "
+                      "keeping at most {} connections from now on",
+                      ec.message(), CurrentNoFileLimit(), limits_.max_sockets));
       return;
     }
     accept_backoff_ = std::chrono::milliseconds(0);
@@ -307,16 +312,15 @@ void AsioTransport::Classify(const std::shared_ptr<Connection>& conn, size_t hav
       DropUnclassified(conn);
     });
   }
-  conn->socket.async_read_some(
-      asio::buffer(conn->hello.data() + have, conn->hello.size() - have),
-      [this, conn, have](error_code ec, size_t n) {
-        if (conn->closed) return;
-        if (ec) {
-          DropUnclassified(conn);
-          return;
-        }
-        Classify(conn, have + n);
-      });
+  conn->socket.async_read_some(asio::buffer(conn->hello.data() + have, conn->hello.size() - have),
+                               [this, conn, have](error_code ec, size_t n) {
+                                 if (conn->closed) return;
+                                 if (ec) {
+                                   DropUnclassified(conn);
+                                   return;
+                                 }
+                                 Classify(conn, have + n);
+                               });
 }
 
 // A relayed store connection. Its buffers are small and allocated per relay; a relay is freed
@@ -404,31 +408,34 @@ void AsioTransport::ReadClient(const std::shared_ptr<Relay>& relay) {
   // Until the store takes bytes, at most kMaxPendingBytes wait here; then the client waits
   // (TCP flow control) instead of our memory growing.
   const size_t room = direct ? relay->up_buffer.size()
-                             : std::min(relay->up_buffer.size(), kMaxPendingBytes - std::min(kMaxPendingBytes, relay->pending.size()));
+                             : std::min(relay->up_buffer.size(),
+                                        kMaxPendingBytes - std::min(kMaxPendingBytes, relay->pending.size()));
   if (room == 0) return;
   relay->client_reading = true;
-  relay->client.async_read_some(asio::buffer(relay->up_buffer.data(), room), [this, relay](error_code ec, size_t n) {
-    relay->client_reading = false;
-    if (relay->closed) return;
-    if (ec) {
-      CloseRelay(relay);
-      return;
-    }
-    if (relay->upstream_connected && !relay->flushing_pending) {
-      asio::async_write(relay->upstream, asio::buffer(relay->up_buffer.data(), n), [this, relay](error_code wec, size_t) {
+  relay->client.async_read_some(
+      asio::buffer(relay->up_buffer.data(), room), [this, relay](error_code ec, size_t n) {
+        relay->client_reading = false;
         if (relay->closed) return;
-        if (wec) {
+        if (ec) {
           CloseRelay(relay);
           return;
         }
+        if (relay->upstream_connected && !relay->flushing_pending) {
+          asio::async_write(relay->upstream, asio::buffer(relay->up_buffer.data(), n),
+                            [this, relay](error_code wec, size_t) {
+                              if (relay->closed) return;
+                              if (wec) {
+                                CloseRelay(relay);
+                                return;
+                              }
+                              ReadClient(relay);
+                            });
+          return;
+        }
+        relay->pending.insert(relay->pending.end(), relay->up_buffer.begin(),
+                              relay->up_buffer.begin() + static_cast<std::ptrdiff_t>(n));
         ReadClient(relay);
       });
-      return;
-    }
-    relay->pending.insert(relay->pending.end(), relay->up_buffer.begin(),
-                          relay->up_buffer.begin() + static_cast<std::ptrdiff_t>(n));
-    ReadClient(relay);
-  });
 }
 
 void AsioTransport::FlushPending(const std::shared_ptr<Relay>& relay) {
@@ -459,14 +466,15 @@ void AsioTransport::PumpDown(const std::shared_ptr<Relay>& relay) {
       CloseRelay(relay);
       return;
     }
-    asio::async_write(relay->client, asio::buffer(relay->down_buffer.data(), n), [this, relay](error_code wec, size_t) {
-      if (relay->closed) return;
-      if (wec) {
-        CloseRelay(relay);
-        return;
-      }
-      PumpDown(relay);
-    });
+    asio::async_write(relay->client, asio::buffer(relay->down_buffer.data(), n),
+                      [this, relay](error_code wec, size_t) {
+                        if (relay->closed) return;
+                        if (wec) {
+                          CloseRelay(relay);
+                          return;
+                        }
+                        PumpDown(relay);
+                      });
   });
 }
 
@@ -508,36 +516,36 @@ void AsioTransport::ProbeUpstream() {
   if (!probe) return;
   probing_ = true;
   const uint64_t generation = relay_generation_;
-  probe->upstream.async_connect(
-      tcp::endpoint(asio::ip::address_v4::loopback(), relay_port_), [this, probe, generation](error_code ec) {
-        if (generation != relay_generation_) return;  // a new round took over
-        if (!ec && !probe->closed) {
-          probing_ = false;
-          upstream_listening_ = true;
-          error_code ignored;
-          probe->upstream.set_option(tcp::no_delay(true), ignored);
-          probe->upstream_connected = true;
-          probe->down_buffer.resize(kRelayBufferBytes);
-          FlushPending(probe);
-          PumpDown(probe);
-          auto waiting = std::move(waiting_relays_);
-          waiting_relays_.clear();
-          for (auto& weak : waiting) {
-            auto relay = weak.lock();
-            if (relay && relay != probe && !relay->closed) ConnectUpstream(relay);
-          }
-          return;
-        }
-        error_code ignored;
-        probe->upstream.close(ignored);
-        if (!probe_timer_) probe_timer_ = std::make_unique<asio::steady_timer>(io_);
-        probe_timer_->expires_after(kRelayRetryInterval);
-        probe_timer_->async_wait([this, generation](error_code tec) {
-          if (tec || generation != relay_generation_) return;
-          probing_ = false;
-          ProbeUpstream();
-        });
-      });
+  probe->upstream.async_connect(tcp::endpoint(asio::ip::address_v4::loopback(), relay_port_),
+                                [this, probe, generation](error_code ec) {
+                                  if (generation != relay_generation_) return;  // a new round took over
+                                  if (!ec && !probe->closed) {
+                                    probing_ = false;
+                                    upstream_listening_ = true;
+                                    error_code ignored;
+                                    probe->upstream.set_option(tcp::no_delay(true), ignored);
+                                    probe->upstream_connected = true;
+                                    probe->down_buffer.resize(kRelayBufferBytes);
+                                    FlushPending(probe);
+                                    PumpDown(probe);
+                                    auto waiting = std::move(waiting_relays_);
+                                    waiting_relays_.clear();
+                                    for (auto& weak : waiting) {
+                                      auto relay = weak.lock();
+                                      if (relay && relay != probe && !relay->closed) ConnectUpstream(relay);
+                                    }
+                                    return;
+                                  }
+                                  error_code ignored;
+                                  probe->upstream.close(ignored);
+                                  if (!probe_timer_) probe_timer_ = std::make_unique<asio::steady_timer>(io_);
+                                  probe_timer_->expires_after(kRelayRetryInterval);
+                                  probe_timer_->async_wait([this, generation](error_code tec) {
+                                    if (tec || generation != relay_generation_) return;
+                                    probing_ = false;
+                                    ProbeUpstream();
+                                  });
+                                });
 }
 
 host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
@@ -559,7 +567,8 @@ host::ConnId AsioTransport::Connect(const std::string& addr, uint16_t port) {
           conn->closed = true;
           conn->timer.cancel();
           conns_.erase(conn->id);
-          const auto kind = conn->timed_out ? core::ConnectError::kTimedOut : core::ConnectError::kNameNotResolved;
+          const auto kind =
+              conn->timed_out ? core::ConnectError::kTimedOut : core::ConnectError::kNameNotResolved;
           if (events_) events_->OnConnectFailed(conn->id, kind, ec.message());
           return;
         }
@@ -620,7 +629,9 @@ void AsioTransport::Send(host::ConnId id, std::vector<uint8_t> bytes) {
   conn->queue.push_back(std::move(bytes));
   if (conn->queued_bytes > kMaxQueuedBytes) {
     // Reported from the loop, not from inside Send (ports never call back synchronously).
-    asio::post(io_, [this, conn] { if (!conn->closed) Fail(conn, "peer does not read its messages"); });
+    asio::post(io_, [this, conn] {
+      if (!conn->closed) Fail(conn, "peer does not read its messages");
+    });
     return;
   }
   if (conn->connected && !conn->writing) StartWrite(conn);

@@ -4,11 +4,11 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <vector>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runner/host/ports.h"
 
@@ -59,7 +59,9 @@ class AsioTransport final : public host::Transport {
   };
   void SetLimits(const Limits& limits) { limits_ = limits; }
   /// Hears about limits being hit (at most once a minute per kind), for the console.
-  void SetWarningSink(std::function<void(const std::string&)> on_warning) { on_warning_ = std::move(on_warning); }
+  void SetWarningSink(std::function<void(const std::string&)> on_warning) {
+    on_warning_ = std::move(on_warning);
+  }
 
   /// For tests and diagnostics: live relays and connections not yet classified.
   size_t RelayCount() const { return relays_.size(); }
@@ -97,12 +99,12 @@ class AsioTransport final : public host::Transport {
   std::map<host::ConnId, std::shared_ptr<Connection>> conns_;
   host::ConnId next_id_ = 1;
   uint16_t relay_port_ = 0;
-  uint64_t relay_generation_ = 0;       // one per SetStoreRelay: stale callbacks see a change
+  uint64_t relay_generation_ = 0;  // one per SetStoreRelay: stale callbacks see a change
   uint64_t next_relay_id_ = 1;
   std::map<uint64_t, std::shared_ptr<Relay>> relays_;
   std::deque<std::weak_ptr<Relay>> waiting_relays_;  // for the store to listen, oldest first
-  bool upstream_listening_ = false;    // a connect to this round's store succeeded
-  bool probing_ = false;               // one connect attempt (or its retry wait) at a time
+  bool upstream_listening_ = false;                  // a connect to this round's store succeeded
+  bool probing_ = false;                             // one connect attempt (or its retry wait) at a time
   std::unique_ptr<boost::asio::steady_timer> probe_timer_;
   std::map<host::ConnId, std::shared_ptr<Connection>> unclassified_;  // oldest first
   // Accepted ddprun connections whose agent has not joined (not yet Trust()ed): at most

@@ -2,9 +2,9 @@
 
 #include <sys/random.h>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/udp.hpp>
-#include <fmt/format.h>
 
 #include "base/hex.h"
 
@@ -29,8 +29,8 @@ BeaconSocket::~BeaconSocket() {
   impl_->socket.close(ignored);
 }
 
-Result<std::unique_ptr<BeaconSocket>> BeaconSocket::Open(
-    asio::io_context& io, std::function<void(const core::Beacon&)> on_beacon) {
+Result<std::unique_ptr<BeaconSocket>> BeaconSocket::Open(asio::io_context& io,
+                                                         std::function<void(const core::Beacon&)> on_beacon) {
   std::array<uint8_t, 16> random{};
   if (::getrandom(random.data(), random.size(), 0) != static_cast<ssize_t>(random.size())) {
     return Fail("cannot read randomness for the progress token");

@@ -51,11 +51,12 @@ std::string ConsequenceDigest(int round, int cause_rank, const std::vector<Colla
     what.push_back(RankList(stopped) + (stopped.size() == 1 ? " was" : " were") + " stopped");
   }
   if (!other.empty()) what.push_back(RankList(other) + " kept writing to stderr");
-  return fmt::format("round {}: after {}, {}; {} line{} of {} stderr {} not shown here (every byte "
-                     "is in {}/rank-<r>.log)",
-                     round, cause_rank >= 0 ? fmt::format("rank {} failed", cause_rank) : "the root cause",
-                     fmt::join(what, "; "), lines, lines == 1 ? "" : "s", ranks.size() == 1 ? "its" : "their",
-                     lines == 1 ? "is" : "are", log_folder);
+  return fmt::format(
+      "round {}: after {}, {}; {} line{} of {} stderr {} not shown here (every byte "
+      "is in {}/rank-<r>.log)",
+      round, cause_rank >= 0 ? fmt::format("rank {} failed", cause_rank) : "the root cause",
+      fmt::join(what, "; "), lines, lines == 1 ? "" : "s", ranks.size() == 1 ? "its" : "their",
+      lines == 1 ? "is" : "are", log_folder);
 }
 
 void ConsequenceFilter::Line(std::string line, Clock::time_point now, std::vector<std::string>& shown) {

@@ -70,7 +70,7 @@ class ConsequenceFilter {
   Mode mode_ = Mode::kOpen;
   std::vector<std::string> block_;  // the traceback being read
   Clock::time_point block_since_{};
-  std::vector<std::string> held_;   // consequences (and what followed them), no verdict yet
+  std::vector<std::string> held_;  // consequences (and what followed them), no verdict yet
   Clock::time_point held_since_{};
   size_t held_bytes_ = 0;           // block_ and held_ together
   bool pending_lost_peer_ = false;  // what held_ says, for the digest once it is collapsed

@@ -12,10 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <fmt/format.h>
 
 namespace ddprun::io {
 
@@ -26,11 +26,11 @@ namespace {
 
 // How a stream is written without blocking depends on what it is.
 enum class Mode {
-  kOwn,       // a pipe, FIFO or terminal reopened as our own non-blocking open file description
-  kSocket,    // send(MSG_DONTWAIT): a socket cannot be reopened, and its flags are shared
-  kRegular,   // a file: writes do not wait for a reader
-  kPolled,    // could not reopen: poll, then write at most one atomic pipe chunk
-  kBroken,    // closed or gone: output is discarded
+  kOwn,      // a pipe, FIFO or terminal reopened as our own non-blocking open file description
+  kSocket,   // send(MSG_DONTWAIT): a socket cannot be reopened, and its flags are shared
+  kRegular,  // a file: writes do not wait for a reader
+  kPolled,   // could not reopen: poll, then write at most one atomic pipe chunk
+  kBroken,   // closed or gone: output is discarded
 };
 
 // How often a stream without readiness events (kSocket, kPolled) is tried again while full.
@@ -198,7 +198,8 @@ void ConsoleWriter::FlushForExit(int limit_ms) {
   for (auto& sink_ptr : sinks_) {
     Sink& sink = *sink_ptr;
     while (!sink.queue.empty() && sink.mode != Mode::kBroken) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return;
       pollfd p{sink.fd, POLLOUT, 0};
       const int ready = ::poll(&p, 1, static_cast<int>(left.count()));

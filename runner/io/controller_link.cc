@@ -7,8 +7,8 @@
 #include <cstring>
 #include <memory>
 
-#include <boost/asio/buffer.hpp>
 #include <fmt/format.h>
+#include <boost/asio/buffer.hpp>
 
 #include "base/parse_int.h"
 
@@ -66,7 +66,8 @@ void ControllerLink::ReadMore() {
       Stop(SIGHUP);
       return;
     }
-    if (received_.size() < kMaxReceived) received_.append(buffer_, std::min(n, kMaxReceived - received_.size()));
+    if (received_.size() < kMaxReceived)
+      received_.append(buffer_, std::min(n, kMaxReceived - received_.size()));
     if (const int signal = ParseStopRequest(received_)) Stop(signal);
     ReadMore();
   });

@@ -27,7 +27,9 @@ namespace ddprun::io {
 /// says it). `up` keeps it out of the stream; until some agent said it, an agent that exits 2
 /// or 3 ends the job (docs/running.md, "From one machine"). It starts with ASCII RS, which no
 /// line of the agent's console starts with.
-inline constexpr std::string_view kJobStartedLine = "\x1e" "ddprun-up: job-started";
+inline constexpr std::string_view kJobStartedLine =
+    "\x1e"
+    "ddprun-up: job-started";
 
 /// The line `up` writes to ask for a stop, for signal `signal` (SIGINT, SIGTERM, SIGHUP).
 std::string StopRequestLine(int signal);
@@ -42,7 +44,7 @@ class ControllerLink {
   /// line, or SIGHUP at end of file or on a read error. Fails when stdin cannot be watched (a
   /// regular file or a terminal that epoll refuses).
   static Result<std::unique_ptr<ControllerLink>> Watch(boost::asio::io_context& io,
-                                                      std::function<void(int)> on_stop);
+                                                       std::function<void(int)> on_stop);
   ~ControllerLink();
   ControllerLink(const ControllerLink&) = delete;
   ControllerLink& operator=(const ControllerLink&) = delete;

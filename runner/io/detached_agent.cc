@@ -49,10 +49,12 @@ std::optional<std::string> ReadProcFile(const std::string& path, size_t limit) {
 
 /// Creates `name` in `dir_fd` afresh: an exclusive temporary name beside it, renamed over it.
 /// Returns the open descriptor (for writing, close-on-exec).
-Result<UniqueFd> CreateFresh(int dir_fd, const std::string& shown_dir, const std::string& name, int extra_flags) {
+Result<UniqueFd> CreateFresh(int dir_fd, const std::string& shown_dir, const std::string& name,
+                             int extra_flags) {
   for (int attempt = 0; attempt < 8; ++attempt) {
     const std::string temp = fmt::format(".{}.{}", name, NewLaunchToken().substr(0, 12));
-    UniqueFd fd(::openat(dir_fd, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags, 0644));
+    UniqueFd fd(::openat(dir_fd, temp.c_str(),
+                         O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra_flags, 0644));
     if (!fd.valid()) {
       if (errno == EEXIST) continue;  // someone else's name: draw another
       return Fail(fmt::format("cannot create {}/{}: {}", shown_dir, temp, std::strerror(errno)));
@@ -60,7 +62,8 @@ Result<UniqueFd> CreateFresh(int dir_fd, const std::string& shown_dir, const std
     if (::renameat(dir_fd, temp.c_str(), dir_fd, name.c_str()) != 0) {
       const int error = errno;
       ::unlinkat(dir_fd, temp.c_str(), 0);
-      return Fail(fmt::format("cannot rename {0}/{1} to {0}/{2}: {3}", shown_dir, temp, name, std::strerror(error)));
+      return Fail(
+          fmt::format("cannot rename {0}/{1} to {0}/{2}: {3}", shown_dir, temp, name, std::strerror(error)));
     }
     return fd;
   }
@@ -97,9 +100,10 @@ Result<AgentIdentity> ParseIdentity(std::string_view text) {
   if (pid == record.end() || !pid->is_number_integer()) return Fail("it names no pid");
   const int64_t value = pid->get<int64_t>();
   if (value <= 1 || value > 0x3fffffff) {
-    return Fail(fmt::format("it names pid {}, which no ddprun agent has (ddprun never signals pid 0, 1 or a "
-                            "negative pid: they stand for a group, init, or every process)",
-                            value));
+    return Fail(
+        fmt::format("it names pid {}, which no ddprun agent has (ddprun never signals pid 0, 1 or a "
+                    "negative pid: they stand for a group, init, or every process)",
+                    value));
   }
   identity.pid = static_cast<pid_t>(value);
   const auto ticks = record.find("start_ticks");
@@ -137,30 +141,35 @@ std::string NewLaunchToken() {
 
 Recognition Recognise(const AgentIdentity& identity) {
   using Verdict = Recognition::Verdict;
-  if (identity.pid <= 1) return {Verdict::kNotOurs, fmt::format("pid {} is never a ddprun agent", identity.pid)};
+  if (identity.pid <= 1)
+    return {Verdict::kNotOurs, fmt::format("pid {} is never a ddprun agent", identity.pid)};
   const std::string here = BootId();
   if (!here.empty() && here != identity.boot_id) {
     return {Verdict::kGone, "the host has restarted since the agent was started"};
   }
   ProcessEntry stat;
-  if (!ReadProcessEntry(identity.pid, stat)) return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
+  if (!ReadProcessEntry(identity.pid, stat))
+    return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
   if (stat.start_time != identity.start_ticks) {
-    return {Verdict::kGone, fmt::format("pid {} has exited (the pid now belongs to a process started later)",
-                                        identity.pid)};
+    return {Verdict::kGone,
+            fmt::format("pid {} has exited (the pid now belongs to a process started later)", identity.pid)};
   }
-  if (stat.state == 'Z' || stat.state == 'X') return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
+  if (stat.state == 'Z' || stat.state == 'X')
+    return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
   struct stat owner {};
   if (::stat(fmt::format("/proc/{}", identity.pid).c_str(), &owner) != 0) {
     return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
   }
   if (owner.st_uid != ::geteuid()) {
-    return {Verdict::kNotOurs, fmt::format("pid {} belongs to uid {}, not to this user", identity.pid, owner.st_uid)};
+    return {Verdict::kNotOurs,
+            fmt::format("pid {} belongs to uid {}, not to this user", identity.pid, owner.st_uid)};
   }
   const auto environment = ReadProcFile(fmt::format("/proc/{}/environ", identity.pid), 4u << 20);
   if (!environment) {
-    return {Verdict::kNotOurs, fmt::format("the environment of pid {} cannot be read, so it cannot be told to be "
-                                           "the agent",
-                                           identity.pid)};
+    return {Verdict::kNotOurs,
+            fmt::format("the environment of pid {} cannot be read, so it cannot be told to be "
+                        "the agent",
+                        identity.pid)};
   }
   const std::string wanted = fmt::format("{}={}", kLaunchTokenVariable, identity.token);
   for (size_t at = 0; at < environment->size();) {
@@ -169,8 +178,8 @@ Recognition Recognise(const AgentIdentity& identity) {
     if (std::string_view(*environment).substr(at, end - at) == wanted) return {Verdict::kOurs, ""};
     at = end + 1;
   }
-  return {Verdict::kNotOurs, fmt::format("pid {} does not carry the launch token of the agent that was started",
-                                         identity.pid)};
+  return {Verdict::kNotOurs,
+          fmt::format("pid {} does not carry the launch token of the agent that was started", identity.pid)};
 }
 
 Result<std::optional<UniqueFd>> OpenStateDir(const std::string& state_dir) {
@@ -210,7 +219,8 @@ Result<AgentIdentity> StartDetachedAgent(const std::vector<std::string>& argv, s
   env_ptrs.push_back(nullptr);
   // The child reports a failed exec through this pipe; a successful exec closes it.
   int report[2];
-  if (::pipe2(report, O_CLOEXEC) != 0) return Fail(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  if (::pipe2(report, O_CLOEXEC) != 0)
+    return Fail(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   UniqueFd report_read(report[0]), report_write(report[1]);
 
   const pid_t child = ::fork();
@@ -240,24 +250,28 @@ Result<AgentIdentity> StartDetachedAgent(const std::vector<std::string>& argv, s
     return Fail(fmt::format("cannot start {}: {}", argv[0], std::strerror(error)));
   }
   ProcessEntry stat;
-  if (!ReadProcessEntry(child, stat)) return Fail(fmt::format("the agent (pid {}) exited at once; see {}/{}", child, files.state_dir,
-                                     files.console_name));
+  if (!ReadProcessEntry(child, stat))
+    return Fail(fmt::format("the agent (pid {}) exited at once; see {}/{}", child, files.state_dir,
+                            files.console_name));
   identity.pid = child;
   identity.start_ticks = stat.start_time;
   auto pid_file = CreateFresh(dir_fd, files.state_dir, files.pid_name, 0);
   if (!pid_file) return Fail(pid_file.error());
   const std::string shown = files.state_dir + "/" + files.pid_name;
-  if (auto written = WriteAll(pid_file->get(), FormatIdentity(identity), shown); !written) return Fail(written.error());
+  if (auto written = WriteAll(pid_file->get(), FormatIdentity(identity), shown); !written)
+    return Fail(written.error());
   if (pid_file->Reset() != 0) return Fail(fmt::format("cannot write {}: {}", shown, std::strerror(errno)));
   return identity;
 }
 
-Result<std::optional<AgentIdentity>> ReadPidFile(int dir_fd, const std::string& name, const std::string& shown) {
+Result<std::optional<AgentIdentity>> ReadPidFile(int dir_fd, const std::string& name,
+                                                 const std::string& shown) {
   auto opened = OpenRegularFile(dir_fd, name, shown);
   if (!opened) return Fail(opened.error());
   if (!*opened) return std::optional<AgentIdentity>();
   struct stat st {};
-  if (::fstat((*opened)->get(), &st) != 0) return Fail(fmt::format("cannot read {}: {}", shown, std::strerror(errno)));
+  if (::fstat((*opened)->get(), &st) != 0)
+    return Fail(fmt::format("cannot read {}: {}", shown, std::strerror(errno)));
   if (st.st_uid != ::geteuid()) {
     return Fail(fmt::format("{} belongs to uid {}, not to this user: not trusted", shown, st.st_uid));
   }
@@ -286,7 +300,8 @@ Result<std::vector<std::string>> ConsoleTail(int dir_fd, const std::string& name
   if (!opened) return Fail(opened.error());
   if (!*opened) return std::vector<std::string>();
   struct stat st {};
-  if (::fstat((*opened)->get(), &st) != 0) return Fail(fmt::format("cannot read {}: {}", shown, std::strerror(errno)));
+  if (::fstat((*opened)->get(), &st) != 0)
+    return Fail(fmt::format("cannot read {}: {}", shown, std::strerror(errno)));
   const auto size = static_cast<size_t>(st.st_size);
   const size_t from = size > kTailBytes ? size - kTailBytes : 0;
   std::string text(kTailBytes, '\0');
@@ -331,7 +346,8 @@ Status ReplaceFileAt(const std::string& path, std::string_view text) {
       return Fail(fmt::format("cannot create {}/{}: {}", dir, temp, std::strerror(errno)));
     }
     Status written = WriteAll(fd.get(), text, dir + "/" + temp);
-    if (written && fd.Reset() != 0) written = Fail(fmt::format("cannot write {}/{}: {}", dir, temp, std::strerror(errno)));
+    if (written && fd.Reset() != 0)
+      written = Fail(fmt::format("cannot write {}/{}: {}", dir, temp, std::strerror(errno)));
     if (written && ::renameat(dir_fd, temp.c_str(), dir_fd, name.c_str()) != 0) {
       written = Fail(fmt::format("cannot rename {}/{} to {}: {}", dir, temp, path, std::strerror(errno)));
     }

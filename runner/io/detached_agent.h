@@ -81,7 +81,8 @@ Result<AgentIdentity> StartDetachedAgent(const std::vector<std::string>& argv, s
 Result<std::optional<UniqueFd>> OpenStateDir(const std::string& state_dir);
 /// The pid file's identity; nullopt when there is none. Refused: a file that is not a regular
 /// file (safe_file.h), is larger than kMaxPidFile, belongs to another user, or does not parse.
-Result<std::optional<AgentIdentity>> ReadPidFile(int dir_fd, const std::string& name, const std::string& shown);
+Result<std::optional<AgentIdentity>> ReadPidFile(int dir_fd, const std::string& name,
+                                                 const std::string& shown);
 /// The last `count` lines of the console file (the last 16 KiB at most read; "" lines none).
 Result<std::vector<std::string>> ConsoleTail(int dir_fd, const std::string& name, const std::string& shown,
                                              size_t count);

@@ -17,10 +17,10 @@
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <fmt/format.h>
 
 #include "ddprun_version.h"
 #include "runner/core/exit_code.h"
@@ -94,8 +94,9 @@ struct AgentSetup {
   std::string run_folder;  // this run's folder, relative to logs_root (RunLogFolder)
 };
 
-AgentSetup SetUpAgent(const JobSpec& spec, const NodeRunOptions& options, const std::filesystem::path& job_dir,
-                      const SharedSecret& secret, const std::optional<SocketInterface>& socket_interface) {
+AgentSetup SetUpAgent(const JobSpec& spec, const NodeRunOptions& options,
+                      const std::filesystem::path& job_dir, const SharedSecret& secret,
+                      const std::optional<SocketInterface>& socket_interface) {
   AgentSetup setup;
   core::Agent::Config& config = setup.config;
   config.node_rank = options.node_rank;
@@ -106,9 +107,9 @@ AgentSetup SetUpAgent(const JobSpec& spec, const NodeRunOptions& options, const 
   config.ddprun_version = DDPRUN_VERSION;
   // Every run of this agent writes into a new folder of its own (schema/worker_env.h).
   setup.logs_root = std::filesystem::absolute(job_dir / spec.logs.dir).lexically_normal().string();
-  setup.run_folder = RunLogFolder(
-      spec, RunFolderName(static_cast<int64_t>(std::time(nullptr)), options.node_rank,
-                          static_cast<uint32_t>(config.instance)));
+  setup.run_folder =
+      RunLogFolder(spec, RunFolderName(static_cast<int64_t>(std::time(nullptr)), options.node_rank,
+                                       static_cast<uint32_t>(config.instance)));
   config.logs_dir = setup.logs_root + "/" + setup.run_folder;
   config.inherited_env = CurrentEnvironment();
   // `import ddprun` (progress beacons) works in every worker without installing anything.
@@ -129,7 +130,8 @@ RealProcessLauncher::Options LauncherOptionsFor(const JobSpec& spec, const NodeR
   const core::Agent::Config& config = setup.config;
   RealProcessLauncher::Options launcher_options;
   launcher_options.command = spec.job.command;
-  launcher_options.workdir = std::filesystem::absolute(job_dir / spec.job.workdir).lexically_normal().string();
+  launcher_options.workdir =
+      std::filesystem::absolute(job_dir / spec.job.workdir).lexically_normal().string();
   launcher_options.logs_root = setup.logs_root;
   launcher_options.run_folder = setup.run_folder;
   launcher_options.node_rank = options.node_rank;
@@ -174,8 +176,8 @@ std::unique_ptr<FileEventLog> OpenEventLog(RealProcessLauncher& launcher, const 
     log_warning("no event log for this run: " + opened.error());
     return nullptr;
   }
-  auto created = FileEventLog::Create(launcher.run_folder_fd(), config.logs_dir, options.node_rank, options.host,
-                                      log_warning);
+  auto created = FileEventLog::Create(launcher.run_folder_fd(), config.logs_dir, options.node_rank,
+                                      options.host, log_warning);
   if (!created) {
     log_warning("no event log for this run: " + created.error());
     return nullptr;
@@ -189,15 +191,15 @@ void LogStart(host::Console& console, const JobSpec& spec, const NodeRunOptions&
               const core::Agent::Config& config, const SharedSecret& secret,
               const std::optional<SocketInterface>& socket_interface) {
   const bool spare = options.node_rank >= spec.cluster.nnodes;
-  console.Log(core::LogLevel::kInfo, "agent",
-              fmt::format("ddprun {}: job \"{}\", {} {} of {} ({}), {} worker{} here, master {}:{}, "
-                          "job fingerprint {}",
-                          DDPRUN_VERSION, spec.job.name, spare ? "spare" : "node",
-                          spare ? options.node_rank - spec.cluster.nnodes : options.node_rank,
-                          spare ? spec.cluster.spares : spec.cluster.nnodes,
-                          options.host, spec.cluster.nproc_per_node,
-                          spec.cluster.nproc_per_node == 1 ? "" : "s", spec.cluster.master_addr,
-                          spec.cluster.master_port, config.fingerprint.substr(0, 12)));
+  console.Log(
+      core::LogLevel::kInfo, "agent",
+      fmt::format("ddprun {}: job \"{}\", {} {} of {} ({}), {} worker{} here, master {}:{}, "
+                  "job fingerprint {}",
+                  DDPRUN_VERSION, spec.job.name, spare ? "spare" : "node",
+                  spare ? options.node_rank - spec.cluster.nnodes : options.node_rank,
+                  spare ? spec.cluster.spares : spec.cluster.nnodes, options.host,
+                  spec.cluster.nproc_per_node, spec.cluster.nproc_per_node == 1 ? "" : "s",
+                  spec.cluster.master_addr, spec.cluster.master_port, config.fingerprint.substr(0, 12)));
   console.Log(core::LogLevel::kInfo, "agent",
               fmt::format("logs of this run: {}/ (also {}/{}/{})", config.logs_dir, spec.logs.dir,
                           spec.job.name, NodeLatestLink(options.node_rank)));
@@ -214,8 +216,8 @@ void LogStart(host::Console& console, const JobSpec& spec, const NodeRunOptions&
 }
 
 /// Who may connect, and how many sockets the transport may hold under RLIMIT_NOFILE.
-void LimitTransport(AsioTransport& transport, asio::io_context& io, const JobSpec& spec, const NoFileLimits& nofile,
-                    size_t inherited_fds, host::Console& console) {
+void LimitTransport(AsioTransport& transport, asio::io_context& io, const JobSpec& spec,
+                    const NoFileLimits& nofile, size_t inherited_fds, host::Console& console) {
   const auto warn_coordinator = [&console](const std::string& text) {
     console.Log(core::LogLevel::kWarn, "coordinator", text);
   };
@@ -245,7 +247,8 @@ host::NodeMetrics MetricsNow(const host::NodeHost& node) {
 std::unique_ptr<MetricsServer> ServeMetrics(asio::io_context& io, const JobSpec& spec, int node_rank,
                                             const host::NodeHost& node, host::Console& console) {
   if (!spec.metrics.Served()) return nullptr;
-  auto metrics = std::make_unique<MetricsServer>(io, [&node] { return host::RenderMetricsText(MetricsNow(node)); });
+  auto metrics =
+      std::make_unique<MetricsServer>(io, [&node] { return host::RenderMetricsText(MetricsNow(node)); });
   const std::string addr = spec.MetricsAddressOf(node_rank);
   if (const Status listening = metrics->Listen(addr, spec.MetricsPortOf(node_rank)); !listening) {
     console.Log(core::LogLevel::kWarn, "agent",
@@ -430,7 +433,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   std::unique_ptr<EtcdStore> etcd;
   if (spec.rendezvous.Etcd()) {
     auto created = EtcdStore::Create(io, EtcdStore::FromSpec(spec.rendezvous));
-    if (!created) return fail_start("ddprun cannot use the job's etcd: " + created.error(), ExitCode::kUsage, false);
+    if (!created)
+      return fail_start("ddprun cannot use the job's etcd: " + created.error(), ExitCode::kUsage, false);
     etcd = *std::move(created);
   }
   // The job's code comes from the coordinator; a loop that stops without one is a bug.
@@ -458,16 +462,18 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
   // ("connection refused" on every other node): node 0 listens where the others reach it, or
   // says why it cannot, at once.
   if (!listen.refusal.empty()) {
-    return fail_start("ddprun cannot start node 0's coordinator: " + listen.refusal, ExitCode::kRendezvous, false);
+    return fail_start("ddprun cannot start node 0's coordinator: " + listen.refusal, ExitCode::kRendezvous,
+                      false);
   }
   if (!listen.text.empty()) {
     console.Log(listen.warning ? core::LogLevel::kWarn : core::LogLevel::kInfo, listen.source, listen.text);
   }
   if (const Status started = node.Start(); !started) {
     // NodeHost::Start recorded the agent's start.
-    return fail_start("ddprun cannot start node 0's coordinator: " + started.error() +
-                          (options.rank_source.empty() ? "" : "\n(this agent is node 0: " + options.rank_source + ")"),
-                      ExitCode::kRendezvous, true);
+    return fail_start(
+        "ddprun cannot start node 0's coordinator: " + started.error() +
+            (options.rank_source.empty() ? "" : "\n(this agent is node 0: " + options.rank_source + ")"),
+        ExitCode::kRendezvous, true);
   }
   const std::unique_ptr<MetricsServer> metrics = ServeMetrics(io, spec, options.node_rank, node, console);
   asio::steady_timer linger_timer(io);
@@ -477,9 +483,8 @@ int RunNode(const JobSpec& spec, const NodeRunOptions& options) {
       LingerForScrape(io, *metrics, linger_timer, spec.metrics.linger, console);
     };
   }
-  guardian.Supervise(io, [&console](const std::string& text) {
-    console.Log(core::LogLevel::kWarn, "agent", text);
-  });
+  guardian.Supervise(
+      io, [&console](const std::string& text) { console.Log(core::LogLevel::kWarn, "agent", text); });
   io.run();
   if (metrics) metrics->Shutdown();
   guardian.StopSupervising();

@@ -11,8 +11,8 @@ namespace ddprun::io {
 
 struct NodeRunOptions {
   int node_rank = 0;
-  std::string host;            // this node's name, as the coordinator will print it
-  std::string job_dir;         // the job file's directory: workdir and logs.dir are relative to it
+  std::string host;     // this node's name, as the coordinator will print it
+  std::string job_dir;  // the job file's directory: workdir and logs.dir are relative to it
   bool verbose = false;
   /// When set, the console shows only this global rank's output, without the `[n0 r0] `
   /// prefix, whatever logs.console says (preflight's report); the log files keep everything.

@@ -61,19 +61,25 @@ std::optional<host::StoreEntry> EntryOf(const Json& kvs) {
 
 const char* PathOf(Kind kind) {
   switch (kind) {
-    case Kind::kGrant: return "/v3/lease/grant";
-    case Kind::kKeepAlive: return "/v3/lease/keepalive";
-    case Kind::kRevoke: return "/v3/lease/revoke";
-    case Kind::kGet: return "/v3/kv/range";
-    case Kind::kPutIf: return "/v3/kv/txn";
+    case Kind::kGrant:
+      return "/v3/lease/grant";
+    case Kind::kKeepAlive:
+      return "/v3/lease/keepalive";
+    case Kind::kRevoke:
+      return "/v3/lease/revoke";
+    case Kind::kGet:
+      return "/v3/kv/range";
+    case Kind::kPutIf:
+      return "/v3/kv/txn";
   }
   return "";
 }
 
 std::string Base64(std::string_view bytes) {
   std::string out(4 * ((bytes.size() + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
+  const int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<int>(bytes.size()));
   out.resize(static_cast<size_t>(std::max(n, 0)));
   return out;
 }
@@ -82,8 +88,9 @@ std::optional<std::string> Unbase64(std::string_view text) {
   if (text.empty()) return std::string();
   if (text.size() % 4 != 0) return std::nullopt;
   std::string out(3 * text.size() / 4, '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
+  const int n =
+      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
   if (n < 0) return std::nullopt;
   // EVP_DecodeBlock counts the padding as zero bytes.
   size_t padding = 0;
@@ -235,8 +242,10 @@ Result<Url> ParseUrl(const std::string& text) {
     if (close == std::string_view::npos) return Fail(fmt::format("etcd endpoint \"{}\": no closing ]", text));
     url.host = std::string(rest.substr(1, close - 1));
     rest.remove_prefix(close + 1);
-    if (rest.starts_with(":")) port = rest.substr(1);
-    else if (!rest.empty()) return Fail(fmt::format("etcd endpoint \"{}\" is not host:port", text));
+    if (rest.starts_with(":"))
+      port = rest.substr(1);
+    else if (!rest.empty())
+      return Fail(fmt::format("etcd endpoint \"{}\" is not host:port", text));
   } else if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
     url.host = std::string(rest.substr(0, colon));
     port = rest.substr(colon + 1);

@@ -8,6 +8,7 @@
 
 #include <openssl/ssl.h>
 
+#include <fmt/format.h>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -16,7 +17,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "base/byte_size.h"
@@ -112,7 +112,7 @@ struct Conn {
   }
 
   size_t endpoint;
-  tcp::socket socket;  // http
+  tcp::socket socket;                           // http
   std::optional<ssl::stream<tcp::socket>> tls;  // https (owns its own socket)
   tcp::resolver resolver;
   asio::steady_timer timer;  // the attempt's limit
@@ -122,7 +122,7 @@ struct Conn {
   std::shared_ptr<Call> call;
   uint64_t attempt = 0;  // bumped per attempt: a late timer of an earlier one does nothing
   bool connected = false;
-  bool reused = false;      // this attempt found the connection open from an earlier call
+  bool reused = false;  // this attempt found the connection open from an earlier call
   bool timed_out = false;
   bool authenticating = false;
 };
@@ -160,8 +160,9 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
     call->next_endpoint = preferred;
     calls.emplace(call->id, call);
     if (call->body.size() > kMaxRequestBytes) {
-      Answer(*call, ErrorResult(*call, fmt::format("a request of {} bytes is over the {} bytes ddprun sends to etcd",
-                                                   call->body.size(), kMaxRequestBytes)));
+      Answer(*call,
+             ErrorResult(*call, fmt::format("a request of {} bytes is over the {} bytes ddprun sends to etcd",
+                                            call->body.size(), kMaxRequestBytes)));
       return call->id;
     }
     ArmDeadline(call);
@@ -197,7 +198,8 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
       causes += fmt::format("{}etcd at {}: {}", causes.empty() ? "" : "; ", endpoints[index].name, error);
     }
     if (causes.empty()) causes = "the request waited behind others for all that time";
-    return ErrorResult(call, fmt::format("no etcd endpoint answered within {}: {}", Words(options.call_limit), causes));
+    return ErrorResult(
+        call, fmt::format("no etcd endpoint answered within {}: {}", Words(options.call_limit), causes));
   }
 
   void Answer(Call& call, host::StoreResult result) {
@@ -257,21 +259,25 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
 
   void Resolve(const std::shared_ptr<Conn>& conn) {
     const Url& url = endpoints[conn->endpoint].url;
-    conn->resolver.async_resolve(url.host, url.port, [weak = Weak(), conn](error_code ec, tcp::resolver::results_type found) {
-      auto self = weak.lock();
-      if (!self || self->closed) return;
-      if (ec) return self->Failed(conn, ec, "cannot resolve " + self->endpoints[conn->endpoint].url.host + ": ");
-      asio::async_connect(conn->Socket(), found, [weak, conn](error_code connect_ec, const tcp::endpoint&) {
-        auto me = weak.lock();
-        if (!me || me->closed) return;
-        if (connect_ec) return me->Failed(conn, connect_ec, "");
-        error_code ignored;
-        conn->Socket().set_option(tcp::no_delay(true), ignored);
-        if (conn->tls) return me->Handshake(conn);
-        conn->connected = true;
-        me->Send(conn);
-      });
-    });
+    conn->resolver.async_resolve(
+        url.host, url.port, [weak = Weak(), conn](error_code ec, tcp::resolver::results_type found) {
+          auto self = weak.lock();
+          if (!self || self->closed) return;
+          if (ec)
+            return self->Failed(conn, ec,
+                                "cannot resolve " + self->endpoints[conn->endpoint].url.host + ": ");
+          asio::async_connect(conn->Socket(), found,
+                              [weak, conn](error_code connect_ec, const tcp::endpoint&) {
+                                auto me = weak.lock();
+                                if (!me || me->closed) return;
+                                if (connect_ec) return me->Failed(conn, connect_ec, "");
+                                error_code ignored;
+                                conn->Socket().set_option(tcp::no_delay(true), ignored);
+                                if (conn->tls) return me->Handshake(conn);
+                                conn->connected = true;
+                                me->Send(conn);
+                              });
+        });
   }
 
   void Handshake(const std::shared_ptr<Conn>& conn) {
@@ -290,7 +296,8 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
       if (handshake_ec) {
         // OpenSSL's error says only "certificate verify failed"; the verify result says why.
         const long verify = SSL_get_verify_result(conn->tls->native_handle());
-        const std::string why = verify == X509_V_OK ? "" : fmt::format(" ({})", X509_verify_cert_error_string(verify));
+        const std::string why =
+            verify == X509_V_OK ? "" : fmt::format(" ({})", X509_verify_cert_error_string(verify));
         return self->Failed(conn, handshake_ec, "TLS handshake failed" + why + ": ");
       }
       conn->connected = true;
@@ -350,7 +357,8 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
     const bool keep = response.keep_alive();
     Endpoint& endpoint = endpoints[conn->endpoint];
     if (conn->authenticating) {
-      const Json json = ShapeProblem(response.body()).empty() ? Json::parse(response.body(), nullptr, false) : Json();
+      const Json json =
+          ShapeProblem(response.body()).empty() ? Json::parse(response.body(), nullptr, false) : Json();
       const std::string token = status == 200 ? StringField(json, "token") : "";
       if (token.empty()) {
         Outcome outcome = Interpret(conn->call->kind, status == 200 ? 500 : status, response.body());
@@ -410,7 +418,8 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
     conn->timer.cancel();
     busy.erase(std::remove(busy.begin(), busy.end(), conn), busy.end());
     auto& idle = endpoints[conn->endpoint].idle;
-    if (conn->connected && conn->Socket().is_open() && idle.size() < kMaxIdlePerEndpoint) idle.push_back(conn);
+    if (conn->connected && conn->Socket().is_open() && idle.size() < kMaxIdlePerEndpoint)
+      idle.push_back(conn);
   }
 
   void Finish(const std::shared_ptr<Conn>& conn, Outcome outcome) {
@@ -425,7 +434,8 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
         break;
       case Outcome::Type::kFail:
         preferred = index;  // it answered, even if with a refusal
-        Answer(*call, ErrorResult(*call, fmt::format("etcd at {}: {}", endpoints[index].name, outcome.error)));
+        Answer(*call,
+               ErrorResult(*call, fmt::format("etcd at {}: {}", endpoints[index].name, outcome.error)));
         break;
       case Outcome::Type::kReauthenticate:
         // The member forgot our token (it restarted; simple tokens live in its memory, for
@@ -472,7 +482,8 @@ struct EtcdStore::Impl : std::enable_shared_from_this<EtcdStore::Impl> {
     call->timer.async_wait([weak = Weak(), call](error_code ec) {
       auto self = weak.lock();
       if (ec || !self || call->answered) return;
-      if (std::chrono::steady_clock::now() >= call->deadline) return self->Answer(*call, self->TimedOut(*call));
+      if (std::chrono::steady_clock::now() >= call->deadline)
+        return self->Answer(*call, self->TimedOut(*call));
       call->state = Call::State::kReady;
       self->ready.push_back(call);
       self->ArmDeadline(call);
@@ -561,9 +572,13 @@ uint64_t EtcdStore::KeepAlive(int64_t lease) {
   return impl_->Submit(Kind::kKeepAlive, Json{{"ID", Decimal(lease)}});
 }
 
-uint64_t EtcdStore::Revoke(int64_t lease) { return impl_->Submit(Kind::kRevoke, Json{{"ID", Decimal(lease)}}); }
+uint64_t EtcdStore::Revoke(int64_t lease) {
+  return impl_->Submit(Kind::kRevoke, Json{{"ID", Decimal(lease)}});
+}
 
-uint64_t EtcdStore::Get(const std::string& key) { return impl_->Submit(Kind::kGet, Json{{"key", Base64(key)}}); }
+uint64_t EtcdStore::Get(const std::string& key) {
+  return impl_->Submit(Kind::kGet, Json{{"key", Base64(key)}});
+}
 
 uint64_t EtcdStore::PutIf(const std::string& key, int64_t create_revision, std::vector<host::StorePut> puts) {
   Json success = Json::array();
@@ -573,7 +588,9 @@ uint64_t EtcdStore::PutIf(const std::string& key, int64_t create_revision, std::
     success.push_back(Json{{"request_put", std::move(request)}});
   }
   Json body{
-      {"compare", Json::array({Json{{"key", Base64(key)}, {"target", "CREATE"}, {"result", "EQUAL"},
+      {"compare", Json::array({Json{{"key", Base64(key)},
+                                    {"target", "CREATE"},
+                                    {"result", "EQUAL"},
                                     {"create_revision", Decimal(create_revision)}}})},
       {"success", std::move(success)},
       {"failure", Json::array({Json{{"request_range", Json{{"key", Base64(key)}}}}})},

@@ -25,10 +25,10 @@ class EtcdStore final : public host::Store {
  public:
   struct Options {
     std::vector<std::string> endpoints;  // "http://10.0.0.1:2379", "https://etcd-0:2379"
-    std::string ca_file;    // https: the CA that signed etcd's certificate ("": the system's)
-    std::string cert_file;  // https: a client certificate, and its key
+    std::string ca_file;                 // https: the CA that signed etcd's certificate ("": the system's)
+    std::string cert_file;               // https: a client certificate, and its key
     std::string key_file;
-    std::string user;       // "" : no authentication
+    std::string user;  // "" : no authentication
     std::string password;
     /// One try at one endpoint: connect, (TLS, authenticate,) send, read the answer.
     Duration attempt_limit = Seconds(1);

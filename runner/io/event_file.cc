@@ -58,7 +58,8 @@ std::string FileEventLog::Format(const host::Event& event, int64_t unix_ms, int6
 
 void FileEventLog::Record(TimePoint now, const host::Event& event) {
   if (closed_) return;
-  const int64_t mono_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+  const int64_t mono_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
   const int64_t unix_ms = UnixMillis();
   const std::string line = Format(event, unix_ms, mono_ms, node_rank_, host_);
   if (written_ + line.size() > max_bytes_ - kTruncatedReserve) {
@@ -67,9 +68,10 @@ void FileEventLog::Record(TimePoint now, const host::Event& event) {
     truncated.Add("limit_bytes", static_cast<int64_t>(max_bytes_));
     Write(Format(truncated, unix_ms, mono_ms, node_rank_, host_));
     if (report_) {
-      report_(fmt::format("event log {} reached its bound of {} bytes: later events of this run are not "
-                          "recorded",
-                          path_, max_bytes_));
+      report_(
+          fmt::format("event log {} reached its bound of {} bytes: later events of this run are not "
+                      "recorded",
+                      path_, max_bytes_));
     }
     return;
   }

@@ -23,8 +23,8 @@ class FileEventLog final : public host::EventLog {
   /// Creates the file "events-node<node_rank>.jsonl" in the open folder `folder_fd` (named
   /// `folder` in messages), never over an existing file or through a link. `report` says a
   /// later write failure, once.
-  static Result<std::unique_ptr<FileEventLog>> Create(int folder_fd, const std::string& folder,
-                                                      int node_rank, std::string host,
+  static Result<std::unique_ptr<FileEventLog>> Create(int folder_fd, const std::string& folder, int node_rank,
+                                                      std::string host,
                                                       std::function<void(const std::string&)> report,
                                                       uint64_t max_bytes = kMaxBytes);
 

@@ -15,9 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
-#include <fmt/format.h>
 
 #include "runner/core/failure.h"
 #include "runner/io/kernel_compat.h"
@@ -65,10 +65,10 @@ int64_t MonotonicMs() {
     if (dev_null > 2) ::close(dev_null);
   }
   const pid_t self = ::getpid();
-  std::vector<pid_t> groups;          // registered workers: pid == pgid
-  std::vector<ProcessEntry> known;    // the agent's descendants at the last look
+  std::vector<pid_t> groups;        // registered workers: pid == pgid
+  std::vector<ProcessEntry> known;  // the agent's descendants at the last look
   int64_t next_scan = 0;
-  int64_t kill_at = -1;               // the workers' lease ends then; -1: none yet ('K' records)
+  int64_t kill_at = -1;  // the workers' lease ends then; -1: none yet ('K' records)
   Record record{};
   // The workers' process groups and what is below them, SIGKILLed.
   auto kill_workers = [&] {
@@ -110,7 +110,8 @@ int64_t MonotonicMs() {
         continue;
       }
       auto it = std::find(groups.begin(), groups.end(), record.pgid);
-      if (record.op == '+' && record.pgid > 1 && it == groups.end() && groups.size() < kMaxWatched) groups.push_back(record.pgid);
+      if (record.op == '+' && record.pgid > 1 && it == groups.end() && groups.size() < kMaxWatched)
+        groups.push_back(record.pgid);
       if (record.op == '-' && it != groups.end()) groups.erase(it);
       // The agent is exiting and has killed everything below it itself.
       if (record.op == '.') ::_exit(0);
@@ -162,7 +163,8 @@ Guardian::Guardian() {
 
 Status Guardian::Start() {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Fail(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return Fail(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   const pid_t agent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -230,7 +232,8 @@ void Guardian::RenewLease(std::chrono::steady_clock::time_point kill_at) {
 void Guardian::WriteLease() {
   if (!kill_at_) return;
   // The time left, rounded up: the guardian never kills before the agent itself would.
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(*kill_at_ - std::chrono::steady_clock::now());
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(*kill_at_ - std::chrono::steady_clock::now());
   Write('K', static_cast<pid_t>(std::clamp<int64_t>(left.count(), 0, INT32_MAX)));
 }
 
@@ -271,13 +274,15 @@ void Guardian::OnDeath() {
   if (const Status started = Start(); started) {
     for (pid_t pgid : watched_) Write('+', pgid);
     WriteLease();
-    text += fmt::format("; started a new one (pid {}), so processes the workers started still "
-                        "cannot outlive this agent",
-                        pid_);
+    text += fmt::format(
+        "; started a new one (pid {}), so processes the workers started still "
+        "cannot outlive this agent",
+        pid_);
   } else {
-    text += fmt::format("; cannot start a new one ({}): if this agent dies now, processes its "
-                        "workers started may outlive it",
-                        started.error());
+    text += fmt::format(
+        "; cannot start a new one ({}): if this agent dies now, processes its "
+        "workers started may outlive it",
+        started.error());
   }
   supervision_->report(text);
   WatchDeath();

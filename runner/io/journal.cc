@@ -53,10 +53,13 @@ std::optional<Duration> FileJournal::SinceRoundsMayRun() {
   if (!*text) return std::nullopt;
   int may_run = -1;
   long long unix_ms = 0;
-  if (std::sscanf((*text)->c_str(), "ddprun-journal 1 rounds_may_run=%d unix_ms=%lld", &may_run, &unix_ms) != 2 ||
+  if (std::sscanf((*text)->c_str(), "ddprun-journal 1 rounds_may_run=%d unix_ms=%lld", &may_run, &unix_ms) !=
+          2 ||
       (may_run != 0 && may_run != 1)) {
-    Report(fmt::format("{}/{} is not a journal record; assuming workers of a previous run may "
-                       "still run", folder_, kFileName));
+    Report(
+        fmt::format("{}/{} is not a journal record; assuming workers of a previous run may "
+                    "still run",
+                    folder_, kFileName));
     return Duration::zero();
   }
   if (may_run == 0) return std::nullopt;
@@ -67,7 +70,8 @@ std::optional<Duration> FileJournal::SinceRoundsMayRun() {
 
 void FileJournal::Record(bool rounds_may_run) {
   if (!folder_fd_.valid()) return;
-  if (Status written = ReplaceFile(folder_fd_.get(), folder_, kFileName, Format(rounds_may_run, UnixMillis()));
+  if (Status written =
+          ReplaceFile(folder_fd_.get(), folder_, kFileName, Format(rounds_may_run, UnixMillis()));
       !written) {
     Report(written.error());
   }
@@ -77,8 +81,10 @@ std::string FileJournal::FormatQuarantine(const std::vector<core::QuarantinedHos
   std::string text = "ddprun-quarantine 1\n";
   for (const core::QuarantinedHost& h : hosts) {
     if (!UsableHost(h.host)) continue;
-    text += fmt::format("host={} until_unix_ms={} times={}\n", h.host,
-                        unix_ms + std::max<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count(), 0), h.times);
+    text += fmt::format(
+        "host={} until_unix_ms={} times={}\n", h.host,
+        unix_ms + std::max<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count(), 0),
+        h.times);
   }
   return text;
 }
@@ -91,7 +97,7 @@ bool FileJournal::UsableHost(std::string_view host) {
 }
 
 std::vector<core::QuarantinedHost> FileJournal::ParseQuarantine(std::string_view text, int64_t unix_ms,
-                                                               std::string* error) {
+                                                                std::string* error) {
   std::vector<core::QuarantinedHost> hosts;
   size_t line_no = 0;
   while (!text.empty()) {
@@ -124,8 +130,8 @@ std::vector<core::QuarantinedHost> FileJournal::ParseQuarantine(std::string_view
 
 std::vector<core::QuarantinedHost> FileJournal::Quarantined() {
   if (!folder_fd_.valid()) return {};
-  const auto text = ReadRegularFile(folder_fd_.get(), kQuarantineFileName, folder_ + "/" + kQuarantineFileName,
-                                    kMaxQuarantineBytes);
+  const auto text = ReadRegularFile(folder_fd_.get(), kQuarantineFileName,
+                                    folder_ + "/" + kQuarantineFileName, kMaxQuarantineBytes);
   if (!text) {
     ReportQuarantine(text.error());
     return {};
@@ -139,8 +145,8 @@ std::vector<core::QuarantinedHost> FileJournal::Quarantined() {
 
 void FileJournal::RecordQuarantine(const std::vector<core::QuarantinedHost>& hosts) {
   if (!folder_fd_.valid()) return;
-  if (Status written = ReplaceFile(folder_fd_.get(), folder_, kQuarantineFileName,
-                                   FormatQuarantine(hosts, UnixMillis()));
+  if (Status written =
+          ReplaceFile(folder_fd_.get(), folder_, kQuarantineFileName, FormatQuarantine(hosts, UnixMillis()));
       !written) {
     ReportQuarantine(written.error());
   }
@@ -148,9 +154,10 @@ void FileJournal::RecordQuarantine(const std::vector<core::QuarantinedHost>& hos
 
 void FileJournal::ReportQuarantine(const std::string& text) {
   if (report_) {
-    report_(fmt::format("quarantine state: {} (ignored: no host is kept out by an earlier launch; "
-                        "delete the file to start afresh)",
-                        text));
+    report_(
+        fmt::format("quarantine state: {} (ignored: no host is kept out by an earlier launch; "
+                    "delete the file to start afresh)",
+                    text));
   }
 }
 
@@ -158,9 +165,10 @@ void FileJournal::Report(const std::string& text) {
   if (reported_) return;
   reported_ = true;
   if (report_) {
-    report_(fmt::format("coordinator journal: {} (after a crash of this host, the next coordinator "
-                        "cannot know whether workers of this run still run)",
-                        text));
+    report_(
+        fmt::format("coordinator journal: {} (after a crash of this host, the next coordinator "
+                    "cannot know whether workers of this run still run)",
+                    text));
   }
 }
 

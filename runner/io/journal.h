@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "runner/host/ports.h"
 #include "base/unique_fd.h"
+#include "runner/host/ports.h"
 
 namespace ddprun::io {
 

@@ -45,23 +45,23 @@ struct RealProcessLauncher::Worker {
   bool show = false;
   std::array<OutputSplitter, 2> splitters;  // stdout, stderr
   UniqueFd log_fd;
-  std::string log_path;       // absolute, for messages
-  uint64_t log_bytes = 0;     // written so far
-  bool log_failed = false;    // a write failed: the file stops at log_bytes
+  std::string log_path;     // absolute, for messages
+  uint64_t log_bytes = 0;   // written so far
+  bool log_failed = false;  // a write failed: the file stops at log_bytes
   bool exited = false;
   bool drained_or_late = false;
   bool reported = false;
   int exit_code = 0;
   int signal = 0;
-  std::optional<off_t> stacks_from;  // the stacks file's size when its dump was asked for
-  std::string error_path;            // relative to the run folder; "" none
+  std::optional<off_t> stacks_from;       // the stacks file's size when its dump was asked for
+  std::string error_path;                 // relative to the run folder; "" none
   std::unique_ptr<PendingStart> pending;  // until started: what starting it needs
 };
 
 struct RealProcessLauncher::PendingStart {
   LaunchPlan plan;
   std::array<UniqueFd, 2> read_ends, write_ends;  // stdout, stderr
-  int signal = 0;  // a stop that came before the worker started
+  int signal = 0;                                 // a stop that came before the worker started
   /// Warm: the agent's end of the worker's `go` pipe (warm_template.h), written once the pid is
   /// adopted; closed unwritten, the forked worker exits without running job code.
   UniqueFd go;

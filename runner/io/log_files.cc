@@ -17,9 +17,10 @@ std::string DescribeOpenFailure(int dir_fd, const std::string& name, const std::
   struct stat st {};
   if ((error == ELOOP || error == ENOTDIR || error == EEXIST) &&
       ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
-    return fmt::format("{} is a symbolic link; ddprun follows no link below logs.dir (someone may "
-                       "have planted it to make ddprun write elsewhere)",
-                       path);
+    return fmt::format(
+        "{} is a symbolic link; ddprun follows no link below logs.dir (someone may "
+        "have planted it to make ddprun write elsewhere)",
+        path);
   }
   if (error == EEXIST) {
     return fmt::format("{} exists already; ddprun writes only files it created in this run", path);
@@ -87,8 +88,8 @@ Result<UniqueFd> CreateFileBelow(int dir_fd, const std::string& shown, const std
   if (!dir.valid()) return Fail(error);
   path += "/" + parts.back();
   // O_EXCL: never over an existing file; with O_CREAT it also refuses a link in its place.
-  UniqueFd fd(::openat(dir.get(), parts.back().c_str(),
-                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  UniqueFd fd(
+      ::openat(dir.get(), parts.back().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid()) return Fail(DescribeOpenFailure(dir.get(), parts.back(), path, errno));
   return fd;
 }

@@ -2,11 +2,11 @@
 
 #include <array>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <fmt/format.h>
 
 #include "runner/host/metrics_text.h"
 #include "runner/io/tcp_listener.h"
@@ -24,9 +24,9 @@ constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 constexpr size_t kReadChunk = 1024;
 
 bool IsTokenChar(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '_' || c == '.' || c == '!' || c == '~' || c == '*' || c == '\'' || c == '+' ||
-         c == '#' || c == '$' || c == '%' || c == '&' || c == '^' || c == '`' || c == '|';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+         c == '.' || c == '!' || c == '~' || c == '*' || c == '\'' || c == '+' || c == '#' || c == '$' ||
+         c == '%' || c == '&' || c == '^' || c == '`' || c == '|';
 }
 
 bool IsTargetChar(char c) { return c > ' ' && c < 0x7f; }
@@ -70,8 +70,9 @@ std::string HttpResponse(int status, std::string_view reason, std::string_view c
                          std::string_view body, bool head_only) {
   std::string extra;
   if (status == 405) extra = "Allow: GET, HEAD\r\n";
-  return fmt::format("HTTP/1.0 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}",
-                     status, reason, content_type, body.size(), extra, head_only ? "" : body);
+  return fmt::format(
+      "HTTP/1.0 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{}", status,
+      reason, content_type, body.size(), extra, head_only ? "" : body);
 }
 
 struct MetricsServer::Connection {
@@ -202,8 +203,9 @@ void MetricsServer::Read(const std::shared_ptr<Connection>& conn) {
     } else if (head.status == HttpRequestHead::Status::kBad) {
       Write(conn, HttpResponse(400, "Bad Request", "text/plain; charset=utf-8", "not an HTTP/1.x request\n"));
     } else if (conn->request.size() >= limits_.max_request_bytes) {
-      Write(conn, HttpResponse(431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
-                               fmt::format("the request head is over {} bytes\n", limits_.max_request_bytes)));
+      Write(conn,
+            HttpResponse(431, "Request Header Fields Too Large", "text/plain; charset=utf-8",
+                         fmt::format("the request head is over {} bytes\n", limits_.max_request_bytes)));
     } else {
       Read(conn);
     }

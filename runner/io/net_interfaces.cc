@@ -39,9 +39,7 @@ std::string AddressText(const sockaddr* address) {
   return "";
 }
 
-bool IsLoopbackText(const std::string& address) {
-  return address.starts_with("127.") || address == "::1";
-}
+bool IsLoopbackText(const std::string& address) { return address.starts_with("127.") || address == "::1"; }
 
 }  // namespace
 
@@ -76,8 +74,9 @@ std::optional<SocketInterface> ChooseSocketInterface(const std::vector<LocalInte
   }
   if (!route_source.empty()) {
     if (const LocalInterface* i = holder(route_source)) {
-      return SocketInterface{i->name, route_source,
-                             fmt::format("it holds {}, this host's address towards {}", route_source, route_as)};
+      return SocketInterface{
+          i->name, route_source,
+          fmt::format("it holds {}, this host's address towards {}", route_source, route_as)};
     }
   }
   return std::nullopt;
@@ -152,7 +151,8 @@ std::optional<AddressTowardsPeers> OwnAddressTowardsPeers(const JobSpec& spec, i
       if (IsLoopbackText(address)) continue;
       std::string source = RouteSourceAddress(address, spec.cluster.master_port);
       if (source.empty() || IsLoopbackText(source)) continue;
-      return AddressTowardsPeers{std::move(source), fmt::format("{} ({})", host, spec.cluster.HostEntry(agent))};
+      return AddressTowardsPeers{std::move(source),
+                                 fmt::format("{} ({})", host, spec.cluster.HostEntry(agent))};
     }
   }
   return std::nullopt;
@@ -177,11 +177,12 @@ SocketInterfaceNote DescribeSocketInterface(const JobSpec& spec,
                             kept.empty() ? "" : fmt::format("; {} kept as set", fmt::join(kept, ", ")));
   } else {
     note.warning = true;
-    note.text = fmt::format("cannot tell which interface the other nodes reach this node at (no "
-                            "interface holds this node's cluster.nodes address or routes to "
-                            "master_addr {}); gloo and NCCL pick their own: if ranks cannot connect, "
-                            "set {} to that interface in this agent's environment",
-                            spec.cluster.master_addr, fmt::join(set, ", "));
+    note.text = fmt::format(
+        "cannot tell which interface the other nodes reach this node at (no "
+        "interface holds this node's cluster.nodes address or routes to "
+        "master_addr {}); gloo and NCCL pick their own: if ranks cannot connect, "
+        "set {} to that interface in this agent's environment",
+        spec.cluster.master_addr, fmt::join(set, ", "));
   }
   return note;
 }

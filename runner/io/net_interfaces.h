@@ -66,8 +66,8 @@ std::optional<AddressTowardsPeers> OwnAddressTowardsPeers(const JobSpec& spec, i
 /// The interface this node's workers bind their own sockets to (gloo, NCCL, TensorPipe): the
 /// one that holds this node's cluster.nodes (or cluster.spares) address, else the one it sends
 /// from towards master_addr; for node 0 on whose loopback master_addr lies (its own name on a
-/// stock host), the one it sends from towards the other hosts (OwnAddressTowardsPeers). nullopt for a job of one agent (its workers talk among
-/// themselves) and when neither is found.
+/// stock host), the one it sends from towards the other hosts (OwnAddressTowardsPeers). nullopt for a job of
+/// one agent (its workers talk among themselves) and when neither is found.
 std::optional<SocketInterface> WorkerSocketInterface(const JobSpec& spec, int node_rank);
 
 /// The agent's line at start on the workers' sockets: the interface `chosen` and which of

@@ -13,10 +13,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 
 #include "base/host_name.h"
 #include "base/parse_int.h"
@@ -75,14 +75,14 @@ std::optional<asio::ip::address> FirstAddress(const std::string& name) {
 }  // namespace
 
 bool IsAddressLike(const std::string& text) {
-  return text.find(':') != std::string::npos ||
-         text.find_first_not_of("0123456789.") == std::string::npos;
+  return text.find(':') != std::string::npos || text.find_first_not_of("0123456789.") == std::string::npos;
 }
 
 std::string HostsFileEntry(std::istream& hosts, const std::string& name) {
   std::string line;
   auto lower = [](std::string text) {
-    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    std::transform(text.begin(), text.end(), text.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     return text;
   };
   const std::string wanted = lower(name);
@@ -139,14 +139,14 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
   auto in_range = [&](int rank, const std::string& source) -> Result<DetectedRank> {
     if (rank >= 0 && rank < agents) return DetectedRank{rank, source, ""};
     if (spec.cluster.spares > 0) {
-      return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks "
-                              "0..{}) and {} spare{} (ranks {}..{})",
-                              rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1,
-                              spec.cluster.spares, spec.cluster.spares == 1 ? "" : "s", nnodes,
-                              agents - 1));
+      return Fail(
+          fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks "
+                      "0..{}) and {} spare{} (ranks {}..{})",
+                      rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1, spec.cluster.spares,
+                      spec.cluster.spares == 1 ? "" : "s", nnodes, agents - 1));
     }
-    return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks 0..{})",
-                            rank, source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
+    return Fail(fmt::format("node rank {} from {} is out of range: the job has {} node{} (ranks 0..{})", rank,
+                            source, nnodes, nnodes == 1 ? "" : "s", nnodes - 1));
   };
   if (flag) return in_range(*flag, "--node-rank");
   // An empty variable counts as unset, as shells and schedulers often leave them.
@@ -166,8 +166,9 @@ Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag
 
 Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
   if (spec.cluster.nodes.empty()) {
-    return Fail("cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
-                "--node-rank N or set DDPRUN_NODE_RANK on each node");
+    return Fail(
+        "cannot tell this node's rank: cluster.nodes is not listed (only nnodes); pass "
+        "--node-rank N or set DDPRUN_NODE_RANK on each node");
   }
   const std::string host = LocalHostName();
   const std::string short_host = host.substr(0, host.find('.'));
@@ -179,27 +180,32 @@ Result<DetectedRank> DetectNodeRankByHost(const JobSpec& spec) {
   for (size_t i = 0; i < hosts.size(); ++i) {
     const std::string& node = hosts[i];
     const std::string short_node = node.substr(0, node.find('.'));
-    const bool name_match = !host.empty() && (node == host || (short_node == short_host && !IsAddressLike(node)));
+    const bool name_match =
+        !host.empty() && (node == host || (short_node == short_host && !IsAddressLike(node)));
     const bool addr_match = std::find(addresses.begin(), addresses.end(), node) != addresses.end();
     if (name_match || addr_match) matches.push_back(static_cast<int>(i));
   }
   if (matches.size() == 1) {
-    return DetectedRank{matches[0], fmt::format("this host ({}) is {}", host, spec.cluster.HostEntry(matches[0])), ""};
+    return DetectedRank{matches[0],
+                        fmt::format("this host ({}) is {}", host, spec.cluster.HostEntry(matches[0])), ""};
   }
   if (matches.empty()) {
-    return Fail(fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
-                            "cluster.nodes [{}]; pass --node-rank N or set DDPRUN_NODE_RANK",
-                            host, fmt::join(addresses, ", "), fmt::join(spec.cluster.nodes, ", ")));
+    return Fail(
+        fmt::format("cannot tell this node's rank: this host ({}, addresses {}) is not in "
+                    "cluster.nodes [{}]; pass --node-rank N or set DDPRUN_NODE_RANK",
+                    host, fmt::join(addresses, ", "), fmt::join(spec.cluster.nodes, ", ")));
   }
-  return Fail(fmt::format("cannot tell this node's rank: this host matches several entries of "
-                          "cluster.nodes (positions {}); pass --node-rank N",
-                          fmt::join(matches, ", ")));
+  return Fail(
+      fmt::format("cannot tell this node's rank: this host matches several entries of "
+                  "cluster.nodes (positions {}); pass --node-rank N",
+                  fmt::join(matches, ", ")));
 }
 
 std::optional<LoopbackMaster> LoopbackNameHere(const JobSpec& spec, const std::string& name) {
   if (spec.cluster.Agents() <= 1 || name.empty() || IsAddressLike(name)) return std::nullopt;
   std::string lower = name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   // "localhost" says on its face that the job stays on this machine (tests, a laptop).
   if (lower == "localhost" || lower.starts_with("localhost.") || lower.ends_with(".localhost") ||
       lower == "ip6-localhost" || lower == "ip6-loopback") {
@@ -217,12 +223,13 @@ std::optional<LoopbackMaster> LoopbackNameHere(const JobSpec& spec, const std::s
   }
   LoopbackMaster found;
   found.ip = address->is_v6() && address->to_v6().is_v4_mapped() ? address->to_v6().to_v4().to_string()
-                                                                : address->to_string();
+                                                                 : address->to_string();
   std::ifstream hosts_file("/etc/hosts");
   found.hosts_ip = HostsFileEntry(hosts_file, name);
   if (!found.hosts_ip.empty()) {
-    found.cause = fmt::format("/etc/hosts maps {} to {}{}", name, found.hosts_ip,
-                              found.hosts_ip == "127.0.1.1" ? " (Debian and Ubuntu do that for the host's own name)" : "");
+    found.cause = fmt::format(
+        "/etc/hosts maps {} to {}{}", name, found.hosts_ip,
+        found.hosts_ip == "127.0.1.1" ? " (Debian and Ubuntu do that for the host's own name)" : "");
   } else {
     found.cause = fmt::format("{} resolves to {} on this host", name, found.ip);
   }
@@ -235,14 +242,14 @@ std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec) {
   if (spec.cluster.nnodes <= 1 || spec.rendezvous.Etcd()) return std::nullopt;
   auto found = LoopbackNameHere(spec, spec.cluster.master_addr);
   if (!found) return std::nullopt;
-  found->what = fmt::format("cluster.master_addr \"{}\"{} is a loopback address on this host: {}",
-                            spec.cluster.master_addr,
-                            spec.locations.count("cluster.master_addr") > 0 ? "" : " (cluster.nodes[0])", found->cause);
+  found->what = fmt::format(
+      "cluster.master_addr \"{}\"{} is a loopback address on this host: {}", spec.cluster.master_addr,
+      spec.locations.count("cluster.master_addr") > 0 ? "" : " (cluster.nodes[0])", found->cause);
   return found;
 }
 
-std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address, const std::string& towards,
-                         bool ahead) {
+std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address,
+                         const std::string& towards, bool ahead) {
   return fmt::format("{}; node 0 {} on {} instead, this host's address towards {}, and {} MASTER_ADDR={}",
                      loopback.what, ahead ? "will listen" : "listens", address, towards,
                      ahead ? "will give every worker" : "gives every worker", address);
@@ -259,14 +266,16 @@ std::string LoopbackMasterProblem(const JobSpec& spec, const LoopbackMaster& fou
   for (const std::string& local : LocalAddresses()) {
     error_code ec;
     const auto parsed = asio::ip::make_address(local, ec);
-    if (!ec && !parsed.is_loopback() && !(parsed.is_v6() && parsed.to_v6().is_link_local())) reachable.push_back(local);
+    if (!ec && !parsed.is_loopback() && !(parsed.is_v6() && parsed.to_v6().is_link_local()))
+      reachable.push_back(local);
   }
   return fmt::format(
-      "{}; node 0 would listen on {}, where no other node can reach it, and another node would connect to itself\n"
+      "{}; node 0 would listen on {}, where no other node can reach it, and another node would connect to "
+      "itself\n"
       "hint: set cluster.master_addr to an address of node 0 that the other nodes reach{}, or map {} to "
       "that address in /etc/hosts on every node{}",
-      found.what, found.ip, reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")),
-      name,
+      found.what, found.ip,
+      reachable.empty() ? "" : fmt::format(" (this host has {})", fmt::join(reachable, ", ")), name,
       // A line added below the 127.0.1.1 one is not enough: resolvers still give 127.0.1.1 first.
       found.hosts_ip.empty() ? "" : fmt::format(" (on this host in place of {})", found.hosts_ip));
 }
@@ -277,20 +286,23 @@ ListenPlan PlanListen(const JobSpec& spec, int node_rank, bool ahead) {
     const std::string& own = spec.cluster.HostOf(node_rank);
     const auto loopback = LoopbackNameHere(spec, own);
     if (!loopback) return plan;
-    const std::string entry = fmt::format("this host's entry \"{}\" ({})", own, spec.cluster.HostEntry(node_rank));
+    const std::string entry =
+        fmt::format("this host's entry \"{}\" ({})", own, spec.cluster.HostEntry(node_rank));
     if (const auto at = OwnAddressTowardsPeers(spec, node_rank)) {
       plan.master_at = at->address;
-      plan.text = fmt::format("{} is a loopback address on this host: {}; while this agent holds the coordinator "
-                              "role it listens on {} instead, this host's address towards {}, and gives every "
-                              "worker MASTER_ADDR={}",
-                              entry, loopback->cause, at->address, at->towards, at->address);
+      plan.text = fmt::format(
+          "{} is a loopback address on this host: {}; while this agent holds the coordinator "
+          "role it listens on {} instead, this host's address towards {}, and gives every "
+          "worker MASTER_ADDR={}",
+          entry, loopback->cause, at->address, at->towards, at->address);
     } else {
       plan.warning = true;
-      plan.text = fmt::format("{} is a loopback address on this host: {}; while this agent holds the coordinator "
-                              "role no other host can reach it\nhint: list an address of this host that the "
-                              "others reach in place of that name, or map the name to that address in /etc/hosts "
-                              "(on this host in place of {})",
-                              entry, loopback->cause, loopback->ip);
+      plan.text = fmt::format(
+          "{} is a loopback address on this host: {}; while this agent holds the coordinator "
+          "role no other host can reach it\nhint: list an address of this host that the "
+          "others reach in place of that name, or map the name to that address in /etc/hosts "
+          "(on this host in place of {})",
+          entry, loopback->cause, loopback->ip);
     }
     return plan;
   }

@@ -26,7 +26,7 @@ namespace ddprun::io {
 /// addresses in cluster.nodes; with how it was found, for the user.
 struct DetectedRank {
   int rank = 0;
-  std::string how;  // "--node-rank", "DDPRUN_NODE_RANK", "this host (gpu-02) is cluster.nodes[1]"
+  std::string how;      // "--node-rank", "DDPRUN_NODE_RANK", "this host (gpu-02) is cluster.nodes[1]"
   std::string warning;  // a source that was overruled (SLURM_NODEID), for the user; "" if none
 };
 Result<DetectedRank> DetectNodeRank(const JobSpec& spec, std::optional<int> flag);
@@ -45,7 +45,8 @@ struct LoopbackMaster {
   std::string ip;        // what master_addr resolves to here: "127.0.1.1"
   std::string hosts_ip;  // what /etc/hosts maps it to ("" when not listed there)
   std::string cause;     // "/etc/hosts maps gpu-01 to 127.0.1.1 (Debian and Ubuntu do that ...)"
-  std::string what;      // "cluster.master_addr \"gpu-01\" (cluster.nodes[0]) is a loopback address on this host: CAUSE"
+  std::string
+      what;  // "cluster.master_addr \"gpu-01\" (cluster.nodes[0]) is a loopback address on this host: CAUSE"
 };
 std::optional<LoopbackMaster> LoopbackMasterHere(const JobSpec& spec);
 /// The same for any host name of the job (`what` left empty): an agent's own entry under etcd,
@@ -54,8 +55,8 @@ std::optional<LoopbackMaster> LoopbackNameHere(const JobSpec& spec, const std::s
 /// What node 0 does about it when it has an address towards the other hosts
 /// (OwnAddressTowardsPeers: `address`, `towards`): it listens there and gives it as
 /// MASTER_ADDR. `ahead`: said by `check`, before the run.
-std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address, const std::string& towards,
-                         bool ahead);
+std::string MasterAtNote(const LoopbackMaster& loopback, const std::string& address,
+                         const std::string& towards, bool ahead);
 /// LoopbackMasterProblem from the finding itself.
 std::string LoopbackMasterProblem(const JobSpec& spec, const LoopbackMaster& found);
 
@@ -65,9 +66,9 @@ std::string LoopbackMasterProblem(const JobSpec& spec, const LoopbackMaster& fou
 /// node 0 with no such address cannot start; another node warns that it would connect to
 /// itself. `ahead`: worded for `check`, before the run.
 struct ListenPlan {
-  std::string master_at;         // core::Agent::Config::master_at; "" for the address as written
-  std::string refusal;           // node 0 cannot start: the problem and its hint; "" when it can
-  std::string text;              // else what the agent says; "" nothing
+  std::string master_at;  // core::Agent::Config::master_at; "" for the address as written
+  std::string refusal;    // node 0 cannot start: the problem and its hint; "" when it can
+  std::string text;       // else what the agent says; "" nothing
   bool warning = false;
   std::string source = "agent";  // the line's source: "agent", or "coordinator" for node 0's note
 };

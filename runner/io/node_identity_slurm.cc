@@ -17,15 +17,17 @@ namespace ddprun::io {
 Result<DetectedRank> RankFromSlurmNodeId(const JobSpec& spec, const std::string& value,
                                          const Result<DetectedRank>& by_host) {
   const auto parsed = ParseNonNegative(value, 1'000'000);
-  if (!parsed) return Fail(fmt::format("SLURM_NODEID=\"{}\" is not a node rank (a non-negative integer)", value));
+  if (!parsed)
+    return Fail(fmt::format("SLURM_NODEID=\"{}\" is not a node rank (a non-negative integer)", value));
   const int slurm_rank = static_cast<int>(*parsed);
   if (spec.cluster.nodes.empty()) return DetectedRank{slurm_rank, "SLURM_NODEID", ""};
   const std::string listed = spec.cluster.HostOf(slurm_rank);
   if (!by_host) {
-    return Fail(fmt::format("SLURM_NODEID={} makes this node {} ({}), but {}\nhint: under SLURM, list "
-                            "the allocation's hosts (`scontrol show hostnames`) in cluster.nodes, or "
-                            "pass --node-rank",
-                            slurm_rank, slurm_rank, listed.empty() ? "not listed" : listed, by_host.error()));
+    return Fail(
+        fmt::format("SLURM_NODEID={} makes this node {} ({}), but {}\nhint: under SLURM, list "
+                    "the allocation's hosts (`scontrol show hostnames`) in cluster.nodes, or "
+                    "pass --node-rank",
+                    slurm_rank, slurm_rank, listed.empty() ? "not listed" : listed, by_host.error()));
   }
   if (by_host->rank == slurm_rank) {
     return DetectedRank{slurm_rank, fmt::format("SLURM_NODEID={}, and {}", slurm_rank, by_host->how), ""};
@@ -52,9 +54,10 @@ Result<std::vector<std::string>> SlurmAllocationHosts() {
     std::string why = ran.err;
     while (!why.empty() && why.back() == '\n') why.pop_back();
     return Fail(fmt::format("`scontrol show hostnames {}` {}{}", nodelist,
-                            ran.exit_status == -1  ? std::string("gave no answer within 10 s")
-                            : ran.exit_status == 127 ? std::string("could not run (is slurm-client installed?)")
-                                                     : fmt::format("failed (exit {})", ran.exit_status),
+                            ran.exit_status == -1 ? std::string("gave no answer within 10 s")
+                            : ran.exit_status == 127
+                                ? std::string("could not run (is slurm-client installed?)")
+                                : fmt::format("failed (exit {})", ran.exit_status),
                             why.empty() ? "" : ": " + why));
   }
   std::vector<std::string> hosts;
@@ -92,22 +95,27 @@ Status CheckListedHostsAgainstAllocation(const JobSpec& spec, const std::vector<
     if (!found) missing.push_back(host);
   }
   if (missing.empty() && static_cast<int>(allocation.size()) >= spec.cluster.nnodes) return {};
-  std::string why = missing.empty()
-                        ? fmt::format("the allocation has {} hosts, the job {} nodes", allocation.size(), spec.cluster.nnodes)
-                        : fmt::format("{} {} not in the job file", fmt::join(missing, ", "), missing.size() == 1 ? "is" : "are");
-  return Fail(fmt::format("the SLURM allocation's hosts ({}) are not the job file's (cluster.nodes [{}]{}): {}\n"
-                          "hint: list the allocation's hosts (`scontrol show hostnames`), or write "
-                          "cluster.hosts_from = \"slurm\" in place of cluster.nodes",
-                          fmt::join(allocation, ", "), fmt::join(spec.cluster.nodes, ", "),
-                          spec.cluster.spare_hosts.empty() ? "" : fmt::format(", spares [{}]", fmt::join(spec.cluster.spare_hosts, ", ")),
-                          why));
+  std::string why = missing.empty() ? fmt::format("the allocation has {} hosts, the job {} nodes",
+                                                  allocation.size(), spec.cluster.nnodes)
+                                    : fmt::format("{} {} not in the job file", fmt::join(missing, ", "),
+                                                  missing.size() == 1 ? "is" : "are");
+  return Fail(
+      fmt::format("the SLURM allocation's hosts ({}) are not the job file's (cluster.nodes [{}]{}): {}\n"
+                  "hint: list the allocation's hosts (`scontrol show hostnames`), or write "
+                  "cluster.hosts_from = \"slurm\" in place of cluster.nodes",
+                  fmt::join(allocation, ", "), fmt::join(spec.cluster.nodes, ", "),
+                  spec.cluster.spare_hosts.empty()
+                      ? ""
+                      : fmt::format(", spares [{}]", fmt::join(spec.cluster.spare_hosts, ", ")),
+                  why));
 }
 
 void RemoveSlurmTaskLayout(std::map<std::string, std::string>& env) {
   static constexpr const char* kTaskLayout[] = {
-      "SLURM_NTASKS",         "SLURM_NPROCS",           "SLURM_PROCID",     "SLURM_LOCALID",
-      "SLURM_NODEID",         "SLURM_NTASKS_PER_NODE",  "SLURM_TASKS_PER_NODE",
-      "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_GTIDS",  "SLURM_TASK_PID",
+      "SLURM_NTASKS",         "SLURM_NPROCS",         "SLURM_PROCID",
+      "SLURM_LOCALID",        "SLURM_NODEID",         "SLURM_NTASKS_PER_NODE",
+      "SLURM_TASKS_PER_NODE", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+      "SLURM_GTIDS",          "SLURM_TASK_PID",
   };
   for (const char* name : kTaskLayout) env.erase(name);
 }

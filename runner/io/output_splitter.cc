@@ -89,8 +89,10 @@ void OutputSplitter::Print(std::vector<std::string>& lines, std::string& console
 void OutputSplitter::Finish(std::string& console) {
   std::string line = partial_.empty() ? std::move(last_segment_) : std::move(partial_);
   if (!line.empty()) {
-    if (!(in_progress_ && line == last_shown_)) CompleteLine(line, last_now_, console);
-    else if (keep_tail_) KeepTail(line);
+    if (!(in_progress_ && line == last_shown_))
+      CompleteLine(line, last_now_, console);
+    else if (keep_tail_)
+      KeepTail(line);
   }
   partial_.clear();
   last_segment_.clear();

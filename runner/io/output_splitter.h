@@ -64,12 +64,12 @@ class OutputSplitter {
   bool triage_;
   ConsequenceFilter filter_;
   std::vector<std::string> released_;  // lines the filter lets through, reused
-  Clock::time_point last_now_{};      // the latest `now` seen, for Finish
-  std::string partial_;       // the current line since its last '\r' or '\n'
-  bool in_progress_ = false;  // the current line has had a '\r'
-  std::string last_segment_;  // the current line's last text ended by '\r'
-  std::string progress_;      // the latest progress update not yet shown
-  std::string last_shown_;    // the current line's last update shown, not to repeat it
+  Clock::time_point last_now_{};       // the latest `now` seen, for Finish
+  std::string partial_;                // the current line since its last '\r' or '\n'
+  bool in_progress_ = false;           // the current line has had a '\r'
+  std::string last_segment_;           // the current line's last text ended by '\r'
+  std::string progress_;               // the latest progress update not yet shown
+  std::string last_shown_;             // the current line's last update shown, not to repeat it
   std::optional<Clock::time_point> last_progress_time_;
   std::deque<std::string> tail_;
   size_t tail_bytes_ = 0;

@@ -22,7 +22,8 @@ Result<std::string> ProbeListener::Open(const std::string& address) {
     return Fail(fmt::format("cannot listen on {}: {}", address, ec.message()));
   }
   Accept();
-  return ip.is_v6() ? fmt::format("[{}]:{}", address, local.port()) : fmt::format("{}:{}", address, local.port());
+  return ip.is_v6() ? fmt::format("[{}]:{}", address, local.port())
+                    : fmt::format("{}:{}", address, local.port());
 }
 
 void ProbeListener::Close() {

@@ -72,7 +72,8 @@ SocketBudget BudgetSockets(const JobSpec& spec, rlim_t soft_nofile, size_t inher
         "RLIMIT_NOFILE is {} (hard limit too): {} descriptors are kept for workers and logs{}, so at most {} "
         "connections are accepted at once; raise it (ulimit -n) for a job under load",
         soft, reserve - inherited_fds,
-        inherited_fds == 0 ? "" : fmt::format(" and {} were open at start", inherited_fds), budget.max_sockets);
+        inherited_fds == 0 ? "" : fmt::format(" and {} were open at start", inherited_fds),
+        budget.max_sockets);
   }
   return budget;
 }

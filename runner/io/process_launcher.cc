@@ -5,8 +5,8 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -16,10 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/readable_pipe.hpp>
 #include <boost/process/v2/process.hpp>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "runner/io/beacon_socket.h"
@@ -62,7 +62,8 @@ RealProcessLauncher::RealProcessLauncher(asio::io_context& io, Options options)
     if (auto parsed = ParsePythonCommand(options_.command)) python_command_ = *std::move(parsed);
   }
   auto beacons = BeaconSocket::Open(io_, [this](const core::Beacon& beacon) {
-    if (beacon.kind == core::BeaconKind::kStep) round_starts_.Stepped(beacon.round, std::chrono::steady_clock::now());
+    if (beacon.kind == core::BeaconKind::kStep)
+      round_starts_.Stepped(beacon.round, std::chrono::steady_clock::now());
     if (events_) events_->OnBeacon(beacon);
   });
   if (beacons) {
@@ -116,7 +117,8 @@ Status RealProcessLauncher::OpenRunFolder() {
       const int link_errno = errno;
       ::unlinkat(job_fd.get(), temp.c_str(), 0);
       if (options_.report) {
-        options_.report(fmt::format("cannot point {}/{} at this run: {}", job_path, name, std::strerror(link_errno)));
+        options_.report(
+            fmt::format("cannot point {}/{} at this run: {}", job_path, name, std::strerror(link_errno)));
       }
     }
   }
@@ -414,9 +416,9 @@ void RealProcessLauncher::MaybeReport(const std::shared_ptr<Worker>& worker) {
     // The worker may have left anything there: a link to a file it may not read itself, a
     // FIFO that no one writes, gigabytes. Only a regular file within the bound is read; the
     // refusal takes the error text's place, so that node 0 says why there is none.
-    const auto text = ReadRegularFile(run_fd_.get(), worker->error_path,
-                                      options_.logs_root + "/" + options_.run_folder + "/" + worker->error_path,
-                                      kMaxErrorFile);
+    const auto text = ReadRegularFile(
+        run_fd_.get(), worker->error_path,
+        options_.logs_root + "/" + options_.run_folder + "/" + worker->error_path, kMaxErrorFile);
     if (!text) {
       exited.error_text = "(not read: " + text.error() + ")";
     } else if (*text) {
@@ -536,7 +538,8 @@ void RealProcessLauncher::StartWarm() {
 
 std::string RealProcessLauncher::SummaryLines() const {
   std::string text;
-  if (run_fd_.valid()) text += fmt::format("logs on this node: {}/{}/\n", options_.logs_root, options_.run_folder);
+  if (run_fd_.valid())
+    text += fmt::format("logs on this node: {}/{}/\n", options_.logs_root, options_.run_folder);
   for (const std::string& problem : log_problems_) text += "log file incomplete: " + problem + "\n";
   text += round_starts_.SummaryLine();
   return text;

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/steady_timer.hpp>
 #include <sys/resource.h>
+#include <boost/asio/steady_timer.hpp>
 
-#include "runner/host/ports.h"
 #include "base/unique_fd.h"
+#include "runner/host/ports.h"
 #include "runner/io/warm_rounds.h"
 #include "runner/io/worker_start.h"
 #include "schema/job_spec.h"
@@ -35,8 +35,8 @@ class WarmTemplate;
 class RealProcessLauncher final : public host::ProcessLauncher {
  public:
   struct Options {
-    std::vector<std::string> command;                   // job.command
-    std::string workdir;                                // absolute
+    std::vector<std::string> command;  // job.command
+    std::string workdir;               // absolute
     /// logs.dir, absolute. It may be a link the user made; nothing below it is followed.
     std::string logs_root;
     /// This run's folder relative to logs_root: "<job>/<run>" (RunLogFolder). Created on the
@@ -44,7 +44,7 @@ class RealProcessLauncher final : public host::ProcessLauncher {
     std::string run_folder;
     int node_rank = 0;
     ConsoleFilter console;
-    std::map<std::string, std::string> inherited_env;   // the agent's environment
+    std::map<std::string, std::string> inherited_env;  // the agent's environment
     Guardian* guardian = nullptr;
     /// Set: show only this global rank's output, unprefixed, instead of `console`.
     std::optional<int> raw_console_rank;
@@ -92,7 +92,9 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   /// start cold.
   void StartWarm();
   /// Where each round's "workers-started" record goes (the event log).
-  void SetStartEvents(std::function<void(const host::Event&)> sink) { round_starts_.SetSink(std::move(sink)); }
+  void SetStartEvents(std::function<void(const host::Event&)> sink) {
+    round_starts_.SetSink(std::move(sink));
+  }
 
   /// Creates this run's log folder (and points `latest` at it) unless done already: the first
   /// spawn does it, or the driver earlier, for the event log that lives beside the rank logs.
@@ -163,8 +165,8 @@ class RealProcessLauncher final : public host::ProcessLauncher {
   std::unique_ptr<boost::asio::steady_timer> reap_timer_;
   bool reap_armed_ = false;
   bool killed_all_ = false;
-  std::unique_ptr<BeaconSocket> beacons_;  // null: no progress socket (said at start)
-  std::unique_ptr<WarmTemplate> warm_;     // null: every worker starts cold
+  std::unique_ptr<BeaconSocket> beacons_;         // null: no progress socket (said at start)
+  std::unique_ptr<WarmTemplate> warm_;            // null: every worker starts cold
   std::vector<std::shared_ptr<Worker>> waiting_;  // for the first template's imports
   std::vector<std::shared_ptr<Worker>> queued_;   // asked for, to be started together
   bool said_differs_ = false;  // a worker started cold because a fork would differ: said once

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "runner/io/console_writer.h"
 #include "runner/io/consequence_filter.h"
+#include "runner/io/console_writer.h"
 #include "runner/io/launcher_worker.h"
 #include "runner/io/log_files.h"
 
@@ -31,9 +31,9 @@ void RealProcessLauncher::WriteLog(Worker& worker, const char* data, size_t size
       const int error = n < 0 ? errno : EIO;
       worker.log_failed = true;
       worker.log_bytes += written;
-      const std::string what = fmt::format("rank {}: cannot write {}: {}; the file stops after {} bytes",
-                                            worker.global_rank, worker.log_path, std::strerror(error),
-                                            worker.log_bytes);
+      const std::string what =
+          fmt::format("rank {}: cannot write {}: {}; the file stops after {} bytes", worker.global_rank,
+                      worker.log_path, std::strerror(error), worker.log_bytes);
       log_problems_.push_back(what);
       if (options_.report) options_.report("log file incomplete: " + what);
       return;
@@ -48,15 +48,15 @@ void RealProcessLauncher::CloseLog(Worker& worker) {
   // NFS may report a failed write only when the file is closed.
   if (worker.log_fd.Reset() != 0 && !worker.log_failed) {
     worker.log_failed = true;
-    const std::string what = fmt::format("rank {}: cannot write {}: {}", worker.global_rank,
-                                          worker.log_path, std::strerror(errno));
+    const std::string what = fmt::format("rank {}: cannot write {}: {}", worker.global_rank, worker.log_path,
+                                         std::strerror(errno));
     log_problems_.push_back(what);
     if (options_.report) options_.report("log file incomplete: " + what);
   }
 }
 
-void RealProcessLauncher::OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr,
-                                   const char* data, size_t size) {
+void RealProcessLauncher::OnOutput(const std::shared_ptr<Worker>& worker, bool is_stderr, const char* data,
+                                   size_t size) {
   // Every byte goes to the rank's file first: the file is the record, the console a view.
   WriteLog(*worker, data, size);
   // Only stderr keeps lines (for the failure summary) and only shown ranks need them split,
@@ -64,8 +64,8 @@ void RealProcessLauncher::OnOutput(const std::shared_ptr<Worker>& worker, bool i
   if (!worker->show && !is_stderr) return;
   std::string& console = console_buffer_;
   console.clear();
-  worker->splitters[is_stderr ? 1 : 0].Feed(std::string_view(data, size),
-                                            OutputSplitter::Clock::now(), console);
+  worker->splitters[is_stderr ? 1 : 0].Feed(std::string_view(data, size), OutputSplitter::Clock::now(),
+                                            console);
   if (!console.empty()) Show(is_stderr, console);
   ArmProgress(worker);
 }
@@ -77,7 +77,8 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
     if (deadline && (!next || *deadline < *next)) next = deadline;
   }
   // After its report, a worker's timer only serves lines held for a verdict (stderr).
-  if (!next || worker->progress_armed == next || (worker->reported && worker->splitters[1].filter().Settled())) {
+  if (!next || worker->progress_armed == next ||
+      (worker->reported && worker->splitters[1].filter().Settled())) {
     return;
   }
   worker->progress_armed = next;
@@ -99,7 +100,8 @@ void RealProcessLauncher::ArmProgress(const std::shared_ptr<Worker>& worker) {
 void RealProcessLauncher::Show(bool is_stderr, std::string_view text) {
   // Through the console writer, which never blocks the loop (runner/io/console_writer.h).
   if (options_.console_writer) {
-    options_.console_writer->Write(is_stderr ? ConsoleWriter::Stream::kErr : ConsoleWriter::Stream::kOut, text);
+    options_.console_writer->Write(is_stderr ? ConsoleWriter::Stream::kErr : ConsoleWriter::Stream::kOut,
+                                   text);
     return;
   }
   FILE* stream = is_stderr ? stderr : stdout;
@@ -110,10 +112,9 @@ void RealProcessLauncher::Show(bool is_stderr, std::string_view text) {
 void RealProcessLauncher::TrackForConsole(int round, const std::shared_ptr<Worker>& worker) {
   // Earlier rounds are forgotten once nothing of theirs waits for the console.
   for (auto it = rounds_.begin(); it != rounds_.end() && it->first < round;) {
-    const bool settled = std::all_of(it->second.workers.begin(), it->second.workers.end(),
-                                     [](const std::shared_ptr<Worker>& w) {
-                                       return w->reported && w->splitters[1].filter().Settled();
-                                     });
+    const bool settled = std::all_of(
+        it->second.workers.begin(), it->second.workers.end(),
+        [](const std::shared_ptr<Worker>& w) { return w->reported && w->splitters[1].filter().Settled(); });
     it = settled ? rounds_.erase(it) : std::next(it);
   }
   rounds_[round].workers.push_back(worker);

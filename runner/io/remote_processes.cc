@@ -32,8 +32,8 @@ constexpr size_t kMaxCollected = 256 * 1024;
 
 struct Running {
   pid_t pid = -1;
-  UniqueFd in;     // our end of its stdin
-  UniqueFd out;    // our ends of its stdout and stderr
+  UniqueFd in;   // our end of its stdin
+  UniqueFd out;  // our ends of its stdout and stderr
   UniqueFd err;
   std::shared_ptr<const std::string> input;
   size_t input_at = 0;  // how much of `input` was written
@@ -296,10 +296,11 @@ RunOutcome RunRemoteChildren(const std::vector<RemoteChild>& children, const Run
         r.reaped = true;
         r.reaped_at = Clock::now();
         r.in.Reset();
-        outcome.children[i].exit_status =
-            r.timed_out ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (hooks.exited && hooks.exited(i, outcome.children[i].exit_status) && !stop_deadline && !kill_deadline &&
-            !outcome.interrupted_by) {
+        outcome.children[i].exit_status = r.timed_out         ? -1
+                                          : WIFEXITED(status) ? WEXITSTATUS(status)
+                                                              : 128 + WTERMSIG(status);
+        if (hooks.exited && hooks.exited(i, outcome.children[i].exit_status) && !stop_deadline &&
+            !kill_deadline && !outcome.interrupted_by) {
           AskToStop(children, running, SIGTERM);
           stop_deadline = Clock::now() + limits.stop_wait;
         }

@@ -19,9 +19,9 @@ struct RemoteChild {
   /// Written to its stdin (the job file for --copy, this ddprun's files for --install); shared,
   /// as every host may get the same bytes.
   std::shared_ptr<const std::string> input;
-  bool hold_stdin = false;    // keep stdin open after `input`: the agent's link to `up`
-  std::string prefix;         // streamed lines start with it ("gpu-02: ")
-  bool stream = false;        // print lines as they come; else collect them
+  bool hold_stdin = false;  // keep stdin open after `input`: the agent's link to `up`
+  std::string prefix;       // streamed lines start with it ("gpu-02: ")
+  bool stream = false;      // print lines as they come; else collect them
 };
 
 struct ChildOutcome {

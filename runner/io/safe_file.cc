@@ -29,8 +29,8 @@ const char* KindOf(mode_t mode) {
 /// Why `name` in `dir_fd` could not be opened as `expected` ("a regular file", "a folder")
 /// after `error`: what is in its place, when that is something else, else the system's words.
 /// `what` names it in the message.
-std::string DescribeFailure(int dir_fd, const std::string& name, const std::string& what, const char* expected,
-                            int error) {
+std::string DescribeFailure(int dir_fd, const std::string& name, const std::string& what,
+                            const char* expected, int error) {
   struct stat st {};
   if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
       std::string_view(KindOf(st.st_mode)) != expected) {
@@ -41,7 +41,8 @@ std::string DescribeFailure(int dir_fd, const std::string& name, const std::stri
 
 }  // namespace
 
-Result<std::optional<UniqueFd>> OpenRegularFile(int dir_fd, std::string_view relative, const std::string& shown) {
+Result<std::optional<UniqueFd>> OpenRegularFile(int dir_fd, std::string_view relative,
+                                                const std::string& shown) {
   // Each folder on the way is opened from the one before it: a link anywhere would lead elsewhere.
   UniqueFd folder;
   int at = dir_fd;
@@ -53,7 +54,8 @@ Result<std::optional<UniqueFd>> OpenRegularFile(int dir_fd, std::string_view rel
     if (!next.valid()) {
       const int error = errno;
       if (error == ENOENT) return std::optional<UniqueFd>();
-      return Fail(DescribeFailure(at, part, fmt::format("{} (on the way to {})", part, shown), "a folder", error));
+      return Fail(
+          DescribeFailure(at, part, fmt::format("{} (on the way to {})", part, shown), "a folder", error));
     }
     folder = std::move(next);
     at = folder.get();
@@ -68,16 +70,18 @@ Result<std::optional<UniqueFd>> OpenRegularFile(int dir_fd, std::string_view rel
     return Fail(DescribeFailure(at, name, shown, "a regular file", error));
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Fail(fmt::format("cannot read {}: {}", shown, std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return Fail(fmt::format("{} is {}, not a regular file", shown, KindOf(st.st_mode)));
+  if (::fstat(fd.get(), &st) != 0)
+    return Fail(fmt::format("cannot read {}: {}", shown, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    return Fail(fmt::format("{} is {}, not a regular file", shown, KindOf(st.st_mode)));
   // A regular file ignores O_NONBLOCK; it is cleared all the same, so that reads block as they
   // would on any file, whatever the file system.
   ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return std::optional<UniqueFd>(std::move(fd));
 }
 
-Result<std::optional<std::string>> ReadRegularFile(int dir_fd, std::string_view relative, const std::string& shown,
-                                                   size_t max_bytes) {
+Result<std::optional<std::string>> ReadRegularFile(int dir_fd, std::string_view relative,
+                                                   const std::string& shown, size_t max_bytes) {
   auto opened = OpenRegularFile(dir_fd, relative, shown);
   if (!opened) return Fail(opened.error());
   if (!*opened) return std::optional<std::string>();
@@ -113,7 +117,8 @@ Status ReplaceFile(int dir_fd, const std::string& shown, const std::string& name
   while (written < text.size()) {
     const ssize_t n = ::write(fd.get(), text.data() + written, text.size() - written);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Fail(fmt::format("cannot write {}: {}", temp_shown, std::strerror(n < 0 ? errno : ENOSPC)));
+    if (n <= 0)
+      return Fail(fmt::format("cannot write {}: {}", temp_shown, std::strerror(n < 0 ? errno : ENOSPC)));
     written += static_cast<size_t>(n);
   }
   // NFS may report a failed write only when the file is closed.

@@ -26,12 +26,13 @@ namespace ddprun::io {
 /// close-on-exec. `shown` names the file in messages (a path the user knows). nullopt: there is
 /// no such file. Refused, in words that say what is in the file's place: a symbolic link on the
 /// way, a FIFO, a socket, a device, a folder.
-Result<std::optional<UniqueFd>> OpenRegularFile(int dir_fd, std::string_view relative, const std::string& shown);
+Result<std::optional<UniqueFd>> OpenRegularFile(int dir_fd, std::string_view relative,
+                                                const std::string& shown);
 
 /// The whole text of `relative` below `dir_fd`, opened as OpenRegularFile does, when it holds
 /// at most `max_bytes`; a larger file is refused ("... is larger than 64 KiB"), none of it kept.
-Result<std::optional<std::string>> ReadRegularFile(int dir_fd, std::string_view relative, const std::string& shown,
-                                                   size_t max_bytes);
+Result<std::optional<std::string>> ReadRegularFile(int dir_fd, std::string_view relative,
+                                                   const std::string& shown, size_t max_bytes);
 
 /// Writes `text` to "<name>.new" in the open folder `dir_fd`, created afresh (whatever was
 /// planted under that name is removed, never written through), and renames it over `name`: a

@@ -61,7 +61,7 @@ std::vector<std::string> ProbeSshOptions(int connect_timeout_s) {
 }
 
 std::vector<std::string> AgentSshOptions(int connect_timeout_s) {
-  return {"-o", "BatchMode=yes", "-o", fmt::format("ConnectTimeout={}", connect_timeout_s),
+  return {"-o", "BatchMode=yes",         "-o", fmt::format("ConnectTimeout={}", connect_timeout_s),
           "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"};
 }
 
@@ -125,7 +125,8 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
     } else if (Contains(err, "No route to host") || Contains(err, "Network is unreachable")) {
       outcome.what = "no route to the host: " + said;
       outcome.fix = "hint: check the address in cluster.nodes and the network between this machine and it";
-    } else if (Contains(err, "REMOTE HOST IDENTIFICATION HAS CHANGED") || Contains(err, "has changed and you have")) {
+    } else if (Contains(err, "REMOTE HOST IDENTIFICATION HAS CHANGED") ||
+               Contains(err, "has changed and you have")) {
       // Never talk the user into accepting it: this is what an interception looks like.
       outcome.what =
           "its host key has CHANGED since it was recorded in known_hosts: someone may be intercepting the "
@@ -137,7 +138,8 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
     } else if (Contains(err, "Host key verification failed")) {
       outcome.what = "its host key is not known here (ssh runs with BatchMode=yes and asks nothing)";
       outcome.fix = fmt::format(
-          "hint: check the key's fingerprint with whoever runs {0} (`ssh-keyscan {0} | ssh-keygen -lf -` shows "
+          "hint: check the key's fingerprint with whoever runs {0} (`ssh-keyscan {0} | ssh-keygen -lf -` "
+          "shows "
           "what it offers), then add it to known_hosts",
           host);
     } else if (Contains(err, "Permission denied") || Contains(err, "Authentication failed")) {
@@ -271,7 +273,8 @@ std::optional<RemoteAnswer> ParseRemoteAnswer(const std::string& out) {
     const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!record.is_object() || !record.contains("state") || !record["state"].is_string()) continue;
     RemoteAnswer answer;
-    if (record.contains("pid") && record["pid"].is_number_integer()) answer.pid = record["pid"].get<int64_t>();
+    if (record.contains("pid") && record["pid"].is_number_integer())
+      answer.pid = record["pid"].get<int64_t>();
     if (record.contains("why") && record["why"].is_string()) answer.why = record["why"].get<std::string>();
     const std::string state = record["state"].get<std::string>();
     const auto known = std::find(kRemoteStateNames.begin(), kRemoteStateNames.end() - 1, state);

@@ -53,8 +53,8 @@ std::string ProbeCommand(const RemoteProgram& program, const std::string& job_pa
 struct ProbeOutcome {
   bool ok = false;
   bool install = false;  // `install` was asked and the host needs this ddprun (else ok says all)
-  std::string what;  // what failed, one line ("ssh cannot resolve the host name (DNS)")
-  std::string fix;   // what to do ("hint: ...")
+  std::string what;      // what failed, one line ("ssh cannot resolve the host name (DNS)")
+  std::string fix;       // what to do ("hint: ...")
 };
 /// Reads one host's probe: ssh's exit status (-1 when it was killed at the deadline), its
 /// stdout and stderr; `local_version` is this ddprun's version. With `install` (`up
@@ -117,8 +117,8 @@ std::string_view RemoteStateName(RemoteState state);
 /// What `ddprun __up-remote` answers: one JSON line, {"ddprun_up": 1, "state": ..., ...}.
 struct RemoteAnswer {
   RemoteState state = RemoteState::kError;
-  int64_t pid = 0;    // 0: none
-  std::string why;    // "" or one clause, from the host: escape before printing
+  int64_t pid = 0;               // 0: none
+  std::string why;               // "" or one clause, from the host: escape before printing
   std::vector<std::string> log;  // the console's last lines, from the host: escape too
 };
 std::string FormatRemoteAnswer(const RemoteAnswer& answer);

@@ -10,9 +10,9 @@
 #include <sstream>
 #include <vector>
 
+#include <fmt/format.h>
 #include <boost/asio/ip/address_v4.hpp>
 #include <boost/asio/ip/address_v6.hpp>
-#include <fmt/format.h>
 
 namespace ddprun::io {
 
@@ -56,7 +56,7 @@ std::string ReadableProcAddress(const std::string& text) {
 
 std::string StateName(const std::string& code) {
   static const std::map<std::string, std::string> kNames = {
-      {"01", "ESTABLISHED"}, {"02", "SYN_SENT"}, {"03", "SYN_RECV"},  {"04", "FIN_WAIT1"},
+      {"01", "ESTABLISHED"}, {"02", "SYN_SENT"},  {"03", "SYN_RECV"}, {"04", "FIN_WAIT1"},
       {"05", "FIN_WAIT2"},   {"06", "TIME_WAIT"}, {"07", "CLOSE"},    {"08", "CLOSE_WAIT"},
       {"09", "LAST_ACK"},    {"0A", "LISTEN"},    {"0B", "CLOSING"}};
   auto it = kNames.find(code);
@@ -110,7 +110,7 @@ std::string ProcessHolding(const std::vector<std::string>& inodes) {
 }  // namespace
 
 std::optional<ListenError> OpenListener(tcp::acceptor& acceptor, const tcp::endpoint& endpoint,
-                                       const std::string& where) {
+                                        const std::string& where) {
   error_code ec;
   acceptor.open(endpoint.protocol(), ec);
   if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
@@ -159,9 +159,10 @@ std::string DescribePortUse(uint16_t port) {
     std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
     unsigned low = 0, high = 0;
     if (in >> low >> high && port >= low && port <= high) {
-      range = fmt::format("; the port is inside net.ipv4.ip_local_port_range ({}-{}), where the kernel "
-                          "picks the local ports of outgoing connections",
-                          low, high);
+      range = fmt::format(
+          "; the port is inside net.ipv4.ip_local_port_range ({}-{}), where the kernel "
+          "picks the local ports of outgoing connections",
+          low, high);
     }
   }
   for (const auto& socket : sockets) {

@@ -22,14 +22,17 @@ std::string TimeOfDay() {
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   std::tm tm{};
   ::localtime_r(&t, &tm);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   return fmt::format("{:02}:{:02}:{:02}.{:03}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
 }
 
 }  // namespace
 
 TerminalConsole::TerminalConsole(ConsoleWriter& writer, int node_rank, bool verbose)
-    : writer_(writer), node_rank_(node_rank), verbose_(verbose),
+    : writer_(writer),
+      node_rank_(node_rank),
+      verbose_(verbose),
       color_(::isatty(STDERR_FILENO) == 1 && std::getenv("NO_COLOR") == nullptr) {}
 
 void TerminalConsole::Log(core::LogLevel level, std::string_view source, std::string_view text) {
@@ -41,7 +44,9 @@ void TerminalConsole::Log(core::LogLevel level, std::string_view source, std::st
   const std::string who = source == "coordinator" ? "coordinator" : fmt::format("n{}", node_rank_);
   const bool paint = color_ && *tag != '\0';
   Print(fmt::format("[ddprun {} {}] {}{}{}{}\n", TimeOfDay(), who,
-                    !paint ? "" : level == core::LogLevel::kError ? "\x1b[1;31m" : "\x1b[1;35m",
+                    !paint                            ? ""
+                    : level == core::LogLevel::kError ? "\x1b[1;31m"
+                                                      : "\x1b[1;35m",
                     tag, paint ? "\x1b[0m" : "", EscapeLinesForTerminal(text)));
 }
 
@@ -56,8 +61,8 @@ void TerminalConsole::Summary(std::string_view text) {
   }
   // The summary carries text from other nodes and from workers (tracebacks, a peer's
   // reason): escaped, like every line this console prints.
-  Print(fmt::format("{}\n{}\n{}{}{}\n", rule, EscapeLinesForTerminal(text),
-                    EscapeLinesForTerminal(footer), footer.empty() ? "" : "\n", rule));
+  Print(fmt::format("{}\n{}\n{}{}{}\n", rule, EscapeLinesForTerminal(text), EscapeLinesForTerminal(footer),
+                    footer.empty() ? "" : "\n", rule));
 }
 
 void TerminalConsole::Print(const std::string& text) { writer_.Write(ConsoleWriter::Stream::kErr, text); }

@@ -25,7 +25,8 @@ void RoundStartLog::Closed(int round, Clock::time_point now) {
   MaybeDone(round);
 }
 
-void RoundStartLog::Started(int round, Clock::time_point now, bool warm, bool failed, const std::string& cold_reason) {
+void RoundStartLog::Started(int round, Clock::time_point now, bool warm, bool failed,
+                            const std::string& cold_reason) {
   auto it = open_.find(round);
   if (it == open_.end()) return;
   Round& r = it->second;
@@ -62,7 +63,9 @@ void RoundStartLog::MaybeDone(int round) {
   if (r.warm > 0) how += fmt::format("{} warm", r.warm);
   if (r.cold > 0) how += fmt::format("{}{} cold", how.empty() ? "" : ", ", r.cold);
   if (r.failed > 0) how += fmt::format("{}{} not started", how.empty() ? "" : ", ", r.failed);
-  lines_.push_back(Line{round, r.began, fmt::format("round {}: {} in {:.1f} ms", round, how, static_cast<double>(us) / 1000.0)});
+  lines_.push_back(
+      Line{round, r.began,
+           fmt::format("round {}: {} in {:.1f} ms", round, how, static_cast<double>(us) / 1000.0)});
   if (lines_.size() > kSummaryRounds) lines_.pop_front();
   ++rounds_done_;
 }
@@ -72,7 +75,8 @@ void RoundStartLog::Stepped(int round, Clock::time_point now) {
     if (line.round != round || line.stepped) continue;
     line.stepped = true;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - line.began).count();
-    line.text += fmt::format(", first step {:.2f} s after the round began here", static_cast<double>(ms) / 1000.0);
+    line.text +=
+        fmt::format(", first step {:.2f} s after the round began here", static_cast<double>(ms) / 1000.0);
   }
 }
 
@@ -80,7 +84,8 @@ std::string RoundStartLog::SummaryLine() const {
   if (lines_.empty()) return "";
   std::string text = "worker starts on this node: ";
   if (rounds_done_ > static_cast<int>(lines_.size())) {
-    text += fmt::format("({} earlier rounds in the event log) ", rounds_done_ - static_cast<int>(lines_.size()));
+    text +=
+        fmt::format("({} earlier rounds in the event log) ", rounds_done_ - static_cast<int>(lines_.size()));
   }
   for (size_t i = 0; i < lines_.size(); ++i) text += (i ? "; " : "") + lines_[i].text;
   return text + "\n";

@@ -36,7 +36,8 @@ constexpr int kTemplateControlFd = 3;
 constexpr size_t kMaxAnswer = 64 * 1024;
 
 std::string DescribeStatus(int status) {
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  if (WIFSIGNALED(status))
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
   return "ended";
 }
@@ -72,9 +73,10 @@ void WarmTemplate::Start() {
     if (ec || state_ != State::kStarting || attempt_ != 1) return;
     first_wait_over_ = true;
     if (options_.say) {
-      options_.say(true, fmt::format("warm starts: the template is still importing after {} s; the workers that "
-                                     "waited for it start cold, and later rounds are forked once it is ready",
-                                     kFirstWaitLimit.count()));
+      options_.say(true,
+                   fmt::format("warm starts: the template is still importing after {} s; the workers that "
+                               "waited for it start cold, and later rounds are forked once it is ready",
+                               kFirstWaitLimit.count()));
     }
     Settle();
   });
@@ -151,7 +153,8 @@ Status WarmTemplate::Launch() {
   if (options_.guardian) options_.guardian->Watch(child);
   control_ = std::move(ours);
   // Queued in the socket until the template reads it; a failed send shows as its exit.
-  [[maybe_unused]] const ssize_t sent = ::send(control_.get(), config_text.data(), config_text.size(), MSG_NOSIGNAL);
+  [[maybe_unused]] const ssize_t sent =
+      ::send(control_.get(), config_text.data(), config_text.size(), MSG_NOSIGNAL);
   state_ = State::kStarting;
   cold_reason_ = "the template is still importing " + fmt::format("{}", fmt::join(options_.preload, ", "));
   started_at_ = std::chrono::steady_clock::now();
@@ -245,10 +248,12 @@ void WarmTemplate::Down(const std::string& why, bool replace) {
   cold_reason_ = why + status_text;
   const bool again = failures_ < kMaxTemplateFailures;
   if (options_.say) {
-    options_.say(true, fmt::format("warm starts: {}; {}", cold_reason_,
-                                   again ? "a new template is starting, and workers start cold until it is ready"
-                                         : fmt::format("that is {} templates lost: workers start cold for the rest of the job",
-                                                       failures_)));
+    options_.say(
+        true, fmt::format(
+                  "warm starts: {}; {}", cold_reason_,
+                  again ? "a new template is starting, and workers start cold until it is ready"
+                        : fmt::format("that is {} templates lost: workers start cold for the rest of the job",
+                                      failures_)));
   }
   if (was_starting) Settle();
   if (again) {
@@ -267,8 +272,10 @@ std::string WhyNotOurWorker(int64_t pid) {
   if (pid <= 1 || pid > 0x3fffffff) return "which is no worker's pid";
   ProcessEntry entry;
   if (!ReadProcessEntry(static_cast<pid_t>(pid), entry)) return "which does not exist";
-  if (entry.ppid != ::getpid()) return fmt::format("which is not a child of this agent (its parent is {})", entry.ppid);
-  if (entry.pgid != entry.pid) return fmt::format("which does not lead its own process group ({})", entry.pgid);
+  if (entry.ppid != ::getpid())
+    return fmt::format("which is not a child of this agent (its parent is {})", entry.ppid);
+  if (entry.pgid != entry.pid)
+    return fmt::format("which does not lead its own process group ({})", entry.pgid);
   return "";
 }
 
@@ -505,14 +512,16 @@ void WarmTemplate::Kill() {
 
 Result<WarmTemplate::Options> WarmTemplateOptions(const std::vector<std::string>& command,
                                                   const std::vector<std::string>& preload,
-                                                  const std::string& template_script, const std::string& workdir,
+                                                  const std::string& template_script,
+                                                  const std::string& workdir,
                                                   const std::map<std::string, std::string>& inherited,
                                                   const EnvList& template_env) {
   auto parsed = ParsePythonCommand(command);
   if (!parsed) return Fail("workers start cold although job.preload is set: " + parsed.error());
   if (template_script.empty()) {
-    return Fail("workers start cold: ddprun's template script (share/ddprun/warm/template.py) is not installed "
-                "beside this binary");
+    return Fail(
+        "workers start cold: ddprun's template script (share/ddprun/warm/template.py) is not installed "
+        "beside this binary");
   }
   auto plan = PrepareLaunch(command, workdir, inherited, template_env,
                             [](const std::string& path) { return ::access(path.c_str(), X_OK) == 0; });
@@ -527,8 +536,8 @@ Result<WarmTemplate::Options> WarmTemplateOptions(const std::vector<std::string>
   return options;
 }
 
-WarmTemplate::Request WarmRequest(const PythonCommand& command, const LaunchPlan& plan, const std::string& workdir,
-                                  const rlimit& nofile) {
+WarmTemplate::Request WarmRequest(const PythonCommand& command, const LaunchPlan& plan,
+                                  const std::string& workdir, const rlimit& nofile) {
   WarmTemplate::Request request;
   // sys.argv as the interpreter leaves it before __main__ runs; for -m, runpy puts the
   // module's path in place of "-m".

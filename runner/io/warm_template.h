@@ -104,7 +104,7 @@ class WarmTemplate {
     std::vector<std::string> orig_argv;  // the exec argv of the cold worker
     std::vector<std::string> env;        // NAME=value
     std::string cwd;
-    rlimit nofile{};                     // rlim_cur 0: keep the template's
+    rlimit nofile{};  // rlim_cur 0: keep the template's
   };
   /// One worker to fork: its request, the descriptors that become its stdout and stderr, and
   /// the read end of its `go` pipe.
@@ -178,12 +178,13 @@ std::string WhyNotOurWorker(int64_t pid);
 /// `template_env` is added over `inherited`, as a worker's variables are.
 Result<WarmTemplate::Options> WarmTemplateOptions(const std::vector<std::string>& command,
                                                   const std::vector<std::string>& preload,
-                                                  const std::string& template_script, const std::string& workdir,
+                                                  const std::string& template_script,
+                                                  const std::string& workdir,
                                                   const std::map<std::string, std::string>& inherited,
                                                   const EnvList& template_env);
 
 /// What a cold start of `plan` would give the interpreter, as a request to the template.
-WarmTemplate::Request WarmRequest(const PythonCommand& command, const LaunchPlan& plan, const std::string& workdir,
-                                  const rlimit& nofile);
+WarmTemplate::Request WarmRequest(const PythonCommand& command, const LaunchPlan& plan,
+                                  const std::string& workdir, const rlimit& nofile);
 
 }  // namespace ddprun::io

@@ -32,7 +32,8 @@ std::optional<std::string> DdprunWarmTemplate() {
 }
 
 std::optional<std::string> DdprunWarmTemplateFor(const std::string& exe_path) {
-  const fs::path script = fs::path(exe_path).parent_path() / ".." / "share" / "ddprun" / "warm" / "template.py";
+  const fs::path script =
+      fs::path(exe_path).parent_path() / ".." / "share" / "ddprun" / "warm" / "template.py";
   std::error_code ec;
   if (!fs::is_regular_file(script, ec)) return std::nullopt;
   const fs::path canonical = fs::canonical(script, ec);

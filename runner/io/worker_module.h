@@ -22,5 +22,4 @@ std::optional<std::string> DdprunPythonDirFor(const std::string& exe_path);
 std::optional<std::string> DdprunWarmTemplate();
 std::optional<std::string> DdprunWarmTemplateFor(const std::string& exe_path);
 
-
 }  // namespace ddprun::io

@@ -18,10 +18,8 @@
 
 namespace ddprun::io {
 
-Result<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
-                                 const std::string& workdir,
-                                 const std::map<std::string, std::string>& inherited,
-                                 const EnvList& added,
+Result<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command, const std::string& workdir,
+                                 const std::map<std::string, std::string>& inherited, const EnvList& added,
                                  const std::function<bool(const std::string&)>& is_executable) {
   if (command.empty()) {
     return Fail("job.command is empty");
@@ -56,9 +54,8 @@ Result<LaunchPlan> PrepareLaunch(const std::vector<std::string>& command,
   return plan;
 }
 
-StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir,
-                               int out_fd, int err_fd, int guardian_fd, const rlimit& nofile,
-                               pid_t& pid) {
+StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir, int out_fd,
+                               int err_fd, int guardian_fd, const rlimit& nofile, pid_t& pid) {
   int status_pipe[2];  // the child reports a failed step; exec closes it on success
   if (::pipe2(status_pipe, O_CLOEXEC) != 0) return {StartStep::kFork, errno};
   UniqueFd status_read(status_pipe[0]), status_write(status_pipe[1]);
@@ -126,7 +123,8 @@ std::string DescribeStartFailure(const StartResult& result, const std::string& e
       if (result.error == ENOENT) {
         return fmt::format("the workdir {} does not exist (job.workdir, relative to the job file)", workdir);
       }
-      if (result.error == ENOTDIR) return fmt::format("the workdir {} is not a folder (job.workdir)", workdir);
+      if (result.error == ENOTDIR)
+        return fmt::format("the workdir {} is not a folder (job.workdir)", workdir);
       return fmt::format("cannot enter the workdir {}: {}", workdir, std::strerror(result.error));
     case StartStep::kExec:
       return fmt::format("cannot start {}: {}", executable, std::strerror(result.error));

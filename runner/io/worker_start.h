@@ -47,9 +47,8 @@ struct StartResult {
 /// dies with the agent by PR_SET_PDEATHSIG), reads /dev/null and writes to `out_fd` and
 /// `err_fd`, enters `workdir`, gets `nofile` (rlim_cur 0: the agent's own) and nothing else of
 /// the agent's descriptors. Sets `pid` on success.
-StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir,
-                               int out_fd, int err_fd, int guardian_fd, const rlimit& nofile,
-                               pid_t& pid);
+StartResult SpawnWorkerProcess(char* const argv[], char* const envp[], const char* workdir, int out_fd,
+                               int err_fd, int guardian_fd, const rlimit& nofile, pid_t& pid);
 
 /// A failed start in words for the user ("the workdir /w does not exist (job.workdir, ...)").
 std::string DescribeStartFailure(const StartResult& result, const std::string& executable,

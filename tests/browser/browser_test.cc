@@ -59,10 +59,9 @@ class BrowserTest : public ::testing::Test {
   Loaded Open(const std::string& page) {
     const std::string dom = dir_.path() + "/dom.html";
     const std::string log = dir_.path() + "/chromium.log";
-    const std::string command = "timeout 120 " + chromium_ +
-                                " --headless --disable-gpu --no-sandbox --user-data-dir=" + dir_.path() +
-                                "/profile --enable-logging=stderr --v=0 --dump-dom 'file://" + page + "' > " +
-                                dom + " 2> " + log;
+    const std::string command =
+        "timeout 120 " + chromium_ + " --headless --disable-gpu --no-sandbox --user-data-dir=" + dir_.path() +
+        "/profile --enable-logging=stderr --v=0 --dump-dom 'file://" + page + "' > " + dom + " 2> " + log;
     Loaded loaded;
     loaded.status = std::system(command.c_str());
     loaded.dom = ReadFile(dom);
@@ -76,11 +75,12 @@ class BrowserTest : public ::testing::Test {
   /// the time axis show into the document.
   std::string Zoomed(const std::string& page) {
     const std::string copy = dir_.path() + "/zoomed.html";
-    std::ofstream(copy) << ReadFile(page)
-                        << "<script>document.getElementById('zin').click();document.getElementById('zin').click();"
-                           "document.body.setAttribute('data-plot',document.getElementById('plot')."
-                           "getAttribute('transform'));document.body.setAttribute('data-ticks',"
-                           "document.getElementById('ticks').textContent);</script>\n";
+    std::ofstream(copy)
+        << ReadFile(page)
+        << "<script>document.getElementById('zin').click();document.getElementById('zin').click();"
+           "document.body.setAttribute('data-plot',document.getElementById('plot')."
+           "getAttribute('transform'));document.body.setAttribute('data-ticks',"
+           "document.getElementById('ticks').textContent);</script>\n";
     return copy;
   }
   void ExpectRendersAndZooms(const std::string& page) {
@@ -99,7 +99,8 @@ class BrowserTest : public ::testing::Test {
 };
 
 TEST_F(BrowserTest, ABrokenScriptIsSeen) {
-  const std::string page = dir_.Write("broken.html", "<html><body><script>no_such_function();</script></body></html>\n");
+  const std::string page =
+      dir_.Write("broken.html", "<html><body><script>no_such_function();</script></body></html>\n");
   const Loaded loaded = Open(page);
   EXPECT_THAT(loaded.errors, HasSubstr("Uncaught ReferenceError: no_such_function is not defined"));
   EXPECT_THAT(loaded.dom, Not(HasSubstr("data-ready")));
@@ -107,8 +108,9 @@ TEST_F(BrowserTest, ABrokenScriptIsSeen) {
 
 TEST_F(BrowserTest, ASimulatedRunsPageRendersAndZooms) {
   const std::string page = dir_.path() + "/sim.html";
-  AgentProcess sim({"--simulate", std::string(DDPRUN_SOURCE_DIR) + "/examples/laptop.toml", "--quiet", "--report", page},
-                   dir_.path() + "/sim.out");
+  AgentProcess sim(
+      {"--simulate", std::string(DDPRUN_SOURCE_DIR) + "/examples/laptop.toml", "--quiet", "--report", page},
+      dir_.path() + "/sim.out");
   ASSERT_EQ(sim.Wait(60s), 0) << sim.Output();
   ExpectRendersAndZooms(page);
 }

@@ -4,8 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -20,8 +20,8 @@ struct Output {
 };
 
 Output RunDdprun(const std::string& args, bool merge_stderr = false) {
-  const std::string command = std::string(DDPRUN_BINARY) + " " + args +
-                              (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string command =
+      std::string(DDPRUN_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   Output result;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return result;
@@ -43,9 +43,9 @@ struct SplitOutput {
 SplitOutput RunDdprunSplit(const std::string& args) {
   // One file per process and call: CTest runs the tests of this file in parallel processes.
   static int calls = 0;
-  const auto err_path = std::filesystem::temp_directory_path() /
-                        ("ddprun-cli-test-stderr-" + std::to_string(::getpid()) + "-" +
-                         std::to_string(++calls) + ".txt");
+  const auto err_path =
+      std::filesystem::temp_directory_path() /
+      ("ddprun-cli-test-stderr-" + std::to_string(::getpid()) + "-" + std::to_string(++calls) + ".txt");
   const Output o = RunDdprun(args + " 2>" + err_path.string() + " #", /*merge_stderr=*/false);
   std::stringstream err;
   {
@@ -77,7 +77,8 @@ TEST(Cli, CheckEveryExample) {
     if (entry.path().filename() == "llama3-54d.toml") {
       // A simulation of Meta's 54-day run: its training script is not in this repository, and
       // check says so, as it would for a user's typo.
-      EXPECT_NE(o.out.find("warning: job.command[1] = \"train_llama.py\" does not exist here"), std::string::npos)
+      EXPECT_NE(o.out.find("warning: job.command[1] = \"train_llama.py\" does not exist here"),
+                std::string::npos)
           << o.out;
       EXPECT_NE(o.out.find("0 errors, 1 warning"), std::string::npos) << o.out;
       continue;
@@ -96,22 +97,26 @@ TEST(Cli, CheckWarnsAboutAScriptOrProgramThatIsNotThere) {
   std::filesystem::create_directories(dir / "src");
   std::ofstream(dir / "src" / "work.py") << "print(1)\n";
   const std::string head = "version = 1\n[cluster]\nnnodes = 1\n[job]\nname = \"t\"\n";
-  std::ofstream(dir / "typo.toml") << head << "workdir = \"src\"\ncommand = [\"python3\", \"wrok.py\", \"--lr\", \"0.1\"]\n";
+  std::ofstream(dir / "typo.toml")
+      << head << "workdir = \"src\"\ncommand = [\"python3\", \"wrok.py\", \"--lr\", \"0.1\"]\n";
   const Output typo = RunDdprun("check " + (dir / "typo.toml").string(), /*merge_stderr=*/true);
   EXPECT_EQ(typo.exit_code, 0) << typo.out;
   EXPECT_NE(typo.out.find("typo.toml:7:23: warning: job.command[1] = \"wrok.py\" does not exist here (" +
                           (dir / "src" / "wrok.py").string() + ")"),
             std::string::npos)
       << typo.out;
-  EXPECT_NE(typo.out.find("hint: did you mean \"work.py\"? Python runs the script from job.workdir on every node"),
-            std::string::npos)
+  EXPECT_NE(
+      typo.out.find("hint: did you mean \"work.py\"? Python runs the script from job.workdir on every node"),
+      std::string::npos)
       << typo.out;
   std::ofstream(dir / "there.toml") << head << "workdir = \"src\"\ncommand = [\"python3\", \"work.py\"]\n";
   const Output there = RunDdprun("check " + (dir / "there.toml").string(), /*merge_stderr=*/true);
   EXPECT_EQ(there.out.find("warning"), std::string::npos) << there.out;
-  std::ofstream(dir / "both.toml") << head << "workdir = \"gone\"\ncommand = [\"/opt/nowhere/bin/python3\", \"t.py\"]\n";
+  std::ofstream(dir / "both.toml")
+      << head << "workdir = \"gone\"\ncommand = [\"/opt/nowhere/bin/python3\", \"t.py\"]\n";
   const Output both = RunDdprun("check " + (dir / "both.toml").string(), /*merge_stderr=*/true);
-  EXPECT_NE(both.out.find("warning: job.workdir = \"gone\" is not a folder here"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("warning: job.workdir = \"gone\" is not a folder here"), std::string::npos)
+      << both.out;
   EXPECT_NE(both.out.find("warning: job.command[0] = \"/opt/nowhere/bin/python3\" does not exist here"),
             std::string::npos)
       << both.out;
@@ -125,12 +130,13 @@ TEST(Cli, BrokenFileExits2WithRenderedDiagnostic) {
                                     "devices = 8\nnum_nodes = 2\n");
   const Output o = RunDdprun("check " + path, true);
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_EQ(o.out, path + ":7:18: error: cluster.nproc_per_node = 4 does not match "
-                          "trainer.devices = 8\n"
-                          "    7 | nproc_per_node = 4\n"
-                          "      |                  ^\n"
-                          "   hint: set trainer.devices = 4 or cluster.nproc_per_node = 8\n"
-                          "1 error, 0 warnings\n");
+  EXPECT_EQ(o.out, path +
+                       ":7:18: error: cluster.nproc_per_node = 4 does not match "
+                       "trainer.devices = 8\n"
+                       "    7 | nproc_per_node = 4\n"
+                       "      |                  ^\n"
+                       "   hint: set trainer.devices = 4 or cluster.nproc_per_node = 8\n"
+                       "1 error, 0 warnings\n");
 }
 
 TEST(Cli, CheckJson) {
@@ -286,17 +292,17 @@ TEST(Cli, JobEnvMayNotSetTheSharedSecret) {
                                     "[cluster]\nnnodes = 1\n");
   const Output o = RunDdprun("check " + path, true);
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_EQ(o.out, path + ":5:9: error: job.env may not set DDPRUN_SECRET: the shared secret "
-                          "must not be in the job file\n"
-                          "    5 | (line not shown: it holds a secret)\n"
-                          "   hint: set DDPRUN_SECRET_FILE (a file only you can read) in the "
-                          "environment of ddprun on every node; see Security in "
-                          "docs/running.md\n"
-                          "1 error, 0 warnings\n");
+  EXPECT_EQ(o.out, path +
+                       ":5:9: error: job.env may not set DDPRUN_SECRET: the shared secret "
+                       "must not be in the job file\n"
+                       "    5 | (line not shown: it holds a secret)\n"
+                       "   hint: set DDPRUN_SECRET_FILE (a file only you can read) in the "
+                       "environment of ddprun on every node; see Security in "
+                       "docs/running.md\n"
+                       "1 error, 0 warnings\n");
 }
 
-std::string EphemeralWarning(const std::string& path, int port, int first, int last,
-                          bool default_fits) {
+std::string EphemeralWarning(const std::string& path, int port, int first, int last, bool default_fits) {
   return path + ":7:15: warning: cluster.master_port = " + std::to_string(port) +
          " is inside this machine's ephemeral port range (" + std::to_string(first) + "-" +
          std::to_string(last) + ")\n" + "    7 | master_port = " + std::to_string(port) +
@@ -322,10 +328,10 @@ TEST(Cli, CheckWarnsAboutAMasterPortInTheEphemeralRange) {
   std::string reserved;
   std::getline(reserved_file, reserved);
   if (!reserved.empty()) GTEST_SKIP() << "ports are reserved here: " << reserved;
-  const std::string path =
-      TempFile("ephemeral.toml", "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
-                                 "[cluster]\nnnodes = 1\nmaster_port = " +
-                                     std::to_string(port) + "\n");
+  const std::string path = TempFile("ephemeral.toml",
+                                    "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n"
+                                    "[cluster]\nnnodes = 1\nmaster_port = " +
+                                        std::to_string(port) + "\n");
   const SplitOutput o = RunDdprunSplit("check " + path);
   EXPECT_EQ(o.exit_code, 0);
   const bool default_fits = 29500 < first || 29500 > last;
@@ -360,8 +366,9 @@ TEST(Cli, DidYouMeanForFlagsAndCommands) {
   EXPECT_NE(check_flag.err.find("did you mean `--json`?"), std::string::npos) << check_flag.err;
   const SplitOutput command = RunDdprunSplit("chekc " + job);
   EXPECT_EQ(command.exit_code, 2);
-  EXPECT_EQ(command.err, "ddprun: error: `chekc` is neither a command nor a job file; did you "
-                         "mean `ddprun check`?\n");
+  EXPECT_EQ(command.err,
+            "ddprun: error: `chekc` is neither a command nor a job file; did you "
+            "mean `ddprun check`?\n");
 }
 
 // `ddprun init` writes a file that `check` accepts without a warning, and never overwrites one.
@@ -387,16 +394,12 @@ TEST(Cli, InitWritesAValidStarterJobFile) {
     EXPECT_EQ(check.exit_code, 0) << check.out;
     EXPECT_EQ(check.out.find("warning"), std::string::npos) << check.out;
   }
-  EXPECT_NE(RunDdprun("check " + listed).out.find("job train: 2 nodes x 8 processes"),
-            std::string::npos);
-  EXPECT_NE(RunDdprun("check " + counted).out.find("job big: 4 nodes x 2 processes"),
-            std::string::npos);
-  EXPECT_NE(RunDdprun("check " + cpu).out.find("job train: 1 node x 1 process"),
-            std::string::npos);
+  EXPECT_NE(RunDdprun("check " + listed).out.find("job train: 2 nodes x 8 processes"), std::string::npos);
+  EXPECT_NE(RunDdprun("check " + counted).out.find("job big: 4 nodes x 2 processes"), std::string::npos);
+  EXPECT_NE(RunDdprun("check " + cpu).out.find("job train: 1 node x 1 process"), std::string::npos);
   const SplitOutput again = RunDdprunSplit("init -o " + listed);
   EXPECT_EQ(again.exit_code, 2);
-  EXPECT_EQ(again.err, "ddprun init: cannot write " + listed +
-                           ": File exists (--force overwrites it)\n");
+  EXPECT_EQ(again.err, "ddprun init: cannot write " + listed + ": File exists (--force overwrites it)\n");
   EXPECT_EQ(RunDdprunSplit("init --force -o " + listed).exit_code, 0);
   std::filesystem::remove_all(dir);
 }
@@ -413,7 +416,8 @@ TEST(Cli, InitWritesCommandsThatRunFromWorkdirAndAStopGraceBelowKillWait) {
     std::ifstream in(path);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  EXPECT_NE(written("sh.toml", "--script train.sh").find("command = [\"bash\", \"train.sh\"]"), std::string::npos);
+  EXPECT_NE(written("sh.toml", "--script train.sh").find("command = [\"bash\", \"train.sh\"]"),
+            std::string::npos);
   EXPECT_NE(written("bin.toml", "--script mytool").find("command = [\"./mytool\"]"), std::string::npos);
   const std::string slurm = written("slurm.toml", "--slurm --nnodes 2");
   EXPECT_NE(slurm.find("stop_grace = \"20s\""), std::string::npos) << slurm;
@@ -424,13 +428,14 @@ TEST(Cli, InitWritesCommandsThatRunFromWorkdirAndAStopGraceBelowKillWait) {
 // Issue 40: outside a SLURM allocation `check` showed the default 127.0.0.1 as node 0's address,
 // in the coordinator line, MASTER_ADDR and the torchrun command; nothing is known of it there.
 TEST(Cli, CheckOutsideASlurmAllocationShowsNoMadeUpCoordinator) {
-  const std::string path = TempFile(
-      "slurm.toml", "version = 1\n[job]\nname = \"s\"\ncommand = [\"python3\", \"t.py\"]\n"
-                    "[cluster]\nhosts_from = \"slurm\"\nnnodes = 2\nmaster_port = 29500\n"
-                    "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n");
+  const std::string path = TempFile("slurm.toml",
+                                    "version = 1\n[job]\nname = \"s\"\ncommand = [\"python3\", \"t.py\"]\n"
+                                    "[cluster]\nhosts_from = \"slurm\"\nnnodes = 2\nmaster_port = 29500\n"
+                                    "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n");
   const Output o = RunDdprun("check " + path, /*merge_stderr=*/true);
   EXPECT_EQ(o.exit_code, 0) << o.out;
-  EXPECT_NE(o.out.find("coordinator on node 0 at <node 0's host in the allocation>:29500"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("coordinator on node 0 at <node 0's host in the allocation>:29500"), std::string::npos)
+      << o.out;
   EXPECT_NE(o.out.find("    MASTER_ADDR=<node 0's host in the allocation>\n"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("127.0.0.1"), std::string::npos) << o.out;
 }
@@ -439,8 +444,7 @@ TEST(Cli, CheckAppendsArgumentsAfterDashes) {
   const std::string job = SourcePath("examples/laptop.toml");
   const Output o = RunDdprun("check --node-rank 1 " + job + " -- --lr 0.1 'a b'");
   EXPECT_EQ(o.exit_code, 0);
-  EXPECT_NE(o.out.find("  ddprun:   ddprun " + job + " --node-rank 1 -- --lr 0.1 'a b'\n"),
-            std::string::npos)
+  EXPECT_NE(o.out.find("  ddprun:   ddprun " + job + " --node-rank 1 -- --lr 0.1 'a b'\n"), std::string::npos)
       << o.out;
   EXPECT_NE(o.out.find("ddp_train.py --steps 20 --lr 0.1 'a b'\n"), std::string::npos) << o.out;
   EXPECT_EQ(RunDdprun("schema -- x").exit_code, 2);
@@ -449,17 +453,17 @@ TEST(Cli, CheckAppendsArgumentsAfterDashes) {
 // Above a few dozen nodes the text plan is a summary; --full and --json give everything.
 TEST(Cli, CheckSummarisesALargeJob) {
   std::string nodes;
-  for (int i = 1; i <= 64; ++i) nodes += (i > 1 ? ", " : "") + std::string("\"gpu-") +
-                                         std::to_string(1000 + i) + "\"";
-  const std::string path = TempFile(
-      "large.toml", "version = 1\n[job]\nname = \"big\"\ncommand = [\"python3\", \"t.py\"]\n"
-                    "[cluster]\nnodes = [" + nodes + "]\n[trainer]\naccelerator = \"gpu\"\n"
-                    "devices = 8\nnum_nodes = 64\n");
+  for (int i = 1; i <= 64; ++i)
+    nodes += (i > 1 ? ", " : "") + std::string("\"gpu-") + std::to_string(1000 + i) + "\"";
+  const std::string path = TempFile("large.toml",
+                                    "version = 1\n[job]\nname = \"big\"\ncommand = [\"python3\", \"t.py\"]\n"
+                                    "[cluster]\nnodes = [" +
+                                        nodes +
+                                        "]\n[trainer]\naccelerator = \"gpu\"\n"
+                                        "devices = 8\nnum_nodes = 64\n");
   const Output summary = RunDdprun("check " + path);
   EXPECT_EQ(summary.exit_code, 0);
-  const auto lines = [](const std::string& text) {
-    return std::count(text.begin(), text.end(), '\n');
-  };
+  const auto lines = [](const std::string& text) { return std::count(text.begin(), text.end(), '\n'); };
   EXPECT_LT(lines(summary.out), 90) << summary.out;
   for (const char* expected :
        {"64 nodes: a summary; the whole plan with --full, one node with --node-rank N, for tools "
@@ -482,15 +486,19 @@ TEST(Cli, CheckSummarisesALargeJob) {
 // A binary job file: nothing raw reaches the terminal.
 TEST(Cli, BinaryJobFileIsEscaped) {
   const std::string path = TempFile("binary.toml", std::string("version = 1\n\x1b[2J\x1b]0;pwned\x07"
-                                                               "\0\xff\xfe\n", 30));
+                                                               "\0\xff\xfe\n",
+                                                               30));
   const Output o = RunDdprun("check " + path, true);
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_EQ(o.out, path + ":2:15: error: the job file contains a NUL byte; it must be UTF-8 "
-                          "text\n"
-                          "    2 | <U+001B>[2J<U+001B>]0;pwned<U+0007><U+0000><FF><FE>\n"
-                          "      | " + std::string(35, ' ') + "^\n"
-                          "   hint: is this the right file? a job file is TOML text\n"
-                          "1 error, 0 warnings\n");
+  EXPECT_EQ(o.out, path +
+                       ":2:15: error: the job file contains a NUL byte; it must be UTF-8 "
+                       "text\n"
+                       "    2 | <U+001B>[2J<U+001B>]0;pwned<U+0007><U+0000><FF><FE>\n"
+                       "      | " +
+                       std::string(35, ' ') +
+                       "^\n"
+                       "   hint: is this the right file? a job file is TOML text\n"
+                       "1 error, 0 warnings\n");
 }
 
 TEST(Cli, CheckWarnsAboutAMissingWorkdir) {
@@ -499,10 +507,9 @@ TEST(Cli, CheckWarnsAboutAMissingWorkdir) {
                                     "workdir = \"no-such-folder\"\n[cluster]\nnnodes = 1\n");
   const SplitOutput o = RunDdprunSplit("check " + path);
   EXPECT_EQ(o.exit_code, 0);
-  const std::string full =
-      (std::filesystem::path(path).parent_path() / "no-such-folder").string();
-  EXPECT_EQ(o.err, path + ":5:11: warning: job.workdir = \"no-such-folder\" is not a folder here (" +
-                       full + ")\n"
+  const std::string full = (std::filesystem::path(path).parent_path() / "no-such-folder").string();
+  EXPECT_EQ(o.err, path + ":5:11: warning: job.workdir = \"no-such-folder\" is not a folder here (" + full +
+                       ")\n"
                        "    5 | workdir = \"no-such-folder\"\n"
                        "      |           ^\n"
                        "   hint: the workers start in it on every node; create it, or make sure "
@@ -516,8 +523,9 @@ namespace {
 
 // check says whether hung ranks are detected, and how; a bad value is a compiler-style error.
 TEST(Cli, CheckSaysHowHungRanksAreDetected) {
-  const std::string base = "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
-                           "[cluster]\nnnodes = 2\n[timeouts]\n";
+  const std::string base =
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
+      "[cluster]\nnnodes = 2\n[timeouts]\n";
   const Output off = RunDdprun("check " + TempFile("progress-off.toml", base));
   ASSERT_EQ(off.exit_code, 0) << off.out;
   EXPECT_NE(off.out.find("hung ranks: NOT detected: without timeouts.progress a round whose ranks "
@@ -532,17 +540,20 @@ TEST(Cli, CheckSaysHowHungRanksAreDetected) {
                            "is hung; workers must call ddprun.progress()\n"),
             std::string::npos)
       << fixed.out;
-  const Output automatic = RunDdprun("check " + TempFile("progress-auto.toml", base + "progress = \"auto\"\n"));
+  const Output automatic =
+      RunDdprun("check " + TempFile("progress-auto.toml", base + "progress = \"auto\"\n"));
   EXPECT_NE(automatic.out.find("hung ranks: timeouts.progress = \"auto\" (5 x the longest interval "
                                "between beacons, at least 10s; 10m to the first beacon)"),
             std::string::npos)
       << automatic.out;
-  const Output bad = RunDdprun("check " + TempFile("progress-bad.toml", base + "progress = \"soon\"\n"), true);
+  const Output bad =
+      RunDdprun("check " + TempFile("progress-bad.toml", base + "progress = \"soon\"\n"), true);
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.out.find("error: timeouts.progress = \"soon\" is neither \"auto\" nor a duration"),
             std::string::npos)
       << bad.out;
-  const Output short_one = RunDdprun("check " + TempFile("progress-short.toml", base + "progress = \"3s\"\n"), true);
+  const Output short_one =
+      RunDdprun("check " + TempFile("progress-short.toml", base + "progress = \"3s\"\n"), true);
   EXPECT_EQ(short_one.exit_code, 2);
   EXPECT_NE(short_one.out.find("timeouts.progress = 3s is shorter than 2 x timeouts.heartbeat = 4s"),
             std::string::npos)
@@ -554,17 +565,20 @@ TEST(Cli, CheckSaysHowHungRanksAreDetected) {
 namespace {
 
 TEST(Cli, CheckRefusesNeverOnEntriesThatNameNoFailure) {
-  const std::string base = "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
-                           "[cluster]\nnnodes = 2\n[restart]\nmax_restarts = 3\n";
+  const std::string base =
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
+      "[cluster]\nnnodes = 2\n[restart]\nmax_restarts = 3\n";
   const Output good = RunDdprun(
-      "check " + TempFile("never-good.toml", base + "never_on = [\"SyntaxError\", \"torch.cuda.OutOfMemoryError\", "
-                                                    "\"exit:2\", \"signal:SIGSEGV\", \"signal:11\", \"oom\", \"hang\"]\n"),
+      "check " + TempFile("never-good.toml",
+                          base + "never_on = [\"SyntaxError\", \"torch.cuda.OutOfMemoryError\", "
+                                 "\"exit:2\", \"signal:SIGSEGV\", \"signal:11\", \"oom\", \"hang\"]\n"),
       true);
   EXPECT_EQ(good.exit_code, 0) << good.out;
-  const Output bad = RunDdprun(
-      "check " + TempFile("never-bad.toml", base + "never_on = [\"exit:300\", \"Syntax Error\", \"signal:0\", "
-                                                   "\"SyntaxError\", \"SyntaxError\"]\n"),
-      true);
+  const Output bad =
+      RunDdprun("check " + TempFile("never-bad.toml",
+                                    base + "never_on = [\"exit:300\", \"Syntax Error\", \"signal:0\", "
+                                           "\"SyntaxError\", \"SyntaxError\"]\n"),
+                true);
   EXPECT_EQ(bad.exit_code, 2);
   for (const char* expected : {
            "error: restart.never_on: \"exit:300\" names no kind of failure",
@@ -584,10 +598,12 @@ namespace {
 // check says where each node serves its metrics; a bad listen value is a compiler-style error
 // and a port the kernel may hand out is a warning, as for master_port.
 TEST(Cli, CheckSaysWhereMetricsAreServed) {
-  const std::string base = "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
-                           "[cluster]\nnodes = [\"gpu-01\", \"gpu-02\", \"gpu-03\"]\n[metrics]\n";
-  const Output off = RunDdprun("check " + TempFile("metrics-off.toml", "version = 1\n[job]\nname = \"j\"\n"
-                                                                         "command = [\"x\"]\n[cluster]\nnnodes = 1\n"));
+  const std::string base =
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"python3\", \"t.py\"]\n"
+      "[cluster]\nnodes = [\"gpu-01\", \"gpu-02\", \"gpu-03\"]\n[metrics]\n";
+  const Output off = RunDdprun("check " + TempFile("metrics-off.toml",
+                                                   "version = 1\n[job]\nname = \"j\"\n"
+                                                   "command = [\"x\"]\n[cluster]\nnnodes = 1\n"));
   EXPECT_EQ(off.out.find("\nmetrics:"), std::string::npos) << off.out;
   const Output own = RunDdprun("check " + TempFile("metrics-own.toml", base + "listen = \"*:9400\"\n"));
   ASSERT_EQ(own.exit_code, 0) << own.out;
@@ -601,13 +617,15 @@ TEST(Cli, CheckSaysWhereMetricsAreServed) {
                          "also for the job: http://gpu-01:9400/metrics, http://gpu-02:9400/metrics, ...\n"),
             std::string::npos)
       << any.out;
-  const Output json = RunDdprun("check --json " + TempFile("metrics-json.toml", base + "listen = \"127.0.0.1:9400\"\n"));
+  const Output json =
+      RunDdprun("check --json " + TempFile("metrics-json.toml", base + "listen = \"127.0.0.1:9400\"\n"));
   const auto j = nlohmann::json::parse(json.out);
   EXPECT_EQ(j["plan"]["metrics_listen"], "127.0.0.1:9400");
   EXPECT_EQ(j["plan"]["nodes"][1]["metrics_url"], "http://127.0.0.1:9400/metrics");
   // Agents that share a host: a port per node, and check lists each URL.
-  const Output per_node = RunDdprun("check --json " + TempFile("metrics-per-node.toml", base +
-                                    "listen = \"127.0.0.1:9400\"\nports = \"per-node\"\n"));
+  const Output per_node =
+      RunDdprun("check --json " + TempFile("metrics-per-node.toml",
+                                           base + "listen = \"127.0.0.1:9400\"\nports = \"per-node\"\n"));
   const auto p = nlohmann::json::parse(per_node.out);
   EXPECT_EQ(p["plan"]["nodes"][0]["metrics_url"], "http://127.0.0.1:9400/metrics");
   EXPECT_EQ(p["plan"]["nodes"][2]["metrics_url"], "http://127.0.0.1:9402/metrics");
@@ -615,14 +633,15 @@ TEST(Cli, CheckSaysWhereMetricsAreServed) {
   const std::string bad_path = TempFile("metrics-bad.toml", base + "listen = \"gpu-01:9400\"\n");
   const SplitOutput bad = RunDdprunSplit("check " + bad_path);
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_EQ(bad.err, bad_path + ":8:10: error: metrics.listen = \"gpu-01:9400\": \"gpu-01\" is neither an "
-                                "IP address nor \"*\"\n"
-                                "    8 | listen = \"gpu-01:9400\"\n"
-                                "      |          ^\n"
-                                "   hint: every node reads this address: write \"0.0.0.0\" (every "
-                                "interface), \"127.0.0.1\" (this host only) or \"*\" (each node's own "
-                                "entry of cluster.nodes)\n"
-                                "1 error, 0 warnings\n");
+  EXPECT_EQ(bad.err, bad_path +
+                         ":8:10: error: metrics.listen = \"gpu-01:9400\": \"gpu-01\" is neither an "
+                         "IP address nor \"*\"\n"
+                         "    8 | listen = \"gpu-01:9400\"\n"
+                         "      |          ^\n"
+                         "   hint: every node reads this address: write \"0.0.0.0\" (every "
+                         "interface), \"127.0.0.1\" (this host only) or \"*\" (each node's own "
+                         "entry of cluster.nodes)\n"
+                         "1 error, 0 warnings\n");
 
   const auto [first, last] = EphemeralRange();
   std::ifstream reserved_file("/proc/sys/net/ipv4/ip_local_reserved_ports");

@@ -41,8 +41,8 @@ class ScratchDir {
 
 struct Outcome {
   int code = -1;
-  long peak_kib = -1;    // the child's peak resident memory
-  double cpu_s = -1;     // the CPU time it took (user and system)
+  long peak_kib = -1;  // the child's peak resident memory
+  double cpu_s = -1;   // the CPU time it took (user and system)
   std::string output;
 };
 
@@ -99,7 +99,8 @@ uintmax_t WriteRun(const std::string& folder, int rounds) {
     line(node1, "workers-start", t + 10, 1, fmt::format(R"("round":{},"plays":1,"ranks":[2,3])", r));
     if (r == rounds - 1) {
       // A long last round: the replay trains this long, so that each fault ends a round.
-      line(node0, "job-result", t + 50'000, 0, fmt::format(R"("exit_code":0,"restarts_used":{},"summary":"ok")", r));
+      line(node0, "job-result", t + 50'000, 0,
+           fmt::format(R"("exit_code":0,"restarts_used":{},"summary":"ok")", r));
       break;
     }
     line(node1, "worker-exit", t + 5'000, 1,
@@ -108,12 +109,13 @@ uintmax_t WriteRun(const std::string& folder, int rounds) {
                      r));
     line(node0, "round-failed", t + 5'010, 0,
          fmt::format(R"("round":{},"peer":1,"rank":3,"kinds":["exit:7"],"cause":"rank 3 exited 7")", r));
-    line(node1, "stop-round", t + 5'020, 1, fmt::format(R"("round":{},"cause":"rank 3 exited 7","last":false)", r));
+    line(node1, "stop-round", t + 5'020, 1,
+         fmt::format(R"("round":{},"cause":"rank 3 exited 7","last":false)", r));
     line(node1, "signal-workers", t + 5'030, 1, fmt::format(R"("round":{},"signal":"SIGTERM")", r));
     for (int rank : {0, 1, 2}) {
       line(rank < 2 ? node0 : node1, "worker-exit", t + 5'040, rank / 2,
-           fmt::format(R"("round":{},"rank":{},"local_rank":{},"exit_code":0,"signal":15,"stopped":true)", r, rank,
-                       rank % 2));
+           fmt::format(R"("round":{},"rank":{},"local_rank":{},"exit_code":0,"signal":15,"stopped":true)", r,
+                       rank, rank % 2));
     }
     for (int node : {0, 1}) {
       line(node == 0 ? node0 : node1, "round-end", t + 5'050, node,
@@ -162,8 +164,8 @@ TEST(EventLogsTest, ReportMemoryGrowsNoFasterThanTheFiles) {
   const long growth_kib = run.peak_kib - base.peak_kib;
   const long files_kib = static_cast<long>((big - small) / 1024);
   if (kMeasuresMemory) {
-    EXPECT_LT(growth_kib, files_kib * 2) << "peak memory grew " << growth_kib << " KiB for " << files_kib
-                                             << " KiB of event files";
+    EXPECT_LT(growth_kib, files_kib * 2)
+        << "peak memory grew " << growth_kib << " KiB for " << files_kib << " KiB of event files";
   }
   RecordProperty("event_files_kib", static_cast<int>(files_kib));
   RecordProperty("report_peak_growth_kib", static_cast<int>(growth_kib));
@@ -177,8 +179,10 @@ TEST(EventLogsTest, AnEmptyOrCutEventFileIsSkippedNotFatal) {
   WriteRun(dir.path() + "/logs/run-a", 3);
   fs::create_directories(dir.path() + "/logs/run-b");
   std::ofstream(dir.path() + "/logs/run-b/events-node0.jsonl").close();  // exited before a record
-  std::ofstream(dir.path() + "/logs/run-b/events-node1.jsonl") << "{\"v\":1,\"event\":\"agent-st";  // cut short
-  const Outcome run = RunDdprun({"report", dir.path() + "/logs", "--out", dir.path() + "/r.html"}, dir.path() + "/r.out");
+  std::ofstream(dir.path() + "/logs/run-b/events-node1.jsonl")
+      << "{\"v\":1,\"event\":\"agent-st";  // cut short
+  const Outcome run =
+      RunDdprun({"report", dir.path() + "/logs", "--out", dir.path() + "/r.html"}, dir.path() + "/r.out");
   EXPECT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("skipped " + dir.path() + "/logs/run-b/events-node0.jsonl: no records"));
   EXPECT_THAT(run.output, HasSubstr("skipped " + dir.path() + "/logs/run-b/events-node1.jsonl"));
@@ -196,9 +200,10 @@ TEST(EventLogsTest, AReplayDrawsItsSimulatedRun) {
   ScratchDir dir;
   WriteRun(dir.path() + "/logs/run-a", 3);
   const std::string job = WriteJob(dir.path() + "/job.toml");
-  const Outcome run = RunDdprun({"--simulate", job, "--replay", dir.path() + "/logs/run-a", "--quiet", "--report",
-                                 dir.path() + "/replay.html", "--trace", dir.path() + "/replay.json"},
-                                dir.path() + "/replay.out");
+  const Outcome run =
+      RunDdprun({"--simulate", job, "--replay", dir.path() + "/logs/run-a", "--quiet", "--report",
+                 dir.path() + "/replay.html", "--trace", dir.path() + "/replay.json"},
+                dir.path() + "/replay.out");
   EXPECT_THAT(run.output, HasSubstr("replay of job")) << run.output;
   std::ifstream html(dir.path() + "/replay.html");
   std::stringstream page;
@@ -243,8 +248,8 @@ TEST(EventLogsTest, ReplayCostGrowsLinearlyWithTheRounds) {
     ++faults;
   }
   EXPECT_EQ(faults, 39'999u) << big.output.substr(0, 2000);
-  EXPECT_LT(big.cpu_s, 12 * std::max(small.cpu_s, 0.05)) << small.cpu_s << " s for 5,000 rounds, " << big.cpu_s
-                                                          << " s for 40,000";
+  EXPECT_LT(big.cpu_s, 12 * std::max(small.cpu_s, 0.05))
+      << small.cpu_s << " s for 5,000 rounds, " << big.cpu_s << " s for 40,000";
   RecordProperty("replay_5000_rounds_cpu_ms", static_cast<int>(small.cpu_s * 1000));
   RecordProperty("replay_40000_rounds_cpu_ms", static_cast<int>(big.cpu_s * 1000));
 }

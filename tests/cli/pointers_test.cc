@@ -87,15 +87,18 @@ TEST(Pointers, CheckNamesTheScriptNotTheInterpreter) {
       {"command = [\"/usr/bin/env\", \"python3\", \"-u\", \"train.py\", \"--lr\", \"1\"]",
        "train.py sha256 " + Sha256Prefix(train) + " (the script python3 runs)" + tail},
       {"command = [\"python3\", \"-X\", \"dev\", \"-m\", \"pkg.train\"]\nenv = { PYTHONPATH = \"src\" }",
-       "src/pkg/train.py sha256 " + Sha256Prefix(module) + " (module pkg.train as python3 -m finds it)" + tail},
+       "src/pkg/train.py sha256 " + Sha256Prefix(module) + " (module pkg.train as python3 -m finds it)" +
+           tail},
       {"command = [\"python\", \"-m\", \"tool\"]",
        "tool/__main__.py sha256 " + Sha256Prefix(main) + " (module tool as python -m finds it)" + tail},
       {"command = [\"python3\", \"-m\", \"nope.train\"]",
        "nothing to hash (module nope.train is neither under job.workdir nor on the job's PYTHONPATH "
-       "(an installed package?); not compared)" + tail},
+       "(an installed package?); not compared)" +
+           tail},
       {"command = [\"python3\", \"-c\", \"print(1)\"]",
        "nothing to hash (python3 -c runs code written in job.command itself, which every node's "
-       "job file already agrees on; no file to compare)" + tail},
+       "job file already agrees on; no file to compare)" +
+           tail},
   };
   for (const auto& [command, expected] : cases) {
     const std::string job = dir.Write("job.toml", Job(command + "\ncode_check = \"refuse\"\n"));
@@ -110,10 +113,11 @@ TEST(Pointers, CheckNamesTheScriptNotTheInterpreter) {
 // killed at the bound and the pipe is not waited for past it.
 TEST(Pointers, AnInterpreterThatHangsHoldsCheckForItsBoundOnly) {
   Folder dir;
-  const std::string python = dir.Write("bin/python3", "#!/bin/sh\ntrap '' TERM\nsetsid sleep 20 &\nsleep 40\n");
+  const std::string python =
+      dir.Write("bin/python3", "#!/bin/sh\ntrap '' TERM\nsetsid sleep 20 &\nsleep 40\n");
   ::chmod(python.c_str(), 0755);
-  const std::string job = dir.Write(
-      "job.toml", Job("command = [\"" + python + "\", \"train.py\"]\nlibrary_check = \"warn\"\n"));
+  const std::string job =
+      dir.Write("job.toml", Job("command = [\"" + python + "\", \"train.py\"]\nlibrary_check = \"warn\"\n"));
   const auto started = std::chrono::steady_clock::now();
   const Output o = Shell("$D check " + job);
   const auto took = std::chrono::steady_clock::now() - started;
@@ -130,11 +134,13 @@ TEST(Pointers, CheckReadsTheLibraryPythonWouldImport) {
   Folder dir;
   dir.Write("tree/lightning/__init__.py", "from lightning.__version__ import version as __version__\n");
   dir.Write("tree/lightning/version.info", "2.2.5\n");
-  dir.Write("site/lightning-2.2.6.dist-info/METADATA", "Metadata-Version: 2.1\nName: lightning\nVersion: 2.2.6\n");
+  dir.Write("site/lightning-2.2.6.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: lightning\nVersion: 2.2.6\n");
   dir.Write("bare/pytorch_lightning/__init__.py", "import os\n");
-  const std::string job = dir.Write(
-      "job.toml", Job("command = [\"python3\", \"train.py\"]\nlibrary_check = \"refuse\"\n"));
-  const std::string path = "PYTHONPATH=" + dir.path() + "/tree:" + dir.path() + "/site:" + dir.path() + "/bare";
+  const std::string job =
+      dir.Write("job.toml", Job("command = [\"python3\", \"train.py\"]\nlibrary_check = \"refuse\"\n"));
+  const std::string path =
+      "PYTHONPATH=" + dir.path() + "/tree:" + dir.path() + "/site:" + dir.path() + "/bare";
   const Output o = Shell(path + " $D check " + job);
   EXPECT_EQ(o.exit_code, 0) << o.text;
   EXPECT_THAT(o.text, HasSubstr(", lightning 2.2.5, ")) << o.text;
@@ -164,9 +170,10 @@ TEST(Pointers, CheckListsTheLibraries) {
   dir.Write("site/torch-1.13.0a0+gitunknown.egg-info/PKG-INFO",
             "Metadata-Version: 2.1\nName: torch\nVersion: 1.13.0a0+gitunknown\n");
   dir.Write("site/torch/version.py", "__version__ = '1.13.0a0'\ndebug = False\ncuda = None\n");
-  dir.Write("site/lightning-2.2.5.dist-info/METADATA", "Metadata-Version: 2.1\nName: lightning\nVersion: 2.2.5\n");
-  const std::string job = dir.Write(
-      "job.toml", Job("command = [\"python3\", \"train.py\"]\nlibrary_check = \"warn\"\n"));
+  dir.Write("site/lightning-2.2.5.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: lightning\nVersion: 2.2.5\n");
+  const std::string job =
+      dir.Write("job.toml", Job("command = [\"python3\", \"train.py\"]\nlibrary_check = \"warn\"\n"));
   const Output o = Shell("PYTHONPATH=" + dir.path() + "/site $D check " + job);
   EXPECT_EQ(o.exit_code, 0) << o.text;
   EXPECT_THAT(o.text, HasSubstr("\nlibraries (nodes that differ are warned about): python 3."));
@@ -179,7 +186,8 @@ TEST(Pointers, CheckListsTheLibraries) {
   const Output again = Shell("PYTHONPATH=" + dir.path() + "/site $D check " + job);
   EXPECT_EQ(again.exit_code, 0) << again.text;
   EXPECT_THAT(again.text, HasSubstr(", lightning 2.2.5, ")) << again.text;
-  EXPECT_THAT(again.text, HasSubstr(" -S -c '<print version and sys.path>' once, in workdir with job.env, at most 5 s"));
+  EXPECT_THAT(again.text,
+              HasSubstr(" -S -c '<print version and sys.path>' once, in workdir with job.env, at most 5 s"));
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/sitecustomize-ran"));
   // A program that is not Python: the python3 on PATH is read, and the line says so.
   const std::string shell_job =
@@ -189,11 +197,12 @@ TEST(Pointers, CheckListsTheLibraries) {
   const std::string bad = dir.Write("bad.toml", Job("command = [\"x\"]\nlibrary_check = \"yes\"\n"));
   const Output invalid = Shell("$D check " + bad);
   EXPECT_EQ(invalid.exit_code, 2);
-  EXPECT_THAT(invalid.text, HasSubstr(bad + ":5:17: error: job.library_check = \"yes\" is not \"off\", \"warn\" or "
-                                      "\"refuse\"\n    5 | library_check = \"yes\"\n      |                 ^\n"
-                                      "   hint: \"refuse\" refuses a node whose Python, torch, "
-                                      "Lightning, NCCL or CUDA version differs from node 0's; \"warn\" lets "
-                                      "it join and says what differs\n"))
+  EXPECT_THAT(invalid.text,
+              HasSubstr(bad + ":5:17: error: job.library_check = \"yes\" is not \"off\", \"warn\" or "
+                              "\"refuse\"\n    5 | library_check = \"yes\"\n      |                 ^\n"
+                              "   hint: \"refuse\" refuses a node whose Python, torch, "
+                              "Lightning, NCCL or CUDA version differs from node 0's; \"warn\" lets "
+                              "it join and says what differs\n"))
       << invalid.text;
 }
 
@@ -204,9 +213,11 @@ TEST(Pointers, TorchrunLinesWorkFromAnotherFolder) {
   const Output o = Shell("cd / && $D check " + job);
   EXPECT_EQ(o.exit_code, 0) << o.text;
   EXPECT_THAT(o.text, HasSubstr("  torchrun: cd " + dir.path() + " && torchrun --nnodes=2 ")) << o.text;
-  const std::string sub = dir.Write("sub.toml", Job("command = [\"python3\", \"train.py\"]\nworkdir = \"code/../run\"\n"));
+  const std::string sub =
+      dir.Write("sub.toml", Job("command = [\"python3\", \"train.py\"]\nworkdir = \"code/../run\"\n"));
   std::filesystem::create_directories(dir.path() + "/run");
-  EXPECT_THAT(Shell("cd / && $D check " + sub).text, HasSubstr("  torchrun: cd " + dir.path() + "/run && torchrun "));
+  EXPECT_THAT(Shell("cd / && $D check " + sub).text,
+              HasSubstr("  torchrun: cd " + dir.path() + "/run && torchrun "));
 }
 
 // A program written as a path that is not there (a binary not built yet): a warning with its
@@ -217,8 +228,10 @@ TEST(Pointers, CheckWarnsWhenTheProgramPathDoesNotExist) {
       dir.Write("job.toml", Job("command = [\"build/cpp_ddp_train\", \"--steps\", \"2\"]\n"));
   const Output o = Shell("$D check " + job);
   EXPECT_EQ(o.exit_code, 0) << o.text;
-  EXPECT_THAT(o.text, HasSubstr(job + ":4:12: warning: job.command[0] = \"build/cpp_ddp_train\" does "
-                                "not exist here (" + dir.path() + "/build/cpp_ddp_train)\n"))
+  EXPECT_THAT(o.text, HasSubstr(job +
+                                ":4:12: warning: job.command[0] = \"build/cpp_ddp_train\" does "
+                                "not exist here (" +
+                                dir.path() + "/build/cpp_ddp_train)\n"))
       << o.text;
   EXPECT_THAT(o.text, HasSubstr("\n   hint: the workers run it on every node; build or install it first "
                                 "(relative paths are relative to job.workdir), or fix the path\n"));
@@ -226,7 +239,8 @@ TEST(Pointers, CheckWarnsWhenTheProgramPathDoesNotExist) {
   EXPECT_THAT(Shell("$D check " + job).text, Not(HasSubstr("warning")));
   // Through env too; a bare name is left to each node's PATH.
   const std::string env_job = dir.Write("env.toml", Job("command = [\"/usr/bin/env\", \"./missing.sh\"]\n"));
-  EXPECT_THAT(Shell("$D check " + env_job).text, HasSubstr("warning: job.command[1] = \"./missing.sh\" does not exist"));
+  EXPECT_THAT(Shell("$D check " + env_job).text,
+              HasSubstr("warning: job.command[1] = \"./missing.sh\" does not exist"));
   const std::string bare = dir.Write("bare.toml", Job("command = [\"no-such-program-here\"]\n"));
   EXPECT_THAT(Shell("$D check " + bare).text, Not(HasSubstr("warning")));
 }
@@ -238,20 +252,23 @@ TEST(Pointers, NnodesRangeAndDefaultHeartbeat) {
   const std::string range = dir.Write("range.toml", Job("command = [\"x\"]\n", "nnodes = \"2:4\"\n"));
   const Output r = Shell("$D check " + range);
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.text, HasSubstr(range + ":6:10: error: cluster.nnodes must be an integer, not a string\n"
+  EXPECT_THAT(r.text,
+              HasSubstr(range + ":6:10: error: cluster.nnodes must be an integer, not a string\n"
                                 "    6 | nnodes = \"2:4\"\n      |          ^\n"
                                 "   hint: nnodes is a number, not torchrun's MIN:MAX range: write nnodes = 4 "
                                 "and min_nodes = 2 (cluster.min_nodes lets rounds run with fewer nodes "
                                 "when some are lost)\n"))
       << r.text;
-  const std::string beat = dir.Write(
-      "beat.toml", Job("command = [\"x\"]\n", "nnodes = 2\n[timeouts]\nrendezvous = \"5s\"\nstop_grace = \"1s\"\n"
-                                              "[restart]\nbackoff = \"1s\"\n"));
+  const std::string beat =
+      dir.Write("beat.toml", Job("command = [\"x\"]\n",
+                                 "nnodes = 2\n[timeouts]\nrendezvous = \"5s\"\nstop_grace = \"1s\"\n"
+                                 "[restart]\nbackoff = \"1s\"\n"));
   const Output b = Shell("$D check " + beat);
   EXPECT_EQ(b.exit_code, 2);
-  EXPECT_THAT(b.text, HasSubstr(beat + ":8:14: error: timeouts.rendezvous = 5s is too short for the default "
-                                "timeouts.heartbeat = 2s (not set in this file): a node is declared lost "
-                                "after 3 missed beats (6s)\n"))
+  EXPECT_THAT(b.text,
+              HasSubstr(beat + ":8:14: error: timeouts.rendezvous = 5s is too short for the default "
+                               "timeouts.heartbeat = 2s (not set in this file): a node is declared lost "
+                               "after 3 missed beats (6s)\n"))
       << b.text;
 }
 
@@ -284,7 +301,8 @@ TEST(Pointers, TorchrunHabitsGetAPointerToInit) {
             "torchrun's --nproc_per_node; add --nodes host-a,host-b for several machines), then run "
             "`ddprun job.toml` on every node\n");
   // The suggested command works.
-  const Output init = Shell("cd " + dir.path() + " && $D init --script train.py --gpus 2 && $D check job.toml");
+  const Output init =
+      Shell("cd " + dir.path() + " && $D init --script train.py --gpus 2 && $D check job.toml");
   EXPECT_EQ(init.exit_code, 0) << init.text;
 }
 
@@ -298,14 +316,16 @@ TEST(Pointers, TheTorchrunHintKeepsTheMasterThePortAndTheArguments) {
                          " && $D --nproc_per_node=4 --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 "
                          "--master_port=29400 train.py --epochs 3 --name 'my run'");
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_EQ(o.text,
-            "ddprun: error: `train.py` is a Python script; ddprun runs a job file (TOML) that names the "
-            "script, the nodes and the workers per node\n"
-            "hint: `ddprun init --script train.py --nodes 10.0.0.1,HOST1 --gpus 4 --master-port 29400` writes "
-            "job.toml for it (--gpus is torchrun's --nproc_per_node; node 0 is torchrun's --master_addr; put "
-            "the other machine's name for HOST1), then run `ddprun job.toml -- --epochs 3 --name 'my run'` on "
-            "every node\n");
-  const std::string init = o.text.substr(o.text.find("`ddprun init") + 8, o.text.find("` writes") - o.text.find("`ddprun init") - 8);
+  EXPECT_EQ(
+      o.text,
+      "ddprun: error: `train.py` is a Python script; ddprun runs a job file (TOML) that names the "
+      "script, the nodes and the workers per node\n"
+      "hint: `ddprun init --script train.py --nodes 10.0.0.1,HOST1 --gpus 4 --master-port 29400` writes "
+      "job.toml for it (--gpus is torchrun's --nproc_per_node; node 0 is torchrun's --master_addr; put "
+      "the other machine's name for HOST1), then run `ddprun job.toml -- --epochs 3 --name 'my run'` on "
+      "every node\n");
+  const std::string init = o.text.substr(o.text.find("`ddprun init") + 8,
+                                         o.text.find("` writes") - o.text.find("`ddprun init") - 8);
   const Output written = Shell("cd " + dir.path() + " && $D " + init + " && $D check job.toml --node-rank 1");
   EXPECT_EQ(written.exit_code, 0) << written.text;
   EXPECT_THAT(written.text, HasSubstr("job train: 2 nodes x 4 processes = world size 8")) << written.text;
@@ -313,8 +333,9 @@ TEST(Pointers, TheTorchrunHintKeepsTheMasterThePortAndTheArguments) {
   EXPECT_THAT(written.text, HasSubstr("MASTER_PORT=29400\n")) << written.text;
   // Many nodes: no list of 300 placeholders.
   const Output many = Shell("cd " + dir.path() + " && $D --nnodes=300 --master_addr=10.0.0.1 train.py");
-  EXPECT_THAT(many.text, HasSubstr("`ddprun init --script train.py --nnodes 300` writes job.toml for it (list the "
-                                   "machines with --nodes, 10.0.0.1 (torchrun's --master_addr) first)"))
+  EXPECT_THAT(many.text,
+              HasSubstr("`ddprun init --script train.py --nnodes 300` writes job.toml for it (list the "
+                        "machines with --nodes, 10.0.0.1 (torchrun's --master_addr) first)"))
       << many.text;
 }
 
@@ -349,7 +370,8 @@ TEST(Pointers, HelpAndReadmeAgreeOnExitCodes) {
     if (at == std::string::npos) return found;
     const std::string paragraph = text.substr(at, text.find("\n\n", at) - at);
     const std::regex number("\\b[0-9]{1,3}\\b");
-    for (auto it = std::sregex_iterator(paragraph.begin(), paragraph.end(), number); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(paragraph.begin(), paragraph.end(), number);
+         it != std::sregex_iterator(); ++it) {
       found.insert(std::stoi(it->str()));
     }
     return found;

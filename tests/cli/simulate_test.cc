@@ -39,26 +39,32 @@ TEST(CliTest, LaptopExampleRecoversFromANodeCrash) {
   const Result run = RunDdprun("--simulate " + kLaptop);
   EXPECT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("] node 1: crashed (fault node-crash); reboots in 2m"));
-  EXPECT_THAT(run.output, HasSubstr("] coordinator: round 0 failed: node 1 (node-0001) was lost: silent for"));
-  EXPECT_THAT(run.output, HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
+  EXPECT_THAT(run.output,
+              HasSubstr("] coordinator: round 0 failed: node 1 (node-0001) was lost: silent for"));
+  EXPECT_THAT(run.output,
+              HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
   EXPECT_THAT(run.output, HasSubstr("restarts used: 1 of 3"));
   EXPECT_THAT(run.output, HasSubstr("goodput:"));
 }
 
 TEST(CliTest, RunsTwiceIdentically) {
-  const Result a = RunDdprun("--simulate " + kLaptop + " --seed 99 --fault worker-exit@3m:node=0,exit_code=5");
-  const Result b = RunDdprun("--simulate " + kLaptop + " --seed 99 --fault worker-exit@3m:node=0,exit_code=5");
+  const Result a =
+      RunDdprun("--simulate " + kLaptop + " --seed 99 --fault worker-exit@3m:node=0,exit_code=5");
+  const Result b =
+      RunDdprun("--simulate " + kLaptop + " --seed 99 --fault worker-exit@3m:node=0,exit_code=5");
   EXPECT_EQ(a.code, b.code);
   EXPECT_EQ(a.output, b.output);
 }
 
 TEST(CliTest, WorkerSlowFlagReportsAStraggler) {
-  const Result run = RunDdprun("--simulate " + std::string(DDPRUN_SOURCE_DIR) +
-                               "/examples/lightning-2x8.toml --fault worker-slow@5m:node=1,local_rank=2,percent=100");
+  const Result run =
+      RunDdprun("--simulate " + std::string(DDPRUN_SOURCE_DIR) +
+                "/examples/lightning-2x8.toml --fault worker-slow@5m:node=1,local_rank=2,percent=100");
   EXPECT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("] node 1: local rank 2's GPU slows down: 100% more own work per step"));
-  EXPECT_THAT(run.output, HasSubstr("] coordinator: rank 10 (node 1 (10.10.10.17), local rank 2) is a straggler: its "
-                                    "own work per step is"));
+  EXPECT_THAT(run.output,
+              HasSubstr("] coordinator: rank 10 (node 1 (10.10.10.17), local rank 2) is a straggler: its "
+                        "own work per step is"));
   EXPECT_THAT(run.output, HasSubstr("stragglers (more than 50% slower than the median rank for 2m):"));
 }
 
@@ -79,8 +85,8 @@ TEST(CliTest, QuietPrintsOnlyTheSummary) {
 
 TEST(CliTest, WritesTraceAndReport) {
   const std::string dir = ::testing::TempDir();
-  const Result run = RunDdprun("--simulate " + kLaptop + " --quiet --trace " + dir + "/t.json --report " + dir +
-                               "/r.html");
+  const Result run =
+      RunDdprun("--simulate " + kLaptop + " --quiet --trace " + dir + "/t.json --report " + dir + "/r.html");
   EXPECT_EQ(run.code, 0) << run.output;
   std::ifstream trace(dir + "/t.json");
   std::stringstream text;
@@ -100,7 +106,8 @@ TEST(CliTest, ASpareReplacesAHostThatNeverReturns) {
   EXPECT_THAT(run.output, HasSubstr("] node 2: crashed (fault node-crash); stays down"));
   EXPECT_THAT(run.output, HasSubstr("replaces node 2 (node-0002) as node rank 2"));
   EXPECT_THAT(run.output, HasSubstr("  replaced:          at "));
-  EXPECT_THAT(run.output, HasSubstr("simulation summary: job \"swarm-spares\", 4 nodes x 4 workers, 2 spares, seed 7"));
+  EXPECT_THAT(run.output,
+              HasSubstr("simulation summary: job \"swarm-spares\", 4 nodes x 4 workers, 2 spares, seed 7"));
 }
 
 // Issue 40: `--swarm` and `--sweep` dropped --report and --trace without a word. They draw one
@@ -109,12 +116,13 @@ TEST(CliTest, ASwarmOrASweepWithAReportIsRefusedWithTheWayToDrawOneRun) {
   const std::string dir = ::testing::TempDir();
   const Result swarm = RunDdprun("--simulate " + kLaptop + " --swarm 3 --report " + dir + "/swarm.html");
   EXPECT_EQ(swarm.code, 2) << swarm.output;
-  EXPECT_THAT(swarm.output, HasSubstr("ddprun simulate: --report draws one run and --swarm runs many: run one of "
-                                      "them again with --report (a failing seed's command line is printed as "
-                                      "`reproduce with:`; any other is `--seed S` with the same options)"));
+  EXPECT_THAT(swarm.output,
+              HasSubstr("ddprun simulate: --report draws one run and --swarm runs many: run one of "
+                        "them again with --report (a failing seed's command line is printed as "
+                        "`reproduce with:`; any other is `--seed S` with the same options)"));
   EXPECT_FALSE(std::ifstream(dir + "/swarm.html").good());
-  const Result sweep = RunDdprun("--simulate " + kLaptop + " --sweep restart.max_restarts=1,2 --trace " + dir +
-                                 "/sweep.json");
+  const Result sweep =
+      RunDdprun("--simulate " + kLaptop + " --sweep restart.max_restarts=1,2 --trace " + dir + "/sweep.json");
   EXPECT_EQ(sweep.code, 2) << sweep.output;
   EXPECT_THAT(sweep.output, HasSubstr("--trace draws one run and --sweep runs many"));
 }
@@ -154,9 +162,12 @@ TEST(CliTest, NodesOverrideScalesAnExplicitMinNodes) {
   std::ofstream(path) << toml;
   const Result run = RunDdprun("--simulate " + path + " --nodes 64 --fault node-crash@1m:node=5");
   EXPECT_EQ(run.code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("ddprun simulate: --nodes 64: cluster.min_nodes = 12 of 16 nodes becomes 48 of 64\n"));
-  EXPECT_THAT(run.output, HasSubstr("] coordinator: round 1: starting 504 workers on 63 of the job's 64 nodes "
-                                    "(cluster.min_nodes = 48): without node 5 (node-0005)"));
+  EXPECT_THAT(
+      run.output,
+      HasSubstr("ddprun simulate: --nodes 64: cluster.min_nodes = 12 of 16 nodes becomes 48 of 64\n"));
+  EXPECT_THAT(run.output,
+              HasSubstr("] coordinator: round 1: starting 504 workers on 63 of the job's 64 nodes "
+                        "(cluster.min_nodes = 48): without node 5 (node-0005)"));
 }
 
 }  // namespace

@@ -58,8 +58,7 @@ class AgentTest : public ::testing::Test, public test::AgentDriver {
   }
   Effects Tick(Duration at) { return Feed(at, core::Tick{}); }
 
-  Effects Exit(Duration at, int local, int code, int signal = 0, std::string tail = "",
-               int round = 0) {
+  Effects Exit(Duration at, int local, int code, int signal = 0, std::string tail = "", int round = 0) {
     return Feed(at, WorkerExited{round, local, code, signal, std::move(tail), ""});
   }
 
@@ -135,8 +134,7 @@ TEST_F(AgentTest, ConnectErrorsAreExplained) {
       {ConnectError::kNameNotResolved, "Name or service not known",
        "cannot resolve the host name \"gpu-01\" (Name or service not known): check "
        "cluster.master_addr, DNS or /etc/hosts"},
-      {ConnectError::kOther, "Too many open files",
-       "cannot connect to gpu-01:50000: Too many open files"},
+      {ConnectError::kOther, "Too many open files", "cannot connect to gpu-01:50000: Too many open files"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.detail);
@@ -180,7 +178,8 @@ TEST_F(AgentTest, RendezvousTimeoutWithoutEverConnectingExitsThreeAtTheDeadline)
   ASSERT_EQ(All<PrintSummary>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<PrintSummary>(e)[0].text,
             "rendezvous failed: node 1 could not join the coordinator at gpu-01:50000 within "
-            "timeouts.rendezvous = 15m\n  last error: " + kRefusedAdvice);
+            "timeouts.rendezvous = 15m\n  last error: " +
+                kRefusedAdvice);
   ASSERT_EQ(All<AgentExit>(e).size(), 1u);
   EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
   EXPECT_EQ(agent_->exit_code(), 3);
@@ -193,7 +192,8 @@ TEST_F(AgentTest, ConnectedAgentJoinsWithItsFingerprintAndInstance) {
   EXPECT_EQ(FindLog(e, "connected"), "connected to the coordinator at gpu-01:50000; joining as node 1");
   const auto joins = Sent<wire::Join>(e);
   ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
-  EXPECT_EQ(joins[0], (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, "", "", ""}));
+  EXPECT_EQ(joins[0],
+            (wire::Join{1, "gpu-02", 2, "0.1.0", config_.fingerprint, config_.canonical, 4242, "", "", ""}));
   EXPECT_EQ(agent_->phase(), Agent::Phase::kJoining);
 
   const Effects acked = Msg(1s, wire::JoinAck{2});
@@ -223,17 +223,21 @@ TEST_F(AgentTest, TheJoinCarriesTheProbeEndpointAndAProbeIsRunByTheHostAndAnswer
 TEST_F(AgentTest, ProgressIsPrintedWithTheMissingHosts) {
   Joined(0s);
   const Effects e = Msg(1s, wire::Progress{1, 2, {0}, 41'000, 900'000, {"gpu-01"}, {""}});
-  EXPECT_EQ(test::LogTexts(e), std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01); 41s of 15m"});
+  EXPECT_EQ(test::LogTexts(e),
+            std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01); 41s of 15m"});
   // Issue 37: the agent the coordinator expects for the rank (a spare that took it), named as it
   // was started and with its host, not entry 0 of cluster.nodes (seed 100506 named the
   // coordinator's own host as missing).
   const Effects spare = Msg(2s, wire::Progress{1, 2, {2}, 42'000, 900'000, {"gpu-09"}, {""}});
-  EXPECT_EQ(test::LogTexts(spare), std::vector<std::string>{"1/2 nodes joined; waiting for spare 0 (gpu-09); 42s of 15m"});
+  EXPECT_EQ(test::LogTexts(spare),
+            std::vector<std::string>{"1/2 nodes joined; waiting for spare 0 (gpu-09); 42s of 15m"});
   // Issue 40: a node refused for good does not come by itself; the line says why it is missing.
-  const Effects refused = Msg(3s, wire::Progress{1, 2, {0}, 43'000, 900'000, {"gpu-01"}, {"it runs a different job file"}});
+  const Effects refused =
+      Msg(3s, wire::Progress{1, 2, {0}, 43'000, 900'000, {"gpu-01"}, {"it runs a different job file"}});
   EXPECT_EQ(test::LogTexts(refused),
-            std::vector<std::string>{"1/2 nodes joined; waiting for node 0 (gpu-01; refused: it runs a different job "
-                                     "file); 43s of 15m"});
+            std::vector<std::string>{
+                "1/2 nodes joined; waiting for node 0 (gpu-01; refused: it runs a different job "
+                "file); 43s of 15m"});
 }
 
 TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
@@ -262,7 +266,8 @@ TEST_F(AgentTest, StartRoundSpawnsWorkersWithTheWorkerContract) {
 TEST_F(AgentTest, LaterRoundsCountRestartsAndUseTheirOwnPort) {
   Joined(0s);
   const Effects e = Msg(1s, wire::StartRound{2, 41002});
-  EXPECT_EQ(FindLog(e, "round 2"), "round 2: starting 2 workers (ranks 2..3 of 4), store through master_port 50000");
+  EXPECT_EQ(FindLog(e, "round 2"),
+            "round 2: starting 2 workers (ranks 2..3 of 4), store through master_port 50000");
   const auto spawn = All<SpawnWorkers>(e).at(0);
   EXPECT_EQ(EnvOf(spawn.workers[0], "TORCHELASTIC_RESTART_COUNT"), "2");
   EXPECT_EQ(EnvOf(spawn.workers[0], "MASTER_PORT"), "50000");
@@ -312,9 +317,10 @@ TEST_F(AgentTest, AWorkerStoppedWithoutAnErrorFileIsNotReported) {
 TEST_F(AgentTest, SpawnFailureIsAWorkerFailure) {
   Running(0s);
   const Effects e = Feed(1s, WorkerSpawnFailed{0, 0, "python: No such file or directory"});
-  EXPECT_EQ(Sent<wire::WorkerFailed>(e),
-            (std::vector<wire::WorkerFailed>{
-                {0, 2, 0, 127, 0, "ddprun could not start the worker: python: No such file or directory", ""}}));
+  EXPECT_EQ(
+      Sent<wire::WorkerFailed>(e),
+      (std::vector<wire::WorkerFailed>{
+          {0, 2, 0, 127, 0, "ddprun could not start the worker: python: No such file or directory", ""}}));
 }
 
 TEST_F(AgentTest, SigkillFollowsStopGraceExactly) {
@@ -336,7 +342,8 @@ TEST_F(AgentTest, SigkillFollowsStopGraceExactly) {
 TEST_F(AgentTest, StopRoundStopsEveryWorkerAndConfirmsWithTheCount) {
   Running(0s);
   EXPECT_TRUE(Meaningful(Msg(1s, wire::StopRound{5, "stale"})).empty());
-  const Effects e = Msg(2s, wire::StopRound{0, "rank 0 (node 0 (gpu-01), local rank 0) exited with code 1", false, 0});
+  const Effects e =
+      Msg(2s, wire::StopRound{0, "rank 0 (node 0 (gpu-01), local rank 0) exited with code 1", false, 0});
   EXPECT_EQ(FindLog(e, "round 0 failed"),
             "round 0 failed: rank 0 (node 0 (gpu-01), local rank 0) exited with code 1");
   // The host's console learns which rank is the cause, to collapse the others' consequences.
@@ -354,8 +361,9 @@ TEST_F(AgentTest, StopRoundStopsEveryWorkerAndConfirmsWithTheCount) {
 // A cause that only lost a peer may be revised: the console hears that it is provisional.
 TEST_F(AgentTest, AStopNamingARankThatLostAPeerIsAProvisionalRootCause) {
   Running(0s);
-  const Effects e = Msg(2s, wire::StopRound{0, "rank 1 (node 0 (gpu-01), local rank 1) exited with code 1", false, 1,
-                                            /*cause_lost_peer=*/true});
+  const Effects e =
+      Msg(2s, wire::StopRound{0, "rank 1 (node 0 (gpu-01), local rank 1) exited with code 1", false, 1,
+                              /*cause_lost_peer=*/true});
   ASSERT_EQ(All<RootCauseKnown>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<RootCauseKnown>(e)[0].cause_rank, 1);
   EXPECT_TRUE(All<RootCauseKnown>(e)[0].provisional);
@@ -507,7 +515,9 @@ TEST_F(AgentTest, AStallWithinTheLeaseIsNotTheCoordinatorsSilence) {
   EXPECT_TRUE(All<DisconnectFromMaster>(Tick(18s)).empty());
   const Effects lost = Tick(18s + kNs);
   ASSERT_EQ(All<DisconnectFromMaster>(lost).size(), 1u) << test::Describe(lost);
-  EXPECT_EQ(FindLog(lost, "lost").rfind("lost the coordinator at gpu-01:50000 (silent for 6.0s (3 heartbeats))", 0), 0u);
+  EXPECT_EQ(
+      FindLog(lost, "lost").rfind("lost the coordinator at gpu-01:50000 (silent for 6.0s (3 heartbeats))", 0),
+      0u);
 }
 
 // Issue 37: words read after our own stall renewed no lease only within one heartbeat of
@@ -519,7 +529,8 @@ TEST_F(AgentTest, AfterAStallOnlyTheCoordinatorsEchoRenewsTheWorkersLease) {
   Msg(1s, wire::Heartbeat{});
   const Effects resumed = Tick(12s);
   // The echo first, then the heartbeat that came due meanwhile.
-  EXPECT_EQ(Sent<wire::Heartbeat>(resumed), (std::vector<wire::Heartbeat>{wire::Heartbeat{1}, wire::Heartbeat{}}))
+  EXPECT_EQ(Sent<wire::Heartbeat>(resumed),
+            (std::vector<wire::Heartbeat>{wire::Heartbeat{1}, wire::Heartbeat{}}))
       << test::Describe(resumed);
   // Read 2.5 s after resuming, later than a heartbeat (2 s): still a word that waited.
   EXPECT_TRUE(All<RenewLease>(Msg(14s + 500ms, wire::Heartbeat{})).empty());
@@ -547,7 +558,9 @@ TEST_F(AgentTest, EveryWordFromTheCoordinatorRenewsTheWorkersLeaseBeforeAnything
   Tick(2s);  // the driver wakes the agent at its heartbeats
   Tick(4s);
   const Effects start = Msg(5s, wire::StartRound{0, 41000});
-  const auto first = [&start](auto is) { return std::find_if(start.begin(), start.end(), is) - start.begin(); };
+  const auto first = [&start](auto is) {
+    return std::find_if(start.begin(), start.end(), is) - start.begin();
+  };
   const auto renewal = first([](const AgentEffect& e) { return std::holds_alternative<RenewLease>(e); });
   const auto spawn = first([](const AgentEffect& e) { return std::holds_alternative<SpawnWorkers>(e); });
   ASSERT_LT(spawn, std::ssize(start)) << test::Describe(start);
@@ -579,7 +592,8 @@ TEST_F(AgentTest, GivesUpRejoiningAfterTheRendezvousTimeout) {
   ASSERT_EQ(All<PrintSummary>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<PrintSummary>(e)[0].text,
             "node 1 lost the coordinator at gpu-01:50000 and could not rejoin within "
-            "timeouts.rendezvous = 15m\n  last error: " + kRefusedAdvice);
+            "timeouts.rendezvous = 15m\n  last error: " +
+                kRefusedAdvice);
   ASSERT_EQ(All<AgentExit>(e).size(), 1u);
   EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
 }
@@ -668,8 +682,10 @@ TEST_F(AgentTest, ARetryableRejectEndsAtTheRendezvousTimeoutWithTheReason) {
   const Effects e = Tick(15min);
   ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
   EXPECT_EQ(All<AgentExit>(e)[0].code, 3);
-  EXPECT_NE(All<PrintSummary>(e).at(0).text.find("last error: the coordinator refused this node: node rank 1 is claimed twice"),
-            std::string::npos) << All<PrintSummary>(e).at(0).text;
+  EXPECT_NE(All<PrintSummary>(e).at(0).text.find(
+                "last error: the coordinator refused this node: node rank 1 is claimed twice"),
+            std::string::npos)
+      << All<PrintSummary>(e).at(0).text;
 }
 
 // Issue 40: the duplicate of a node rank is refused until the job it wanted to join ends; its
@@ -680,14 +696,16 @@ TEST_F(AgentTest, ARefusalThenAGoneCoordinatorEndsWithTheRefusalAsTheReason) {
   Feed(0s, MasterConnected{});
   Msg(0s, wire::Reject{"node rank 1 is claimed twice", true});
   for (Duration t = 2s; t < 15min; t += 2s) {
-    if (!All<ConnectToMaster>(Tick(t)).empty()) Feed(t, MasterConnectFailed{ConnectError::kRefused, "Connection refused"});
+    if (!All<ConnectToMaster>(Tick(t)).empty())
+      Feed(t, MasterConnectFailed{ConnectError::kRefused, "Connection refused"});
   }
   const Effects e = Tick(15min);
   ASSERT_EQ(All<AgentExit>(e).size(), 1u) << test::Describe(e);
   const std::string summary = All<PrintSummary>(e).at(0).text;
-  EXPECT_NE(summary.find("last error: the coordinator refused this node: node rank 1 is claimed twice\n  (since "
-                         "then: connection to gpu-01:50000 refused"),
-            std::string::npos)
+  EXPECT_NE(
+      summary.find("last error: the coordinator refused this node: node rank 1 is claimed twice\n  (since "
+                   "then: connection to gpu-01:50000 refused"),
+      std::string::npos)
       << summary;
 }
 
@@ -765,8 +783,7 @@ TEST_F(SecretAgentTest, SpeaksFirstThenAnswersTheChallengeWithItsProof) {
   EXPECT_EQ(first[0].host, "");
   EXPECT_EQ(first[0].node_rank, 1);
   EXPECT_EQ(first[0].nonce.size(), 32u);
-  const Effects e =
-      Msg(1s, wire::Challenge{"abc", CoordinatorProof("s3cret", first[0].nonce, "abc")});
+  const Effects e = Msg(1s, wire::Challenge{"abc", CoordinatorProof("s3cret", first[0].nonce, "abc")});
   const auto joins = Sent<wire::Join>(e);
   ASSERT_EQ(joins.size(), 1u) << test::Describe(e);
   EXPECT_EQ(joins[0].proof, JoinProof("s3cret", "abc", 1, config_.fingerprint));
@@ -822,8 +839,9 @@ TEST_F(SecretAgentTest, ACoordinatorThatNeverChallengesIsNotJoined) {
   EXPECT_TRUE(All<AgentExit>(e).empty()) << test::Describe(e);
   EXPECT_EQ(agent_->phase(), Agent::Phase::kRetryWait);
   EXPECT_EQ(All<DisconnectFromMaster>(e).size(), 1u) << test::Describe(e);
-  EXPECT_NE(FindLog(e, "did not ask for the shared secret: node 0 runs without one, or the "
-                       "listener is not this job's coordinator"),
+  EXPECT_NE(FindLog(e,
+                    "did not ask for the shared secret: node 0 runs without one, or the "
+                    "listener is not this job's coordinator"),
             "")
       << test::Describe(e);
 }
@@ -835,9 +853,10 @@ TEST_F(SecretAgentTest, ACoordinatorThatNeverChallengesIsNotJoined) {
 TEST_F(SecretAgentTest, NothingAnUnprovenPeerSendsIsBelievedOrPrinted) {
   const std::string hostile = "\x1b]0;owned\x07\x1b[2Jjob succeeded";
   const std::vector<wire::Message> messages = {
-      wire::JobEnd{0, hostile},       wire::Reject{hostile, false}, wire::Reject{hostile, true},
-      wire::StartRound{0, 41000},     wire::StopRound{0, hostile},  wire::Progress{1, 2, {0}, 1, 2, {}, {}},
-      wire::DumpStacks{0},            wire::Heartbeat{}};
+      wire::JobEnd{0, hostile},    wire::Reject{hostile, false},
+      wire::Reject{hostile, true}, wire::StartRound{0, 41000},
+      wire::StopRound{0, hostile}, wire::Progress{1, 2, {0}, 1, 2, {}, {}},
+      wire::DumpStacks{0},         wire::Heartbeat{}};
   for (const wire::Message& message : messages) {
     SCOPED_TRACE(wire::MessageName(message));
     UseJob(kTwoNodeJob, "s3cret");

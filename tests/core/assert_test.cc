@@ -12,8 +12,8 @@ TEST(AssertDeathTest, FailingConditionAbortsWithFileLineAndCondition) {
   const int round = 2;
   // The line number is the one of the DDPRUN_ASSERT below.
   const int line = __LINE__ + 1;
-  EXPECT_DEATH(DDPRUN_ASSERT(round == 3), std::string("assert_test.cc:") + std::to_string(line) +
-                                              ": assertion failed: round == 3");
+  EXPECT_DEATH(DDPRUN_ASSERT(round == 3),
+               std::string("assert_test.cc:") + std::to_string(line) + ": assertion failed: round == 3");
 }
 
 TEST(AssertDeathTest, TrueConditionDoesNothing) {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "schema/canonical.h"
-#include "tests/core/core_test_util.h"
 #include "tests/core/coordinator_fixture.h"
+#include "tests/core/core_test_util.h"
 
 namespace ddprun::core {
 namespace {
@@ -25,9 +25,9 @@ TEST_F(CoordinatorTest, EveryNodeDoneEndsTheJobWithZeroAfterTheExitBarrier) {
   const Effects e = Send(6s, ConnOf(0), wire::NodeDone{0});
   const auto end = Sent<wire::JobEnd>(e);
   ASSERT_EQ(end.size(), 2u) << test::Describe(e);
-  EXPECT_EQ(end[0].second,
-            (wire::JobEnd{0, "job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 0 "
-                             "(0 restarts used)"}));
+  EXPECT_EQ(end[0].second, (wire::JobEnd{0,
+                                         "job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 0 "
+                                         "(0 restarts used)"}));
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kEnding);
   EXPECT_TRUE(All<CoordinatorDone>(e).empty());
   EXPECT_TRUE(All<CoordinatorDone>(Send(7s, ConnOf(1), wire::JobEndAck{})).empty());
@@ -70,10 +70,10 @@ TEST_F(CoordinatorTest, InterruptEndsTheJobWith128PlusTheSignal) {
   const Effects e = Send(3s, ConnOf(1), wire::Interrupted{SIGINT});
   const auto end = Sent<wire::JobEnd>(e);
   ASSERT_EQ(end.size(), 2u) << test::Describe(e);
-  EXPECT_EQ(end[0].second,
-            (wire::JobEnd{130, "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every "
-                               "node stops its workers (SIGTERM, SIGKILL after stop_grace = 30s) "
-                               "before it exits"}));
+  EXPECT_EQ(end[0].second, (wire::JobEnd{130,
+                                         "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every "
+                                         "node stops its workers (SIGTERM, SIGKILL after stop_grace = 30s) "
+                                         "before it exits"}));
   EXPECT_EQ(coordinator_->exit_code(), 130);
   // A second interrupt while ending does not change the outcome.
   EXPECT_TRUE(Sent<wire::JobEnd>(Send(3s, ConnOf(0), wire::Interrupted{SIGTERM})).empty());
@@ -121,8 +121,7 @@ TEST_F(CoordinatorTest, NodeAwayAtTheEndIsWaitedForAndHearsTheVerdictAfterIt) {
   const Effects other = Send(21s, 203, JoinOf(1, /*instance=*/77));
   EXPECT_TRUE(Sent<wire::JobEnd>(other).empty()) << test::Describe(other);
   ASSERT_EQ(Sent<wire::Reject>(other).size(), 1u) << test::Describe(other);
-  EXPECT_EQ(Sent<wire::Reject>(other)[0].second.reason,
-            "node 1 (host gpu-02) joined after the job ended");
+  EXPECT_EQ(Sent<wire::Reject>(other)[0].second.reason, "node 1 (host gpu-02) joined after the job ended");
 }
 
 // The wait is said rounded up: joined half a second later than below, 35.5 s are left.

@@ -1,9 +1,9 @@
 // The coordinator under restart.never_on, with etcd (the job's record in the store, taking
 // over) and with the reachability probe, driven with inputs and virtual time.
 
-#include "runner/core/coordinator_text.h"
 #include "runner/core/auth.h"
 #include "runner/core/coordinator.h"
+#include "runner/core/coordinator_text.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "schema/canonical.h"
-#include "tests/core/core_test_util.h"
 #include "tests/core/coordinator_fixture.h"
+#include "tests/core/core_test_util.h"
 
 namespace ddprun::core {
 namespace {
@@ -41,7 +41,8 @@ class CoordinatorNeverOnTest : public ::testing::Test, public test::CoordinatorD
 
 TEST_F(CoordinatorNeverOnTest, ASyntaxErrorEndsTheJobAtOnceWithItsKind) {
   Start("[\"SyntaxError\", \"exit:2\"]");
-  const auto out = FailAndStop("  File \"/job/train.py\", line 3\n    def (\n        ^\nSyntaxError: invalid syntax\n");
+  const auto out =
+      FailAndStop("  File \"/job/train.py\", line 3\n    def (\n        ^\nSyntaxError: invalid syntax\n");
   const auto end = test::Sent<wire::JobEnd>(out);
   ASSERT_EQ(end.size(), 2u) << test::Describe(out);
   EXPECT_EQ(end[0].second.exit_code, 1);
@@ -90,7 +91,8 @@ JobRecord Ended(JobRecord record, int exit_code, std::string summary) {
 
 TEST_F(EtcdCoordinatorTest, RankZeroAndMasterAddrFollowTheCoordinatorsAgent) {
   coordinator_->PlaceRankZero(1, "gpu-02");
-  EXPECT_EQ(FindLog(Join(0s, 0), "joined"), "node 0 (gpu-01) joined from 10.0.0.1 (1/2); it plays node rank 1");
+  EXPECT_EQ(FindLog(Join(0s, 0), "joined"),
+            "node 0 (gpu-01) joined from 10.0.0.1 (1/2); it plays node rank 1");
   const Effects joined = Join(0s, 1);
   EXPECT_EQ(FindLog(joined, "joined"),
             "node 1 (gpu-02) joined from 10.0.0.2 (2/2); it plays node rank 0, the coordinator's");
@@ -153,8 +155,9 @@ TEST_F(EtcdCoordinatorTest, TakingOverARunningRoundSpendsOneRestartAndWaitsForTh
   Join(1s, 0);
   const Effects all_in = Join(1s, 1);
   EXPECT_TRUE(All<CommitRound>(all_in).empty());
-  EXPECT_NE(FindLog(all_in, "the previous coordinator (node 0 (gpu-01)) was lost while round 2 ran, so "
-                            "workers of its rounds may still run"),
+  EXPECT_NE(FindLog(all_in,
+                    "the previous coordinator (node 0 (gpu-01)) was lost while round 2 ran, so "
+                    "workers of its rounds may still run"),
             "")
       << test::Describe(all_in);
   const Duration fence = spec_->timeouts.LeaseBound();
@@ -192,18 +195,20 @@ class UnjudgedRoundTest : public EtcdCoordinatorTest {
 
 TEST_F(UnjudgedRoundTest, EveryNodeOfTheRoundSayingItsWorkersExited0IsTheJobsSuccess) {
   const Effects taken = TakeOverRoundTwo();
-  EXPECT_EQ(FindLog(taken, "never judged"),
-            "round 2 was never judged: waiting up to 48s for its 2 nodes to rejoin and say whether their workers "
-            "exited 0");
+  EXPECT_EQ(
+      FindLog(taken, "never judged"),
+      "round 2 was never judged: waiting up to 48s for its 2 nodes to rejoin and say whether their workers "
+      "exited 0");
   EXPECT_EQ(coordinator_->restarts_used(), 0);
   EXPECT_TRUE(All<RecordEnd>(Rejoin(1s, 0, 1, true)).empty());
   // Agent 1 played node rank 0 (the old coordinator's), agent 0 node rank 1.
   const Effects all = Rejoin(1s, 1, 0, true);
   ASSERT_EQ(All<RecordEnd>(all).size(), 1u) << test::Describe(all);
   EXPECT_EQ(All<RecordEnd>(all)[0].exit_code, 0);
-  EXPECT_THAT(All<RecordEnd>(all)[0].summary,
-              ::testing::StartsWith("job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 2 (0 restarts "
-                                    "used)\n  its coordinator was lost before it could record the end"));
+  EXPECT_THAT(
+      All<RecordEnd>(all)[0].summary,
+      ::testing::StartsWith("job \"demo\" succeeded: all 4 ranks on 2 nodes exited 0 in round 2 (0 restarts "
+                            "used)\n  its coordinator was lost before it could record the end"));
   EXPECT_TRUE(All<CommitRound>(all).empty());
   EXPECT_EQ(coordinator_->restarts_used(), 0);
 }
@@ -242,7 +247,8 @@ TEST_F(UnjudgedRoundTest, ANodeThatNeverSaysSoFailsTheRoundWhenTheLeasePasses) {
   EXPECT_EQ(FindLog(before, "failed"), "") << test::Describe(before);
   EXPECT_EQ(coordinator_->restarts_used(), 0);
   const Effects after = BeatUntil(fence - 1s, fence + 1s);
-  EXPECT_NE(FindLog(after, "round 2 failed: the coordinator (node 1 (gpu-02)) was lost while round 2 ran"), "")
+  EXPECT_NE(FindLog(after, "round 2 failed: the coordinator (node 1 (gpu-02)) was lost while round 2 ran"),
+            "")
       << test::Describe(after);
   ASSERT_EQ(All<CommitRound>(after).size(), 1u) << test::Describe(after);
   EXPECT_EQ(All<CommitRound>(after)[0].restarts_used, 1);
@@ -258,7 +264,8 @@ TEST_F(UnjudgedRoundTest, TheLostRoundsSummaryPointsAtTheOldCoordinatorsLogs) {
   const Effects ended = Rejoin(1s, 1, 0, false);
   ASSERT_EQ(All<RecordEnd>(ended).size(), 1u) << test::Describe(ended);
   // Agent 1 held the role (and node rank 0): its host has the round's logs, not agent 0's.
-  EXPECT_THAT(All<RecordEnd>(ended)[0].summary, ::testing::HasSubstr("logs: logs/demo/latest-n1/attempt-2/ on node 1 (gpu-02),"));
+  EXPECT_THAT(All<RecordEnd>(ended)[0].summary,
+              ::testing::HasSubstr("logs: logs/demo/latest-n1/attempt-2/ on node 1 (gpu-02),"));
   EXPECT_THAT(All<RecordEnd>(ended)[0].summary,
               ::testing::HasSubstr("node 1 (gpu-02) says its workers of round 2 did not all exit 0"));
 }
@@ -287,8 +294,9 @@ TEST_F(EtcdCoordinatorTest, TakingOverWithTheBudgetSpentEndsTheJobWithTheCause) 
   coordinator_->TakeOver(At(0s), Left(2, 1, "node 1 (gpu-02)", /*round_may_run=*/true), out);
   ASSERT_EQ(All<RecordEnd>(out).size(), 1u) << test::Describe(out);
   EXPECT_EQ(All<RecordEnd>(out)[0].exit_code, 1);
-  EXPECT_NE(All<RecordEnd>(out)[0].summary.find("the coordinator (node 1 (gpu-02)) was lost while round 1 ran"),
-            std::string::npos)
+  EXPECT_NE(
+      All<RecordEnd>(out)[0].summary.find("the coordinator (node 1 (gpu-02)) was lost while round 1 ran"),
+      std::string::npos)
       << All<RecordEnd>(out)[0].summary;
   // Nobody hears a verdict before etcd has it.
   EXPECT_TRUE(Sent<wire::JobEnd>(Join(1s, 0)).empty());
@@ -299,8 +307,7 @@ TEST_F(EtcdCoordinatorTest, TakingOverWithTheBudgetSpentEndsTheJobWithTheCause) 
 
 TEST_F(EtcdCoordinatorTest, TakingOverAnEndedJobTellsTheSameVerdict) {
   std::vector<CoordinatorEffect> out;
-  coordinator_->TakeOver(At(0s), Ended(Left(1, 0, "node 0 (gpu-01)"), 0, "job \"demo\" finished"),
-                         out);
+  coordinator_->TakeOver(At(0s), Ended(Left(1, 0, "node 0 (gpu-01)"), 0, "job \"demo\" finished"), out);
   EXPECT_EQ(FindLog(out, "had ended"),
             "the job had ended (exit code 0) when node 0 (gpu-01) was lost; telling every agent the "
             "verdict again");
@@ -326,7 +333,8 @@ class ReachTest : public CoordinatorTest {
     return Send(at, ConnOf(node), join);
   }
   static wire::ProbeTarget Target(int node) {
-    return wire::ProbeTarget{node, fmt::format("gpu-0{}", node + 1), fmt::format("10.0.0.{}:4100{}", node + 1, node)};
+    return wire::ProbeTarget{node, fmt::format("gpu-0{}", node + 1),
+                             fmt::format("10.0.0.{}:4100{}", node + 1, node)};
   }
 };
 
@@ -361,20 +369,22 @@ TEST_F(ReachTest, APairThatCannotConnectEndsTheJobWithExit3NamingThePairThePortA
   JoinWithProbe(0s, 0);
   JoinWithProbe(0s, 1);
   Send(1s, ConnOf(0), wire::PeersProbed{});
-  const Effects e =
-      Send(4s, ConnOf(1), wire::PeersProbed{{wire::ProbeFailure{Target(0), "timed out (a firewall drops it)"}}});
+  const Effects e = Send(
+      4s, ConnOf(1), wire::PeersProbed{{wire::ProbeFailure{Target(0), "timed out (a firewall drops it)"}}});
   EXPECT_TRUE(All<ReserveStorePort>(e).empty());
   const auto end = Sent<wire::JobEnd>(e);
   ASSERT_EQ(end.size(), 2u) << test::Describe(e);
   EXPECT_EQ(end[0].second.exit_code, 3);
-  EXPECT_EQ(end[0].second.summary,
-            "round 0 not started: a pair of nodes cannot connect on a port other than master_port, as gloo and "
-            "NCCL must (they would wait in init_process_group until their timeout):\n"
-            "  node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out (a firewall drops it)\n"
-            "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let TCP from "
-            "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
-            "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it\n"
-            "(rendezvous.probe = \"warn\" starts the job anyway)");
+  EXPECT_EQ(
+      end[0].second.summary,
+      "round 0 not started: a pair of nodes cannot connect on a port other than master_port, as gloo and "
+      "NCCL must (they would wait in init_process_group until their timeout):\n"
+      "  node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out (a firewall drops "
+      "it)\n"
+      "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let TCP from "
+      "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
+      "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it\n"
+      "(rendezvous.probe = \"warn\" starts the job anyway)");
 }
 
 // Issue 39.4: 64 hosts whose probes all failed printed 4,032 pair lines on every console (17 MB
@@ -389,7 +399,8 @@ TEST_F(ReachTest, ManyFailingPairsAreCountedAndTheNodesNamedMostOftenAreSaid) {
   for (int n = 0; n < 16; ++n) {
     wire::PeersProbed probed;
     for (int t = 0; t < 16; ++t) {
-      if (t != n && (t == 3 || n == 7)) probed.failures.push_back({Target(t), "timed out (a firewall drops it)"});
+      if (t != n && (t == 3 || n == 7))
+        probed.failures.push_back({Target(t), "timed out (a firewall drops it)"});
     }
     e = Send(1s, ConnOf(n), probed);
   }
@@ -397,12 +408,15 @@ TEST_F(ReachTest, ManyFailingPairsAreCountedAndTheNodesNamedMostOftenAreSaid) {
   ASSERT_FALSE(end.empty()) << test::Describe(e);
   const std::string& summary = end[0].second.summary;
   size_t listed = 0;
-  for (size_t at = summary.find("\n  node "); at != std::string::npos; at = summary.find("\n  node ", at + 1)) ++listed;
+  for (size_t at = summary.find("\n  node "); at != std::string::npos; at = summary.find("\n  node ", at + 1))
+    ++listed;
   EXPECT_EQ(listed, kReachPairsShown) << summary;
-  EXPECT_THAT(summary, ::testing::HasSubstr("  node 7 (gpu-08) cannot connect to node 5 (gpu-06) at 10.0.0.6:41005: timed out "
-                                 "(a firewall drops it)\n  ... and 17 more pairs; the nodes named most often: node 3 "
-                                 "(gpu-04) in 15, node 7 (gpu-08) in 15, node 0 (gpu-01) in 2, node 1 (gpu-02) in 2, "
-                                 "node 2 (gpu-03) in 2\nfix: "));
+  EXPECT_THAT(summary,
+              ::testing::HasSubstr(
+                  "  node 7 (gpu-08) cannot connect to node 5 (gpu-06) at 10.0.0.6:41005: timed out "
+                  "(a firewall drops it)\n  ... and 17 more pairs; the nodes named most often: node 3 "
+                  "(gpu-04) in 15, node 7 (gpu-08) in 15, node 0 (gpu-01) in 2, node 1 (gpu-02) in 2, "
+                  "node 2 (gpu-03) in 2\nfix: "));
 }
 
 TEST_F(ReachTest, UnderWarnTheRoundStartsAndAHangVerdictNamesTheProbe) {
@@ -410,16 +424,18 @@ TEST_F(ReachTest, UnderWarnTheRoundStartsAndAHangVerdictNamesTheProbe) {
   JoinWithProbe(0s, 0);
   JoinWithProbe(0s, 1);
   Send(1s, ConnOf(0), wire::PeersProbed{});
-  const Effects e =
-      Send(1s, ConnOf(1), wire::PeersProbed{{wire::ProbeFailure{Target(0), "timed out (a firewall drops it)"}}});
+  const Effects e = Send(
+      1s, ConnOf(1), wire::PeersProbed{{wire::ProbeFailure{Target(0), "timed out (a firewall drops it)"}}});
   EXPECT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
-  EXPECT_EQ(FindLog(e, "some nodes"),
-            "some nodes cannot connect on a port other than master_port; gloo and NCCL will likely hang in "
-            "init_process_group (rendezvous.probe = \"warn\" starts round 0 anyway):\n"
-            "  node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out (a firewall drops it)\n"
-            "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let TCP from "
-            "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
-            "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it");
+  EXPECT_EQ(
+      FindLog(e, "some nodes"),
+      "some nodes cannot connect on a port other than master_port; gloo and NCCL will likely hang in "
+      "init_process_group (rendezvous.probe = \"warn\" starts round 0 anyway):\n"
+      "  node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out (a firewall drops "
+      "it)\n"
+      "fix: gloo and NCCL connect between all nodes on ports they pick, not only master_port: let TCP from "
+      "the job's nodes through the firewall of each node named above (e.g. iptables -I INPUT -s <the "
+      "nodes' subnet> -p tcp -j ACCEPT); `ddprun preflight` checks it");
   Feed(1s, StorePortReady{0, 41000});
   // Every rank sends no first beacon: node 1 reports rank 2 hung, both answer with stacks.
   Send(2s, ConnOf(1), wire::RankHung{0, 2, 0, -1, 600'000, 600'000, true});
@@ -427,11 +443,12 @@ TEST_F(ReachTest, UnderWarnTheRoundStartsAndAHangVerdictNamesTheProbe) {
   const Effects stop = Send(2s, ConnOf(1), wire::RankStacks{0, {{2, -1, 600'000, ""}, {3, -1, 600'000, ""}}});
   const auto stops = Sent<wire::StopRound>(stop);
   ASSERT_FALSE(stops.empty()) << test::Describe(stop);
-  EXPECT_NE(stops[0].second.cause.find(
-                "  likely cause: before round 0 some nodes could not connect on a port other than master_port "
-                "(rendezvous.probe = \"warn\" started the job anyway), so gloo and NCCL cannot connect either:\n"
-                "    node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out"),
-            std::string::npos)
+  EXPECT_NE(
+      stops[0].second.cause.find(
+          "  likely cause: before round 0 some nodes could not connect on a port other than master_port "
+          "(rendezvous.probe = \"warn\" started the job anyway), so gloo and NCCL cannot connect either:\n"
+          "    node 1 (gpu-02) cannot connect to node 0 (gpu-01) at 10.0.0.1:41000: timed out"),
+      std::string::npos)
       << stops[0].second.cause;
 }
 

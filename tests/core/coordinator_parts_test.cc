@@ -81,8 +81,9 @@ TEST_F(AdmissionTest, WithASecretTheFirstJoinIsChallengedAndOnlyTheRightProofGet
   join.proof = JoinProof("other", "coordinator-nonce", 1, fingerprint_);
   const JoinVerdict wrong = JudgeJoin(facts, join);
   EXPECT_EQ(wrong.outcome, Outcome::kRefuse);
-  EXPECT_EQ(wrong.reason, "a node from 10.0.0.2:4000 (claiming node rank 1) failed the shared-secret challenge: "
-                          "its secret differs from node 0's");
+  EXPECT_EQ(wrong.reason,
+            "a node from 10.0.0.2:4000 (claiming node rank 1) failed the shared-secret challenge: "
+            "its secret differs from node 0's");
   EXPECT_EQ(wrong.why, "a peer from 10.0.0.2:4000 claiming this rank failed the shared-secret challenge");
   EXPECT_FALSE(wrong.retry);
 }
@@ -104,8 +105,9 @@ TEST_F(AdmissionTest, SecretsMustAgree) {
 TEST_F(AdmissionTest, ARankOutOfRangeOrAnotherJobFileIsRefused) {
   const JoinVerdict range = JudgeJoin(Facts(-1), JoinOf(5));
   EXPECT_EQ(range.outcome, Outcome::kRefuse);
-  EXPECT_EQ(range.reason, "node rank 5 (host gpu-02, from 10.0.0.2:4000) is out of range: the job has 2 nodes "
-                          "(ranks 0..1)");
+  EXPECT_EQ(range.reason,
+            "node rank 5 (host gpu-02, from 10.0.0.2:4000) is out of range: the job has 2 nodes "
+            "(ranks 0..1)");
 
   const JobSpec other = SpecFromToml(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 3"));
   wire::Join join = JoinOf(1);
@@ -113,9 +115,10 @@ TEST_F(AdmissionTest, ARankOutOfRangeOrAnotherJobFileIsRefused) {
   join.fingerprint = FingerprintOfCanonical(join.canonical);
   const JoinVerdict differs = JudgeJoin(Facts(), join);
   EXPECT_EQ(differs.outcome, Outcome::kRefuse);
-  EXPECT_EQ(differs.reason, "node 1 (host gpu-02) runs a different job file than node 0:\n"
-                            "  restart.max_restarts: node 1 has 3, node 0 has 1\n"
-                            "hint: use the same job file on every node (ddprun check prints its fingerprint)");
+  EXPECT_EQ(differs.reason,
+            "node 1 (host gpu-02) runs a different job file than node 0:\n"
+            "  restart.max_restarts: node 1 has 3, node 0 has 1\n"
+            "hint: use the same job file on every node (ddprun check prints its fingerprint)");
   EXPECT_EQ(differs.why, "it runs a different job file");
 
   // A spare is named as the log names it, not "node 2" (agent 2 of a job of 2 nodes).
@@ -124,7 +127,8 @@ TEST_F(AdmissionTest, ARankOutOfRangeOrAnotherJobFileIsRefused) {
   join.node_rank = 2;
   const JoinVerdict spare = JudgeJoin(with_spare, join);
   EXPECT_EQ(spare.reason.rfind("spare 0 (host gpu-02) runs a different job file than node 0:\n"
-                               "  restart.max_restarts: spare 0 has 3, node 0 has 1\n", 0),
+                               "  restart.max_restarts: spare 0 has 3, node 0 has 1\n",
+                               0),
             0u)
       << spare.reason;
 }
@@ -136,10 +140,11 @@ TEST_F(AdmissionTest, ARankHeldByAnotherAgentIsRefusedForNowAndTheSameAgentRepla
   const JoinVerdict twice = JudgeJoin(Facts(), JoinOf(1, /*instance=*/8));
   EXPECT_EQ(twice.outcome, Outcome::kRefuse);
   EXPECT_TRUE(twice.retry);
-  EXPECT_EQ(twice.reason.rfind("node rank 1 is claimed twice: by host gpu-02 (already joined) and by host gpu-02 "
-                               "from 10.0.0.2:4000",
-                               0),
-            0u);
+  EXPECT_EQ(
+      twice.reason.rfind("node rank 1 is claimed twice: by host gpu-02 (already joined) and by host gpu-02 "
+                         "from 10.0.0.2:4000",
+                         0),
+      0u);
   const JoinVerdict again = JudgeJoin(Facts(), JoinOf(1, /*instance=*/7));
   EXPECT_EQ(again.outcome, Outcome::kAdmit);
   EXPECT_TRUE(again.replaces_connection);
@@ -268,7 +273,8 @@ TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
   EXPECT_FALSE(watch.DeadlineOf(HangWatch::Deadline::kProbe));
   ASSERT_TRUE(watch.OnRankHung(At(1s), 0, 1, wire::RankHung{0, 3, 1, 5, 60'000, 60'000, false}, out));
   EXPECT_EQ(watch.DeadlineOf(HangWatch::Deadline::kProbe), At(1s) + spec.timeouts.StacksWait());
-  EXPECT_NE(FindLog(out, "round 0: rank 3 (node 1 (gpu-02), local rank 1) sent no progress beacon for 1m00s"), "");
+  EXPECT_NE(FindLog(out, "round 0: rank 3 (node 1 (gpu-02), local rank 1) sent no progress beacon for 1m00s"),
+            "");
   EXPECT_FALSE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {{2, 7, 100, ""}, {3, 5, 60'000, ""}}}, 2));
   // The same node answering twice counts once.
   EXPECT_FALSE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {}}, 2));
@@ -278,7 +284,9 @@ TEST(HangWatchTest, OnlyAPlayersOwnRankStartsAProbeWhichEndsWithEveryAnswer) {
   const RoundFailure& failure = *verdict;
   EXPECT_EQ(failure.global_rank, 3);
   EXPECT_EQ(KindTexts(failure.kinds), std::vector<std::string>{"hang"});
-  EXPECT_EQ(failure.what.rfind("rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 1m00s after step 5", 0), 0u)
+  EXPECT_EQ(failure.what.rfind(
+                "rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 1m00s after step 5", 0),
+            0u)
       << failure.what;
   EXPECT_FALSE(watch.probing());
   EXPECT_EQ(watch.judgements(), 1u);
@@ -295,25 +303,31 @@ TEST(HangWatchTest, NoVerdictWhenNoRankIsStillSilentForTheTimeoutWhenTheStacksCo
   std::vector<CoordinatorEffect> out;
   ASSERT_TRUE(watch.OnRankHung(At(1s), 0, 0, wire::RankHung{0, 0, 0, 372, 30'000, 30'000, false}, out));
   const std::string all_reduce =
-      "File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in all_reduce\n"
+      "File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in "
+      "all_reduce\n"
       "File \"/job/train.py\", line 88 in train_step\n";
-  EXPECT_FALSE(watch.OnRankStacks(0, 0, wire::RankStacks{0, {{0, 373, 687, all_reduce}, {1, 373, 687, all_reduce}}}, 2));
-  EXPECT_TRUE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {{2, 374, 120, all_reduce}, {3, 374, 90, all_reduce}}}, 2));
+  EXPECT_FALSE(watch.OnRankStacks(
+      0, 0, wire::RankStacks{0, {{0, 373, 687, all_reduce}, {1, 373, 687, all_reduce}}}, 2));
+  EXPECT_TRUE(watch.OnRankStacks(
+      0, 1, wire::RankStacks{0, {{2, 374, 120, all_reduce}, {3, 374, 90, all_reduce}}}, 2));
   EXPECT_FALSE(watch.Verdict(0, {}));
   EXPECT_FALSE(watch.probing());
   EXPECT_EQ(watch.judgements(), 0u);
   EXPECT_EQ(watch.clearances(), 1u);
-  EXPECT_NE(watch.cleared().find("round 0: no hang: rank 0 (node 0 (gpu-01), local rank 0) sent no progress beacon for "
-                                 "30s, but when the stacks came back every rank had progressed again (the longest "
-                                 "silence, rank 0 (node 0 (gpu-01), local rank 0)'s, was 687ms, under the 30s it passed)"),
+  EXPECT_NE(watch.cleared().find(
+                "round 0: no hang: rank 0 (node 0 (gpu-01), local rank 0) sent no progress beacon for "
+                "30s, but when the stacks came back every rank had progressed again (the longest "
+                "silence, rank 0 (node 0 (gpu-01), local rank 0)'s, was 687ms, under the 30s it passed)"),
             std::string::npos)
       << watch.cleared();
 
   // The same, but rank 3 is still silent for the timeout: it alone can be named, though ranks
   // 0 and 1 are a step behind it.
   ASSERT_TRUE(watch.OnRankHung(At(40s), 0, 0, wire::RankHung{0, 0, 0, 380, 30'000, 30'000, false}, out));
-  EXPECT_FALSE(watch.OnRankStacks(0, 0, wire::RankStacks{0, {{0, 380, 900, all_reduce}, {1, 380, 900, all_reduce}}}, 2));
-  EXPECT_TRUE(watch.OnRankStacks(0, 1, wire::RankStacks{0, {{2, 381, 500, all_reduce}, {3, 381, 31'000, all_reduce}}}, 2));
+  EXPECT_FALSE(watch.OnRankStacks(
+      0, 0, wire::RankStacks{0, {{0, 380, 900, all_reduce}, {1, 380, 900, all_reduce}}}, 2));
+  EXPECT_TRUE(watch.OnRankStacks(
+      0, 1, wire::RankStacks{0, {{2, 381, 500, all_reduce}, {3, 381, 31'000, all_reduce}}}, 2));
   const std::optional<RoundFailure> verdict = watch.Verdict(0, {});
   ASSERT_TRUE(verdict);
   EXPECT_EQ(verdict->global_rank, 3);
@@ -343,7 +357,9 @@ TEST_F(DeadlineTableTest, AFilledRendezvousWaitingForASpareDoesNotSpinPastTheRen
   EXPECT_EQ(FindLog(waited, "rendezvous failed"), "") << test::Describe(waited);
   // At 3 m no spare came: the quarantined host takes part after all.
   const Effects after = BeatUntil(179s, 181s, {{0, 0}, {1, 0}});
-  EXPECT_NE(FindLog(after, "round 0: quarantined hosts take part after all: no spare waits to run without them"), "")
+  EXPECT_NE(
+      FindLog(after, "round 0: quarantined hosts take part after all: no spare waits to run without them"),
+      "")
       << test::Describe(after);
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStarting);
 }

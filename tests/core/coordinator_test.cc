@@ -1,8 +1,8 @@
 // The coordinator state machine: admission, rounds, restarts, liveness, the root-cause summary
 // and the exit barrier, driven with inputs and virtual time.
 
-#include "runner/core/auth.h"
 #include "runner/core/coordinator.h"
+#include "runner/core/auth.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "schema/canonical.h"
-#include "tests/core/core_test_util.h"
 #include "tests/core/coordinator_fixture.h"
+#include "tests/core/core_test_util.h"
 
 namespace ddprun::core {
 namespace {
@@ -78,8 +78,7 @@ TEST_F(CoordinatorTest, OutOfRangeNodeRankIsRejectedWithText) {
 
   Connect(0s, 8, "10.0.0.8");
   join.node_rank = -1;
-  EXPECT_NE(Sent<wire::Reject>(Send(0s, 8, join))[0].second.reason.find("node rank -1"),
-            std::string::npos);
+  EXPECT_NE(Sent<wire::Reject>(Send(0s, 8, join))[0].second.reason.find("node rank -1"), std::string::npos);
 }
 
 TEST_F(CoordinatorTest, FingerprintMismatchNamesTheFieldThatDiffers) {
@@ -197,7 +196,8 @@ TEST_F(CoordinatorTest, TheProgressLineBacksOffAndSaysARefusalWithinFiveSeconds)
   Join(0s, 0);
   std::vector<int64_t> sent_at;
   for (Duration t = 1s; t <= 150s; t += 1s) {
-    for (const auto& [conn, progress] : Sent<wire::Progress>(Beat(t, {0}))) sent_at.push_back(progress.elapsed_ms);
+    for (const auto& [conn, progress] : Sent<wire::Progress>(Beat(t, {0})))
+      sent_at.push_back(progress.elapsed_ms);
   }
   EXPECT_EQ(sent_at, (std::vector<int64_t>{5'000, 10'000, 20'000, 40'000, 80'000, 140'000}));
   const JobSpec other = SpecFromToml(Edit(kTwoNodeJob, "nproc_per_node = 2", "nproc_per_node = 4"));
@@ -262,8 +262,8 @@ TEST_F(CoordinatorTest, RendezvousTimesOutExactlyAtItsDeadline) {
 // Issue 12: after refusing a node, or losing one that had joined, the summary said "never
 // joined" and hinted to start it. It says what happened; with `nnodes` the hint has the flag.
 TEST_F(CoordinatorTest, RendezvousFailureSaysWhatHappenedToEachMissingNode) {
-  UseJob(Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]",
-              "nodes = [\"gpu-01\", \"gpu-02\", \"gpu-03\"]"));
+  UseJob(
+      Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]", "nodes = [\"gpu-01\", \"gpu-02\", \"gpu-03\"]"));
   Join(0s, 0);
   Connect(1s, ConnOf(1), "10.0.0.2");
   wire::Join other = JoinOf(1);
@@ -284,8 +284,7 @@ TEST_F(CoordinatorTest, RendezvousFailureSaysWhatHappenedToEachMissingNode) {
 }
 
 TEST_F(CoordinatorTest, WithNnodesTheHintToStartAMissingNodeNamesItsRank) {
-  UseJob(Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]",
-              "nnodes = 2\nmaster_addr = \"10.0.0.1\""));
+  UseJob(Edit(kTwoNodeJob, "nodes = [\"gpu-01\", \"gpu-02\"]", "nnodes = 2\nmaster_addr = \"10.0.0.1\""));
   Join(0s, 0);
   for (Duration t = 1s; t < 15min; t += 1s) Beat(t, {0});
   const auto end = Sent<wire::JobEnd>(Tick(15min));
@@ -324,8 +323,7 @@ TEST_F(CoordinatorTest, WorkerFailureStopsTheRoundAndRestartsAfterExactlyTheBack
 
   EXPECT_TRUE(Meaningful(Send(2s, ConnOf(1), wire::RoundStopped{0, 1})).empty());
   const Effects stopped = Send(3s, ConnOf(0), wire::RoundStopped{0, 2});
-  EXPECT_EQ(FindLog(stopped, "restart"),
-            "all workers stopped (3 stopped by ddprun); restart 1 of 1 in 10s");
+  EXPECT_EQ(FindLog(stopped, "restart"), "all workers stopped (3 stopped by ddprun); restart 1 of 1 in 10s");
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kBackoff);
   EXPECT_EQ(coordinator_->restarts_used(), 1);
   EXPECT_EQ(coordinator_->round(), 1);
@@ -377,12 +375,15 @@ TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn
   const wire::WorkerFailed lost{0, 2, 0, 1, 0, "RuntimeError: [gloo] Connection closed by peer\n", ""};
   const Effects first = Send(1s, ConnOf(1), lost);
   ASSERT_EQ(Sent<wire::StopRound>(first).size(), 2u) << test::Describe(first);
-  EXPECT_EQ(Sent<wire::StopRound>(first)[0].second.cause.rfind("rank 2 (node 1 (gpu-02), local rank 0)", 0), 0u);
+  EXPECT_EQ(Sent<wire::StopRound>(first)[0].second.cause.rfind("rank 2 (node 1 (gpu-02), local rank 0)", 0),
+            0u);
 
-  const wire::WorkerFailed also_lost{0, 0, 0, 1, 0, "", "ncclRemoteError: remote process exited or there was a network error"};
+  const wire::WorkerFailed also_lost{
+      0, 0, 0, 1, 0, "", "ncclRemoteError: remote process exited or there was a network error"};
   EXPECT_TRUE(Meaningful(Send(1s, ConnOf(0), also_lost)).empty());
 
-  const Effects revised = Send(2s, ConnOf(1), RankThreeFailed(0, "", "RuntimeError: rank 3 fails on purpose\n"));
+  const Effects revised =
+      Send(2s, ConnOf(1), RankThreeFailed(0, "", "RuntimeError: rank 3 fails on purpose\n"));
   EXPECT_EQ(FindLog(revised, "the root cause is"),
             "round 0: the root cause is rank 3 (node 1 (gpu-02), local rank 1) exited with code 1; "
             "rank 2 (node 1 (gpu-02), local rank 0) exited with code 1 failed first, but its error "
@@ -402,17 +403,20 @@ TEST_F(CoordinatorTest, AFailureThatOnlyLostAPeerGivesWayToOneThatRaisedOnItsOwn
             "  (rank 2 failed before it, with an error that says it lost a peer: a consequence, not "
             "the cause)\n");
   // Once revised, it stays: a third failure is not news.
-  EXPECT_TRUE(Meaningful(Send(2s, ConnOf(0), wire::WorkerFailed{0, 1, 1, 1, 0, "", "ValueError: x\n"})).empty());
+  EXPECT_TRUE(
+      Meaningful(Send(2s, ConnOf(0), wire::WorkerFailed{0, 1, 1, 1, 0, "", "ValueError: x\n"})).empty());
 }
 
 // An error file written because of the stop itself (Lightning turns SIGTERM into a
 // SignalException) is not a cause: the first failure stays.
 TEST_F(CoordinatorTest, AnErrorThatIsTheStopItselfRevisesNothing) {
   StartFirstRound(0s);
-  Send(1s, ConnOf(1), wire::WorkerFailed{0, 2, 0, 1, 0, "RuntimeError: [gloo] Connection closed by peer\n", ""});
-  const Effects later = Send(2s, ConnOf(0), wire::WorkerFailed{0, 0, 0, 1, 0, "",
-                                                               "lightning.fabric.utilities.exceptions."
-                                                               "SignalException: Process 12 got signal: 15"});
+  Send(1s, ConnOf(1),
+       wire::WorkerFailed{0, 2, 0, 1, 0, "RuntimeError: [gloo] Connection closed by peer\n", ""});
+  const Effects later = Send(2s, ConnOf(0),
+                             wire::WorkerFailed{0, 0, 0, 1, 0, "",
+                                                "lightning.fabric.utilities.exceptions."
+                                                "SignalException: Process 12 got signal: 15"});
   EXPECT_TRUE(Meaningful(later).empty()) << test::Describe(later);
 }
 
@@ -433,8 +437,7 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
   Feed(12s, StorePortReady{1, 41001});
   BeatUntil(12s, 19s);
 
-  const Effects failed = Send(20s, ConnOf(1),
-                              wire::WorkerFailed{1, 2, 0, 0, SIGSEGV, "", ""});
+  const Effects failed = Send(20s, ConnOf(1), wire::WorkerFailed{1, 2, 0, 0, SIGSEGV, "", ""});
   EXPECT_TRUE(Sent<wire::JobEnd>(failed).empty());
   Send(21s, ConnOf(1), wire::RoundStopped{1, 1});
   const Effects ended = Send(22s, ConnOf(0), wire::RoundStopped{1, 2});
@@ -451,7 +454,8 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "earlier rounds' root causes:\n"
             "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with code 1 (RuntimeError)\n"
-            "logs: logs/demo/latest-n1/attempt-1/rank-2.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "logs: logs/demo/latest-n1/attempt-1/rank-2.log on node 1 (gpu-02), in its job file's folder; "
+            "each node keeps its "
             "own runs under logs/demo/latest-n<node>");
   EXPECT_EQ(coordinator_->exit_code(), 1);
 }
@@ -473,9 +477,9 @@ class CoordinatorNoRestartTest : public CoordinatorTest {
 };
 
 TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
-  EXPECT_EQ(SummaryAfter(RankThreeFailed(
-                0, "gpu-02:1:1 [1] NCCL WARN Net : Connection closed by remote peer\n"
-                   "RuntimeError: NCCL communicator was aborted\n")),
+  EXPECT_EQ(SummaryAfter(RankThreeFailed(0,
+                                         "gpu-02:1:1 [1] NCCL WARN Net : Connection closed by remote peer\n"
+                                         "RuntimeError: NCCL communicator was aborted\n")),
             "job \"demo\" FAILED in round 0 (restart.max_restarts = 0)\n"
             "root cause (first failure anywhere in the job): rank 3 (node 1 (gpu-02), local rank "
             "1) exited with code 1\n"
@@ -485,7 +489,8 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
             "    | RuntimeError: NCCL communicator was aborted\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
-            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
+            "each node keeps its "
             "own runs under logs/demo/latest-n<node>");
 }
 
@@ -502,7 +507,8 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "    | Traceback (most recent call last):\n"
             "    | ValueError: x\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
+            "each node keeps its "
             "own runs under logs/demo/latest-n<node>");
 }
 
@@ -524,7 +530,8 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
             "  last lines of its stderr (without the traceback shown above):\n"
             "    | loading data\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
-            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its "
+            "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
+            "each node keeps its "
             "own runs under logs/demo/latest-n<node>");
   // Only the traceback on stderr: no stderr section at all.
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
@@ -537,7 +544,8 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
 TEST_F(CoordinatorNoRestartTest, ATracebackCutAtTheStartOfTheTailIsNotRepeatedEither) {
   std::string traceback = "Traceback (most recent call last):\n";
   for (int i = 0; i < 40; ++i) {
-    traceback += fmt::format("  File \"lightning/loop{}.py\", line {}, in run\n    self.advance()\n", i, 100 + i);
+    traceback +=
+        fmt::format("  File \"lightning/loop{}.py\", line {}, in run\n    self.advance()\n", i, 100 + i);
   }
   traceback += "RuntimeError: boom\n";
   // The agent keeps the tail: cut inside the 7th frame's line, long after "Traceback".
@@ -548,7 +556,8 @@ TEST_F(CoordinatorNoRestartTest, ATracebackCutAtTheStartOfTheTailIsNotRepeatedEi
   // Text of its own before the cut traceback is not a copy: kept whole.
   const std::string other = "epoch 3 done\n" + tail;
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
-  EXPECT_NE(SummaryAfter(RankThreeFailed(0, other, traceback)).find("    | epoch 3 done\n"), std::string::npos);
+  EXPECT_NE(SummaryAfter(RankThreeFailed(0, other, traceback)).find("    | epoch 3 done\n"),
+            std::string::npos);
 }
 
 // Issue 11: "stopped 2 other running ranks on 2 nodes" when only one node had ranks to stop.

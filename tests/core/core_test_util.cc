@@ -12,10 +12,14 @@ namespace {
 
 std::string Level(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarn: return "warn";
-    case LogLevel::kError: return "error";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kError:
+      return "error";
   }
   return "?";
 }
@@ -38,7 +42,10 @@ struct CoordinatorNamer {
   }
   std::string operator()(const RecordQuarantine& e) const {
     std::string text = "quarantine:";
-    for (const auto& h : e.hosts) text += fmt::format(" {} ({} times, {} ms left)", h.host, h.times, static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count()));
+    for (const auto& h : e.hosts)
+      text += fmt::format(
+          " {} ({} times, {} ms left)", h.host, h.times,
+          static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(h.left).count()));
     return text;
   }
   std::string operator()(const CommitRound& e) const {
@@ -47,28 +54,33 @@ struct CoordinatorNamer {
   std::string operator()(const RecordRestart& e) const {
     return fmt::format("record restart: next round {} ({} restarts used)", e.next_round, e.restarts_used);
   }
-  std::string operator()(const RecordEnd& e) const {
-    return fmt::format("record end: exit {}", e.exit_code);
-  }
+  std::string operator()(const RecordEnd& e) const { return fmt::format("record end: exit {}", e.exit_code); }
   std::string operator()(const Observed& e) const {
     return std::visit(
         [](const auto& o) -> std::string {
           using O = std::decay_t<decltype(o)>;
-          if constexpr (std::is_same_v<O, observed::NodeJoined>) return fmt::format("observed: agent {} joined", o.agent);
-          if constexpr (std::is_same_v<O, observed::NodeRefused>) return fmt::format("observed: agent {} refused", o.agent);
+          if constexpr (std::is_same_v<O, observed::NodeJoined>)
+            return fmt::format("observed: agent {} joined", o.agent);
+          if constexpr (std::is_same_v<O, observed::NodeRefused>)
+            return fmt::format("observed: agent {} refused", o.agent);
           if constexpr (std::is_same_v<O, observed::NodeLost>) {
-            return fmt::format("observed: agent {} lost ({}: {})", o.agent, LossReasonName(o.reason), o.detail);
+            return fmt::format("observed: agent {} lost ({}: {})", o.agent, LossReasonName(o.reason),
+                               o.detail);
           }
-          if constexpr (std::is_same_v<O, observed::RoundStarted>) return fmt::format("observed: round {} started", o.round);
+          if constexpr (std::is_same_v<O, observed::RoundStarted>)
+            return fmt::format("observed: round {} started", o.round);
           if constexpr (std::is_same_v<O, observed::RoundFailed>) {
             return fmt::format("observed: round {} failed: {}", o.round, o.what);
           }
-          if constexpr (std::is_same_v<O, observed::RestartSpent>) return fmt::format("observed: restart {}", o.restart);
-          if constexpr (std::is_same_v<O, observed::HangProbed>) return fmt::format("observed: round {} probed", o.round);
+          if constexpr (std::is_same_v<O, observed::RestartSpent>)
+            return fmt::format("observed: restart {}", o.restart);
+          if constexpr (std::is_same_v<O, observed::HangProbed>)
+            return fmt::format("observed: round {} probed", o.round);
           if constexpr (std::is_same_v<O, observed::HangJudged>) {
             return fmt::format("observed: round {} hung: ranks {}", o.round, fmt::join(o.culprits, ","));
           }
-          if constexpr (std::is_same_v<O, observed::JobEnded>) return fmt::format("observed: job ended, exit {}", o.exit_code);
+          if constexpr (std::is_same_v<O, observed::JobEnded>)
+            return fmt::format("observed: job ended, exit {}", o.exit_code);
         },
         e.what);
   }
@@ -92,13 +104,16 @@ struct AgentNamer {
   std::string operator()(const ReadStacks& e) const {
     return fmt::format("read stacks of round {}", e.round);
   }
-  std::string operator()(const ProbeEndpoints& e) const { return fmt::format("probe {} endpoints", e.targets.size()); }
+  std::string operator()(const ProbeEndpoints& e) const {
+    return fmt::format("probe {} endpoints", e.targets.size());
+  }
   std::string operator()(const LogLine& e) const { return Level(e.level) + ": " + e.text; }
   std::string operator()(const PrintSummary& e) const { return "summary: " + e.text; }
   std::string operator()(const AgentExit& e) const { return fmt::format("exit {}", e.code); }
   std::string operator()(const RenewLease& e) const {
-    return fmt::format("renew lease: kill at {} ms",
-                       std::chrono::duration_cast<std::chrono::milliseconds>(e.kill_at.time_since_epoch()).count());
+    return fmt::format(
+        "renew lease: kill at {} ms",
+        std::chrono::duration_cast<std::chrono::milliseconds>(e.kill_at.time_since_epoch()).count());
   }
   std::string operator()(const RootCauseKnown& e) const {
     return fmt::format("root cause of round {}: rank {}{}", e.round, e.cause_rank,

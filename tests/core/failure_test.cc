@@ -31,8 +31,13 @@ TEST(FailureTest, IndentPrefixesEveryLineAndDropsTrailingBlankLines) {
 
 }  // namespace
 TEST(FailureTest, AnErrorThatOnlyLostAPeerIsRecognised) {
-  EXPECT_TRUE(LooksLikeALostPeer("", "Traceback ...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:1234\n"));
-  EXPECT_TRUE(LooksLikeALostPeer("torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error", ""));
+  EXPECT_TRUE(
+      LooksLikeALostPeer("",
+                         "Traceback ...\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+                         "Connection closed by peer [127.0.0.1]:1234\n"));
+  EXPECT_TRUE(LooksLikeALostPeer(
+      "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error",
+      ""));
   EXPECT_TRUE(LooksLikeALostPeer("", "ConnectionResetError: [Errno 104] Connection reset by peer\n"));
   EXPECT_FALSE(LooksLikeALostPeer("RuntimeError: CUDA out of memory", ""));
   EXPECT_FALSE(LooksLikeALostPeer("", "ValueError: bad batch\n"));
@@ -53,11 +58,13 @@ TEST(FailureKindsTest, TheExceptionTypeComesFromTheErrorFileElseTheLastLinesOfSt
   EXPECT_EQ(ExceptionType("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate", ""),
             "torch.cuda.OutOfMemoryError");
   // A script that does not parse: Python prints no "Traceback" header.
-  EXPECT_EQ(ExceptionType("", "  File \"/job/train.py\", line 3\n    def (\n        ^\n"
-                              "SyntaxError: invalid syntax\n"),
+  EXPECT_EQ(ExceptionType("",
+                          "  File \"/job/train.py\", line 3\n    def (\n        ^\n"
+                          "SyntaxError: invalid syntax\n"),
             "SyntaxError");
-  EXPECT_EQ(ExceptionType("", "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
-                              "    import lightning\nModuleNotFoundError: No module named 'lightning'\n"),
+  EXPECT_EQ(ExceptionType("",
+                          "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+                          "    import lightning\nModuleNotFoundError: No module named 'lightning'\n"),
             "ModuleNotFoundError");
   EXPECT_EQ(ExceptionType("", "KeyboardInterrupt\n"), "KeyboardInterrupt");
   // Indented, quoted, or not an exception name: nothing.

@@ -35,9 +35,9 @@ class Loopback {
  public:
   struct Node {
     test::AgentDriver agent;
-    std::optional<ConnId> conn;        // the coordinator's id for this agent's connection
+    std::optional<ConnId> conn;  // the coordinator's id for this agent's connection
     wire::Decoder from_master;
-    std::map<int, bool> running;       // local rank -> running, for the current round
+    std::map<int, bool> running;  // local rank -> running, for the current round
     int round = -1;
     std::vector<SpawnWorkers> spawns;
     std::vector<std::string> summaries;
@@ -121,9 +121,7 @@ class Loopback {
   using Event = std::variant<CoordinatorInput, std::pair<int, AgentInput>>;
 
   void ToCoordinator(CoordinatorInput input) { queue_.push_back(std::move(input)); }
-  void ToAgent(int n, AgentInput input) {
-    queue_.push_back(std::pair<int, AgentInput>(n, std::move(input)));
-  }
+  void ToAgent(int n, AgentInput input) { queue_.push_back(std::pair<int, AgentInput>(n, std::move(input))); }
 
   void Drain() {
     for (int guard = 0; !queue_.empty(); ++guard) {
@@ -201,8 +199,8 @@ class Loopback {
         nd.conn.reset();
       } else if (const auto* spawn = std::get_if<SpawnWorkers>(&effect)) {
         for (const auto& [local, running] : nd.running) {
-          EXPECT_FALSE(running) << "node " << n << " spawned round " << spawn->round
-                                << " while local rank " << local << " still runs";
+          EXPECT_FALSE(running) << "node " << n << " spawned round " << spawn->round << " while local rank "
+                                << local << " still runs";
         }
         nd.round = spawn->round;
         nd.running.clear();
@@ -288,7 +286,8 @@ TEST(LoopbackTest, FailureRestartsEveryNodeThenSucceeds) {
     EXPECT_EQ(net.node(n).spawns[1].round, 1);
   }
   EXPECT_EQ(net.coordinator().restarts_used(), 1);
-  EXPECT_EQ(net.node(0).logs.back(), "round 1: starting 2 workers (ranks 0..1 of 4), rank 0's store on port 41001, "
+  EXPECT_EQ(net.node(0).logs.back(),
+            "round 1: starting 2 workers (ranks 0..1 of 4), rank 0's store on port 41001, "
             "reached through master_port 50000");
   net.Advance(20min);
   net.ExitAllWorkers(0, 0);
@@ -318,7 +317,8 @@ TEST(LoopbackTest, ExhaustedBudgetEndsEveryNodeWithTheSameSummary) {
       "    | ncclInternalError: NCCL WARN peer closed\n"
       "ddprun then stopped 3 other running ranks on 2 nodes.\n"
       "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
-      "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each node keeps its own "
+      "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each "
+      "node keeps its own "
       "runs under logs/demo/latest-n<node>";
   for (int n = 0; n < 2; ++n) {
     SCOPED_TRACE(n);
@@ -336,7 +336,7 @@ TEST(LoopbackTest, InterruptOnOneNodeEndsTheJobEverywhereWith130) {
   net.Signal(1, SIGINT);
   const std::string summary =
       "job \"demo\" interrupted: node 1 (gpu-02) received SIGINT; every node stops its workers "
-                               "(SIGTERM, SIGKILL after stop_grace = 30s) before it exits";
+      "(SIGTERM, SIGKILL after stop_grace = 30s) before it exits";
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(net.node(n).summaries, std::vector<std::string>{summary});
     EXPECT_EQ(net.node(n).exit_code, 130);

@@ -73,7 +73,7 @@ TEST_F(AgentMetricsTest, RanksShowTheirLastStepSilenceAndWindowedTimes) {
   EXPECT_EQ(started.plays, 1);
   EXPECT_EQ(started.workers_running, 2);
   EXPECT_EQ(started.ranks, (std::vector<RankMetrics>{{2, -1, std::nullopt, std::nullopt, std::nullopt},
-                                                      {3, -1, std::nullopt, std::nullopt, std::nullopt}}));
+                                                     {3, -1, std::nullopt, std::nullopt, std::nullopt}}));
   // A step a second; rank 2 says its own work took 250 ms, rank 3 says nothing of it.
   for (int64_t step = 1; step <= 40; ++step) {
     const Duration t = Duration(std::chrono::seconds(step));
@@ -129,9 +129,9 @@ TEST_F(CoordinatorMetricsTest, FromRendezvousThroughAFailureToTheRestart) {
   EXPECT_EQ(running.stragglers, 1);
   EXPECT_EQ(running.ranks_reported, 4u);
   EXPECT_EQ(running.ranks, (std::vector<ReportedRankMetrics>{{0, 0, 10, 1s, 200ms, false},
-                                                               {1, 0, 10, 1s, 210ms, false},
-                                                               {2, 1, 10, 1s, 190ms, false},
-                                                               {3, 1, 9, 1s, 420ms, true}}));
+                                                             {1, 0, 10, 1s, 210ms, false},
+                                                             {2, 1, 10, 1s, 190ms, false},
+                                                             {3, 1, 9, 1s, 420ms, true}}));
   EXPECT_EQ(coordinator_->last_failure_round(), std::nullopt);
 
   // Rank 3 fails: the round stops, and with one restart left the job backs off into round 1.
@@ -214,7 +214,8 @@ TEST_F(CoordinatorMetricsTest, ANodeThatLeftIsAwayAndAJoinedSpareWaits) {
 
 TEST_F(CoordinatorMetricsTest, OfAVeryLargeJobTheStragglersAndTheLowestRanksAreListed) {
   // 2 x 600 ranks; rank 1199, the last, is the one straggler.
-  UseJob(Edit(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", kWindow), "nproc_per_node = 2", "nproc_per_node = 600"));
+  UseJob(Edit(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", kWindow), "nproc_per_node = 2",
+              "nproc_per_node = 600"));
   Join(0s, 0);
   Join(0s, 1);
   Feed(0s, StorePortReady{0, 41000});

@@ -59,16 +59,16 @@ TEST(BeaconTest, FormatAndParseAgree) {
 
 TEST(BeaconTest, AnythingElseIsDropped) {
   for (const char* bad : {
-           "ddprun1 other 0 0 step 1 -1 0",      // another agent's (or an attacker's) token
-           "ddprun2 tok 0 0 step 1 -1 0",        // another version
-           "ddprun1 tok 0 0 step 1 -1",          // a field missing
-           "ddprun1 tok 0 0 step 1 -1 0 9",      // a field too many
-           "ddprun1 tok 0 0 jump 1 -1 0",        // an unknown kind
-           "ddprun1 tok -1 0 step 1 -1 0",       // a negative round
-           "ddprun1 tok 0 0 step -5 -1 0",       // a negative step
-           "ddprun1 tok 0 0 step 1 -2 0",        // busy below -1
-           "ddprun1 tok 0 0 step 1 -1 65",       // not a signal
-           "ddprun1 tok 0 0 step 1x -1 0",       // not a number
+           "ddprun1 other 0 0 step 1 -1 0",                   // another agent's (or an attacker's) token
+           "ddprun2 tok 0 0 step 1 -1 0",                     // another version
+           "ddprun1 tok 0 0 step 1 -1",                       // a field missing
+           "ddprun1 tok 0 0 step 1 -1 0 9",                   // a field too many
+           "ddprun1 tok 0 0 jump 1 -1 0",                     // an unknown kind
+           "ddprun1 tok -1 0 step 1 -1 0",                    // a negative round
+           "ddprun1 tok 0 0 step -5 -1 0",                    // a negative step
+           "ddprun1 tok 0 0 step 1 -2 0",                     // busy below -1
+           "ddprun1 tok 0 0 step 1 -1 65",                    // not a signal
+           "ddprun1 tok 0 0 step 1x -1 0",                    // not a number
            "ddprun1 tok 0 0 step 99999999999999999999 -1 0",  // overflow
            "",
        }) {
@@ -87,7 +87,8 @@ constexpr std::string_view kDump =
     "  File \"/usr/lib/python3.11/threading.py\", line 1002 in _bootstrap\n"
     "\n"
     "Current thread 0x00007f3a6c1b7000 (most recent call first):\n"
-    "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in all_reduce\n"
+    "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 2501 in "
+    "all_reduce\n"
     "  File \"/usr/lib/python3/dist-packages/torch/distributed/c10d_logger.py\", line 83 in wrapper\n"
     "  File \"/home/me/train.py\", line 95 in train_step\n"
     "  File \"/home/me/train.py\", line 120 in <module>\n";
@@ -95,8 +96,8 @@ constexpr std::string_view kDump =
 TEST(StackTest, TheMainThreadIsTheOneRunningTheModule) {
   const auto frames = MainThreadStack(kDump);
   ASSERT_EQ(frames.size(), 4u);
-  EXPECT_EQ(frames[0], (Frame{"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py",
-                              2501, "all_reduce"}));
+  EXPECT_EQ(frames[0], (Frame{"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", 2501,
+                              "all_reduce"}));
   EXPECT_EQ(frames[3], (Frame{"/home/me/train.py", 120, "<module>"}));
   EXPECT_EQ(DescribeStack(frames), "in all_reduce at train.py:95");
   EXPECT_TRUE(WaitsForOtherRanks(frames));
@@ -129,8 +130,8 @@ TEST(StackTest, OnlyTheCallsBelowTheUsersCodeSayWhereItWaits) {
   const std::vector<Frame> own = {
       {"/usr/lib/python3.11/threading.py", 320, "wait"},
       {"/home/me/train.py", 28, "wait_forever"},
-      {"/usr/lib/python3/dist-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py",
-       346, "wrapper"},
+      {"/usr/lib/python3/dist-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", 346,
+       "wrapper"},
       {"/home/me/train.py", 120, "<module>"}};
   EXPECT_FALSE(WaitsForOtherRanks(own));
   EXPECT_EQ(DescribeStack(own), "in wait at train.py:28");
@@ -184,7 +185,8 @@ TEST(FindHungRanksTest, AStackUnlikeTheMajoritysHung) {
 TEST(FindHungRanksTest, ARankWithoutAStackIsWhatTheOthersWaitFor) {
   // Rank 1 hung before the module said hello: no stack; every other rank waits in all_reduce.
   std::vector<RankAtHang> ranks;
-  for (int r = 0; r < 4; ++r) ranks.push_back({r, 0, r, 41, 30'000, r == 1 ? std::vector<Frame>{} : kAllReduce});
+  for (int r = 0; r < 4; ++r)
+    ranks.push_back({r, 0, r, 41, 30'000, r == 1 ? std::vector<Frame>{} : kAllReduce});
   const auto verdict = FindHungRanks(ranks, /*first_silent=*/3);
   EXPECT_EQ(verdict.culprits, std::vector<int>{1});
   EXPECT_EQ(verdict.reason, "every other rank waits in a collective; it has no stack");
@@ -219,7 +221,8 @@ class AgentProgressTest : public ::testing::Test, public test::AgentDriver {
     config.progress_addr = "127.0.0.1:39999";
     config.progress_token = "tok";
     config.python_dir = "/opt/ddprun/share/ddprun/python";
-    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", std::string("stop_grace = \"30s\"\n") + std::string(timeouts)),
+    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n",
+             std::string("stop_grace = \"30s\"\n") + std::string(timeouts)),
         std::move(config));
   }
   AgentEffects Beat(Duration at, int local, int64_t step, int64_t busy_us = -1,
@@ -296,8 +299,9 @@ TEST_F(AgentProgressTest, ARankSilentPastTimeoutsProgressIsReportedAtThatInstant
   const auto hung = Sent<wire::RankHung>(e);
   ASSERT_EQ(hung.size(), 1u) << test::Describe(e);
   EXPECT_EQ(hung[0], (wire::RankHung{0, 3, 1, 10, 30'000, 30'000, false}));
-  EXPECT_NE(FindLog(e, "rank 3 (local rank 1) sent no progress beacon for 30s after step 10 "
-                       "(timeouts.progress = 30s)"),
+  EXPECT_NE(FindLog(e,
+                    "rank 3 (local rank 1) sent no progress beacon for 30s after step 10 "
+                    "(timeouts.progress = 30s)"),
             "")
       << test::Describe(e);
   // Once said, not again (the coordinator now asks for stacks).
@@ -398,8 +402,8 @@ TEST_F(AgentProgressTest, BeaconsOfAnotherRoundOrUnknownRanksAreIgnored) {
   for (Duration t = 1s; t <= 30s; t += 1s) {
     Msg(t, wire::Heartbeat{});
     Beat(t, 0, t / 1s, -1, BeaconKind::kStep, /*round=*/1);  // a stale process of another round
-    Beat(t, 7, t / 1s);                                       // no such local rank
-    Beat(t, 1, t / 1s, -1, BeaconKind::kHello);               // alive, but not progress
+    Beat(t, 7, t / 1s);                                      // no such local rank
+    Beat(t, 1, t / 1s, -1, BeaconKind::kHello);              // alive, but not progress
   }
   EXPECT_EQ(Sent<wire::RankHung>(Feed(30s + kNs, Tick{})).size(), 1u);
 }
@@ -407,7 +411,7 @@ TEST_F(AgentProgressTest, BeaconsOfAnotherRoundOrUnknownRanksAreIgnored) {
 TEST_F(AgentProgressTest, StacksAreAskedOfRanksWithAHandlerAndSentWithTheirStepAndSilence) {
   UseJob("progress = \"30s\"\n");
   Running();
-  Beat(1s, 0, 5);                                        // signal 12
+  Beat(1s, 0, 5);                                                       // signal 12
   Feed(1s, BeaconReceived{Beacon{0, 1, BeaconKind::kStep, 4, -1, 0}});  // no handler
   const AgentEffects ask = Msg(2s, wire::DumpStacks{0});
   const auto signals = All<SignalForStacks>(ask);
@@ -474,7 +478,8 @@ using CoordEffects = std::vector<CoordinatorEffect>;
 class CoordinatorProgressTest : public ::testing::Test, public test::CoordinatorDriver {
  protected:
   void UseJob(std::string_view extra) {
-    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n", std::string("stop_grace = \"30s\"\n") + std::string(extra)));
+    Use(Edit(kTwoNodeJob, "stop_grace = \"30s\"\n",
+             std::string("stop_grace = \"30s\"\n") + std::string(extra)));
   }
   void StartRound() {
     for (int node : {0, 1}) Join(0s, node);
@@ -494,27 +499,32 @@ TEST_F(CoordinatorProgressTest, AHungRankIsNamedFromEveryRanksStackAndTheRoundSt
   const CoordEffects ask = Send(41s, 0, wire::RankHung{0, 0, 0, 41, 30'001, 30'000, false});
   EXPECT_EQ(Sent<wire::DumpStacks>(ask).size(), 2u) << test::Describe(ask);
   EXPECT_TRUE(Sent<wire::StopRound>(ask).empty());
-  EXPECT_NE(FindLog(ask, "round 0: rank 0 (node 0 (gpu-01), local rank 0) sent no progress beacon for 30s"), "");
+  EXPECT_NE(FindLog(ask, "round 0: rank 0 (node 0 (gpu-01), local rank 0) sent no progress beacon for 30s"),
+            "");
   // A second report while the stacks come in changes nothing.
-  EXPECT_TRUE(Sent<wire::DumpStacks>(Send(41s, 1, wire::RankHung{0, 2, 0, 41, 30'000, 30'000, false})).empty());
-  EXPECT_TRUE(Sent<wire::StopRound>(
-                  Send(42s, 0, wire::RankStacks{0, {{0, 41, 31'000, Stack(kAllReduce)},
-                                                    {1, 41, 31'000, Stack(kAllReduce)}}}))
-                  .empty());
-  const CoordEffects stop = Send(42s, 1, wire::RankStacks{0, {{2, 41, 31'000, Stack(kAllReduce)},
-                                                              {3, 41, 32'000, Stack(kLoader)}}});
+  EXPECT_TRUE(
+      Sent<wire::DumpStacks>(Send(41s, 1, wire::RankHung{0, 2, 0, 41, 30'000, 30'000, false})).empty());
+  EXPECT_TRUE(
+      Sent<wire::StopRound>(
+          Send(42s, 0,
+               wire::RankStacks{0, {{0, 41, 31'000, Stack(kAllReduce)}, {1, 41, 31'000, Stack(kAllReduce)}}}))
+          .empty());
+  const CoordEffects stop = Send(
+      42s, 1, wire::RankStacks{0, {{2, 41, 31'000, Stack(kAllReduce)}, {3, 41, 32'000, Stack(kLoader)}}});
   const auto stops = Sent<wire::StopRound>(stop);
   ASSERT_EQ(stops.size(), 2u) << test::Describe(stop);
   const std::string& cause = stops[0].second.cause;
   EXPECT_EQ(cause.substr(0, cause.find('\n')),
             "rank 3 (node 1 (gpu-02), local rank 1) hung: no progress for 32s after step 41 "
             "(timeouts.progress = 30s)");
-  EXPECT_NE(cause.find("  why rank 3: the only rank not waiting for the others\n"), std::string::npos) << cause;
+  EXPECT_NE(cause.find("  why rank 3: the only rank not waiting for the others\n"), std::string::npos)
+      << cause;
   EXPECT_NE(cause.find("    rank 3, last step 41, silent 32s: in load_batch at train.py:57\n"
                        "      File \"/home/me/train.py\", line 57 in load_batch\n"),
             std::string::npos)
       << cause;
-  EXPECT_NE(cause.find("    3 ranks 0-2, last step 41: in all_reduce at train.py:95\n"), std::string::npos) << cause;
+  EXPECT_NE(cause.find("    3 ranks 0-2, last step 41: in all_reduce at train.py:95\n"), std::string::npos)
+      << cause;
   EXPECT_EQ(coordinator_->phase(), Coordinator::Phase::kStopping);
 }
 
@@ -527,9 +537,10 @@ TEST_F(CoordinatorProgressTest, AnAutoTimeoutSaysWhetherItWasLearnt) {
     StartRound();
     BeatUntil(0s, 40s);
     Send(41s, 1, wire::RankHung{0, 3, 1, 41, 20'001, 20'000, false, learnt});
-    Send(41s, 0, wire::RankStacks{0, {{0, 41, 30'000, Stack(kAllReduce)}, {1, 41, 30'000, Stack(kAllReduce)}}});
-    const auto stops = Sent<wire::StopRound>(
-        Send(41s, 1, wire::RankStacks{0, {{2, 41, 30'000, Stack(kAllReduce)}, {3, 41, 20'001, Stack(kLoader)}}}));
+    Send(41s, 0,
+         wire::RankStacks{0, {{0, 41, 30'000, Stack(kAllReduce)}, {1, 41, 30'000, Stack(kAllReduce)}}});
+    const auto stops = Sent<wire::StopRound>(Send(
+        41s, 1, wire::RankStacks{0, {{2, 41, 30'000, Stack(kAllReduce)}, {3, 41, 20'001, Stack(kLoader)}}}));
     ASSERT_EQ(stops.size(), 2u);
     const std::string& cause = stops[0].second.cause;
     EXPECT_EQ(cause.substr(0, cause.find('\n')),
@@ -597,19 +608,23 @@ TEST_F(CoordinatorProgressTest, AStragglerIsReportedOnceAndListedInTheSummary) {
     keep(Send(t, 0, wire::Heartbeat{}));
     keep(Send(t, 1, wire::Heartbeat{}));
     keep(Send(t, 0, wire::RankProgress{0, {{0, 10, 200'000, 1'000'000, 0}, {1, 10, 210'000, 1'000'000, 0}}}));
-    keep(Send(t, 1, wire::RankProgress{0, {{2, 10, 190'000, 1'000'000, 0}, {3, 10, 420'000, 1'000'000, 1'500}}}));
+    keep(Send(t, 1,
+              wire::RankProgress{0, {{2, 10, 190'000, 1'000'000, 0}, {3, 10, 420'000, 1'000'000, 1'500}}}));
     keep(Feed(t + 1s, Tick{}));
   }
   const std::string line = FindLog(logs, "is a straggler");
-  EXPECT_EQ(line, "rank 3 (node 1 (gpu-02), local rank 1) is a straggler: its own work per step is "
-                  "0.42s, 2x the median 0.21s of 4 ranks over the last 16s (stragglers.slower_percent = 50)");
+  EXPECT_EQ(line,
+            "rank 3 (node 1 (gpu-02), local rank 1) is a straggler: its own work per step is "
+            "0.42s, 2x the median 0.21s of 4 ranks over the last 16s (stragglers.slower_percent = 50)");
   int said = 0;
-  for (const std::string& text : test::LogTexts(logs)) said += text.find("is a straggler") != std::string::npos;
+  for (const std::string& text : test::LogTexts(logs))
+    said += text.find("is a straggler") != std::string::npos;
   EXPECT_EQ(said, 1);
   // It recovers.
   Send(22s, 0, wire::Heartbeat{});
   Send(22s, 1, wire::RankProgress{0, {{3, 12, 200'000, 1'000'000, 1'500}}});
-  EXPECT_NE(FindLog(Feed(25s, Tick{}), "rank 3 (node 1 (gpu-02), local rank 1) is no longer a straggler"), "");
+  EXPECT_NE(FindLog(Feed(25s, Tick{}), "rank 3 (node 1 (gpu-02), local rank 1) is no longer a straggler"),
+            "");
   // The job's summary lists it.
   Send(26s, 0, wire::NodeDone{0});
   const auto end = Sent<wire::JobEnd>(Send(26s, 1, wire::NodeDone{0}));

@@ -84,9 +84,10 @@ TEST_F(ShrinkTest, ALostNodeIsLeftOutAfterReplaceAndItsLeaseAndTheOthersCloseRan
   ASSERT_EQ(starts.size(), 2u) << test::Describe(start);
   EXPECT_EQ(starts[0], (std::pair<ConnId, wire::StartRound>{Conn(0), {1, 41001, 0, 0, 2}}));
   EXPECT_EQ(starts[1], (std::pair<ConnId, wire::StartRound>{Conn(2), {1, 41001, 0, 1, 2}}));
-  EXPECT_NE(FindLog(start, "round 1: starting 4 workers on 2 of the job's 3 nodes (cluster.min_nodes "
-                           "= 2): without node 1 (gpu-02): away for 48s (more than timeouts.replace "
-                           "= 5s); node 2 (gpu-03) plays node rank 1"),
+  EXPECT_NE(FindLog(start,
+                    "round 1: starting 4 workers on 2 of the job's 3 nodes (cluster.min_nodes "
+                    "= 2): without node 1 (gpu-02): away for 48s (more than timeouts.replace "
+                    "= 5s); node 2 (gpu-03) plays node rank 1"),
             "")
       << test::Describe(start);
   EXPECT_EQ(coordinator_->Metrics().round_nodes, 2);
@@ -108,8 +109,9 @@ TEST_F(ShrinkTest, TheNodeThatComesBackSitsOutTheRunningRoundAndTakesPartInTheNe
   BeatUntil(58s, 69s, {{0, 0}, {2, 0}});
   // Its host rebooted: a new agent for node 1 joins while the smaller round runs.
   const Effects back = Join(70s, 1, 1);
-  EXPECT_NE(FindLog(back, "node 1 (gpu-02) joined from 10.0.0.2 (3/3); round 1 runs without it, it "
-                          "takes part from the next round"),
+  EXPECT_NE(FindLog(back,
+                    "node 1 (gpu-02) joined from 10.0.0.2 (3/3); round 1 runs without it, it "
+                    "takes part from the next round"),
             "")
       << test::Describe(back);
   EXPECT_TRUE(Sent<wire::StartRound>(back).empty());
@@ -271,9 +273,10 @@ TEST_F(QuarantineTest, AHostWhoseRoundsKeepFailingSitsOutAndTheSpareTakesItsRank
   ASSERT_EQ(Sent<wire::StartRound>(Feed(11s, StorePortReady{1, 41001})).size(), 2u);
   BeatUntil(11s, 19s, {{0, 0}, {1, 0}, {2, 0}});
   const Effects second = FailRound(20s, 1, 1);
-  EXPECT_NE(FindLog(second, "quarantine: host gpu-02 (node 1 (gpu-02)) sits out for 20m00s: 2 rounds "
-                            "failed because of it within quarantine.window = 10m, the last with rank 2 "
-                            "(node 1 (gpu-02), local rank 0) exited with code 1; quarantine 1 of this host"),
+  EXPECT_NE(FindLog(second,
+                    "quarantine: host gpu-02 (node 1 (gpu-02)) sits out for 20m00s: 2 rounds "
+                    "failed because of it within quarantine.window = 10m, the last with rank 2 "
+                    "(node 1 (gpu-02), local rank 0) exited with code 1; quarantine 1 of this host"),
             "")
       << test::Describe(second);
   const auto records = All<RecordQuarantine>(second);
@@ -282,8 +285,9 @@ TEST_F(QuarantineTest, AHostWhoseRoundsKeepFailingSitsOutAndTheSpareTakesItsRank
   EXPECT_EQ(records[0].hosts[0], (QuarantinedHost{"gpu-02", 20min, 1}));
   // The next round: the spare plays node rank 1 without waiting for timeouts.replace.
   const Effects next = BeatUntil(20s, 21s, {{0, 0}, {1, 0}, {2, 0}});
-  EXPECT_NE(FindLog(next, "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), whose host "
-                          "is quarantined"),
+  EXPECT_NE(FindLog(next,
+                    "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), whose host "
+                    "is quarantined"),
             "")
       << test::Describe(next);
   const auto starts = Sent<wire::StartRound>(Feed(21s, StorePortReady{2, 41002}));
@@ -321,17 +325,20 @@ TEST_F(QuarantineTest, FailuresOutsideTheWindowDoNotAddUpAndNodeZeroIsNeverQuara
   EXPECT_EQ(coordinator_->Metrics().hosts_quarantined, 0);
 }
 
-TEST_F(QuarantineTest, AQuarantineKeptFromAnEarlierLaunchHoldsFromTheFirstRoundAndTheNextOneLastsTwiceAsLong) {
+TEST_F(QuarantineTest,
+       AQuarantineKeptFromAnEarlierLaunchHoldsFromTheFirstRoundAndTheNextOneLastsTwiceAsLong) {
   Effects restored;
   coordinator_->RestoreQuarantine({{"gpu-02", 15min, 1}, {"gpu-07", -1min, 2}}, restored);
-  EXPECT_NE(FindLog(restored, "quarantine (kept from an earlier launch of this job): gpu-02 for 15m00s more"), "")
+  EXPECT_NE(FindLog(restored, "quarantine (kept from an earlier launch of this job): gpu-02 for 15m00s more"),
+            "")
       << test::Describe(restored);
   Join(0s, 0);
   const Effects one = Join(0s, 1);
   EXPECT_NE(FindLog(one, "its host is quarantined for 15m00s more"), "") << test::Describe(one);
   const Effects spare = Join(0s, 2);
-  EXPECT_NE(FindLog(spare, "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), whose host is "
-                           "quarantined"),
+  EXPECT_NE(FindLog(spare,
+                    "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), whose host is "
+                    "quarantined"),
             "")
       << test::Describe(spare);
   ASSERT_EQ(Sent<wire::StartRound>(Feed(0s, StorePortReady{0, 41000})).size(), 2u);
@@ -352,7 +359,10 @@ TEST_F(QuarantineTest, AQuarantineKeptFromAnEarlierLaunchHoldsFromTheFirstRoundA
   EXPECT_EQ(records[0].hosts[2], (QuarantinedHost{"gpu-09", 20min, 1}));
   // gpu-02, free again, takes node rank 1 back from the quarantined spare host.
   const Effects next = BeatUntil(16min + 10s, 16min + 11s, {{0, 0}, {1, 0}, {2, 0}});
-  EXPECT_NE(FindLog(next, "node 1 (gpu-02) takes node rank 1 in place of spare 0 (gpu-09), whose host is quarantined"), "")
+  EXPECT_NE(
+      FindLog(next,
+              "node 1 (gpu-02) takes node rank 1 in place of spare 0 (gpu-09), whose host is quarantined"),
+      "")
       << test::Describe(next);
 }
 
@@ -382,8 +392,9 @@ TEST_F(QuarantineTest, WithNothingToTakeItsPlaceAQuarantinedHostTakesPartAfterAl
   const Effects wait = BeatUntil(20s, 25s, {{0, 0}, {1, 0}});
   EXPECT_TRUE(All<ReserveStorePort>(wait).empty()) << test::Describe(wait);
   const Effects next = BeatUntil(25s, 26s, {{0, 0}, {1, 0}});
-  EXPECT_NE(FindLog(next, "round 2: quarantined hosts take part after all: no spare waits to run "
-                          "without them"),
+  EXPECT_NE(FindLog(next,
+                    "round 2: quarantined hosts take part after all: no spare waits to run "
+                    "without them"),
             "")
       << test::Describe(next);
   ASSERT_EQ(Sent<wire::StartRound>(Feed(26s, StorePortReady{2, 41002})).size(), 2u);
@@ -414,9 +425,8 @@ TEST_F(ShrinkTest, AConnectionReplacedByTheSameAgentBeforeTheRoundIsNotALoss) {
   // Agent 1 again, on a second connection, with the same instance as its first.
   Feed(7s, PeerAccepted{Conn(1, 1), "10.0.0.2"});
   const Effects again = Send(7s, 1,
-                             wire::Join{1, spec_->cluster.HostOf(1), spec_->cluster.nproc_per_node,
-                                        "0.1.0", FingerprintOfCanonical(canonical_), canonical_,
-                                        1001, "", "", ""},
+                             wire::Join{1, spec_->cluster.HostOf(1), spec_->cluster.nproc_per_node, "0.1.0",
+                                        FingerprintOfCanonical(canonical_), canonical_, 1001, "", "", ""},
                              1);
   ASSERT_EQ(All<CloseConn>(again).size(), 1u) << test::Describe(again);
   EXPECT_EQ(All<CloseConn>(again)[0].conn, Conn(1));

@@ -46,8 +46,9 @@ TEST_F(SparesTest, TheFirstRoundStartsWithoutTheSpareAndTheSpareWaits) {
   const auto ack = Sent<wire::JoinAck>(spare);
   ASSERT_EQ(ack.size(), 1u);
   EXPECT_TRUE(ack[0].second.standby);
-  EXPECT_NE(FindLog(spare, "spare 0 (gpu-09) joined from 10.0.0.3; it waits to take the node rank of a "
-                           "node that is lost"),
+  EXPECT_NE(FindLog(spare,
+                    "spare 0 (gpu-09) joined from 10.0.0.3; it waits to take the node rank of a "
+                    "node that is lost"),
             "")
       << test::Describe(spare);
   Join(0s, 0);
@@ -76,8 +77,9 @@ TEST_F(SparesTest, ALostNodesRankGoesToTheSpareAfterReplaceAndTheOldLease) {
   // Backoff 10 s: at 21 s node 1 has been away 11 s (> replace), but its lease (loss bound 6 s
   // + heartbeat 2 s + stop bound 40 s = 48 s from 10 s) holds the round until 58 s.
   Effects wait = BeatUntil(11s, 57s, {{0, 0}, {2, 0}});
-  EXPECT_NE(FindLog(wait, "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), away for 11s "
-                          "(more than timeouts.replace = 5s)"),
+  EXPECT_NE(FindLog(wait,
+                    "spare 0 (gpu-09) takes node rank 1 in place of node 1 (gpu-02), away for 11s "
+                    "(more than timeouts.replace = 5s)"),
             "")
       << test::Describe(wait);
   EXPECT_TRUE(All<ReserveStorePort>(wait).empty());
@@ -89,7 +91,8 @@ TEST_F(SparesTest, ALostNodesRankGoesToTheSpareAfterReplaceAndTheOldLease) {
   // A failure of the spare's workers names the spare, its host and the node rank it plays.
   const auto failed = Sent<wire::StopRound>(Send(60s, 2, wire::WorkerFailed{1, 3, 1, 1, 0, "boom\n", ""}));
   ASSERT_EQ(failed.size(), 2u);
-  EXPECT_EQ(failed[0].second.cause.rfind("rank 3 (spare 0 (gpu-09, node rank 1), local rank 1) exited with code 1", 0),
+  EXPECT_EQ(failed[0].second.cause.rfind(
+                "rank 3 (spare 0 (gpu-09, node rank 1), local rank 1) exited with code 1", 0),
             0u)
       << failed[0].second.cause;
 }
@@ -125,7 +128,9 @@ TEST_F(SparesTest, ANodeThatComesBackInTimeKeepsItsRank) {
   // The same agent comes back after 3 s (its workers are gone): no replacement, no fence.
   BeatUntil(10s, 13s, {{0, 0}, {2, 0}});
   Feed(13s, PeerAccepted{Conn(1, 1), "10.0.0.2"});
-  Send(13s, 1, wire::Join{1, "gpu-02", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_, 1001, "", "", ""}, 1);
+  Send(13s, 1,
+       wire::Join{1, "gpu-02", 2, "0.1.0", FingerprintOfCanonical(canonical_), canonical_, 1001, "", "", ""},
+       1);
   Effects e = BeatUntil(13s, 20s, {{0, 0}, {1, 1}, {2, 0}});
   EXPECT_EQ(FindLog(e, "takes node rank"), "") << test::Describe(e);
   ASSERT_EQ(All<ReserveStorePort>(e).size(), 1u) << test::Describe(e);
@@ -195,7 +200,8 @@ TEST(SpareAgentTest, TheSparesWorkersGetTheReplacedNodesRanks) {
   EXPECT_EQ(env(spawns[0].workers[1], "NODE_RANK"), "1");
   EXPECT_EQ(env(spawns[0].workers[1], "GROUP_RANK"), "1");
   EXPECT_EQ(env(spawns[0].workers[1], "WORLD_SIZE"), "4");
-  EXPECT_NE(FindLog(out, "round 1: this agent (spare 0) takes node rank 1 from now on"), "") << test::Describe(out);
+  EXPECT_NE(FindLog(out, "round 1: this agent (spare 0) takes node rank 1 from now on"), "")
+      << test::Describe(out);
   // A node rank the job does not have is refused.
   test::AgentDriver other;
   other.Use(SpareJob(), config);

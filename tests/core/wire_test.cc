@@ -40,12 +40,14 @@ std::vector<Message> Samples() {
       Challenge{"0123456789abcdef0123456789abcdef", std::string(64, 'p')},
       RankHung{2, 13, 5, 4711, 61'000, 60'000, false},
       DumpStacks{2},
-      RankStacks{2, {RankState{12, 4711, 100, "File \"train.py\", line 88 in main\n"},
-                     RankState{13, -1, 61'000, ""}}},
+      RankStacks{
+          2,
+          {RankState{12, 4711, 100, "File \"train.py\", line 88 in main\n"}, RankState{13, -1, 61'000, ""}}},
       RankProgress{2, {RankRate{12, 4711, 180'000, 250'000, 2'100}, RankRate{13, 4700, -1, -1, 0}}},
       StartRound{8, 29501, 2'100, 1, 3, "gpu-02.cluster"},
       ProbePeers{{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, ProbeTarget{2, "gpu-03", "[fd00::3]:41002"}}},
-      PeersProbed{{ProbeFailure{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, "timed out (a firewall drops it)"}}},
+      PeersProbed{
+          {ProbeFailure{ProbeTarget{0, "gpu-01", "10.77.0.1:41000"}, "timed out (a firewall drops it)"}}},
       PeersProbed{},
       HangCleared{4},
   };
@@ -112,9 +114,9 @@ TEST(WireTest, SamplesCoverEveryMessageType) {
 
 TEST(WireTest, HeaderLayoutIsMagicVersionTypeReservedLengthPayload) {
   const Bytes frame = Encode(StartRound{0x01020304, 0xa1b2, 0x0102, 3, 2, "ab"});
-  const Bytes expected = {'D', 'D', 'P', 'R', 1, 5, 0, 0, 28, 0, 0, 0,
-                          0x04, 0x03, 0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0, 0, 0, 0,
-                          3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 'a', 'b'};
+  const Bytes expected = {'D',  'D',  'P',  'R',  1,    5,    0, 0, 28, 0, 0,   0,  0x04, 0x03,
+                          0x02, 0x01, 0xb2, 0xa1, 0x02, 0x01, 0, 0, 0,  0, 0,   0,  3,    0,
+                          0,    0,    2,    0,    0,    0,    2, 0, 0,  0, 'a', 'b'};
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(Encode(Heartbeat{}), (Bytes{'D', 'D', 'P', 'R', 1, 13, 0, 0, 0, 0, 0, 0}));
   // The echo of an agent that ran again after a stall (issue 37); only then is there a payload.
@@ -324,7 +326,7 @@ TEST(WireTest, RecordListCountPastTheEndIsMalformed) {
   EXPECT_EQ(ErrorOf(Frame(17, payload)), "malformed rank-stacks payload");
   Bytes one;
   PutU32(one, 2);
-  PutU32(one, 1);              // one record, cut short in its step
+  PutU32(one, 1);  // one record, cut short in its step
   PutU32(one, 12);
   PutU32(one, 7);
   EXPECT_EQ(ErrorOf(Frame(18, one)), "malformed rank-progress payload");

@@ -132,8 +132,7 @@ TEST(CliRun, RestartBackoffDoublesUpToBackoffMax) {
 TEST(CliRun, ArgumentsAfterDashesAreAppendedToTheCommand) {
   ScratchDir dir;
   const std::string job = dir.Write(
-      "job.toml",
-      SingleNodeJob("[\"sh\", \"-c\", \"echo args: \\\"$*\\\"\", \"sh\"]", FreePort()).Toml());
+      "job.toml", SingleNodeJob("[\"sh\", \"-c\", \"echo args: \\\"$*\\\"\", \"sh\"]", FreePort()).Toml());
   AgentProcess agent({job, "--", "--lr", "0.1", "--help"}, dir.path() + "/out.txt");
   const auto code = agent.Wait(30s);
   ASSERT_TRUE(code.has_value()) << agent.Output();
@@ -153,9 +152,8 @@ TEST(CliRun, NodesWithDifferentScriptArgumentsDisagree) {
   const auto code1 = node1.Wait(30s);
   ASSERT_TRUE(code1.has_value()) << node1.Output();
   EXPECT_EQ(*code1, 3) << node1.Output();
-  EXPECT_THAT(node1.Output(),
-              HasSubstr("arguments after `--`: node 1 has [\"--lr\", \"0.2\"], node 0 has "
-                        "[\"--lr\", \"0.1\"]"))
+  EXPECT_THAT(node1.Output(), HasSubstr("arguments after `--`: node 1 has [\"--lr\", \"0.2\"], node 0 has "
+                                        "[\"--lr\", \"0.1\"]"))
       << node1.Output();
   // Node 0 would wait for a node 1 until the rendezvous timeout; the destructor stops it.
 }
@@ -184,7 +182,8 @@ TEST(CliRun, CodeCheckRefusesANodeWithAnotherScript) {
     const auto code1 = node1.Wait(30s);
     ASSERT_TRUE(code1.has_value()) << node1.Output();
     EXPECT_EQ(*code1, 3) << node1.Output();
-    EXPECT_THAT(node1.Output(), HasSubstr("code.script_sha256 of \"train.sh\": node 1 has \"")) << node1.Output();
+    EXPECT_THAT(node1.Output(), HasSubstr("code.script_sha256 of \"train.sh\": node 1 has \""))
+        << node1.Output();
   }  // node 0, still waiting for a node 1, is stopped here
   dir.Write("n1/train.sh", "echo v1\n");
   AgentProcess node0({job0, "--node-rank", "0"}, dir.path() + "/b0.txt");
@@ -209,8 +208,9 @@ TEST(CliRun, CodeCheckWarnLetsANodeWithAnotherScriptJoinAndSaysSo) {
   ASSERT_TRUE(code0.has_value() && code1.has_value()) << node0.Output() << node1.Output();
   EXPECT_EQ(*code0, 0) << node0.Output();
   EXPECT_EQ(*code1, 0) << node1.Output();
-  EXPECT_THAT(node0.Output(), HasSubstr("runs different code than node 0 (job.code_check = \"warn\" "
-                                        "lets it join):\n  code.script_sha256 of \"train.sh\": node 1 has \""))
+  EXPECT_THAT(node0.Output(),
+              HasSubstr("runs different code than node 0 (job.code_check = \"warn\" "
+                        "lets it join):\n  code.script_sha256 of \"train.sh\": node 1 has \""))
       << node0.Output();
 }
 

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -110,19 +110,24 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
   // Within the lease (and a few seconds), another agent takes over and round 1 starts with the
   // spare in the dead node's place, rank 0 and MASTER_ADDR on the new coordinator's host.
   int holder = -1;
-  ASSERT_TRUE(WaitFor([&] {
-    for (int i : {1, 2}) {
-      if (agent(i).Output().find("this agent holds the coordinator role now") != std::string::npos) holder = i;
-    }
-    return holder > 0;
-  }, 20s)) << Describe();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int i : {1, 2}) {
+          if (agent(i).Output().find("this agent holds the coordinator role now") != std::string::npos)
+            holder = i;
+        }
+        return holder > 0;
+      },
+      20s))
+      << Describe();
   const auto took_over = std::chrono::steady_clock::now() - killed_at;
   const std::string holder_host = "127.0.0." + std::to_string(holder + 1);
   ASSERT_TRUE(WaitFor([&] { return dir_.Exists("addr-0-1") && dir_.Exists("addr-1-1"); }, 30s)) << Describe();
   const auto restarted = std::chrono::steady_clock::now() - killed_at;
   // For docs/running.md: lease 6s, heartbeat 250ms, stop_grace 2s.
   std::printf("failover: new holder %.1f s after the kill, round 1 running %.1f s after it\n",
-              std::chrono::duration<double>(took_over).count(), std::chrono::duration<double>(restarted).count());
+              std::chrono::duration<double>(took_over).count(),
+              std::chrono::duration<double>(restarted).count());
   EXPECT_LT(took_over, 6s + 3s);  // the lease, a lookup, a campaign
   EXPECT_EQ(dir_.Read("addr-0-1"), holder_host + "\n");
   EXPECT_EQ(dir_.Read("addr-1-1"), holder_host + "\n");
@@ -161,8 +166,9 @@ TEST_F(EtcdJobTest, TheJobOutlivesItsCoordinatorsHostAndTheEtcdLeader) {
 
   // The event logs tell the takeover as it happened: the coordinators' typed observations are
   // in the files of the nodes that held the role, and the replay reads them all.
-  AgentProcess replay({"--simulate", dir_.path() + "/job.toml", "--replay", dir_.path() + "/logs/etcd", "--quiet"},
-                      dir_.path() + "/replay.out");
+  AgentProcess replay(
+      {"--simulate", dir_.path() + "/job.toml", "--replay", dir_.path() + "/logs/etcd", "--quiet"},
+      dir_.path() + "/replay.out");
   replay.Wait(60s);
   const std::string replayed = replay.Output();
   EXPECT_THAT(replayed, Not(HasSubstr("the run had no failure"))) << replayed;
@@ -188,13 +194,17 @@ TEST_F(EtcdJobTest, AnAgentWithAnotherJobFileIsRefusedByTheOneCoordinator) {
   // One node with each file is a tie (issue 37): neither is known to be the job's, so the
   // refused agent tries again (a holder whose file is outnumbered gives the role up) until its
   // rendezvous timeout, rather than giving up on a job it may belong to.
-  ASSERT_TRUE(OutputHas(second, "the coordinator refused this node: node 1 (host 127.0.0.2) runs a different job "
-                                "file than the coordinator (host 127.0.0.1):", 30s))
+  ASSERT_TRUE(OutputHas(second,
+                        "the coordinator refused this node: node 1 (host 127.0.0.2) runs a different job "
+                        "file than the coordinator (host 127.0.0.1):",
+                        30s))
       << Describe();
-  EXPECT_THAT(second.Output(), HasSubstr("restart.max_restarts: node 1 has 5, the coordinator (host 127.0.0.1) has 2"))
+  EXPECT_THAT(second.Output(),
+              HasSubstr("restart.max_restarts: node 1 has 5, the coordinator (host 127.0.0.1) has 2"))
       << Describe();
-  EXPECT_THAT(second.Output(), HasSubstr("(it tries again: as many nodes have come with its job file as with the "
-                                         "coordinator's"))
+  EXPECT_THAT(second.Output(),
+              HasSubstr("(it tries again: as many nodes have come with its job file as with the "
+                        "coordinator's"))
       << Describe();
   EXPECT_THAT(second.Output(), Not(HasSubstr("holds the coordinator role now"))) << Describe();
   EXPECT_THAT(first.Output(), Not(HasSubstr("starting"))) << Describe();
@@ -273,13 +283,16 @@ class EtcdPartitionTest : public ::testing::Test {
 
 TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) {
   std::string endpoints;
-  for (const std::string& url : etcd_->ClientUrls()) endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
+  for (const std::string& url : etcd_->ClientUrls())
+    endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
   std::ostringstream t;
   t << "version = 1\n[job]\nname = \"cut\"\ncommand = [\"sh\", \"-c\", "
-    << TomlString("echo $MASTER_ADDR > addr-$RANK-$TORCHELASTIC_RESTART_COUNT; "
-                  "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; "
-                  "while [ ! -e finish ]; do sleep 0.1; done")
-    << "]\n[cluster]\nnodes = [\"" << addr_a_ << "\", \"" << addr_b_ << "\"]\nmin_nodes = 1\nmaster_port = 29518\n"
+    << TomlString(
+           "echo $MASTER_ADDR > addr-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+           "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+           "while [ ! -e finish ]; do sleep 0.1; done")
+    << "]\n[cluster]\nnodes = [\"" << addr_a_ << "\", \"" << addr_b_
+    << "\"]\nmin_nodes = 1\nmaster_port = 29518\n"
     << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
     << "[restart]\nmax_restarts = 2\nbackoff = \"0s\"\n"
     << "[rendezvous]\nbackend = \"etcd\"\nendpoints = [" << endpoints << "]\nlease = \"5s\"\n"
@@ -287,14 +300,17 @@ TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) 
   const std::string job = dir_.Write("job.toml", t.str());
 
   // A first, so that it holds the role; then B (in this namespace).
-  agents_.push_back(std::make_unique<AgentProcess>(std::vector<std::string>{job}, dir_.path() + "/a.out",
-                                                   std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}},
-                                                   std::vector<std::string>{"ip", "netns", "exec", a_}));
+  agents_.push_back(
+      std::make_unique<AgentProcess>(std::vector<std::string>{job}, dir_.path() + "/a.out",
+                                     std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}},
+                                     std::vector<std::string>{"ip", "netns", "exec", a_}));
   AgentProcess& a = *agents_.back();
-  ASSERT_TRUE(WaitFor([&] { return a.Output().find("holds the coordinator role now") != std::string::npos; }, 20s))
+  ASSERT_TRUE(
+      WaitFor([&] { return a.Output().find("holds the coordinator role now") != std::string::npos; }, 20s))
       << Describe();
-  agents_.push_back(std::make_unique<AgentProcess>(std::vector<std::string>{job}, dir_.path() + "/b.out",
-                                                   std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}}));
+  agents_.push_back(
+      std::make_unique<AgentProcess>(std::vector<std::string>{job}, dir_.path() + "/b.out",
+                                     std::map<std::string, std::string>{{"DDPRUN_NODE_RANK", ""}}));
   AgentProcess& b = *agents_.back();
   ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0"); }, 30s)) << Describe();
   EXPECT_EQ(dir_.Read("addr-1-0"), addr_a_ + "\n");
@@ -308,13 +324,14 @@ TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) 
                     url.substr(url.rfind(':') + 1) + " -j DROP"),
               0);
   }
-  ASSERT_TRUE(WaitFor([&] { return a.Output().find("no longer holds the coordinator role") != std::string::npos; },
-                      10s))
+  ASSERT_TRUE(WaitFor(
+      [&] { return a.Output().find("no longer holds the coordinator role") != std::string::npos; }, 10s))
       << Describe();
   const auto stepped_after = std::chrono::steady_clock::now() - cut_at;
   EXPECT_LT(stepped_after, 5s) << "it must let the role go before its 5s lease can end in etcd";
-  EXPECT_THAT(a.Output(), HasSubstr("this agent no longer holds the coordinator role: it could not renew its etcd "
-                                    "lease (rendezvous.lease = 5s) in time"))
+  EXPECT_THAT(a.Output(),
+              HasSubstr("this agent no longer holds the coordinator role: it could not renew its etcd "
+                        "lease (rendezvous.lease = 5s) in time"))
       << Describe();
   // Its worker stops (its agent lost its coordinator), before B's round starts.
   ASSERT_TRUE(WaitFor([&] { return dir_.Exists("addr-0-1"); }, 30s)) << Describe();
@@ -336,14 +353,16 @@ TEST_F(EtcdPartitionTest, ACoordinatorCutOffFromEtcdStepsDownAndItsWorkersStop) 
 // other host, publishes that, and gives it as MASTER_ADDR.
 TEST_F(EtcdPartitionTest, HostNamesOnStockHostsWork) {
   for (const auto& [ns, own, other, other_addr] :
-       {std::tuple{a_, "ddprun-node-a", "ddprun-node-b", addr_b_}, std::tuple{b_, "ddprun-node-b", "ddprun-node-a", addr_a_}}) {
+       {std::tuple{a_, "ddprun-node-a", "ddprun-node-b", addr_b_},
+        std::tuple{b_, "ddprun-node-b", "ddprun-node-a", addr_a_}}) {
     std::filesystem::create_directories("/etc/netns/" + ns);
     hosts_files_.push_back(ns);
-    std::ofstream("/etc/netns/" + ns + "/hosts")
-        << "127.0.0.1 localhost\n127.0.1.1 " << own << "\n" << other_addr << " " << other << "\n";
+    std::ofstream("/etc/netns/" + ns + "/hosts") << "127.0.0.1 localhost\n127.0.1.1 " << own << "\n"
+                                                 << other_addr << " " << other << "\n";
   }
   std::string endpoints;
-  for (const std::string& url : etcd_->ClientUrls()) endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
+  for (const std::string& url : etcd_->ClientUrls())
+    endpoints += (endpoints.empty() ? "" : ", ") + TomlString(url);
   std::ostringstream t;
   t << "version = 1\n[job]\nname = \"names\"\ncommand = [\"sh\", \"-c\", "
     << TomlString("echo $MASTER_ADDR > addr-$RANK; while [ ! -e finish ]; do sleep 0.1; done")
@@ -353,20 +372,24 @@ TEST_F(EtcdPartitionTest, HostNamesOnStockHostsWork) {
     << "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
   const std::string job = dir_.Write("job.toml", t.str());
   auto start = [&](const std::string& ns, const std::string& rank) -> AgentProcess& {
-    agents_.push_back(std::make_unique<AgentProcess>(std::vector<std::string>{job, "--node-rank", rank},
-                                                     dir_.path() + "/" + rank + ".out",
-                                                     std::map<std::string, std::string>{},
-                                                     std::vector<std::string>{"ip", "netns", "exec", ns}));
+    agents_.push_back(std::make_unique<AgentProcess>(
+        std::vector<std::string>{job, "--node-rank", rank}, dir_.path() + "/" + rank + ".out",
+        std::map<std::string, std::string>{}, std::vector<std::string>{"ip", "netns", "exec", ns}));
     return *agents_.back();
   };
   AgentProcess& a = start(a_, "0");
-  ASSERT_TRUE(WaitFor([&] { return a.Output().find("holds the coordinator role now") != std::string::npos; }, 20s))
+  ASSERT_TRUE(
+      WaitFor([&] { return a.Output().find("holds the coordinator role now") != std::string::npos; }, 20s))
       << Describe();
-  EXPECT_THAT(a.Output(), HasSubstr("this host's entry \"ddprun-node-a\" (cluster.nodes[0]) is a loopback address on "
-                                    "this host: /etc/hosts maps ddprun-node-a to 127.0.1.1 (Debian and Ubuntu do "
-                                    "that for the host's own name); while this agent holds the coordinator role it "
-                                    "listens on " + addr_a_ + " instead, this host's address towards ddprun-node-b "
-                                    "(cluster.nodes[1]), and gives every worker MASTER_ADDR=" + addr_a_));
+  EXPECT_THAT(a.Output(),
+              HasSubstr("this host's entry \"ddprun-node-a\" (cluster.nodes[0]) is a loopback address on "
+                        "this host: /etc/hosts maps ddprun-node-a to 127.0.1.1 (Debian and Ubuntu do "
+                        "that for the host's own name); while this agent holds the coordinator role it "
+                        "listens on " +
+                        addr_a_ +
+                        " instead, this host's address towards ddprun-node-b "
+                        "(cluster.nodes[1]), and gives every worker MASTER_ADDR=" +
+                        addr_a_));
   AgentProcess& b = start(b_, "1");
   ASSERT_TRUE(WaitFor([&] { return dir_.Exists("addr-0") && dir_.Exists("addr-1"); }, 30s)) << Describe();
   EXPECT_EQ(dir_.Read("addr-0"), addr_a_ + "\n");

@@ -86,8 +86,8 @@ class HangTest : public ::testing::Test {
     const std::string out = dir_.path() + "/node" + std::to_string(node_rank) + ".out";
     // gloo finds its peers on loopback, whatever the host name resolves to.
     agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(node_rank)},
-        out, std::map<std::string, std::string>{{"GLOO_SOCKET_IFNAME", "lo"}}));
+        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(node_rank)}, out,
+        std::map<std::string, std::string>{{"GLOO_SOCKET_IFNAME", "lo"}}));
     return *agents_.back();
   }
   /// Starts node 1, then node 0 (the coordinator), as TorchTest does.
@@ -123,24 +123,23 @@ class HangTest : public ::testing::Test {
   std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
-// The deadlock examples/ddp_train.py makes for tests: rank 3 blocks in wait_forever() before the all_reduce of step 2
-// in attempt 0, and the other ranks wait for it in backward. The agents must notice the silence
-// at timeouts.progress, the summary must name rank 3 with its stack and group the others, every
-// worker of round 0 must be gone before round 1 starts, and round 1 must train to the end.
+// The deadlock examples/ddp_train.py makes for tests: rank 3 blocks in wait_forever() before the all_reduce
+// of step 2 in attempt 0, and the other ranks wait for it in backward. The agents must notice the silence at
+// timeouts.progress, the summary must name rank 3 with its stack and group the others, every worker of round
+// 0 must be gone before round 1 starts, and round 1 must train to the end.
 TEST_F(HangTest, RankBlockedBeforeAnAllReduceIsNamedWithItsStackAndTheJobRestarts) {
   SKIP_WITHOUT_TORCH();
-  constexpr auto kProgress = 5s;   // timeouts.progress
+  constexpr auto kProgress = 5s;    // timeouts.progress
   constexpr auto kStepTime = 0.3s;  // --step-time: rank 3's last beacon is this long before it blocks
   // Each worker records its pid (the shell execs Python, so the pid is the worker's).
-  const std::string command = TomlArray(
-      {"sh", "-c", "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; exec /usr/bin/python3 \"$@\"", "sh",
-       Source("examples/ddp_train.py"), "--steps", "3", "--step-time", "0.3", "--hang-rank", "3",
-       "--hang-attempt", "0", "--hang-step", "2"});
+  const std::string command =
+      TomlArray({"sh", "-c", "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; exec /usr/bin/python3 \"$@\"",
+                 "sh", Source("examples/ddp_train.py"), "--steps", "3", "--step-time", "0.3", "--hang-rank",
+                 "3", "--hang-attempt", "0", "--hang-step", "2"});
   StartBoth(Job(FreePort(), command, /*max_restarts=*/1, "progress = \"5s\"\n"));
 
-  const auto seen = Watch({"rank 3 blocks before the all_reduce of step 2",
-                           "sent no progress beacon for ", ") hung: no progress for ",
-                           "round 1: all 2 nodes joined; starting 4 workers"},
+  const auto seen = Watch({"rank 3 blocks before the all_reduce of step 2", "sent no progress beacon for ",
+                           ") hung: no progress for ", "round 1: all 2 nodes joined; starting 4 workers"},
                           120s);
   ASSERT_TRUE(seen[0] && seen[1] && seen[2] && seen[3]) << Describe();
   // Round 1 starts only once every node has stopped its workers: none of round 0's may be left.
@@ -176,13 +175,20 @@ TEST_F(HangTest, RankBlockedBeforeAnAllReduceIsNamedWithItsStackAndTheJobRestart
                                    R"(no progress for [0-9.]+s after step 2 \(timeouts\.progress = 5s\))"))
         << Describe();
     EXPECT_THAT(out, HasSubstr("  why rank 3: the only rank not waiting for the others\n")) << Describe();
-    EXPECT_THAT(out, ContainsRegex(R"(all threads: rank 3's in logs/hang/latest-n1/attempt-0/rank-3\.stacks on node 1 )"
-                                   R"(\([^)]+\), in its job file's folder, every rank's in )"
-                                   R"(latest-n<node>/attempt-0/rank-<r>\.stacks on its node\):)" "\n"))
+    EXPECT_THAT(out, ContainsRegex(
+                         R"(all threads: rank 3's in logs/hang/latest-n1/attempt-0/rank-3\.stacks on node 1 )"
+                         R"(\([^)]+\), in its job file's folder, every rank's in )"
+                         R"(latest-n<node>/attempt-0/rank-<r>\.stacks on its node\):)"
+                         "\n"))
         << Describe();
-    EXPECT_THAT(out, ContainsRegex("\n" R"(    rank 3, last step 2, silent [0-9.]+s: in wait at ddp_train\.py:[0-9]+)" "\n"))
+    EXPECT_THAT(out,
+                ContainsRegex("\n"
+                              R"(    rank 3, last step 2, silent [0-9.]+s: in wait at ddp_train\.py:[0-9]+)"
+                              "\n"))
         << Describe();
-    EXPECT_THAT(out, ContainsRegex("\n" R"(      File "[^"]*/examples/ddp_train\.py", line [0-9]+ in wait_forever)" "\n"))
+    EXPECT_THAT(out, ContainsRegex("\n"
+                                   R"(      File "[^"]*/examples/ddp_train\.py", line [0-9]+ in wait_forever)"
+                                   "\n"))
         << Describe();
     EXPECT_THAT(out, HasSubstr("\n    3 ranks 0-2, last step 2: in ")) << Describe();
     EXPECT_THAT(out, HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"))
@@ -207,8 +213,8 @@ TEST_F(HangTest, RankBlockedBeforeAnAllReduceIsNamedWithItsStackAndTheJobRestart
 TEST_F(HangTest, AutoTimeoutIsLearntFromTheLongestIntervalAndCatchesTheHang) {
   SKIP_WITHOUT_TORCH();
   const std::string command =
-      TomlArray({"/usr/bin/python3", Source("tests/e2e/beacon_worker.py"), "--steps", "14", "--step-time", "0.12",
-                 "--long-step", "5", "--long-time", "2.2", "--hang-rank", "3", "--hang-step", "12"});
+      TomlArray({"/usr/bin/python3", Source("tests/e2e/beacon_worker.py"), "--steps", "14", "--step-time",
+                 "0.12", "--long-step", "5", "--long-time", "2.2", "--hang-rank", "3", "--hang-step", "12"});
   StartBoth(Job(FreePort(), command, /*max_restarts=*/0, "progress = \"auto\"\n"));
   const auto seen = Watch({"rank 3 blocks at ", "sent no progress beacon for "}, 120s);
   ASSERT_TRUE(seen[0] && seen[1]) << Describe();
@@ -249,8 +255,9 @@ TEST_F(HangTest, AutoTimeoutIsLearntFromTheLongestIntervalAndCatchesTheHang) {
   EXPECT_LE(error, 1.5) << Describe();
 
   const std::string out0 = node(0).Output();
-  EXPECT_THAT(out0, ContainsRegex(R"(rank 3 \(node 1 \([^)]*\), local rank 1\) hung: no progress for [0-9.]+s )"
-                                  R"(after step 12 \(timeouts\.progress = "auto", [0-9]+s learnt from this job\))"))
+  EXPECT_THAT(out0,
+              ContainsRegex(R"(rank 3 \(node 1 \([^)]*\), local rank 1\) hung: no progress for [0-9.]+s )"
+                            R"(after step 12 \(timeouts\.progress = "auto", [0-9]+s learnt from this job\))"))
       << Describe();
   EXPECT_THAT(out0, HasSubstr("job \"hang\" FAILED in round 0 (restart.max_restarts = 0)")) << Describe();
   EXPECT_THAT(out0, HasSubstr("  why rank 3: the only rank not waiting for the others\n")) << Describe();
@@ -270,9 +277,8 @@ TEST_F(HangTest, AutoTimeoutIsLearntFromTheLongestIntervalAndCatchesTheHang) {
 // the work each rank reports (busy=) tells it apart.
 TEST_F(HangTest, SlowRankIsNamedAsAStragglerAndNoOtherRankIs) {
   SKIP_WITHOUT_TORCH();
-  const std::string command =
-      TomlArray({"/usr/bin/python3", Source("examples/ddp_train.py"), "--steps", "9", "--step-time", "0.15",
-                 "--slow-rank", "2", "--slow-factor", "3"});
+  const std::string command = TomlArray({"/usr/bin/python3", Source("examples/ddp_train.py"), "--steps", "9",
+                                         "--step-time", "0.15", "--slow-rank", "2", "--slow-factor", "3"});
   TestJob job = Job(FreePort(), command, /*max_restarts=*/0, "[stragglers]\nwindow = \"3s\"\n");
   job.heartbeat = "500ms";  // progress reports every max(heartbeat, window / 8)
   StartBoth(job);
@@ -280,13 +286,17 @@ TEST_F(HangTest, SlowRankIsNamedAsAStragglerAndNoOtherRankIs) {
   EXPECT_EQ(node(1).Wait(30s), 0) << Describe();
 
   const std::string out0 = node(0).Output();
-  EXPECT_THAT(out0, ContainsRegex(R"(coordinator\] warning: rank 2 \(node 1 \([^)]*\), local rank 0\) is a straggler: )"
-                                  R"(its own work per step is [0-9.]+s, [0-9.]+x the median [0-9.]+s of 4 ranks )"
-                                  R"(over the last 3s \(stragglers\.slower_percent = 50\))"))
+  EXPECT_THAT(out0, ContainsRegex(
+                        R"(coordinator\] warning: rank 2 \(node 1 \([^)]*\), local rank 0\) is a straggler: )"
+                        R"(its own work per step is [0-9.]+s, [0-9.]+x the median [0-9.]+s of 4 ranks )"
+                        R"(over the last 3s \(stragglers\.slower_percent = 50\))"))
       << Describe();
-  EXPECT_THAT(out0, ContainsRegex(R"(succeeded: all 4 ranks on 2 nodes exited 0 in round 0 \(0 restarts used\))" "\n"
-                                  R"(stragglers \(more than 50% slower than the median rank for 3s\):)" "\n"
-                                  R"(  rank 2 \(node 1 \([^)]*\), local rank 0\) in round 0: its own work per step )"))
+  EXPECT_THAT(out0, ContainsRegex(
+                        R"(succeeded: all 4 ranks on 2 nodes exited 0 in round 0 \(0 restarts used\))"
+                        "\n"
+                        R"(stragglers \(more than 50% slower than the median rank for 3s\):)"
+                        "\n"
+                        R"(  rank 2 \(node 1 \([^)]*\), local rank 0\) in round 0: its own work per step )"))
       << Describe();
   for (const std::string& line : LinesWith(Describe(), "straggler")) {
     EXPECT_THAT(line, Not(ContainsRegex("rank [013] \\("))) << Describe();
@@ -302,7 +312,8 @@ TEST_F(HangTest, WorkerWithoutBeaconsAndNoProgressTimeoutRunsAsBefore) {
   StartBoth(job);
   EXPECT_EQ(node(0).Wait(30s), 0) << Describe();
   EXPECT_EQ(node(1).Wait(30s), 0) << Describe();
-  EXPECT_THAT(node(0).Output(), HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 0 (0 restarts used)"))
+  EXPECT_THAT(node(0).Output(),
+              HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 0 (0 restarts used)"))
       << Describe();
   for (const char* word : {"progress", "beacon", "hung", "straggler", "stacks"}) {
     EXPECT_THAT(Describe(), Not(HasSubstr(word))) << Describe();
@@ -319,14 +330,21 @@ TEST_F(HangTest, WorkerWithoutBeaconsFailsAfterProgressStartWithNoStack) {
   EXPECT_EQ(node(1).Wait(30s), 1) << Describe();
 
   const std::string out0 = node(0).Output();
-  EXPECT_THAT(Describe(), ContainsRegex(R"(error: rank [0-3] \(local rank [01]\) sent no progress beacon for )"
-                                        R"([0-9.]+s since it started \(timeouts\.progress_start = 3s\))"));
-  EXPECT_THAT(out0, ContainsRegex(R"(root cause \(first failure anywhere in the job\): rank [0-3] \(node [01] \()"
-                                  R"([^)]*\), local rank [01]\) hung: no progress for [0-9.]+s since it started )"
-                                  R"(\(timeouts\.progress_start = 3s\))" "\n"))
+  EXPECT_THAT(Describe(),
+              ContainsRegex(R"(error: rank [0-3] \(local rank [01]\) sent no progress beacon for )"
+                            R"([0-9.]+s since it started \(timeouts\.progress_start = 3s\))"));
+  EXPECT_THAT(out0,
+              ContainsRegex(R"(root cause \(first failure anywhere in the job\): rank [0-3] \(node [01] \()"
+                            R"([^)]*\), local rank [01]\) hung: no progress for [0-9.]+s since it started )"
+                            R"(\(timeouts\.progress_start = 3s\))"
+                            "\n"))
       << Describe();
-  EXPECT_THAT(out0, ContainsRegex("\n" R"(    rank [0-3], no step yet, silent [0-9.]+s: no stack)" "\n")) << Describe();
-  EXPECT_THAT(out0, HasSubstr(", no step yet: no stack (the worker does not `import ddprun`, or sent no hello)\n"))
+  EXPECT_THAT(out0, ContainsRegex("\n"
+                                  R"(    rank [0-3], no step yet, silent [0-9.]+s: no stack)"
+                                  "\n"))
+      << Describe();
+  EXPECT_THAT(out0,
+              HasSubstr(", no step yet: no stack (the worker does not `import ddprun`, or sent no hello)\n"))
       << Describe();
   EXPECT_THAT(out0, HasSubstr("job \"hang\" FAILED in round 0 (restart.max_restarts = 0)")) << Describe();
   // ~3 s after the workers started (no worker starts before the coordinator says so): the

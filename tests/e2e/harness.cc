@@ -11,13 +11,13 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <ctime>
 
 extern char** environ;
 
@@ -29,7 +29,7 @@ namespace {
 /// all of them where that range leaves none, e.g. a container set to 1024-65535).
 std::vector<uint16_t> CandidatePorts() {
   constexpr unsigned kLowestTestPort = 20000;  // above the ports of common services
-  unsigned low = 32768, high = 60999;  // Linux's default, where /proc cannot be read
+  unsigned low = 32768, high = 60999;          // Linux's default, where /proc cannot be read
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
   range >> low >> high;
   std::vector<uint16_t> ports, all;
@@ -70,16 +70,16 @@ uint16_t FreePort() {
   static std::mutex mutex;
   static const std::vector<uint16_t> candidates = CandidatePorts();
   static std::set<uint16_t> handed_out;
-  static const int lock_fd = ::open(
-      (std::filesystem::temp_directory_path() / "ddprun-e2e-ports.lock").c_str(),
-      O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  static const int lock_fd =
+      ::open((std::filesystem::temp_directory_path() / "ddprun-e2e-ports.lock").c_str(),
+             O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   const std::lock_guard<std::mutex> hold(mutex);
   if (lock_fd < 0) throw std::runtime_error("cannot open the port lock file");
   const size_t start = static_cast<size_t>(::getpid()) * 7919 % candidates.size();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const uint16_t port = candidates[(start + i) % candidates.size()];
     if (handed_out.count(port) != 0) continue;
-    struct flock lock{};
+    struct flock lock {};
     lock.l_type = F_WRLCK;
     lock.l_whence = SEEK_SET;
     lock.l_start = port;
@@ -106,8 +106,8 @@ std::string TomlString(const std::string& text) {
 
 std::string TestJob::Toml() const {
   std::ostringstream t;
-  t << "version = 1\n[job]\nname = " << TomlString(name) << "\ncommand = "
-    << (command.empty() ? "[\"sh\", \"-c\", " + TomlString(script) + "]" : command) << "\n";
+  t << "version = 1\n[job]\nname = " << TomlString(name)
+    << "\ncommand = " << (command.empty() ? "[\"sh\", \"-c\", " + TomlString(script) + "]" : command) << "\n";
   if (!workdir.empty()) t << "workdir = " << TomlString(workdir) << "\n";
   if (!code_check.empty()) t << "code_check = " << TomlString(code_check) << "\n";
   t << job_extra;
@@ -123,7 +123,8 @@ std::string TestJob::Toml() const {
   t << "master_addr = \"127.0.0.1\"\nmaster_port = " << master_port << "\n";
   if (store_port != 0) t << "store_port = " << store_port << "\n";
   t << "[trainer]\naccelerator = " << TomlString(accelerator) << "\ndevices = " << devices
-    << "\nnum_nodes = " << nnodes << "\n" << trainer_extra;
+    << "\nnum_nodes = " << nnodes << "\n"
+    << trainer_extra;
   if (max_restarts || !backoff.empty() || !backoff_max.empty() || !never_on.empty()) {
     t << "[restart]\n";
     if (max_restarts) t << "max_restarts = " << *max_restarts << "\n";
@@ -186,8 +187,8 @@ AgentProcess::AgentProcess(OtherProgram, const std::vector<std::string>& argv, c
   Spawn(argv, extra_env, false);
 }
 
-void AgentProcess::Spawn(const std::vector<std::string>& argv_text, const std::map<std::string, std::string>& extra_env,
-                         bool own_process_group) {
+void AgentProcess::Spawn(const std::vector<std::string>& argv_text,
+                         const std::map<std::string, std::string>& extra_env, bool own_process_group) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     const std::string entry(*e);
@@ -328,7 +329,8 @@ std::string HttpGet(const std::string& addr, uint16_t port, const std::string& p
   ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string answer;
   char buffer[4096];
-  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) answer.append(buffer, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;)
+    answer.append(buffer, static_cast<size_t>(n));
   ::close(fd);
   return answer;
 }
@@ -365,8 +367,9 @@ std::unique_ptr<NetnsPair> NetnsPair::Create(const std::string& tag, int net, st
       Shell("ip link set " + va + " netns " + a) == 0 && Shell("ip link set " + vb + " netns " + b) == 0 &&
       Shell("ip -n " + a + " addr add " + pair->addr_a_ + "/24 dev " + va) == 0 &&
       Shell("ip -n " + b + " addr add " + pair->addr_b_ + "/24 dev " + vb) == 0 &&
-      Shell("ip -n " + a + " link set " + va + " up") == 0 && Shell("ip -n " + b + " link set " + vb + " up") == 0 &&
-      Shell("ip -n " + a + " link set lo up") == 0 && Shell("ip -n " + b + " link set lo up") == 0;
+      Shell("ip -n " + a + " link set " + va + " up") == 0 &&
+      Shell("ip -n " + b + " link set " + vb + " up") == 0 && Shell("ip -n " + a + " link set lo up") == 0 &&
+      Shell("ip -n " + b + " link set lo up") == 0;
   if (!wired) {
     *why = "cannot wire two namespaces with a veth pair here";
     return nullptr;

@@ -23,19 +23,19 @@ uint16_t FreePort();
 /// so the job keeps ddprun's default for it.
 struct TestJob {
   std::string name = "e2e";
-  std::string command;           // job.command as a TOML array; "" runs ["sh", "-c", script]
+  std::string command;  // job.command as a TOML array; "" runs ["sh", "-c", script]
   std::string script = "true";
-  std::string workdir;           // job.workdir
-  std::string code_check;        // job.code_check
-  std::string job_extra;         // more [job] lines, e.g. "preload = [\"torch\"]\n"
-  std::string library_check;     // job.library_check
-  int nnodes = 2;                // cluster.nnodes (left out with `nodes`) and trainer.num_nodes
+  std::string workdir;             // job.workdir
+  std::string code_check;          // job.code_check
+  std::string job_extra;           // more [job] lines, e.g. "preload = [\"torch\"]\n"
+  std::string library_check;       // job.library_check
+  int nnodes = 2;                  // cluster.nnodes (left out with `nodes`) and trainer.num_nodes
   std::vector<std::string> nodes;  // cluster.nodes, in place of cluster.nnodes
   uint16_t master_port = 0;
-  uint16_t store_port = 0;       // cluster.store_port; 0 leaves it out
+  uint16_t store_port = 0;  // cluster.store_port; 0 leaves it out
   std::string accelerator = "cpu";
-  int devices = 2;               // trainer.devices: workers per node
-  std::string trainer_extra;     // more [trainer] lines, e.g. "max_epochs = 3\n"
+  int devices = 2;                  // trainer.devices: workers per node
+  std::string trainer_extra;        // more [trainer] lines, e.g. "max_epochs = 3\n"
   std::optional<int> max_restarts;  // [restart] is written when one of these three is set
   std::string backoff;
   std::string backoff_max;
@@ -43,7 +43,7 @@ struct TestJob {
   std::string rendezvous = "20s";
   std::string heartbeat = "250ms";  // short, so that losses show within a second
   std::string stop_grace = "2s";
-  std::string extra;             // TOML appended at the end: more tables, e.g. "[logs]\n..."
+  std::string extra;  // TOML appended at the end: more tables, e.g. "[logs]\n..."
 
   std::string Toml() const;
 };
@@ -114,7 +114,9 @@ bool WaitFor(Predicate predicate, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
     if (predicate()) return true;
-    struct timespec ts{0, 20'000'000};
+    struct timespec ts {
+      0, 20'000'000
+    };
     nanosleep(&ts, nullptr);
   }
   return predicate();

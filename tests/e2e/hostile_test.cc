@@ -5,8 +5,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,8 +42,10 @@ struct Shape {
 std::string Job(uint16_t port, const std::string& script, const Shape& shape) {
   std::ostringstream t;
   t << "version = 1\n[job]\nname = \"hostile\"\ncommand = [\"sh\", \"-c\", \"" << script << "\"]\n"
-    << "[cluster]\nnnodes = " << shape.nnodes << "\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port << "\n"
-    << "[trainer]\naccelerator = \"cpu\"\ndevices = " << shape.nproc << "\nnum_nodes = " << shape.nnodes << "\n"
+    << "[cluster]\nnnodes = " << shape.nnodes << "\nmaster_addr = \"127.0.0.1\"\nmaster_port = " << port
+    << "\n"
+    << "[trainer]\naccelerator = \"cpu\"\ndevices = " << shape.nproc << "\nnum_nodes = " << shape.nnodes
+    << "\n"
     << "[restart]\nmax_restarts = " << shape.max_restarts << "\nbackoff = \"0s\"\n"
     << "[timeouts]\nrendezvous = \"20s\"\nheartbeat = \"250ms\"\nstop_grace = \"2s\"\n";
   return t.str();
@@ -123,7 +125,9 @@ constexpr bool kMeasuresMemory = false;
 constexpr bool kMeasuresMemory = true;
 #endif
 
-size_t CountLines(const std::string& text) { return static_cast<size_t>(std::count(text.begin(), text.end(), '\n')); }
+size_t CountLines(const std::string& text) {
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
 
 // Issue 11.1: node 1's stdout and stderr are a FIFO that nobody reads (a terminal stopped with
 // Ctrl-S, `| less` left unscrolled). Its workers print far more than the FIFO and the console
@@ -134,8 +138,9 @@ TEST(HostileTest, AConsoleNobodyReadsNeitherStallsTheAgentNorTruncatesItsLogs) {
   const uint16_t port = FreePort();
   constexpr int kLines = 40000;  // about 0.9 MB per rank, 1.8 MB per node
   const std::string job = dir.Write(
-      "job.toml", Job(port, "seq -f 'rank '$RANK' says hello, line %g' 1 " + std::to_string(kLines) + "; sleep 1",
-                      Shape{}));
+      "job.toml",
+      Job(port, "seq -f 'rank '$RANK' says hello, line %g' 1 " + std::to_string(kLines) + "; sleep 1",
+          Shape{}));
   const std::string fifo = dir.path() + "/console.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   // Opened for reading so that node 1 can open it for writing, then never read until the end.
@@ -152,7 +157,8 @@ TEST(HostileTest, AConsoleNobodyReadsNeitherStallsTheAgentNorTruncatesItsLogs) {
       [&] {
         char buffer[65536];
         ssize_t n;
-        while ((n = ::read(reader, buffer, sizeof buffer)) > 0) console.append(buffer, static_cast<size_t>(n));
+        while ((n = ::read(reader, buffer, sizeof buffer)) > 0)
+          console.append(buffer, static_cast<size_t>(n));
         return node1.Wait(0ms).has_value();
       },
       30s);
@@ -185,10 +191,10 @@ TEST(HostileTest, AConsoleNobodyReadsNeitherStallsTheAgentNorTruncatesItsLogs) {
 TEST(HostileTest, ThousandsOfShortConnectionsKeepNode0sMemoryAndDescriptorsBounded) {
   ScratchDir dir;
   const uint16_t port = FreePort();
-  const std::string job = dir.Write(
-      "job.toml", Job(port, "touch " + dir.path() + "/started; while [ ! -e " + dir.path() +
-                                "/stop ]; do sleep 0.05; done",
-                      Shape{1, 1, 0}));
+  const std::string job = dir.Write("job.toml", Job(port,
+                                                    "touch " + dir.path() + "/started; while [ ! -e " +
+                                                        dir.path() + "/stop ]; do sleep 0.05; done",
+                                                    Shape{1, 1, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
   // Once the worker runs, the agent holds its pipes and log file: the descriptors to compare with.
   ASSERT_TRUE(WaitFor([&] { return dir.Exists("started"); }, 20s)) << node0.Output();
@@ -212,7 +218,8 @@ TEST(HostileTest, ThousandsOfShortConnectionsKeepNode0sMemoryAndDescriptorsBound
   // 3000 connections at the old ~192 KiB each would be ~560 MiB; 24 MiB bounds the agent with
   // its relays capped.
   if (kMeasuresMemory) {
-    EXPECT_LT(peak - rss_before, 24 * 1024) << "VmRSS before " << rss_before << " KiB, peak " << peak << " KiB";
+    EXPECT_LT(peak - rss_before, 24 * 1024)
+        << "VmRSS before " << rss_before << " KiB, peak " << peak << " KiB";
   }
   dir.Write("stop", "");
   EXPECT_EQ(node0.Wait(20s), 0) << node0.Output();
@@ -241,27 +248,31 @@ void Flood(uint16_t port, int connections, uint32_t announced, size_t sent, std:
 TEST(HostileTest, PeersThatProvedNothingCannotTakeNode0sMemory) {
   rlimit limit{};
   ::getrlimit(RLIMIT_NOFILE, &limit);
-  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 12000) GTEST_SKIP() << "the hard descriptor limit is below 12,000";
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 12000)
+    GTEST_SKIP() << "the hard descriptor limit is below 12,000";
   const rlimit raised{limit.rlim_max, limit.rlim_max};
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &raised), 0);
   ScratchDir dir;
   const uint16_t port = FreePort();
   const std::map<std::string, std::string> secret = {{"DDPRUN_SECRET", "correct horse battery"}};
-  const std::string job = dir.Write(
-      "job.toml", Job(port, "touch " + dir.path() + "/started-$RANK; while [ ! -e " + dir.path() +
-                                "/stop ]; do sleep 0.05; done",
-                      Shape{2, 1, 0}));
+  const std::string job = dir.Write("job.toml", Job(port,
+                                                    "touch " + dir.path() + "/started-$RANK; while [ ! -e " +
+                                                        dir.path() + "/stop ]; do sleep 0.05; done",
+                                                    Shape{2, 1, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", secret);
-  ASSERT_TRUE(WaitFor([&] {
-    const int fd = ConnectTo(port);
-    if (fd >= 0) ::close(fd);
-    return fd >= 0;
-  }, 20s)) << node0.Output();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const int fd = ConnectTo(port);
+        if (fd >= 0) ::close(fd);
+        return fd >= 0;
+      },
+      20s))
+      << node0.Output();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const long rss_before = StatusKiB(node0.pid(), "VmRSS");
   std::vector<int> held;
-  Flood(port, 1000, 1u << 20, 1000 * 1024, held);      // most of a 1 MiB frame
-  Flood(port, 1000, 60 * 1024, 60 * 1024 - 1, held);   // one byte short of a frame under the limit
+  Flood(port, 1000, 1u << 20, 1000 * 1024, held);     // most of a 1 MiB frame
+  Flood(port, 1000, 60 * 1024, 60 * 1024 - 1, held);  // one byte short of a frame under the limit
   const long after_1000 = StatusKiB(node0.pid(), "VmHWM");
   Flood(port, 8000, 60 * 1024, 60 * 1024 - 1, held);
   // A real node joins while the flood's last connections are still open.
@@ -278,18 +289,21 @@ TEST(HostileTest, PeersThatProvedNothingCannotTakeNode0sMemory) {
   EXPECT_GE(held.size(), 11000u);
   EXPECT_THAT(node0.Output(), HasSubstr("have not joined"));
   if (kMeasuresMemory) {
-    EXPECT_LT(after_1000, 64 * 1024) << "VmRSS before " << rss_before << " KiB, peak after 1,000 " << after_1000;
+    EXPECT_LT(after_1000, 64 * 1024) << "VmRSS before " << rss_before << " KiB, peak after 1,000 "
+                                     << after_1000;
     EXPECT_LT(peak, 64 * 1024) << "VmRSS before " << rss_before << " KiB, peak after 12,000 " << peak;
   }
-  std::printf("node 0: VmRSS %ld KiB before the flood, VmHWM %ld KiB after 2,000 connections, %ld KiB after 12,000\n",
-              rss_before, after_1000, peak);
+  std::printf(
+      "node 0: VmRSS %ld KiB before the flood, VmHWM %ld KiB after 2,000 connections, %ld KiB after 12,000\n",
+      rss_before, after_1000, peak);
 }
 
 // Issue 11.2, with the store listening: a store client that spoke before rank 0 listened gets
 // its bytes through once it does; thousands of short clients come and go and leave nothing
 // behind; a connection the store side closes is closed for the client too.
 TEST(HostileTest, RelayedConnectionsAreFreedWhenEitherSideCloses) {
-  if (std::system("python3 -c 'import selectors' >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 is not installed";
+  if (std::system("python3 -c 'import selectors' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 is not installed";
   ScratchDir dir;
   const uint16_t port = FreePort();
   // Worker rank 0 plays the store: once `listen` exists it listens on MASTER_PORT and echoes
@@ -377,10 +391,14 @@ TEST(HostileTest, TooFewDescriptorsNeitherSpinNorStopTheNextRound) {
     const int fd = ConnectTo(port);
     if (fd >= 0) idle.push_back(fd);
   }
-  EXPECT_TRUE(WaitFor([&] { return node0.Output().find(" connections are open, the most this agent keeps with "
-                                                       "RLIMIT_NOFILE 128 (the rest is kept for workers and log "
-                                                       "files); closing the oldest that has not said what it is") !=
-                                   std::string::npos; }, 10s))
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return node0.Output().find(
+                   " connections are open, the most this agent keeps with "
+                   "RLIMIT_NOFILE 128 (the rest is kept for workers and log "
+                   "files); closing the oldest that has not said what it is") != std::string::npos;
+      },
+      10s))
       << node0.Output();
   // The window in which a busy accept loop would burn a core: 2 s, while every idle
   // connection is still held.
@@ -394,9 +412,11 @@ TEST(HostileTest, TooFewDescriptorsNeitherSpinNorStopTheNextRound) {
   EXPECT_THAT(out, HasSubstr("round 1: starting"));
   EXPECT_THAT(out, Not(HasSubstr("cannot create pipes")));
   // 64 + 8 per worker kept, and whatever this test process passes on to its children.
-  const std::string open_at_start = inherited == 0 ? "" : " and " + std::to_string(inherited) + " were open at start";
+  const std::string open_at_start =
+      inherited == 0 ? "" : " and " + std::to_string(inherited) + " were open at start";
   EXPECT_THAT(out, HasSubstr("warning: RLIMIT_NOFILE is 128 (hard limit too): 80 descriptors are kept for "
-                             "workers and logs" + open_at_start + ", so at most " + std::to_string(48 - inherited) +
+                             "workers and logs" +
+                             open_at_start + ", so at most " + std::to_string(48 - inherited) +
                              " connections are accepted at once; raise it (ulimit -n) for a job under load"));
   for (int fd : idle) ::close(fd);
 }
@@ -406,13 +426,15 @@ TEST(HostileTest, TooFewDescriptorsNeitherSpinNorStopTheNextRound) {
 TEST(HostileTest, TheSoftDescriptorLimitIsRaisedForTheAgentAndNotForWorkers) {
   rlimit limit{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
-  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 1024) GTEST_SKIP() << "the hard limit is below 1024 here";
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 1024)
+    GTEST_SKIP() << "the hard limit is below 1024 here";
   ScratchDir dir;
   const uint16_t port = FreePort();
-  const std::string job = dir.Write(
-      "job.toml", Job(port, "ulimit -Sn > " + dir.path() + "/worker-limit; while [ ! -e " + dir.path() +
-                                "/stop ]; do sleep 0.05; done",
-                      Shape{1, 1, 0}));
+  const std::string job =
+      dir.Write("job.toml", Job(port,
+                                "ulimit -Sn > " + dir.path() + "/worker-limit; while [ ! -e " + dir.path() +
+                                    "/stop ]; do sleep 0.05; done",
+                                Shape{1, 1, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out", {}, UnderShell("ulimit -Sn 64"));
   ASSERT_TRUE(WaitFor([&] { return dir.Read("worker-limit").find('\n') != std::string::npos; }, 20s))
       << node0.Output();
@@ -436,9 +458,9 @@ TEST(HostileTest, AWorkerHoldsNoSocketOfItsAgent) {
   ScratchDir dir;
   const uint16_t port = FreePort();
   const std::string job = dir.Write(
-      "job.toml", Job(port, "for f in /proc/$$/fd/*; do echo $f $(readlink $f); done > " + dir.path() +
-                                "/fds-$RANK",
-                      Shape{2, 1, 0}));
+      "job.toml",
+      Job(port, "for f in /proc/$$/fd/*; do echo $f $(readlink $f); done > " + dir.path() + "/fds-$RANK",
+          Shape{2, 1, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
   EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
@@ -511,9 +533,11 @@ TEST(HostileTest, AMasterPortTakenByAnOutgoingConnectionIsExplainedWithOrWithout
   EXPECT_THAT(node0.Output(),
               HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(port) +
                         ": the port is already in use by a connection of pid " + std::to_string(::getpid()) +
-                        " (" + args + "), 127.0.0.1:" + std::to_string(port) + " -> 127.0.0.1:" +
-                        std::to_string(server_port) + " (ESTABLISHED); the port is inside "
-                        "net.ipv4.ip_local_port_range (" + std::to_string(low) + "-" + std::to_string(high) +
+                        " (" + args + "), 127.0.0.1:" + std::to_string(port) +
+                        " -> 127.0.0.1:" + std::to_string(server_port) +
+                        " (ESTABLISHED); the port is inside "
+                        "net.ipv4.ip_local_port_range (" +
+                        std::to_string(low) + "-" + std::to_string(high) +
                         "), where the kernel picks the local ports of outgoing connections\n"
                         "hint: stop that process, or pick another cluster.master_port in the job file (on "
                         "every node)"));
@@ -561,8 +585,9 @@ TEST(HostileTest, AnErrorFileThatIsALinkIsNotFollowedAndItsTargetGoesNowhere) {
   const uint16_t port = FreePort();
   const std::string secret = dir.Write("secret", "TOP-SECRET-0451\n");
   const std::string job = dir.Write(
-      "job.toml", Job(port, "if [ $RANK = 1 ]; then ln -s " + secret + " $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30",
-                      Shape{1, 2, 0}));
+      "job.toml",
+      Job(port, "if [ $RANK = 1 ]; then ln -s " + secret + " $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30",
+          Shape{1, 2, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
   EXPECT_EQ(node0.Wait(30s), 1) << node0.Output();
   const std::string out = node0.Output();
@@ -578,7 +603,8 @@ TEST(HostileTest, AnErrorFileThatIsAFifoBlocksNoAgent) {
   ScratchDir dir;
   const uint16_t port = FreePort();
   const std::string job = dir.Write(
-      "job.toml", Job(port, "if [ $RANK = 3 ]; then mkfifo $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30", Shape{}));
+      "job.toml",
+      Job(port, "if [ $RANK = 3 ]; then mkfifo $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30", Shape{}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
   EXPECT_EQ(node1.Wait(30s), 1) << node1.Output();
@@ -594,10 +620,10 @@ TEST(HostileTest, AnErrorFileThatIsAFifoBlocksNoAgent) {
 TEST(HostileTest, AnOversizedErrorFileIsRefusedWithItsBound) {
   ScratchDir dir;
   const uint16_t port = FreePort();
-  const std::string job = dir.Write(
-      "job.toml",
-      Job(port, "if [ $RANK = 1 ]; then yes OVERSIZED | head -c 1000000 > $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30",
-          Shape{1, 2, 0}));
+  const std::string job = dir.Write("job.toml", Job(port,
+                                                    "if [ $RANK = 1 ]; then yes OVERSIZED | head -c 1000000 "
+                                                    "> $TORCHELASTIC_ERROR_FILE; exit 1; fi; sleep 30",
+                                                    Shape{1, 2, 0}));
   AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/n0.out");
   EXPECT_EQ(node0.Wait(30s), 1) << node0.Output();
   const std::string out = node0.Output();

@@ -45,8 +45,7 @@ class LivenessTest : public ::testing::Test {
   AgentProcess& Start(int node_rank) {
     const std::string out = dir_.path() + "/agent-" + std::to_string(agents_.size()) + ".out";
     agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(node_rank)},
-        out));
+        std::vector<std::string>{dir_.path() + "/job.toml", "--node-rank", std::to_string(node_rank)}, out));
     return *agents_.back();
   }
   bool OutputHas(const AgentProcess& agent, const std::string& text, std::chrono::milliseconds limit) {
@@ -95,7 +94,8 @@ TEST_F(LivenessTest, PausedCoordinatorTwiceWithTheBudgetSpentEndsTheJobOnEveryNo
 // are certainly gone: each new holder of rank 2 or 3 checks that the old one no longer runs.
 TEST_F(LivenessTest, LostNodesWorkersNeverOverlapTheNextRoundsHolderOfTheirRank) {
   const uint16_t port = FreePort();
-  const std::string script = std::string(kStillRuns) +
+  const std::string script =
+      std::string(kStillRuns) +
       "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then trap '' TERM; echo $$ > old-$RANK.pid; "
       "sleep 60 & wait; sleep 60; else old=$(cat old-$RANK.pid); "
       "if still_runs $old; then echo rank $RANK overlaps $old >> overlap.txt; fi; fi";
@@ -132,8 +132,7 @@ TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAStoppedAgentWhenItsLeaseRunsOu
   dir_.Write("job.toml", Job(port, "echo $$ > w-$RANK.pid; sleep 30", /*max_restarts=*/0));
   AgentProcess& node0 = Start(0);
   AgentProcess& node1 = Start(1);
-  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("w-2.pid") && dir_.Exists("w-3.pid"); }, 10s))
-      << Describe();
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("w-2.pid") && dir_.Exists("w-3.pid"); }, 10s)) << Describe();
   std::vector<pid_t> workers;
   for (const char* name : {"w-2.pid", "w-3.pid"}) {
     ASSERT_TRUE(WaitFor([&] { return !dir_.Read(name).empty() && dir_.Read(name).back() == '\n'; }, 5s));
@@ -168,7 +167,8 @@ TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAnAgentFrozenInTheMiddleOfItsSt
   job.backoff = "0s";
   job.rendezvous = "30s";
   job.stop_grace = "20s";
-  job.script = std::string(kStillRuns) +
+  job.script =
+      std::string(kStillRuns) +
       "if [ $TORCHELASTIC_RESTART_COUNT != 0 ]; then if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
       "if still_runs $old; then "
       "echo rank $RANK overlaps $old >> overlap.txt; fi; fi; "
@@ -179,7 +179,8 @@ TEST_F(LivenessTest, TheGuardianKillsTheWorkersOfAnAgentFrozenInTheMiddleOfItsSt
   AgentProcess& node1 = Start(1);
   std::vector<pid_t> old;
   for (const char* name : {"old-2.pid", "old-3.pid"}) {
-    ASSERT_TRUE(WaitFor([&] { return dir_.Exists(name) && dir_.Read(name).ends_with("\n"); }, 10s)) << Describe();
+    ASSERT_TRUE(WaitFor([&] { return dir_.Exists(name) && dir_.Read(name).ends_with("\n"); }, 10s))
+        << Describe();
     old.push_back(std::stoi(dir_.Read(name)));
   }
   const auto lost_at = std::chrono::steady_clock::now();
@@ -233,19 +234,22 @@ TEST_F(LivenessTest, SighupIsAnInterruptThatEndsTheJobEverywhereWith129) {
 TEST_F(LivenessTest, ACoordinatorStartedAgainAfterAKillWaitsForThePreviousRoundsWorkers) {
   const uint16_t port = FreePort();
   const std::string script = std::string(kStillRuns) +
-      "if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
-      "if still_runs $old; then echo rank $RANK overlaps $old >> "
-      "overlap.txt; fi; "
-      "else trap '' TERM; echo $$ > old-$RANK.pid; sleep 60 & wait; sleep 60; fi";
+                             "if [ -e old-$RANK.pid ]; then old=$(cat old-$RANK.pid); "
+                             "if still_runs $old; then echo rank $RANK overlaps $old >> "
+                             "overlap.txt; fi; "
+                             "else trap '' TERM; echo $$ > old-$RANK.pid; sleep 60 & wait; sleep 60; fi";
   dir_.Write("job.toml", Job(port, script, /*max_restarts=*/0));
   AgentProcess& node0 = Start(0);
   AgentProcess& node1 = Start(1);
-  ASSERT_TRUE(WaitFor([&] {
-    for (const char* name : {"old-0.pid", "old-1.pid", "old-2.pid", "old-3.pid"}) {
-      if (!dir_.Exists(name) || dir_.Read(name).empty() || dir_.Read(name).back() != '\n') return false;
-    }
-    return true;
-  }, 10s)) << Describe();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const char* name : {"old-0.pid", "old-1.pid", "old-2.pid", "old-3.pid"}) {
+          if (!dir_.Exists(name) || dir_.Read(name).empty() || dir_.Read(name).back() != '\n') return false;
+        }
+        return true;
+      },
+      10s))
+      << Describe();
   node1.Signal(SIGSTOP);
   node0.Signal(SIGKILL);
   EXPECT_EQ(node0.Wait(5s), 128 + SIGKILL) << Describe();

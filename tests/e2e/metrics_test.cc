@@ -86,7 +86,8 @@ Scrape Parse(const std::string& answer) {
   if (answer.find("Content-Type: text/plain; version=0.0.4") == std::string::npos) {
     scrape.error = "no text format 0.0.4 content type";
   }
-  static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter|histogram|summary|untyped))");
+  static const std::regex kType(
+      R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter|histogram|summary|untyped))");
   static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .*)");
   static const std::regex kSample(
       R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*")*)?\})? (\S+))");
@@ -106,8 +107,10 @@ Scrape Parse(const std::string& answer) {
       const std::string value = m[m.size() - 1];
       char* end = nullptr;
       const double v = std::strtod(value.c_str(), &end);
-      if (end != value.c_str() + value.size()) scrape.error = "bad value in line " + std::to_string(number) + ": " + line;
-      if (!scrape.types.contains(m[1])) scrape.error = "no # TYPE before line " + std::to_string(number) + ": " + line;
+      if (end != value.c_str() + value.size())
+        scrape.error = "bad value in line " + std::to_string(number) + ": " + line;
+      if (!scrape.types.contains(m[1]))
+        scrape.error = "no # TYPE before line " + std::to_string(number) + ": " + line;
       static const std::regex kCommon(R"(\{job_name="[^"]*",node="\d+"(,|\}))");
       std::string key = line.substr(0, line.rfind(' '));
       std::smatch common;
@@ -115,7 +118,8 @@ Scrape Parse(const std::string& answer) {
       if (!std::regex_search(labels, common, kCommon) || common.position(0) != 0) {
         scrape.error = "no job_name and node labels in line " + std::to_string(number) + ": " + line;
       } else {
-        key = m[1].str() + (common[1] == "}" ? "" : "{" + labels.substr(static_cast<size_t>(common.length(0))));
+        key =
+            m[1].str() + (common[1] == "}" ? "" : "{" + labels.substr(static_cast<size_t>(common.length(0))));
       }
       scrape.samples[key] = v;
     } else {
@@ -129,10 +133,12 @@ Scrape Parse(const std::string& answer) {
 template <typename Done>
 Scrape ScrapeUntil(const std::string& addr, uint16_t port, Done done, std::chrono::milliseconds limit) {
   Scrape scrape;
-  WaitFor([&] {
-    scrape = Parse(HttpGet(addr, port, "/metrics"));
-    return scrape.error.empty() && done(scrape);
-  }, limit);
+  WaitFor(
+      [&] {
+        scrape = Parse(HttpGet(addr, port, "/metrics"));
+        return scrape.error.empty() && done(scrape);
+      },
+      limit);
   return scrape;
 }
 
@@ -155,9 +161,9 @@ class MetricsTest : public ::testing::Test {
   void StartBoth(const TestJob& job) {
     const std::string path = dir_.Write("job.toml", job.Toml());
     for (int node : {0, 1}) {
-      agents_.push_back(std::make_unique<AgentProcess>(
-          std::vector<std::string>{path, "--node-rank", std::to_string(node)},
-          dir_.path() + "/agent-" + std::to_string(node) + ".out"));
+      agents_.push_back(
+          std::make_unique<AgentProcess>(std::vector<std::string>{path, "--node-rank", std::to_string(node)},
+                                         dir_.path() + "/agent-" + std::to_string(node) + ".out"));
     }
   }
   std::string Describe() const { return DescribeAgents(agents_); }
@@ -177,9 +183,12 @@ constexpr const char* kGatedWorker =
 TEST_F(MetricsTest, EveryNodeServesItselfAndNodeZeroTheJobBeforeAndAfterARestart) {
   StartBoth(Job(kGatedWorker));
   // Round 0 runs everywhere.
-  const Scrape job0 = ScrapeUntil("127.0.0.1", metrics_port_, [](const Scrape& s) {
-    return s.Get("ddprun_job_phase{phase=\"running\"}") == 1 && s.Get("ddprun_node_workers_running") == 2;
-  }, 20s);
+  const Scrape job0 = ScrapeUntil(
+      "127.0.0.1", metrics_port_,
+      [](const Scrape& s) {
+        return s.Get("ddprun_job_phase{phase=\"running\"}") == 1 && s.Get("ddprun_node_workers_running") == 2;
+      },
+      20s);
   ASSERT_EQ(job0.error, "") << Describe();
   ASSERT_EQ(job0.Get("ddprun_job_phase{phase=\"running\"}"), 1) << Describe();
   EXPECT_EQ(job0.Get("ddprun_job_round"), 0);
@@ -195,9 +204,9 @@ TEST_F(MetricsTest, EveryNodeServesItselfAndNodeZeroTheJobBeforeAndAfterARestart
   EXPECT_EQ(job0.Get("ddprun_node_workers_running"), 2);
   EXPECT_EQ(job0.Get("ddprun_node_info{host=\"127.0.0.1\",version=\"0.1.0\"}"), 1);
 
-  const Scrape node1 = ScrapeUntil("127.0.0.2", metrics_port_, [](const Scrape& s) {
-    return s.Get("ddprun_node_workers_running") == 2;
-  }, 10s);
+  const Scrape node1 = ScrapeUntil(
+      "127.0.0.2", metrics_port_, [](const Scrape& s) { return s.Get("ddprun_node_workers_running") == 2; },
+      10s);
   ASSERT_EQ(node1.error, "") << Describe();
   EXPECT_EQ(node1.Find("ddprun_node_info", "host=\"127.0.0.2\""), 1);
   EXPECT_EQ(node1.Get("ddprun_node_round"), 0);
@@ -211,10 +220,13 @@ TEST_F(MetricsTest, EveryNodeServesItselfAndNodeZeroTheJobBeforeAndAfterARestart
 
   // Rank 3 fails: the job restarts once, into round 1.
   dir_.Write("fail-0", "");
-  const Scrape job1 = ScrapeUntil("127.0.0.1", metrics_port_, [](const Scrape& s) {
-    return s.Get("ddprun_job_round") == 1 && s.Get("ddprun_job_phase{phase=\"running\"}") == 1 &&
-           s.Get("ddprun_node_workers_running") == 2;
-  }, 20s);
+  const Scrape job1 = ScrapeUntil(
+      "127.0.0.1", metrics_port_,
+      [](const Scrape& s) {
+        return s.Get("ddprun_job_round") == 1 && s.Get("ddprun_job_phase{phase=\"running\"}") == 1 &&
+               s.Get("ddprun_node_workers_running") == 2;
+      },
+      20s);
   ASSERT_EQ(job1.Get("ddprun_job_round"), 1) << Describe();
   EXPECT_EQ(job1.Get("ddprun_job_restarts_total"), 1);
   EXPECT_EQ(job1.Get("ddprun_job_failures_total"), 1);
@@ -226,17 +238,22 @@ TEST_F(MetricsTest, EveryNodeServesItselfAndNodeZeroTheJobBeforeAndAfterARestart
   EXPECT_LE(*failed_at, now + 1);
   EXPECT_GT(*failed_at, now - 30);
   EXPECT_EQ(job1.Get("ddprun_node_round"), 1);
-  const Scrape node1_after = ScrapeUntil("127.0.0.2", metrics_port_, [](const Scrape& s) {
-    return s.Get("ddprun_node_round") == 1 && s.Get("ddprun_node_workers_running") == 2;
-  }, 10s);
+  const Scrape node1_after = ScrapeUntil(
+      "127.0.0.2", metrics_port_,
+      [](const Scrape& s) {
+        return s.Get("ddprun_node_round") == 1 && s.Get("ddprun_node_workers_running") == 2;
+      },
+      10s);
   EXPECT_EQ(node1_after.Get("ddprun_node_round"), 1) << Describe();
 
   dir_.Write("release-1", "");
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
-  EXPECT_THAT(agents_[0]->Output(), HasSubstr("serving GET /metrics on 127.0.0.1:" + std::to_string(metrics_port_) +
-                                              " (this node's and the job's)"));
-  EXPECT_THAT(agents_[1]->Output(), HasSubstr("serving GET /metrics on 127.0.0.2:" + std::to_string(metrics_port_) +
-                                              " (this node's)"));
+  EXPECT_THAT(agents_[0]->Output(),
+              HasSubstr("serving GET /metrics on 127.0.0.1:" + std::to_string(metrics_port_) +
+                        " (this node's and the job's)"));
+  EXPECT_THAT(
+      agents_[1]->Output(),
+      HasSubstr("serving GET /metrics on 127.0.0.2:" + std::to_string(metrics_port_) + " (this node's)"));
 }
 
 TEST_F(MetricsTest, ClientsThatConnectAndSayNothingDoNotHoldTheJob) {
@@ -247,7 +264,8 @@ TEST_F(MetricsTest, ClientsThatConnectAndSayNothingDoNotHoldTheJob) {
   // a request; none of them ever reads.
   std::vector<int> idle;
   for (const char* addr : {"127.0.0.1", "127.0.0.2"}) {
-    ASSERT_TRUE(WaitFor([&] { return !HttpGet(addr, metrics_port_, "/metrics").empty(); }, 10s)) << Describe();
+    ASSERT_TRUE(WaitFor([&] { return !HttpGet(addr, metrics_port_, "/metrics").empty(); }, 10s))
+        << Describe();
     for (int i = 0; i < 6; ++i) {
       const int fd = ConnectTo(addr, metrics_port_);
       ASSERT_GE(fd, 0) << addr;

@@ -70,9 +70,12 @@ class MultiHostTest : public ::testing::Test {
                        const std::string& extra = "", const std::string& timeouts = "") {
     std::ostringstream t;
     t << "version = 1\n[job]\nname = \"mh\"\ncommand = " << command << "\n"
-      << "[cluster]\n" << cluster << "master_port = " << kMasterPort << "\n"
-      << "[trainer]\naccelerator = \"cpu\"\ndevices = " << nproc << "\nnum_nodes = " << bed_->hosts().size() << "\n"
-      << "[timeouts]\n" << (timeouts.empty() ? "rendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"5s\"\n" : timeouts)
+      << "[cluster]\n"
+      << cluster << "master_port = " << kMasterPort << "\n"
+      << "[trainer]\naccelerator = \"cpu\"\ndevices = " << nproc << "\nnum_nodes = " << bed_->hosts().size()
+      << "\n"
+      << "[timeouts]\n"
+      << (timeouts.empty() ? "rendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"5s\"\n" : timeouts)
       << extra;
     return bed_->Write("job.toml", t.str());
   }
@@ -93,11 +96,11 @@ TEST_F(MultiHostTest, TorchGlooJobAcrossThreeStockHostsEndsWithIdenticalWeights)
   DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   MakeBed();
   if (!bed_) return;
-  const std::string job = WriteJob(
-      "nodes = " + NodesByName() + "\n",
-      "[\"/usr/bin/python3\", \"" + std::string(DDPRUN_SOURCE_DIR) +
-          "/examples/ddp_train.py\", \"--steps\", \"4\", \"--result-dir\", \"results\"]",
-      2, "", "rendezvous = \"60s\"\nheartbeat = \"1s\"\nstop_grace = \"10s\"\n");
+  const std::string job =
+      WriteJob("nodes = " + NodesByName() + "\n",
+               "[\"/usr/bin/python3\", \"" + std::string(DDPRUN_SOURCE_DIR) +
+                   "/examples/ddp_train.py\", \"--steps\", \"4\", \"--result-dir\", \"results\"]",
+               2, "", "rendezvous = \"60s\"\nheartbeat = \"1s\"\nstop_grace = \"10s\"\n");
   for (int i = 0; i < 3; ++i) bed_->Write("results/.keep", "");
   for (int i = 2; i >= 0; --i) StartOn(i, {job});
   for (int i = 0; i < 3; ++i) ASSERT_EQ(agents_[static_cast<size_t>(i)]->Wait(240s), 0) << Describe();
@@ -146,19 +149,24 @@ TEST_F(MultiHostTest, HostNamesOnStockHostsJustWork) {
       "maps gpu-01 to 127.0.1.1 (Debian and Ubuntu do that for the host's own name); node 0 ";
   AgentProcess& check = StartOn(0, {"check", job});
   ASSERT_EQ(check.Wait(15s), 0) << check.Output();
-  EXPECT_THAT(check.Output(), HasSubstr("note: " + what + "will listen on " + master +
-                                        " instead, this host's address towards gpu-02 (cluster.nodes[1]), and "
-                                        "will give every worker MASTER_ADDR=" + master + "\n"));
+  EXPECT_THAT(check.Output(),
+              HasSubstr("note: " + what + "will listen on " + master +
+                        " instead, this host's address towards gpu-02 (cluster.nodes[1]), and "
+                        "will give every worker MASTER_ADDR=" +
+                        master + "\n"));
   agents_.clear();
 
   for (int i = 2; i >= 0; --i) StartOn(i, {job});
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
-  EXPECT_THAT(agents_[2]->Output(), HasSubstr(what + "listens on " + master + " instead, this host's address "
+  EXPECT_THAT(agents_[2]->Output(), HasSubstr(what + "listens on " + master +
+                                              " instead, this host's address "
                                               "towards gpu-02 (cluster.nodes[1]), and gives every worker "
-                                              "MASTER_ADDR=" + master));
-  EXPECT_THAT(agents_[2]->Output(), HasSubstr("workers' sockets use interface " + bed_->host(0).data_if +
-                                              " (it holds " + master + ", this host's address towards gpu-02 "
-                                              "(cluster.nodes[1]))"));
+                                              "MASTER_ADDR=" +
+                                              master));
+  EXPECT_THAT(agents_[2]->Output(),
+              HasSubstr("workers' sockets use interface " + bed_->host(0).data_if + " (it holds " + master +
+                        ", this host's address towards gpu-02 "
+                        "(cluster.nodes[1]))"));
   for (int rank = 0; rank < 3; ++rank) {
     const TestHost& h = bed_->host(rank);
     EXPECT_EQ(bed_->Read(rank, "out-" + std::to_string(rank)),
@@ -173,8 +181,8 @@ TEST_F(MultiHostTest, HostNamesOnStockHostsJustWork) {
 TEST_F(MultiHostTest, HostNamesWithNodeZerosAddressAsMasterAddrWork) {
   MakeBed();
   if (!bed_) return;
-  const std::string job =
-      WriteJob("nodes = " + NodesByName() + "\nmaster_addr = \"" + bed_->host(0).data_addr + "\"\n", kWhereAmI, 1);
+  const std::string job = WriteJob(
+      "nodes = " + NodesByName() + "\nmaster_addr = \"" + bed_->host(0).data_addr + "\"\n", kWhereAmI, 1);
   for (int i = 2; i >= 0; --i) StartOn(i, {job});
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 0) << Describe();
   EXPECT_THAT(agents_[2]->Output(), Not(HasSubstr("refused a connection")));
@@ -186,10 +194,10 @@ TEST_F(MultiHostTest, HostNamesWithNodeZerosAddressAsMasterAddrWork) {
         << Describe();
   }
   // The host name is 127.0.1.1 on its own host, so the interface comes from the route.
-  EXPECT_THAT(agents_[0]->Output(), HasSubstr("workers' sockets use interface " + bed_->host(2).data_if +
-                                              " (it holds " + bed_->host(2).data_addr +
-                                              ", this host's address towards master_addr " +
-                                              bed_->host(0).data_addr + ")"));
+  EXPECT_THAT(agents_[0]->Output(),
+              HasSubstr("workers' sockets use interface " + bed_->host(2).data_if + " (it holds " +
+                        bed_->host(2).data_addr + ", this host's address towards master_addr " +
+                        bed_->host(0).data_addr + ")"));
 }
 
 TEST_F(MultiHostTest, HostNamesWorkWhenNodeZerosNameMapsToItsAddressInEtcHosts) {
@@ -251,27 +259,29 @@ TEST_F(MultiHostTest, UnderWarnAHangAfterAFailedProbeNamesTheProbeAsTheLikelyCau
   MakeBed(2);
   if (!bed_) return;
   ASSERT_TRUE(bed_->AcceptTcpOnly(0, {kMasterPort}));
-  const std::string job = WriteJob(
-      "nodes = " + NodesByAddress() + "\n",
-      "[\"/usr/bin/python3\", \"" + std::string(DDPRUN_SOURCE_DIR) +
-          "/examples/ddp_train.py\", \"--steps\", \"2\", \"--result-dir\", \".\"]",
-      1, "[rendezvous]\nprobe = \"warn\"\n",
-      "rendezvous = \"60s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\nprogress = \"30s\"\n"
-      "progress_start = \"10s\"\n");
+  const std::string job =
+      WriteJob("nodes = " + NodesByAddress() + "\n",
+               "[\"/usr/bin/python3\", \"" + std::string(DDPRUN_SOURCE_DIR) +
+                   "/examples/ddp_train.py\", \"--steps\", \"2\", \"--result-dir\", \".\"]",
+               1, "[rendezvous]\nprobe = \"warn\"\n",
+               "rendezvous = \"60s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\nprogress = \"30s\"\n"
+               "progress_start = \"10s\"\n");
   StartOn(1, {job});
   StartOn(0, {job});
   EXPECT_EQ(agents_[1]->Wait(120s), 1) << Describe();
   EXPECT_EQ(agents_[0]->Wait(30s), 1) << Describe();
   const std::string out = agents_[1]->Output();
-  EXPECT_THAT(out, HasSubstr("some nodes cannot connect on a port other than master_port; gloo and NCCL will "
-                             "likely hang in init_process_group (rendezvous.probe = \"warn\" starts round 0 "
-                             "anyway):\n  node 1 (10.215.0.2) cannot connect to node 0 (10.215.0.1) at 10.215.0.1:"));
+  EXPECT_THAT(
+      out, HasSubstr("some nodes cannot connect on a port other than master_port; gloo and NCCL will "
+                     "likely hang in init_process_group (rendezvous.probe = \"warn\" starts round 0 "
+                     "anyway):\n  node 1 (10.215.0.2) cannot connect to node 0 (10.215.0.1) at 10.215.0.1:"));
   EXPECT_THAT(out, HasSubstr("hung: no progress for"));
-  EXPECT_THAT(agents_[0]->Output(), HasSubstr("  likely cause: before round 0 some nodes could not connect on a "
-                                              "port other than master_port (rendezvous.probe = \"warn\" started "
-                                              "the job anyway), so gloo and NCCL cannot connect either:\n"
-                                              "    node 1 (10.215.0.2) cannot connect to node 0 (10.215.0.1) at "
-                                              "10.215.0.1:"));
+  EXPECT_THAT(agents_[0]->Output(),
+              HasSubstr("  likely cause: before round 0 some nodes could not connect on a "
+                        "port other than master_port (rendezvous.probe = \"warn\" started "
+                        "the job anyway), so gloo and NCCL cannot connect either:\n"
+                        "    node 1 (10.215.0.2) cannot connect to node 0 (10.215.0.1) at "
+                        "10.215.0.1:"));
 }
 
 // Issue 27.4: a logs.dir on a folder every node shares (an NFS home). Each node writes its own
@@ -287,15 +297,17 @@ TEST_F(MultiHostTest, OnASharedLogsFolderTheSummaryPointsAtTheFailedRanksNode) {
   StartOn(1, {job});
   StartOn(2, {job});
   for (size_t i = 0; i < 2; ++i) {
-    ASSERT_TRUE(WaitFor([&] { return agents_[i]->Output().find("logs of this run") != std::string::npos; }, 10s));
+    ASSERT_TRUE(
+        WaitFor([&] { return agents_[i]->Output().find("logs of this run") != std::string::npos; }, 10s));
   }
   StartOn(0, {job});
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(30s), 1) << Describe();
   // The failed rank's file, on the node (and host) that ran it.
   for (auto& agent : agents_) {
-    EXPECT_THAT(agent->Output(), ContainsRegex(R"(logs: logs/mh/latest-n1/attempt-0/rank-3\.log on node 1 \([^)]+\), )"
-                                               R"(in its job file's folder; each node keeps its own runs under )"
-                                               R"(logs/mh/latest-n<node>)"))
+    EXPECT_THAT(agent->Output(),
+                ContainsRegex(R"(logs: logs/mh/latest-n1/attempt-0/rank-3\.log on node 1 \([^)]+\), )"
+                              R"(in its job file's folder; each node keeps its own runs under )"
+                              R"(logs/mh/latest-n<node>)"))
         << Describe();
   }
   // Every host sees the same folder; the line's folder holds the failed rank's log.
@@ -307,8 +319,8 @@ TEST_F(MultiHostTest, OnASharedLogsFolderTheSummaryPointsAtTheFailedRanksNode) {
   EXPECT_TRUE(std::filesystem::exists(bed_->HomeOf(0) + "/logs/mh/latest-n0/attempt-0/rank-0.log"));
   EXPECT_TRUE(std::filesystem::exists(bed_->HomeOf(0) + "/logs/mh/latest-n2/attempt-0/rank-5.log"));
   for (int node = 0; node < 3; ++node) {
-    const std::string link = std::filesystem::read_symlink(bed_->HomeOf(0) + "/logs/mh/latest-n" +
-                                                          std::to_string(node)).string();
+    const std::string link =
+        std::filesystem::read_symlink(bed_->HomeOf(0) + "/logs/mh/latest-n" + std::to_string(node)).string();
     EXPECT_THAT(link, HasSubstr("-n" + std::to_string(node) + "-")) << "relative, to this node's own run";
   }
   EXPECT_THAT(agents_[2]->Output(), HasSubstr("(also logs/mh/latest-n0)"));

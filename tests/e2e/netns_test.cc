@@ -92,21 +92,23 @@ TEST_F(NetnsTest, TwoHostsRunTheJobAndFindTheirRanksFromTheirAddresses) {
 
 TEST_F(NetnsTest, AMasterPortRejectedByAFirewallIsNamedAndTheJobExits3) {
   ASSERT_EQ(Shell("ip netns exec " + a_ + " iptables -A INPUT -p tcp -s " + addr_b_ + " --dport " +
-                std::to_string(kPort) + " -j REJECT --reject-with tcp-reset"), 0);
+                  std::to_string(kPort) + " -j REJECT --reject-with tcp-reset"),
+            0);
   const std::string job = WriteJob("true", "3s");
   AgentProcess& node0 = StartIn(a_, job);
   AgentProcess& node1 = StartIn(b_, job);
   EXPECT_EQ(node1.Wait(20s), 3) << node1.Output();
   EXPECT_EQ(node0.Wait(20s), 3) << node0.Output();
-  EXPECT_THAT(node1.Output(), HasSubstr("connection to " + addr_a_ + ":" + std::to_string(kPort) +
-                                        " refused"));
+  EXPECT_THAT(node1.Output(),
+              HasSubstr("connection to " + addr_a_ + ":" + std::to_string(kPort) + " refused"));
   EXPECT_THAT(node1.Output(), HasSubstr("a firewall rejects TCP port " + std::to_string(kPort)));
   EXPECT_THAT(node0.Output(), HasSubstr("never joined: node 1 (" + addr_b_ + ")"));
 }
 
 TEST_F(NetnsTest, AMasterPortDroppedByAFirewallTimesOutWithAdviceAndTheJobExits3) {
   ASSERT_EQ(Shell("ip netns exec " + a_ + " iptables -A INPUT -p tcp -s " + addr_b_ + " --dport " +
-                std::to_string(kPort) + " -j DROP"), 0);
+                  std::to_string(kPort) + " -j DROP"),
+            0);
   const std::string job = WriteJob("true", "4s");
   AgentProcess& node0 = StartIn(a_, job);
   AgentProcess& node1 = StartIn(b_, job);
@@ -136,7 +138,9 @@ TEST_F(NetnsTest, AMasterNameThatResolvesToLoopbackWithNoListedHostsFailsAtOnceW
       "/etc/hosts maps ddprun-node-a to 127.0.1.1 (Debian and Ubuntu do that for the host's own name); "
       "node 0 would listen on 127.0.1.1, where no other node can reach it, and another node would "
       "connect to itself\nhint: set cluster.master_addr to an address of node 0 that the other nodes "
-      "reach (this host has " + addr_a_ + "), or map ddprun-node-a to that address in /etc/hosts on every node "
+      "reach (this host has " +
+      addr_a_ +
+      "), or map ddprun-node-a to that address in /etc/hosts on every node "
       "(on this host in place of 127.0.1.1)";
   AgentProcess& node1 = RunIn(b_, {job, "--node-rank", "1"});
   AgentProcess& node0 = RunIn(a_, {job, "--node-rank", "0"});

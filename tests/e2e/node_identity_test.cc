@@ -77,8 +77,8 @@ constexpr std::string_view kCodeHint =
 TEST(NodeIdentity, CodeCheckComparesTheScriptAnInterpreterRuns) {
   const std::string python = AbsolutePython();
   if (python.empty()) GTEST_SKIP() << "no python3 on PATH";
-  for (const std::string& command :
-       {"[" + TomlString(python) + ", \"train.py\"]", std::string(R"(["/usr/bin/env", "python3", "-u", "train.py"])")}) {
+  for (const std::string& command : {"[" + TomlString(python) + ", \"train.py\"]",
+                                     std::string(R"(["/usr/bin/env", "python3", "-u", "train.py"])")}) {
     SCOPED_TRACE(command);
     ScratchDir dir;
     const TwoFolders job = TwoNodesWithTheirOwnTrainPy(dir, command, "refuse");
@@ -87,14 +87,14 @@ TEST(NodeIdentity, CodeCheckComparesTheScriptAnInterpreterRuns) {
     const auto code1 = node1.Wait(30s);
     ASSERT_TRUE(code1.has_value()) << node1.Output();
     EXPECT_EQ(*code1, 3) << node1.Output();
-    EXPECT_THAT(node1.Output(),
-                HasSubstr("the coordinator refused this node: node 1 (host " + HostName() +
-                          ") runs different code than node 0 (job.code_check = \"refuse\"):\n"
-                          "  code.script_sha256 of \"train.py\": node 1 has \"" + Sha256Of(job.script1) +
-                          "\", node 0 has \"" + Sha256Of(job.script0) + "\"" + std::string(kCodeHint)))
+    EXPECT_THAT(node1.Output(), HasSubstr("the coordinator refused this node: node 1 (host " + HostName() +
+                                          ") runs different code than node 0 (job.code_check = \"refuse\"):\n"
+                                          "  code.script_sha256 of \"train.py\": node 1 has \"" +
+                                          Sha256Of(job.script1) + "\", node 0 has \"" +
+                                          Sha256Of(job.script0) + "\"" + std::string(kCodeHint)))
         << node1.Output();
-    EXPECT_THAT(node1.Output(), HasSubstr("ddprun: code: train.py sha256 " + Sha256Of(job.script1).substr(0, 12) +
-                                          " (the script "))
+    EXPECT_THAT(node1.Output(), HasSubstr("ddprun: code: train.py sha256 " +
+                                          Sha256Of(job.script1).substr(0, 12) + " (the script "))
         << node1.Output();
   }
 }
@@ -116,7 +116,8 @@ TEST(NodeIdentity, BarePythonRefusalIsAboutCodeNotTheJobFile) {
 // "warn": the node joins, the job runs, node 0 names the script and both nodes.
 TEST(NodeIdentity, CodeCheckWarnNamesTheScriptAndRuns) {
   ScratchDir dir;
-  const TwoFolders job = TwoNodesWithTheirOwnTrainPy(dir, R"(["/usr/bin/env", "python3", "train.py"])", "warn");
+  const TwoFolders job =
+      TwoNodesWithTheirOwnTrainPy(dir, R"(["/usr/bin/env", "python3", "train.py"])", "warn");
   AgentProcess node0({job.job0, "--node-rank", "0"}, dir.path() + "/a0.txt");
   AgentProcess node1({job.job1, "--node-rank", "1"}, dir.path() + "/a1.txt");
   const auto code0 = node0.Wait(30s);
@@ -124,10 +125,11 @@ TEST(NodeIdentity, CodeCheckWarnNamesTheScriptAndRuns) {
   ASSERT_TRUE(code0.has_value() && code1.has_value()) << node0.Output() << node1.Output();
   EXPECT_EQ(*code0, 0) << node0.Output();
   EXPECT_EQ(*code1, 0) << node1.Output();
-  EXPECT_THAT(node0.Output(), HasSubstr("node 1 (host " + HostName() +
-                                        ") runs different code than node 0 (job.code_check = \"warn\" "
-                                        "lets it join):\n  code.script_sha256 of \"train.py\": node 1 has \"" +
-                                        Sha256Of(job.script1) + "\", node 0 has \"" + Sha256Of(job.script0) + "\""))
+  EXPECT_THAT(node0.Output(),
+              HasSubstr("node 1 (host " + HostName() +
+                        ") runs different code than node 0 (job.code_check = \"warn\" "
+                        "lets it join):\n  code.script_sha256 of \"train.py\": node 1 has \"" +
+                        Sha256Of(job.script1) + "\", node 0 has \"" + Sha256Of(job.script0) + "\""))
       << node0.Output();
 }
 
@@ -145,11 +147,12 @@ TEST(NodeIdentity, ScriptArgumentDifferencesAreNamedAsSuch) {
   const auto code1 = node1.Wait(30s);
   ASSERT_TRUE(code1.has_value()) << node1.Output();
   EXPECT_EQ(*code1, 3) << node1.Output();
-  EXPECT_THAT(node1.Output(),
-              HasSubstr("node 1 (host " + HostName() +
-                        ") was started with other arguments after `--` than node 0:\n"
-                        "  arguments after `--`: node 1 has [\"--lr\", \"0.2\"], node 0 has [\"--lr\", \"0.1\"]\n"
-                        "hint: start ddprun with the same arguments after `--` on every node"))
+  EXPECT_THAT(
+      node1.Output(),
+      HasSubstr("node 1 (host " + HostName() +
+                ") was started with other arguments after `--` than node 0:\n"
+                "  arguments after `--`: node 1 has [\"--lr\", \"0.2\"], node 0 has [\"--lr\", \"0.1\"]\n"
+                "hint: start ddprun with the same arguments after `--` on every node"))
       << node1.Output();
 }
 
@@ -161,7 +164,8 @@ std::string FakeSite(const ScratchDir& dir, const std::string& name, const std::
     return "Metadata-Version: 2.1\nName: " + package + "\nVersion: " + version + "\nSummary: x\n";
   };
   dir.Write(name + "/torch-" + torch + ".dist-info/METADATA", metadata("torch", torch));
-  dir.Write(name + "/torch/version.py", "__version__ = '" + torch + "'\ncuda: Optional[str] = '" + cuda + "'\n");
+  dir.Write(name + "/torch/version.py",
+            "__version__ = '" + torch + "'\ncuda: Optional[str] = '" + cuda + "'\n");
   dir.Write(name + "/lightning-2.2.5.dist-info/METADATA", metadata("lightning", "2.2.5"));
   dir.Write(name + "/pytorch_lightning-2.2.5.dist-info/METADATA", metadata("pytorch-lightning", "2.2.5"));
   dir.Write(name + "/nvidia_nccl_cu12-2.20.5.dist-info/METADATA", metadata("nvidia-nccl-cu12", "2.20.5"));
@@ -210,17 +214,21 @@ TEST(NodeIdentity, LibraryCheckRefusesOtherTorchAndCuda) {
 // refused.
 TEST(NodeIdentity, LibraryCheckRefusesAnotherLightningFromASourceTree) {
   ScratchDir dir;
-  for (const auto& [name, version] : {std::pair<std::string, std::string>{"tree0", "2.2.5"}, {"tree1", "2.2.6"}}) {
+  for (const auto& [name, version] :
+       {std::pair<std::string, std::string>{"tree0", "2.2.5"}, {"tree1", "2.2.6"}}) {
     dir.Write(name + "/lightning/__init__.py", "__version__ = None\n");
     dir.Write(name + "/lightning/version.info", version + "\n");
   }
   const auto [job, same] = TwoNodesWithLibraryCheck(dir, "refuse");
-  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/a0.txt", {{"PYTHONPATH", dir.path() + "/tree0"}});
-  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/a1.txt", {{"PYTHONPATH", dir.path() + "/tree1"}});
+  AgentProcess node0({job, "--node-rank", "0"}, dir.path() + "/a0.txt",
+                     {{"PYTHONPATH", dir.path() + "/tree0"}});
+  AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/a1.txt",
+                     {{"PYTHONPATH", dir.path() + "/tree1"}});
   const auto code1 = node1.Wait(30s);
   ASSERT_TRUE(code1.has_value()) << node1.Output();
   EXPECT_EQ(*code1, 3) << node1.Output();
-  EXPECT_THAT(node1.Output(), HasSubstr("  libraries.lightning: node 1 has \"2.2.6\", node 0 has \"2.2.5\"\n"))
+  EXPECT_THAT(node1.Output(),
+              HasSubstr("  libraries.lightning: node 1 has \"2.2.6\", node 0 has \"2.2.5\"\n"))
       << node1.Output();
 }
 

@@ -33,10 +33,10 @@ class PreflightTest : public ::testing::Test {
   }
   AgentProcess& Start(int node_rank, const std::map<std::string, std::string>& env = {}) {
     const std::string out = dir_.path() + "/agent-" + std::to_string(node_rank) + ".out";
-    agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{"preflight", dir_.path() + "/job.toml", "--node-rank",
-                                 std::to_string(node_rank)},
-        out, env));
+    agents_.push_back(
+        std::make_unique<AgentProcess>(std::vector<std::string>{"preflight", dir_.path() + "/job.toml",
+                                                                "--node-rank", std::to_string(node_rank)},
+                                       out, env));
     return *agents_.back();
   }
   std::string Describe() const { return DescribeAgents(agents_); }
@@ -74,7 +74,8 @@ TEST_F(PreflightTest, CpuJobOnTwoNodesIsOk) {
   for (const auto& run : std::filesystem::directory_iterator(dir_.path() + "/logs/pf-preflight")) {
     if (run.is_symlink() || !run.is_directory()) continue;
     const std::string name = run.path().filename().string();
-    if (name.find("-n0-") != std::string::npos) rank0_log = "logs/pf-preflight/" + name + "/attempt-0/rank-0.log";
+    if (name.find("-n0-") != std::string::npos)
+      rank0_log = "logs/pf-preflight/" + name + "/attempt-0/rank-0.log";
     for (const auto& file : std::filesystem::directory_iterator(run.path() / "attempt-0")) {
       if (file.path().extension() == ".log") logs.push_back(file.path().filename().string());
     }

@@ -77,10 +77,12 @@ class PrometheusServer {
  public:
   /// Scrapes `targets` every second and evaluates the shipped alert rules every second.
   PrometheusServer(const ScratchDir& dir, const std::vector<uint16_t>& targets) : port_(FreePort()) {
-    std::string config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-                         "rule_files:\n  - " DDPRUN_SOURCE_DIR "/docs/monitoring/ddprun-alerts.yml\n"
-                         "scrape_configs:\n"
-                         "  - job_name: ddprun\n    static_configs:\n      - targets: [";
+    std::string config =
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+        "rule_files:\n  - " DDPRUN_SOURCE_DIR
+        "/docs/monitoring/ddprun-alerts.yml\n"
+        "scrape_configs:\n"
+        "  - job_name: ddprun\n    static_configs:\n      - targets: [";
     for (size_t i = 0; i < targets.size(); ++i) {
       config += (i == 0 ? "'" : ", '") + std::string("127.0.0.1:") + std::to_string(targets[i]) + "'";
     }
@@ -154,8 +156,8 @@ void CheckDashboardOnLiveSeries(const PrometheusServer& prometheus) {
     const std::string title = panel.value("title", "");
     for (const auto& target : panel["targets"]) {
       std::string expr = target["expr"];
-      for (const auto& [from, to] : {std::pair<std::string, std::string>{"$job_name", "prom-ok"},
-                                     {"$__rate_interval", "1m"}}) {
+      for (const auto& [from, to] :
+           {std::pair<std::string, std::string>{"$job_name", "prom-ok"}, {"$__rate_interval", "1m"}}) {
         for (size_t at; (at = expr.find(from)) != std::string::npos;) expr.replace(at, from.size(), to);
       }
       ++queries;
@@ -163,14 +165,17 @@ void CheckDashboardOnLiveSeries(const PrometheusServer& prometheus) {
       ASSERT_EQ(answer.value("status", ""), "success") << title << ": " << expr << ": " << answer.dump();
       const auto& series = answer["data"]["result"];
       // The per-rank time per step needs a full straggler window (2m): not in a test.
-      if (expr.find("_step_seconds") != std::string::npos || expr.find("_work_seconds") != std::string::npos) continue;
-      EXPECT_FALSE(series.empty()) << title << ": " << expr << " has no series while the job trains: "
-                                   << prometheus.Query(expr.substr(expr.find('(') + 1, expr.rfind(')') - expr.find('(') - 1)).dump();
+      if (expr.find("_step_seconds") != std::string::npos || expr.find("_work_seconds") != std::string::npos)
+        continue;
+      EXPECT_FALSE(series.empty())
+          << title << ": " << expr << " has no series while the job trains: "
+          << prometheus.Query(expr.substr(expr.find('(') + 1, expr.rfind(')') - expr.find('(') - 1)).dump();
       const std::string legend = target.value("legendFormat", "");
       for (std::sregex_iterator it(legend.begin(), legend.end(), label), end; it != end; ++it) {
         for (const auto& one : series) {
           EXPECT_TRUE(one["metric"].contains((*it)[1].str()))
-              << title << ": legend \"" << legend << "\" names " << (*it)[1] << ", absent from " << one.dump();
+              << title << ": legend \"" << legend << "\" names " << (*it)[1] << ", absent from "
+              << one.dump();
         }
       }
     }
@@ -182,8 +187,9 @@ class PrometheusTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* program : {kPrometheus, kPromtool}) {
-      DDPRUN_REQUIRE_OR_SKIP("prometheus", ::access(program, X_OK) == 0,
-                             program << " is not installed (apt-get install prometheus; scripts/install-deps.sh)");
+      DDPRUN_REQUIRE_OR_SKIP(
+          "prometheus", ::access(program, X_OK) == 0,
+          program << " is not installed (apt-get install prometheus; scripts/install-deps.sh)");
     }
   }
 
@@ -203,9 +209,9 @@ class PrometheusTest : public ::testing::Test {
     const std::string path = dir_.Write(job.name + ".toml", job.Toml());
     std::vector<std::unique_ptr<AgentProcess>> agents;
     for (int node : {0, 1}) {
-      agents.push_back(std::make_unique<AgentProcess>(
-          std::vector<std::string>{path, "--node-rank", std::to_string(node)},
-          dir_.path() + "/" + job.name + "-" + std::to_string(node) + ".out"));
+      agents.push_back(
+          std::make_unique<AgentProcess>(std::vector<std::string>{path, "--node-rank", std::to_string(node)},
+                                         dir_.path() + "/" + job.name + "-" + std::to_string(node) + ".out"));
     }
     return agents;
   }
@@ -240,10 +246,13 @@ TEST_F(PrometheusTest, ARealServerReadsTheEndOfASucceededAndAFailedJob) {
                           1));
   // Both agents serve, on one host: node 1 on the next port.
   std::string live;
-  ASSERT_TRUE(WaitFor([&] {
-    live = HttpGet("127.0.0.1", metrics_port_, "/metrics");
-    return live.find("ddprun_job_round{job_name=\"prom-ok\",node=\"0\"} 1") != std::string::npos;
-  }, 30s)) << live << DescribeAgents(agents);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        live = HttpGet("127.0.0.1", metrics_port_, "/metrics");
+        return live.find("ddprun_job_round{job_name=\"prom-ok\",node=\"0\"} 1") != std::string::npos;
+      },
+      30s))
+      << live << DescribeAgents(agents);
   EXPECT_THAT(HttpGet("127.0.0.1", static_cast<uint16_t>(metrics_port_ + 1), "/metrics"),
               HasSubstr("ddprun_node_info{job_name=\"prom-ok\",node=\"1\","));
   // promtool lints the live text: names, types, units, HELP.
@@ -252,8 +261,12 @@ TEST_F(PrometheusTest, ARealServerReadsTheEndOfASucceededAndAFailedJob) {
       << BodyOf(live);
   // Round 1 trains: every dashboard query answers with series that carry the labels its
   // legend names (a legend `{{phase}}` on a series without `phase` shows an empty name).
-  ASSERT_TRUE(WaitFor([&] { return prometheus.Query("ddprun_node_rank_last_step{job_name=\"prom-ok\"} > 5")["data"]["result"].size() == 4; },
-                      30s))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return prometheus.Query("ddprun_node_rank_last_step{job_name=\"prom-ok\"} > 5")["data"]["result"]
+                   .size() == 4;
+      },
+      30s))
       << prometheus.Query("ddprun_node_rank_last_step").dump() << DescribeAgents(agents);
   CheckDashboardOnLiveSeries(prometheus);
   for (auto& agent : agents) EXPECT_EQ(agent->Wait(60s), 0) << DescribeAgents(agents);
@@ -266,12 +279,15 @@ TEST_F(PrometheusTest, ARealServerReadsTheEndOfASucceededAndAFailedJob) {
 
   // After ddprun exited, Prometheus holds the final scrape. The series went stale when the
   // targets vanished, so an instant query at "now" finds them through last_over_time.
-  EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_phase{job_name=\"prom-ok\",phase=\"succeeded\"}[5m])"), 1)
+  EXPECT_EQ(
+      prometheus.Value("last_over_time(ddprun_job_phase{job_name=\"prom-ok\",phase=\"succeeded\"}[5m])"), 1)
       << prometheus.Query("ddprun_job_phase").dump();
   EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_restarts_total{job_name=\"prom-ok\"}[5m])"), 1);
   EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_failures_total{job_name=\"prom-ok\"}[5m])"), 1);
-  EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_phase{job_name=\"prom-fail\",phase=\"failed\"}[5m])"), 1);
-  EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_phase{job_name=\"prom-fail\",phase=\"running\"}[5m])"), 0);
+  EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_phase{job_name=\"prom-fail\",phase=\"failed\"}[5m])"),
+            1);
+  EXPECT_EQ(
+      prometheus.Value("last_over_time(ddprun_job_phase{job_name=\"prom-fail\",phase=\"running\"}[5m])"), 0);
   EXPECT_EQ(prometheus.Value("last_over_time(ddprun_job_exit_code{job_name=\"prom-fail\"}[5m])"), 1);
   EXPECT_EQ(prometheus.Value("count(last_over_time(ddprun_node_info{job_name=\"prom-ok\"}[5m]))"), 2)
       << "both agents on one host served";
@@ -282,20 +298,27 @@ TEST_F(PrometheusTest, ARealServerReadsTheEndOfASucceededAndAFailedJob) {
   // Its series went stale at the first scrape after the agents exited (1 s); a rule that read
   // the phase only at "now" resolved a second later (issue 40: 0 of 4 failed jobs alerted).
   std::this_thread::sleep_for(5s);
-  const std::string failed = "ALERTS{alertname=\"DdprunJobFailed\",alertstate=\"firing\",job_name=\"prom-fail\"}";
+  const std::string failed =
+      "ALERTS{alertname=\"DdprunJobFailed\",alertstate=\"firing\",job_name=\"prom-fail\"}";
   EXPECT_EQ(prometheus.Value(failed), 1) << prometheus.Query("ALERTS").dump();
-  EXPECT_EQ(prometheus.Query("ALERTS{alertname=\"DdprunJobFailed\",job_name=\"prom-ok\"}")["data"]["result"].size(), 0u)
+  EXPECT_EQ(
+      prometheus.Query("ALERTS{alertname=\"DdprunJobFailed\",job_name=\"prom-ok\"}")["data"]["result"].size(),
+      0u)
       << prometheus.Query("ALERTS").dump();
-  EXPECT_EQ(prometheus.Value("max_over_time(ALERTS{alertname=\"DdprunRestartBudgetSpent\",alertstate=\"firing\","
-                             "job_name=\"prom-ok\"}[5m])"),
-            1)
+  EXPECT_EQ(
+      prometheus.Value("max_over_time(ALERTS{alertname=\"DdprunRestartBudgetSpent\",alertstate=\"firing\","
+                       "job_name=\"prom-ok\"}[5m])"),
+      1)
       << prometheus.Query("ALERTS").dump();
-  EXPECT_EQ(prometheus.Query("max_over_time(ALERTS{alertname=\"DdprunRestartBudgetSpent\",job_name=\"prom-fail\"}[5m])")
-                ["data"]["result"].size(),
-            0u)
+  EXPECT_EQ(
+      prometheus
+          .Query("max_over_time(ALERTS{alertname=\"DdprunRestartBudgetSpent\",job_name=\"prom-fail\"}[5m])")
+              ["data"]["result"]
+          .size(),
+      0u)
       << "max_restarts = 0 never had a restart to spend";
-  const nlohmann::json rules = nlohmann::json::parse(BodyOf(HttpGet("127.0.0.1", prometheus.port(), "/api/v1/rules")),
-                                                     nullptr, false);
+  const nlohmann::json rules =
+      nlohmann::json::parse(BodyOf(HttpGet("127.0.0.1", prometheus.port(), "/api/v1/rules")), nullptr, false);
   ASSERT_FALSE(rules.is_discarded());
   int loaded = 0;
   for (const auto& group : rules["data"]["groups"]) {
@@ -334,7 +357,9 @@ TEST_F(PrometheusTest, EveryAlertRuleFiresForItsCaseAndStaysSilentOtherwise) {
     ++alerts;
   }
   EXPECT_EQ(alerts, 6);
-  EXPECT_EQ(Shell(std::string(kPromtool) + " check rules " DDPRUN_SOURCE_DIR "/docs/monitoring/ddprun-alerts.yml"), 0);
+  EXPECT_EQ(
+      Shell(std::string(kPromtool) + " check rules " DDPRUN_SOURCE_DIR "/docs/monitoring/ddprun-alerts.yml"),
+      0);
 }
 
 }  // namespace

@@ -59,7 +59,9 @@ long OpenDescriptors(pid_t pid) {
   return ec ? -1 : count;
 }
 
-size_t Lines(const std::string& text) { return static_cast<size_t>(std::count(text.begin(), text.end(), '\n')); }
+size_t Lines(const std::string& text) {
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
 
 class RackTest : public ::testing::Test {
  protected:
@@ -86,7 +88,8 @@ class RackTest : public ::testing::Test {
   /// Every worker marks its start (seconds since the epoch, from bash's clock) and waits for the
   /// file `go`, so that node 0 is measured while every worker runs.
   static std::string WorkerScript(const std::string& tag) {
-    return "echo $EPOCHREALTIME > " + tag + "-started-$RANK; while [ ! -e " + tag + "-go ]; do sleep 0.1; done";
+    return "echo $EPOCHREALTIME > " + tag + "-started-$RANK; while [ ! -e " + tag +
+           "-go ]; do sleep 0.1; done";
   }
   /// The latest of the `count` ranks' marks `<prefix><rank>`, in seconds since the epoch; 0
   /// until every rank wrote its own.
@@ -119,7 +122,8 @@ TEST_F(RackTest, EveryHostsAgentJoinsAndEveryWorkerStarts) {
   t << "version = 1\n[job]\nname = \"rack\"\ncommand = [\"bash\", \"-c\", \"" << WorkerScript("dd") << "\"]\n"
     << "[cluster]\nnodes = " << NodesByName(hosts) << "\nmaster_port = " << kMasterPort << "\n"
     << "[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = " << hosts << "\n"
-    << "[timeouts]\nrendezvous = \"120s\"\nheartbeat = \"" << (std::getenv("RACK_HEARTBEAT") ? std::getenv("RACK_HEARTBEAT") : "1s") << "\"\nstop_grace = \"5s\"\n";
+    << "[timeouts]\nrendezvous = \"120s\"\nheartbeat = \""
+    << (std::getenv("RACK_HEARTBEAT") ? std::getenv("RACK_HEARTBEAT") : "1s") << "\"\nstop_grace = \"5s\"\n";
   const std::string job = bed_->Write("job.toml", t.str());
 
   const double launched = EpochNow();
@@ -133,9 +137,12 @@ TEST_F(RackTest, EveryHostsAgentJoinsAndEveryWorkerStarts) {
   if (!started_all && std::getenv("RACK_DIAG")) {
     for (int i : {1, 40}) {
       std::string out;
-      bed_->Run(i, "ip -s neigh show | grep -c . ; ip neigh show | awk '{print $NF}' | sort | uniq -c; nstat -az | grep -E "
-                   "'ListenOverflows|ListenDrops|TCPSynRetrans|TCPReqQFull|TcpActiveOpens|TcpPassiveOpens|TcpAttemptFails|TcpExtTCPTimeouts|IpInDiscards|IpOutNoRoutes'",
-               &out);
+      bed_->Run(i,
+                "ip -s neigh show | grep -c . ; ip neigh show | awk '{print $NF}' | sort | uniq -c; nstat "
+                "-az | grep -E "
+                "'ListenOverflows|ListenDrops|TCPSynRetrans|TCPReqQFull|TcpActiveOpens|TcpPassiveOpens|"
+                "TcpAttemptFails|TcpExtTCPTimeouts|IpInDiscards|IpOutNoRoutes'",
+                &out);
       std::fprintf(stderr, "DIAG host %d\n%s\n", i, out.c_str());
     }
   }
@@ -150,7 +157,8 @@ TEST_F(RackTest, EveryHostsAgentJoinsAndEveryWorkerStarts) {
   size_t most_lines = 0;
   for (auto& agent : agents_) most_lines = std::max(most_lines, Lines(agent->Output()));
   size_t other_lines = 0;
-  for (size_t i = 1; i < agents_.size(); ++i) other_lines = std::max(other_lines, Lines(agents_[i]->Output()));
+  for (size_t i = 1; i < agents_.size(); ++i)
+    other_lines = std::max(other_lines, Lines(agents_[i]->Output()));
   const int all_started_ms = static_cast<int>((last - launched) * 1000);
   RecordProperty("ddprun_all_started_ms", all_started_ms);
   RecordProperty("ddprun_node0_rss_kb", static_cast<int>(rss_kb));
@@ -183,7 +191,8 @@ TEST_F(RackTest, EveryHostsAgentJoinsAndEveryWorkerStarts) {
          // a value it can parse; 9:1 names a local rank that does not exist (bench/common.sh).
          {std::string("torchrun"), std::string("--redirects"), std::string("9:1"), std::string("--tee"),
           std::string("9:1"), "--nnodes=" + std::to_string(torchrun_hosts), std::string("--nproc_per_node=1"),
-          std::string("--rdzv_backend=c10d"), "--rdzv_endpoint=" + bed_->host(0).name + ":" + std::to_string(kMasterPort),
+          std::string("--rdzv_backend=c10d"),
+          "--rdzv_endpoint=" + bed_->host(0).name + ":" + std::to_string(kMasterPort),
           std::string("--rdzv_id=rack"), std::string("--max_restarts=0"), std::string("--no_python"),
           std::string("bash"), std::string("-c"), WorkerScript("tr")}) {
       argv.push_back(part);
@@ -192,10 +201,14 @@ TEST_F(RackTest, EveryHostsAgentJoinsAndEveryWorkerStarts) {
                                                        dir_.path() + "/tr-" + bed_->host(i).name + ".out"));
   }
   double tr_last = 0;
-  const bool all = WaitFor([&] {
-    if ((tr_last = LastMark("tr-started-", torchrun_hosts)) > 0) return true;
-    return std::none_of(torchruns.begin(), torchruns.end(), [](const auto& tr) { return ProcessAlive(tr->pid()); });
-  }, 300s) && tr_last > 0;
+  const bool all = WaitFor(
+                       [&] {
+                         if ((tr_last = LastMark("tr-started-", torchrun_hosts)) > 0) return true;
+                         return std::none_of(torchruns.begin(), torchruns.end(),
+                                             [](const auto& tr) { return ProcessAlive(tr->pid()); });
+                       },
+                       300s) &&
+                   tr_last > 0;
   long tr_hwm_kb = -1;
   if (all) {
     // The torchrun that hosts the c10d store: host 0's, the child python of its launcher.
@@ -230,7 +243,8 @@ TEST_F(RackTest, LightningAcrossThreeStockHostsUnderDdprunAndTorchrun) {
   bed_->Write("tr/.keep", "");
   std::ostringstream t;
   t << "version = 1\n[job]\nname = \"lt\"\ncommand = [\"/usr/bin/python3\", \"" << script << "\"]\n"
-    << "env = { PYTHONPATH = \"" << lightning << "\", MARKS = \"" << bed_->home() << "/dd\", STEPS = \"20\" }\n"
+    << "env = { PYTHONPATH = \"" << lightning << "\", MARKS = \"" << bed_->home()
+    << "/dd\", STEPS = \"20\" }\n"
     << "[cluster]\nnodes = " << NodesByName(hosts) << "\nmaster_port = " << kMasterPort << "\n"
     << "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = " << hosts << "\nstrategy = \"ddp\"\n"
     << "[timeouts]\nrendezvous = \"120s\"\nheartbeat = \"2s\"\nstop_grace = \"10s\"\n";
@@ -255,7 +269,8 @@ TEST_F(RackTest, LightningAcrossThreeStockHostsUnderDdprunAndTorchrun) {
     for (const std::string& part :
          {std::string("torchrun"), std::string("--redirects"), std::string("9:1"), std::string("--tee"),
           std::string("9:1"), "--nnodes=" + std::to_string(hosts), std::string("--nproc_per_node=2"),
-          std::string("--rdzv_backend=c10d"), "--rdzv_endpoint=" + bed_->host(0).name + ":" + std::to_string(kMasterPort),
+          std::string("--rdzv_backend=c10d"),
+          "--rdzv_endpoint=" + bed_->host(0).name + ":" + std::to_string(kMasterPort),
           std::string("--rdzv_id=lt"), std::string("--max_restarts=0"), script}) {
       argv.push_back(part);
     }

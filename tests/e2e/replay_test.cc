@@ -40,15 +40,16 @@ class ReplayTest : public ::testing::Test {
   }
   /// `ddprun --simulate JOB --replay logs/<job> --quiet`: its exit code and output.
   std::pair<std::optional<int>, std::string> Replay(const std::string& job_file, const std::string& job) {
-    AgentProcess replay({"--simulate", dir_.path() + "/" + job_file, "--replay", dir_.path() + "/logs/" + job,
-                         "--quiet"},
-                        dir_.path() + "/replay-" + job_file + ".out");
+    AgentProcess replay(
+        {"--simulate", dir_.path() + "/" + job_file, "--replay", dir_.path() + "/logs/" + job, "--quiet"},
+        dir_.path() + "/replay-" + job_file + ".out");
     const auto code = replay.Wait(60s);
     return {code, replay.Output()};
   }
   std::string Describe() const {
     std::string text;
-    for (const auto& [rank, a] : agents_) text += "\n---- node " + std::to_string(rank) + " ----\n" + a->Output();
+    for (const auto& [rank, a] : agents_)
+      text += "\n---- node " + std::to_string(rank) + " ----\n" + a->Output();
     return text;
   }
   TestJob Job(const std::string& name, const std::string& script) const {
@@ -103,12 +104,14 @@ TEST_F(ReplayTest, AStartThatFailedIsRecordedAndReported) {
   html << page.rdbuf();
   EXPECT_THAT(html.str(), HasSubstr("did not start (exit 3): ddprun cannot start node 0")) << html.str();
   EXPECT_THAT(html.str(), HasSubstr("<pre>node 0")) << html.str();
-  EXPECT_THAT(html.str(), HasSubstr("agent did not start (exit 3): ddprun cannot start node 0")) << html.str();
+  EXPECT_THAT(html.str(), HasSubstr("agent did not start (exit 3): ddprun cannot start node 0"))
+      << html.str();
 }
 
 TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
-  TestJob job = Job("replay-exit",
-                    "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 7; fi; sleep 2");
+  TestJob job =
+      Job("replay-exit",
+          "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 7; fi; sleep 2");
   job.max_restarts = 2;
   dir_.Write("job.toml", job.Toml());
   job.max_restarts = 0;
@@ -122,7 +125,8 @@ TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("fault: --fault worker-exit@")) << out;
   EXPECT_THAT(out, HasSubstr(":node=1,local_rank=0,exit_code=7\n")) << out;
-  EXPECT_THAT(out, HasSubstr("  round 0 fails: rank 1 (node 1), exit:7   round 0 fails: rank 1 (node 1), exit:7\n"))
+  EXPECT_THAT(
+      out, HasSubstr("  round 0 fails: rank 1 (node 1), exit:7   round 0 fails: rank 1 (node 1), exit:7\n"))
       << out;
   EXPECT_THAT(out, HasSubstr("  restart 1 of 2")) << out;
   EXPECT_THAT(out, HasSubstr("the sequences match (5 steps)")) << out;
@@ -137,7 +141,8 @@ TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
   const auto [wrong_code, wrong] = Replay("wrong.toml", "replay-exit");
   EXPECT_EQ(wrong_code, 1) << wrong;
   EXPECT_THAT(wrong, HasSubstr("is not the run's job file")) << wrong;
-  EXPECT_THAT(wrong, HasSubstr("! restart 1 of 2                           the job ends with exit code 1\n")) << wrong;
+  EXPECT_THAT(wrong, HasSubstr("! restart 1 of 2                           the job ends with exit code 1\n"))
+      << wrong;
   EXPECT_THAT(wrong, HasSubstr("the sequences differ from step 3 on (marked !)")) << wrong;
 }
 
@@ -146,9 +151,10 @@ TEST_F(ReplayTest, ARankThatFailsAndARestartArePredictedAndAWrongBudgetIsNot) {
 // the run, and its stop takes as long as the real one; the old model (every worker gone 0.2-2 s
 // after SIGTERM) was off by more than the 20% allowed.
 TEST_F(ReplayTest, WorkersThatOutliveSigtermAreReplayedWithTheRealStopTime) {
-  TestJob job = Job("replay-term",
-                    "trap '' TERM; if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 7; fi; "
-                    "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60; fi; sleep 3");
+  TestJob job =
+      Job("replay-term",
+          "trap '' TERM; if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 1; exit 7; fi; "
+          "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60; fi; sleep 3");
   job.devices = 2;
   job.max_restarts = 1;
   job.stop_grace = "3s";
@@ -157,11 +163,13 @@ TEST_F(ReplayTest, WorkersThatOutliveSigtermAreReplayedWithTheRealStopTime) {
   Start(1);
   ASSERT_EQ(agents_[0]->Wait(60s), 0) << Describe();
   ASSERT_EQ(agents_[1]->Wait(10s), 0) << Describe();
-  EXPECT_THAT(agents_[0]->Output(), HasSubstr("still running 3.0s after SIGTERM; sending SIGKILL")) << Describe();
+  EXPECT_THAT(agents_[0]->Output(), HasSubstr("still running 3.0s after SIGTERM; sending SIGKILL"))
+      << Describe();
 
   const auto [code, out] = Replay("job.toml", "replay-term");
   EXPECT_EQ(code, 0) << out;
-  EXPECT_THAT(out, HasSubstr("stopped workers: stay until SIGKILL after stop_grace (as in the run)\n")) << out;
+  EXPECT_THAT(out, HasSubstr("stopped workers: stay until SIGKILL after stop_grace (as in the run)\n"))
+      << out;
   EXPECT_THAT(out, HasSubstr("the sequences match (5 steps)")) << out;
   EXPECT_THAT(out, ::testing::ContainsRegex("\n  round 0 stop +3\\.[0-9]+s +3\\.[0-9]+s\n")) << out;
   EXPECT_THAT(out, HasSubstr("the durations match (each within 20% or 1s of the real one)")) << out;
@@ -174,7 +182,8 @@ TEST_F(ReplayTest, ANodeLostForGoodIsPredicted) {
   dir_.Write("job.toml", job.Toml());
   Start(0);
   Start(1);
-  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-1") && dir_.Read("pid-1").ends_with("\n"); }, 30s)) << Describe();
+  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("pid-1") && dir_.Read("pid-1").ends_with("\n"); }, 30s))
+      << Describe();
   const pid_t worker = std::stoi(dir_.Read("pid-1"));
   // Node 1's host dies: its agent, then its worker.
   agents_[1]->Signal(SIGKILL);

@@ -39,9 +39,8 @@ std::vector<report::EventFile> EventFiles(const std::string& dir) {
     EXPECT_TRUE(file) << file.error();
     if (file) files.push_back(*std::move(file));
   }
-  std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) {
-    return a.records.front().node < b.records.front().node;
-  });
+  std::sort(files.begin(), files.end(),
+            [](const auto& a, const auto& b) { return a.records.front().node < b.records.front().node; });
   return files;
 }
 
@@ -138,9 +137,9 @@ TEST_F(ReportTest, ARestartedRunIsRecordedAndReportedOnEveryNode) {
   EXPECT_EQ(Find(zero, "job-result")->Int("exit_code"), 0);
 
   // `ddprun report` on the job's folder: the page, the trace, and what it says.
-  AgentProcess& report = Run({"report", logs, "--out", dir_.path() + "/page.html", "--trace",
-                              dir_.path() + "/trace.json"},
-                             "report");
+  AgentProcess& report =
+      Run({"report", logs, "--out", dir_.path() + "/page.html", "--trace", dir_.path() + "/trace.json"},
+          "report");
   ASSERT_EQ(report.Wait(30s), 0) << report.Output();
   EXPECT_THAT(report.Output(), HasSubstr("rec: 2 nodes x 2 workers, started "));
   EXPECT_THAT(report.Output(), HasSubstr("2 rounds begun, 1 restart used, exit code 0"));
@@ -183,7 +182,8 @@ TEST_F(ReportTest, ARestartedRunIsRecordedAndReportedOnEveryNode) {
     EXPECT_EQ(phases.front(), P::kRendezvous) << "row " << row;
     EXPECT_EQ(phases.back(), P::kDone) << "row " << row;
     EXPECT_NE(std::find(phases.begin(), phases.end(), P::kStopping), phases.end()) << "row " << row;
-    EXPECT_EQ(std::count(phases.begin(), phases.end(), P::kTraining), 2) << "row " << row << ": no beacons: running is training";
+    EXPECT_EQ(std::count(phases.begin(), phases.end(), P::kTraining), 2)
+        << "row " << row << ": no beacons: running is training";
   }
   EXPECT_EQ(t.training.size(), 2u);
 }
@@ -197,10 +197,13 @@ TEST_F(ReportTest, AMissingOrEmptyFolderIsExplained) {
   EXPECT_EQ(empty.Wait(10s), 2);
   EXPECT_THAT(empty.Output(), HasSubstr("ddprun report: error: no event files (events-node<k>.jsonl) in " +
                                         dir_.path() + "/empty or below it"));
-  dir_.Write("bad/run/events-node0.jsonl", "{\"v\":1,\"event\":\"agent-start\",\"unix_ms\":1,\"mono_ms\":1,\"node\":0,\"host\":\"a\"}\n{oops\n");
+  dir_.Write(
+      "bad/run/events-node0.jsonl",
+      "{\"v\":1,\"event\":\"agent-start\",\"unix_ms\":1,\"mono_ms\":1,\"node\":0,\"host\":\"a\"}\n{oops\n");
   AgentProcess& bad = Run({"report", dir_.path() + "/bad"}, "bad");
   EXPECT_EQ(bad.Wait(10s), 2);
-  EXPECT_EQ(bad.Output(), "ddprun report: error: " + dir_.path() + "/bad/run/events-node0.jsonl:2: not JSON\n");
+  EXPECT_EQ(bad.Output(),
+            "ddprun report: error: " + dir_.path() + "/bad/run/events-node0.jsonl:2: not JSON\n");
 }
 
 // Two runs of a job in one folder (say, copied from the nodes): the newest is reported unless
@@ -208,26 +211,31 @@ TEST_F(ReportTest, AMissingOrEmptyFolderIsExplained) {
 TEST_F(ReportTest, SeveralRunsInOneFolderAreListedAndOneIsChosen) {
   const auto record = [](const std::string& type, int64_t ms, int node, const std::string& extra) {
     return "{\"v\":1,\"event\":\"" + type + "\",\"unix_ms\":" + std::to_string(1'800'000'000'000 + ms) +
-           ",\"mono_ms\":" + std::to_string(ms) + ",\"node\":" + std::to_string(node) + ",\"host\":\"h\"" + extra +
-           "}\n";
+           ",\"mono_ms\":" + std::to_string(ms) + ",\"node\":" + std::to_string(node) + ",\"host\":\"h\"" +
+           extra + "}\n";
   };
   const std::string start = ",\"job\":\"j\",\"fingerprint\":\"f\",\"nnodes\":1,\"nproc\":1";
-  dir_.Write("runs/a/events-node0.jsonl", record("agent-start", 0, 0, start) +
-                                              record("job-result", 1000, 0, ",\"exit_code\":1,\"summary\":\"first\"") +
-                                              record("agent-exit", 1000, 0, ",\"exit_code\":1"));
-  dir_.Write("runs/b/events-node0.jsonl", record("agent-start", 60'000, 0, start) +
-                                              record("job-result", 61'000, 0, ",\"exit_code\":0,\"summary\":\"second\"") +
-                                              record("agent-exit", 61'000, 0, ",\"exit_code\":0"));
+  dir_.Write("runs/a/events-node0.jsonl",
+             record("agent-start", 0, 0, start) +
+                 record("job-result", 1000, 0, ",\"exit_code\":1,\"summary\":\"first\"") +
+                 record("agent-exit", 1000, 0, ",\"exit_code\":1"));
+  dir_.Write("runs/b/events-node0.jsonl",
+             record("agent-start", 60'000, 0, start) +
+                 record("job-result", 61'000, 0, ",\"exit_code\":0,\"summary\":\"second\"") +
+                 record("agent-exit", 61'000, 0, ",\"exit_code\":0"));
   AgentProcess& newest = Run({"report", dir_.path() + "/runs", "--out", dir_.path() + "/b.html"}, "newest");
   EXPECT_EQ(newest.Wait(10s), 0);
-  EXPECT_THAT(newest.Output(), HasSubstr(dir_.path() + "/runs holds 2 runs; this report is of run 2, the newest (--run N "
-                                         "picks another):\n"
-                                         "    1  job \"j\" from 2027-01-15 08:00:00 UTC to 2027-01-15 08:00:01 UTC, 1 event "
-                                         "file\n"
-                                         "    2  job \"j\" from 2027-01-15 08:01:00 UTC to 2027-01-15 08:01:01 UTC, 1 event "
-                                         "file\n"));
+  EXPECT_THAT(newest.Output(),
+              HasSubstr(dir_.path() +
+                        "/runs holds 2 runs; this report is of run 2, the newest (--run N "
+                        "picks another):\n"
+                        "    1  job \"j\" from 2027-01-15 08:00:00 UTC to 2027-01-15 08:00:01 UTC, 1 event "
+                        "file\n"
+                        "    2  job \"j\" from 2027-01-15 08:01:00 UTC to 2027-01-15 08:01:01 UTC, 1 event "
+                        "file\n"));
   EXPECT_THAT(newest.Output(), HasSubstr("exit code 0\n"));
-  AgentProcess& first = Run({"report", dir_.path() + "/runs", "--run", "1", "--out", dir_.path() + "/a.html"}, "first");
+  AgentProcess& first =
+      Run({"report", dir_.path() + "/runs", "--run", "1", "--out", dir_.path() + "/a.html"}, "first");
   EXPECT_EQ(first.Wait(10s), 0);
   EXPECT_THAT(first.Output(), HasSubstr("exit code 1\n"));
   EXPECT_THAT(ReadFile(dir_.path() + "/a.html"), HasSubstr("<pre>first\n"));
@@ -244,8 +252,9 @@ TEST_F(ReportTest, WhatAnEventFileSaysIsEscapedOnTheTerminal) {
     return "{\"v\":1,\"event\":\"agent-start\",\"unix_ms\":" + std::to_string(1'800'000'000'000 + ms) +
            ",\"mono_ms\":" + std::to_string(ms) + ",\"node\":0,\"host\":\"h\",\"job\":\"" + hostile +
            "\",\"fingerprint\":\"f\",\"nnodes\":1,\"nproc\":1}\n"
-           "{\"v\":1,\"event\":\"agent-exit\",\"unix_ms\":" + std::to_string(1'800'000'001'000 + ms) +
-           ",\"mono_ms\":" + std::to_string(ms + 1000) + ",\"node\":0,\"host\":\"h\",\"exit_code\":0}\n";
+           "{\"v\":1,\"event\":\"agent-exit\",\"unix_ms\":" +
+           std::to_string(1'800'000'001'000 + ms) + ",\"mono_ms\":" + std::to_string(ms + 1000) +
+           ",\"node\":0,\"host\":\"h\",\"exit_code\":0}\n";
   };
   dir_.Write("runs/a/events-node0.jsonl", run(0));
   dir_.Write("runs/b/events-node0.jsonl", run(60'000));

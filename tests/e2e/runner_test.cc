@@ -45,12 +45,11 @@ class RunnerTest : public ::testing::Test {
     job_path_ = dir_.Write(file, job.Toml());
   }
   AgentProcess& Start(int node_rank, const std::string& job = "job.toml",
-                      const std::map<std::string, std::string>& env = {},
-                      bool own_process_group = false) {
+                      const std::map<std::string, std::string>& env = {}, bool own_process_group = false) {
     const std::string out = dir_.path() + "/agent-" + std::to_string(agents_.size()) + ".out";
     agents_.push_back(std::make_unique<AgentProcess>(
-        std::vector<std::string>{dir_.path() + "/" + job, "--node-rank", std::to_string(node_rank)},
-        out, env, std::vector<std::string>{}, own_process_group));
+        std::vector<std::string>{dir_.path() + "/" + job, "--node-rank", std::to_string(node_rank)}, out, env,
+        std::vector<std::string>{}, own_process_group));
     return *agents_.back();
   }
   /// Processes the test's workers started; any still alive at the end (the bug under test)
@@ -84,10 +83,12 @@ class RunnerTest : public ::testing::Test {
   /// Waits for a pid file to be written completely (a worker writes it while we poll).
   pid_t ReadPid(const std::string& name) const {
     std::string text;
-    WaitFor([&] {
-      text = dir_.Read(name);
-      return !text.empty() && text.back() == '\n';
-    }, std::chrono::seconds(5));
+    WaitFor(
+        [&] {
+          text = dir_.Read(name);
+          return !text.empty() && text.back() == '\n';
+        },
+        std::chrono::seconds(5));
     return text.empty() ? -1 : std::stoi(text);
   }
 
@@ -156,10 +157,10 @@ TEST_P(EnvironmentTest, EveryWorkerSeesTheTorchrunEnvironment) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EnvironmentTest,
-                         ::testing::Values(std::make_pair(1, 3), std::make_pair(2, 2),
-                                           std::make_pair(4, 2)),
+                         ::testing::Values(std::make_pair(1, 3), std::make_pair(2, 2), std::make_pair(4, 2)),
                          [](const auto& param_info) {
-                           return std::to_string(param_info.param.first) + "x" + std::to_string(param_info.param.second);
+                           return std::to_string(param_info.param.first) + "x" +
+                                  std::to_string(param_info.param.second);
                          });
 
 TEST_F(RunnerTest, WithAStorePortEveryRankUsesItAndNoRelayIsInvolved) {
@@ -187,11 +188,12 @@ TEST_F(RunnerTest, AFailureStopsEveryWorkerRestartsAndThenFailsTheJobEverywhere)
   // Rank 3 fails only once ranks 0-2 have set their TERM trap (they write the pid file after
   // it), so that each of them is stopped by the trap, not killed by the default action; it
   // gives up waiting after 10 s.
-  o.script = std::string("echo start > start-$RANK-$TORCHELASTIC_RESTART_COUNT; "
-                         "if [ \"$RANK\" = 3 ]; then r=$TORCHELASTIC_RESTART_COUNT; i=0; "
-                         "while [ $i -lt 500 ] && ! { [ -e pid-0-$r ] && [ -e pid-1-$r ] && [ -e pid-2-$r ]; }; "
-                         "do sleep 0.02; i=$((i + 1)); done; "
-                         "echo 'rank 3 fails here' >&2; exit 1; fi; ") +
+  o.script = std::string(
+                 "echo start > start-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+                 "if [ \"$RANK\" = 3 ]; then r=$TORCHELASTIC_RESTART_COUNT; i=0; "
+                 "while [ $i -lt 500 ] && ! { [ -e pid-0-$r ] && [ -e pid-1-$r ] && [ -e pid-2-$r ]; }; "
+                 "do sleep 0.02; i=$((i + 1)); done; "
+                 "echo 'rank 3 fails here' >&2; exit 1; fi; ") +
              kSleeper;
   WriteJob(o);
   Start(0);
@@ -227,9 +229,11 @@ TEST_F(RunnerTest, ASigkilledAgentLeavesNoOrphansAndTheOthersNotice) {
   WriteJob(o);
   Start(0);
   AgentProcess& node1 = Start(1);
-  ASSERT_TRUE(WaitFor([&] { return dir_.Exists("child-3") && dir_.Exists("pid-3") && dir_.Exists("child-0"); }, 20s))
+  ASSERT_TRUE(
+      WaitFor([&] { return dir_.Exists("child-3") && dir_.Exists("pid-3") && dir_.Exists("child-0"); }, 20s))
       << Describe();
-  std::vector<pid_t> node1_pids = {ReadPid("pid-2"), ReadPid("pid-3"), ReadPid("child-2"), ReadPid("child-3")};
+  std::vector<pid_t> node1_pids = {ReadPid("pid-2"), ReadPid("pid-3"), ReadPid("child-2"),
+                                   ReadPid("child-3")};
   node1.Signal(SIGKILL);
   EXPECT_EQ(node1.Wait(5s), 128 + SIGKILL);
   for (pid_t pid : node1_pids) {
@@ -237,7 +241,9 @@ TEST_F(RunnerTest, ASigkilledAgentLeavesNoOrphansAndTheOthersNotice) {
   }
   // Node 0 notices within the heartbeat bound, stops its workers and ends the job.
   EXPECT_EQ(agents_[0]->Wait(15s), 1) << Describe();
-  EXPECT_THAT(agents_[0]->Output(), ::testing::ContainsRegex("root cause \\(first failure anywhere in the job\\): node 1 \\([^)]*\\) was lost"));
+  EXPECT_THAT(agents_[0]->Output(),
+              ::testing::ContainsRegex(
+                  "root cause \\(first failure anywhere in the job\\): node 1 \\([^)]*\\) was lost"));
   for (const char* name : {"pid-0", "pid-1", "child-0", "child-1"}) {
     EXPECT_FALSE(ProcessAlive(ReadPid(name))) << name;
   }
@@ -281,7 +287,8 @@ TEST_F(RunnerTest, ADuplicateNodeRankIsRefusedAndTheJobGoesOn) {
   TestJob o = Job();
   // The workers run until the impostor has been refused (the test writes `go`; 30 s at most),
   // so that node 1 still holds its rank when the impostor claims it.
-  o.script = "touch started-$RANK; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done";
+  o.script =
+      "touch started-$RANK; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done";
   WriteJob(o);
   Start(0);
   Start(1);
@@ -336,15 +343,20 @@ TEST_F(RunnerTest, SigintOnAnyAgentStopsTheJobOnEveryNode) {
   Start(0);
   AgentProcess& node1 = Start(1);
   // Every worker must have set its trap before the signal: wait for all four.
-  ASSERT_TRUE(WaitFor([&] {
-    return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0") && dir_.Exists("pid-2-0") && dir_.Exists("pid-3-0");
-  }, 20s)) << Describe();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return dir_.Exists("pid-0-0") && dir_.Exists("pid-1-0") && dir_.Exists("pid-2-0") &&
+               dir_.Exists("pid-3-0");
+      },
+      20s))
+      << Describe();
   node1.Signal(SIGINT);
   for (auto& agent : agents_) EXPECT_EQ(agent->Wait(20s), 130) << Describe();
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_TRUE(dir_.Exists("stopped-" + std::to_string(rank) + "-0")) << rank;
   }
-  EXPECT_THAT(agents_[0]->Output(), ::testing::ContainsRegex("interrupted: node 1 \\([^)]*\\) received SIGINT"));
+  EXPECT_THAT(agents_[0]->Output(),
+              ::testing::ContainsRegex("interrupted: node 1 \\([^)]*\\) received SIGINT"));
 }
 
 TEST_F(RunnerTest, SigtermExits143) {
@@ -495,7 +507,8 @@ TEST_F(RunnerTest, AKilledGuardianIsReplacedAndTheReplacementCleansUp) {
   EXPECT_THAT(out, HasSubstr(said + std::to_string(replacement) +
                              "), so processes the workers started still cannot outlive this agent"));
   // The new guardian names itself a moment after the fork.
-  ASSERT_TRUE(WaitFor([&] { return ChildrenNamed(node0.pid(), "ddprun-guardian") == std::vector<pid_t>{replacement}; }, 10s))
+  ASSERT_TRUE(WaitFor(
+      [&] { return ChildrenNamed(node0.pid(), "ddprun-guardian") == std::vector<pid_t>{replacement}; }, 10s))
       << Describe();
   ASSERT_EQ(::kill(-node0.pid(), SIGKILL), 0);
   EXPECT_EQ(node0.Wait(5s), 128 + SIGKILL);
@@ -527,7 +540,8 @@ TEST_F(RunnerTest, EachRunKeepsItsOwnLogsAndLatestNamesTheNewest) {
   EXPECT_EQ(dir_.Read(second + "/attempt-0/rank-0.log"), "run 2\n");
   EXPECT_EQ(dir_.Read("logs/e2e/latest/attempt-0/rank-0.log"), "run 2\n");
   EXPECT_EQ(dir_.Read("logs/e2e/latest-n0/attempt-0/rank-0.log"), "run 2\n");
-  EXPECT_THAT(agents_[1]->Output(), HasSubstr("logs of this run: " + dir_.path() + "/" + second + "/ (also logs/e2e/latest-n0)"));
+  EXPECT_THAT(agents_[1]->Output(),
+              HasSubstr("logs of this run: " + dir_.path() + "/" + second + "/ (also logs/e2e/latest-n0)"));
 }
 
 // Issue 11 item 5: a link planted where ddprun makes the job's log folder is not followed; the
@@ -546,11 +560,11 @@ TEST_F(RunnerTest, APlantedLinkInTheLogFolderIsNotFollowed) {
   EXPECT_EQ(dir_.Read("victim/attempt-0/rank-1.log"), "precious\n");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_.path() + "/victim"),
                           std::filesystem::directory_iterator()),
-            1) << "nothing was created in the link's target";
-  EXPECT_THAT(node0.Output(),
-              HasSubstr("ddprun could not start the worker: " + dir_.path() +
-                        "/logs/e2e is a symbolic link; ddprun follows no link below logs.dir "
-                        "(someone may have planted it to make ddprun write elsewhere)"));
+            1)
+      << "nothing was created in the link's target";
+  EXPECT_THAT(node0.Output(), HasSubstr("ddprun could not start the worker: " + dir_.path() +
+                                        "/logs/e2e is a symbolic link; ddprun follows no link below logs.dir "
+                                        "(someone may have planted it to make ddprun write elsewhere)"));
 }
 
 // Issue 11 item 5: a log that cannot be written (a full disk) is said on the console and in the
@@ -558,10 +572,11 @@ TEST_F(RunnerTest, APlantedLinkInTheLogFolderIsNotFollowed) {
 TEST_F(RunnerTest, AFullDiskIsReportedOnTheConsoleAndInTheSummary) {
   const std::string probe = dir_.path() + "/probe";
   std::filesystem::create_directories(probe);
-  const std::string mount = "unshare -m --propagation private sh -c 'mount -t tmpfs -o size=64k tmpfs " +
-                            probe + "' 2>/dev/null";
-  DDPRUN_REQUIRE_OR_SKIP("testbed", std::system(mount.c_str()) == 0,
-                         "needs root and mount namespaces (unshare -m, mount -t tmpfs) for a small full disk");
+  const std::string mount =
+      "unshare -m --propagation private sh -c 'mount -t tmpfs -o size=64k tmpfs " + probe + "' 2>/dev/null";
+  DDPRUN_REQUIRE_OR_SKIP(
+      "testbed", std::system(mount.c_str()) == 0,
+      "needs root and mount namespaces (unshare -m, mount -t tmpfs) for a small full disk");
   TestJob o = Job();
   o.nnodes = 1;
   o.devices = 1;
@@ -578,7 +593,8 @@ TEST_F(RunnerTest, AFullDiskIsReportedOnTheConsoleAndInTheSummary) {
   ASSERT_EQ(agents_.back()->Wait(30s), 0) << Describe();
   const std::string output = agents_.back()->Output();
   const std::string problem = "log file incomplete: rank 0: cannot write ";
-  EXPECT_THAT(output, ::testing::ContainsRegex("error: " + problem + ".*/attempt-0/rank-0.log: No space "
+  EXPECT_THAT(output, ::testing::ContainsRegex("error: " + problem +
+                                               ".*/attempt-0/rank-0.log: No space "
                                                "left on device; the file stops after [0-9]+ bytes\n"));
   const auto summary = output.find("job \"e2e\" succeeded");
   ASSERT_NE(summary, std::string::npos) << output;
@@ -642,8 +658,7 @@ TEST_F(RunnerTest, APeerThatOnlyLostTheFailingRankIsNotTheRootCause) {
   for (const AgentProcess* agent : {&node0, &node1}) {
     EXPECT_THAT(agent->Output(), HasSubstr("round 0 failed: rank 3 (node 1")) << Describe();
     EXPECT_THAT(agent->Output(), HasSubstr("| RuntimeError: rank 3 fails on purpose")) << Describe();
-    EXPECT_THAT(agent->Output(),
-                HasSubstr("root cause (first failure anywhere in the job): rank 3 (node 1"))
+    EXPECT_THAT(agent->Output(), HasSubstr("root cause (first failure anywhere in the job): rank 3 (node 1"))
         << Describe();
     EXPECT_THAT(agent->Output(), HasSubstr("(rank 2 failed before it, with an error that says it lost "
                                            "a peer: a consequence, not the cause)"))
@@ -651,8 +666,9 @@ TEST_F(RunnerTest, APeerThatOnlyLostTheFailingRankIsNotTheRootCause) {
   }
   EXPECT_THAT(node1.Output(), Not(HasSubstr("[n1 r2] RuntimeError"))) << Describe();
   EXPECT_THAT(node1.Output(), Not(HasSubstr("[n1 r2] Traceback"))) << Describe();
-  EXPECT_THAT(node1.Output(), HasSubstr("round 0: after rank 3 failed, rank 2 lost a peer, as expected; 3 lines "
-                                        "of its stderr are not shown here"))
+  EXPECT_THAT(node1.Output(),
+              HasSubstr("round 0: after rank 3 failed, rank 2 lost a peer, as expected; 3 lines "
+                        "of its stderr are not shown here"))
       << Describe();
 }
 

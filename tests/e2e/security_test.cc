@@ -2,9 +2,9 @@
 // and hostile or broken clients, against real agents on 127.0.0.1.
 
 #include <arpa/inet.h>
-#include <signal.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -137,8 +137,8 @@ const std::string kHostileText = "\x1b]0;owned\x07\x1b[2J\x1b[31mjob \"sec\" suc
 // agent with a secret believes nothing before the proof: it retries, and exits 3 at its
 // rendezvous timeout with the reason; nothing the impostor wrote reaches the console.
 TEST(SecurityTest, AnImpostorOnTheMasterPortCanNeitherEndNorFoolAnAgentWithASecret) {
-  for (const wire::Message& answer : std::vector<wire::Message>{wire::JobEnd{0, kHostileText},
-                                                                wire::Reject{kHostileText, false}}) {
+  for (const wire::Message& answer :
+       std::vector<wire::Message>{wire::JobEnd{0, kHostileText}, wire::Reject{kHostileText, false}}) {
     SCOPED_TRACE(wire::MessageName(answer));
     ScratchDir dir;
     Impostor impostor(0, answer);
@@ -229,24 +229,35 @@ TEST(SecurityTest, AgentsWithTheWrongOrNoSecretAreRefusedAndTheJobGoesOn) {
   // A wrong secret: the agent says so at once and keeps trying (node 0 might be an impostor's
   // port for a while); node 0 names the node that failed the challenge.
   AgentProcess wrong({job, "--node-rank", "1"}, dir.path() + "/wrong.out", {{"DDPRUN_SECRET", "guess"}});
-  EXPECT_TRUE(WaitFor([&] {
-    return wrong.Output().find("did not prove that it knows this node's shared secret: either the "
-                               "secrets of this node and node 0 differ") != std::string::npos;
-  }, 10s)) << wrong.Output();
-  EXPECT_TRUE(WaitFor([&] {
-    return node0.Output().find("claiming node rank 1 closed the connection without answering the "
-                               "shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) "
-                               "differs from node 0's") != std::string::npos;
-  }, 10s)) << node0.Output();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return wrong.Output().find(
+                   "did not prove that it knows this node's shared secret: either the "
+                   "secrets of this node and node 0 differ") != std::string::npos;
+      },
+      10s))
+      << wrong.Output();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return node0.Output().find(
+                   "claiming node rank 1 closed the connection without answering the "
+                   "shared-secret challenge: its DDPRUN_SECRET (or DDPRUN_SECRET_FILE) "
+                   "differs from node 0's") != std::string::npos;
+      },
+      10s))
+      << node0.Output();
   wrong.Signal(SIGTERM);
   EXPECT_EQ(wrong.Wait(10s), 143) << wrong.Output();
   AgentProcess none({job, "--node-rank", "1"}, dir.path() + "/none.out", {{"DDPRUN_SECRET", ""}});
   EXPECT_EQ(none.Wait(20s), 3) << none.Output();
   EXPECT_THAT(none.Output(), HasSubstr("has no shared secret and node 0 requires one"));
   // Node 0 may write its line after the refused agent has read the refusal and exited.
-  EXPECT_TRUE(WaitFor([&] {
-    return node0.Output().find("has no shared secret and node 0 requires one") != std::string::npos;
-  }, 5s)) << node0.Output();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return node0.Output().find("has no shared secret and node 0 requires one") != std::string::npos;
+      },
+      5s))
+      << node0.Output();
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "correct horse"}});
   EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
   EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
@@ -286,11 +297,15 @@ TEST(SecurityTest, WithoutASecretNode0WarnsOnceAndRefusesASecretAgentWithTheReas
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out", {{"DDPRUN_SECRET", "x"}});
   // Node 0's refusal is unproven, so node 1 does not believe it (issue 25): it says that node 0
   // may run without a secret and keeps trying; node 0 says why it refuses.
-  EXPECT_TRUE(WaitFor([&] {
-    return node1.Output().find("answered with a reject message before proving that it knows this "
-                               "node's shared secret; not believed (node 0 refuses a node with a "
-                               "secret when it has none") != std::string::npos;
-  }, 10s)) << node1.Output();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return node1.Output().find(
+                   "answered with a reject message before proving that it knows this "
+                   "node's shared secret; not believed (node 0 refuses a node with a "
+                   "secret when it has none") != std::string::npos;
+      },
+      10s))
+      << node1.Output();
   const std::string reason = "has a shared secret (DDPRUN_SECRET or DDPRUN_SECRET_FILE) and node 0 has none";
   EXPECT_TRUE(WaitFor([&] { return node0.Output().find(reason) != std::string::npos; }, 5s))
       << node0.Output();
@@ -346,7 +361,8 @@ TEST(SecurityTest, AFakeListenerLearnsNothingAboutTheJob) {
   ASSERT_EQ(::send(conn, challenge.data(), challenge.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(challenge.size()));
   EXPECT_EQ(node1.Wait(10s), 3) << node1.Output();
-  for (ssize_t n; (n = ::recv(conn, buffer, sizeof buffer, 0)) > 0;) received.append(buffer, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(conn, buffer, sizeof buffer, 0)) > 0;)
+    received.append(buffer, static_cast<size_t>(n));
   ::close(conn);
   ::close(listener);
   EXPECT_FALSE(received.empty());
@@ -371,9 +387,13 @@ TEST(SecurityTest, OnlyListedNodesMayConnect) {
   char byte;
   EXPECT_EQ(::recv(fd, &byte, 1, 0), 0) << "the connection must be closed at once";
   ::close(fd);
-  EXPECT_TRUE(WaitFor([&] {
-    return node0.Output().find("refused a connection from 127.0.0.2: not one of cluster.nodes") != std::string::npos;
-  }, 5s)) << node0.Output();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return node0.Output().find("refused a connection from 127.0.0.2: not one of cluster.nodes") !=
+               std::string::npos;
+      },
+      5s))
+      << node0.Output();
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
   EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
   EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();
@@ -399,19 +419,22 @@ TEST(SecurityTest, GarbageTruncatedOversizedAndSilentClientsAreDroppedAndTheJobG
   fds.push_back(send_and_keep(magic + std::string("\x01\x01\0\0\xff\xff\xff\x7f", 8)));   // 2 GiB frame
   fds.push_back(send_and_keep(magic + std::string("\x01\x63\0\0\0\0\0\0", 8)));           // unknown type
   fds.push_back(send_and_keep(magic + std::string("\x01\x01\0\0\x40\0\0\0", 8) + "ab"));  // truncated
-  fds.push_back(send_and_keep(""));                                                      // silent
+  fds.push_back(send_and_keep(""));                                                       // silent
   // Node 0 has dropped the three it can judge at once before node 1 joins, rather than
   // before the job's two seconds run out.
   const std::vector<std::string> dropped = {"protocol error: unsupported protocol version 9",
                                             "protocol error: frame of 2147483647 bytes is over the limit",
                                             "protocol error: unknown message type 99"};
-  EXPECT_TRUE(WaitFor([&] {
-    const std::string out = node0.Output();
-    for (const std::string& line : dropped) {
-      if (out.find(line) == std::string::npos) return false;
-    }
-    return true;
-  }, 10s)) << node0.Output();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const std::string out = node0.Output();
+        for (const std::string& line : dropped) {
+          if (out.find(line) == std::string::npos) return false;
+        }
+        return true;
+      },
+      10s))
+      << node0.Output();
   AgentProcess node1({job, "--node-rank", "1"}, dir.path() + "/n1.out");
   EXPECT_EQ(node1.Wait(30s), 0) << node1.Output();
   EXPECT_EQ(node0.Wait(30s), 0) << node0.Output();

@@ -51,14 +51,16 @@ class NodesGoneTest : public ::testing::Test {
   std::string NodeZeroEvents(const std::string& job) const {
     for (const auto& entry : std::filesystem::directory_iterator(dir_.path() + "/logs/" + job)) {
       const std::string name = entry.path().filename().string();
-      if (name.find("-n0-") != std::string::npos) return dir_.Read("logs/" + job + "/" + name + "/events-node0.jsonl");
+      if (name.find("-n0-") != std::string::npos)
+        return dir_.Read("logs/" + job + "/" + name + "/events-node0.jsonl");
     }
     ADD_FAILURE() << "no run folder of node 0 in logs/" << job;
     return "";
   }
   std::string Describe() const {
     std::string text;
-    for (const auto& [rank, a] : agents_) text += "\n---- agent " + std::to_string(rank) + " ----\n" + a->Output();
+    for (const auto& [rank, a] : agents_)
+      text += "\n---- agent " + std::to_string(rank) + " ----\n" + a->Output();
     return text;
   }
 
@@ -112,9 +114,11 @@ TEST_F(NodesGoneTest, TheJobShrinksToTheNodesLeftAndItsWorkersGetTheSmallerWorld
   }
   // Rank 1 of the smaller world is node 2's worker.
   EXPECT_EQ(std::stoi(dir_.Read("ppid-1")), agent(2).pid()) << Describe();
-  EXPECT_THAT(agent(0).Output(), HasSubstr("job \"shrink\" succeeded: all 2 ranks on 2 nodes exited 0 in round 1"))
+  EXPECT_THAT(agent(0).Output(),
+              HasSubstr("job \"shrink\" succeeded: all 2 ranks on 2 nodes exited 0 in round 1"))
       << Describe();
-  EXPECT_THAT(agent(0).Output(), HasSubstr("the round ran with 2 of the job's 3 nodes (cluster.min_nodes = 2)"))
+  EXPECT_THAT(agent(0).Output(),
+              HasSubstr("the round ran with 2 of the job's 3 nodes (cluster.min_nodes = 2)"))
       << Describe();
   // Node 0's event log: round 1 began with 2 nodes, and closing ranks replaced no one.
   const std::string events = NodeZeroEvents("shrink");
@@ -136,7 +140,8 @@ TEST_F(NodesGoneTest, AFlakyHostIsQuarantinedAndTheNextLaunchStillKeepsItOut) {
   job.max_restarts = 3;
   job.backoff = "0s";
   job.rendezvous = "60s";
-  job.script = "if [ \"$FLAKY\" = 1 ]; then echo 'RuntimeError: uncorrectable ECC error' >&2; exit 1; fi; sleep 1";
+  job.script =
+      "if [ \"$FLAKY\" = 1 ]; then echo 'RuntimeError: uncorrectable ECC error' >&2; exit 1; fi; sleep 1";
   job.extra = "replace = \"1s\"\n[quarantine]\nfailures = 2\ncooldown = \"30m\"\n";
   std::string toml = job.Toml();
   toml.insert(toml.find("master_addr"), "spares = [\"127.0.0.3\"]\n");
@@ -150,8 +155,9 @@ TEST_F(NodesGoneTest, AFlakyHostIsQuarantinedAndTheNextLaunchStillKeepsItOut) {
   EXPECT_EQ(agent(1).Wait(10s), 0) << Describe();
   EXPECT_EQ(agent(2).Wait(10s), 0) << Describe();
   const std::string first = agent(0).Output();
-  EXPECT_THAT(first, HasSubstr("quarantine: host 127.0.0.2 (node 1 (127.0.0.2)) sits out for 30m00s: 2 rounds "
-                               "failed because of it within quarantine.window = 1h"))
+  EXPECT_THAT(first,
+              HasSubstr("quarantine: host 127.0.0.2 (node 1 (127.0.0.2)) sits out for 30m00s: 2 rounds "
+                        "failed because of it within quarantine.window = 1h"))
       << Describe();
   EXPECT_THAT(first, HasSubstr("spare 0 (127.0.0.3) takes node rank 1 in place of node 1 (127.0.0.2), whose "
                                "host is quarantined"))
@@ -160,8 +166,10 @@ TEST_F(NodesGoneTest, AFlakyHostIsQuarantinedAndTheNextLaunchStillKeepsItOut) {
                                "restarts used)"))
       << Describe();
   EXPECT_THAT(first, HasSubstr("quarantined: 127.0.0.2 for ")) << Describe();
-  EXPECT_THAT(NodeZeroEvents("quarantine"),
-              ContainsRegex("\"event\":\"quarantine\",[^\n]*\"hosts\":\\[\"127.0.0.2\"\\],\"left_ms\":\\[18[0-9]{5}\\]"))
+  EXPECT_THAT(
+      NodeZeroEvents("quarantine"),
+      ContainsRegex(
+          "\"event\":\"quarantine\",[^\n]*\"hosts\":\\[\"127.0.0.2\"\\],\"left_ms\":\\[18[0-9]{5}\\]"))
       << Describe();
   const std::string state = dir_.Read("logs/quarantine/quarantine.state");
   EXPECT_THAT(state, ContainsRegex("^ddprun-quarantine 1\nhost=127.0.0.2 until_unix_ms=[0-9]+ times=1\n$"))

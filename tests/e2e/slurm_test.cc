@@ -4,14 +4,14 @@
 // stop_grace. Needs root and the Debian packages slurmctld, slurmd, slurm-client and munge
 // (else skipped, or failed under DDPRUN_REQUIRE_TESTBED=1, with the reason).
 
-#include <cstdio>
 #include <signal.h>
 #include <unistd.h>
+#include <cstdio>
 
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include <gmock/gmock.h>
@@ -33,12 +33,14 @@ constexpr int kMasterPort = 29500;
 class SlurmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* program : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun",
-                                "/usr/bin/scontrol", "/usr/bin/scancel", "/usr/sbin/mungekey"}) {
+    for (const char* program :
+         {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun", "/usr/bin/scontrol",
+          "/usr/bin/scancel", "/usr/sbin/mungekey"}) {
       if (::access(program, X_OK) != 0) {
-        DDPRUN_REQUIRE_OR_SKIP("slurm", false,
-                               std::string(program) +
-                                   " is not installed (slurmctld slurmd slurm-client munge, scripts/install-deps.sh)");
+        DDPRUN_REQUIRE_OR_SKIP(
+            "slurm", false,
+            std::string(program) +
+                " is not installed (slurmctld slurmd slurm-client munge, scripts/install-deps.sh)");
         return;
       }
     }
@@ -56,14 +58,15 @@ class SlurmTest : public ::testing::Test {
     // munge with a key and socket of this test's own; every host reaches the socket (a file).
     ASSERT_EQ(Shell("mungekey -c -k " + d + "/munge.key && chmod 600 " + d + "/munge.key"), 0);
     ASSERT_EQ(Shell("/usr/sbin/munged --force --socket=" + d + "/munge.sock --key-file=" + d +
-                    "/munge.key --log-file=" + d + "/munged.log --pid-file=" + d + "/munged.pid --seed-file=" + d +
-                    "/munged.seed"),
+                    "/munge.key --log-file=" + d + "/munged.log --pid-file=" + d +
+                    "/munged.pid --seed-file=" + d + "/munged.seed"),
               0);
     const pid_t munged = WaitForPid("munged.pid", 5s);
     ASSERT_GT(munged, 0) << dir_.Read("munged.log");
     daemon_pids_.push_back(munged);
     std::ostringstream conf;
-    conf << "ClusterName=ddprunbed\nSlurmctldHost=" << bed_->host(0).name << "(" << bed_->host(0).data_addr << ")\n"
+    conf << "ClusterName=ddprunbed\nSlurmctldHost=" << bed_->host(0).name << "(" << bed_->host(0).data_addr
+         << ")\n"
          << "SlurmctldPort=6817\nSlurmdPort=6818\nSlurmUser=root\nSlurmdUser=root\n"
          << "AuthType=auth/munge\nAuthInfo=socket=" << d << "/munge.sock\nCredType=cred/munge\n"
          << "StateSaveLocation=" << d << "/state\nSlurmdSpoolDir=" << d << "/spool/%n\n"
@@ -92,12 +95,15 @@ class SlurmTest : public ::testing::Test {
       ASSERT_GT(slurmd, 0) << dir_.Read("slurmd-" + name + ".log");
       daemon_pids_.push_back(slurmd);
     }
-    ASSERT_TRUE(WaitFor([&] {
-      std::string states;
-      RunOn(0, "sinfo -h -o %t", &states);
-      return states.find("idle") != std::string::npos && states.find("idle*") == std::string::npos &&
-             states.find("unk") == std::string::npos && states.find("down") == std::string::npos;
-    }, 30s)) << dir_.Read("slurmctld.log");
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          std::string states;
+          RunOn(0, "sinfo -h -o %t", &states);
+          return states.find("idle") != std::string::npos && states.find("idle*") == std::string::npos &&
+                 states.find("unk") == std::string::npos && states.find("down") == std::string::npos;
+        },
+        30s))
+        << dir_.Read("slurmctld.log");
   }
   // A daemon creates its pid file before it writes the number in it: wait for the number.
   // 0 when none came within `within`.
@@ -127,7 +133,8 @@ class SlurmTest : public ::testing::Test {
   /// `srun ... ddprun args` (or `launcher ... ddprun args`) on host 0, in the background; its
   /// output in srun-<n>.out.
   AgentProcess& Srun(const std::string& job,
-                     std::vector<std::string> launcher = {"srun", "-N3", "--ntasks-per-node=1", "--job-name=ddprun-e2e"},
+                     std::vector<std::string> launcher = {"srun", "-N3", "--ntasks-per-node=1",
+                                                          "--job-name=ddprun-e2e"},
                      std::vector<std::string> args = {}) {
     std::vector<std::string> prefix = NsenterPrefix(0);
     prefix.insert(prefix.end(), launcher.begin(), launcher.end());
@@ -141,9 +148,10 @@ class SlurmTest : public ::testing::Test {
     // cluster.nodes in the reverse of SLURM's order: SLURM_NODEID 0 is gpu-01, which the job
     // file makes node 2 (and gpu-03, node 0, is where the coordinator listens).
     std::ostringstream t;
-    t << "version = 1\n[job]\nname = \"slurm\"\ncommand = [\"/bin/sh\", \"-c\", " << TomlString(script) << "]\n"
-      << "[cluster]\nnodes = [\"" << bed_->host(2).data_addr << "\", \"" << bed_->host(1).data_addr << "\", \""
-      << bed_->host(0).data_addr << "\"]\nmaster_port = " << kMasterPort << "\n"
+    t << "version = 1\n[job]\nname = \"slurm\"\ncommand = [\"/bin/sh\", \"-c\", " << TomlString(script)
+      << "]\n"
+      << "[cluster]\nnodes = [\"" << bed_->host(2).data_addr << "\", \"" << bed_->host(1).data_addr
+      << "\", \"" << bed_->host(0).data_addr << "\"]\nmaster_port = " << kMasterPort << "\n"
       << "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 3\n"
       << "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n";
     return t.str();
@@ -168,8 +176,12 @@ TEST_F(SlurmTest, SrunJobTakesNodeRanksFromHostNamesAndHidesTheTaskLayout) {
   AgentProcess& srun = Srun(job);
   ASSERT_EQ(srun.Wait(120s), 0) << srun.Output() << dir_.Read("slurmctld.log");
   const std::string out = srun.Output();
-  EXPECT_THAT(out, HasSubstr("SLURM_NODEID=0 is not used: this host (gpu-01) is cluster.nodes[2], so this is node 2"));
-  EXPECT_THAT(out, HasSubstr("SLURM_NODEID=2 is not used: this host (gpu-03) is cluster.nodes[0], so this is node 0"));
+  EXPECT_THAT(
+      out,
+      HasSubstr("SLURM_NODEID=0 is not used: this host (gpu-01) is cluster.nodes[2], so this is node 2"));
+  EXPECT_THAT(
+      out,
+      HasSubstr("SLURM_NODEID=2 is not used: this host (gpu-03) is cluster.nodes[0], so this is node 0"));
   EXPECT_THAT(out, HasSubstr("rank 0 group 0 on gpu-03"));
   EXPECT_THAT(out, HasSubstr("rank 5 group 2 on gpu-01"));
   EXPECT_THAT(out, Not(HasSubstr("cannot listen")));
@@ -192,9 +204,9 @@ TEST_F(SlurmTest, SrunJobTakesNodeRanksFromHostNamesAndHidesTheTaskLayout) {
 TEST_F(SlurmTest, SrunRunsARealTorchGlooJobAcrossTheAllocation) {
   if (!bed_) return;
   DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
-  const std::string job = bed_->Write(
-      "job.toml", JobText("exec /usr/bin/python3 " + std::string(DDPRUN_SOURCE_DIR) +
-                          "/examples/ddp_train.py --steps 3"));
+  const std::string job =
+      bed_->Write("job.toml", JobText("exec /usr/bin/python3 " + std::string(DDPRUN_SOURCE_DIR) +
+                                      "/examples/ddp_train.py --steps 3"));
   AgentProcess& srun = Srun(job);
   ASSERT_EQ(srun.Wait(180s), 0) << srun.Output() << dir_.Read("slurmctld.log");
   const std::string out = srun.Output();
@@ -208,34 +220,45 @@ TEST_F(SlurmTest, ScancelStopsEveryNodesWorkersWithinStopGrace) {
   const std::string job = bed_->Write(
       "job.toml", JobText("trap '' TERM; echo $$ > worker-$RANK.pid; while true; do sleep 0.2; done"));
   AgentProcess& srun = Srun(job);
-  ASSERT_TRUE(WaitFor([&] {
-    for (int r = 0; r < 6; ++r) {
-      if (bed_->Read(0, "worker-" + std::to_string(r) + ".pid").empty()) return false;
-    }
-    return true;
-  }, 60s)) << srun.Output();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int r = 0; r < 6; ++r) {
+          if (bed_->Read(0, "worker-" + std::to_string(r) + ".pid").empty()) return false;
+        }
+        return true;
+      },
+      60s))
+      << srun.Output();
   std::vector<pid_t> workers;
-  for (int r = 0; r < 6; ++r) workers.push_back(std::stoi(bed_->Read(0, "worker-" + std::to_string(r) + ".pid")));
+  for (int r = 0; r < 6; ++r)
+    workers.push_back(std::stoi(bed_->Read(0, "worker-" + std::to_string(r) + ".pid")));
   for (pid_t pid : workers) ASSERT_TRUE(ProcessAlive(pid));
   std::string output;
   const auto cancelled = std::chrono::steady_clock::now();
   ASSERT_EQ(RunOn(0, "scancel --name=ddprun-e2e", &output), 0) << output;
   // Workers that ignore SIGTERM: the agents SIGKILL them at stop_grace (3 s); SLURM's own
   // SIGKILL would come only after KillWait (10 s).
-  EXPECT_TRUE(WaitFor([&] {
-    for (pid_t pid : workers) {
-      if (ProcessAlive(pid)) return false;
-    }
-    return true;
-  }, 8s)) << srun.Output();
-  const auto stopped_in = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cancelled);
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (pid_t pid : workers) {
+          if (ProcessAlive(pid)) return false;
+        }
+        return true;
+      },
+      8s))
+      << srun.Output();
+  const auto stopped_in =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cancelled);
   EXPECT_LT(stopped_in, 8s);
   RecordProperty("workers_gone_after_scancel_ms", static_cast<int>(stopped_in.count()));
   ASSERT_TRUE(srun.Wait(30s).has_value());
   if (std::getenv("UP_DEBUG")) {
     std::cout << "workers gone " << stopped_in.count() << " ms after scancel; srun exited after "
-              << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - cancelled).count()
-              << " ms\n" << srun.Output();
+              << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                       cancelled)
+                     .count()
+              << " ms\n"
+              << srun.Output();
   }
   EXPECT_THAT(srun.Output(), HasSubstr("received SIGTERM"));
 }
@@ -251,14 +274,16 @@ TEST_F(SlurmTest, HostsFromSlurmTakesTheAllocationsHosts) {
   for (int i = 0; i < 3; ++i) bed_->SetHostsFile(i, hosts);
   const std::string job = bed_->Write(
       "job.toml",
-      "version = 1\n[job]\nname = \"alloc\"\ncommand = [\"/bin/sh\", \"-c\", \"echo rank $RANK of $WORLD_SIZE on "
+      "version = 1\n[job]\nname = \"alloc\"\ncommand = [\"/bin/sh\", \"-c\", \"echo rank $RANK of "
+      "$WORLD_SIZE on "
       "$(hostname) master $MASTER_ADDR\"]\n[cluster]\nhosts_from = \"slurm\"\nmaster_port = 29500\n"
       "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 3\n"
       "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n");
   std::string outside;
   EXPECT_EQ(RunOn(0, std::string(DDPRUN_BINARY) + " check " + job, &outside), 0) << outside;
-  EXPECT_THAT(outside, HasSubstr("not in a SLURM allocation (SLURM_JOB_NODELIST is not set): the hosts are known "
-                                 "only under srun or sbatch; shown here as 3 nodes without names"));
+  EXPECT_THAT(outside,
+              HasSubstr("not in a SLURM allocation (SLURM_JOB_NODELIST is not set): the hosts are known "
+                        "only under srun or sbatch; shown here as 3 nodes without names"));
 
   AgentProcess& check = Srun(job, {"salloc", "-N3", "--job-name=ddprun-e2e"}, {"check"});
   ASSERT_EQ(check.Wait(60s), 0) << check.Output();
@@ -278,18 +303,20 @@ TEST_F(SlurmTest, HostsFromSlurmTakesTheAllocationsHosts) {
 // at its address towards gpu-02 and every worker gets that as MASTER_ADDR.
 TEST_F(SlurmTest, HostsFromSlurmWorksOnStockHosts) {
   if (!bed_) return;
-  const std::string job = bed_->Write(
-      "job.toml",
-      "version = 1\n[job]\nname = \"stock\"\ncommand = [\"/bin/sh\", \"-c\", \"echo rank $RANK on $(hostname) "
-      "master $MASTER_ADDR\"]\n[cluster]\nhosts_from = \"slurm\"\nmaster_port = 29500\n"
-      "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 3\n"
-      "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n");
+  const std::string job =
+      bed_->Write("job.toml",
+                  "version = 1\n[job]\nname = \"stock\"\ncommand = [\"/bin/sh\", \"-c\", \"echo rank $RANK "
+                  "on $(hostname) "
+                  "master $MASTER_ADDR\"]\n[cluster]\nhosts_from = \"slurm\"\nmaster_port = 29500\n"
+                  "[trainer]\naccelerator = \"cpu\"\ndevices = 2\nnum_nodes = 3\n"
+                  "[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n");
   AgentProcess& srun = Srun(job);
   ASSERT_EQ(srun.Wait(120s), 0) << srun.Output();
   const std::string master = bed_->host(0).data_addr;
   EXPECT_THAT(srun.Output(), HasSubstr("rank 0 on gpu-01 master " + master));
   EXPECT_THAT(srun.Output(), HasSubstr("rank 5 on gpu-03 master " + master));
-  EXPECT_THAT(srun.Output(), HasSubstr("node 0 listens on " + master + " instead, this host's address towards gpu-02 "
+  EXPECT_THAT(srun.Output(), HasSubstr("node 0 listens on " + master +
+                                       " instead, this host's address towards gpu-02 "
                                        "(cluster.nodes[1])"));
 }
 
@@ -299,19 +326,22 @@ TEST_F(SlurmTest, HostsFromSlurmWorksOnStockHosts) {
 TEST_F(SlurmTest, KillOnBadExitEndsTheStepWhenANodeCannotStart) {
   if (!bed_) return;
   std::string pid_text;
-  ASSERT_EQ(RunOn(0,
-                  "python3 -c \"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); "
-                  "time.sleep(120)\" >/dev/null 2>&1 & echo $!",
-                  &pid_text),
-            0)
+  ASSERT_EQ(
+      RunOn(0,
+            "python3 -c \"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); "
+            "time.sleep(120)\" >/dev/null 2>&1 & echo $!",
+            &pid_text),
+      0)
       << pid_text;
   const pid_t holder = std::stoi(pid_text);
   holder_pid_ = holder;
-  ASSERT_TRUE(WaitFor([&] {
-    std::string out;
-    RunOn(0, "ss -ltn 'sport = :29500' | tail -n +2", &out);
-    return !out.empty();
-  }, 10s));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::string out;
+        RunOn(0, "ss -ltn 'sport = :29500' | tail -n +2", &out);
+        return !out.empty();
+      },
+      10s));
   const std::string job = bed_->Write(
       "job.toml",
       "version = 1\n[job]\nname = \"bad\"\ncommand = [\"true\"]\n[cluster]\nhosts_from = \"slurm\"\n"
@@ -342,11 +372,14 @@ TEST_F(SlurmTest, InitSlurmWritesAnSbatchScriptThatRuns) {
   ::chmod((bed_->HomeOf(0) + "/work.sh").c_str(), 0755);
   const std::string ddprun_dir = std::filesystem::path(DDPRUN_BINARY).parent_path().string();
   std::string output;
-  ASSERT_EQ(RunOn(0, std::string(DDPRUN_BINARY) + " init --slurm --nnodes 3 --gpus 0 --script ./work.sh --name bed",
-                  &output),
-            0)
+  ASSERT_EQ(
+      RunOn(0, std::string(DDPRUN_BINARY) + " init --slurm --nnodes 3 --gpus 0 --script ./work.sh --name bed",
+            &output),
+      0)
       << output;
-  EXPECT_THAT(output, HasSubstr("wrote job.toml and job.sbatch; next: ddprun check job.toml, then sbatch job.sbatch"));
+  EXPECT_THAT(
+      output,
+      HasSubstr("wrote job.toml and job.sbatch; next: ddprun check job.toml, then sbatch job.sbatch"));
   const std::string script = bed_->Read(0, "job.sbatch");
   EXPECT_THAT(script, HasSubstr("#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=1"));
   EXPECT_THAT(bed_->Read(0, "job.toml"), HasSubstr("hosts_from = \"slurm\""));
@@ -354,7 +387,8 @@ TEST_F(SlurmTest, InitSlurmWritesAnSbatchScriptThatRuns) {
       << output << dir_.Read("slurmctld.log");
   std::string batch_output;
   for (const auto& entry : std::filesystem::directory_iterator(bed_->HomeOf(0))) {
-    if (entry.path().filename().string().starts_with("bed-")) batch_output = bed_->Read(0, entry.path().filename());
+    if (entry.path().filename().string().starts_with("bed-"))
+      batch_output = bed_->Read(0, entry.path().filename());
   }
   EXPECT_THAT(batch_output, HasSubstr("rank 0 of 3 on gpu-01 args --lr 0.1"));
   EXPECT_THAT(batch_output, HasSubstr("rank 2 of 3 on gpu-03 args --lr 0.1"));
@@ -366,15 +400,19 @@ TEST_F(SlurmTest, InitSlurmWritesAnSbatchScriptThatRuns) {
 TEST_F(SlurmTest, ListedHostsThatAreNotTheAllocationsAreAnError) {
   if (!bed_) return;
   const std::string job = bed_->Write(
-      "job.toml", "version = 1\n[job]\nname = \"other\"\ncommand = [\"/bin/sh\", \"-c\", \"echo worker-ran\"]\n"
-                  "[cluster]\nnodes = [\"" + bed_->host(0).data_addr + "\", \"" + bed_->host(1).data_addr +
-                  "\", \"192.0.2.50\"]\nmaster_port = 29500\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\n"
-                  "num_nodes = 3\n");
+      "job.toml",
+      "version = 1\n[job]\nname = \"other\"\ncommand = [\"/bin/sh\", \"-c\", \"echo worker-ran\"]\n"
+      "[cluster]\nnodes = [\"" +
+          bed_->host(0).data_addr + "\", \"" + bed_->host(1).data_addr +
+          "\", \"192.0.2.50\"]\nmaster_port = 29500\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\n"
+          "num_nodes = 3\n");
   AgentProcess& srun = Srun(job);
   ASSERT_TRUE(srun.Wait(60s).has_value());
-  EXPECT_THAT(srun.Output(), HasSubstr("ddprun: error: the SLURM allocation's hosts (gpu-01, gpu-02, gpu-03) are not "
-                                       "the job file's (cluster.nodes [" + bed_->host(0).data_addr + ", " +
-                                       bed_->host(1).data_addr + ", 192.0.2.50]): gpu-03 is not in the job file"));
+  EXPECT_THAT(srun.Output(),
+              HasSubstr("ddprun: error: the SLURM allocation's hosts (gpu-01, gpu-02, gpu-03) are not "
+                        "the job file's (cluster.nodes [" +
+                        bed_->host(0).data_addr + ", " + bed_->host(1).data_addr +
+                        ", 192.0.2.50]): gpu-03 is not in the job file"));
   EXPECT_THAT(srun.Output(), Not(HasSubstr("worker-ran")));
 }
 

@@ -141,11 +141,13 @@ TEST_F(SparesTest, TheSpareTakesTheRankOfANodeKilledForGood) {
     EXPECT_EQ(env.at("LOCAL_RANK"), std::to_string(rank - 2));
     EXPECT_EQ(env.at("NODE_RANK"), "1");
     EXPECT_EQ(env.at("GROUP_RANK"), "1");
-    EXPECT_EQ(std::stoi(dir_.Read("ppid-" + std::to_string(rank))), agent(2).pid()) << "not the spare's worker";
+    EXPECT_EQ(std::stoi(dir_.Read("ppid-" + std::to_string(rank))), agent(2).pid())
+        << "not the spare's worker";
   }
   for (int rank : {0, 2}) {
-    EXPECT_THAT(agent(rank).Output(),
-                HasSubstr("job \"spares\" succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"))
+    EXPECT_THAT(
+        agent(rank).Output(),
+        HasSubstr("job \"spares\" succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"))
         << Describe();
   }
 }
@@ -169,10 +171,9 @@ TEST_F(SparesTest, ASpareThatIsNeverNeededEndsWithTheJob) {
 TEST_F(SparesTest, ADdpJobResumesFromItsCheckpointOnTheSpare) {
   DDPRUN_REQUIRE_OR_SKIP("torch", test::TorchAvailable(), test::kTorchMissing);
   // The shell execs Python, so the pid it writes is the worker's.
-  const std::string script =
-      "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; exec /usr/bin/python3 " +
-      std::string(DDPRUN_SOURCE_DIR) +
-      "/examples/ddp_train.py --steps 15 --step-time 0.3 --checkpoint-dir checkpoints";
+  const std::string script = "echo $$ > pid-$RANK-$TORCHELASTIC_RESTART_COUNT; exec /usr/bin/python3 " +
+                             std::string(DDPRUN_SOURCE_DIR) +
+                             "/examples/ddp_train.py --steps 15 --step-time 0.3 --checkpoint-dir checkpoints";
   // A heartbeat of 500 ms: four Python processes importing torch on two cores starve agents.
   ASSERT_NO_FATAL_FAILURE(StartAll(SpareJob(FreePort(), script, "500ms")));
   // Rank 0 prints every fifth step: the job is mid-training, with checkpoints to resume from,
@@ -185,18 +186,21 @@ TEST_F(SparesTest, ADdpJobResumesFromItsCheckpointOnTheSpare) {
   // Every rank of round 1 loaded the same checkpoint, from a step after the first.
   std::smatch resumed;
   const std::string out0 = agent(0).Output();
-  ASSERT_TRUE(std::regex_search(out0, resumed, std::regex("rank 0: resumed from step ([0-9]+)"))) << Describe();
+  ASSERT_TRUE(std::regex_search(out0, resumed, std::regex("rank 0: resumed from step ([0-9]+)")))
+      << Describe();
   const std::string step = resumed[1];
   EXPECT_GT(std::stoi(step), 0) << Describe();
   EXPECT_THAT(out0, HasSubstr("rank 1: resumed from step " + step + "\n")) << Describe();
   for (const char* rank : {"2", "3"}) {
-    EXPECT_THAT(agent(2).Output(), HasSubstr("rank " + std::string(rank) + ": resumed from step " + step + "\n"))
+    EXPECT_THAT(agent(2).Output(),
+                HasSubstr("rank " + std::string(rank) + ": resumed from step " + step + "\n"))
         << Describe();
   }
   EXPECT_THAT(agent(0).Output(), HasSubstr("done: 4 ranks, all_reduce ok")) << Describe();
   for (int rank : {0, 2}) {
-    EXPECT_THAT(agent(rank).Output(),
-                HasSubstr("job \"spares\" succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"))
+    EXPECT_THAT(
+        agent(rank).Output(),
+        HasSubstr("job \"spares\" succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"))
         << Describe();
   }
 }

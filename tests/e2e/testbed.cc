@@ -28,7 +28,6 @@ long ReadLong(const char* path) {
 
 void WriteLong(const char* path, long value) { std::ofstream(path) << value << "\n"; }
 
-
 constexpr const char* kNamePrefix = "ddprun-tb";
 // Every bed uses the same subnets: each lives in namespaces of its own, which nothing routes
 // into, so two beds (parallel test processes) never meet. 10.213 and 10.214 are NetnsPair's.
@@ -120,7 +119,8 @@ std::vector<std::string> Testbed::AllNamespaces() {
 
 std::unique_ptr<Testbed> Testbed::Create(const TestbedOptions& options, std::string* why) {
   if (::geteuid() != 0) {
-    *why = "the multi-host test bed needs root (network, UTS and mount namespaces); run the e2e tests as root";
+    *why =
+        "the multi-host test bed needs root (network, UTS and mount namespaces); run the e2e tests as root";
     return nullptr;
   }
   for (const char* tool : {"ip", "unshare", "mount", "hostname"}) {
@@ -187,20 +187,20 @@ std::unique_ptr<Testbed> Testbed::Create(const TestbedOptions& options, std::str
     host.data_addr = kDataNet + std::to_string(i + 1);
     const std::string& ns = host.netns;
     const std::string mgmt_peer = "m" + std::to_string(i), data_peer = "h" + std::to_string(i);
-    const bool made =
-        add_namespace(ns) &&
-        // The management NIC first: its peer sits alone in the dead-end namespace, carrier up,
-        // bridged to nothing, so its subnet looks alive and reaches no other host.
-        step("ip -n " + ns + " link add " + host.mgmt_if + " type veth peer name " + mgmt_peer + " netns " +
-             dead_end) &&
-        step("ip -n " + dead_end + " link set " + mgmt_peer + " up") &&
-        step("ip -n " + ns + " addr add " + host.mgmt_addr + "/24 dev " + host.mgmt_if) &&
-        step("ip -n " + ns + " link set " + host.mgmt_if + " up") &&
-        step("ip -n " + ns + " link add " + host.data_if + " type veth peer name " + data_peer + " netns " + sw) &&
-        step("ip -n " + sw + " link set " + data_peer + " master br0") &&
-        step("ip -n " + sw + " link set " + data_peer + " up") &&
-        step("ip -n " + ns + " addr add " + host.data_addr + "/24 dev " + host.data_if) &&
-        step("ip -n " + ns + " link set " + host.data_if + " up");
+    const bool made = add_namespace(ns) &&
+                      // The management NIC first: its peer sits alone in the dead-end namespace, carrier up,
+                      // bridged to nothing, so its subnet looks alive and reaches no other host.
+                      step("ip -n " + ns + " link add " + host.mgmt_if + " type veth peer name " + mgmt_peer +
+                           " netns " + dead_end) &&
+                      step("ip -n " + dead_end + " link set " + mgmt_peer + " up") &&
+                      step("ip -n " + ns + " addr add " + host.mgmt_addr + "/24 dev " + host.mgmt_if) &&
+                      step("ip -n " + ns + " link set " + host.mgmt_if + " up") &&
+                      step("ip -n " + ns + " link add " + host.data_if + " type veth peer name " + data_peer +
+                           " netns " + sw) &&
+                      step("ip -n " + sw + " link set " + data_peer + " master br0") &&
+                      step("ip -n " + sw + " link set " + data_peer + " up") &&
+                      step("ip -n " + ns + " addr add " + host.data_addr + "/24 dev " + host.data_if) &&
+                      step("ip -n " + ns + " link set " + host.data_if + " up");
     if (!made) return nullptr;
     std::filesystem::create_directories(bed->root_ + "/disk-" + std::to_string(i));
     bed->hosts_.push_back(host);
@@ -265,11 +265,24 @@ std::vector<std::string> Testbed::Prefix(int i) const {
   const TestHost& h = host(i);
   // `ip netns exec` enters the network namespace; unshare gives the program a host name and
   // mounts of its own (private: nothing propagates back to this machine's /etc/hosts).
-  return {"ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "--propagation", "private",
-          "sh", "-c",
+  return {"ip",
+          "netns",
+          "exec",
+          h.netns,
+          "unshare",
+          "--uts",
+          "--mount",
+          "--propagation",
+          "private",
+          "sh",
+          "-c",
           "hostname \"$1\" && mount --bind \"$2\" /etc/hosts && mount --bind \"$3\" \"$4\" && cd \"$4\" && "
           "shift 4 && exec \"$@\"",
-          "sh", h.name, root_ + "/hosts-" + std::to_string(i), HomeOf(i), home_};
+          "sh",
+          h.name,
+          root_ + "/hosts-" + std::to_string(i),
+          HomeOf(i),
+          home_};
 }
 
 int Testbed::Run(int i, const std::string& command, std::string* output) const {
@@ -286,7 +299,8 @@ bool Testbed::AddInputRule(int i, const std::string& rule) const {
 bool Testbed::AcceptTcpOnly(int i, const std::vector<uint16_t>& ports) const {
   bool ok = AddInputRule(i, "-i lo -j ACCEPT") &&
             AddInputRule(i, "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT");
-  for (uint16_t port : ports) ok = ok && AddInputRule(i, "-p tcp --dport " + std::to_string(port) + " -j ACCEPT");
+  for (uint16_t port : ports)
+    ok = ok && AddInputRule(i, "-p tcp --dport " + std::to_string(port) + " -j ACCEPT");
   return ok && AddInputRule(i, "-p tcp -j DROP");
 }
 

@@ -99,7 +99,7 @@ class Testbed {
   std::string home_;
   bool shared_home_ = false;
   std::vector<TestHost> hosts_;
-  std::vector<std::string> namespaces_;  // made so far, for the destructor
+  std::vector<std::string> namespaces_;         // made so far, for the destructor
   std::pair<long, long> arp_thresholds_{0, 0};  // gc_thresh2 and 3 as found, when the bed raised them
 };
 

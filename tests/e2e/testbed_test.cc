@@ -82,8 +82,8 @@ TEST_F(TestbedTest, HostsHaveTheirOwnNamesStockHostsFilesAndTwoNics) {
     EXPECT_THAT(out, StartsWith(next.data_addr + " "));
     // The management NIC comes first in the interface list, then the data NIC.
     bed_->Run(h.index, "ip -o -4 addr show | awk '{print $2, $4}'", &out);
-    EXPECT_EQ(out, "lo 127.0.0.1/8\n" + h.mgmt_if + " " + h.mgmt_addr + "/24\n" + h.data_if + " " + h.data_addr +
-                       "/24\n");
+    EXPECT_EQ(out, "lo 127.0.0.1/8\n" + h.mgmt_if + " " + h.mgmt_addr + "/24\n" + h.data_if + " " +
+                       h.data_addr + "/24\n");
   }
   EXPECT_NE(bed_->host(0).data_if, bed_->host(1).data_if) << "interface names differ between hosts";
   // This machine's own names are untouched.
@@ -142,13 +142,14 @@ TEST_F(TestbedTest, LeavesNoNamespaceOrInterfaceBehind) {
                           [](const std::string& ns) {
                             return ns.find("-" + std::to_string(::getpid()) + "-") != std::string::npos;
                           }),
-            5);  // three hosts, the switch and the management dead end
+            5);     // three hosts, the switch and the management dead end
   Listen(0, 7001);  // a program still running on a host does not keep the bed alive
   bed_.reset();
   ASSERT_EQ(ShellOutput("ip -o link show | awk '{print $2}'", &links_after), 0);
   EXPECT_EQ(links_after, links_before) << "this machine's own interfaces";
   const auto after = Testbed::AllNamespaces();
-  for (const std::string& ns : after) EXPECT_EQ(ns.find("-" + std::to_string(::getpid()) + "-"), std::string::npos) << ns;
+  for (const std::string& ns : after)
+    EXPECT_EQ(ns.find("-" + std::to_string(::getpid()) + "-"), std::string::npos) << ns;
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ TEST(TorchTest, DdpTrainsThroughTheRelayAndAgainAfterAForcedRestart) {
   const std::string job = dir.Write("job.toml", R"(version = 1
 [job]
 name = "torch-e2e"
-command = ["/usr/bin/python3", ")" + std::string(DDPRUN_SOURCE_DIR) + R"(/examples/ddp_train.py",
+command = ["/usr/bin/python3", ")" + std::string(DDPRUN_SOURCE_DIR) +
+                                                    R"(/examples/ddp_train.py",
            "--steps", "6", "--fail-rank", "3", "--fail-attempt", "0", "--result-dir", "results"]
 env = { GLOO_SOCKET_IFNAME = "lo" }
 [cluster]
@@ -90,9 +91,8 @@ std::vector<std::string> SplitLines(const std::string& text) {
 }
 
 size_t CountStartingWith(const std::vector<std::string>& lines, const std::string& prefix) {
-  return static_cast<size_t>(std::count_if(lines.begin(), lines.end(), [&](const std::string& line) {
-    return line.rfind(prefix, 0) == 0;
-  }));
+  return static_cast<size_t>(std::count_if(
+      lines.begin(), lines.end(), [&](const std::string& line) { return line.rfind(prefix, 0) == 0; }));
 }
 
 // Rank 3 raises; its peers lose it in a collective and print gloo tracebacks of their own. Each
@@ -103,7 +103,8 @@ TEST(TorchTest, ThePeersErrorsCollapseToOneLinePerNodeAndTheLogsKeepEveryLine) {
   ScratchDir dir;
   TestJob job;
   job.name = "torch-console";
-  job.command = "[\"/usr/bin/python3\", " + TomlString(std::string(DDPRUN_SOURCE_DIR) + "/examples/ddp_train.py") +
+  job.command = "[\"/usr/bin/python3\", " +
+                TomlString(std::string(DDPRUN_SOURCE_DIR) + "/examples/ddp_train.py") +
                 ", \"--steps\", \"3\", \"--fail-rank\", \"3\", \"--fail-attempt\", \"0\"]";
   job.master_port = FreePort();
   job.max_restarts = 1;
@@ -145,8 +146,8 @@ TEST(TorchTest, ThePeersErrorsCollapseToOneLinePerNodeAndTheLogsKeepEveryLine) {
       const std::string prefix = "[n" + std::to_string(node) + " r" + std::to_string(rank) + "] ";
       shown += CountStartingWith(lines, prefix);
       for (int attempt = 0; attempt < 2; ++attempt) {
-        const std::string log = dir.Read(logs + "attempt-" + std::to_string(attempt) + "/rank-" +
-                                         std::to_string(rank) + ".log");
+        const std::string log =
+            dir.Read(logs + "attempt-" + std::to_string(attempt) + "/rank-" + std::to_string(rank) + ".log");
         logged += SplitLines(log).size();
         if (attempt != 0) continue;
         if (rank == 3) {

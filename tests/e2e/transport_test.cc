@@ -1,18 +1,18 @@
 // The real transport (runner/io/asio_transport) in this process, where the test controls
 // RLIMIT_NOFILE: accepting when descriptors run out must back off, not spin.
 
+#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <string>
 #include <vector>
 
-#include <boost/asio/io_context.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 #include "runner/io/asio_transport.h"
 #include "tests/e2e/harness.h"
@@ -81,8 +81,9 @@ TEST(TransportTest, AcceptBacksOffWhenDescriptorsRunOut) {
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
   ASSERT_EQ(::write(go[1], "x", 1), 1);
 
-  const std::string expected = "cannot accept connections on the master port: Too many open files (RLIMIT_NOFILE " +
-                               std::to_string(low.rlim_cur) + "); keeping at most 16 connections from now on";
+  const std::string expected =
+      "cannot accept connections on the master port: Too many open files (RLIMIT_NOFILE " +
+      std::to_string(low.rlim_cur) + "); keeping at most 16 connections from now on";
   for (int i = 0; i < 200 && warnings.empty(); ++i) io.run_for(50ms);
   const double before = CpuSeconds();
   io.run_for(1s);

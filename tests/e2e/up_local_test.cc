@@ -35,22 +35,25 @@ class UpLocalTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // The stand-in: whatever options and host it is given, it runs the remote line here.
-    const std::string ssh = dir_.Write("fake-ssh", "#!/bin/sh\nfor last; do :; done\nexec /bin/sh -c \"$last\"\n");
+    const std::string ssh =
+        dir_.Write("fake-ssh", "#!/bin/sh\nfor last; do :; done\nexec /bin/sh -c \"$last\"\n");
     ::chmod(ssh.c_str(), 0755);
     env_ = {{"DDPRUN_SSH_COMMAND", ssh}, {"DDPRUN_NODE_RANK", ""}};
-    job_ = dir_.Write("job.toml", "version = 1\n[job]\nname = \"loc\"\ncommand = [\"/bin/sh\", \"-c\", "
-                                  "\"echo worker $RANK; exec sleep 300\"]\n"
-                                  "[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_addr = \"127.0.0.1\"\nmaster_port = " +
-                                      std::to_string(FreePort()) +
-                                      "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 1\n"
-                                      "[timeouts]\nstop_grace = \"2s\"\nheartbeat = \"500ms\"\n");
+    job_ = dir_.Write("job.toml",
+                      "version = 1\n[job]\nname = \"loc\"\ncommand = [\"/bin/sh\", \"-c\", "
+                      "\"echo worker $RANK; exec sleep 300\"]\n"
+                      "[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_addr = \"127.0.0.1\"\nmaster_port = " +
+                          std::to_string(FreePort()) +
+                          "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 1\n"
+                          "[timeouts]\nstop_grace = \"2s\"\nheartbeat = \"500ms\"\n");
     state_ = dir_.path() + "/logs/loc";
   }
   void TearDown() override {
     for (pid_t pid : victims_) ::kill(pid, SIGKILL);
   }
   /// `ddprun args...` with the stand-in, to its end.
-  std::pair<int, std::string> Run(std::vector<std::string> args, const std::vector<std::string>& prefix = {}) {
+  std::pair<int, std::string> Run(std::vector<std::string> args,
+                                  const std::vector<std::string>& prefix = {}) {
     args.push_back("--remote-ddprun");
     args.push_back(DDPRUN_BINARY);
     AgentProcess process(args, dir_.path() + "/out-" + std::to_string(++runs_), env_, prefix);
@@ -66,8 +69,8 @@ class UpLocalTest : public ::testing::Test {
       ::_exit(127);
     }
     victims_.push_back(pid);
-    EXPECT_TRUE(WaitFor([&] { return fs::read_symlink("/proc/" + std::to_string(pid) + "/exe").filename() == "sleep"; },
-                        5s));
+    EXPECT_TRUE(WaitFor(
+        [&] { return fs::read_symlink("/proc/" + std::to_string(pid) + "/exe").filename() == "sleep"; }, 5s));
     return pid;
   }
   /// A pid file as an attacker who read /proc would write it: the victim's true start time and
@@ -94,7 +97,8 @@ TEST_F(UpLocalTest, ADetachedJobIsStartedFoundAndStoppedByDdprunOnTheHost) {
   auto [up_code, up] = Run({"up", job_, "--detach"});
   ASSERT_EQ(up_code, 0) << up;
   EXPECT_THAT(up, HasSubstr("127.0.0.1 (node 0): agent started, pid "));
-  ASSERT_TRUE(WaitFor([&] { return dir_.Read("logs/loc/up-n0.console").find("worker 0") != std::string::npos; }, 30s))
+  ASSERT_TRUE(
+      WaitFor([&] { return dir_.Read("logs/loc/up-n0.console").find("worker 0") != std::string::npos; }, 30s))
       << dir_.Read("logs/loc/up-n0.console");
   auto [status_code, status] = Run({"status", job_});
   EXPECT_EQ(status_code, 0) << status;
@@ -127,11 +131,12 @@ TEST_F(UpLocalTest, DownNeverSignalsAProcessThatAPlantedPidFileNames) {
   EXPECT_THAT(status, HasSubstr("its pid file names a process that is not the agent"));
   auto [down_code, down] = Run({"down", job_});
   EXPECT_EQ(down_code, 1) << down;
-  EXPECT_THAT(down, HasSubstr("127.0.0.1 (node 0): not stopped: its pid file names a process that is not the agent "
-                              "`ddprun up --detach` started (pid " +
-                              std::to_string(victim) +
-                              " does not carry the launch token of the agent that was started); nothing was "
-                              "signalled"));
+  EXPECT_THAT(down,
+              HasSubstr("127.0.0.1 (node 0): not stopped: its pid file names a process that is not the agent "
+                        "`ddprun up --detach` started (pid " +
+                        std::to_string(victim) +
+                        " does not carry the launch token of the agent that was started); nothing was "
+                        "signalled"));
   std::this_thread::sleep_for(200ms);
   EXPECT_TRUE(ProcessAlive(victim));
 
@@ -195,7 +200,8 @@ TEST_F(UpLocalTest, LinksPlantedUnderThePidAndConsoleNamesAreReplacedNotWrittenT
   fs::create_symlink(console_target, state_ + "/up-n0.console");
   auto [up_code, up] = Run({"up", job_, "--detach"});
   ASSERT_EQ(up_code, 0) << up;
-  ASSERT_TRUE(WaitFor([&] { return dir_.Read("logs/loc/up-n0.console").find("worker 0") != std::string::npos; }, 30s));
+  ASSERT_TRUE(WaitFor(
+      [&] { return dir_.Read("logs/loc/up-n0.console").find("worker 0") != std::string::npos; }, 30s));
   EXPECT_EQ(dir_.Read("victim-pid"), "precious\n");
   EXPECT_EQ(dir_.Read("victim-console"), "precious\n");
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(state_ + "/up-n0.pid")));
@@ -214,28 +220,32 @@ class UpEarlyExitTest : public UpLocalTest {
   /// started (the line `up` reads) and exit 3; the others run ddprun, its stdout copied into
   /// agent-K.out.
   std::string WrapperPath() {
-    const std::string path = dir_.Write(
-        "ddprun-wrapper",
-        "#!/bin/bash\nreal=" + std::string(DDPRUN_BINARY) + "\ndir=" + dir_.path() +
-            "\nif [ \"$1\" != run ]; then exec \"$real\" \"$@\"; fi\n"
-            "rank=; prev=; for a; do [ \"$prev\" = --node-rank ] && rank=$a; prev=$a; done\n"
-            "if [ -e \"$dir/fail-after-start-$rank\" ]; then printf '\\036ddprun-up: job-started\\n'; sleep 1; "
-            "echo 'ddprun: error: made up for the test' >&2; exit 3; fi\n"
-            "exec > >(tee -a \"$dir/agent-$rank.out\")\nexec \"$real\" \"$@\"\n");
+    const std::string path =
+        dir_.Write("ddprun-wrapper",
+                   "#!/bin/bash\nreal=" + std::string(DDPRUN_BINARY) + "\ndir=" + dir_.path() +
+                       "\nif [ \"$1\" != run ]; then exec \"$real\" \"$@\"; fi\n"
+                       "rank=; prev=; for a; do [ \"$prev\" = --node-rank ] && rank=$a; prev=$a; done\n"
+                       "if [ -e \"$dir/fail-after-start-$rank\" ]; then printf '\\036ddprun-up: "
+                       "job-started\\n'; sleep 1; "
+                       "echo 'ddprun: error: made up for the test' >&2; exit 3; fi\n"
+                       "exec > >(tee -a \"$dir/agent-$rank.out\")\nexec \"$real\" \"$@\"\n");
     ::chmod(path.c_str(), 0755);
     return path;
   }
   std::string TwoNodeJob(uint16_t port, const std::string& rendezvous) {
-    return dir_.Write("two.toml", "version = 1\n[job]\nname = \"two\"\ncommand = [\"/bin/sh\", \"-c\", \"exec sleep 300\"]\n"
-                                  "[cluster]\nnodes = [\"127.0.0.1\", \"127.0.0.2\"]\nmaster_addr = \"127.0.0.1\"\n"
-                                  "master_port = " + std::to_string(port) +
-                                      "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
-                                      "[timeouts]\nrendezvous = \"" + rendezvous +
-                                      "\"\nstop_grace = \"2s\"\nheartbeat = \"500ms\"\n");
+    return dir_.Write(
+        "two.toml",
+        "version = 1\n[job]\nname = \"two\"\ncommand = [\"/bin/sh\", \"-c\", \"exec sleep 300\"]\n"
+        "[cluster]\nnodes = [\"127.0.0.1\", \"127.0.0.2\"]\nmaster_addr = \"127.0.0.1\"\n"
+        "master_port = " +
+            std::to_string(port) +
+            "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = 2\n"
+            "[timeouts]\nrendezvous = \"" +
+            rendezvous + "\"\nstop_grace = \"2s\"\nheartbeat = \"500ms\"\n");
   }
   std::pair<int, std::string> Up(const std::string& job) {
-    AgentProcess process({"up", job, "--remote-ddprun", WrapperPath()}, dir_.path() + "/up-" + std::to_string(++runs_),
-                         env_);
+    AgentProcess process({"up", job, "--remote-ddprun", WrapperPath()},
+                         dir_.path() + "/up-" + std::to_string(++runs_), env_);
     const auto code = process.Wait(60s);
     return {code.value_or(-1), process.Output()};
   }
@@ -259,10 +269,12 @@ TEST_F(UpEarlyExitTest, AnAgentThatCannotStartEndsTheOthersAtOnceWithItsReason) 
   ::close(holder);
   EXPECT_EQ(code, 3) << out;
   EXPECT_LT(took, 20s) << out;  // not the 60 s rendezvous timeout
-  EXPECT_THAT(out, HasSubstr("ddprun up: 127.0.0.1 (node 0) exited 3 before the job started; stopping the other "
-                             "agents\n"));
-  EXPECT_THAT(out, HasSubstr("ddprun up: the job did not start: 127.0.0.1 (node 0) exited 3: ddprun cannot start "
-                             "node 0's coordinator: "));
+  EXPECT_THAT(out,
+              HasSubstr("ddprun up: 127.0.0.1 (node 0) exited 3 before the job started; stopping the other "
+                        "agents\n"));
+  EXPECT_THAT(out,
+              HasSubstr("ddprun up: the job did not start: 127.0.0.1 (node 0) exited 3: ddprun cannot start "
+                        "node 0's coordinator: "));
   // Node 1 had joined and waited; it was asked to stop.
   EXPECT_THAT(out, HasSubstr("127.0.0.2 | [ddprun "));
   EXPECT_THAT(out, HasSubstr("n1] warning: received SIGTERM; stopping the job on every node"));
@@ -274,22 +286,23 @@ TEST_F(UpEarlyExitTest, OnceTheJobStartedAnAgentsExitIsLeftToTheJob) {
   auto [code, out] = Up(job);
   EXPECT_EQ(code, 3) << out;
   EXPECT_THAT(out, Not(HasSubstr("stopping the other agents")));
-  EXPECT_THAT(out, Not(HasSubstr("job-started")));  // the line for `up` is not shown
+  EXPECT_THAT(out, Not(HasSubstr("job-started")));   // the line for `up` is not shown
   EXPECT_THAT(out, HasSubstr("rendezvous failed"));  // node 0 waited for node 1 as the job says
 }
 
 // A real agent that runs the coordinator says when the first round started, once, on stdout.
 TEST_F(UpEarlyExitTest, TheCoordinatorsAgentSaysWhenTheFirstRoundStarted) {
-  const std::string job = dir_.Write("one.toml", "version = 1\n[job]\nname = \"one\"\ncommand = [\"true\"]\n"
-                                                 "[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_port = " +
-                                                     std::to_string(FreePort()) +
-                                                     "\n[restart]\nmax_restarts = 0\n");
+  const std::string job = dir_.Write("one.toml",
+                                     "version = 1\n[job]\nname = \"one\"\ncommand = [\"true\"]\n"
+                                     "[cluster]\nnodes = [\"127.0.0.1\"]\nmaster_port = " +
+                                         std::to_string(FreePort()) + "\n[restart]\nmax_restarts = 0\n");
   auto [code, out] = Up(job);
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("job-started")));
   const std::string agent = dir_.Read("agent-0.out");
   EXPECT_EQ(std::count(agent.begin(), agent.end(), '\x1e'), 1) << agent;
-  EXPECT_THAT(agent, HasSubstr("\x1e" "ddprun-up: job-started\n"));
+  EXPECT_THAT(agent, HasSubstr("\x1e"
+                               "ddprun-up: job-started\n"));
 }
 
 }  // namespace

@@ -48,7 +48,8 @@ class UpTest : public ::testing::Test {
  protected:
   void MakeBed(std::vector<SshHost> hosts, bool shared_home = true) {
     if (::access("/usr/sbin/sshd", X_OK) != 0) {
-      DDPRUN_REQUIRE_OR_SKIP("sshd", false, "/usr/sbin/sshd is not installed (openssh-server, scripts/install-deps.sh)");
+      DDPRUN_REQUIRE_OR_SKIP("sshd", false,
+                             "/usr/sbin/sshd is not installed (openssh-server, scripts/install-deps.sh)");
       return;
     }
     TestbedOptions options;
@@ -67,9 +68,10 @@ class UpTest : public ::testing::Test {
     ASSERT_EQ(Shell("ssh-keygen -q -t ed25519 -N '' -f " + keys + "/client_key"), 0);
     dir_.Write("authorized_keys", dir_.Read("client_key.pub"));
     dir_.Write("nobody_keys", "");
-    dir_.Write("ssh_config",
-               "Host *\n  Port 22\n  User root\n  IdentityFile " + keys +
-                   "/client_key\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n");
+    dir_.Write(
+        "ssh_config",
+        "Host *\n  Port 22\n  User root\n  IdentityFile " + keys +
+            "/client_key\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n");
     const std::string ddprun_dir = std::filesystem::path(DDPRUN_BINARY).parent_path().string();
     for (size_t i = 0; i < hosts.size(); ++i) {
       const SshHost& h = hosts[i];
@@ -92,10 +94,11 @@ class UpTest : public ::testing::Test {
       }
       if (!h.started) continue;
       std::string output;
-      ASSERT_EQ(bed_->Run(static_cast<int>(i), "/usr/sbin/sshd -f " + keys + "/sshd_config" + n + " -E " + keys +
-                                                   "/sshd" + n + ".log",
-                          &output),
-                0)
+      ASSERT_EQ(
+          bed_->Run(static_cast<int>(i),
+                    "/usr/sbin/sshd -f " + keys + "/sshd_config" + n + " -E " + keys + "/sshd" + n + ".log",
+                    &output),
+          0)
           << output;
       const pid_t sshd = WaitForPidFile(dir_, "sshd" + n + ".pid", 5s);
       ASSERT_GT(sshd, 0) << dir_.Read("sshd" + n + ".log");
@@ -117,8 +120,9 @@ class UpTest : public ::testing::Test {
     std::ostringstream t;
     t << "version = 1\n[job]\nname = \"up\"\ncommand = [\"/bin/sh\", \"-c\", " << TomlString(script) << "]\n"
       << "[cluster]\nnodes = [" << nodes << "]\nmaster_addr = \"" << bed_->host(0).data_addr << "\"\n"
-      << "master_port = " << kMasterPort << "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = "
-      << num_nodes << "\n[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n";
+      << "master_port = " << kMasterPort
+      << "\n[trainer]\naccelerator = \"cpu\"\ndevices = 1\nnum_nodes = " << num_nodes
+      << "\n[timeouts]\nrendezvous = \"30s\"\nheartbeat = \"500ms\"\nstop_grace = \"3s\"\n";
     return t.str();
   }
   /// `ddprun up args...` on host 0, as a user there would type it, with the test's ssh config.
@@ -165,9 +169,9 @@ class UpTest : public ::testing::Test {
   void RunToTheEnd(int hosts) {
     MakeBed(std::vector<SshHost>(static_cast<size_t>(hosts)));
     if (!bed_) return;
-    const std::string job =
-        bed_->Write("job.toml", JobText(NodesByAddress(hosts), hosts,
-                                        "echo \"rank $RANK on $(hostname)\"; touch ran-$RANK-on-$(hostname)"));
+    const std::string job = bed_->Write(
+        "job.toml", JobText(NodesByAddress(hosts), hosts,
+                            "echo \"rank $RANK on $(hostname)\"; touch ran-$RANK-on-$(hostname)"));
     AgentProcess& up = Up({"up", job});
     ASSERT_EQ(up.Wait(120s), 0) << up.Output();
     const std::string out = up.Output();
@@ -175,8 +179,8 @@ class UpTest : public ::testing::Test {
       const TestHost& h = bed_->host(i);
       SCOPED_TRACE(h.name);
       // Each line carries its host's prefix; the rank ran on the host of its node rank.
-      EXPECT_THAT(out, HasSubstr(h.data_addr + " | [n" + std::to_string(i) + " r" + std::to_string(i) + "] rank " +
-                                 std::to_string(i) + " on " + h.name));
+      EXPECT_THAT(out, HasSubstr(h.data_addr + " | [n" + std::to_string(i) + " r" + std::to_string(i) +
+                                 "] rank " + std::to_string(i) + " on " + h.name));
       EXPECT_TRUE(std::filesystem::exists(bed_->HomeOf(0) + "/ran-" + std::to_string(i) + "-on-" + h.name));
     }
     // The coordinator's word to `up` that the job started is not shown (up_local_test.cc).
@@ -204,16 +208,21 @@ TEST_F(UpTest, CtrlCMidRoundLeavesNoProcessOnAnyHost) {
   MakeBed(std::vector<SshHost>(3));
   if (!bed_) return;
   const std::string job = bed_->Write(
-      "job.toml", JobText(NodesByAddress(3), 3, "echo $$ > worker-$RANK.pid; echo started $RANK; exec sleep 300"));
+      "job.toml",
+      JobText(NodesByAddress(3), 3, "echo $$ > worker-$RANK.pid; echo started $RANK; exec sleep 300"));
   AgentProcess& up = Up({"up", job});
-  ASSERT_TRUE(WaitFor([&] {
-    for (int r = 0; r < 3; ++r) {
-      if (bed_->Read(0, "worker-" + std::to_string(r) + ".pid").empty()) return false;
-    }
-    return true;
-  }, 60s)) << up.Output();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int r = 0; r < 3; ++r) {
+          if (bed_->Read(0, "worker-" + std::to_string(r) + ".pid").empty()) return false;
+        }
+        return true;
+      },
+      60s))
+      << up.Output();
   std::vector<pid_t> workers;
-  for (int r = 0; r < 3; ++r) workers.push_back(std::stoi(bed_->Read(0, "worker-" + std::to_string(r) + ".pid")));
+  for (int r = 0; r < 3; ++r)
+    workers.push_back(std::stoi(bed_->Read(0, "worker-" + std::to_string(r) + ".pid")));
   for (pid_t pid : workers) ASSERT_TRUE(ProcessAlive(pid));
   ASSERT_FALSE(NothingLeftOnAnyHost());  // the check below can see a process that runs
   up.Signal(SIGINT);
@@ -232,8 +241,8 @@ TEST_F(UpTest, KilledUpStopsEveryNode) {
   const std::string job =
       bed_->Write("job.toml", JobText(NodesByAddress(2), 2, "echo $$ > worker-$RANK.pid; exec sleep 300"));
   AgentProcess& up = Up({"up", job});
-  ASSERT_TRUE(WaitFor([&] { return !bed_->Read(0, "worker-1.pid").empty() && !bed_->Read(0, "worker-0.pid").empty(); },
-                      60s))
+  ASSERT_TRUE(WaitFor(
+      [&] { return !bed_->Read(0, "worker-1.pid").empty() && !bed_->Read(0, "worker-0.pid").empty(); }, 60s))
       << up.Output();
   up.Signal(SIGKILL);
   ASSERT_EQ(up.Wait(5s), 128 + SIGKILL);
@@ -286,8 +295,8 @@ TEST_F(UpTest, CopyPutsTheJobFileOnHostsWithoutASharedFolder) {
   const std::string job = bed_->home() + "/" + name;
   AgentProcess& missing = Up({"up", job, "--remote-ddprun", DDPRUN_BINARY});
   ASSERT_EQ(missing.Wait(30s), 3) << missing.Output();
-  EXPECT_THAT(missing.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): the job file is not at " + job +
-                                          " there"));
+  EXPECT_THAT(missing.Output(),
+              HasSubstr(bed_->host(1).data_addr + " (node 1): the job file is not at " + job + " there"));
   EXPECT_THAT(missing.Output(), HasSubstr("or pass --copy to copy it there"));
   EXPECT_THAT(missing.Output(), Not(HasSubstr("(node 0)")));
 
@@ -307,8 +316,8 @@ TEST_F(UpTest, DetachStatusAndDownFindTheAgentsAgain) {
   AgentProcess& up = Up({"up", job, "--detach"});
   ASSERT_EQ(up.Wait(30s), 0) << up.Output();
   EXPECT_THAT(up.Output(), HasSubstr(bed_->host(1).data_addr + " (node 1): agent started, pid "));
-  ASSERT_TRUE(WaitFor([&] { return !bed_->Read(0, "worker-1.pid").empty() && !bed_->Read(0, "worker-0.pid").empty(); },
-                      60s))
+  ASSERT_TRUE(WaitFor(
+      [&] { return !bed_->Read(0, "worker-1.pid").empty() && !bed_->Read(0, "worker-0.pid").empty(); }, 60s))
       << bed_->Read(0, "logs/up/up-n0.console") << bed_->Read(0, "logs/up/up-n1.console");
   const pid_t worker = std::stoi(bed_->Read(0, "worker-1.pid"));
   EXPECT_TRUE(ProcessAlive(worker));

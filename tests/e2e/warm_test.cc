@@ -104,7 +104,8 @@ Json Comparable(Json probe, const std::string& run_folder) {
   // The stacks file (in the run's folder) and the beacon socket `import ddprun` opened.
   for (auto& [fd, target] : probe["fds"].items()) {
     std::string text = target.get<std::string>();
-    if (const size_t at = text.find(run_folder); at != std::string::npos) text.replace(at, run_folder.size(), "<run>");
+    if (const size_t at = text.find(run_folder); at != std::string::npos)
+      text.replace(at, run_folder.size(), "<run>");
     if (text.starts_with("socket:")) text = "socket";
     target = text;
   }
@@ -112,7 +113,8 @@ Json Comparable(Json probe, const std::string& run_folder) {
   for (const char* key : {"DDPRUN_PROGRESS_ADDR", "DDPRUN_PROGRESS_TOKEN", "MASTER_PORT"}) env.erase(key);
   for (auto& [name, value] : env.items()) {
     std::string text = value.get<std::string>();
-    if (const size_t at = text.find(run_folder); at != std::string::npos) text.replace(at, run_folder.size(), "<run>");
+    if (const size_t at = text.find(run_folder); at != std::string::npos)
+      text.replace(at, run_folder.size(), "<run>");
     value = text;
   }
   return probe;
@@ -130,7 +132,8 @@ TEST_F(WarmTest, ForkedWorkersSeeWhatColdWorkersSee) {
   AgentProcess& warm = Start("warm.toml", 0);
   ASSERT_EQ(warm.Wait(120s), 0) << Describe();
 
-  EXPECT_THAT(warm.Output(), ContainsRegex("workers start warm: a template \\(pid [0-9]+\\) imported torch in "))
+  EXPECT_THAT(warm.Output(),
+              ContainsRegex("workers start warm: a template \\(pid [0-9]+\\) imported torch in "))
       << Describe();
   EXPECT_THAT(cold.Output(), Not(HasSubstr("workers start warm"))) << Describe();
   const std::string cold_run = RunFolder(cold.Output()), warm_run = RunFolder(warm.Output());
@@ -141,7 +144,8 @@ TEST_F(WarmTest, ForkedWorkersSeeWhatColdWorkersSee) {
     for (int rank : {0, 1}) {
       SCOPED_TRACE(fmt::format("rank {} attempt {}", rank, attempt));
       const std::string name = fmt::format("probe-{}-{}.json", rank, attempt);
-      ASSERT_TRUE(dir_.Exists("probes-cold/" + name) && dir_.Exists("probes-warm/" + name)) << name << Describe();
+      ASSERT_TRUE(dir_.Exists("probes-cold/" + name) && dir_.Exists("probes-warm/" + name))
+          << name << Describe();
       const Json cold_probe = Json::parse(dir_.Read("probes-cold/" + name));
       const Json warm_probe = Json::parse(dir_.Read("probes-warm/" + name));
       EXPECT_EQ(cold_probe["ppid"], cold.pid());
@@ -155,8 +159,10 @@ TEST_F(WarmTest, ForkedWorkersSeeWhatColdWorkersSee) {
       cold_view["env"].erase("TORCHELASTIC_RUN_ID");
       warm_view["env"].erase("TORCHELASTIC_RUN_ID");
       for (Json* view : {&cold_view, &warm_view}) {
-        for (auto& item : (*view)["argv"]) item = std::regex_replace(item.get<std::string>(), std::regex("probes-(cold|warm)"), "probes");
-        for (auto& item : (*view)["orig_argv"]) item = std::regex_replace(item.get<std::string>(), std::regex("probes-(cold|warm)"), "probes");
+        for (auto& item : (*view)["argv"])
+          item = std::regex_replace(item.get<std::string>(), std::regex("probes-(cold|warm)"), "probes");
+        for (auto& item : (*view)["orig_argv"])
+          item = std::regex_replace(item.get<std::string>(), std::regex("probes-(cold|warm)"), "probes");
       }
       EXPECT_EQ(cold_view.dump(1), warm_view.dump(1));
       seeds[fmt::format("warm {} {}", rank, attempt)] = warm_probe["torch_seed"].get<double>();
@@ -189,7 +195,9 @@ TEST_F(WarmTest, ForkedWorkersSeeWhatColdWorkersSee) {
     EXPECT_GE(record["start_us"].get<int64_t>(), 0) << record.dump();
   }
   EXPECT_EQ(StartRecords(cold_run, 0).at(1)["cold"], 2);
-  EXPECT_THAT(warm.Output(), ContainsRegex("worker starts on this node: round 0: 2 warm in [0-9.]+ ms.*; round 1: 2 warm in"))
+  EXPECT_THAT(
+      warm.Output(),
+      ContainsRegex("worker starts on this node: round 0: 2 warm in [0-9.]+ ms.*; round 1: 2 warm in"))
       << Describe();
 }
 
@@ -204,9 +212,10 @@ TEST_F(WarmTest, DdpJobRestartsWarmAndEndsWithTheWeightsOfAColdRun) {
     job.name = "ddp-" + mode;
     job.master_port = FreePort();
     job.devices = 2;
-    job.command = TomlArray({"/usr/bin/python3", Source("examples/ddp_train.py"), "--steps", "6", "--fail-rank", "3",
-                             "--fail-attempt", "0", "--result-dir", "results-" + mode});
-    if (mode == "warm") job.job_extra = "preload = [\"torch\", \"torch.distributed\", \"torch.nn.parallel\"]\n";
+    job.command = TomlArray({"/usr/bin/python3", Source("examples/ddp_train.py"), "--steps", "6",
+                             "--fail-rank", "3", "--fail-attempt", "0", "--result-dir", "results-" + mode});
+    if (mode == "warm")
+      job.job_extra = "preload = [\"torch\", \"torch.distributed\", \"torch.nn.parallel\"]\n";
     job.max_restarts = 1;
     job.backoff = "0s";
     job.rendezvous = "60s";
@@ -220,7 +229,8 @@ TEST_F(WarmTest, DdpJobRestartsWarmAndEndsWithTheWeightsOfAColdRun) {
     ASSERT_EQ(node1.Wait(30s), 0) << Describe();
     EXPECT_THAT(node0.Output(), HasSubstr("rank 3 fails on purpose in attempt 0")) << Describe();
     for (int rank = 0; rank < 4; ++rank) {
-      const Json result = Json::parse(dir_.Read(fmt::format("results-{}/rank-{}-attempt-1.json", mode, rank)));
+      const Json result =
+          Json::parse(dir_.Read(fmt::format("results-{}/rank-{}-attempt-1.json", mode, rank)));
       weights[fmt::format("{} {}", mode, rank)] = result["weights"].get<std::vector<double>>();
     }
     if (mode == "warm") {
@@ -235,7 +245,8 @@ TEST_F(WarmTest, DdpJobRestartsWarmAndEndsWithTheWeightsOfAColdRun) {
   }
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_FALSE(weights[fmt::format("cold {}", rank)].empty());
-    EXPECT_EQ(weights[fmt::format("cold {}", rank)], weights[fmt::format("warm {}", rank)]) << "rank " << rank;
+    EXPECT_EQ(weights[fmt::format("cold {}", rank)], weights[fmt::format("warm {}", rank)])
+        << "rank " << rank;
   }
 }
 
@@ -352,8 +363,8 @@ TEST_F(WarmTest, HungWarmRankIsNamedWithItsStack) {
   job.name = "hang-warm";
   job.master_port = FreePort();
   job.devices = 2;
-  job.command = TomlArray({"/usr/bin/python3", Source("examples/ddp_train.py"), "--steps", "4", "--step-time", "0.3",
-                           "--hang-rank", "3", "--hang-attempt", "0", "--hang-step", "2"});
+  job.command = TomlArray({"/usr/bin/python3", Source("examples/ddp_train.py"), "--steps", "4", "--step-time",
+                           "0.3", "--hang-rank", "3", "--hang-attempt", "0", "--hang-step", "2"});
   job.job_extra = "preload = [\"torch\"]\n";
   job.max_restarts = 0;
   job.rendezvous = "60s";
@@ -368,8 +379,11 @@ TEST_F(WarmTest, HungWarmRankIsNamedWithItsStack) {
   for (AgentProcess* agent : {&node0, &node1}) {
     const std::string out = agent->Output();
     EXPECT_THAT(out, HasSubstr("workers start warm")) << Describe();
-    EXPECT_THAT(out, ContainsRegex(R"(round 0 failed: rank 3 \(node 1 \([^)]*\), local rank 1\) hung: )")) << Describe();
-    EXPECT_THAT(out, ContainsRegex("\n" R"(      File "[^"]*/examples/ddp_train\.py", line [0-9]+ in wait_forever)" "\n"))
+    EXPECT_THAT(out, ContainsRegex(R"(round 0 failed: rank 3 \(node 1 \([^)]*\), local rank 1\) hung: )"))
+        << Describe();
+    EXPECT_THAT(out, ContainsRegex("\n"
+                                   R"(      File "[^"]*/examples/ddp_train\.py", line [0-9]+ in wait_forever)"
+                                   "\n"))
         << Describe();
   }
   const auto records = StartRecords(RunFolder(node1.Output()), 1);
@@ -408,30 +422,38 @@ TEST_F(WarmTest, KilledTemplateIsReplacedAndTheRoundMeanwhileStartsCold) {
   AgentProcess& agent = Start("job.toml", 0);
   std::smatch m;
   std::string out;
-  ASSERT_TRUE(WaitFor([&] {
-    out = agent.Output();
-    return std::regex_search(out, m, std::regex("workers start warm: a template \\(pid ([0-9]+)\\)")) &&
-           out.find("starting 2 workers") != std::string::npos;
-  }, 90s)) << Describe();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        out = agent.Output();
+        return std::regex_search(out, m, std::regex("workers start warm: a template \\(pid ([0-9]+)\\)")) &&
+               out.find("starting 2 workers") != std::string::npos;
+      },
+      90s))
+      << Describe();
   const pid_t template_pid = std::stoi(m[1]);
-  ASSERT_TRUE(WaitFor([&] { return agent.Output().find("[n0 r0] trained in round 0") != std::string::npos; }, 60s))
+  ASSERT_TRUE(
+      WaitFor([&] { return agent.Output().find("[n0 r0] trained in round 0") != std::string::npos; }, 60s))
       << Describe();
   dir_.Write("slow-imports", "");  // the replacement takes 30 s to import
   ASSERT_EQ(::kill(template_pid, SIGKILL), 0);
-  ASSERT_TRUE(WaitFor([&] { return agent.Output().find("a new template is starting") != std::string::npos; }, 30s))
+  ASSERT_TRUE(
+      WaitFor([&] { return agent.Output().find("a new template is starting") != std::string::npos; }, 30s))
       << Describe();
   dir_.Write("fail", "");
   ASSERT_EQ(agent.Wait(120s), 0) << Describe();
   out = agent.Output();
-  EXPECT_THAT(out, ContainsRegex("warm starts: the template exited \\(killed by signal 9 \\(Killed\\)\\); a new template is "
-                                 "starting, and workers start cold until it is ready"))
+  EXPECT_THAT(out,
+              ContainsRegex(
+                  "warm starts: the template exited \\(killed by signal 9 \\(Killed\\)\\); a new template is "
+                  "starting, and workers start cold until it is ready"))
       << Describe();
   EXPECT_THAT(out, HasSubstr("[n0 r1] trained in round 1")) << Describe();
   const auto records = StartRecords(RunFolder(out), 0);
   ASSERT_EQ(records.size(), 2u) << Describe();
   EXPECT_EQ(records.at(0)["warm"], 2) << records.at(0).dump();
   EXPECT_EQ(records.at(1)["cold"], 2) << records.at(1).dump();
-  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("still importing")) << records.at(1).dump();
+  EXPECT_THAT(records.at(1)["cold_reason"].get<std::string>(), HasSubstr("still importing"))
+      << records.at(1).dump();
   EXPECT_FALSE(ProcessAlive(template_pid));
 }
 
@@ -462,11 +484,14 @@ TEST_F(WarmTest, TemplateThatDoesNotAnswerIsKilledAndTheRoundStartsCold) {
   AgentProcess& agent = Start("job.toml", 0);
   std::smatch m;
   std::string out;
-  ASSERT_TRUE(WaitFor([&] {
-    out = agent.Output();
-    return std::regex_search(out, m, std::regex("workers start warm: a template \\(pid ([0-9]+)\\)")) &&
-           out.find("[n0 r0] ran in round 0") != std::string::npos;
-  }, 60s)) << Describe();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        out = agent.Output();
+        return std::regex_search(out, m, std::regex("workers start warm: a template \\(pid ([0-9]+)\\)")) &&
+               out.find("[n0 r0] ran in round 0") != std::string::npos;
+      },
+      60s))
+      << Describe();
   const pid_t template_pid = std::stoi(m[1]);
   ASSERT_EQ(::kill(template_pid, SIGSTOP), 0) << Describe();
   dir_.Write("fail", "");
@@ -521,8 +546,9 @@ TEST_F(WarmTest, ANodeWithMoreWorkersThanARequestHoldsForksThemAll) {
 // path as argv[0] and the working folder as sys.path[0], as the interpreter does. No torch needed.
 TEST_F(WarmTest, ModuleCommandRunsAsPythonDashMWould) {
   dir_.Write("pkg/__init__.py", "");
-  dir_.Write("pkg/train.py",
-             "import sys\nprint('module', __name__, __file__, sys.argv, sys.path[0], __spec__.name, flush=True)\n");
+  dir_.Write(
+      "pkg/train.py",
+      "import sys\nprint('module', __name__, __file__, sys.argv, sys.path[0], __spec__.name, flush=True)\n");
   TestJob job;
   job.name = "dash-m";
   job.nnodes = 1;
@@ -535,8 +561,10 @@ TEST_F(WarmTest, ModuleCommandRunsAsPythonDashMWould) {
   ASSERT_EQ(agent.Wait(60s), 0) << Describe();
   const std::string& d = dir_.path();
   EXPECT_THAT(agent.Output(), HasSubstr("workers start warm")) << Describe();
-  EXPECT_THAT(agent.Output(), HasSubstr(fmt::format("[n0 r0] module __main__ {}/pkg/train.py ['{}/pkg/train.py', 'x'] {} "
-                                                    "pkg.train\n", d, d, d)))
+  EXPECT_THAT(agent.Output(),
+              HasSubstr(fmt::format("[n0 r0] module __main__ {}/pkg/train.py ['{}/pkg/train.py', 'x'] {} "
+                                    "pkg.train\n",
+                                    d, d, d)))
       << Describe();
   EXPECT_EQ(StartRecords(RunFolder(agent.Output()), 0).at(0)["warm"], 1);
 }
@@ -582,11 +610,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Refusal{"starts_thread", "",
                 "workers start cold: the preloaded modules left 2 threads running in the template"},
-        Refusal{"opens_file", "", "workers start cold: the preloaded modules left files open in the template, which "
-                                  "every worker would share: 4 -> /dev/null"},
-        Refusal{"no_such_module", "", "workers start cold: cannot import the preloaded modules: ModuleNotFoundError"},
-        Refusal{"opens_file", "[\"sh\", \"-c\", \"echo shell worker\"]",
-                "workers start cold although job.preload is set: job.command does not run a Python interpreter"}),
+        Refusal{"opens_file", "",
+                "workers start cold: the preloaded modules left files open in the template, which "
+                "every worker would share: 4 -> /dev/null"},
+        Refusal{"no_such_module", "",
+                "workers start cold: cannot import the preloaded modules: ModuleNotFoundError"},
+        Refusal{
+            "opens_file", "[\"sh\", \"-c\", \"echo shell worker\"]",
+            "workers start cold although job.preload is set: job.command does not run a Python interpreter"}),
     [](const ::testing::TestParamInfo<Refusal>& param) { return std::to_string(param.index); });
 
 }  // namespace

@@ -70,17 +70,19 @@ std::unique_ptr<EtcdCluster> EtcdCluster::Start(Options options, std::string* er
     m.client_port = cluster->options_.free_port();
     m.peer_port = cluster->options_.free_port();
     m.plain_port = cluster->options_.tls ? cluster->options_.free_port() : m.client_port;
-    m.client_url = std::string(cluster->options_.tls ? "https" : "http") + "://" + cluster->options_.host + ":" +
-                   std::to_string(m.client_port);
+    m.client_url = std::string(cluster->options_.tls ? "https" : "http") + "://" + cluster->options_.host +
+                   ":" + std::to_string(m.client_port);
     m.data_dir = cluster->dir_ + "/" + m.name;
     m.log_path = cluster->dir_ + "/" + m.name + ".log";
     if (!cluster->initial_cluster_.empty()) cluster->initial_cluster_ += ",";
-    cluster->initial_cluster_ += m.name + "=http://" + cluster->options_.host + ":" + std::to_string(m.peer_port);
+    cluster->initial_cluster_ +=
+        m.name + "=http://" + cluster->options_.host + ":" + std::to_string(m.peer_port);
     cluster->members_.push_back(std::move(m));
   }
   for (Member& m : cluster->members_) {
     if (!cluster->Spawn(m, true)) {
-      if (error) *error = "cannot start " + cluster->options_.etcd + " for " + m.name + "\n" + cluster->Logs();
+      if (error)
+        *error = "cannot start " + cluster->options_.etcd + " for " + m.name + "\n" + cluster->Logs();
       return nullptr;
     }
   }
@@ -100,13 +102,15 @@ std::string EtcdCluster::MakeCertificates() const {
   std::ofstream(d + "/server.ext") << "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n";
   std::ofstream(d + "/client.ext") << "extendedKeyUsage=clientAuth\n";
   const std::vector<std::string> commands = {
-      "openssl req -x509 " + key + " -keyout " + d + "/ca.key -out " + d + "/ca.pem -days 1 -subj /CN=ddprun-test-ca",
+      "openssl req -x509 " + key + " -keyout " + d + "/ca.key -out " + d +
+          "/ca.pem -days 1 -subj /CN=ddprun-test-ca",
       "openssl req " + key + " -keyout " + d + "/server.key -out " + d + "/server.csr -subj /CN=127.0.0.1",
-      "openssl x509 -req -in " + d + "/server.csr -CA " + d + "/ca.pem -CAkey " + d + "/ca.key -CAcreateserial -out " +
-          d + "/server.pem -days 1 -extfile " + d + "/server.ext",
-      "openssl req " + key + " -keyout " + d + "/client.key -out " + d + "/client.csr -subj /CN=ddprun-client",
-      "openssl x509 -req -in " + d + "/client.csr -CA " + d + "/ca.pem -CAkey " + d + "/ca.key -CAcreateserial -out " +
-          d + "/client.pem -days 1 -extfile " + d + "/client.ext",
+      "openssl x509 -req -in " + d + "/server.csr -CA " + d + "/ca.pem -CAkey " + d +
+          "/ca.key -CAcreateserial -out " + d + "/server.pem -days 1 -extfile " + d + "/server.ext",
+      "openssl req " + key + " -keyout " + d + "/client.key -out " + d +
+          "/client.csr -subj /CN=ddprun-client",
+      "openssl x509 -req -in " + d + "/client.csr -CA " + d + "/ca.pem -CAkey " + d +
+          "/ca.key -CAcreateserial -out " + d + "/client.pem -days 1 -extfile " + d + "/client.ext",
   };
   for (const std::string& command : commands) {
     if (std::system((command + " >>" + d + "/openssl.log 2>&1").c_str()) != 0) {
@@ -128,23 +132,35 @@ bool EtcdCluster::Spawn(Member& m, bool first_start) {
   const std::string peer_url = "http://" + options_.host + ":" + std::to_string(m.peer_port);
   std::vector<std::string> args = {
       options_.etcd,
-      "--name", m.name,
-      "--data-dir", m.data_dir,
+      "--name",
+      m.name,
+      "--data-dir",
+      m.data_dir,
       "--listen-client-urls",
       m.client_url + (options_.tls ? ",http://" + options_.host + ":" + std::to_string(m.plain_port) : ""),
-      "--advertise-client-urls", m.client_url,
-      "--listen-peer-urls", peer_url,
-      "--initial-advertise-peer-urls", peer_url,
-      "--initial-cluster", initial_cluster_,
-      "--initial-cluster-state", first_start ? "new" : "existing",
-      "--initial-cluster-token", std::filesystem::path(dir_).filename().string(),  // one per cluster
-      "--heartbeat-interval", ms_heartbeat,
-      "--election-timeout", ms_election,
-      "--logger", "zap",
-      "--log-outputs", "stderr",
+      "--advertise-client-urls",
+      m.client_url,
+      "--listen-peer-urls",
+      peer_url,
+      "--initial-advertise-peer-urls",
+      peer_url,
+      "--initial-cluster",
+      initial_cluster_,
+      "--initial-cluster-state",
+      first_start ? "new" : "existing",
+      "--initial-cluster-token",
+      std::filesystem::path(dir_).filename().string(),  // one per cluster
+      "--heartbeat-interval",
+      ms_heartbeat,
+      "--election-timeout",
+      ms_election,
+      "--logger",
+      "zap",
+      "--log-outputs",
+      "stderr",
   };
   if (options_.tls) {
-    const std::vector<std::string> tls_args = {"--cert-file",       dir_ + "/server.pem", "--key-file",
+    const std::vector<std::string> tls_args = {"--cert-file",        dir_ + "/server.pem", "--key-file",
                                                dir_ + "/server.key", "--trusted-ca-file",  ca_file(),
                                                "--client-cert-auth"};
     args.insert(args.end(), tls_args.begin(), tls_args.end());
@@ -172,7 +188,9 @@ bool EtcdCluster::Spawn(Member& m, bool first_start) {
   return true;
 }
 
-const std::string& EtcdCluster::ClientUrl(int member) const { return members_.at(static_cast<size_t>(member)).client_url; }
+const std::string& EtcdCluster::ClientUrl(int member) const {
+  return members_.at(static_cast<size_t>(member)).client_url;
+}
 
 std::vector<std::string> EtcdCluster::ClientUrls() const {
   std::vector<std::string> urls;
@@ -212,7 +230,9 @@ bool EtcdCluster::Restart(int member) {
   return Spawn(members_.at(static_cast<size_t>(member)), false);
 }
 
-std::string EtcdCluster::Log(int member) const { return ReadFile(members_.at(static_cast<size_t>(member)).log_path); }
+std::string EtcdCluster::Log(int member) const {
+  return ReadFile(members_.at(static_cast<size_t>(member)).log_path);
+}
 
 std::string EtcdCluster::Logs() const {
   std::string text;
@@ -237,7 +257,8 @@ std::optional<std::pair<int, std::string>> EtcdCluster::Request(int member, cons
                                                                 std::chrono::milliseconds limit) const {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::nullopt;
-  timeval tv{static_cast<time_t>(limit.count() / 1000), static_cast<suseconds_t>(limit.count() % 1000) * 1000};
+  timeval tv{static_cast<time_t>(limit.count() / 1000),
+             static_cast<suseconds_t>(limit.count() % 1000) * 1000};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   sockaddr_in addr{};
@@ -249,8 +270,10 @@ std::optional<std::pair<int, std::string>> EtcdCluster::Request(int member, cons
   addr.sin_port = htons(members_.at(static_cast<size_t>(member)).plain_port);
   std::string answer;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = "POST " + path + " HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
-                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string request =
+        "POST " + path +
+        " HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
     if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
       const auto deadline = Clock::now() + limit;
       char buf[4096];
@@ -268,8 +291,8 @@ std::optional<std::pair<int, std::string>> EtcdCluster::Request(int member, cons
   return std::make_pair(std::atoi(answer.substr(9, 3).c_str()), answer.substr(head_end + 4));
 }
 
-std::optional<std::pair<std::string, std::string>> EtcdCluster::Status(int member,
-                                                                      std::chrono::milliseconds limit) const {
+std::optional<std::pair<std::string, std::string>> EtcdCluster::Status(
+    int member, std::chrono::milliseconds limit) const {
   const auto body = Post(member, "/v3/maintenance/status", "{}", limit);
   if (!body) return std::nullopt;
   const auto json = nlohmann::json::parse(*body, nullptr, false);
@@ -309,9 +332,11 @@ bool EtcdCluster::WaitHealthy(std::chrono::milliseconds limit) const {
           if (pid(i) <= 0) continue;
           // With authentication on (a test enabled it), the refusal is the answer: the
           // members' agreement on the leader must do.
-          const auto read = Request(i, "/v3/kv/range", R"({"key":"aGVhbHRo"})", std::chrono::milliseconds(500));
+          const auto read =
+              Request(i, "/v3/kv/range", R"({"key":"aGVhbHRo"})", std::chrono::milliseconds(500));
           if (!read) return false;
-          if (read->first != 200 && read->second.find("user name is empty") == std::string::npos) return false;
+          if (read->first != 200 && read->second.find("user name is empty") == std::string::npos)
+            return false;
         }
         return true;
       },

@@ -93,10 +93,12 @@ class EtcdCluster {
   /// Makes the CA and the certificates with openssl; what failed, or "".
   std::string MakeCertificates() const;
   /// member_id and leader as member i's /v3/maintenance/status gives them.
-  std::optional<std::pair<std::string, std::string>> Status(int member, std::chrono::milliseconds limit) const;
+  std::optional<std::pair<std::string, std::string>> Status(int member,
+                                                            std::chrono::milliseconds limit) const;
   std::optional<int> LeaderOnce() const;
   /// Post's request: the status and the body of any answer.
-  std::optional<std::pair<int, std::string>> Request(int member, const std::string& path, const std::string& body,
+  std::optional<std::pair<int, std::string>> Request(int member, const std::string& path,
+                                                     const std::string& body,
                                                      std::chrono::milliseconds limit) const;
 
   Options options_;

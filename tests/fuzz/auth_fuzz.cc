@@ -82,7 +82,7 @@ rendezvous = "1m"
 heartbeat = "1s"
 stop_grace = "2s"
 )",
-                                 "fuzz.toml");
+                                     "fuzz.toml");
     if (!loaded.spec) std::abort();
     return *loaded.spec;
   }();
@@ -93,21 +93,34 @@ stop_grace = "2s"
 /// another secret for the agent's nonce, or is raw bytes.
 wire::Message Forge(Input& in, const std::string& agent_nonce) {
   switch (in.Below(12)) {
-    case 0: return wire::JoinAck{in.Int(), in.Below(2) == 1};
-    case 1: return wire::Reject{in.Text(), in.Below(2) == 1};
-    case 2: return wire::Progress{in.Int(), in.Int(), {in.Int()}, in.Int(), in.Int(), {"h"}};
-    case 3: return wire::StartRound{in.Int(), static_cast<uint16_t>(in.Int()), in.Int(), in.Int(), in.Int(), in.Text()};
-    case 4: return wire::StopRound{in.Int(), in.Text(), in.Below(2) == 1};
-    case 5: return wire::JobEnd{in.Below(2) == 0 ? 0 : in.Int(), in.Text()};
-    case 6: return wire::Heartbeat{};
-    case 7: return wire::DumpStacks{in.Int()};
-    case 8: return wire::Join{in.Int(), in.Text(), in.Int(), DDPRUN_VERSION, in.Text(), in.Text(), 1, in.Text(), in.Text()};
+    case 0:
+      return wire::JoinAck{in.Int(), in.Below(2) == 1};
+    case 1:
+      return wire::Reject{in.Text(), in.Below(2) == 1};
+    case 2:
+      return wire::Progress{in.Int(), in.Int(), {in.Int()}, in.Int(), in.Int(), {"h"}};
+    case 3:
+      return wire::StartRound{in.Int(), static_cast<uint16_t>(in.Int()), in.Int(), in.Int(), in.Int(),
+                              in.Text()};
+    case 4:
+      return wire::StopRound{in.Int(), in.Text(), in.Below(2) == 1};
+    case 5:
+      return wire::JobEnd{in.Below(2) == 0 ? 0 : in.Int(), in.Text()};
+    case 6:
+      return wire::Heartbeat{};
+    case 7:
+      return wire::DumpStacks{in.Int()};
+    case 8:
+      return wire::Join{in.Int(),  in.Text(), in.Int(),  DDPRUN_VERSION, in.Text(),
+                        in.Text(), 1,         in.Text(), in.Text()};
     case 9: {
       const std::string nonce = in.Bytes(40);
       return wire::Challenge{nonce, core::CoordinatorProof("not-" + in.Bytes(8), agent_nonce, nonce)};
     }
-    case 10: return wire::Challenge{in.Bytes(40), in.Bytes(70)};
-    default: return wire::Challenge{in.Bytes(40), ""};
+    case 10:
+      return wire::Challenge{in.Bytes(40), in.Bytes(70)};
+    default:
+      return wire::Challenge{in.Bytes(40), ""};
   }
 }
 
@@ -126,18 +139,22 @@ struct Driver {
       if (std::holds_alternative<core::ConnectToMaster>(effect)) connect_pending = true;
       if (std::holds_alternative<core::DisconnectFromMaster>(effect)) connected = false;
       if (std::holds_alternative<core::SpawnWorkers>(effect)) Violated("an unproven peer started a worker");
-      if (std::holds_alternative<core::RenewLease>(effect)) Violated("an unproven peer renewed the workers' lease");
+      if (std::holds_alternative<core::RenewLease>(effect))
+        Violated("an unproven peer renewed the workers' lease");
       if (const auto* send = std::get_if<core::SendToMaster>(&effect)) {
         if (const auto* join = std::get_if<wire::Join>(&send->message)) {
-          if (!join->host.empty() || !join->fingerprint.empty() || !join->canonical.empty() || !join->proof.empty()) {
+          if (!join->host.empty() || !join->fingerprint.empty() || !join->canonical.empty() ||
+              !join->proof.empty()) {
             Violated("the job was sent to an unproven peer");
           }
           nonce = join->nonce;
         }
       }
       if (const auto* summary = std::get_if<core::PrintSummary>(&effect)) {
-        if (summary->text.rfind("rendezvous failed:", 0) != 0) Violated("a summary the agent did not write", summary->text);
-        if (summary->text.find(kMark) != std::string::npos) Violated("the peer's text in a summary", summary->text);
+        if (summary->text.rfind("rendezvous failed:", 0) != 0)
+          Violated("a summary the agent did not write", summary->text);
+        if (summary->text.find(kMark) != std::string::npos)
+          Violated("the peer's text in a summary", summary->text);
       }
       if (const auto* log = std::get_if<core::LogLine>(&effect)) {
         if (log->text.find(kMark) != std::string::npos) Violated("the peer's text in a log line", log->text);

@@ -71,16 +71,16 @@ struct World;
 
 /// One in-memory connection between the agent of node 1 (or node 0) and node 0's listener.
 struct Link {
-  int client = 0;                 // node of the connecting side
-  core::ConnId client_id = 0;     // the id each side knows it by
+  int client = 0;              // node of the connecting side
+  core::ConnId client_id = 0;  // the id each side knows it by
   core::ConnId server_id = 0;
-  bool connected = false;         // the connect finished
+  bool connected = false;  // the connect finished
   bool accepted = false;
   bool client_open = true;
   bool server_open = true;
   std::vector<uint8_t> toward_server;
   std::vector<uint8_t> toward_client;
-  wire::Decoder tap;              // reads what the client's agent reads (for JobEnd codes)
+  wire::Decoder tap;  // reads what the client's agent reads (for JobEnd codes)
 };
 
 struct Spawned {
@@ -88,11 +88,14 @@ struct Spawned {
   int local_rank = 0;
   int global_rank = 0;
   bool running = true;
-  bool killed = false;   // SIGKILL sent: gone, even if its exit is never reported (stuck in the kernel)
+  bool killed = false;  // SIGKILL sent: gone, even if its exit is never reported (stuck in the kernel)
 };
 
-class FuzzNode final : public host::Clock, public host::Timer, public host::Transport,
-                       public host::ProcessLauncher, public host::Console {
+class FuzzNode final : public host::Clock,
+                       public host::Timer,
+                       public host::Transport,
+                       public host::ProcessLauncher,
+                       public host::Console {
  public:
   FuzzNode(World& world, int rank) : world_(world), rank_(rank) {}
   // Clock
@@ -121,9 +124,10 @@ class FuzzNode final : public host::Clock, public host::Timer, public host::Tran
   void SignalForStacks(int, const std::vector<std::pair<int, int>>&) override {}
   void RenewLease(TimePoint) override {}
   std::vector<std::string> ReadStacks(int) override {
-    return {"Current thread 0x1 (most recent call first):\n  File \"/t.py\", line 57 in load\n"
-            "  File \"/t.py\", line 9 in <module>\n",
-            ""};
+    return {
+        "Current thread 0x1 (most recent call first):\n  File \"/t.py\", line 57 in load\n"
+        "  File \"/t.py\", line 9 in <module>\n",
+        ""};
   }
   // Console
   void Log(core::LogLevel, std::string_view, std::string_view) override {}
@@ -161,11 +165,13 @@ struct World {
   std::unique_ptr<FuzzNode> nodes[2];
 
   Link* ByClient(core::ConnId id) {
-    for (Link& l : links) if (l.client_id == id) return &l;
+    for (Link& l : links)
+      if (l.client_id == id) return &l;
     return nullptr;
   }
   Link* ByServer(core::ConnId id) {
-    for (Link& l : links) if (l.server_id == id) return &l;
+    for (Link& l : links)
+      if (l.server_id == id) return &l;
     return nullptr;
   }
 };
@@ -186,9 +192,11 @@ core::ConnId FuzzNode::Connect(const std::string&, uint16_t) {
 
 void FuzzNode::Send(core::ConnId conn, std::vector<uint8_t> bytes) {
   if (Link* l = world_.ByClient(conn); l && l->client == rank_ && l->client_open) {
-    if (l->toward_server.size() < (1u << 20)) l->toward_server.insert(l->toward_server.end(), bytes.begin(), bytes.end());
+    if (l->toward_server.size() < (1u << 20))
+      l->toward_server.insert(l->toward_server.end(), bytes.begin(), bytes.end());
   } else if (Link* s = world_.ByServer(conn); s && rank_ == 0 && s->server_open) {
-    if (s->toward_client.size() < (1u << 20)) s->toward_client.insert(s->toward_client.end(), bytes.begin(), bytes.end());
+    if (s->toward_client.size() < (1u << 20))
+      s->toward_client.insert(s->toward_client.end(), bytes.begin(), bytes.end());
   }
 }
 
@@ -211,12 +219,15 @@ void FuzzNode::Spawn(int round, const core::WorkerLaunch& launch) {
     if (w.round != round) Violated("a node starts a round while an older round's workers run");
     if (w.local_rank == launch.local_rank) Violated("a local rank starts twice while it runs");
   }
-  if (EnvInt(launch.env, "WORLD_SIZE") != world_.spec->WorldSize()) Violated("WORLD_SIZE differs from the job");
-  if (EnvInt(launch.env, "RANK") != launch.global_rank || launch.global_rank != rank_ * nproc + launch.local_rank ||
-      launch.local_rank < 0 || launch.local_rank >= nproc) {
+  if (EnvInt(launch.env, "WORLD_SIZE") != world_.spec->WorldSize())
+    Violated("WORLD_SIZE differs from the job");
+  if (EnvInt(launch.env, "RANK") != launch.global_rank ||
+      launch.global_rank != rank_ * nproc + launch.local_rank || launch.local_rank < 0 ||
+      launch.local_rank >= nproc) {
     Violated("RANK is not this node's rank for the local rank");
   }
-  if (workers_.size() < 4096) workers_.push_back(Spawned{round, launch.local_rank, launch.global_rank, true, false});
+  if (workers_.size() < 4096)
+    workers_.push_back(Spawned{round, launch.local_rank, launch.global_rank, true, false});
 }
 
 const JobSpec& TheJob() {
@@ -256,32 +267,65 @@ window = "4s"
 
 wire::Message Forge(Input& in) {
   switch (in.Below(19)) {
-    case 0: return wire::Join{static_cast<int32_t>(in.Below(3)), in.Text(), static_cast<int32_t>(in.Below(4)),
-                              DDPRUN_VERSION, in.Text(), in.Text(), in.Byte(), "", in.Text(), in.Text()};
-    case 1: return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
-    case 2: return wire::Reject{in.Text(), in.Below(2) == 1};
-    case 3: return wire::Progress{static_cast<int32_t>(in.Below(3)), 2, {1}, in.Int(), in.Int(), {"gpu-02"}};
-    case 4: return wire::StartRound{static_cast<int32_t>(in.Below(4)) - 1, static_cast<uint16_t>(in.Int())};
-    case 5: return wire::WorkerFailed{static_cast<int32_t>(in.Below(4)), in.Int(), in.Int(), in.Int(), in.Int(),
-                                      in.Text(), in.Text()};
-    case 6: return wire::NodeDone{static_cast<int32_t>(in.Below(4))};
-    case 7: return wire::StopRound{static_cast<int32_t>(in.Below(4)), in.Text(), in.Below(2) == 1};
-    case 8: return wire::RoundStopped{static_cast<int32_t>(in.Below(4)), in.Int()};
-    case 9: return wire::Interrupted{in.Int()};
-    case 10: return wire::JobEnd{in.Int(), in.Text()};
-    case 11: return wire::JobEndAck{};
-    case 12: return wire::Heartbeat{};
-    case 13: return wire::RankHung{static_cast<int32_t>(in.Below(4)), in.Int(), in.Int(), in.Int(),
-                                   in.Int(), in.Int(), in.Below(2) == 1};
-    case 14: return wire::DumpStacks{static_cast<int32_t>(in.Below(4))};
-    case 15: return wire::RankStacks{static_cast<int32_t>(in.Below(4)),
-                                     {wire::RankState{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Text()},
-                                      wire::RankState{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Text()}}};
-    case 16: return wire::RankProgress{static_cast<int32_t>(in.Below(4)),
-                                       {wire::RankRate{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(),
-                                                       in.Int(), in.Int()}}};
-    case 17: return wire::HangCleared{static_cast<int32_t>(in.Below(4))};
-    default: return wire::Challenge{in.Text(), in.Text()};
+    case 0:
+      return wire::Join{static_cast<int32_t>(in.Below(3)),
+                        in.Text(),
+                        static_cast<int32_t>(in.Below(4)),
+                        DDPRUN_VERSION,
+                        in.Text(),
+                        in.Text(),
+                        in.Byte(),
+                        "",
+                        in.Text(),
+                        in.Text()};
+    case 1:
+      return wire::JoinAck{static_cast<int32_t>(in.Below(4))};
+    case 2:
+      return wire::Reject{in.Text(), in.Below(2) == 1};
+    case 3:
+      return wire::Progress{static_cast<int32_t>(in.Below(3)), 2, {1}, in.Int(), in.Int(), {"gpu-02"}};
+    case 4:
+      return wire::StartRound{static_cast<int32_t>(in.Below(4)) - 1, static_cast<uint16_t>(in.Int())};
+    case 5:
+      return wire::WorkerFailed{
+          static_cast<int32_t>(in.Below(4)), in.Int(), in.Int(), in.Int(), in.Int(), in.Text(), in.Text()};
+    case 6:
+      return wire::NodeDone{static_cast<int32_t>(in.Below(4))};
+    case 7:
+      return wire::StopRound{static_cast<int32_t>(in.Below(4)), in.Text(), in.Below(2) == 1};
+    case 8:
+      return wire::RoundStopped{static_cast<int32_t>(in.Below(4)), in.Int()};
+    case 9:
+      return wire::Interrupted{in.Int()};
+    case 10:
+      return wire::JobEnd{in.Int(), in.Text()};
+    case 11:
+      return wire::JobEndAck{};
+    case 12:
+      return wire::Heartbeat{};
+    case 13:
+      return wire::RankHung{static_cast<int32_t>(in.Below(4)),
+                            in.Int(),
+                            in.Int(),
+                            in.Int(),
+                            in.Int(),
+                            in.Int(),
+                            in.Below(2) == 1};
+    case 14:
+      return wire::DumpStacks{static_cast<int32_t>(in.Below(4))};
+    case 15:
+      return wire::RankStacks{
+          static_cast<int32_t>(in.Below(4)),
+          {wire::RankState{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Text()},
+           wire::RankState{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Text()}}};
+    case 16:
+      return wire::RankProgress{
+          static_cast<int32_t>(in.Below(4)),
+          {wire::RankRate{static_cast<int32_t>(in.Below(5)), in.Int(), in.Int(), in.Int(), in.Int()}}};
+    case 17:
+      return wire::HangCleared{static_cast<int32_t>(in.Below(4))};
+    default:
+      return wire::Challenge{in.Text(), in.Text()};
   }
 }
 
@@ -289,7 +333,8 @@ void CheckNode(FuzzNode& node) {
   const TimePoint now = node.world_.now;
   if (node.host && !node.host->finished()) {
     const auto agent = node.host->agent().NextDeadline();
-    if (node.agent_ran && agent && *agent < now) Violated("the agent's next deadline is before the input it handled");
+    if (node.agent_ran && agent && *agent < now)
+      Violated("the agent's next deadline is before the input it handled");
     const core::Coordinator* coordinator = node.host->coordinator();
     const auto mine = coordinator ? coordinator->NextDeadline() : std::nullopt;
     if (node.coordinator_ran && mine && *mine < now) {
@@ -302,7 +347,8 @@ void CheckNode(FuzzNode& node) {
     const int code = *node.exit_code;
     const auto& forged = node.world_.told_exit_codes;
     const bool told = std::find(forged.begin(), forged.end(), code) != forged.end();
-    if (!told && code != 0 && code != 1 && code != 2 && code != 3 && code != 70 && code != 130 && code != 143) {
+    if (!told && code != 0 && code != 1 && code != 2 && code != 3 && code != 70 && code != 130 &&
+        code != 143) {
       std::fprintf(stderr, "core_fuzz: exit code %d\n", code);
       Violated("an agent exits with an undocumented code");
     }
@@ -314,7 +360,8 @@ void CheckNode(FuzzNode& node) {
 // half of the fuzzer's speed (a snapshot) or more than nine tenths (the text).
 // Whether `text` holds a sample of `name` (every series carries labels: `name{job_name=...}`).
 bool HasSeries(const std::string& text, const std::string& name) {
-  return text.find("\n" + name + "{") != std::string::npos || text.find("\n" + name + " ") != std::string::npos;
+  return text.find("\n" + name + "{") != std::string::npos ||
+         text.find("\n" + name + " ") != std::string::npos;
 }
 
 void CheckScrape(const FuzzNode& node) {
@@ -343,15 +390,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     config.instance = 17 + static_cast<uint64_t>(rank);
     config.ddprun_version = DDPRUN_VERSION;
     host::Ports ports{&n, &n, &n, &n, &n};
-    n.host = std::make_unique<host::NodeHost>(*world.spec, config, ports,
-                                              [&n](int code) { n.exit_code = code; });
+    n.host =
+        std::make_unique<host::NodeHost>(*world.spec, config, ports, [&n](int code) { n.exit_code = code; });
     if (!n.host->Start()) std::abort();
   }
   // At most this many actions per input: a limit on the work of one execution.
   for (int step = 0; step < 2000 && !in.empty(); ++step) {
     const uint32_t action = in.Below(11);
     FuzzNode& node = *world.nodes[in.Below(2)];
-    Link* link = world.links.empty() ? nullptr : &world.links[in.Below(static_cast<uint32_t>(world.links.size()))];
+    Link* link =
+        world.links.empty() ? nullptr : &world.links[in.Below(static_cast<uint32_t>(world.links.size()))];
     FuzzNode& server = *world.nodes[0];
     switch (action) {
       case 0:  // deliver a prefix of the bytes in flight, toward the server or the client
@@ -363,12 +411,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::vector<uint8_t> chunk(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
           buffer.erase(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
           // (Bytes reach a state machine only once a frame is complete: no deadline check.)
-          if (up && link->accepted && link->server_open && server.tevents_) server.tevents_->OnData(link->server_id, chunk);
+          if (up && link->accepted && link->server_open && server.tevents_)
+            server.tevents_->OnData(link->server_id, chunk);
           FuzzNode& client = *world.nodes[link->client];
           if (!up && link->client_open && client.tevents_) {
             link->tap.Feed(chunk);
             for (wire::Message m; link->tap.Next(m) == wire::Decoder::Status::kMessage;) {
-              if (const auto* end = std::get_if<wire::JobEnd>(&m)) world.told_exit_codes.push_back(end->exit_code);
+              if (const auto* end = std::get_if<wire::JobEnd>(&m))
+                world.told_exit_codes.push_back(end->exit_code);
             }
             client.tevents_->OnData(link->client_id, chunk);
           }
@@ -400,7 +450,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             link->client_open = false;
             link->connected = true;
             if (client.tevents_) {
-              client.tevents_->OnConnectFailed(link->client_id, static_cast<core::ConnectError>(in.Below(5)), "fuzz");
+              client.tevents_->OnConnectFailed(link->client_id, static_cast<core::ConnectError>(in.Below(5)),
+                                               "fuzz");
             }
           }
         }
@@ -477,7 +528,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           if (w.running) {
             w.running = false;
             node.agent_ran = true;
-            node.pevents_->OnWorkerSpawnFailed(core::WorkerSpawnFailed{w.round, w.local_rank, "fuzz: spawn failed"});
+            node.pevents_->OnWorkerSpawnFailed(
+                core::WorkerSpawnFailed{w.round, w.local_rank, "fuzz: spawn failed"});
           }
         }
         break;

@@ -32,8 +32,8 @@ void WorkerWords(const uint8_t* data, size_t size) {
   (void)DescribeStack(frames);
   std::vector<RankAtHang> ranks;
   for (size_t i = 0; i < 4; ++i) {
-    ranks.push_back(RankAtHang{static_cast<int>(i), 0, static_cast<int>(i),
-                               size > i ? data[i] % 3 : 0, 1000, i % 2 == 0 ? frames : std::vector<Frame>{}});
+    ranks.push_back(RankAtHang{static_cast<int>(i), 0, static_cast<int>(i), size > i ? data[i] % 3 : 0, 1000,
+                               i % 2 == 0 ? frames : std::vector<Frame>{}});
   }
   const auto verdict = FindHungRanks(ranks, 1);
   if (verdict.culprits.empty()) std::abort();

@@ -58,8 +58,8 @@ TEST(Gpu, PreflightAllReduceOnEveryGpu) {
       << "version = 1\n[job]\nname = \"gpu\"\ncommand = [\"false\"]\n"
       << "[cluster]\nnnodes = 1\nmaster_addr = \"127.0.0.1\"\nmaster_port = 29571\n"
       << "[trainer]\naccelerator = \"gpu\"\ndevices = " << gpus << "\nnum_nodes = 1\n";
-  const std::string command = std::string(DDPRUN_BINARY) + " preflight " + dir +
-                              "/job.toml --node-rank 0 > " + dir + "/out.txt 2>&1";
+  const std::string command =
+      std::string(DDPRUN_BINARY) + " preflight " + dir + "/job.toml --node-rank 0 > " + dir + "/out.txt 2>&1";
   const int status = std::system(command.c_str());
   std::ifstream in(dir + "/out.txt");
   const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

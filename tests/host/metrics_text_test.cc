@@ -14,7 +14,9 @@ using namespace std::chrono_literals;
 TEST(PrometheusTextTest, EachFamilyHasHelpTypeAndOneLinePerSample) {
   const std::vector<MetricFamily> families = {
       {"a_total", MetricType::kCounter, "Things done.", {{{}, 3}}},
-      {"b", MetricType::kGauge, "A gauge with labels.",
+      {"b",
+       MetricType::kGauge,
+       "A gauge with labels.",
        {{{{"x", "1"}, {"y", "two"}}, 0.25}, {{{"x", "2"}, {"y", ""}}, -1}}},
   };
   EXPECT_EQ(RenderPrometheusText(families),
@@ -35,7 +37,9 @@ TEST(PrometheusTextTest, AFamilyWithoutSamplesIsLeftOut) {
 
 TEST(PrometheusTextTest, LabelValuesEscapeBackslashQuoteAndNewlineAndHelpEscapesTwo) {
   const std::vector<MetricFamily> families = {
-      {"m", MetricType::kGauge, "Help with \\ and\nnewline and \"quotes\".",
+      {"m",
+       MetricType::kGauge,
+       "Help with \\ and\nnewline and \"quotes\".",
        {{{{"host", "a\\b\"c\"\nd"}, {"utf8", "n\xc5\x93ud"}}, 1}}},
   };
   EXPECT_EQ(RenderPrometheusText(families),
@@ -60,8 +64,7 @@ TEST(PrometheusTextTest, ValuesAreIntegersWhenIntegralAndShortestOtherwise) {
 }
 
 TEST(PrometheusTextDeathTest, AnInvalidNameIsAProgrammerError) {
-  EXPECT_DEATH(RenderPrometheusText({{"bad name", MetricType::kGauge, "", {{{}, 1}}}}),
-               "assertion failed");
+  EXPECT_DEATH(RenderPrometheusText({{"bad name", MetricType::kGauge, "", {{{}, 1}}}}), "assertion failed");
   EXPECT_DEATH(RenderPrometheusText({{"ok", MetricType::kGauge, "", {{{{"bad-label", "x"}}, 1}}}}),
                "assertion failed");
 }
@@ -86,41 +89,70 @@ TEST(MetricsTextTest, AnAgentServesItsNodeAndRanks) {
   metrics.agent = NodeOne();
   metrics.unix_time_seconds = 1000.5;
   const std::string common = "job_name=\"demo \\\"q\\\"\",node=\"1\"";
-  EXPECT_EQ(RenderMetricsText(metrics),
-            "# HELP ddprun_node_info This node's agent: its job, node rank, host and ddprun version.\n"
-            "# TYPE ddprun_node_info gauge\n"
-            "ddprun_node_info{" + common + ",host=\"gpu-02\",version=\"0.1.0\"} 1\n"
-            "# HELP ddprun_node_phase The agent's phase: 1 for the one it is in.\n"
-            "# TYPE ddprun_node_phase gauge\n"
-            "ddprun_node_phase{" + common + ",phase=\"connecting\"} 0\n"
-            "ddprun_node_phase{" + common + ",phase=\"retry-wait\"} 0\n"
-            "ddprun_node_phase{" + common + ",phase=\"joining\"} 0\n"
-            "ddprun_node_phase{" + common + ",phase=\"waiting\"} 0\n"
-            "ddprun_node_phase{" + common + ",phase=\"running\"} 1\n"
-            "ddprun_node_phase{" + common + ",phase=\"exited\"} 0\n"
-            "# HELP ddprun_node_round The round this node last started; -1 before its first.\n"
-            "# TYPE ddprun_node_round gauge\n"
-            "ddprun_node_round{" + common + "} 2\n"
-            "# HELP ddprun_node_plays_node_rank The node rank this agent plays in that round: its own, or "
-            "for a spare the one it replaced; -1 before its first.\n"
-            "# TYPE ddprun_node_plays_node_rank gauge\n"
-            "ddprun_node_plays_node_rank{" + common + "} 1\n"
-            "# HELP ddprun_node_workers_running Workers of this node that run now.\n"
-            "# TYPE ddprun_node_workers_running gauge\n"
-            "ddprun_node_workers_running{" + common + "} 2\n"
-            "# HELP ddprun_node_rank_last_step A running rank's last step, from its progress beacons.\n"
-            "# TYPE ddprun_node_rank_last_step gauge\n"
-            "ddprun_node_rank_last_step{" + common + ",rank=\"2\"} 41\n"
-            "# HELP ddprun_node_rank_last_beacon_timestamp_seconds When a running rank sent its last step "
-            "or phase beacon (Unix time).\n"
-            "# TYPE ddprun_node_rank_last_beacon_timestamp_seconds gauge\n"
-            "ddprun_node_rank_last_beacon_timestamp_seconds{" + common + ",rank=\"2\"} 1000.25\n"
-            "# HELP ddprun_node_rank_step_seconds A running rank's time per step over the straggler window.\n"
-            "# TYPE ddprun_node_rank_step_seconds gauge\n"
-            "ddprun_node_rank_step_seconds{" + common + ",rank=\"2\"} 1\n"
-            "# HELP ddprun_node_rank_work_seconds A running rank's own work per step (without waiting for the others).\n"
-            "# TYPE ddprun_node_rank_work_seconds gauge\n"
-            "ddprun_node_rank_work_seconds{" + common + ",rank=\"2\"} 0.8\n");
+  EXPECT_EQ(
+      RenderMetricsText(metrics),
+      "# HELP ddprun_node_info This node's agent: its job, node rank, host and ddprun version.\n"
+      "# TYPE ddprun_node_info gauge\n"
+      "ddprun_node_info{" +
+          common +
+          ",host=\"gpu-02\",version=\"0.1.0\"} 1\n"
+          "# HELP ddprun_node_phase The agent's phase: 1 for the one it is in.\n"
+          "# TYPE ddprun_node_phase gauge\n"
+          "ddprun_node_phase{" +
+          common +
+          ",phase=\"connecting\"} 0\n"
+          "ddprun_node_phase{" +
+          common +
+          ",phase=\"retry-wait\"} 0\n"
+          "ddprun_node_phase{" +
+          common +
+          ",phase=\"joining\"} 0\n"
+          "ddprun_node_phase{" +
+          common +
+          ",phase=\"waiting\"} 0\n"
+          "ddprun_node_phase{" +
+          common +
+          ",phase=\"running\"} 1\n"
+          "ddprun_node_phase{" +
+          common +
+          ",phase=\"exited\"} 0\n"
+          "# HELP ddprun_node_round The round this node last started; -1 before its first.\n"
+          "# TYPE ddprun_node_round gauge\n"
+          "ddprun_node_round{" +
+          common +
+          "} 2\n"
+          "# HELP ddprun_node_plays_node_rank The node rank this agent plays in that round: its own, or "
+          "for a spare the one it replaced; -1 before its first.\n"
+          "# TYPE ddprun_node_plays_node_rank gauge\n"
+          "ddprun_node_plays_node_rank{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_node_workers_running Workers of this node that run now.\n"
+          "# TYPE ddprun_node_workers_running gauge\n"
+          "ddprun_node_workers_running{" +
+          common +
+          "} 2\n"
+          "# HELP ddprun_node_rank_last_step A running rank's last step, from its progress beacons.\n"
+          "# TYPE ddprun_node_rank_last_step gauge\n"
+          "ddprun_node_rank_last_step{" +
+          common +
+          ",rank=\"2\"} 41\n"
+          "# HELP ddprun_node_rank_last_beacon_timestamp_seconds When a running rank sent its last step "
+          "or phase beacon (Unix time).\n"
+          "# TYPE ddprun_node_rank_last_beacon_timestamp_seconds gauge\n"
+          "ddprun_node_rank_last_beacon_timestamp_seconds{" +
+          common +
+          ",rank=\"2\"} 1000.25\n"
+          "# HELP ddprun_node_rank_step_seconds A running rank's time per step over the straggler window.\n"
+          "# TYPE ddprun_node_rank_step_seconds gauge\n"
+          "ddprun_node_rank_step_seconds{" +
+          common +
+          ",rank=\"2\"} 1\n"
+          "# HELP ddprun_node_rank_work_seconds A running rank's own work per step (without waiting for the "
+          "others).\n"
+          "# TYPE ddprun_node_rank_work_seconds gauge\n"
+          "ddprun_node_rank_work_seconds{" +
+          common + ",rank=\"2\"} 0.8\n");
   // Without the wall clock (the simulator), no timestamps.
   metrics.unix_time_seconds.reset();
   EXPECT_EQ(RenderMetricsText(metrics).find("timestamp"), std::string::npos);
@@ -158,79 +190,142 @@ TEST(MetricsTextTest, NodeZeroAlsoServesTheJob) {
   const std::string text = RenderMetricsText(metrics);
   const std::string job = text.substr(text.find("# HELP ddprun_job_phase"));
   const std::string common = "job_name=\"demo\",node=\"0\"";
-  EXPECT_EQ(job,
-            "# HELP ddprun_job_phase The job's phase: 1 for the one it is in; succeeded, failed or "
-            "interrupted once it ended.\n"
-            "# TYPE ddprun_job_phase gauge\n"
-            "ddprun_job_phase{" + common + ",phase=\"rendezvous\"} 0\n"
-            "ddprun_job_phase{" + common + ",phase=\"starting\"} 0\n"
-            "ddprun_job_phase{" + common + ",phase=\"running\"} 0\n"
-            "ddprun_job_phase{" + common + ",phase=\"stopping\"} 0\n"
-            "ddprun_job_phase{" + common + ",phase=\"backoff\"} 1\n"
-            "ddprun_job_phase{" + common + ",phase=\"succeeded\"} 0\n"
-            "ddprun_job_phase{" + common + ",phase=\"failed\"} 0\n"
-            "ddprun_job_phase{" + common + ",phase=\"interrupted\"} 0\n"
-            "# HELP ddprun_job_round The job's current round (0 for the first).\n"
-            "# TYPE ddprun_job_round gauge\n"
-            "ddprun_job_round{" + common + "} 1\n"
-            "# HELP ddprun_job_restarts_total Restarts of the job so far.\n"
-            "# TYPE ddprun_job_restarts_total counter\n"
-            "ddprun_job_restarts_total{" + common + "} 1\n"
-            "# HELP ddprun_job_failures_total Rounds of the job that failed so far (each restart follows one).\n"
-            "# TYPE ddprun_job_failures_total counter\n"
-            "ddprun_job_failures_total{" + common + "} 1\n"
-            "# HELP ddprun_job_restarts_left Restarts left of restart.max_restarts.\n"
-            "# TYPE ddprun_job_restarts_left gauge\n"
-            "ddprun_job_restarts_left{" + common + "} 2\n"
-            "# HELP ddprun_job_nodes Nodes of the job.\n"
-            "# TYPE ddprun_job_nodes gauge\n"
-            "ddprun_job_nodes{" + common + "} 2\n"
-            "# HELP ddprun_job_nodes_joined Agents (nodes and spares) joined to the coordinator now.\n"
-            "# TYPE ddprun_job_nodes_joined gauge\n"
-            "ddprun_job_nodes_joined{" + common + "} 2\n"
-            "# HELP ddprun_job_round_nodes Nodes in the current round: fewer than ddprun_job_nodes "
-            "when it shrank (cluster.min_nodes); 0 before the first round.\n"
-            "# TYPE ddprun_job_round_nodes gauge\n"
-            "ddprun_job_round_nodes{" + common + "} 1\n"
-            "# HELP ddprun_job_hosts_quarantined Hosts kept out of the job now (quarantine).\n"
-            "# TYPE ddprun_job_hosts_quarantined gauge\n"
-            "ddprun_job_hosts_quarantined{" + common + "} 1\n"
-            "# HELP ddprun_job_nodes_away Agents that joined once and are not connected now.\n"
-            "# TYPE ddprun_job_nodes_away gauge\n"
-            "ddprun_job_nodes_away{" + common + "} 1\n"
-            "# HELP ddprun_job_spares Spares of the job (cluster.spares).\n"
-            "# TYPE ddprun_job_spares gauge\n"
-            "ddprun_job_spares{" + common + "} 1\n"
-            "# HELP ddprun_job_spares_waiting Joined agents that play no node rank, ready to replace one.\n"
-            "# TYPE ddprun_job_spares_waiting gauge\n"
-            "ddprun_job_spares_waiting{" + common + "} 0\n"
-            "# HELP ddprun_job_last_failure_info The latest root cause: its round and its most specific kind.\n"
-            "# TYPE ddprun_job_last_failure_info gauge\n"
-            "ddprun_job_last_failure_info{" + common + ",round=\"1\",kind=\"torch.cuda.OutOfMemoryError\"} 1\n"
-            "# HELP ddprun_job_last_failure_timestamp_seconds When node 0 learnt of the latest root cause (Unix time).\n"
-            "# TYPE ddprun_job_last_failure_timestamp_seconds gauge\n"
-            "ddprun_job_last_failure_timestamp_seconds{" + common + "} 1988\n"
-            "# HELP ddprun_job_stragglers Ranks reported as stragglers now.\n"
-            "# TYPE ddprun_job_stragglers gauge\n"
-            "ddprun_job_stragglers{" + common + "} 1\n"
-            "# HELP ddprun_job_ranks_reported Ranks with a progress report in this round.\n"
-            "# TYPE ddprun_job_ranks_reported gauge\n"
-            "ddprun_job_ranks_reported{" + common + "} 2\n"
-            "# HELP ddprun_job_rank_last_step A rank's last step, as its node last reported it.\n"
-            "# TYPE ddprun_job_rank_last_step gauge\n"
-            "ddprun_job_rank_last_step{" + common + ",rank=\"0\",rank_node=\"0\"} 100\n"
-            "ddprun_job_rank_last_step{" + common + ",rank=\"3\",rank_node=\"1\"} 99\n"
-            "# HELP ddprun_job_rank_step_seconds A rank's time per step over the straggler window, as its node reported it.\n"
-            "# TYPE ddprun_job_rank_step_seconds gauge\n"
-            "ddprun_job_rank_step_seconds{" + common + ",rank=\"0\",rank_node=\"0\"} 1.5\n"
-            "ddprun_job_rank_step_seconds{" + common + ",rank=\"3\",rank_node=\"1\"} 1.5\n"
-            "# HELP ddprun_job_rank_work_seconds A rank's own work per step, as its node reported it.\n"
-            "# TYPE ddprun_job_rank_work_seconds gauge\n"
-            "ddprun_job_rank_work_seconds{" + common + ",rank=\"0\",rank_node=\"0\"} 1\n"
-            "# HELP ddprun_job_rank_straggler 1 while a rank is reported as a straggler.\n"
-            "# TYPE ddprun_job_rank_straggler gauge\n"
-            "ddprun_job_rank_straggler{" + common + ",rank=\"0\",rank_node=\"0\"} 0\n"
-            "ddprun_job_rank_straggler{" + common + ",rank=\"3\",rank_node=\"1\"} 1\n");
+  EXPECT_EQ(
+      job,
+      "# HELP ddprun_job_phase The job's phase: 1 for the one it is in; succeeded, failed or "
+      "interrupted once it ended.\n"
+      "# TYPE ddprun_job_phase gauge\n"
+      "ddprun_job_phase{" +
+          common +
+          ",phase=\"rendezvous\"} 0\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"starting\"} 0\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"running\"} 0\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"stopping\"} 0\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"backoff\"} 1\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"succeeded\"} 0\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"failed\"} 0\n"
+          "ddprun_job_phase{" +
+          common +
+          ",phase=\"interrupted\"} 0\n"
+          "# HELP ddprun_job_round The job's current round (0 for the first).\n"
+          "# TYPE ddprun_job_round gauge\n"
+          "ddprun_job_round{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_restarts_total Restarts of the job so far.\n"
+          "# TYPE ddprun_job_restarts_total counter\n"
+          "ddprun_job_restarts_total{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_failures_total Rounds of the job that failed so far (each restart follows "
+          "one).\n"
+          "# TYPE ddprun_job_failures_total counter\n"
+          "ddprun_job_failures_total{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_restarts_left Restarts left of restart.max_restarts.\n"
+          "# TYPE ddprun_job_restarts_left gauge\n"
+          "ddprun_job_restarts_left{" +
+          common +
+          "} 2\n"
+          "# HELP ddprun_job_nodes Nodes of the job.\n"
+          "# TYPE ddprun_job_nodes gauge\n"
+          "ddprun_job_nodes{" +
+          common +
+          "} 2\n"
+          "# HELP ddprun_job_nodes_joined Agents (nodes and spares) joined to the coordinator now.\n"
+          "# TYPE ddprun_job_nodes_joined gauge\n"
+          "ddprun_job_nodes_joined{" +
+          common +
+          "} 2\n"
+          "# HELP ddprun_job_round_nodes Nodes in the current round: fewer than ddprun_job_nodes "
+          "when it shrank (cluster.min_nodes); 0 before the first round.\n"
+          "# TYPE ddprun_job_round_nodes gauge\n"
+          "ddprun_job_round_nodes{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_hosts_quarantined Hosts kept out of the job now (quarantine).\n"
+          "# TYPE ddprun_job_hosts_quarantined gauge\n"
+          "ddprun_job_hosts_quarantined{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_nodes_away Agents that joined once and are not connected now.\n"
+          "# TYPE ddprun_job_nodes_away gauge\n"
+          "ddprun_job_nodes_away{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_spares Spares of the job (cluster.spares).\n"
+          "# TYPE ddprun_job_spares gauge\n"
+          "ddprun_job_spares{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_spares_waiting Joined agents that play no node rank, ready to replace one.\n"
+          "# TYPE ddprun_job_spares_waiting gauge\n"
+          "ddprun_job_spares_waiting{" +
+          common +
+          "} 0\n"
+          "# HELP ddprun_job_last_failure_info The latest root cause: its round and its most specific kind.\n"
+          "# TYPE ddprun_job_last_failure_info gauge\n"
+          "ddprun_job_last_failure_info{" +
+          common +
+          ",round=\"1\",kind=\"torch.cuda.OutOfMemoryError\"} 1\n"
+          "# HELP ddprun_job_last_failure_timestamp_seconds When node 0 learnt of the latest root cause "
+          "(Unix time).\n"
+          "# TYPE ddprun_job_last_failure_timestamp_seconds gauge\n"
+          "ddprun_job_last_failure_timestamp_seconds{" +
+          common +
+          "} 1988\n"
+          "# HELP ddprun_job_stragglers Ranks reported as stragglers now.\n"
+          "# TYPE ddprun_job_stragglers gauge\n"
+          "ddprun_job_stragglers{" +
+          common +
+          "} 1\n"
+          "# HELP ddprun_job_ranks_reported Ranks with a progress report in this round.\n"
+          "# TYPE ddprun_job_ranks_reported gauge\n"
+          "ddprun_job_ranks_reported{" +
+          common +
+          "} 2\n"
+          "# HELP ddprun_job_rank_last_step A rank's last step, as its node last reported it.\n"
+          "# TYPE ddprun_job_rank_last_step gauge\n"
+          "ddprun_job_rank_last_step{" +
+          common +
+          ",rank=\"0\",rank_node=\"0\"} 100\n"
+          "ddprun_job_rank_last_step{" +
+          common +
+          ",rank=\"3\",rank_node=\"1\"} 99\n"
+          "# HELP ddprun_job_rank_step_seconds A rank's time per step over the straggler window, as its node "
+          "reported it.\n"
+          "# TYPE ddprun_job_rank_step_seconds gauge\n"
+          "ddprun_job_rank_step_seconds{" +
+          common +
+          ",rank=\"0\",rank_node=\"0\"} 1.5\n"
+          "ddprun_job_rank_step_seconds{" +
+          common +
+          ",rank=\"3\",rank_node=\"1\"} 1.5\n"
+          "# HELP ddprun_job_rank_work_seconds A rank's own work per step, as its node reported it.\n"
+          "# TYPE ddprun_job_rank_work_seconds gauge\n"
+          "ddprun_job_rank_work_seconds{" +
+          common +
+          ",rank=\"0\",rank_node=\"0\"} 1\n"
+          "# HELP ddprun_job_rank_straggler 1 while a rank is reported as a straggler.\n"
+          "# TYPE ddprun_job_rank_straggler gauge\n"
+          "ddprun_job_rank_straggler{" +
+          common +
+          ",rank=\"0\",rank_node=\"0\"} 0\n"
+          "ddprun_job_rank_straggler{" +
+          common + ",rank=\"3\",rank_node=\"1\"} 1\n");
   // Before its first round the agent has no ranks: their families are left out.
   EXPECT_EQ(text.find("ddprun_node_rank_"), std::string::npos);
   EXPECT_NE(text.find("ddprun_node_round{" + common + "} -1\n"), std::string::npos);
@@ -246,8 +341,12 @@ TEST(MetricsTextTest, TheEndedJobSaysItsOutcomeAndExitCode) {
   metrics.coordinator = c;
   metrics.agent.exit_code = 0;
   const std::string text = RenderMetricsText(metrics);
-  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"succeeded\"} 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"running\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"succeeded\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"running\"} 0\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("ddprun_job_exit_code{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos) << text;
   EXPECT_NE(text.find("ddprun_node_exit_code{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos) << text;
 }
@@ -258,8 +357,11 @@ TEST(MetricsTextTest, BeforeAnyFailureNoFailureIsServed) {
   metrics.coordinator = core::CoordinatorMetrics{};
   const std::string text = RenderMetricsText(metrics);
   EXPECT_EQ(text.find("last_failure"), std::string::npos) << text;
-  EXPECT_NE(text.find("ddprun_job_failures_total{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"rendezvous\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddprun_job_failures_total{job_name=\"demo\",node=\"0\"} 0\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ddprun_job_phase{job_name=\"demo\",node=\"0\",phase=\"rendezvous\"} 1\n"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <variant>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "schema/canonical.h"
@@ -42,8 +42,13 @@ stop_grace = "30s"
 
 /// Every port of one node, driven by the test. Callbacks are queued, never made from inside
 /// a port call (the ports' contract), and run by Pump().
-class FakePorts final : public Clock, public Timer, public Transport, public ProcessLauncher,
-                        public Console, public Journal, public EventLog {
+class FakePorts final : public Clock,
+                        public Timer,
+                        public Transport,
+                        public ProcessLauncher,
+                        public Console,
+                        public Journal,
+                        public EventLog {
  public:
   // Clock and Timer
   TimePoint Now() const override { return now; }
@@ -101,26 +106,28 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
     std::string line(event.type);
     for (const auto& [key, value] : event.fields) {
       line += " " + std::string(key) + "=";
-      std::visit([&line](const auto& v) {
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          line += v;
-        } else if constexpr (std::is_same_v<T, bool>) {
-          line += v ? "true" : "false";
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          line += std::to_string(v);
-        } else {
-          std::string list;
-          for (const auto& item : v) {
-            if constexpr (std::is_same_v<std::decay_t<decltype(item)>, std::string>) {
-              list += (list.empty() ? "" : ",") + item;
+      std::visit(
+          [&line](const auto& v) {
+            using T = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<T, std::string>) {
+              line += v;
+            } else if constexpr (std::is_same_v<T, bool>) {
+              line += v ? "true" : "false";
+            } else if constexpr (std::is_same_v<T, int64_t>) {
+              line += std::to_string(v);
             } else {
-              list += (list.empty() ? "" : ",") + std::to_string(item);
+              std::string list;
+              for (const auto& item : v) {
+                if constexpr (std::is_same_v<std::decay_t<decltype(item)>, std::string>) {
+                  list += (list.empty() ? "" : ",") + item;
+                } else {
+                  list += (list.empty() ? "" : ",") + std::to_string(item);
+                }
+              }
+              line += "[" + list + "]";
             }
-          }
-          line += "[" + list + "]";
-        }
-      }, value);
+          },
+          value);
     }
     logged.push_back(line);
   }
@@ -147,7 +154,7 @@ class FakePorts final : public Clock, public Timer, public Transport, public Pro
   std::map<ConnId, ConnId> peer;
   std::deque<std::function<void()>> later;
   std::vector<std::pair<int, int>> spawned;  // (round, local rank)
-  std::vector<TimePoint> leases;            // RenewLease, in order
+  std::vector<TimePoint> leases;             // RenewLease, in order
   std::vector<std::string> lines;
   std::optional<Duration> journal_since;
   std::vector<core::QuarantinedHost> quarantined;
@@ -213,8 +220,9 @@ TEST_F(NodeHostTest, ARecordThatWorkersMayRunDelaysTheFirstRoundUntilItsLeaseEnd
   // Lease: loss bound 6s + 1 heartbeat 2s + stop_grace 30s + kill allowance 10s = 48s.
   fake_.journal_since = 40s;
   Start();
-  EXPECT_TRUE(fake_.Logged("coordinator: the previous coordinator of this job on this host did "
-                           "not end it (40s ago it recorded that workers may run)"));
+  EXPECT_TRUE(
+      fake_.Logged("coordinator: the previous coordinator of this job on this host did "
+                   "not end it (40s ago it recorded that workers may run)"));
   EXPECT_TRUE(fake_.spawned.empty());
   RunUntil(At(8s) - Duration(1));
   EXPECT_TRUE(fake_.spawned.empty()) << "started before the lease of the last record ended";
@@ -264,40 +272,46 @@ TEST_F(NodeHostTest, TheEventLogRecordsRoundsFailuresTheRestartAndTheEnd) {
   std::vector<std::string> events;
   for (const std::string& e : fake_.logged) {
     if (e.starts_with("job-result") || e.starts_with("job-end") || e.starts_with("summary")) {
-      events.push_back(e.substr(0, e.find(" summary=") == std::string::npos ? e.find(" text=") : e.find(" summary=")));
+      events.push_back(
+          e.substr(0, e.find(" summary=") == std::string::npos ? e.find(" text=") : e.find(" summary=")));
     } else {
       events.push_back(e);
     }
   }
   // The agent stops its own workers at its rank's failure, before the coordinator's StopRound
   // comes back; the coordinator starts the round in the batch that acknowledges the join.
-  EXPECT_EQ(events, (std::vector<std::string>{
-      "agent-start job=solo fingerprint=" + FingerprintOfCanonical(CanonicalForm(spec_)).substr(0, 12) +
-          " nnodes=1 spares=0 nproc=2 max_restarts=1 spare=false hang_detection=false version=test",
-      "node-joined peer=0 peer_host=solo-host spare=false",
-      "round-begin round=0 restarts_used=0 nodes=1",
-      "joined standby=false",
-      "workers-start round=0 plays=0 ranks=[0,1]",
-      "worker-exit round=0 rank=1 local_rank=1 exit_code=3 signal=0 stopped=false kinds=[ValueError,exit:3] "
+  EXPECT_EQ(
+      events,
+      (std::vector<std::string>{
+          "agent-start job=solo fingerprint=" + FingerprintOfCanonical(CanonicalForm(spec_)).substr(0, 12) +
+              " nnodes=1 spares=0 nproc=2 max_restarts=1 spare=false hang_detection=false version=test",
+          "node-joined peer=0 peer_host=solo-host spare=false",
+          "round-begin round=0 restarts_used=0 nodes=1",
+          "joined standby=false",
+          "workers-start round=0 plays=0 ranks=[0,1]",
+          "worker-exit round=0 rank=1 local_rank=1 exit_code=3 signal=0 stopped=false "
+          "kinds=[ValueError,exit:3] "
           "error=ValueError: bad batch",
-      "signal-workers round=0 signal=SIGTERM",
-      "round-failed round=0 peer=0 rank=1 kinds=[ValueError,exit:3] cause=rank 1 (node 0 (solo-host), local "
+          "signal-workers round=0 signal=SIGTERM",
+          "round-failed round=0 peer=0 rank=1 kinds=[ValueError,exit:3] cause=rank 1 (node 0 (solo-host), "
+          "local "
           "rank 1) exited with code 3 last=false",
-      "stop-round round=0 cause=rank 1 (node 0 (solo-host), local rank 1) exited with code 3 last=false",
-      "worker-exit round=0 rank=0 local_rank=0 exit_code=0 signal=15 stopped=true kinds=[signal:SIGTERM] error=",
-      "round-end round=0 outcome=stopped stopped=1",
-      "restart restart=1 max_restarts=1 round=1 backoff_ms=0",
-      "round-begin round=1 restarts_used=1 nodes=1",
-      "workers-start round=1 plays=0 ranks=[0,1]",
-      "worker-exit round=1 rank=0 local_rank=0 exit_code=0 signal=0 stopped=false",
-      "worker-exit round=1 rank=1 local_rank=1 exit_code=0 signal=0 stopped=false",
-      "round-end round=1 outcome=done",
-      "job-result exit_code=0 restarts_used=1",
-      "job-end exit_code=0",
-      "summary",
-      "agent-exit exit_code=0",
-      "coordinator-done exit_code=0",
-  }));
+          "stop-round round=0 cause=rank 1 (node 0 (solo-host), local rank 1) exited with code 3 last=false",
+          "worker-exit round=0 rank=0 local_rank=0 exit_code=0 signal=15 stopped=true kinds=[signal:SIGTERM] "
+          "error=",
+          "round-end round=0 outcome=stopped stopped=1",
+          "restart restart=1 max_restarts=1 round=1 backoff_ms=0",
+          "round-begin round=1 restarts_used=1 nodes=1",
+          "workers-start round=1 plays=0 ranks=[0,1]",
+          "worker-exit round=1 rank=0 local_rank=0 exit_code=0 signal=0 stopped=false",
+          "worker-exit round=1 rank=1 local_rank=1 exit_code=0 signal=0 stopped=false",
+          "round-end round=1 outcome=done",
+          "job-result exit_code=0 restarts_used=1",
+          "job-end exit_code=0",
+          "summary",
+          "agent-exit exit_code=0",
+          "coordinator-done exit_code=0",
+      }));
 }
 
 }  // namespace

@@ -155,11 +155,12 @@ TEST(ConsequenceDigestTest, NamesTheRanksByKindTheCountAndTheFolder) {
   EXPECT_EQ(ConsequenceDigest(0, 3, {{0, 15, true, false}, {1, 15, true, false}}, "/l/run/attempt-0"),
             "round 0: after rank 3 failed, ranks 0-1 lost a peer, as expected; 30 lines of their "
             "stderr are not shown here (every byte is in /l/run/attempt-0/rank-<r>.log)");
-  EXPECT_EQ(ConsequenceDigest(2, -1, {{4, 1, false, true}, {6, 2, true, false}, {7, 1, false, false}, {9, 3, true, false}},
-                              "d"),
-            "round 2: after the root cause, ranks 6, 9 lost a peer, as expected; rank 4 was stopped; "
-            "rank 7 kept writing to stderr; 7 lines of their stderr are not shown here (every byte is in "
-            "d/rank-<r>.log)");
+  EXPECT_EQ(
+      ConsequenceDigest(
+          2, -1, {{4, 1, false, true}, {6, 2, true, false}, {7, 1, false, false}, {9, 3, true, false}}, "d"),
+      "round 2: after the root cause, ranks 6, 9 lost a peer, as expected; rank 4 was stopped; "
+      "rank 7 kept writing to stderr; 7 lines of their stderr are not shown here (every byte is in "
+      "d/rank-<r>.log)");
   EXPECT_EQ(ConsequenceDigest(1, 3, {{2, 1, true, false}}, "d"),
             "round 1: after rank 3 failed, rank 2 lost a peer, as expected; 1 line of its stderr is not "
             "shown here (every byte is in d/rank-<r>.log)");

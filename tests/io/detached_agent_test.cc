@@ -68,8 +68,8 @@ class DetachedAgentTest : public ::testing::Test {
 };
 
 TEST_F(DetachedAgentTest, TheStartedAgentIsRecognisedUntilItExits) {
-  auto started = StartDetachedAgent({"/bin/sh", "-c", "echo hello from the agent; exec sleep 60"}, {"PATH=/usr/bin:/bin"},
-                                    dir_.string(), Files());
+  auto started = StartDetachedAgent({"/bin/sh", "-c", "echo hello from the agent; exec sleep 60"},
+                                    {"PATH=/usr/bin:/bin"}, dir_.string(), Files());
   ASSERT_TRUE(started) << started.error();
   // Not our child once we are gone, but for the test it is: reaped in TearDown.
   started_.push_back(started->pid);
@@ -82,7 +82,8 @@ TEST_F(DetachedAgentTest, TheStartedAgentIsRecognisedUntilItExits) {
   ProcessEntry entry;
   ASSERT_TRUE(ReadProcessEntry(started->pid, entry));
   EXPECT_EQ(::getsid(started->pid), started->pid);
-  EXPECT_NE(Read("/proc/" + std::to_string(started->pid) + "/environ").find("DDPRUN_LAUNCH_TOKEN=" + (*identity)->token),
+  EXPECT_NE(Read("/proc/" + std::to_string(started->pid) + "/environ")
+                .find("DDPRUN_LAUNCH_TOKEN=" + (*identity)->token),
             std::string::npos);
   for (int i = 0; i < 100 && Read(dir_ / "state/up-n0.console").empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -110,7 +111,8 @@ TEST_F(DetachedAgentTest, APlantedPidFileNamingAnotherProcessIsNotOurs) {
   planted.token = std::string(32, 'a');
   const Recognition seen = Recognise(planted);
   EXPECT_EQ(seen.verdict, Verdict::kNotOurs);
-  EXPECT_EQ(seen.why, "pid " + std::to_string(victim) + " does not carry the launch token of the agent that was started");
+  EXPECT_EQ(seen.why, "pid " + std::to_string(victim) +
+                          " does not carry the launch token of the agent that was started");
   // A stale file whose pid was reused since: the start time differs.
   planted.start_ticks -= 1;
   EXPECT_EQ(Recognise(planted).verdict, Verdict::kGone);
@@ -123,14 +125,16 @@ TEST_F(DetachedAgentTest, APlantedPidFileNamingAnotherProcessIsNotOurs) {
 TEST_F(DetachedAgentTest, PidsThatStandForAGroupInitOrEveryProcessAreRefusedWhenRead) {
   for (const char* pid : {"-1", "0", "1", "-4242", "4294967297"}) {
     const std::string text = std::string("{\"pid\": ") + pid +
-                             ", \"start_ticks\": 1, \"boot_id\": \"b\", \"token\": \"" + std::string(32, 'a') + "\"}";
+                             ", \"start_ticks\": 1, \"boot_id\": \"b\", \"token\": \"" +
+                             std::string(32, 'a') + "\"}";
     const auto parsed = ParseIdentity(text);
     ASSERT_FALSE(parsed) << pid;
     EXPECT_NE(parsed.error().find("which no ddprun agent has"), std::string::npos) << parsed.error();
   }
   EXPECT_FALSE(ParseIdentity("4242\n"));  // the old shell-written file: a bare pid proves nothing
   EXPECT_FALSE(ParseIdentity("{\"pid\": 4242}"));
-  EXPECT_FALSE(ParseIdentity("{\"pid\": 4242, \"start_ticks\": 1, \"boot_id\": \"b\", \"token\": \"short\"}"));
+  EXPECT_FALSE(
+      ParseIdentity("{\"pid\": 4242, \"start_ticks\": 1, \"boot_id\": \"b\", \"token\": \"short\"}"));
 }
 
 // Planted links under the two names the agent writes: replaced, their targets untouched.
@@ -140,7 +144,8 @@ TEST_F(DetachedAgentTest, NothingIsWrittenThroughLinksPlantedUnderThePidAndConso
   Write(dir_ / "victim-console", "precious\n");
   fs::create_symlink(dir_ / "victim-pid", dir_ / "state/up-n0.pid");
   fs::create_symlink(dir_ / "victim-console", dir_ / "state/up-n0.console");
-  auto started = StartDetachedAgent({"/bin/sh", "-c", "echo console line; exec sleep 60"}, {}, dir_.string(), Files());
+  auto started =
+      StartDetachedAgent({"/bin/sh", "-c", "echo console line; exec sleep 60"}, {}, dir_.string(), Files());
   ASSERT_TRUE(started) << started.error();
   started_.push_back(started->pid);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

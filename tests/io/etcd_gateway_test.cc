@@ -13,7 +13,8 @@ namespace {
 
 TEST(EtcdGatewayTest, KeysAndValuesTravelInBase64) {
   EXPECT_EQ(Base64("/ddprun/job"), "L2RkcHJ1bi9qb2I=");
-  for (const std::string& text : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\n", 3)}) {
+  for (const std::string& text :
+       std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\n", 3)}) {
     EXPECT_EQ(Unbase64(Base64(text)), text);
   }
   EXPECT_EQ(Unbase64("abc"), std::nullopt);   // not a multiple of 4
@@ -73,7 +74,8 @@ TEST(EtcdGatewayTest, ErrorsTryAnotherMemberFailOrReauthenticate) {
   EXPECT_EQ(streamed.type, Outcome::Type::kTryElsewhere);
   EXPECT_EQ(streamed.error, "leader changed");
 
-  Outcome token = Interpret(Kind::kGet, 401, R"({"error":"invalid auth token","message":"invalid auth token","code":16})");
+  Outcome token = Interpret(Kind::kGet, 401,
+                            R"({"error":"invalid auth token","message":"invalid auth token","code":16})");
   EXPECT_EQ(token.type, Outcome::Type::kReauthenticate);
 
   Outcome denied = Interpret(Kind::kPutIf, 403, R"({"message":"permission denied","code":7,"error":"x"})");
@@ -84,7 +86,8 @@ TEST(EtcdGatewayTest, ErrorsTryAnotherMemberFailOrReauthenticate) {
   EXPECT_EQ(Interpret(Kind::kGet, 200, "<html>").error, "an answer that is not JSON");
   EXPECT_EQ(Interpret(Kind::kGrant, 200, R"({"TTL":"10"})").error, "granted no lease");
   // Revoking a lease that is gone already is what was wanted.
-  EXPECT_EQ(Interpret(Kind::kRevoke, 404, R"({"error":"lease not found","code":5})").type, Outcome::Type::kAnswer);
+  EXPECT_EQ(Interpret(Kind::kRevoke, 404, R"({"error":"lease not found","code":5})").type,
+            Outcome::Type::kAnswer);
 }
 
 TEST(EtcdGatewayTest, AnAnswerOfAShapeEtcdNeverSendsIsNotParsed) {
@@ -110,11 +113,13 @@ TEST(EtcdGatewayTest, EndpointsAreSchemeHostAndPort) {
   EXPECT_TRUE(v6->tls);
   EXPECT_EQ(v6->host, "fd00::1");
   EXPECT_EQ(v6->port, "2379");
-  EXPECT_EQ(ParseUrl("10.0.0.1:2379").error(), "etcd endpoint \"10.0.0.1:2379\" is not an http:// or https:// URL");
+  EXPECT_EQ(ParseUrl("10.0.0.1:2379").error(),
+            "etcd endpoint \"10.0.0.1:2379\" is not an http:// or https:// URL");
   EXPECT_EQ(ParseUrl("http://etcd-0:2379/v3").error(),
             "etcd endpoint \"http://etcd-0:2379/v3\" has a path; give scheme, host and port only");
   EXPECT_EQ(ParseUrl("http://[fd00::1:2379").error(), "etcd endpoint \"http://[fd00::1:2379\": no closing ]");
-  EXPECT_EQ(ParseUrl("http://etcd-0:0").error(), "etcd endpoint \"http://etcd-0:0\" is not scheme://host:port");
+  EXPECT_EQ(ParseUrl("http://etcd-0:0").error(),
+            "etcd endpoint \"http://etcd-0:0\" is not scheme://host:port");
 }
 
 }  // namespace

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/io_context.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 #include "tests/e2e/harness.h"
 #include "tests/etcd/etcd_cluster.h"
@@ -33,12 +33,12 @@
 namespace ddprun::io {
 namespace {
 
-using ::testing::AllOf;
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using etcdtest::EtcdCluster;
 using host::StorePut;
 using host::StoreResult;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
 
@@ -84,7 +84,8 @@ struct Client {
 class EtcdStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcd"), "etcd is not installed (Debian: etcd-server)");
+    DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcd"),
+                           "etcd is not installed (Debian: etcd-server)");
     EtcdCluster::Options options;
     options.free_port = [] { return e2e::FreePort(); };
     options.tls = tls_;
@@ -160,7 +161,8 @@ TEST_F(EtcdStoreTest, GrantKeepAliveRevokeAndALeasedKeyGoesWithItsLease) {
   const StoreResult renewed = AwaitOk(store_->KeepAlive(granted.lease));
   EXPECT_EQ(renewed.ttl, 5s);
 
-  const StoreResult put = AwaitOk(store_->PutIf("/t/leased", 0, {StorePut{"/t/leased", "mine", granted.lease}}));
+  const StoreResult put =
+      AwaitOk(store_->PutIf("/t/leased", 0, {StorePut{"/t/leased", "mine", granted.lease}}));
   ASSERT_TRUE(put.succeeded);
   const StoreResult got = AwaitOk(store_->Get("/t/leased"));
   ASSERT_TRUE(got.entry);
@@ -187,7 +189,8 @@ TEST_F(EtcdStoreTest, GetGivesAbsentAndPresentKeysWithTheirRevisions) {
   EXPECT_GT(absent.revision, 0);
 
   // Values are bytes: newlines, quotes, NUL and bytes that are not UTF-8 come back as written.
-  const std::string value = std::string("agent=1\nendpoint=\"x\"\n", 22) + std::string(1, '\0') + "\xff\xfe end";
+  const std::string value =
+      std::string("agent=1\nendpoint=\"x\"\n", 22) + std::string(1, '\0') + "\xff\xfe end";
   const StoreResult created = AwaitOk(store_->PutIf("/t/k", 0, {StorePut{"/t/k", value, 0}}));
   ASSERT_TRUE(created.succeeded);
   EXPECT_GT(created.revision, absent.revision);
@@ -226,7 +229,8 @@ TEST_F(EtcdStoreTest, PutIfComparesTheKeysCreateRevision) {
   EXPECT_TRUE(fenced.succeeded);
   EXPECT_EQ(ValueOf(AwaitOk(store_->Get("/t/state"))), "s1");
   EXPECT_EQ(ValueOf(AwaitOk(store_->Get("/t/other"))), "o1");
-  const StoreResult stale = AwaitOk(store_->PutIf("/t/role", role_revision + 100, {StorePut{"/t/state", "s2", 0}}));
+  const StoreResult stale =
+      AwaitOk(store_->PutIf("/t/role", role_revision + 100, {StorePut{"/t/state", "s2", 0}}));
   EXPECT_FALSE(stale.succeeded);
   ASSERT_TRUE(stale.entry);
   EXPECT_EQ(stale.entry->create_revision, role_revision);
@@ -286,7 +290,8 @@ TEST_F(EtcdStoreTest, TheMemberInUseKilledCallsGoOnThroughAnother) {
   EXPECT_EQ(got.entry->value, "v");
   EXPECT_NE(store_->PreferredEndpoint(), used);
   EXPECT_LT(took, 500ms) << "a killed member on this host refuses at once";
-  RecordProperty("failover_ms", static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  RecordProperty("failover_ms",
+                 static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
   // Later calls start at the member that answered.
   const std::string now_used = store_->PreferredEndpoint();
   for (int i = 0; i < 5; ++i) AwaitOk(store_->Get("/t/f"));
@@ -329,8 +334,8 @@ TEST_F(EtcdStoreTest, EveryEndpointDownEveryCallIsAnsweredWithAnErrorWithinTheBo
   for (int i = 0; i < cluster_->size(); ++i) cluster_->Kill(i);
 
   const auto start = SteadyClock::now();
-  std::vector<uint64_t> ids = {store_->Grant(5s), store_->KeepAlive(42), store_->Revoke(42), store_->Get("/t/a"),
-                               store_->PutIf("/t/a", 0, {StorePut{"/t/a", "v", 0}})};
+  std::vector<uint64_t> ids = {store_->Grant(5s), store_->KeepAlive(42), store_->Revoke(42),
+                               store_->Get("/t/a"), store_->PutIf("/t/a", 0, {StorePut{"/t/a", "v", 0}})};
   for (int i = 0; i < 10; ++i) ids.push_back(store_->Get("/t/queued"));
   std::chrono::nanoseconds slowest{};
   for (uint64_t id : ids) {
@@ -353,7 +358,8 @@ TEST_F(EtcdStoreTest, AClosedPortIsNamedInTheErrorAndSkippedForTheNextEndpoint) 
   const std::string closed_url = "http://127.0.0.1:" + std::to_string(closed);
   Client lone = MakeStore({closed_url});
   const StoreResult failed = Await(lone, lone->Get("/t/a"), 5s);
-  EXPECT_EQ(failed.error, "no etcd endpoint answered within 3 s: etcd at " + closed_url + ": connection refused");
+  EXPECT_EQ(failed.error,
+            "no etcd endpoint answered within 3 s: etcd at " + closed_url + ": connection refused");
 
   Client with_good = MakeStore({closed_url, cluster_->ClientUrl(1)});
   const auto start = SteadyClock::now();
@@ -385,12 +391,14 @@ TEST_F(EtcdStoreTest, AnEndpointThatNeverAnswersCostsOneAttemptBound) {
 
   Client alone = MakeStore({silent});
   const StoreResult failed = Await(alone, alone->Get("/t/a"), 5s);
-  EXPECT_EQ(failed.error, "no etcd endpoint answered within 3 s: etcd at " + silent + ": no answer within 1 s");
+  EXPECT_EQ(failed.error,
+            "no etcd endpoint answered within 3 s: etcd at " + silent + ": no answer within 1 s");
   ::close(fd);
 }
 
 TEST_F(EtcdStoreTest, AuthenticatesAtEachMemberWithAUserAndPassword) {
-  DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcdctl"), "etcdctl is not installed (Debian: etcd-client)");
+  DDPRUN_REQUIRE_OR_SKIP("etcd", test::CommandExists("etcdctl"),
+                         "etcdctl is not installed (Debian: etcd-client)");
   const std::string etcdctl = "ETCDCTL_API=3 etcdctl --endpoints=" + cluster_->ClientUrl(0) + " ";
   ASSERT_EQ(std::system((etcdctl + "user add root:secret >/dev/null 2>&1").c_str()), 0);
   ASSERT_EQ(std::system((etcdctl + "auth enable >/dev/null 2>&1").c_str()), 0);
@@ -429,7 +437,8 @@ TEST_F(EtcdStoreTest, AuthenticatesAtEachMemberWithAUserAndPassword) {
                                              "failed, invalid user ID or password (HTTP 400)")));
   Client anonymous = MakeStore(cluster_->ClientUrls());
   EXPECT_THAT(Await(anonymous, anonymous->Get("/t/auth")).error,
-              AllOf(StartsWith("etcd at http://127.0.0.1:"), HasSubstr(": etcdserver: user name is empty (HTTP 400)")));
+              AllOf(StartsWith("etcd at http://127.0.0.1:"),
+                    HasSubstr(": etcdserver: user name is empty (HTTP 400)")));
 }
 
 class EtcdStoreTlsTest : public EtcdStoreTest {
@@ -487,7 +496,8 @@ TEST(EtcdStoreCreateTest, RefusesWhatIsNotAnEndpointAndTlsFilesItCannotLoad) {
   };
   EXPECT_EQ(create({}), "no etcd endpoints (rendezvous.endpoints)");
   EXPECT_EQ(create({"127.0.0.1:2379"}), "etcd endpoint \"127.0.0.1:2379\" is not an http:// or https:// URL");
-  EXPECT_EQ(create({"http://127.0.0.1:99999"}), "etcd endpoint \"http://127.0.0.1:99999\" is not scheme://host:port");
+  EXPECT_EQ(create({"http://127.0.0.1:99999"}),
+            "etcd endpoint \"http://127.0.0.1:99999\" is not scheme://host:port");
   EXPECT_EQ(create({"http://127.0.0.1:2379/v3"}),
             "etcd endpoint \"http://127.0.0.1:2379/v3\" has a path; give scheme, host and port only");
   EXPECT_EQ(create({"http://127.0.0.1:2379", "http://[::1]:2379/", "http://etcd-0"}), "");
@@ -517,8 +527,9 @@ long OwnStatusKiB(const std::string& field) {
 void AnswerWith(int fd, const std::string& body) {
   char request[65536];
   (void)::recv(fd, request, sizeof request, 0);  // a small POST: one read holds it
-  const std::string response = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
-                               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  const std::string response =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\nConnection: close\r\n\r\n" + body;
   size_t sent = 0;
   while (sent < response.size()) {
     const ssize_t n = ::send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
@@ -617,8 +628,9 @@ constexpr bool kMeasuresMemory = true;
 // before parsing, as an error that names the endpoint, and stay within a few MB.
 TEST(EtcdStoreHostileTest, AHugeNestedAnswerIsAnErrorNamingTheEndpointAndCostsLittleMemory) {
   const ChildAnswer answer = GetFromAFakeEndpoint(std::string(2'000'000, '[') + std::string(2'000'000, ']'));
-  EXPECT_THAT(answer.error, AllOf(StartsWith("no etcd endpoint answered within 5 s: etcd at http://127.0.0.1:"),
-                                  HasSubstr(": an answer over 2 MiB")));
+  EXPECT_THAT(answer.error,
+              AllOf(StartsWith("no etcd endpoint answered within 5 s: etcd at http://127.0.0.1:"),
+                    HasSubstr(": an answer over 2 MiB")));
   if (kMeasuresMemory) {
     EXPECT_LT(answer.peak_growth_kib, 16 * 1024) << "KiB";
   }
@@ -628,8 +640,9 @@ TEST(EtcdStoreHostileTest, AHugeNestedAnswerIsAnErrorNamingTheEndpointAndCostsLi
 TEST(EtcdStoreHostileTest, AnAnswerWithinTheSizeBoundButNestedDeepIsRefusedBeforeParsing) {
   const ChildAnswer answer =
       GetFromAFakeEndpoint("{\"kvs\":" + std::string(900'000, '[') + std::string(900'000, ']') + "}");
-  EXPECT_THAT(answer.error, AllOf(StartsWith("no etcd endpoint answered within 5 s: etcd at http://127.0.0.1:"),
-                                  HasSubstr(": an answer nested more than 16 deep, which etcd never sends")));
+  EXPECT_THAT(answer.error,
+              AllOf(StartsWith("no etcd endpoint answered within 5 s: etcd at http://127.0.0.1:"),
+                    HasSubstr(": an answer nested more than 16 deep, which etcd never sends")));
   if (kMeasuresMemory) {
     EXPECT_LT(answer.peak_growth_kib, 16 * 1024) << "KiB";
   }
@@ -640,8 +653,9 @@ TEST(EtcdStoreHostileTest, AnAnswerOfTooManyValuesIsRefusedBeforeParsing) {
   std::string many = "{\"kvs\":[{}";
   while (many.size() < 1'800'000) many += ",{}";
   const ChildAnswer answer = GetFromAFakeEndpoint(many + "]}");
-  EXPECT_THAT(answer.error, AllOf(StartsWith("no etcd endpoint answered within 5 s: etcd at http://127.0.0.1:"),
-                                  HasSubstr(": an answer of more than 4096 values, which etcd never sends")));
+  EXPECT_THAT(answer.error,
+              AllOf(StartsWith("no etcd endpoint answered within 5 s: etcd at http://127.0.0.1:"),
+                    HasSubstr(": an answer of more than 4096 values, which etcd never sends")));
   if (kMeasuresMemory) {
     EXPECT_LT(answer.peak_growth_kib, 16 * 1024) << "KiB";
   }

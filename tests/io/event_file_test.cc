@@ -35,8 +35,9 @@ class EventFileTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
   std::unique_ptr<FileEventLog> Create(uint64_t max_bytes = FileEventLog::kMaxBytes) {
-    auto log = FileEventLog::Create(folder_.get(), root_, 3, "gpu-03",
-                                    [this](const std::string& text) { reports_.push_back(text); }, max_bytes);
+    auto log = FileEventLog::Create(
+        folder_.get(), root_, 3, "gpu-03", [this](const std::string& text) { reports_.push_back(text); },
+        max_bytes);
     EXPECT_TRUE(log) << log.error();
     return log ? *std::move(log) : nullptr;
   }
@@ -58,14 +59,19 @@ TEST_F(EventFileTest, EachRecordIsOneLineTheReaderParses) {
   ASSERT_TRUE(log);
   EXPECT_EQ(log->path(), root_ + "/events-node3.jsonl");
   host::Event exit{"worker-exit", {}};
-  exit.Add("round", int64_t{2}).Add("stopped", false).Add("kinds", std::vector<std::string>{"oom", "exit:1"})
-      .Add("ranks", std::vector<int64_t>{6, 7}).Add("error", std::string("bad \xff byte \"quoted\"\n"));
+  exit.Add("round", int64_t{2})
+      .Add("stopped", false)
+      .Add("kinds", std::vector<std::string>{"oom", "exit:1"})
+      .Add("ranks", std::vector<int64_t>{6, 7})
+      .Add("error", std::string("bad \xff byte \"quoted\"\n"));
   log->Record(At(1234), exit);
   log->Record(At(1240), host::Event{"agent-exit", {}}.Add("exit_code", int64_t{1}));
   const std::string text = Read();
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2);
   EXPECT_THAT(text, HasSubstr(R"(,"mono_ms":1234,"node":3,"host":"gpu-03","round":2,"stopped":false,)"
-                              R"("kinds":["oom","exit:1"],"ranks":[6,7],"error":"bad )" "\xef\xbf\xbd" R"( byte \"quoted\"\n"})"
+                              R"("kinds":["oom","exit:1"],"ranks":[6,7],"error":"bad )"
+                              "\xef\xbf\xbd"
+                              R"( byte \"quoted\"\n"})"
                               "\n"));
   EXPECT_EQ(text.substr(0, 38), R"({"v":1,"event":"worker-exit","unix_ms")");
   auto parsed = report::ParseEventFile("f", text);
@@ -108,7 +114,8 @@ TEST_F(EventFileTest, PastItsBoundTheLogWritesOneTruncatedRecordAndStops) {
   EXPECT_EQ(parsed->records.back().type, "truncated");
   EXPECT_EQ(parsed->records.back().Int("limit_bytes"), 4096);
   EXPECT_EQ(parsed->records.size(), 10u) << "nine records of ~410 bytes fit below the bound and its reserve";
-  EXPECT_EQ(reports_, std::vector<std::string>{"event log " + root_ + "/events-node3.jsonl reached its bound of 4096 "
+  EXPECT_EQ(reports_, std::vector<std::string>{"event log " + root_ +
+                                               "/events-node3.jsonl reached its bound of 4096 "
                                                "bytes: later events of this run are not recorded"});
 }
 

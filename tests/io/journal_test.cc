@@ -8,9 +8,9 @@
 
 #include <chrono>
 #include <csignal>
-#include <future>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -145,13 +145,17 @@ TEST_F(JournalTest, TheQuarantineStateIsReadBackWithTheTimeLeftAndItsCounts) {
 TEST_F(JournalTest, AMalformedQuarantineStateKeepsNoHostOutAndSaysWhy) {
   const int64_t now = NowMillis();
   std::string error;
-  EXPECT_EQ(FileJournal::ParseQuarantine(
-                FileJournal::FormatQuarantine({{"gpu-02", 1min, 2}}, now), now, &error)[0],
-            (core::QuarantinedHost{"gpu-02", 1min, 2}));
+  EXPECT_EQ(
+      FileJournal::ParseQuarantine(FileJournal::FormatQuarantine({{"gpu-02", 1min, 2}}, now), now, &error)[0],
+      (core::QuarantinedHost{"gpu-02", 1min, 2}));
   EXPECT_EQ(error, "");
-  EXPECT_TRUE(FileJournal::ParseQuarantine("ddprun-quarantine 1\nhost=a until_unix_ms=x times=1\n", now, &error).empty());
+  EXPECT_TRUE(
+      FileJournal::ParseQuarantine("ddprun-quarantine 1\nhost=a until_unix_ms=x times=1\n", now, &error)
+          .empty());
   EXPECT_EQ(error, "line 2 is not \"host=NAME until_unix_ms=N times=K\"");
-  EXPECT_TRUE(FileJournal::ParseQuarantine("ddprun-quarantine 1\nhost=a until_unix_ms=5 times=0\n", now, &error).empty());
+  EXPECT_TRUE(
+      FileJournal::ParseQuarantine("ddprun-quarantine 1\nhost=a until_unix_ms=5 times=0\n", now, &error)
+          .empty());
   EXPECT_TRUE(FileJournal::ParseQuarantine("something else\n", now, &error).empty());
   EXPECT_EQ(error, "line 1 is not \"ddprun-quarantine 1\"");
   fs::create_directories(folder_);
@@ -164,11 +168,13 @@ TEST_F(JournalTest, AMalformedQuarantineStateKeepsNoHostOutAndSaysWhy) {
 
 TEST_F(JournalTest, AQuarantineStateThatIsALinkIsNotFollowed) {
   fs::create_directories(folder_);
-  std::ofstream(root_ + "/elsewhere") << "ddprun-quarantine 1\nhost=gpu-02 until_unix_ms=99999999999999 times=1\n";
+  std::ofstream(root_ + "/elsewhere")
+      << "ddprun-quarantine 1\nhost=gpu-02 until_unix_ms=99999999999999 times=1\n";
   fs::create_symlink(root_ + "/elsewhere", folder_ + "/" + FileJournal::kQuarantineFileName);
   EXPECT_TRUE(Open().Quarantined().empty());
   ASSERT_EQ(reports_.size(), 1u);
-  EXPECT_NE(reports_[0].find(folder_ + "/quarantine.state is a symbolic link, not a regular file"), std::string::npos)
+  EXPECT_NE(reports_[0].find(folder_ + "/quarantine.state is a symbolic link, not a regular file"),
+            std::string::npos)
       << reports_[0];
 }
 
@@ -197,7 +203,8 @@ TEST_F(JournalTest, AFifoPlantedAsTheJournalIsRefusedWithoutBlocking) {
       << "reading the journal waited for a writer of the FIFO";
   EXPECT_EQ(since, Duration::zero());  // assume the worst
   ASSERT_EQ(reports_.size(), 1u);
-  EXPECT_NE(reports_[0].find("coordinator journal: " + fifo + " is a FIFO, not a regular file; assuming workers "
+  EXPECT_NE(reports_[0].find("coordinator journal: " + fifo +
+                             " is a FIFO, not a regular file; assuming workers "
                              "of a previous run may still run"),
             std::string::npos)
       << reports_[0];
@@ -213,7 +220,8 @@ TEST_F(JournalTest, AFifoPlantedAsTheQuarantineStateIsRefusedWithoutBlocking) {
       << "reading the quarantine state waited for a writer of the FIFO";
   EXPECT_TRUE(hosts.empty());
   ASSERT_EQ(reports_.size(), 1u);
-  EXPECT_NE(reports_[0].find("quarantine state: " + fifo + " is a FIFO, not a regular file"), std::string::npos)
+  EXPECT_NE(reports_[0].find("quarantine state: " + fifo + " is a FIFO, not a regular file"),
+            std::string::npos)
       << reports_[0];
 }
 
@@ -241,7 +249,8 @@ TEST_F(JournalTest, AnOversizedJournalIsRefusedNotReadInPart) {
 TEST_F(JournalTest, AnOversizedQuarantineStateIsRefused) {
   fs::create_directories(folder_);
   std::ofstream(folder_ + "/" + FileJournal::kQuarantineFileName)
-      << "ddprun-quarantine 1\n" << std::string(FileJournal::kMaxQuarantineBytes, '\n');
+      << "ddprun-quarantine 1\n"
+      << std::string(FileJournal::kMaxQuarantineBytes, '\n');
   EXPECT_TRUE(Open().Quarantined().empty());
   ASSERT_EQ(reports_.size(), 1u);
   EXPECT_NE(reports_[0].find("quarantine state: " + folder_ + "/quarantine.state is larger than 1 MiB"),

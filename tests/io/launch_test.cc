@@ -12,10 +12,10 @@ auto OnlyExecutable(std::string path) {
 }
 
 TEST(PrepareLaunch, FindsTheCommandOnTheWorkersPathAndMergesTheEnvironment) {
-  const auto plan = PrepareLaunch({"python3", "train.py", "--lr", "0.1"}, "/work",
-                                  {{"PATH", "/usr/bin"}, {"HOME", "/root"}, {"RANK", "stale"}},
-                                  {{"PATH", "/venv/bin:/usr/bin"}, {"RANK", "3"}},
-                                  OnlyExecutable("/usr/bin/python3"));
+  const auto plan =
+      PrepareLaunch({"python3", "train.py", "--lr", "0.1"}, "/work",
+                    {{"PATH", "/usr/bin"}, {"HOME", "/root"}, {"RANK", "stale"}},
+                    {{"PATH", "/venv/bin:/usr/bin"}, {"RANK", "3"}}, OnlyExecutable("/usr/bin/python3"));
   ASSERT_TRUE(plan) << plan.error();
   EXPECT_EQ(plan->executable, "/usr/bin/python3");
   EXPECT_EQ(plan->argv, (std::vector<std::string>{"/usr/bin/python3", "train.py", "--lr", "0.1"}));

@@ -62,8 +62,9 @@ TEST_F(LogFilesTest, APlantedLinkToAVictimIsNotFollowed) {
   fs::create_symlink(fs::path(root_) / "victim.txt", fs::path(root_) / "attempt-0/rank-1.log");
   const auto refused = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
   ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error(), "logs/attempt-0/rank-1.log is a symbolic link; ddprun follows no link below "
-                   "logs.dir (someone may have planted it to make ddprun write elsewhere)");
+  EXPECT_EQ(refused.error(),
+            "logs/attempt-0/rank-1.log is a symbolic link; ddprun follows no link below "
+            "logs.dir (someone may have planted it to make ddprun write elsewhere)");
   EXPECT_EQ(Read("victim.txt"), "precious\n");
 }
 
@@ -72,8 +73,9 @@ TEST_F(LogFilesTest, APlantedFolderLinkIsNotFollowed) {
   fs::create_directory_symlink(fs::path(root_) / "elsewhere", fs::path(root_) / "attempt-0");
   const auto refused = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
   ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error(), "logs/attempt-0 is a symbolic link; ddprun follows no link below logs.dir "
-                   "(someone may have planted it to make ddprun write elsewhere)");
+  EXPECT_EQ(refused.error(),
+            "logs/attempt-0 is a symbolic link; ddprun follows no link below logs.dir "
+            "(someone may have planted it to make ddprun write elsewhere)");
   EXPECT_TRUE(fs::is_empty(fs::path(root_) / "elsewhere"));
 }
 
@@ -81,8 +83,9 @@ TEST_F(LogFilesTest, AnExistingFileIsNeitherTruncatedNorWritten) {
   Write("attempt-0/rank-1.log", "an earlier run\n");
   const auto refused = CreateFileBelow(root_fd_.get(), "logs", "attempt-0/rank-1.log");
   ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error(), "logs/attempt-0/rank-1.log exists already; ddprun writes only files it created "
-                   "in this run");
+  EXPECT_EQ(refused.error(),
+            "logs/attempt-0/rank-1.log exists already; ddprun writes only files it created "
+            "in this run");
   EXPECT_EQ(Read("attempt-0/rank-1.log"), "an earlier run\n");
 }
 
@@ -126,10 +129,13 @@ TEST_F(LogFilesTest, WhatIsNotARegularFileIsRefusedAndNamed) {
     auto read = ReadRegularFile(root_fd_.get(), relative, "logs/" + relative, 64);
     return read ? std::string("read") : read.error();
   };
-  EXPECT_EQ(refusal("run/attempt-0/link.json"), "logs/run/attempt-0/link.json is a symbolic link, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-0/link.json"),
+            "logs/run/attempt-0/link.json is a symbolic link, not a regular file");
   EXPECT_EQ(refusal("run/attempt-0/fifo.json"), "logs/run/attempt-0/fifo.json is a FIFO, not a regular file");
-  EXPECT_EQ(refusal("run/attempt-0/socket.json"), "logs/run/attempt-0/socket.json is a socket, not a regular file");
-  EXPECT_EQ(refusal("run/attempt-0/folder.json"), "logs/run/attempt-0/folder.json is a folder, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-0/socket.json"),
+            "logs/run/attempt-0/socket.json is a socket, not a regular file");
+  EXPECT_EQ(refusal("run/attempt-0/folder.json"),
+            "logs/run/attempt-0/folder.json is a folder, not a regular file");
   EXPECT_EQ(refusal("run/attempt-9/placeholder"),
             "attempt-9 (on the way to logs/run/attempt-9/placeholder) is a symbolic link, not a folder");
   ::close(listener);

@@ -16,12 +16,12 @@
 #include <string>
 #include <thread>
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 namespace ddprun::io {
 namespace {
@@ -45,10 +45,10 @@ TEST(HttpRequestHeadTest, AnIncompleteHeadNeedsMore) {
 }
 
 TEST(HttpRequestHeadTest, AnythingButAnHttp1RequestLineIsBad) {
-  for (const char* text : {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
-                           "GET /metrics HTTP/2.0\r\n\r\n", "GET /me trics HTTP/1.1\r\n\r\n",
-                           "G(T /metrics HTTP/1.1\r\n\r\n", "GET /metrics HTTP/1.1x\r\n\r\n",
-                           "\x16\x03\x01\x02\x01\n\n"}) {
+  for (const char* text :
+       {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
+        "GET /metrics HTTP/2.0\r\n\r\n", "GET /me trics HTTP/1.1\r\n\r\n", "G(T /metrics HTTP/1.1\r\n\r\n",
+        "GET /metrics HTTP/1.1x\r\n\r\n", "\x16\x03\x01\x02\x01\n\n"}) {
     EXPECT_EQ(ParseHttpRequestHead(text).status, HeadStatus::kBad) << text;
   }
 }
@@ -60,7 +60,8 @@ TEST(HttpResponseTest, HasLengthTypeAndClose) {
   EXPECT_EQ(HttpResponse(200, "OK", "text/plain", "hi\n", /*head_only=*/true),
             "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
             "Connection: close\r\n\r\n");
-  EXPECT_THAT(HttpResponse(405, "Method Not Allowed", "text/plain", ""), HasSubstr("\r\nAllow: GET, HEAD\r\n"));
+  EXPECT_THAT(HttpResponse(405, "Method Not Allowed", "text/plain", ""),
+              HasSubstr("\r\nAllow: GET, HEAD\r\n"));
 }
 
 /// A server on 127.0.0.1 whose loop runs on its own thread, and a loop timer that counts its
@@ -130,7 +131,8 @@ class MetricsServerTest : public ::testing::Test {
   }
 
   boost::asio::io_context io_;
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_{io_.get_executor()};
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_{
+      io_.get_executor()};
   boost::asio::steady_timer ticker_{io_};
   std::unique_ptr<MetricsServer> server_;
   std::thread thread_;
@@ -220,7 +222,8 @@ TEST_F(MetricsServerSlotsTest, ARealScrapeIsAnsweredWhileAHundredSlowClientsAreC
   }
   ASSERT_TRUE(WaitForConnections(4));
   for (int scrape = 1; scrape <= 8; ++scrape) {
-    EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 200 OK\r\n")) << "scrape " << scrape;
+    EXPECT_THAT(Fetch("GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.0 200 OK\r\n"))
+        << "scrape " << scrape;
   }
   EXPECT_EQ(scrapes_, 8);
   for (int fd : slow) ::close(fd);

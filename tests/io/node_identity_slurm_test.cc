@@ -15,7 +15,8 @@ JobSpec ListedJob() {
 }
 
 TEST(RankFromSlurmNodeIdTest, AgreeingHostAndSlurmGiveTheRank) {
-  auto rank = RankFromSlurmNodeId(ListedJob(), "1", DetectedRank{1, "this host (vm) is cluster.nodes[1]", ""});
+  auto rank =
+      RankFromSlurmNodeId(ListedJob(), "1", DetectedRank{1, "this host (vm) is cluster.nodes[1]", ""});
   ASSERT_TRUE(rank);
   EXPECT_EQ(rank->rank, 1);
   EXPECT_EQ(rank->how, "SLURM_NODEID=1, and this host (vm) is cluster.nodes[1]");
@@ -24,13 +25,15 @@ TEST(RankFromSlurmNodeIdTest, AgreeingHostAndSlurmGiveTheRank) {
 
 // The report: SLURM_NODEID=0 on host vm, listed as nodes[1].
 TEST(RankFromSlurmNodeIdTest, TheHostsEntryWinsAndTheWarningNamesBoth) {
-  auto rank = RankFromSlurmNodeId(ListedJob(), "0", DetectedRank{1, "this host (vm) is cluster.nodes[1]", ""});
+  auto rank =
+      RankFromSlurmNodeId(ListedJob(), "0", DetectedRank{1, "this host (vm) is cluster.nodes[1]", ""});
   ASSERT_TRUE(rank);
   EXPECT_EQ(rank->rank, 1);
-  EXPECT_EQ(rank->warning,
-            "SLURM_NODEID=0 is not used: this host (vm) is cluster.nodes[1], so this is node 1. SLURM numbers "
-            "an allocation's hosts in its own order; the job file's order decides (cluster.nodes[0] is where "
-            "the coordinator listens)");
+  EXPECT_EQ(
+      rank->warning,
+      "SLURM_NODEID=0 is not used: this host (vm) is cluster.nodes[1], so this is node 1. SLURM numbers "
+      "an allocation's hosts in its own order; the job file's order decides (cluster.nodes[0] is where "
+      "the coordinator listens)");
 }
 
 TEST(RankFromSlurmNodeIdTest, AnUnlistedHostIsAnErrorNamingBoth) {
@@ -55,10 +58,14 @@ TEST(RankFromSlurmNodeIdTest, UnlistedNodesTakeSlurmNodeIdAndBadValuesAreErrors)
 }
 
 TEST(RemoveSlurmTaskLayoutTest, KeepsTheAllocationDropsTheTaskLayout) {
-  std::map<std::string, std::string> env = {{"SLURM_NTASKS", "3"},       {"SLURM_PROCID", "0"},
-                                            {"SLURM_LOCALID", "0"},      {"SLURM_NODEID", "0"},
-                                            {"SLURM_JOB_ID", "42"},      {"SLURM_JOB_NODELIST", "gpu-[01-03]"},
-                                            {"SLURM_TASKS_PER_NODE", "1(x3)"}, {"PATH", "/usr/bin"}};
+  std::map<std::string, std::string> env = {{"SLURM_NTASKS", "3"},
+                                            {"SLURM_PROCID", "0"},
+                                            {"SLURM_LOCALID", "0"},
+                                            {"SLURM_NODEID", "0"},
+                                            {"SLURM_JOB_ID", "42"},
+                                            {"SLURM_JOB_NODELIST", "gpu-[01-03]"},
+                                            {"SLURM_TASKS_PER_NODE", "1(x3)"},
+                                            {"PATH", "/usr/bin"}};
   RemoveSlurmTaskLayout(env);
   EXPECT_EQ(env, (std::map<std::string, std::string>{
                      {"PATH", "/usr/bin"}, {"SLURM_JOB_ID", "42"}, {"SLURM_JOB_NODELIST", "gpu-[01-03]"}}));

@@ -72,7 +72,8 @@ TEST(DetectNodeRankTest, EmptyVariablesCountAsUnsetAndUnlistedNodesNeedARank) {
             "set DDPRUN_NODE_RANK on each node");
 }
 
-// 127.0.0.1 is an address of every host (loopback); 203.0.113.0/24 (TEST-NET-3, documentation only) is of none.
+// 127.0.0.1 is an address of every host (loopback); 203.0.113.0/24 (TEST-NET-3, documentation only) is of
+// none.
 TEST(DetectNodeRankByHostTest, ThisHostsAddressFindsItsEntry) {
   auto detected = DetectNodeRankByHost(Nodes({"203.0.113.1", "127.0.0.1"}));
   ASSERT_TRUE(detected) << detected.error();
@@ -100,11 +101,13 @@ TEST(DetectNodeRankByHostTest, TheShortNameMatchesAnotherDomain) {
 }
 
 TEST(DetectNodeRankByHostTest, NoMatchOrSeveralMatchesAreErrors) {
-  EXPECT_EQ(DetectNodeRankByHost(Nodes({"127.0.0.1", "203.0.113.2", "127.0.0.1"})).error(),
-            "cannot tell this node's rank: this host matches several entries of cluster.nodes (positions 0, 2); "
-            "pass --node-rank N");
+  EXPECT_EQ(
+      DetectNodeRankByHost(Nodes({"127.0.0.1", "203.0.113.2", "127.0.0.1"})).error(),
+      "cannot tell this node's rank: this host matches several entries of cluster.nodes (positions 0, 2); "
+      "pass --node-rank N");
   const std::string unlisted = DetectNodeRankByHost(Nodes({"203.0.113.1", "203.0.113.2"})).error();
-  EXPECT_EQ(unlisted.rfind(fmt::format("cannot tell this node's rank: this host ({}, addresses ", LocalHostName()), 0),
+  EXPECT_EQ(unlisted.rfind(
+                fmt::format("cannot tell this node's rank: this host ({}, addresses ", LocalHostName()), 0),
             0u)
       << unlisted;
   EXPECT_NE(unlisted.find("127.0.0.1"), std::string::npos) << unlisted;
@@ -147,7 +150,8 @@ TEST(LoopbackMasterProblemTest, AddressesLocalhostAndOneNodeJobsAreFine) {
   JobSpec spec = Nodes({"gpu-01", "gpu-02"});
   spec.cluster.master_addr = "127.0.0.1";
   EXPECT_EQ(LoopbackMasterProblem(spec), "");
-  for (const char* name : {"localhost", "LocalHost.localdomain", "ip6-localhost", "ip6-loopback", "job.localhost"}) {
+  for (const char* name :
+       {"localhost", "LocalHost.localdomain", "ip6-localhost", "ip6-loopback", "job.localhost"}) {
     spec.cluster.master_addr = name;
     EXPECT_EQ(LoopbackMasterProblem(spec), "") << name;
   }

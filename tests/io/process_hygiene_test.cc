@@ -24,7 +24,8 @@ JobSpec Workers(int nproc_per_node, uint16_t metrics_port = 0) {
 TEST(DescriptorReserveTest, EightPerWorkerOnTopOfTheAgentsOwnAndTheMetricsEndpoints) {
   EXPECT_EQ(DescriptorReserve(Workers(8)), 64u + 8 * 8);
   EXPECT_EQ(DescriptorReserve(Workers(0)), 64u + 8);  // at least one worker's worth
-  EXPECT_EQ(DescriptorReserve(Workers(8, 9400)), 64u + 8 * 8 + 16 + 2);  // MetricsServer::Limits::max_connections
+  EXPECT_EQ(DescriptorReserve(Workers(8, 9400)),
+            64u + 8 * 8 + 16 + 2);  // MetricsServer::Limits::max_connections
 }
 
 TEST(BudgetSocketsTest, AGenerousLimitLeavesTheRestToConnectionsQuietly) {
@@ -37,17 +38,19 @@ TEST(BudgetSocketsTest, AGenerousLimitLeavesTheRestToConnectionsQuietly) {
 TEST(BudgetSocketsTest, ATightLimitIsSaid) {
   const SocketBudget budget = BudgetSockets(Workers(8), 150, 0);
   EXPECT_EQ(budget.max_sockets, 22u);
-  EXPECT_EQ(budget.warning,
-            "RLIMIT_NOFILE is 150 (hard limit too): 128 descriptors are kept for workers and logs, so at most 22 "
-            "connections are accepted at once; raise it (ulimit -n) for a job under load");
+  EXPECT_EQ(
+      budget.warning,
+      "RLIMIT_NOFILE is 150 (hard limit too): 128 descriptors are kept for workers and logs, so at most 22 "
+      "connections are accepted at once; raise it (ulimit -n) for a job under load");
 }
 
 TEST(BudgetSocketsTest, InheritedDescriptorsCountAndSixteenSocketsAlwaysRemain) {
   const SocketBudget budget = BudgetSockets(Workers(8), 100, 3);
   EXPECT_EQ(budget.max_sockets, 16u);
-  EXPECT_EQ(budget.warning,
-            "RLIMIT_NOFILE is 100 (hard limit too): 128 descriptors are kept for workers and logs and 3 were open "
-            "at start, so at most 16 connections are accepted at once; raise it (ulimit -n) for a job under load");
+  EXPECT_EQ(
+      budget.warning,
+      "RLIMIT_NOFILE is 100 (hard limit too): 128 descriptors are kept for workers and logs and 3 were open "
+      "at start, so at most 16 connections are accepted at once; raise it (ulimit -n) for a job under load");
 }
 
 TEST(RaiseNoFileLimitTest, TheSoftLimitGoesUpToTheHardOne) {

@@ -81,7 +81,8 @@ TEST_F(SecretsTest, AnEmptyOrMissingFileIsAFailure) {
   }
   const std::string missing = root_ + "/nothing-here";
   ScopedEnv file("DDPRUN_SECRET_FILE", missing.c_str());
-  EXPECT_EQ(ReadSharedSecret().error(), "cannot read DDPRUN_SECRET_FILE " + missing + ": No such file or directory");
+  EXPECT_EQ(ReadSharedSecret().error(),
+            "cannot read DDPRUN_SECRET_FILE " + missing + ": No such file or directory");
 }
 
 TEST(RemoveSharedSecretTest, WorkersGetNeitherVariable) {

@@ -57,14 +57,16 @@ TEST(ProbeTest, ReadsEachFailureWithItsFix) {
   EXPECT_TRUE(Read(0, "ddprun 1.2.3\njob-file-found\n", "").ok);
   auto host_key = Read(255, "", "Host key verification failed.\n");
   EXPECT_EQ(host_key.what, "its host key is not known here (ssh runs with BatchMode=yes and asks nothing)");
-  EXPECT_EQ(host_key.fix,
-            "hint: check the key's fingerprint with whoever runs gpu-02 (`ssh-keyscan gpu-02 | ssh-keygen -lf -` "
-            "shows what it offers), then add it to known_hosts");
+  EXPECT_EQ(
+      host_key.fix,
+      "hint: check the key's fingerprint with whoever runs gpu-02 (`ssh-keyscan gpu-02 | ssh-keygen -lf -` "
+      "shows what it offers), then add it to known_hosts");
   EXPECT_EQ(Read(255, "", "ssh: connect to host gpu-02 port 22: No route to host\n").what,
             "no route to the host: ssh: connect to host gpu-02 port 22: No route to host");
   // The port ssh tried, not an assumed 22.
   const auto timed_out = Read(255, "", "ssh: connect to host gpu-02 port 2222: Connection timed out\n");
-  EXPECT_EQ(timed_out.what, "connection timed out (10 s): ssh: connect to host gpu-02 port 2222: Connection timed out");
+  EXPECT_EQ(timed_out.what,
+            "connection timed out (10 s): ssh: connect to host gpu-02 port 2222: Connection timed out");
   EXPECT_NE(timed_out.fix.find("is the host up and port 2222 open?"), std::string::npos) << timed_out.fix;
   EXPECT_EQ(Read(255, "", "ssh: connect to host gpu-02 port 2200: Connection refused\n").what,
             "connection refused: no ssh server listens on port 2200: ssh: connect to host gpu-02 port 2200: "
@@ -72,7 +74,8 @@ TEST(ProbeTest, ReadsEachFailureWithItsFix) {
   EXPECT_EQ(Read(-1, "", "").what, "no answer within 15 s");
   EXPECT_EQ(Read(255, "", "banner\nkex_exchange_identification: read: Connection reset by peer\n").what,
             "ssh failed: kex_exchange_identification: read: Connection reset by peer");
-  EXPECT_EQ(Read(1, "", "Segmentation fault\n").what, "`ddprun --version` failed there (exit 1): Segmentation fault");
+  EXPECT_EQ(Read(1, "", "Segmentation fault\n").what,
+            "`ddprun --version` failed there (exit 1): Segmentation fault");
   EXPECT_EQ(Read(0, "ddprun 1.2.3\njob-file-missing\n", "").what, "the job file is not at /j/job.toml there");
 }
 
@@ -96,15 +99,18 @@ TEST(ProbeTest, AChangedHostKeyIsReportedAsAPossibleAttack) {
 
 // The host's side is ddprun itself: no shell decides what to signal, every path is quoted.
 TEST(RemoteLineTest, UpDetachStatusDownAndCopyRunDdprunOnTheHost) {
-  EXPECT_EQ(CopyCommand("/opt/dd prun", "/j/job.toml"), "exec '/opt/dd prun' __up-remote copy --to /j/job.toml");
+  EXPECT_EQ(CopyCommand("/opt/dd prun", "/j/job.toml"),
+            "exec '/opt/dd prun' __up-remote copy --to /j/job.toml");
   AgentCommand agent;
   agent.job_path = "/j/job.toml";
   agent.node_rank = 1;
   agent.script_args = {"--lr", "it's"};
-  EXPECT_EQ(DetachedAgentLine(agent, "/j/logs/my job"),
-            "cd /j && exec ddprun __up-remote start --state-dir '/j/logs/my job' --node-rank 1 --job /j/job.toml "
-            "-- --lr 'it'\\''s'");
-  EXPECT_EQ(StatusLine("ddprun", "/j/logs/x", 3), "exec ddprun __up-remote status --state-dir /j/logs/x --node-rank 3");
+  EXPECT_EQ(
+      DetachedAgentLine(agent, "/j/logs/my job"),
+      "cd /j && exec ddprun __up-remote start --state-dir '/j/logs/my job' --node-rank 1 --job /j/job.toml "
+      "-- --lr 'it'\\''s'");
+  EXPECT_EQ(StatusLine("ddprun", "/j/logs/x", 3),
+            "exec ddprun __up-remote status --state-dir /j/logs/x --node-rank 3");
   EXPECT_EQ(DownLine("ddprun", "/j/logs/x", 0, 35),
             "exec ddprun __up-remote down --state-dir /j/logs/x --node-rank 0 --wait 35");
 }
@@ -120,7 +126,7 @@ TEST(RemoteAnswerTest, RoundTripsAndSkipsWhatElseTheSessionPrinted) {
   EXPECT_EQ(parsed->state, RemoteState::kRunning);
   EXPECT_EQ(parsed->pid, 4242);
   ASSERT_EQ(parsed->log.size(), 2u);
-  EXPECT_EQ(parsed->log[1].substr(0, 7), "\x1b[2Jbad");  // escaped where printed, not here
+  EXPECT_EQ(parsed->log[1].substr(0, 7), "\x1b[2Jbad");    // escaped where printed, not here
   EXPECT_FALSE(ParseRemoteAnswer("state: running 12\n"));  // an older ddprun's shell line
   EXPECT_FALSE(ParseRemoteAnswer("{\"ddprun_up\": not json\n"));
 }

@@ -24,7 +24,8 @@ TEST(RoundStartLog, ARoundIsRecordedOnceItsLastWorkerStarted) {
   EXPECT_TRUE(events.empty());  // the round has not finished asking
   log.Closed(1, t0 + milliseconds(5));
   EXPECT_TRUE(events.empty());  // one worker still to start
-  log.Started(1, t0 + milliseconds(9), /*warm=*/false, /*failed=*/false, "the template is still importing torch");
+  log.Started(1, t0 + milliseconds(9), /*warm=*/false, /*failed=*/false,
+              "the template is still importing torch");
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].type, "workers-started");
   std::map<std::string, host::Event::Value> fields(events[0].fields.begin(), events[0].fields.end());
@@ -35,9 +36,10 @@ TEST(RoundStartLog, ARoundIsRecordedOnceItsLastWorkerStarted) {
   EXPECT_EQ(std::get<int64_t>(fields.at("start_us")), 9000);
   EXPECT_EQ(std::get<std::string>(fields.at("cold_reason")), "the template is still importing torch");
   log.Stepped(1, t0 + milliseconds(1500));
-  EXPECT_EQ(log.SummaryLine(),
-            "worker starts on this node: round 1: 1 warm, 1 cold in 9.0 ms, first step 1.50 s after the round "
-            "began here\n");
+  EXPECT_EQ(
+      log.SummaryLine(),
+      "worker starts on this node: round 1: 1 warm, 1 cold in 9.0 ms, first step 1.50 s after the round "
+      "began here\n");
 }
 
 TEST(RoundStartLog, ColdJobsHaveNoReasonAndTheSummaryKeepsTheNewestRounds) {

@@ -261,10 +261,10 @@ TEST(VerdictParts, NodesComparesGpusWithRanks) {
   const VerdictPart part = NodesPart(Expect("gpu", 2), f);
   EXPECT_THAT(part.text, HasSubstr("\nnodes\n  node  host "));
   EXPECT_THAT(part.text, HasSubstr("        GPUs: 2 x NVIDIA H100\n"));
-  EXPECT_EQ(part.problems, (std::vector<std::string>{
-                               "node 1 (host1) has 1 GPU but runs 2 ranks (nproc_per_node); fix: "
-                               "set cluster.nproc_per_node/trainer.devices = 1 or check "
-                               "CUDA_VISIBLE_DEVICES"}));
+  EXPECT_EQ(part.problems,
+            (std::vector<std::string>{"node 1 (host1) has 1 GPU but runs 2 ranks (nproc_per_node); fix: "
+                                      "set cluster.nproc_per_node/trainer.devices = 1 or check "
+                                      "CUDA_VISIBLE_DEVICES"}));
   EXPECT_THAT(NodesPart(Expect("cpu", 2), TwoNodes(2, 0)).text,
               HasSubstr("  note: no GPU on node 1 (CUDA driver version is insufficient"));
 }
@@ -311,8 +311,7 @@ TEST(VerdictParts, RanksThatFailedOrNeverReported) {
   f.reports[0].error = "cudaSetDevice(0): no device";
   f.reports.pop_back();
   EXPECT_EQ(RanksPart(Expect("cpu", 1), f).problems,
-            (std::vector<std::string>{"rank 0: cudaSetDevice(0): no device",
-                                      "rank 1 never reported back"}));
+            (std::vector<std::string>{"rank 0: cudaSetDevice(0): no device", "rank 1 never reported back"}));
   f.exchange_error = "rank 1 never joined";
   EXPECT_EQ(RanksPart(Expect("cpu", 1), f).problems,
             (std::vector<std::string>{"rank 0: cudaSetDevice(0): no device"}));

@@ -60,15 +60,19 @@ struct Files {
 // silent since 90 s. Round 3 succeeds at 130 s.
 std::string NodeZero() {
   return Start(0, 0) + Line("round-begin", 6'000, 0, R"("round":0,"restarts_used":0,"nodes":3)") +
-         Line("round-failed", 20'010, 0, R"("round":0,"peer":2,"rank":4,"kinds":["lost-peer","exit:1"],"cause":"x")") +
-         Line("round-failed", 20'020, 0, R"("round":0,"peer":1,"rank":3,"kinds":["ValueError","exit:7"],"cause":"y")") +
+         Line("round-failed", 20'010, 0,
+              R"("round":0,"peer":2,"rank":4,"kinds":["lost-peer","exit:1"],"cause":"x")") +
+         Line("round-failed", 20'020, 0,
+              R"("round":0,"peer":1,"rank":3,"kinds":["ValueError","exit:7"],"cause":"y")") +
          Line("restart", 21'000, 0, R"("restart":1,"max_restarts":5,"round":1,"backoff_ms":0)") +
          Line("round-begin", 22'000, 0, R"("round":1,"restarts_used":1,"nodes":3)") +
          Line("node-lost", 43'000, 0, R"("peer":2,"reason":"silent for 3 heartbeats")") +
-         Line("round-failed", 43'001, 0, R"("round":1,"peer":2,"rank":-1,"kinds":["lost-node"],"cause":"z")") +
+         Line("round-failed", 43'001, 0,
+              R"("round":1,"peer":2,"rank":-1,"kinds":["lost-node"],"cause":"z")") +
          Line("restart", 44'000, 0, R"("restart":2,"max_restarts":5,"round":2,"backoff_ms":0)") +
          Line("round-begin", 75'000, 0, R"("round":2,"restarts_used":2,"nodes":3)") +
-         Line("hang", 100'000, 0, R"("round":2,"rank":1,"local_rank":1,"step":4,"silent_ms":10000,"timeout_ms":10000)") +
+         Line("hang", 100'000, 0,
+              R"("round":2,"rank":1,"local_rank":1,"step":4,"silent_ms":10000,"timeout_ms":10000)") +
          Line("round-failed", 101'000, 0, R"("round":2,"peer":0,"rank":1,"kinds":["hang"],"cause":"w")") +
          Line("restart", 102'000, 0, R"("restart":3,"max_restarts":5,"round":3,"backoff_ms":0)") +
          Line("round-begin", 103'000, 0, R"("round":3,"restarts_used":3,"nodes":3)") +
@@ -79,20 +83,23 @@ TEST(ReplayTest, TheSequenceIsNodeZerosRoundsWithTheLastRevisionOfEachRootCause)
   Files f;
   f.Add("n0", NodeZero());
   const report::Run& run = f.Group();
-  EXPECT_THAT(RoundSequence(CoordinatorRecords(run)),
-              ElementsAre("round 0 begins on 3 nodes", "round 0 fails: rank 3 (node 1), exit:7", "restart 1 of 5",
-                          "round 1 begins on 3 nodes", "round 1 fails: node 2, lost-node", "restart 2 of 5",
-                          "round 2 begins on 3 nodes", "round 2 fails: rank 1 (node 0), hang", "restart 3 of 5",
-                          "round 3 begins on 3 nodes", "the job ends with exit code 0"));
+  EXPECT_THAT(
+      RoundSequence(CoordinatorRecords(run)),
+      ElementsAre("round 0 begins on 3 nodes", "round 0 fails: rank 3 (node 1), exit:7", "restart 1 of 5",
+                  "round 1 begins on 3 nodes", "round 1 fails: node 2, lost-node", "restart 2 of 5",
+                  "round 2 begins on 3 nodes", "round 2 fails: rank 1 (node 0), hang", "restart 3 of 5",
+                  "round 3 begins on 3 nodes", "the job ends with exit code 0"));
 }
 
 TEST(ReplayTest, TheRunsFailuresBecomeFaultsAtTheirTimes) {
   Files f;
   f.Add("n0", NodeZero());
-  f.Add("n1", Start(100, 1) + Line("worker-exit", 19'900, 1,
-                                   R"("round":0,"rank":3,"local_rank":1,"exit_code":7,"signal":0,"stopped":false)"));
-  f.Add("n2", Start(5'000, 2) + Line("worker-exit", 20'500, 2,
-                                     R"("round":0,"rank":4,"local_rank":0,"exit_code":1,"signal":0,"stopped":true)"));
+  f.Add("n1", Start(100, 1) +
+                  Line("worker-exit", 19'900, 1,
+                       R"("round":0,"rank":3,"local_rank":1,"exit_code":7,"signal":0,"stopped":false)"));
+  f.Add("n2", Start(5'000, 2) +
+                  Line("worker-exit", 20'500, 2,
+                       R"("round":0,"rank":4,"local_rank":0,"exit_code":1,"signal":0,"stopped":true)"));
   f.Add("n2b", Start(70'000, 2));
   const report::Run& run = f.Group();
   const ReplayPlan plan = PlanReplay(run, Spec());
@@ -127,8 +134,9 @@ TEST(ReplayTest, WhereTheSequencesPartIsMarked) {
                                      {"round 0 begins on 2 nodes", "the job ends with exit code 0"});
   EXPECT_TRUE(same.match);
   EXPECT_THAT(same.text, HasSubstr("the sequences match (2 steps)"));
-  const auto differ = CompareSequences({"round 0 begins on 2 nodes", "restart 1 of 2", "the job ends with exit code 0"},
-                                       {"round 0 begins on 2 nodes", "the job ends with exit code 1"});
+  const auto differ =
+      CompareSequences({"round 0 begins on 2 nodes", "restart 1 of 2", "the job ends with exit code 0"},
+                       {"round 0 begins on 2 nodes", "the job ends with exit code 1"});
   EXPECT_FALSE(differ.match);
   EXPECT_THAT(differ.text, HasSubstr("! restart 1 of 2                  the job ends with exit code 1\n"));
   EXPECT_THAT(differ.text, HasSubstr("! the job ends with exit code 0   -\n"));
@@ -154,19 +162,21 @@ TEST(ReplayTest, EachFailedRoundsStopAndRestartAreMeasuredFromItsFirstFailure) {
 }
 
 TEST(ReplayTest, ADurationOffByMoreThanAFifthAndASecondIsMarked) {
-  const std::vector<StepDuration> real = {{"round 0 stop", 30s}, {"round 0 restart", 40s}, {"round 1 stop", 2ms}};
+  const std::vector<StepDuration> real = {
+      {"round 0 stop", 30s}, {"round 0 restart", 40s}, {"round 1 stop", 2ms}};
   // 24 s is 20% under 30 s: a prediction. 1.7 s for 2 ms is not, however small both are.
-  const DurationComparison close = CompareDurations(real, {{"round 0 stop", 24s}, {"round 0 restart", 47s},
-                                                           {"round 1 stop", 450ms}});
+  const DurationComparison close =
+      CompareDurations(real, {{"round 0 stop", 24s}, {"round 0 restart", 47s}, {"round 1 stop", 450ms}});
   EXPECT_TRUE(close.within) << close.text;
   EXPECT_THAT(close.text, HasSubstr("the durations match (each within 20% or 1s of the real one)"));
-  const DurationComparison off = CompareDurations(real, {{"round 0 stop", 1700ms}, {"round 0 restart", 40s},
-                                                         {"round 1 stop", 1700ms}});
+  const DurationComparison off =
+      CompareDurations(real, {{"round 0 stop", 1700ms}, {"round 0 restart", 40s}, {"round 1 stop", 1700ms}});
   EXPECT_FALSE(off.within);
   EXPECT_THAT(off.text, HasSubstr("! round 0 stop"));
   EXPECT_THAT(off.text, HasSubstr("(-94%)"));
   EXPECT_THAT(off.text, HasSubstr("  round 0 restart"));
-  EXPECT_THAT(off.text, HasSubstr("2 of the durations are more than 20% (and 1s) off the real one (marked !)"));
+  EXPECT_THAT(off.text,
+              HasSubstr("2 of the durations are more than 20% (and 1s) off the real one (marked !)"));
   // A step only the real run has is listed, not judged: the sequences say that it is missing.
   const DurationComparison missing = CompareDurations(real, {{"round 0 stop", 30s}});
   EXPECT_TRUE(missing.within) << missing.text;

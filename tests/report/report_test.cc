@@ -53,17 +53,29 @@ TEST(EventLogTest, EveryMalformedLineIsNamedWithItsFileAndLine) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{oops\n", "f:2: not JSON"},
       {"[1,2]\n", "f:2: a JSON array, not an object"},
-      {R"({"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h"})" "\n", "f:2: no \"v\""},
-      {R"({"v":2,"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h"})" "\n",
+      {R"({"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h"})"
+       "\n",
+       "f:2: no \"v\""},
+      {R"({"v":2,"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h"})"
+       "\n",
        "f:2: format version 2; this ddprun reads version 1 (a newer ddprun wrote it?)"},
-      {R"({"v":1,"unix_ms":1,"mono_ms":1,"node":0,"host":"h"})" "\n", "f:2: no \"event\""},
-      {R"({"v":1,"event":"x","unix_ms":"1","mono_ms":1,"node":0,"host":"h"})" "\n",
+      {R"({"v":1,"unix_ms":1,"mono_ms":1,"node":0,"host":"h"})"
+       "\n",
+       "f:2: no \"event\""},
+      {R"({"v":1,"event":"x","unix_ms":"1","mono_ms":1,"node":0,"host":"h"})"
+       "\n",
        "f:2: \"unix_ms\" is not an integer"},
-      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":-1,"host":"h"})" "\n", "f:2: \"node\" -1 is out of range"},
-      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":0})" "\n", "f:2: \"host\" is missing or not a string"},
-      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h","a":{"b":1}})" "\n",
+      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":-1,"host":"h"})"
+       "\n",
+       "f:2: \"node\" -1 is out of range"},
+      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":0})"
+       "\n",
+       "f:2: \"host\" is missing or not a string"},
+      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h","a":{"b":1}})"
+       "\n",
        "f:2: \"a\" is a object, not an integer, boolean, string or array"},
-      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h","a":[1,"b"]})" "\n",
+      {R"({"v":1,"event":"x","unix_ms":1,"mono_ms":1,"node":0,"host":"h","a":[1,"b"]})"
+       "\n",
        "f:2: \"a\" is an array that is neither all integers nor all strings"},
   };
   for (const auto& [line, error] : cases) {
@@ -84,7 +96,8 @@ TEST(EventLogTest, ALastLineCutByACrashIsSkippedAndSaid) {
 }
 
 TEST(EventLogTest, FieldsReadByType) {
-  const EventFile file = Parsed("f", Line("x", 0, 3, R"("n":4,"b":true,"s":"t","ns":[1,2],"ss":["a"],"e":[])"));
+  const EventFile file =
+      Parsed("f", Line("x", 0, 3, R"("n":4,"b":true,"s":"t","ns":[1,2],"ss":["a"],"e":[])"));
   const EventRecord& r = file.records.front();
   EXPECT_EQ(r.node, 3);
   EXPECT_EQ(file.host, "h3");
@@ -125,7 +138,8 @@ TEST(EventLogTest, PackedFieldsKeepEveryValueExactly) {
 }
 
 TEST(EventLogTest, AFileFedInPiecesReadsAsAWholeOne) {
-  const std::string text = Start(0, 0) + Line("joined", 5, 0) + Line("x", 6, 0, R"("s":"a\nb")") + R"({"v":1,"ev)";
+  const std::string text =
+      Start(0, 0) + Line("joined", 5, 0) + Line("x", 6, 0, R"("s":"a\nb")") + R"({"v":1,"ev)";
   const EventFile whole = Parsed("f", text);
   EventFileParser parser("f", 1 << 20);
   for (char c : text) ASSERT_TRUE(parser.Feed(std::string_view(&c, 1)));
@@ -145,10 +159,11 @@ TEST(EventLogTest, RecordsPastTheMemoryBoundAndOverlongLinesAreRefused) {
   EventFileParser parser("logs/j/events-node0.jsonl", 64 * 1024);
   const Status fed = parser.Feed(text);
   ASSERT_FALSE(fed);
-  EXPECT_THAT(fed.error(), ::testing::MatchesRegex(
-                               "logs/j/events-node0.jsonl:[0-9]+: the event files read so far take more than 64 "
-                               "KiB in memory, the most ddprun holds; pass a folder with fewer of them \\(one "
-                               "job's, or one run's\\)"));
+  EXPECT_THAT(fed.error(),
+              ::testing::MatchesRegex(
+                  "logs/j/events-node0.jsonl:[0-9]+: the event files read so far take more than 64 "
+                  "KiB in memory, the most ddprun holds; pass a folder with fewer of them \\(one "
+                  "job's, or one run's\\)"));
   EventFileParser long_lines("f", 1 << 30);
   ASSERT_TRUE(long_lines.Feed(Start(0, 0)));
   const std::string huge(EventFileParser::kMaxLineBytes, 'x');
@@ -185,22 +200,24 @@ std::vector<NodePhase> Phases(const Timeline& t, size_t row) {
 // Node 1's agent is killed while training (its file just stops); node 0's coordinator notices
 // 3 s later; node 1's agent comes back, round 1 trains with beacons, a rank hangs.
 TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
-  const std::string zero = Start(0, 0) + Line("node-joined", 100, 0, R"("peer":0)") +
-                           Line("joined", 110, 0) + Line("node-joined", 200, 0, R"("peer":1)") +
-                           Line("round-begin", 300, 0, R"("round":0)") +
-                           Line("workers-start", 310, 0, R"("round":0,"plays":0,"ranks":[0,1])") +
-                           Line("training", 2'000, 0, R"("round":0,"rank":0)") +
-                           Line("node-lost", 8'000, 0, R"("peer":1,"reason":"silent for 3 heartbeats")") +
-                           Line("round-failed", 8'000, 0, R"("round":0,"peer":1,"rank":-1,"kinds":["lost-node"],"cause":"node 1 was lost")") +
-                           Line("signal-workers", 8'001, 0, R"("round":0,"signal":"SIGTERM")") +
-                           Line("round-end", 8'100, 0, R"("round":0,"outcome":"stopped","stopped":2)") +
-                           Line("restart", 8'100, 0, R"("restart":1,"round":1)") +
-                           Line("round-begin", 20'000, 0, R"("round":1)") +
-                           Line("workers-start", 20'010, 0, R"("round":1,"ranks":[0,1])") +
-                           Line("hang", 40'000, 0, R"("round":1,"rank":1,"silent_ms":15000)") +
-                           Line("round-failed", 41'000, 0, R"("round":1,"peer":0,"rank":1,"kinds":["hang"],"cause":"rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s")") +
-                           Line("job-result", 50'000, 0, R"("exit_code":1,"summary":"job \"j\" FAILED")") +
-                           Line("agent-exit", 50'100, 0, R"("exit_code":1)");
+  const std::string zero =
+      Start(0, 0) + Line("node-joined", 100, 0, R"("peer":0)") + Line("joined", 110, 0) +
+      Line("node-joined", 200, 0, R"("peer":1)") + Line("round-begin", 300, 0, R"("round":0)") +
+      Line("workers-start", 310, 0, R"("round":0,"plays":0,"ranks":[0,1])") +
+      Line("training", 2'000, 0, R"("round":0,"rank":0)") +
+      Line("node-lost", 8'000, 0, R"("peer":1,"reason":"silent for 3 heartbeats")") +
+      Line("round-failed", 8'000, 0,
+           R"("round":0,"peer":1,"rank":-1,"kinds":["lost-node"],"cause":"node 1 was lost")") +
+      Line("signal-workers", 8'001, 0, R"("round":0,"signal":"SIGTERM")") +
+      Line("round-end", 8'100, 0, R"("round":0,"outcome":"stopped","stopped":2)") +
+      Line("restart", 8'100, 0, R"("restart":1,"round":1)") + Line("round-begin", 20'000, 0, R"("round":1)") +
+      Line("workers-start", 20'010, 0, R"("round":1,"ranks":[0,1])") +
+      Line("hang", 40'000, 0, R"("round":1,"rank":1,"silent_ms":15000)") +
+      Line(
+          "round-failed", 41'000, 0,
+          R"("round":1,"peer":0,"rank":1,"kinds":["hang"],"cause":"rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s")") +
+      Line("job-result", 50'000, 0, R"("exit_code":1,"summary":"job \"j\" FAILED")") +
+      Line("agent-exit", 50'100, 0, R"("exit_code":1)");
   const std::string one_first = Start(150, 1) + Line("joined", 210, 1) +
                                 Line("workers-start", 320, 1, R"("round":0,"ranks":[2,3])") +
                                 Line("training", 2'100, 1, R"("round":0,"rank":2)");
@@ -222,11 +239,11 @@ TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
   EXPECT_EQ(t.labels, (std::vector<std::string>{"node 0 (h0)", "node 1 (h1)"}));
   EXPECT_EQ(t.title, "j: 2 nodes x 2 workers, started 2023-11-14 22:13:20 UTC");
   EXPECT_EQ(t.kind, "ddprun run");
-  EXPECT_EQ(Phases(t, 0), (std::vector<P>{P::kRendezvous, P::kWaiting, P::kStarting, P::kTraining, P::kStopping,
-                                           P::kWaiting, P::kStarting, P::kStalled, P::kDone}));
-  EXPECT_EQ(Phases(t, 1), (std::vector<P>{P::kRendezvous, P::kWaiting, P::kStarting, P::kTraining, P::kDown,
-                                           P::kRendezvous, P::kWaiting, P::kStarting, P::kStopping, P::kWaiting,
-                                           P::kDone}));
+  EXPECT_EQ(Phases(t, 0), (std::vector<P>{P::kRendezvous, P::kWaiting, P::kStarting, P::kTraining,
+                                          P::kStopping, P::kWaiting, P::kStarting, P::kStalled, P::kDone}));
+  EXPECT_EQ(Phases(t, 1),
+            (std::vector<P>{P::kRendezvous, P::kWaiting, P::kStarting, P::kTraining, P::kDown, P::kRendezvous,
+                            P::kWaiting, P::kStarting, P::kStopping, P::kWaiting, P::kDone}));
   // Node 1 trains until node 0 noticed its loss (8 s), not just until its last record (2.1 s).
   const Segment& down = t.segments[1][4];
   EXPECT_EQ(down.start_ns, 8'000'000'000);
@@ -234,19 +251,22 @@ TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
   EXPECT_TRUE(t.focus[0]) << "the hang";
   EXPECT_TRUE(t.focus[1]) << "the loss";
   std::vector<std::string> marks;
-  for (const Mark& m : t.marks) marks.push_back(fmt::format("{} {} {}", m.at_ns / 1'000'000, m.node == Mark::kJob ? -1 : static_cast<int>(m.node), m.text));
-  EXPECT_EQ(marks, (std::vector<std::string>{
-                       "300 -1 round 0",
-                       "8000 1 lost: silent for 3 heartbeats",
-                       "8000 -1 round 0 failed: node 1 was lost",
-                       "8000 1 agent gone: no exit record",
-                       "20000 -1 round 1",
-                       "40000 0 rank 1 silent for 15s",
-                       "41000 -1 round 1 failed: rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s",
-                       "41000 0 rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s",
-                       "50050 1 exit 1",
-                       "50100 0 exit 1",
-                   }));
+  for (const Mark& m : t.marks)
+    marks.push_back(fmt::format("{} {} {}", m.at_ns / 1'000'000,
+                                m.node == Mark::kJob ? -1 : static_cast<int>(m.node), m.text));
+  EXPECT_EQ(marks,
+            (std::vector<std::string>{
+                "300 -1 round 0",
+                "8000 1 lost: silent for 3 heartbeats",
+                "8000 -1 round 0 failed: node 1 was lost",
+                "8000 1 agent gone: no exit record",
+                "20000 -1 round 1",
+                "40000 0 rank 1 silent for 15s",
+                "41000 -1 round 1 failed: rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s",
+                "41000 0 rank 1 (node 0 (h0), local rank 1) hung: no progress for 15s",
+                "50050 1 exit 1",
+                "50100 0 exit 1",
+            }));
   // The gang trained in round 0 from the later node's first step to the failure; round 1 never.
   EXPECT_EQ(t.training, (std::vector<std::pair<int64_t, int64_t>>{{2'100'000'000, 8'000'000'000}}));
   EXPECT_THAT(run.summary, HasSubstr("job \"j\" FAILED\n\nfrom 3 event files"));
@@ -257,18 +277,20 @@ TEST(RebuildTest, ALostNodeIsDownFromWhenItWasNoticedAndBeaconsMarkTraining) {
 // to be noticed silent, and node 0 judged rank 3 (on node 1) hung. The hang is drawn on node 1's
 // row, the node that held the hung rank; node 0's own record says only that its rank was silent.
 TEST(RebuildTest, AHangIsDrawnOnTheHungRanksNodeNotOnTheNodeThatNoticedFirst) {
-  const std::string zero = Start(0, 0) + Line("node-joined", 100, 0, R"("peer":0)") + Line("joined", 110, 0) +
-                           Line("node-joined", 200, 0, R"("peer":1)") + Line("round-begin", 300, 0, R"("round":0)") +
-                           Line("workers-start", 310, 0, R"("round":0,"plays":0,"ranks":[0,1])") +
-                           Line("training", 2'000, 0, R"("round":0,"rank":0)") +
-                           Line("hang", 30'000, 0, R"("round":0,"rank":0,"silent_ms":20000)") +
-                           Line("round-failed", 31'000, 0, R"("round":0,"peer":1,"rank":3,"kinds":["hang"],"cause":"rank 3 (node 1 (h1), local rank 1) hung: no progress for 21s")") +
-                           Line("job-result", 40'000, 0, R"("exit_code":1,"summary":"job \"j\" FAILED")") +
-                           Line("agent-exit", 40'100, 0, R"("exit_code":1)");
-  const std::string one = Start(150, 1) + Line("joined", 210, 1) +
-                          Line("workers-start", 320, 1, R"("round":0,"ranks":[2,3])") +
-                          Line("training", 2'100, 1, R"("round":0,"rank":2)") +
-                          Line("agent-exit", 40'050, 1, R"("exit_code":1)");
+  const std::string zero =
+      Start(0, 0) + Line("node-joined", 100, 0, R"("peer":0)") + Line("joined", 110, 0) +
+      Line("node-joined", 200, 0, R"("peer":1)") + Line("round-begin", 300, 0, R"("round":0)") +
+      Line("workers-start", 310, 0, R"("round":0,"plays":0,"ranks":[0,1])") +
+      Line("training", 2'000, 0, R"("round":0,"rank":0)") +
+      Line("hang", 30'000, 0, R"("round":0,"rank":0,"silent_ms":20000)") +
+      Line(
+          "round-failed", 31'000, 0,
+          R"("round":0,"peer":1,"rank":3,"kinds":["hang"],"cause":"rank 3 (node 1 (h1), local rank 1) hung: no progress for 21s")") +
+      Line("job-result", 40'000, 0, R"("exit_code":1,"summary":"job \"j\" FAILED")") +
+      Line("agent-exit", 40'100, 0, R"("exit_code":1)");
+  const std::string one =
+      Start(150, 1) + Line("joined", 210, 1) + Line("workers-start", 320, 1, R"("round":0,"ranks":[2,3])") +
+      Line("training", 2'100, 1, R"("round":0,"rank":2)") + Line("agent-exit", 40'050, 1, R"("exit_code":1)");
   const std::vector<EventFile> files = {Parsed("z", zero), Parsed("o", one)};
   auto runs = GroupRuns(files);
   ASSERT_TRUE(runs);
@@ -291,10 +313,12 @@ TEST(RebuildTest, ANodeWithoutAFileAndATruncatedLogAreNoted) {
   ASSERT_TRUE(runs);
   const RebuiltRun run = RebuildTimeline(runs->front());
   EXPECT_EQ(run.timeline.labels[2], "node 2 (no events file)");
-  EXPECT_EQ(run.notes, (std::vector<std::string>{
-                           "z reached its size bound: it ends with a \"truncated\" record, and this node's row ends there",
-                           "no events file of node 1 was found: its row is empty",
-                           "no events file of node 2 was found: its row is empty"}));
+  EXPECT_EQ(
+      run.notes,
+      (std::vector<std::string>{
+          "z reached its size bound: it ends with a \"truncated\" record, and this node's row ends there",
+          "no events file of node 1 was found: its row is empty",
+          "no events file of node 2 was found: its row is empty"}));
   EXPECT_THAT(run.summary, HasSubstr("(no record of the job's end"));
 }
 
@@ -311,13 +335,15 @@ TEST(RenderTest, ManyNodesAreDrawnInBandsAndFaultedOnesAlone) {
   const int64_t s = 1'000'000'000;
   for (uint32_t i = 0; i < 2048; ++i) {
     t.labels.push_back(fmt::format("node {} (host-{})", i, i));
-    t.segments.push_back({Segment{0, 10 * s, NodePhase::kRendezvous, -1}, Segment{10 * s, 100 * s, NodePhase::kTraining, 0},
+    t.segments.push_back({Segment{0, 10 * s, NodePhase::kRendezvous, -1},
+                          Segment{10 * s, 100 * s, NodePhase::kTraining, 0},
                           Segment{100 * s, 110 * s, NodePhase::kDone, -1}});
     t.focus.push_back(false);
   }
   for (uint32_t i : {7u, 700u, 1500u}) {
     t.focus[i] = true;
-    t.marks.push_back(Mark{50 * s, 50 * s, i, MarkKind::kFault, fmt::format("rank {} exited with code 1", i * 2)});
+    t.marks.push_back(
+        Mark{50 * s, 50 * s, i, MarkKind::kFault, fmt::format("rank {} exited with code 1", i * 2)});
   }
   t.segments[1500][1].end_ns = 60 * s;  // a node that went down
   t.segments[1500].insert(t.segments[1500].begin() + 2, Segment{60 * s, 100 * s, NodePhase::kDown, -1});
@@ -334,7 +360,9 @@ TEST(RenderTest, ManyNodesAreDrawnInBandsAndFaultedOnesAlone) {
   // Node 1500 is the band's drawing plus its time down (60 s to 100 s of 110 s, at 16 columns
   // per pixel of 1,100).
   EXPECT_EQ(Count(page, "<g transform=\"translate(0,"), 1u);
-  EXPECT_THAT(page, HasSubstr("scale(0.0625,1)\"><rect x=\"9600\" width=\"6400\" height=\"12\" fill=\"#252525\"/></g>"));
+  EXPECT_THAT(
+      page,
+      HasSubstr("scale(0.0625,1)\"><rect x=\"9600\" width=\"6400\" height=\"12\" fill=\"#252525\"/></g>"));
   EXPECT_EQ(Count(page, "<use "), 5u);
   EXPECT_THAT(page, HasSubstr("data-ready"));
   EXPECT_EQ(page.find("http://"), page.find("http://www.w3.org/2000/svg")) << "no fetches";
@@ -346,7 +374,8 @@ TEST(RenderTest, APhaseNarrowerThanAPixelAlsoGetsALine) {
   Timeline t;
   const int64_t ms = 1'000'000;
   t.labels = {"node 0 (a)"};
-  t.segments = {{Segment{0, 500'000 * ms, NodePhase::kTraining, 0}, Segment{500'000 * ms, 500'500 * ms, NodePhase::kStopping, 0},
+  t.segments = {{Segment{0, 500'000 * ms, NodePhase::kTraining, 0},
+                 Segment{500'000 * ms, 500'500 * ms, NodePhase::kStopping, 0},
                  Segment{500'500 * ms, 600'000 * ms, NodePhase::kWaiting, -1},
                  Segment{600'000 * ms, 1'000'000 * ms, NodePhase::kTraining, 1}}};
   t.focus = {false};
@@ -354,8 +383,9 @@ TEST(RenderTest, APhaseNarrowerThanAPixelAlsoGetsALine) {
   std::ostringstream out;
   WriteHtmlReport(t, "", out);
   // 16 columns a pixel, 1,100 pixels for 1,000 s: the 0.5 s stop is columns 8800 to 8809.
-  EXPECT_THAT(out.str(), HasSubstr("<rect x=\"8800\" width=\"9\" height=\"12\" fill=\"#d94801\"/><line x1=\"8804.5\" "
-                                   "x2=\"8804.5\" y2=\"12\" stroke=\"#d94801\" vector-effect=\"non-scaling-stroke\"/>"));
+  EXPECT_THAT(out.str(),
+              HasSubstr("<rect x=\"8800\" width=\"9\" height=\"12\" fill=\"#d94801\"/><line x1=\"8804.5\" "
+                        "x2=\"8804.5\" y2=\"12\" stroke=\"#d94801\" vector-effect=\"non-scaling-stroke\"/>"));
   EXPECT_EQ(Count(out.str(), "<line x1=\"88"), 1u) << "the 100 s wait is wide enough";
 }
 
@@ -381,8 +411,9 @@ TEST(RenderTest, ThePageStaysBoundedWhenEveryNodeFaultedDifferently) {
   std::ostringstream out;
   WriteHtmlReport(t, "", out);
   const std::string page = out.str();
-  EXPECT_THAT(page, HasSubstr("2100 nodes in 2049 rows (1 band of nodes that lived the same phases); 52 faulted "
-                              "nodes beyond the first 2048 are in the bands"));
+  EXPECT_THAT(page,
+              HasSubstr("2100 nodes in 2049 rows (1 band of nodes that lived the same phases); 52 faulted "
+                        "nodes beyond the first 2048 are in the bands"));
   EXPECT_LE(Count(page, "<rect"), 60'000u + 10);
   EXPECT_EQ(Count(page, "<use "), 2049u);
 }

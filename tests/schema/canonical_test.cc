@@ -231,11 +231,12 @@ TEST(JoinMismatch, AnAdvisoryDifferenceNamesWhoComparedIt) {
   EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), "node 1", "gpu-02"),
             "node 1 (host gpu-02) runs different code than node 0 (job.code_check = \"warn\" lets it join):\n"
             "  code.script_sha256 of \"train.py\": node 1 has \"bb\", node 0 has \"aa\"");
-  EXPECT_EQ(DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), "node 0", "gpu-01",
-                                       "the coordinator (host gpu-03)"),
-            "node 0 (host gpu-01) runs different code than the coordinator (host gpu-03) (job.code_check = "
-            "\"warn\" lets it join):\n"
-            "  code.script_sha256 of \"train.py\": node 0 has \"bb\", the coordinator (host gpu-03) has \"aa\"");
+  EXPECT_EQ(
+      DescribeAdvisoryDifference(CanonicalForm(ours), CanonicalForm(theirs), "node 0", "gpu-01",
+                                 "the coordinator (host gpu-03)"),
+      "node 0 (host gpu-01) runs different code than the coordinator (host gpu-03) (job.code_check = "
+      "\"warn\" lets it join):\n"
+      "  code.script_sha256 of \"train.py\": node 0 has \"bb\", the coordinator (host gpu-03) has \"aa\"");
 }
 
 // A refusal names each kind of difference with its own hint, and only "job file" for the file.
@@ -270,7 +271,8 @@ TEST(JoinMismatch, NamesCodeArgumentsAndLibrariesAsWhatTheyAre) {
             "hint: start ddprun with the same arguments after `--` on every node\n"
             "hint: install the same versions on every node (ddprun check lists what it finds here), "
             "or set job.library_check = \"warn\" to let such a node run");
-  EXPECT_EQ(all.why, "it differs in its job file, its code, its arguments after `--` and its library versions");
+  EXPECT_EQ(all.why,
+            "it differs in its job file, its code, its arguments after `--` and its library versions");
 }
 
 }  // namespace

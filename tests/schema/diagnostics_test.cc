@@ -108,17 +108,24 @@ TEST(Diagnostics, ShowsAWindowOfALongLine) {
   d.Error({1, 5001}, "", "here");
   const std::string out = RenderDiagnostics(d, "f.toml", line, false);
   // 94 columns of text around column 5001: 47 before the caret, the caret's, 46 after.
-  EXPECT_EQ(out, "f.toml:1:5001: error: here\n"
-                 "    1 | ..." + line.substr(5000 - 47, 94) + "...\n"
-                 "      | " + std::string(3 + 47, ' ') + "^\n"
-                 "1 error, 0 warnings\n");
+  EXPECT_EQ(out,
+            "f.toml:1:5001: error: here\n"
+            "    1 | ..." +
+                line.substr(5000 - 47, 94) +
+                "...\n"
+                "      | " +
+                std::string(3 + 47, ' ') +
+                "^\n"
+                "1 error, 0 warnings\n");
   Diagnostics start;
   start.Error({1, 3}, "", "near the start");
   EXPECT_EQ(RenderDiagnostics(start, "f.toml", line, false),
             "f.toml:1:3: error: near the start\n"
-            "    1 | " + line.substr(0, 94) + "...\n"
-            "      |   ^\n"
-            "1 error, 0 warnings\n");
+            "    1 | " +
+                line.substr(0, 94) +
+                "...\n"
+                "      |   ^\n"
+                "1 error, 0 warnings\n");
 }
 
 }  // namespace

@@ -20,8 +20,8 @@ TEST(Duration, Parses) {
 }
 
 TEST(Duration, Rejects) {
-  for (const char* bad : {"", "30", "s", "-1s", "1.s", ".5s", "1 s", "1x", "1sm", "1e3s",
-                          "101000000h", "1h 30m"}) {
+  for (const char* bad :
+       {"", "30", "s", "-1s", "1.s", ".5s", "1 s", "1x", "1sm", "1e3s", "101000000h", "1h 30m"}) {
     EXPECT_FALSE(ParseDuration(bad)) << bad;
   }
 }
@@ -36,9 +36,8 @@ TEST(Duration, FormatsCanonically) {
 }
 
 TEST(Duration, RoundTrips) {
-  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1'000'000},
-                    int64_t{1'500'000'000}, int64_t{59'999'999'999}, int64_t{3'600'000'000'001},
-                    int64_t{86'400'000'000'000} * 365}) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1'000'000}, int64_t{1'500'000'000},
+                    int64_t{59'999'999'999}, int64_t{3'600'000'000'001}, int64_t{86'400'000'000'000} * 365}) {
     const Duration d(n);
     EXPECT_EQ(ParseDuration(FormatDuration(d)), d) << FormatDuration(d);
   }

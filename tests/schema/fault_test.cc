@@ -11,12 +11,11 @@ using testing::Parse;
 using testing::WithBase;
 
 TEST(Faults, KindNamesRoundTrip) {
-  for (FaultKind kind : {FaultKind::kNodeCrash, FaultKind::kAgentHang, FaultKind::kWorkerExit,
-                         FaultKind::kWorkerHang, FaultKind::kPartition,
-                         FaultKind::kMasterPortBlocked, FaultKind::kSlowJoiner,
-                         FaultKind::kJobFileDiffers, FaultKind::kDuplicateNodeRank,
-                         FaultKind::kWorkerSlow, FaultKind::kEtcdMemberDown, FaultKind::kEtcdLeaderLost,
-                         FaultKind::kEtcdPartition}) {
+  for (FaultKind kind :
+       {FaultKind::kNodeCrash, FaultKind::kAgentHang, FaultKind::kWorkerExit, FaultKind::kWorkerHang,
+        FaultKind::kPartition, FaultKind::kMasterPortBlocked, FaultKind::kSlowJoiner,
+        FaultKind::kJobFileDiffers, FaultKind::kDuplicateNodeRank, FaultKind::kWorkerSlow,
+        FaultKind::kEtcdMemberDown, FaultKind::kEtcdLeaderLost, FaultKind::kEtcdPartition}) {
     EXPECT_EQ(ParseFaultKind(FaultKindName(kind)), kind);
   }
   EXPECT_EQ(FaultKindName(FaultKind::kMasterPortBlocked), "master-port-blocked");
@@ -186,8 +185,7 @@ TEST(Faults, FlagErrors) {
   EXPECT_EQ(error_of("node-crash@40m:node=1,node=2"), "`node` is given twice");
   EXPECT_EQ(error_of("worker-exit@1m:exit_code=256"), "exit_code = 256 is out of range (0..255)");
   EXPECT_EQ(error_of("worker-slow@1m:percent=0"), "percent = 0 is out of range (1..10000)");
-  EXPECT_EQ(error_of("partition@1m:peers=a"),
-            "peers=a is not a list of node ranks (e.g. 0+2)");
+  EXPECT_EQ(error_of("partition@1m:peers=a"), "peers=a is not a list of node ranks (e.g. 0+2)");
 }
 
 TEST(Faults, FitsJob) {
@@ -252,10 +250,11 @@ TEST(Faults, SigtermFollowsTheTrainerUnlessSet) {
   EXPECT_FALSE(exits.spec->SimulatedWorkersIgnoreSigterm());
   plain.simulate.sigterm = JobSpec::Simulate::Sigterm::kIgnored;
   EXPECT_TRUE(plain.SimulatedWorkersIgnoreSigterm());
-  EXPECT_EQ(Diags(Parse(WithBase("[simulate]\nsigterm = \"term\"\n"))),
-            "13:11: error: simulate.sigterm = \"term\" is not \"auto\", \"exits\" or \"ignored\"\n"
-            "  hint: \"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM handler only "
-            "sets a flag)\n");
+  EXPECT_EQ(
+      Diags(Parse(WithBase("[simulate]\nsigterm = \"term\"\n"))),
+      "13:11: error: simulate.sigterm = \"term\" is not \"auto\", \"exits\" or \"ignored\"\n"
+      "  hint: \"exits\" for a plain PyTorch script, \"ignored\" for Lightning (its SIGTERM handler only "
+      "sets a flag)\n");
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ TEST(HostsFrom, UnknownSourceAndUnreadableAllocationAreErrors) {
   text.replace(text.find("\"slurm\""), 7, "\"pbs\"");
   auto unknown = ParseJobText(text, "job.toml", Allocation({"a"}));
   EXPECT_FALSE(unknown.spec);
-  EXPECT_NE(Diags(unknown).find("cluster.hosts_from = \"pbs\" is not a source of hosts ddprun knows"), std::string::npos)
+  EXPECT_NE(Diags(unknown).find("cluster.hosts_from = \"pbs\" is not a source of hosts ddprun knows"),
+            std::string::npos)
       << Diags(unknown);
 
   LoadContext failing;
@@ -82,9 +83,10 @@ TEST(HostsFrom, UnknownSourceAndUnreadableAllocationAreErrors) {
   };
   auto unreadable = ParseJobText(kSlurmJob, "job.toml", failing);
   EXPECT_FALSE(unreadable.spec);
-  EXPECT_EQ(Diags(unreadable),
-            "6:14: error: cannot read the SLURM allocation's hosts: `scontrol show hostnames gpu-[01-03]` could "
-            "not run\n");
+  EXPECT_EQ(
+      Diags(unreadable),
+      "6:14: error: cannot read the SLURM allocation's hosts: `scontrol show hostnames gpu-[01-03]` could "
+      "not run\n");
 }
 
 }  // namespace

@@ -141,7 +141,8 @@ TEST(KeyTable, TheLoaderReadsExactlyTheTablesKeys) {
   std::set<std::string> read;
   for (const auto& [path, loc] : r.spec->locations) read.insert(TableKeyOf(path));
   // cluster.hosts_from excludes cluster.nodes, so it has a job of its own.
-  auto slurm = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"true\"]\n[cluster]\nhosts_from = \"slurm\"\n");
+  auto slurm =
+      Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"true\"]\n[cluster]\nhosts_from = \"slurm\"\n");
   ASSERT_TRUE(slurm.spec) << Diags(slurm);
   for (const auto& [path, loc] : slurm.spec->locations) read.insert(TableKeyOf(path));
   EXPECT_EQ(read, TableKeys());
@@ -156,10 +157,10 @@ TEST(KeyTable, KeysOutsideTheTableAreUnknown) {
     const std::string text = fmt::format("{}\n{}{}{}\nnot_a_key_here = 1\n", testing::kBaseJob,
                                          array ? "[[" : "[", section.name, array ? "]]" : "]");
     const std::string diags = Diags(Parse(text));
-    EXPECT_NE(diags.find(fmt::format("unknown key `{}{}.not_a_key_here`", section.name,
-                                     array ? "[0]" : "")),
+    EXPECT_NE(diags.find(fmt::format("unknown key `{}{}.not_a_key_here`", section.name, array ? "[0]" : "")),
               std::string::npos)
-        << section.name << ":\n" << diags;
+        << section.name << ":\n"
+        << diags;
   }
   EXPECT_NE(Diags(Parse(testing::WithBase("not_a_key_here = 1\n")))
                 .find("warning: trainer.not_a_key_here is not an argument of Lightning's Trainer"),
@@ -170,13 +171,15 @@ TEST(KeyTable, KeysOutsideTheTableAreUnknown) {
 // A job with `line` added to [cluster], or to a section of its own.
 std::string JobWith(std::string_view section, std::string_view line) {
   if (section == "cluster") {
-    return fmt::format("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\n[cluster]\n"
-                       "nodes = [\"a\", \"b\"]\n{}\n",
-                       line);
+    return fmt::format(
+        "version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\n[cluster]\n"
+        "nodes = [\"a\", \"b\"]\n{}\n",
+        line);
   }
-  return fmt::format("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\n[cluster]\n"
-                     "nodes = [\"a\", \"b\"]\n[{}]\n{}\n",
-                     section, line);
+  return fmt::format(
+      "version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nodes = [\"a\", \"b\"]\n[{}]\n{}\n",
+      section, line);
 }
 
 TEST(KeyTable, ValuesJustOutsideARangeAreRejectedWithTheTablesRange) {
@@ -188,8 +191,7 @@ TEST(KeyTable, ValuesJustOutsideARangeAreRejectedWithTheTablesRange) {
       if (key.range->max != IntRange{}.max) outside.push_back(key.range->max + 1);
       for (int64_t value : outside) {
         const std::string path = fmt::format("{}.{}", section, key.name);
-        const std::string diags = Diags(Parse(JobWith(section, fmt::format("{} = {}", key.name,
-                                                                           value))));
+        const std::string diags = Diags(Parse(JobWith(section, fmt::format("{} = {}", key.name, value))));
         EXPECT_NE(diags.find(fmt::format("error: {} = {} is out of range ({}..{})", path, value,
                                          key.range->min, key.range->max)),
                   std::string::npos)
@@ -210,9 +212,10 @@ TEST(KeyTable, TheFlagAndTheJobFileRejectAFaultValueJustOutsideTheTableRange) {
   const IntRange range = *Key("simulate.faults.exit_code").range;
   ASSERT_EQ(range, (IntRange{0, 255}));
   auto job_file = [](int64_t code) {
-    return Parse(testing::WithBase(fmt::format("[[simulate.faults]]\nat = \"1m\"\n"
-                                               "kind = \"worker-exit\"\nexit_code = {}\n",
-                                               code)));
+    return Parse(
+        testing::WithBase(fmt::format("[[simulate.faults]]\nat = \"1m\"\n"
+                                      "kind = \"worker-exit\"\nexit_code = {}\n",
+                                      code)));
   };
   EXPECT_EQ(Diags(job_file(range.max + 1)),
             "15:13: error: simulate.faults[0].exit_code = 256 is out of range (0..255)\n");
@@ -248,11 +251,11 @@ TEST(KeyTable, FaultRangesNarrowToTheJob) {
 // What a loaded job means, for comparing a file that writes a default with one that does not.
 std::string Meaning(const JobSpec& spec) {
   const auto& s = spec.simulate;
-  return fmt::format("{}\nseed={} never={} train={} checkpoint={} startup={} step={} max={} sigterm={} console={}",
-                     CanonicalForm(spec), s.seed, s.node_never_returns_percent, FormatDuration(s.train_time),
-                     FormatDuration(s.checkpoint_every), FormatDuration(s.worker_startup),
-                     FormatDuration(s.step_time), FormatDuration(s.max_time), static_cast<int>(s.sigterm),
-                     static_cast<int>(spec.logs.console.mode));
+  return fmt::format(
+      "{}\nseed={} never={} train={} checkpoint={} startup={} step={} max={} sigterm={} console={}",
+      CanonicalForm(spec), s.seed, s.node_never_returns_percent, FormatDuration(s.train_time),
+      FormatDuration(s.checkpoint_every), FormatDuration(s.worker_startup), FormatDuration(s.step_time),
+      FormatDuration(s.max_time), static_cast<int>(s.sigterm), static_cast<int>(spec.logs.console.mode));
 }
 
 TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
@@ -263,9 +266,8 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
     if (section.name.empty() || section.name.find('.') != std::string_view::npos) continue;
     for (const KeySpec& key : section.keys) {
       if (key.default_value.empty() || section.name == "job") continue;
-      const std::string value = key.type == KeyType::kInteger
-                                    ? std::string(key.default_value)
-                                    : fmt::format("\"{}\"", key.default_value);
+      const std::string value = key.type == KeyType::kInteger ? std::string(key.default_value)
+                                                              : fmt::format("\"{}\"", key.default_value);
       const auto with = Parse(JobWith(section.name, fmt::format("{} = {}", key.name, value)));
       ASSERT_TRUE(with.spec) << key.name << ": " << Diags(with);
       EXPECT_EQ(Meaning(*with.spec), Meaning(*without.spec)) << section.name << "." << key.name;
@@ -274,16 +276,18 @@ TEST(KeyTable, DefaultsAreWhatTheLoaderUsesWhenAKeyIsLeftOut) {
   }
   EXPECT_EQ(checked, 29);
   // [job] is in every file: its defaults are compared with a [job] that writes them.
-  const auto job = Parse("version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
-                         "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");
+  const auto job = Parse(
+      "version = 1\n[job]\nname = \"t\"\ncommand = [\"x\"]\nworkdir = \".\"\n"
+      "code_check = \"off\"\n[cluster]\nnodes = [\"a\", \"b\"]\n");
   ASSERT_TRUE(job.spec) << Diags(job);
   EXPECT_EQ(Meaning(*job.spec), Meaning(*without.spec));
   EXPECT_EQ(Key("job.workdir").default_value, JobSpec{}.job.workdir);
   // Fault defaults.
-  const auto fault = Parse(testing::WithBase("[[simulate.faults]]\nat = \"1m\"\n"
-                                             "kind = \"worker-exit\"\nnode = 0\nexit_code = 1\n"
-                                             "[[simulate.faults]]\nat = \"1m\"\n"
-                                             "kind = \"worker-exit\"\n"));
+  const auto fault =
+      Parse(testing::WithBase("[[simulate.faults]]\nat = \"1m\"\n"
+                              "kind = \"worker-exit\"\nnode = 0\nexit_code = 1\n"
+                              "[[simulate.faults]]\nat = \"1m\"\n"
+                              "kind = \"worker-exit\"\n"));
   ASSERT_TRUE(fault.spec) << Diags(fault);
   EXPECT_EQ(fault.spec->simulate.faults[0], fault.spec->simulate.faults[1]);
   EXPECT_EQ(Key("simulate.faults.exit_code").default_value, std::to_string(FaultSpec{}.exit_code));

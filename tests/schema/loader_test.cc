@@ -130,8 +130,9 @@ TEST(Loader, NodesOrNnodesRequired) {
 }
 
 TEST(Loader, DuplicateNodePointsAtSecondWithNoteAtFirst) {
-  auto r = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                 "nodes = [\"gpu-01\", \"gpu-02\", \"gpu-01\"]\n");
+  auto r = Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nodes = [\"gpu-01\", \"gpu-02\", \"gpu-01\"]\n");
   EXPECT_EQ(Diags(r),
             "6:30: error: host \"gpu-01\" is listed twice in cluster.nodes (nodes 0 and 2)\n"
             "  hint: each node runs one agent; list every host once\n"
@@ -139,8 +140,9 @@ TEST(Loader, DuplicateNodePointsAtSecondWithNoteAtFirst) {
 }
 
 TEST(Loader, NodesMustBeHostNames) {
-  auto r = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                 "nodes = [\"gpu 01\", \"\", \"10.0.0.300\"]\n");
+  auto r = Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nodes = [\"gpu 01\", \"\", \"10.0.0.300\"]\n");
   EXPECT_EQ(Diags(r),
             "6:10: error: cluster.nodes[0] = \"gpu 01\" is neither an IP address nor a host name\n"
             "  hint: write an address like \"10.10.10.16\" or a host name like \"gpu-01\"\n"
@@ -151,13 +153,15 @@ TEST(Loader, NodesMustBeHostNames) {
 }
 
 TEST(Loader, NnodesMustAgreeWithNodes) {
-  auto r = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                 "nodes = [\"a\", \"b\"]\nnnodes = 3\n");
+  auto r = Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nodes = [\"a\", \"b\"]\nnnodes = 3\n");
   EXPECT_EQ(Diags(r),
             "7:10: error: cluster.nnodes = 3 does not match the 2 hosts of cluster.nodes\n"
             "  hint: remove cluster.nnodes (it is len(cluster.nodes)) or set it to 2\n");
   EXPECT_TRUE(Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                    "nodes = [\"a\", \"b\"]\nnnodes = 2\n").spec);
+                    "nodes = [\"a\", \"b\"]\nnnodes = 2\n")
+                  .spec);
 }
 
 TEST(Loader, NnodesMustBePositive) {
@@ -189,8 +193,7 @@ TEST(Loader, MasterAddrRules) {
 }
 
 TEST(Loader, Ports) {
-  const std::string head =
-      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 1\n";
+  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 1\n";
   EXPECT_EQ(Diags(Parse(head + "master_port = 70000\n")),
             "7:15: error: cluster.master_port = 70000 is out of range (1..65535)\n");
   EXPECT_EQ(Diags(Parse(head + "master_port = \"50000\"\n")),
@@ -224,8 +227,9 @@ TEST(Loader, DevicesAsListOfIds) {
             "10:11: error: trainer.devices lists device ids, but accelerator = \"cpu\" takes a "
             "count\n"
             "  hint: write devices = 2\n");
-  auto gpu = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 1\n"
-                   "[trainer]\naccelerator = \"gpu\"\ndevices = [2, 3]\nnum_nodes = 1\n");
+  auto gpu = Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\nnnodes = 1\n"
+      "[trainer]\naccelerator = \"gpu\"\ndevices = [2, 3]\nnum_nodes = 1\n");
   ASSERT_TRUE(gpu.spec) << Diags(gpu);
   EXPECT_EQ(gpu.spec->trainer.devices, 2);
   EXPECT_EQ(gpu.spec->trainer.device_ids, (std::vector<int64_t>{2, 3}));
@@ -233,8 +237,9 @@ TEST(Loader, DevicesAsListOfIds) {
 }
 
 TEST(Loader, DevicesRejectsAutoAllDuplicatesAndZero) {
-  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                           "nnodes = 1\n[trainer]\nnum_nodes = 1\n";
+  const std::string head =
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nnodes = 1\n[trainer]\nnum_nodes = 1\n";
   EXPECT_EQ(Diags(Parse(head + "devices = \"auto\"\n")),
             "9:11: error: trainer.devices = \"auto\" is not supported\n"
             "  hint: ddprun starts one process per device and must know how many: set an "
@@ -254,8 +259,7 @@ TEST(Loader, DevicesRejectsAutoAllDuplicatesAndZero) {
 }
 
 TEST(Loader, NumNodesRules) {
-  const std::string head =
-      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n";
+  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n";
   EXPECT_EQ(Diags(Parse(head + "nodes = [\"a\", \"b\"]\n[trainer]\nnum_nodes = 3\n")),
             "8:13: error: trainer.num_nodes = 3 does not match the 2 hosts of cluster.nodes\n"
             "  hint: set trainer.num_nodes = 2 or list 3 hosts in cluster.nodes\n");
@@ -275,10 +279,11 @@ TEST(Loader, NumNodesRules) {
 }
 
 TEST(Loader, Strategies) {
-  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                           "nnodes = 1\n[trainer]\nnum_nodes = 1\n";
-  for (const char* ok : {"ddp", "ddp_find_unused_parameters_true",
-                         "ddp_find_unused_parameters_false", "fsdp", "deepspeed_stage_2", "auto"}) {
+  const std::string head =
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nnodes = 1\n[trainer]\nnum_nodes = 1\n";
+  for (const char* ok : {"ddp", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false", "fsdp",
+                         "deepspeed_stage_2", "auto"}) {
     EXPECT_EQ(Diags(Parse(head + "strategy = \"" + ok + "\"\n")), "") << ok;
   }
   EXPECT_EQ(Diags(Parse(head + "strategy = \"ddp_spawn\"\n")),
@@ -302,8 +307,9 @@ TEST(Loader, Strategies) {
 }
 
 TEST(Loader, Accelerators) {
-  const std::string head = "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                           "nnodes = 1\n[trainer]\nnum_nodes = 1\n";
+  const std::string head =
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nnodes = 1\n[trainer]\nnum_nodes = 1\n";
   for (const char* ok : {"cpu", "gpu", "cuda", "auto"}) {
     EXPECT_EQ(Diags(Parse(head + "accelerator = \"" + ok + "\"\n")), "") << ok;
   }
@@ -320,8 +326,9 @@ TEST(Loader, Accelerators) {
 }
 
 TEST(Loader, OtherTrainerKeysAreForwardedTyped) {
-  auto r = Parse(WithBase("precision = \"bf16-mixed\"\nmax_epochs = 90\ndeterministic = true\n"
-                          "gradient_clip_val = 0.5\n"));
+  auto r =
+      Parse(WithBase("precision = \"bf16-mixed\"\nmax_epochs = 90\ndeterministic = true\n"
+                     "gradient_clip_val = 0.5\n"));
   ASSERT_TRUE(r.spec) << Diags(r);
   const auto& s = r.spec->trainer.settings;
   ASSERT_EQ(s.size(), 7u);
@@ -443,8 +450,9 @@ TEST(Loader, HintsThatWork) {
 }
 
 TEST(Loader, RestartBackoffDoublesUpToBackoffMax) {
-  auto r = Parse(WithBase("[restart]\nmax_restarts = 9\nbackoff = \"10s\"\n"
-                          "backoff_max = \"1m\"\n"));
+  auto r =
+      Parse(WithBase("[restart]\nmax_restarts = 9\nbackoff = \"10s\"\n"
+                     "backoff_max = \"1m\"\n"));
   ASSERT_TRUE(r.spec) << Diags(r);
   std::vector<std::string> waits;
   for (int n = 1; n <= 6; ++n) waits.push_back(FormatDuration(r.spec->RestartBackoff(n)));
@@ -496,8 +504,9 @@ TEST(Loader, MetricsAreOffUnlessListenIsSet) {
   EXPECT_EQ(own.spec->MetricsAddressOf(1), "b");
   EXPECT_EQ(own.spec->metrics.Listen(), "*:9400");
   // A spare listens on its own entry of cluster.spares (its agent number follows the nodes).
-  auto spare = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                     "nodes = [\"a\", \"b\"]\nspares = [\"c\"]\n[metrics]\nlisten = \"*:9400\"\n");
+  auto spare = Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nodes = [\"a\", \"b\"]\nspares = [\"c\"]\n[metrics]\nlisten = \"*:9400\"\n");
   ASSERT_TRUE(spare.spec) << Diags(spare);
   EXPECT_EQ(spare.spec->MetricsAddressOf(2), "c");
   auto v6 = Parse(WithBase("[metrics]\nlisten = \"[::]:9400\"\n"));
@@ -512,7 +521,8 @@ TEST(Loader, MetricsAreOffUnlessListenIsSet) {
             "  hint: set metrics.ports = \"per-node\" (node k listens on port 9400 + k), or listen on "
             "\"*:9400\" or \"0.0.0.0:9400\" when each node has a host of its own\n");
   EXPECT_EQ(loopback.spec->metrics.linger, Seconds(15));
-  auto per_node = Parse(WithBase("[metrics]\nlisten = \"127.0.0.1:9400\"\nports = \"per-node\"\nlinger = \"0s\"\n"));
+  auto per_node =
+      Parse(WithBase("[metrics]\nlisten = \"127.0.0.1:9400\"\nports = \"per-node\"\nlinger = \"0s\"\n"));
   EXPECT_EQ(Diags(per_node), "");
   EXPECT_EQ(per_node.spec->MetricsPortOf(0), 9400);
   EXPECT_EQ(per_node.spec->MetricsPortOf(1), 9401);
@@ -529,8 +539,9 @@ TEST(Loader, MetricsListenErrors) {
   auto diags = [](std::string_view listen) {
     return Diags(Parse(WithBase("[metrics]\nlisten = " + std::string(listen) + "\n")));
   };
-  EXPECT_EQ(diags("9400"), "13:10: error: metrics.listen must be a string, not an integer\n"
-                           "  hint: quote it: listen = \"9400\"\n");
+  EXPECT_EQ(diags("9400"),
+            "13:10: error: metrics.listen must be a string, not an integer\n"
+            "  hint: quote it: listen = \"9400\"\n");
   EXPECT_EQ(diags("\"0.0.0.0\""),
             "13:10: error: metrics.listen = \"0.0.0.0\" is not ADDR:PORT\n"
             "  hint: write the address and the port, e.g. \"0.0.0.0:9400\" (every interface), "
@@ -580,8 +591,9 @@ TEST(Loader, MetricsListenErrors) {
 }
 
 TEST(Loader, JobEnv) {
-  auto r = Parse(WithBase("[job.env]\nNCCL_DEBUG = \"INFO\"\nRANK = \"3\"\nPL_TRAINER_DEVICES = \"1\"\n"
-                          "\"1BAD\" = \"x\"\nOMP = 4\n"));
+  auto r =
+      Parse(WithBase("[job.env]\nNCCL_DEBUG = \"INFO\"\nRANK = \"3\"\nPL_TRAINER_DEVICES = \"1\"\n"
+                     "\"1BAD\" = \"x\"\nOMP = 4\n"));
   EXPECT_EQ(Diags(r),
             "14:1: error: job.env may not set RANK: ddprun sets it for each worker\n"
             "  hint: ddprun sets RANK per worker from its node rank and local rank\n"
@@ -607,8 +619,9 @@ TEST(Loader, TypeErrorsForTables) {
 }
 
 TEST(Loader, AllErrorsAreCollected) {
-  auto r = Parse("version = 3\n[job]\nname = \"\"\ncommand = []\n[cluster]\nnnodes = -2\n"
-                 "master_port = 0\n[timeouts]\nheartbeat = 1\n");
+  auto r = Parse(
+      "version = 3\n[job]\nname = \"\"\ncommand = []\n[cluster]\nnnodes = -2\n"
+      "master_port = 0\n[timeouts]\nheartbeat = 1\n");
   EXPECT_EQ(r.diagnostics.ErrorCount(), 6) << Diags(r);
 }
 
@@ -634,16 +647,19 @@ TEST(Loader, MinNodesIsBetweenOneAndNnodesAndDefaultsToNnodes) {
             "7:13: error: cluster.min_nodes = 4 is more than the job's 3 nodes\n"
             "  hint: min_nodes is the fewest nodes a round may run with: at most 3; remove it to "
             "need every node in every round\n");
-  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 0\n")).find("out of range"), std::string::npos);
+  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 0\n")).find("out of range"),
+            std::string::npos);
 }
 
 TEST(Loader, MinNodesNeedsTrainerNumNodesSoThatASmallerRoundCanTellLightning) {
-  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\n[restart]\nmax_restarts = 1\n")),
+  EXPECT_EQ(Diags(Parse(std::string(kMinNodesBase) +
+                        "min_nodes = 2\n[trainer]\ndevices = 1\n[restart]\nmax_restarts = 1\n")),
             "7:13: error: cluster.min_nodes = 2 lets rounds run with fewer nodes, but [trainer] does "
             "not set num_nodes: Lightning's Trainer() would use 1 and reject the round's WORLD_SIZE\n"
             "  hint: add num_nodes = 3 under [trainer]; a smaller round gets PL_TRAINER_NUM_NODES = "
             "its own node count\n");
-  auto ok = Parse(std::string(kMinNodesBase) + "min_nodes = 2\n[trainer]\ndevices = 1\nnum_nodes = 3\n[restart]\nmax_restarts = 1\n");
+  auto ok = Parse(std::string(kMinNodesBase) +
+                  "min_nodes = 2\n[trainer]\ndevices = 1\nnum_nodes = 3\n[restart]\nmax_restarts = 1\n");
   EXPECT_EQ(Diags(ok), "");
 }
 
@@ -666,17 +682,18 @@ TEST(Loader, QuarantineKeysAndTheirDefaults) {
   EXPECT_EQ(defaults.spec->quarantine.failures, 3);
   EXPECT_EQ(defaults.spec->quarantine.window, Hours(1));
   EXPECT_EQ(defaults.spec->quarantine.cooldown, Minutes(30));
-  auto set = Parse(std::string(kMinNodesBase) + "[quarantine]\nfailures = 0\nwindow = \"2h\"\ncooldown = \"5m\"\n");
+  auto set =
+      Parse(std::string(kMinNodesBase) + "[quarantine]\nfailures = 0\nwindow = \"2h\"\ncooldown = \"5m\"\n");
   ASSERT_TRUE(set.spec) << Diags(set);
   EXPECT_EQ(set.spec->quarantine.failures, 0);
   EXPECT_EQ(set.spec->quarantine.window, Hours(2));
   EXPECT_EQ(set.spec->quarantine.cooldown, Minutes(5));
   EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "[quarantine]\ncooldown = \"0s\"\n")).find("cooldown"),
             std::string::npos);
-  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "[quarantine]\nfailres = 2\n")).find("did you mean `failures`"),
+  EXPECT_NE(Diags(Parse(std::string(kMinNodesBase) + "[quarantine]\nfailres = 2\n"))
+                .find("did you mean `failures`"),
             std::string::npos);
 }
-
 
 // [rendezvous]: the etcd backend's settings and every check on them.
 TEST(Loader, RendezvousDefaultsToTheAgentAndReadsEtcdSettings) {
@@ -684,9 +701,10 @@ TEST(Loader, RendezvousDefaultsToTheAgentAndReadsEtcdSettings) {
   ASSERT_TRUE(plain.spec);
   EXPECT_FALSE(plain.spec->rendezvous.Etcd());
 
-  auto r = Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\n"
-                          "endpoints = [\"http://10.0.0.1:2379\", \"https://[fd00::2]:2379/\"]\n"
-                          "prefix = \"/team/ddprun\"\nlease = \"5s\"\nuser = \"trainer\"\n"));
+  auto r =
+      Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\n"
+                     "endpoints = [\"http://10.0.0.1:2379\", \"https://[fd00::2]:2379/\"]\n"
+                     "prefix = \"/team/ddprun\"\nlease = \"5s\"\nuser = \"trainer\"\n"));
   ASSERT_TRUE(r.spec) << Diags(r);
   EXPECT_EQ(Diags(r), "");
   const auto& rv = r.spec->rendezvous;
@@ -705,13 +723,18 @@ TEST(Loader, RendezvousErrorsPointAtTheValueAndSayWhatToWrite) {
   EXPECT_EQ(Diags(Parse(WithBase("[rendezvous]\nbackend = \"zookeeper\"\n"))),
             "13:11: error: rendezvous.backend = \"zookeeper\" is not a backend\n"
             "  hint: write \"agent\" (node 0's agent keeps the state; the default) or \"etcd\"\n");
-  const auto urls = Diags(Parse(WithBase(
-      "[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"10.0.0.1:2379\", \"http://a:2379/v3\", "
-      "\"http://a\", \"http://a:0\", \"http://b:2379\", \"http://b:2379\"]\n")));
-  EXPECT_NE(urls.find("\"10.0.0.1:2379\" is not an etcd URL: it must begin with http:// or https://"), std::string::npos) << urls;
-  EXPECT_NE(urls.find("\"http://a:2379/v3\" is not an etcd URL: it must not have a path"), std::string::npos) << urls;
-  EXPECT_NE(urls.find("\"http://a\" is not an etcd URL: it needs a host and a port"), std::string::npos) << urls;
-  EXPECT_NE(urls.find("\"http://a:0\" is not an etcd URL: \"0\" is not a port (1..65535)"), std::string::npos) << urls;
+  const auto urls = Diags(Parse(
+      WithBase("[rendezvous]\nbackend = \"etcd\"\nendpoints = [\"10.0.0.1:2379\", \"http://a:2379/v3\", "
+               "\"http://a\", \"http://a:0\", \"http://b:2379\", \"http://b:2379\"]\n")));
+  EXPECT_NE(urls.find("\"10.0.0.1:2379\" is not an etcd URL: it must begin with http:// or https://"),
+            std::string::npos)
+      << urls;
+  EXPECT_NE(urls.find("\"http://a:2379/v3\" is not an etcd URL: it must not have a path"), std::string::npos)
+      << urls;
+  EXPECT_NE(urls.find("\"http://a\" is not an etcd URL: it needs a host and a port"), std::string::npos)
+      << urls;
+  EXPECT_NE(urls.find("\"http://a:0\" is not an etcd URL: \"0\" is not a port (1..65535)"), std::string::npos)
+      << urls;
   EXPECT_NE(urls.find("rendezvous.endpoints lists \"http://b:2379\" twice"), std::string::npos) << urls;
   EXPECT_NE(Diags(Parse(WithBase("[rendezvous]\nbackend = \"etcd\"\nendpoints = []\n")))
                 .find("rendezvous.endpoints must list at least one etcd member"),

@@ -75,11 +75,11 @@ TEST(Plan, TorchrunCommandForms) {
   spec.trainer.settings.clear();
   spec.job.env.clear();
   spec.job.command = {"python", "-m", "pkg.train", "--lr", "0.1"};
-  EXPECT_TRUE(MakePlan(spec, 0).nodes[0].torchrun_command.ends_with(
-      "--rdzv_id=" + RunId(spec) + " -m pkg.train --lr 0.1"));
+  EXPECT_TRUE(MakePlan(spec, 0).nodes[0].torchrun_command.ends_with("--rdzv_id=" + RunId(spec) +
+                                                                    " -m pkg.train --lr 0.1"));
   spec.job.command = {"./train.sh", "it's"};
-  EXPECT_TRUE(MakePlan(spec, 0).nodes[0].torchrun_command.ends_with(
-      "--rdzv_id=" + RunId(spec) + " --no_python ./train.sh 'it'\\''s'"));
+  EXPECT_TRUE(MakePlan(spec, 0).nodes[0].torchrun_command.ends_with("--rdzv_id=" + RunId(spec) +
+                                                                    " --no_python ./train.sh 'it'\\''s'"));
   spec.job.workdir = "my dir";
   EXPECT_TRUE(MakePlan(spec, 0).nodes[0].torchrun_command.starts_with("cd 'my dir' && torchrun "));
 }
@@ -132,7 +132,8 @@ TEST(Plan, SocketInterfacesAreFoundPerNodeAtRunTimeAndSaidSo) {
   // One the job file sets is the job file's; a job of one node gets none.
   spec.job.env["NCCL_SOCKET_IFNAME"] = "ib";
   EXPECT_EQ(env_of(MakePlan(spec, 0).nodes[0].ranks[0], "NCCL_SOCKET_IFNAME"), "ib");
-  EXPECT_NE(RenderPlanText(spec, MakePlan(spec, 0)).find(" (NCCL_SOCKET_IFNAME from job.env)"), std::string::npos);
+  EXPECT_NE(RenderPlanText(spec, MakePlan(spec, 0)).find(" (NCCL_SOCKET_IFNAME from job.env)"),
+            std::string::npos);
   spec.cluster.nnodes = 1;
   spec.cluster.nodes = {"10.10.10.16"};
   EXPECT_EQ(env_of(MakePlan(spec, 0).nodes[0].ranks[0], "GLOO_SOCKET_IFNAME"), "(missing)");
@@ -148,11 +149,10 @@ TEST(Plan, JsonHasEveryRank) {
 
 TEST(Plan, SchemaIsDraft2020AndClosed) {
   const std::string schema = JobFileJsonSchema();
-  EXPECT_NE(schema.find("\"$schema\": \"https://json-schema.org/draft/2020-12/schema\""),
-            std::string::npos);
+  EXPECT_NE(schema.find("\"$schema\": \"https://json-schema.org/draft/2020-12/schema\""), std::string::npos);
   EXPECT_NE(schema.find("\"additionalProperties\": false"), std::string::npos);
-  for (const char* key : {"master_port", "nproc_per_node", "store_port", "max_restarts",
-                          "stop_grace", "console", "reboot_after", "worker_mtbf"}) {
+  for (const char* key : {"master_port", "nproc_per_node", "store_port", "max_restarts", "stop_grace",
+                          "console", "reboot_after", "worker_mtbf"}) {
     EXPECT_NE(schema.find(std::string("\"") + key + "\""), std::string::npos) << key;
   }
 }

@@ -11,8 +11,8 @@
 namespace ddprun {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Diags;
+using ::testing::HasSubstr;
 using testing::Parse;
 
 // kBaseJob with `command` and `job_extra` in its [job] table.
@@ -49,7 +49,8 @@ TEST(Preload, BadNamesDuplicatesDdprunAndTypesAreErrors) {
 }
 
 TEST(PythonCommand, ScriptsModulesAndInterpreterOptions) {
-  auto script = ParsePythonCommand({"/opt/venv/bin/python3.11", "-u", "-X", "dev", "-Wignore", "train.py", "--lr", "1"});
+  auto script = ParsePythonCommand(
+      {"/opt/venv/bin/python3.11", "-u", "-X", "dev", "-Wignore", "train.py", "--lr", "1"});
   ASSERT_TRUE(script) << script.error();
   EXPECT_EQ(script->interpreter, "/opt/venv/bin/python3.11");
   EXPECT_EQ(script->options, (std::vector<std::string>{"-u", "-X", "dev", "-Wignore"}));
@@ -68,7 +69,8 @@ TEST(PythonCommand, ScriptsModulesAndInterpreterOptions) {
 }
 
 TEST(PythonCommand, WhatCannotStartWarmSaysWhy) {
-  EXPECT_THAT(ParsePythonCommand({"torchrun", "train.py"}).error(), HasSubstr("does not run a Python interpreter"));
+  EXPECT_THAT(ParsePythonCommand({"torchrun", "train.py"}).error(),
+              HasSubstr("does not run a Python interpreter"));
   EXPECT_THAT(ParsePythonCommand({"bash", "run.sh"}).error(), HasSubstr("\"bash\" is not python"));
   EXPECT_THAT(ParsePythonCommand({"python", "-c", "print(1)"}).error(), HasSubstr("runs a string (-c)"));
   EXPECT_THAT(ParsePythonCommand({"python", "-uc", "print(1)"}).error(), HasSubstr("-c"));

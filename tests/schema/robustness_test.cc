@@ -32,9 +32,9 @@ TEST(Robustness, InvalidUtf8) {
   EXPECT_EQ(Diags(r),
             "2:6: error: the job file is not valid UTF-8 (byte 0xc3 at offset 17)\n"
             "  hint: save the file as UTF-8\n");
-  EXPECT_FALSE(Parse("a = \"\xed\xa0\x80\"\n").spec);          // surrogate
-  EXPECT_FALSE(Parse("a = \"\xc0\xaf\"\n").spec);              // overlong
-  EXPECT_FALSE(Parse("a = \"\xf0\x9f\x98\"").spec);            // truncated at end
+  EXPECT_FALSE(Parse("a = \"\xed\xa0\x80\"\n").spec);  // surrogate
+  EXPECT_FALSE(Parse("a = \"\xc0\xaf\"\n").spec);      // overlong
+  EXPECT_FALSE(Parse("a = \"\xf0\x9f\x98\"").spec);    // truncated at end
   EXPECT_TRUE(Parse("a = \"caf\xc3\xa9 \xf0\x9f\x98\x80\"").diagnostics.items.size() > 0);
 }
 
@@ -65,10 +65,12 @@ TEST(Robustness, HugeNumbers) {
   ASSERT_EQ(r.diagnostics.items.size(), 1u);
   EXPECT_EQ(r.diagnostics.items[0].loc.line, 6u);
   EXPECT_EQ(r.diagnostics.items[0].message.rfind("invalid TOML: ", 0), 0u);
-  auto big = Parse("version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
-                   "nnodes = 9223372036854775807\n");
-  EXPECT_EQ(Diags(big), "6:10: error: cluster.nnodes = 9223372036854775807 is out of range "
-                        "(1..10000)\n");
+  auto big = Parse(
+      "version = 1\n[job]\nname = \"j\"\ncommand = [\"x\"]\n[cluster]\n"
+      "nnodes = 9223372036854775807\n");
+  EXPECT_EQ(Diags(big),
+            "6:10: error: cluster.nnodes = 9223372036854775807 is out of range "
+            "(1..10000)\n");
   EXPECT_FALSE(Parse("version = 1e999999\n").spec);
 }
 

@@ -20,8 +20,6 @@ std::string Diags(const LoadResult& result) {
   return out;
 }
 
-std::string WithBase(std::string_view extra) {
-  return std::string(kBaseJob) + std::string(extra);
-}
+std::string WithBase(std::string_view extra) { return std::string(kBaseJob) + std::string(extra); }
 
 }  // namespace ddprun::testing

@@ -132,7 +132,8 @@ TEST(WorkerEnv, ASiblingsEnvironmentIsItsOwn) {
         const EnvList first = WorkerEnvironment(spec, positions[0], {{"PATH", "/usr/bin"}});
         for (int local = 1; local < 8; ++local) {
           const WorkerPosition& p = positions[static_cast<size_t>(local)];
-          EXPECT_EQ(SiblingWorkerEnvironment(first, spec, p), WorkerEnvironment(spec, p, {{"PATH", "/usr/bin"}}))
+          EXPECT_EQ(SiblingWorkerEnvironment(first, spec, p),
+                    WorkerEnvironment(spec, p, {{"PATH", "/usr/bin"}}))
               << "local rank " << local << " of node " << node_rank << (beacons ? ", beacons" : "")
               << (relay ? ", relay" : "");
         }
@@ -142,8 +143,8 @@ TEST(WorkerEnv, ASiblingsEnvironmentIsItsOwn) {
 }
 
 TEST(WorkerEnv, UnlessSetVariablesYieldToTheAgentEnvironment) {
-  const EnvList env = WorkerEnvironment(
-      TwoByTwo(), {}, {{"OMP_NUM_THREADS", "8"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  const EnvList env =
+      WorkerEnvironment(TwoByTwo(), {}, {{"OMP_NUM_THREADS", "8"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   std::map<std::string, std::string> m(env.begin(), env.end());
   EXPECT_EQ(m.count("OMP_NUM_THREADS"), 0u);
   EXPECT_EQ(m.count("NCCL_ASYNC_ERROR_HANDLING"), 0u);
@@ -236,9 +237,7 @@ TEST(AppendToSearchPath, AnEmptyPathBecomesTheFolder) {
   EXPECT_EQ(AppendToSearchPath("", "/opt/ddprun/share/ddprun/python"), "/opt/ddprun/share/ddprun/python");
 }
 
-TEST(AppendToSearchPath, TheFolderGoesLast) {
-  EXPECT_EQ(AppendToSearchPath("/a:/b", "/d"), "/a:/b:/d");
-}
+TEST(AppendToSearchPath, TheFolderGoesLast) { EXPECT_EQ(AppendToSearchPath("/a:/b", "/d"), "/a:/b:/d"); }
 
 TEST(AppendToSearchPath, AFolderAlreadyThereIsNotAddedAgain) {
   EXPECT_EQ(AppendToSearchPath("/d", "/d"), "/d");

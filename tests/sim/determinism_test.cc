@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "schema/loader.h"
 #include "report/render.h"
+#include "schema/loader.h"
 #include "tests/sim/sim_test_util.h"
 
 namespace ddprun::testing {
@@ -53,7 +53,8 @@ TEST(DeterminismTest, TraceIsChromeTraceJson) {
   const SimRun run = Simulate(SmallJob(), {"node-crash@6m:node=1,reboot_after=1m"}, 5, true);
   const std::string trace = TraceOf(run);
   EXPECT_EQ(trace.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0), 0u);
-  EXPECT_NE(trace.find("\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"node 1 (node-0001)\"}"),
+  EXPECT_NE(trace.find("\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"node "
+                       "1 (node-0001)\"}"),
             std::string::npos);
   EXPECT_NE(trace.find("\"name\":\"training\",\"cat\":\"job\",\"ph\":\"X\""), std::string::npos);
   EXPECT_NE(trace.find("\"name\":\"crash\",\"cat\":\"fault\",\"ph\":\"i\""), std::string::npos);
@@ -61,7 +62,7 @@ TEST(DeterminismTest, TraceIsChromeTraceJson) {
   EXPECT_EQ(trace.substr(trace.size() - 4), "\n]}\n");
   const std::string report = ReportOf(run);
   EXPECT_NE(report.find("<svg"), std::string::npos);
-  EXPECT_EQ(report.find("http://") , report.find("http://www.w3.org/2000/svg")) << "no fetches";
+  EXPECT_EQ(report.find("http://"), report.find("http://www.w3.org/2000/svg")) << "no fetches";
   // One inline script (zoom and pan), nothing loaded from elsewhere.
   EXPECT_EQ(report.find("<script src"), std::string::npos);
   EXPECT_EQ(report.find("<script"), report.rfind("<script"));
@@ -82,7 +83,8 @@ TEST(DeterminismTest, ReproCommandNamesSeedAndFaults) {
   options.job_path = "job.toml";
   options.seed = 123;
   options.flag_faults.push_back(*ParseFaultFlag("node-crash@40m:node=1"));
-  EXPECT_EQ(sim::ReproCommand(options), "ddprun --simulate job.toml --seed 123 --fault node-crash@40m:node=1");
+  EXPECT_EQ(sim::ReproCommand(options),
+            "ddprun --simulate job.toml --seed 123 --fault node-crash@40m:node=1");
 }
 
 TEST(DeterminismTest, SimTimeFormat) {

@@ -85,7 +85,8 @@ TEST(EtcdTest, TheFirstCoordinatorsHostDiesForGoodAndAnotherAgentFinishesTheJob)
   ASSERT_NE(host_at, std::string::npos);
   const std::string new_host = replaced.substr(host_at + 1, 8);
   EXPECT_NE(new_host, "10.0.0.1");
-  EXPECT_THAT(run.output, HasSubstr("it plays node rank 0, and " + new_host + " is every round's MASTER_ADDR"));
+  EXPECT_THAT(run.output,
+              HasSubstr("it plays node rank 0, and " + new_host + " is every round's MASTER_ADDR"));
   EXPECT_GT(run.result.stats.store_clients, 5u);
   EXPECT_EQ(run.result.nodes[0].state, sim::NodeOutcome::State::kDown);
   for (size_t i = 1; i < run.result.nodes.size(); ++i) {
@@ -125,8 +126,8 @@ TEST(EtcdTest, WithoutAQuorumTheCoordinatorStepsDownAndTheJobWaitsForEtcd) {
   // its lease and steps down (its workers stop); the agents cannot look up a holder and retry
   // for timeouts.rendezvous; once a member returns and a leader is elected, the old role key
   // lives one more lease (a new leader renews every lease) and then another agent takes over.
-  const SimRun run = Simulate(EtcdJob(), {"etcd-member-down@5m:node=0,duration=1m",
-                                          "etcd-member-down@5m:node=1,duration=2m"});
+  const SimRun run = Simulate(
+      EtcdJob(), {"etcd-member-down@5m:node=0,duration=1m", "etcd-member-down@5m:node=1,duration=2m"});
   ASSERT_FALSE(run.result.violation) << *run.result.violation << "\n" << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("sim: etcd: no quorum; requests wait, then fail"));
@@ -171,10 +172,12 @@ TEST(EtcdTest, WithoutTheCompareTwoAgentsHoldTheRoleAndTwoCoordinatorsAct) {
   const SimRun fenced = Simulate(job);
   EXPECT_FALSE(fenced.result.violation) << *fenced.result.violation;
   EXPECT_EQ(fenced.result.exit_code, 0);
-  const SimRun broken = Simulate(job, {}, std::nullopt, false, sim::SimOptions::Sabotage::kStoreIgnoresFencing);
-  EXPECT_EQ(broken.result.violation.value_or(""),
-            "two coordinators act at once: round 0 was started by the coordinator on node 0 and again by the one "
-            "on node 1 (at 10s)");
+  const SimRun broken =
+      Simulate(job, {}, std::nullopt, false, sim::SimOptions::Sabotage::kStoreIgnoresFencing);
+  EXPECT_EQ(
+      broken.result.violation.value_or(""),
+      "two coordinators act at once: round 0 was started by the coordinator on node 0 and again by the one "
+      "on node 1 (at 10s)");
   EXPECT_THAT(broken.output, HasSubstr("INVARIANT VIOLATED: two coordinators act at once"));
 }
 
@@ -188,12 +191,14 @@ TEST(EtcdTest, AHolderWhoseJobFileIsTheOddOneOutGivesTheRoleUp) {
   ASSERT_THAT(run.output, HasSubstr(kNode0Leads));
   EXPECT_THAT(run.output, HasSubstr("runs a different job file than the coordinator (host 10.0.0.1):"));
   EXPECT_THAT(run.output, Not(HasSubstr("than node 0"))) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("coordinator: this host holds the coordinator role, but 2 other nodes run "
-                                    "a different job file ("));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: this host holds the coordinator role, but 2 other nodes run "
+                        "a different job file ("));
   EXPECT_THAT(run.output, HasSubstr("it gives the role up so that they can run the job"));
   ASSERT_EQ(run.result.nodes.size(), 4u);
   EXPECT_EQ(run.result.nodes[0].exit_code, 3) << run.output;
-  for (size_t i = 1; i < run.result.nodes.size(); ++i) EXPECT_EQ(run.result.nodes[i].exit_code, 0) << i << run.output;
+  for (size_t i = 1; i < run.result.nodes.size(); ++i)
+    EXPECT_EQ(run.result.nodes[i].exit_code, 0) << i << run.output;
   EXPECT_EQ(run.result.stats.rounds_started, 1) << run.output;
   EXPECT_EQ(run.result.stats.restarts_used, 0) << run.output;
   EXPECT_EQ(CountOf(run.output, "this agent holds the coordinator role now"), 2) << run.output;
@@ -215,9 +220,11 @@ TEST(EtcdTest, AnOddJobFileThatDoesNotHoldTheRoleIsRefusedAndTheJobRuns) {
 }
 
 TEST(EtcdTest, EtcdFaultsNeedAnEtcdJob) {
-  const Status fits = FaultFitsJob(*ParseFaultFlag("etcd-partition@1m:node=1"), *ParseJobText(SmallJob(), "j").spec);
-  EXPECT_EQ(fits.error(), "etcd-partition fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" "
-                          "models an etcd cluster)");
+  const Status fits =
+      FaultFitsJob(*ParseFaultFlag("etcd-partition@1m:node=1"), *ParseJobText(SmallJob(), "j").spec);
+  EXPECT_EQ(fits.error(),
+            "etcd-partition fault: the job keeps no state in etcd (rendezvous.backend = \"etcd\" "
+            "models an etcd cluster)");
 }
 
 // 300 seeds of the etcd swarm job (about 2 s in an optimised build); bench/swarm-etcd.sh runs
@@ -258,9 +265,10 @@ TEST(EtcdSwarmTest, ThreeHundredSeedsHoldEveryInvariant) {
 // each printed fault parses and fits again.
 TEST(EtcdTest, EveryDrawnEtcdFaultOfATwoNodeJobRunsFromItsReproLine) {
   std::string job = EtcdJob();
-  job.replace(job.find("nodes = [\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.3\"]\nspares = [\"10.0.0.4\"]"),
-              std::string("nodes = [\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.3\"]\nspares = [\"10.0.0.4\"]").size(),
-              "nodes = [\"10.0.0.1\", \"10.0.0.2\"]");
+  job.replace(
+      job.find("nodes = [\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.3\"]\nspares = [\"10.0.0.4\"]"),
+      std::string("nodes = [\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.3\"]\nspares = [\"10.0.0.4\"]").size(),
+      "nodes = [\"10.0.0.1\", \"10.0.0.2\"]");
   job.replace(job.find("num_nodes = 3"), 13, "num_nodes = 2");
   LoadResult loaded = ParseJobText(job, "two.toml");
   ASSERT_TRUE(loaded.spec);
@@ -278,8 +286,9 @@ TEST(EtcdTest, EveryDrawnEtcdFaultOfATwoNodeJobRunsFromItsReproLine) {
   EXPECT_EQ(members, (std::set<int>{0, 1, 2}));
   // A member beyond etcd's three is still refused, by its name.
   const Status beyond = FaultFitsJob(*ParseFaultFlag("etcd-member-down@1m:node=3,duration=1m"), *loaded.spec);
-  EXPECT_EQ(beyond.error(), "etcd-member-down fault: etcd member 3 is out of range (the modelled etcd cluster has "
-                            "members 0..2)");
+  EXPECT_EQ(beyond.error(),
+            "etcd-member-down fault: etcd member 3 is out of range (the modelled etcd cluster has "
+            "members 0..2)");
 }
 
 }  // namespace

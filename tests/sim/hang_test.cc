@@ -67,13 +67,15 @@ TEST(HangTest, AHungRankIsNamedWithItsStackAndTheRoundRestarts) {
   // names the rank that is not waiting for the others.
   EXPECT_THAT(run.output, HasSubstr("sent no progress beacon for 2m00s after step"));
   EXPECT_THAT(run.output, HasSubstr("asking every node where its ranks are before stopping the round"));
-  EXPECT_THAT(run.output, HasSubstr("coordinator: round 0 failed: rank 3 (node 1 (node-0001), local rank 1) hung: "
-                                    "no progress for 2m"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: round 0 failed: rank 3 (node 1 (node-0001), local rank 1) hung: "
+                        "no progress for 2m"));
   EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = 2m); stopping every worker on every node"));
   EXPECT_THAT(run.output, HasSubstr("  why rank 3: the only rank not waiting for the others\n"));
   EXPECT_THAT(run.output, HasSubstr(": in wait at train.py:57\n"));
-  EXPECT_THAT(run.output, HasSubstr("File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line "
-                                    "631 in __next__\n"));
+  EXPECT_THAT(run.output,
+              HasSubstr("File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line "
+                        "631 in __next__\n"));
   EXPECT_THAT(run.output, HasSubstr("File \"/job/train.py\", line 57 in next_batch\n"));
   EXPECT_THAT(run.output, HasSubstr("3 ranks 0-2, last step"));
   EXPECT_THAT(run.output, HasSubstr(": in all_reduce at train.py:88\n"));
@@ -82,7 +84,8 @@ TEST(HangTest, AHungRankIsNamedWithItsStackAndTheRoundRestarts) {
   // next round.
   EXPECT_THAT(run.output, HasSubstr("node 1: 2 workers still running 30s after SIGTERM; sending SIGKILL"));
   EXPECT_THAT(run.output, HasSubstr("node 0: 2 workers still running 30s after SIGTERM; sending SIGKILL"));
-  EXPECT_THAT(run.output, HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
+  EXPECT_THAT(run.output,
+              HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
   EXPECT_THAT(run.output, HasSubstr("  hangs:             1 worker hung (1 round stopped as hung, "
                                     "timeouts.progress = 2m)\n"));
   EXPECT_EQ(run.result.stats.hangs_judged, 1);
@@ -111,7 +114,8 @@ TEST(HangTest, AutoUsesProgressStartUntilItHasLearnt) {
                               {"worker-hang@26s:node=0,local_rank=1"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_FALSE(run.result.violation);
-  EXPECT_THAT(run.output, HasSubstr("coordinator: round 0 failed: rank 1 (node 0 (node-0000), local rank 1) hung"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: round 0 failed: rank 1 (node 0 (node-0000), local rank 1) hung"));
   EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = \"auto\", nothing learnt yet: "
                                     "timeouts.progress_start = 3m); asking every rank"));
   const double failed = TimeOf(run.output, "coordinator: round 0 failed");
@@ -125,8 +129,9 @@ TEST(HangTest, AutoLearnsFromTheBeaconsThenDetects) {
                               {"worker-hang@5m:node=1,local_rank=0"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_FALSE(run.result.violation);
-  EXPECT_THAT(run.output, HasSubstr("coordinator: round 0 failed: rank 2 (node 1 (node-0001), local rank 0) hung: "
-                                    "no progress for 1"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: round 0 failed: rank 2 (node 1 (node-0001), local rank 0) hung: "
+                        "no progress for 1"));
   EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = \"auto\", 10s learnt from this job)"));
   const double failed = TimeOf(run.output, "coordinator: round 0 failed");
   EXPECT_GE(failed, 5 * 60 + 9);
@@ -142,17 +147,21 @@ TEST(HangTest, SlowerStepsAreLearntToo) {
 }
 
 TEST(HangTest, AStragglerIsReportedAndListedInTheSummary) {
-  const SimRun run = Simulate(HangJob(R"(progress = "5m")"), {"worker-slow@5m:node=1,local_rank=1,percent=100"});
+  const SimRun run =
+      Simulate(HangJob(R"(progress = "5m")"), {"worker-slow@5m:node=1,local_rank=1,percent=100"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_FALSE(run.result.violation);
-  EXPECT_THAT(run.output, HasSubstr("node 1: local rank 1's GPU slows down: 100% more own work per step; the gang "
-                                    "steps at the pace of its slowest rank"));
+  EXPECT_THAT(run.output,
+              HasSubstr("node 1: local rank 1's GPU slows down: 100% more own work per step; the gang "
+                        "steps at the pace of its slowest rank"));
   // Reported once the window's median says so (1.5x), while the window still holds faster steps.
-  EXPECT_THAT(run.output, HasSubstr("coordinator: rank 3 (node 1 (node-0001), local rank 1) is a straggler: its own "
-                                    "work per step is 1.51s, 1.5x the median 1s of 4 ranks over the last 2m "
-                                    "(stragglers.slower_percent = 50)\n"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: rank 3 (node 1 (node-0001), local rank 1) is a straggler: its own "
+                        "work per step is 1.51s, 1.5x the median 1s of 4 ranks over the last 2m "
+                        "(stragglers.slower_percent = 50)\n"));
   EXPECT_THAT(run.output, HasSubstr("stragglers (more than 50% slower than the median rank for 2m):\n"));
-  EXPECT_THAT(run.output, HasSubstr("    rank 3 (node 1 (node-0001), local rank 1) in round 0: its own work per step"));
+  EXPECT_THAT(run.output,
+              HasSubstr("    rank 3 (node 1 (node-0001), local rank 1) in round 0: its own work per step"));
   // The gang steps at its slowest rank's pace from 5m: 15 minutes of training take 30.
   EXPECT_EQ(run.result.stats.useful_ns, Minutes(20).count());
   EXPECT_GT(run.result.stats.training_ns, Minutes(34).count());
@@ -165,7 +174,8 @@ TEST(HangTest, AStragglerIsFoundWithoutProgressTimeoutToo) {
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("coordinator: rank 0 (node 0 (node-0000), local rank 0) is a straggler"));
   EXPECT_THAT(run.output, HasSubstr("node 0: local rank 0's GPU runs at full speed again"));
-  EXPECT_THAT(run.output, HasSubstr("coordinator: rank 0 (node 0 (node-0000), local rank 0) is no longer a straggler"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: rank 0 (node 0 (node-0000), local rank 0) is no longer a straggler"));
   EXPECT_THAT(run.output, Not(HasSubstr("  hangs:")));
 }
 
@@ -178,8 +188,9 @@ TEST(HangTest, RandomHangsAreDetectedEveryTime) {
   // Every round a hang interrupted was stopped as hung (two hangs in one round: both named).
   EXPECT_EQ(run.result.stats.hangs_judged, run.result.stats.interruptions) << run.output;
   EXPECT_GT(run.result.stats.hangs_judged, 0);
-  EXPECT_THAT(run.output, HasSubstr("round 0 failed: ranks 1-2 (rank 1 (node 0 (node-0000), local rank 1) first) "
-                                    "hung: no progress for 2m01s"));
+  EXPECT_THAT(run.output,
+              HasSubstr("round 0 failed: ranks 1-2 (rank 1 (node 0 (node-0000), local rank 1) first) "
+                        "hung: no progress for 2m01s"));
 }
 
 TEST(HangTest, SameSeedGivesIdenticalOutput) {
@@ -203,10 +214,11 @@ TEST(HangTest, SameSeedGivesIdenticalOutput) {
 // as every simulated worker did then (simulate.sigterm = "exits"), and they leave 10-500 ms after it
 // (200 ms-2 s before issue 37 calibrated it): the event count and the times moved with that.
 TEST(HangTest, AJobWithoutProgressTimeoutRunsAsBeforeBeacons) {
-  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(ExampleJob("laptop.toml")),
-                              {"worker-hang@4m:node=1,local_rank=1,duration=1m",
-                               "worker-exit@12m:node=0,local_rank=1,exit_code=3", "partition@15m:node=1,duration=30s"},
-                              11);
+  const SimRun run =
+      Simulate(WithWorkersThatExitOnSigterm(ExampleJob("laptop.toml")),
+               {"worker-hang@4m:node=1,local_rank=1,duration=1m",
+                "worker-exit@12m:node=0,local_rank=1,exit_code=3", "partition@15m:node=1,duration=30s"},
+               11);
   EXPECT_EQ(run.result.stats.beacons, 0u);
   const std::string summary = run.output.substr(run.output.find("simulation summary:"));
   EXPECT_EQ(summary,
@@ -239,13 +251,16 @@ TEST(HangTest, SimulatedStacksParseAndNameTheHungRank) {
   EXPECT_EQ(core::DescribeStack(frames), "in wait at train.py:57");
   EXPECT_FALSE(core::WaitsForOtherRanks(frames));
 
-  const std::vector<core::Frame> waiting = core::MainThreadStack(sim::FaulthandlerDump(sim::StackAt::kAllReduce, 1001));
+  const std::vector<core::Frame> waiting =
+      core::MainThreadStack(sim::FaulthandlerDump(sim::StackAt::kAllReduce, 1001));
   ASSERT_EQ(waiting.size(), 4u);
-  EXPECT_EQ(waiting.front(), (core::Frame{"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py",
-                                          2501, "all_reduce"}));
+  EXPECT_EQ(waiting.front(),
+            (core::Frame{"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", 2501,
+                         "all_reduce"}));
   EXPECT_EQ(core::DescribeStack(waiting), "in all_reduce at train.py:88");
   EXPECT_TRUE(core::WaitsForOtherRanks(waiting));
-  const std::vector<core::Frame> starting = core::MainThreadStack(sim::FaulthandlerDump(sim::StackAt::kInit, 1002));
+  const std::vector<core::Frame> starting =
+      core::MainThreadStack(sim::FaulthandlerDump(sim::StackAt::kInit, 1002));
   EXPECT_EQ(core::DescribeStack(starting), "in init_process_group at train.py:31");
   EXPECT_TRUE(core::WaitsForOtherRanks(starting));
 

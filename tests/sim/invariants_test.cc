@@ -105,16 +105,18 @@ TEST_F(InvariantsTest, OneHolderPerRankAcrossNodes) {
   StartRound(20, 0);
   for (int rank : {0, 1, 3}) End(40, 0, rank, false);
   Start(45, 1, 2, 2);
-  EXPECT_EQ(Violation(), "one holder per rank: rank 2 starts on node 1 (extra agent on node-0002) in round 1 "
-                         "while rank 2 of round 0 still runs on node 1 (pid 1102) (at 45s)");
+  EXPECT_EQ(Violation(),
+            "one holder per rank: rank 2 starts on node 1 (extra agent on node-0002) in round 1 "
+            "while rank 2 of round 0 still runs on node 1 (pid 1102) (at 45s)");
 }
 
 TEST_F(InvariantsTest, OneRoundAtATime) {
   StartRound(20, 0);
   for (int rank : {0, 1, 2}) End(40, 0, rank, false);
   Start(45, 1, 0);
-  EXPECT_EQ(Violation(), "one round at a time: node 0 starts round 1 while 1 worker(s) of round 0 still run "
-                         "(at 45s)");
+  EXPECT_EQ(Violation(),
+            "one round at a time: node 0 starts round 1 while 1 worker(s) of round 0 still run "
+            "(at 45s)");
 }
 
 TEST_F(InvariantsTest, RestartsBeyondTheBudget) {
@@ -135,8 +137,9 @@ TEST_F(InvariantsTest, ARoundNumberIsStartedByOneCoordinator) {
   EXPECT_FALSE(invariants_.violation());
   invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 3});
   invariants_.AfterEvent(90 * kSecond);
-  EXPECT_EQ(Violation(), "two coordinators act at once: round 3 was started by the coordinator on node 0 and "
-                         "again by the one on node 1 (at 1m30s)");
+  EXPECT_EQ(Violation(),
+            "two coordinators act at once: round 3 was started by the coordinator on node 0 and "
+            "again by the one on node 1 (at 1m30s)");
 }
 
 TEST_F(InvariantsTest, NoRoundWhileAnotherCoordinatorThatStartedALaterOneStillLeads) {
@@ -152,8 +155,9 @@ TEST_F(InvariantsTest, NoRoundWhileAnotherCoordinatorThatStartedALaterOneStillLe
   invariants_.AfterEvent(95 * kSecond);
   invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 5});
   invariants_.AfterEvent(96 * kSecond);
-  EXPECT_EQ(Violation(), "two coordinators act at once: round 5 was started by the coordinator on node 0 and "
-                         "again by the one on node 1 (at 1m36s)");
+  EXPECT_EQ(Violation(),
+            "two coordinators act at once: round 5 was started by the coordinator on node 0 and "
+            "again by the one on node 1 (at 1m36s)");
 }
 
 TEST_F(InvariantsTest, AnOldCoordinatorStartsNoRoundOnceANewOneStartedALaterOne) {
@@ -164,8 +168,9 @@ TEST_F(InvariantsTest, AnOldCoordinatorStartsNoRoundOnceANewOneStartedALaterOne)
   // The old holder resumes and, unfenced, commits and starts the round it would have run next.
   invariants_.CoordinatorStartedRound(1, "node 0", RoundKey{1, 4});
   invariants_.AfterEvent(91 * kSecond);
-  EXPECT_EQ(Violation(), "two coordinators act at once: round 4 was started by the coordinator on node 1 and "
-                         "again by the one on node 0 (at 1m31s)");
+  EXPECT_EQ(Violation(),
+            "two coordinators act at once: round 4 was started by the coordinator on node 1 and "
+            "again by the one on node 0 (at 1m31s)");
 }
 
 TEST_F(InvariantsTest, ANewCoordinatorStartsOnceTheOldOnesWorkersAreGone) {
@@ -176,8 +181,9 @@ TEST_F(InvariantsTest, ANewCoordinatorStartsOnceTheOldOnesWorkersAreGone) {
   invariants_.CoordinatorGone(1);
   invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 1});
   invariants_.AfterEvent(45 * kSecond);
-  EXPECT_EQ(Violation(), "two coordinators act at once: the coordinator on node 1 starts round 1 while 1 "
-                         "worker(s) of round 0, which the one on node 0 started, still run (at 45s)");
+  EXPECT_EQ(Violation(),
+            "two coordinators act at once: the coordinator on node 1 starts round 1 while 1 "
+            "worker(s) of round 0, which the one on node 0 started, still run (at 45s)");
 }
 
 TEST_F(InvariantsTest, AStartWhileAnotherLeadsWithALaterRound) {
@@ -185,8 +191,9 @@ TEST_F(InvariantsTest, AStartWhileAnotherLeadsWithALaterRound) {
   invariants_.AfterEvent(20 * kSecond);
   invariants_.CoordinatorStartedRound(2, "node 1", RoundKey{1, 6});
   invariants_.AfterEvent(21 * kSecond);
-  EXPECT_EQ(Violation(), "two coordinators act at once: the coordinator on node 1 starts round 6 while the "
-                         "one on node 0, which still holds its state, started round 7 (at 21s)");
+  EXPECT_EQ(Violation(),
+            "two coordinators act at once: the coordinator on node 1 starts round 6 while the "
+            "one on node 0, which still holds its state, started round 7 (at 21s)");
 }
 
 TEST_F(InvariantsTest, TheJobEndsOnce) {
@@ -197,8 +204,9 @@ TEST_F(InvariantsTest, TheJobEndsOnce) {
   invariants_.CoordinatorEnded(125 * kSecond, 2, "node 2", 3);
   EXPECT_FALSE(invariants_.violation());
   invariants_.CoordinatorEnded(130 * kSecond, 1, "spare 0", 0);
-  EXPECT_EQ(Violation(), "the job ends once: the coordinator on node 0 ended it with exit code 1, the one on "
-                         "spare 0 with 0 (at 2m10s)");
+  EXPECT_EQ(Violation(),
+            "the job ends once: the coordinator on node 0 ended it with exit code 1, the one on "
+            "spare 0 with 0 (at 2m10s)");
 }
 
 TEST_F(InvariantsTest, AgentExitsWithWorkersRunning) {
@@ -231,8 +239,9 @@ TEST_F(InvariantsTest, WorkerStillRunningPastTheStopBound) {
   Heartbeats(110, 194);
   EXPECT_FALSE(invariants_.violation());
   invariants_.AfterEvent(196 * kSecond);
-  EXPECT_EQ(Violation(), "round 0 failed 1m36s ago but rank 3 on node 1 (pid 1103) still runs; every worker "
-                         "should be gone within 1m36s (at 3m16s)");
+  EXPECT_EQ(Violation(),
+            "round 0 failed 1m36s ago but rank 3 on node 1 (pid 1103) still runs; every worker "
+            "should be gone within 1m36s (at 3m16s)");
 }
 
 TEST_F(InvariantsTest, StopBoundStartsAgainWhenAHungAgentResumes) {
@@ -249,8 +258,9 @@ TEST_F(InvariantsTest, StopBoundStartsAgainWhenAHungAgentResumes) {
   EXPECT_FALSE(invariants_.violation()) << Violation();
   ASSERT_NE(std::find(checks_.begin(), checks_.end(), 246 * kSecond), checks_.end());
   invariants_.AfterEvent(246 * kSecond);
-  EXPECT_EQ(Violation(), "round 0 failed 2m26s ago but rank 2 on node 1 (pid 1102) still runs; every worker "
-                         "should be gone within 1m36s (at 4m06s)");
+  EXPECT_EQ(Violation(),
+            "round 0 failed 2m26s ago but rank 2 on node 1 (pid 1102) still runs; every worker "
+            "should be gone within 1m36s (at 4m06s)");
 }
 
 TEST_F(InvariantsTest, WorkerOutlivesItsAgentsLease) {
@@ -259,9 +269,10 @@ TEST_F(InvariantsTest, WorkerOutlivesItsAgentsLease) {
   StartRound(20, 0);
   Heartbeats(20, 100);
   Heartbeats(102, 300, {0});
-  EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
-                         "coordinator; an agent (or the guardian of a hung one) stops its workers within 1m06s "
-                         "(at 2m46s)");
+  EXPECT_EQ(Violation(),
+            "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
+            "coordinator; an agent (or the guardian of a hung one) stops its workers within 1m06s "
+            "(at 2m46s)");
 }
 
 // A hung agent cannot stop its workers, but its guardian kills them when their lease ends: the
@@ -274,9 +285,10 @@ TEST_F(InvariantsTest, TheLeaseHoldsWhileTheAgentIsHung) {
   Heartbeats(102, 164, {0});
   EXPECT_FALSE(invariants_.violation()) << Violation();
   Heartbeats(166, 166, {0});
-  EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
-                         "coordinator (the agent is hung); an agent (or the guardian of a hung one) stops its "
-                         "workers within 1m06s (at 2m46s)");
+  EXPECT_EQ(Violation(),
+            "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
+            "coordinator (the agent is hung); an agent (or the guardian of a hung one) stops its "
+            "workers within 1m06s (at 2m46s)");
 }
 
 TEST_F(InvariantsTest, TheLeaseHoldsForAnAgentHungForGood) {
@@ -284,9 +296,10 @@ TEST_F(InvariantsTest, TheLeaseHoldsForAnAgentHungForGood) {
   Heartbeats(20, 100);
   invariants_.AgentHung(1, INT64_MAX);
   Heartbeats(102, 166, {0});
-  EXPECT_EQ(Violation(), "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
-                         "coordinator (the agent is hung); an agent (or the guardian of a hung one) stops its "
-                         "workers within 1m06s (at 2m46s)");
+  EXPECT_EQ(Violation(),
+            "rank 2 on node 1 (pid 1102) still runs 1m06s after its agent last heard from the "
+            "coordinator (the agent is hung); an agent (or the guardian of a hung one) stops its "
+            "workers within 1m06s (at 2m46s)");
 }
 
 TEST_F(InvariantsTest, StoreRelayConnectsAClientToAnotherRoundsStore) {
@@ -296,8 +309,9 @@ TEST_F(InvariantsTest, StoreRelayConnectsAClientToAnotherRoundsStore) {
   EXPECT_FALSE(invariants_.violation()) << Violation();
   invariants_.StoreConnected(Pid(0, 2), RoundKey{1, 0}, RoundKey{1, 1}, 40001);
   invariants_.AfterEvent(22 * kSecond);
-  EXPECT_EQ(Violation(), "store relay: rank 2 on node 1 (pid 1102) of round 0 reached the store of round 1 "
-                         "(port 40001) (at 22s)");
+  EXPECT_EQ(Violation(),
+            "store relay: rank 2 on node 1 (pid 1102) of round 0 reached the store of round 1 "
+            "(port 40001) (at 22s)");
 }
 
 TEST_F(InvariantsTest, HangWhenNothingIsLeftToHappen) {
@@ -316,8 +330,9 @@ TEST_F(InvariantsTest, HangPastTheLivenessBound) {
   end.unfinished = {"node 0", "node 1"};
   end.unfinished_count = 2;
   invariants_.AtEnd(3600 * kSecond, end);
-  EXPECT_EQ(Violation(), "hang: node 0, node 1 still running 1h00m after the start, past the liveness bound "
-                         "(all faults healed; the restart budget bounds the rounds) (at 1h00m)");
+  EXPECT_EQ(Violation(),
+            "hang: node 0, node 1 still running 1h00m after the start, past the liveness bound "
+            "(all faults healed; the restart budget bounds the rounds) (at 1h00m)");
 }
 
 TEST_F(InvariantsTest, HangAtMaxTime) {
@@ -364,8 +379,9 @@ TEST_F(InvariantsTest, ExitThreeWithoutAFaultThatKeptANodeAway) {
   sim::RunEnd end;
   end.exit_code = 3;
   invariants_.AtEnd(300 * kSecond, end);
-  EXPECT_EQ(Violation(), "the rendezvous failed (exit 3) although no fault kept a node away long enough "
-                         "(at 5m00s)");
+  EXPECT_EQ(Violation(),
+            "the rendezvous failed (exit 3) although no fault kept a node away long enough "
+            "(at 5m00s)");
 }
 
 // Hung ranks (timeouts.progress = 2m): a round that a hung rank stalled is stopped within the
@@ -382,8 +398,15 @@ class HangInvariantsTest : public InvariantsTest {
   }
   void StartAndStep(int64_t at_s) {
     for (int rank = 0; rank < 4; ++rank) {
-      WorkerStart start{static_cast<uint32_t>(rank / 2), RoundKey{1, 0}, 4, rank, rank % 2, Pid(0, rank),
-                        std::to_string(rank), "4", std::to_string(rank / 2)};
+      WorkerStart start{static_cast<uint32_t>(rank / 2),
+                        RoundKey{1, 0},
+                        4,
+                        rank,
+                        rank % 2,
+                        Pid(0, rank),
+                        std::to_string(rank),
+                        "4",
+                        std::to_string(rank / 2)};
       hangs_.WorkerStarted(start);
     }
     hangs_.AfterEvent(at_s * kSecond);
@@ -410,9 +433,10 @@ TEST_F(HangInvariantsTest, AHungRoundStillRunningPastTheBound) {
   for (int64_t t = 32; t < 211; t += 2) Beat(t);
   EXPECT_FALSE(hangs_.violation()) << HangViolation();
   Beat(211);
-  EXPECT_EQ(HangViolation(), "round 0 stopped training 3m00s ago because rank 3 hung, but rank 0 on node 0 (pid "
-                             "1100) still runs; with timeouts.progress the round is stopped within 3m00s (a silence "
-                             "of 2m00s, then the stacks, the stop and slack) (at 3m31s)");
+  EXPECT_EQ(HangViolation(),
+            "round 0 stopped training 3m00s ago because rank 3 hung, but rank 0 on node 0 (pid "
+            "1100) still runs; with timeouts.progress the round is stopped within 3m00s (a silence "
+            "of 2m00s, then the stacks, the stop and slack) (at 3m31s)");
 }
 
 TEST_F(HangInvariantsTest, ARoundStoppedInTimeOrRunningAgainBreaksNothing) {
@@ -450,7 +474,8 @@ TEST_F(HangInvariantsTest, AHungAgentRestartsTheBound) {
   for (int64_t t = 32; t < 380; t += 2) Beat(t);
   EXPECT_FALSE(hangs_.violation()) << HangViolation();
   Beat(380);
-  EXPECT_THAT(HangViolation(), ::testing::HasSubstr("round 0 stopped training 5m49s ago because rank 3 hung"));
+  EXPECT_THAT(HangViolation(),
+              ::testing::HasSubstr("round 0 stopped training 5m49s ago because rank 3 hung"));
 }
 
 TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
@@ -458,7 +483,8 @@ TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
   hangs_.GangHung(RoundKey{1, 0}, {3});
   hangs_.AfterEvent(31 * kSecond);
   for (int64_t t = 32; t < 152; t += 2) Beat(t);
-  for (int rank = 0; rank < 4; ++rank) hangs_.StacksTaken(RoundKey{1, 0}, rank, rank == 3, /*training=*/false);
+  for (int rank = 0; rank < 4; ++rank)
+    hangs_.StacksTaken(RoundKey{1, 0}, rank, rank == 3, /*training=*/false);
   hangs_.AfterEvent(152 * kSecond);
   hangs_.HangJudged(RoundKey{1, 0}, {3}, {0, 1, 2, 3});
   hangs_.AfterEvent(157 * kSecond);
@@ -469,8 +495,9 @@ TEST_F(HangInvariantsTest, AVerdictThatNamesARankThatDidNotHang) {
   EXPECT_FALSE(hangs_.violation()) << HangViolation();
   hangs_.HangJudged(RoundKey{1, 0}, {2}, {0, 1, 2, 3});
   hangs_.AfterEvent(159 * kSecond);
-  EXPECT_EQ(HangViolation(), "round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung (its "
-                             "stack was taken) (at 2m39s)");
+  EXPECT_EQ(HangViolation(),
+            "round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung (its "
+            "stack was taken) (at 2m39s)");
 }
 
 // Issue 37: a rank stalled for almost timeouts.progress and went on; the stacks were taken while
@@ -485,8 +512,9 @@ TEST_F(HangInvariantsTest, AVerdictGivenWhileEveryRankTrainedNamesRanksThatDidNo
   EXPECT_FALSE(hangs_.violation()) << HangViolation();
   hangs_.HangJudged(RoundKey{1, 0}, {1, 0}, {0, 1, 2, 3});
   hangs_.AfterEvent(41 * kSecond);
-  EXPECT_EQ(HangViolation(), "round 0 was stopped as hung naming rank 0, 1, but every rank was training when the "
-                             "stacks were taken: none hung (at 41s)");
+  EXPECT_EQ(HangViolation(),
+            "round 0 was stopped as hung naming rank 0, 1, but every rank was training when the "
+            "stacks were taken: none hung (at 41s)");
 }
 
 // Hot spares: agent 3 is spare 0. Starts `rank` on `node` as node rank `plays`.
@@ -494,8 +522,8 @@ class SpareInvariantsTest : public InvariantsTest {
  protected:
   SpareInvariantsTest() { invariants_.AddNode(3, "spare 0", /*spare=*/true); }
   void StartAs(int64_t at_s, int round, int rank, uint32_t node, int plays, uint64_t pid) {
-    WorkerStart start{node, RoundKey{1, round}, 4, rank, rank % 2, pid, std::to_string(rank), "4",
-                      std::to_string(plays)};
+    WorkerStart start{node, RoundKey{1, round},   4, rank, rank % 2, pid, std::to_string(rank),
+                      "4",  std::to_string(plays)};
     invariants_.WorkerStarted(start);
     invariants_.AfterEvent(at_s * kSecond);
   }
@@ -514,7 +542,8 @@ TEST_F(SpareInvariantsTest, ASpareThatTakesALostNodesRankBreaksNothing) {
 
 TEST_F(SpareInvariantsTest, ASpareNeverPlaysNodeRankZero) {
   StartAs(20, 0, 0, 3, 0, 5000);
-  EXPECT_EQ(Violation(), "a spare never plays node rank 0: spare 0 starts rank 0 of round 0 as node rank 0 (at 20s)");
+  EXPECT_EQ(Violation(),
+            "a spare never plays node rank 0: spare 0 starts rank 0 of round 0 as node rank 0 (at 20s)");
 }
 
 TEST_F(SpareInvariantsTest, OneHolderPerNodeRankInARound) {
@@ -523,7 +552,8 @@ TEST_F(SpareInvariantsTest, OneHolderPerNodeRankInARound) {
   Start(20, 0, 1);
   Start(20, 0, 2);
   StartAs(21, 0, 3, 3, 1, 5003);
-  EXPECT_EQ(Violation(), "one holder per node rank: round 0 runs node rank 1 on both node 1 and spare 0 (at 21s)");
+  EXPECT_EQ(Violation(),
+            "one holder per node rank: round 0 runs node rank 1 on both node 1 and spare 0 (at 21s)");
 }
 
 TEST_F(SpareInvariantsTest, FencingANewHolderWaitsForTheOldHoldersWorkers) {
@@ -532,8 +562,9 @@ TEST_F(SpareInvariantsTest, FencingANewHolderWaitsForTheOldHoldersWorkers) {
   StartRound(20, 0);
   for (int rank : {0, 1, 2}) End(40, 0, rank, false);
   StartAs(45, 1, 2, 3, 1, 5002);
-  EXPECT_EQ(Violation(), "fencing: spare 0 starts node rank 1 in round 1 while 1 worker(s) of node 1 that held "
-                         "it in round 0 still run (at 45s)");
+  EXPECT_EQ(Violation(),
+            "fencing: spare 0 starts node rank 1 in round 1 while 1 worker(s) of node 1 that held "
+            "it in round 0 still run (at 45s)");
 }
 
 TEST_F(SpareInvariantsTest, AWaitingSpareVouchesForTheJobsLastRound) {
@@ -560,7 +591,8 @@ TEST_F(SpareInvariantsTest, WorldSizeOutsideItsBounds) {
   WorkerStart start{0, RoundKey{1, 0}, 6, 0, 0, 1000, "0", "6", "0"};
   invariants_.WorkerStarted(start);
   invariants_.AfterEvent(20 * kSecond);
-  EXPECT_EQ(Violation(), "world size: round 0 runs with WORLD_SIZE=6 (node 0 rank 0); the job allows 4 (at 20s)");
+  EXPECT_EQ(Violation(),
+            "world size: round 0 runs with WORLD_SIZE=6 (node 0 rank 0); the job allows 4 (at 20s)");
 }
 
 TEST_F(SpareInvariantsTest, WorldSizeBoundsAreARange) {
@@ -575,7 +607,8 @@ TEST_F(SpareInvariantsTest, WorldSizeBoundsAreARange) {
   WorkerStart big{0, RoundKey{1, 1}, 6, 0, 0, 1001, "0", "6", "0"};
   invariants_.WorkerStarted(big);
   invariants_.AfterEvent(40 * kSecond);
-  EXPECT_EQ(Violation(), "world size: round 1 runs with WORLD_SIZE=6 (node 0 rank 0); the job allows 2..4 (at 40s)");
+  EXPECT_EQ(Violation(),
+            "world size: round 1 runs with WORLD_SIZE=6 (node 0 rank 0); the job allows 2..4 (at 40s)");
 }
 
 // Through the whole simulator: a misbehaving node (a test-only sabotage) makes the invariant
@@ -585,15 +618,18 @@ using Sabotage = sim::SimOptions::Sabotage;
 TEST(InvariantsFireInTheSimulatorTest, WrongWorldSize) {
   const SimRun run = Simulate(SmallJob(), {}, std::nullopt, false, Sabotage::kWrongWorldSize);
   EXPECT_EQ(run.result.exit_code, 70);
-  EXPECT_EQ(run.result.violation.value_or(""), "node 1 rank 2: WORLD_SIZE=5 but the job has 4 ranks (at 0ms)");
-  EXPECT_THAT(run.output, ::testing::HasSubstr("] INVARIANT VIOLATED: node 1 rank 2: WORLD_SIZE=5 but the job has 4 "
-                                               "ranks\n"));
+  EXPECT_EQ(run.result.violation.value_or(""),
+            "node 1 rank 2: WORLD_SIZE=5 but the job has 4 ranks (at 0ms)");
+  EXPECT_THAT(run.output,
+              ::testing::HasSubstr("] INVARIANT VIOLATED: node 1 rank 2: WORLD_SIZE=5 but the job has 4 "
+                                   "ranks\n"));
 }
 
 TEST(InvariantsFireInTheSimulatorTest, RankStartedWhileItsHolderRuns) {
   const SimRun run = Simulate(SmallJob(), {}, std::nullopt, false, Sabotage::kSpawnTwice);
-  EXPECT_EQ(run.result.violation.value_or(""), "one holder per rank: rank 2 starts on node 1 in round 0 while rank 2 "
-                                               "of round 0 still runs on node 1 (pid 1003) (at 0ms)");
+  EXPECT_EQ(run.result.violation.value_or(""),
+            "one holder per rank: rank 2 starts on node 1 in round 0 while rank 2 "
+            "of round 0 still runs on node 1 (pid 1003) (at 0ms)");
 }
 
 TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheRound) {
@@ -608,9 +644,10 @@ TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheRound) {
 TEST(InvariantsFireInTheSimulatorTest, UnkillableWorkersOutliveTheirAgentsLease) {
   const SimRun run = Simulate(SmallJob(), {"partition@6m:node=1,duration=5m"}, std::nullopt, false,
                               Sabotage::kUnkillableWorkers);
-  EXPECT_EQ(run.result.violation.value_or(""), "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
-                                               "heard from the coordinator; an agent (or the guardian of a hung "
-                                               "one) stops its workers within 1m06s (at 7m04s)");
+  EXPECT_EQ(run.result.violation.value_or(""),
+            "rank 2 on node 1 (pid 1002) still runs 1m06s after its agent last "
+            "heard from the coordinator; an agent (or the guardian of a hung "
+            "one) stops its workers within 1m06s (at 7m04s)");
 }
 
 TEST(InvariantsFireInTheSimulatorTest, ASparePlayingNodeRankZero) {
@@ -618,10 +655,12 @@ TEST(InvariantsFireInTheSimulatorTest, ASparePlayingNodeRankZero) {
   // play node rank 0.
   std::string job = SmallJob();
   job.replace(job.find("nproc_per_node = 2\n"), 19, "nproc_per_node = 2\nspares = 1\n");
-  const SimRun run = Simulate(job, {"node-crash@5m:node=1"}, std::nullopt, false, Sabotage::kSparePlaysNodeZero);
+  const SimRun run =
+      Simulate(job, {"node-crash@5m:node=1"}, std::nullopt, false, Sabotage::kSparePlaysNodeZero);
   EXPECT_EQ(run.result.exit_code, 70);
   EXPECT_THAT(run.result.violation.value_or(""),
-              ::testing::StartsWith("a spare never plays node rank 0: spare 0 starts rank 2 of round 1 as node rank 0"));
+              ::testing::StartsWith(
+                  "a spare never plays node rank 0: spare 0 starts rank 2 of round 1 as node rank 0"));
 }
 
 std::string ProgressJob(std::string_view progress) {
@@ -636,20 +675,23 @@ TEST(InvariantsFireInTheSimulatorTest, AHangNobodySeesOutlivesTheHangBound) {
   // hang, and the round runs on until the NCCL watchdog's 10 minutes.
   const SimRun run = Simulate(ProgressJob("progress = \"2m\""), {"worker-hang@5m:node=1,local_rank=1"},
                               std::nullopt, false, Sabotage::kBeaconsFromAThread);
-  EXPECT_EQ(run.result.violation.value_or(""),
-            "round 0 stopped training 3m23s ago because rank 3 hung, but rank 0 on node 0 (pid 1000) still runs; "
-            "with timeouts.progress the round is stopped within 3m23s (a silence of 2m00s, then the stacks, the "
-            "stop and slack) (at 8m23s)");
+  EXPECT_EQ(
+      run.result.violation.value_or(""),
+      "round 0 stopped training 3m23s ago because rank 3 hung, but rank 0 on node 0 (pid 1000) still runs; "
+      "with timeouts.progress the round is stopped within 3m23s (a silence of 2m00s, then the stacks, the "
+      "stop and slack) (at 8m23s)");
 }
 
 TEST(InvariantsFireInTheSimulatorTest, AVerdictNamingARankThatDidNotHang) {
   // Node 1's stacks lie: its hung rank 3 shows an all_reduce, its rank 2 a data-loader wait.
   const SimRun run = Simulate(ProgressJob("progress = \"2m\""), {"worker-hang@5m:node=1,local_rank=1"},
                               std::nullopt, false, Sabotage::kHungStackLooksWaiting);
-  EXPECT_THAT(run.result.violation.value_or(""),
-              ::testing::StartsWith("round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung "
-                                    "(its stack was taken) (at 7m"));
-  EXPECT_THAT(run.output, ::testing::HasSubstr("] INVARIANT VIOLATED: round 0 was stopped as hung naming rank 2"));
+  EXPECT_THAT(
+      run.result.violation.value_or(""),
+      ::testing::StartsWith("round 0 was stopped as hung naming rank 2, which did not hang; rank 3 hung "
+                            "(its stack was taken) (at 7m"));
+  EXPECT_THAT(run.output,
+              ::testing::HasSubstr("] INVARIANT VIOLATED: round 0 was stopped as hung naming rank 2"));
 }
 
 }  // namespace

@@ -67,7 +67,8 @@ TEST(JobOverridesTest, EveryDrawnShapeIsAValidJobAndAFunctionOfTheSeed) {
     const std::vector<JobOverride> shape = DrawSwarmShape(seed);
     const LoadResult loaded = ParseJobText(ApplyJobOverrides(base.source_text, shape), "swarm-shapes.toml");
     ASSERT_TRUE(loaded.spec) << "seed " << seed << ": "
-                             << RenderDiagnostics(loaded.diagnostics, "swarm-shapes.toml", loaded.source_text, false);
+                             << RenderDiagnostics(loaded.diagnostics, "swarm-shapes.toml", loaded.source_text,
+                                                  false);
     const JobSpec& s = *loaded.spec;
     EXPECT_GE(s.cluster.nnodes, 1);
     EXPECT_LE(s.cluster.nnodes, 64);
@@ -77,7 +78,8 @@ TEST(JobOverridesTest, EveryDrawnShapeIsAValidJobAndAFunctionOfTheSeed) {
     big += s.cluster.nnodes > 16;
     const std::vector<JobOverride> again = DrawSwarmShape(seed);
     ASSERT_EQ(again.size(), shape.size());
-    for (size_t i = 0; i < shape.size(); ++i) EXPECT_EQ(FormatJobOverride(again[i]), FormatJobOverride(shape[i]));
+    for (size_t i = 0; i < shape.size(); ++i)
+      EXPECT_EQ(FormatJobOverride(again[i]), FormatJobOverride(shape[i]));
   }
   // Each dimension is exercised.
   EXPECT_GT(etcd, 200);

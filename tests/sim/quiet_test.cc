@@ -32,7 +32,8 @@ struct Both {
   std::string beat_output;
 };
 
-Both RunBothWays(JobSpec spec, uint64_t seed, const sim::NetworkOptions& network = {}, bool swarm_faults = true) {
+Both RunBothWays(JobSpec spec, uint64_t seed, const sim::NetworkOptions& network = {},
+                 bool swarm_faults = true) {
   if (swarm_faults) {
     for (const FaultSpec& fault : sim::DrawSwarmFaults(spec, seed)) spec.simulate.faults.push_back(fault);
   }
@@ -50,7 +51,8 @@ Both RunBothWays(JobSpec spec, uint64_t seed, const sim::NetworkOptions& network
 }
 
 void ExpectAlike(const Both& both, uint64_t seed) {
-  EXPECT_EQ(sim::WithoutEventCount(both.lazy_output), sim::WithoutEventCount(both.beat_output)) << "seed " << seed;
+  EXPECT_EQ(sim::WithoutEventCount(both.lazy_output), sim::WithoutEventCount(both.beat_output))
+      << "seed " << seed;
   EXPECT_EQ(both.lazy.exit_code, both.beat_by_beat.exit_code) << "seed " << seed;
   EXPECT_EQ(both.lazy.stats.end_ns, both.beat_by_beat.stats.end_ns) << "seed " << seed;
   EXPECT_EQ(both.lazy.stats.messages, both.beat_by_beat.stats.messages) << "seed " << seed;
@@ -72,7 +74,8 @@ TEST_P(QuietTest, EverySeedRunsAlikeComputedOrBeatByBeat) {
     ExpectAlike(both, seed);
     stretches += both.lazy.stats.quiet_stretches;
     beats += both.lazy.stats.quiet_beats;
-    events_saved += both.beat_by_beat.stats.events - std::min(both.beat_by_beat.stats.events, both.lazy.stats.events);
+    events_saved +=
+        both.beat_by_beat.stats.events - std::min(both.beat_by_beat.stats.events, both.lazy.stats.events);
   }
   // The fast path ran, and saved events.
   EXPECT_GT(stretches, 0u);

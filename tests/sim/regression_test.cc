@@ -43,11 +43,11 @@ TEST(RegressionTest, EveryNodeWithTheSameChangedFileRunsThatJob) {
 // the coordinator" forever. Now every node hears the verdict and exits 1, and the root cause is
 // node 0's own stall.
 TEST(RegressionTest, APausedCoordinatorStillEndsTheJobOnEveryNode) {
-  const SimRun run = Simulate(Example("laptop.toml"),
-                              {"agent-hang@14m27s504ms:node=0,duration=1m28s",
-                               "agent-hang@21m40s686ms:node=0,duration=1m14s",
-                               "partition@8m21s838ms:node=1,duration=2m2s"},
-                              1199);
+  const SimRun run =
+      Simulate(Example("laptop.toml"),
+               {"agent-hang@14m27s504ms:node=0,duration=1m28s",
+                "agent-hang@21m40s686ms:node=0,duration=1m14s", "partition@8m21s838ms:node=1,duration=2m2s"},
+               1199);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 1) << run.output;
   EXPECT_THAT(run.output, HasSubstr("coordinator: node 0 (node-0000) rejoined after the end of the job; "
@@ -60,12 +60,11 @@ TEST(RegressionTest, APausedCoordinatorStillEndsTheJobOnEveryNode) {
 // SIGTERM, and a second agent for rank 1 took the next round at once. The round now waits for
 // the lost node's lease.
 TEST(RegressionTest, ASecondAgentForALostRankWaitsForTheOldWorkersLease) {
-  const SimRun run = Simulate(Example("laptop.toml"),
-                              {"partition@16m51s126ms:node=0,duration=1m47s",
-                               "worker-hang@10m3s244ms:node=1,local_rank=0",
-                               "worker-exit@9m36s59ms:node=0,local_rank=1,exit_code=22",
-                               "duplicate-node-rank@12m3s304ms:node=1"},
-                              18120);
+  const SimRun run = Simulate(
+      Example("laptop.toml"),
+      {"partition@16m51s126ms:node=0,duration=1m47s", "worker-hang@10m3s244ms:node=1,local_rank=0",
+       "worker-exit@9m36s59ms:node=0,local_rank=1,exit_code=22", "duplicate-node-rank@12m3s304ms:node=1"},
+      18120);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("was lost while its workers ran and a different agent now holds "
@@ -88,24 +87,25 @@ TEST(RegressionTest, ARankThatStallsForAlmostTheProgressTimeoutGetsNobodyBlamed)
   const SimRun run = Simulate(job, {"worker-hang@6m32s364ms:node=1,local_rank=1,duration=29s"}, 4104188);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_THAT(run.output, HasSubstr("asking every node where its ranks are before stopping the round"));
-  EXPECT_THAT(run.output, HasSubstr("coordinator: round 0: no hang: rank 0 (node 0 (10.0.0.1), local rank 0) sent no "
-                                    "progress beacon for 30s, but when the stacks came back every rank had progressed "
-                                    "again"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: round 0: no hang: rank 0 (node 0 (10.0.0.1), local rank 0) sent no "
+                        "progress beacon for 30s, but when the stacks came back every rank had progressed "
+                        "again"));
   EXPECT_THAT(run.output, HasSubstr("node 1: round 0: every rank progresses again"));
   EXPECT_THAT(run.output, Not(HasSubstr(" hung: ")));
-  EXPECT_THAT(run.output, HasSubstr("succeeded: all 10 ranks on 2 nodes exited 0 in round 0 (0 restarts used)"));
+  EXPECT_THAT(run.output,
+              HasSubstr("succeeded: all 10 ranks on 2 nodes exited 0 in round 0 (0 restarts used)"));
 }
 
 // Found by the 100,000-seed swarm: node 3's agent hung while its worker ignored SIGTERM; it
 // noticed the loss only when it resumed and gave the worker a full stop_grace from then, past
 // the fence after which the coordinator gave rank 3's workers to a second agent.
 TEST(RegressionTest, AnAgentThatResumesLateStillStopsItsWorkersWithinTheLease) {
-  const SimRun run = Simulate(Example("lightning-4x8.toml"),
-                              {"agent-hang@12m3s563ms:node=3,duration=43s",
-                               "duplicate-node-rank@6m4s956ms:node=3",
-                               "worker-hang@3m23s128ms:node=1,local_rank=1",
-                               "worker-hang@2m22s274ms:node=3,local_rank=5"},
-                              64641);
+  const SimRun run =
+      Simulate(Example("lightning-4x8.toml"),
+               {"agent-hang@12m3s563ms:node=3,duration=43s", "duplicate-node-rank@6m4s956ms:node=3",
+                "worker-hang@3m23s128ms:node=1,local_rank=1", "worker-hang@2m22s274ms:node=3,local_rank=5"},
+               64641);
   EXPECT_FALSE(run.result.violation) << run.output;
   // Last heard at 12m00s: SIGKILL at 12m00s + loss bound 15s + stop_grace 1m, before the fence
   // lets round 1 start (13m45s), not a full stop_grace after it resumed (13m46.5s).
@@ -117,12 +117,11 @@ TEST(RegressionTest, AnAgentThatResumesLateStillStopsItsWorkersWithinTheLease) {
 // stays hung; the guardian SIGKILLs them (36 s after the agent's last word from the coordinator,
 // at 6m44s, just before it hung).
 TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentHungPastItsLease) {
-  const SimRun run = Simulate(Example("lightning-2x8.toml"),
-                              {"duplicate-node-rank@6m49s127ms:node=1",
-                               "agent-hang@6m44s847ms:node=1,duration=2m8s",
-                               "worker-hang@3m11s381ms:node=1,local_rank=0",
-                               "worker-hang@7m17s894ms:node=0,local_rank=2"},
-                              91688);
+  const SimRun run =
+      Simulate(Example("lightning-2x8.toml"),
+               {"duplicate-node-rank@6m49s127ms:node=1", "agent-hang@6m44s847ms:node=1,duration=2m8s",
+                "worker-hang@3m11s381ms:node=1,local_rank=0", "worker-hang@7m17s894ms:node=0,local_rank=2"},
+               91688);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_THAT(run.output, HasSubstr("[   7m20.000s] node 1: the agent is hung and its workers' lease ran out "
                                     "(36s after its last word from the coordinator): its guardian SIGKILLs "
@@ -135,12 +134,11 @@ TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentHungPastItsLease) {
 // second agent 2 s before node 1's agent SIGKILLed the old worker. Node 0's journal now tells it
 // that workers may run, and the first round waits for their lease.
 TEST(RegressionTest, ARebootedCoordinatorWaitsForTheLeaseOfThePreviousOnesWorkers) {
-  const SimRun run = Simulate(Example("lightning-2x8.toml"),
-                              {"duplicate-node-rank@2m24s215ms:node=1",
-                               "node-crash@10m25s454ms:node=0,reboot_after=25s",
-                               "worker-hang@5m34s780ms:node=0,local_rank=6",
-                               "worker-hang@9m11s597ms:node=1,local_rank=6"},
-                              43845);
+  const SimRun run =
+      Simulate(Example("lightning-2x8.toml"),
+               {"duplicate-node-rank@2m24s215ms:node=1", "node-crash@10m25s454ms:node=0,reboot_after=25s",
+                "worker-hang@5m34s780ms:node=0,local_rank=6", "worker-hang@9m11s597ms:node=1,local_rank=6"},
+               43845);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_THAT(run.output, HasSubstr("coordinator: the previous coordinator of this job on this host "
                                     "did not end it (26s ago it recorded that workers may run)"));
@@ -176,8 +174,9 @@ TEST(RegressionTest, TheHangBoundAllowsWhatTheLastStepTaughtTheAgents) {
                               5679);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("(timeouts.progress = \"auto\", 9m38s learnt from this job); stopping every "
-                                    "worker on every node"));
+  EXPECT_THAT(run.output,
+              HasSubstr("(timeouts.progress = \"auto\", 9m38s learnt from this job); stopping every "
+                        "worker on every node"));
 }
 
 // Issue 16 (two coordinators act at once): the coordinator counted a restart after a node was
@@ -189,17 +188,19 @@ TEST(RegressionTest, ATakeoverAfterACountedRoundWithALostNodeWaitsForItsWorkers)
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-etcd.toml");
   std::stringstream job;
   job << in.rdbuf();
-  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(job.str()),
-                              {"worker-hang@6m44s622ms:node=0,local_rank=0", "partition@11m48s438ms:node=1,duration=2m12s",
-                               "partition@8m29s951ms:node=3,duration=59s,peers=0",
-                               "node-crash@21m2s647ms:node=0,reboot_after=3m12s",
-                               "etcd-member-down@11m59s591ms:node=2,duration=1m46s",
-                               "etcd-member-down@11m14s591ms:node=0,duration=59s"},
-                              78365);
+  const SimRun run = Simulate(
+      WithWorkersThatExitOnSigterm(job.str()),
+      {"worker-hang@6m44s622ms:node=0,local_rank=0", "partition@11m48s438ms:node=1,duration=2m12s",
+       "partition@8m29s951ms:node=3,duration=59s,peers=0", "node-crash@21m2s647ms:node=0,reboot_after=3m12s",
+       "etcd-member-down@11m59s591ms:node=2,duration=1m46s",
+       "etcd-member-down@11m14s591ms:node=0,duration=59s"},
+      78365);
   EXPECT_FALSE(run.result.violation) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("taking over the job from node 1 (10.0.0.2): round 1 next, 1 of 6 restarts used"));
-  EXPECT_THAT(run.output, ::testing::ContainsRegex("waiting [0-9]+s before starting it: round 0 lost a node whose "
-                                                   "workers node 1 \\(10.0.0.2\\) never saw stop"));
+  EXPECT_THAT(run.output,
+              HasSubstr("taking over the job from node 1 (10.0.0.2): round 1 next, 1 of 6 restarts used"));
+  EXPECT_THAT(run.output,
+              ::testing::ContainsRegex("waiting [0-9]+s before starting it: round 0 lost a node whose "
+                                       "workers node 1 \\(10.0.0.2\\) never saw stop"));
 }
 
 // Issue 16 (the job ends once): etcd lost its quorum just as the job succeeded; the coordinator
@@ -212,15 +213,17 @@ TEST(RegressionTest, TheVerdictIsToldOnlyOnceEtcdHasIt) {
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-etcd.toml");
   std::stringstream job;
   job << in.rdbuf();
-  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(job.str()),
-                              {"duplicate-node-rank@20m23s192ms:node=4", "etcd-member-down@20m20s700ms:node=1,duration=15s",
-                               "etcd-member-down@19m56s700ms:node=0,duration=1m17s"},
-                              159264);
+  const SimRun run =
+      Simulate(WithWorkersThatExitOnSigterm(job.str()),
+               {"duplicate-node-rank@20m23s192ms:node=4", "etcd-member-down@20m20s700ms:node=1,duration=15s",
+                "etcd-member-down@19m56s700ms:node=0,duration=1m17s"},
+               159264);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("round 0 was never judged: waiting up to"));
-  EXPECT_THAT(run.output, HasSubstr("job \"swarm-etcd\" succeeded: all 8 ranks on 4 nodes exited 0 in round 0 (0 "
-                                    "restarts used)"));
+  EXPECT_THAT(run.output,
+              HasSubstr("job \"swarm-etcd\" succeeded: all 8 ranks on 4 nodes exited 0 in round 0 (0 "
+                        "restarts used)"));
   EXPECT_THAT(run.output, Not(HasSubstr("round 0 failed")));
   EXPECT_EQ(run.result.stats.restarts_used, 0);
 }
@@ -232,18 +235,18 @@ TEST(RegressionTest, TheVerdictIsToldOnlyOnceEtcdHasIt) {
 // worker only at 11m08.7s, after the fence let round 1 start (11m08s). The lease the agent
 // renews on every word from the coordinator now ends at its own SIGKILL time.
 TEST(RegressionTest, TheGuardianKillsTheWorkersOfAnAgentFrozenInTheMiddleOfItsStop) {
-  const SimRun run = Simulate(Example("lightning-2x8.toml"),
-                              {"agent-hang@10m32s703ms:node=1,duration=2m57s",
-                               "partition@10m15s42ms:node=1,duration=13s",
-                               "worker-hang@8m26s898ms:node=1,local_rank=0",
-                               "duplicate-node-rank@10m4s844ms:node=1"},
-                              600612);
+  const SimRun run =
+      Simulate(Example("lightning-2x8.toml"),
+               {"agent-hang@10m32s703ms:node=1,duration=2m57s", "partition@10m15s42ms:node=1,duration=13s",
+                "worker-hang@8m26s898ms:node=1,local_rank=0", "duplicate-node-rank@10m4s844ms:node=1"},
+               600612);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   // Last heard at 10m14s: loss bound 6 s + stop_grace 30 s.
-  const size_t kill = run.output.find("[  10m50.000s] node 1: the agent is hung and its workers' lease ran "
-                                      "out (36s after its last word from the coordinator): its guardian "
-                                      "SIGKILLs its 1 worker");
+  const size_t kill = run.output.find(
+      "[  10m50.000s] node 1: the agent is hung and its workers' lease ran "
+      "out (36s after its last word from the coordinator): its guardian "
+      "SIGKILLs its 1 worker");
   const size_t start = run.output.find("coordinator: round 1: all 2 nodes joined; starting 16 workers");
   ASSERT_NE(kill, std::string::npos) << run.output;
   ASSERT_NE(start, std::string::npos) << run.output;
@@ -260,17 +263,19 @@ TEST(RegressionTest, ASecondAgentJoiningAgainDoesNotLiftTheFenceOfTheOldOne) {
   std::ifstream in(std::string(DDPRUN_SOURCE_DIR) + "/bench/swarm-hangs.toml");
   std::stringstream job;
   job << in.rdbuf();
-  const SimRun run = Simulate(WithWorkersThatExitOnSigterm(job.str()),
-                              {"worker-exit@18m33s674ms:node=1,local_rank=0,exit_code=83",
-                               "duplicate-node-rank@5m43s716ms:node=1",
-                               "agent-hang@12m37s547ms:node=0,duration=24s",
-                               "worker-exit@1m16s215ms:node=2,local_rank=1,exit_code=245",
-                               "worker-slow@19m45s19ms:node=2,local_rank=3,percent=167"},
-                              610917);
+  const SimRun run =
+      Simulate(WithWorkersThatExitOnSigterm(job.str()),
+               {"worker-exit@18m33s674ms:node=1,local_rank=0,exit_code=83",
+                "duplicate-node-rank@5m43s716ms:node=1", "agent-hang@12m37s547ms:node=0,duration=24s",
+                "worker-exit@1m16s215ms:node=2,local_rank=1,exit_code=245",
+                "worker-slow@19m45s19ms:node=2,local_rank=3,percent=167"},
+               610917);
   EXPECT_FALSE(run.result.violation) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("[  13m11.547s] coordinator: round 3: all 3 nodes joined; waiting 38s before "
-                                    "starting it: node 1 (node-0003) was lost while its workers ran"));
-  const size_t kill = run.output.find("[  13m12.000s] node 1: 1 worker still running 29s after SIGTERM; sending SIGKILL");
+  EXPECT_THAT(run.output,
+              HasSubstr("[  13m11.547s] coordinator: round 3: all 3 nodes joined; waiting 38s before "
+                        "starting it: node 1 (node-0003) was lost while its workers ran"));
+  const size_t kill =
+      run.output.find("[  13m12.000s] node 1: 1 worker still running 29s after SIGTERM; sending SIGKILL");
   const size_t start = run.output.find("coordinator: round 3: all 3 nodes joined; starting 12 workers");
   ASSERT_NE(kill, std::string::npos) << run.output;
   ASSERT_NE(start, std::string::npos) << run.output;
@@ -290,7 +295,8 @@ SimRun ShapeSeed(uint64_t seed) {
   const LoadResult loaded = ParseJobText(job, "swarm-shapes.toml");
   EXPECT_TRUE(loaded.spec) << seed;
   std::vector<std::string> faults;
-  for (const FaultSpec& fault : sim::DrawSwarmFaults(*loaded.spec, seed)) faults.push_back(sim::FormatFaultFlag(fault));
+  for (const FaultSpec& fault : sim::DrawSwarmFaults(*loaded.spec, seed))
+    faults.push_back(sim::FormatFaultFlag(fault));
   return Simulate(job, faults, seed);
 }
 
@@ -299,7 +305,8 @@ SimRun ShapeSeed(uint64_t seed) {
 // learns of a stop only by losing it, one more loss bound: here node 9 was partitioned from node
 // 0 a minute after a host crash failed round 1, and got the stop when the partition healed
 // (18m41s), 2m13s after the failure. Its workers answer to their lease meanwhile.
-// ddprun --simulate bench/swarm-shapes.toml --seed 102630 --set cluster.nnodes=27 ... --fault partition@17m27s98ms:node=0,duration=1m14s,peers=9
+// ddprun --simulate bench/swarm-shapes.toml --seed 102630 --set cluster.nnodes=27 ... --fault
+// partition@17m27s98ms:node=0,duration=1m14s,peers=9
 TEST(RegressionTest, ANodeCutOffFromTheCoordinatorStopsWithinItsLease) {
   const SimRun run = ShapeSeed(102630);
   EXPECT_FALSE(run.result.violation) << run.output;
@@ -325,8 +332,10 @@ TEST(RegressionTest, TheCoordinatorsHostDyingBeforeItStopsTheRoundLeavesTheLease
 TEST(RegressionTest, UnderEtcdANodeWithAnotherJobFileIsRefusedNotACoordinatorOfItsOwn) {
   const SimRun run = ShapeSeed(50);
   EXPECT_FALSE(run.result.violation) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("cluster.nproc_per_node: node 1 has 2, the coordinator (host 10.0.0.1) has 1"));
-  EXPECT_THAT(run.output, HasSubstr("coordinator: refused a node: node 1 (host 10.0.0.2) runs a different job file"));
+  EXPECT_THAT(run.output,
+              HasSubstr("cluster.nproc_per_node: node 1 has 2, the coordinator (host 10.0.0.1) has 1"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: refused a node: node 1 (host 10.0.0.2) runs a different job file"));
 }
 
 // Found by the shape swarm (etcd): node 1, the coordinator, was cut off from etcd while round 1
@@ -340,8 +349,9 @@ TEST(RegressionTest, AgentsThatTookPartHearTheVerdictOfATakeoverEvenWhenLateOrMo
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 1);
   EXPECT_THAT(run.output, HasSubstr("node 0: agent exited with code 1"));
-  EXPECT_THAT(run.output, HasSubstr("the job ended (exit code 1, recorded by spare 0 (10.1.0.1)) while this agent was "
-                                    "away; telling it the verdict"));
+  EXPECT_THAT(run.output,
+              HasSubstr("the job ended (exit code 1, recorded by spare 0 (10.1.0.1)) while this agent was "
+                        "away; telling it the verdict"));
   EXPECT_THAT(run.output, HasSubstr("node 1: agent exited with code 1"));
   EXPECT_THAT(run.output, Not(HasSubstr("joined after the job ended")));
 }
@@ -354,8 +364,9 @@ TEST(RegressionTest, AnEtcdOutageAsTheJobSucceedsDoesNotTurnItIntoAFailure) {
   const SimRun run = ShapeSeed(108189);
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("coordinator: round 0 ended before its coordinator could record it: every one of "
-                                    "its 51 nodes says its workers exited 0"));
+  EXPECT_THAT(run.output,
+              HasSubstr("coordinator: round 0 ended before its coordinator could record it: every one of "
+                        "its 51 nodes says its workers exited 0"));
 }
 
 // Found by the 20,000-seed shape swarm (etcd): node 0's host crashed in the last round, the job
@@ -364,7 +375,8 @@ TEST(RegressionTest, AnEtcdOutageAsTheJobSucceedsDoesNotTurnItIntoAFailure) {
 // job's: with etcd the outcome is what the job's agents were told, not node 0's exit code.
 TEST(RegressionTest, UnderEtcdANodeRebootedAfterTheVerdictDoesNotDecideTheOutcome) {
   const SimRun run = ShapeSeed(112735);
-  EXPECT_FALSE(run.result.violation) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000 : 0);
+  EXPECT_FALSE(run.result.violation) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000
+                                                                                   : 0);
   EXPECT_EQ(run.result.exit_code, 1);
   EXPECT_THAT(run.output, HasSubstr("[  19m05.801s] node 0: rebooted; the agent starts again as 10.0.0.1"));
   EXPECT_THAT(run.output, HasSubstr("node 0: agent exited with code 3"));
@@ -381,12 +393,14 @@ TEST(RegressionTest, OutagesThatChainToTheRendezvousDeadlineOweNoStart) {
   EXPECT_FALSE(crashes.result.violation)
       << crashes.output.substr(crashes.output.size() > 4000 ? crashes.output.size() - 4000 : 0);
   EXPECT_EQ(crashes.result.exit_code, 3);
-  EXPECT_THAT(crashes.output, HasSubstr("rendezvous failed: 22/23 nodes joined within timeouts.rendezvous = 30m"));
+  EXPECT_THAT(crashes.output,
+              HasSubstr("rendezvous failed: 22/23 nodes joined within timeouts.rendezvous = 30m"));
   const SimRun faults = ShapeSeed(115307);
   EXPECT_FALSE(faults.result.violation)
       << faults.output.substr(faults.output.size() > 4000 ? faults.output.size() - 4000 : 0);
   EXPECT_EQ(faults.result.exit_code, 3);
-  EXPECT_THAT(faults.output, HasSubstr("rendezvous failed: 51/52 nodes joined within timeouts.rendezvous = 5m"));
+  EXPECT_THAT(faults.output,
+              HasSubstr("rendezvous failed: 51/52 nodes joined within timeouts.rendezvous = 5m"));
 }
 
 // Found by the same swarm (etcd): node 2's file asked for 3 processes instead of 7, its agent
@@ -397,11 +411,13 @@ TEST(RegressionTest, OutagesThatChainToTheRendezvousDeadlineOweNoStart) {
 // its own pace, and only node 2 exits 3.
 TEST(RegressionTest, AnOddJobFileThatWonTheRoleNoLongerTrainsAloneAtASmallWorldsPace) {
   const SimRun run = ShapeSeed(118645);
-  EXPECT_FALSE(run.result.violation) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000 : 0);
+  EXPECT_FALSE(run.result.violation) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000
+                                                                                   : 0);
   EXPECT_THAT(run.output, HasSubstr("it gives the role up so that they can run the job"));
   EXPECT_THAT(run.output, Not(HasSubstr("round 1: starting 3 workers on 1 of the job's 4 nodes")));
   EXPECT_THAT(run.output, HasSubstr("node 2: agent exited with code 3"));
-  EXPECT_EQ(run.result.exit_code, 0) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000 : 0);
+  EXPECT_EQ(run.result.exit_code, 0) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000
+                                                                                   : 0);
   EXPECT_THAT(run.output, HasSubstr("training:          20m00s of 20m00s kept"));
 }
 
@@ -421,9 +437,11 @@ TEST(RegressionTest, AHostDownForGoodEndsItsPartOfTheWallTime) {
 // back after 3-10, so three of them were down at the end of round 8's 30-minute rendezvous.
 TEST(RegressionTest, ChainedRandomCrashesMayEndTheRendezvousWithExitThree) {
   const SimRun run = ShapeSeed(106610);
-  EXPECT_FALSE(run.result.violation) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000 : 0);
+  EXPECT_FALSE(run.result.violation) << run.output.substr(run.output.size() > 4000 ? run.output.size() - 4000
+                                                                                   : 0);
   EXPECT_EQ(run.result.exit_code, 3);
-  EXPECT_THAT(run.output, HasSubstr("rendezvous failed: 47/50 nodes joined within timeouts.rendezvous = 30m"));
+  EXPECT_THAT(run.output,
+              HasSubstr("rendezvous failed: 47/50 nodes joined within timeouts.rendezvous = 30m"));
 }
 
 }  // namespace

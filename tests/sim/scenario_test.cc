@@ -40,7 +40,8 @@ TEST(ScenarioTest, WorkerExitWithRestartsLeftRestartsAndFinishes) {
   EXPECT_THAT(run.output, HasSubstr("coordinator: round 0 failed: rank 3 (node 1 (node-0001), local "
                                     "rank 1) exited with code 3; stopping every worker on every node"));
   EXPECT_THAT(run.output, HasSubstr("restart 1 of 2 in 10s"));
-  EXPECT_THAT(run.output, HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
+  EXPECT_THAT(run.output,
+              HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
   EXPECT_EQ(run.result.stats.rounds_started, 2);
   EXPECT_EQ(run.result.stats.restarts_used, 1);
   // 6m40s of training at the failure: the checkpoint at 5m survives, 1m40s is lost (+-startup).
@@ -71,8 +72,10 @@ TEST(ScenarioTest, LightningWorkersStayUntilSigkillAndPlainOnesLeaveOnSigterm) {
   const std::vector<std::string> fault = {"worker-exit@7m:node=1,local_rank=1,exit_code=3"};
   const SimRun lightning = Simulate(SmallJob(), fault);  // [trainer]: simulate.sigterm = "auto"
   EXPECT_EQ(lightning.result.exit_code, 0) << lightning.output;
-  EXPECT_THAT(lightning.output, HasSubstr("node 0: 2 workers still running 30s after SIGTERM; sending SIGKILL"));
-  EXPECT_THAT(lightning.output, HasSubstr("node 1: 1 worker still running 30s after SIGTERM; sending SIGKILL"));
+  EXPECT_THAT(lightning.output,
+              HasSubstr("node 0: 2 workers still running 30s after SIGTERM; sending SIGKILL"));
+  EXPECT_THAT(lightning.output,
+              HasSubstr("node 1: 1 worker still running 30s after SIGTERM; sending SIGKILL"));
   EXPECT_GE(stop_time(lightning), 30.0);
   EXPECT_LT(stop_time(lightning), 31.0);
   const SimRun plain = Simulate(SmallJob("sigterm = \"exits\""), fault);
@@ -84,8 +87,8 @@ TEST(ScenarioTest, LightningWorkersStayUntilSigkillAndPlainOnesLeaveOnSigterm) {
 }
 
 TEST(ScenarioTest, BudgetExhaustedExitsOneNamingTheRank) {
-  const SimRun run = Simulate(SmallJob("", 2, 2, /*max_restarts=*/0),
-                           {"worker-exit@7m:node=1,local_rank=0,exit_code=3"});
+  const SimRun run =
+      Simulate(SmallJob("", 2, 2, /*max_restarts=*/0), {"worker-exit@7m:node=1,local_rank=0,exit_code=3"});
   EXPECT_EQ(run.result.exit_code, 1) << run.output;
   EXPECT_FALSE(run.result.violation);
   EXPECT_THAT(run.output, HasSubstr("job \"t\" FAILED in round 0 (restart.max_restarts = 0)"));
@@ -179,7 +182,8 @@ TEST(ScenarioTest, SlowJoinerIsWaitedFor) {
 }
 
 TEST(ScenarioTest, RandomFailuresFromRatesAreInjected) {
-  const SimRun run = Simulate(SmallJob("node_mtbf = \"40m\"\nworker_mtbf = \"40m\"\nmax_time = \"2d\"", 2, 2, 50));
+  const SimRun run =
+      Simulate(SmallJob("node_mtbf = \"40m\"\nworker_mtbf = \"40m\"\nmax_time = \"2d\"", 2, 2, 50));
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_GT(run.result.stats.faults_injected, 0);
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
@@ -203,7 +207,8 @@ TEST(ScenarioTest, StoreClientsWaitOutABlockedPort) {
 }
 
 TEST(ScenarioTest, WithAStorePortThereIsNoRelay) {
-  const SimRun run = Simulate(SmallJob().replace(SmallJob().find("nproc_per_node"), 0, "store_port = 29400\n"));
+  const SimRun run =
+      Simulate(SmallJob().replace(SmallJob().find("nproc_per_node"), 0, "store_port = 29400\n"));
   EXPECT_FALSE(run.result.violation) << run.output;
   EXPECT_EQ(run.result.stats.store_clients, 3u);
 }
@@ -219,9 +224,9 @@ TEST(ScenarioTest, SummaryGroupsIdenticalOutcomes) {
 // Issue 26: every rank of the round hangs for good and the job has no timeouts.progress:
 // nothing can end the round, and the simulator does not call that a liveness failure.
 TEST(ScenarioTest, ARoundWhoseRanksAllHangForGoodWithoutProgressOwesNoEnd) {
-  const SimRun run = Simulate(SmallJob("", 3, 1), {"worker-hang@5m:node=0,local_rank=0",
-                                                   "worker-hang@5m:node=1,local_rank=0",
-                                                   "worker-hang@5m:node=2,local_rank=0"});
+  const SimRun run = Simulate(SmallJob("", 3, 1),
+                              {"worker-hang@5m:node=0,local_rank=0", "worker-hang@5m:node=1,local_rank=0",
+                               "worker-hang@5m:node=2,local_rank=0"});
   EXPECT_FALSE(run.result.violation) << *run.result.violation << run.output;
   EXPECT_TRUE(run.result.stuck_for_good);
   EXPECT_NE(run.output.find("outcome:           the job never ends: every rank of its round hangs for "
@@ -236,9 +241,9 @@ TEST(ScenarioTest, ARoundWhoseRanksAllHangForGoodWithoutProgressOwesNoEnd) {
 
 // Issue 26: restart.never_on ends the job at once when a worker exits 2, with restarts left.
 TEST(ScenarioTest, NeverOnEndsTheJobWithRestartsLeftWithoutALivenessFailure) {
-  const SimRun run = Simulate(SmallJob("", 3, 1).replace(SmallJob("", 3, 1).find("backoff"), 0,
-                                                         "never_on = [\"exit:2\"]\n"),
-                              {"worker-exit@5m:node=1,local_rank=0,exit_code=2"});
+  const SimRun run =
+      Simulate(SmallJob("", 3, 1).replace(SmallJob("", 3, 1).find("backoff"), 0, "never_on = [\"exit:2\"]\n"),
+               {"worker-exit@5m:node=1,local_rank=0,exit_code=2"});
   EXPECT_FALSE(run.result.violation) << *run.result.violation << run.output;
   EXPECT_EQ(run.result.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("restart.never_on has \"exit:2\""), std::string::npos) << run.output;

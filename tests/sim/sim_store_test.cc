@@ -103,7 +103,8 @@ TEST_F(StoreModelTest, PutIfCreatesOnceAndKeepsTheCreateRevision) {
   EXPECT_EQ(again.entry->create_revision, rev);
   EXPECT_EQ(again.revision, rev);  // a failed compare writes nothing
   // Fenced by the create revision: the holder writes another key; the mod revision moves on.
-  const StoreResult fenced = Call(SimEtcd::PutIfOp{"/k", rev, {StorePut{"/k", "c", 0}, StorePut{"/s", "x", 0}}});
+  const StoreResult fenced =
+      Call(SimEtcd::PutIfOp{"/k", rev, {StorePut{"/k", "c", 0}, StorePut{"/s", "x", 0}}});
   EXPECT_TRUE(fenced.succeeded);
   EXPECT_EQ(fenced.revision, rev + 1);
   const StoreResult got = Call(SimEtcd::GetOp{"/k"});
@@ -138,7 +139,8 @@ TEST_F(StoreModelTest, LeasesExpireInVirtualTimeAndTakeTheirKeys) {
   ASSERT_TRUE(grant.error.empty());
   EXPECT_EQ(grant.ttl, Seconds(4));  // whole seconds, rounded up
   const Duration granted_at = Now();
-  EXPECT_TRUE(Call(SimEtcd::PutIfOp{"/role", 0, {StorePut{"/role", "me", grant.lease}}}, Millis(10)).succeeded);
+  EXPECT_TRUE(
+      Call(SimEtcd::PutIfOp{"/role", 0, {StorePut{"/role", "me", grant.lease}}}, Millis(10)).succeeded);
   // Renewed at 2s: the lease lives 4s from then.
   RunUntil(granted_at + Seconds(2));
   EXPECT_EQ(Call(SimEtcd::KeepAliveOp{grant.lease}, Millis(10)).ttl, Seconds(4));
@@ -148,14 +150,16 @@ TEST_F(StoreModelTest, LeasesExpireInVirtualTimeAndTakeTheirKeys) {
   EXPECT_FALSE(Call(SimEtcd::GetOp{"/role"}, Millis(10)).entry);
   EXPECT_EQ(Call(SimEtcd::KeepAliveOp{grant.lease}, Millis(10)).ttl, Duration::zero());
   // A put attached to a lease that is gone fails, as etcd's does.
-  const StoreResult late = Call(SimEtcd::PutIfOp{"/role", 0, {StorePut{"/role", "me", grant.lease}}}, Millis(10));
+  const StoreResult late =
+      Call(SimEtcd::PutIfOp{"/role", 0, {StorePut{"/role", "me", grant.lease}}}, Millis(10));
   EXPECT_EQ(late.error, "etcdserver: requested lease not found");
   EXPECT_FALSE(Call(SimEtcd::GetOp{"/role"}, Millis(10)).entry);
 }
 
 TEST_F(StoreModelTest, RevokeDeletesTheLeasesKeysAtOnce) {
   const StoreResult grant = Call(SimEtcd::GrantOp{Seconds(10)}, Millis(10));
-  EXPECT_TRUE(Call(SimEtcd::PutIfOp{"/role", 0, {StorePut{"/role", "me", grant.lease}}}, Millis(10)).succeeded);
+  EXPECT_TRUE(
+      Call(SimEtcd::PutIfOp{"/role", 0, {StorePut{"/role", "me", grant.lease}}}, Millis(10)).succeeded);
   EXPECT_TRUE(Call(SimEtcd::RevokeOp{grant.lease}, Millis(10)).error.empty());
   EXPECT_FALSE(Call(SimEtcd::GetOp{"/role"}, Millis(10)).entry);
 }

@@ -53,8 +53,8 @@ std::string WithWorkersThatExitOnSigterm(std::string job) {
   return job.insert(at + 12, "sigterm = \"exits\"\n");
 }
 
-SimRun Simulate(const std::string& job, const std::vector<std::string>& faults,
-             std::optional<uint64_t> seed, bool record, sim::SimOptions::Sabotage sabotage) {
+SimRun Simulate(const std::string& job, const std::vector<std::string>& faults, std::optional<uint64_t> seed,
+                bool record, sim::SimOptions::Sabotage sabotage) {
   LoadResult loaded = ParseJobText(job, "job.toml");
   SimRun run;
   if (!loaded.spec) {

@@ -30,7 +30,7 @@ struct SimRun {
 
 /// Parses `job` (must be valid), adds `faults` in --fault syntax, runs the simulation.
 SimRun Simulate(const std::string& job, const std::vector<std::string>& faults = {},
-             std::optional<uint64_t> seed = std::nullopt, bool record = false,
-             sim::SimOptions::Sabotage sabotage = sim::SimOptions::Sabotage::kNone);
+                std::optional<uint64_t> seed = std::nullopt, bool record = false,
+                sim::SimOptions::Sabotage sabotage = sim::SimOptions::Sabotage::kNone);
 
 }  // namespace ddprun::testing

@@ -35,7 +35,8 @@ TEST(SparesTest, ASpareJoinsWaitsAndExitsWithTheJob) {
   const SimRun run = Simulate(SpareJob(1), {}, std::nullopt, /*record=*/true);
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_FALSE(run.result.violation);
-  EXPECT_THAT(run.output, HasSubstr("spare 0: spare 0 joined; it waits to take the node rank of a node that is lost"));
+  EXPECT_THAT(run.output,
+              HasSubstr("spare 0: spare 0 joined; it waits to take the node rank of a node that is lost"));
   EXPECT_THAT(run.output, HasSubstr("simulation summary: job \"t\", 2 nodes x 2 workers, 1 spare, seed 3"));
   EXPECT_THAT(run.output, HasSubstr("nodes 0-1: exit 0"));
   EXPECT_THAT(run.output, HasSubstr("spare 0 (node-0002): exit 0, never needed"));
@@ -60,13 +61,16 @@ TEST(SparesTest, ASpareTakesTheRankOfANodeThatNeverReturns) {
                                     "(node-0001), away for 1m"));
   // ... the agent's, and the simulator's line naming both hosts.
   EXPECT_THAT(run.output, HasSubstr("this agent (spare 0) takes node rank 1 from now on"));
-  EXPECT_THAT(run.output, HasSubstr("spare 0: spare 0 (node-0002) replaces node 1 (node-0001) as node rank 1"));
+  EXPECT_THAT(run.output,
+              HasSubstr("spare 0: spare 0 (node-0002) replaces node 1 (node-0001) as node rank 1"));
   // The spare's workers are node 1's ranks 2 and 3.
-  EXPECT_THAT(run.output, HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
+  EXPECT_THAT(run.output,
+              HasSubstr("succeeded: all 4 ranks on 2 nodes exited 0 in round 1 (1 restart used)"));
   EXPECT_THAT(run.output, HasSubstr("spare 0 (node-0002): exit 0, played node rank 1"));
   EXPECT_THAT(run.output, HasSubstr("node 1: down (crashed)"));
   ASSERT_EQ(run.result.replacements.size(), 1u);
-  EXPECT_THAT(run.result.replacements[0], HasSubstr("spare 0 (node-0002) replaces node 1 (node-0001) as node rank 1"));
+  EXPECT_THAT(run.result.replacements[0],
+              HasSubstr("spare 0 (node-0002) replaces node 1 (node-0001) as node rank 1"));
   EXPECT_THAT(run.output, HasSubstr("  replaced:          at "));
   EXPECT_EQ(run.result.nodes[2].plays, 1);
   EXPECT_EQ(run.result.stats.useful_ns, Minutes(20).count());
@@ -127,12 +131,15 @@ TEST(SparesTest, WorkerFaultsOnASpareHitItsWorkersOnceItPlays) {
   const SimRun run = Simulate(SpareJob(1), {"node-crash@5m:node=1", "worker-exit@10m:node=2,local_rank=0"});
   EXPECT_EQ(run.result.exit_code, 0) << run.output;
   EXPECT_FALSE(run.result.violation) << *run.result.violation;
-  EXPECT_THAT(run.output, ::testing::ContainsRegex("spare 0: rank 2 \\(local rank 0, pid [0-9]+\\) exits with code 1 "
-                                                   "\\(fault worker-exit\\)"));
+  EXPECT_THAT(run.output,
+              ::testing::ContainsRegex("spare 0: rank 2 \\(local rank 0, pid [0-9]+\\) exits with code 1 "
+                                       "\\(fault worker-exit\\)"));
   // The coordinator names the spare as the log's prefix does, with its host and the node rank it
   // plays, and so does the spare's own line.
-  EXPECT_THAT(run.output,
-              HasSubstr("round 1 failed: rank 2 (spare 0 (node-0002, node rank 1), local rank 0) exited with code 1"));
+  EXPECT_THAT(
+      run.output,
+      HasSubstr(
+          "round 1 failed: rank 2 (spare 0 (node-0002, node rank 1), local rank 0) exited with code 1"));
   EXPECT_THAT(run.output, HasSubstr("spare 0: round 2: all 2 workers of node rank 1 exited 0"));
   EXPECT_EQ(run.result.stats.restarts_used, 2);
 }
@@ -176,8 +183,8 @@ TEST(SparesTest, RandomCrashesCanLeaveHostsDownForGood) {
 }
 
 TEST(SparesTest, SwarmOfASpareJobFindsNoViolation) {
-  LoadResult loaded = ParseJobText(SpareJob(2, "node_mtbf = \"12h\"\nnode_never_returns_percent = 50\n"),
-                                   "job.toml");
+  LoadResult loaded =
+      ParseJobText(SpareJob(2, "node_mtbf = \"12h\"\nnode_never_returns_percent = 50\n"), "job.toml");
   ASSERT_TRUE(loaded.spec);
   sim::SimOptions options;
   options.seed = 500;

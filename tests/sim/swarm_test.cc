@@ -68,7 +68,8 @@ TEST_P(HangSwarmTest, OneThousandSeedsHoldEveryInvariant) {
   EXPECT_EQ(swarm.failures, 0) << out.str();
 }
 
-INSTANTIATE_TEST_SUITE_P(Bench, HangSwarmTest, ::testing::Values("swarm-hangs.toml", "swarm-hangs-auto.toml"));
+INSTANTIATE_TEST_SUITE_P(Bench, HangSwarmTest,
+                         ::testing::Values("swarm-hangs.toml", "swarm-hangs-auto.toml"));
 
 TEST(SwarmTest, OnlyJobsThatDetectHangsGetStragglers) {
   LoadResult plain = ParseJobText(SmallJob("", 3, 2, 3), "job.toml");
@@ -111,9 +112,10 @@ TEST(SwarmTest, QuietSwarmPrintsOnlyFailuresAndTheCount) {
   std::ostringstream out;
   const sim::SwarmResult swarm = sim::RunSwarm(*loaded.spec, options, 5, out);
   // The count, then the goodput across the seeds and the exit codes (nothing per seed).
-  EXPECT_THAT(out.str(), ::testing::MatchesRegex("swarm: 5 seeds \\(1000\\.\\.1004\\), 0 failed\n"
-                                                 "swarm goodput: mean [0-9.]+%, p10 [0-9.]+%, median [0-9.]+%, "
-                                                 "p90 [0-9.]+%; exit [0-9]+: [0-9]+(, exit [0-9]+: [0-9]+)*\n"));
+  EXPECT_THAT(out.str(),
+              ::testing::MatchesRegex("swarm: 5 seeds \\(1000\\.\\.1004\\), 0 failed\n"
+                                      "swarm goodput: mean [0-9.]+%, p10 [0-9.]+%, median [0-9.]+%, "
+                                      "p90 [0-9.]+%; exit [0-9]+: [0-9]+(, exit [0-9]+: [0-9]+)*\n"));
   int seeds = 0;
   for (const auto& [code, n] : swarm.exit_codes) seeds += n;
   EXPECT_EQ(seeds, 5);

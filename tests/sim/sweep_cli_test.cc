@@ -73,19 +73,22 @@ const std::string kSmallSweep =
 TEST(SweepCliTest, PrintsTheGoodputTableWordForWord) {
   const Result run = Ddprun(kSmallSweep);
   EXPECT_EQ(run.code, 0);
-  EXPECT_EQ(run.output,
-            "sweep of examples/laptop.toml (with --set simulate.worker_mtbf=1h): 4 settings x 3 seeds (7..9), the job's own faults only\n"
-            "\n"
-            "| restart.backoff | simulate.checkpoint_every | runs | finished (exit 0) | other exits | goodput mean | p10 "
-            "| median | p90 | restarts (mean) | work lost (mean) | downtime (mean) | training kept |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-            "| 10s | 1m | 3 | 3 | - | 76.2% | 74.0% | 76.2% | 78.3% | 3.0 | 1m31s | 4m44s | 100.0% |\n"
-            "| 10s | 10m | 3 | 2 | exit 1: 1 | 48.3% | 34.9% | 53.3% | 56.7% | 3.0 | 12m14s | 4m54s | 83.3% |\n"
-            "| 3m | 1m | 3 | 3 | - | 64.8% | 58.8% | 67.3% | 68.2% | 2.3 | 1m34s | 9m26s | 100.0% |\n"
-            "| 3m | 10m | 3 | 2 | exit 1: 1 | 35.5% | 0.0% | 52.2% | 54.4% | 2.3 | 15m58s | 9m36s | 66.7% |\n"
-            "\n"
-            "goodput: useful training / wall time of each run (a run that ended early counts until it ended); "
-            "training kept: the training done at the end over simulate.train_time\n");
+  EXPECT_EQ(
+      run.output,
+      "sweep of examples/laptop.toml (with --set simulate.worker_mtbf=1h): 4 settings x 3 seeds (7..9), the "
+      "job's own faults only\n"
+      "\n"
+      "| restart.backoff | simulate.checkpoint_every | runs | finished (exit 0) | other exits | goodput mean "
+      "| p10 "
+      "| median | p90 | restarts (mean) | work lost (mean) | downtime (mean) | training kept |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+      "| 10s | 1m | 3 | 3 | - | 76.2% | 74.0% | 76.2% | 78.3% | 3.0 | 1m31s | 4m44s | 100.0% |\n"
+      "| 10s | 10m | 3 | 2 | exit 1: 1 | 48.3% | 34.9% | 53.3% | 56.7% | 3.0 | 12m14s | 4m54s | 83.3% |\n"
+      "| 3m | 1m | 3 | 3 | - | 64.8% | 58.8% | 67.3% | 68.2% | 2.3 | 1m34s | 9m26s | 100.0% |\n"
+      "| 3m | 10m | 3 | 2 | exit 1: 1 | 35.5% | 0.0% | 52.2% | 54.4% | 2.3 | 15m58s | 9m36s | 66.7% |\n"
+      "\n"
+      "goodput: useful training / wall time of each run (a run that ended early counts until it ended); "
+      "training kept: the training done at the end over simulate.train_time\n");
 }
 
 TEST(SweepCliTest, ARowSummarisesTheSingleRunsOfItsSetting) {
@@ -94,8 +97,10 @@ TEST(SweepCliTest, ARowSummarisesTheSingleRunsOfItsSetting) {
   int finished = 0;
   int restarts = 0;
   for (int seed = 7; seed <= 9; ++seed) {
-    const Result one = Ddprun("--simulate examples/laptop.toml --set simulate.worker_mtbf=1h --set restart.backoff=3m "
-                              "--set simulate.checkpoint_every=10m --quiet --seed " + std::to_string(seed));
+    const Result one = Ddprun(
+        "--simulate examples/laptop.toml --set simulate.worker_mtbf=1h --set restart.backoff=3m "
+        "--set simulate.checkpoint_every=10m --quiet --seed " +
+        std::to_string(seed));
     std::smatch m;
     ASSERT_TRUE(std::regex_search(one.output, m, std::regex(R"(goodput: +([0-9.]+)%)"))) << one.output;
     goodput_sum += std::stod(m[1]);
@@ -111,7 +116,8 @@ TEST(SweepCliTest, ARowSummarisesTheSingleRunsOfItsSetting) {
 TEST(SweepCliTest, ABadKeyOrValueIsAUsageError) {
   const Result unknown = Ddprun("--simulate examples/laptop.toml --sweep no_such_key=1,2");
   EXPECT_EQ(unknown.code, 2);
-  EXPECT_THAT(unknown.output, HasSubstr("--sweep no_such_key=1,2: no section of a job file has a key \"no_such_key\""));
+  EXPECT_THAT(unknown.output,
+              HasSubstr("--sweep no_such_key=1,2: no section of a job file has a key \"no_such_key\""));
   const Result ambiguous = Ddprun("--simulate examples/laptop.toml --sweep window=1h");
   EXPECT_EQ(ambiguous.code, 2);
   EXPECT_THAT(ambiguous.output, HasSubstr("is a key of several sections"));
@@ -119,7 +125,8 @@ TEST(SweepCliTest, ABadKeyOrValueIsAUsageError) {
   const Result bad = Ddprun("--simulate examples/laptop.toml --sweep timeouts.heartbeat=2s,5m --seeds 1");
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.output, HasSubstr("with timeouts.heartbeat=5m, the job file is not valid:"));
-  EXPECT_THAT(bad.output, HasSubstr("error: timeouts.heartbeat = 5m is too long for timeouts.rendezvous = 5m"));
+  EXPECT_THAT(bad.output,
+              HasSubstr("error: timeouts.heartbeat = 5m is too long for timeouts.rendezvous = 5m"));
   const Result chart = Ddprun("--simulate examples/laptop.toml --sweep spares=0 --chart out.png");
   EXPECT_EQ(chart.code, 2);
   EXPECT_THAT(chart.output, HasSubstr("name the file .svg (the chart) or .html (chart and table)"));
@@ -129,22 +136,27 @@ TEST(SweepCliTest, ABadKeyOrValueIsAUsageError) {
 // word (the job has nothing that fails). The sweep says so; a job with failure rates, or a
 // sweep over them, does not.
 TEST(SweepCliTest, AJobWithNothingThatFailsIsNamedBeforeItsEqualRows) {
-  const Result quiet = Ddprun("--simulate examples/lightning-2x8.toml --sweep restart.max_restarts=1,3 --seeds 2");
+  const Result quiet =
+      Ddprun("--simulate examples/lightning-2x8.toml --sweep restart.max_restarts=1,3 --seeds 2");
   EXPECT_EQ(quiet.code, 0) << quiet.output;
-  EXPECT_THAT(quiet.output, HasSubstr("note: examples/lightning-2x8.toml has nothing that fails (no "
-                                      "[[simulate.faults]], no simulate.node_mtbf, worker_mtbf or worker_hang_mtbf)"));
-  const Result rates = Ddprun("--simulate examples/lightning-2x8.toml --set simulate.worker_mtbf=6h --sweep "
-                              "restart.max_restarts=1,3 --seeds 2");
+  EXPECT_THAT(quiet.output,
+              HasSubstr("note: examples/lightning-2x8.toml has nothing that fails (no "
+                        "[[simulate.faults]], no simulate.node_mtbf, worker_mtbf or worker_hang_mtbf)"));
+  const Result rates = Ddprun(
+      "--simulate examples/lightning-2x8.toml --set simulate.worker_mtbf=6h --sweep "
+      "restart.max_restarts=1,3 --seeds 2");
   EXPECT_EQ(rates.code, 0) << rates.output;
   EXPECT_THAT(rates.output, Not(HasSubstr("has nothing that fails")));
-  const Result swept = Ddprun("--simulate examples/lightning-2x8.toml --sweep simulate.worker_mtbf=6h,12h --seeds 2");
+  const Result swept =
+      Ddprun("--simulate examples/lightning-2x8.toml --sweep simulate.worker_mtbf=6h,12h --seeds 2");
   EXPECT_THAT(swept.output, Not(HasSubstr("has nothing that fails")));
 }
 
 TEST(SweepCliTest, WritesTheChartAsSvg) {
   ScratchDir dir;
   const std::string svg = dir.path() + "/chart.svg";
-  const Result run = Ddprun("--simulate examples/laptop.toml --sweep simulate.checkpoint_every=1m,10m --seeds 2 --chart " + svg);
+  const Result run = Ddprun(
+      "--simulate examples/laptop.toml --sweep simulate.checkpoint_every=1m,10m --seeds 2 --chart " + svg);
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("wrote the chart to " + svg));
   const std::string text = ReadFile(svg);
@@ -176,8 +188,9 @@ TEST(SweepCliTest, TheChartPageRendersInHeadlessChromium) {
   const std::string page = dir.path() + "/sweep.html";
   const Result run = Ddprun(kSmallSweep + " --chart " + page);
   ASSERT_EQ(run.code, 0) << run.output;
-  const std::string browse = "timeout 120 " + chromium + " --headless --disable-gpu --no-sandbox --user-data-dir=" +
-                             dir.path() + "/profile";
+  const std::string browse = "timeout 120 " + chromium +
+                             " --headless --disable-gpu --no-sandbox --user-data-dir=" + dir.path() +
+                             "/profile";
   // The DOM Chromium built: the SVG parsed as SVG (its elements in the document), one group per
   // setting with the mean it drew, and the table.
   const Result dom = Shell(browse + " --dump-dom 'file://" + page + "' 2>/dev/null");
@@ -185,15 +198,18 @@ TEST(SweepCliTest, TheChartPageRendersInHeadlessChromium) {
   EXPECT_THAT(dom.output, HasSubstr("<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"sweep-chart\""));
   const std::regex group(R"re(<g class="setting" data-mean="([0-9.]+)">)re");
   std::vector<std::string> means;
-  for (auto it = std::sregex_iterator(dom.output.begin(), dom.output.end(), group); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(dom.output.begin(), dom.output.end(), group);
+       it != std::sregex_iterator(); ++it) {
     means.push_back((*it)[1]);
   }
   EXPECT_EQ(means, (std::vector<std::string>{"0.7616", "0.4831", "0.6476", "0.3554"}));
   EXPECT_THAT(dom.output, HasSubstr(">restart.backoff=3m, simulate.checkpoint_every=10m</text>"));
-  EXPECT_THAT(dom.output, HasSubstr("<td>3m</td><td>10m</td><td>3</td><td>2</td><td>exit 1: 1</td><td>35.5%</td>"));
+  EXPECT_THAT(dom.output,
+              HasSubstr("<td>3m</td><td>10m</td><td>3</td><td>2</td><td>exit 1: 1</td><td>35.5%</td>"));
   // And it paints: a screenshot of the page is a PNG of the window's size.
   const std::string png = dir.path() + "/sweep.png";
-  const Result shot = Shell(browse + " --window-size=1000,400 --screenshot=" + png + " 'file://" + page + "'");
+  const Result shot =
+      Shell(browse + " --window-size=1000,400 --screenshot=" + png + " 'file://" + page + "'");
   ASSERT_EQ(shot.code, 0) << shot.output;
   const std::string image = ReadFile(png);
   ASSERT_GT(image.size(), 24u);
@@ -236,7 +252,8 @@ TEST(ShapeSwarmCliTest, ASeedsReproLineRepeatsItsShape) {
   const Result again = Ddprun(repro);
   EXPECT_EQ(std::to_string(again.code), exit_code) << again.output;
   EXPECT_THAT(again.output, HasSubstr("outcome:           job exit code " + exit_code));
-  EXPECT_THAT(again.output, HasSubstr("cluster.nproc_per_node: node 1 has 2, the coordinator (host 10.0.0.1) has 1"));
+  EXPECT_THAT(again.output,
+              HasSubstr("cluster.nproc_per_node: node 1 has 2, the coordinator (host 10.0.0.1) has 1"));
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ std::vector<int> Numbers(const std::string& svg, const std::string& pattern) {
 // 90.5% and 95.7% on an axis from 80%: drawn as bars from the axis, the first looked half the
 // second. On a zoomed axis the mean is a dot, and the subtitle says where the axis starts.
 TEST(SweepTest, OnAnAxisThatDoesNotStartAtZeroTheMeanIsADotNotABar) {
-  const std::string svg = sim::SweepChartSvg(Result({Row("0", 0.905, 0.88, 0.93), Row("1", 0.957, 0.94, 0.97)}));
+  const std::string svg =
+      sim::SweepChartSvg(Result({Row("0", 0.905, 0.88, 0.93), Row("1", 0.957, 0.94, 0.97)}));
   EXPECT_THAT(svg, Not(HasSubstr("class=\"bar\"")));
   EXPECT_EQ(Numbers(svg, R"re(<circle class="mean" cx="(\d+)")re").size(), 2u);
   EXPECT_THAT(svg, HasSubstr("dot: mean (the axis starts at 80%)"));

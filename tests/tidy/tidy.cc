@@ -8,13 +8,14 @@ namespace {
 
 struct Rule {
   const char* what;
-  const char* pattern;   // ECMAScript regex, matched against code with comments and strings blanked
+  const char* pattern;  // ECMAScript regex, matched against code with comments and strings blanked
 };
 
 // Each pattern names the call or type, not a substring of ours (`Now()`, `SimTimer`, `Open`
 // are our ports and stay allowed).
 constexpr Rule kCodeRules[] = {
-    {"a clock", R"(_clock\s*::\s*now\b|\bgettimeofday\b|\bclock_gettime\b|(^|[^\w.>])time\s*\(|\bclock\s*\(\s*\))"},
+    {"a clock",
+     R"(_clock\s*::\s*now\b|\bgettimeofday\b|\bclock_gettime\b|(^|[^\w.>])time\s*\(|\bclock\s*\(\s*\))"},
     {"a thread", R"(\bstd\s*::\s*(thread|jthread|async)\b|\bpthread_\w+)"},
     {"a random generator outside sim/prng.h",
      R"((^|[^\w.>])s?rand\s*\(|\brandom_device\b|\buniform_\w+_distribution\b|\bmt19937)"},
@@ -52,7 +53,8 @@ std::string Blank(std::string_view source) {
         } else if (c == '/' && next == '*') {
           state = State::kBlock;
           out[i] = ' ';
-        } else if (c == 'R' && next == '"' && (i == 0 || !std::isalnum(static_cast<unsigned char>(source[i - 1])))) {
+        } else if (c == 'R' && next == '"' &&
+                   (i == 0 || !std::isalnum(static_cast<unsigned char>(source[i - 1])))) {
           const size_t open = source.find('(', i + 2);
           if (open == std::string_view::npos) break;
           raw_end = ")" + std::string(source.substr(i + 2, open - i - 2)) + "\"";
@@ -61,11 +63,14 @@ std::string Blank(std::string_view source) {
         } else if (c == '"') {
           state = State::kString;
         } else if (c == '\'' && !(i > 0 && std::isxdigit(static_cast<unsigned char>(source[i - 1])))) {
-          state = State::kChar;   // not a digit separator such as 1'000
+          state = State::kChar;  // not a digit separator such as 1'000
         }
         break;
       case State::kLine:
-        if (c == '\n') state = State::kCode; else out[i] = ' ';
+        if (c == '\n')
+          state = State::kCode;
+        else
+          out[i] = ' ';
         break;
       case State::kBlock:
         if (c == '*' && next == '/') {

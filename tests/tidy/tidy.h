@@ -13,8 +13,8 @@ namespace ddprun::testing {
 
 struct TidyFinding {
   int line = 0;
-  std::string rule;   // what is banned, e.g. "a clock"
-  std::string text;   // the offending line, trimmed
+  std::string rule;  // what is banned, e.g. "a clock"
+  std::string text;  // the offending line, trimmed
 };
 
 /// The banned uses in one file's text. Comments and string literals are ignored, except that

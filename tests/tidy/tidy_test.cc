@@ -103,7 +103,8 @@ TEST(TidyTest, CoreHostReportAndSimUseNoClockThreadRandomEnvSocketProcessOrFile)
         const bool allowed = std::any_of(kAllowed.begin(), kAllowed.end(), [&](const auto& entry) {
           return entry.first == relative && entry.second == f.rule;
         });
-        if (!allowed) found.push_back(relative + ":" + std::to_string(f.line) + ": " + f.rule + ": " + f.text);
+        if (!allowed)
+          found.push_back(relative + ":" + std::to_string(f.line) + ": " + f.rule + ": " + f.text);
       }
     }
   }
