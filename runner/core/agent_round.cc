@@ -37,6 +37,16 @@ void Agent::StartWorkers(TimePoint now, const wire::StartRound& start, std::vect
   }
   auto* joined = std::get_if<Joined>(&link_);
   if (!joined) return;  // rounds start only on a join
+  if (interrupted_by_ != 0) {
+    // The interrupt crossed this StartRound: the coordinator ends the job when it reads the
+    // Interrupted, which it will before anything this agent sends after it.
+    Log(LogLevel::kWarn,
+        fmt::format("round {} started after this agent received {}; starting no workers (the "
+                    "coordinator ends the job)",
+                    start.round, SignalName(interrupted_by_)),
+        out);
+    return;
+  }
   // Stale or duplicate; but the first round after a join is new even when its number is not
   // (a coordinator that restarted counts from 0 again). Found by the simulator.
   if (joined->started_round && start.round <= round_) return;

@@ -625,11 +625,13 @@ TEST_F(AgentTest, SigintIsForwardedToTheJobAndASecondOneKills) {
 // left again without the JobEndAck the coordinator waits for.
 TEST_F(AgentTest, AJobEndAfterAnInterruptIsTheEndTheInterruptAskedFor) {
   Joined(0s);
-  EXPECT_EQ(Sent<wire::Interrupted>(Feed(1s, SignalReceived{SIGINT})),
-            (std::vector<wire::Interrupted>{{SIGINT}}));
-  ASSERT_EQ(All<SpawnWorkers>(Msg(3s, wire::StartRound{0, 41000})).size(), 1u);
-  EXPECT_EQ(All<SignalWorkers>(Msg(5s, wire::JobEnd{130, "job \"demo\" interrupted"})).size(), 1u);
-  // The workers ignore SIGTERM and SIGKILL does not end them: the agent gives up on them.
+  ASSERT_EQ(All<SpawnWorkers>(Msg(1s, wire::StartRound{0, 41000})).size(), 1u);
+  const Effects interrupted = Feed(2s, SignalReceived{SIGINT});
+  EXPECT_EQ(Sent<wire::Interrupted>(interrupted), (std::vector<wire::Interrupted>{{SIGINT}}));
+  EXPECT_EQ(All<SignalWorkers>(interrupted).size(), 1u) << test::Describe(interrupted);
+  Msg(5s, wire::JobEnd{130, "job \"demo\" interrupted"});
+  // The workers ignore SIGTERM and SIGKILL does not end them: the agent gives up on them. The
+  // interrupt's own deadline (the exit barrier) must not fire after the JobEnd it asked for.
   Effects after;
   for (Duration t = 6s; t <= 60s && !agent_->exit_code(); t += 1s) {
     const Effects e = Meaningful(Msg(t, wire::Heartbeat{}));
@@ -639,6 +641,25 @@ TEST_F(AgentTest, AJobEndAfterAnInterruptIsTheEndTheInterruptAskedFor) {
   EXPECT_EQ(Sent<wire::JobEndAck>(after).size(), 1u) << test::Describe(after);
   ASSERT_EQ(All<AgentExit>(after).size(), 1u);
   EXPECT_EQ(All<AgentExit>(after)[0].code, 130);
+}
+
+TEST_F(AgentTest, ARoundThatStartsAfterAnInterruptStartsNoWorkers) {
+  // The SIGINT crossed a StartRound: the coordinator started the round before it read the
+  // Interrupted, which ends the job. Starting the workers would run training the user asked to
+  // stop, only to stop it again.
+  Joined(0s);
+  EXPECT_EQ(Sent<wire::Interrupted>(Feed(1s, SignalReceived{SIGINT})),
+            (std::vector<wire::Interrupted>{{SIGINT}}));
+  const Effects start = Msg(3s, wire::StartRound{0, 41000});
+  EXPECT_TRUE(All<SpawnWorkers>(start).empty()) << test::Describe(start);
+  EXPECT_EQ(FindLog(start, "round 0 started"),
+            "round 0 started after this agent received SIGINT; starting no workers (the coordinator ends "
+            "the job)");
+  const Effects end = Msg(5s, wire::JobEnd{130, "job \"demo\" interrupted"});
+  EXPECT_TRUE(All<SignalWorkers>(end).empty()) << test::Describe(end);
+  EXPECT_EQ(Sent<wire::JobEndAck>(end).size(), 1u) << test::Describe(end);
+  ASSERT_EQ(All<AgentExit>(end).size(), 1u) << test::Describe(end);
+  EXPECT_EQ(All<AgentExit>(end)[0].code, 130);
 }
 
 TEST_F(AgentTest, SigtermBeforeJoiningExitsAtOnce) {
