@@ -250,8 +250,7 @@ void NodeHost::Unproven(ConnId conn, size_t buffered) {
     const ConnId dropped = largest->first;
     const std::string why = fmt::format(
         "peers that have not joined hold more than {} MiB of unfinished frames; dropping the one holding the "
-        "most "
-        "({} bytes)",
+        "most ({} bytes)",
         kUnprovenBudget >> 20, largest->second);
     ports_.console->Log(core::LogLevel::kWarn, "coordinator",
                         fmt::format("dropping connection {}: {}", dropped, why));

@@ -139,8 +139,7 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
       outcome.what = "its host key is not known here (ssh runs with BatchMode=yes and asks nothing)";
       outcome.fix = fmt::format(
           "hint: check the key's fingerprint with whoever runs {0} (`ssh-keyscan {0} | ssh-keygen -lf -` "
-          "shows "
-          "what it offers), then add it to known_hosts",
+          "shows what it offers), then add it to known_hosts",
           host);
     } else if (Contains(err, "Permission denied") || Contains(err, "Authentication failed")) {
       outcome.what = "authentication failed: " + said;
@@ -157,7 +156,6 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
   const bool default_program = program.given.empty();
   const std::string or_install = default_program ? "`ddprun up --install` copies this one there; or " : "";
   if (exit_status == 127) {
-    outcome.install = install && default_program;
     outcome.what =
         default_program
             ? fmt::format("no `ddprun` on the remote PATH, and no copy of this one in ~/.ddprun/{}",
@@ -168,7 +166,6 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
         "install ddprun there (docs/install.md), or pass `--remote-ddprun /path/to/ddprun`; a command "
         "run through ssh gets the PATH of a non-interactive shell, without what ~/.profile adds";
   } else if (exit_status != 0) {
-    outcome.install = install && default_program;
     outcome.what = fmt::format("`{} --version` failed there (exit {}): {}", remote_ddprun, exit_status,
                                LastLine(err.empty() ? out : err));
     outcome.fix = "hint: " + or_install + "run it by hand on that host";
@@ -178,12 +175,14 @@ ProbeOutcome ReadProbe(const std::string& host, int exit_status, const std::stri
     const std::string remote_version =
         found == std::string::npos ? LastLine(out) : out.substr(found, out.find('\n', found) - found);
     if (remote_version != expected) {
-      outcome.install = install && default_program;
       outcome.what = fmt::format("it runs {}, this machine runs {}", remote_version, expected);
       outcome.fix = "hint: " + or_install +
                     "install the same ddprun on every node and here (the agents refuse a mixed job)";
     }
   }
+  // Whatever is wrong with the remote ddprun (missing, failing, another version), --install
+  // puts this one there, unless the user named a program of their own.
+  outcome.install = install && default_program && !outcome.what.empty();
   if (!outcome.what.empty() && !outcome.install) return outcome;
   if (Contains(out, "job-file-missing")) {
     outcome.install = false;

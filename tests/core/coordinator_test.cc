@@ -455,8 +455,7 @@ TEST_F(CoordinatorTest, ExhaustedBudgetEndsTheJobWithTheRootCause) {
             "earlier rounds' root causes:\n"
             "  round 0: rank 3 (node 1 (gpu-02), local rank 1) exited with code 1 (RuntimeError)\n"
             "logs: logs/demo/latest-n1/attempt-1/rank-2.log on node 1 (gpu-02), in its job file's folder; "
-            "each node keeps its "
-            "own runs under logs/demo/latest-n<node>");
+            "each node keeps its own runs under logs/demo/latest-n<node>");
   EXPECT_EQ(coordinator_->exit_code(), 1);
 }
 
@@ -490,8 +489,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsStderrTailAndTheNcclHint) {
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
             "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
-            "each node keeps its "
-            "own runs under logs/demo/latest-n<node>");
+            "each node keeps its own runs under logs/demo/latest-n<node>");
 }
 
 TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHintWithoutNccl) {
@@ -508,8 +506,7 @@ TEST_F(CoordinatorNoRestartTest, SummaryShowsTheErrorFileBeforeTheStderrAndNoHin
             "    | ValueError: x\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
-            "each node keeps its "
-            "own runs under logs/demo/latest-n<node>");
+            "each node keeps its own runs under logs/demo/latest-n<node>");
 }
 
 // Issue 12: the traceback was printed twice, from the error file and again from stderr.
@@ -531,8 +528,7 @@ TEST_F(CoordinatorNoRestartTest, TheTracebackInTheErrorFileIsNotRepeatedFromStde
             "    | loading data\n"
             "ddprun then stopped 3 other running ranks on 2 nodes.\n"
             "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
-            "each node keeps its "
-            "own runs under logs/demo/latest-n<node>");
+            "each node keeps its own runs under logs/demo/latest-n<node>");
   // Only the traceback on stderr: no stderr section at all.
   UseJob(Edit(kTwoNodeJob, "max_restarts = 1", "max_restarts = 0"));
   const std::string summary = SummaryAfter(RankThreeFailed(0, traceback, traceback));

@@ -317,9 +317,8 @@ TEST(LoopbackTest, ExhaustedBudgetEndsEveryNodeWithTheSameSummary) {
       "    | ncclInternalError: NCCL WARN peer closed\n"
       "ddprun then stopped 3 other running ranks on 2 nodes.\n"
       "hint: the error mentions NCCL; rerun with NCCL_DEBUG=INFO in job.env to see why.\n"
-      "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; each "
-      "node keeps its own "
-      "runs under logs/demo/latest-n<node>";
+      "logs: logs/demo/latest-n1/attempt-0/rank-3.log on node 1 (gpu-02), in its job file's folder; "
+      "each node keeps its own runs under logs/demo/latest-n<node>";
   for (int n = 0; n < 2; ++n) {
     SCOPED_TRACE(n);
     ASSERT_EQ(net.node(n).summaries.size(), 1u);
