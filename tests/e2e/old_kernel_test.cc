@@ -27,6 +27,18 @@ std::vector<std::string> Kernel(const std::string& syscall, const std::string& e
           "/dev/null", "-e", "trace=" + syscall, "-e",  "inject=" + syscall + ":error=" + error};
 }
 
+/// A one-node job of `devices` ranks running `command` (a TOML array), on a free port.
+TestJob OneNodeJob(const std::string& name, int devices, const std::string& command) {
+  TestJob job;
+  job.name = name;
+  job.nnodes = 1;
+  job.devices = devices;
+  job.master_port = FreePort();
+  job.command = command;
+  job.rendezvous = "60s";
+  return job;
+}
+
 struct OldKernel {
   std::string name;
   std::string syscall;
@@ -49,14 +61,8 @@ TEST_P(OldKernelTest, WorkersInheritNothingButStdio) {
       "import os\n"
       "fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
       "print('rank', os.environ['RANK'], 'fds', fds[:-1], flush=True)\n");  // the last: the listing's own
-  TestJob job;
-  job.name = "old-kernel";
-  job.nnodes = 1;
-  job.devices = 2;
-  job.master_port = FreePort();
-  job.command = "[\"/usr/bin/python3\", \"fds.py\"]";
+  TestJob job = OneNodeJob("old-kernel", 2, "[\"/usr/bin/python3\", \"fds.py\"]");
   if (!kernel.preload.empty()) job.job_extra = "preload = [\"" + kernel.preload + "\"]\n";
-  job.rendezvous = "60s";
   dir_.Write("job.toml", job.Toml());
   AgentProcess agent({dir_.path() + "/job.toml"}, dir_.path() + "/out", {},
                      Kernel(kernel.syscall, kernel.error));
@@ -96,16 +102,10 @@ TEST_P(OldKernelNoPidfdTest, ARoundFailsAndTheJobRestarts) {
       "    if os.environ['RANK'] == '1':\n"
       "        sys.exit(3)\n"
       "    time.sleep(60)  # stopped by the agent\n");
-  TestJob job;
-  job.name = "no-pidfd";
-  job.nnodes = 1;
-  job.devices = 2;
-  job.master_port = FreePort();
-  job.command = "[\"/usr/bin/python3\", \"ex.py\"]";
+  TestJob job = OneNodeJob("no-pidfd", 2, "[\"/usr/bin/python3\", \"ex.py\"]");
   if (!preload.empty()) job.job_extra = "preload = [\"" + preload + "\"]\n";
   job.max_restarts = 1;
   job.backoff = "0s";
-  job.rendezvous = "60s";
   dir_.Write("job.toml", job.Toml());
   AgentProcess agent({dir_.path() + "/job.toml"}, dir_.path() + "/out", {}, Kernel("pidfd_open", "ENOSYS"));
   ASSERT_EQ(agent.Wait(90s), 0) << agent.Output();
@@ -128,13 +128,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, OldKernelNoPidfdTest, ::testing::Values("", "j
 // is replaced and said, as with one (RunnerTest.AKilledGuardianIsReplaced...).
 TEST(OldKernelGuardianTest, AKilledGuardianIsReplacedWithoutPidfd) {
   ScratchDir dir;
-  TestJob job;
-  job.name = "no-pidfd-guardian";
-  job.nnodes = 1;
-  job.devices = 1;
-  job.master_port = FreePort();
-  job.command = "[\"/bin/sh\", \"-c\", \"echo started; exec sleep 60\"]";
-  job.rendezvous = "60s";
+  TestJob job = OneNodeJob("no-pidfd-guardian", 1, "[\"/bin/sh\", \"-c\", \"echo started; exec sleep 60\"]");
   job.heartbeat = "500ms";
   dir.Write("job.toml", job.Toml());
   AgentProcess traced({dir.path() + "/job.toml"}, dir.path() + "/out", {}, Kernel("pidfd_open", "ENOSYS"));
