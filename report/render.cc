@@ -16,6 +16,24 @@
 namespace ddprun::report {
 namespace {
 
+constexpr size_t kPhases = 9;
+// Colours per NodePhase, in enum order.
+constexpr std::array<const char*, kPhases> kColours = {
+    "#ffffff",  // off
+    "#9ecae1",  // rendezvous
+    "#fdd49e",  // starting
+    "#41ab5d",  // training
+    "#fd8d3c",  // stalled
+    "#d94801",  // stopping
+    "#bdbdbd",  // waiting
+    "#252525",  // down
+    "#f0f0f0",  // done
+};
+// When phases share a pixel column, the one that matters most to a reader wins.
+constexpr std::array<int, kPhases> kPriority = {0, 3, 4, 2, 6, 7, 5, 8, 1};
+
+}  // namespace
+
 std::string HtmlEscape(std::string_view text) {
   std::string out;
   for (char c : text) {
@@ -38,24 +56,6 @@ std::string HtmlEscape(std::string_view text) {
   }
   return out;
 }
-
-constexpr size_t kPhases = 9;
-// Colours per NodePhase, in enum order.
-constexpr std::array<const char*, kPhases> kColours = {
-    "#ffffff",  // off
-    "#9ecae1",  // rendezvous
-    "#fdd49e",  // starting
-    "#41ab5d",  // training
-    "#fd8d3c",  // stalled
-    "#d94801",  // stopping
-    "#bdbdbd",  // waiting
-    "#252525",  // down
-    "#f0f0f0",  // done
-};
-// When phases share a pixel column, the one that matters most to a reader wins.
-constexpr std::array<int, kPhases> kPriority = {0, 3, 4, 2, 6, 7, 5, 8, 1};
-
-}  // namespace
 
 const char* NodePhaseName(NodePhase phase) {
   switch (phase) {

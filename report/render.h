@@ -4,10 +4,14 @@
 
 #include <ostream>
 #include <string>
+#include <string_view>
 
 #include "report/timeline.h"
 
 namespace ddprun::report {
+
+/// `text` with & < > " written as HTML entities: safe in an element and in a quoted attribute.
+std::string HtmlEscape(std::string_view text);
 
 /// One track per node (its phases as complete events, faults and exits as instants), plus a
 /// job track with training spans, round starts and failures. Times in microseconds.

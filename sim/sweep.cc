@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "report/render.h"
 #include "schema/diagnostics.h"
 #include "schema/loader.h"
 
@@ -16,29 +17,6 @@ std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fra
 // The value at quantile q of sorted `v` (nearest rank, as --swarm's goodput line has it).
 double At(const std::vector<double>& v, double q) {
   return v.empty() ? 0.0 : v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
-std::string Xml(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 // " (with --set a=1 --set b=2)" for the changes every setting has; "" when none.
@@ -261,7 +239,7 @@ std::string SweepChartSvg(const SweepResult& sweep) {
       "<title>{2}</title>\n"
       "<text class=\"title\" x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{2}</text>\n"
       "<text x=\"10\" y=\"42\" fill=\"#555\">{3}</text>\n",
-      kWidth, height, Xml(title), Xml(subtitle));
+      kWidth, height, report::HtmlEscape(title), report::HtmlEscape(subtitle));
   const int axis_y = kTop + kRow * static_cast<int>(sweep.rows.size()) + 6;
   for (int tick = static_cast<int>(std::lround(low * 100)); tick <= 100; tick += low >= 0.5 ? 5 : 10) {
     const int tx = x(tick / 100.0);
@@ -276,7 +254,7 @@ std::string SweepChartSvg(const SweepResult& sweep) {
     const int mid = y + kRow / 2 - 4;
     svg += fmt::format("<g class=\"setting\" data-mean=\"{:.4f}\">\n", row.goodput_mean);
     svg += fmt::format("<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", kLeft - 8,
-                       mid + 5, Xml(Label(sweep, row)));
+                       mid + 5, report::HtmlEscape(Label(sweep, row)));
     if (bars) {
       svg +=
           fmt::format("<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#7aa6d6\"/>\n",
@@ -312,10 +290,10 @@ std::string SweepChartHtml(const SweepResult& sweep) {
       "top:16px}}"
       "td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}"
       "td:first-child{{text-align:left}}</style>\n</head>\n<body>\n",
-      Xml(sweep.job_path));
+      report::HtmlEscape(sweep.job_path));
   html += SweepChartSvg(sweep);
   html += "<table id=\"sweep-table\">\n<tr>";
-  for (const std::string& key : sweep.keys) html += "<th>" + Xml(key) + "</th>";
+  for (const std::string& key : sweep.keys) html += "<th>" + report::HtmlEscape(key) + "</th>";
   for (const char* h : {"runs", "finished (exit 0)", "other exits", "goodput mean", "p10", "median", "p90",
                         "restarts (mean)", "work lost (mean)", "downtime (mean)", "training kept"}) {
     html += fmt::format("<th>{}</th>", h);
@@ -323,12 +301,12 @@ std::string SweepChartHtml(const SweepResult& sweep) {
   html += "</tr>\n";
   for (const SweepRow& row : sweep.rows) {
     html += "<tr>";
-    for (const std::string& v : row.values) html += "<td>" + Xml(v) + "</td>";
+    for (const std::string& v : row.values) html += "<td>" + report::HtmlEscape(v) + "</td>";
     html += fmt::format(
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td>"
         "<td>{}</td><td>{}</td><td>{}</td></tr>\n",
-        row.runs, row.finished, Xml(OtherExits(row)), Percent(row.goodput_mean), Percent(row.goodput_p10),
-        Percent(row.goodput_median), Percent(row.goodput_p90), row.restarts_mean,
+        row.runs, row.finished, report::HtmlEscape(OtherExits(row)), Percent(row.goodput_mean),
+        Percent(row.goodput_p10), Percent(row.goodput_median), Percent(row.goodput_p90), row.restarts_mean,
         HumanDuration(Duration(row.lost_mean_ns)), HumanDuration(Duration(row.downtime_mean_ns)),
         Percent(row.kept_mean));
   }
