@@ -314,18 +314,21 @@ std::string SshFailure(const UpJob& job, int agent, const io::ChildOutcome& chil
          DDPRUN_VERSION;
 }
 
+/// What the agent of node rank `agent` runs there, attached or detached.
+io::AgentCommand AgentCommandOf(const UpJob& job, const UpOptions& options, int agent) {
+  io::AgentCommand command;
+  command.program = job.program;
+  command.job_path = job.job_path;
+  command.node_rank = agent;
+  command.script_args = options.script_args;
+  command.secret_file = Env("DDPRUN_SECRET_FILE");
+  return command;
+}
+
 int StartDetached(const UpJob& job, const UpOptions& options) {
   const auto started = OnEveryHost(
       job, options,
-      [&](int agent) {
-        io::AgentCommand command;
-        command.program = job.program;
-        command.job_path = job.job_path;
-        command.node_rank = agent;
-        command.script_args = options.script_args;
-        command.secret_file = Env("DDPRUN_SECRET_FILE");
-        return io::DetachedAgentLine(command, StateDirOf(job));
-      },
+      [&](int agent) { return io::DetachedAgentLine(AgentCommandOf(job, options, agent), StateDirOf(job)); },
       0);
   int failed = 0;
   for (int agent = 0; agent < job.spec.cluster.Agents(); ++agent) {
@@ -483,15 +486,9 @@ int RunAttached(const UpJob& job, const UpOptions& options, const std::string& s
   std::string legend;
   for (int agent = 0; agent < spec.cluster.Agents(); ++agent) {
     const std::string host = spec.cluster.HostOf(agent);
-    io::AgentCommand command;
-    command.program = job.program;
-    command.job_path = job.job_path;
-    command.node_rank = agent;
-    command.script_args = options.script_args;
-    command.secret_file = Env("DDPRUN_SECRET_FILE");
     io::RemoteChild child;
     child.argv = io::SshArgv(ssh_command, io::AgentSshOptions(options.connect_timeout_s), host,
-                             io::AgentRemoteLine(command));
+                             io::AgentRemoteLine(AgentCommandOf(job, options, agent)));
     child.hold_stdin = true;
     child.stream = true;
     child.prefix = fmt::format("{:<{}} | ", host, width);
