@@ -446,8 +446,8 @@ int DownCommand(const UpOptions& options) {
           break;
         case io::RemoteState::kNotOurs:
           said =
-              "not stopped: its pid file names a process that is not the agent `ddprun up --detach` started "
-              "(" +
+              "not stopped: its pid file names a process that is not the agent `ddprun up --detach` "
+              "started (" +
               why + "); nothing was signalled";
           break;
         case io::RemoteState::kStillRunning:

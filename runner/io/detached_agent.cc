@@ -139,6 +139,32 @@ std::string NewLaunchToken() {
   return HexEncode(std::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
 }
 
+namespace {
+
+/// Why the recorded agent is gone, or nullopt while a process with its pid and start time lives
+/// and has not begun to exit.
+std::optional<std::string> Gone(const AgentIdentity& identity) {
+  ProcessEntry entry;
+  if (!ReadProcessEntry(identity.pid, entry)) return fmt::format("pid {} has exited", identity.pid);
+  if (entry.start_time != identity.start_ticks) {
+    return fmt::format("pid {} has exited (the pid now belongs to a process started later)", identity.pid);
+  }
+  if (entry.exiting()) return fmt::format("pid {} has exited", identity.pid);
+  return std::nullopt;
+}
+
+bool CarriesToken(std::string_view environment, std::string_view wanted) {
+  for (size_t at = 0; at < environment.size();) {
+    size_t end = environment.find('\0', at);
+    if (end == std::string_view::npos) end = environment.size();
+    if (environment.substr(at, end - at) == wanted) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
 Recognition Recognise(const AgentIdentity& identity) {
   using Verdict = Recognition::Verdict;
   if (identity.pid <= 1)
@@ -147,15 +173,7 @@ Recognition Recognise(const AgentIdentity& identity) {
   if (!here.empty() && here != identity.boot_id) {
     return {Verdict::kGone, "the host has restarted since the agent was started"};
   }
-  ProcessEntry stat;
-  if (!ReadProcessEntry(identity.pid, stat))
-    return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
-  if (stat.start_time != identity.start_ticks) {
-    return {Verdict::kGone,
-            fmt::format("pid {} has exited (the pid now belongs to a process started later)", identity.pid)};
-  }
-  if (stat.state == 'Z' || stat.state == 'X')
-    return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
+  if (auto gone = Gone(identity)) return {Verdict::kGone, *std::move(gone)};
   struct stat owner {};
   if (::stat(fmt::format("/proc/{}", identity.pid).c_str(), &owner) != 0) {
     return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
@@ -165,18 +183,19 @@ Recognition Recognise(const AgentIdentity& identity) {
             fmt::format("pid {} belongs to uid {}, not to this user", identity.pid, owner.st_uid)};
   }
   const auto environment = ReadProcFile(fmt::format("/proc/{}/environ", identity.pid), 4u << 20);
+  if (environment && CarriesToken(*environment, fmt::format("{}={}", kLaunchTokenVariable, identity.token))) {
+    return {Verdict::kOurs, ""};
+  }
+  // An agent that exits while it is looked at gives up its memory, and with it the environment
+  // read above, before /proc shows it a zombie, and once reaped its /proc entry goes: an
+  // unreadable or tokenless environment makes a process not ours only if it still lives after
+  // the read. The kernel marks a process exiting before it frees the memory, so this second
+  // look sees every exit the read saw.
+  if (auto gone = Gone(identity)) return {Verdict::kGone, *std::move(gone)};
   if (!environment) {
     return {Verdict::kNotOurs,
-            fmt::format("the environment of pid {} cannot be read, so it cannot be told to be "
-                        "the agent",
+            fmt::format("the environment of pid {} cannot be read, so it cannot be told to be the agent",
                         identity.pid)};
-  }
-  const std::string wanted = fmt::format("{}={}", kLaunchTokenVariable, identity.token);
-  for (size_t at = 0; at < environment->size();) {
-    size_t end = environment->find('\0', at);
-    if (end == std::string::npos) end = environment->size();
-    if (std::string_view(*environment).substr(at, end - at) == wanted) return {Verdict::kOurs, ""};
-    at = end + 1;
   }
   return {Verdict::kNotOurs,
           fmt::format("pid {} does not carry the launch token of the agent that was started", identity.pid)};

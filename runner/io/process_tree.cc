@@ -46,7 +46,7 @@ bool ReadProcessEntry(pid_t pid, ProcessEntry& entry) {
   if (n <= 0) return false;
   line[n] = '\0';
   // The command name (field 2) may hold spaces and parentheses: the fields resume after the
-  // last ')'. Then: state, ppid, pgrp, and starttime as field 22.
+  // last ')'. Then: state, ppid, pgrp, flags as field 9 and starttime as field 22.
   char* p = std::strrchr(line, ')');
   if (!p || p[1] != ' ' || p[2] == '\0') return false;
   entry.pid = pid;
@@ -61,6 +61,7 @@ bool ReadProcessEntry(pid_t pid, ProcessEntry& entry) {
   }
   entry.ppid = static_cast<pid_t>(fields[0]);
   entry.pgid = static_cast<pid_t>(fields[1]);
+  entry.flags = fields[5];
   entry.start_time = fields[18];
   return true;
 }

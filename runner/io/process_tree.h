@@ -21,6 +21,11 @@ struct ProcessEntry {
   /// so a pid reused by an unrelated process is never mistaken for a remembered one.
   uint64_t start_time = 0;
   char state = '?';  // 'Z' for a zombie
+  /// The kernel's task flags (field 9); PF_EXITING is set when the process begins to exit,
+  /// before it gives up its memory, and stays set: a process that shows it has exited.
+  uint64_t flags = 0;
+  static constexpr uint64_t kExiting = 0x4;  // PF_EXITING, the same value in every kernel
+  bool exiting() const { return state == 'Z' || state == 'X' || (flags & kExiting) != 0; }
 };
 
 /// A bound on the table: a host with more processes is cut there (the rest is not seen).

@@ -122,6 +122,53 @@ TEST_F(DetachedAgentTest, APlantedPidFileNamingAnotherProcessIsNotOurs) {
   EXPECT_EQ(Recognise(planted).verdict, Verdict::kGone);
 }
 
+// What failed CI once: `down` looked at node 1's agent just as it ended with the job (node 0's
+// `down` had ended it) and called it not ours, since its environment could no longer be read.
+// An agent that exits while it is recognised is gone, never "not ours": processes that carry
+// their token exit under a tight loop of Recognise, each reaped at once by another thread (as
+// init reaps a detached agent), so the loop meets every stage of an exit.
+TEST_F(DetachedAgentTest, AnAgentThatExitsWhileItIsRecognisedIsGoneNeverNotOurs) {
+  constexpr int kProcesses = 300;
+  int looks_while_ours = 0;
+  std::vector<std::string> wrong;
+  for (int i = 0; i < kProcesses && wrong.size() < 5; ++i) {
+    AgentIdentity identity;
+    identity.token = NewLaunchToken();
+    identity.boot_id = BootId();
+    std::string variable = std::string(kLaunchTokenVariable) + "=" + identity.token;
+    char* env[] = {variable.data(), nullptr};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execle("/bin/sleep", "sleep", "0.005", static_cast<char*>(nullptr), env);
+      ::_exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    ProcessEntry entry;
+    const bool started = ReadProcessEntry(pid, entry);
+    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
+    if (!started) {
+      reaper.join();
+      continue;
+    }
+    identity.pid = pid;
+    identity.start_ticks = entry.start_time;
+    // Until its exec the child carries this test's environment: not the agent yet.
+    bool ours = false;
+    for (Recognition seen; (seen = Recognise(identity)).verdict != Verdict::kGone;) {
+      if (seen.verdict == Verdict::kOurs) {
+        ours = true;
+        ++looks_while_ours;
+      } else if (ours) {
+        wrong.push_back(seen.why);
+      }
+    }
+    reaper.join();
+  }
+  EXPECT_TRUE(wrong.empty()) << wrong.size()
+                             << " exiting agents were called not ours; the first: " << wrong.front();
+  EXPECT_GT(looks_while_ours, kProcesses);  // the loop did look at live agents
+}
+
 TEST_F(DetachedAgentTest, PidsThatStandForAGroupInitOrEveryProcessAreRefusedWhenRead) {
   for (const char* pid : {"-1", "0", "1", "-4242", "4294967297"}) {
     const std::string text = std::string("{\"pid\": ") + pid +
