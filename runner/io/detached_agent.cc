@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -142,9 +144,8 @@ std::string NewLaunchToken() {
 namespace {
 
 /// Why the recorded agent is gone, or nullopt while a process with its pid and start time lives
-/// and has not begun to exit.
-std::optional<std::string> Gone(const AgentIdentity& identity) {
-  ProcessEntry entry;
+/// and has not begun to exit; `entry` is what /proc says of it then.
+std::optional<std::string> Gone(const AgentIdentity& identity, ProcessEntry& entry) {
   if (!ReadProcessEntry(identity.pid, entry)) return fmt::format("pid {} has exited", identity.pid);
   if (entry.start_time != identity.start_ticks) {
     return fmt::format("pid {} has exited (the pid now belongs to a process started later)", identity.pid);
@@ -163,6 +164,9 @@ bool CarriesToken(std::string_view environment, std::string_view wanted) {
   return false;
 }
 
+/// How long a process in the middle of an exec is waited for before it is refused.
+constexpr auto kExecWait = std::chrono::seconds(2);
+
 }  // namespace
 
 Recognition Recognise(const AgentIdentity& identity) {
@@ -173,7 +177,8 @@ Recognition Recognise(const AgentIdentity& identity) {
   if (!here.empty() && here != identity.boot_id) {
     return {Verdict::kGone, "the host has restarted since the agent was started"};
   }
-  if (auto gone = Gone(identity)) return {Verdict::kGone, *std::move(gone)};
+  ProcessEntry entry;
+  if (auto gone = Gone(identity, entry)) return {Verdict::kGone, *std::move(gone)};
   struct stat owner {};
   if (::stat(fmt::format("/proc/{}", identity.pid).c_str(), &owner) != 0) {
     return {Verdict::kGone, fmt::format("pid {} has exited", identity.pid)};
@@ -182,23 +187,42 @@ Recognition Recognise(const AgentIdentity& identity) {
     return {Verdict::kNotOurs,
             fmt::format("pid {} belongs to uid {}, not to this user", identity.pid, owner.st_uid)};
   }
-  const auto environment = ReadProcFile(fmt::format("/proc/{}/environ", identity.pid), 4u << 20);
-  if (environment && CarriesToken(*environment, fmt::format("{}={}", kLaunchTokenVariable, identity.token))) {
-    return {Verdict::kOurs, ""};
-  }
-  // An agent that exits while it is looked at gives up its memory, and with it the environment
-  // read above, before /proc shows it a zombie, and once reaped its /proc entry goes: an
-  // unreadable or tokenless environment makes a process not ours only if it still lives after
-  // the read. The kernel marks a process exiting before it frees the memory, so this second
-  // look sees every exit the read saw.
-  if (auto gone = Gone(identity)) return {Verdict::kGone, *std::move(gone)};
-  if (!environment) {
-    return {Verdict::kNotOurs,
-            fmt::format("the environment of pid {} cannot be read, so it cannot be told to be the agent",
-                        identity.pid)};
-  }
-  return {Verdict::kNotOurs,
+  // The environment is read, then the process looked at again, since what the read saw may be
+  // a stage of a change rather than the process:
+  // - an agent that exits gives up its memory, and with it the environment, before /proc shows
+  //   it a zombie, and once reaped its entry goes: it is gone, never "not ours" (the kernel marks
+  //   a process exiting before it frees the memory, so the look after sees every exit the read
+  //   saw);
+  // - an exec replaces the memory before it lays out the new program's environment: in between
+  //   the environment reads empty and field 51 of the stat is 0. The process is looked at again
+  //   each millisecond until its exec is done (at most kExecWait), and an empty read is taken
+  //   once more after an exec, which may have ended between the read and the look.
+  const std::string wanted = fmt::format("{}={}", kLaunchTokenVariable, identity.token);
+  const auto deadline = std::chrono::steady_clock::now() + kExecWait;
+  for (bool read_after_exec = false;;) {
+    const auto environment = ReadProcFile(fmt::format("/proc/{}/environ", identity.pid), 4u << 20);
+    if (environment && CarriesToken(*environment, wanted)) return {Verdict::kOurs, ""};
+    if (auto gone = Gone(identity, entry)) return {Verdict::kGone, *std::move(gone)};
+    if (!environment) {
+      return {Verdict::kNotOurs,
+              fmt::format("the environment of pid {} cannot be read, so it cannot be told to be the agent",
+                          identity.pid)};
+    }
+    if (!environment->empty() || (entry.env_end != 0 && read_after_exec)) {
+      return {
+          Verdict::kNotOurs,
           fmt::format("pid {} does not carry the launch token of the agent that was started", identity.pid)};
+    }
+    read_after_exec = entry.env_end != 0;
+    if (read_after_exec) continue;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return {Verdict::kNotOurs,
+              fmt::format("pid {} has been starting a program for {} s: its environment is not there to "
+                          "read, so it cannot be told to be the agent",
+                          identity.pid, std::chrono::duration_cast<std::chrono::seconds>(kExecWait).count())};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Result<std::optional<UniqueFd>> OpenStateDir(const std::string& state_dir) {

@@ -46,23 +46,28 @@ bool ReadProcessEntry(pid_t pid, ProcessEntry& entry) {
   if (n <= 0) return false;
   line[n] = '\0';
   // The command name (field 2) may hold spaces and parentheses: the fields resume after the
-  // last ')'. Then: state, ppid, pgrp, flags as field 9 and starttime as field 22.
+  // last ')'. Then: state, ppid, pgrp, flags as field 9, starttime as field 22 and, where the
+  // kernel has it, env_end as field 51.
   char* p = std::strrchr(line, ')');
   if (!p || p[1] != ' ' || p[2] == '\0') return false;
   entry.pid = pid;
   entry.state = p[2];
   p += 3;
   char* end = nullptr;
-  uint64_t fields[20] = {};  // fields 4..22
-  for (int i = 0; i < 19; ++i) {
+  uint64_t fields[48] = {};  // fields 4..51
+  for (int i = 0; i < 48; ++i) {
     fields[i] = std::strtoull(p, &end, 10);
-    if (end == p) return false;
+    if (end == p) {
+      if (i < 19) return false;  // up to starttime every kernel has them
+      break;
+    }
     p = end;
   }
   entry.ppid = static_cast<pid_t>(fields[0]);
   entry.pgid = static_cast<pid_t>(fields[1]);
   entry.flags = fields[5];
   entry.start_time = fields[18];
+  entry.env_end = fields[47];
   return true;
 }
 

@@ -24,8 +24,14 @@ struct ProcessEntry {
   /// The kernel's task flags (field 9); PF_EXITING is set when the process begins to exit,
   /// before it gives up its memory, and stays set: a process that shows it has exited.
   uint64_t flags = 0;
-  static constexpr uint64_t kExiting = 0x4;  // PF_EXITING, the same value in every kernel
+  static constexpr uint64_t kExiting = 0x4;            // PF_EXITING, the same value in every kernel
+  static constexpr uint64_t kKernelThread = 0x200000;  // PF_KTHREAD: no memory, no environment
   bool exiting() const { return state == 'Z' || state == 'X' || (flags & kExiting) != 0; }
+  bool kernel_thread() const { return (flags & kKernelThread) != 0; }
+  /// Where the program's environment ends in its memory (field 51, Linux 3.5 on; shown only to
+  /// who may read the environment). 0 while an exec is between replacing the memory and laying
+  /// out the new program's arguments and environment: /proc/<pid>/environ then reads empty.
+  uint64_t env_end = 0;
 };
 
 /// A bound on the table: a host with more processes is cut there (the rest is not seen).

@@ -169,6 +169,77 @@ TEST_F(DetachedAgentTest, AnAgentThatExitsWhileItIsRecognisedIsGoneNeverNotOurs)
   EXPECT_GT(looks_while_ours, kProcesses);  // the loop did look at live agents
 }
 
+// What failed CI next (ASan, a loaded machine): `Recognise` just after `StartDetachedAgent` called
+// the agent not ours. An exec replaces the process's memory (and closes the start's report pipe)
+// before it lays out the new program's environment: in between, /proc/<pid>/environ reads empty.
+// The agents here carry their token through 40 execs each (`sh -c` running itself again) under
+// a tight loop of Recognise, which meets every stage of an exec; once seen ours, never not ours.
+TEST_F(DetachedAgentTest, AnAgentThatExecsWhileItIsRecognisedIsNeverNotOurs) {
+  constexpr int kProcesses = 25;
+  const char* script = "n=$1; [ \"$n\" -lt 40 ] && exec /bin/sh -c \"$0\" \"$0\" $((n+1)); exit 0";
+  int looks_while_ours = 0;
+  std::vector<std::string> wrong;
+  for (int i = 0; i < kProcesses && wrong.size() < 5; ++i) {
+    AgentIdentity identity;
+    identity.token = NewLaunchToken();
+    identity.boot_id = BootId();
+    std::string variable = std::string(kLaunchTokenVariable) + "=" + identity.token;
+    char* env[] = {variable.data(), nullptr};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execle("/bin/sh", "sh", "-c", script, script, "0", static_cast<char*>(nullptr), env);
+      ::_exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    ProcessEntry entry;
+    const bool started = ReadProcessEntry(pid, entry);
+    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
+    if (!started) {
+      reaper.join();
+      continue;
+    }
+    identity.pid = pid;
+    identity.start_ticks = entry.start_time;
+    bool ours = false;
+    for (Recognition seen; (seen = Recognise(identity)).verdict != Verdict::kGone;) {
+      if (seen.verdict == Verdict::kOurs) {
+        ours = true;
+        ++looks_while_ours;
+      } else if (ours) {
+        wrong.push_back(seen.why);
+      }
+    }
+    reaper.join();
+  }
+  EXPECT_TRUE(wrong.empty()) << wrong.size()
+                             << " looks at agents in an exec called them not ours; the first: "
+                             << wrong.front();
+  EXPECT_GT(looks_while_ours, kProcesses * 40);  // the loop did look at live agents between execs
+}
+
+// A kernel thread has no memory, so no environment ever: not ours at once, not waited for as if
+// it were in an exec (run as root, where the owner check does not already refuse it): its
+// environment cannot be read at all.
+TEST_F(DetachedAgentTest, AKernelThreadIsNotOursAtOnce) {
+  ProcessEntry entry;
+  for (const ProcessEntry& seen : ReadProcessTable()) {
+    if (seen.kernel_thread() && seen.pid > 1) {
+      entry = seen;
+      break;
+    }
+  }
+  if (entry.pid == 0) GTEST_SKIP() << "no kernel thread is seen in this pid namespace";
+  AgentIdentity planted;
+  planted.pid = entry.pid;
+  planted.start_ticks = entry.start_time;
+  planted.boot_id = BootId();
+  planted.token = std::string(32, 'a');
+  const auto before = std::chrono::steady_clock::now();
+  const Recognition seen = Recognise(planted);
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::milliseconds(500));
+  EXPECT_EQ(seen.verdict, Verdict::kNotOurs) << seen.why;
+}
+
 TEST_F(DetachedAgentTest, PidsThatStandForAGroupInitOrEveryProcessAreRefusedWhenRead) {
   for (const char* pid : {"-1", "0", "1", "-4242", "4294967297"}) {
     const std::string text = std::string("{\"pid\": ") + pid +

@@ -23,6 +23,13 @@ TEST(ProcessTree, ReadsThisProcess) {
   EXPECT_EQ(self.ppid, ::getppid());
   EXPECT_EQ(self.pgid, ::getpgrp());
   EXPECT_GT(self.start_time, 0u);
+  EXPECT_FALSE(self.exiting());
+  EXPECT_FALSE(self.kernel_thread());
+  // Field 51: where this process's environment ends, as its memory map places the stack.
+  EXPECT_NE(self.env_end, 0u);
+  if (::environ[0] != nullptr) {
+    EXPECT_LT(reinterpret_cast<uint64_t>(::environ[0]), self.env_end);
+  }
   EXPECT_FALSE(ReadProcessEntry(-1, self));
 }
 
