@@ -63,6 +63,46 @@ class DetachedAgentTest : public ::testing::Test {
     return ReadPidFile((*dir)->get(), "up-n0.pid", "up-n0.pid");
   }
 
+  /// Starts `path` with `argv` in a child whose environment is only a fresh launch token, looks
+  /// at it with Recognise until it is gone while another thread reaps it at once (as init reaps a
+  /// detached agent), and counts the looks that found it ours. Every verdict of "not ours" after
+  /// the first of those is kept in `wrong`: until its exec the child carries this test's
+  /// environment and is not the agent yet.
+  void LookUntilGone(const char* path, std::vector<const char*> argv, int& looks_while_ours,
+                     std::vector<std::string>& wrong) {
+    AgentIdentity identity;
+    identity.token = NewLaunchToken();
+    identity.boot_id = BootId();
+    std::string variable = std::string(kLaunchTokenVariable) + "=" + identity.token;
+    char* env[] = {variable.data(), nullptr};
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve(path, const_cast<char* const*>(argv.data()), env);
+      ::_exit(127);
+    }
+    ASSERT_GT(pid, 0);
+    ProcessEntry entry;
+    const bool started = ReadProcessEntry(pid, entry);
+    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
+    if (!started) {
+      reaper.join();
+      return;
+    }
+    identity.pid = pid;
+    identity.start_ticks = entry.start_time;
+    bool ours = false;
+    for (Recognition seen; (seen = Recognise(identity)).verdict != Verdict::kGone;) {
+      if (seen.verdict == Verdict::kOurs) {
+        ours = true;
+        ++looks_while_ours;
+      } else if (ours) {
+        wrong.push_back(seen.why);
+      }
+    }
+    reaper.join();
+  }
+
   fs::path dir_;
   std::vector<pid_t> started_;
 };
@@ -139,37 +179,7 @@ TEST_F(DetachedAgentTest, AnAgentThatExitsWhileItIsRecognisedIsGoneNeverNotOurs)
   int looks_while_ours = 0;
   std::vector<std::string> wrong;
   for (int i = 0; i < kProcesses && wrong.size() < 5; ++i) {
-    AgentIdentity identity;
-    identity.token = NewLaunchToken();
-    identity.boot_id = BootId();
-    std::string variable = std::string(kLaunchTokenVariable) + "=" + identity.token;
-    char* env[] = {variable.data(), nullptr};
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execle("/bin/sleep", "sleep", "0.005", static_cast<char*>(nullptr), env);
-      ::_exit(127);
-    }
-    ASSERT_GT(pid, 0);
-    ProcessEntry entry;
-    const bool started = ReadProcessEntry(pid, entry);
-    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
-    if (!started) {
-      reaper.join();
-      continue;
-    }
-    identity.pid = pid;
-    identity.start_ticks = entry.start_time;
-    // Until its exec the child carries this test's environment: not the agent yet.
-    bool ours = false;
-    for (Recognition seen; (seen = Recognise(identity)).verdict != Verdict::kGone;) {
-      if (seen.verdict == Verdict::kOurs) {
-        ours = true;
-        ++looks_while_ours;
-      } else if (ours) {
-        wrong.push_back(seen.why);
-      }
-    }
-    reaper.join();
+    LookUntilGone("/bin/sleep", {"sleep", "0.005"}, looks_while_ours, wrong);
   }
   EXPECT_TRUE(wrong.empty()) << wrong.size()
                              << " exiting agents were called not ours; the first: " << wrong.front();
@@ -187,36 +197,7 @@ TEST_F(DetachedAgentTest, AnAgentThatExecsWhileItIsRecognisedIsNeverNotOurs) {
   int looks_while_ours = 0;
   std::vector<std::string> wrong;
   for (int i = 0; i < kProcesses && wrong.size() < 5; ++i) {
-    AgentIdentity identity;
-    identity.token = NewLaunchToken();
-    identity.boot_id = BootId();
-    std::string variable = std::string(kLaunchTokenVariable) + "=" + identity.token;
-    char* env[] = {variable.data(), nullptr};
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::execle("/bin/sh", "sh", "-c", script, script, "0", static_cast<char*>(nullptr), env);
-      ::_exit(127);
-    }
-    ASSERT_GT(pid, 0);
-    ProcessEntry entry;
-    const bool started = ReadProcessEntry(pid, entry);
-    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
-    if (!started) {
-      reaper.join();
-      continue;
-    }
-    identity.pid = pid;
-    identity.start_ticks = entry.start_time;
-    bool ours = false;
-    for (Recognition seen; (seen = Recognise(identity)).verdict != Verdict::kGone;) {
-      if (seen.verdict == Verdict::kOurs) {
-        ours = true;
-        ++looks_while_ours;
-      } else if (ours) {
-        wrong.push_back(seen.why);
-      }
-    }
-    reaper.join();
+    LookUntilGone("/bin/sh", {"sh", "-c", script, script, "0"}, looks_while_ours, wrong);
   }
   EXPECT_TRUE(wrong.empty()) << wrong.size()
                              << " looks at agents in an exec called them not ours; the first: "
